@@ -1,0 +1,53 @@
+// swift-tools-version:6.1
+import PackageDescription
+
+let package = Package(
+    name: "opqueued",
+    platforms: [.macOS(.v15)],
+    products: [
+        .library(name: "OperationEngine", targets: ["OperationEngine"]),
+        .executable(name: "opqueued", targets: ["opqueued"]),
+        .executable(name: "opqueuectl", targets: ["opqueuectl"]),
+        .executable(name: "opqueue-bench", targets: ["opqueue-bench"]),
+    ],
+    dependencies: [
+        .package(url: "https://github.com/apple/swift-collections.git", from: "1.6.0"),
+        .package(url: "https://github.com/apple/swift-argument-parser.git", from: "1.8.2"),
+        .package(url: "https://github.com/apple/swift-log.git", from: "1.16.2"),
+        .package(url: "https://github.com/swift-server/swift-service-lifecycle.git", from: "2.13.0"),
+    ],
+    targets: [
+        // Thread priority, SCHED_IDLE and I/O priority: `syscall` is variadic, Swift cannot call it.
+        .target(name: "CShims"),
+        // The scheduler: no spool, no plists, no C codecs. Embeddable and tested on its own.
+        .target(
+            name: "OperationEngine",
+            dependencies: [
+                "CShims",
+                .product(name: "DequeModule", package: "swift-collections"),
+                .product(name: "HeapModule", package: "swift-collections"),
+            ]
+        ),
+        .executableTarget(
+            name: "opqueued",
+            dependencies: [
+                "OperationEngine",
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+            ]
+        ),
+        .executableTarget(
+            name: "opqueuectl",
+            dependencies: [
+                .product(name: "ArgumentParser", package: "swift-argument-parser"),
+            ]
+        ),
+        .executableTarget(
+            name: "opqueue-bench",
+            dependencies: ["OperationEngine"],
+            path: "Benchmarks/opqueue-bench"
+        ),
+        .testTarget(name: "OperationEngineTests", dependencies: ["OperationEngine"]),
+    ]
+)

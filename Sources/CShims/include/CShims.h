@@ -1,0 +1,23 @@
+// CShims: the few Linux calls Swift cannot make directly.
+//
+// `syscall(2)` is variadic, so Swift cannot call it; `gettid` and `ioprio_set` have no glibc
+// wrapper on every distribution. Each function returns 0 or -errno and never aborts.
+#ifndef OPQ_CSHIMS_H
+#define OPQ_CSHIMS_H
+
+#include <sys/types.h>
+
+/// The calling thread's kernel id.
+pid_t opq_gettid(void);
+
+/// Sets the calling thread's scheduling to match a quality-of-service class.
+/// `nice_value` is applied with setpriority(PRIO_PROCESS, tid); `idle` non-zero switches the thread
+/// to SCHED_IDLE and the idle I/O class. Returns 0, or -errno of the first call that failed
+/// (a lower priority than asked is kept when raising is not permitted).
+int opq_set_thread_priority(int nice_value, int idle);
+
+/// The calling thread's nice value and whether it runs SCHED_IDLE (for tests).
+int opq_get_thread_nice(void);
+int opq_thread_is_idle(void);
+
+#endif

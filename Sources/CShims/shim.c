@@ -1,0 +1,39 @@
+#define _GNU_SOURCE
+#include "CShims.h"
+
+#include <errno.h>
+#include <sched.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#define OPQ_IOPRIO_CLASS_SHIFT 13
+#define OPQ_IOPRIO_WHO_PROCESS 1
+#define OPQ_IOPRIO_CLASS_BE 2
+#define OPQ_IOPRIO_CLASS_IDLE 3
+
+pid_t opq_gettid(void) { return (pid_t)syscall(SYS_gettid); }
+
+int opq_set_thread_priority(int nice_value, int idle) {
+    pid_t tid = opq_gettid();
+    int result = 0;
+    struct sched_param param = { .sched_priority = 0 };
+    if (sched_setscheduler(tid, idle ? SCHED_IDLE : SCHED_OTHER, &param) != 0 && result == 0) result = -errno;
+    int ioprio = idle ? (OPQ_IOPRIO_CLASS_IDLE << OPQ_IOPRIO_CLASS_SHIFT)
+                      : ((OPQ_IOPRIO_CLASS_BE << OPQ_IOPRIO_CLASS_SHIFT) | 4);
+    if (syscall(SYS_ioprio_set, OPQ_IOPRIO_WHO_PROCESS, tid, ioprio) != 0 && result == 0) result = -errno;
+    if (setpriority(PRIO_PROCESS, (id_t)tid, nice_value) != 0) {
+        int err = errno;
+        // Raising above 0 needs CAP_SYS_NICE; fall back to 0 rather than leaving a lower priority.
+        if (nice_value < 0) setpriority(PRIO_PROCESS, (id_t)tid, 0);
+        if (result == 0) result = -err;
+    }
+    return result;
+}
+
+int opq_get_thread_nice(void) {
+    errno = 0;
+    return getpriority(PRIO_PROCESS, (id_t)opq_gettid());
+}
+
+int opq_thread_is_idle(void) { return sched_getscheduler(opq_gettid()) == SCHED_IDLE; }

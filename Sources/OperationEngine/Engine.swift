@@ -1,0 +1,483 @@
+// Engine: the `Scheduler` made concurrent — one lock, worker threads per QoS class, one timer
+// thread and one event-delivery thread.
+//
+// Strategy:
+// - Every state change happens under one mutex, in the `Scheduler`; nothing else is shared.
+// - Workers are pthreads grouped by QoS class, each class at its own Linux priority (nice,
+//   SCHED_IDLE, idle I/O class), spawned on demand: a class has as many threads as operations of
+//   that class execute at once (queue limits bound it), and no more.
+// - A worker that finishes an operation takes the next one of its class under the same lock hold,
+//   so chains and serial queues run without a thread hand-off.
+// - Asynchronous operations hold a queue slot but no thread; their completion may come from anywhere.
+// - Timeouts, retry delays and group deadlines sit in one heap served by one timer thread.
+// - Observers get events in batches, in order, from one delivery thread, outside the lock.
+
+import CShims
+import DequeModule
+import HeapModule
+
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Musl)
+import Musl
+#endif
+
+public final class Engine: @unchecked Sendable, ContextHost {
+    public typealias Observer = @Sendable ([EngineEvent]) -> Void
+
+    private let lock = Lock()
+    private var scheduler: Scheduler
+    private let observer: Observer?
+
+    private static let classes = QualityOfService.allCases.count
+    private var runLists = [Deque<Dispatch>](repeating: [], count: classes)
+    private let workerConditions: [Condition]
+    private var idle = [Int](repeating: 0, count: classes)
+    private var signalled = [Int](repeating: 0, count: classes)
+    private var spawning = [Int](repeating: 0, count: classes)
+    private var workers = [Int](repeating: 0, count: classes)
+    /// Per class; a runaway queue limit cannot create unbounded threads.
+    private let maxThreadsPerClass: Int
+
+    private struct TimerEntry: Comparable {
+        var deadline: Double
+        var seq: UInt64
+        var kind: TimerKind
+        static func < (a: Self, b: Self) -> Bool { (a.deadline, a.seq) < (b.deadline, b.seq) }
+        static func == (a: Self, b: Self) -> Bool { a.seq == b.seq }
+    }
+    private var timers = Heap<TimerEntry>()
+    private var timerSeq: UInt64 = 0
+    private let timerCondition = Condition()
+    private var timerThreadStarted = false
+
+    private let deliveryCondition = Condition()
+    private var deliveryThreadStarted = false
+    private var delivering = false
+
+    private let finishedCondition = Condition()
+    private var finishCallbacks: [GroupID: [@Sendable () -> Void]] = [:]
+
+    private var shuttingDown = false
+    private var liveThreads = 0
+
+    /// - Parameters:
+    ///   - processorCount: what `maxConcurrentOperationCount = -1` means (default: online CPUs).
+    ///   - observer: receives every transition, in order per operation, in batches, on one thread.
+    public init(processorCount: Int? = nil, maxThreadsPerClass: Int = 512, observer: Observer? = nil) {
+        let cpus = processorCount ?? Int(sysconf(Int32(_SC_NPROCESSORS_ONLN)))
+        scheduler = Scheduler(processorCount: max(1, cpus))
+        scheduler.recordsEvents = observer != nil
+        self.observer = observer
+        self.maxThreadsPerClass = max(1, maxThreadsPerClass)
+        workerConditions = (0..<Self.classes).map { _ in Condition() }
+    }
+
+    deinit {
+        // Threads hold a strong reference; by now they are gone (see `shutdown`).
+    }
+
+    // MARK: Queues
+
+    /// Adds a named queue, or updates it if the name exists.
+    @discardableResult
+    public func addQueue(named name: String, maxConcurrentOperationCount: Int = -1, qualityOfService: QualityOfService = .default, isSuspended: Bool = false) -> QueueID {
+        locked { $0.addQueue(name: name, maxConcurrentOperationCount: maxConcurrentOperationCount, qualityOfService: qualityOfService, suspended: isSuspended) }
+    }
+
+    /// Changes a queue while work runs: a higher limit or a resume starts work at once; a lower limit
+    /// or a suspension lets executing operations go on and starts nothing new until they fit.
+    public func updateQueue(_ id: QueueID, maxConcurrentOperationCount: Int? = nil, qualityOfService: QualityOfService? = nil, isSuspended: Bool? = nil) {
+        locked { $0.updateQueue(id, maxConcurrentOperationCount: maxConcurrentOperationCount, qualityOfService: qualityOfService, suspended: isSuspended) }
+    }
+
+    public func queueID(named name: String) -> QueueID? { locked { $0.queueID(named: name) } }
+
+    public func queues() -> [QueueSnapshot] { locked { s in s.queues.indices.map { s.snapshot($0) } } }
+
+    public var executingCount: Int { locked { $0.executingCount } }
+
+    // MARK: Work
+
+    /// Submits a graph as a new group. Refused as a whole, with every problem, if it is not valid.
+    /// - Parameters:
+    ///   - qualityOfService: the group's default QoS, between the operation's and the queue's.
+    ///   - deadline: seconds from now after which the group's unfinished operations are cancelled.
+    public func submit(_ graph: GraphBuilder, qualityOfService: QualityOfService? = nil, deadline: Double? = nil) throws(SubmissionError) -> GroupID {
+        try lockedThrowing { (s: inout Scheduler, now: Double) throws(SubmissionError) in
+            try s.submit(graph, qualityOfService: qualityOfService, deadline: deadline, now: now)
+        }
+    }
+
+    /// Adds operations to a group that has not finished (graph expansion: call it from one of the
+    /// group's executing operations so the group cannot finish first).
+    public func extend(_ group: GroupID, with graph: GraphBuilder) throws(SubmissionError) {
+        try lockedThrowing { (s: inout Scheduler, now: Double) throws(SubmissionError) in
+            try s.extend(group, with: graph, now: now)
+        }
+    }
+
+    /// Foundation's `addBarrierBlock`: `body` runs once all operations added to the queue before it have
+    /// finished; operations added after it wait for it.
+    public func addBarrier(on queue: QueueID, _ body: @escaping @Sendable () -> Void) {
+        locked { s, now in _ = s.addBarrier(queue: queue, name: "barrier", body: .sync { _ in body(); return nil }, now: now) }
+    }
+
+    public func cancel(_ group: GroupID, reason: String = "cancelled") {
+        locked { s, now in s.cancel(group: group, reason: reason, now: now) }
+    }
+
+    public func cancel(_ group: GroupID, operation: Int, reason: String = "cancelled") {
+        locked { s, now in
+            guard operation >= 0, operation < s.operationCount(group) else { return }
+            s.cancel(NodeRef(group: group.slot, index: Int32(operation)), reason: reason, now: now)
+        }
+    }
+
+    public func cancelAll(reason: String = "cancelled") {
+        locked { s, now in s.cancelAll(reason: reason, now: now) }
+    }
+
+    // MARK: Results and waiting
+
+    public func isFinished(_ group: GroupID) -> Bool { locked { $0.isFinished(group) } }
+
+    public func records(_ group: GroupID) -> [OperationRecord]? { locked { $0.records(group) } }
+
+    public func record(_ group: GroupID, operation: Int) -> OperationRecord? {
+        locked { s in
+            operation >= 0 && operation < s.operationCount(group) ? s.record(NodeRef(group: group.slot, index: Int32(operation))) : nil
+        }
+    }
+
+    public func output(_ group: GroupID, operation: Int) -> OperationOutput? {
+        locked { s in
+            operation >= 0 && operation < s.operationCount(group) ? s.output(NodeRef(group: group.slot, index: Int32(operation))) : nil
+        }
+    }
+
+    /// Frees a finished group. Its id must not be used afterwards.
+    public func release(_ group: GroupID) { locked { $0.release(group) } }
+
+    /// Blocks the calling thread until the group has finished.
+    public func wait(_ group: GroupID) {
+        lock.lock()
+        while !scheduler.isFinished(group) { finishedCondition.wait(lock) }
+        lock.unlock()
+    }
+
+    /// Suspends until the group has finished.
+    public func finished(_ group: GroupID) async {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            whenFinished(group) { continuation.resume() }
+        }
+    }
+
+    /// Calls `callback` (on an engine thread, outside the lock) once the group has finished.
+    public func whenFinished(_ group: GroupID, _ callback: @escaping @Sendable () -> Void) {
+        lock.lock()
+        if scheduler.isFinished(group) {
+            lock.unlock()
+            callback()
+            return
+        }
+        finishCallbacks[group, default: []].append(callback)
+        lock.unlock()
+    }
+
+    /// Blocks until the queue has no unfinished operation (Foundation's `waitUntilAllOperationsAreFinished`).
+    public func waitUntilAllOperationsAreFinished(on queue: QueueID) {
+        lock.lock()
+        while queue.rawValue < scheduler.queues.count && scheduler.queues[queue.rawValue].unfinished > 0 {
+            finishedCondition.wait(lock)
+        }
+        lock.unlock()
+    }
+
+    /// Cancels nothing: waits for the work in hand to finish, then stops every thread. The engine must
+    /// not be used afterwards.
+    public func shutdown() {
+        lock.lock()
+        while scheduler.executingCount > 0 || !runLists.allSatisfy(\.isEmpty) || delivering || !scheduler.events.isEmpty {
+            finishedCondition.wait(lock)
+        }
+        shuttingDown = true
+        for condition in workerConditions { condition.broadcast() }
+        timerCondition.broadcast()
+        deliveryCondition.broadcast()
+        while liveThreads > 0 { finishedCondition.wait(lock) }
+        lock.unlock()
+    }
+
+    // MARK: ContextHost
+
+    func isCancelled(_ ref: NodeRef, attempt: Int) -> Bool {
+        lock.lock()
+        defer { lock.unlock() }
+        return scheduler.isCancelled(ref, attempt: attempt)
+    }
+
+    func complete(_ ref: NodeRef, attempt: Int, result: Result<OperationOutput?, any Error>) {
+        let outcome: Scheduler.Outcome
+        switch result {
+        case .success(let output): outcome = .success(output)
+        case .failure(let error): outcome = .failure(String(describing: error))
+        }
+        locked { s, now in s.finish(ref, attempt: attempt, outcome: outcome, now: now) }
+    }
+
+    func setCancelHandler(_ ref: NodeRef, attempt: Int, handler: @escaping @Sendable () -> Void) {
+        lock.lock()
+        let runNow = scheduler.setCancelHandler(ref, attempt: attempt, handler: handler)
+        lock.unlock()
+        runNow?()
+    }
+
+    // MARK: The lock and what follows every step
+
+    private func locked<T>(_ body: (inout Scheduler) -> T) -> T {
+        lock.lock()
+        let result = body(&scheduler)
+        let after = afterStep(runningClass: nil)
+        lock.unlock()
+        after.run()
+        return result
+    }
+
+    private func locked<T>(_ body: (inout Scheduler, Double) -> T) -> T {
+        lock.lock()
+        let result = body(&scheduler, wallClock())
+        let after = afterStep(runningClass: nil)
+        lock.unlock()
+        after.run()
+        return result
+    }
+
+    private func lockedThrowing<T>(_ body: (inout Scheduler, Double) throws(SubmissionError) -> T) throws(SubmissionError) -> T {
+        lock.lock()
+        let result: Result<T, SubmissionError>
+        do throws(SubmissionError) { result = .success(try body(&scheduler, wallClock())) } catch { result = .failure(error) }
+        let after = afterStep(runningClass: nil)
+        lock.unlock()
+        after.run()
+        return try result.get()
+    }
+
+    /// What must happen outside the lock after a step.
+    private struct After {
+        var handlers: [@Sendable () -> Void] = []
+        var callbacks: [@Sendable () -> Void] = []
+        func run() {
+            for handler in handlers { handler() }
+            for callback in callbacks { callback() }
+        }
+    }
+
+    /// Under the lock: start what can start, arm timers, wake the threads that have work.
+    /// `runningClass` is the class of the calling worker, which goes on to take one item itself.
+    private func afterStep(runningClass: Int?) -> After {
+        var after = After()
+        let now = scheduler.timerRequests.isEmpty ? 0 : monotonicClock()
+        if !scheduler.timerRequests.isEmpty {
+            var earliestChanged = false
+            for request in scheduler.timerRequests {
+                let entry = TimerEntry(deadline: now + request.delay, seq: timerSeq, kind: request.kind)
+                timerSeq &+= 1
+                if let min = timers.min, min.deadline <= entry.deadline {} else { earliestChanged = true }
+                timers.insert(entry)
+            }
+            scheduler.timerRequests.removeAll(keepingCapacity: true)
+            if !timerThreadStarted {
+                timerThreadStarted = true
+                spawn { $0.timerMain() }
+            } else if earliestChanged {
+                timerCondition.signal()
+            }
+        }
+        var dispatchTime = Double.nan
+        while true {
+            if dispatchTime.isNaN { dispatchTime = wallClock() }
+            guard let dispatch = scheduler.nextDispatch(now: dispatchTime) else { break }
+            runLists[Int(dispatch.qualityOfService.rawValue)].append(dispatch)
+        }
+        for c in 0..<Self.classes where !runLists[c].isEmpty {
+            var deficit = runLists[c].count - signalled[c] - spawning[c] - (runningClass == c ? 1 : 0)
+            var available = idle[c] - signalled[c]
+            while deficit > 0 && available > 0 {
+                workerConditions[c].signal()
+                signalled[c] += 1
+                available -= 1
+                deficit -= 1
+            }
+            while deficit > 0 && workers[c] < maxThreadsPerClass {
+                workers[c] += 1
+                spawning[c] += 1
+                deficit -= 1
+                let qos = QualityOfService(rawValue: UInt8(c)) ?? .default
+                spawn { $0.workerMain(qos) }
+            }
+        }
+        if !scheduler.cancelHandlersToRun.isEmpty {
+            after.handlers = scheduler.cancelHandlersToRun
+            scheduler.cancelHandlersToRun.removeAll()
+        }
+        if !scheduler.events.isEmpty {
+            if !deliveryThreadStarted {
+                deliveryThreadStarted = true
+                spawn { $0.deliveryMain() }
+            } else if !delivering {
+                deliveryCondition.signal()
+            }
+        }
+        if !scheduler.finishedGroups.isEmpty {
+            for group in scheduler.finishedGroups {
+                if let callbacks = finishCallbacks.removeValue(forKey: group) { after.callbacks += callbacks }
+            }
+            scheduler.finishedGroups.removeAll(keepingCapacity: true)
+        }
+        // Cheap without waiters; waiters re-check their own condition (group, queue drain, shutdown).
+        finishedCondition.broadcast()
+        return after
+    }
+
+    // MARK: Threads
+
+    private func spawn(_ main: @escaping @Sendable (Engine) -> Void) {
+        liveThreads += 1
+        let box = Unmanaged.passRetained(ThreadStart(engine: self, main: main))
+        var thread = pthread_t()
+        var attributes = pthread_attr_t()
+        pthread_attr_init(&attributes)
+        pthread_attr_setdetachstate(&attributes, Int32(PTHREAD_CREATE_DETACHED))
+        pthread_attr_setstacksize(&attributes, 1 << 20)
+        let rc = pthread_create(&thread, &attributes, { raw in
+            guard let raw else { return nil }
+            let start = Unmanaged<ThreadStart>.fromOpaque(raw).takeRetainedValue()
+            start.main(start.engine)
+            return nil
+        }, box.toOpaque())
+        pthread_attr_destroy(&attributes)
+        if rc != 0 {
+            // Out of threads: the work stays queued and the next step tries again.
+            box.release()
+            liveThreads -= 1
+        }
+    }
+
+    private func threadExited() {
+        liveThreads -= 1
+        finishedCondition.broadcast()
+    }
+
+    private func workerMain(_ qos: QualityOfService) {
+        let priority = qos.threadPriority
+        _ = opq_set_thread_priority(priority.nice, priority.idle ? 1 : 0)
+        let c = Int(qos.rawValue)
+        lock.lock()
+        spawning[c] -= 1
+        while true {
+            while runLists[c].isEmpty && !shuttingDown {
+                idle[c] += 1
+                workerConditions[c].wait(lock)
+                idle[c] -= 1
+                if signalled[c] > 0 { signalled[c] -= 1 }
+            }
+            guard let dispatch = runLists[c].popFirst() else {
+                workers[c] -= 1
+                threadExited()
+                lock.unlock()
+                return
+            }
+            lock.unlock()
+            let context = OperationContext(host: self, ref: dispatch.ref, attempt: dispatch.attempt, input: dispatch.input, name: dispatch.name)
+            switch dispatch.body {
+            case .sync(let body):
+                let outcome: Scheduler.Outcome
+                do {
+                    outcome = .success(try body(context))
+                } catch {
+                    outcome = .failure(String(describing: error))
+                }
+                lock.lock()
+                scheduler.finish(dispatch.ref, attempt: dispatch.attempt, outcome: outcome, now: wallClock())
+            case .async(let body):
+                body(context)
+                lock.lock()
+            }
+            let after = afterStep(runningClass: c)
+            if !after.handlers.isEmpty || !after.callbacks.isEmpty {
+                lock.unlock()
+                after.run()
+                lock.lock()
+            }
+        }
+    }
+
+    private func timerMain() {
+        lock.lock()
+        while !shuttingDown {
+            guard let first = timers.min else {
+                timerCondition.wait(lock)
+                continue
+            }
+            let now = monotonicClock()
+            if first.deadline > now {
+                timerCondition.wait(lock, untilMonotonic: first.deadline)
+                continue
+            }
+            let wall = wallClock()
+            while let due = timers.min, due.deadline <= now {
+                timers.removeMin()
+                scheduler.fire(due.kind, now: wall)
+            }
+            let after = afterStep(runningClass: nil)
+            lock.unlock()
+            after.run()
+            lock.lock()
+        }
+        threadExited()
+        lock.unlock()
+    }
+
+    private func deliveryMain() {
+        var batch: [EngineEvent] = []
+        lock.lock()
+        while true {
+            while scheduler.events.isEmpty && !shuttingDown { deliveryCondition.wait(lock) }
+            if scheduler.events.isEmpty { break }
+            swap(&batch, &scheduler.events)
+            delivering = true
+            lock.unlock()
+            observer?(batch)
+            batch.removeAll(keepingCapacity: batch.capacity <= 65_536)
+            lock.lock()
+            delivering = false
+            if scheduler.events.isEmpty { finishedCondition.broadcast() }
+        }
+        threadExited()
+        lock.unlock()
+    }
+}
+
+private final class ThreadStart: @unchecked Sendable {
+    let engine: Engine
+    let main: @Sendable (Engine) -> Void
+    init(engine: Engine, main: @escaping @Sendable (Engine) -> Void) {
+        self.engine = engine
+        self.main = main
+    }
+}
+
+/// Seconds since the Unix epoch, to the microsecond or better.
+func wallClock() -> Double {
+    var ts = timespec()
+    clock_gettime(CLOCK_REALTIME, &ts)
+    return Double(ts.tv_sec) + Double(ts.tv_nsec) / 1e9
+}
+
+/// Seconds on the monotonic clock, for timers.
+func monotonicClock() -> Double {
+    var ts = timespec()
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return Double(ts.tv_sec) + Double(ts.tv_nsec) / 1e9
+}

@@ -1,0 +1,165 @@
+// What a client hands the engine: operations described by value, dependencies by index.
+//
+// A graph is built in flat arrays (one spec per operation, dependencies in one shared list) so that
+// a million operations cost a handful of allocations, and the engine adopts those arrays as they are.
+
+/// The value an operation produced, read by its dependents as their `input`.
+public typealias OperationOutput = any Sendable
+
+/// Identifies a named queue of an engine.
+public struct QueueID: Hashable, Sendable, CustomStringConvertible {
+    public let rawValue: Int
+    init(_ rawValue: Int) { self.rawValue = rawValue }
+    public var description: String { "queue#\(rawValue)" }
+}
+
+/// The work of an operation.
+public enum OperationBody: Sendable {
+    /// Runs on a worker thread of the operation's QoS; checks `context.isCancelled` cooperatively.
+    /// Returning is success (with an optional output), throwing is failure.
+    case sync(@Sendable (OperationContext) throws -> OperationOutput?)
+    /// Starts work and returns at once; the work calls `context.finish(_:)` later, from any thread.
+    /// Holds a queue slot but no thread while it runs.
+    case async(@Sendable (OperationContext) -> Void)
+}
+
+/// One operation of a graph.
+public struct OperationSpec: Sendable {
+    public var name: String
+    public var queue: QueueID
+    /// The operation's own QoS; `nil` falls back to the group's, then the queue's.
+    public var qualityOfService: QualityOfService?
+    public var queuePriority: QueuePriority
+    /// One attempt's limit in seconds; at expiry the attempt fails with a timeout error.
+    public var timeout: Double?
+    /// Further attempts after a failure.
+    public var retries: Int
+    /// Delay before the first retry, doubled for each next one.
+    public var retryDelay: Double
+    /// Run once every dependency finished, however it ended (Foundation's rule) instead of being cancelled.
+    public var runsAfterFailure: Bool
+    /// Index (in the group) of the dependency whose output is this operation's input;
+    /// `nil`: the first dependency, in dependency order, that has an output.
+    public var input: Int?
+    public var body: OperationBody
+
+    public init(
+        name: String,
+        queue: QueueID,
+        qualityOfService: QualityOfService? = nil,
+        queuePriority: QueuePriority = .normal,
+        timeout: Double? = nil,
+        retries: Int = 0,
+        retryDelay: Double = 1,
+        runsAfterFailure: Bool = false,
+        input: Int? = nil,
+        body: OperationBody
+    ) {
+        self.name = name
+        self.queue = queue
+        self.qualityOfService = qualityOfService
+        self.queuePriority = queuePriority
+        self.timeout = timeout
+        self.retries = retries
+        self.retryDelay = retryDelay
+        self.runsAfterFailure = runsAfterFailure
+        self.input = input
+        self.body = body
+    }
+}
+
+/// A graph of operations to submit as one group (a job), or to add to a running group.
+///
+/// Operations are numbered in the order they are added, from `base` (0 for a new group, the group's
+/// operation count when extending one). Dependencies name those numbers; extending a group may also
+/// name its earlier operations.
+public struct GraphBuilder: Sendable {
+    public let base: Int
+    var specs: [OperationSpec] = []
+    /// `dependencyStart[i] ..< dependencyStart[i + 1]` is operation i's slice of `dependencies`.
+    var dependencyStart: [Int32] = [0]
+    var dependencies: [Int32] = []
+
+    public init(base: Int = 0) { self.base = base }
+
+    public var count: Int { specs.count }
+
+    public mutating func reserveCapacity(operations: Int, dependencies: Int) {
+        specs.reserveCapacity(operations)
+        dependencyStart.reserveCapacity(operations + 1)
+        self.dependencies.reserveCapacity(dependencies)
+    }
+
+    /// Adds an operation that depends on the given earlier-numbered or later-numbered operations
+    /// (cycles are refused at submission). Returns its number.
+    @discardableResult
+    public mutating func add(_ spec: OperationSpec, dependencies: some Sequence<Int> = EmptyCollection()) -> Int {
+        specs.append(spec)
+        for dependency in dependencies { self.dependencies.append(Int32(truncatingIfNeeded: dependency)) }
+        dependencyStart.append(Int32(self.dependencies.count))
+        return base + specs.count - 1
+    }
+
+    /// Adds a dependency of `operation` on `dependency` (both numbers), for graphs built in two passes.
+    /// Only valid for the most recently added operation, so the flat layout stays sorted.
+    public mutating func addDependencyToLast(on dependency: Int) {
+        dependencies.append(Int32(truncatingIfNeeded: dependency))
+        dependencyStart[dependencyStart.count - 1] = Int32(dependencies.count)
+    }
+
+    public func dependencies(of operation: Int) -> ArraySlice<Int32> {
+        let local = operation - base
+        return dependencies[Int(dependencyStart[local]) ..< Int(dependencyStart[local + 1])]
+    }
+
+    public func spec(_ operation: Int) -> OperationSpec { specs[operation - base] }
+}
+
+/// What a running operation sees: its input, its attempt, and whether it should stop.
+public struct OperationContext: Sendable {
+    let host: any ContextHost
+    let ref: NodeRef
+    /// 1 for the first attempt.
+    public let attempt: Int
+    /// The output of the operation's input dependency, if any.
+    public let input: OperationOutput?
+    public let name: String
+
+    /// True once the operation was cancelled, its attempt timed out, or its group's deadline passed.
+    /// Synchronous bodies check it between units of work and return (or throw) early.
+    public var isCancelled: Bool { host.isCancelled(ref, attempt: attempt) }
+
+    /// Ends an asynchronous operation's attempt. Later calls, and calls after a cancellation or
+    /// timeout already ended the attempt, are ignored.
+    public func finish(_ result: Result<OperationOutput?, any Error>) {
+        host.complete(ref, attempt: attempt, result: result)
+    }
+
+    /// Registers what to do when an executing asynchronous operation is cancelled or times out
+    /// (abort a transfer, cancel a timer). Called at once if that already happened.
+    public func onCancel(_ handler: @escaping @Sendable () -> Void) {
+        host.setCancelHandler(ref, attempt: attempt, handler: handler)
+    }
+}
+
+protocol ContextHost: AnyObject, Sendable {
+    func isCancelled(_ ref: NodeRef, attempt: Int) -> Bool
+    func complete(_ ref: NodeRef, attempt: Int, result: Result<OperationOutput?, any Error>)
+    func setCancelHandler(_ ref: NodeRef, attempt: Int, handler: @escaping @Sendable () -> Void)
+}
+
+/// An attempt that ran past its `timeout`.
+public struct OperationTimeout: Error, CustomStringConvertible {
+    public let seconds: Double
+    public var description: String { "timed out after \(formatSeconds(seconds)) s" }
+}
+
+/// Thrown by bodies that stop because they were cancelled (any error thrown after cancellation counts as such).
+public struct OperationCancelled: Error, CustomStringConvertible {
+    public init() {}
+    public var description: String { "cancelled" }
+}
+
+func formatSeconds(_ value: Double) -> String {
+    value == value.rounded() && abs(value) < 1e15 ? String(Int64(value)) : String(value)
+}

@@ -1,0 +1,63 @@
+// A pthread mutex and condition variables on the monotonic clock. The engine's waits need a
+// condition bound to its one lock, which the standard library's Mutex does not offer.
+
+#if canImport(Glibc)
+import Glibc
+#elseif canImport(Musl)
+import Musl
+#endif
+
+final class Lock: @unchecked Sendable {
+    let mutex: UnsafeMutablePointer<pthread_mutex_t>
+
+    init() {
+        mutex = .allocate(capacity: 1)
+        mutex.initialize(to: pthread_mutex_t())
+        pthread_mutex_init(mutex, nil)
+    }
+
+    deinit {
+        pthread_mutex_destroy(mutex)
+        mutex.deallocate()
+    }
+
+    @inline(__always) func lock() { pthread_mutex_lock(mutex) }
+    @inline(__always) func unlock() { pthread_mutex_unlock(mutex) }
+
+    func withLock<T>(_ body: () throws -> T) rethrows -> T {
+        lock()
+        defer { unlock() }
+        return try body()
+    }
+}
+
+final class Condition: @unchecked Sendable {
+    let condition: UnsafeMutablePointer<pthread_cond_t>
+
+    init() {
+        condition = .allocate(capacity: 1)
+        condition.initialize(to: pthread_cond_t())
+        var attributes = pthread_condattr_t()
+        pthread_condattr_init(&attributes)
+        pthread_condattr_setclock(&attributes, CLOCK_MONOTONIC)
+        pthread_cond_init(condition, &attributes)
+        pthread_condattr_destroy(&attributes)
+    }
+
+    deinit {
+        pthread_cond_destroy(condition)
+        condition.deallocate()
+    }
+
+    func wait(_ lock: Lock) { pthread_cond_wait(condition, lock.mutex) }
+
+    /// Waits until signalled or until the monotonic clock reaches `deadline` (seconds).
+    func wait(_ lock: Lock, untilMonotonic deadline: Double) {
+        let seconds = deadline.rounded(.down)
+        var ts = timespec(tv_sec: Int(seconds), tv_nsec: Int((deadline - seconds) * 1e9))
+        pthread_cond_timedwait(condition, lock.mutex, &ts)
+    }
+
+    func signal() { pthread_cond_signal(condition) }
+    func broadcast() { pthread_cond_broadcast(condition) }
+}

@@ -1,0 +1,49 @@
+import DequeModule
+import HeapModule
+
+/// A ready operation waiting in its queue, ordered by submission.
+struct ReadyEntry: Comparable {
+    var seq: UInt64
+    var ref: NodeRef
+    static func < (lhs: Self, rhs: Self) -> Bool { lhs.seq < rhs.seq }
+    static func == (lhs: Self, rhs: Self) -> Bool { lhs.seq == rhs.seq }
+}
+
+/// The ready operations of one queue at one priority, in submission order.
+///
+/// Operations almost always become ready in submission order, so they go to a deque in O(1); one
+/// that becomes ready after a later-submitted one (its dependencies took longer) goes to a heap.
+/// The next operation is the smaller head of the two: exact FIFO by submission, O(1) in the common case.
+struct ReadyList {
+    private var inOrder = Deque<ReadyEntry>()
+    private var late = Heap<ReadyEntry>()
+
+    var isEmpty: Bool { inOrder.isEmpty && late.isEmpty }
+
+    mutating func push(_ entry: ReadyEntry) {
+        if let last = inOrder.last, entry.seq < last.seq {
+            late.insert(entry)
+        } else {
+            inOrder.append(entry)
+        }
+    }
+
+    func peek() -> ReadyEntry? {
+        switch (inOrder.first, late.min) {
+        case (nil, nil): return nil
+        case (let a?, nil): return a
+        case (nil, let b?): return b
+        case (let a?, let b?): return a.seq < b.seq ? a : b
+        }
+    }
+
+    @discardableResult
+    mutating func pop() -> ReadyEntry? {
+        switch (inOrder.first, late.min) {
+        case (nil, nil): return nil
+        case (_?, nil): return inOrder.removeFirst()
+        case (nil, _?): return late.removeMin()
+        case (let a?, let b?): return a.seq < b.seq ? inOrder.removeFirst() : late.removeMin()
+        }
+    }
+}

@@ -1,0 +1,864 @@
+// Scheduler: the operation engine's whole state and every rule of SPEC §3.2 and §3.4, with no
+// threads, no clock and no I/O.
+//
+// Each method takes the current time and returns what the caller must do (dispatch an operation,
+// arm a timer, run a cancellation handler, deliver events), so the rules are tested one step at a
+// time and the threaded `Engine` only adds locking and workers around them.
+//
+// Strategy, for linear time at a million operations:
+// - Operations live in flat per-group arrays, numbered; edges are compressed rows built once per
+//   submitted batch, so finishing an operation touches only its own dependents (constant work per edge).
+// - An operation waits on a counter of unfinished dependencies; it is never rescanned.
+// - Each queue keeps five `ReadyList`s (one per priority), each O(1) for in-order arrivals.
+// - Choosing the next operation looks at each queue's head only: O(queues), not O(operations).
+// - QoS raises (no priority inversion) propagate to dependencies only when they raise something,
+//   and a class can only rise four times, so the total work is bounded by 4·edges.
+
+/// An operation's address: its group's slot and its number in the group.
+struct NodeRef: Hashable, Sendable {
+    var group: Int32
+    var index: Int32
+}
+
+/// A submitted graph (a job). Stays valid until `release`; then the slot is reused with a new generation.
+public struct GroupID: Hashable, Sendable, CustomStringConvertible {
+    let slot: Int32
+    let generation: UInt32
+    public var description: String { "group#\(slot).\(generation)" }
+}
+
+/// Why a submission was refused. Every problem found is listed.
+public struct SubmissionError: Error, CustomStringConvertible, Equatable {
+    public var problems: [String]
+    public var description: String { problems.joined(separator: "\n") }
+}
+
+/// A transition of one operation, as the observer sees it.
+public struct Transition: Sendable {
+    public let group: GroupID
+    public let operation: Int
+    public let state: OperationState
+    /// 1 for the first attempt; 0 before the first start.
+    public let attempt: Int
+    /// The effective QoS at the moment of the transition (including a temporary raise).
+    public let qualityOfService: QualityOfService
+    public let queue: QueueID
+    /// Seconds since the Unix epoch.
+    public let time: Double
+    public let error: String?
+}
+
+public enum EngineEvent: Sendable {
+    case transition(Transition)
+    /// Every operation of the group has finished; delivered after all of its transitions.
+    case groupFinished(GroupID)
+}
+
+/// What became of one operation, for results and `show`.
+public struct OperationRecord: Sendable {
+    public let name: String
+    public let queue: QueueID
+    public let state: OperationState
+    public let attempts: Int
+    public let startedAt: Double?
+    public let finishedAt: Double?
+    public let error: String?
+    /// The QoS asked for (operation's, else group's, else queue's), not a temporary raise.
+    public let qualityOfService: QualityOfService
+    public let queuePriority: QueuePriority
+}
+
+/// A queue's settings and load, for `status`.
+public struct QueueSnapshot: Sendable, Equatable {
+    public let id: QueueID
+    public let name: String
+    public let maxConcurrentOperationCount: Int
+    public let qualityOfService: QualityOfService
+    public let isSuspended: Bool
+    public let pending: Int
+    public let executing: Int
+}
+
+enum TimerKind: Hashable, Sendable {
+    case attemptTimeout(NodeRef, attempt: Int)
+    case retry(NodeRef, attempt: Int)
+    case deadline(GroupID)
+}
+
+struct TimerRequest: Sendable {
+    var delay: Double
+    var kind: TimerKind
+}
+
+/// An operation handed to a worker.
+struct Dispatch: Sendable {
+    var ref: NodeRef
+    var attempt: Int
+    var body: OperationBody
+    var qualityOfService: QualityOfService
+    var input: OperationOutput?
+    var name: String
+}
+
+struct Scheduler {
+    struct Node {
+        var body: OperationBody
+        var name: String
+        var seq: UInt64
+        var startedAt: Double = .nan
+        var finishedAt: Double = .nan
+        var pending: Int32
+        var input: Int32
+        var options: Int32
+        var epoch: Int32
+        var queue: UInt16
+        var attempts: UInt16 = 0
+        var state: OperationState = .pending
+        /// Operation's QoS, else the group's; `noQoS` defers to the queue's.
+        var requestedQoS: UInt8
+        var raisedQoS: UInt8 = 0
+        var priority: QueuePriority
+        var flags: UInt8 = 0
+
+        static let runsAfterFailure: UInt8 = 1
+        static let cancelRequested: UInt8 = 2
+        static let timedOut: UInt8 = 4
+        static let isBarrier: UInt8 = 8
+    }
+
+    struct Options {
+        var timeout: Double?
+        var retries: Int
+        var retryDelay: Double
+    }
+
+    /// One submitted batch's edges, as compressed rows over the group's numbering.
+    struct Batch {
+        var base: Int32
+        var dependencyStart: [Int32]
+        var dependencies: [Int32]
+        var dependentStart: [Int32]
+        var dependents: [Int32]
+    }
+
+    struct Group {
+        var generation: UInt32 = 0
+        var live = false
+        var nodes: [Node] = []
+        var batches: [Batch] = []
+        /// Dependents added by later batches to operations of earlier ones.
+        var lateDependents: [Int32: [Int32]] = [:]
+        var options: [Options] = []
+        var outputs: [Int32: OperationOutput] = [:]
+        var errors: [Int32: String] = [:]
+        var barrierDependents: [Int32: [NodeRef]] = [:]
+        var unfinished = 0
+        var qos: UInt8 = noQoS
+        var cancelReason: String?
+        var finished = false
+    }
+
+    struct Queue {
+        var name: String
+        var limit: Int
+        var qos: QualityOfService
+        var suspended: Bool
+        var executing = 0
+        var readyCount = 0
+        var unfinished = 0
+        var ready = [ReadyList](repeating: ReadyList(), count: QueuePriority.allCases.count)
+        var epoch: Int32 = 0
+        var epochUnfinished: [Int] = [0]
+        var barrierAfterEpoch: [Int32: NodeRef] = [:]
+        var openBarrier: NodeRef?
+    }
+
+    static let noQoS: UInt8 = 255
+    static let barrierGroup: Int32 = 0
+
+    let processorCount: Int
+    var groups: [Group] = [Group()]
+    var freeSlots: [Int32] = []
+    var queues: [Queue] = []
+    var queueIndex: [String: Int] = [:]
+    var nextSeq: UInt64 = 0
+    var executingCount = 0
+
+    /// Outputs of the step just taken; the caller drains them.
+    var recordsEvents = false
+    var events: [EngineEvent] = []
+    var timerRequests: [TimerRequest] = []
+    var cancelHandlersToRun: [@Sendable () -> Void] = []
+    var cancelHandlers: [NodeRef: (attempt: Int, handler: @Sendable () -> Void)] = [:]
+    var finishedGroups: [GroupID] = []
+
+    init(processorCount: Int) {
+        self.processorCount = max(1, processorCount)
+        groups[0].live = true
+    }
+
+    // MARK: Queues
+
+    mutating func addQueue(name: String, maxConcurrentOperationCount: Int, qualityOfService: QualityOfService, suspended: Bool) -> QueueID {
+        if let existing = queueIndex[name] {
+            updateQueue(QueueID(existing), maxConcurrentOperationCount: maxConcurrentOperationCount, qualityOfService: qualityOfService, suspended: suspended)
+            return QueueID(existing)
+        }
+        queues.append(Queue(name: name, limit: maxConcurrentOperationCount, qos: qualityOfService, suspended: suspended))
+        queueIndex[name] = queues.count - 1
+        return QueueID(queues.count - 1)
+    }
+
+    func queueID(named name: String) -> QueueID? { queueIndex[name].map(QueueID.init) }
+
+    mutating func updateQueue(_ id: QueueID, maxConcurrentOperationCount: Int? = nil, qualityOfService: QualityOfService? = nil, suspended: Bool? = nil) {
+        guard queues.indices.contains(id.rawValue) else { return }
+        if let limit = maxConcurrentOperationCount { queues[id.rawValue].limit = limit }
+        if let qos = qualityOfService { queues[id.rawValue].qos = qos }
+        if let suspended { queues[id.rawValue].suspended = suspended }
+    }
+
+    func effectiveLimit(_ q: Int) -> Int {
+        let limit = queues[q].limit
+        return limit < 0 ? processorCount : max(limit, 0)
+    }
+
+    func snapshot(_ q: Int) -> QueueSnapshot {
+        let queue = queues[q]
+        return QueueSnapshot(
+            id: QueueID(q), name: queue.name, maxConcurrentOperationCount: queue.limit,
+            qualityOfService: queue.qos, isSuspended: queue.suspended,
+            pending: queue.unfinished - queue.executing, executing: queue.executing)
+    }
+
+    // MARK: Submission
+
+    /// Checks a batch and computes its dependents rows. Every problem is reported.
+    private func prepare(_ builder: GraphBuilder, existing: Int) throws(SubmissionError) -> Batch {
+        let n = builder.count
+        let base = builder.base
+        var problems: [String] = []
+        if base != existing { problems.append("the graph was numbered from \(base) but the group has \(existing) operations") }
+        let total = base + n
+        var dependentCount = [Int32](repeating: 0, count: n + 1)
+        for i in 0..<n {
+            let spec = builder.specs[i]
+            if !queues.indices.contains(spec.queue.rawValue) {
+                problems.append("operation '\(spec.name)': unknown queue \(spec.queue)")
+            }
+            if spec.retries < 0 || spec.retries > Int(UInt16.max) - 1 { problems.append("operation '\(spec.name)': retries must be 0…\(Int(UInt16.max) - 1)") }
+            if let t = spec.timeout, !(t > 0) || !t.isFinite { problems.append("operation '\(spec.name)': timeout must be a positive number of seconds") }
+            if !(spec.retryDelay >= 0) || !spec.retryDelay.isFinite { problems.append("operation '\(spec.name)': retry delay must be 0 or more seconds") }
+            let deps = builder.dependencies[Int(builder.dependencyStart[i]) ..< Int(builder.dependencyStart[i + 1])]
+            for d in deps {
+                let dep = Int(d)
+                if dep < 0 || dep >= total {
+                    problems.append("operation '\(spec.name)' depends on unknown operation #\(dep)")
+                } else if dep == base + i {
+                    problems.append("cycle: \(spec.name) → \(spec.name)")
+                } else if dep >= base {
+                    dependentCount[dep - base + 1] += 1
+                }
+            }
+            if let input = spec.input, !deps.contains(Int32(truncatingIfNeeded: input)) {
+                problems.append("operation '\(spec.name)': its input #\(input) is not one of its dependencies")
+            }
+        }
+        guard problems.isEmpty else { throw SubmissionError(problems: problems) }
+
+        // Dependents rows (counting sort keeps each row in dependent order: FIFO when they become ready).
+        for i in 0..<n { dependentCount[i + 1] += dependentCount[i] }
+        let dependentStart = dependentCount
+        var cursor = dependentCount
+        var dependents = [Int32](repeating: 0, count: Int(dependentStart[n]))
+        for i in 0..<n {
+            for d in builder.dependencies[Int(builder.dependencyStart[i]) ..< Int(builder.dependencyStart[i + 1])] where Int(d) >= base {
+                let row = Int(d) - base
+                dependents[Int(cursor[row])] = Int32(base + i)
+                cursor[row] += 1
+            }
+        }
+
+        // Kahn's algorithm over the batch: whatever is left unvisited lies on or behind a cycle.
+        var indegree = [Int32](repeating: 0, count: n)
+        for i in 0..<n {
+            for d in builder.dependencies[Int(builder.dependencyStart[i]) ..< Int(builder.dependencyStart[i + 1])] where Int(d) >= base {
+                indegree[i] += 1
+            }
+        }
+        var stack: [Int32] = []
+        for i in 0..<n where indegree[i] == 0 { stack.append(Int32(i)) }
+        var visited = 0
+        while let i = stack.popLast() {
+            visited += 1
+            for k in Int(dependentStart[Int(i)]) ..< Int(dependentStart[Int(i) + 1]) {
+                let j = Int(dependents[k]) - base
+                indegree[j] -= 1
+                if indegree[j] == 0 { stack.append(Int32(j)) }
+            }
+        }
+        if visited < n {
+            throw SubmissionError(problems: Self.describeCycles(builder, indegree: indegree))
+        }
+        return Batch(
+            base: Int32(base), dependencyStart: builder.dependencyStart, dependencies: builder.dependencies,
+            dependentStart: dependentStart, dependents: dependents)
+    }
+
+    /// Names the operations along each cycle left after Kahn's algorithm (every node with a positive
+    /// in-degree has a dependency that also has one, so following them must come round).
+    private static func describeCycles(_ builder: GraphBuilder, indegree: [Int32]) -> [String] {
+        let n = builder.count
+        let base = builder.base
+        var onCycleReported = [Bool](repeating: false, count: n)
+        var problems: [String] = []
+        for start in 0..<n where indegree[start] > 0 && !onCycleReported[start] {
+            var position = [Int: Int]()
+            var path: [Int] = []
+            var current = start
+            while position[current] == nil {
+                if onCycleReported[current] { path = []; break }
+                position[current] = path.count
+                path.append(current)
+                let deps = builder.dependencies[Int(builder.dependencyStart[current]) ..< Int(builder.dependencyStart[current + 1])]
+                guard let next = deps.first(where: { Int($0) >= base && indegree[Int($0) - base] > 0 }) else { path = []; break }
+                current = Int(next) - base
+            }
+            guard !path.isEmpty, let first = position[current] else { continue }
+            let cycle = Array(path[first...])
+            for i in cycle { onCycleReported[i] = true }
+            // Dependencies were followed; print the cycle in execution order: a → b means b waits for a.
+            let names = cycle.reversed().map { builder.specs[$0].name }
+            problems.append("cycle: " + (names + [names[0]]).joined(separator: " → "))
+            if problems.count >= 16 { break }
+        }
+        return problems.isEmpty ? ["cycle among the operations"] : problems
+    }
+
+    mutating func submit(_ builder: GraphBuilder, qualityOfService: QualityOfService? = nil, deadline: Double? = nil, now: Double) throws(SubmissionError) -> GroupID {
+        var problems: [String] = []
+        if let deadline, !(deadline > 0) || !deadline.isFinite { problems.append("deadline must be a positive number of seconds") }
+        if !problems.isEmpty { throw SubmissionError(problems: problems) }
+        let batch = try prepare(builder, existing: 0)
+        let slot: Int32
+        if let free = freeSlots.popLast() {
+            slot = free
+        } else {
+            groups.append(Group())
+            slot = Int32(groups.count - 1)
+        }
+        groups[Int(slot)].live = true
+        groups[Int(slot)].qos = qualityOfService?.rawValue ?? Self.noQoS
+        let id = GroupID(slot: slot, generation: groups[Int(slot)].generation)
+        adopt(builder, batch: batch, group: slot, now: now)
+        if let deadline { timerRequests.append(TimerRequest(delay: deadline, kind: .deadline(id))) }
+        checkGroupFinished(slot)
+        return id
+    }
+
+    /// Adds operations to a running group (graph expansion at run time). They may depend on the
+    /// group's earlier operations, finished or not.
+    mutating func extend(_ id: GroupID, with builder: GraphBuilder, now: Double) throws(SubmissionError) {
+        guard isLive(id), !groups[Int(id.slot)].finished else {
+            throw SubmissionError(problems: ["the group has finished or does not exist"])
+        }
+        let batch = try prepare(builder, existing: groups[Int(id.slot)].nodes.count)
+        adopt(builder, batch: batch, group: id.slot, now: now)
+        checkGroupFinished(id.slot)
+    }
+
+    func isLive(_ id: GroupID) -> Bool {
+        id.slot > 0 && Int(id.slot) < groups.count && groups[Int(id.slot)].live && groups[Int(id.slot)].generation == id.generation
+    }
+
+    private mutating func adopt(_ builder: GraphBuilder, batch: Batch, group g: Int32, now: Double) {
+        let gi = Int(g)
+        let base = Int(batch.base)
+        let n = builder.count
+        groups[gi].nodes.reserveCapacity(base + n)
+        let groupQoS = groups[gi].qos
+        var crossBatch: [(dependency: Int32, dependent: Int32)] = []
+        for i in 0..<n {
+            let spec = builder.specs[i]
+            var pending: Int32 = 0
+            for d in batch.dependencies[Int(batch.dependencyStart[i]) ..< Int(batch.dependencyStart[i + 1])] {
+                if Int(d) >= base {
+                    pending += 1
+                } else {
+                    crossBatch.append((d, Int32(base + i)))
+                    if !groups[gi].nodes[Int(d)].state.isFinished { pending += 1 }
+                }
+            }
+            var options: Int32 = -1
+            if spec.timeout != nil || spec.retries != 0 {
+                options = Int32(groups[gi].options.count)
+                groups[gi].options.append(Options(timeout: spec.timeout, retries: spec.retries, retryDelay: spec.retryDelay))
+            }
+            let q = spec.queue.rawValue
+            var node = Node(
+                body: spec.body, name: spec.name, seq: nextSeq, pending: pending,
+                input: Int32(truncatingIfNeeded: spec.input ?? -1), options: options, epoch: queues[q].epoch,
+                queue: UInt16(q), requestedQoS: spec.qualityOfService?.rawValue ?? groupQoS, priority: spec.queuePriority)
+            nextSeq &+= 1
+            if spec.runsAfterFailure { node.flags |= Node.runsAfterFailure }
+            queues[q].unfinished += 1
+            queues[q].epochUnfinished[Int(queues[q].epoch)] += 1
+            if let barrier = queues[q].openBarrier {
+                node.pending += 1
+                groups[Int(Self.barrierGroup)].barrierDependents[barrier.index, default: []].append(NodeRef(group: g, index: Int32(base + i)))
+            }
+            groups[gi].nodes.append(node)
+        }
+        groups[gi].unfinished += n
+        groups[gi].batches.append(batch)
+        for (dependency, dependent) in crossBatch {
+            groups[gi].lateDependents[dependency, default: []].append(dependent)
+        }
+        // QoS raises: an operation is raised to the effective QoS of whatever waits for it.
+        for i in 0..<n {
+            let ref = NodeRef(group: g, index: Int32(base + i))
+            let qos = effectiveQoS(ref).rawValue
+            for d in batch.dependencies[Int(batch.dependencyStart[i]) ..< Int(batch.dependencyStart[i + 1])] {
+                raise(NodeRef(group: g, index: d), to: qos)
+            }
+        }
+        if recordsEvents {
+            events.reserveCapacity(events.count + n)
+            for i in 0..<n { emit(NodeRef(group: g, index: Int32(base + i)), .pending, now: now) }
+        }
+        // A group cancelled before this batch arrived cancels it too.
+        if let reason = groups[gi].cancelReason {
+            for i in 0..<n { cancel(NodeRef(group: g, index: Int32(base + i)), reason: reason, now: now) }
+            return
+        }
+        for i in 0..<n {
+            let ref = NodeRef(group: g, index: Int32(base + i))
+            let node = groups[gi].nodes[base + i]
+            guard node.state == .pending else { continue }
+            // A dependency from an earlier batch that already failed or was cancelled.
+            if node.flags & Node.runsAfterFailure == 0,
+               let failed = batch.dependencies[Int(batch.dependencyStart[i]) ..< Int(batch.dependencyStart[i + 1])]
+                .first(where: { Int($0) < base && isFailedOrCancelled(NodeRef(group: g, index: $0)) }) {
+                cancel(ref, reason: dependencyError(NodeRef(group: g, index: failed)), now: now)
+            } else if node.pending == 0 {
+                makeReady(ref, now: now)
+            }
+        }
+    }
+
+    private func isFailedOrCancelled(_ ref: NodeRef) -> Bool {
+        let state = groups[Int(ref.group)].nodes[Int(ref.index)].state
+        return state == .failed || state == .cancelled
+    }
+
+    private func dependencyError(_ ref: NodeRef) -> String {
+        let node = groups[Int(ref.group)].nodes[Int(ref.index)]
+        return "dependency '\(node.name)' \(node.state == .failed ? "failed" : "was cancelled")"
+    }
+
+    func effectiveQoS(_ ref: NodeRef) -> QualityOfService {
+        let node = groups[Int(ref.group)].nodes[Int(ref.index)]
+        let asked = node.requestedQoS == Self.noQoS ? queues[Int(node.queue)].qos.rawValue : node.requestedQoS
+        return QualityOfService(rawValue: max(asked, node.raisedQoS)) ?? .default
+    }
+
+    func requestedQoS(_ ref: NodeRef) -> QualityOfService {
+        let node = groups[Int(ref.group)].nodes[Int(ref.index)]
+        if node.requestedQoS == Self.noQoS { return queues[Int(node.queue)].qos }
+        return QualityOfService(rawValue: node.requestedQoS) ?? .default
+    }
+
+    private mutating func raise(_ start: NodeRef, to qos: UInt8) {
+        guard effectiveQoS(start).rawValue < qos else { return }
+        var work = [start]
+        while let ref = work.popLast() {
+            let node = groups[Int(ref.group)].nodes[Int(ref.index)]
+            guard node.state == .pending || node.state == .ready || node.state == .retrying,
+                  effectiveQoS(ref).rawValue < qos else { continue }
+            groups[Int(ref.group)].nodes[Int(ref.index)].raisedQoS = qos
+            forEachDependency(of: ref) { work.append($0) }
+        }
+    }
+
+    private func batchIndex(_ group: Int, _ index: Int32) -> Int {
+        let batches = groups[group].batches
+        if batches.count == 1 { return 0 }
+        var low = 0, high = batches.count - 1
+        while low < high {
+            let mid = (low + high + 1) / 2
+            if batches[mid].base <= index { low = mid } else { high = mid - 1 }
+        }
+        return low
+    }
+
+    private func forEachDependency(of ref: NodeRef, _ body: (NodeRef) -> Void) {
+        let g = Int(ref.group)
+        guard !groups[g].batches.isEmpty else { return }
+        let batch = groups[g].batches[batchIndex(g, ref.index)]
+        let local = Int(ref.index - batch.base)
+        for d in batch.dependencies[Int(batch.dependencyStart[local]) ..< Int(batch.dependencyStart[local + 1])] {
+            body(NodeRef(group: ref.group, index: d))
+        }
+    }
+
+    // MARK: Readiness and dispatch
+
+    private mutating func makeReady(_ ref: NodeRef, now: Double) {
+        let g = Int(ref.group), i = Int(ref.index)
+        groups[g].nodes[i].state = .ready
+        let node = groups[g].nodes[i]
+        let q = Int(node.queue)
+        queues[q].ready[Int(node.priority.rawValue)].push(ReadyEntry(seq: node.seq, ref: ref))
+        queues[q].readyCount += 1
+        if recordsEvents { emit(ref, .ready, now: now) }
+    }
+
+    /// The queue's next operation by priority, then submission order; drops entries of operations
+    /// cancelled while they waited.
+    private mutating func head(of q: Int) -> (priority: Int, entry: ReadyEntry)? {
+        var p = QueuePriority.allCases.count - 1
+        while p >= 0 {
+            while let entry = queues[q].ready[p].peek() {
+                if groups[Int(entry.ref.group)].nodes[Int(entry.ref.index)].state == .ready { return (p, entry) }
+                queues[q].ready[p].pop()
+            }
+            p -= 1
+        }
+        return nil
+    }
+
+    /// The next operation to start, if a queue has one and a free slot: among the queues' heads,
+    /// the highest effective QoS (ties: the queue declared first).
+    mutating func nextDispatch(now: Double) -> Dispatch? {
+        var best: (queue: Int, priority: Int, qos: QualityOfService)?
+        for q in queues.indices where queues[q].readyCount > 0 && !queues[q].suspended && queues[q].executing < effectiveLimit(q) {
+            guard let head = head(of: q) else { continue }
+            let qos = effectiveQoS(head.entry.ref)
+            if let current = best, current.qos >= qos { continue }
+            best = (q, head.priority, qos)
+        }
+        guard let best, let entry = queues[best.queue].ready[best.priority].pop() else { return nil }
+        let ref = entry.ref
+        let g = Int(ref.group), i = Int(ref.index)
+        queues[best.queue].readyCount -= 1
+        queues[best.queue].executing += 1
+        executingCount += 1
+        groups[g].nodes[i].state = .executing
+        groups[g].nodes[i].attempts &+= 1
+        groups[g].nodes[i].flags &= ~(Node.cancelRequested | Node.timedOut)
+        if groups[g].nodes[i].startedAt.isNaN { groups[g].nodes[i].startedAt = now }
+        let node = groups[g].nodes[i]
+        if recordsEvents { emit(ref, .executing, now: now) }
+        if node.options >= 0, let timeout = groups[g].options[Int(node.options)].timeout {
+            timerRequests.append(TimerRequest(delay: timeout, kind: .attemptTimeout(ref, attempt: Int(node.attempts))))
+        }
+        return Dispatch(ref: ref, attempt: Int(node.attempts), body: node.body, qualityOfService: best.qos, input: input(of: ref), name: node.name)
+    }
+
+    private func input(of ref: NodeRef) -> OperationOutput? {
+        let g = Int(ref.group)
+        let outputs = groups[g].outputs
+        if outputs.isEmpty { return nil }
+        let node = groups[g].nodes[Int(ref.index)]
+        if node.input >= 0 { return outputs[node.input] }
+        var found: OperationOutput?
+        forEachDependency(of: ref) { dep in
+            if found == nil, let output = outputs[dep.index] { found = output }
+        }
+        return found
+    }
+
+    // MARK: Ends
+
+    enum Outcome {
+        case success(OperationOutput?)
+        case failure(String)
+    }
+
+    /// Ends an attempt. Ignored when the attempt already ended (cancelled asynchronous operation,
+    /// timeout) — a late completion changes nothing.
+    mutating func finish(_ ref: NodeRef, attempt: Int, outcome: Outcome, now: Double) {
+        guard isValid(ref) else { return }
+        let g = Int(ref.group), i = Int(ref.index)
+        let node = groups[g].nodes[i]
+        guard node.state == .executing, Int(node.attempts) == attempt else { return }
+        let q = Int(node.queue)
+        queues[q].executing -= 1
+        executingCount -= 1
+        cancelHandlers[ref] = nil
+        if node.flags & Node.timedOut != 0 {
+            let seconds = node.options >= 0 ? groups[g].options[Int(node.options)].timeout ?? 0 : 0
+            failOrRetry(ref, error: OperationTimeout(seconds: seconds).description, now: now)
+        } else if node.flags & Node.cancelRequested != 0 {
+            complete(ref, .cancelled, error: groups[g].errors[ref.index] ?? "cancelled", now: now)
+        } else {
+            switch outcome {
+            case .success(let output):
+                if let output { groups[g].outputs[ref.index] = output }
+                complete(ref, .succeeded, error: nil, now: now)
+            case .failure(let message):
+                failOrRetry(ref, error: message, now: now)
+            }
+        }
+    }
+
+    private mutating func failOrRetry(_ ref: NodeRef, error: String, now: Double) {
+        let g = Int(ref.group), i = Int(ref.index)
+        let node = groups[g].nodes[i]
+        if node.options >= 0 {
+            let options = groups[g].options[Int(node.options)]
+            if Int(node.attempts) <= options.retries {
+                groups[g].nodes[i].state = .retrying
+                groups[g].errors[ref.index] = error
+                if recordsEvents { emit(ref, .retrying, now: now, error: error) }
+                let delay = options.retryDelay * Double(1 << min(Int(node.attempts) - 1, 30))
+                timerRequests.append(TimerRequest(delay: delay, kind: .retry(ref, attempt: Int(node.attempts))))
+                return
+            }
+        }
+        complete(ref, .failed, error: error, now: now)
+    }
+
+    /// Records an end and lets the dependents go on (or be cancelled), without recursion: a chain of
+    /// a million cancellations must not exhaust the stack.
+    private mutating func complete(_ start: NodeRef, _ startState: OperationState, error startError: String?, now: Double) {
+        var work: [(ref: NodeRef, state: OperationState, error: String?)] = [(start, startState, startError)]
+        while let (ref, state, error) = work.popLast() {
+            let g = Int(ref.group), i = Int(ref.index)
+            let before = groups[g].nodes[i].state
+            guard !before.isFinished else { continue }
+            if before == .ready {
+                queues[Int(groups[g].nodes[i].queue)].readyCount -= 1
+            }
+            groups[g].nodes[i].state = state
+            groups[g].nodes[i].finishedAt = now
+            if let error { groups[g].errors[ref.index] = error } else { groups[g].errors[ref.index] = nil }
+            let node = groups[g].nodes[i]
+            let q = Int(node.queue)
+            queues[q].unfinished -= 1
+            groups[g].unfinished -= 1
+            if recordsEvents { emit(ref, state, now: now, error: error) }
+            closeEpoch(queue: q, epoch: node.epoch, now: now)
+            let failedOrCancelled = state != .succeeded
+            let dependencyFailure = failedOrCancelled ? dependencyError(ref) : nil
+            forEachDependent(of: ref) { dependent in
+                let d = groups[Int(dependent.group)].nodes[Int(dependent.index)]
+                guard !d.state.isFinished else { return }
+                if failedOrCancelled && d.flags & Node.runsAfterFailure == 0 {
+                    work.append((dependent, .cancelled, dependencyFailure))
+                    return
+                }
+                groups[Int(dependent.group)].nodes[Int(dependent.index)].pending -= 1
+                if d.pending == 1 && d.state == .pending { makeReady(dependent, now: now) }
+            }
+            if node.flags & Node.isBarrier != 0 {
+                if let waiting = groups[g].barrierDependents.removeValue(forKey: ref.index) {
+                    for dependent in waiting where isValid(dependent) {
+                        let d = groups[Int(dependent.group)].nodes[Int(dependent.index)]
+                        guard d.state == .pending else { continue }
+                        groups[Int(dependent.group)].nodes[Int(dependent.index)].pending -= 1
+                        if d.pending == 1 { makeReady(dependent, now: now) }
+                    }
+                }
+                if queues[q].openBarrier == ref { queues[q].openBarrier = nil }
+            }
+            checkGroupFinished(ref.group)
+        }
+    }
+
+    private func forEachDependent(of ref: NodeRef, _ body: (NodeRef) -> Void) {
+        let g = Int(ref.group)
+        let group = groups[g]
+        guard !group.batches.isEmpty else { return }
+        let batch = group.batches[batchIndex(g, ref.index)]
+        let local = Int(ref.index - batch.base)
+        for k in Int(batch.dependentStart[local]) ..< Int(batch.dependentStart[local + 1]) {
+            body(NodeRef(group: ref.group, index: batch.dependents[k]))
+        }
+        if !group.lateDependents.isEmpty, let late = group.lateDependents[ref.index] {
+            for d in late { body(NodeRef(group: ref.group, index: d)) }
+        }
+    }
+
+    private mutating func checkGroupFinished(_ slot: Int32) {
+        let g = Int(slot)
+        guard slot != Self.barrierGroup, groups[g].unfinished == 0, !groups[g].finished else { return }
+        groups[g].finished = true
+        let id = GroupID(slot: slot, generation: groups[g].generation)
+        finishedGroups.append(id)
+        if recordsEvents { events.append(.groupFinished(id)) }
+    }
+
+    func isValid(_ ref: NodeRef) -> Bool {
+        Int(ref.group) < groups.count && groups[Int(ref.group)].live && Int(ref.index) < groups[Int(ref.group)].nodes.count
+    }
+
+    // MARK: Barriers
+
+    /// Foundation's `addBarrierBlock`: runs once everything added to the queue before it has finished
+    /// (however it ended); what is added after it waits for it.
+    mutating func addBarrier(queue id: QueueID, name: String, body: OperationBody, now: Double) -> NodeRef? {
+        let q = id.rawValue
+        guard queues.indices.contains(q) else { return nil }
+        let g = Int(Self.barrierGroup)
+        let ref = NodeRef(group: Self.barrierGroup, index: Int32(groups[g].nodes.count))
+        // Everything unfinished of the current epoch, including an earlier barrier (counted in it).
+        let pending = Int32(queues[q].epochUnfinished[Int(queues[q].epoch)])
+        var node = Node(
+            body: body, name: name, seq: nextSeq, pending: pending, input: -1, options: -1,
+            epoch: queues[q].epoch + 1, queue: UInt16(q), requestedQoS: Self.noQoS, priority: .normal)
+        node.flags = Node.isBarrier | Node.runsAfterFailure
+        nextSeq &+= 1
+        groups[g].nodes.append(node)
+        queues[q].barrierAfterEpoch[queues[q].epoch] = ref
+        queues[q].epoch += 1
+        queues[q].epochUnfinished.append(0)
+        queues[q].epochUnfinished[Int(queues[q].epoch)] += 1
+        queues[q].unfinished += 1
+        queues[q].openBarrier = ref
+        if recordsEvents { emit(ref, .pending, now: now) }
+        if pending == 0 { makeReady(ref, now: now) }
+        return ref
+    }
+
+    private mutating func closeEpoch(queue q: Int, epoch: Int32, now: Double) {
+        queues[q].epochUnfinished[Int(epoch)] -= 1
+        guard !queues[q].barrierAfterEpoch.isEmpty, let barrier = queues[q].barrierAfterEpoch[epoch] else { return }
+        let g = Int(barrier.group), i = Int(barrier.index)
+        guard groups[g].nodes[i].state == .pending else { return }
+        groups[g].nodes[i].pending -= 1
+        if groups[g].nodes[i].pending == 0 {
+            queues[q].barrierAfterEpoch[epoch] = nil
+            makeReady(barrier, now: now)
+        }
+    }
+
+    // MARK: Cancellation
+
+    /// Cancels one operation: one that has not started never starts; an executing synchronous one is
+    /// told (`isCancelled`) and ends when its body returns; an asynchronous one ends at once and its
+    /// cancellation handler runs.
+    mutating func cancel(_ ref: NodeRef, reason: String = "cancelled", now: Double) {
+        guard isValid(ref) else { return }
+        let g = Int(ref.group), i = Int(ref.index)
+        let node = groups[g].nodes[i]
+        switch node.state {
+        case .pending, .ready, .retrying:
+            complete(ref, .cancelled, error: reason, now: now)
+        case .executing:
+            guard node.flags & Node.cancelRequested == 0 else { return }
+            groups[g].nodes[i].flags |= Node.cancelRequested
+            groups[g].errors[ref.index] = reason
+            if case .async = node.body {
+                queues[Int(node.queue)].executing -= 1
+                executingCount -= 1
+                runCancelHandler(ref)
+                complete(ref, .cancelled, error: reason, now: now)
+            }
+        case .succeeded, .failed, .cancelled:
+            break
+        }
+    }
+
+    mutating func cancel(group id: GroupID, reason: String = "cancelled", now: Double) {
+        guard isLive(id) else { return }
+        let g = Int(id.slot)
+        if groups[g].cancelReason == nil { groups[g].cancelReason = reason }
+        for i in groups[g].nodes.indices where !groups[g].nodes[i].state.isFinished {
+            cancel(NodeRef(group: id.slot, index: Int32(i)), reason: reason, now: now)
+        }
+    }
+
+    mutating func cancelAll(reason: String = "cancelled", now: Double) {
+        for slot in groups.indices.dropFirst() where groups[slot].live && !groups[slot].finished {
+            cancel(group: GroupID(slot: Int32(slot), generation: groups[slot].generation), reason: reason, now: now)
+        }
+    }
+
+    private mutating func runCancelHandler(_ ref: NodeRef) {
+        if let entry = cancelHandlers.removeValue(forKey: ref) { cancelHandlersToRun.append(entry.handler) }
+    }
+
+    func isCancelled(_ ref: NodeRef, attempt: Int) -> Bool {
+        guard isValid(ref) else { return true }
+        let node = groups[Int(ref.group)].nodes[Int(ref.index)]
+        return node.state != .executing || Int(node.attempts) != attempt || node.flags & (Node.cancelRequested | Node.timedOut) != 0
+    }
+
+    /// Stores an asynchronous attempt's cancellation handler; returns it when it must run at once.
+    mutating func setCancelHandler(_ ref: NodeRef, attempt: Int, handler: @escaping @Sendable () -> Void) -> (@Sendable () -> Void)? {
+        if isCancelled(ref, attempt: attempt) { return handler }
+        cancelHandlers[ref] = (attempt, handler)
+        return nil
+    }
+
+    // MARK: Timers
+
+    mutating func fire(_ kind: TimerKind, now: Double) {
+        switch kind {
+        case .attemptTimeout(let ref, let attempt):
+            guard isValid(ref) else { return }
+            let g = Int(ref.group), i = Int(ref.index)
+            let node = groups[g].nodes[i]
+            guard node.state == .executing, Int(node.attempts) == attempt, node.flags & Node.cancelRequested == 0 else { return }
+            groups[g].nodes[i].flags |= Node.timedOut
+            if case .async = node.body {
+                runCancelHandler(ref)
+                finish(ref, attempt: attempt, outcome: .failure(""), now: now)
+            }
+        case .retry(let ref, let attempt):
+            guard isValid(ref) else { return }
+            let node = groups[Int(ref.group)].nodes[Int(ref.index)]
+            guard node.state == .retrying, Int(node.attempts) == attempt else { return }
+            makeReady(ref, now: now)
+        case .deadline(let id):
+            guard isLive(id), !groups[Int(id.slot)].finished else { return }
+            cancel(group: id, reason: "the job's deadline passed", now: now)
+        }
+    }
+
+    // MARK: Results
+
+    func records(_ id: GroupID) -> [OperationRecord]? {
+        guard isLive(id) else { return nil }
+        let g = Int(id.slot)
+        return groups[g].nodes.indices.map { record(NodeRef(group: id.slot, index: Int32($0))) }
+    }
+
+    func record(_ ref: NodeRef) -> OperationRecord {
+        let g = Int(ref.group)
+        let node = groups[g].nodes[Int(ref.index)]
+        return OperationRecord(
+            name: node.name, queue: QueueID(Int(node.queue)), state: node.state, attempts: Int(node.attempts),
+            startedAt: node.startedAt.isNaN ? nil : node.startedAt,
+            finishedAt: node.finishedAt.isNaN ? nil : node.finishedAt,
+            error: groups[g].errors[ref.index], qualityOfService: requestedQoS(ref), queuePriority: node.priority)
+    }
+
+    func output(_ ref: NodeRef) -> OperationOutput? { isValid(ref) ? groups[Int(ref.group)].outputs[ref.index] : nil }
+
+    func isFinished(_ id: GroupID) -> Bool { !isLive(id) || groups[Int(id.slot)].finished }
+
+    func operationCount(_ id: GroupID) -> Int { isLive(id) ? groups[Int(id.slot)].nodes.count : 0 }
+
+    /// Frees a finished group's memory; its id becomes invalid.
+    mutating func release(_ id: GroupID) {
+        guard isLive(id), groups[Int(id.slot)].finished else { return }
+        let g = Int(id.slot)
+        let generation = groups[g].generation &+ 1
+        groups[g] = Group()
+        groups[g].generation = generation
+        freeSlots.append(id.slot)
+    }
+
+    // MARK: Events
+
+    private mutating func emit(_ ref: NodeRef, _ state: OperationState, now: Double, error: String? = nil) {
+        let g = Int(ref.group)
+        let node = groups[g].nodes[Int(ref.index)]
+        events.append(.transition(Transition(
+            group: GroupID(slot: ref.group, generation: groups[g].generation), operation: Int(ref.index), state: state,
+            attempt: Int(node.attempts), qualityOfService: effectiveQoS(ref), queue: QueueID(Int(node.queue)),
+            time: now, error: error)))
+    }
+}
