@@ -1,1 +1,181 @@
-print("bench")
+// opqueue-bench: measures the operation engine against Foundation's OperationQueue, in the same run.
+//
+//   swift run -c release opqueue-bench engine [--sizes 1000,8000,100000,1000000] [--workloads chain,...]
+//
+// Each (engine, workload, size) runs in a child process of its own, so its peak RSS is its own.
+// Foundation runs a size only when the trend of its smaller sizes says it would finish within 60 s.
+
+import Foundation
+import OperationEngine
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+enum Workload: String, CaseIterable {
+    case independent, serial, chain, fanout, layered
+}
+
+/// Deterministic generator (SplitMix64) so both engines run the same graphs.
+struct SplitMix: RandomNumberGenerator {
+    var state: UInt64
+    mutating func next() -> UInt64 {
+        state &+= 0x9E37_79B9_7F4A_7C15
+        var z = state
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        return z ^ (z >> 31)
+    }
+}
+
+/// The dependencies of operation i in each workload (by number).
+func dependencies(_ workload: Workload, _ i: Int, _ n: Int, _ rng: inout SplitMix) -> [Int] {
+    switch workload {
+    case .independent, .serial: return []
+    case .chain: return i == 0 ? [] : [i - 1]
+    case .fanout:
+        if i == 0 { return [] }
+        if i == n - 1 { return Array(1..<(n - 1)) }
+        return [0]
+    case .layered:
+        let width = 64
+        let layer = i / width
+        if layer == 0 { return [] }
+        let start = (layer - 1) * width
+        let a = start + Int(rng.next() % UInt64(width))
+        var b = start + Int(rng.next() % UInt64(width))
+        if b == a { b = start + (a - start + 1) % width }
+        return [a, b]
+    }
+}
+
+func peakRSSMegabytes() -> Double {
+    var usage = rusage()
+    getrusage(RUSAGE_SELF.rawValue, &usage)
+    return Double(usage.ru_maxrss) / 1024
+}
+
+func now() -> Double {
+    var ts = timespec()
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return Double(ts.tv_sec) + Double(ts.tv_nsec) / 1e9
+}
+
+func runOpqueued(_ workload: Workload, _ n: Int) -> Double {
+    let engine = Engine()
+    let queue = engine.addQueue(named: "bench", maxConcurrentOperationCount: workload == .serial ? 1 : -1)
+    var rng = SplitMix(state: 42)
+    let start = now()
+    var graph = GraphBuilder()
+    graph.reserveCapacity(operations: n, dependencies: workload == .layered ? 2 * n : n)
+    let body = OperationBody.sync { _ in nil }
+    for i in 0..<n {
+        graph.add(OperationSpec(name: "", queue: queue, body: body), dependencies: dependencies(workload, i, n, &rng))
+    }
+    do {
+        let group = try engine.submit(graph)
+        engine.wait(group)
+    } catch {
+        fatalError("benchmark graph refused: \(error)")
+    }
+    let seconds = now() - start
+    engine.shutdown()
+    return seconds
+}
+
+func runFoundation(_ workload: Workload, _ n: Int) -> Double {
+    let queue = OperationQueue()
+    queue.maxConcurrentOperationCount = workload == .serial ? 1 : ProcessInfo.processInfo.activeProcessorCount
+    var rng = SplitMix(state: 42)
+    let start = now()
+    var operations: [BlockOperation] = []
+    operations.reserveCapacity(n)
+    for i in 0..<n {
+        let operation = BlockOperation {}
+        for d in dependencies(workload, i, n, &rng) { operation.addDependency(operations[d]) }
+        operations.append(operation)
+    }
+    queue.addOperations(operations, waitUntilFinished: true)
+    return now() - start
+}
+
+/// Runs one measurement in a child process and returns its output line.
+func child(_ engine: String, _ workload: Workload, _ n: Int) -> String? {
+    let process = Process()
+    process.executableURL = URL(fileURLWithPath: (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0])
+    process.arguments = ["one", engine, workload.rawValue, String(n)]
+    let pipe = Pipe()
+    process.standardOutput = pipe
+    do { try process.run() } catch { return nil }
+    let data = pipe.fileHandleForReading.readDataToEndOfFile()
+    process.waitUntilExit()
+    guard process.terminationStatus == 0 else { return nil }
+    return String(decoding: data, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
+}
+
+func seconds(of line: String) -> Double? {
+    line.split(separator: " ").first { $0.hasPrefix("seconds=") }.flatMap { Double($0.dropFirst(8)) }
+}
+
+let arguments = CommandLine.arguments.dropFirst()
+switch arguments.first {
+case "one":
+    let parts = Array(arguments.dropFirst())
+    guard parts.count == 3, let workload = Workload(rawValue: parts[1]), let n = Int(parts[2]) else { exit(64) }
+    let seconds = parts[0] == "foundation" ? runFoundation(workload, n) : runOpqueued(workload, n)
+    print(String(format: "engine=%@ workload=%@ ops=%d seconds=%.3f ops_per_second=%.0f peak_rss_mb=%.0f",
+                 parts[0], workload.rawValue, n, seconds, Double(n) / seconds, peakRSSMegabytes()))
+case "engine":
+    var sizes = [1_000, 8_000, 100_000, 1_000_000]
+    var workloads = Workload.allCases
+    var engines = ["opqueued", "foundation"]
+    var rest = Array(arguments.dropFirst())
+    while !rest.isEmpty {
+        let flag = rest.removeFirst()
+        let value = rest.isEmpty ? "" : rest.removeFirst()
+        switch flag {
+        case "--sizes": sizes = value.split(separator: ",").compactMap { Int($0) }
+        case "--workloads": workloads = value.split(separator: ",").compactMap { Workload(rawValue: String($0)) }
+        case "--engines": engines = value.split(separator: ",").map(String.init)
+        default: FileHandle.standardError.write(Data("unknown flag \(flag)\n".utf8)); exit(64)
+        }
+    }
+    var results: [String: Double] = [:]
+    for workload in workloads {
+        for engine in engines {
+            var previous: (n: Int, seconds: Double)?
+            var beforePrevious: (n: Int, seconds: Double)?
+            for n in sizes {
+                if engine == "foundation", let p = previous {
+                    var exponent = 2.0
+                    if let b = beforePrevious, b.seconds > 0.01 { exponent = max(1, log(p.seconds / b.seconds) / log(Double(p.n) / Double(b.n))) }
+                    let estimate = p.seconds * pow(Double(n) / Double(p.n), exponent)
+                    if estimate > 60 {
+                        print(String(format: "engine=foundation workload=%@ ops=%d skipped estimate_seconds=%.0f", workload.rawValue, n, estimate))
+                        continue
+                    }
+                }
+                guard let line = child(engine, workload, n), let s = seconds(of: line) else {
+                    print("engine=\(engine) workload=\(workload.rawValue) ops=\(n) failed")
+                    continue
+                }
+                print(line)
+                try? FileHandle.standardOutput.synchronize()
+                results["\(engine)/\(workload.rawValue)/\(n)"] = s
+                beforePrevious = previous
+                previous = (n, s)
+            }
+        }
+        for n in sizes {
+            if let a = results["opqueued/\(workload.rawValue)/\(n)"], let b = results["foundation/\(workload.rawValue)/\(n)"] {
+                print(String(format: "ratio workload=%@ ops=%d foundation_over_opqueued=%.1f", workload.rawValue, n, b / a))
+            }
+        }
+        if let big = results["opqueued/\(workload.rawValue)/1000000"], let small = results["opqueued/\(workload.rawValue)/100000"] {
+            print(String(format: "scaling workload=%@ time_1M_over_100k=%.1f", workload.rawValue, big / small))
+        }
+    }
+default:
+    print("usage: opqueue-bench engine [--sizes N,…] [--workloads independent,serial,chain,fanout,layered] [--engines opqueued,foundation]")
+    exit(64)
+}

@@ -56,6 +56,8 @@ public final class Engine: @unchecked Sendable, ContextHost {
     private var delivering = false
 
     private let finishedCondition = Condition()
+    /// Threads waiting on `finishedCondition` for something other than a group (queue drain, shutdown).
+    private var drainWaiters = 0
     private var finishCallbacks: [GroupID: [@Sendable () -> Void]] = [:]
 
     private var shuttingDown = false
@@ -103,18 +105,34 @@ public final class Engine: @unchecked Sendable, ContextHost {
     /// - Parameters:
     ///   - qualityOfService: the group's default QoS, between the operation's and the queue's.
     ///   - deadline: seconds from now after which the group's unfinished operations are cancelled.
-    public func submit(_ graph: GraphBuilder, qualityOfService: QualityOfService? = nil, deadline: Double? = nil) throws(SubmissionError) -> GroupID {
-        try lockedThrowing { (s: inout Scheduler, now: Double) throws(SubmissionError) in
-            try s.submit(graph, qualityOfService: qualityOfService, deadline: deadline, now: now)
+    public func submit(_ graph: consuming GraphBuilder, qualityOfService: QualityOfService? = nil, deadline: Double? = nil) throws(SubmissionError) -> GroupID {
+        lock.lock()
+        let result: Result<GroupID, SubmissionError>
+        do throws(SubmissionError) {
+            result = .success(try scheduler.submit(graph, qualityOfService: qualityOfService, deadline: deadline, now: wallClock()))
+        } catch {
+            result = .failure(error)
         }
+        let after = afterStep(runningClass: nil)
+        lock.unlock()
+        after.run()
+        return try result.get()
     }
 
     /// Adds operations to a group that has not finished (graph expansion: call it from one of the
     /// group's executing operations so the group cannot finish first).
-    public func extend(_ group: GroupID, with graph: GraphBuilder) throws(SubmissionError) {
-        try lockedThrowing { (s: inout Scheduler, now: Double) throws(SubmissionError) in
-            try s.extend(group, with: graph, now: now)
+    public func extend(_ group: GroupID, with graph: consuming GraphBuilder) throws(SubmissionError) {
+        lock.lock()
+        let result: Result<Void, SubmissionError>
+        do throws(SubmissionError) {
+            result = .success(try scheduler.extend(group, with: graph, now: wallClock()))
+        } catch {
+            result = .failure(error)
         }
+        let after = afterStep(runningClass: nil)
+        lock.unlock()
+        after.run()
+        try result.get()
     }
 
     /// Foundation's `addBarrierBlock`: `body` runs once all operations added to the queue before it have
@@ -188,9 +206,11 @@ public final class Engine: @unchecked Sendable, ContextHost {
     /// Blocks until the queue has no unfinished operation (Foundation's `waitUntilAllOperationsAreFinished`).
     public func waitUntilAllOperationsAreFinished(on queue: QueueID) {
         lock.lock()
+        drainWaiters += 1
         while queue.rawValue < scheduler.queues.count && scheduler.queues[queue.rawValue].unfinished > 0 {
             finishedCondition.wait(lock)
         }
+        drainWaiters -= 1
         lock.unlock()
     }
 
@@ -198,9 +218,11 @@ public final class Engine: @unchecked Sendable, ContextHost {
     /// not be used afterwards.
     public func shutdown() {
         lock.lock()
+        drainWaiters += 1
         while scheduler.executingCount > 0 || !runLists.allSatisfy(\.isEmpty) || delivering || !scheduler.events.isEmpty {
             finishedCondition.wait(lock)
         }
+        drainWaiters -= 1
         shuttingDown = true
         for condition in workerConditions { condition.broadcast() }
         timerCondition.broadcast()
@@ -251,16 +273,6 @@ public final class Engine: @unchecked Sendable, ContextHost {
         lock.unlock()
         after.run()
         return result
-    }
-
-    private func lockedThrowing<T>(_ body: (inout Scheduler, Double) throws(SubmissionError) -> T) throws(SubmissionError) -> T {
-        lock.lock()
-        let result: Result<T, SubmissionError>
-        do throws(SubmissionError) { result = .success(try body(&scheduler, wallClock())) } catch { result = .failure(error) }
-        let after = afterStep(runningClass: nil)
-        lock.unlock()
-        after.run()
-        return try result.get()
     }
 
     /// What must happen outside the lock after a step.
@@ -334,9 +346,11 @@ public final class Engine: @unchecked Sendable, ContextHost {
                 if let callbacks = finishCallbacks.removeValue(forKey: group) { after.callbacks += callbacks }
             }
             scheduler.finishedGroups.removeAll(keepingCapacity: true)
+            finishedCondition.broadcast()
+        } else if drainWaiters > 0 {
+            // Waiters re-check their own condition (queue drained, work in hand done).
+            finishedCondition.broadcast()
         }
-        // Cheap without waiters; waiters re-check their own condition (group, queue drain, shutdown).
-        finishedCondition.broadcast()
         return after
     }
 

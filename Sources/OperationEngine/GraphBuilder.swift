@@ -72,39 +72,63 @@ public struct OperationSpec: Sendable {
 ///
 /// Operations are numbered in the order they are added, from `base` (0 for a new group, the group's
 /// operation count when extending one). Dependencies name those numbers; extending a group may also
-/// name its earlier operations.
+/// name its earlier operations. The builder stores operations in the engine's own compact layout,
+/// and the engine adopts its arrays without copying them.
 public struct GraphBuilder: Sendable {
     public let base: Int
-    var specs: [OperationSpec] = []
+    var nodes: [Scheduler.Node] = []
+    var bodies: [OperationBody] = []
+    var names: [String] = []
+    var options: [Scheduler.Options] = []
     /// `dependencyStart[i] ..< dependencyStart[i + 1]` is operation i's slice of `dependencies`.
     var dependencyStart: [Int32] = [0]
     var dependencies: [Int32] = []
+    var problems: [String] = []
 
     public init(base: Int = 0) { self.base = base }
 
-    public var count: Int { specs.count }
+    public var count: Int { nodes.count }
 
     public mutating func reserveCapacity(operations: Int, dependencies: Int) {
-        specs.reserveCapacity(operations)
+        nodes.reserveCapacity(operations)
+        bodies.reserveCapacity(operations)
+        names.reserveCapacity(operations)
         dependencyStart.reserveCapacity(operations + 1)
         self.dependencies.reserveCapacity(dependencies)
     }
 
-    /// Adds an operation that depends on the given earlier-numbered or later-numbered operations
-    /// (cycles are refused at submission). Returns its number.
+    /// Adds an operation that depends on the given operations (by number; cycles are refused at
+    /// submission). Returns its number.
     @discardableResult
     public mutating func add(_ spec: OperationSpec, dependencies: some Sequence<Int> = EmptyCollection()) -> Int {
-        specs.append(spec)
+        var options: Int32 = -1
+        if spec.timeout != nil || spec.retries != 0 {
+            if spec.retries < 0 || spec.retries >= Int(UInt16.max) {
+                problems.append("operation '\(spec.name)': retries must be 0…\(Int(UInt16.max) - 1)")
+            }
+            if let t = spec.timeout, !(t > 0) || !t.isFinite {
+                problems.append("operation '\(spec.name)': timeout must be a positive number of seconds")
+            }
+            if !(spec.retryDelay >= 0) || !spec.retryDelay.isFinite {
+                problems.append("operation '\(spec.name)': retry delay must be 0 or more seconds")
+            }
+            options = Int32(self.options.count)
+            self.options.append(Scheduler.Options(timeout: spec.timeout, retries: max(0, spec.retries), retryDelay: spec.retryDelay))
+        }
+        if spec.queue.rawValue < 0 || spec.queue.rawValue > Int(UInt16.max) {
+            problems.append("operation '\(spec.name)': unknown queue \(spec.queue)")
+        }
+        var node = Scheduler.Node(
+            seq: 0, pending: 0, input: Int32(truncatingIfNeeded: spec.input ?? -1), options: options, epoch: 0,
+            queue: UInt16(truncatingIfNeeded: spec.queue.rawValue),
+            requestedQoS: spec.qualityOfService?.rawValue ?? Scheduler.noQoS, priority: spec.queuePriority)
+        if spec.runsAfterFailure { node.flags |= Scheduler.Node.runsAfterFailure }
+        nodes.append(node)
+        bodies.append(spec.body)
+        names.append(spec.name)
         for dependency in dependencies { self.dependencies.append(Int32(truncatingIfNeeded: dependency)) }
         dependencyStart.append(Int32(self.dependencies.count))
-        return base + specs.count - 1
-    }
-
-    /// Adds a dependency of `operation` on `dependency` (both numbers), for graphs built in two passes.
-    /// Only valid for the most recently added operation, so the flat layout stays sorted.
-    public mutating func addDependencyToLast(on dependency: Int) {
-        dependencies.append(Int32(truncatingIfNeeded: dependency))
-        dependencyStart[dependencyStart.count - 1] = Int32(dependencies.count)
+        return base + nodes.count - 1
     }
 
     public func dependencies(of operation: Int) -> ArraySlice<Int32> {
@@ -112,7 +136,7 @@ public struct GraphBuilder: Sendable {
         return dependencies[Int(dependencyStart[local]) ..< Int(dependencyStart[local + 1])]
     }
 
-    public func spec(_ operation: Int) -> OperationSpec { specs[operation - base] }
+    public func name(of operation: Int) -> String { names[operation - base] }
 }
 
 /// What a running operation sees: its input, its attempt, and whether it should stop.

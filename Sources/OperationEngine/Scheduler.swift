@@ -101,9 +101,9 @@ struct Dispatch: Sendable {
 }
 
 struct Scheduler {
+    /// An operation's scheduling state: plain data, so reading one copies no references.
+    /// Its body and name live in arrays of their own beside it.
     struct Node {
-        var body: OperationBody
-        var name: String
         var seq: UInt64
         var startedAt: Double = .nan
         var finishedAt: Double = .nan
@@ -145,6 +145,8 @@ struct Scheduler {
         var generation: UInt32 = 0
         var live = false
         var nodes: [Node] = []
+        var bodies: [OperationBody] = []
+        var names: [String] = []
         var batches: [Batch] = []
         /// Dependents added by later batches to operations of earlier ones.
         var lateDependents: [Int32: [Int32]] = [:]
@@ -237,31 +239,28 @@ struct Scheduler {
     private func prepare(_ builder: GraphBuilder, existing: Int) throws(SubmissionError) -> Batch {
         let n = builder.count
         let base = builder.base
-        var problems: [String] = []
+        var problems = builder.problems
         if base != existing { problems.append("the graph was numbered from \(base) but the group has \(existing) operations") }
         let total = base + n
         var dependentCount = [Int32](repeating: 0, count: n + 1)
         for i in 0..<n {
-            let spec = builder.specs[i]
-            if !queues.indices.contains(spec.queue.rawValue) {
-                problems.append("operation '\(spec.name)': unknown queue \(spec.queue)")
+            let node = builder.nodes[i]
+            if Int(node.queue) >= queues.count {
+                problems.append("operation '\(builder.names[i])': unknown queue queue#\(node.queue)")
             }
-            if spec.retries < 0 || spec.retries > Int(UInt16.max) - 1 { problems.append("operation '\(spec.name)': retries must be 0…\(Int(UInt16.max) - 1)") }
-            if let t = spec.timeout, !(t > 0) || !t.isFinite { problems.append("operation '\(spec.name)': timeout must be a positive number of seconds") }
-            if !(spec.retryDelay >= 0) || !spec.retryDelay.isFinite { problems.append("operation '\(spec.name)': retry delay must be 0 or more seconds") }
             let deps = builder.dependencies[Int(builder.dependencyStart[i]) ..< Int(builder.dependencyStart[i + 1])]
             for d in deps {
                 let dep = Int(d)
                 if dep < 0 || dep >= total {
-                    problems.append("operation '\(spec.name)' depends on unknown operation #\(dep)")
+                    problems.append("operation '\(builder.names[i])' depends on unknown operation #\(dep)")
                 } else if dep == base + i {
-                    problems.append("cycle: \(spec.name) → \(spec.name)")
+                    problems.append("cycle: \(builder.names[i]) → \(builder.names[i])")
                 } else if dep >= base {
                     dependentCount[dep - base + 1] += 1
                 }
             }
-            if let input = spec.input, !deps.contains(Int32(truncatingIfNeeded: input)) {
-                problems.append("operation '\(spec.name)': its input #\(input) is not one of its dependencies")
+            if node.input >= 0, !deps.contains(node.input) {
+                problems.append("operation '\(builder.names[i])': its input #\(node.input) is not one of its dependencies")
             }
         }
         guard problems.isEmpty else { throw SubmissionError(problems: problems) }
@@ -328,14 +327,14 @@ struct Scheduler {
             let cycle = Array(path[first...])
             for i in cycle { onCycleReported[i] = true }
             // Dependencies were followed; print the cycle in execution order: a → b means b waits for a.
-            let names = cycle.reversed().map { builder.specs[$0].name }
+            let names = cycle.reversed().map { builder.names[$0] }
             problems.append("cycle: " + (names + [names[0]]).joined(separator: " → "))
             if problems.count >= 16 { break }
         }
         return problems.isEmpty ? ["cycle among the operations"] : problems
     }
 
-    mutating func submit(_ builder: GraphBuilder, qualityOfService: QualityOfService? = nil, deadline: Double? = nil, now: Double) throws(SubmissionError) -> GroupID {
+    mutating func submit(_ builder: consuming GraphBuilder, qualityOfService: QualityOfService? = nil, deadline: Double? = nil, now: Double) throws(SubmissionError) -> GroupID {
         var problems: [String] = []
         if let deadline, !(deadline > 0) || !deadline.isFinite { problems.append("deadline must be a positive number of seconds") }
         if !problems.isEmpty { throw SubmissionError(problems: problems) }
@@ -350,7 +349,7 @@ struct Scheduler {
         groups[Int(slot)].live = true
         groups[Int(slot)].qos = qualityOfService?.rawValue ?? Self.noQoS
         let id = GroupID(slot: slot, generation: groups[Int(slot)].generation)
-        adopt(builder, batch: batch, group: slot, now: now)
+        adopt(&builder, batch: batch, group: slot, now: now)
         if let deadline { timerRequests.append(TimerRequest(delay: deadline, kind: .deadline(id))) }
         checkGroupFinished(slot)
         return id
@@ -358,12 +357,12 @@ struct Scheduler {
 
     /// Adds operations to a running group (graph expansion at run time). They may depend on the
     /// group's earlier operations, finished or not.
-    mutating func extend(_ id: GroupID, with builder: GraphBuilder, now: Double) throws(SubmissionError) {
+    mutating func extend(_ id: GroupID, with builder: consuming GraphBuilder, now: Double) throws(SubmissionError) {
         guard isLive(id), !groups[Int(id.slot)].finished else {
             throw SubmissionError(problems: ["the group has finished or does not exist"])
         }
         let batch = try prepare(builder, existing: groups[Int(id.slot)].nodes.count)
-        adopt(builder, batch: batch, group: id.slot, now: now)
+        adopt(&builder, batch: batch, group: id.slot, now: now)
         checkGroupFinished(id.slot)
     }
 
@@ -371,15 +370,29 @@ struct Scheduler {
         id.slot > 0 && Int(id.slot) < groups.count && groups[Int(id.slot)].live && groups[Int(id.slot)].generation == id.generation
     }
 
-    private mutating func adopt(_ builder: GraphBuilder, batch: Batch, group g: Int32, now: Double) {
+    private mutating func adopt(_ builder: inout GraphBuilder, batch: Batch, group g: Int32, now: Double) {
         let gi = Int(g)
         let base = Int(batch.base)
         let n = builder.count
-        groups[gi].nodes.reserveCapacity(base + n)
+        if base == 0 && groups[gi].nodes.isEmpty {
+            // A new group takes the builder's arrays as they are.
+            swap(&groups[gi].nodes, &builder.nodes)
+            swap(&groups[gi].bodies, &builder.bodies)
+            swap(&groups[gi].names, &builder.names)
+            swap(&groups[gi].options, &builder.options)
+        } else {
+            let optionBase = Int32(groups[gi].options.count)
+            if optionBase > 0 {
+                for i in builder.nodes.indices where builder.nodes[i].options >= 0 { builder.nodes[i].options += optionBase }
+            }
+            groups[gi].nodes.append(contentsOf: builder.nodes)
+            groups[gi].bodies.append(contentsOf: builder.bodies)
+            groups[gi].names.append(contentsOf: builder.names)
+            groups[gi].options.append(contentsOf: builder.options)
+        }
         let groupQoS = groups[gi].qos
         var crossBatch: [(dependency: Int32, dependent: Int32)] = []
         for i in 0..<n {
-            let spec = builder.specs[i]
             var pending: Int32 = 0
             for d in batch.dependencies[Int(batch.dependencyStart[i]) ..< Int(batch.dependencyStart[i + 1])] {
                 if Int(d) >= base {
@@ -389,25 +402,20 @@ struct Scheduler {
                     if !groups[gi].nodes[Int(d)].state.isFinished { pending += 1 }
                 }
             }
-            var options: Int32 = -1
-            if spec.timeout != nil || spec.retries != 0 {
-                options = Int32(groups[gi].options.count)
-                groups[gi].options.append(Options(timeout: spec.timeout, retries: spec.retries, retryDelay: spec.retryDelay))
-            }
-            let q = spec.queue.rawValue
-            var node = Node(
-                body: spec.body, name: spec.name, seq: nextSeq, pending: pending,
-                input: Int32(truncatingIfNeeded: spec.input ?? -1), options: options, epoch: queues[q].epoch,
-                queue: UInt16(q), requestedQoS: spec.qualityOfService?.rawValue ?? groupQoS, priority: spec.queuePriority)
-            nextSeq &+= 1
-            if spec.runsAfterFailure { node.flags |= Node.runsAfterFailure }
+            let q = Int(groups[gi].nodes[base + i].queue)
+            let epoch = queues[q].epoch
             queues[q].unfinished += 1
-            queues[q].epochUnfinished[Int(queues[q].epoch)] += 1
+            queues[q].epochUnfinished[Int(epoch)] += 1
             if let barrier = queues[q].openBarrier {
-                node.pending += 1
+                pending += 1
                 groups[Int(Self.barrierGroup)].barrierDependents[barrier.index, default: []].append(NodeRef(group: g, index: Int32(base + i)))
             }
-            groups[gi].nodes.append(node)
+            let seq = nextSeq
+            nextSeq &+= 1
+            groups[gi].nodes[base + i].seq = seq
+            groups[gi].nodes[base + i].pending = pending
+            groups[gi].nodes[base + i].epoch = epoch
+            if groups[gi].nodes[base + i].requestedQoS == Self.noQoS { groups[gi].nodes[base + i].requestedQoS = groupQoS }
         }
         groups[gi].unfinished += n
         groups[gi].batches.append(batch)
@@ -453,7 +461,7 @@ struct Scheduler {
 
     private func dependencyError(_ ref: NodeRef) -> String {
         let node = groups[Int(ref.group)].nodes[Int(ref.index)]
-        return "dependency '\(node.name)' \(node.state == .failed ? "failed" : "was cancelled")"
+        return "dependency '\(groups[Int(ref.group)].names[Int(ref.index)])' \(node.state == .failed ? "failed" : "was cancelled")"
     }
 
     func effectiveQoS(_ ref: NodeRef) -> QualityOfService {
@@ -476,7 +484,7 @@ struct Scheduler {
             guard node.state == .pending || node.state == .ready || node.state == .retrying,
                   effectiveQoS(ref).rawValue < qos else { continue }
             groups[Int(ref.group)].nodes[Int(ref.index)].raisedQoS = qos
-            forEachDependency(of: ref) { work.append($0) }
+            for d in dependencies(of: ref) { work.append(NodeRef(group: ref.group, index: d)) }
         }
     }
 
@@ -489,16 +497,6 @@ struct Scheduler {
             if batches[mid].base <= index { low = mid } else { high = mid - 1 }
         }
         return low
-    }
-
-    private func forEachDependency(of ref: NodeRef, _ body: (NodeRef) -> Void) {
-        let g = Int(ref.group)
-        guard !groups[g].batches.isEmpty else { return }
-        let batch = groups[g].batches[batchIndex(g, ref.index)]
-        let local = Int(ref.index - batch.base)
-        for d in batch.dependencies[Int(batch.dependencyStart[local]) ..< Int(batch.dependencyStart[local + 1])] {
-            body(NodeRef(group: ref.group, index: d))
-        }
     }
 
     // MARK: Readiness and dispatch
@@ -552,7 +550,7 @@ struct Scheduler {
         if node.options >= 0, let timeout = groups[g].options[Int(node.options)].timeout {
             timerRequests.append(TimerRequest(delay: timeout, kind: .attemptTimeout(ref, attempt: Int(node.attempts))))
         }
-        return Dispatch(ref: ref, attempt: Int(node.attempts), body: node.body, qualityOfService: best.qos, input: input(of: ref), name: node.name)
+        return Dispatch(ref: ref, attempt: Int(node.attempts), body: groups[g].bodies[i], qualityOfService: best.qos, input: input(of: ref), name: groups[g].names[i])
     }
 
     private func input(of ref: NodeRef) -> OperationOutput? {
@@ -561,11 +559,10 @@ struct Scheduler {
         if outputs.isEmpty { return nil }
         let node = groups[g].nodes[Int(ref.index)]
         if node.input >= 0 { return outputs[node.input] }
-        var found: OperationOutput?
-        forEachDependency(of: ref) { dep in
-            if found == nil, let output = outputs[dep.index] { found = output }
+        for d in dependencies(of: ref) {
+            if let output = outputs[d] { return output }
         }
-        return found
+        return nil
     }
 
     // MARK: Ends
@@ -641,14 +638,15 @@ struct Scheduler {
             closeEpoch(queue: q, epoch: node.epoch, now: now)
             let failedOrCancelled = state != .succeeded
             let dependencyFailure = failedOrCancelled ? dependencyError(ref) : nil
-            forEachDependent(of: ref) { dependent in
-                let d = groups[Int(dependent.group)].nodes[Int(dependent.index)]
-                guard !d.state.isFinished else { return }
+            for index in dependents(of: ref) {
+                let dependent = NodeRef(group: ref.group, index: index)
+                let d = groups[g].nodes[Int(index)]
+                guard !d.state.isFinished else { continue }
                 if failedOrCancelled && d.flags & Node.runsAfterFailure == 0 {
                     work.append((dependent, .cancelled, dependencyFailure))
-                    return
+                    continue
                 }
-                groups[Int(dependent.group)].nodes[Int(dependent.index)].pending -= 1
+                groups[g].nodes[Int(index)].pending -= 1
                 if d.pending == 1 && d.state == .pending { makeReady(dependent, now: now) }
             }
             if node.flags & Node.isBarrier != 0 {
@@ -666,18 +664,31 @@ struct Scheduler {
         }
     }
 
-    private func forEachDependent(of ref: NodeRef, _ body: (NodeRef) -> Void) {
+    /// An operation's dependents: a row of its batch, plus those that later batches added.
+    /// Returned by value (the arrays are shared, not copied) so that callers can mutate nodes while
+    /// walking them; a closure over `self` would make Swift copy the node array on every write.
+    struct Edges: Sequence {
+        var row: ArraySlice<Int32>
+        var late: [Int32]
+        func makeIterator() -> FlattenSequence<[ArraySlice<Int32>]>.Iterator { [row, late[...]].joined().makeIterator() }
+    }
+
+    func dependents(of ref: NodeRef) -> Edges {
         let g = Int(ref.group)
-        let group = groups[g]
-        guard !group.batches.isEmpty else { return }
-        let batch = group.batches[batchIndex(g, ref.index)]
+        guard !groups[g].batches.isEmpty else { return Edges(row: [], late: []) }
+        let batch = groups[g].batches[batchIndex(g, ref.index)]
         let local = Int(ref.index - batch.base)
-        for k in Int(batch.dependentStart[local]) ..< Int(batch.dependentStart[local + 1]) {
-            body(NodeRef(group: ref.group, index: batch.dependents[k]))
-        }
-        if !group.lateDependents.isEmpty, let late = group.lateDependents[ref.index] {
-            for d in late { body(NodeRef(group: ref.group, index: d)) }
-        }
+        let row = batch.dependents[Int(batch.dependentStart[local]) ..< Int(batch.dependentStart[local + 1])]
+        let late = groups[g].lateDependents.isEmpty ? [] : groups[g].lateDependents[ref.index] ?? []
+        return Edges(row: row, late: late)
+    }
+
+    func dependencies(of ref: NodeRef) -> ArraySlice<Int32> {
+        let g = Int(ref.group)
+        guard !groups[g].batches.isEmpty else { return [] }
+        let batch = groups[g].batches[batchIndex(g, ref.index)]
+        let local = Int(ref.index - batch.base)
+        return batch.dependencies[Int(batch.dependencyStart[local]) ..< Int(batch.dependencyStart[local + 1])]
     }
 
     private mutating func checkGroupFinished(_ slot: Int32) {
@@ -705,11 +716,13 @@ struct Scheduler {
         // Everything unfinished of the current epoch, including an earlier barrier (counted in it).
         let pending = Int32(queues[q].epochUnfinished[Int(queues[q].epoch)])
         var node = Node(
-            body: body, name: name, seq: nextSeq, pending: pending, input: -1, options: -1,
+            seq: nextSeq, pending: pending, input: -1, options: -1,
             epoch: queues[q].epoch + 1, queue: UInt16(q), requestedQoS: Self.noQoS, priority: .normal)
         node.flags = Node.isBarrier | Node.runsAfterFailure
         nextSeq &+= 1
         groups[g].nodes.append(node)
+        groups[g].bodies.append(body)
+        groups[g].names.append(name)
         queues[q].barrierAfterEpoch[queues[q].epoch] = ref
         queues[q].epoch += 1
         queues[q].epochUnfinished.append(0)
@@ -749,7 +762,7 @@ struct Scheduler {
             guard node.flags & Node.cancelRequested == 0 else { return }
             groups[g].nodes[i].flags |= Node.cancelRequested
             groups[g].errors[ref.index] = reason
-            if case .async = node.body {
+            if case .async = groups[g].bodies[i] {
                 queues[Int(node.queue)].executing -= 1
                 executingCount -= 1
                 runCancelHandler(ref)
@@ -802,7 +815,7 @@ struct Scheduler {
             let node = groups[g].nodes[i]
             guard node.state == .executing, Int(node.attempts) == attempt, node.flags & Node.cancelRequested == 0 else { return }
             groups[g].nodes[i].flags |= Node.timedOut
-            if case .async = node.body {
+            if case .async = groups[g].bodies[i] {
                 runCancelHandler(ref)
                 finish(ref, attempt: attempt, outcome: .failure(""), now: now)
             }
@@ -829,7 +842,7 @@ struct Scheduler {
         let g = Int(ref.group)
         let node = groups[g].nodes[Int(ref.index)]
         return OperationRecord(
-            name: node.name, queue: QueueID(Int(node.queue)), state: node.state, attempts: Int(node.attempts),
+            name: groups[g].names[Int(ref.index)], queue: QueueID(Int(node.queue)), state: node.state, attempts: Int(node.attempts),
             startedAt: node.startedAt.isNaN ? nil : node.startedAt,
             finishedAt: node.finishedAt.isNaN ? nil : node.finishedAt,
             error: groups[g].errors[ref.index], qualityOfService: requestedQoS(ref), queuePriority: node.priority)
