@@ -263,7 +263,6 @@ struct Scheduler {
                 problems.append("operation '\(builder.names[i])': its input #\(node.input) is not one of its dependencies")
             }
         }
-        guard problems.isEmpty else { throw SubmissionError(problems: problems) }
 
         // Dependents rows (counting sort keeps each row in dependent order: FIFO when they become ready).
         for i in 0..<n { dependentCount[i + 1] += dependentCount[i] }
@@ -271,7 +270,8 @@ struct Scheduler {
         var cursor = dependentCount
         var dependents = [Int32](repeating: 0, count: Int(dependentStart[n]))
         for i in 0..<n {
-            for d in builder.dependencies[Int(builder.dependencyStart[i]) ..< Int(builder.dependencyStart[i + 1])] where Int(d) >= base {
+            for d in builder.dependencies[Int(builder.dependencyStart[i]) ..< Int(builder.dependencyStart[i + 1])]
+            where Int(d) >= base && Int(d) < total && Int(d) != base + i {
                 let row = Int(d) - base
                 dependents[Int(cursor[row])] = Int32(base + i)
                 cursor[row] += 1
@@ -281,7 +281,8 @@ struct Scheduler {
         // Kahn's algorithm over the batch: whatever is left unvisited lies on or behind a cycle.
         var indegree = [Int32](repeating: 0, count: n)
         for i in 0..<n {
-            for d in builder.dependencies[Int(builder.dependencyStart[i]) ..< Int(builder.dependencyStart[i + 1])] where Int(d) >= base {
+            for d in builder.dependencies[Int(builder.dependencyStart[i]) ..< Int(builder.dependencyStart[i + 1])]
+            where Int(d) >= base && Int(d) < total && Int(d) != base + i {
                 indegree[i] += 1
             }
         }
@@ -296,9 +297,8 @@ struct Scheduler {
                 if indegree[j] == 0 { stack.append(Int32(j)) }
             }
         }
-        if visited < n {
-            throw SubmissionError(problems: Self.describeCycles(builder, indegree: indegree))
-        }
+        if visited < n { problems += Self.describeCycles(builder, indegree: indegree) }
+        guard problems.isEmpty else { throw SubmissionError(problems: problems) }
         return Batch(
             base: Int32(base), dependencyStart: builder.dependencyStart, dependencies: builder.dependencies,
             dependentStart: dependentStart, dependents: dependents)
@@ -320,7 +320,7 @@ struct Scheduler {
                 position[current] = path.count
                 path.append(current)
                 let deps = builder.dependencies[Int(builder.dependencyStart[current]) ..< Int(builder.dependencyStart[current + 1])]
-                guard let next = deps.first(where: { Int($0) >= base && indegree[Int($0) - base] > 0 }) else { path = []; break }
+                guard let next = deps.first(where: { Int($0) >= base && Int($0) < base + n && Int($0) != base + current && indegree[Int($0) - base] > 0 }) else { path = []; break }
                 current = Int(next) - base
             }
             guard !path.isEmpty, let first = position[current] else { continue }
