@@ -95,7 +95,9 @@ func runFoundation(_ workload: Workload, _ n: Int) -> Double {
         for d in dependencies(workload, i, n, &rng) { operation.addDependency(operations[d]) }
         operations.append(operation)
     }
-    queue.addOperations(operations, waitUntilFinished: true)
+    // As application code does it (the ClassicPhotos seeds among them): one addOperation per operation.
+    for operation in operations { queue.addOperation(operation) }
+    queue.waitUntilAllOperationsAreFinished()
     return now() - start
 }
 
@@ -111,6 +113,11 @@ func child(_ engine: String, _ workload: Workload, _ n: Int) -> String? {
     process.waitUntilExit()
     guard process.terminationStatus == 0 else { return nil }
     return String(decoding: data, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)
+}
+
+/// One result line, written at once (stdout may be a file or a pipe).
+func emit(_ line: String) {
+    FileHandle.standardOutput.write(Data((line + "\n").utf8))
 }
 
 func seconds(of line: String) -> Double? {
@@ -151,16 +158,15 @@ case "engine":
                     if let b = beforePrevious, b.seconds > 0.01 { exponent = max(1, log(p.seconds / b.seconds) / log(Double(p.n) / Double(b.n))) }
                     let estimate = p.seconds * pow(Double(n) / Double(p.n), exponent)
                     if estimate > 60 {
-                        print(String(format: "engine=foundation workload=%@ ops=%d skipped estimate_seconds=%.0f", workload.rawValue, n, estimate))
+                        emit(String(format: "engine=foundation workload=%@ ops=%d skipped estimate_seconds=%.0f", workload.rawValue, n, estimate))
                         continue
                     }
                 }
                 guard let line = child(engine, workload, n), let s = seconds(of: line) else {
-                    print("engine=\(engine) workload=\(workload.rawValue) ops=\(n) failed")
+                    emit("engine=\(engine) workload=\(workload.rawValue) ops=\(n) failed (crashed or timed out)")
                     continue
                 }
-                print(line)
-                try? FileHandle.standardOutput.synchronize()
+                emit(line)
                 results["\(engine)/\(workload.rawValue)/\(n)"] = s
                 beforePrevious = previous
                 previous = (n, s)
@@ -168,11 +174,11 @@ case "engine":
         }
         for n in sizes {
             if let a = results["opqueued/\(workload.rawValue)/\(n)"], let b = results["foundation/\(workload.rawValue)/\(n)"] {
-                print(String(format: "ratio workload=%@ ops=%d foundation_over_opqueued=%.1f", workload.rawValue, n, b / a))
+                emit(String(format: "ratio workload=%@ ops=%d foundation_over_opqueued=%.1f", workload.rawValue, n, b / a))
             }
         }
         if let big = results["opqueued/\(workload.rawValue)/1000000"], let small = results["opqueued/\(workload.rawValue)/100000"] {
-            print(String(format: "scaling workload=%@ time_1M_over_100k=%.1f", workload.rawValue, big / small))
+            emit(String(format: "scaling workload=%@ time_1M_over_100k=%.1f", workload.rawValue, big / small))
         }
     }
 default:

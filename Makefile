@@ -1,0 +1,38 @@
+# opqueued — build, run, test, benchmark, install.
+#
+#   make run     install what is missing, build, run the daemon on ./spool
+#   make test    install what is missing, build, run every test (what .ci/run does)
+#   make bench   the benchmarks (release build)
+#   make install binaries, unit, catalog, sysusers/tmpfiles snippets (PREFIX=/usr/local)
+
+SWIFT ?= swift
+PREFIX ?= /usr/local
+SPOOL ?= ./spool
+# Debian packages the build and the tests need.
+APT_PACKAGES = pkg-config libpng-dev libjpeg-dev libcurl4-openssl-dev libsystemd-dev systemd
+
+.PHONY: run test deps build release bench install clean
+
+deps:
+	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing:$$missing"; \
+	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing; \
+	fi
+
+release: deps
+	$(SWIFT) build -c release
+
+run: release
+	.build/release/opqueued --spool $(SPOOL)
+
+test: deps
+	$(SWIFT) build --build-tests
+	$(SWIFT) test
+
+bench: release
+	.build/release/opqueue-bench engine
+
+clean:
+	rm -rf .build
