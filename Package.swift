@@ -19,6 +19,18 @@ let package = Package(
     targets: [
         // Thread priority, SCHED_IDLE and I/O priority: `syscall` is variadic, Swift cannot call it.
         .target(name: "CShims"),
+        // libsystemd: sd_journal_sendv and sd_notify.
+        .systemLibrary(name: "CSystemd", pkgConfig: "libsystemd", providers: [.apt(["libsystemd-dev"])]),
+        // The daemon: spool protocol, manifests, configuration, journal, control socket.
+        .target(
+            name: "Daemon",
+            dependencies: [
+                "OperationEngine",
+                "CSystemd",
+                "CShims",
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
         // The scheduler: no spool, no plists, no C codecs. Embeddable and tested on its own.
         .target(
             name: "OperationEngine",
@@ -31,7 +43,7 @@ let package = Package(
         .executableTarget(
             name: "opqueued",
             dependencies: [
-                "OperationEngine",
+                "Daemon",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
@@ -40,6 +52,7 @@ let package = Package(
         .executableTarget(
             name: "opqueuectl",
             dependencies: [
+                "Daemon",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]
         ),
@@ -49,5 +62,6 @@ let package = Package(
             path: "Benchmarks/opqueue-bench"
         ),
         .testTarget(name: "OperationEngineTests", dependencies: ["OperationEngine"]),
+        .testTarget(name: "DaemonTests", dependencies: ["Daemon"]),
     ]
 )

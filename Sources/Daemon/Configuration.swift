@@ -1,0 +1,211 @@
+// The daemon's configuration (SPEC §6): queues, default queues per kind family, limits.
+// Read from a property list; every problem is reported with the key path where it was found.
+
+import Foundation
+import OperationEngine
+
+public struct QueueSettings: Equatable, Sendable {
+    public var maxConcurrentOperationCount: Int
+    public var qualityOfService: OperationEngine.QualityOfService
+    public var suspended: Bool
+}
+
+public struct Configuration: Sendable {
+    /// Queue names in declaration order: the built-ins first, then the others by name.
+    public var queueNames: [String]
+    public var queues: [String: QueueSettings]
+    /// Kind family (`download`, `image`, `write`, `other`) → queue name.
+    public var defaultQueues: [String: String]
+    public var maxActiveJobs: Int
+    public var shutdownGraceSeconds: Double
+    public var downloadMaxBytes: Int
+    public var downloadConnectTimeoutSeconds: Double
+    public var downloadTimeoutSeconds: Double
+    public var fileRoots: [String]
+    public var maxPixels: Int
+
+    public static let builtIn = Configuration(
+        queueNames: ["default", "downloads", "filters", "io"],
+        queues: [
+            "default": QueueSettings(maxConcurrentOperationCount: -1, qualityOfService: .default, suspended: false),
+            "downloads": QueueSettings(maxConcurrentOperationCount: 4, qualityOfService: .utility, suspended: false),
+            "filters": QueueSettings(maxConcurrentOperationCount: -1, qualityOfService: .userInitiated, suspended: false),
+            "io": QueueSettings(maxConcurrentOperationCount: 2, qualityOfService: .utility, suspended: false),
+        ],
+        defaultQueues: ["download": "downloads", "image": "filters", "write": "io", "other": "default"],
+        maxActiveJobs: 64, shutdownGraceSeconds: 20, downloadMaxBytes: 52_428_800,
+        downloadConnectTimeoutSeconds: 10, downloadTimeoutSeconds: 120, fileRoots: [], maxPixels: 100_000_000)
+
+    public struct Invalid: Error, CustomStringConvertible {
+        public let path: String
+        public let problems: [String]
+        public var description: String { problems.map { "\(path): \($0)" }.joined(separator: "\n") }
+    }
+
+    /// Reads a configuration file; settings it does not give keep their defaults.
+    public static func load(path: String) throws -> Configuration {
+        let data: Data
+        do {
+            data = try Data(contentsOf: URL(fileURLWithPath: path))
+        } catch {
+            throw Invalid(path: path, problems: ["cannot be read: \(describe(error))"])
+        }
+        return try parse(data, path: path)
+    }
+
+    public static func parse(_ data: Data, path: String = "configuration") throws -> Configuration {
+        var problems: [String] = []
+        var config = Configuration.builtIn
+        guard let top = (try? PropertyListSerialization.propertyList(from: data, format: nil)) as? [String: Any] else {
+            throw Invalid(path: path, problems: ["not a property list whose top level is a dictionary"])
+        }
+        let known: Set<String> = ["queues", "defaultQueues", "maxActiveJobs", "shutdownGraceSeconds", "download", "image"]
+        for key in top.keys.sorted() where !known.contains(key) { problems.append("unknown key '\(key)'") }
+        if let value = top["queues"] {
+            if let queues = value as? [String: Any] {
+                for name in queues.keys.sorted() {
+                    guard isValidIdentifier(name) else { problems.append("queues: '\(name)' is not a valid queue name"); continue }
+                    guard let settings = queues[name] as? [String: Any] else { problems.append("queues.\(name): must be a dictionary"); continue }
+                    var queue = config.queues[name] ?? QueueSettings(maxConcurrentOperationCount: -1, qualityOfService: .default, suspended: false)
+                    for key in settings.keys.sorted() {
+                        let v = settings[key]
+                        switch key {
+                        case "maxConcurrentOperationCount":
+                            if let n = PlistValue.integer(v), n == -1 || n >= 1 { queue.maxConcurrentOperationCount = n }
+                            else { problems.append("queues.\(name).maxConcurrentOperationCount: must be -1 or a positive integer") }
+                        case "qualityOfService":
+                            if let s = v as? String, let q = OperationEngine.QualityOfService(name: s) { queue.qualityOfService = q }
+                            else { problems.append("queues.\(name).qualityOfService: must be one of \(qosNames)") }
+                        case "suspended":
+                            if let b = PlistValue.bool(v) { queue.suspended = b } else { problems.append("queues.\(name).suspended: must be a boolean") }
+                        default:
+                            problems.append("queues.\(name): unknown key '\(key)'")
+                        }
+                    }
+                    if config.queues[name] == nil { config.queueNames.append(name) }
+                    config.queues[name] = queue
+                }
+            } else {
+                problems.append("queues: must be a dictionary")
+            }
+        }
+        if let value = top["defaultQueues"] {
+            if let map = value as? [String: Any] {
+                for family in map.keys.sorted() {
+                    guard ["download", "image", "write", "other"].contains(family) else {
+                        problems.append("defaultQueues: unknown kind family '\(family)' (download, image, write, other)"); continue
+                    }
+                    guard let queue = map[family] as? String, config.queues[queue] != nil else {
+                        problems.append("defaultQueues.\(family): must name a configured queue"); continue
+                    }
+                    config.defaultQueues[family] = queue
+                }
+            } else {
+                problems.append("defaultQueues: must be a dictionary")
+            }
+        }
+        if let value = top["maxActiveJobs"] {
+            if let n = PlistValue.integer(value), n >= 1 { config.maxActiveJobs = n } else { problems.append("maxActiveJobs: must be a positive integer") }
+        }
+        if let value = top["shutdownGraceSeconds"] {
+            if let n = PlistValue.real(value), n >= 0, n.isFinite { config.shutdownGraceSeconds = n } else { problems.append("shutdownGraceSeconds: must be 0 or more seconds") }
+        }
+        if let value = top["download"] {
+            if let download = value as? [String: Any] {
+                for key in download.keys.sorted() {
+                    let v = download[key]
+                    switch key {
+                    case "maxBytes":
+                        if let n = PlistValue.integer(v), n >= 1 { config.downloadMaxBytes = n } else { problems.append("download.maxBytes: must be a positive integer") }
+                    case "connectTimeoutSeconds":
+                        if let n = PlistValue.real(v), n > 0 { config.downloadConnectTimeoutSeconds = n } else { problems.append("download.connectTimeoutSeconds: must be positive") }
+                    case "timeoutSeconds":
+                        if let n = PlistValue.real(v), n > 0 { config.downloadTimeoutSeconds = n } else { problems.append("download.timeoutSeconds: must be positive") }
+                    case "fileRoots":
+                        if let roots = v as? [Any], roots.allSatisfy({ ($0 as? String)?.hasPrefix("/") == true }) {
+                            config.fileRoots = roots.compactMap { $0 as? String }
+                        } else {
+                            problems.append("download.fileRoots: must be an array of absolute paths")
+                        }
+                    default:
+                        problems.append("download: unknown key '\(key)'")
+                    }
+                }
+            } else {
+                problems.append("download: must be a dictionary")
+            }
+        }
+        if let value = top["image"] {
+            if let image = value as? [String: Any] {
+                for key in image.keys.sorted() {
+                    if key == "maxPixels", let n = PlistValue.integer(image[key]), n >= 1 { config.maxPixels = n }
+                    else if key == "maxPixels" { problems.append("image.maxPixels: must be a positive integer") }
+                    else { problems.append("image: unknown key '\(key)'") }
+                }
+            } else {
+                problems.append("image: must be a dictionary")
+            }
+        }
+        if !problems.isEmpty { throw Invalid(path: path, problems: problems) }
+        return config
+    }
+}
+
+let qosNames = OperationEngine.QualityOfService.allCases.reversed().map(\.name).joined(separator: ", ")
+let priorityNames = QueuePriority.allCases.map(\.name).joined(separator: ", ")
+
+/// `[A-Za-z0-9._-]{1,128}`, not starting with `.`.
+func isValidIdentifier(_ s: String) -> Bool {
+    let utf8 = s.utf8
+    guard (1...128).contains(utf8.count), utf8.first != UInt8(ascii: ".") else { return false }
+    return utf8.allSatisfy(isIdentifierByte)
+}
+
+func isIdentifierByte(_ b: UInt8) -> Bool {
+    (b >= 0x30 && b <= 0x39) || (b >= 0x41 && b <= 0x5A) || (b >= 0x61 && b <= 0x7A) || b == 0x2E || b == 0x5F || b == 0x2D
+}
+
+/// Replaces each character outside `[A-Za-z0-9._-]` by `_` and cuts to 128 characters.
+public func sanitizedIdentifier(_ s: String) -> String {
+    var out = ""
+    for scalar in s.unicodeScalars.prefix(128) {
+        out.unicodeScalars.append(scalar.isASCII && isIdentifierByte(UInt8(scalar.value)) ? scalar : "_")
+    }
+    return out.isEmpty ? "_" : out
+}
+
+/// Typed reads of property-list values, strict about integers, reals and booleans.
+enum PlistValue {
+    static func bool(_ v: Any?) -> Bool? {
+        guard let v else { return nil }
+        if let b = v as? Bool, isBoolean(v) { return b }
+        return nil
+    }
+
+    static func integer(_ v: Any?) -> Int? {
+        guard let v, !isBoolean(v) else { return nil }
+        if let i = v as? Int { return i }
+        if let d = v as? Double, d == d.rounded(), abs(d) < 9e15 { return Int(d) }
+        return nil
+    }
+
+    static func real(_ v: Any?) -> Double? {
+        guard let v, !isBoolean(v) else { return nil }
+        if let d = v as? Double { return d.isFinite ? d : nil }
+        if let i = v as? Int { return Double(i) }
+        return nil
+    }
+
+    static func isBoolean(_ v: Any) -> Bool {
+        if v is Bool && !(v is Int) { return true }
+        if let n = v as? NSNumber { return String(cString: n.objCType) == "c" && type(of: v) != Int.self && (v is Bool) }
+        return false
+    }
+}
+
+func describe(_ error: any Error) -> String {
+    if let e = error as? CocoaError, let underlying = e.userInfo[NSUnderlyingErrorKey] as? NSError {
+        return "\(underlying.localizedDescription)"
+    }
+    return (error as NSError).localizedDescription
+}

@@ -1,0 +1,161 @@
+// Logging to journald (libsystemd's sd_journal_sendv) and to the console, as swift-log handlers.
+//
+// Every daemon event is one entry: MESSAGE, PRIORITY, SYSLOG_IDENTIFIER=opqueued, CODE_FILE/LINE/FUNC
+// (Swift cannot use libsystemd's location macros, so they are added here), the OPQ_* metadata as fields,
+// and a MESSAGE_ID per (OPQ_EVENT, OPQ_STATE) pair, documented in systemd/opqueued.catalog.
+
+import CSystemd
+import Foundation
+import Logging
+
+public enum MessageIDs {
+    /// Every (event, state) pair the daemon logs (SPEC §4).
+    public static let pairs: [(event: String, state: String)] =
+        ["pending", "ready", "executing", "retrying", "succeeded", "failed", "cancelled"].map { ("operation", $0) }
+        + ["received", "accepted", "rejected", "finished"].map { ("job", $0) }
+        + ["ready", "reloading", "stopping"].map { ("daemon", $0) }
+        + ["suspended", "resumed"].map { ("queue", $0) }
+
+    /// 32 lowercase hex digits, stable across builds: two FNV-1a-64 hashes of "opqueued/event/state".
+    public static func id(event: String, state: String) -> String {
+        let bytes = Array("opqueued/\(event)/\(state)".utf8)
+        func fnv(_ basis: UInt64) -> UInt64 {
+            var h = basis
+            for b in bytes { h = (h ^ UInt64(b)) &* 0x0000_0100_0000_01B3 }
+            return h
+        }
+        let hex = String(fnv(0xCBF2_9CE4_8422_2325), radix: 16) + "|" + String(fnv(0x8422_2325_CBF2_9CE4), radix: 16)
+        return hex.split(separator: "|").map { String(repeating: "0", count: 16 - $0.count) + $0 }.joined()
+    }
+
+    static let table: [String: String] = Dictionary(uniqueKeysWithValues: pairs.map { ("\($0.event)/\($0.state)", id(event: $0.event, state: $0.state)) })
+}
+
+/// journald field name rules: uppercase letters, digits and `_`, not starting with `_` or a digit.
+func journalFieldName(_ key: String) -> String? {
+    let upper = key.uppercased()
+    guard let first = upper.utf8.first, first != UInt8(ascii: "_"), !(first >= 0x30 && first <= 0x39), upper.utf8.count <= 64,
+          upper.utf8.allSatisfy({ ($0 >= 0x41 && $0 <= 0x5A) || ($0 >= 0x30 && $0 <= 0x39) || $0 == UInt8(ascii: "_") }) else { return nil }
+    return upper
+}
+
+func syslogPriority(_ level: Logger.Level) -> Int {
+    switch level {
+    case .trace, .debug: 7
+    case .info: 6
+    case .notice: 5
+    case .warning: 4
+    case .error: 3
+    case .critical: 2
+    }
+}
+
+/// Where the journal's socket is; `auto` uses journald when it exists.
+public let journalSocketPath = "/run/systemd/journal/socket"
+
+public struct JournalLogHandler: LogHandler {
+    public var metadata: Logger.Metadata = [:]
+    public var logLevel: Logger.Level = .info
+    public var metadataProvider: Logger.MetadataProvider?
+    let identifier: String
+
+    public init(identifier: String = "opqueued") { self.identifier = identifier }
+
+    public subscript(metadataKey key: String) -> Logger.Metadata.Value? {
+        get { metadata[key] }
+        set { metadata[key] = newValue }
+    }
+
+    public func log(event: LogEvent) {
+        var fields: [String] = [
+            "MESSAGE=\(event.message)",
+            "PRIORITY=\(syslogPriority(event.level))",
+            "SYSLOG_IDENTIFIER=\(identifier)",
+            "CODE_FILE=\(event.file)",
+            "CODE_LINE=\(event.line)",
+            "CODE_FUNC=\(event.function)",
+        ]
+        var all = metadata
+        if let extra = event.metadata { all.merge(extra) { $1 } }
+        if case .string(let e)? = all["OPQ_EVENT"], case .string(let s)? = all["OPQ_STATE"], let id = MessageIDs.table["\(e)/\(s)"] {
+            fields.append("MESSAGE_ID=\(id)")
+        }
+        for (key, value) in all {
+            guard let name = journalFieldName(key) else { continue }
+            fields.append("\(name)=\(value)")
+        }
+        Self.send(fields)
+    }
+
+    static func send(_ fields: [String]) {
+        var buffers = fields.map { Array($0.utf8) }
+        var iovecs = [iovec](repeating: iovec(), count: buffers.count)
+        buffers.withUnsafeMutableBufferPointer { all in
+            for i in all.indices {
+                all[i].withUnsafeMutableBytes { raw in
+                    iovecs[i] = iovec(iov_base: raw.baseAddress, iov_len: raw.count)
+                }
+            }
+            // The pointers stay valid: `buffers` is not mutated until the call returns.
+            _ = iovecs.withUnsafeBufferPointer { sd_journal_sendv($0.baseAddress, Int32($0.count)) }
+        }
+    }
+}
+
+/// One `key=value` line per event on stderr, with the same fields as the journal.
+public struct ConsoleLogHandler: LogHandler {
+    public var metadata: Logger.Metadata = [:]
+    public var logLevel: Logger.Level = .info
+    public var metadataProvider: Logger.MetadataProvider?
+    static let lock = NSLock()
+
+    public init() {}
+
+    public subscript(metadataKey key: String) -> Logger.Metadata.Value? {
+        get { metadata[key] }
+        set { metadata[key] = newValue }
+    }
+
+    public func log(event: LogEvent) {
+        var all = metadata
+        if let extra = event.metadata { all.merge(extra) { $1 } }
+        var line = "PRIORITY=\(syslogPriority(event.level))"
+        for key in all.keys.sorted() {
+            guard let name = journalFieldName(key) else { continue }
+            line += " \(name)=\(Self.quote("\(all[key] ?? "")"))"
+        }
+        line += " MESSAGE=\(Self.quote("\(event.message)"))\n"
+        Self.lock.lock()
+        FileHandle.standardError.write(Data(line.utf8))
+        Self.lock.unlock()
+    }
+
+    static func quote(_ s: String) -> String {
+        if !s.isEmpty, s.utf8.allSatisfy({ $0 > 0x20 && $0 != UInt8(ascii: "\"") && $0 != UInt8(ascii: "\\") && $0 < 0x7F }) { return s }
+        var out = "\""
+        for c in s.unicodeScalars {
+            switch c {
+            case "\"": out += "\\\""
+            case "\\": out += "\\\\"
+            case "\n": out += "\\n"
+            case "\t": out += "\\t"
+            default: out.unicodeScalars.append(c)
+            }
+        }
+        return out + "\""
+    }
+}
+
+/// systemd's notification socket (no-op outside a Type=notify service).
+public enum SystemdNotifier {
+    public static func notify(_ state: String) {
+        _ = sd_notify(0, state)
+    }
+
+    /// Half the watchdog interval, when the service manager asked for pings.
+    public static func watchdogInterval() -> Double? {
+        var usec: UInt64 = 0
+        guard sd_watchdog_enabled(0, &usec) > 0, usec > 0 else { return nil }
+        return Double(usec) / 2e6
+    }
+}

@@ -1,0 +1,441 @@
+// Manifests (SPEC §3): a property list describing a job's operation graph.
+//
+// What it trusts: nothing. Every key is checked for its type and range; unknown keys are errors
+// (a typo must not pass silently); every problem is reported, each naming the operation involved.
+// The result is a `JobPlan`, plain values the daemon turns into an engine graph.
+
+import Foundation
+import OperationEngine
+
+public enum Kind: String, CaseIterable, Sendable {
+    case download, sepia, grayscale, blur, resize, thumbnail, vignette, write, sleep, spin, fail
+
+    /// The family whose default queue the kind uses (configuration `defaultQueues`).
+    public var family: String {
+        switch self {
+        case .download: "download"
+        case .sepia, .grayscale, .blur, .resize, .thumbnail, .vignette: "image"
+        case .write: "write"
+        case .sleep, .spin, .fail: "other"
+        }
+    }
+
+    /// The kind's own parameters (keys of the operation dictionary beside the common ones).
+    var parameters: Set<String> {
+        switch self {
+        case .download: ["url", "maxBytes"]
+        case .sepia: ["intensity"]
+        case .grayscale: []
+        case .blur: ["radius"]
+        case .resize: ["width", "height", "mode"]
+        case .thumbnail: ["size"]
+        case .vignette: ["strength"]
+        case .write: ["path", "format", "quality"]
+        case .sleep: ["seconds"]
+        case .spin: ["seconds"]
+        case .fail: ["message"]
+        }
+    }
+
+    /// Kinds this build can run; the others are refused with a clear reason rather than run as stubs.
+    public var isAvailable: Bool {
+        switch self {
+        case .sleep, .spin, .fail: true
+        default: false
+        }
+    }
+}
+
+/// A kind's parameters, checked.
+public enum Parameters: Sendable, Equatable {
+    case download(url: String, maxBytes: Int?)
+    case sepia(intensity: Double)
+    case grayscale
+    case blur(radius: Double)
+    case resize(width: Int?, height: Int?, mode: String)
+    case thumbnail(size: Int)
+    case vignette(strength: Double)
+    case write(path: String, format: String, quality: Int)
+    case sleep(seconds: Double)
+    case spin(seconds: Double)
+    case fail(message: String)
+}
+
+public struct OperationPlan: Sendable {
+    public var id: String
+    public var kind: Kind
+    public var queue: String
+    public var dependencies: [String]
+    public var input: String?
+    public var qualityOfService: OperationEngine.QualityOfService?
+    public var queuePriority: QueuePriority?
+    public var timeoutSeconds: Double?
+    public var retries: Int
+    public var retryDelaySeconds: Double
+    public var runsAfterFailure: Bool
+    public var parameters: Parameters
+}
+
+public struct JobPlan: Sendable {
+    public var job: String?
+    public var operations: [OperationPlan]
+    public var qualityOfService: OperationEngine.QualityOfService?
+    public var queuePriority: QueuePriority?
+    public var timeoutSeconds: Double?
+    /// `metadata`, kept as a binary property list to be copied into the result unchanged.
+    public var metadata: Data?
+}
+
+public enum ManifestLimits {
+    public static let maxBytes = 64 << 20
+    public static let maxOperations = 1_000_000
+}
+
+public struct Manifest {
+    /// The `job` key if present and a string (valid or not), for naming the job before validation.
+    public static func requestedJob(in data: Data) -> String? {
+        guard let top = try? PropertyListSerialization.propertyList(from: data, format: nil) as? [String: Any] else { return nil }
+        return top["job"] as? String
+    }
+
+    /// Parses and validates; returns the plan or every problem found.
+    public static func parse(_ data: Data, configuration: Configuration) -> Result<JobPlan, ManifestProblems> {
+        var problems: [String] = []
+        guard data.count <= ManifestLimits.maxBytes else {
+            return .failure(ManifestProblems(["the manifest is \(data.count) bytes; the limit is \(ManifestLimits.maxBytes)"]))
+        }
+        let object: Any
+        do {
+            object = try PropertyListSerialization.propertyList(from: data, format: nil)
+        } catch {
+            return .failure(ManifestProblems(["not a property list: \(describe(error))"]))
+        }
+        guard let top = object as? [String: Any] else {
+            return .failure(ManifestProblems(["the top level must be a dictionary, not \(typeName(object))"]))
+        }
+        let jobKeys: Set<String> = ["job", "operations", "qualityOfService", "queuePriority", "timeoutSeconds", "metadata"]
+        var plan = JobPlan(job: nil, operations: [], qualityOfService: nil, queuePriority: nil, timeoutSeconds: nil, metadata: nil)
+
+        // The photo-list form: name → URL strings only, none of the manifest keys.
+        if !top.isEmpty, top["operations"] == nil, top["photosURL"] == nil, top.keys.allSatisfy({ !jobKeys.contains($0) }),
+           top.values.allSatisfy({ $0 is String }) {
+            let photos = top.compactMapValues { $0 as? String }
+            plan.operations = photoListOperations(photos, configuration: configuration)
+            return validateGraph(plan, problems: [], configuration: configuration)
+        }
+
+        for key in top.keys.sorted() where !jobKeys.contains(key) {
+            if key == "photosURL" {
+                problems.append("photosURL: the photo-list download form is not available in this version")
+            } else {
+                problems.append("unknown key '\(key)'")
+            }
+        }
+        if let value = top["job"] {
+            if let job = value as? String, isValidIdentifier(job) { plan.job = job }
+            else { problems.append("job: must be a string of 1 to 128 characters from [A-Za-z0-9._-], not starting with '.'") }
+        }
+        if let value = top["qualityOfService"] {
+            if let s = value as? String, let q = OperationEngine.QualityOfService(name: s) { plan.qualityOfService = q }
+            else { problems.append("qualityOfService: must be one of \(qosNames)") }
+        }
+        if let value = top["queuePriority"] {
+            if let s = value as? String, let p = QueuePriority(name: s) { plan.queuePriority = p }
+            else { problems.append("queuePriority: must be one of \(priorityNames)") }
+        }
+        if let value = top["timeoutSeconds"] {
+            if let t = PlistValue.real(value), t > 0 { plan.timeoutSeconds = t }
+            else { problems.append("timeoutSeconds: must be a positive number") }
+        }
+        if let value = top["metadata"] {
+            if value is [String: Any], let data = try? PropertyListSerialization.data(fromPropertyList: value, format: .binary, options: 0) {
+                plan.metadata = data
+            } else {
+                problems.append("metadata: must be a dictionary")
+            }
+        }
+        guard let operationsValue = top["operations"] else {
+            problems.append("operations: missing (an array of operations is required)")
+            return .failure(ManifestProblems(problems))
+        }
+        guard let operations = operationsValue as? [Any] else {
+            problems.append("operations: must be an array")
+            return .failure(ManifestProblems(problems))
+        }
+        if operations.isEmpty { problems.append("operations: must not be empty") }
+        if operations.count > ManifestLimits.maxOperations {
+            problems.append("operations: \(operations.count) operations; the limit is \(ManifestLimits.maxOperations)")
+            return .failure(ManifestProblems(problems))
+        }
+        for (index, element) in operations.enumerated() {
+            if let operation = parseOperation(element, index: index, configuration: configuration, problems: &problems) {
+                plan.operations.append(operation)
+            }
+        }
+        return validateGraph(plan, problems: problems, configuration: configuration)
+    }
+
+    static func photoListOperations(_ photos: [String: String], configuration: Configuration) -> [OperationPlan] {
+        var operations: [OperationPlan] = []
+        var used: Set<String> = []
+        for name in photos.keys.sorted() {
+            var base = sanitizedIdentifier(name)
+            if base.hasPrefix(".") { base = "_" + base.dropFirst() }
+            var unique = base
+            var n = 1
+            while used.contains(unique) { unique = "\(base).\(n)"; n += 1 }
+            used.insert(unique)
+            func op(_ id: String, _ kind: Kind, _ deps: [String], _ parameters: Parameters) -> OperationPlan {
+                OperationPlan(id: id, kind: kind, queue: configuration.defaultQueues[kind.family] ?? "default", dependencies: deps, input: nil,
+                              qualityOfService: nil, queuePriority: nil, timeoutSeconds: nil, retries: 0, retryDelaySeconds: 1,
+                              runsAfterFailure: false, parameters: parameters)
+            }
+            operations.append(op("download-\(unique)", .download, [], .download(url: photos[name] ?? "", maxBytes: nil)))
+            operations.append(op("sepia-\(unique)", .sepia, ["download-\(unique)"], .sepia(intensity: 0.8)))
+            operations.append(op("write-\(unique)", .write, ["sepia-\(unique)"], .write(path: "\(unique).png", format: "png", quality: 90)))
+        }
+        return operations
+    }
+
+    private static func parseOperation(_ element: Any, index: Int, configuration: Configuration, problems: inout [String]) -> OperationPlan? {
+        guard let dict = element as? [String: Any] else {
+            problems.append("operations[\(index)]: must be a dictionary")
+            return nil
+        }
+        var label = "operations[\(index)]"
+        var id: String?
+        if let value = dict["id"] {
+            if let s = value as? String, isValidIdentifier(s) { id = s; label = "operation '\(s)'" }
+            else { problems.append("\(label): id must be a string of 1 to 128 characters from [A-Za-z0-9._-], not starting with '.'") }
+        } else {
+            problems.append("\(label): id is missing")
+        }
+        var kind: Kind?
+        if let value = dict["kind"] {
+            if let s = value as? String, let k = Kind(rawValue: s) {
+                kind = k
+                if !k.isAvailable { problems.append("\(label): kind '\(s)' is not available in this version") }
+            } else {
+                problems.append("\(label): unknown kind \(quoted(value)) (one of \(Kind.allCases.map(\.rawValue).joined(separator: ", ")))")
+            }
+        } else {
+            problems.append("\(label): kind is missing")
+        }
+        let common: Set<String> = ["id", "kind", "queue", "dependencies", "input", "qualityOfService", "queuePriority",
+                                   "timeoutSeconds", "retries", "retryDelaySeconds", "runsAfterFailure"]
+        for key in dict.keys.sorted() where !common.contains(key) && !(kind?.parameters.contains(key) ?? true) {
+            problems.append("\(label): unknown key '\(key)'" + (kind.map { " for kind '\($0.rawValue)'" } ?? ""))
+        }
+        var queue = kind.map { configuration.defaultQueues[$0.family] ?? "default" } ?? "default"
+        if let value = dict["queue"] {
+            if let s = value as? String, configuration.queues[s] != nil { queue = s }
+            else { problems.append("\(label): unknown queue \(quoted(value)) (configured: \(configuration.queueNames.joined(separator: ", ")))") }
+        }
+        var dependencies: [String] = []
+        if let value = dict["dependencies"] {
+            if let array = value as? [Any], array.allSatisfy({ $0 is String }) { dependencies = array.compactMap { $0 as? String } }
+            else { problems.append("\(label): dependencies must be an array of operation ids") }
+        }
+        var input: String?
+        if let value = dict["input"] {
+            if let s = value as? String { input = s; if !dependencies.contains(s) { dependencies.append(s) } }
+            else { problems.append("\(label): input must be an operation id") }
+        }
+        var qos: OperationEngine.QualityOfService?
+        if let value = dict["qualityOfService"] {
+            if let s = value as? String, let q = OperationEngine.QualityOfService(name: s) { qos = q }
+            else { problems.append("\(label): qualityOfService must be one of \(qosNames)") }
+        }
+        var priority: QueuePriority?
+        if let value = dict["queuePriority"] {
+            if let s = value as? String, let p = QueuePriority(name: s) { priority = p }
+            else { problems.append("\(label): queuePriority must be one of \(priorityNames)") }
+        }
+        var timeout: Double?
+        if let value = dict["timeoutSeconds"] {
+            if let t = PlistValue.real(value), t > 0, t < 1e9 { timeout = t } else { problems.append("\(label): timeoutSeconds must be a positive number") }
+        }
+        var retries = 0
+        if let value = dict["retries"] {
+            if let n = PlistValue.integer(value), (0...1000).contains(n) { retries = n } else { problems.append("\(label): retries must be an integer from 0 to 1000") }
+        }
+        var retryDelay = 1.0
+        if let value = dict["retryDelaySeconds"] {
+            if let d = PlistValue.real(value), d >= 0, d < 1e9 { retryDelay = d } else { problems.append("\(label): retryDelaySeconds must be 0 or more") }
+        }
+        var runsAfterFailure = false
+        if let value = dict["runsAfterFailure"] {
+            if let b = PlistValue.bool(value) { runsAfterFailure = b } else { problems.append("\(label): runsAfterFailure must be a boolean") }
+        }
+        guard let id, let kind else { return nil }
+        guard let parameters = parseParameters(kind, dict, label: label, configuration: configuration, problems: &problems) else { return nil }
+        return OperationPlan(id: id, kind: kind, queue: queue, dependencies: dependencies, input: input, qualityOfService: qos,
+                             queuePriority: priority, timeoutSeconds: timeout, retries: retries, retryDelaySeconds: retryDelay,
+                             runsAfterFailure: runsAfterFailure, parameters: parameters)
+    }
+
+    private static func parseParameters(_ kind: Kind, _ d: [String: Any], label: String, configuration: Configuration, problems: inout [String]) -> Parameters? {
+        let before = problems.count
+        func real(_ key: String, default value: Double?, range: ClosedRange<Double>) -> Double? {
+            guard let raw = d[key] else {
+                if value == nil { problems.append("\(label): \(key) is required") }
+                return value
+            }
+            guard let v = PlistValue.real(raw), range.contains(v) else {
+                problems.append("\(label): \(key) must be a number from \(formatNumber(range.lowerBound)) to \(formatNumber(range.upperBound))")
+                return nil
+            }
+            return v
+        }
+        func integer(_ key: String, required: Bool, range: ClosedRange<Int>) -> Int? {
+            guard let raw = d[key] else {
+                if required { problems.append("\(label): \(key) is required") }
+                return nil
+            }
+            guard let v = PlistValue.integer(raw), range.contains(v) else {
+                problems.append("\(label): \(key) must be an integer from \(range.lowerBound) to \(range.upperBound)")
+                return nil
+            }
+            return v
+        }
+        func string(_ key: String) -> String? {
+            guard let raw = d[key] else { return nil }
+            guard let s = raw as? String else { problems.append("\(label): \(key) must be a string"); return nil }
+            return s
+        }
+        let result: Parameters?
+        switch kind {
+        case .download:
+            let url = string("url")
+            if url == nil && d["url"] == nil { problems.append("\(label): url is required") }
+            if let url, let scheme = URLComponents(string: url)?.scheme?.lowercased() {
+                if !["http", "https", "file"].contains(scheme) { problems.append("\(label): url scheme '\(scheme)' is not allowed (http, https, file)") }
+            } else if url != nil {
+                problems.append("\(label): url is not a valid URL")
+            }
+            let maxBytes = integer("maxBytes", required: false, range: 1...Int(Int64.max))
+            result = url.map { .download(url: $0, maxBytes: maxBytes) }
+        case .sepia: result = real("intensity", default: 0.8, range: 0...1).map { .sepia(intensity: $0) }
+        case .grayscale: result = .grayscale
+        case .blur: result = real("radius", default: 4, range: 0...1000).map { .blur(radius: $0) }
+        case .resize:
+            let width = integer("width", required: false, range: 1...1_000_000)
+            let height = integer("height", required: false, range: 1...1_000_000)
+            if d["width"] == nil && d["height"] == nil { problems.append("\(label): width or height is required") }
+            let mode = string("mode") ?? "fit"
+            if !["fit", "fill", "stretch"].contains(mode) { problems.append("\(label): mode must be fit, fill or stretch") }
+            if mode != "fit" && (d["width"] == nil || d["height"] == nil) { problems.append("\(label): mode '\(mode)' needs both width and height") }
+            result = .resize(width: width, height: height, mode: mode)
+        case .thumbnail: result = integer("size", required: true, range: 1...100_000).map { .thumbnail(size: $0) }
+        case .vignette: result = real("strength", default: 0.5, range: 0...1).map { .vignette(strength: $0) }
+        case .write:
+            let path = string("path")
+            if d["path"] == nil { problems.append("\(label): path is required") }
+            if let path, let reason = unsafePathReason(path) { problems.append("\(label): path '\(path)' \(reason)") }
+            var format = string("format")
+            if format == nil, let path {
+                let ext = (path as NSString).pathExtension.lowercased()
+                format = ["jpg", "jpeg"].contains(ext) ? "jpeg" : ext == "png" ? "png" : nil
+                if format == nil { problems.append("\(label): format is required when the path does not end in .png, .jpg or .jpeg") }
+            }
+            if let f = format, !["png", "jpeg"].contains(f) { problems.append("\(label): format must be png or jpeg") }
+            let quality = integer("quality", required: false, range: 1...100) ?? 90
+            result = .write(path: path ?? "", format: format ?? "png", quality: quality)
+        case .sleep: result = real("seconds", default: nil, range: 0...31_536_000).map { .sleep(seconds: $0) }
+        case .spin: result = real("seconds", default: nil, range: 0...86_400).map { .spin(seconds: $0) }
+        case .fail: result = .fail(message: string("message") ?? "failed as asked")
+        }
+        return problems.count == before ? result : nil
+    }
+
+    /// Why a `write` path is unsafe, or nil: relative, no empty, `..` or dot-leading component.
+    static func unsafePathReason(_ path: String) -> String? {
+        if path.isEmpty { return "is empty" }
+        if path.hasPrefix("/") { return "is absolute" }
+        if path.utf8.contains(0) { return "contains a NUL byte" }
+        if path.utf8.count > 1024 { return "is longer than 1024 bytes" }
+        for component in path.split(separator: "/", omittingEmptySubsequences: false) {
+            if component.isEmpty { return "has an empty component" }
+            if component == ".." { return "goes up with '..'" }
+            if component.hasPrefix(".") { return "has a component starting with '.'" }
+            if component.utf8.count > 255 { return "has a component longer than 255 bytes" }
+        }
+        return nil
+    }
+
+    private static func validateGraph(_ plan: JobPlan, problems initial: [String], configuration: Configuration) -> Result<JobPlan, ManifestProblems> {
+        var problems = initial
+        var index: [String: Int] = [:]
+        for (i, op) in plan.operations.enumerated() {
+            if index[op.id] != nil { problems.append("operation '\(op.id)': duplicate id") } else { index[op.id] = i }
+        }
+        var unknown = false
+        for op in plan.operations {
+            for dep in op.dependencies where index[dep] == nil {
+                problems.append("operation '\(op.id)' depends on unknown operation '\(dep)'")
+                unknown = true
+            }
+            if op.dependencies.contains(op.id) { problems.append("cycle: \(op.id) → \(op.id)") }
+        }
+        if !unknown { problems += cycles(plan.operations, index: index) }
+        return problems.isEmpty ? .success(plan) : .failure(ManifestProblems(problems))
+    }
+
+    /// Each cycle, with the ids along it in execution order (iterative DFS: deep chains must not overflow).
+    static func cycles(_ operations: [OperationPlan], index: [String: Int]) -> [String] {
+        let n = operations.count
+        var color = [UInt8](repeating: 0, count: n) // 0 new, 1 on stack, 2 done
+        var problems: [String] = []
+        var stack: [(node: Int, next: Int)] = []
+        for root in 0..<n where color[root] == 0 {
+            stack.append((root, 0))
+            color[root] = 1
+            while let top = stack.last {
+                let deps = operations[top.node].dependencies
+                if top.next < deps.count {
+                    stack[stack.count - 1].next += 1
+                    guard let d = index[deps[top.next]], d != top.node else { continue }
+                    if color[d] == 0 {
+                        color[d] = 1
+                        stack.append((d, 0))
+                    } else if color[d] == 1, problems.count < 16 {
+                        // The stack from d to the top is the cycle (each waits for the next).
+                        let from = stack.firstIndex { $0.node == d } ?? 0
+                        let ids = stack[from...].map { operations[$0.node].id }.reversed()
+                        problems.append("cycle: " + (Array(ids) + [ids.first ?? ""]).joined(separator: " → "))
+                    }
+                } else {
+                    color[top.node] = 2
+                    stack.removeLast()
+                }
+            }
+        }
+        return problems
+    }
+}
+
+public struct ManifestProblems: Error, CustomStringConvertible {
+    public var problems: [String]
+    init(_ problems: [String]) { self.problems = problems }
+    public var description: String { problems.joined(separator: "\n") }
+}
+
+func typeName(_ value: Any) -> String {
+    switch value {
+    case is String: "a string"
+    case is [Any]: "an array"
+    case is [String: Any]: "a dictionary"
+    case is Data: "data"
+    case is Date: "a date"
+    default: PlistValue.isBoolean(value) ? "a boolean" : "a number"
+    }
+}
+
+func quoted(_ value: Any) -> String {
+    if let s = value as? String { return "'\(s)'" }
+    return typeName(value)
+}
+
+func formatNumber(_ value: Double) -> String {
+    value == value.rounded() ? String(Int(value)) : String(value)
+}
