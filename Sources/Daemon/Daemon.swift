@@ -78,7 +78,8 @@ public final class Daemon: @unchecked Sendable {
             for claimed in recovered { accept(claimed, resumed: true) }
             if once {
                 lock.lock()
-                onceNames = Set(spool.candidates(limit: Int.max))
+                // Only what is there now; a file that cannot be claimed is not waited for.
+                onceNames = Set(spool.candidates(limit: Int.max).filter { spool.age(of: $0, now: 0) != nil })
                 lock.unlock()
             }
         }
@@ -118,6 +119,7 @@ public final class Daemon: @unchecked Sendable {
         var claimed = 0
         for name in spool.candidates(limit: room + 64) where claimed < room {
             if let onlyThese, !onlyThese.contains(name) { continue }
+            if onlyThese != nil { lock.withLock { _ = onceNames?.remove(name) } }
             lock.lock()
             let hinted = closedHints.remove(name) != nil
             lock.unlock()
@@ -330,17 +332,15 @@ public final class Daemon: @unchecked Sendable {
         lock.lock()
         jobs[job.id] = nil
         if let g = job.group { byGroup[g] = nil }
-        let waiters = jobs.isEmpty ? finishedWaiters : []
-        if jobs.isEmpty { finishedWaiters = [] }
         lock.unlock()
-        for waiter in waiters { waiter() }
-        claimMore()
+        checkOnceDone()
+        work.async { [self] in claimMore() }
     }
 
     private func checkOnceDone() {
         guard once else { return }
         lock.lock()
-        let idle = jobs.isEmpty
+        let idle = jobs.isEmpty && onceNames?.isEmpty != false
         let waiters = idle ? finishedWaiters : []
         if idle { finishedWaiters = [] }
         lock.unlock()

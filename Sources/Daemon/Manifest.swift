@@ -94,7 +94,7 @@ public enum ManifestLimits {
 public struct Manifest {
     /// The `job` key if present and a string (valid or not), for naming the job before validation.
     public static func requestedJob(in data: Data) -> String? {
-        guard let top = try? PropertyListSerialization.propertyList(from: data, format: nil) as? [String: Any] else { return nil }
+        guard isPropertyListData(data), let top = try? PropertyListSerialization.propertyList(from: data, format: nil) as? [String: Any] else { return nil }
         return top["job"] as? String
     }
 
@@ -103,6 +103,11 @@ public struct Manifest {
         var problems: [String] = []
         guard data.count <= ManifestLimits.maxBytes else {
             return .failure(ManifestProblems(["the manifest is \(data.count) bytes; the limit is \(ManifestLimits.maxBytes)"]))
+        }
+        // XML or binary only: the old OpenStep text format is not a manifest format (and its parser
+        // prints to stderr).
+        guard isPropertyListData(data) else {
+            return .failure(ManifestProblems(["not a property list: the file is neither an XML nor a binary property list"]))
         }
         let object: Any
         do {
@@ -438,4 +443,13 @@ func quoted(_ value: Any) -> String {
 
 func formatNumber(_ value: Double) -> String {
     value == value.rounded() ? String(Int(value)) : String(value)
+}
+
+/// True for data that starts as a binary property list or an XML document.
+func isPropertyListData(_ data: Data) -> Bool {
+    if data.starts(with: Array("bplist".utf8)) { return true }
+    var bytes = data.prefix(4096)[...]
+    if bytes.starts(with: [0xEF, 0xBB, 0xBF]) { bytes = bytes.dropFirst(3) }
+    guard let first = bytes.first(where: { $0 != 0x20 && $0 != 0x0A && $0 != 0x0D && $0 != 0x09 }) else { return false }
+    return first == UInt8(ascii: "<")
 }

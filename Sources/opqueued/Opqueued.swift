@@ -1,14 +1,18 @@
 // opqueued — the operation-graph spool daemon.
 //
 // What it does: watches <spool>/inbox for property-list manifests, runs each as a graph of operations on
-// named queues, and publishes the results in <spool>/outbox (SPEC.md §1, §2). This file only parses the
-// command line and runs the daemon's services; everything else lives in the libraries it links.
+// named queues, and publishes the results in <spool>/outbox (SPEC.md §1, §2). This file parses the command
+// line, picks the log target and runs the daemon as services (swift-service-lifecycle): the spool service,
+// the reload service (SIGHUP) and the systemd status/watchdog service. Everything else is in `Daemon`.
 // What it trusts: nothing in the spool; its own configuration file.
 
 import ArgumentParser
+import Daemon
 import Foundation
 import Logging
+import OperationEngine
 import ServiceLifecycle
+import UnixSignals
 
 enum LogTarget: String, ExpressibleByArgument, CaseIterable {
     case auto, journal, console
@@ -37,36 +41,138 @@ struct Opqueued: AsyncParsableCommand {
 
     func run() async throws {
         if version {
-            print("opqueued 0.1.0")
+            print("opqueued 0.2.0")
             return
         }
-        LoggingSystem.bootstrap { label in
-            var handler = StreamLogHandler.standardError(label: label)
-            handler.logLevel = .info
-            return handler
-        }
+        let useJournal = logTarget == .journal || (logTarget == .auto && FileManager.default.fileExists(atPath: journalSocketPath))
+        LoggingSystem.bootstrap { _ in useJournal ? JournalLogHandler() as any LogHandler : ConsoleLogHandler() }
         let logger = Logger(label: "opqueued")
-        let root = URL(fileURLWithPath: spool)
+
+        let configuration: Configuration
         do {
-            for folder in ["inbox", "active", "outbox", "tmp"] {
-                try FileManager.default.createDirectory(at: root.appendingPathComponent(folder), withIntermediateDirectories: true)
-            }
+            configuration = try config.map(Configuration.load(path:)) ?? .builtIn
         } catch {
-            logger.error("the spool \(spool) cannot be used: \(error)")
+            logger.critical("\(error)")
             throw ExitCode(1)
         }
-        logger.info("OPQ_EVENT=daemon OPQ_STATE=ready spool=\(spool)")
-        if once { return }
-        let group = ServiceGroup(
-            configuration: .init(services: [.init(service: Idle())], gracefulShutdownSignals: [.sigterm, .sigint], logger: logger))
+        let spoolFolder: Spool
+        do {
+            spoolFolder = try Spool(root: spool)
+        } catch {
+            logger.critical("the spool \(spool) cannot be used: \(error)")
+            throw ExitCode(1)
+        }
+        let daemon = Daemon(spool: spoolFolder, configuration: configuration, configPath: config, logger: logger, once: once)
+        daemon.start()
+        if once {
+            await daemon.runOnce()
+            return
+        }
+        let control = ControlServer(path: spoolFolder.root + "/opqueued.sock") { request in handle(request, daemon) }
+        let watcher = InboxWatcher(path: spoolFolder.inbox) { names in daemon.scan(hints: names) }
+        do {
+            try control.start()
+            try watcher.start()
+        } catch {
+            logger.critical("\(error)")
+            throw ExitCode(1)
+        }
+        logger.info("ready", metadata: ["OPQ_EVENT": "daemon", "OPQ_STATE": "ready"])
+        SystemdNotifier.notify("READY=1\nSTATUS=ready")
+        let group = ServiceGroup(configuration: .init(
+            services: [
+                .init(service: SpoolService(daemon: daemon, control: control, watcher: watcher, grace: configuration.shutdownGraceSeconds)),
+                .init(service: ReloadService(daemon: daemon)),
+                .init(service: StatusService(daemon: daemon)),
+            ],
+            gracefulShutdownSignals: [.sigterm, .sigint],
+            logger: Logger(label: "opqueued.lifecycle", factory: { _ in SwiftLogNoOpLogHandler() })))
         try await group.run()
-        logger.info("OPQ_EVENT=daemon OPQ_STATE=stopping")
     }
 }
 
-/// Waits for the graceful shutdown (the spool service replaces it).
-struct Idle: Service {
+/// Runs until the graceful shutdown, then drains: no new claims, executing operations get the grace.
+struct SpoolService: Service {
+    let daemon: Daemon
+    let control: ControlServer
+    let watcher: InboxWatcher
+    let grace: Double
+
     func run() async throws {
         try? await gracefulShutdown()
+        SystemdNotifier.notify("STOPPING=1")
+        watcher.stop()
+        await daemon.stop(grace: grace)
+        control.stop()
+    }
+}
+
+/// SIGHUP reloads the configuration.
+struct ReloadService: Service {
+    let daemon: Daemon
+
+    func run() async throws {
+        let signals = await UnixSignalsSequence(trapping: .sighup)
+        await withGracefulShutdownHandler {
+            for await _ in signals {
+                var ts = timespec()
+                clock_gettime(CLOCK_MONOTONIC, &ts)
+                let usec = UInt64(ts.tv_sec) * 1_000_000 + UInt64(ts.tv_nsec) / 1_000
+                SystemdNotifier.notify("RELOADING=1\nMONOTONIC_USEC=\(usec)")
+                daemon.reload()
+                SystemdNotifier.notify("READY=1")
+            }
+        } onGracefulShutdown: {}
+    }
+}
+
+/// Live STATUS= lines and WATCHDOG=1 pings for systemd.
+struct StatusService: Service {
+    let daemon: Daemon
+
+    func run() async throws {
+        let watchdog = SystemdNotifier.watchdogInterval()
+        let interval = min(watchdog ?? 2, 2)
+        while !Task.isCancelled && !Task.isShuttingDownGracefully {
+            let status = daemon.status()
+            var message = "STATUS=jobs active \(status.activeJobs.count), waiting \(status.waiting); operations executing \(status.executing)"
+            if watchdog != nil { message += "\nWATCHDOG=1" }
+            SystemdNotifier.notify(message)
+            try? await Task.sleep(for: .seconds(interval))
+        }
+    }
+}
+
+/// The control socket's commands.
+func handle(_ request: [String: Any], _ daemon: Daemon) -> [String: Any] {
+    let command = request["command"] as? String ?? ""
+    switch command {
+    case "status":
+        let status = daemon.status()
+        return [
+            "exit": 0, "state": "running", "activeJobs": status.activeJobs, "waiting": status.waiting, "executing": status.executing,
+            "queues": status.queues.map { q in
+                ["name": q.name, "maxConcurrentOperationCount": q.maxConcurrentOperationCount, "qualityOfService": q.qualityOfService.name,
+                 "suspended": q.isSuspended, "pending": q.pending, "executing": q.executing] as [String: Any]
+            },
+        ]
+    case "show":
+        guard let job = request["job"] as? String else { return ["exit": 64, "error": "show needs a job"] }
+        if let operations = daemon.show(job: job) { return ["exit": 0, "job": job, "status": "running", "operations": operations] }
+        return ["exit": 1, "error": "unknown job '\(job)'"]
+    case "cancel":
+        guard let job = request["job"] as? String else { return ["exit": 64, "error": "cancel needs a job"] }
+        let operation = request["operation"] as? String
+        switch daemon.cancel(job: job, operation: operation) {
+        case .cancelled: return ["exit": 0]
+        case .unknownJob: return ["exit": 1, "error": "unknown job '\(job)'"]
+        case .unknownOperation: return ["exit": 1, "error": "job '\(job)' has no operation '\(operation ?? "")'"]
+        case .alreadyEnded: return ["exit": 1, "error": operation.map { "operation '\($0)' of job '\(job)' has already ended" } ?? "job '\(job)' has already ended"]
+        }
+    case "suspend", "resume":
+        guard let queue = request["queue"] as? String else { return ["exit": 64, "error": "\(command) needs a queue"] }
+        return daemon.suspend(queue: queue, command == "suspend") ? ["exit": 0] : ["exit": 1, "error": "unknown queue '\(queue)'"]
+    default:
+        return ["exit": 64, "error": "unknown command '\(command)'"]
     }
 }
