@@ -52,6 +52,7 @@ public final class Spool: @unchecked Sendable {
     public let outbox: String
     public let tmp: String
     private var publishCounter = 0
+    private var lockFD: Int32 = -1
 
     public init(root: String) throws {
         self.root = root
@@ -63,6 +64,13 @@ public final class Spool: @unchecked Sendable {
             if mkdir(dir, 0o755) != 0 && errno != EEXIST { throw SpoolError(operation: "mkdir", path: dir, errno: errno) }
             var st = stat()
             guard stat(dir, &st) == 0, (st.st_mode & S_IFMT) == S_IFDIR else { throw SpoolError(operation: "stat", path: dir, errno: ENOTDIR) }
+        }
+        // One daemon per spool: two would race for the same claims.
+        lockFD = open(root + "/opqueued.lock", O_RDWR | O_CREAT | O_CLOEXEC, 0o640)
+        guard lockFD >= 0 else { throw SpoolError(operation: "open", path: root + "/opqueued.lock", errno: errno) }
+        guard flock(lockFD, LOCK_EX | LOCK_NB) == 0 else {
+            close(lockFD)
+            throw SpoolError(operation: "another opqueued holds the lock on", path: root + "/opqueued.lock", errno: EWOULDBLOCK)
         }
         // The inbox is writable by the group (submitters), like Postfix's maildrop, when it is ours.
         _ = chmod(inbox, 0o2775)

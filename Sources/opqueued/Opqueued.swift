@@ -113,7 +113,7 @@ struct ReloadService: Service {
 
     func run() async throws {
         let signals = await UnixSignalsSequence(trapping: .sighup)
-        await withGracefulShutdownHandler {
+        await cancelWhenGracefulShutdown {
             for await _ in signals {
                 var ts = timespec()
                 clock_gettime(CLOCK_MONOTONIC, &ts)
@@ -122,7 +122,7 @@ struct ReloadService: Service {
                 daemon.reload()
                 SystemdNotifier.notify("READY=1")
             }
-        } onGracefulShutdown: {}
+        }
     }
 }
 
@@ -133,12 +133,14 @@ struct StatusService: Service {
     func run() async throws {
         let watchdog = SystemdNotifier.watchdogInterval()
         let interval = min(watchdog ?? 2, 2)
-        while !Task.isCancelled && !Task.isShuttingDownGracefully {
-            let status = daemon.status()
-            var message = "STATUS=jobs active \(status.activeJobs.count), waiting \(status.waiting); operations executing \(status.executing)"
-            if watchdog != nil { message += "\nWATCHDOG=1" }
-            SystemdNotifier.notify(message)
-            try? await Task.sleep(for: .seconds(interval))
+        try? await cancelWhenGracefulShutdown {
+            while !Task.isCancelled {
+                let status = daemon.status()
+                var message = "STATUS=jobs active \(status.activeJobs.count), waiting \(status.waiting); operations executing \(status.executing)"
+                if watchdog != nil { message += "\nWATCHDOG=1" }
+                SystemdNotifier.notify(message)
+                try await Task.sleep(for: .seconds(interval))
+            }
         }
     }
 }

@@ -1,0 +1,287 @@
+// opqueuectl — the command-line tool for users and operators (SPEC §1).
+//
+// submit and validate work on files; wait, show and graph read the outbox; status, show (running jobs),
+// cancel, suspend and resume talk to the daemon over <spool>/opqueued.sock.
+// Exit statuses: 0 success; 1 invalid input, unknown job/operation/queue, ended job, unsuccessful job;
+// 2 wait timed out; 3 no daemon; 64 usage error.
+
+import ArgumentParser
+import Daemon
+import Foundation
+
+struct Common: ParsableArguments {
+    @Option(help: "The spool root.")
+    var spool = "./spool"
+
+    @Option(help: "The configuration property list (queues for validate).")
+    var config: String?
+
+    var socket: String { spool + "/opqueued.sock" }
+
+    func configuration() throws -> Configuration {
+        do {
+            return try config.map(Configuration.load(path:)) ?? .builtIn
+        } catch {
+            FileHandle.standardError.write(Data("\(error)\n".utf8))
+            throw ExitCode(1)
+        }
+    }
+
+    /// Sends a request to the daemon; exits 3 when there is none.
+    func request(_ body: [String: Any]) throws -> [String: Any] {
+        do {
+            return try ControlClient.request(socket, body)
+        } catch {
+            FileHandle.standardError.write(Data("opqueuectl: \(error)\n".utf8))
+            throw ExitCode(3)
+        }
+    }
+}
+
+func fail(_ message: String, _ code: Int32 = 1) -> ExitCode {
+    FileHandle.standardError.write(Data("opqueuectl: \(message)\n".utf8))
+    return ExitCode(code)
+}
+
+@main
+struct Opqueuectl: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        commandName: "opqueuectl",
+        abstract: "Submits, inspects and controls opqueued jobs.",
+        subcommands: [Submit.self, Validate.self, Status.self, Show.self, Wait.self, Cancel.self, Suspend.self, Resume.self, Graph.self])
+
+    /// `--spool` and `--config` come before the command; each command sees them through its own group.
+    @OptionGroup var common: Common
+
+    // Usage errors exit with ArgumentParser's validationFailure, which is 64 (EX_USAGE), as the contract asks.
+}
+
+struct Validate: ParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Exit 0 if every manifest is valid; else print every problem.")
+    @OptionGroup var common: Common
+    @Argument(help: "Manifest files.") var files: [String]
+
+    func run() throws {
+        let config = try common.configuration()
+        var valid = true
+        for file in files {
+            guard let data = FileManager.default.contents(atPath: file) else {
+                print("\(file): cannot be read")
+                valid = false
+                continue
+            }
+            if case .failure(let problems) = Manifest.parse(data, configuration: config) {
+                valid = false
+                for problem in problems.problems { print("\(file): \(problem)") }
+            }
+        }
+        if !valid { throw ExitCode(1) }
+    }
+}
+
+struct Submit: ParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Validate, then place manifests atomically in the inbox; prints each job id.")
+    @OptionGroup var common: Common
+    @Argument(help: "Manifest files.") var files: [String]
+
+    func run() throws {
+        let config = try common.configuration()
+        var ok = true
+        for file in files {
+            guard let data = FileManager.default.contents(atPath: file) else { print("\(file): cannot be read"); ok = false; continue }
+            if case .failure(let problems) = Manifest.parse(data, configuration: config) {
+                for problem in problems.problems { print("\(file): \(problem)") }
+                ok = false
+                continue
+            }
+            let base = ((file as NSString).lastPathComponent as NSString).deletingPathExtension
+            let job = Manifest.requestedJob(in: data) ?? sanitizedIdentifier(base)
+            let name = "\(job).\(UUID().uuidString.prefix(8)).plist"
+            let hidden = common.spool + "/inbox/." + name
+            do {
+                try writeDurably(data, to: hidden)
+                guard rename(hidden, common.spool + "/inbox/" + name) == 0 else {
+                    throw fail("\(file): cannot rename into \(common.spool)/inbox: \(String(cString: strerror(errno)))")
+                }
+            } catch {
+                throw fail("\(file): \(error)")
+            }
+            print(job)
+        }
+        if !ok { throw ExitCode(1) }
+    }
+}
+
+struct Status: ParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Daemon state, queues and jobs.")
+    @OptionGroup var common: Common
+    @Flag(help: "JSON output.") var json = false
+
+    func run() throws {
+        let response = try common.request(["command": "status"])
+        if json {
+            let data = try JSONSerialization.data(withJSONObject: response, options: [.prettyPrinted, .sortedKeys])
+            print(String(decoding: data, as: UTF8.self))
+            return
+        }
+        print("state: \(response["state"] ?? "?")  jobs active: \((response["activeJobs"] as? [String])?.count ?? 0)  waiting: \(response["waiting"] ?? 0)  executing: \(response["executing"] ?? 0)")
+        print("QUEUE            LIMIT  QOS              SUSPENDED  PENDING  EXECUTING")
+        for q in response["queues"] as? [[String: Any]] ?? [] {
+            let name = (q["name"] as? String ?? "").padding(toLength: 16, withPad: " ", startingAt: 0)
+            let limit = "\(q["maxConcurrentOperationCount"] ?? "")".padding(toLength: 6, withPad: " ", startingAt: 0)
+            let qos = "\(q["qualityOfService"] ?? "")".padding(toLength: 16, withPad: " ", startingAt: 0)
+            let suspended = ((q["suspended"] as? Bool) == true ? "yes" : "no").padding(toLength: 10, withPad: " ", startingAt: 0)
+            print("\(name) \(limit) \(qos) \(suspended) \("\(q["pending"] ?? 0)".padding(toLength: 8, withPad: " ", startingAt: 0)) \(q["executing"] ?? 0)")
+        }
+        for job in response["activeJobs"] as? [String] ?? [] { print("job \(job)") }
+    }
+}
+
+/// A job's operations: from the outbox when it has ended, else from the daemon.
+func operations(of job: String, _ common: Common) throws -> (status: String, operations: [[String: Any]]) {
+    let result = common.spool + "/outbox/" + job + "/result.plist"
+    if let data = FileManager.default.contents(atPath: result),
+       let plist = try? PropertyListSerialization.propertyList(from: data, format: nil) as? [String: Any] {
+        return (plist["status"] as? String ?? "?", plist["operations"] as? [[String: Any]] ?? [])
+    }
+    let response = try common.request(["command": "show", "job": job])
+    guard (response["exit"] as? Int) == 0 else { throw fail(response["error"] as? String ?? "unknown job '\(job)'") }
+    return (response["status"] as? String ?? "running", response["operations"] as? [[String: Any]] ?? [])
+}
+
+struct Show: ParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Each operation's state, queue, attempts, timings, error.")
+    @OptionGroup var common: Common
+    @Argument var job: String
+    @Flag(help: "JSON output.") var json = false
+
+    func run() throws {
+        let (status, ops) = try operations(of: job, common)
+        if json {
+            let data = try JSONSerialization.data(withJSONObject: ["job": job, "status": status, "operations": ops], options: [.prettyPrinted, .sortedKeys])
+            print(String(decoding: data, as: UTF8.self))
+            return
+        }
+        print("job \(job): \(status)")
+        for op in ops {
+            var line = "  \(op["id"] ?? "?")  \(op["kind"] ?? "")  queue=\(op["queue"] ?? "")  \(op["state"] ?? "")  attempts=\(op["attempts"] ?? 0)"
+            if let s = op["startedAt"] as? Double, let f = op["finishedAt"] as? Double { line += String(format: "  %.3fs", f - s) }
+            if let e = op["error"] as? String { line += "  error: \(e)" }
+            print(line)
+        }
+    }
+}
+
+struct Wait: ParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Waits for the job's outbox entry: 0 succeeded, 1 not, 2 timeout.")
+    @OptionGroup var common: Common
+    @Argument var job: String
+    @Option(help: "Give up after this many seconds (exit 2).") var timeout: Double?
+
+    func run() throws {
+        let deadline = timeout.map { Date().addingTimeInterval($0) }
+        let tty = isatty(STDERR_FILENO) == 1
+        let result = common.spool + "/outbox/" + job + "/result.plist"
+        var spinner = 0
+        while true {
+            if let data = FileManager.default.contents(atPath: result),
+               let plist = try? PropertyListSerialization.propertyList(from: data, format: nil) as? [String: Any] {
+                let status = plist["status"] as? String ?? "?"
+                if tty { FileHandle.standardError.write(Data("\r\u{1B}[K".utf8)) }
+                print("\(job): \(status)")
+                if status != "succeeded" { throw ExitCode(1) }
+                return
+            }
+            if let deadline, Date() >= deadline {
+                if tty { FileHandle.standardError.write(Data("\r\u{1B}[K".utf8)) }
+                throw fail("\(job): still not ended after \(timeout ?? 0) s", 2)
+            }
+            if tty { progress(&spinner) }
+            usleep(50_000)
+        }
+    }
+
+    private func progress(_ spinner: inout Int) {
+        spinner += 1
+        guard spinner % 4 == 0, let response = try? ControlClient.request(common.socket, ["command": "show", "job": job], timeout: 1),
+              let ops = response["operations"] as? [[String: Any]], !ops.isEmpty else { return }
+        let done = ops.filter { ["succeeded", "failed", "cancelled"].contains($0["state"] as? String ?? "") }.count
+        let width = 30
+        let filled = width * done / ops.count
+        let bar = String(repeating: "#", count: filled) + String(repeating: "-", count: width - filled)
+        FileHandle.standardError.write(Data("\r[\(bar)] \(done)/\(ops.count) \(job)".utf8))
+    }
+}
+
+struct Cancel: ParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Cancel a whole job, or one operation (its dependents follow).")
+    @OptionGroup var common: Common
+    @Argument var job: String
+    @Argument var operation: String?
+
+    func run() throws {
+        var request: [String: Any] = ["command": "cancel", "job": job]
+        if let operation { request["operation"] = operation }
+        let response = try common.request(request)
+        let code = response["exit"] as? Int ?? 1
+        if code != 0 { throw fail(response["error"] as? String ?? "failed", Int32(code)) }
+    }
+}
+
+struct Suspend: ParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Suspend a queue: executing operations go on, no new ones start.")
+    @OptionGroup var common: Common
+    @Argument var queue: String
+    func run() throws { try toggle(common, queue, "suspend") }
+}
+
+struct Resume: ParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "Resume a suspended queue.")
+    @OptionGroup var common: Common
+    @Argument var queue: String
+    func run() throws { try toggle(common, queue, "resume") }
+}
+
+func toggle(_ common: Common, _ queue: String, _ command: String) throws {
+    let response = try common.request(["command": command, "queue": queue])
+    let code = response["exit"] as? Int ?? 1
+    if code != 0 { throw fail(response["error"] as? String ?? "failed", Int32(code)) }
+}
+
+struct Graph: ParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "The operation graph in Graphviz DOT, states as colours.")
+    @OptionGroup var common: Common
+    @Argument(help: "A job id or a manifest file.") var target: String
+
+    func run() throws {
+        var states: [String: String] = [:]
+        var plan: JobPlan?
+        let config = try common.configuration()
+        if FileManager.default.fileExists(atPath: target), let data = FileManager.default.contents(atPath: target) {
+            switch Manifest.parse(data, configuration: config) {
+            case .success(let p): plan = p
+            case .failure(let problems): throw fail("\(target): " + problems.problems.joined(separator: "\n"))
+            }
+        } else {
+            let manifest = common.spool + "/outbox/" + target + "/manifest.plist"
+            if let data = FileManager.default.contents(atPath: manifest), case .success(let p) = Manifest.parse(data, configuration: config) {
+                plan = p
+            }
+            let (_, ops) = try operations(of: target, common)
+            for op in ops { if let id = op["id"] as? String { states[id] = op["state"] as? String } }
+            if plan == nil { throw fail("no manifest for job '\(target)'") }
+        }
+        guard let plan else { return }
+        let colours = ["pending": "gray80", "ready": "lightyellow", "executing": "lightblue", "retrying": "orange",
+                       "succeeded": "palegreen", "failed": "salmon", "cancelled": "gray60"]
+        var dot = "digraph \"\(plan.job ?? target)\" {\n  rankdir=LR;\n  node [shape=box, style=filled];\n"
+        for op in plan.operations {
+            let state = states[op.id] ?? "pending"
+            dot += "  \"\(op.id)\" [label=\"\(op.id)\\n\(op.kind.rawValue) · \(op.queue)\\n\(state)\", fillcolor=\(colours[state] ?? "white")];\n"
+        }
+        for op in plan.operations {
+            for dep in op.dependencies { dot += "  \"\(dep)\" -> \"\(op.id)\";\n" }
+        }
+        print(dot + "}")
+    }
+}
