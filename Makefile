@@ -13,6 +13,11 @@ APT_PACKAGES = pkg-config libpng-dev libjpeg-dev libcurl4-openssl-dev libsystemd
 
 .PHONY: run test deps build release bench install clean
 
+UNITDIR ?= /etc/systemd/system
+SYSUSERSDIR ?= /etc/sysusers.d
+TMPFILESDIR ?= /etc/tmpfiles.d
+CATALOGDIR ?= /usr/lib/systemd/catalog
+
 deps:
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
@@ -33,6 +38,20 @@ test: deps
 
 bench: release
 	.build/release/opqueue-bench engine
+
+install: release
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(UNITDIR) $(DESTDIR)$(SYSUSERSDIR) $(DESTDIR)$(TMPFILESDIR) $(DESTDIR)$(CATALOGDIR)
+	install -m 0755 .build/release/opqueued .build/release/opqueuectl $(DESTDIR)$(PREFIX)/bin/
+	sed 's|@BINDIR@|$(PREFIX)/bin|' systemd/opqueued.service > $(DESTDIR)$(UNITDIR)/opqueued.service
+	install -m 0644 systemd/opqueued.sysusers $(DESTDIR)$(SYSUSERSDIR)/opqueued.conf
+	install -m 0644 systemd/opqueued.tmpfiles $(DESTDIR)$(TMPFILESDIR)/opqueued.conf
+	install -m 0644 systemd/opqueued.catalog $(DESTDIR)$(CATALOGDIR)/opqueued.catalog
+	@if [ -z "$(DESTDIR)" ]; then \
+	  command -v systemd-sysusers >/dev/null && systemd-sysusers $(SYSUSERSDIR)/opqueued.conf || true; \
+	  command -v systemd-tmpfiles >/dev/null && systemd-tmpfiles --create $(TMPFILESDIR)/opqueued.conf || true; \
+	  command -v journalctl >/dev/null && journalctl --update-catalog || true; \
+	  [ -d /run/systemd/system ] && systemctl daemon-reload || true; \
+	fi
 
 clean:
 	rm -rf .build

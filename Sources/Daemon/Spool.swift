@@ -72,8 +72,6 @@ public final class Spool: @unchecked Sendable {
             close(lockFD)
             throw SpoolError(operation: "another opqueued holds the lock on", path: root + "/opqueued.lock", errno: EWOULDBLOCK)
         }
-        // The inbox is writable by the group (submitters), like Postfix's maildrop, when it is ours.
-        _ = chmod(inbox, 0o2775)
     }
 
     // MARK: Inbox
