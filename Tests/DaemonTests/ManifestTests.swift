@@ -1,0 +1,160 @@
+// Manifest and configuration validation (SPEC §3, §6), and the catalog's MESSAGE_IDs (§4).
+
+import Foundation
+import Testing
+@testable import Daemon
+
+func plist(_ object: Any, binary: Bool = false) -> Data {
+    (try? PropertyListSerialization.data(fromPropertyList: object, format: binary ? .binary : .xml, options: 0)) ?? Data()
+}
+
+func problems(_ object: Any) -> [String] {
+    if case .failure(let p) = Manifest.parse(plist(object), configuration: .builtIn) { return p.problems }
+    return []
+}
+
+@Suite struct ManifestTests {
+    @Test func validManifestInXMLAndBinary() throws {
+        let manifest: [String: Any] = [
+            "job": "holiday", "qualityOfService": "utility", "queuePriority": "high", "timeoutSeconds": 60, "metadata": ["owner": "ana"],
+            "operations": [
+                ["id": "a", "kind": "sleep", "seconds": 0.5, "retries": 2, "retryDelaySeconds": 0.1, "timeoutSeconds": 3],
+                ["id": "b", "kind": "spin", "seconds": 1, "input": "a", "queue": "io", "qualityOfService": "background", "queuePriority": "veryLow"],
+                ["id": "c", "kind": "fail", "dependencies": ["a", "b"], "runsAfterFailure": true],
+            ],
+        ]
+        for binary in [false, true] {
+            let result = Manifest.parse(plist(manifest, binary: binary), configuration: .builtIn)
+            let plan = try result.get()
+            #expect(plan.job == "holiday")
+            #expect(plan.operations.map(\.id) == ["a", "b", "c"])
+            #expect(plan.operations[1].dependencies == ["a"], "naming an input adds it to the dependencies")
+            #expect(plan.operations[1].queue == "io")
+            #expect(plan.operations[0].queue == "default", "sleep is of the 'other' family")
+            #expect(plan.operations[2].runsAfterFailure)
+            #expect(plan.metadata != nil)
+        }
+        #expect(Manifest.requestedJob(in: plist(manifest)) == "holiday")
+    }
+
+    @Test func everyProblemIsReportedWithTheOperationInvolved() {
+        let found = problems([
+            "job": ".hidden", "colour": "red",
+            "operations": [
+                ["id": "a", "kind": "sleep", "seconds": 1, "sleepy": true],
+                ["id": "a", "kind": "sleep", "seconds": 1],
+                ["id": "bad id!", "kind": "sleep", "seconds": 1],
+                ["id": "b", "kind": "teleport"],
+                ["id": "c", "kind": "spin", "seconds": -1, "queue": "nowhere"],
+                ["id": "d", "kind": "sleep", "seconds": 1, "dependencies": ["ghost"]],
+                ["id": "e", "kind": "sleep", "retries": "many"],
+                ["id": "f", "kind": "fail", "runsAfterFailure": 1],
+            ],
+        ])
+        let expected = [
+            "unknown key 'colour'",
+            "job: must be a string of 1 to 128 characters from [A-Za-z0-9._-], not starting with '.'",
+            "operation 'a': unknown key 'sleepy' for kind 'sleep'",
+            "operations[2]: id must be a string of 1 to 128 characters from [A-Za-z0-9._-], not starting with '.'",
+            "operation 'b': unknown kind 'teleport' (one of download, sepia, grayscale, blur, resize, thumbnail, vignette, write, sleep, spin, fail)",
+            "operation 'c': unknown queue 'nowhere' (configured: default, downloads, filters, io)",
+            "operation 'c': seconds must be a number from 0 to 86400",
+            "operation 'e': retries must be an integer from 0 to 1000",
+            "operation 'e': seconds is required",
+            "operation 'f': runsAfterFailure must be a boolean",
+            "operation 'a': duplicate id",
+            "operation 'd' depends on unknown operation 'ghost'",
+        ]
+        for problem in expected { #expect(found.contains(problem), "missing: \(problem)\nfound: \(found)") }
+        #expect(found.count == expected.count, "\(found)")
+    }
+
+    @Test func cyclesNameTheOperationsAlongThem() {
+        let found = problems(["operations": [
+            ["id": "a", "kind": "sleep", "seconds": 0, "dependencies": ["c"]],
+            ["id": "b", "kind": "sleep", "seconds": 0, "dependencies": ["a"]],
+            ["id": "c", "kind": "sleep", "seconds": 0, "dependencies": ["b"]],
+            ["id": "self", "kind": "sleep", "seconds": 0, "dependencies": ["self"]],
+        ]])
+        #expect(found.contains("cycle: self → self"))
+        #expect(found.contains { ["cycle: a → b → c → a", "cycle: b → c → a → b", "cycle: c → a → b → c"].contains($0) }, "\(found)")
+    }
+
+    @Test func unsafeWritePathsAreRefused() {
+        for (path, reason) in [("/etc/passwd", "is absolute"), ("../x.png", "goes up with '..'"), ("a//b.png", "has an empty component"),
+                               ("a/.hidden.png", "has a component starting with '.'"), ("", "is empty")] {
+            #expect(Manifest.unsafePathReason(path) == reason, "\(path)")
+        }
+        #expect(Manifest.unsafePathReason("albums/2026/photo.png") == nil)
+        let found = problems(["operations": [["id": "w", "kind": "write", "path": "../../etc/x.png"]]])
+        #expect(found.contains("operation 'w': path '../../etc/x.png' goes up with '..'"))
+    }
+
+    @Test func kindsNotInThisBuildAreRefusedNotStubbed() {
+        let found = problems(["operations": [["id": "d", "kind": "download", "url": "https://example.org/a.jpg"]]])
+        #expect(found == ["operation 'd': kind 'download' is not available in this version"])
+    }
+
+    @Test func photoListFormBuildsDownloadSepiaWriteChains() {
+        let ops = Manifest.photoListOperations(["Beach at dusk": "https://h/a.jpg", "cat": "https://h/c.jpg"], configuration: .builtIn)
+        #expect(ops.map(\.id) == ["download-Beach_at_dusk", "sepia-Beach_at_dusk", "write-Beach_at_dusk", "download-cat", "sepia-cat", "write-cat"])
+        #expect(ops.map(\.queue) == ["downloads", "filters", "io", "downloads", "filters", "io"])
+        #expect(ops[2].parameters == .write(path: "Beach_at_dusk.png", format: "png", quality: 90))
+        #expect(ops[1].parameters == .sepia(intensity: 0.8))
+    }
+
+    @Test func notAPropertyListOrNotADictionary() {
+        if case .failure(let p) = Manifest.parse(Data("{ a = b; }".utf8), configuration: .builtIn) {
+            #expect(p.problems == ["not a property list: the file is neither an XML nor a binary property list"])
+        } else { Issue.record("accepted") }
+        #expect(problems(["a", "b"]) == ["the top level must be a dictionary, not an array"])
+        #expect(problems([String: Any]()) == ["operations: missing (an array of operations is required)"])
+    }
+
+    @Test func configurationMergesWithTheBuiltIns() throws {
+        let config = try Configuration.parse(plist([
+            "queues": ["io": ["maxConcurrentOperationCount": 1], "gpu": ["maxConcurrentOperationCount": 2, "qualityOfService": "userInitiated", "suspended": true]],
+            "defaultQueues": ["image": "gpu"], "maxActiveJobs": 8,
+        ]))
+        #expect(config.queues["io"] == QueueSettings(maxConcurrentOperationCount: 1, qualityOfService: .utility, suspended: false))
+        #expect(config.queues["gpu"]?.suspended == true)
+        #expect(config.queueNames == ["default", "downloads", "filters", "io", "gpu"])
+        #expect(config.defaultQueues == ["download": "downloads", "image": "gpu", "write": "io", "other": "default"])
+        #expect(config.maxActiveJobs == 8)
+        #expect(throws: Configuration.Invalid.self) { try Configuration.parse(plist(["queus": [:]])) }
+        do {
+            _ = try Configuration.parse(plist(["queues": ["q": ["maxConcurrentOperationCount": 0]], "maxActiveJobs": -1]), path: "c.plist")
+        } catch let error as Configuration.Invalid {
+            #expect(error.description == "c.plist: queues.q.maxConcurrentOperationCount: must be -1 or a positive integer\nc.plist: maxActiveJobs: must be a positive integer")
+        }
+    }
+
+    @Test func catalogHasEveryMessageID() throws {
+        let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+        let catalog = try String(contentsOf: root.appendingPathComponent("systemd/opqueued.catalog"), encoding: .utf8)
+        var ids = Set<String>()
+        for pair in MessageIDs.pairs {
+            let id = MessageIDs.id(event: pair.event, state: pair.state)
+            #expect(id.count == 32 && id.allSatisfy { $0.isHexDigit && !$0.isUppercase })
+            #expect(catalog.contains("-- \(id)\nSubject: opqueued \(pair.event) \(pair.state)\n"), "\(pair)")
+            ids.insert(id)
+        }
+        #expect(ids.count == MessageIDs.pairs.count)
+    }
+
+    @Test func journalFieldNames() {
+        #expect(journalFieldName("OPQ_JOB") == "OPQ_JOB")
+        #expect(journalFieldName("opq_job") == "OPQ_JOB")
+        #expect(journalFieldName("bad-name") == nil)
+        #expect(journalFieldName("_TRUSTED") == nil)
+    }
+
+    @Test func identifiers() {
+        #expect(sanitizedIdentifier("Beach at dusk!") == "Beach_at_dusk_")
+        #expect(sanitizedIdentifier("photo-ünïcode") == "photo-_n_code")
+        #expect(sanitizedIdentifier(String(repeating: "x", count: 300)).count == 128)
+        #expect(isValidIdentifier("a.b_c-1"))
+        #expect(!isValidIdentifier(".a"))
+        #expect(!isValidIdentifier(""))
+    }
+}
