@@ -1,0 +1,322 @@
+// End-to-end tests: the real opqueued and opqueuectl binaries on temporary spools, real files, real
+// signals (SIGTERM, SIGHUP, SIGKILL), and a real journald for the journal test.
+
+import Foundation
+import Testing
+@testable import Daemon
+
+let repositoryRoot = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent().path
+let binaries = repositoryRoot + "/.build/debug"
+
+struct Run {
+    let status: Int32
+    let stdout: String
+    let stderr: String
+}
+
+/// Runs a program to its end (at most `timeout` seconds).
+@discardableResult
+func run(_ program: String, _ arguments: [String], timeout: Double = 30) throws -> Run {
+    let process = Process()
+    process.executableURL = URL(fileURLWithPath: program.hasPrefix("/") ? program : binaries + "/" + program)
+    process.arguments = arguments
+    let out = Pipe(), err = Pipe()
+    process.standardOutput = out
+    process.standardError = err
+    try process.run()
+    let deadline = Date().addingTimeInterval(timeout)
+    let outData = out.fileHandleForReading.readDataToEndOfFile()
+    let errData = err.fileHandleForReading.readDataToEndOfFile()
+    while process.isRunning && Date() < deadline { usleep(10_000) }
+    if process.isRunning { process.terminate() }
+    process.waitUntilExit()
+    return Run(status: process.terminationStatus, stdout: String(decoding: outData, as: UTF8.self), stderr: String(decoding: errData, as: UTF8.self))
+}
+
+/// A temporary spool and, when started, a daemon on it.
+final class TestSpool: @unchecked Sendable {
+    let root: String
+    var daemon: Process?
+    var logPath: String { root + ".log" }
+
+    init() {
+        root = NSTemporaryDirectory() + "opq-test-" + UUID().uuidString.prefix(8)
+        try? FileManager.default.createDirectory(atPath: root + "/inbox", withIntermediateDirectories: true)
+    }
+
+    deinit {
+        if let daemon, daemon.isRunning { kill(daemon.processIdentifier, SIGKILL); daemon.waitUntilExit() }
+        try? FileManager.default.removeItem(atPath: root)
+        try? FileManager.default.removeItem(atPath: logPath)
+    }
+
+    /// Writes a manifest the way users should: a hidden name, then a rename into the inbox.
+    func drop(_ name: String, _ manifest: Any) throws {
+        let hidden = root + "/inbox/." + name
+        try plist(manifest).write(to: URL(fileURLWithPath: hidden))
+        guard rename(hidden, root + "/inbox/" + name) == 0 else { throw POSIXError(.EIO) }
+    }
+
+    func start(_ extra: [String] = [], target: String = "console") throws {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: binaries + "/opqueued")
+        process.arguments = ["--spool", root, "--log-target", target] + extra
+        if !FileManager.default.fileExists(atPath: logPath) { _ = FileManager.default.createFile(atPath: logPath, contents: nil) }
+        let log = try FileHandle(forWritingTo: URL(fileURLWithPath: logPath))
+        log.seekToEndOfFile()
+        process.standardError = log
+        process.standardOutput = log
+        try process.run()
+        daemon = process
+        // Ready when the socket accepts connections.
+        let deadline = Date().addingTimeInterval(20)
+        while Date() < deadline {
+            if (try? ControlClient.request(root + "/opqueued.sock", ["command": "status"], timeout: 1)) != nil { return }
+            usleep(20_000)
+        }
+        Issue.record("the daemon did not become ready")
+    }
+
+    func signal(_ sig: Int32) {
+        if let daemon { kill(daemon.processIdentifier, sig) }
+    }
+
+    /// Waits for the daemon to exit; returns its status.
+    func waitForExit(timeout: Double = 30) -> Int32? {
+        guard let daemon else { return nil }
+        let deadline = Date().addingTimeInterval(timeout)
+        while daemon.isRunning && Date() < deadline { usleep(10_000) }
+        if daemon.isRunning { return nil }
+        return daemon.terminationStatus
+    }
+
+    func result(_ job: String, timeout: Double = 20) -> [String: Any]? {
+        let path = root + "/outbox/" + job + "/result.plist"
+        let deadline = Date().addingTimeInterval(timeout)
+        while Date() < deadline {
+            if let data = FileManager.default.contents(atPath: path) {
+                return try? PropertyListSerialization.propertyList(from: data, format: nil) as? [String: Any]
+            }
+            usleep(20_000)
+        }
+        return nil
+    }
+
+    func ctl(_ arguments: [String]) throws -> Run { try run("opqueuectl", ["--spool", root] + arguments) }
+
+    func list(_ folder: String) -> [String] { ((try? FileManager.default.contentsOfDirectory(atPath: root + "/" + folder)) ?? []).filter { $0 != ".keep" }.sorted() }
+}
+
+func sleepOp(_ id: String, _ seconds: Double, deps: [String] = []) -> [String: Any] {
+    ["id": id, "kind": "sleep", "seconds": seconds, "dependencies": deps]
+}
+
+@Suite(.serialized) struct EndToEndTests {
+    @Test func onceRunsTheInboxAndEveryManifestEndsInTheOutbox() throws {
+        let spool = TestSpool()
+        try spool.drop("good.plist", ["job": "good", "metadata": ["owner": "ana", "n": 3],
+                                      "operations": [sleepOp("a", 0.05), ["id": "b", "kind": "spin", "seconds": 0.05, "dependencies": ["a"]]]])
+        try spool.drop("bad.plist", ["operations": [["id": "x", "kind": "teleport"]], "extra": 1])
+        try Data("not a plist".utf8).write(to: URL(fileURLWithPath: spool.root + "/inbox/junk.plist"))
+        try Data("notes".utf8).write(to: URL(fileURLWithPath: spool.root + "/inbox/README.txt"))
+        try spool.drop("zdup.plist", ["job": "good", "operations": [sleepOp("a", 0)]])
+        let r = try run("opqueued", ["--spool", spool.root, "--once", "--log-target", "console"])
+        #expect(r.status == 0, "\(r.stderr)")
+        #expect(spool.list("outbox") == ["bad", "good", "good.1", "junk"])
+        #expect(spool.list("inbox") == ["README.txt"], "other files are left alone")
+        #expect(spool.list("active").isEmpty)
+        #expect(spool.list("tmp").isEmpty)
+
+        let good = try #require(spool.result("good"))
+        #expect(good["status"] as? String == "succeeded")
+        #expect(good["manifest"] as? String == "good.plist")
+        #expect((good["metadata"] as? [String: Any])?["owner"] as? String == "ana")
+        let ops = try #require(good["operations"] as? [[String: Any]])
+        #expect(ops.map { $0["id"] as? String } == ["a", "b"])
+        #expect(ops.allSatisfy { $0["state"] as? String == "succeeded" && $0["attempts"] as? Int == 1 && $0["startedAt"] is Double })
+        for key in ["receivedAt", "startedAt", "finishedAt", "durationSeconds"] { #expect(good[key] is Double, "\(key)") }
+        #expect(good["requestedJob"] == nil)
+        let original = try Data(contentsOf: URL(fileURLWithPath: spool.root + "/outbox/good/manifest.plist"))
+        #expect(Manifest.requestedJob(in: original) == "good", "the original bytes are kept")
+
+        let dup = try #require(spool.result("good.1"))
+        #expect(dup["requestedJob"] as? String == "good")
+
+        let bad = try #require(spool.result("bad"))
+        #expect(bad["status"] as? String == "rejected")
+        let error = bad["error"] as? String ?? ""
+        #expect(error.contains("unknown key 'extra'") && error.contains("operation 'x': unknown kind 'teleport'"), "\(error)")
+        #expect(spool.result("junk")?["status"] as? String == "rejected")
+        #expect(r.stderr.contains("inbox/README.txt is not a manifest"))
+    }
+
+    @Test func failureCancellationAndRetriesInResults() throws {
+        let spool = TestSpool()
+        try spool.drop("f.plist", ["job": "f", "operations": [
+            ["id": "flaky", "kind": "fail", "message": "disk on fire", "retries": 2, "retryDelaySeconds": 0.05],
+            sleepOp("after", 0, deps: ["flaky"]),
+            ["id": "cleanup", "kind": "sleep", "seconds": 0, "dependencies": ["flaky"], "runsAfterFailure": true],
+            ["id": "slow", "kind": "spin", "seconds": 5, "timeoutSeconds": 0.2],
+        ]])
+        let r = try run("opqueued", ["--spool", spool.root, "--once", "--log-target", "console"])
+        #expect(r.status == 0)
+        let result = try #require(spool.result("f"))
+        #expect(result["status"] as? String == "failed")
+        let ops = try #require(result["operations"] as? [[String: Any]])
+        #expect(ops[0]["state"] as? String == "failed")
+        #expect(ops[0]["attempts"] as? Int == 3)
+        #expect(ops[0]["error"] as? String == "disk on fire")
+        #expect((ops[0]["durationSeconds"] as? Double ?? 0) >= 0.15, "includes the retry delays 0.05 + 0.1")
+        #expect(ops[1]["state"] as? String == "cancelled")
+        #expect(ops[1]["attempts"] as? Int == 0)
+        #expect(ops[1]["startedAt"] == nil)
+        #expect(ops[2]["state"] as? String == "succeeded")
+        #expect(ops[3]["error"] as? String == "timed out after 0.2 s")
+        #expect(r.stderr.contains("OPQ_STATE=retrying"))
+    }
+
+    @Test func daemonControlAndExitCodes() throws {
+        let spool = TestSpool()
+        try spool.start()
+        try spool.drop("long.plist", ["job": "long", "operations": [sleepOp("a", 30), sleepOp("b", 0, deps: ["a"])]])
+        #expect(try spool.ctl(["wait", "long", "--timeout", "0.3"]).status == 2)
+        let status = try spool.ctl(["status", "--json"])
+        #expect(status.status == 0)
+        #expect(status.stdout.contains("\"long\""))
+        #expect(try spool.ctl(["show", "long"]).stdout.contains("a  sleep  queue=default  executing"))
+        #expect(try spool.ctl(["cancel", "long", "nosuch"]).status == 1)
+        #expect(try spool.ctl(["cancel", "nosuch"]).status == 1)
+        #expect(try spool.ctl(["suspend", "nosuch"]).status == 1)
+        #expect(try spool.ctl(["frobnicate"]).status == 64)
+        #expect(try spool.ctl(["cancel", "long"]).status == 0)
+        let waited = try spool.ctl(["wait", "long", "--timeout", "10"])
+        #expect(waited.status == 1)
+        #expect(waited.stdout.contains("long: cancelled"))
+        #expect(try spool.ctl(["cancel", "long"]).status == 1, "cancelling a job that has ended")
+        #expect(try spool.ctl(["show", "long"]).stdout.contains("a  sleep  queue=default  cancelled"))
+        #expect(try spool.ctl(["graph", "long"]).stdout.contains("\"a\" -> \"b\""))
+
+        try spool.drop("ok.plist", ["job": "ok", "operations": [sleepOp("a", 0)]])
+        #expect(try spool.ctl(["wait", "ok", "--timeout", "10"]).status == 0)
+        // submit validates, then places atomically.
+        let manifest = spool.root + "/m.plist"
+        try plist(["job": "viactl", "operations": [sleepOp("a", 0)]]).write(to: URL(fileURLWithPath: manifest))
+        let submitted = try spool.ctl(["submit", manifest])
+        #expect(submitted.stdout == "viactl\n")
+        #expect(try spool.ctl(["wait", "viactl", "--timeout", "10"]).status == 0)
+        try plist(["operations": [["id": "x"]]]).write(to: URL(fileURLWithPath: manifest))
+        let invalid = try spool.ctl(["validate", manifest])
+        #expect(invalid.status == 1)
+        #expect(invalid.stdout == "\(manifest): operation 'x': kind is missing\n")
+
+        spool.signal(SIGTERM)
+        #expect(spool.waitForExit() == 0)
+        #expect(try spool.ctl(["status"]).status == 3, "no daemon")
+        #expect(try spool.ctl(["frobnicate"]).status == 64, "usage errors whether or not a daemon runs")
+    }
+
+    @Test func killNineResumesWithoutRerunningWhatSucceeded() throws {
+        let spool = TestSpool()
+        try spool.start()
+        try spool.drop("crash.plist", ["job": "crash", "operations": [sleepOp("first", 0.05), sleepOp("second", 2, deps: ["first"])]])
+        // Wait until "first" has been recorded as succeeded.
+        let done = spool.root + "/active/crash/done.log"
+        let deadline = Date().addingTimeInterval(10)
+        while Date() < deadline, !((try? String(contentsOfFile: done, encoding: .utf8))?.hasPrefix("first\t") ?? false) { usleep(10_000) }
+        let firstRecord = try String(contentsOfFile: done, encoding: .utf8)
+        spool.signal(SIGKILL)
+        _ = spool.waitForExit()
+        #expect(spool.list("active") == ["crash"])
+        try spool.start()
+        let result = try #require(spool.result("crash"))
+        #expect(result["status"] as? String == "succeeded")
+        let ops = try #require(result["operations"] as? [[String: Any]])
+        let started = firstRecord.split(separator: "\t")[1]
+        #expect(ops[0]["startedAt"] as? Double == micro(Double(started) ?? 0), "'first' kept its original run")
+        #expect(ops[0]["attempts"] as? Int == 1)
+        #expect(ops[1]["state"] as? String == "succeeded")
+        #expect(spool.list("outbox") == ["crash"])
+        #expect(spool.list("active").isEmpty)
+        let log = try String(contentsOfFile: spool.logPath, encoding: .utf8)
+        #expect(log.components(separatedBy: "OPQ_OPERATION=first OPQ_QOS=default OPQ_QUEUE=default OPQ_QUEUE_PRIORITY=normal OPQ_STATE=executing").count == 2,
+                "'first' ran once, before the crash")
+    }
+
+    @Test func sigtermDrainsAndUnfinishedJobsResume() throws {
+        let spool = TestSpool()
+        let config = spool.root + ".config.plist"
+        try plist(["shutdownGraceSeconds": 0.3]).write(to: URL(fileURLWithPath: config))
+        defer { try? FileManager.default.removeItem(atPath: config) }
+        try spool.start(["--config", config])
+        try spool.drop("quick.plist", ["job": "quick", "operations": [sleepOp("a", 0.1)]])
+        try spool.drop("slow.plist", ["job": "slow", "operations": [sleepOp("a", 3)]])
+        usleep(300_000)
+        spool.signal(SIGTERM)
+        #expect(spool.waitForExit(timeout: 10) == 0)
+        #expect(spool.list("outbox") == ["quick"])
+        #expect(spool.list("active") == ["slow"], "the unfinished job stays in active/")
+        try spool.start(["--config", config])
+        #expect(spool.result("slow", timeout: 15)?["status"] as? String == "succeeded")
+        let log = try String(contentsOfFile: spool.logPath, encoding: .utf8)
+        #expect(log.contains("OPQ_EVENT=daemon OPQ_STATE=stopping"))
+    }
+
+    @Test func sighupReloadsQueueSettingsForRunningWork() throws {
+        let spool = TestSpool()
+        let config = spool.root + ".config.plist"
+        try plist(["queues": ["default": ["suspended": true]]]).write(to: URL(fileURLWithPath: config))
+        defer { try? FileManager.default.removeItem(atPath: config) }
+        try spool.start(["--config", config])
+        try spool.drop("held.plist", ["job": "held", "operations": [sleepOp("a", 0)]])
+        usleep(500_000)
+        #expect(try spool.ctl(["show", "held"]).stdout.contains("a  sleep  queue=default  ready"))
+        try plist(["queues": ["default": ["suspended": false]]]).write(to: URL(fileURLWithPath: config))
+        spool.signal(SIGHUP)
+        #expect(spool.result("held")?["status"] as? String == "succeeded")
+        let log = try String(contentsOfFile: spool.logPath, encoding: .utf8)
+        #expect(log.contains("OPQ_EVENT=daemon OPQ_STATE=reloading"))
+        #expect(log.contains("OPQ_EVENT=queue OPQ_QUEUE=default OPQ_STATE=resumed"))
+    }
+
+    @Test func journalTellsEveryOperationsStoryInOrder() throws {
+        try ensureJournald()
+        let spool = TestSpool()
+        let job = "journal-" + UUID().uuidString.prefix(8)
+        try spool.drop("j.plist", ["job": job, "operations": [sleepOp("a", 0), sleepOp("b", 0, deps: ["a"]), ["id": "c", "kind": "spin", "seconds": 0.01, "dependencies": ["a"]]]])
+        #expect(try run("opqueued", ["--spool", spool.root, "--once", "--log-target", "journal"]).status == 0)
+        var entries: [[String: Any]] = []
+        let deadline = Date().addingTimeInterval(10)
+        repeat {
+            usleep(100_000)
+            let out = try run("/usr/bin/journalctl", ["-t", "opqueued", "OPQ_JOB=\(job)", "-o", "json", "--no-pager"]).stdout
+            entries = out.split(separator: "\n").compactMap { try? JSONSerialization.jsonObject(with: Data($0.utf8)) as? [String: Any] }
+        } while entries.last?["OPQ_STATE"] as? String != "finished" && Date() < deadline
+        for op in ["a", "b", "c"] {
+            let story = entries.filter { $0["OPQ_OPERATION"] as? String == op }
+            #expect(story.compactMap { $0["OPQ_STATE"] as? String } == ["pending", "ready", "executing", "succeeded"], "\(op)")
+            let end = try #require(story.last)
+            #expect(end["OPQ_KIND"] as? String == (op == "c" ? "spin" : "sleep"))
+            #expect(end["OPQ_QUEUE"] as? String == "default")
+            #expect(end["OPQ_QOS"] as? String == "default")
+            #expect(end["OPQ_QUEUE_PRIORITY"] as? String == "normal")
+            #expect(end["OPQ_ATTEMPT"] as? String == "1")
+            #expect(Int(end["OPQ_DURATION_USEC"] as? String ?? "") != nil)
+            #expect(end["PRIORITY"] as? String == "6")
+            #expect(end["MESSAGE_ID"] as? String == MessageIDs.id(event: "operation", state: "succeeded"))
+            #expect(end["CODE_FILE"] as? String != nil && end["CODE_LINE"] as? String != nil && end["CODE_FUNC"] as? String != nil)
+        }
+        #expect(entries.first?["OPQ_STATE"] as? String == "received")
+        #expect(entries.last?["OPQ_STATUS"] as? String == "succeeded")
+    }
+}
+
+/// A real journald: the machine's, or one started here (root only), as DEVELOPERS' recipe does.
+func ensureJournald() throws {
+    if FileManager.default.fileExists(atPath: journalSocketPath) { return }
+    try FileManager.default.createDirectory(atPath: "/run/systemd/journal", withIntermediateDirectories: true)
+    let journald = Process()
+    journald.executableURL = URL(fileURLWithPath: "/lib/systemd/systemd-journald")
+    try journald.run()
+    let deadline = Date().addingTimeInterval(10)
+    while !FileManager.default.fileExists(atPath: journalSocketPath) && Date() < deadline { usleep(20_000) }
+}
