@@ -181,6 +181,8 @@ case "engine":
             emit(String(format: "scaling workload=%@ time_1M_over_100k=%.1f", workload.rawValue, big / small))
         }
     }
+case "spool":
+    SpoolBench.run(Array(arguments.dropFirst()))
 default:
     print("usage: opqueue-bench engine [--sizes N,…] [--workloads independent,serial,chain,fanout,layered] [--engines opqueued,foundation]")
     exit(64)
