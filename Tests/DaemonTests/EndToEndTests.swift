@@ -242,6 +242,44 @@ func sleepOp(_ id: String, _ seconds: Double, deps: [String] = []) -> [String: A
                 "'first' ran once, before the crash")
     }
 
+    @Test func killNineAtRandomMomentsLosesAndDuplicatesNothing() throws {
+        let spool = TestSpool()
+        let jobs = 200
+        for i in 0..<jobs {
+            var ops: [[String: Any]] = [sleepOp("s", Double.random(in: 0...0.05))]
+            ops.append(["id": "c", "kind": "spin", "seconds": 0.002, "dependencies": ["s"]])
+            if i % 7 == 0 { ops.append(["id": "f", "kind": "fail", "dependencies": ["s"], "retries": 1, "retryDelaySeconds": 0.01]) }
+            ops.append(["id": "end", "kind": "sleep", "seconds": 0, "dependencies": ["c"]])
+            try spool.drop("job\(i).plist", ["job": "job\(i)", "operations": ops])
+        }
+        var kills = 0
+        for _ in 0..<6 {
+            try spool.start()
+            usleep(UInt32.random(in: 50_000...400_000))
+            spool.signal(SIGKILL)
+            _ = spool.waitForExit()
+            kills += 1
+        }
+        try spool.start()
+        let deadline = Date().addingTimeInterval(120)
+        while spool.list("outbox").count < jobs && Date() < deadline { usleep(50_000) }
+        spool.signal(SIGTERM)
+        #expect(spool.waitForExit() == 0)
+        let outbox = spool.list("outbox")
+        #expect(outbox.count == jobs, "lost or duplicated: \(outbox.count) entries for \(jobs) jobs after \(kills) kills")
+        #expect(Set(outbox) == Set((0..<jobs).map { "job\($0)" }), "no job renamed: each ended exactly once")
+        #expect(spool.list("active").isEmpty)
+        #expect(spool.list("tmp").isEmpty)
+        #expect(spool.list("inbox").isEmpty)
+        for i in 0..<jobs {
+            let result = try #require(spool.result("job\(i)", timeout: 1))
+            let ops = result["operations"] as? [[String: Any]] ?? []
+            #expect(result["status"] as? String == (i % 7 == 0 ? "failed" : "succeeded"), "job\(i)")
+            #expect(ops.count == (i % 7 == 0 ? 4 : 3))
+            #expect(ops.allSatisfy { $0["state"] is String && $0["attempts"] is Int }, "job\(i)")
+        }
+    }
+
     @Test func sigtermDrainsAndUnfinishedJobsResume() throws {
         let spool = TestSpool()
         let config = spool.root + ".config.plist"
