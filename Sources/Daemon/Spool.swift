@@ -290,9 +290,10 @@ func readRegularFile(_ path: String, limit: Int = ManifestLimits.maxBytes + 1) -
 
 func writeAll(_ fd: Int32, _ data: Data, path: String) throws {
     try data.withUnsafeBytes { raw in
+        guard let base = raw.baseAddress else { return }
         var offset = 0
         while offset < raw.count {
-            let n = write(fd, raw.baseAddress! + offset, raw.count - offset)
+            let n = write(fd, base + offset, raw.count - offset)
             if n < 0 {
                 if errno == EINTR { continue }
                 throw SpoolError(operation: "write", path: path, errno: errno)
