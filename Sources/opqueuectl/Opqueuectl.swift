@@ -63,20 +63,22 @@ struct Validate: ParsableCommand {
 
     func run() throws {
         let config = try common.configuration()
-        var valid = true
-        for file in files {
-            guard let data = FileManager.default.contents(atPath: file) else {
-                print("\(file): cannot be read")
-                valid = false
-                continue
-            }
-            if case .failure(let problems) = Manifest.parse(data, configuration: config) {
-                valid = false
-                for problem in problems.problems { print("\(file): \(problem)") }
-            }
-        }
-        if !valid { throw ExitCode(1) }
+        let valid = files.map { validManifest(at: $0, config) != nil }
+        if valid.contains(false) { throw ExitCode(1) }
     }
+}
+
+/// Reads and validates a manifest; prints every problem (`FILE: problem`) and returns nil when it is not valid.
+func validManifest(at file: String, _ config: Configuration) -> Data? {
+    guard let data = FileManager.default.contents(atPath: file) else {
+        print("\(file): cannot be read")
+        return nil
+    }
+    if case .failure(let problems) = Manifest.parse(data, configuration: config) {
+        for problem in problems.problems { print("\(file): \(problem)") }
+        return nil
+    }
+    return data
 }
 
 struct Submit: ParsableCommand {
@@ -88,12 +90,7 @@ struct Submit: ParsableCommand {
         let config = try common.configuration()
         var ok = true
         for file in files {
-            guard let data = FileManager.default.contents(atPath: file) else { print("\(file): cannot be read"); ok = false; continue }
-            if case .failure(let problems) = Manifest.parse(data, configuration: config) {
-                for problem in problems.problems { print("\(file): \(problem)") }
-                ok = false
-                continue
-            }
+            guard let data = validManifest(at: file, config) else { ok = false; continue }
             let base = ((file as NSString).lastPathComponent as NSString).deletingPathExtension
             let job = Manifest.requestedJob(in: data) ?? sanitizedIdentifier(base)
             let name = "\(job).\(UUID().uuidString.prefix(8)).plist"
