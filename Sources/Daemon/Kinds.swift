@@ -33,7 +33,8 @@ enum Kinds {
                     if used >= seconds { break }
                     if context.isCancelled { throw OperationCancelled() }
                 }
-                return x == 0 ? nil : nil
+                withExtendedLifetime(x) {} // keeps the arithmetic from being optimised away
+                return nil
             }
         case .fail(let message):
             return .sync { _ in throw KindFailure(description: message) }

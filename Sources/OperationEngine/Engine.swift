@@ -75,10 +75,6 @@ public final class Engine: @unchecked Sendable, ContextHost {
         workerConditions = (0..<Self.classes).map { _ in Condition() }
     }
 
-    deinit {
-        // Threads hold a strong reference; by now they are gone (see `shutdown`).
-    }
-
     // MARK: Queues
 
     /// Adds a named queue, or updates it if the name exists.
