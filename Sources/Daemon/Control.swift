@@ -23,10 +23,7 @@ public final class ControlServer: @unchecked Sendable {
         unlink(path)
         fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         guard fd >= 0 else { throw SpoolError(operation: "socket", path: path, errno: errno) }
-        var address = try unixAddress(path)
-        let bound = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
-        }
+        let bound = try withUnixAddress(path) { bind(fd, $0, $1) }
         guard bound == 0 else { throw SpoolError(operation: "bind", path: path, errno: errno) }
         _ = chmod(path, 0o660)
         guard listen(fd, 64) == 0 else { throw SpoolError(operation: "listen", path: path, errno: errno) }
@@ -73,16 +70,16 @@ public final class ControlServer: @unchecked Sendable {
     }
 }
 
-func unixAddress(_ path: String) throws -> sockaddr_un {
+/// `bind` or `connect` on a Unix socket path; the call's result (0 or -1 with errno set).
+func withUnixAddress(_ path: String, _ body: (UnsafePointer<sockaddr>, socklen_t) -> Int32) throws -> Int32 {
     var address = sockaddr_un()
     address.sun_family = sa_family_t(AF_UNIX)
     let bytes = Array(path.utf8)
     guard bytes.count < MemoryLayout.size(ofValue: address.sun_path) else { throw SpoolError(operation: "socket path too long", path: path, errno: ENAMETOOLONG) }
-    withUnsafeMutableBytes(of: &address.sun_path) { raw in
-        for (i, b) in bytes.enumerated() { raw[i] = b }
-        raw[bytes.count] = 0
+    withUnsafeMutableBytes(of: &address.sun_path) { raw in raw.copyBytes(from: bytes) }
+    return withUnsafePointer(to: &address) {
+        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { body($0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
     }
-    return address
 }
 
 func readLine(_ fd: Int32, limit: Int) -> Data? {
@@ -110,10 +107,7 @@ public enum ControlClient {
         let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         guard fd >= 0 else { throw NoDaemon(path: path, reason: String(cString: strerror(errno))) }
         defer { close(fd) }
-        var address = try unixAddress(path)
-        let connected = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { connect(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
-        }
+        let connected = try withUnixAddress(path) { connect(fd, $0, $1) }
         guard connected == 0 else {
             throw NoDaemon(path: path, reason: errno == ENOENT ? "no socket" : errno == ECONNREFUSED ? "stale socket" : String(cString: strerror(errno)))
         }

@@ -50,8 +50,16 @@ func syslogPriority(_ level: Logger.Level) -> Int {
     }
 }
 
-/// Where the journal's socket is; `auto` uses journald when it exists.
+/// Where journald listens for native-protocol datagrams.
 public let journalSocketPath = "/run/systemd/journal/socket"
+
+/// Whether a journald answers on `path` now: a stale socket file left by a journald that is gone refuses the connect.
+public func journalIsListening(at path: String = journalSocketPath) -> Bool {
+    let fd = socket(AF_UNIX, Int32(SOCK_DGRAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+    guard fd >= 0 else { return false }
+    defer { close(fd) }
+    return (try? withUnixAddress(path) { connect(fd, $0, $1) }) == 0
+}
 
 public struct JournalLogHandler: LogHandler {
     public var metadata: Logger.Metadata = [:]
@@ -97,7 +105,11 @@ public struct JournalLogHandler: LogHandler {
                 }
             }
             // The pointers stay valid: `buffers` is not mutated until the call returns.
-            _ = iovecs.withUnsafeBufferPointer { sd_journal_sendv($0.baseAddress, Int32($0.count)) }
+            let sent = iovecs.withUnsafeBufferPointer { sd_journal_sendv($0.baseAddress, Int32($0.count)) }
+            if sent < 0 {
+                // journald went away: the event still goes somewhere a person can read it.
+                ConsoleLogHandler.write("SD_JOURNAL_SENDV_ERRNO=\(-sent) " + fields.map { ConsoleLogHandler.quote($0) }.joined(separator: " ") + "\n")
+            }
         }
     }
 }
@@ -125,9 +137,13 @@ public struct ConsoleLogHandler: LogHandler {
             line += " \(name)=\(Self.quote("\(all[key] ?? "")"))"
         }
         line += " MESSAGE=\(Self.quote("\(event.message)"))\n"
-        Self.lock.lock()
+        Self.write(line)
+    }
+
+    static func write(_ line: String) {
+        lock.lock()
         FileHandle.standardError.write(Data(line.utf8))
-        Self.lock.unlock()
+        lock.unlock()
     }
 
     static func quote(_ s: String) -> String {
