@@ -4,6 +4,7 @@
 #   make test    install what is missing, build, run every test (what .ci/run does)
 #   make bench   the benchmarks (release build)
 #   make install binaries, unit, catalog, sysusers/tmpfiles snippets (PREFIX=/usr/local)
+#   make install-files   the same without building, from BINARIES (the systemd tests install their debug build)
 
 SWIFT ?= swift
 PREFIX ?= /usr/local
@@ -11,12 +12,13 @@ SPOOL ?= ./spool
 # Debian packages the build and the tests need.
 APT_PACKAGES = pkg-config libpng-dev libjpeg-dev libcurl4-openssl-dev libsystemd-dev systemd
 
-.PHONY: run test deps build release bench install clean
+.PHONY: run test deps build release bench install install-files clean
 
 UNITDIR ?= /etc/systemd/system
 SYSUSERSDIR ?= /etc/sysusers.d
 TMPFILESDIR ?= /etc/tmpfiles.d
 CATALOGDIR ?= /usr/lib/systemd/catalog
+BINARIES ?= .build/release
 
 deps:
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -39,9 +41,11 @@ test: deps
 bench: release
 	.build/release/opqueue-bench engine
 
-install: release
+install: release install-files
+
+install-files:
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(UNITDIR) $(DESTDIR)$(SYSUSERSDIR) $(DESTDIR)$(TMPFILESDIR) $(DESTDIR)$(CATALOGDIR)
-	install -m 0755 .build/release/opqueued .build/release/opqueuectl $(DESTDIR)$(PREFIX)/bin/
+	install -m 0755 $(BINARIES)/opqueued $(BINARIES)/opqueuectl $(DESTDIR)$(PREFIX)/bin/
 	sed 's|@BINDIR@|$(PREFIX)/bin|' systemd/opqueued.service > $(DESTDIR)$(UNITDIR)/opqueued.service
 	install -m 0644 systemd/opqueued.sysusers $(DESTDIR)$(SYSUSERSDIR)/opqueued.conf
 	install -m 0644 systemd/opqueued.tmpfiles $(DESTDIR)$(TMPFILESDIR)/opqueued.conf

@@ -1,0 +1,168 @@
+// The installed service under a real systemd, booted as PID 1 of its own PID and mount namespace
+// (the recipe in the task's notes): make install, start, a job through the inbox, the unit's journal,
+// reload, SIGKILL and the restart, watchdog pings, stop, and the exposure score.
+//
+// The namespace gets its own /run, /tmp and /var/tmp (tmpfs): without them systemd's boot-time clean-up
+// would empty the machine's real /tmp. /etc, /usr/local and /var/spool are the machine's: this test
+// installs opqueued for real, as `make install` does.
+
+import Daemon
+import Foundation
+import Testing
+
+/// A systemd booted in a namespace; commands run inside it through nsenter.
+final class BootedSystemd {
+    let pid: Int32
+    private let unshare: Process
+
+    init() throws {
+        unshare = Process()
+        unshare.executableURL = URL(fileURLWithPath: "/usr/bin/unshare")
+        unshare.arguments = ["--pid", "--fork", "--mount", "--mount-proc", "--propagation", "private", "sh", "-c",
+                             "mount -t tmpfs tmpfs /run; mount -t tmpfs tmpfs /tmp; mount -t tmpfs tmpfs /var/tmp; mkdir -p /run/systemd; exec /lib/systemd/systemd --system --unit=basic.target"]
+        unshare.standardInput = FileHandle.nullDevice
+        unshare.standardOutput = FileHandle.nullDevice
+        unshare.standardError = FileHandle.nullDevice
+        try unshare.run()
+        // systemd is unshare's only child: PID 1 inside, `pid` outside.
+        var found: Int32?
+        let deadline = Date().addingTimeInterval(10)
+        while found == nil && Date() < deadline {
+            usleep(50_000)
+            let children = (try? String(contentsOfFile: "/proc/\(unshare.processIdentifier)/task/\(unshare.processIdentifier)/children", encoding: .utf8)) ?? ""
+            found = children.split(separator: " ").first.flatMap { Int32($0) }
+        }
+        guard let found else { unshare.terminate(); throw TestFailure("systemd did not start under unshare") }
+        pid = found
+        var state = ""
+        let running = Date().addingTimeInterval(30)
+        while !["running", "degraded"].contains(state) && Date() < running {
+            usleep(200_000)
+            state = (try? self.run("systemctl", "is-system-running"))?.stdout.trimmingCharacters(in: .whitespacesAndNewlines) ?? ""
+        }
+        guard ["running", "degraded"].contains(state) else { shutdown(); throw TestFailure("systemd did not boot: is-system-running says '\(state)'") }
+    }
+
+    /// Runs a command inside the namespaces, from the repository's folder.
+    @discardableResult
+    func run(_ command: String, _ arguments: String..., timeout: Double = 60) throws -> Run {
+        try DaemonTests.run("/usr/bin/nsenter", ["-t", "\(pid)", "-m", "-p", "--wd=\(repositoryRoot)", command] + arguments, timeout: timeout)
+    }
+
+    func property(_ unit: String, _ name: String) throws -> String {
+        try run("systemctl", "show", "-P", name, unit).stdout.trimmingCharacters(in: .whitespacesAndNewlines)
+    }
+
+    /// Waits until `condition` holds, polling; false when it never did.
+    func eventually(_ seconds: Double = 15, _ condition: () throws -> Bool) rethrows -> Bool {
+        let deadline = Date().addingTimeInterval(seconds)
+        repeat {
+            if try condition() { return true }
+            usleep(100_000)
+        } while Date() < deadline
+        return false
+    }
+
+    /// SIGKILL to PID 1 of the namespace ends every process in it.
+    func shutdown() {
+        kill(pid, SIGKILL)
+        unshare.waitUntilExit()
+    }
+}
+
+@Suite(.serialized) struct SystemdTests {
+    static let spool = "/var/spool/opqueued"
+
+    @Test func installedServiceBehavesAsAWellMadeDaemon() throws {
+        let systemd = try BootedSystemd()
+        defer { systemd.shutdown() }
+        let unit = "opqueued.service"
+
+        // Installed with the project's own `make install` (from the debug build the tests already have).
+        let install = try systemd.run("make", "install-files", "BINARIES=.build/debug", timeout: 120)
+        try #require(install.status == 0, "make install: \(install.stderr)")
+        #expect(try systemd.run("getent", "passwd", "opqueued").status == 0, "sysusers made the opqueued user")
+        let inbox = try FileManager.default.attributesOfItem(atPath: Self.spool + "/inbox")
+        #expect((inbox[.posixPermissions] as? Int) == 0o1770, "tmpfiles made the inbox sticky and group-writable")
+
+        // Start: Type=notify, so `start` returns once READY=1 arrived; STATUS= is live.
+        let start = try systemd.run("systemctl", "start", unit)
+        let startLog = start.status == 0 ? "" : try systemd.run("journalctl", "-u", unit, "--no-pager").stdout
+        try #require(start.status == 0, "systemctl start: \(start.stderr)\n\(startLog)")
+        #expect(try systemd.property(unit, "ActiveState") == "active")
+        #expect(try systemd.property(unit, "User") == "opqueued")
+        #expect(try systemd.eventually { try systemd.property(unit, "StatusText").hasPrefix("jobs active ") })
+
+        // A job through the inbox, written elsewhere and renamed in, as a submitter does.
+        let job = "systemd-" + UUID().uuidString.prefix(8).lowercased()
+        let manifest = plist(["job": job, "operations": [sleepOp("a", 0), sleepOp("b", 0, deps: ["a"])]])
+        try manifest.write(to: URL(fileURLWithPath: "\(Self.spool)/inbox/.\(job).plist"))
+        #expect(rename("\(Self.spool)/inbox/.\(job).plist", "\(Self.spool)/inbox/\(job).plist") == 0)
+        let resultPath = "\(Self.spool)/outbox/\(job)/result.plist"
+        #expect(systemd.eventually { FileManager.default.fileExists(atPath: resultPath) }, "the job reached the outbox")
+        let result = try PropertyListSerialization.propertyList(from: Data(contentsOf: URL(fileURLWithPath: resultPath)), format: nil) as? [String: Any]
+        #expect(result?["status"] as? String == "succeeded")
+        let owner = try FileManager.default.attributesOfItem(atPath: "\(Self.spool)/outbox/\(job)")[.ownerAccountName] as? String
+        #expect(owner == "opqueued", "the service runs as opqueued")
+
+        // The unit's journal tells each operation's story with the OPQ_* fields.
+        var states: [String: [String]] = [:]
+        #expect(try systemd.eventually {
+            let out = try systemd.run("journalctl", "-u", unit, "OPQ_JOB=\(job)", "-o", "json", "--no-pager").stdout
+            states = [:]
+            for line in out.split(separator: "\n") {
+                guard let entry = try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any],
+                      let op = entry["OPQ_OPERATION"] as? String, let state = entry["OPQ_STATE"] as? String else { continue }
+                states[op, default: []].append(state)
+            }
+            return states.count == 2
+        })
+        for op in ["a", "b"] { #expect(states[op] == ["pending", "ready", "executing", "succeeded"], "\(op)") }
+
+        // The control socket answers the owner's side (root here) through opqueuectl.
+        #expect(try systemd.run("opqueuectl", "--spool", Self.spool, "status").stdout.contains("jobs active: 0"))
+
+        // Reload: RELOADING=1 … READY=1 around the SIGHUP; the service stays up with the same process.
+        let pidBefore = try systemd.property(unit, "MainPID")
+        let reload = try systemd.run("systemctl", "reload", unit)
+        #expect(reload.status == 0, "systemctl reload: \(reload.stderr)")
+        #expect(try systemd.property(unit, "MainPID") == pidBefore)
+        #expect(try systemd.eventually {
+            try systemd.run("journalctl", "-u", unit, "OPQ_EVENT=daemon", "OPQ_STATE=reloading", "--no-pager", "-q").stdout.contains("reload")
+        })
+
+        // SIGKILL: Restart=on-failure brings it back as a new process, ready again.
+        #expect(try systemd.run("systemctl", "kill", "-s", "KILL", unit).status == 0)
+        #expect(try systemd.eventually {
+            try systemd.property(unit, "NRestarts") == "1" && systemd.property(unit, "ActiveState") == "active"
+        }, "restarted after SIGKILL")
+        #expect(try systemd.property(unit, "MainPID") != pidBefore)
+
+        // Watchdog: with a 2 s WatchdogSec the service must keep pinging, or systemd would kill it.
+        try systemd.run("mkdir", "-p", "/run/systemd/system/\(unit).d")
+        try Data("[Service]\nWatchdogSec=2\n".utf8).write(to: URL(fileURLWithPath: "/proc/\(systemd.pid)/root/run/systemd/system/\(unit).d/watchdog.conf"))
+        try systemd.run("systemctl", "daemon-reload")
+        #expect(try systemd.run("systemctl", "restart", unit).status == 0)
+        let restarts = try systemd.property(unit, "NRestarts")
+        sleep(5)
+        #expect(try systemd.property(unit, "ActiveState") == "active")
+        #expect(try systemd.property(unit, "NRestarts") == restarts, "no watchdog timeout in 5 s at WatchdogSec=2")
+
+        // Stop: a clean exit, inactive and not failed.
+        #expect(try systemd.run("systemctl", "stop", unit).status == 0)
+        #expect(try systemd.property(unit, "ActiveState") == "inactive")
+        #expect(try systemd.property(unit, "Result") == "success")
+
+        // Hardening, as loaded, and offline on the shipped file.
+        #expect(try exposure(systemd.run("systemd-analyze", "security", unit).stdout).map { $0 <= 1.5 } == true)
+        let offline = try systemd.run("systemd-analyze", "security", "--offline=true", "/etc/systemd/system/\(unit)")
+        #expect(exposure(offline.stdout).map { $0 <= 1.5 } == true, "\(offline.stdout.suffix(200))")
+    }
+
+    /// "→ Overall exposure level for opqueued.service: 1.2 OK"
+    func exposure(_ text: String) -> Double? {
+        guard let line = text.split(separator: "\n").last(where: { $0.contains("Overall exposure level") }),
+              let value = line.split(separator: ":").last?.split(separator: " ").first else { return nil }
+        return Double(value)
+    }
+}
