@@ -29,6 +29,8 @@ let package = Package(
                 "CSystemd",
                 "CShims",
                 .product(name: "Logging", package: "swift-log"),
+                .product(name: "DequeModule", package: "swift-collections"),
+                .product(name: "HeapModule", package: "swift-collections"),
             ]
         ),
         // The scheduler: no spool, no plists, no C codecs. Embeddable and tested on its own.
@@ -59,7 +61,7 @@ let package = Package(
         ),
         .executableTarget(
             name: "opqueue-bench",
-            dependencies: ["OperationEngine"],
+            dependencies: ["OperationEngine", "Daemon"],
             path: "Benchmarks/opqueue-bench"
         ),
         .testTarget(name: "OperationEngineTests", dependencies: ["OperationEngine"]),

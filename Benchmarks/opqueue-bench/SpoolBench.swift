@@ -6,6 +6,7 @@
 //                    (full durability; journald logging when a journal socket exists, else console to /dev/null)
 //   waiting RSS      the daemon's peak RSS with N manifests waiting in the inbox (its queue suspended)
 
+import Daemon
 import Foundation
 
 #if canImport(Glibc)
@@ -28,7 +29,7 @@ enum SpoolBench {
         let process = Process()
         let exe = (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0]
         process.executableURL = URL(fileURLWithPath: (exe as NSString).deletingLastPathComponent + "/opqueued")
-        let target = FileManager.default.fileExists(atPath: "/run/systemd/journal/socket") ? "journal" : "console"
+        let target = journalIsListening() ? "journal" : "console"
         process.arguments = ["--spool", spool, "--log-target", target] + extra
         process.standardError = FileHandle.nullDevice
         try? process.run()
@@ -40,7 +41,17 @@ enum SpoolBench {
         usleep(100_000)
     }
 
-    static func count(_ folder: String) -> Int { ((try? FileManager.default.contentsOfDirectory(atPath: folder)) ?? []).count }
+    /// Entries in a folder, counted without building names (the throughput loop polls the outbox).
+    static func count(_ folder: String) -> Int {
+        guard let dir = opendir(folder) else { return 0 }
+        defer { closedir(dir) }
+        var n = 0
+        while let entry = readdir(dir) {
+            // Not ".", "..", nor the daemon's own files (active/.progress.log).
+            if withUnsafeBytes(of: entry.pointee.d_name, { $0[0] }) != 0x2E { n += 1 }
+        }
+        return n
+    }
 
     static func peakRSS(_ pid: Int32) -> Double {
         guard let status = try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8),
@@ -72,8 +83,15 @@ enum SpoolBench {
             while !seen {
                 let got = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
                 if got <= 0 { break }
-                // The claim renames the file out of the inbox; our own rename of the hidden file is MOVED_FROM too.
-                seen = String(decoding: buffer[16..<min(got, 16 + name.utf8.count + 16)], as: UTF8.self).hasPrefix(name)
+                // One read may hold several events: our own rename of the hidden file (MOVED_FROM too)
+                // and the daemon's claim, which renames the file out of the inbox.
+                var offset = 0
+                while offset + 16 <= got {
+                    let length = buffer[offset + 12..<offset + 16].reversed().reduce(0) { $0 << 8 | Int($1) }
+                    let nameBytes = buffer[offset + 16..<min(got, offset + 16 + length)].prefix { $0 != 0 }
+                    if String(decoding: nameBytes, as: UTF8.self) == name { seen = true }
+                    offset += 16 + length
+                }
             }
             latencies.append(now() - start)
             usleep(5_000)
@@ -91,7 +109,7 @@ enum SpoolBench {
         for i in 0..<n { drop(spool2 + "/inbox", "t\(i).plist") }
         let start = now()
         let d2 = daemon(spool2, [])
-        while count(spool2 + "/outbox") < n && d2.isRunning { usleep(20_000) }
+        while count(spool2 + "/outbox") < n && d2.isRunning { usleep(50_000) }
         let seconds = now() - start
         let rss2 = peakRSS(d2.processIdentifier)
         d2.terminate()

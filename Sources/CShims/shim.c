@@ -37,3 +37,5 @@ int opq_get_thread_nice(void) {
 }
 
 int opq_thread_is_idle(void) { return sched_getscheduler(opq_gettid()) == SCHED_IDLE; }
+
+int opq_syncfs(int fd) { return syncfs(fd) == 0 ? 0 : -errno; }

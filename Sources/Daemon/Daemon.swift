@@ -2,9 +2,12 @@
 //
 // Strategy: spool changes (claims, publications) run on one serial dispatch queue, in order; the
 // engine runs operations on its own threads; the engine's event batches (one delivery thread) are
-// turned into journal entries and durable progress records. Job tables are behind one lock.
+// turned into journal entries and progress records. Job tables are behind one lock.
 // At most `maxActiveJobs` jobs are claimed at once; the rest waits in the inbox (bounded memory).
+// Durability is by group commit (see Spool): claims made together, progress lines of one event batch,
+// and publications waiting together each cost one commit, made before anything is announced.
 
+import DequeModule
 import Foundation
 import Logging
 import OperationEngine
@@ -42,6 +45,34 @@ public final class Daemon: @unchecked Sendable {
     private var stopping = false
     private var onceNames: Set<String>?
     private var finishedWaiters: [@Sendable () -> Void] = []
+    /// Inbox names from the last scan not yet tried, oldest first (on `work`).
+    private var inboxQueue = Deque<String>()
+    private var lastRefill = 0.0
+    private var rescanRequested = false
+    /// Manifests waiting in the inbox at the last scan, less those claimed since (for status).
+    private var waiting = 0
+    /// Jobs whose outbox entries are to be published together (on `work`).
+    private var publications: [Publication] = []
+
+    struct Publication {
+        let job: RunningJob
+        let status: String
+        let error: String?
+        let records: [OperationRecord]
+    }
+
+    /// Progress lines written / known committed (under `lock`), and whether a commit is scheduled.
+    private var progressWritten = 0
+    private var progressCommitted = 0
+    private var progressCommitScheduled = false
+    /// Progress lines are committed with the next claim or publication commit, or after this delay at
+    /// the latest: until then a crash only makes those operations run again (at least once, never lost).
+    static let progressCommitDelay = 0.05
+
+    /// At most this many names are kept from one inbox scan; the rest is read at the next.
+    static let scanBatch = 4096
+    /// While jobs keep the daemon busy, the inbox is read again at most this often.
+    static let rescanInterval = 2.0
 
     /// Claims and publications, in order.
     let work = DispatchQueue(label: "opqueued.spool")
@@ -73,13 +104,20 @@ public final class Daemon: @unchecked Sendable {
     /// Resumes what a previous run left in active/, then claims from the inbox.
     public func start() {
         work.sync {
-            let (recovered, problems) = spool.recover()
+            let recovered: [ClaimedJob], problems: [String]
+            do {
+                (recovered, problems) = try spool.recover()
+            } catch {
+                // Without a progress log, successes could not be recorded: say so; jobs still run.
+                logger.error("the progress log cannot be written: \(error); operations that succeed may run again after a restart")
+                (recovered, problems) = ([], [])
+            }
             for problem in problems { logger.error("\(problem)") }
             for claimed in recovered { accept(claimed, resumed: true) }
             if once {
                 lock.lock()
                 // Only what is there now; a file that cannot be claimed is not waited for.
-                onceNames = Set(spool.candidates(limit: Int.max).filter { spool.age(of: $0, now: 0) != nil })
+                onceNames = Set(spool.scanInbox(limit: Int.max).manifests.filter { spool.age(of: $0, now: 0) != nil })
                 lock.unlock()
             }
         }
@@ -91,6 +129,7 @@ public final class Daemon: @unchecked Sendable {
             lock.lock()
             closedHints.formUnion(hints)
             lock.unlock()
+            rescanRequested = true
             claimMore()
         }
     }
@@ -101,7 +140,20 @@ public final class Daemon: @unchecked Sendable {
         return jobs.count
     }
 
-    /// On `work`: claims while there is room.
+    /// On `work`: reads the inbox again, keeping the oldest names.
+    private func refill() {
+        let scan = spool.scanInbox(limit: Self.scanBatch)
+        inboxQueue = Deque(scan.manifests)
+        lastRefill = Date().timeIntervalSince1970
+        rescanRequested = false
+        lock.lock()
+        waiting = scan.waiting
+        let fresh = scan.strangers.filter { strangersLogged.insert($0).inserted }
+        lock.unlock()
+        for stranger in fresh { logger.notice("inbox/\(stranger) is not a manifest (*.plist) and is left alone") }
+    }
+
+    /// On `work`: claims while there is room, then commits the claims together and accepts them.
     private func claimMore() {
         lock.lock()
         let room = configuration.maxActiveJobs - jobs.count
@@ -109,15 +161,11 @@ public final class Daemon: @unchecked Sendable {
         let onlyThese = onceNames
         lock.unlock()
         guard room > 0, !isStopping else { return }
-        for stranger in spool.strangers() {
-            lock.lock()
-            let fresh = strangersLogged.insert(stranger).inserted
-            lock.unlock()
-            if fresh { logger.notice("inbox/\(stranger) is not a manifest (*.plist) and is left alone") }
-        }
         let now = Date().timeIntervalSince1970
-        var claimed = 0
-        for name in spool.candidates(limit: room + 64) where claimed < room {
+        if inboxQueue.isEmpty || (rescanRequested && now - lastRefill >= Self.rescanInterval) { refill() }
+        var claimed: [ClaimedJob] = []
+        var settling: [String] = []
+        while claimed.count < room, let name = inboxQueue.popFirst() {
             if let onlyThese, !onlyThese.contains(name) { continue }
             if onlyThese != nil { lock.withLock { _ = onceNames?.remove(name) } }
             lock.lock()
@@ -125,17 +173,13 @@ public final class Daemon: @unchecked Sendable {
             lock.unlock()
             if !hinted && onlyThese == nil {
                 guard let age = spool.age(of: name, now: now) else { continue }
-                if age < Self.settleSeconds {
-                    // Not announced by inotify and still fresh: look again once it has settled.
-                    work.asyncAfter(deadline: .now() + Self.settleSeconds) { [self] in claimMore() }
-                    continue
-                }
+                // Not announced by inotify and still fresh: it may be being written in place.
+                if age < Self.settleSeconds { settling.append(name); continue }
             }
             do {
                 switch try spool.claim(name, requestedJob: Manifest.requestedJob(in:), now: Date().timeIntervalSince1970) {
                 case .claimed(let job):
-                    claimed += 1
-                    accept(job, resumed: false)
+                    claimed.append(job)
                 case .vanished:
                     continue
                 case .skipped(let reason):
@@ -146,8 +190,23 @@ public final class Daemon: @unchecked Sendable {
                 }
             } catch {
                 logger.error("claiming inbox/\(name) failed: \(error); it stays in the inbox")
-                return
+                break
             }
+        }
+        if !settling.isEmpty {
+            work.asyncAfter(deadline: .now() + Self.settleSeconds) { [self, settling] in
+                inboxQueue.append(contentsOf: settling)
+                claimMore()
+            }
+        }
+        if !claimed.isEmpty {
+            do {
+                try commit()
+            } catch {
+                logger.error("committing \(claimed.count) claims failed: \(error); they run, and are recovered from active/ after a restart if the disk kept them")
+            }
+            lock.withLock { waiting = max(0, waiting - claimed.count) }
+            for job in claimed { accept(job, resumed: false) }
         }
         checkOnceDone()
     }
@@ -174,7 +233,7 @@ public final class Daemon: @unchecked Sendable {
             job.rejection = problems
             event(.error, "job \(claimed.id) rejected: \(problems.joined(separator: "; "))",
                   ["OPQ_EVENT": "job", "OPQ_STATE": "rejected", "OPQ_JOB": claimed.id, "OPQ_STATUS": "rejected", "OPQ_ERROR": problems.joined(separator: "\n")])
-            publish(job, status: "rejected", error: problems.joined(separator: "\n"), records: [])
+            enqueuePublication(Publication(job: job, status: "rejected", error: problems.joined(separator: "\n"), records: []))
             return
         }
         var graph = GraphBuilder()
@@ -205,7 +264,7 @@ public final class Daemon: @unchecked Sendable {
             job.rejection = error.problems
             event(.error, "job \(claimed.id) rejected: \(error.problems.joined(separator: "; "))",
                   ["OPQ_EVENT": "job", "OPQ_STATE": "rejected", "OPQ_JOB": claimed.id, "OPQ_STATUS": "rejected", "OPQ_ERROR": error.description])
-            publish(job, status: "rejected", error: error.description, records: [])
+            enqueuePublication(Publication(job: job, status: "rejected", error: error.description, records: []))
         }
     }
 
@@ -213,6 +272,8 @@ public final class Daemon: @unchecked Sendable {
 
     /// On the engine's delivery thread: journal entries, durable progress, job ends.
     fileprivate func deliver(_ events: [EngineEvent]) {
+        var progressRecorded = 0
+        defer { if progressRecorded > 0 { progressWasRecorded(progressRecorded) } }
         for engineEvent in events {
             switch engineEvent {
             case .transition(let t):
@@ -220,7 +281,7 @@ public final class Daemon: @unchecked Sendable {
                 let job = byGroup[t.group]
                 lock.unlock()
                 guard let job, let plan = job.plan, t.operation < plan.operations.count, !job.recovered.contains(t.operation) else { continue }
-                logTransition(t, job: job, operation: plan.operations[t.operation])
+                if logTransition(t, job: job, operation: plan.operations[t.operation]) { progressRecorded += 1 }
             case .groupFinished(let group):
                 lock.lock()
                 let job = byGroup[group]
@@ -231,7 +292,35 @@ public final class Daemon: @unchecked Sendable {
         }
     }
 
-    private func logTransition(_ t: Transition, job: RunningJob, operation: OperationPlan) {
+    /// Returns whether a progress line was written (to be committed with the batch).
+    /// Progress lines were written: make sure a commit covers them soon.
+    private func progressWasRecorded(_ lines: Int) {
+        lock.lock()
+        progressWritten += lines
+        let schedule = !progressCommitScheduled
+        progressCommitScheduled = true
+        lock.unlock()
+        guard schedule else { return }
+        work.asyncAfter(deadline: .now() + Self.progressCommitDelay) { [self] in
+            lock.lock()
+            progressCommitScheduled = false
+            let pending = progressWritten > progressCommitted
+            lock.unlock()
+            if pending {
+                do { try commit() } catch { logger.error("committing progress failed: \(error); operations that succeeded may run again after a restart") }
+            }
+        }
+    }
+
+    /// One group commit of the spool; it also covers every progress line written before it.
+    private func commit() throws {
+        let written = lock.withLock { progressWritten }
+        try spool.commit()
+        lock.withLock { progressCommitted = max(progressCommitted, written) }
+    }
+
+    private func logTransition(_ t: Transition, job: RunningJob, operation: OperationPlan) -> Bool {
+        var recorded = false
         var fields: [String: String] = [
             "OPQ_EVENT": "operation", "OPQ_STATE": t.state.name, "OPQ_JOB": job.id, "OPQ_OPERATION": operation.id,
             "OPQ_KIND": operation.kind.rawValue, "OPQ_QUEUE": operation.queue, "OPQ_QOS": t.qualityOfService.name,
@@ -248,6 +337,7 @@ public final class Daemon: @unchecked Sendable {
                 if t.state == .succeeded, let started = record.startedAt {
                     do {
                         try spool.recordSuccess(job: job.id, operation: operation.id, record: DoneRecord(startedAt: started, finishedAt: t.time, attempts: record.attempts))
+                        recorded = true
                     } catch {
                         logger.error("recording the success of \(job.id)/\(operation.id) failed: \(error); it will run again after a restart")
                     }
@@ -262,11 +352,12 @@ public final class Daemon: @unchecked Sendable {
         }
         if let error = t.error { message += ": \(error)" }
         event(level, message, fields)
+        return recorded
     }
 
     // MARK: Ends
 
-    /// On `work`: a job's graph has finished; publish its outbox entry.
+    /// On `work`: a job's graph has finished; its outbox entry is published with the next batch.
     private func finish(_ job: RunningJob) {
         guard let group = job.group, let records = engine.records(group) else { return }
         var status = "succeeded"
@@ -276,22 +367,97 @@ public final class Daemon: @unchecked Sendable {
             if r.state != .succeeded { errors.append("\(r.name): \(r.error ?? r.state.name)") }
         }
         if status != "failed" && records.contains(where: { $0.state == .cancelled }) { status = "cancelled" }
-        publish(job, status: status, error: errors.isEmpty ? nil : errors.joined(separator: "\n"), records: records)
-        engine.release(group)
+        enqueuePublication(Publication(job: job, status: status, error: errors.isEmpty ? nil : errors.joined(separator: "\n"), records: records))
     }
 
-    private func publish(_ job: RunningJob, status: String, error: String?, records: [OperationRecord]) {
+    /// On `work`: the first publication of a batch schedules the batch; later ones join it.
+    private func enqueuePublication(_ publication: Publication) {
+        publications.append(publication)
+        if publications.count == 1 { work.async { [self] in publishPending() } }
+    }
+
+    /// On `work`: write every pending result.plist, commit, move the entries to the outbox, commit,
+    /// then announce them.
+    private func publishPending() {
+        let batch = publications
+        publications = []
+        guard !batch.isEmpty else { return }
         let now = Date().timeIntervalSince1970
+        var staged: [(publication: Publication, firstStart: Double?)] = []
+        for publication in batch {
+            let (result, firstStart) = resultPlist(publication, now: now)
+            do {
+                try spool.stage(job: publication.job.id, result: PropertyListSerialization.data(fromPropertyList: result, format: .xml, options: 0))
+                staged.append((publication, firstStart))
+            } catch {
+                abandon(publication.job, error)
+            }
+        }
+        var placed: [(publication: Publication, firstStart: Double?)] = []
+        do {
+            try commit()
+            for entry in staged {
+                do {
+                    try spool.place(job: entry.publication.job.id)
+                    placed.append(entry)
+                } catch {
+                    abandon(entry.publication.job, error)
+                }
+            }
+            try commit()
+        } catch {
+            // Not known to be durable: nothing is announced; what is still in active/ is published at the next start.
+            for entry in staged { abandon(entry.publication.job, error) }
+            return
+        }
+        for (publication, firstStart) in placed {
+            let job = publication.job
+            var fields = ["OPQ_EVENT": "job", "OPQ_STATE": "finished", "OPQ_JOB": job.id, "OPQ_STATUS": publication.status]
+            if let firstStart { fields["OPQ_DURATION_USEC"] = String(Int64(((now - firstStart) * 1e6).rounded())) }
+            if let error = publication.error { fields["OPQ_ERROR"] = error }
+            if publication.status != "rejected" {
+                event(publication.status == "succeeded" ? .info : publication.status == "failed" ? .error : .warning,
+                      "job \(job.id) finished: \(publication.status)", fields)
+            }
+            lock.lock()
+            jobs[job.id] = nil
+            if let g = job.group { byGroup[g] = nil }
+            lock.unlock()
+            if let g = job.group { engine.release(g) }
+        }
+        do {
+            try spool.compactProgressIfLarge(active: lock.withLock { Set(jobs.keys) })
+        } catch {
+            logger.error("rewriting the progress log failed: \(error); it keeps growing until the next start")
+        }
+        checkOnceDone()
+        claimMore()
+    }
+
+    /// A job whose publication failed stays in active/ and is published at the next start.
+    private func abandon(_ job: RunningJob, _ error: any Error) {
+        logger.error("publishing outbox/\(job.id) failed: \(error); the job stays in active/ and is retried at the next start")
+        lock.lock()
+        jobs[job.id] = nil
+        if let g = job.group { byGroup[g] = nil }
+        lock.unlock()
+        if let g = job.group { engine.release(g) }
+    }
+
+    /// result.plist (SPEC §5), and when the first operation started.
+    private func resultPlist(_ publication: Publication, now: Double) -> ([String: Any], Double?) {
+        let job = publication.job
         var result: [String: Any] = [
-            "job": job.id, "manifest": job.claimed.manifestName, "status": status, "receivedAt": micro(job.claimed.receivedAt), "finishedAt": micro(now),
+            "job": job.id, "manifest": job.claimed.manifestName, "status": publication.status,
+            "receivedAt": micro(job.claimed.receivedAt), "finishedAt": micro(now),
         ]
         if let requested = job.claimed.requestedJob { result["requestedJob"] = requested }
-        if let error { result["error"] = error }
+        if let error = publication.error { result["error"] = error }
         if let metadata = job.plan?.metadata, let value = try? PropertyListSerialization.propertyList(from: metadata, format: nil) { result["metadata"] = value }
         var operations: [[String: Any]] = []
         var firstStart: Double?
         if let plan = job.plan {
-            for (i, record) in records.enumerated() where i < plan.operations.count {
+            for (i, record) in publication.records.enumerated() where i < plan.operations.count {
                 let op = plan.operations[i]
                 var entry: [String: Any] = [
                     "id": op.id, "kind": op.kind.rawValue, "queue": op.queue, "qualityOfService": record.qualityOfService.name,
@@ -312,29 +478,7 @@ public final class Daemon: @unchecked Sendable {
             result["startedAt"] = micro(firstStart)
             result["durationSeconds"] = micro(now - firstStart)
         }
-        do {
-            let data = try PropertyListSerialization.data(fromPropertyList: result, format: .xml, options: 0)
-            try spool.publish(job: job.id, manifest: job.claimed.manifest, result: data)
-        } catch {
-            logger.error("publishing outbox/\(job.id) failed: \(error); the job stays in active/ and is retried at the next start")
-            lock.lock()
-            jobs[job.id] = nil
-            if let g = job.group { byGroup[g] = nil }
-            lock.unlock()
-            return
-        }
-        var fields = ["OPQ_EVENT": "job", "OPQ_STATE": "finished", "OPQ_JOB": job.id, "OPQ_STATUS": status]
-        if let firstStart { fields["OPQ_DURATION_USEC"] = String(Int64(((now - firstStart) * 1e6).rounded())) }
-        if let error { fields["OPQ_ERROR"] = error }
-        if status != "rejected" {
-            event(status == "succeeded" ? .info : status == "failed" ? .error : .warning, "job \(job.id) finished: \(status)", fields)
-        }
-        lock.lock()
-        jobs[job.id] = nil
-        if let g = job.group { byGroup[g] = nil }
-        lock.unlock()
-        checkOnceDone()
-        work.async { [self] in claimMore() }
+        return (result, firstStart)
     }
 
     private func checkOnceDone() {
@@ -394,7 +538,7 @@ public final class Daemon: @unchecked Sendable {
         }
         // Let publications of jobs that finished during the grace complete.
         try? await Task.sleep(for: .milliseconds(50))
-        work.sync {}
+        work.sync { publishPending() }
     }
 
     public func suspend(queue name: String, _ suspended: Bool) -> Bool {
@@ -441,7 +585,7 @@ public final class Daemon: @unchecked Sendable {
         lock.lock()
         let active = jobs.keys.sorted()
         lock.unlock()
-        return Status(activeJobs: active, waiting: spool.candidates(limit: 100_000).count, executing: engine.executingCount, queues: engine.queues())
+        return Status(activeJobs: active, waiting: lock.withLock { waiting }, executing: engine.executingCount, queues: engine.queues())
     }
 
     /// An active job's operations, for `show`.

@@ -1,19 +1,31 @@
 // The spool protocol (SPEC §2): work moves between folders by rename, and every step that matters
-// is on disk (fsync) before the next one, so a crash at any point loses nothing.
+// is on disk before the next one depends on it, so a crash at any point loses nothing.
 //
-//   claim     mkdir active/<job>/ (the id is taken) → write job.plist (inbox name, time; fsync)
-//             → rename inbox/<name> → active/<job>/manifest.plist → fsync both folders
-//   progress  active/<job>/done.log: one fsynced line per operation that succeeded
-//   publish   build tmp/<job>.<n>/ (manifest, result.plist, outputs hard-linked from active/<job>/out/),
-//             fsync files and folder → rename to outbox/<job> → fsync outbox/ → remove active/<job>/
+//   claim     mkdir active/<job>/ (the id is taken) → record the inbox name and time on it (an extended
+//             attribute, or job.plist where the file system has none) → rename inbox/<name> →
+//             active/<job>/manifest.plist
+//   progress  active/.progress.log: one line per operation that succeeded (job, operation, times, attempts),
+//             shared by all jobs; rewritten with only the active jobs' lines at start and when it grows large
+//   publish   active/<job>/ is assembled into the outbox entry: result.plist is written beside the manifest
+//             and the outputs → commit → rename active/<job> → outbox/<job> → commit
 //   recover   active/<job>/ without a manifest: never claimed, removed (the inbox file is still there);
-//             with an outbox/<job>: already published, removed; otherwise resumed. tmp/ is emptied.
+//             otherwise resumed, skipping the operations the progress log lists. tmp/ is emptied.
+//
+// Group commit: `commit()` is one syncfs(2) on the spool's file system (the spool is one mount), made
+// once per batch of claims, of progress lines or of publications rather than one fsync per file and
+// folder. On this kind of machine an fsync costs ~290 µs and a syncfs over 1,000 new files ~28 ms.
+// Nothing is announced (journal, outbox) before the commit that makes it durable.
+//
+// Few inodes: a job costs two new inodes (its folder and result.plist) and frees none. ext4 skips
+// inodes freed in the last ~30 s when it allocates, scanning past each one, so per-job files created
+// and deleted (a done.log, a staging folder, a copy of the manifest) made allocation the bottleneck.
 //
 // What it trusts: nothing in the inbox. Only regular files named *.plist (not starting with '.') are
 // claimed, opened without following symlinks.
 
 import CShims
 import Foundation
+import HeapModule
 
 #if canImport(Glibc)
 import Glibc
@@ -51,8 +63,15 @@ public final class Spool: @unchecked Sendable {
     public let active: String
     public let outbox: String
     public let tmp: String
-    private var publishCounter = 0
     private var lockFD: Int32 = -1
+    private var rootFD: Int32 = -1
+    /// active/.progress.log, open for appending; its lock also orders compaction against appends.
+    private var progressFD: Int32 = -1
+    private var progressBytes = 0
+    private let progressLock = NSLock()
+    var progressPath: String { active + "/.progress.log" }
+    /// The progress log is rewritten (keeping only active jobs' lines) once it is this large.
+    static let progressCompactionBytes = 32 << 20
 
     public init(root: String) throws {
         self.root = root
@@ -72,38 +91,56 @@ public final class Spool: @unchecked Sendable {
             close(lockFD)
             throw SpoolError(operation: "another opqueued holds the lock on", path: root + "/opqueued.lock", errno: EWOULDBLOCK)
         }
+        rootFD = open(root, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        guard rootFD >= 0 else { throw SpoolError(operation: "open", path: root, errno: errno) }
+    }
+
+    /// Makes everything written to the spool so far durable (one syncfs of its file system).
+    /// Where a claimed job's inbox name and reception time are kept: an extended attribute of active/<job>/.
+    static let jobAttribute = "user.opqueued.job"
+
+    public func commit() throws {
+        let result = opq_syncfs(rootFD)
+        guard result == 0 else { throw SpoolError(operation: "syncfs", path: root, errno: -result) }
     }
 
     // MARK: Inbox
 
-    /// Names in the inbox that may be claimed (`*.plist`, not starting with '.'), oldest name order.
-    /// At most `limit` names are returned: a scan stays cheap with thousands waiting.
-    public func candidates(limit: Int) -> [String] {
-        guard let dir = opendir(inbox) else { return [] }
-        defer { closedir(dir) }
-        var names: [String] = []
-        while let entry = readdir(dir) {
-            let name = withUnsafeBytes(of: entry.pointee.d_name) { raw in
-                String(decoding: raw.prefix { $0 != 0 }, as: UTF8.self)
-            }
-            guard !name.hasPrefix("."), name.hasSuffix(".plist") else { continue }
-            names.append(name)
-        }
-        names.sort()
-        return Array(names.prefix(limit))
+    public struct InboxScan {
+        /// Names that may be claimed (`*.plist`, not starting with '.'), in name order, at most the limit asked.
+        public var manifests: [String]
+        /// How many such names there were in all.
+        public var waiting: Int
+        /// Names that are not manifests (the daemon logs each once).
+        public var strangers: [String]
     }
 
-    /// Names in the inbox that are not manifests (logged once by the daemon).
-    public func strangers() -> [String] {
-        guard let dir = opendir(inbox) else { return [] }
+    /// One pass over the inbox. Non-UTF-8 names are skipped: they cannot be named in a result or a journal field.
+    public func scanInbox(limit: Int) -> InboxScan {
+        var scan = InboxScan(manifests: [], waiting: 0, strangers: [])
+        guard let dir = opendir(inbox) else { return scan }
         defer { closedir(dir) }
-        var names: [String] = []
         while let entry = readdir(dir) {
-            let name = withUnsafeBytes(of: entry.pointee.d_name) { String(decoding: $0.prefix { $0 != 0 }, as: UTF8.self) }
-            if name.hasPrefix(".") || name.hasSuffix(".plist") { continue }
-            names.append(name)
+            let name = withUnsafeBytes(of: entry.pointee.d_name) { String(validating: $0.prefix { $0 != 0 }, as: UTF8.self) }
+            guard let name, !name.hasPrefix(".") else { continue }
+            if name.hasSuffix(".plist") {
+                scan.manifests.append(name)
+            } else {
+                scan.strangers.append(name)
+            }
         }
-        return names
+        scan.waiting = scan.manifests.count
+        if scan.manifests.count > limit {
+            // The oldest names, without sorting them all.
+            var heap = Heap<String>()
+            for name in scan.manifests {
+                heap.insert(name)
+                if heap.count > limit { _ = heap.popMax() }
+            }
+            scan.manifests = heap.unordered
+        }
+        scan.manifests.sort()
+        return scan
     }
 
     /// Seconds since the file was last modified, or nil if it is not a regular file.
@@ -122,7 +159,7 @@ public final class Spool: @unchecked Sendable {
     }
 
     /// Claims one inbox file: its job id is its `job` key if valid, else its file name; a collision
-    /// with active/ or outbox/ appends `.1`, `.2`, …
+    /// with active/ or outbox/ appends `.1`, `.2`, … Durable at the next `commit()`.
     public func claim(_ name: String, requestedJob: (Data) -> String?, now: Double) throws -> ClaimOutcome {
         let source = inbox + "/" + name
         let data: Data
@@ -150,7 +187,10 @@ public final class Spool: @unchecked Sendable {
         var info: [String: Any] = ["manifest": name, "receivedAt": now]
         if id != wanted { info["requestedJob"] = wanted }
         do {
-            try writeDurably(PropertyListSerialization.data(fromPropertyList: info, format: .binary, options: 0), to: dir + "/job.plist")
+            let record = try PropertyListSerialization.data(fromPropertyList: info, format: .binary, options: 0)
+            // An attribute costs no inode: creating and deleting many small files is what ext4 does slowest.
+            let set = record.withUnsafeBytes { setxattr(dir, Self.jobAttribute, $0.baseAddress, $0.count, 0) }
+            if set != 0 { try writeFile(record, to: dir + "/job.plist") }
         } catch {
             removeTree(dir)
             throw error
@@ -161,23 +201,21 @@ public final class Spool: @unchecked Sendable {
             if e == ENOENT { return .vanished }
             throw SpoolError(operation: "rename", path: source, errno: e)
         }
-        try syncDirectory(dir)
-        try syncDirectory(inbox)
-        try syncDirectory(active)
         return .claimed(ClaimedJob(id: id, requestedJob: id != wanted ? wanted : nil, manifestName: name, receivedAt: now, manifest: data, done: [:]))
     }
 
     // MARK: Recovery
 
-    /// Jobs left in active/ by a previous run, ready to resume; cleans what was half done.
-    public func recover() -> (jobs: [ClaimedJob], problems: [String]) {
+    /// Jobs left in active/ by a previous run, ready to resume; cleans what was half done and starts a
+    /// fresh progress log holding only their lines.
+    public func recover() throws -> (jobs: [ClaimedJob], problems: [String]) {
         var problems: [String] = []
         for name in (try? FileManager.default.contentsOfDirectory(atPath: tmp)) ?? [] { removeTree(tmp + "/" + name) }
+        let progress = readProgress()
         var jobs: [ClaimedJob] = []
-        for id in ((try? FileManager.default.contentsOfDirectory(atPath: active)) ?? []).sorted() {
+        for id in ((try? FileManager.default.contentsOfDirectory(atPath: active)) ?? []).sorted() where !id.hasPrefix(".") {
             let dir = active + "/" + id
             guard access(dir + "/manifest.plist", F_OK) == 0 else { removeTree(dir); continue }
-            if access(outbox + "/" + id, F_OK) == 0 { removeTree(dir); continue }
             guard case .success(let manifest) = readRegularFile(dir + "/manifest.plist") else {
                 problems.append("active/\(id)/manifest.plist cannot be read; left in place")
                 continue
@@ -185,84 +223,89 @@ public final class Spool: @unchecked Sendable {
             var name = id + ".plist"
             var receivedAt = Date().timeIntervalSince1970
             var requested: String?
-            if case .success(let data) = readRegularFile(dir + "/job.plist"),
+            if let data = readAttribute(dir, Self.jobAttribute) ?? (try? readRegularFile(dir + "/job.plist").get()),
                let info = try? PropertyListSerialization.propertyList(from: data, format: nil) as? [String: Any] {
                 name = info["manifest"] as? String ?? name
                 receivedAt = info["receivedAt"] as? Double ?? receivedAt
                 requested = info["requestedJob"] as? String
             }
-            jobs.append(ClaimedJob(id: id, requestedJob: requested, manifestName: name, receivedAt: receivedAt, manifest: manifest, done: readDoneLog(dir)))
+            jobs.append(ClaimedJob(id: id, requestedJob: requested, manifestName: name, receivedAt: receivedAt, manifest: manifest, done: progress[id] ?? [:]))
         }
+        try rewriteProgress(keeping: Set(jobs.map(\.id)))
         return (jobs, problems)
     }
 
-    private func readDoneLog(_ dir: String) -> [String: DoneRecord] {
-        guard case .success(let data) = readRegularFile(dir + "/done.log") else { return [:] }
-        var done: [String: DoneRecord] = [:]
-        // A torn last line (crash mid-append) has no newline and is ignored.
-        let text = String(decoding: data, as: UTF8.self)
-        for line in text.split(separator: "\n", omittingEmptySubsequences: true) where text.contains(line + "\n") {
-            let parts = line.split(separator: "\t")
-            guard parts.count == 4, let s = Double(parts[1]), let f = Double(parts[2]), let a = Int(parts[3]) else { continue }
-            done[String(parts[0])] = DoneRecord(startedAt: s, finishedAt: f, attempts: a)
+    /// The progress log: job → operation → record. A torn last line (a crash mid-append) is ignored.
+    private func readProgress() -> [String: [String: DoneRecord]] {
+        guard case .success(let data) = readRegularFile(progressPath, limit: Int.max) else { return [:] }
+        var done: [String: [String: DoneRecord]] = [:]
+        var lineStart = data.startIndex
+        while let newline = data[lineStart...].firstIndex(of: 0x0A) {
+            let parts = data[lineStart..<newline].split(separator: 0x09).map { String(decoding: $0, as: UTF8.self) }
+            lineStart = newline + 1
+            guard parts.count == 5, let s = Double(parts[2]), let f = Double(parts[3]), let a = Int(parts[4]) else { continue }
+            done[parts[0], default: [:]][parts[1]] = DoneRecord(startedAt: s, finishedAt: f, attempts: a)
         }
         return done
     }
 
-    // MARK: Progress
-
-    /// Records, durably, that an operation succeeded (it will not run again after a restart).
-    public func recordSuccess(job: String, operation: String, record: DoneRecord) throws {
-        let path = active + "/" + job + "/done.log"
-        let line = "\(operation)\t\(record.startedAt)\t\(record.finishedAt)\t\(record.attempts)\n"
-        let fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0o640)
-        guard fd >= 0 else { throw SpoolError(operation: "open", path: path, errno: errno) }
-        defer { close(fd) }
-        try writeAll(fd, Data(line.utf8), path: path)
-        guard fsync(fd) == 0 else { throw SpoolError(operation: "fsync", path: path, errno: errno) }
+    private static func progressLine(job: String, operation: String, record: DoneRecord) -> String {
+        "\(job)\t\(operation)\t\(record.startedAt)\t\(record.finishedAt)\t\(record.attempts)\n"
     }
 
-    /// The folder where a job's `write` operations put their files before publication.
-    public func outputFolder(job: String) -> String { active + "/" + job + "/out" }
+    /// Replaces the progress log by one holding only `keeping`'s lines (written aside, fsynced, renamed).
+    private func rewriteProgress(keeping: Set<String>) throws {
+        try progressLock.withLock {
+            var text = ""
+            for (job, operations) in readProgress() where keeping.contains(job) {
+                for (operation, record) in operations { text += Self.progressLine(job: job, operation: operation, record: record) }
+            }
+            let fresh = progressPath + ".new"
+            try writeDurably(Data(text.utf8), to: fresh, syncFolder: false)
+            guard rename(fresh, progressPath) == 0 else { throw SpoolError(operation: "rename", path: fresh, errno: errno) }
+            try syncDirectory(active)
+            if progressFD >= 0 { close(progressFD) }
+            progressFD = open(progressPath, O_WRONLY | O_APPEND | O_CLOEXEC)
+            guard progressFD >= 0 else { throw SpoolError(operation: "open", path: progressPath, errno: errno) }
+            progressBytes = text.utf8.count
+        }
+    }
+
+    /// Rewrites the progress log when it has grown large; `active` are the jobs still running.
+    public func compactProgressIfLarge(active jobs: Set<String>) throws {
+        guard progressLock.withLock({ progressBytes }) >= Self.progressCompactionBytes else { return }
+        try rewriteProgress(keeping: jobs)
+    }
+
+    // MARK: Progress
+
+    /// Records that an operation succeeded (it will not run again after a restart, once committed).
+    public func recordSuccess(job: String, operation: String, record: DoneRecord) throws {
+        let line = Data(Self.progressLine(job: job, operation: operation, record: record).utf8)
+        try progressLock.withLock {
+            guard progressFD >= 0 else { throw SpoolError(operation: "append to", path: progressPath, errno: EBADF) }
+            try writeAll(progressFD, line, path: progressPath)
+            progressBytes += line.count
+        }
+    }
+
+    /// The folder where a job's `write` operations put their files: the future outbox entry.
+    public func outputFolder(job: String) -> String { active + "/" + job }
 
     // MARK: Publication
 
-    /// Publishes outbox/<job>/ whole: manifest, result.plist and the outputs, then forgets active/<job>/.
-    public func publish(job: String, manifest: Data, result: Data) throws {
-        publishCounter += 1
-        let staging = tmp + "/\(job).\(getpid()).\(publishCounter)"
-        removeTree(staging)
-        guard mkdir(staging, 0o755) == 0 else { throw SpoolError(operation: "mkdir", path: staging, errno: errno) }
-        do {
-            try writeDurably(manifest, to: staging + "/manifest.plist", syncFolder: false)
-            try writeDurably(result, to: staging + "/result.plist", syncFolder: false)
-            let out = outputFolder(job: job)
-            if access(out, F_OK) == 0 { try linkTree(from: out, to: staging) }
-            try syncDirectory(staging)
-            guard rename(staging, outbox + "/" + job) == 0 else { throw SpoolError(operation: "rename", path: staging, errno: errno) }
-        } catch {
-            removeTree(staging)
-            throw error
-        }
-        try syncDirectory(outbox)
-        removeTree(active + "/" + job)
-        try syncDirectory(active)
+    /// Publication, step 1: writes result.plist into active/<job>/, beside the manifest and the outputs.
+    public func stage(job: String, result: Data) throws {
+        try writeFile(result, to: active + "/" + job + "/result.plist")
     }
 
-    private func linkTree(from source: String, to destination: String) throws {
-        for name in try FileManager.default.contentsOfDirectory(atPath: source) {
-            let s = source + "/" + name, d = destination + "/" + name
-            var st = stat()
-            guard lstat(s, &st) == 0 else { throw SpoolError(operation: "lstat", path: s, errno: errno) }
-            if (st.st_mode & S_IFMT) == S_IFDIR {
-                if mkdir(d, 0o755) != 0 && errno != EEXIST { throw SpoolError(operation: "mkdir", path: d, errno: errno) }
-                try linkTree(from: s, to: d)
-                try syncDirectory(d)
-            } else if (st.st_mode & S_IFMT) == S_IFREG {
-                if link(s, d) != 0 && errno != EEXIST { throw SpoolError(operation: "link", path: s, errno: errno) }
-            }
+    /// Publication, step 2 (after a commit made result.plist durable): the whole folder moves to the outbox.
+    public func place(job: String) throws {
+        guard rename(active + "/" + job, outbox + "/" + job) == 0 else {
+            throw SpoolError(operation: "rename to outbox/\(job)", path: active + "/" + job, errno: errno)
         }
     }
+
 }
 
 // MARK: File helpers (each error says what was done to which path)
@@ -303,6 +346,23 @@ func writeAll(_ fd: Int32, _ data: Data, path: String) throws {
     }
 }
 
+/// An extended attribute's value, or nil.
+func readAttribute(_ path: String, _ name: String) -> Data? {
+    let size = getxattr(path, name, nil, 0)
+    guard size > 0, size <= 65_536 else { return nil }
+    var data = Data(count: size)
+    let got = data.withUnsafeMutableBytes { getxattr(path, name, $0.baseAddress, size) }
+    return got == size ? data : nil
+}
+
+/// Creates (or truncates) a file with `data`; durable at the next commit.
+func writeFile(_ data: Data, to path: String) throws {
+    let fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0o644)
+    guard fd >= 0 else { throw SpoolError(operation: "create", path: path, errno: errno) }
+    defer { close(fd) }
+    try writeAll(fd, data, path: path)
+}
+
 /// Writes a file and fsyncs it (and, by default, its folder).
 public func writeDurably(_ data: Data, to path: String, syncFolder: Bool = true) throws {
     let fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0o644)
@@ -325,6 +385,31 @@ func syncDirectory(_ path: String) throws {
     guard fsync(fd) == 0 else { throw SpoolError(operation: "fsync", path: path, errno: errno) }
 }
 
+/// Removes a file or a folder and everything in it; symlinks are removed, never followed.
+/// Best effort: what cannot be removed stays (recovery and tmp/ clean-up look again).
 func removeTree(_ path: String) {
-    try? FileManager.default.removeItem(atPath: path)
+    if unlink(path) == 0 || errno == ENOENT { return }
+    let fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
+    guard fd >= 0 else { return }
+    removeContents(fd)
+    rmdir(path)
+}
+
+/// Empties the folder open as `fd` (and closes it).
+private func removeContents(_ fd: Int32) {
+    guard let dir = fdopendir(fd) else { close(fd); return }
+    defer { closedir(dir) }
+    while let entry = readdir(dir) {
+        let name = withUnsafeBytes(of: entry.pointee.d_name) { Array($0.prefix { $0 != 0 }) }
+        if name == [0x2E] || name == [0x2E, 0x2E] { continue }
+        name.withUnsafeBufferPointer { bytes in
+            let cName = bytes.map { CChar(bitPattern: $0) } + [0]
+            if unlinkat(fd, cName, 0) == 0 { return }
+            guard errno == EISDIR else { return }
+            let child = openat(fd, cName, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
+            guard child >= 0 else { return }
+            removeContents(child)
+            unlinkat(fd, cName, AT_REMOVEDIR)
+        }
+    }
 }

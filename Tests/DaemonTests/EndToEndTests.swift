@@ -104,7 +104,7 @@ final class TestSpool: @unchecked Sendable {
 
     func ctl(_ arguments: [String]) throws -> Run { try run("opqueuectl", ["--spool", root] + arguments) }
 
-    func list(_ folder: String) -> [String] { ((try? FileManager.default.contentsOfDirectory(atPath: root + "/" + folder)) ?? []).filter { $0 != ".keep" }.sorted() }
+    func list(_ folder: String) -> [String] { ((try? FileManager.default.contentsOfDirectory(atPath: root + "/" + folder)) ?? []).filter { !$0.hasPrefix(".") }.sorted() }
 }
 
 func sleepOp(_ id: String, _ seconds: Double, deps: [String] = []) -> [String: Any] {
@@ -220,10 +220,10 @@ func sleepOp(_ id: String, _ seconds: Double, deps: [String] = []) -> [String: A
         try spool.start()
         try spool.drop("crash.plist", ["job": "crash", "operations": [sleepOp("first", 0.05), sleepOp("second", 2, deps: ["first"])]])
         // Wait until "first" has been recorded as succeeded.
-        let done = spool.root + "/active/crash/done.log"
+        let progress = spool.root + "/active/.progress.log"
         let deadline = Date().addingTimeInterval(10)
-        while Date() < deadline, !((try? String(contentsOfFile: done, encoding: .utf8))?.hasPrefix("first\t") ?? false) { usleep(10_000) }
-        let firstRecord = try String(contentsOfFile: done, encoding: .utf8)
+        while Date() < deadline, !((try? String(contentsOfFile: progress, encoding: .utf8))?.hasPrefix("crash\tfirst\t") ?? false) { usleep(10_000) }
+        let firstRecord = try String(contentsOfFile: progress, encoding: .utf8)
         spool.signal(SIGKILL)
         _ = spool.waitForExit()
         #expect(spool.list("active") == ["crash"])
@@ -231,7 +231,7 @@ func sleepOp(_ id: String, _ seconds: Double, deps: [String] = []) -> [String: A
         let result = try #require(spool.result("crash"))
         #expect(result["status"] as? String == "succeeded")
         let ops = try #require(result["operations"] as? [[String: Any]])
-        let started = firstRecord.split(separator: "\t")[1]
+        let started = firstRecord.split(separator: "\t")[2]
         #expect(ops[0]["startedAt"] as? Double == micro(Double(started) ?? 0), "'first' kept its original run")
         #expect(ops[0]["attempts"] as? Int == 1)
         #expect(ops[1]["state"] as? String == "succeeded")

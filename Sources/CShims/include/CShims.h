@@ -6,6 +6,7 @@
 #define OPQ_CSHIMS_H
 
 #include <sys/types.h>
+#include <sys/xattr.h>  /* setxattr/getxattr for Swift: the spool keeps job records as attributes */
 
 /// The calling thread's kernel id.
 pid_t opq_gettid(void);
@@ -19,5 +20,9 @@ int opq_set_thread_priority(int nice_value, int idle);
 /// The calling thread's nice value and whether it runs SCHED_IDLE (for tests).
 int opq_get_thread_nice(void);
 int opq_thread_is_idle(void);
+
+/// syncfs(2) on the file system holding `fd` (glibc declares it only under _GNU_SOURCE).
+/// Returns 0 or -errno.
+int opq_syncfs(int fd);
 
 #endif
