@@ -19,6 +19,10 @@ let package = Package(
     targets: [
         // Thread priority, SCHED_IDLE and I/O priority: `syscall` is variadic, Swift cannot call it.
         .target(name: "CShims"),
+        // libjpeg-turbo and libpng behind functions that return codes: setjmp stays in C.
+        .target(name: "CCodecs", linkerSettings: [.linkedLibrary("jpeg"), .linkedLibrary("png16")]),
+        // libcurl's multi interface with typed option setters (curl_easy_setopt is variadic).
+        .target(name: "CCurl", linkerSettings: [.linkedLibrary("curl")]),
         // libsystemd: sd_journal_sendv and sd_notify.
         .systemLibrary(name: "CSystemd", pkgConfig: "libsystemd", providers: [.apt(["libsystemd-dev"])]),
         // The daemon: spool protocol, manifests, configuration, journal, control socket.
@@ -28,6 +32,8 @@ let package = Package(
                 "OperationEngine",
                 "CSystemd",
                 "CShims",
+                "CCodecs",
+                "CCurl",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "DequeModule", package: "swift-collections"),
                 .product(name: "HeapModule", package: "swift-collections"),

@@ -239,15 +239,32 @@ public final class Daemon: @unchecked Sendable {
         var graph = GraphBuilder()
         graph.reserveCapacity(operations: plan.operations.count, dependencies: plan.operations.count)
         for (i, op) in plan.operations.enumerated() { job.operationIndex[op.id] = i }
+        let environment = KindEnvironment(
+            jobFolder: spool.outputFolder(job: claimed.id),
+            limits: DownloadLimits(maxBytes: config.downloadMaxBytes, connectTimeoutSeconds: config.downloadConnectTimeoutSeconds,
+                                   timeoutSeconds: config.downloadTimeoutSeconds, fileRoots: config.fileRoots),
+            maxPixels: config.maxPixels)
         for (i, op) in plan.operations.enumerated() {
-            let recovered = claimed.done[op.id] != nil
-            if recovered { job.recovered.insert(i) }
+            // What succeeded before a restart is not run again when its output was kept: a written file
+            // (read back for dependents) or no output at all. Downloads and filters kept theirs in memory
+            // only, so they run again.
+            var recovered: OperationBody?
+            if claimed.done[op.id] != nil {
+                switch op.parameters {
+                case .sleep, .spin, .fail: recovered = .sync { _ in nil }
+                case .write(let path, _, _):
+                    let file = environment.jobFolder + "/" + path
+                    recovered = .sync { _ in try readRegularFile(file, limit: Int.max).get() }
+                default: recovered = nil
+                }
+            }
+            if recovered != nil { job.recovered.insert(i) }
             let queue = queueIDs[op.queue] ?? defaultQueue
-            let body: OperationBody = recovered ? .sync { _ in nil } : Kinds.body(for: op.parameters)
+            let body: OperationBody = recovered ?? Kinds.body(for: op.parameters, environment: environment)
             let deps = op.dependencies.compactMap { job.operationIndex[$0] }
             graph.add(OperationSpec(
                 name: op.id, queue: queue, qualityOfService: op.qualityOfService, queuePriority: op.queuePriority ?? plan.queuePriority ?? .normal,
-                timeout: recovered ? nil : op.timeoutSeconds, retries: recovered ? 0 : op.retries, retryDelay: op.retryDelaySeconds,
+                timeout: recovered != nil ? nil : op.timeoutSeconds, retries: recovered != nil ? 0 : op.retries, retryDelay: op.retryDelaySeconds,
                 runsAfterFailure: op.runsAfterFailure, input: op.input.flatMap { job.operationIndex[$0] }, body: body), dependencies: deps)
         }
         event(.info, "job \(claimed.id) accepted: \(plan.operations.count) operations", ["OPQ_EVENT": "job", "OPQ_STATE": "accepted", "OPQ_JOB": claimed.id])
@@ -459,9 +476,11 @@ public final class Daemon: @unchecked Sendable {
         if let plan = job.plan {
             for (i, record) in publication.records.enumerated() where i < plan.operations.count {
                 let op = plan.operations[i]
+                var outputs: [String] = []
+                if record.state == .succeeded, case .write(let path, _, _) = op.parameters { outputs = [path] }
                 var entry: [String: Any] = [
                     "id": op.id, "kind": op.kind.rawValue, "queue": op.queue, "qualityOfService": record.qualityOfService.name,
-                    "queuePriority": record.queuePriority.name, "state": record.state.name, "attempts": record.attempts, "outputs": [String](),
+                    "queuePriority": record.queuePriority.name, "state": record.state.name, "attempts": record.attempts, "outputs": outputs,
                 ]
                 var started = record.startedAt, finished = record.finishedAt, attempts = record.attempts
                 if let done = job.claimed.done[op.id] { started = done.startedAt; finished = done.finishedAt; attempts = done.attempts }

@@ -1,5 +1,8 @@
-// The operation kinds this build runs: sleep, spin, fail (SPEC §3.3). The image and download kinds are
-// refused at validation until they exist, never run as stubs.
+// The operation kinds (SPEC §3.3): what each one runs, given its parameters and the job's folder.
+//
+// Outputs between operations: `Data` (downloaded or written bytes) or `Image` (decoded pixels). Image
+// operations decode bytes they receive (PNG or JPEG by signature); `write` writes bytes unchanged and
+// encodes images.
 
 import Foundation
 import OperationEngine
@@ -12,8 +15,16 @@ struct KindFailure: Error, CustomStringConvertible {
     let description: String
 }
 
+/// What a kind's body needs from the daemon.
+struct KindEnvironment: Sendable {
+    /// active/<job>/: where `write` puts files (the future outbox entry).
+    var jobFolder: String
+    var limits: DownloadLimits
+    var maxPixels: Int
+}
+
 enum Kinds {
-    static func body(for parameters: Parameters) -> OperationBody {
+    static func body(for parameters: Parameters, environment: KindEnvironment) -> OperationBody {
         switch parameters {
         case .sleep(let seconds):
             // Wall time on a timer: holds a queue slot, no thread. A cancelled sleep ends at once in the
@@ -38,8 +49,81 @@ enum Kinds {
             }
         case .fail(let message):
             return .sync { _ in throw KindFailure(description: message) }
-        default:
-            return .sync { _ in throw KindFailure(description: "this kind is not available in this version") }
+        case .download(let url, let maxBytes):
+            let limit = min(maxBytes ?? environment.limits.maxBytes, environment.limits.maxBytes)
+            if url.lowercased().hasPrefix("file:") {
+                return .async { context in
+                    DispatchQueue.global().async { context.finish(Downloader.readFile(url, maxBytes: limit, roots: environment.limits.fileRoots).map { $0 }) }
+                }
+            }
+            return .async { context in
+                let cancel = Downloader.shared.fetch(url, maxBytes: limit, limits: environment.limits) { result in
+                    context.finish(result.map { $0 })
+                }
+                context.onCancel(cancel)
+            }
+        case .sepia(let intensity):
+            return imageBody(environment) { image, check in try Filters.sepia(image, intensity: intensity, check: check) }
+        case .grayscale:
+            return imageBody(environment) { image, check in try Filters.grayscale(image, check: check) }
+        case .blur(let radius):
+            return imageBody(environment) { image, check in try Filters.blur(image, radius: radius, check: check) }
+        case .resize(let width, let height, let mode):
+            return imageBody(environment) { image, check in try Filters.resize(image, width: width, height: height, mode: mode, check: check) }
+        case .vignette(let strength):
+            return imageBody(environment) { image, check in try Filters.vignette(image, strength: strength, check: check) }
+        case .thumbnail(let size):
+            // JPEG bytes shrink on load (libjpeg-turbo's scaled decoding), as vipsthumbnail does.
+            return imageBody(environment, minSide: size) { image, check in try Filters.thumbnail(image, size: size, check: check) }
+        case .write(let path, let format, let quality):
+            return .sync { context in
+                let data: Data
+                switch context.input {
+                case let bytes as Data: data = bytes
+                case let image as Image: data = try Codecs.encode(image, format: format, quality: quality)
+                default: throw KindFailure(description: "write needs an input: a dependency that produces an image or bytes")
+                }
+                if context.isCancelled { throw OperationCancelled() }
+                try writeOutput(data, to: environment.jobFolder, path: path)
+                return data
+            }
+        }
+    }
+
+    /// A synchronous image operation: decodes its input if it is bytes, then filters.
+    private static func imageBody(_ environment: KindEnvironment, minSide: Int = 0,
+                                  _ filter: @escaping @Sendable (Image, CancellationCheck) throws -> Image) -> OperationBody {
+        .sync { context in
+            let image: Image
+            switch context.input {
+            case let i as Image: image = i
+            case let bytes as Data: image = try Codecs.decode(bytes, maxPixels: environment.maxPixels, minSide: minSide)
+            default: throw KindFailure(description: "needs an input image: a dependency that produces an image or image bytes")
+            }
+            return try filter(image) { if context.isCancelled { throw OperationCancelled() } }
+        }
+    }
+
+    /// Writes `path` inside the job folder: sub-folders made as needed, the file written under a hidden
+    /// name, fsynced and renamed, so it is never seen half-written (and its bytes are on disk before the
+    /// operation's success is recorded).
+    static func writeOutput(_ data: Data, to folder: String, path: String) throws {
+        let components = path.split(separator: "/").map(String.init)
+        var directory = folder
+        for component in components.dropLast() {
+            directory += "/" + component
+            if mkdir(directory, 0o755) != 0 && errno != EEXIST { throw SpoolError(operation: "mkdir", path: directory, errno: errno) }
+            var st = stat()
+            // A symlink planted in the job folder must not lead outside it.
+            guard lstat(directory, &st) == 0, (st.st_mode & S_IFMT) == S_IFDIR else { throw SpoolError(operation: "write into", path: directory, errno: ENOTDIR) }
+        }
+        let name = components.last ?? path
+        let hidden = directory + "/." + name + ".part"
+        try writeDurably(data, to: hidden, syncFolder: false)
+        guard rename(hidden, directory + "/" + name) == 0 else {
+            let e = errno
+            unlink(hidden)
+            throw SpoolError(operation: "rename", path: hidden, errno: e)
         }
     }
 }

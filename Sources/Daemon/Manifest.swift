@@ -36,14 +36,6 @@ public enum Kind: String, CaseIterable, Sendable {
         case .fail: ["message"]
         }
     }
-
-    /// Kinds this build can run; the others are refused with a clear reason rather than run as stubs.
-    public var isAvailable: Bool {
-        switch self {
-        case .sleep, .spin, .fail: true
-        default: false
-        }
-    }
 }
 
 /// A kind's parameters, checked.
@@ -219,7 +211,6 @@ public struct Manifest {
         if let value = dict["kind"] {
             if let s = value as? String, let k = Kind(rawValue: s) {
                 kind = k
-                if !k.isAvailable { problems.append("\(label): kind '\(s)' is not available in this version") }
             } else {
                 problems.append("\(label): unknown kind \(quoted(value)) (one of \(Kind.allCases.map(\.rawValue).joined(separator: ", ")))")
             }
@@ -359,6 +350,7 @@ public struct Manifest {
         if path.hasPrefix("/") { return "is absolute" }
         if path.utf8.contains(0) { return "contains a NUL byte" }
         if path.utf8.count > 1024 { return "is longer than 1024 bytes" }
+        if path == "manifest.plist" || path == "result.plist" { return "is the daemon's own file in the job folder" }
         for component in path.split(separator: "/", omittingEmptySubsequences: false) {
             if component.isEmpty { return "has an empty component" }
             if component == ".." { return "goes up with '..'" }

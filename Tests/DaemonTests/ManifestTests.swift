@@ -90,9 +90,9 @@ func problems(_ object: Any) -> [String] {
         #expect(found.contains("operation 'w': path '../../etc/x.png' goes up with '..'"))
     }
 
-    @Test func kindsNotInThisBuildAreRefusedNotStubbed() {
-        let found = problems(["operations": [["id": "d", "kind": "download", "url": "https://example.org/a.jpg"]]])
-        #expect(found == ["operation 'd': kind 'download' is not available in this version"])
+    @Test func writePathsCannotTakeTheDaemonsOwnFiles() {
+        let found = problems(["operations": [["id": "w", "kind": "write", "path": "result.plist", "format": "png"], ["id": "v", "kind": "write", "path": "sub/result.plist", "format": "png"]]])
+        #expect(found == ["operation 'w': path 'result.plist' is the daemon's own file in the job folder"])
     }
 
     @Test func photoListFormBuildsDownloadSepiaWriteChains() {
