@@ -1,0 +1,126 @@
+// Downloads through the real daemon and real libcurl against a loopback HTTP server (Tests/Support/http_server.py).
+
+import Foundation
+import Testing
+@testable import Daemon
+
+/// The loopback server, on a free port, serving `folder`.
+final class LoopbackServer {
+    let process = Process()
+    let folder: String
+    let port: Int
+
+    init(folder: String) throws {
+        self.folder = folder
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
+        process.arguments = ["python3", repositoryRoot + "/Tests/Support/http_server.py", folder]
+        let out = Pipe()
+        process.standardOutput = out
+        process.standardError = FileHandle.nullDevice
+        try process.run()
+        var line = Data()
+        while !line.contains(0x0A) {
+            let chunk = out.fileHandleForReading.availableData
+            if chunk.isEmpty { break }
+            line.append(chunk)
+        }
+        guard let port = Int(String(decoding: line, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)) else {
+            kill(process.processIdentifier, SIGKILL)
+            throw TestFailure("the loopback HTTP server did not start")
+        }
+        self.port = port
+    }
+
+    func url(_ path: String) -> String { "http://127.0.0.1:\(port)\(path)" }
+
+    deinit {
+        // SIGKILL: the child inherits the test runner's signal mask, in which SIGTERM may be blocked.
+        kill(process.processIdentifier, SIGKILL)
+        process.waitUntilExit()
+    }
+}
+
+@Suite(.serialized) struct DownloadTests {
+    @Test func httpFailuresSayWhatWentWrong() throws {
+        let s = try ImageSpool(extraConfig: ["download": ["timeoutSeconds": 2, "maxBytes": 1_000_000]])
+        let server = try LoopbackServer(folder: s.images)
+        let photo = try makeImage(width: 32, height: 24)
+        try s.put("photo.jpg", Codecs.encode(photo, format: "jpeg", quality: 90))
+        let ops: [[String: Any]] = [
+            ["id": "ok", "kind": "download", "url": server.url("/file/photo.jpg")],
+            ["id": "sepia", "kind": "sepia", "dependencies": ["ok"]],
+            ["id": "write", "kind": "write", "path": "photo.jpg", "quality": 80, "dependencies": ["sepia"]],
+            ["id": "missing", "kind": "download", "url": server.url("/status/404")],
+            ["id": "slow", "kind": "download", "url": server.url("/slow")],
+            ["id": "big", "kind": "download", "url": server.url("/big")],
+            ["id": "big-chunked", "kind": "download", "url": server.url("/big-chunked")],
+            ["id": "small-limit", "kind": "download", "url": server.url("/file/photo.jpg"), "maxBytes": 100],
+            ["id": "loop", "kind": "download", "url": server.url("/loop")],
+            ["id": "to-ftp", "kind": "download", "url": server.url("/to-ftp")],
+            ["id": "refused", "kind": "download", "url": "http://127.0.0.1:1/nothing"],
+        ]
+        let started = Date()
+        let (result, byID) = try s.run(["job": "http", "operations": ops])
+        #expect(Date().timeIntervalSince(started) < 15)
+        #expect(result["status"] as? String == "failed")
+        #expect(byID["write"]?["state"] as? String == "succeeded")
+        let written = try s.output("http", "photo.jpg")
+        #expect(written.width == 32 && written.height == 24)
+        func error(_ id: String) -> String { byID[id]?["error"] as? String ?? "" }
+        #expect(error("missing") == "HTTP status 404")
+        #expect(error("slow").contains("imed out"), "\(error("slow"))")
+        #expect(error("big") == "the response is larger than maxBytes (1000000 bytes)")
+        #expect(error("big-chunked") == "the response is larger than maxBytes (1000000 bytes)")
+        #expect(error("small-limit") == "the response is larger than maxBytes (100 bytes)")
+        #expect(error("loop").contains("Maximum (5) redirects followed"), "\(error("loop"))")
+        #expect(error("to-ftp").lowercased().contains("protocol"), "\(error("to-ftp"))")
+        #expect(!error("refused").isEmpty)
+    }
+
+    @Test func cancellingAbortsTheTransferAtOnce() throws {
+        let s = try ImageSpool()
+        let server = try LoopbackServer(folder: s.images)
+        try s.spool.start(["--config", s.config])
+        try s.spool.drop("hang.plist", ["job": "hang", "operations": [["id": "get", "kind": "download", "url": server.url("/hang")]]])
+        let events = s.images + "/events.log"
+        var executing = false
+        for _ in 0..<200 where !executing {
+            usleep(20_000)
+            executing = (try? s.spool.ctl(["show", "hang"]).stdout.contains("executing")) ?? false
+        }
+        #expect(executing)
+        usleep(200_000) // the request has reached the server
+        let cancelledAt = Date().timeIntervalSince1970
+        #expect(try s.spool.ctl(["cancel", "hang", "get"]).status == 0)
+        var closedAt: Double?
+        for _ in 0..<100 where closedAt == nil {
+            usleep(10_000)
+            closedAt = (try? String(contentsOfFile: events, encoding: .utf8))?.split(separator: " ").last.flatMap { Double($0.trimmingCharacters(in: .whitespacesAndNewlines)) }
+        }
+        let closed = try #require(closedAt, "the server saw the connection close")
+        #expect(closed - cancelledAt < 0.1, "aborted within 100 ms (took \(closed - cancelledAt) s)")
+        let result = try #require(s.spool.result("hang"))
+        #expect(result["status"] as? String == "cancelled")
+    }
+
+    @Test func fileURLsOnlyUnderTheRoots() throws {
+        let s = try ImageSpool()
+        try s.put("inside.png", Codecs.encode(try makeImage(width: 8, height: 8), format: "png", quality: 90))
+        let outside = s.spool.root + "-outside.png"
+        try Data("secret".utf8).write(to: URL(fileURLWithPath: outside))
+        defer { try? FileManager.default.removeItem(atPath: outside) }
+        try FileManager.default.createSymbolicLink(atPath: s.images + "/link.png", withDestinationPath: outside)
+        let ops: [[String: Any]] = [
+            ["id": "inside", "kind": "download", "url": s.url("inside.png")],
+            ["id": "dotdot", "kind": "download", "url": s.url("../" + (outside as NSString).lastPathComponent)],
+            ["id": "symlink", "kind": "download", "url": s.url("link.png")],
+            ["id": "absolute", "kind": "download", "url": "file:///etc/passwd"],
+        ]
+        let (_, byID) = try s.run(["job": "files", "operations": ops])
+        #expect(byID["inside"]?["state"] as? String == "succeeded")
+        for id in ["dotdot", "symlink", "absolute"] {
+            #expect(byID[id]?["state"] as? String == "failed", "\(id)")
+            #expect((byID[id]?["error"] as? String)?.contains("is not under a configured file root") == true, "\(id): \(byID[id]?["error"] ?? "")")
+        }
+    }
+}
