@@ -236,37 +236,7 @@ public final class Daemon: @unchecked Sendable {
             enqueuePublication(Publication(job: job, status: "rejected", error: problems.joined(separator: "\n"), records: []))
             return
         }
-        var graph = GraphBuilder()
-        graph.reserveCapacity(operations: plan.operations.count, dependencies: plan.operations.count)
-        for (i, op) in plan.operations.enumerated() { job.operationIndex[op.id] = i }
-        let environment = KindEnvironment(
-            jobFolder: spool.outputFolder(job: claimed.id),
-            limits: DownloadLimits(maxBytes: config.downloadMaxBytes, connectTimeoutSeconds: config.downloadConnectTimeoutSeconds,
-                                   timeoutSeconds: config.downloadTimeoutSeconds, fileRoots: config.fileRoots),
-            maxPixels: config.maxPixels)
-        for (i, op) in plan.operations.enumerated() {
-            // What succeeded before a restart is not run again when its output was kept: a written file
-            // (read back for dependents) or no output at all. Downloads and filters kept theirs in memory
-            // only, so they run again.
-            var recovered: OperationBody?
-            if claimed.done[op.id] != nil {
-                switch op.parameters {
-                case .sleep, .spin, .fail: recovered = .sync { _ in nil }
-                case .write(let path, _, _):
-                    let file = environment.jobFolder + "/" + path
-                    recovered = .sync { _ in try readRegularFile(file, limit: Int.max).get() }
-                default: recovered = nil
-                }
-            }
-            if recovered != nil { job.recovered.insert(i) }
-            let queue = queueIDs[op.queue] ?? defaultQueue
-            let body: OperationBody = recovered ?? Kinds.body(for: op.parameters, environment: environment)
-            let deps = op.dependencies.compactMap { job.operationIndex[$0] }
-            graph.add(OperationSpec(
-                name: op.id, queue: queue, qualityOfService: op.qualityOfService, queuePriority: op.queuePriority ?? plan.queuePriority ?? .normal,
-                timeout: recovered != nil ? nil : op.timeoutSeconds, retries: recovered != nil ? 0 : op.retries, retryDelay: op.retryDelaySeconds,
-                runsAfterFailure: op.runsAfterFailure, input: op.input.flatMap { job.operationIndex[$0] }, body: body), dependencies: deps)
-        }
+        let graph = buildGraph(job, plan.operations, base: 0, configuration: config)
         event(.info, "job \(claimed.id) accepted: \(plan.operations.count) operations", ["OPQ_EVENT": "job", "OPQ_STATE": "accepted", "OPQ_JOB": claimed.id])
         // Registered under the lock before events can be delivered for the group.
         lock.lock()
@@ -285,6 +255,67 @@ public final class Daemon: @unchecked Sendable {
         }
     }
 
+    /// The engine's operations for `operations`, numbered from `base` in the job's group.
+    /// Called with the job registered (`operationIndex` is updated here).
+    private func buildGraph(_ job: RunningJob, _ operations: [OperationPlan], base: Int, configuration config: Configuration) -> GraphBuilder {
+        let claimed = job.claimed
+        var graph = GraphBuilder(base: base)
+        graph.reserveCapacity(operations: operations.count, dependencies: operations.count)
+        for (i, op) in operations.enumerated() { job.operationIndex[op.id] = base + i }
+        let environment = KindEnvironment(
+            jobFolder: spool.outputFolder(job: claimed.id),
+            limits: DownloadLimits(maxBytes: config.downloadMaxBytes, connectTimeoutSeconds: config.downloadConnectTimeoutSeconds,
+                                   timeoutSeconds: config.downloadTimeoutSeconds, fileRoots: config.fileRoots),
+            maxPixels: config.maxPixels)
+        for (offset, op) in operations.enumerated() {
+            let i = base + offset
+            // What succeeded before a restart is not run again when its output was kept: a written file
+            // (read back for dependents) or no output at all. Downloads and filters kept theirs in memory
+            // only, so they run again.
+            var recovered: OperationBody?
+            if claimed.done[op.id] != nil {
+                switch op.parameters {
+                case .sleep, .spin, .fail: recovered = .sync { _ in nil }
+                case .write(let path, _, _):
+                    let file = environment.jobFolder + "/" + path
+                    recovered = .sync { _ in try readRegularFile(file, limit: Int.max).get() }
+                default: recovered = nil
+                }
+            }
+            if recovered != nil { job.recovered.insert(i) }
+            let queue = queueIDs[op.queue] ?? defaultQueue
+            var body = recovered ?? Kinds.body(for: op.parameters, environment: environment)
+            if base == 0, op.id == "photos", let url = job.plan?.photosURL {
+                // §3.5: once the list has arrived, its graph joins the running job (before `photos` ends,
+                // so the job cannot finish in between).
+                body = Kinds.download(url, maxBytes: nil, environment: environment) { [weak self, weak job] data in
+                    let photos = try Manifest.photoList(from: data, url: url)
+                    guard let self, let job else { return nil }
+                    try self.expand(job, with: Manifest.photoListOperations(photos, configuration: config), configuration: config)
+                    return nil
+                }
+            }
+            let deps = op.dependencies.compactMap { job.operationIndex[$0] }
+            graph.add(OperationSpec(
+                name: op.id, queue: queue, qualityOfService: op.qualityOfService, queuePriority: op.queuePriority ?? job.plan?.queuePriority ?? .normal,
+                timeout: recovered != nil ? nil : op.timeoutSeconds, retries: recovered != nil ? 0 : op.retries, retryDelay: op.retryDelaySeconds,
+                runsAfterFailure: op.runsAfterFailure, input: op.input.flatMap { job.operationIndex[$0] }, body: body), dependencies: deps)
+        }
+        return graph
+    }
+
+    /// Adds operations to a running job (the photo list of `photosURL`); they are logged like the others.
+    private func expand(_ job: RunningJob, with operations: [OperationPlan], configuration: Configuration) throws {
+        lock.lock()
+        defer { lock.unlock() }
+        guard let group = job.group, var plan = job.plan else { throw KindFailure(description: "the job has ended") }
+        let base = plan.operations.count
+        let graph = buildGraph(job, operations, base: base, configuration: configuration)
+        plan.operations += operations
+        job.plan = plan
+        try engine.extend(group, with: graph)
+    }
+
     // MARK: Engine events
 
     /// On the engine's delivery thread: journal entries, durable progress, job ends.
@@ -296,8 +327,10 @@ public final class Daemon: @unchecked Sendable {
             case .transition(let t):
                 lock.lock()
                 let job = byGroup[t.group]
+                let plan = job?.plan
+                let recovered = job?.recovered.contains(t.operation) ?? true
                 lock.unlock()
-                guard let job, let plan = job.plan, t.operation < plan.operations.count, !job.recovered.contains(t.operation) else { continue }
+                guard let job, let plan, t.operation < plan.operations.count, !recovered else { continue }
                 if logTransition(t, job: job, operation: plan.operations[t.operation]) { progressRecorded += 1 }
             case .groupFinished(let group):
                 lock.lock()
@@ -584,7 +617,7 @@ public final class Daemon: @unchecked Sendable {
         }
         guard let group = job.group else { return .alreadyEnded }
         if let operation {
-            guard let index = job.operationIndex[operation] else { return .unknownOperation }
+            guard let index = lock.withLock({ job.operationIndex[operation] }) else { return .unknownOperation }
             if engine.record(group, operation: index)?.state.isFinished == true { return .alreadyEnded }
             engine.cancel(group, operation: index, reason: "cancelled by request")
         } else {

@@ -50,18 +50,7 @@ enum Kinds {
         case .fail(let message):
             return .sync { _ in throw KindFailure(description: message) }
         case .download(let url, let maxBytes):
-            let limit = min(maxBytes ?? environment.limits.maxBytes, environment.limits.maxBytes)
-            if url.lowercased().hasPrefix("file:") {
-                return .async { context in
-                    DispatchQueue.global().async { context.finish(Downloader.readFile(url, maxBytes: limit, roots: environment.limits.fileRoots).map { $0 }) }
-                }
-            }
-            return .async { context in
-                let cancel = Downloader.shared.fetch(url, maxBytes: limit, limits: environment.limits) { result in
-                    context.finish(result.map { $0 })
-                }
-                context.onCancel(cancel)
-            }
+            return download(url, maxBytes: maxBytes, environment: environment) { $0 }
         case .sepia(let intensity):
             return imageBody(environment) { image, check in try Filters.sepia(image, intensity: intensity, check: check) }
         case .grayscale:
@@ -86,6 +75,22 @@ enum Kinds {
                 if context.isCancelled { throw OperationCancelled() }
                 try writeOutput(data, to: environment.jobFolder, path: path)
                 return data
+            }
+        }
+    }
+
+    /// An asynchronous download (libcurl, or a file under the roots); `then` turns the bytes into the output.
+    static func download(_ url: String, maxBytes: Int?, environment: KindEnvironment,
+                         then: @escaping @Sendable (Data) throws -> OperationOutput?) -> OperationBody {
+        let limit = min(maxBytes ?? environment.limits.maxBytes, environment.limits.maxBytes)
+        return .async { context in
+            let done: @Sendable (Result<Data, any Error>) -> Void = { result in
+                context.finish(Result { try then(result.get()) })
+            }
+            if url.lowercased().hasPrefix("file:") {
+                DispatchQueue.global().async { done(Downloader.readFile(url, maxBytes: limit, roots: environment.limits.fileRoots)) }
+            } else {
+                context.onCancel(Downloader.shared.fetch(url, maxBytes: limit, limits: environment.limits, completion: done))
             }
         }
     }

@@ -76,6 +76,9 @@ public struct JobPlan: Sendable {
     public var timeoutSeconds: Double?
     /// `metadata`, kept as a binary property list to be copied into the result unchanged.
     public var metadata: Data?
+    /// The photo-list URL form (§3.5): `operations` holds only the `photos` download; the graph for the
+    /// list's entries is added to the running job once the list has arrived.
+    public var photosURL: String?
 }
 
 public enum ManifestLimits {
@@ -111,7 +114,7 @@ public struct Manifest {
             return .failure(ManifestProblems(["the top level must be a dictionary, not \(typeName(object))"]))
         }
         let jobKeys: Set<String> = ["job", "operations", "qualityOfService", "queuePriority", "timeoutSeconds", "metadata"]
-        var plan = JobPlan(job: nil, operations: [], qualityOfService: nil, queuePriority: nil, timeoutSeconds: nil, metadata: nil)
+        var plan = JobPlan(job: nil, operations: [], qualityOfService: nil, queuePriority: nil, timeoutSeconds: nil, metadata: nil, photosURL: nil)
 
         // The photo-list form: name → URL strings only, none of the manifest keys.
         if !top.isEmpty, top["operations"] == nil, top["photosURL"] == nil, top.keys.allSatisfy({ !jobKeys.contains($0) }),
@@ -121,11 +124,19 @@ public struct Manifest {
             return validateGraph(plan, problems: [], configuration: configuration)
         }
 
-        for key in top.keys.sorted() where !jobKeys.contains(key) {
-            if key == "photosURL" {
-                problems.append("photosURL: the photo-list download form is not available in this version")
+        for key in top.keys.sorted() where !jobKeys.contains(key) && key != "photosURL" {
+            problems.append("unknown key '\(key)'")
+        }
+        if let value = top["photosURL"] {
+            if top["operations"] != nil { problems.append("photosURL: cannot be combined with operations") }
+            if let url = value as? String, let scheme = URLComponents(string: url)?.scheme?.lowercased(), ["http", "https", "file"].contains(scheme) {
+                plan.photosURL = url
+                plan.operations = [OperationPlan(
+                    id: "photos", kind: .download, queue: configuration.defaultQueues[Kind.download.family] ?? "default", dependencies: [], input: nil,
+                    qualityOfService: nil, queuePriority: nil, timeoutSeconds: nil, retries: 0, retryDelaySeconds: 1, runsAfterFailure: false,
+                    parameters: .download(url: url, maxBytes: nil))]
             } else {
-                problems.append("unknown key '\(key)'")
+                problems.append("photosURL: must be an http, https or file URL string")
             }
         }
         if let value = top["job"] {
@@ -151,6 +162,7 @@ public struct Manifest {
                 problems.append("metadata: must be a dictionary")
             }
         }
+        if top["photosURL"] != nil { return validateGraph(plan, problems: problems, configuration: configuration) }
         guard let operationsValue = top["operations"] else {
             problems.append("operations: missing (an array of operations is required)")
             return .failure(ManifestProblems(problems))
@@ -170,6 +182,16 @@ public struct Manifest {
             }
         }
         return validateGraph(plan, problems: problems, configuration: configuration)
+    }
+
+    /// A downloaded photo list (§3.5): a non-empty dictionary of name → URL strings.
+    public static func photoList(from data: Data, url: String) throws -> [String: String] {
+        let object = try? PropertyListSerialization.propertyList(from: data, format: nil)
+        guard isPropertyListData(data), let dictionary = object as? [String: Any], !dictionary.isEmpty,
+              dictionary.values.allSatisfy({ $0 is String }) else {
+            throw ManifestProblems(["the photo list at \(url) is not a property list dictionary of name → URL strings"])
+        }
+        return dictionary.compactMapValues { $0 as? String }
     }
 
     static func photoListOperations(_ photos: [String: String], configuration: Configuration) -> [OperationPlan] {

@@ -124,3 +124,34 @@ final class LoopbackServer {
         }
     }
 }
+
+@Suite(.serialized) struct PhotoListTests {
+    @Test func photosURLAddsTheListsGraphToTheRunningJob() throws {
+        let s = try ImageSpool()
+        let server = try LoopbackServer(folder: s.images)
+        let photo = try makeImage(width: 16, height: 12)
+        try s.put("a.jpg", Codecs.encode(photo, format: "jpeg", quality: 90))
+        try s.put("list.plist", plist(["Beach at dusk": server.url("/file/a.jpg"), "gone": server.url("/status/404")]))
+        let (result, byID) = try s.run(["job": "album", "photosURL": server.url("/file/list.plist"), "metadata": ["album": "summer"]])
+        #expect(result["status"] as? String == "failed", "the missing photo fails its chain, and so the job")
+        #expect((result["metadata"] as? [String: Any])?["album"] as? String == "summer")
+        let ids = (result["operations"] as? [[String: Any]] ?? []).compactMap { $0["id"] as? String }
+        #expect(ids == ["photos", "download-Beach_at_dusk", "sepia-Beach_at_dusk", "write-Beach_at_dusk", "download-gone", "sepia-gone", "write-gone"])
+        #expect(byID["photos"]?["state"] as? String == "succeeded")
+        #expect(byID["write-Beach_at_dusk"]?["outputs"] as? [String] == ["Beach_at_dusk.png"])
+        #expect(byID["download-gone"]?["error"] as? String == "HTTP status 404")
+        #expect(byID["write-gone"]?["state"] as? String == "cancelled")
+        let written = try s.output("album", "Beach_at_dusk.png")
+        #expect(written.width == 16 && written.height == 12)
+        #expect(s.lastLog.contains("OPQ_OPERATION=sepia-Beach_at_dusk OPQ_QOS=userInitiated OPQ_QUEUE=filters OPQ_QUEUE_PRIORITY=normal OPQ_STATE=succeeded"),
+                "expanded operations are logged")
+
+        let (missing, missingOps) = try s.run(["job": "nolist", "photosURL": server.url("/status/404")])
+        #expect(missing["status"] as? String == "failed")
+        #expect(missingOps["photos"]?["error"] as? String == "HTTP status 404")
+        try s.put("notalist.plist", plist(["a": 1]))
+        let (bad, badOps) = try s.run(["job": "badlist", "photosURL": server.url("/file/notalist.plist")])
+        #expect(bad["status"] as? String == "failed")
+        #expect((badOps["photos"]?["error"] as? String)?.contains("is not a property list dictionary of name → URL strings") == true)
+    }
+}

@@ -30,6 +30,8 @@ final class ImageSpool {
     let spool = TestSpool()
     var images: String { spool.root + "-images" }
     var config: String { spool.root + ".config.plist" }
+    /// The console log of the last `run`.
+    var lastLog = ""
 
     init(extraConfig: [String: Any] = [:]) throws {
         try FileManager.default.createDirectory(atPath: images, withIntermediateDirectories: true)
@@ -53,6 +55,7 @@ final class ImageSpool {
         try spool.drop("job.plist", manifest)
         let once = try DaemonTests.run("opqueued", ["--spool", spool.root, "--once", "--config", config, "--log-target", "console"])
         #expect(once.status == 0, "\(once.stderr)")
+        lastLog = once.stderr
         let job = manifest["job"] as? String ?? "job"
         let result = try #require(spool.result(job, timeout: 5), "\(once.stderr)")
         var ops: [String: [String: Any]] = [:]

@@ -90,6 +90,18 @@ func problems(_ object: Any) -> [String] {
         #expect(found.contains("operation 'w': path '../../etc/x.png' goes up with '..'"))
     }
 
+    @Test func photosURLFormStartsWithTheListDownload() throws {
+        guard case .success(let plan) = Manifest.parse(plist(["job": "album", "photosURL": "https://example.org/photos.plist"]), configuration: .builtIn) else {
+            Issue.record("the photosURL form was refused")
+            return
+        }
+        #expect(plan.photosURL == "https://example.org/photos.plist")
+        #expect(plan.operations.map(\.id) == ["photos"])
+        #expect(plan.operations.first?.queue == "downloads")
+        #expect(problems(["photosURL": "https://h/p.plist", "operations": [["id": "a", "kind": "sleep", "seconds": 0]]]) == ["photosURL: cannot be combined with operations"])
+        #expect(problems(["photosURL": "ftp://h/p.plist"]) == ["photosURL: must be an http, https or file URL string"])
+    }
+
     @Test func writePathsCannotTakeTheDaemonsOwnFiles() {
         let found = problems(["operations": [["id": "w", "kind": "write", "path": "result.plist", "format": "png"], ["id": "v", "kind": "write", "path": "sub/result.plist", "format": "png"]]])
         #expect(found == ["operation 'w': path 'result.plist' is the daemon's own file in the job folder"])
