@@ -183,7 +183,19 @@ case "engine":
     }
 case "spool":
     SpoolBench.run(Array(arguments.dropFirst()))
+case "images":
+    do { try ImageBench.run(Array(arguments.dropFirst())) } catch { FileHandle.standardError.write(Data("images: \(error)\n".utf8)); exit(1) }
+case "corpus":
+    let rest = Array(arguments.dropFirst())
+    guard let folder = rest.first else { exit(64) }
+    let count = rest.firstIndex(of: "--count").flatMap { $0 + 1 < rest.count ? Int(rest[$0 + 1]) : nil } ?? 200
+    do { try ImageBench.corpus(folder, count: count) } catch { FileHandle.standardError.write(Data("corpus: \(error)\n".utf8)); exit(1) }
 default:
-    print("usage: opqueue-bench engine [--sizes N,…] [--workloads independent,serial,chain,fanout,layered] [--engines opqueued,foundation]")
+    print("""
+    usage: opqueue-bench engine [--sizes N,…] [--workloads independent,serial,chain,fanout,layered] [--engines opqueued,foundation]
+           opqueue-bench spool [N]
+           opqueue-bench images [--count N]
+           opqueue-bench corpus FOLDER [--count N]
+    """)
     exit(64)
 }

@@ -242,7 +242,7 @@ public final class Daemon: @unchecked Sendable {
         lock.lock()
         do {
             let deadline = plan.timeoutSeconds.map { max(0.001, $0 - (Date().timeIntervalSince1970 - claimed.receivedAt)) }
-            let group = try engine.submit(graph, qualityOfService: plan.qualityOfService, deadline: deadline)
+            let group = try engine.submit(graph, qualityOfService: plan.qualityOfService, deadline: deadline, keepOutputs: false)
             job.group = group
             byGroup[group] = job
             lock.unlock()

@@ -13,7 +13,7 @@ public final class Image: @unchecked Sendable {
     public let width: Int
     public let height: Int
     public let channels: Int
-    let pixels: UnsafeMutablePointer<UInt8>
+    public let pixels: UnsafeMutablePointer<UInt8>
 
     /// Takes ownership of a malloc'd buffer.
     init(width: Int, height: Int, channels: Int, adopting pixels: UnsafeMutablePointer<UInt8>) {
@@ -24,7 +24,7 @@ public final class Image: @unchecked Sendable {
     }
 
     /// A new image of the given size; its pixels are to be filled by the caller before it is shared.
-    convenience init(width: Int, height: Int, channels: Int) throws {
+    public convenience init(width: Int, height: Int, channels: Int) throws {
         guard let memory = malloc(max(1, width * height * channels)) else { throw ImageError("out of memory for a \(width)×\(height) image") }
         self.init(width: width, height: height, channels: channels, adopting: memory.assumingMemoryBound(to: UInt8.self))
     }
@@ -43,9 +43,9 @@ public struct ImageError: Error, CustomStringConvertible {
 /// Throws OperationCancelled when the operation was cancelled; filters call it between bands of rows.
 typealias CancellationCheck = () throws -> Void
 
-enum Codecs {
+public enum Codecs {
     /// Decodes PNG or JPEG bytes (recognised by signature). `minSide` > 0 lets JPEG shrink on load.
-    static func decode(_ data: Data, maxPixels: Int, minSide: Int = 0) throws -> Image {
+    public static func decode(_ data: Data, maxPixels: Int, minSide: Int = 0) throws -> Image {
         var image = opq_image()
         var message = [CChar](repeating: 0, count: 512)
         let code = data.withUnsafeBytes { raw in
@@ -58,7 +58,7 @@ enum Codecs {
         return Image(width: Int(image.width), height: Int(image.height), channels: Int(image.channels), adopting: pixels)
     }
 
-    static func encode(_ image: Image, format: String, quality: Int) throws -> Data {
+    public static func encode(_ image: Image, format: String, quality: Int) throws -> Data {
         var c = opq_image(pixels: image.pixels, width: Int32(image.width), height: Int32(image.height), channels: Int32(image.channels))
         var out: UnsafeMutablePointer<UInt8>?
         var size = 0

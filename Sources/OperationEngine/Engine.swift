@@ -101,11 +101,15 @@ public final class Engine: @unchecked Sendable, ContextHost {
     /// - Parameters:
     ///   - qualityOfService: the group's default QoS, between the operation's and the queue's.
     ///   - deadline: seconds from now after which the group's unfinished operations are cancelled.
-    public func submit(_ graph: consuming GraphBuilder, qualityOfService: QualityOfService? = nil, deadline: Double? = nil) throws(SubmissionError) -> GroupID {
+    /// `keepOutputs` false: each output is dropped once every dependent has ended (memory stays bounded by
+    /// what is in flight, as a daemon running image pipelines needs); `output(_:operation:)` then answers
+    /// only for outputs still awaited. Operations added later by `extend` see only outputs still kept.
+    public func submit(_ graph: consuming GraphBuilder, qualityOfService: QualityOfService? = nil, deadline: Double? = nil,
+                       keepOutputs: Bool = true) throws(SubmissionError) -> GroupID {
         lock.lock()
         let result: Result<GroupID, SubmissionError>
         do throws(SubmissionError) {
-            result = .success(try scheduler.submit(graph, qualityOfService: qualityOfService, deadline: deadline, now: wallClock()))
+            result = .success(try scheduler.submit(graph, qualityOfService: qualityOfService, deadline: deadline, keepOutputs: keepOutputs, now: wallClock()))
         } catch {
             result = .failure(error)
         }

@@ -152,6 +152,10 @@ struct Scheduler {
         var lateDependents: [Int32: [Int32]] = [:]
         var options: [Options] = []
         var outputs: [Int32: OperationOutput] = [:]
+        /// false: an output is dropped once every dependent has ended (it is only kept for them).
+        var keepOutputs = true
+        /// With `keepOutputs` false: how many dependents of an operation with an output have not ended.
+        var readers: [Int32: Int32] = [:]
         var errors: [Int32: String] = [:]
         var barrierDependents: [Int32: [NodeRef]] = [:]
         var unfinished = 0
@@ -334,7 +338,8 @@ struct Scheduler {
         return problems.isEmpty ? ["cycle among the operations"] : problems
     }
 
-    mutating func submit(_ builder: consuming GraphBuilder, qualityOfService: QualityOfService? = nil, deadline: Double? = nil, now: Double) throws(SubmissionError) -> GroupID {
+    mutating func submit(_ builder: consuming GraphBuilder, qualityOfService: QualityOfService? = nil, deadline: Double? = nil,
+                         keepOutputs: Bool = true, now: Double) throws(SubmissionError) -> GroupID {
         var problems: [String] = []
         if let deadline, !(deadline > 0) || !deadline.isFinite { problems.append("deadline must be a positive number of seconds") }
         if !problems.isEmpty { throw SubmissionError(problems: problems) }
@@ -347,6 +352,7 @@ struct Scheduler {
             slot = Int32(groups.count - 1)
         }
         groups[Int(slot)].live = true
+        groups[Int(slot)].keepOutputs = keepOutputs
         groups[Int(slot)].qos = qualityOfService?.rawValue ?? Self.noQoS
         let id = GroupID(slot: slot, generation: groups[Int(slot)].generation)
         adopt(&builder, batch: batch, group: slot, now: now)
@@ -421,6 +427,7 @@ struct Scheduler {
         groups[gi].batches.append(batch)
         for (dependency, dependent) in crossBatch {
             groups[gi].lateDependents[dependency, default: []].append(dependent)
+            groups[gi].readers[dependency]? += 1
         }
         // QoS raises: an operation is raised to the effective QoS of whatever waits for it.
         for i in 0..<n {
@@ -591,7 +598,18 @@ struct Scheduler {
         } else {
             switch outcome {
             case .success(let output):
-                if let output { groups[g].outputs[ref.index] = output }
+                if let output {
+                    if groups[g].keepOutputs {
+                        groups[g].outputs[ref.index] = output
+                    } else {
+                        var readers: Int32 = 0
+                        for _ in dependents(of: ref) { readers += 1 }
+                        if readers > 0 {
+                            groups[g].outputs[ref.index] = output
+                            groups[g].readers[ref.index] = readers
+                        }
+                    }
+                }
                 complete(ref, .succeeded, error: nil, now: now)
             case .failure(let message):
                 failOrRetry(ref, error: message, now: now)
@@ -629,6 +647,17 @@ struct Scheduler {
             }
             groups[g].nodes[i].state = state
             groups[g].nodes[i].finishedAt = now
+            if !groups[g].keepOutputs && !groups[g].readers.isEmpty {
+                for d in dependencies(of: ref) {
+                    guard let readers = groups[g].readers[d] else { continue }
+                    if readers <= 1 {
+                        groups[g].readers[d] = nil
+                        groups[g].outputs[d] = nil
+                    } else {
+                        groups[g].readers[d] = readers - 1
+                    }
+                }
+            }
             if let error { groups[g].errors[ref.index] = error } else { groups[g].errors[ref.index] = nil }
             let node = groups[g].nodes[i]
             let q = Int(node.queue)

@@ -406,6 +406,32 @@ func spec(_ name: String, _ queue: QueueID, qos: QualityOfService? = nil, priori
         #expect(h.dispatch() == ["x"])
     }
 
+    @Test func outputsNotKeptAreDroppedOnceEveryDependentHasEnded() throws {
+        var h = Harness()
+        let q = h.queue("q", limit: 1)
+        var g = GraphBuilder()
+        g.add(spec("image", q))
+        g.add(spec("a", q), dependencies: [0])
+        g.add(spec("b", q), dependencies: [0])
+        g.add(spec("leaf", q))
+        let group = try h.s.submit(g, keepOutputs: false, now: h.now)
+        let image = NodeRef(group: group.slot, index: 0)
+        #expect(h.dispatch() == ["image"])
+        h.succeed("image", output: "pixels")
+        #expect(h.s.output(image) as? String == "pixels")
+        #expect(h.dispatch() == ["a"])
+        #expect(h.running["a"]?.input as? String == "pixels")
+        h.fail("a")
+        #expect(h.dispatch() == ["b"], "a retry or a second reader still needs it")
+        #expect(h.s.output(image) as? String == "pixels")
+        #expect(h.running["b"]?.input as? String == "pixels")
+        h.succeed("b")
+        #expect(h.s.output(image) == nil, "dropped once every dependent ended")
+        #expect(h.dispatch() == ["leaf"])
+        h.succeed("leaf", output: "unread")
+        #expect(h.s.output(NodeRef(group: group.slot, index: 3)) == nil, "an output nobody reads is not kept")
+    }
+
     @Test func outputsFlowToInputsAndGroupsGrowAtRunTime() throws {
         var h = Harness()
         let q = h.queue("q")
