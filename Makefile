@@ -1,6 +1,7 @@
 # opqueued — build, run, test, benchmark, install.
 #
-#   make run     install what is missing, build, run the daemon on ./spool
+#   make run     install what is missing, build, run the daemon on ./spool (file:// allowed under spool/examples)
+#   make example drop the offline photo example into ./spool/inbox (the daemon of `make run` picks it up)
 #   make test    install what is missing, build, run every test (what .ci/run does)
 #   make bench   the benchmarks (release build)
 #   make install binaries, unit, catalog, sysusers/tmpfiles snippets (PREFIX=/usr/local)
@@ -12,7 +13,7 @@ SPOOL ?= ./spool
 # Debian packages the build and the tests need.
 APT_PACKAGES = pkg-config libpng-dev libjpeg-dev libcurl4-openssl-dev libsystemd-dev systemd
 
-.PHONY: run test deps build release bench install install-files clean
+.PHONY: run example test deps build release bench install install-files clean
 
 UNITDIR ?= /etc/systemd/system
 SYSUSERSDIR ?= /etc/sysusers.d
@@ -31,15 +32,32 @@ deps:
 release: deps
 	$(SWIFT) build -c release
 
-run: release
-	.build/release/opqueued --spool $(SPOOL)
+# The walk-through's configuration: file:// downloads allowed under spool/examples (an absolute path).
+spool/opqueued.plist: Makefile
+	printf '<?xml version="1.0" encoding="UTF-8"?>\n<plist version="1.0"><dict><key>download</key><dict><key>fileRoots</key><array><string>%s</string></array></dict></dict></plist>\n' "$(CURDIR)/spool/examples" > $@
+
+run: release spool/opqueued.plist
+	.build/release/opqueued --spool $(SPOOL) --config spool/opqueued.plist
+
+example:
+	mkdir -p $(SPOOL)/inbox
+	sed 's|@EXAMPLES@|$(CURDIR)/spool/examples|g' spool/examples/photos.plist.in > $(SPOOL)/inbox/.photos.plist
+	mv $(SPOOL)/inbox/.photos.plist $(SPOOL)/inbox/photos.plist
 
 test: deps
 	$(SWIFT) build --build-tests
 	$(SWIFT) test
 
+# The anchors the image benchmark compares with.
+BENCH_PACKAGES = imagemagick libvips-tools libjpeg-turbo-progs
+
 bench: release
+	@missing=""; for p in $(BENCH_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing; fi
 	.build/release/opqueue-bench engine
+	.build/release/opqueue-bench spool
+	.build/release/opqueue-bench images
 
 install: release install-files
 

@@ -105,7 +105,7 @@ enum ImageBench {
         defer { try? FileManager.default.removeItem(atPath: config) }
         var operations: [[String: Any]] = []
         for (i, file) in files.enumerated() { operations += chain("p\(i)", "file://" + corpus + "/" + file) }
-        let manifest = try? PropertyListSerialization.data(fromPropertyList: ["job": "bench", "operations": operations], format: .binary, options: 0)
+        let manifest = try? PropertyListSerialization.data(fromPropertyList: ["job": "bench", "qualityOfService": "userInitiated", "operations": operations], format: .binary, options: 0)
         let process = SpoolBench.daemon(spool, ["--config", config, "--log-target", "console"])
         SpoolBench.waitForSocket(spool)
         let start = now()

@@ -5,6 +5,7 @@
 // Each (engine, workload, size) runs in a child process of its own, so its peak RSS is its own.
 // Foundation runs a size only when the trend of its smaller sizes says it would finish within 60 s.
 
+import Daemon
 import Foundation
 import OperationEngine
 
@@ -185,6 +186,15 @@ case "spool":
     SpoolBench.run(Array(arguments.dropFirst()))
 case "images":
     do { try ImageBench.run(Array(arguments.dropFirst())) } catch { FileHandle.standardError.write(Data("images: \(error)\n".utf8)); exit(1) }
+case "samples":
+    // The walk-through's sample photos (spool/examples/images), made once and committed.
+    guard let folder = arguments.dropFirst().first else { exit(64) }
+    do {
+        for (i, name) in ["harbour", "meadow", "dusk"].enumerated() {
+            let image = try ImageBench.photo(width: 640, height: 360, seed: UInt64(1000 + i))
+            try Codecs.encode(image, format: "jpeg", quality: 85).write(to: URL(fileURLWithPath: "\(folder)/\(name).jpg"))
+        }
+    } catch { FileHandle.standardError.write(Data("samples: \(error)\n".utf8)); exit(1) }
 case "corpus":
     let rest = Array(arguments.dropFirst())
     guard let folder = rest.first else { exit(64) }

@@ -533,14 +533,15 @@ struct Scheduler {
     }
 
     /// The next operation to start, if a queue has one and a free slot: among the queues' heads,
-    /// the highest effective QoS (ties: the queue declared first).
+    /// the highest effective QoS; at equal QoS the one submitted first (so a pipeline spread over
+    /// queues runs chain by chain, and what one stage produces is consumed before the next is made).
     mutating func nextDispatch(now: Double) -> Dispatch? {
-        var best: (queue: Int, priority: Int, qos: QualityOfService)?
+        var best: (queue: Int, priority: Int, qos: QualityOfService, seq: UInt64)?
         for q in queues.indices where queues[q].readyCount > 0 && !queues[q].suspended && queues[q].executing < effectiveLimit(q) {
             guard let head = head(of: q) else { continue }
             let qos = effectiveQoS(head.entry.ref)
-            if let current = best, current.qos >= qos { continue }
-            best = (q, head.priority, qos)
+            if let current = best, current.qos > qos || (current.qos == qos && current.seq <= head.entry.seq) { continue }
+            best = (q, head.priority, qos, head.entry.seq)
         }
         guard let best, let entry = queues[best.queue].ready[best.priority].pop() else { return nil }
         let ref = entry.ref

@@ -235,3 +235,26 @@ func chain(_ id: String, from source: String, _ filter: [String: Any], write pat
         #expect((byID["f-truncated-png"]?["error"] as? String)?.contains("truncated") == true, "\(byID["f-truncated-png"]?["error"] ?? "")")
     }
 }
+
+@Suite struct ShippedExampleTests {
+    /// The walk-through's photo example, as `make example` drops it, with the configuration `make run` uses.
+    @Test func photoExampleWorksOffline() throws {
+        let spool = TestSpool()
+        let examples = repositoryRoot + "/spool/examples"
+        let template = try String(contentsOfFile: examples + "/photos.plist.in", encoding: .utf8)
+        try Data(template.replacingOccurrences(of: "@EXAMPLES@", with: examples).utf8).write(to: URL(fileURLWithPath: spool.root + "/inbox/photos.plist"))
+        let config = spool.root + ".config.plist"
+        try plist(["download": ["fileRoots": [examples]]]).write(to: URL(fileURLWithPath: config))
+        defer { try? FileManager.default.removeItem(atPath: config) }
+        let once = try run("opqueued", ["--spool", spool.root, "--once", "--config", config, "--log-target", "console"])
+        #expect(once.status == 0)
+        let result = try #require(spool.result("photos", timeout: 5), "\(once.stderr)")
+        #expect(result["status"] as? String == "succeeded", "\(result["error"] ?? "")")
+        for path in ["harbour.jpg", "thumbnails/harbour.png", "meadow.jpg", "dusk.png"] {
+            let image = try Codecs.decode(Data(contentsOf: URL(fileURLWithPath: spool.root + "/outbox/photos/" + path)), maxPixels: 1 << 24)
+            #expect(image.width > 0, "\(path)")
+        }
+        let thumbnail = try Codecs.decode(Data(contentsOf: URL(fileURLWithPath: spool.root + "/outbox/photos/thumbnails/harbour.png")), maxPixels: 1 << 24)
+        #expect(thumbnail.width == 128 && thumbnail.height == 72)
+    }
+}

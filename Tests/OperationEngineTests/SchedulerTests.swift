@@ -406,6 +406,19 @@ func spec(_ name: String, _ queue: QueueID, qos: QualityOfService? = nil, priori
         #expect(h.dispatch() == ["x"])
     }
 
+    @Test func atEqualQoSTheOperationSubmittedFirstStartsFirstWhateverItsQueue() throws {
+        var h = Harness()
+        let filters = h.queue("filters")
+        let io = h.queue("io")
+        var g = GraphBuilder()
+        g.add(spec("write-1", io))
+        g.add(spec("sepia-2", filters))
+        g.add(spec("write-2", io))
+        _ = try h.s.submit(g, now: h.now)
+        // dispatch() lists the operations in the order they were chosen.
+        #expect(h.dispatch() == ["write-1", "sepia-2", "write-2"], "not the earlier-declared queue first")
+    }
+
     @Test func outputsNotKeptAreDroppedOnceEveryDependentHasEnded() throws {
         var h = Harness()
         let q = h.queue("q", limit: 1)
