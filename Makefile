@@ -55,6 +55,7 @@ bench: release
 	@missing=""; for p in $(BENCH_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing; fi
+	python3 -c 'import pyvips' 2>/dev/null || pip install -q pyvips || true
 	.build/release/opqueue-bench engine
 	.build/release/opqueue-bench spool
 	.build/release/opqueue-bench images

@@ -4,7 +4,8 @@
 // each using both cores, printing images per second, ratios and peak RSS:
 //   opqueued   one manifest of N chains file:// → sepia → write JPEG q90 (and thumbnail 256)
 //   ImageMagick  convert -color-matrix (the same matrix as our sepia at 0.8), two processes at a time
-//   libvips    vips recomb per file, two at a time; vipsthumbnail once over all files
+//   libvips    vips recomb per file, two at a time; in one process through pyvips (if it imports), two
+//              threads; vipsthumbnail once over all files
 //   floor      djpeg | cjpeg -quality 90, no filter, two at a time
 
 import Daemon
@@ -164,6 +165,11 @@ enum ImageBench {
             }
             try text.write(toFile: mat, atomically: true, encoding: .utf8)
             report("vips-recomb", shell("xargs -P2 -I{} sh -c 'vips recomb \"{}\" \(out)/vips-$(basename \"{}\")[Q=90] \(mat)' < \(listFile)"), images: count)
+        }
+        if shell("python3 -c 'import pyvips'").ok {
+            let script = (CommandLine.arguments[0] as NSString).deletingLastPathComponent + "/../../../Benchmarks/anchors/pyvips_sepia.py"
+            let path = FileManager.default.fileExists(atPath: script) ? script : "Benchmarks/anchors/pyvips_sepia.py"
+            report("pyvips-recomb-in-process", shell("python3 \(path) \(out) \(listFile)"), images: count)
         }
         if have("djpeg") && have("cjpeg") {
             report("djpeg-cjpeg-floor", shell("xargs -P2 -I{} sh -c 'djpeg \"{}\" | cjpeg -quality 90 > \(out)/floor-$(basename \"{}\")' < \(listFile)"), images: count)
