@@ -101,18 +101,24 @@ static void jpeg_message(j_common_ptr info, int level) {
 
 static void jpeg_silent(j_common_ptr info) { (void)info; }
 
+/// The error manager of a (de)compression: errors, and warnings too, longjmp to the caller's setjmp.
+static struct jpeg_error_mgr *jpeg_failure_init(struct jpeg_failure *failure, char *message, size_t message_size) {
+    struct jpeg_error_mgr *manager = jpeg_std_error(&failure->manager);
+    manager->error_exit = jpeg_fail;
+    manager->emit_message = jpeg_message;
+    manager->output_message = jpeg_silent;
+    failure->message = message;
+    failure->message_size = message_size;
+    return manager;
+}
+
 static int decode_jpeg(const uint8_t *data, size_t size, uint64_t max_pixels, int min_side, opq_image *out,
                        char *message, size_t message_size) {
     struct jpeg_decompress_struct info;
     struct jpeg_failure failure;
     uint8_t *volatile pixels = NULL;
     volatile int orientation = 1;
-    info.err = jpeg_std_error(&failure.manager);
-    failure.manager.error_exit = jpeg_fail;
-    failure.manager.emit_message = jpeg_message;
-    failure.manager.output_message = jpeg_silent;
-    failure.message = message;
-    failure.message_size = message_size;
+    info.err = jpeg_failure_init(&failure, message, message_size);
     if (setjmp(failure.jump)) {
         jpeg_destroy_decompress(&info);
         free(pixels);
@@ -178,11 +184,7 @@ int opq_encode_jpeg(const opq_image *image, int quality, uint8_t **out, size_t *
     struct jpeg_failure failure;
     unsigned char *volatile buffer = NULL;
     unsigned long length = 0;
-    info.err = jpeg_std_error(&failure.manager);
-    failure.manager.error_exit = jpeg_fail;
-    failure.manager.output_message = jpeg_silent;
-    failure.message = message;
-    failure.message_size = message_size;
+    info.err = jpeg_failure_init(&failure, message, message_size);
     if (setjmp(failure.jump)) {
         jpeg_destroy_compress(&info);
         free(buffer);
