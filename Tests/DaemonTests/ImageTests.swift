@@ -258,3 +258,27 @@ func chain(_ id: String, from source: String, _ filter: [String: Any], write pat
         #expect(thumbnail.width == 128 && thumbnail.height == 72)
     }
 }
+
+@Suite struct DecompressionBombTests {
+    /// maxPixels is checked from the header: the 30 GB the header asks for are never allocated. (A bound on
+    /// the daemon's peak RSS three orders of magnitude below that, not a measurement.)
+    @Test func aHugeHeaderFailsWithoutTheDaemonAllocatingIt() throws {
+        let s = try ImageSpool()
+        let made = try run("/usr/bin/env", ["python3", repositoryRoot + "/Tests/Support/make_pngs.py", s.images])
+        try #require(made.status == 0)
+        try s.spool.start(["--config", s.config])
+        try s.spool.drop("bomb.plist", ["job": "bomb", "operations": [
+            ["id": "get", "kind": "download", "url": s.url("huge.png")],
+            ["id": "open", "kind": "grayscale", "dependencies": ["get"]],
+        ]])
+        let result = try #require(s.spool.result("bomb"))
+        #expect(result["status"] as? String == "failed")
+        let ops = result["operations"] as? [[String: Any]] ?? []
+        #expect((ops.last?["error"] as? String)?.contains("is more than maxPixels") == true)
+        let pid = try #require(s.spool.daemon?.processIdentifier)
+        let status = try String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8)
+        let peak = status.split(separator: "\n").first { $0.hasPrefix("VmHWM:") }.flatMap { Int($0.split(separator: " ").dropFirst().first ?? "") } ?? Int.max
+        #expect(peak < 200_000, "peak RSS \(peak) kB")
+        #expect(s.spool.daemon?.isRunning == true)
+    }
+}
