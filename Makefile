@@ -32,8 +32,10 @@ deps:
 release: deps
 	$(SWIFT) build -c release
 
-# The walk-through's configuration: file:// downloads allowed under spool/examples (an absolute path).
-spool/opqueued.plist: Makefile
+# The walk-through's configuration: file:// downloads allowed under spool/examples (an absolute path, so it
+# is written anew each time: the clone may have moved).
+.PHONY: spool/opqueued.plist
+spool/opqueued.plist:
 	printf '<?xml version="1.0" encoding="UTF-8"?>\n<plist version="1.0"><dict><key>download</key><dict><key>fileRoots</key><array><string>%s</string></array></dict></dict></plist>\n' "$(CURDIR)/spool/examples" > $@
 
 run: release spool/opqueued.plist

@@ -15,6 +15,17 @@ static void set_message(char *message, size_t size, const char *text) {
     if (message && size) snprintf(message, size, "%s", text);
 }
 
+/// Whether width × height exceeds max_pixels; if so, says so in `message`. Checked from the header, before
+/// any pixel is allocated.
+static int exceeds_max_pixels(uint64_t width, uint64_t height, uint64_t max_pixels, char *message, size_t message_size) {
+    if (width * height <= max_pixels) return 0;
+    char text[160];
+    snprintf(text, sizeof text, "%llu×%llu pixels is more than maxPixels (%llu)", (unsigned long long)width,
+             (unsigned long long)height, (unsigned long long)max_pixels);
+    set_message(message, message_size, text);
+    return 1;
+}
+
 // MARK: EXIF orientation
 
 static unsigned read16(const uint8_t *p, int little) { return little ? (unsigned)(p[0] | p[1] << 8) : (unsigned)(p[0] << 8 | p[1]); }
@@ -128,11 +139,7 @@ static int decode_jpeg(const uint8_t *data, size_t size, uint64_t max_pixels, in
     jpeg_mem_src(&info, data, (unsigned long)size);
     jpeg_save_markers(&info, JPEG_APP0 + 1, 0xFFFF);
     jpeg_read_header(&info, TRUE);
-    if ((uint64_t)info.image_width * info.image_height > max_pixels) {
-        char text[160];
-        snprintf(text, sizeof text, "%u×%u pixels is more than maxPixels (%llu)", info.image_width, info.image_height,
-                 (unsigned long long)max_pixels);
-        set_message(message, message_size, text);
+    if (exceeds_max_pixels(info.image_width, info.image_height, max_pixels, message, message_size)) {
         jpeg_destroy_decompress(&info);
         return OPQ_CODEC_TOO_LARGE;
     }
@@ -266,10 +273,7 @@ static int decode_png(const uint8_t *data, size_t size, uint64_t max_pixels, opq
     png_set_read_fn(png, &context, png_read_memory);
     png_read_info(png, info);
     png_uint_32 width = png_get_image_width(png, info), height = png_get_image_height(png, info);
-    if ((uint64_t)width * height > max_pixels) {
-        char text[160];
-        snprintf(text, sizeof text, "%u×%u pixels is more than maxPixels (%llu)", width, height, (unsigned long long)max_pixels);
-        set_message(message, message_size, text);
+    if (exceeds_max_pixels(width, height, max_pixels, message, message_size)) {
         png_destroy_read_struct(&png, &info, NULL);
         return OPQ_CODEC_TOO_LARGE;
     }

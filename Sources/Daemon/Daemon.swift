@@ -284,8 +284,10 @@ public final class Daemon: @unchecked Sendable {
             }
             if recovered != nil { job.recovered.insert(i) }
             let queue = queueIDs[op.queue] ?? defaultQueue
-            var body = recovered ?? Kinds.body(for: op.parameters, environment: environment)
-            if base == 0, op.id == "photos", let url = job.plan?.photosURL {
+            let body: OperationBody
+            if let recovered {
+                body = recovered
+            } else if base == 0, op.id == "photos", let url = job.plan?.photosURL {
                 // §3.5: once the list has arrived, its graph joins the running job (before `photos` ends,
                 // so the job cannot finish in between).
                 body = Kinds.download(url, maxBytes: nil, environment: environment) { [weak self, weak job] data in
@@ -294,6 +296,8 @@ public final class Daemon: @unchecked Sendable {
                     try self.expand(job, with: Manifest.photoListOperations(photos, configuration: config), configuration: config)
                     return nil
                 }
+            } else {
+                body = Kinds.body(for: op.parameters, environment: environment)
             }
             let deps = op.dependencies.compactMap { job.operationIndex[$0] }
             graph.add(OperationSpec(
@@ -443,22 +447,28 @@ public final class Daemon: @unchecked Sendable {
                 abandon(publication.job, error)
             }
         }
-        var placed: [(publication: Publication, firstStart: Double?)] = []
         do {
             try commit()
-            for entry in staged {
-                do {
-                    try spool.place(job: entry.publication.job.id)
-                    placed.append(entry)
-                } catch {
-                    abandon(entry.publication.job, error)
-                }
-            }
-            try commit()
         } catch {
-            // Not known to be durable: nothing is announced; what is still in active/ is published at the next start.
+            // result.plist is not known to be durable: nothing moves; the jobs are published at the next start.
             for entry in staged { abandon(entry.publication.job, error) }
             return
+        }
+        var placed: [(publication: Publication, firstStart: Double?)] = []
+        for entry in staged {
+            do {
+                try spool.place(job: entry.publication.job.id)
+                placed.append(entry)
+            } catch {
+                abandon(entry.publication.job, error)
+            }
+        }
+        do {
+            try commit()
+        } catch {
+            // The entries are in the outbox already (whole, by rename); only the renames' durability is in doubt,
+            // and a rename the disk lost leaves the job in active/, published again at the next start.
+            logger.error("committing \(placed.count) outbox entries failed: \(error); a crash before the disk recovers republishes them at the next start")
         }
         for (publication, firstStart) in placed {
             let job = publication.job
