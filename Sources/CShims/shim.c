@@ -39,3 +39,7 @@ int opq_get_thread_nice(void) {
 int opq_thread_is_idle(void) { return sched_getscheduler(opq_gettid()) == SCHED_IDLE; }
 
 int opq_syncfs(int fd) { return syncfs(fd) == 0 ? 0 : -errno; }
+
+int opq_rename_noreplace(int dirfd, const char *from, const char *to) {
+    return syscall(SYS_renameat2, dirfd, from, dirfd, to, 1 /* RENAME_NOREPLACE */) == 0 ? 0 : -errno;
+}

@@ -53,6 +53,16 @@ public final class Daemon: @unchecked Sendable {
     private var waiting = 0
     /// Jobs whose outbox entries are to be published together (on `work`).
     private var publications: [Publication] = []
+    /// A spool fault (file system full, no descriptors left, read-only folder, I/O error): while it lasts
+    /// nothing is claimed and publications wait in `stalled`; both are retried until the spool works again.
+    /// On `work`; `faultReason` mirrors it under `lock` for status.
+    private var fault: (what: String, since: Double)?
+    private var faultReason: String?
+    private var stalled: [Publication] = []
+    private var faultRetryScheduled = false
+    /// Retries while the spool is faulty back off from the first to the last of these delays.
+    static let faultRetryDelays = [0.25, 0.5, 1, 2]
+    private var faultRetries = 0
 
     struct Publication {
         let job: RunningJob
@@ -117,7 +127,8 @@ public final class Daemon: @unchecked Sendable {
             if once {
                 lock.lock()
                 // Only what is there now; a file that cannot be claimed is not waited for.
-                onceNames = Set(spool.scanInbox(limit: Int.max).manifests.filter { spool.age(of: $0, now: 0) != nil })
+                let names = (try? spool.scanInbox(limit: Int.max).manifests) ?? []
+                onceNames = Set(names.filter { spool.age(of: $0, now: 0) != nil })
                 lock.unlock()
             }
         }
@@ -141,8 +152,8 @@ public final class Daemon: @unchecked Sendable {
     }
 
     /// On `work`: reads the inbox again, keeping the oldest names.
-    private func refill() {
-        let scan = spool.scanInbox(limit: Self.scanBatch)
+    private func refill() throws {
+        let scan = try spool.scanInbox(limit: Self.scanBatch)
         inboxQueue = Deque(scan.manifests)
         lastRefill = Date().timeIntervalSince1970
         rescanRequested = false
@@ -151,6 +162,7 @@ public final class Daemon: @unchecked Sendable {
         let fresh = scan.strangers.filter { strangersLogged.insert($0).inserted }
         lock.unlock()
         for stranger in fresh { logger.notice("inbox/\(stranger) is not a manifest (*.plist) and is left alone") }
+        for (from, to) in scan.renamed { logger.notice("inbox/\(from) was renamed inbox/\(to): its name is not UTF-8") }
     }
 
     /// On `work`: claims while there is room, then commits the claims together and accepts them.
@@ -160,9 +172,16 @@ public final class Daemon: @unchecked Sendable {
         let isStopping = stopping
         let onlyThese = onceNames
         lock.unlock()
-        guard room > 0, !isStopping else { return }
+        guard room > 0, !isStopping, fault == nil else { return }
         let now = Date().timeIntervalSince1970
-        if inboxQueue.isEmpty || (rescanRequested && now - lastRefill >= Self.rescanInterval) { refill() }
+        if inboxQueue.isEmpty || (rescanRequested && now - lastRefill >= Self.rescanInterval) {
+            do {
+                try refill()
+            } catch {
+                spoolFailed("reading the inbox", error)
+                return
+            }
+        }
         var claimed: [ClaimedJob] = []
         var settling: [String] = []
         while claimed.count < room, let name = inboxQueue.popFirst() {
@@ -171,10 +190,11 @@ public final class Daemon: @unchecked Sendable {
             lock.lock()
             let hinted = closedHints.remove(name) != nil
             lock.unlock()
-            if !hinted && onlyThese == nil {
-                guard let age = spool.age(of: name, now: now) else { continue }
-                // Not announced by inotify and still fresh: it may be being written in place.
-                if age < Self.settleSeconds { settling.append(name); continue }
+            // Not announced by inotify and still fresh: it may be being written in place. (Not a regular
+            // file: `claim` says why it is left alone.)
+            if !hinted && onlyThese == nil, let age = spool.age(of: name, now: now), age < Self.settleSeconds {
+                settling.append(name)
+                continue
             }
             do {
                 switch try spool.claim(name, requestedJob: Manifest.requestedJob(in:), now: Date().timeIntervalSince1970) {
@@ -189,7 +209,8 @@ public final class Daemon: @unchecked Sendable {
                     if fresh { logger.warning("inbox/\(name) cannot be claimed: \(reason)") }
                 }
             } catch {
-                logger.error("claiming inbox/\(name) failed: \(error); it stays in the inbox")
+                inboxQueue.prepend(name)
+                spoolFailed("claiming inbox/\(name)", error)
                 break
             }
         }
@@ -203,7 +224,7 @@ public final class Daemon: @unchecked Sendable {
             do {
                 try commit()
             } catch {
-                logger.error("committing \(claimed.count) claims failed: \(error); they run, and are recovered from active/ after a restart if the disk kept them")
+                spoolFailed("committing \(claimed.count) claims (they run, and are recovered from active/ after a restart if the disk kept them)", error)
             }
             lock.withLock { waiting = max(0, waiting - claimed.count) }
             for job in claimed { accept(job, resumed: false) }
@@ -393,7 +414,8 @@ public final class Daemon: @unchecked Sendable {
                         try spool.recordSuccess(job: job.id, operation: operation.id, record: DoneRecord(startedAt: started, finishedAt: t.time, attempts: record.attempts))
                         recorded = true
                     } catch {
-                        logger.error("recording the success of \(job.id)/\(operation.id) failed: \(error); it will run again after a restart")
+                        // Until the fault is over, operations that succeed may run again after a restart.
+                        work.async { [self] in spoolFailed("recording the success of \(job.id)/\(operation.id)", error) }
                     }
                 }
             }
@@ -444,14 +466,14 @@ public final class Daemon: @unchecked Sendable {
                 try spool.stage(job: publication.job.id, result: PropertyListSerialization.data(fromPropertyList: result, format: .xml, options: 0))
                 staged.append((publication, firstStart))
             } catch {
-                abandon(publication.job, error)
+                stall(publication, error)
             }
         }
         do {
             try commit()
         } catch {
-            // result.plist is not known to be durable: nothing moves; the jobs are published at the next start.
-            for entry in staged { abandon(entry.publication.job, error) }
+            // result.plist is not known to be durable: nothing moves yet.
+            for entry in staged { stall(entry.publication, error) }
             return
         }
         var placed: [(publication: Publication, firstStart: Double?)] = []
@@ -460,7 +482,7 @@ public final class Daemon: @unchecked Sendable {
                 try spool.place(job: entry.publication.job.id)
                 placed.append(entry)
             } catch {
-                abandon(entry.publication.job, error)
+                stall(entry.publication, error)
             }
         }
         do {
@@ -468,8 +490,9 @@ public final class Daemon: @unchecked Sendable {
         } catch {
             // The entries are in the outbox already (whole, by rename); only the renames' durability is in doubt,
             // and a rename the disk lost leaves the job in active/, published again at the next start.
-            logger.error("committing \(placed.count) outbox entries failed: \(error); a crash before the disk recovers republishes them at the next start")
+            spoolFailed("committing \(placed.count) outbox entries (a crash before the disk recovers republishes them at the next start)", error)
         }
+        if placed.count == staged.count && stalled.isEmpty && staged.count == batch.count { spoolWorked() }
         for (publication, firstStart) in placed {
             let job = publication.job
             var fields = ["OPQ_EVENT": "job", "OPQ_STATE": "finished", "OPQ_JOB": job.id, "OPQ_STATUS": publication.status]
@@ -494,14 +517,59 @@ public final class Daemon: @unchecked Sendable {
         claimMore()
     }
 
-    /// A job whose publication failed stays in active/ and is published at the next start.
-    private func abandon(_ job: RunningJob, _ error: any Error) {
-        logger.error("publishing outbox/\(job.id) failed: \(error); the job stays in active/ and is retried at the next start")
-        lock.lock()
-        jobs[job.id] = nil
-        if let g = job.group { byGroup[g] = nil }
-        lock.unlock()
-        if let g = job.group { engine.release(g) }
+    // MARK: Spool faults
+
+    /// On `work`: a publication could not be completed; it waits in active/ and is retried.
+    private func stall(_ publication: Publication, _ error: any Error) {
+        stalled.append(publication)
+        spoolFailed("publishing outbox/\(publication.job.id)", error)
+    }
+
+    /// On `work`: a spool operation failed. The first failure of a fault is logged, claiming pauses,
+    /// and a retry is scheduled; nothing is lost (claimed jobs stay in active/, the rest in the inbox).
+    private func spoolFailed(_ what: String, _ error: any Error) {
+        if fault == nil {
+            fault = (what, Date().timeIntervalSince1970)
+            lock.withLock { faultReason = "\(what) failed: \(error)" }
+            logger.error("\(what) failed: \(error); claiming is paused and publication waits until the spool works again (retried every few seconds)")
+        }
+        scheduleFaultRetry()
+    }
+
+    /// On `work`: the spool worked; if a fault was on, it is over.
+    private func spoolWorked() {
+        guard let fault else { return }
+        self.fault = nil
+        faultRetries = 0
+        lock.withLock { faultReason = nil }
+        let seconds = String(format: "%.1f", Date().timeIntervalSince1970 - fault.since)
+        logger.notice("the spool works again after \(seconds) s (\(fault.what) had failed); claiming resumes")
+    }
+
+    private func scheduleFaultRetry() {
+        guard !faultRetryScheduled else { return }
+        faultRetryScheduled = true
+        let delay = Self.faultRetryDelays[min(faultRetries, Self.faultRetryDelays.count - 1)]
+        faultRetries += 1
+        work.asyncAfter(deadline: .now() + delay) { [self] in
+            faultRetryScheduled = false
+            guard fault != nil else { return }
+            do {
+                try spool.probe()
+            } catch {
+                scheduleFaultRetry()
+                return
+            }
+            if stalled.isEmpty {
+                spoolWorked()
+                claimMore()
+            } else {
+                // Publication retried first; success there ends the fault (and claims more).
+                publications = stalled + publications
+                stalled = []
+                publishPending()
+            }
+        }
     }
 
     /// result.plist (SPEC §5), and when the first operation started.
@@ -641,13 +709,17 @@ public final class Daemon: @unchecked Sendable {
         public var waiting: Int
         public var executing: Int
         public var queues: [QueueSnapshot]
+        /// The spool fault claiming waits on, if any.
+        public var fault: String?
     }
 
     public func status() -> Status {
         lock.lock()
         let active = jobs.keys.sorted()
+        let waitingNow = waiting
+        let fault = faultReason
         lock.unlock()
-        return Status(activeJobs: active, waiting: lock.withLock { waiting }, executing: engine.executingCount, queues: engine.queues())
+        return Status(activeJobs: active, waiting: waitingNow, executing: engine.executingCount, queues: engine.queues(), fault: fault)
     }
 
     /// An active job's operations, for `show`.

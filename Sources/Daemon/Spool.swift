@@ -113,16 +113,38 @@ public final class Spool: @unchecked Sendable {
         public var waiting: Int
         /// Names that are not manifests (the daemon logs each once).
         public var strangers: [String]
+        /// Manifests whose names were not UTF-8, renamed in the inbox to a name that is (shown lossily → new name).
+        public var renamed: [(from: String, to: String)]
     }
 
-    /// One pass over the inbox. Non-UTF-8 names are skipped: they cannot be named in a result or a journal field.
-    public func scanInbox(limit: Int) -> InboxScan {
-        var scan = InboxScan(manifests: [], waiting: 0, strangers: [])
-        guard let dir = opendir(inbox) else { return scan }
+    /// One pass over the inbox. A `*.plist` name that is not UTF-8 cannot be named in a result or a journal
+    /// field: it is renamed in the inbox (never replacing a file) to its bytes with every invalid sequence
+    /// as `_`, and claimed under that name.
+    public func scanInbox(limit: Int) throws -> InboxScan {
+        var scan = InboxScan(manifests: [], waiting: 0, strangers: [], renamed: [])
+        let fd = open(inbox, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        guard fd >= 0 else { throw SpoolError(operation: "open", path: inbox, errno: errno) }
+        guard let dir = fdopendir(fd) else {
+            close(fd)
+            throw SpoolError(operation: "read", path: inbox, errno: errno)
+        }
         defer { closedir(dir) }
+        let suffix = Array(".plist".utf8)
         while let entry = readdir(dir) {
-            let name = withUnsafeBytes(of: entry.pointee.d_name) { String(validating: $0.prefix { $0 != 0 }, as: UTF8.self) }
-            guard let name, !name.hasPrefix(".") else { continue }
+            let bytes = withUnsafeBytes(of: entry.pointee.d_name) { Array($0.prefix { $0 != 0 }) }
+            guard let first = bytes.first, first != UInt8(ascii: ".") else { continue }
+            guard let name = String(validating: bytes, as: UTF8.self) else {
+                let shown = String(decoding: bytes, as: UTF8.self)
+                guard bytes.count > suffix.count, bytes.suffix(suffix.count).elementsEqual(suffix) else {
+                    scan.strangers.append(shown)
+                    continue
+                }
+                if let renamed = renameToUTF8(bytes, shown: shown, folder: dirfd(dir)) {
+                    scan.renamed.append((shown, renamed))
+                    scan.manifests.append(renamed)
+                }
+                continue
+            }
             if name.hasSuffix(".plist") {
                 scan.manifests.append(name)
             } else {
@@ -143,6 +165,28 @@ public final class Spool: @unchecked Sendable {
         return scan
     }
 
+    /// Renames an inbox entry whose name is not UTF-8; returns the new name, or nil if it could not be.
+    private func renameToUTF8(_ bytes: [UInt8], shown: String, folder: Int32) -> String? {
+        let stem = String(shown.dropLast(".plist".count).map { $0 == "\u{FFFD}" ? "_" : $0 })
+        for n in 0..<100 {
+            let candidate = (n == 0 ? stem : "\(stem).\(n)") + ".plist"
+            let result = (bytes + [0]).withUnsafeBufferPointer { from in
+                from.withMemoryRebound(to: CChar.self) { opq_rename_noreplace(folder, $0.baseAddress, candidate) }
+            }
+            if result == 0 { return candidate }
+            if result != -EEXIST { return nil }
+        }
+        return nil
+    }
+
+    /// Checks that the spool can be written (a file created, filled and removed in tmp/): the daemon's
+    /// way to learn that a fault (full file system, no descriptors left, read-only mount) is over.
+    public func probe() throws {
+        let path = tmp + "/.probe"
+        try writeFile(Data(count: 4096), to: path)
+        unlink(path)
+    }
+
     /// Seconds since the file was last modified, or nil if it is not a regular file.
     public func age(of name: String, now: Double) -> Double? {
         var st = stat()
@@ -154,19 +198,24 @@ public final class Spool: @unchecked Sendable {
         case claimed(ClaimedJob)
         /// Gone before it could be claimed (another process, or a rename under way).
         case vanished
-        /// Not a regular file, or unreadable: left alone.
+        /// Not a regular file of its own (a symlink, FIFO, folder, device, or a file with other hard
+        /// links), or unreadable: left alone.
         case skipped(String)
     }
+
+    /// Errors that say the daemon (not the file) is in trouble: out of descriptors, memory, or I/O.
+    static let resourceErrors: Set<Int32> = [EMFILE, ENFILE, ENOMEM, EIO, ENOSPC, EDQUOT, EROFS]
 
     /// Claims one inbox file: its job id is its `job` key if valid, else its file name; a collision
     /// with active/ or outbox/ appends `.1`, `.2`, … Durable at the next `commit()`.
     public func claim(_ name: String, requestedJob: (Data) -> String?, now: Double) throws -> ClaimOutcome {
         let source = inbox + "/" + name
         let data: Data
-        switch readRegularFile(source) {
+        switch readRegularFile(source, singleLink: true) {
         case .success(let d): data = d
         case .failure(let e):
             if e.errno == ENOENT { return .vanished }
+            if Self.resourceErrors.contains(e.errno) { throw e }
             return .skipped(e.description)
         }
         let stem = String(name.dropLast(".plist".count))
@@ -216,6 +265,8 @@ public final class Spool: @unchecked Sendable {
         for id in ((try? FileManager.default.contentsOfDirectory(atPath: active)) ?? []).sorted() where !id.hasPrefix(".") {
             let dir = active + "/" + id
             guard access(dir + "/manifest.plist", F_OK) == 0 else { removeTree(dir); continue }
+            // A `write` interrupted before its rename leaves a hidden .part file: it runs again.
+            removeParts(dir)
             guard case .success(let manifest) = readRegularFile(dir + "/manifest.plist") else {
                 problems.append("active/\(id)/manifest.plist cannot be read; left in place")
                 continue
@@ -310,13 +361,33 @@ public final class Spool: @unchecked Sendable {
 
 // MARK: File helpers (each error says what was done to which path)
 
-func readRegularFile(_ path: String, limit: Int = ManifestLimits.maxBytes + 1) -> Result<Data, SpoolError> {
+/// Removes hidden `.NAME.part` files (interrupted writes) in a job folder and its sub-folders.
+func removeParts(_ folder: String) {
+    guard let names = try? FileManager.default.contentsOfDirectory(atPath: folder) else { return }
+    for name in names {
+        let path = folder + "/" + name
+        var st = stat()
+        guard lstat(path, &st) == 0 else { continue }
+        if (st.st_mode & S_IFMT) == S_IFDIR {
+            removeParts(path)
+        } else if name.hasPrefix("."), name.hasSuffix(".part") {
+            unlink(path)
+        }
+    }
+}
+
+/// Reads a regular file, never following a symlink nor blocking on a FIFO. `singleLink` refuses a file
+/// with other hard links (an inbox entry linked to a file elsewhere is not the submitter's to hand over).
+func readRegularFile(_ path: String, limit: Int = ManifestLimits.maxBytes + 1, singleLink: Bool = false) -> Result<Data, SpoolError> {
     let fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC)
     guard fd >= 0 else { return .failure(SpoolError(operation: "open", path: path, errno: errno)) }
     defer { close(fd) }
     var st = stat()
     guard fstat(fd, &st) == 0 else { return .failure(SpoolError(operation: "fstat", path: path, errno: errno)) }
-    guard (st.st_mode & S_IFMT) == S_IFREG else { return .failure(SpoolError(operation: "open", path: path, errno: EINVAL)) }
+    guard (st.st_mode & S_IFMT) == S_IFREG else { return .failure(SpoolError(operation: "open (not a regular file)", path: path, errno: EINVAL)) }
+    guard !singleLink || st.st_nlink == 1 else {
+        return .failure(SpoolError(operation: "open (the file has \(st.st_nlink) hard links)", path: path, errno: EPERM))
+    }
     var data = Data()
     var buffer = [UInt8](repeating: 0, count: 65_536)
     while data.count < limit {

@@ -122,6 +122,7 @@ struct Status: ParsableCommand {
             return
         }
         print("state: \(response["state"] ?? "?")  jobs active: \((response["activeJobs"] as? [String])?.count ?? 0)  waiting: \(response["waiting"] ?? 0)  executing: \(response["executing"] ?? 0)")
+        if let fault = response["fault"] as? String { print("claiming paused: \(fault)") }
         print("QUEUE            LIMIT  QOS              SUSPENDED  PENDING  EXECUTING")
         for q in response["queues"] as? [[String: Any]] ?? [] {
             let name = (q["name"] as? String ?? "").padding(toLength: 16, withPad: " ", startingAt: 0)

@@ -137,6 +137,7 @@ struct StatusService: Service {
             while !Task.isCancelled {
                 let status = daemon.status()
                 var message = "STATUS=jobs active \(status.activeJobs.count), waiting \(status.waiting); operations executing \(status.executing)"
+                if let fault = status.fault { message += "; claiming paused: \(fault)" }
                 if watchdog != nil { message += "\nWATCHDOG=1" }
                 SystemdNotifier.notify(message)
                 try await Task.sleep(for: .seconds(interval))
@@ -151,13 +152,15 @@ func handle(_ request: [String: Any], _ daemon: Daemon) -> [String: Any] {
     switch command {
     case "status":
         let status = daemon.status()
-        return [
+        var response: [String: Any] = [
             "exit": 0, "state": "running", "activeJobs": status.activeJobs, "waiting": status.waiting, "executing": status.executing,
             "queues": status.queues.map { q in
                 ["name": q.name, "maxConcurrentOperationCount": q.maxConcurrentOperationCount, "qualityOfService": q.qualityOfService.name,
                  "suspended": q.isSuspended, "pending": q.pending, "executing": q.executing] as [String: Any]
             },
         ]
+        if let fault = status.fault { response["fault"] = fault }
+        return response
     case "show":
         guard let job = request["job"] as? String else { return ["exit": 64, "error": "show needs a job"] }
         if let operations = daemon.show(job: job) { return ["exit": 0, "job": job, "status": "running", "operations": operations] }

@@ -25,4 +25,8 @@ int opq_thread_is_idle(void);
 /// Returns 0 or -errno.
 int opq_syncfs(int fd);
 
+/// rename(2) that fails with -EEXIST rather than replace `to` (renameat2 with RENAME_NOREPLACE, relative
+/// to the folder open as `dirfd`). Returns 0 or -errno.
+int opq_rename_noreplace(int dirfd, const char *from, const char *to);
+
 #endif
