@@ -70,6 +70,12 @@ let package = Package(
             dependencies: ["OperationEngine", "Daemon"],
             path: "Benchmarks/opqueue-bench"
         ),
+        // The reliability campaigns (issue 5): run by `make test` at a bounded size, by `make campaigns` in full.
+        .executableTarget(
+            name: "opqueue-campaign",
+            dependencies: ["Daemon"],
+            path: "Tests/Campaigns"
+        ),
         .testTarget(name: "OperationEngineTests", dependencies: ["OperationEngine"]),
         .testTarget(name: "DaemonTests", dependencies: ["Daemon"]),
     ]

@@ -125,6 +125,7 @@ enum Kinds {
         let name = components.last ?? path
         let hidden = directory + "/." + name + ".part"
         try writeDurably(data, to: hidden, syncFolder: false)
+        CrashPoint.writePart.reached()
         guard rename(hidden, directory + "/" + name) == 0 else {
             let e = errno
             unlink(hidden)

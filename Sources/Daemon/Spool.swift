@@ -244,12 +244,14 @@ public final class Spool: @unchecked Sendable {
             removeTree(dir)
             throw error
         }
+        CrashPoint.claimRecorded.reached()
         if rename(source, dir + "/manifest.plist") != 0 {
             let e = errno
             removeTree(dir)
             if e == ENOENT { return .vanished }
             throw SpoolError(operation: "rename", path: source, errno: e)
         }
+        CrashPoint.claimRenamed.reached()
         return .claimed(ClaimedJob(id: id, requestedJob: id != wanted ? wanted : nil, manifestName: name, receivedAt: now, manifest: data, done: [:]))
     }
 
@@ -313,6 +315,7 @@ public final class Spool: @unchecked Sendable {
             }
             let fresh = progressPath + ".new"
             try writeDurably(Data(text.utf8), to: fresh, syncFolder: false)
+            CrashPoint.progressRewritten.reached()
             guard rename(fresh, progressPath) == 0 else { throw SpoolError(operation: "rename", path: fresh, errno: errno) }
             try syncDirectory(active)
             if progressFD >= 0 { close(progressFD) }
@@ -337,6 +340,7 @@ public final class Spool: @unchecked Sendable {
             guard progressFD >= 0 else { throw SpoolError(operation: "append to", path: progressPath, errno: EBADF) }
             try writeAll(progressFD, line, path: progressPath)
             progressBytes += line.count
+            CrashPoint.progressAppended.reached()
         }
     }
 
@@ -348,6 +352,7 @@ public final class Spool: @unchecked Sendable {
     /// Publication, step 1: writes result.plist into active/<job>/, beside the manifest and the outputs.
     public func stage(job: String, result: Data) throws {
         try writeFile(result, to: active + "/" + job + "/result.plist")
+        CrashPoint.publishStaged.reached()
     }
 
     /// Publication, step 2 (after a commit made result.plist durable): the whole folder moves to the outbox.
@@ -355,6 +360,7 @@ public final class Spool: @unchecked Sendable {
         guard rename(active + "/" + job, outbox + "/" + job) == 0 else {
             throw SpoolError(operation: "rename to outbox/\(job)", path: active + "/" + job, errno: errno)
         }
+        CrashPoint.publishPlaced.reached()
     }
 
 }
