@@ -73,8 +73,24 @@ enum Kinds {
                 default: throw KindFailure(description: "write needs an input: a dependency that produces an image or bytes")
                 }
                 if context.isCancelled { throw OperationCancelled() }
-                try writeOutput(data, to: environment.jobFolder, path: path)
+                try patiently({ context.isCancelled }) { try writeOutput(data, to: environment.jobFolder, path: path) }
                 return data
+            }
+        }
+    }
+
+    /// Runs `body`, waiting out a shortage of file descriptors (EMFILE, ENFILE: the daemon's trouble, not
+    /// the job's) rather than failing the operation: retried with a growing pause, for up to 30 s.
+    static func patiently<T>(_ isCancelled: () -> Bool, _ body: () throws -> T) throws -> T {
+        var pause: UInt32 = 5_000
+        let deadline = Date().addingTimeInterval(30)
+        while true {
+            do {
+                return try body()
+            } catch let error as SpoolError where (error.errno == EMFILE || error.errno == ENFILE) && Date() < deadline {
+                if isCancelled() { throw OperationCancelled() }
+                usleep(pause)
+                pause = min(pause * 2, 200_000)
             }
         }
     }
@@ -88,7 +104,9 @@ enum Kinds {
                 context.finish(Result { try then(result.get()) })
             }
             if url.lowercased().hasPrefix("file:") {
-                DispatchQueue.global().async { done(Downloader.readFile(url, maxBytes: limit, roots: environment.limits.fileRoots)) }
+                DispatchQueue.global().async {
+                    done(Result { try patiently({ context.isCancelled }) { try Downloader.readFile(url, maxBytes: limit, roots: environment.limits.fileRoots).get() } })
+                }
             } else {
                 context.onCancel(Downloader.shared.fetch(url, maxBytes: limit, limits: environment.limits, completion: done))
             }

@@ -55,6 +55,11 @@ struct CampaignSpool {
     var inbox: String { root + "/inbox" }
     var outbox: String { root + "/outbox" }
 
+    init(root: String, config: String) {
+        self.root = root
+        self.config = config
+    }
+
     init(_ name: String, parent: String, settings: [String: Any]) throws {
         root = parent + "/opq-\(name)-\(getpid())"
         try? FileManager.default.removeItem(atPath: root)

@@ -41,6 +41,8 @@ do {
     switch campaign {
     case "crash":
         ok = try CrashCampaign(jobs: option("jobs", 3000), kills: option("kills", 500), parent: parent, seed: seed).run()
+    case "faults":
+        ok = try FaultCampaign(parent: parent, jobs: option("jobs", 40), only: options["fault"]).run()
     default:
         FileHandle.standardError.write(Data("opqueue-campaign: unknown campaign \(campaign)\n".utf8))
         exit(64)
