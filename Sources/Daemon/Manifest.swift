@@ -152,8 +152,8 @@ public struct Manifest {
             else { problems.append("queuePriority: must be one of \(priorityNames)") }
         }
         if let value = top["timeoutSeconds"] {
-            if let t = PlistValue.real(value), t > 0 { plan.timeoutSeconds = t }
-            else { problems.append("timeoutSeconds: must be a positive number") }
+            if let t = PlistValue.real(value), t > 0, t < 1e9 { plan.timeoutSeconds = t }
+            else { problems.append("timeoutSeconds: must be a positive number of seconds, less than 1e9") }
         }
         if let value = top["metadata"] {
             if value is [String: Any], let data = try? PropertyListSerialization.data(fromPropertyList: value, format: .binary, options: 0) {
@@ -271,7 +271,7 @@ public struct Manifest {
         }
         var timeout: Double?
         if let value = dict["timeoutSeconds"] {
-            if let t = PlistValue.real(value), t > 0, t < 1e9 { timeout = t } else { problems.append("\(label): timeoutSeconds must be a positive number") }
+            if let t = PlistValue.real(value), t > 0, t < 1e9 { timeout = t } else { problems.append("\(label): timeoutSeconds must be a positive number of seconds, less than 1e9") }
         }
         var retries = 0
         if let value = dict["retries"] {
@@ -279,7 +279,7 @@ public struct Manifest {
         }
         var retryDelay = 1.0
         if let value = dict["retryDelaySeconds"] {
-            if let d = PlistValue.real(value), d >= 0, d < 1e9 { retryDelay = d } else { problems.append("\(label): retryDelaySeconds must be 0 or more") }
+            if let d = PlistValue.real(value), d >= 0, d < 1e9 { retryDelay = d } else { problems.append("\(label): retryDelaySeconds must be 0 or more seconds, less than 1e9") }
         }
         var runsAfterFailure = false
         if let value = dict["runsAfterFailure"] {

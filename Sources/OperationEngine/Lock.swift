@@ -53,8 +53,9 @@ final class Condition: @unchecked Sendable {
 
     /// Waits until signalled or until the monotonic clock reaches `deadline` (seconds).
     func wait(_ lock: Lock, untilMonotonic deadline: Double) {
-        let seconds = deadline.rounded(.down)
-        var ts = timespec(tv_sec: Int(seconds), tv_nsec: Int((deadline - seconds) * 1e9))
+        // A deadline decades away (or not a number) waits a day at most: the caller re-checks.
+        let seconds = deadline.isFinite ? min(deadline, 4e9).rounded(.down) : 86_400
+        var ts = timespec(tv_sec: Int(seconds), tv_nsec: deadline.isFinite && deadline < 4e9 ? Int((deadline - seconds) * 1e9) : 0)
         pthread_cond_timedwait(condition, lock.mutex, &ts)
     }
 

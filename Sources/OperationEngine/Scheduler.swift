@@ -519,12 +519,16 @@ struct Scheduler {
     }
 
     /// The queue's next operation by priority, then submission order; drops entries of operations
-    /// cancelled while they waited.
+    /// cancelled while they waited, also when their group has since been released (its slot perhaps
+    /// reused: the entry's sequence number must still be the node's).
     private mutating func head(of q: Int) -> (priority: Int, entry: ReadyEntry)? {
         var p = QueuePriority.allCases.count - 1
         while p >= 0 {
             while let entry = queues[q].ready[p].peek() {
-                if groups[Int(entry.ref.group)].nodes[Int(entry.ref.index)].state == .ready { return (p, entry) }
+                if isValid(entry.ref) {
+                    let node = groups[Int(entry.ref.group)].nodes[Int(entry.ref.index)]
+                    if node.state == .ready && node.seq == entry.seq { return (p, entry) }
+                }
                 queues[q].ready[p].pop()
             }
             p -= 1

@@ -43,6 +43,8 @@ do {
         ok = try CrashCampaign(jobs: option("jobs", 3000), kills: option("kills", 500), parent: parent, seed: seed).run()
     case "faults":
         ok = try FaultCampaign(parent: parent, jobs: option("jobs", 40), only: options["fault"]).run()
+    case "fuzz":
+        ok = try FuzzCampaign(manifests: option("manifests", 100_000), images: option("images", 10_000), parent: parent, seed: seed).run()
     default:
         FileHandle.standardError.write(Data("opqueue-campaign: unknown campaign \(campaign)\n".utf8))
         exit(64)
