@@ -69,6 +69,14 @@ func problems(_ object: Any) -> [String] {
         #expect(found.count == expected.count, "\(found)")
     }
 
+    /// Found by the fuzz campaign: a job timeout of 1e300 s reached the engine's timer and trapped.
+    @Test func absurdTimesAreRejected() {
+        let op: [String: Any] = ["id": "a", "kind": "sleep", "seconds": 0]
+        #expect(problems(["timeoutSeconds": 3.5e300, "operations": [op]]) == ["timeoutSeconds: must be a positive number of seconds, less than 1e9"])
+        #expect(problems(["operations": [op.merging(["timeoutSeconds": Double.infinity]) { $1 }]]).first?.contains("timeoutSeconds") == true)
+        #expect(problems(["operations": [op.merging(["retryDelaySeconds": 1e20]) { $1 }]]).first?.contains("retryDelaySeconds") == true)
+    }
+
     @Test func cyclesNameTheOperationsAlongThem() {
         let found = problems(["operations": [
             ["id": "a", "kind": "sleep", "seconds": 0, "dependencies": ["c"]],

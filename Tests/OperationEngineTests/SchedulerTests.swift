@@ -66,6 +66,30 @@ func spec(_ name: String, _ queue: QueueID, qos: QualityOfService? = nil, priori
 }
 
 @Suite struct SchedulerTests {
+    /// Found by the fuzz campaign: operations cancelled while ready stay in the ready list (removed lazily);
+    /// once their job is released, and its slot reused, the scheduler must skip them, not crash or run
+    /// the new job's operation in their place.
+    @Test func readyEntriesOfAReleasedJobAreSkipped() throws {
+        var h = Harness()
+        let q = h.queue("q", limit: 1, suspended: true)
+        var first = GraphBuilder()
+        for i in 0..<5 { first.add(spec("old\(i)", q), dependencies: []) }
+        let old = try h.s.submit(first, now: h.now)
+        h.s.cancel(group: old, now: h.now)
+        #expect(h.s.isFinished(old))
+        h.s.release(old)
+        var second = GraphBuilder()
+        second.add(spec("new0", q), dependencies: [])
+        second.add(spec("new1", q), dependencies: [0])
+        let new = try h.s.submit(second, now: h.now)
+        h.s.updateQueue(q, suspended: false)
+        #expect(h.dispatch() == ["new0"])
+        h.succeed("new0")
+        #expect(h.dispatch() == ["new1"])
+        h.succeed("new1")
+        #expect(h.states(new) == ["new0": .succeeded, "new1": .succeeded])
+    }
+
     @Test func dependenciesGateReadinessAcrossQueues() throws {
         var h = Harness()
         let a = h.queue("a"), b = h.queue("b")
