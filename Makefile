@@ -3,6 +3,7 @@
 #   make run     install what is missing, build, run the daemon on ./spool (file:// allowed under spool/examples)
 #   make example drop the offline photo example into ./spool/inbox (the daemon of `make run` picks it up)
 #   make test    install what is missing, build, run every test (what .ci/run does)
+#   make campaigns  the reliability campaigns at full size (crash, faults, fuzz, load; root)
 #   make bench   the benchmarks (release build)
 #   make install binaries, unit, catalog, sysusers/tmpfiles snippets (PREFIX=/usr/local)
 #   make install-files   the same without building, from BINARIES (the systemd tests install their debug build)
@@ -13,7 +14,7 @@ SPOOL ?= ./spool
 # Debian packages the build and the tests need.
 APT_PACKAGES = pkg-config libpng-dev libjpeg-dev libcurl4-openssl-dev libsystemd-dev systemd
 
-.PHONY: run example test deps build release bench install install-files clean
+.PHONY: run example test campaigns deps build release bench install install-files clean
 
 UNITDIR ?= /etc/systemd/system
 SYSUSERSDIR ?= /etc/sysusers.d
@@ -46,9 +47,23 @@ example:
 	sed 's|@EXAMPLES@|$(CURDIR)/spool/examples|g' spool/examples/photos.plist.in > $(SPOOL)/inbox/.photos.plist
 	mv $(SPOOL)/inbox/.photos.plist $(SPOOL)/inbox/photos.plist
 
+# Bounded reliability campaigns (issue 5) after the tests; `make campaigns` runs them at full size.
+CAMPAIGN = .build/debug/opqueue-campaign
+
 test: deps
 	$(SWIFT) build --build-tests
 	$(SWIFT) test
+	$(CAMPAIGN) crash --jobs 300 --kills 40
+	$(CAMPAIGN) faults --jobs 30
+	$(CAMPAIGN) fuzz --manifests 400 --images 200
+	$(CAMPAIGN) load --manifests 3000 --operations 50000
+
+campaigns: release
+	$(SWIFT) build -c release --product opqueue-campaign
+	.build/release/opqueue-campaign crash --jobs 3000 --kills 500
+	.build/release/opqueue-campaign faults --jobs 200
+	.build/release/opqueue-campaign fuzz --manifests 100000 --images 10000
+	.build/release/opqueue-campaign load --manifests 100000 --operations 1000000
 
 # The anchors the image benchmark compares with.
 BENCH_PACKAGES = imagemagick libvips-tools libjpeg-turbo-progs

@@ -45,6 +45,8 @@ do {
         ok = try FaultCampaign(parent: parent, jobs: option("jobs", 40), only: options["fault"]).run()
     case "fuzz":
         ok = try FuzzCampaign(manifests: option("manifests", 100_000), images: option("images", 10_000), parent: parent, seed: seed).run()
+    case "load":
+        ok = try LoadCampaign(manifests: option("manifests", 100_000), operations: option("operations", 1_000_000), parent: parent).run()
     default:
         FileHandle.standardError.write(Data("opqueue-campaign: unknown campaign \(campaign)\n".utf8))
         exit(64)

@@ -1,0 +1,150 @@
+// The load campaign (issue 5.5): N one-operation manifests dropped into the inbox at once, then one
+// manifest of M operations (chains of ten `sleep 0`), into a running daemon logging to journald.
+// Throughout, `status` is asked every 10 ms from another thread (latency p99 and max), and the daemon's
+// peak RSS is read. Afterwards the journal must hold every transition: four per operation (pending,
+// ready, executing, succeeded) and one `finished` per job, counted with journalctl by the daemon's pid.
+
+import Daemon
+import Foundation
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+struct LoadCampaign {
+    var manifests: Int
+    var operations: Int
+    var parent: String
+
+    final class StatusProbe: @unchecked Sendable {
+        let socket: String
+        private let lock = NSLock()
+        private var latencies: [Double] = []
+        private var failures = 0
+        private var running = true
+
+        init(socket: String) { self.socket = socket }
+
+        func start() {
+            Thread.detachNewThread { [self] in
+                while lock.withLock({ running }) {
+                    let t0 = now()
+                    let ok = (try? ControlClient.request(socket, ["command": "status"], timeout: 5)) != nil
+                    let ms = (now() - t0) * 1000
+                    lock.withLock { if ok { latencies.append(ms) } else { failures += 1 } }
+                    usleep(10_000)
+                }
+            }
+        }
+
+        func stop() -> (p99: Double, max: Double, count: Int, failures: Int) {
+            lock.withLock {
+                running = false
+                return (percentile(latencies, 0.99), latencies.max() ?? 0, latencies.count, failures)
+            }
+        }
+    }
+
+    func journalCount(_ matches: [String]) -> Int {
+        let p = Process()
+        p.executableURL = URL(fileURLWithPath: "/usr/bin/journalctl")
+        p.arguments = ["--no-pager", "-q", "-o", "cat"] + matches
+        let pipe = Pipe()
+        p.standardOutput = pipe
+        p.standardError = FileHandle.nullDevice
+        guard (try? p.run()) != nil else { return -1 }
+        var lines = 0
+        let handle = pipe.fileHandleForReading
+        while true {
+            let chunk = handle.availableData
+            if chunk.isEmpty { break }
+            lines += chunk.reduce(0) { $0 + ($1 == 0x0A ? 1 : 0) }
+        }
+        p.waitUntilExit()
+        return lines
+    }
+
+    func run() throws -> Bool {
+        try startJournald()
+        let spool = try CampaignSpool("load", parent: parent, settings: ["maxActiveJobs": 64])
+        let log = spool.root + ".log"
+        let daemon = try DaemonProcess(spool: spool, log: log, extra: ["--log-target", "journal"])
+        guard daemon.waitUntilReady(spool) else { throw CampaignFailure(description: "the daemon did not start; see \(log)") }
+        let probe = StatusProbe(socket: spool.root + "/opqueued.sock")
+        probe.start()
+        var ok = true
+
+        // 1. The mass drop: every file written aside, then all renamed in at once.
+        let stage = spool.root + "/staging"
+        try FileManager.default.createDirectory(atPath: stage, withIntermediateDirectories: true)
+        for i in 0..<manifests {
+            let data = plistData(["job": "load\(i)", "operations": [["id": "a", "kind": "sleep", "seconds": 0]]])
+            _ = FileManager.default.createFile(atPath: "\(stage)/load\(i).plist", contents: data)
+        }
+        let dropStart = now()
+        for i in 0..<manifests { rename("\(stage)/load\(i).plist", "\(spool.inbox)/load\(i).plist") }
+        var deadline = now() + max(120, Double(manifests) / 100)
+        while list(spool.outbox).count < manifests && now() < deadline && daemon.isRunning { usleep(100_000) }
+        let dropSeconds = now() - dropStart
+        let dropRSS = daemon.peakRSS
+        let dropDone = list(spool.outbox).count
+        let dropStatus = probe.stop()
+        say(String(format: "campaign=load part=drop manifests=%d outbox=%d seconds=%.1f manifests_per_second=%.0f peak_rss_mb=%.0f status_p99_ms=%.1f status_max_ms=%.1f status_asked=%d status_failed=%d",
+                   manifests, dropDone, dropSeconds, Double(dropDone) / dropSeconds, dropRSS, dropStatus.p99, dropStatus.max, dropStatus.count, dropStatus.failures))
+        ok = ok && dropDone == manifests && dropStatus.p99 < 100 && dropStatus.failures == 0
+
+        // 2. One manifest of `operations` operations.
+        var ops: [[String: Any]] = []
+        ops.reserveCapacity(operations)
+        for i in 0..<operations {
+            var op: [String: Any] = ["id": "o\(i)", "kind": "sleep", "seconds": 0]
+            if i % 10 != 0 { op["dependencies"] = ["o\(i - 1)"] }
+            ops.append(op)
+        }
+        let big = plistData(["job": "big", "operations": ops])
+        ops = []
+        let probe2 = StatusProbe(socket: spool.root + "/opqueued.sock")
+        probe2.start()
+        let bigStart = now()
+        drop(spool.inbox, "big.plist", big)
+        deadline = now() + max(300, Double(operations) / 2_000)
+        while !FileManager.default.fileExists(atPath: spool.outbox + "/big/result.plist") && now() < deadline && daemon.isRunning { usleep(100_000) }
+        let bigSeconds = now() - bigStart
+        let bigStatus = probe2.stop()
+        let status = readPlist(spool.outbox + "/big/result.plist")?["status"] as? String ?? "none"
+        let peak = daemon.peakRSS
+        say(String(format: "campaign=load part=big operations=%d manifest_mb=%.1f status=%@ seconds=%.1f operations_per_second=%.0f peak_rss_mb=%.0f status_p99_ms=%.1f status_max_ms=%.1f status_asked=%d status_failed=%d",
+                   operations, Double(big.count) / 1e6, status, bigSeconds, Double(operations) / bigSeconds, peak, bigStatus.p99, bigStatus.max, bigStatus.count, bigStatus.failures))
+        ok = ok && status == "succeeded" && bigStatus.p99 < 100 && bigStatus.failures == 0
+
+        let pid = daemon.pid
+        daemon.signal(SIGTERM)
+        let exit = daemon.wait(timeout: 60)
+        ok = ok && exit == 0
+        // 3. The journal: every transition of every operation, every job's end.
+        usleep(500_000)
+        let transitions = journalCount(["_PID=\(pid)", "OPQ_EVENT=operation"])
+        let finished = journalCount(["_PID=\(pid)", "OPQ_EVENT=job", "OPQ_STATE=finished"])
+        let expected = 4 * (manifests + operations)
+        say("campaign=load part=journal transitions=\(transitions) expected=\(expected) jobs_finished=\(finished) expected_jobs=\(manifests + 1) daemon_exit=\(exit.map(String.init) ?? "hang")")
+        ok = ok && transitions == expected && finished == manifests + 1
+        if ok { spool.remove(); try? FileManager.default.removeItem(atPath: log) } else { say("  kept for inspection: \(spool.root), \(log)") }
+        return ok
+    }
+
+    /// journald, started if none listens (as on a machine without systemd as PID 1).
+    func startJournald() throws {
+        if journalIsListening() { return }
+        try? FileManager.default.removeItem(atPath: "/run/systemd/journal/socket")
+        try FileManager.default.createDirectory(atPath: "/run/systemd/journal", withIntermediateDirectories: true)
+        let journald = Process()
+        journald.executableURL = URL(fileURLWithPath: "/lib/systemd/systemd-journald")
+        journald.standardInput = FileHandle.nullDevice
+        journald.standardOutput = FileHandle.nullDevice
+        journald.standardError = FileHandle.nullDevice
+        try journald.run()
+        let deadline = now() + 10
+        while !journalIsListening() && now() < deadline { usleep(20_000) }
+        if !journalIsListening() { throw CampaignFailure(description: "journald did not start") }
+    }
+}
