@@ -23,10 +23,15 @@ public final class ControlServer: @unchecked Sendable {
         unlink(path)
         fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         guard fd >= 0 else { throw SpoolError(operation: "socket", path: path, errno: errno) }
-        let bound = try withUnixAddress(path) { bind(fd, $0, $1) }
-        guard bound == 0 else { throw SpoolError(operation: "bind", path: path, errno: errno) }
-        _ = chmod(path, 0o660)
-        guard listen(fd, 64) == 0 else { throw SpoolError(operation: "listen", path: path, errno: errno) }
+        // Bound under a temporary name, restricted to owner and group, listening, and only then renamed
+        // into place: the socket is never reachable with a wider mode, and answers as soon as it is seen.
+        let fresh = path + ".new"
+        unlink(fresh)
+        let bound = try withUnixAddress(fresh) { bind(fd, $0, $1) }
+        guard bound == 0 else { throw SpoolError(operation: "bind", path: fresh, errno: errno) }
+        guard chmod(fresh, 0o660) == 0 else { throw SpoolError(operation: "chmod", path: fresh, errno: errno) }
+        guard listen(fd, 64) == 0 else { throw SpoolError(operation: "listen", path: fresh, errno: errno) }
+        guard rename(fresh, path) == 0 else { throw SpoolError(operation: "rename", path: fresh, errno: errno) }
         let thread = Thread { [self] in acceptLoop() }
         thread.name = "control"
         thread.start()

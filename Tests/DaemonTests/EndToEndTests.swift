@@ -280,6 +280,58 @@ func sleepOp(_ id: String, _ seconds: Double, deps: [String] = []) -> [String: A
         }
     }
 
+    /// Issue 5.3/5.6: what a submitter can put in the inbox besides a manifest — a symlink to a file
+    /// elsewhere, a hard link to one, a FIFO, a folder, a name that is not UTF-8, a very long name —
+    /// gets an answer and leads nowhere outside the spool; the control socket answers owner and group only.
+    @Test func hostileInboxEntriesAndTheSocketsMode() throws {
+        let spool = TestSpool()
+        let outside = spool.root + ".outside"
+        try Data("secret".utf8).write(to: URL(fileURLWithPath: outside))
+        defer { try? FileManager.default.removeItem(atPath: outside) }
+        let inbox = spool.root + "/inbox/"
+        #expect(symlink(outside, inbox + "link.plist") == 0)
+        #expect(link(outside, inbox + "hard.plist") == 0)
+        #expect(mkfifo(inbox + "fifo.plist", 0o644) == 0)
+        #expect(mkdir(inbox + "folder.plist", 0o755) == 0)
+        let raw: [UInt8] = Array("bad".utf8) + [0xFF, 0xFE] + Array(".plist".utf8)
+        let manifest = plist(["operations": [sleepOp("a", 0)]])
+        // The name with invalid bytes is made from the raw bytes (a Swift String cannot hold them).
+        let rawPath = (Array(inbox.utf8) + raw + [0]).map { CChar(bitPattern: $0) }
+        try manifest.write(to: URL(fileURLWithPath: spool.root + "/inbox/.raw"))
+        #expect(rename(spool.root + "/inbox/.raw", rawPath) == 0)
+        let long = String(repeating: "L", count: 240) + ".plist"
+        try spool.drop(long, ["operations": [sleepOp("a", 0)]])
+        try spool.start()
+        try spool.drop("after.plist", ["job": "after", "operations": [sleepOp("a", 0)]])
+        #expect(spool.result("after", timeout: 10)?["status"] as? String == "succeeded", "a FIFO or a folder in the inbox blocks nothing")
+        let renamed = try #require(spool.result("bad__", timeout: 10), "the non-UTF-8 name was renamed and claimed")
+        #expect(renamed["manifest"] as? String == "bad__.plist")
+        let longID = String(repeating: "L", count: 128)
+        #expect(spool.result(longID, timeout: 10)?["status"] as? String == "succeeded", "a long name gives a job id cut to 128")
+        usleep(300_000)
+        let inboxNow = spool.list("inbox")
+        #expect(inboxNow == ["fifo.plist", "folder.plist", "hard.plist", "link.plist"], "left alone: \(inboxNow)")
+        #expect(try String(contentsOfFile: outside, encoding: .utf8) == "secret")
+        let log = try String(contentsOfFile: spool.logPath, encoding: .utf8)
+        for name in ["link.plist", "hard.plist", "fifo.plist", "folder.plist"] {
+            #expect(log.contains("inbox/\(name) cannot be claimed"), "\(name) is logged")
+        }
+        #expect(log.contains("2 hard links"))
+
+        // The socket: mode 0660; another user is refused, a member of its group is answered.
+        var st = stat()
+        #expect(stat(spool.root + "/opqueued.sock", &st) == 0 && st.st_mode & 0o777 == 0o660)
+        chmod(spool.root, 0o755)
+        let ctl = binaries + "/opqueuectl"
+        let stranger = try run("/usr/bin/setpriv", ["--reuid=65534", "--regid=65534", "--clear-groups", ctl, "--spool", spool.root, "status"])
+        #expect(stranger.status == 3, "another user: \(stranger.stderr)")
+        #expect(stranger.stderr.contains("Permission denied"))
+        let member = try run("/usr/bin/setpriv", ["--reuid=65534", "--regid=\(st.st_gid)", "--clear-groups", ctl, "--spool", spool.root, "status"])
+        #expect(member.status == 0, "the socket's group: \(member.stderr)")
+        spool.signal(SIGTERM)
+        #expect(spool.waitForExit() == 0)
+    }
+
     @Test func sigtermDrainsAndUnfinishedJobsResume() throws {
         let spool = TestSpool()
         let config = spool.root + ".config.plist"
