@@ -77,6 +77,40 @@ final class LoopbackServer {
         #expect(!error("refused").isEmpty)
     }
 
+    /// Issue 5.4: a server that stalls, trickles, lies about Content-Length, never ends its headers or
+    /// redirects to a file: each transfer ends by its timeout or its bound, with an error that says which,
+    /// and the daemon's memory stays small (an endless header stream is not kept).
+    @Test func hostileServersHoldNoSlotPastTheTimeoutNorGrowMemory() throws {
+        let s = try ImageSpool(extraConfig: ["download": ["timeoutSeconds": 2, "maxBytes": 1_000_000]])
+        let server = try LoopbackServer(folder: s.images)
+        let paths = ["/hang", "/trickle", "/trickle-headers", "/endless-headers", "/short", "/long", "/to-file"]
+        let ops: [[String: Any]] = paths.map { ["id": String($0.dropFirst()), "kind": "download", "url": server.url($0)] }
+        try s.spool.start(["--config", s.config])
+        let started = Date()
+        try s.spool.drop("hostile.plist", ["job": "hostile", "operations": ops])
+        let result = try #require(s.spool.result("hostile", timeout: 20))
+        let seconds = Date().timeIntervalSince(started)
+        var byID: [String: [String: Any]] = [:]
+        for op in result["operations"] as? [[String: Any]] ?? [] { byID[op["id"] as? String ?? ""] = op }
+        #expect(seconds < 6, "every transfer ended by its 2 s timeout (took \(seconds) s)")
+        #expect(result["status"] as? String == "failed")
+        func error(_ id: String) -> String { byID[id]?["error"] as? String ?? "" }
+        for id in ["hang", "trickle", "trickle-headers"] {
+            #expect(error(id).contains("imed out"), "\(id): \(error(id))")
+            #expect((byID[id]?["durationSeconds"] as? Double ?? 99) < 3, "\(id) held its slot \(byID[id]?["durationSeconds"] ?? "?") s")
+        }
+        #expect(!error("endless-headers").isEmpty, "endless headers fail: \(error("endless-headers"))")
+        #expect(error("short").lowercased().contains("transfer closed") || error("short").contains("partial"), "\(error("short"))")
+        // HTTP says the body is what Content-Length says: 10 bytes, the rest ignored.
+        #expect(byID["long"]?["state"] as? String == "succeeded", "\(error("long"))")
+        #expect(error("to-file").lowercased().contains("protocol"), "\(error("to-file"))")
+        let pid = try #require(s.spool.daemon?.processIdentifier)
+        let status = try String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8)
+        let peak = status.split(separator: "\n").first { $0.hasPrefix("VmHWM:") }.flatMap { Int($0.split(separator: " ").dropFirst().first ?? "") } ?? Int.max
+        #expect(peak < 150_000, "peak RSS \(peak) kB")
+        #expect(s.spool.daemon?.isRunning == true)
+    }
+
     @Test func cancellingAbortsTheTransferAtOnce() throws {
         let s = try ImageSpool()
         let server = try LoopbackServer(folder: s.images)

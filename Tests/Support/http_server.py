@@ -8,6 +8,12 @@
 /big-chunked      10,000,000 bytes without Content-Length (chunked)
 /loop             a redirect to itself, forever
 /to-ftp           a redirect to an ftp:// URL
+/trickle          headers at once, then one byte every 0.2 s, forever (no Content-Length)
+/trickle-headers  a header line every 0.2 s, forever (the status line sent, the headers never end)
+/endless-headers  header lines as fast as the socket takes them, forever
+/short            Content-Length: 100000, then 10 bytes and the connection closed (a lie)
+/long             Content-Length: 10, then 5,000,000 bytes (a lie the other way)
+/to-file          a redirect to a file:// URL
 /hang             accepts, reads the request, never answers; logs "closed /hang T" to FOLDER/events.log when
                   the client goes away (T: time.time())
 Usage: http_server.py FOLDER
@@ -70,6 +76,42 @@ class Handler(http.server.BaseHTTPRequestHandler):
             elif path == "/to-ftp":
                 self.send_response(302)
                 self.send_header("Location", "ftp://127.0.0.1/x")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+            elif path == "/trickle":
+                self.send_response(200)
+                self.end_headers()
+                while True:
+                    self.wfile.write(b"t")
+                    self.wfile.flush()
+                    time.sleep(0.2)
+            elif path in ("/trickle-headers", "/endless-headers"):
+                self.wfile.write(b"HTTP/1.1 200 OK\r\n")
+                n = 0
+                while True:
+                    self.wfile.write(b"X-Junk-%d: %s\r\n" % (n, b"j" * 1000))
+                    n += 1
+                    if path == "/trickle-headers":
+                        self.wfile.flush()
+                        time.sleep(0.2)
+            elif path == "/short":
+                self.send_response(200)
+                self.send_header("Content-Length", "100000")
+                self.end_headers()
+                self.wfile.write(b"0123456789")
+                self.wfile.flush()
+                self.close_connection = True
+            elif path == "/long":
+                self.send_response(200)
+                self.send_header("Content-Length", "10")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                for _ in range(50):
+                    self.wfile.write(b"L" * 100000)
+                self.close_connection = True
+            elif path == "/to-file":
+                self.send_response(302)
+                self.send_header("Location", "file:///etc/passwd")
                 self.send_header("Content-Length", "0")
                 self.end_headers()
             elif path == "/hang":
