@@ -82,7 +82,8 @@ public struct JobPlan: Sendable {
 }
 
 public enum ManifestLimits {
-    public static let maxBytes = 64 << 20
+    /// A binary manifest of 1,000,000 operations in chains takes ~125 MB.
+    public static let maxBytes = 256 << 20
     public static let maxOperations = 1_000_000
 }
 
