@@ -67,16 +67,23 @@ let package = Package(
         ),
         .executableTarget(
             name: "opqueue-bench",
-            dependencies: ["OperationEngine", "Daemon"],
+            dependencies: ["OperationEngine", "Daemon", "TestSupport"],
             path: "Benchmarks/opqueue-bench"
         ),
         // The reliability campaigns (issue 5): run by `make test` at a bounded size, by `make campaigns` in full.
         .executableTarget(
             name: "opqueue-campaign",
-            dependencies: ["Daemon"],
+            dependencies: ["Daemon", "TestSupport"],
             path: "Tests/Campaigns"
         ),
+        // Shared by the tests, the campaigns and the benchmarks.
+        .target(
+            name: "TestSupport",
+            dependencies: ["Daemon"],
+            path: "Tests/Support",
+            exclude: ["http_server.py", "make_pngs.py"]
+        ),
         .testTarget(name: "OperationEngineTests", dependencies: ["OperationEngine"]),
-        .testTarget(name: "DaemonTests", dependencies: ["Daemon"]),
+        .testTarget(name: "DaemonTests", dependencies: ["Daemon", "TestSupport"]),
     ]
 )

@@ -8,6 +8,7 @@
 
 import Daemon
 import Foundation
+import TestSupport
 
 #if canImport(Glibc)
 import Glibc
@@ -53,12 +54,7 @@ enum SpoolBench {
         return n
     }
 
-    static func peakRSS(_ pid: Int32) -> Double {
-        guard let status = try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8),
-              let line = status.split(separator: "\n").first(where: { $0.hasPrefix("VmHWM:") }),
-              let kb = Double(line.split(separator: " ").dropFirst().first ?? "") else { return 0 }
-        return kb / 1024
-    }
+    static func peakRSS(_ pid: Int32) -> Double { processMemoryMB(pid) }
 
     static func run(_ arguments: [String]) {
         let n = arguments.first.flatMap(Int.init) ?? 10_000

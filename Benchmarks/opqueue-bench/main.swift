@@ -8,6 +8,7 @@
 import Daemon
 import Foundation
 import OperationEngine
+import TestSupport
 
 #if canImport(Glibc)
 import Glibc
@@ -15,18 +16,6 @@ import Glibc
 
 enum Workload: String, CaseIterable {
     case independent, serial, chain, fanout, layered
-}
-
-/// Deterministic generator (SplitMix64) so both engines run the same graphs.
-struct SplitMix: RandomNumberGenerator {
-    var state: UInt64
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
-    }
 }
 
 /// The dependencies of operation i in each workload (by number).

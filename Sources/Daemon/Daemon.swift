@@ -487,12 +487,13 @@ public final class Daemon: @unchecked Sendable {
         }
         do {
             try commit()
+            // Every step of the batch worked (and nothing waits from an earlier one): a fault is over.
+            if stalled.isEmpty { spoolWorked() }
         } catch {
             // The entries are in the outbox already (whole, by rename); only the renames' durability is in doubt,
             // and a rename the disk lost leaves the job in active/, published again at the next start.
             spoolFailed("committing \(placed.count) outbox entries (a crash before the disk recovers republishes them at the next start)", error)
         }
-        if placed.count == staged.count && stalled.isEmpty && staged.count == batch.count { spoolWorked() }
         for (publication, firstStart) in placed {
             let job = publication.job
             var fields = ["OPQ_EVENT": "job", "OPQ_STATE": "finished", "OPQ_JOB": job.id, "OPQ_STATUS": publication.status]

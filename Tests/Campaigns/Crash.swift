@@ -12,6 +12,7 @@
 
 import Daemon
 import Foundation
+import TestSupport
 
 #if canImport(Glibc)
 import Glibc
@@ -88,13 +89,12 @@ struct CrashCampaign {
     }
 
     func run() throws -> Bool {
-        var rng = SplitMix(seed: seed)
+        var rng = SplitMix(state: seed)
         let images = parent + "/opq-crash-images-\(getpid())"
         try FileManager.default.createDirectory(atPath: images, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(atPath: images) }
         for i in 0..<8 { try sampleJPEG(width: 320, height: 240, seed: i).write(to: URL(fileURLWithPath: "\(images)/photo\(i).jpg")) }
         let server = try LoopbackServer(folder: images)
-        defer { server.stop() }
         let spool = try CampaignSpool("crash", parent: parent, settings: [
             "maxActiveJobs": 48, "shutdownGraceSeconds": 5,
             "download": ["fileRoots": [images], "timeoutSeconds": 10],
@@ -248,14 +248,3 @@ func crashReports(_ log: String) -> [String] {
     }.map(String.init)
 }
 
-struct SplitMix: RandomNumberGenerator {
-    var state: UInt64
-    init(seed: UInt64) { state = seed }
-    mutating func next() -> UInt64 {
-        state &+= 0x9E37_79B9_7F4A_7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
-        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
-        return z ^ (z >> 31)
-    }
-}

@@ -10,6 +10,7 @@
 
 import Daemon
 import Foundation
+import TestSupport
 
 #if canImport(Glibc)
 import Glibc
@@ -23,12 +24,11 @@ struct FuzzCampaign {
     var batch = 500
 
     func run() throws -> Bool {
-        var rng = SplitMix(seed: seed)
+        var rng = SplitMix(state: seed)
         let spool = try CampaignSpool("fuzz", parent: parent, settings: [:])
         let roots = spool.root + ".images"
         try FileManager.default.createDirectory(atPath: roots, withIntermediateDirectories: true)
         let server = try LoopbackServer(folder: roots)
-        defer { server.stop() }
         try plistData(["maxActiveJobs": 64, "image": ["maxPixels": 40_000_000],
                        "download": ["fileRoots": [roots], "connectTimeoutSeconds": 1, "timeoutSeconds": 3, "maxBytes": 4_000_000]], binary: false)
             .write(to: URL(fileURLWithPath: spool.config))
@@ -122,7 +122,7 @@ struct FuzzCampaign {
                 unanswered.append("\(name): no answer (inbox: \(FileManager.default.fileExists(atPath: spool.inbox + "/" + name)))")
             }
             for status in answered.values { statusCounts[status, default: 0] += 1 }
-            lastRSS = currentRSS(daemon.pid)
+            lastRSS = processMemoryMB(daemon.pid, "VmRSS")
             if firstRSS == 0 { firstRSS = lastRSS }
             peakRSS = max(peakRSS, daemon.peakRSS)
         }
@@ -145,13 +145,6 @@ struct FuzzCampaign {
             say("  kept for inspection: \(spool.root), \(roots), \(log)")
         }
         return ok
-    }
-
-    func currentRSS(_ pid: Int32) -> Double {
-        guard let status = try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8),
-              let line = status.split(separator: "\n").first(where: { $0.hasPrefix("VmRSS:") }),
-              let kb = Double(line.split(separator: " ").dropFirst().first ?? "") else { return 0 }
-        return kb / 1024
     }
 
     // MARK: Mutation

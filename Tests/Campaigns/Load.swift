@@ -6,6 +6,7 @@
 
 import Daemon
 import Foundation
+import TestSupport
 
 #if canImport(Glibc)
 import Glibc
@@ -65,7 +66,7 @@ struct LoadCampaign {
     }
 
     func run() throws -> Bool {
-        try startJournald()
+        try ensureJournald()
         let spool = try CampaignSpool("load", parent: parent, settings: ["maxActiveJobs": 64])
         let log = spool.root + ".log"
         let daemon = try DaemonProcess(spool: spool, log: log, extra: ["--log-target", "journal"])
@@ -130,21 +131,5 @@ struct LoadCampaign {
         ok = ok && transitions == expected && finished == manifests + 1
         if ok { spool.remove(); try? FileManager.default.removeItem(atPath: log) } else { say("  kept for inspection: \(spool.root), \(log)") }
         return ok
-    }
-
-    /// journald, started if none listens (as on a machine without systemd as PID 1).
-    func startJournald() throws {
-        if journalIsListening() { return }
-        try? FileManager.default.removeItem(atPath: "/run/systemd/journal/socket")
-        try FileManager.default.createDirectory(atPath: "/run/systemd/journal", withIntermediateDirectories: true)
-        let journald = Process()
-        journald.executableURL = URL(fileURLWithPath: "/lib/systemd/systemd-journald")
-        journald.standardInput = FileHandle.nullDevice
-        journald.standardOutput = FileHandle.nullDevice
-        journald.standardError = FileHandle.nullDevice
-        try journald.run()
-        let deadline = now() + 10
-        while !journalIsListening() && now() < deadline { usleep(20_000) }
-        if !journalIsListening() { throw CampaignFailure(description: "journald did not start") }
     }
 }

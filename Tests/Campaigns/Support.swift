@@ -3,13 +3,11 @@
 
 import Daemon
 import Foundation
+import TestSupport
 
 #if canImport(Glibc)
 import Glibc
 #endif
-
-/// The repository's Tests/ folder (the campaign runs from a build of this checkout).
-let testsFolder = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().path
 
 /// The folder holding this executable and its siblings (opqueued, opqueuectl).
 let binaries: String = {
@@ -115,12 +113,7 @@ final class DaemonProcess {
     }
 
     /// Peak resident memory so far, MB (0 once the process is gone).
-    var peakRSS: Double {
-        guard let status = try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8),
-              let line = status.split(separator: "\n").first(where: { $0.hasPrefix("VmHWM:") }),
-              let kb = Double(line.split(separator: " ").dropFirst().first ?? "") else { return 0 }
-        return kb / 1024
-    }
+    var peakRSS: Double { processMemoryMB(pid) }
 
     /// Waits until the control socket accepts connections.
     func waitUntilReady(_ spool: CampaignSpool, timeout: Double = 20) -> Bool {
@@ -130,39 +123,6 @@ final class DaemonProcess {
             usleep(10_000)
         }
         return false
-    }
-}
-
-/// Tests/Support/http_server.py on a loopback port.
-final class LoopbackServer {
-    let process = Process()
-    let port: Int
-
-    init(folder: String) throws {
-        process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
-        process.arguments = ["python3", testsFolder + "/Support/http_server.py", folder]
-        let pipe = Pipe()
-        process.standardOutput = pipe
-        process.standardError = FileHandle.nullDevice
-        process.standardInput = FileHandle.nullDevice
-        try process.run()
-        var line = Data()
-        while !line.contains(0x0A) {
-            let chunk = pipe.fileHandleForReading.availableData
-            if chunk.isEmpty { break }
-            line.append(chunk)
-        }
-        guard let port = Int(String(decoding: line, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)) else {
-            throw CampaignFailure(description: "the loopback HTTP server did not start")
-        }
-        self.port = port
-    }
-
-    var base: String { "http://127.0.0.1:\(port)" }
-
-    func stop() {
-        kill(process.processIdentifier, SIGKILL)
-        process.waitUntilExit()
     }
 }
 

@@ -2,43 +2,8 @@
 
 import Foundation
 import Testing
+import TestSupport
 @testable import Daemon
-
-/// The loopback server, on a free port, serving `folder`.
-final class LoopbackServer {
-    let process = Process()
-    let folder: String
-    let port: Int
-
-    init(folder: String) throws {
-        self.folder = folder
-        process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
-        process.arguments = ["python3", repositoryRoot + "/Tests/Support/http_server.py", folder]
-        let out = Pipe()
-        process.standardOutput = out
-        process.standardError = FileHandle.nullDevice
-        try process.run()
-        var line = Data()
-        while !line.contains(0x0A) {
-            let chunk = out.fileHandleForReading.availableData
-            if chunk.isEmpty { break }
-            line.append(chunk)
-        }
-        guard let port = Int(String(decoding: line, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)) else {
-            kill(process.processIdentifier, SIGKILL)
-            throw TestFailure("the loopback HTTP server did not start")
-        }
-        self.port = port
-    }
-
-    func url(_ path: String) -> String { "http://127.0.0.1:\(port)\(path)" }
-
-    deinit {
-        // SIGKILL: the child inherits the test runner's signal mask, in which SIGTERM may be blocked.
-        kill(process.processIdentifier, SIGKILL)
-        process.waitUntilExit()
-    }
-}
 
 @Suite(.serialized) struct DownloadTests {
     @Test func httpFailuresSayWhatWentWrong() throws {
@@ -104,10 +69,8 @@ final class LoopbackServer {
         // HTTP says the body is what Content-Length says: 10 bytes, the rest ignored.
         #expect(byID["long"]?["state"] as? String == "succeeded", "\(error("long"))")
         #expect(error("to-file").lowercased().contains("protocol"), "\(error("to-file"))")
-        let pid = try #require(s.spool.daemon?.processIdentifier)
-        let status = try String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8)
-        let peak = status.split(separator: "\n").first { $0.hasPrefix("VmHWM:") }.flatMap { Int($0.split(separator: " ").dropFirst().first ?? "") } ?? Int.max
-        #expect(peak < 150_000, "peak RSS \(peak) kB")
+        let peak = processMemoryMB(try #require(s.spool.daemon?.processIdentifier))
+        #expect(peak > 0 && peak < 150, "peak RSS \(peak) MB")
         #expect(s.spool.daemon?.isRunning == true)
     }
 

@@ -3,6 +3,7 @@
 
 import Foundation
 import Testing
+import TestSupport
 @testable import Daemon
 
 let repositoryRoot = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent().path
@@ -401,23 +402,6 @@ func sleepOp(_ id: String, _ seconds: Double, deps: [String] = []) -> [String: A
 }
 
 /// A real journald: the machine's, or one started here (root only), as DEVELOPERS' recipe does.
-func ensureJournald() throws {
-    if journalIsListening() { return }
-    // A socket file left by a journald that is gone would make the wait below end at once.
-    try? FileManager.default.removeItem(atPath: journalSocketPath)
-    try FileManager.default.createDirectory(atPath: "/run/systemd/journal", withIntermediateDirectories: true)
-    let journald = Process()
-    journald.executableURL = URL(fileURLWithPath: "/lib/systemd/systemd-journald")
-    // It outlives the test run: it must not hold the runner's output pipes open.
-    journald.standardInput = FileHandle.nullDevice
-    journald.standardOutput = FileHandle.nullDevice
-    journald.standardError = FileHandle.nullDevice
-    try journald.run()
-    let deadline = Date().addingTimeInterval(10)
-    while !journalIsListening() && Date() < deadline { usleep(20_000) }
-    if !journalIsListening() { throw TestFailure("journald did not start listening on \(journalSocketPath)") }
-}
-
 struct TestFailure: Error, CustomStringConvertible {
     let description: String
     init(_ description: String) { self.description = description }

@@ -4,6 +4,7 @@
 
 import Foundation
 import Testing
+import TestSupport
 @testable import Daemon
 
 /// A test image: RGB or RGBA with values from simple formulas.
@@ -162,7 +163,7 @@ func chain(_ id: String, from source: String, _ filter: [String: Any], write pat
 
     @Test func greyPaletteAndSixteenBitPNGsAreConverted() throws {
         let s = try ImageSpool()
-        let made = try DaemonTests.run("/usr/bin/env", ["python3", repositoryRoot + "/Tests/Support/make_pngs.py", s.images])
+        let made = try DaemonTests.run("/usr/bin/env", ["python3", supportFolder + "/make_pngs.py", s.images])
         try #require(made.status == 0, "\(made.stderr)")
         var ops: [[String: Any]] = []
         for name in ["grey8", "grey2", "palette", "rgb16", "huge"] {
@@ -264,7 +265,7 @@ func chain(_ id: String, from source: String, _ filter: [String: Any], write pat
     /// the daemon's peak RSS three orders of magnitude below that, not a measurement.)
     @Test func aHugeHeaderFailsWithoutTheDaemonAllocatingIt() throws {
         let s = try ImageSpool()
-        let made = try run("/usr/bin/env", ["python3", repositoryRoot + "/Tests/Support/make_pngs.py", s.images])
+        let made = try run("/usr/bin/env", ["python3", supportFolder + "/make_pngs.py", s.images])
         try #require(made.status == 0)
         try s.spool.start(["--config", s.config])
         try s.spool.drop("bomb.plist", ["job": "bomb", "operations": [
@@ -275,10 +276,8 @@ func chain(_ id: String, from source: String, _ filter: [String: Any], write pat
         #expect(result["status"] as? String == "failed")
         let ops = result["operations"] as? [[String: Any]] ?? []
         #expect((ops.last?["error"] as? String)?.contains("is more than maxPixels") == true)
-        let pid = try #require(s.spool.daemon?.processIdentifier)
-        let status = try String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8)
-        let peak = status.split(separator: "\n").first { $0.hasPrefix("VmHWM:") }.flatMap { Int($0.split(separator: " ").dropFirst().first ?? "") } ?? Int.max
-        #expect(peak < 200_000, "peak RSS \(peak) kB")
+        let peak = processMemoryMB(try #require(s.spool.daemon?.processIdentifier))
+        #expect(peak > 0 && peak < 200, "peak RSS \(peak) MB")
         #expect(s.spool.daemon?.isRunning == true)
     }
 }

@@ -39,6 +39,12 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
+    def redirect(self, location):
+        self.send_response(302)
+        self.send_header("Location", location)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
     def do_GET(self):
         path = self.path
         try:
@@ -69,15 +75,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
                     self.wfile.write(b"%x\r\n" % 100000 + b"z" * 100000 + b"\r\n")
                 self.wfile.write(b"0\r\n\r\n")
             elif path == "/loop":
-                self.send_response(302)
-                self.send_header("Location", "/loop")
-                self.send_header("Content-Length", "0")
-                self.end_headers()
+                self.redirect("/loop")
             elif path == "/to-ftp":
-                self.send_response(302)
-                self.send_header("Location", "ftp://127.0.0.1/x")
-                self.send_header("Content-Length", "0")
-                self.end_headers()
+                self.redirect("ftp://127.0.0.1/x")
             elif path == "/trickle":
                 self.send_response(200)
                 self.end_headers()
@@ -110,10 +110,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
                     self.wfile.write(b"L" * 100000)
                 self.close_connection = True
             elif path == "/to-file":
-                self.send_response(302)
-                self.send_header("Location", "file:///etc/passwd")
-                self.send_header("Content-Length", "0")
-                self.end_headers()
+                self.redirect("file:///etc/passwd")
             elif path == "/hang":
                 self.connection.settimeout(30)
                 try:

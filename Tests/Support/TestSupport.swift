@@ -1,0 +1,94 @@
+// What the tests, the campaigns and the benchmarks share: the loopback HTTP server (http_server.py beside
+// this file), a journald to log to, a process's memory figures, and a deterministic random generator.
+
+import Daemon
+import Foundation
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Tests/Support, where the helper scripts are.
+public let supportFolder = URL(fileURLWithPath: #filePath).deletingLastPathComponent().path
+
+public struct SupportFailure: Error, CustomStringConvertible {
+    public let description: String
+    public init(_ description: String) { self.description = description }
+}
+
+/// http_server.py on a free loopback port, serving `folder`; killed when released.
+public final class LoopbackServer {
+    let process = Process()
+    public let folder: String
+    public let port: Int
+
+    public init(folder: String) throws {
+        self.folder = folder
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
+        process.arguments = ["python3", supportFolder + "/http_server.py", folder]
+        let out = Pipe()
+        process.standardOutput = out
+        process.standardError = FileHandle.nullDevice
+        process.standardInput = FileHandle.nullDevice
+        try process.run()
+        var line = Data()
+        while !line.contains(0x0A) {
+            let chunk = out.fileHandleForReading.availableData
+            if chunk.isEmpty { break }
+            line.append(chunk)
+        }
+        guard let port = Int(String(decoding: line, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)) else {
+            kill(process.processIdentifier, SIGKILL)
+            throw SupportFailure("the loopback HTTP server did not start")
+        }
+        self.port = port
+    }
+
+    public var base: String { "http://127.0.0.1:\(port)" }
+    public func url(_ path: String) -> String { base + path }
+
+    deinit {
+        // SIGKILL: the child inherits its parent's signal mask, in which SIGTERM may be blocked (swift test).
+        kill(process.processIdentifier, SIGKILL)
+        process.waitUntilExit()
+    }
+}
+
+/// Starts journald when none listens (a machine without systemd as PID 1). It outlives the caller, so it
+/// must not hold the caller's output pipes open.
+public func ensureJournald() throws {
+    if journalIsListening() { return }
+    // A socket file left by a journald that is gone would make the wait below end at once.
+    try? FileManager.default.removeItem(atPath: journalSocketPath)
+    try FileManager.default.createDirectory(atPath: "/run/systemd/journal", withIntermediateDirectories: true)
+    let journald = Process()
+    journald.executableURL = URL(fileURLWithPath: "/lib/systemd/systemd-journald")
+    journald.standardInput = FileHandle.nullDevice
+    journald.standardOutput = FileHandle.nullDevice
+    journald.standardError = FileHandle.nullDevice
+    try journald.run()
+    let deadline = Date().addingTimeInterval(10)
+    while !journalIsListening() && Date() < deadline { usleep(20_000) }
+    if !journalIsListening() { throw SupportFailure("journald did not start listening on \(journalSocketPath)") }
+}
+
+/// A figure of /proc/PID/status in megabytes: "VmHWM" (peak RSS) or "VmRSS"; 0 once the process is gone.
+public func processMemoryMB(_ pid: Int32, _ field: String = "VmHWM") -> Double {
+    guard let status = try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8),
+          let line = status.split(separator: "\n").first(where: { $0.hasPrefix(field + ":") }),
+          let kb = Double(line.split(separator: " ").dropFirst().first ?? "") else { return 0 }
+    return kb / 1024
+}
+
+/// SplitMix64: the same numbers for the same seed, so runs can be repeated.
+public struct SplitMix: RandomNumberGenerator {
+    public var state: UInt64
+    public init(state: UInt64) { self.state = state }
+    public mutating func next() -> UInt64 {
+        state &+= 0x9E37_79B9_7F4A_7C15
+        var z = state
+        z = (z ^ (z >> 30)) &* 0xBF58_476D_1CE4_E5B9
+        z = (z ^ (z >> 27)) &* 0x94D0_49BB_1331_11EB
+        return z ^ (z >> 31)
+    }
+}
