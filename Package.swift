@@ -25,11 +25,14 @@ let package = Package(
         .target(name: "CCurl", linkerSettings: [.linkedLibrary("curl")]),
         // libsystemd: sd_journal_sendv and sd_notify.
         .systemLibrary(name: "CSystemd", pkgConfig: "libsystemd", providers: [.apt(["libsystemd-dev"])]),
+        // XML and binary property lists without Foundation: compact values, a streaming writer.
+        .target(name: "PropertyList"),
         // The daemon: spool protocol, manifests, configuration, journal, control socket.
         .target(
             name: "Daemon",
             dependencies: [
                 "OperationEngine",
+                "PropertyList",
                 "CSystemd",
                 "CShims",
                 "CCodecs",
@@ -85,5 +88,6 @@ let package = Package(
         ),
         .testTarget(name: "OperationEngineTests", dependencies: ["OperationEngine"]),
         .testTarget(name: "DaemonTests", dependencies: ["Daemon", "TestSupport"]),
+        .testTarget(name: "PropertyListTests", dependencies: ["PropertyList"]),
     ]
 )
