@@ -3,6 +3,7 @@
 
 import Foundation
 import OperationEngine
+import PropertyList
 
 public struct QueueSettings: Equatable, Sendable {
     public var maxConcurrentOperationCount: Int
@@ -56,28 +57,34 @@ public struct Configuration: Sendable {
     public static func parse(_ data: Data, path: String = "configuration") throws -> Configuration {
         var problems: [String] = []
         var config = Configuration.builtIn
-        guard let top = (try? PropertyListSerialization.propertyList(from: data, format: nil)) as? [String: Any] else {
-            throw Invalid(path: path, problems: ["not a property list whose top level is a dictionary"])
+        let top: PlistDictionary
+        do {
+            guard case .dictionary(let d) = try Manifest.read(data) else {
+                throw Invalid(path: path, problems: ["the top level must be a dictionary"])
+            }
+            top = d
+        } catch let error as ManifestProblems {
+            throw Invalid(path: path, problems: error.problems)
         }
         let known: Set<String> = ["queues", "defaultQueues", "maxActiveJobs", "shutdownGraceSeconds", "download", "image"]
         for key in top.keys.sorted() where !known.contains(key) { problems.append("unknown key '\(key)'") }
         if let value = top["queues"] {
-            if let queues = value as? [String: Any] {
+            if let queues = value.dictionary {
                 for name in queues.keys.sorted() {
                     guard isValidIdentifier(name) else { problems.append("queues: '\(name)' is not a valid queue name"); continue }
-                    guard let settings = queues[name] as? [String: Any] else { problems.append("queues.\(name): must be a dictionary"); continue }
+                    guard let settings = queues[name]?.dictionary else { problems.append("queues.\(name): must be a dictionary"); continue }
                     var queue = config.queues[name] ?? QueueSettings(maxConcurrentOperationCount: -1, qualityOfService: .default, suspended: false)
                     for key in settings.keys.sorted() {
-                        let v = settings[key]
+                        guard let v = settings[key] else { continue }
                         switch key {
                         case "maxConcurrentOperationCount":
-                            if let n = PlistValue.integer(v), n == -1 || n >= 1 { queue.maxConcurrentOperationCount = n }
+                            if let n = v.integer, n == -1 || n >= 1 { queue.maxConcurrentOperationCount = n }
                             else { problems.append("queues.\(name).maxConcurrentOperationCount: must be -1 or a positive integer") }
                         case "qualityOfService":
-                            if let s = v as? String, let q = OperationEngine.QualityOfService(name: s) { queue.qualityOfService = q }
+                            if let s = v.string, let q = OperationEngine.QualityOfService(name: s) { queue.qualityOfService = q }
                             else { problems.append("queues.\(name).qualityOfService: must be one of \(qosNames)") }
                         case "suspended":
-                            if let b = PlistValue.bool(v) { queue.suspended = b } else { problems.append("queues.\(name).suspended: must be a boolean") }
+                            if let b = v.boolean { queue.suspended = b } else { problems.append("queues.\(name).suspended: must be a boolean") }
                         default:
                             problems.append("queues.\(name): unknown key '\(key)'")
                         }
@@ -90,12 +97,12 @@ public struct Configuration: Sendable {
             }
         }
         if let value = top["defaultQueues"] {
-            if let map = value as? [String: Any] {
+            if let map = value.dictionary {
                 for family in map.keys.sorted() {
                     guard ["download", "image", "write", "other"].contains(family) else {
                         problems.append("defaultQueues: unknown kind family '\(family)' (download, image, write, other)"); continue
                     }
-                    guard let queue = map[family] as? String, config.queues[queue] != nil else {
+                    guard let queue = map[family]?.string, config.queues[queue] != nil else {
                         problems.append("defaultQueues.\(family): must name a configured queue"); continue
                     }
                     config.defaultQueues[family] = queue
@@ -105,25 +112,25 @@ public struct Configuration: Sendable {
             }
         }
         if let value = top["maxActiveJobs"] {
-            if let n = PlistValue.integer(value), n >= 1 { config.maxActiveJobs = n } else { problems.append("maxActiveJobs: must be a positive integer") }
+            if let n = value.integer, n >= 1 { config.maxActiveJobs = n } else { problems.append("maxActiveJobs: must be a positive integer") }
         }
         if let value = top["shutdownGraceSeconds"] {
-            if let n = PlistValue.real(value), n >= 0, n.isFinite { config.shutdownGraceSeconds = n } else { problems.append("shutdownGraceSeconds: must be 0 or more seconds") }
+            if let n = value.real, n >= 0 { config.shutdownGraceSeconds = n } else { problems.append("shutdownGraceSeconds: must be 0 or more seconds") }
         }
         if let value = top["download"] {
-            if let download = value as? [String: Any] {
+            if let download = value.dictionary {
                 for key in download.keys.sorted() {
-                    let v = download[key]
+                    guard let v = download[key] else { continue }
                     switch key {
                     case "maxBytes":
-                        if let n = PlistValue.integer(v), n >= 1 { config.downloadMaxBytes = n } else { problems.append("download.maxBytes: must be a positive integer") }
+                        if let n = v.integer, n >= 1 { config.downloadMaxBytes = n } else { problems.append("download.maxBytes: must be a positive integer") }
                     case "connectTimeoutSeconds":
-                        if let n = PlistValue.real(v), n > 0 { config.downloadConnectTimeoutSeconds = n } else { problems.append("download.connectTimeoutSeconds: must be positive") }
+                        if let n = v.real, n > 0 { config.downloadConnectTimeoutSeconds = n } else { problems.append("download.connectTimeoutSeconds: must be positive") }
                     case "timeoutSeconds":
-                        if let n = PlistValue.real(v), n > 0 { config.downloadTimeoutSeconds = n } else { problems.append("download.timeoutSeconds: must be positive") }
+                        if let n = v.real, n > 0 { config.downloadTimeoutSeconds = n } else { problems.append("download.timeoutSeconds: must be positive") }
                     case "fileRoots":
-                        if let roots = v as? [Any], roots.allSatisfy({ ($0 as? String)?.hasPrefix("/") == true }) {
-                            config.fileRoots = roots.compactMap { $0 as? String }
+                        if let roots = v.array, roots.allSatisfy({ $0.string?.hasPrefix("/") == true }) {
+                            config.fileRoots = roots.compactMap(\.string)
                         } else {
                             problems.append("download.fileRoots: must be an array of absolute paths")
                         }
@@ -136,9 +143,9 @@ public struct Configuration: Sendable {
             }
         }
         if let value = top["image"] {
-            if let image = value as? [String: Any] {
+            if let image = value.dictionary {
                 for key in image.keys.sorted() {
-                    if key == "maxPixels", let n = PlistValue.integer(image[key]), n >= 1 { config.maxPixels = n }
+                    if key == "maxPixels", let n = image[key]?.integer, n >= 1 { config.maxPixels = n }
                     else if key == "maxPixels" { problems.append("image.maxPixels: must be a positive integer") }
                     else { problems.append("image: unknown key '\(key)'") }
                 }
@@ -172,35 +179,6 @@ public func sanitizedIdentifier(_ s: String) -> String {
         out.unicodeScalars.append(scalar.isASCII && isIdentifierByte(UInt8(scalar.value)) ? scalar : "_")
     }
     return out.isEmpty ? "_" : out
-}
-
-/// Typed reads of property-list values, strict about integers, reals and booleans.
-enum PlistValue {
-    static func bool(_ v: Any?) -> Bool? {
-        guard let v else { return nil }
-        if let b = v as? Bool, isBoolean(v) { return b }
-        return nil
-    }
-
-    static func integer(_ v: Any?) -> Int? {
-        guard let v, !isBoolean(v) else { return nil }
-        if let i = v as? Int { return i }
-        if let d = v as? Double, d == d.rounded(), abs(d) < 9e15 { return Int(d) }
-        return nil
-    }
-
-    static func real(_ v: Any?) -> Double? {
-        guard let v, !isBoolean(v) else { return nil }
-        if let d = v as? Double { return d.isFinite ? d : nil }
-        if let i = v as? Int { return Double(i) }
-        return nil
-    }
-
-    static func isBoolean(_ v: Any) -> Bool {
-        if v is Bool && !(v is Int) { return true }
-        if let n = v as? NSNumber { return String(cString: n.objCType) == "c" && type(of: v) != Int.self && (v is Bool) }
-        return false
-    }
 }
 
 func describe(_ error: any Error) -> String {

@@ -11,6 +11,7 @@ import DequeModule
 import Foundation
 import Logging
 import OperationEngine
+import PropertyList
 
 final class RunningJob: @unchecked Sendable {
     let claimed: ClaimedJob
@@ -461,9 +462,9 @@ public final class Daemon: @unchecked Sendable {
         let now = Date().timeIntervalSince1970
         var staged: [(publication: Publication, firstStart: Double?)] = []
         for publication in batch {
-            let (result, firstStart) = resultPlist(publication, now: now)
             do {
-                try spool.stage(job: publication.job.id, result: PropertyListSerialization.data(fromPropertyList: result, format: .xml, options: 0))
+                var firstStart: Double?
+                try spool.stage(job: publication.job.id) { sink in firstStart = try writeResult(publication, now: now, to: sink) }
                 staged.append((publication, firstStart))
             } catch {
                 stall(publication, error)
@@ -573,43 +574,69 @@ public final class Daemon: @unchecked Sendable {
         }
     }
 
-    /// result.plist (SPEC §5), and when the first operation started.
-    private func resultPlist(_ publication: Publication, now: Double) -> ([String: Any], Double?) {
+    /// Streams result.plist (SPEC §5) to `sink` in pieces of ~64 KB (a job of a million operations is
+    /// never built whole in memory); returns when the first operation started.
+    private func writeResult(_ publication: Publication, now: Double, to sink: (UnsafeRawBufferPointer) throws -> Void) throws -> Double? {
         let job = publication.job
-        var result: [String: Any] = [
-            "job": job.id, "manifest": job.claimed.manifestName, "status": publication.status,
-            "receivedAt": micro(job.claimed.receivedAt), "finishedAt": micro(now),
-        ]
-        if let requested = job.claimed.requestedJob { result["requestedJob"] = requested }
-        if let error = publication.error { result["error"] = error }
-        if let metadata = job.plan?.metadata, let value = try? PropertyListSerialization.propertyList(from: metadata, format: nil) { result["metadata"] = value }
-        var operations: [[String: Any]] = []
+        let operations = job.plan?.operations ?? []
+        let records = publication.records.prefix(operations.count)
+        /// When an operation started and ended, and how many attempts it took: from before a restart if it
+        /// succeeded then, else from this run.
+        func times(_ i: Int) -> (started: Double?, finished: Double?, attempts: Int) {
+            let record = records[i]
+            if let done = job.claimed.done[operations[i].id] { return (done.startedAt, done.finishedAt, done.attempts) }
+            return (record.startedAt, record.finishedAt, record.attempts)
+        }
         var firstStart: Double?
-        if let plan = job.plan {
-            for (i, record) in publication.records.enumerated() where i < plan.operations.count {
-                let op = plan.operations[i]
-                var outputs: [String] = []
-                if record.state == .succeeded, case .write(let path, _, _) = op.parameters { outputs = [path] }
-                var entry: [String: Any] = [
-                    "id": op.id, "kind": op.kind.rawValue, "queue": op.queue, "qualityOfService": record.qualityOfService.name,
-                    "queuePriority": record.queuePriority.name, "state": record.state.name, "attempts": record.attempts, "outputs": outputs,
-                ]
-                var started = record.startedAt, finished = record.finishedAt, attempts = record.attempts
-                if let done = job.claimed.done[op.id] { started = done.startedAt; finished = done.finishedAt; attempts = done.attempts }
-                entry["attempts"] = attempts
-                if let error = record.error, record.state != .succeeded { entry["error"] = error }
-                if let started { entry["startedAt"] = micro(started); firstStart = min(firstStart ?? started, started) }
-                if let finished { entry["finishedAt"] = micro(finished) }
-                if let s = started, let f = finished { entry["durationSeconds"] = micro(f - s) }
-                operations.append(entry)
+        for i in records.indices { if let s = times(i).started { firstStart = min(firstStart ?? s, s) } }
+
+        var w = PlistXMLWriter()
+        func drain() throws {
+            if w.bytes.count >= 1 << 16 {
+                try w.bytes.withUnsafeBytes { try sink($0) }
+                w.bytes.removeAll(keepingCapacity: true)
             }
         }
-        result["operations"] = operations
-        if let firstStart {
-            result["startedAt"] = micro(firstStart)
-            result["durationSeconds"] = micro(now - firstStart)
+        // Keys in sorted order, as Foundation writes them.
+        w.beginDictionary()
+        if let firstStart { w.key("durationSeconds"); w.real(micro(now - firstStart)) }
+        if let error = publication.error { w.key("error"); w.string(error) }
+        w.key("finishedAt"); w.real(micro(now))
+        w.key("job"); w.string(job.id)
+        w.key("manifest"); w.string(job.claimed.manifestName)
+        if let metadata = job.plan?.metadata { w.key("metadata"); w.value(metadata) }
+        w.key("operations")
+        w.beginArray()
+        for i in records.indices {
+            let op = operations[i], record = records[i]
+            let (started, finished, attempts) = times(i)
+            w.beginDictionary()
+            w.key("attempts"); w.integer(attempts)
+            if let s = started, let f = finished { w.key("durationSeconds"); w.real(micro(f - s)) }
+            if let error = record.error, record.state != .succeeded { w.key("error"); w.string(error) }
+            if let finished { w.key("finishedAt"); w.real(micro(finished)) }
+            w.key("id"); w.string(op.id)
+            w.key("kind"); w.string(op.kind.rawValue)
+            w.key("outputs")
+            w.beginArray()
+            if record.state == .succeeded, case .write(let path, _, _) = op.parameters { w.string(path) }
+            w.endArray()
+            w.key("qualityOfService"); w.string(record.qualityOfService.name)
+            w.key("queue"); w.string(op.queue)
+            w.key("queuePriority"); w.string(record.queuePriority.name)
+            if let started { w.key("startedAt"); w.real(micro(started)) }
+            w.key("state"); w.string(record.state.name)
+            w.endDictionary()
+            try drain()
         }
-        return (result, firstStart)
+        w.endArray()
+        w.key("receivedAt"); w.real(micro(job.claimed.receivedAt))
+        if let requested = job.claimed.requestedJob { w.key("requestedJob"); w.string(requested) }
+        if let firstStart { w.key("startedAt"); w.real(micro(firstStart)) }
+        w.key("status"); w.string(publication.status)
+        w.endDictionary()
+        try w.finish().withUnsafeBytes { try sink($0) }
+        return firstStart
     }
 
     private func checkOnceDone() {

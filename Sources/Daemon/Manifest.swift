@@ -6,6 +6,7 @@
 
 import Foundation
 import OperationEngine
+import PropertyList
 
 public enum Kind: String, CaseIterable, Sendable {
     case download, sepia, grayscale, blur, resize, thumbnail, vignette, write, sleep, spin, fail
@@ -74,8 +75,8 @@ public struct JobPlan: Sendable {
     public var qualityOfService: OperationEngine.QualityOfService?
     public var queuePriority: QueuePriority?
     public var timeoutSeconds: Double?
-    /// `metadata`, kept as a binary property list to be copied into the result unchanged.
-    public var metadata: Data?
+    /// `metadata`, copied into the result unchanged.
+    public var metadata: PlistValue?
     /// The photo-list URL form (§3.5): `operations` holds only the `photos` download; the graph for the
     /// list's entries is added to the running job once the list has arrived.
     public var photosURL: String?
@@ -90,8 +91,22 @@ public enum ManifestLimits {
 public struct Manifest {
     /// The `job` key if present and a string (valid or not), for naming the job before validation.
     public static func requestedJob(in data: Data) -> String? {
-        guard isPropertyListData(data), let top = try? PropertyListSerialization.propertyList(from: data, format: nil) as? [String: Any] else { return nil }
-        return top["job"] as? String
+        guard case .dictionary(let top)? = try? read(data) else { return nil }
+        return top["job"]?.string
+    }
+
+    /// XML or binary only: the old OpenStep text format is not a manifest format.
+    static func read(_ data: Data) throws(ManifestProblems) -> PlistValue {
+        let result: Result<PlistValue, PlistError> = data.withUnsafeBytes { buffer in
+            guard PropertyList.looksLikePropertyList(buffer) else {
+                return .failure(PlistError("the file is neither an XML nor a binary property list"))
+            }
+            return Result { () throws(PlistError) -> PlistValue in try PropertyList.parse(buffer) }
+        }
+        switch result {
+        case .success(let value): return value
+        case .failure(let error): throw ManifestProblems(["not a property list: \(error.description)"])
+        }
     }
 
     /// Parses and validates; returns the plan or every problem found.
@@ -100,27 +115,21 @@ public struct Manifest {
         guard data.count <= ManifestLimits.maxBytes else {
             return .failure(ManifestProblems(["the manifest is \(data.count) bytes; the limit is \(ManifestLimits.maxBytes)"]))
         }
-        // XML or binary only: the old OpenStep text format is not a manifest format (and its parser
-        // prints to stderr).
-        guard isPropertyListData(data) else {
-            return .failure(ManifestProblems(["not a property list: the file is neither an XML nor a binary property list"]))
-        }
-        let object: Any
+        let object: PlistValue
         do {
-            object = try PropertyListSerialization.propertyList(from: data, format: nil)
+            object = try read(data)
         } catch {
-            return .failure(ManifestProblems(["not a property list: \(describe(error))"]))
+            return .failure(error)
         }
-        guard let top = object as? [String: Any] else {
-            return .failure(ManifestProblems(["the top level must be a dictionary, not \(typeName(object))"]))
+        guard case .dictionary(let top) = object else {
+            return .failure(ManifestProblems(["the top level must be a dictionary, not \(object.typeName)"]))
         }
         let jobKeys: Set<String> = ["job", "operations", "qualityOfService", "queuePriority", "timeoutSeconds", "metadata"]
         var plan = JobPlan(job: nil, operations: [], qualityOfService: nil, queuePriority: nil, timeoutSeconds: nil, metadata: nil, photosURL: nil)
 
         // The photo-list form: name → URL strings only, none of the manifest keys.
-        if !top.isEmpty, top["operations"] == nil, top["photosURL"] == nil, top.keys.allSatisfy({ !jobKeys.contains($0) }),
-           top.values.allSatisfy({ $0 is String }) {
-            let photos = top.compactMapValues { $0 as? String }
+        if !top.isEmpty, top["operations"] == nil, top["photosURL"] == nil, top.entries.allSatisfy({ !jobKeys.contains($0.key) && $0.value.string != nil }) {
+            let photos = Dictionary(top.entries.map { ($0.key, $0.value.string ?? "") }, uniquingKeysWith: { $1 })
             plan.operations = photoListOperations(photos, configuration: configuration)
             return validateGraph(plan, problems: [], configuration: configuration)
         }
@@ -130,7 +139,7 @@ public struct Manifest {
         }
         if let value = top["photosURL"] {
             if top["operations"] != nil { problems.append("photosURL: cannot be combined with operations") }
-            if let url = value as? String, let scheme = URLComponents(string: url)?.scheme?.lowercased(), ["http", "https", "file"].contains(scheme) {
+            if let url = value.string, let scheme = URLComponents(string: url)?.scheme?.lowercased(), ["http", "https", "file"].contains(scheme) {
                 plan.photosURL = url
                 plan.operations = [OperationPlan(
                     id: "photos", kind: .download, queue: configuration.defaultQueues[Kind.download.family] ?? "default", dependencies: [], input: nil,
@@ -141,24 +150,24 @@ public struct Manifest {
             }
         }
         if let value = top["job"] {
-            if let job = value as? String, isValidIdentifier(job) { plan.job = job }
+            if let job = value.string, isValidIdentifier(job) { plan.job = job }
             else { problems.append("job: must be a string of 1 to 128 characters from [A-Za-z0-9._-], not starting with '.'") }
         }
         if let value = top["qualityOfService"] {
-            if let s = value as? String, let q = OperationEngine.QualityOfService(name: s) { plan.qualityOfService = q }
+            if let s = value.string, let q = OperationEngine.QualityOfService(name: s) { plan.qualityOfService = q }
             else { problems.append("qualityOfService: must be one of \(qosNames)") }
         }
         if let value = top["queuePriority"] {
-            if let s = value as? String, let p = QueuePriority(name: s) { plan.queuePriority = p }
+            if let s = value.string, let p = QueuePriority(name: s) { plan.queuePriority = p }
             else { problems.append("queuePriority: must be one of \(priorityNames)") }
         }
         if let value = top["timeoutSeconds"] {
-            if let t = PlistValue.real(value), t > 0, t < 1e9 { plan.timeoutSeconds = t }
+            if let t = value.real, t > 0, t < 1e9 { plan.timeoutSeconds = t }
             else { problems.append("timeoutSeconds: must be a positive number of seconds, less than 1e9") }
         }
         if let value = top["metadata"] {
-            if value is [String: Any], let data = try? PropertyListSerialization.data(fromPropertyList: value, format: .binary, options: 0) {
-                plan.metadata = data
+            if case .dictionary = value {
+                plan.metadata = value
             } else {
                 problems.append("metadata: must be a dictionary")
             }
@@ -168,7 +177,7 @@ public struct Manifest {
             problems.append("operations: missing (an array of operations is required)")
             return .failure(ManifestProblems(problems))
         }
-        guard let operations = operationsValue as? [Any] else {
+        guard case .array(let operations) = operationsValue else {
             problems.append("operations: must be an array")
             return .failure(ManifestProblems(problems))
         }
@@ -187,12 +196,11 @@ public struct Manifest {
 
     /// A downloaded photo list (§3.5): a non-empty dictionary of name → URL strings.
     public static func photoList(from data: Data, url: String) throws -> [String: String] {
-        let object = try? PropertyListSerialization.propertyList(from: data, format: nil)
-        guard isPropertyListData(data), let dictionary = object as? [String: Any], !dictionary.isEmpty,
-              dictionary.values.allSatisfy({ $0 is String }) else {
+        guard case .dictionary(let dictionary)? = try? read(data), !dictionary.isEmpty,
+              dictionary.entries.allSatisfy({ $0.value.string != nil }) else {
             throw ManifestProblems(["the photo list at \(url) is not a property list dictionary of name → URL strings"])
         }
-        return dictionary.compactMapValues { $0 as? String }
+        return Dictionary(dictionary.entries.map { ($0.key, $0.value.string ?? "") }, uniquingKeysWith: { $1 })
     }
 
     static func photoListOperations(_ photos: [String: String], configuration: Configuration) -> [OperationPlan] {
@@ -217,22 +225,22 @@ public struct Manifest {
         return operations
     }
 
-    private static func parseOperation(_ element: Any, index: Int, configuration: Configuration, problems: inout [String]) -> OperationPlan? {
-        guard let dict = element as? [String: Any] else {
+    private static func parseOperation(_ element: PlistValue, index: Int, configuration: Configuration, problems: inout [String]) -> OperationPlan? {
+        guard case .dictionary(let dict) = element else {
             problems.append("operations[\(index)]: must be a dictionary")
             return nil
         }
         var label = "operations[\(index)]"
         var id: String?
         if let value = dict["id"] {
-            if let s = value as? String, isValidIdentifier(s) { id = s; label = "operation '\(s)'" }
+            if let s = value.string, isValidIdentifier(s) { id = s; label = "operation '\(s)'" }
             else { problems.append("\(label): id must be a string of 1 to 128 characters from [A-Za-z0-9._-], not starting with '.'") }
         } else {
             problems.append("\(label): id is missing")
         }
         var kind: Kind?
         if let value = dict["kind"] {
-            if let s = value as? String, let k = Kind(rawValue: s) {
+            if let s = value.string, let k = Kind(rawValue: s) {
                 kind = k
             } else {
                 problems.append("\(label): unknown kind \(quoted(value)) (one of \(Kind.allCases.map(\.rawValue).joined(separator: ", ")))")
@@ -247,44 +255,44 @@ public struct Manifest {
         }
         var queue = kind.map { configuration.defaultQueues[$0.family] ?? "default" } ?? "default"
         if let value = dict["queue"] {
-            if let s = value as? String, configuration.queues[s] != nil { queue = s }
+            if let s = value.string, configuration.queues[s] != nil { queue = s }
             else { problems.append("\(label): unknown queue \(quoted(value)) (configured: \(configuration.queueNames.joined(separator: ", ")))") }
         }
         var dependencies: [String] = []
         if let value = dict["dependencies"] {
-            if let array = value as? [Any], array.allSatisfy({ $0 is String }) { dependencies = array.compactMap { $0 as? String } }
+            if let array = value.array, array.allSatisfy({ $0.string != nil }) { dependencies = array.compactMap(\.string) }
             else { problems.append("\(label): dependencies must be an array of operation ids") }
         }
         var input: String?
         if let value = dict["input"] {
-            if let s = value as? String { input = s; if !dependencies.contains(s) { dependencies.append(s) } }
+            if let s = value.string { input = s; if !dependencies.contains(s) { dependencies.append(s) } }
             else { problems.append("\(label): input must be an operation id") }
         }
         var qos: OperationEngine.QualityOfService?
         if let value = dict["qualityOfService"] {
-            if let s = value as? String, let q = OperationEngine.QualityOfService(name: s) { qos = q }
+            if let s = value.string, let q = OperationEngine.QualityOfService(name: s) { qos = q }
             else { problems.append("\(label): qualityOfService must be one of \(qosNames)") }
         }
         var priority: QueuePriority?
         if let value = dict["queuePriority"] {
-            if let s = value as? String, let p = QueuePriority(name: s) { priority = p }
+            if let s = value.string, let p = QueuePriority(name: s) { priority = p }
             else { problems.append("\(label): queuePriority must be one of \(priorityNames)") }
         }
         var timeout: Double?
         if let value = dict["timeoutSeconds"] {
-            if let t = PlistValue.real(value), t > 0, t < 1e9 { timeout = t } else { problems.append("\(label): timeoutSeconds must be a positive number of seconds, less than 1e9") }
+            if let t = value.real, t > 0, t < 1e9 { timeout = t } else { problems.append("\(label): timeoutSeconds must be a positive number of seconds, less than 1e9") }
         }
         var retries = 0
         if let value = dict["retries"] {
-            if let n = PlistValue.integer(value), (0...1000).contains(n) { retries = n } else { problems.append("\(label): retries must be an integer from 0 to 1000") }
+            if let n = value.integer, (0...1000).contains(n) { retries = n } else { problems.append("\(label): retries must be an integer from 0 to 1000") }
         }
         var retryDelay = 1.0
         if let value = dict["retryDelaySeconds"] {
-            if let d = PlistValue.real(value), d >= 0, d < 1e9 { retryDelay = d } else { problems.append("\(label): retryDelaySeconds must be 0 or more seconds, less than 1e9") }
+            if let d = value.real, d >= 0, d < 1e9 { retryDelay = d } else { problems.append("\(label): retryDelaySeconds must be 0 or more seconds, less than 1e9") }
         }
         var runsAfterFailure = false
         if let value = dict["runsAfterFailure"] {
-            if let b = PlistValue.bool(value) { runsAfterFailure = b } else { problems.append("\(label): runsAfterFailure must be a boolean") }
+            if let b = value.boolean { runsAfterFailure = b } else { problems.append("\(label): runsAfterFailure must be a boolean") }
         }
         guard let id, let kind else { return nil }
         guard let parameters = parseParameters(kind, dict, label: label, configuration: configuration, problems: &problems) else { return nil }
@@ -293,14 +301,14 @@ public struct Manifest {
                              runsAfterFailure: runsAfterFailure, parameters: parameters)
     }
 
-    private static func parseParameters(_ kind: Kind, _ d: [String: Any], label: String, configuration: Configuration, problems: inout [String]) -> Parameters? {
+    private static func parseParameters(_ kind: Kind, _ d: PlistDictionary, label: String, configuration: Configuration, problems: inout [String]) -> Parameters? {
         let before = problems.count
         func real(_ key: String, default value: Double?, range: ClosedRange<Double>) -> Double? {
             guard let raw = d[key] else {
                 if value == nil { problems.append("\(label): \(key) is required") }
                 return value
             }
-            guard let v = PlistValue.real(raw), range.contains(v) else {
+            guard let v = raw.real, range.contains(v) else {
                 problems.append("\(label): \(key) must be a number from \(formatNumber(range.lowerBound)) to \(formatNumber(range.upperBound))")
                 return nil
             }
@@ -311,7 +319,7 @@ public struct Manifest {
                 if required { problems.append("\(label): \(key) is required") }
                 return nil
             }
-            guard let v = PlistValue.integer(raw), range.contains(v) else {
+            guard let v = raw.integer, range.contains(v) else {
                 problems.append("\(label): \(key) must be an integer from \(range.lowerBound) to \(range.upperBound)")
                 return nil
             }
@@ -319,7 +327,7 @@ public struct Manifest {
         }
         func string(_ key: String) -> String? {
             guard let raw = d[key] else { return nil }
-            guard let s = raw as? String else { problems.append("\(label): \(key) must be a string"); return nil }
+            guard let s = raw.string else { problems.append("\(label): \(key) must be a string"); return nil }
             return s
         }
         let result: Parameters?
@@ -440,31 +448,11 @@ public struct ManifestProblems: Error, CustomStringConvertible {
     public var description: String { problems.joined(separator: "\n") }
 }
 
-func typeName(_ value: Any) -> String {
-    switch value {
-    case is String: "a string"
-    case is [Any]: "an array"
-    case is [String: Any]: "a dictionary"
-    case is Data: "data"
-    case is Date: "a date"
-    default: PlistValue.isBoolean(value) ? "a boolean" : "a number"
-    }
-}
-
-func quoted(_ value: Any) -> String {
-    if let s = value as? String { return "'\(s)'" }
-    return typeName(value)
+func quoted(_ value: PlistValue) -> String {
+    if let s = value.string { return "'\(s)'" }
+    return value.typeName
 }
 
 func formatNumber(_ value: Double) -> String {
     value == value.rounded() ? String(Int(value)) : String(value)
-}
-
-/// True for data that starts as a binary property list or an XML document.
-func isPropertyListData(_ data: Data) -> Bool {
-    if data.starts(with: Array("bplist".utf8)) { return true }
-    var bytes = data.prefix(4096)[...]
-    if bytes.starts(with: [0xEF, 0xBB, 0xBF]) { bytes = bytes.dropFirst(3) }
-    guard let first = bytes.first(where: { $0 != 0x20 && $0 != 0x0A && $0 != 0x0D && $0 != 0x09 }) else { return false }
-    return first == UInt8(ascii: "<")
 }

@@ -349,9 +349,14 @@ public final class Spool: @unchecked Sendable {
 
     // MARK: Publication
 
-    /// Publication, step 1: writes result.plist into active/<job>/, beside the manifest and the outputs.
-    public func stage(job: String, result: Data) throws {
-        try writeFile(result, to: active + "/" + job + "/result.plist")
+    /// Publication, step 1: writes result.plist into active/<job>/, beside the manifest and the outputs;
+    /// `produce` hands its bytes to the sink piece by piece.
+    public func stage(job: String, produce: ((UnsafeRawBufferPointer) throws -> Void) throws -> Void) throws {
+        let path = active + "/" + job + "/result.plist"
+        let fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0o644)
+        guard fd >= 0 else { throw SpoolError(operation: "create", path: path, errno: errno) }
+        defer { close(fd) }
+        try produce { bytes in try writeAll(fd, bytes, path: path) }
         CrashPoint.publishStaged.reached()
     }
 
@@ -409,17 +414,19 @@ func readRegularFile(_ path: String, limit: Int = ManifestLimits.maxBytes + 1, s
 }
 
 func writeAll(_ fd: Int32, _ data: Data, path: String) throws {
-    try data.withUnsafeBytes { raw in
-        guard let base = raw.baseAddress else { return }
-        var offset = 0
-        while offset < raw.count {
-            let n = write(fd, base + offset, raw.count - offset)
-            if n < 0 {
-                if errno == EINTR { continue }
-                throw SpoolError(operation: "write", path: path, errno: errno)
-            }
-            offset += n
+    try data.withUnsafeBytes { raw in try writeAll(fd, raw, path: path) }
+}
+
+func writeAll(_ fd: Int32, _ raw: UnsafeRawBufferPointer, path: String) throws {
+    guard let base = raw.baseAddress else { return }
+    var offset = 0
+    while offset < raw.count {
+        let n = write(fd, base + offset, raw.count - offset)
+        if n < 0 {
+            if errno == EINTR { continue }
+            throw SpoolError(operation: "write", path: path, errno: errno)
         }
+        offset += n
     }
 }
 
