@@ -14,7 +14,7 @@ SPOOL ?= ./spool
 # Debian packages the build and the tests need.
 APT_PACKAGES = pkg-config libpng-dev libjpeg-dev libcurl4-openssl-dev libsystemd-dev systemd
 
-.PHONY: run example test campaigns fuzz-codecs deps build release bench install install-files clean
+.PHONY: run example test campaigns fuzz-codecs fuzz-plist deps build release bench install install-files clean
 
 UNITDIR ?= /etc/systemd/system
 SYSUSERSDIR ?= /etc/sysusers.d
@@ -58,6 +58,7 @@ test: deps
 	$(CAMPAIGN) fuzz --manifests 400 --images 200
 	$(CAMPAIGN) load --manifests 3000 --operations 50000
 	$(MAKE) fuzz-codecs FUZZ_SECONDS=30
+	$(MAKE) fuzz-plist FUZZ_SECONDS=30
 
 # libFuzzer + AddressSanitizer on the C codec shim, seeded with the example photos and the test PNGs.
 CLANG ?= $(dir $(realpath $(shell command -v $(SWIFT))))clang
@@ -68,7 +69,18 @@ fuzz-codecs: deps
 	python3 Tests/Support/make_pngs.py .build/fuzz/corpus
 	$(CLANG) -g -O1 -fuse-ld=lld -fsanitize=fuzzer,address -I Sources/CCodecs/include Sources/CCodecs/codecs.c \
 	  Tests/Fuzz/codecs_fuzzer.c -ljpeg -lpng16 -o .build/fuzz/codecs_fuzzer
-	.build/fuzz/codecs_fuzzer -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 -print_final_stats=1 .build/fuzz/corpus
+	.build/fuzz/codecs_fuzzer -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix=.build/fuzz/ .build/fuzz/corpus
+
+# libFuzzer + AddressSanitizer on the property-list reader and writer (Sources/PropertyList, no Foundation).
+SWIFTC ?= $(dir $(realpath $(shell command -v $(SWIFT))))swiftc
+fuzz-plist: deps
+	mkdir -p .build/fuzz/plist-corpus
+	python3 Tests/Fuzz/make_plists.py .build/fuzz/plist-corpus
+	cp spool/examples/photos.plist.in .build/fuzz/plist-corpus/
+	$(SWIFTC) -O -sanitize=fuzzer,address -use-ld=lld -parse-as-library -module-name PropertyList \
+	  Sources/PropertyList/*.swift Tests/Fuzz/plist_fuzzer.swift -o .build/fuzz/plist_fuzzer
+	SWIFT_BACKTRACE=enable=no .build/fuzz/plist_fuzzer -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 -print_final_stats=1 \
+	  -artifact_prefix=.build/fuzz/ .build/fuzz/plist-corpus
 
 campaigns: release
 	$(SWIFT) build -c release --product opqueue-campaign
@@ -77,6 +89,7 @@ campaigns: release
 	.build/release/opqueue-campaign fuzz --manifests 100000 --images 10000
 	.build/release/opqueue-campaign load --manifests 100000 --operations 1000000
 	$(MAKE) fuzz-codecs
+	$(MAKE) fuzz-plist
 
 # The anchors the image benchmark compares with.
 BENCH_PACKAGES = imagemagick libvips-tools libjpeg-turbo-progs

@@ -47,10 +47,13 @@ public struct PlistXMLWriter {
         append(b ? "<true/>\n" : "<false/>\n")
     }
 
-    /// Seconds since 2001-01-01T00:00:00Z, written to the second as the format does.
+    /// Seconds since 2001-01-01T00:00:00Z, written to the second as the format does; the format's years
+    /// have four digits, so dates are clamped to 0001-01-01 … 9999-12-31.
     public mutating func date(_ seconds: Double) {
-        let total = seconds.isFinite ? Int(max(-1e15, min(1e15, seconds)).rounded(.down)) : 0
-        let unix = total + daysFromCivil(2001, 1, 1) * 86400
+        let epoch = daysFromCivil(2001, 1, 1) * 86400
+        let first = daysFromCivil(1, 1, 1) * 86400 - epoch, last = daysFromCivil(10000, 1, 1) * 86400 - 1 - epoch
+        let total = seconds.isFinite ? Int(max(Double(first), min(Double(last), seconds)).rounded(.down)) : 0
+        let unix = total + epoch
         let days = unix >= 0 ? unix / 86400 : (unix - 86399) / 86400
         let rest = unix - days * 86400
         let (y, m, d) = civilFromDays(days)
