@@ -18,6 +18,8 @@ public struct Configuration: Sendable {
     /// Kind family (`download`, `image`, `write`, `other`) → queue name.
     public var defaultQueues: [String: String]
     public var maxActiveJobs: Int
+    /// Claiming pauses while the active jobs hold this many operations (memory is per operation).
+    public var maxActiveOperations: Int
     public var shutdownGraceSeconds: Double
     public var downloadMaxBytes: Int
     public var downloadConnectTimeoutSeconds: Double
@@ -34,7 +36,7 @@ public struct Configuration: Sendable {
             "io": QueueSettings(maxConcurrentOperationCount: 2, qualityOfService: .utility, suspended: false),
         ],
         defaultQueues: ["download": "downloads", "image": "filters", "write": "io", "other": "default"],
-        maxActiveJobs: 64, shutdownGraceSeconds: 20, downloadMaxBytes: 52_428_800,
+        maxActiveJobs: 64, maxActiveOperations: 1_000_000, shutdownGraceSeconds: 20, downloadMaxBytes: 52_428_800,
         downloadConnectTimeoutSeconds: 10, downloadTimeoutSeconds: 120, fileRoots: [], maxPixels: 100_000_000)
 
     public struct Invalid: Error, CustomStringConvertible {
@@ -66,7 +68,7 @@ public struct Configuration: Sendable {
         } catch let error as ManifestProblems {
             throw Invalid(path: path, problems: error.problems)
         }
-        let known: Set<String> = ["queues", "defaultQueues", "maxActiveJobs", "shutdownGraceSeconds", "download", "image"]
+        let known: Set<String> = ["queues", "defaultQueues", "maxActiveJobs", "maxActiveOperations", "shutdownGraceSeconds", "download", "image"]
         for key in top.keys.sorted() where !known.contains(key) { problems.append("unknown key '\(key)'") }
         if let value = top["queues"] {
             if let queues = value.dictionary {
@@ -113,6 +115,9 @@ public struct Configuration: Sendable {
         }
         if let value = top["maxActiveJobs"] {
             if let n = value.integer, n >= 1 { config.maxActiveJobs = n } else { problems.append("maxActiveJobs: must be a positive integer") }
+        }
+        if let value = top["maxActiveOperations"] {
+            if let n = value.integer, n >= 1 { config.maxActiveOperations = n } else { problems.append("maxActiveOperations: must be a positive integer") }
         }
         if let value = top["shutdownGraceSeconds"] {
             if let n = value.real, n >= 0 { config.shutdownGraceSeconds = n } else { problems.append("shutdownGraceSeconds: must be 0 or more seconds") }

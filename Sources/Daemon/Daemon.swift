@@ -3,7 +3,9 @@
 // Strategy: spool changes (claims, publications) run on one serial dispatch queue, in order; the
 // engine runs operations on its own threads; the engine's event batches (one delivery thread) are
 // turned into journal entries and progress records. Job tables are behind one lock.
-// At most `maxActiveJobs` jobs are claimed at once; the rest waits in the inbox (bounded memory).
+// At most `maxActiveJobs` jobs are claimed at once, and none while they hold `maxActiveOperations`
+// operations; the rest waits in the inbox (bounded memory: at most that budget plus one manifest's
+// operations, ManifestLimits.maxOperations, are ever in memory).
 // Durability is by group commit (see Spool): claims made together, progress lines of one event batch,
 // and publications waiting together each cost one commit, made before anything is announced.
 
@@ -22,6 +24,8 @@ final class RunningJob: @unchecked Sendable {
     var recovered: Set<Int> = []
     var rejection: [String] = []
     var finishing = false
+    /// Operations counted against `maxActiveOperations` while the job is active.
+    var countedOperations = 0
 
     init(claimed: ClaimedJob) { self.claimed = claimed }
     var id: String { claimed.id }
@@ -38,6 +42,8 @@ public final class Daemon: @unchecked Sendable {
 
     private let lock = NSLock()
     private var jobs: [String: RunningJob] = [:]
+    /// Operations of the jobs in `jobs` (their plans), against `maxActiveOperations`.
+    private var activeOperations = 0
     private var byGroup: [GroupID: RunningJob] = [:]
     private var queueIDs: [String: QueueID] = [:]
     private let defaultQueue: QueueID
@@ -79,6 +85,10 @@ public final class Daemon: @unchecked Sendable {
     /// Progress lines are committed with the next claim or publication commit, or after this delay at
     /// the latest: until then a crash only makes those operations run again (at least once, never lost).
     static let progressCommitDelay = 0.05
+
+    /// The fewest bytes an operation takes in a manifest (binary, one-letter id and kind): claims in one
+    /// batch stop once the manifests may hold the rest of the operation budget.
+    static let minimumBytesPerOperation = 16
 
     /// At most this many names are kept from one inbox scan; the rest is read at the next.
     static let scanBatch = 4096
@@ -170,10 +180,14 @@ public final class Daemon: @unchecked Sendable {
     private func claimMore() {
         lock.lock()
         let room = configuration.maxActiveJobs - jobs.count
+        let budget = configuration.maxActiveOperations - activeOperations
         let isStopping = stopping
         let onlyThese = onceNames
         lock.unlock()
-        guard room > 0, !isStopping, fault == nil else { return }
+        guard room > 0, budget > 0, !isStopping, fault == nil else { return }
+        // Operations the claimed manifests may hold, before they are parsed: no operation takes fewer
+        // than this many bytes in either format.
+        var mayHold = 0
         let now = Date().timeIntervalSince1970
         if inboxQueue.isEmpty || (rescanRequested && now - lastRefill >= Self.rescanInterval) {
             do {
@@ -185,7 +199,7 @@ public final class Daemon: @unchecked Sendable {
         }
         var claimed: [ClaimedJob] = []
         var settling: [String] = []
-        while claimed.count < room, let name = inboxQueue.popFirst() {
+        while claimed.count < room, mayHold < budget, let name = inboxQueue.popFirst() {
             if let onlyThese, !onlyThese.contains(name) { continue }
             if onlyThese != nil { lock.withLock { _ = onceNames?.remove(name) } }
             lock.lock()
@@ -201,6 +215,7 @@ public final class Daemon: @unchecked Sendable {
                 switch try spool.claim(name, requestedJob: Manifest.requestedJob(in:), now: Date().timeIntervalSince1970) {
                 case .claimed(let job):
                     claimed.append(job)
+                    mayHold += job.manifest.count / Self.minimumBytesPerOperation + 1
                 case .vanished:
                     continue
                 case .skipped(let reason):
@@ -248,7 +263,7 @@ public final class Daemon: @unchecked Sendable {
         case .failure(let p): problems = p.problems
         case .success(let plan): job.plan = plan
         }
-        if let asked = Manifest.requestedJob(in: claimed.manifest), !isValidIdentifier(asked), !problems.contains(where: { $0.hasPrefix("job:") }) {
+        if !problems.isEmpty, let asked = Manifest.requestedJob(in: claimed.manifest), !isValidIdentifier(asked), !problems.contains(where: { $0.hasPrefix("job:") }) {
             problems.append("job: '\(asked)' is not a valid job id")
         }
         guard problems.isEmpty, let plan = job.plan else {
@@ -257,6 +272,10 @@ public final class Daemon: @unchecked Sendable {
                   ["OPQ_EVENT": "job", "OPQ_STATE": "rejected", "OPQ_JOB": claimed.id, "OPQ_STATUS": "rejected", "OPQ_ERROR": problems.joined(separator: "\n")])
             enqueuePublication(Publication(job: job, status: "rejected", error: problems.joined(separator: "\n"), records: []))
             return
+        }
+        lock.withLock {
+            job.countedOperations = plan.operations.count
+            activeOperations += plan.operations.count
         }
         let graph = buildGraph(job, plan.operations, base: 0, configuration: config)
         event(.info, "job \(claimed.id) accepted: \(plan.operations.count) operations", ["OPQ_EVENT": "job", "OPQ_STATE": "accepted", "OPQ_JOB": claimed.id])
@@ -339,6 +358,8 @@ public final class Daemon: @unchecked Sendable {
         let graph = buildGraph(job, operations, base: base, configuration: configuration)
         plan.operations += operations
         job.plan = plan
+        job.countedOperations += operations.count
+        activeOperations += operations.count
         try engine.extend(group, with: graph)
     }
 
@@ -506,6 +527,8 @@ public final class Daemon: @unchecked Sendable {
             }
             lock.lock()
             jobs[job.id] = nil
+            activeOperations -= job.countedOperations
+            job.countedOperations = 0
             if let g = job.group { byGroup[g] = nil }
             lock.unlock()
             if let g = job.group { engine.release(g) }
@@ -736,6 +759,9 @@ public final class Daemon: @unchecked Sendable {
         public var activeJobs: [String]
         public var waiting: Int
         public var executing: Int
+        /// Operations of the active jobs, and the budget above which claiming pauses.
+        public var operations: Int
+        public var maxActiveOperations: Int
         public var queues: [QueueSnapshot]
         /// The spool fault claiming waits on, if any.
         public var fault: String?
@@ -746,8 +772,10 @@ public final class Daemon: @unchecked Sendable {
         let active = jobs.keys.sorted()
         let waitingNow = waiting
         let fault = faultReason
+        let operations = activeOperations, budget = configuration.maxActiveOperations
         lock.unlock()
-        return Status(activeJobs: active, waiting: waitingNow, executing: engine.executingCount, queues: engine.queues(), fault: fault)
+        return Status(activeJobs: active, waiting: waitingNow, executing: engine.executingCount, operations: operations,
+                      maxActiveOperations: budget, queues: engine.queues(), fault: fault)
     }
 
     /// An active job's operations, for `show`.

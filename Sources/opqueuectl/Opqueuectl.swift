@@ -123,6 +123,9 @@ struct Status: ParsableCommand {
         }
         print("state: \(response["state"] ?? "?")  jobs active: \((response["activeJobs"] as? [String])?.count ?? 0)  waiting: \(response["waiting"] ?? 0)  executing: \(response["executing"] ?? 0)")
         if let fault = response["fault"] as? String { print("claiming paused: \(fault)") }
+        if let operations = response["operations"] as? Int, let budget = response["maxActiveOperations"] as? Int {
+            print("operations in active jobs: \(operations) of \(budget)\(operations >= budget ? " (claiming paused until some end)" : "")")
+        }
         print("QUEUE            LIMIT  QOS              SUSPENDED  PENDING  EXECUTING")
         for q in response["queues"] as? [[String: Any]] ?? [] {
             let name = (q["name"] as? String ?? "").padding(toLength: 16, withPad: " ", startingAt: 0)

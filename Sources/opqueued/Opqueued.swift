@@ -154,6 +154,7 @@ func handle(_ request: [String: Any], _ daemon: Daemon) -> [String: Any] {
         let status = daemon.status()
         var response: [String: Any] = [
             "exit": 0, "state": "running", "activeJobs": status.activeJobs, "waiting": status.waiting, "executing": status.executing,
+            "operations": status.operations, "maxActiveOperations": status.maxActiveOperations,
             "queues": status.queues.map { q in
                 ["name": q.name, "maxConcurrentOperationCount": q.maxConcurrentOperationCount, "qualityOfService": q.qualityOfService.name,
                  "suspended": q.isSuspended, "pending": q.pending, "executing": q.executing] as [String: Any]

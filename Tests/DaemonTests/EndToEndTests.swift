@@ -369,6 +369,31 @@ func sleepOp(_ id: String, _ seconds: Double, deps: [String] = []) -> [String: A
         #expect(log.contains("OPQ_EVENT=queue OPQ_QUEUE=default OPQ_STATE=resumed"))
     }
 
+    @Test func claimingPausesWhileTheActiveJobsHoldTheOperationBudget() throws {
+        let spool = TestSpool()
+        let config = spool.root + ".config.plist"
+        try plist(["maxActiveOperations": 2]).write(to: URL(fileURLWithPath: config))
+        defer { try? FileManager.default.removeItem(atPath: config) }
+        try spool.start(["--config", config])
+        for k in 0..<3 {
+            try spool.drop("b\(k).plist", ["job": "b\(k)", "operations": [sleepOp("a", 0.3), sleepOp("b", 0.3, deps: ["a"])]])
+        }
+        usleep(300_000)
+        let status = try ControlClient.request(spool.root + "/opqueued.sock", ["command": "status"], timeout: 5)
+        #expect(status["operations"] as? Int == 2 && status["maxActiveOperations"] as? Int == 2, "\(status)")
+        #expect((status["activeJobs"] as? [String])?.count == 1, "one job holds the whole budget")
+        #expect(try spool.ctl(["status"]).stdout.contains("operations in active jobs: 2 of 2 (claiming paused until some end)"))
+        // One after the other: each job is claimed only once the one before it has ended.
+        let results = (0..<3).compactMap { spool.result("b\($0)") }
+        #expect(results.count == 3 && results.allSatisfy { $0["status"] as? String == "succeeded" })
+        let spans = results.compactMap { r -> (Double, Double)? in
+            guard let received = r["receivedAt"] as? Double, let finished = r["finishedAt"] as? Double else { return nil }
+            return (received, finished)
+        }.sorted { $0.0 < $1.0 }
+        #expect(spans.count == 3)
+        for k in 1..<spans.count { #expect(spans[k].0 >= spans[k - 1].1, "job \(k) was claimed before the one before it ended") }
+    }
+
     @Test func journalTellsEveryOperationsStoryInOrder() throws {
         try ensureJournald()
         let spool = TestSpool()
