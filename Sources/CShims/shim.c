@@ -2,6 +2,7 @@
 #include "CShims.h"
 
 #include <errno.h>
+#include <malloc.h>
 #include <sched.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
@@ -42,4 +43,8 @@ int opq_syncfs(int fd) { return syncfs(fd) == 0 ? 0 : -errno; }
 
 int opq_rename_noreplace(int dirfd, const char *from, const char *to) {
     return syscall(SYS_renameat2, dirfd, from, dirfd, to, 1 /* RENAME_NOREPLACE */) == 0 ? 0 : -errno;
+}
+
+void opq_release_free_memory(void) {
+    malloc_trim(0);
 }

@@ -14,6 +14,7 @@ import Foundation
 import Logging
 import OperationEngine
 import PropertyList
+import CShims
 
 final class RunningJob: @unchecked Sendable {
     let claimed: ClaimedJob
@@ -44,6 +45,9 @@ public final class Daemon: @unchecked Sendable {
     private var jobs: [String: RunningJob] = [:]
     /// Operations of the jobs in `jobs` (their plans), against `maxActiveOperations`.
     private var activeOperations = 0
+    /// Operations released since memory was last given back (`releaseMemoryIfIdle`, on `work`).
+    private var releasedSinceTrim = 0
+    private var lastTrim = 0.0
     private var byGroup: [GroupID: RunningJob] = [:]
     private var queueIDs: [String: QueueID] = [:]
     private let defaultQueue: QueueID
@@ -540,6 +544,19 @@ public final class Daemon: @unchecked Sendable {
         }
         checkOnceDone()
         claimMore()
+        releaseMemoryIfIdle(released: batch.reduce(0) { $0 + ($1.job.plan?.operations.count ?? 0) })
+    }
+
+    /// On `work`: once nothing is active, memory freed by the jobs that ended (a big manifest's tree, plan
+    /// and records) goes back to the system — glibc keeps freed pages otherwise, and RSS would stay at
+    /// the high-water mark. At most every 5 s, or sooner after 10,000 operations.
+    private func releaseMemoryIfIdle(released: Int) {
+        releasedSinceTrim += released
+        let now = Date().timeIntervalSince1970
+        guard lock.withLock({ jobs.isEmpty }), releasedSinceTrim >= 10_000 || now - lastTrim >= 5 else { return }
+        releasedSinceTrim = 0
+        lastTrim = now
+        opq_release_free_memory()
     }
 
     // MARK: Spool faults

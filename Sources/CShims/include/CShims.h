@@ -29,4 +29,8 @@ int opq_syncfs(int fd);
 /// to the folder open as `dirfd`). Returns 0 or -errno.
 int opq_rename_noreplace(int dirfd, const char *from, const char *to);
 
+/// Gives memory the allocator holds free back to the system (glibc malloc_trim; malloc.h is not in
+/// Swift's Glibc module).
+void opq_release_free_memory(void);
+
 #endif
