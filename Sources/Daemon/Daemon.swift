@@ -268,7 +268,7 @@ public final class Daemon: @unchecked Sendable {
         case .success(let plan): job.plan = plan
         }
         if !problems.isEmpty, let asked = Manifest.requestedJob(in: claimed.manifest), !isValidIdentifier(asked), !problems.contains(where: { $0.hasPrefix("job:") }) {
-            problems.append("job: '\(asked)' is not a valid job id")
+            problems.append("job: '\(clipped(asked))' is not a valid job id")
         }
         guard problems.isEmpty, let plan = job.plan else {
             job.rejection = problems

@@ -135,7 +135,7 @@ public struct Manifest {
         }
 
         for key in top.keys.sorted() where !jobKeys.contains(key) && key != "photosURL" {
-            problems.append("unknown key '\(key)'")
+            problems.append("unknown key '\(clipped(key))'")
         }
         if let value = top["photosURL"] {
             if top["operations"] != nil { problems.append("photosURL: cannot be combined with operations") }
@@ -251,7 +251,7 @@ public struct Manifest {
         let common: Set<String> = ["id", "kind", "queue", "dependencies", "input", "qualityOfService", "queuePriority",
                                    "timeoutSeconds", "retries", "retryDelaySeconds", "runsAfterFailure"]
         for key in dict.keys.sorted() where !common.contains(key) && !(kind?.parameters.contains(key) ?? true) {
-            problems.append("\(label): unknown key '\(key)'" + (kind.map { " for kind '\($0.rawValue)'" } ?? ""))
+            problems.append("\(label): unknown key '\(clipped(key))'" + (kind.map { " for kind '\($0.rawValue)'" } ?? ""))
         }
         var queue = kind.map { configuration.defaultQueues[$0.family] ?? "default" } ?? "default"
         if let value = dict["queue"] {
@@ -336,7 +336,7 @@ public struct Manifest {
             let url = string("url")
             if url == nil && d["url"] == nil { problems.append("\(label): url is required") }
             if let url, let scheme = URLComponents(string: url)?.scheme?.lowercased() {
-                if !["http", "https", "file"].contains(scheme) { problems.append("\(label): url scheme '\(scheme)' is not allowed (http, https, file)") }
+                if !["http", "https", "file"].contains(scheme) { problems.append("\(label): url scheme '\(clipped(scheme))' is not allowed (http, https, file)") }
             } else if url != nil {
                 problems.append("\(label): url is not a valid URL")
             }
@@ -358,7 +358,7 @@ public struct Manifest {
         case .write:
             let path = string("path")
             if d["path"] == nil { problems.append("\(label): path is required") }
-            if let path, let reason = unsafePathReason(path) { problems.append("\(label): path '\(path)' \(reason)") }
+            if let path, let reason = unsafePathReason(path) { problems.append("\(label): path '\(clipped(path))' \(reason)") }
             var format = string("format")
             if format == nil, let path {
                 let ext = (path as NSString).pathExtension.lowercased()
@@ -400,7 +400,7 @@ public struct Manifest {
         var unknown = false
         for op in plan.operations {
             for dep in op.dependencies where index[dep] == nil {
-                problems.append("operation '\(op.id)' depends on unknown operation '\(dep)'")
+                problems.append("operation '\(op.id)' depends on unknown operation '\(clipped(dep))'")
                 unknown = true
             }
             if op.dependencies.contains(op.id) { problems.append("cycle: \(op.id) → \(op.id)") }
@@ -444,13 +444,25 @@ public struct Manifest {
 
 public struct ManifestProblems: Error, CustomStringConvertible {
     public var problems: [String]
-    init(_ problems: [String]) { self.problems = problems }
+    /// At most this many problems are reported (a manifest of 100,000 bad operations gets a readable
+    /// answer, not a 100,000-line journal entry).
+    static let reported = 100
+
+    init(_ problems: [String]) {
+        self.problems = problems.count <= Self.reported ? problems
+            : Array(problems.prefix(Self.reported)) + ["… and \(problems.count - Self.reported) more problems"]
+    }
     public var description: String { problems.joined(separator: "\n") }
 }
 
 func quoted(_ value: PlistValue) -> String {
-    if let s = value.string { return "'\(s)'" }
+    if let s = value.string { return "'\(clipped(s))'" }
     return value.typeName
+}
+
+/// A user's string in a message: at most 80 characters.
+func clipped(_ s: String) -> String {
+    s.count <= 80 ? s : s.prefix(80) + "… (\(s.utf8.count) bytes)"
 }
 
 func formatNumber(_ value: Double) -> String {

@@ -70,6 +70,16 @@ func problems(_ object: Any) -> [String] {
     }
 
     /// Found by the fuzz campaign: a job timeout of 1e300 s reached the engine's timer and trapped.
+    @Test func hugeManifestsGetShortAnswers() {
+        let many = problems(["operations": Array(repeating: 7, count: 1000)])
+        #expect(many.count == 101)
+        #expect(many.first == "operations[0]: must be a dictionary")
+        #expect(many.last == "… and 900 more problems")
+        let long = String(repeating: "k", count: 1_000_000)
+        let clipped = problems(["operations": [["id": "a", "kind": "sleep", "seconds": 0, long: 1]]])
+        #expect(clipped == ["operation 'a': unknown key '\(String(repeating: "k", count: 80))… (1000000 bytes)' for kind 'sleep'"])
+    }
+
     @Test func absurdTimesAreRejected() {
         let op: [String: Any] = ["id": "a", "kind": "sleep", "seconds": 0]
         #expect(problems(["timeoutSeconds": 3.5e300, "operations": [op]]) == ["timeoutSeconds: must be a positive number of seconds, less than 1e9"])
