@@ -88,6 +88,6 @@ let package = Package(
         ),
         .testTarget(name: "OperationEngineTests", dependencies: ["OperationEngine"]),
         .testTarget(name: "DaemonTests", dependencies: ["Daemon", "TestSupport"]),
-        .testTarget(name: "PropertyListTests", dependencies: ["PropertyList"]),
+        .testTarget(name: "PropertyListTests", dependencies: ["PropertyList", "TestSupport"]),
     ]
 )

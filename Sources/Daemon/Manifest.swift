@@ -128,8 +128,7 @@ public struct Manifest {
         var plan = JobPlan(job: nil, operations: [], qualityOfService: nil, queuePriority: nil, timeoutSeconds: nil, metadata: nil, photosURL: nil)
 
         // The photo-list form: name → URL strings only, none of the manifest keys.
-        if !top.isEmpty, top["operations"] == nil, top["photosURL"] == nil, top.entries.allSatisfy({ !jobKeys.contains($0.key) && $0.value.string != nil }) {
-            let photos = Dictionary(top.entries.map { ($0.key, $0.value.string ?? "") }, uniquingKeysWith: { $1 })
+        if top["operations"] == nil, top["photosURL"] == nil, top.keys.allSatisfy({ !jobKeys.contains($0) }), let photos = strings(top) {
             plan.operations = photoListOperations(photos, configuration: configuration)
             return validateGraph(plan, problems: [], configuration: configuration)
         }
@@ -196,11 +195,20 @@ public struct Manifest {
 
     /// A downloaded photo list (§3.5): a non-empty dictionary of name → URL strings.
     public static func photoList(from data: Data, url: String) throws -> [String: String] {
-        guard case .dictionary(let dictionary)? = try? read(data), !dictionary.isEmpty,
-              dictionary.entries.allSatisfy({ $0.value.string != nil }) else {
+        guard case .dictionary(let dictionary)? = try? read(data), let photos = strings(dictionary) else {
             throw ManifestProblems(["the photo list at \(url) is not a property list dictionary of name → URL strings"])
         }
-        return Dictionary(dictionary.entries.map { ($0.key, $0.value.string ?? "") }, uniquingKeysWith: { $1 })
+        return photos
+    }
+
+    /// A photo list's shape: a non-empty dictionary whose values are all strings.
+    private static func strings(_ dictionary: PlistDictionary) -> [String: String]? {
+        var out: [String: String] = [:]
+        for entry in dictionary.entries {
+            guard let s = entry.value.string else { return nil }
+            out[entry.key] = s
+        }
+        return out.isEmpty ? nil : out
     }
 
     static func photoListOperations(_ photos: [String: String], configuration: Configuration) -> [OperationPlan] {

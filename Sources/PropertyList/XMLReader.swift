@@ -6,22 +6,17 @@
 struct XMLPlistReader {
     private var b: UnsafeRawBufferPointer
     private var i = 0
-    /// Bytes transcoded from ISO-8859-1, when the declaration asked for it (kept alive for `b`).
-    private var transcoded: [UInt8]?
 
     init(_ bytes: UnsafeRawBufferPointer) { b = bytes }
 
     mutating func read() throws -> PlistValue {
         if b.starts(with: [0xEF, 0xBB, 0xBF]) { i = 3 }
         if b.starts(with: [0xFE, 0xFF]) || b.starts(with: [0xFF, 0xFE]) { throw PlistError("UTF-16 is not supported; use UTF-8") }
-        if let latin1 = try declaredSingleByteEncoding() {
-            if latin1 {
-                let copy = transcodeLatin1(UnsafeRawBufferPointer(rebasing: b[i...]))
-                transcoded = copy
-                return try copy.withUnsafeBytes { (buffer: UnsafeRawBufferPointer) throws -> PlistValue in
-                    var inner = XMLPlistReader(buffer)
-                    return try inner.readDocument()
-                }
+        if try declaredSingleByteEncoding() == true {
+            let utf8 = transcodeLatin1(UnsafeRawBufferPointer(rebasing: b[i...]))
+            return try utf8.withUnsafeBytes { buffer in
+                var inner = XMLPlistReader(buffer)
+                return try inner.readDocument()
             }
         }
         return try readDocument()
@@ -107,27 +102,27 @@ struct XMLPlistReader {
             }
             return .array(elements)
         case "string":
-            return .string(tag.empty ? "" : try text(closing: "string"))
+            return .string(try content(of: tag))
         case "integer":
-            let t = tag.empty ? "" : try text(closing: "integer")
+            let t = try content(of: tag)
             guard let n = parseInteger(t) else { throw fail("'\(t.prefix(64))' is not an integer (or is out of range)") }
             return .integer(n)
         case "real":
-            let t = tag.empty ? "" : try text(closing: "real")
+            let t = try content(of: tag)
             guard let d = parseReal(t) else { throw fail("'\(t.prefix(64))' is not a real number") }
             return .real(d)
         case "true", "false":
             if !tag.empty {
-                try skipSpace()
+                skipSpace()
                 try endTag(tag.name)
             }
             return .boolean(tag.name == "true")
         case "date":
-            let t = tag.empty ? "" : try text(closing: "date")
+            let t = try content(of: tag)
             guard let d = parseDate(t) else { throw fail("'\(t.prefix(64))' is not a date (YYYY-MM-DDTHH:MM:SSZ)") }
             return .date(d)
         case "data":
-            let t = tag.empty ? "" : try text(closing: "data")
+            let t = try content(of: tag)
             guard let d = Base64.decode(t) else { throw fail("the data is not valid base64") }
             return .data(d)
         case "key":
@@ -135,6 +130,11 @@ struct XMLPlistReader {
         default:
             throw fail("unknown element <\(tag.name.prefix(64))>")
         }
+    }
+
+    /// The text of a scalar element (`<string/>` has none).
+    private mutating func content(of tag: Tag) throws -> String {
+        tag.empty ? "" : try text(closing: tag.name)
     }
 
     // MARK: Tags
@@ -209,7 +209,7 @@ struct XMLPlistReader {
         }
     }
 
-    private mutating func skipSpace() throws {
+    private mutating func skipSpace() {
         while i < b.count, isSpace(b[i]) { i += 1 }
     }
 

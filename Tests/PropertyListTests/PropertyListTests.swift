@@ -4,6 +4,7 @@
 import Foundation
 import Testing
 @testable import PropertyList
+import TestSupport
 
 /// Foundation's parsed object as a PlistValue (booleans told apart from numbers).
 func plistValue(_ object: Any) -> PlistValue? {
@@ -54,14 +55,9 @@ func sorted(_ value: PlistValue) -> PlistValue {
 }
 
 struct Generator {
-    var state: UInt64
-    mutating func next() -> UInt64 {
-        state &+= 0x9E3779B97F4A7C15
-        var z = state
-        z = (z ^ (z >> 30)) &* 0xBF58476D1CE4E5B9
-        z = (z ^ (z >> 27)) &* 0x94D049BB133111EB
-        return z ^ (z >> 31)
-    }
+    var rng: SplitMix
+    init(state: UInt64) { rng = SplitMix(state: state) }
+    mutating func next() -> UInt64 { rng.next() }
     mutating func below(_ n: Int) -> Int { Int(next() % UInt64(n)) }
 
     mutating func string() -> String {
