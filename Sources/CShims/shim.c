@@ -48,3 +48,8 @@ int opq_rename_noreplace(int dirfd, const char *from, const char *to) {
 void opq_release_free_memory(void) {
     malloc_trim(0);
 }
+
+unsigned long long opq_heap_bytes_in_use(void) {
+    struct mallinfo2 info = mallinfo2();
+    return (unsigned long long)info.uordblks + (unsigned long long)info.hblkhd;
+}

@@ -153,7 +153,8 @@ public final class Daemon: @unchecked Sendable {
     public func scan(hints: [String] = []) {
         work.async { [self] in
             lock.lock()
-            closedHints.formUnion(hints)
+            // Only names a scan would offer are kept (a hidden file written and renamed in is not).
+            closedHints.formUnion(hints.lazy.filter(Spool.isManifestName))
             lock.unlock()
             rescanRequested = true
             claimMore()
@@ -174,6 +175,13 @@ public final class Daemon: @unchecked Sendable {
         rescanRequested = false
         lock.lock()
         waiting = scan.waiting
+        if scan.manifests.count == scan.waiting {
+            // The whole inbox was read: what is remembered of names no longer there is let go, so
+            // names that come and go cannot grow these sets.
+            let present = Set(scan.manifests).union(scan.strangers)
+            closedHints.formIntersection(present)
+            strangersLogged.formIntersection(present)
+        }
         let fresh = scan.strangers.filter { strangersLogged.insert($0).inserted }
         lock.unlock()
         for stranger in fresh { logger.notice("inbox/\(stranger) is not a manifest (*.plist) and is left alone") }
@@ -794,6 +802,11 @@ public final class Daemon: @unchecked Sendable {
         return Status(activeJobs: active, waiting: waitingNow, executing: engine.executingCount, operations: operations,
                       maxActiveOperations: budget, queues: engine.queues(), fault: fault)
     }
+
+    /// Bytes the allocator has handed out and not had back (a diagnostic: when this stays flat while RSS
+    /// grows, the allocator is keeping freed memory; when it grows, something is held). It walks the
+    /// allocator's free lists, so status computes it only when asked.
+    public var heapBytesInUse: Int { Int(clamping: opq_heap_bytes_in_use()) }
 
     /// An active job's operations, for `show`.
     public func show(job id: String) -> [[String: Any]]? {

@@ -11,6 +11,26 @@ import OperationEngine
 import Glibc
 #endif
 
+/// A wall-clock timer that fires once, and whose cancellation releases what its handler holds at once
+/// (a `DispatchQueue.asyncAfter` block lives until its deadline). Dispatch sources are thread-safe;
+/// swift-corelibs-libdispatch does not mark them Sendable.
+final class OneShotTimer: @unchecked Sendable {
+    private let source: any DispatchSourceTimer
+
+    init(after seconds: Double, _ handler: @escaping @Sendable () -> Void) {
+        source = DispatchSource.makeTimerSource(queue: .global())
+        source.schedule(deadline: .now() + seconds)
+        // The handler refers to the timer until the source is cancelled, which releases the handler.
+        source.setEventHandler { [self] in
+            handler()
+            cancel()
+        }
+        source.resume()
+    }
+
+    func cancel() { source.cancel() }
+}
+
 struct KindFailure: Error, CustomStringConvertible {
     let description: String
 }
@@ -28,9 +48,11 @@ enum Kinds {
         switch parameters {
         case .sleep(let seconds):
             // Wall time on a timer: holds a queue slot, no thread. A cancelled sleep ends at once in the
-            // engine; the timer's late completion is ignored.
+            // engine, and its timer is cancelled too, so a year-long sleep does not keep its context
+            // (and the input it holds) for a year.
             return .async { context in
-                DispatchQueue.global().asyncAfter(deadline: .now() + seconds) { context.finish(.success(nil)) }
+                let timer = OneShotTimer(after: seconds) { context.finish(.success(nil)) }
+                context.onCancel { timer.cancel() }
             }
         case .spin(let seconds):
             return .sync { context in

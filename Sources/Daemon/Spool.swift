@@ -120,6 +120,11 @@ public final class Spool: @unchecked Sendable {
     /// One pass over the inbox. A `*.plist` name that is not UTF-8 cannot be named in a result or a journal
     /// field: it is renamed in the inbox (never replacing a file) to its bytes with every invalid sequence
     /// as `_`, and claimed under that name.
+    /// What the inbox offers as a manifest: a visible name ending in `.plist`.
+    public static func isManifestName(_ name: String) -> Bool {
+        name.hasSuffix(".plist") && !name.hasPrefix(".")
+    }
+
     public func scanInbox(limit: Int) throws -> InboxScan {
         var scan = InboxScan(manifests: [], waiting: 0, strangers: [], renamed: [])
         let fd = open(inbox, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
@@ -145,7 +150,7 @@ public final class Spool: @unchecked Sendable {
                 }
                 continue
             }
-            if name.hasSuffix(".plist") {
+            if Self.isManifestName(name) {
                 scan.manifests.append(name)
             } else {
                 scan.strangers.append(name)

@@ -47,6 +47,8 @@ public final class Engine: @unchecked Sendable, ContextHost {
         static func == (a: Self, b: Self) -> Bool { a.seq == b.seq }
     }
     private var timers = Heap<TimerEntry>()
+    /// Timers left after the last compaction (see `afterStep`).
+    private var timersKept = 0
     private var timerSeq: UInt64 = 0
     private let timerCondition = Condition()
     private var timerThreadStarted = false
@@ -177,6 +179,9 @@ public final class Engine: @unchecked Sendable, ContextHost {
     /// Frees a finished group. Its id must not be used afterwards.
     public func release(_ group: GroupID) { locked { $0.release(group) } }
 
+    /// Timers in the heap, stale ones included (for tests).
+    var timersArmed: Int { lock.withLock { timers.count } }
+
     /// Blocks the calling thread until the group has finished.
     public func wait(_ group: GroupID) {
         lock.lock()
@@ -233,24 +238,24 @@ public final class Engine: @unchecked Sendable, ContextHost {
 
     // MARK: ContextHost
 
-    func isCancelled(_ ref: NodeRef, attempt: Int) -> Bool {
+    func isCancelled(_ attempt: Attempt) -> Bool {
         lock.lock()
         defer { lock.unlock() }
-        return scheduler.isCancelled(ref, attempt: attempt)
+        return scheduler.isCancelled(attempt)
     }
 
-    func complete(_ ref: NodeRef, attempt: Int, result: Result<OperationOutput?, any Error>) {
+    func complete(_ attempt: Attempt, result: Result<OperationOutput?, any Error>) {
         let outcome: Scheduler.Outcome
         switch result {
         case .success(let output): outcome = .success(output)
         case .failure(let error): outcome = .failure(String(describing: error))
         }
-        locked { s, now in s.finish(ref, attempt: attempt, outcome: outcome, now: now) }
+        locked { s, now in s.finish(attempt, outcome: outcome, now: now) }
     }
 
-    func setCancelHandler(_ ref: NodeRef, attempt: Int, handler: @escaping @Sendable () -> Void) {
+    func setCancelHandler(_ attempt: Attempt, handler: @escaping @Sendable () -> Void) {
         lock.lock()
-        let runNow = scheduler.setCancelHandler(ref, attempt: attempt, handler: handler)
+        let runNow = scheduler.setCancelHandler(attempt, handler: handler)
         lock.unlock()
         runNow?()
     }
@@ -299,6 +304,13 @@ public final class Engine: @unchecked Sendable, ContextHost {
                 timers.insert(entry)
             }
             scheduler.timerRequests.removeAll(keepingCapacity: true)
+            if timers.count > 2 * timersKept + 1024 {
+                // Most of what is armed may be stale (a one-hour timeout of an attempt that took a second):
+                // keep what can still fire, so the heap stays proportional to live attempts and jobs.
+                timers = Heap(timers.unordered.lazy.filter { [scheduler] in scheduler.isPending($0.kind) })
+                timersKept = timers.count
+                earliestChanged = true
+            }
             if !timerThreadStarted {
                 timerThreadStarted = true
                 spawn { $0.timerMain() }
@@ -403,7 +415,7 @@ public final class Engine: @unchecked Sendable, ContextHost {
                 return
             }
             lock.unlock()
-            let context = OperationContext(host: self, ref: dispatch.ref, attempt: dispatch.attempt, input: dispatch.input, name: dispatch.name)
+            let context = OperationContext(host: self, current: dispatch.attempt, input: dispatch.input, name: dispatch.name)
             switch dispatch.body {
             case .sync(let body):
                 let outcome: Scheduler.Outcome
@@ -413,7 +425,7 @@ public final class Engine: @unchecked Sendable, ContextHost {
                     outcome = .failure(String(describing: error))
                 }
                 lock.lock()
-                scheduler.finish(dispatch.ref, attempt: dispatch.attempt, outcome: outcome, now: wallClock())
+                scheduler.finish(dispatch.attempt, outcome: outcome, now: wallClock())
             case .async(let body):
                 body(context)
                 lock.lock()

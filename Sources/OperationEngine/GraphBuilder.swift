@@ -142,34 +142,34 @@ public struct GraphBuilder: Sendable {
 /// What a running operation sees: its input, its attempt, and whether it should stop.
 public struct OperationContext: Sendable {
     let host: any ContextHost
-    let ref: NodeRef
+    let current: Attempt
     /// 1 for the first attempt.
-    public let attempt: Int
+    public var attempt: Int { current.number }
     /// The output of the operation's input dependency, if any.
     public let input: OperationOutput?
     public let name: String
 
     /// True once the operation was cancelled, its attempt timed out, or its group's deadline passed.
     /// Synchronous bodies check it between units of work and return (or throw) early.
-    public var isCancelled: Bool { host.isCancelled(ref, attempt: attempt) }
+    public var isCancelled: Bool { host.isCancelled(current) }
 
     /// Ends an asynchronous operation's attempt. Later calls, and calls after a cancellation or
     /// timeout already ended the attempt, are ignored.
     public func finish(_ result: Result<OperationOutput?, any Error>) {
-        host.complete(ref, attempt: attempt, result: result)
+        host.complete(current, result: result)
     }
 
     /// Registers what to do when an executing asynchronous operation is cancelled or times out
     /// (abort a transfer, cancel a timer). Called at once if that already happened.
     public func onCancel(_ handler: @escaping @Sendable () -> Void) {
-        host.setCancelHandler(ref, attempt: attempt, handler: handler)
+        host.setCancelHandler(current, handler: handler)
     }
 }
 
 protocol ContextHost: AnyObject, Sendable {
-    func isCancelled(_ ref: NodeRef, attempt: Int) -> Bool
-    func complete(_ ref: NodeRef, attempt: Int, result: Result<OperationOutput?, any Error>)
-    func setCancelHandler(_ ref: NodeRef, attempt: Int, handler: @escaping @Sendable () -> Void)
+    func isCancelled(_ attempt: Attempt) -> Bool
+    func complete(_ attempt: Attempt, result: Result<OperationOutput?, any Error>)
+    func setCancelHandler(_ attempt: Attempt, handler: @escaping @Sendable () -> Void)
 }
 
 /// An attempt that ran past its `timeout`.

@@ -79,9 +79,19 @@ public struct QueueSnapshot: Sendable, Equatable {
     public let executing: Int
 }
 
+/// One attempt of one operation: what an asynchronous body's completion, a timeout or a retry refers to.
+/// The group's generation makes it refer to nothing once the group is released and its slot reused —
+/// a late completion or timer of an ended job must not touch the job that took its place.
+struct Attempt: Hashable, Sendable {
+    var ref: NodeRef
+    var generation: UInt32
+    /// 1 for the first attempt.
+    var number: Int
+}
+
 enum TimerKind: Hashable, Sendable {
-    case attemptTimeout(NodeRef, attempt: Int)
-    case retry(NodeRef, attempt: Int)
+    case attemptTimeout(Attempt)
+    case retry(Attempt)
     case deadline(GroupID)
 }
 
@@ -92,8 +102,8 @@ struct TimerRequest: Sendable {
 
 /// An operation handed to a worker.
 struct Dispatch: Sendable {
-    var ref: NodeRef
-    var attempt: Int
+    var ref: NodeRef { attempt.ref }
+    var attempt: Attempt
     var body: OperationBody
     var qualityOfService: QualityOfService
     var input: OperationOutput?
@@ -559,10 +569,11 @@ struct Scheduler {
         if groups[g].nodes[i].startedAt.isNaN { groups[g].nodes[i].startedAt = now }
         let node = groups[g].nodes[i]
         if recordsEvents { emit(ref, .executing, now: now) }
+        let attempt = Attempt(ref: ref, generation: groups[g].generation, number: Int(node.attempts))
         if node.options >= 0, let timeout = groups[g].options[Int(node.options)].timeout {
-            timerRequests.append(TimerRequest(delay: timeout, kind: .attemptTimeout(ref, attempt: Int(node.attempts))))
+            timerRequests.append(TimerRequest(delay: timeout, kind: .attemptTimeout(attempt)))
         }
-        return Dispatch(ref: ref, attempt: Int(node.attempts), body: groups[g].bodies[i], qualityOfService: best.qos, input: input(of: ref), name: groups[g].names[i])
+        return Dispatch(attempt: attempt, body: groups[g].bodies[i], qualityOfService: best.qos, input: input(of: ref), name: groups[g].names[i])
     }
 
     private func input(of ref: NodeRef) -> OperationOutput? {
@@ -586,11 +597,11 @@ struct Scheduler {
 
     /// Ends an attempt. Ignored when the attempt already ended (cancelled asynchronous operation,
     /// timeout) — a late completion changes nothing.
-    mutating func finish(_ ref: NodeRef, attempt: Int, outcome: Outcome, now: Double) {
-        guard isValid(ref) else { return }
+    mutating func finish(_ attempt: Attempt, outcome: Outcome, now: Double) {
+        guard isCurrent(attempt, in: .executing) else { return }
+        let ref = attempt.ref
         let g = Int(ref.group), i = Int(ref.index)
         let node = groups[g].nodes[i]
-        guard node.state == .executing, Int(node.attempts) == attempt else { return }
         let q = Int(node.queue)
         queues[q].executing -= 1
         executingCount -= 1
@@ -632,7 +643,8 @@ struct Scheduler {
                 groups[g].errors[ref.index] = error
                 if recordsEvents { emit(ref, .retrying, now: now, error: error) }
                 let delay = options.retryDelay * Double(1 << min(Int(node.attempts) - 1, 30))
-                timerRequests.append(TimerRequest(delay: delay, kind: .retry(ref, attempt: Int(node.attempts))))
+                let attempt = Attempt(ref: ref, generation: groups[g].generation, number: Int(node.attempts))
+                timerRequests.append(TimerRequest(delay: delay, kind: .retry(attempt)))
                 return
             }
         }
@@ -738,6 +750,14 @@ struct Scheduler {
         Int(ref.group) < groups.count && groups[Int(ref.group)].live && Int(ref.index) < groups[Int(ref.group)].nodes.count
     }
 
+    /// Whether `attempt` is its operation's current one, in `state`, in the group it was made in.
+    func isCurrent(_ attempt: Attempt, in state: OperationState) -> Bool {
+        guard isValid(attempt.ref) else { return false }
+        let g = Int(attempt.ref.group)
+        let node = groups[g].nodes[Int(attempt.ref.index)]
+        return groups[g].generation == attempt.generation && node.state == state && Int(node.attempts) == attempt.number
+    }
+
     // MARK: Barriers
 
     /// Foundation's `addBarrierBlock`: runs once everything added to the queue before it has finished
@@ -826,40 +846,46 @@ struct Scheduler {
         if let entry = cancelHandlers.removeValue(forKey: ref) { cancelHandlersToRun.append(entry.handler) }
     }
 
-    func isCancelled(_ ref: NodeRef, attempt: Int) -> Bool {
-        guard isValid(ref) else { return true }
-        let node = groups[Int(ref.group)].nodes[Int(ref.index)]
-        return node.state != .executing || Int(node.attempts) != attempt || node.flags & (Node.cancelRequested | Node.timedOut) != 0
+    func isCancelled(_ attempt: Attempt) -> Bool {
+        guard isCurrent(attempt, in: .executing) else { return true }
+        return groups[Int(attempt.ref.group)].nodes[Int(attempt.ref.index)].flags & (Node.cancelRequested | Node.timedOut) != 0
     }
 
     /// Stores an asynchronous attempt's cancellation handler; returns it when it must run at once.
-    mutating func setCancelHandler(_ ref: NodeRef, attempt: Int, handler: @escaping @Sendable () -> Void) -> (@Sendable () -> Void)? {
-        if isCancelled(ref, attempt: attempt) { return handler }
-        cancelHandlers[ref] = (attempt, handler)
+    mutating func setCancelHandler(_ attempt: Attempt, handler: @escaping @Sendable () -> Void) -> (@Sendable () -> Void)? {
+        if isCancelled(attempt) { return handler }
+        cancelHandlers[attempt.ref] = (attempt.number, handler)
         return nil
     }
 
     // MARK: Timers
 
-    mutating func fire(_ kind: TimerKind, now: Double) {
+    /// Whether a timer would still do something when it fires; the engine drops the others when its
+    /// heap fills with them (a long timeout outlives the attempt it was armed for).
+    func isPending(_ kind: TimerKind) -> Bool {
         switch kind {
-        case .attemptTimeout(let ref, let attempt):
-            guard isValid(ref) else { return }
-            let g = Int(ref.group), i = Int(ref.index)
-            let node = groups[g].nodes[i]
-            guard node.state == .executing, Int(node.attempts) == attempt, node.flags & Node.cancelRequested == 0 else { return }
+        case .attemptTimeout(let attempt):
+            isCurrent(attempt, in: .executing) && groups[Int(attempt.ref.group)].nodes[Int(attempt.ref.index)].flags & Node.cancelRequested == 0
+        case .retry(let attempt):
+            isCurrent(attempt, in: .retrying)
+        case .deadline(let id):
+            isLive(id) && !groups[Int(id.slot)].finished
+        }
+    }
+
+    mutating func fire(_ kind: TimerKind, now: Double) {
+        guard isPending(kind) else { return }
+        switch kind {
+        case .attemptTimeout(let attempt):
+            let g = Int(attempt.ref.group), i = Int(attempt.ref.index)
             groups[g].nodes[i].flags |= Node.timedOut
             if case .async = groups[g].bodies[i] {
-                runCancelHandler(ref)
-                finish(ref, attempt: attempt, outcome: .failure(""), now: now)
+                runCancelHandler(attempt.ref)
+                finish(attempt, outcome: .failure(""), now: now)
             }
-        case .retry(let ref, let attempt):
-            guard isValid(ref) else { return }
-            let node = groups[Int(ref.group)].nodes[Int(ref.index)]
-            guard node.state == .retrying, Int(node.attempts) == attempt else { return }
-            makeReady(ref, now: now)
+        case .retry(let attempt):
+            makeReady(attempt.ref, now: now)
         case .deadline(let id):
-            guard isLive(id), !groups[Int(id.slot)].finished else { return }
             cancel(group: id, reason: "the job's deadline passed", now: now)
         }
     }

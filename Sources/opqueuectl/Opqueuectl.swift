@@ -113,9 +113,10 @@ struct Status: ParsableCommand {
     static let configuration = CommandConfiguration(abstract: "Daemon state, queues and jobs.")
     @OptionGroup var common: Common
     @Flag(help: "JSON output.") var json = false
+    @Flag(help: "Also the bytes the daemon's allocator has handed out (walks its free lists).") var memory = false
 
     func run() throws {
-        let response = try common.request(["command": "status"])
+        let response = try common.request(["command": "status", "memory": memory])
         if json {
             let data = try JSONSerialization.data(withJSONObject: response, options: [.prettyPrinted, .sortedKeys])
             print(String(decoding: data, as: UTF8.self))
@@ -126,6 +127,7 @@ struct Status: ParsableCommand {
         if let operations = response["operations"] as? Int, let budget = response["maxActiveOperations"] as? Int {
             print("operations in active jobs: \(operations) of \(budget)\(operations >= budget ? " (claiming paused until some end)" : "")")
         }
+        if let heap = response["heapBytes"] as? Int { print("heap in use: \(heap / 1024) KiB") }
         print("QUEUE            LIMIT  QOS              SUSPENDED  PENDING  EXECUTING")
         for q in response["queues"] as? [[String: Any]] ?? [] {
             let name = (q["name"] as? String ?? "").padding(toLength: 16, withPad: " ", startingAt: 0)

@@ -161,6 +161,7 @@ func handle(_ request: [String: Any], _ daemon: Daemon) -> [String: Any] {
             },
         ]
         if let fault = status.fault { response["fault"] = fault }
+        if request["memory"] as? Bool == true { response["heapBytes"] = daemon.heapBytesInUse }
         return response
     case "show":
         guard let job = request["job"] as? String else { return ["exit": 64, "error": "show needs a job"] }

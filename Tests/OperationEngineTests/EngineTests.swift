@@ -317,6 +317,60 @@ func monotonicNow() -> Double {
         engine.shutdown()
     }
 
+    @Test func aLateCompletionOfAnEndedJobDoesNotTouchTheJobInItsSlot() throws {
+        // A cancelled asynchronous body may still call back much later (a sleep's timer, a transfer's
+        // completion); by then its job's slot may hold another job with an operation at the same index.
+        let engine = Engine()
+        let q = engine.addQueue(named: "q")
+        final class Contexts: @unchecked Sendable {
+            let lock = NSLock()
+            var all: [OperationContext] = []
+            func add(_ c: OperationContext) { lock.withLock { all.append(c) } }
+            func at(_ i: Int) -> OperationContext? { lock.withLock { i < all.count ? all[i] : nil } }
+        }
+        let contexts = Contexts()
+        func job() -> GraphBuilder {
+            var builder = GraphBuilder()
+            builder.add(OperationSpec(name: "waits", queue: q, timeout: 3600, body: .async { contexts.add($0) }))
+            return builder
+        }
+        let first = try engine.submit(job())
+        while contexts.at(0) == nil { usleep(1_000) }
+        engine.cancel(first)
+        engine.wait(first)
+        engine.release(first)
+        let second = try engine.submit(job())
+        while contexts.at(1) == nil { usleep(1_000) }
+        let late = try #require(contexts.at(0)), current = try #require(contexts.at(1))
+        #expect(late.isCancelled)
+        #expect(!current.isCancelled)
+        late.finish(.failure(OperationCancelled()))
+        let ranAtOnce = Tracker()
+        late.onCancel { ranAtOnce.note("late") } // an ended attempt is a cancelled one: runs now, is not stored
+        #expect(engine.records(second)?.first?.state == .executing, "the late completion ended the new job's operation")
+        #expect(ranAtOnce.order == ["late"])
+        current.finish(.success(nil))
+        engine.wait(second)
+        #expect(engine.records(second)?.first?.state == .succeeded)
+        engine.shutdown()
+    }
+
+    @Test func timersOfEndedAttemptsDoNotAccumulate() throws {
+        // Every attempt arms a one-hour timeout and ends at once: the timer heap is compacted, not grown.
+        let engine = Engine()
+        let q = engine.addQueue(named: "q", maxConcurrentOperationCount: 8)
+        for _ in 0..<20 {
+            var builder = GraphBuilder()
+            for i in 0..<1_000 { builder.add(OperationSpec(name: "op\(i)", queue: q, timeout: 3600, body: .sync { _ in nil })) }
+            let group = try engine.submit(builder, deadline: 3600)
+            engine.wait(group)
+            engine.release(group)
+        }
+        let armed = engine.timersArmed
+        engine.shutdown()
+        #expect(armed <= 3 * 1_024, "\(armed) timers kept for 20,000 ended attempts")
+    }
+
     @Test func cancellingARunningSynchronousOperationStopsItAtItsNextCheck() throws {
         let engine = Engine()
         let q = engine.addQueue(named: "q")

@@ -32,13 +32,13 @@ struct Harness {
     mutating func succeed(_ name: String, output: OperationOutput? = nil) {
         guard let d = running.removeValue(forKey: name) else { Issue.record("\(name) is not running"); return }
         now += 1
-        s.finish(d.ref, attempt: d.attempt, outcome: .success(output), now: now)
+        s.finish(d.attempt, outcome: .success(output), now: now)
     }
 
     mutating func fail(_ name: String, _ message: String = "boom") {
         guard let d = running.removeValue(forKey: name) else { Issue.record("\(name) is not running"); return }
         now += 1
-        s.finish(d.ref, attempt: d.attempt, outcome: .failure(message), now: now)
+        s.finish(d.attempt, outcome: .failure(message), now: now)
     }
 
     mutating func takeTimers() -> [TimerRequest] {
@@ -263,9 +263,9 @@ func spec(_ name: String, _ queue: QueueID, qos: QualityOfService? = nil, priori
         let syncDispatch = try #require(h.running["sync"])
         final class Flag: @unchecked Sendable { var value = false }
         let aborted = Flag()
-        #expect(h.s.setCancelHandler(asyncDispatch.ref, attempt: 1) { aborted.value = true } == nil)
+        #expect(h.s.setCancelHandler(asyncDispatch.attempt) { aborted.value = true } == nil)
         h.s.cancel(group: group, now: h.now)
-        #expect(h.s.isCancelled(syncDispatch.ref, attempt: 1))
+        #expect(h.s.isCancelled(syncDispatch.attempt))
         #expect(h.states(group)["async"] == .cancelled, "an asynchronous operation ends at once")
         #expect(h.s.cancelHandlersToRun.count == 1)
         h.s.cancelHandlersToRun.forEach { $0() }
@@ -278,7 +278,7 @@ func spec(_ name: String, _ queue: QueueID, qos: QualityOfService? = nil, priori
         #expect(h.s.isFinished(group))
         #expect(h.dispatch().isEmpty, "nothing cancelled ever starts")
         // A late completion of the cancelled asynchronous operation changes nothing.
-        h.s.finish(asyncDispatch.ref, attempt: 1, outcome: .success(nil), now: h.now)
+        h.s.finish(asyncDispatch.attempt, outcome: .success(nil), now: h.now)
         #expect(h.states(group)["async"] == .cancelled)
     }
 
@@ -303,7 +303,7 @@ func spec(_ name: String, _ queue: QueueID, qos: QualityOfService? = nil, priori
         var delays: [Double] = []
         for attempt in 1...3 {
             #expect(h.dispatch() == ["flaky"])
-            #expect(h.running["flaky"]?.attempt == attempt)
+            #expect(h.running["flaky"]?.attempt.number == attempt)
             h.fail("flaky", "attempt \(attempt)")
             for timer in h.takeTimers() {
                 delays.append(timer.delay)
@@ -332,7 +332,7 @@ func spec(_ name: String, _ queue: QueueID, qos: QualityOfService? = nil, priori
         #expect(h.states(group)["slowAsync"] == .failed)
         #expect(h.s.records(group)?[1].error == "timed out after 3 s")
         let slow = try #require(h.running["slow"])
-        #expect(h.s.isCancelled(slow.ref, attempt: 1), "the body is told to stop")
+        #expect(h.s.isCancelled(slow.attempt), "the body is told to stop")
         h.succeed("slow") // returned late: still a timeout
         #expect(h.states(group)["slow"] == .retrying)
         for timer in h.takeTimers() { h.s.fire(timer.kind, now: h.now) }

@@ -33,4 +33,8 @@ int opq_rename_noreplace(int dirfd, const char *from, const char *to);
 /// Swift's Glibc module).
 void opq_release_free_memory(void);
 
+/// Bytes the allocator has handed out and not had back (glibc mallinfo2, all arenas and mmapped
+/// blocks): what the program holds, as against RSS, which also counts freed memory the allocator kept.
+unsigned long long opq_heap_bytes_in_use(void);
+
 #endif
