@@ -49,6 +49,11 @@ void opq_release_free_memory(void) {
     malloc_trim(0);
 }
 
+void opq_tune_allocator(void) {
+    mallopt(M_MMAP_THRESHOLD, 4 << 20);
+    mallopt(M_TRIM_THRESHOLD, 8 << 20);
+}
+
 unsigned long long opq_heap_bytes_in_use(void) {
     struct mallinfo2 info = mallinfo2();
     return (unsigned long long)info.uordblks + (unsigned long long)info.hblkhd;

@@ -48,6 +48,7 @@ public final class Daemon: @unchecked Sendable {
     /// Operations released since memory was last given back (`releaseMemoryIfIdle`, on `work`).
     private var releasedSinceTrim = 0
     private var lastTrim = 0.0
+    private var trimScheduled = false
     private var byGroup: [GroupID: RunningJob] = [:]
     private var queueIDs: [String: QueueID] = [:]
     private let defaultQueue: QueueID
@@ -557,14 +558,23 @@ public final class Daemon: @unchecked Sendable {
 
     /// On `work`: once nothing is active, memory freed by the jobs that ended (a big manifest's tree, plan
     /// and records) goes back to the system — glibc keeps freed pages otherwise, and RSS would stay at
-    /// the high-water mark. At most every 5 s, or sooner after 10,000 operations.
+    /// the high-water mark. At most every 5 s, or sooner after 10,000 operations; an idle moment that
+    /// comes sooner is followed by a trim once the 5 s are up, if still idle then.
     private func releaseMemoryIfIdle(released: Int) {
         releasedSinceTrim += released
+        guard lock.withLock({ jobs.isEmpty }) else { return }
         let now = Date().timeIntervalSince1970
-        guard lock.withLock({ jobs.isEmpty }), releasedSinceTrim >= 10_000 || now - lastTrim >= 5 else { return }
-        releasedSinceTrim = 0
-        lastTrim = now
-        opq_release_free_memory()
+        if releasedSinceTrim >= 10_000 || now - lastTrim >= 5 {
+            releasedSinceTrim = 0
+            lastTrim = now
+            opq_release_free_memory()
+        } else if !trimScheduled {
+            trimScheduled = true
+            work.asyncAfter(deadline: .now() + max(0.1, 5 - (now - lastTrim))) { [self] in
+                trimScheduled = false
+                releaseMemoryIfIdle(released: 0)
+            }
+        }
     }
 
     // MARK: Spool faults
@@ -802,6 +812,10 @@ public final class Daemon: @unchecked Sendable {
         return Status(activeJobs: active, waiting: waitingNow, executing: engine.executingCount, operations: operations,
                       maxActiveOperations: budget, queues: engine.queues(), fault: fault)
     }
+
+    /// Sets the allocator's thresholds for a long-running process (see `opq_tune_allocator`); call once,
+    /// first thing.
+    public static func tuneAllocator() { opq_tune_allocator() }
 
     /// Bytes the allocator has handed out and not had back (a diagnostic: when this stays flat while RSS
     /// grows, the allocator is keeping freed memory; when it grows, something is held). It walks the

@@ -44,6 +44,7 @@ struct Opqueued: AsyncParsableCommand {
             print("opqueued 0.2.0")
             return
         }
+        Daemon.tuneAllocator()
         let useJournal = logTarget == .journal || (logTarget == .auto && (ProcessInfo.processInfo.environment["JOURNAL_STREAM"] != nil || journalIsListening()))
         LoggingSystem.bootstrap { _ in useJournal ? JournalLogHandler() as any LogHandler : ConsoleLogHandler() }
         let logger = Logger(label: "opqueued")

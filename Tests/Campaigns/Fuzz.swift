@@ -130,12 +130,15 @@ struct FuzzCampaign {
             batches += 1
             say(String(format: "  batch %d: inputs %d, %.0f s, rss %.0f MB, heap in use %.1f MB", batches, tried, now() - started, lastRSS, lastHeap))
         }
+        // Once idle for a while the daemon gives freed memory back: RSS then shows what it still holds.
+        Thread.sleep(forTimeInterval: 6)
+        let idleRSS = processMemoryMB(daemon.pid, "VmRSS")
         daemon.signal(SIGTERM)
         let exit = daemon.wait(timeout: 30)
         let reports = crashReports(log)
         let counts = statusCounts.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: " ")
-        say(String(format: "campaign=fuzz inputs=%d manifests=%d images=%d crashes=%d hangs=%d unanswered=%d %@ rss_first_batch_mb=%.0f rss_last_batch_mb=%.0f heap_first_batch_mb=%.1f heap_last_batch_mb=%.1f peak_rss_mb=%.0f seconds=%.0f",
-                   tried, manifests, images, crashes + reports.count, hangs, unanswered.count, counts, firstRSS, lastRSS, firstHeap, lastHeap, peakRSS, now() - started))
+        say(String(format: "campaign=fuzz inputs=%d manifests=%d images=%d crashes=%d hangs=%d unanswered=%d %@ rss_first_batch_mb=%.0f rss_last_batch_mb=%.0f heap_first_batch_mb=%.1f heap_last_batch_mb=%.1f rss_idle_end_mb=%.0f peak_rss_mb=%.0f seconds=%.0f",
+                   tried, manifests, images, crashes + reports.count, hangs, unanswered.count, counts, firstRSS, lastRSS, firstHeap, lastHeap, idleRSS, peakRSS, now() - started))
         for line in (unanswered + reports).prefix(15) { say("  \(line)") }
         // A leak shows as memory held growing batch after batch: the heap in use (what the allocator has
         // handed out) after a batch has ended, when nothing runs. RSS also counts freed memory the allocator

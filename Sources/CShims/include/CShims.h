@@ -33,6 +33,12 @@ int opq_rename_noreplace(int dirfd, const char *from, const char *to);
 /// Swift's Glibc module).
 void opq_release_free_memory(void);
 
+/// Fixes glibc's thresholds, which otherwise rise with the largest block freed (up to a 32 MB mmap
+/// threshold and a 64 MB trim threshold per arena): blocks of 4 MB and more are mapped and unmapped on
+/// their own, and an arena's free top is given back beyond 8 MB. A daemon that once decoded a big
+/// image or parsed a big manifest then does not keep that memory resident in every arena.
+void opq_tune_allocator(void);
+
 /// Bytes the allocator has handed out and not had back (glibc mallinfo2, all arenas and mmapped
 /// blocks): what the program holds, as against RSS, which also counts freed memory the allocator kept.
 unsigned long long opq_heap_bytes_in_use(void);
