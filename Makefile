@@ -14,7 +14,7 @@ SPOOL ?= ./spool
 # Debian packages the build and the tests need.
 APT_PACKAGES = pkg-config libpng-dev libjpeg-dev libcurl4-openssl-dev libsystemd-dev systemd
 
-.PHONY: run example test campaigns fuzz-codecs fuzz-plist deps build release bench install install-files clean
+.PHONY: run example test campaigns fuzz-codecs fuzz-plist fuzz-manifest deps build release bench install install-files clean
 
 UNITDIR ?= /etc/systemd/system
 SYSUSERSDIR ?= /etc/sysusers.d
@@ -59,6 +59,7 @@ test: deps
 	$(CAMPAIGN) load --manifests 3000 --operations 50000
 	$(MAKE) fuzz-codecs FUZZ_SECONDS=30
 	$(MAKE) fuzz-plist FUZZ_SECONDS=30
+	$(MAKE) fuzz-manifest FUZZ_SECONDS=30
 
 # libFuzzer + AddressSanitizer on the C codec shim, seeded with the example photos and the test PNGs.
 CLANG ?= $(dir $(realpath $(shell command -v $(SWIFT))))clang
@@ -90,6 +91,26 @@ campaigns: release
 	.build/release/opqueue-campaign load --manifests 100000 --operations 1000000
 	$(MAKE) fuzz-codecs
 	$(MAKE) fuzz-plist
+	$(MAKE) fuzz-manifest
+
+# libFuzzer + AddressSanitizer on manifest validation: Sources/Daemon/Manifest.swift and Configuration.swift
+# built over the property-list reader and the engine's QoS types (the Daemon target itself links libcurl,
+# libjpeg and libsystemd, which are not built with the sanitizer).
+FUZZ_MANIFEST = .build/fuzz/manifest
+fuzz-manifest: deps
+	mkdir -p $(FUZZ_MANIFEST)/corpus
+	python3 Tests/Fuzz/make_manifests.py $(FUZZ_MANIFEST)/corpus
+	cp spool/examples/hello.plist $(FUZZ_MANIFEST)/corpus/
+	$(SWIFTC) -O -sanitize=fuzzer,address -parse-as-library -module-name PropertyList -emit-library -static \
+	  -emit-module -emit-module-path $(FUZZ_MANIFEST)/PropertyList.swiftmodule -o $(FUZZ_MANIFEST)/libPropertyList.a Sources/PropertyList/*.swift
+	$(SWIFTC) -O -sanitize=fuzzer,address -parse-as-library -module-name OperationEngine -emit-library -static \
+	  -emit-module -emit-module-path $(FUZZ_MANIFEST)/OperationEngine.swiftmodule -o $(FUZZ_MANIFEST)/libOperationEngine.a \
+	  Sources/OperationEngine/QualityOfService.swift
+	$(SWIFTC) -O -sanitize=fuzzer,address -use-ld=lld -parse-as-library -module-name ManifestFuzz -I $(FUZZ_MANIFEST) -L $(FUZZ_MANIFEST) \
+	  -lPropertyList -lOperationEngine Sources/Daemon/Manifest.swift Sources/Daemon/Configuration.swift Tests/Fuzz/manifest_fuzzer.swift \
+	  -o $(FUZZ_MANIFEST)/manifest_fuzzer
+	SWIFT_BACKTRACE=enable=no $(FUZZ_MANIFEST)/manifest_fuzzer -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 -print_final_stats=1 \
+	  -artifact_prefix=$(FUZZ_MANIFEST)/ $(FUZZ_MANIFEST)/corpus
 
 # The anchors the image benchmark compares with.
 BENCH_PACKAGES = imagemagick libvips-tools libjpeg-turbo-progs
