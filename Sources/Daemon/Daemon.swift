@@ -225,7 +225,7 @@ public final class Daemon: @unchecked Sendable {
                 continue
             }
             do {
-                switch try spool.claim(name, requestedJob: Manifest.requestedJob(in:), now: Date().timeIntervalSince1970) {
+                switch try spool.claim(name, read: ManifestTree.init, now: Date().timeIntervalSince1970) {
                 case .claimed(let job):
                     claimed.append(job)
                     mayHold += job.manifest.count / Self.minimumBytesPerOperation + 1
@@ -256,13 +256,21 @@ public final class Daemon: @unchecked Sendable {
                 spoolFailed("committing \(claimed.count) claims (they run, and are recovered from active/ after a restart if the disk kept them)", error)
             }
             lock.withLock { waiting = max(0, waiting - claimed.count) }
-            for job in claimed { accept(job, resumed: false) }
+            // Each tree read at claim is let go as its job is accepted.
+            for i in claimed.indices {
+                let job = claimed[i]
+                claimed[i].tree = nil
+                accept(job, resumed: false)
+            }
         }
         checkOnceDone()
     }
 
     /// On `work`: validates a claimed job and runs it, or rejects it.
     private func accept(_ claimed: ClaimedJob, resumed: Bool) {
+        var claimed = claimed
+        let tree = claimed.tree ?? ManifestTree(claimed.manifest)
+        claimed.tree = nil
         let job = RunningJob(claimed: claimed)
         if !resumed {
             event(.info, "job \(claimed.id) received from inbox/\(claimed.manifestName)", ["OPQ_EVENT": "job", "OPQ_STATE": "received", "OPQ_JOB": claimed.id])
@@ -272,11 +280,11 @@ public final class Daemon: @unchecked Sendable {
         let config = configuration
         lock.unlock()
         var problems: [String] = []
-        switch Manifest.parse(claimed.manifest, configuration: config) {
+        switch Manifest.parse(tree, configuration: config) {
         case .failure(let p): problems = p.problems
         case .success(let plan): job.plan = plan
         }
-        if !problems.isEmpty, let asked = Manifest.requestedJob(in: claimed.manifest), !isValidIdentifier(asked), !problems.contains(where: { $0.hasPrefix("job:") }) {
+        if !problems.isEmpty, let asked = tree.requestedJob, !isValidIdentifier(asked), !problems.contains(where: { $0.hasPrefix("job:") }) {
             problems.append("job: '\(clipped(asked))' is not a valid job id")
         }
         guard problems.isEmpty, let plan = job.plan else {

@@ -88,12 +88,29 @@ public enum ManifestLimits {
     public static let maxOperations = 1_000_000
 }
 
-public struct Manifest {
+/// A manifest's bytes read once: the tree, or why they are not a manifest's property list. The daemon reads
+/// it when it claims the file (to name the job) and validates the same tree when it accepts the job.
+public struct ManifestTree: Sendable {
+    let value: Result<PlistValue, ManifestProblems>
+
+    public init(_ data: Data) {
+        guard data.count <= ManifestLimits.maxBytes else {
+            value = .failure(ManifestProblems(["the manifest is \(data.count) bytes; the limit is \(ManifestLimits.maxBytes)"]))
+            return
+        }
+        value = Result { () throws(ManifestProblems) -> PlistValue in try Manifest.read(data) }
+    }
+
     /// The `job` key if present and a string (valid or not), for naming the job before validation.
-    public static func requestedJob(in data: Data) -> String? {
-        guard case .dictionary(let top)? = try? read(data) else { return nil }
+    public var requestedJob: String? {
+        guard case .success(.dictionary(let top)) = value else { return nil }
         return top["job"]?.string
     }
+}
+
+public struct Manifest {
+    /// The `job` key if present and a string (valid or not), for naming the job before validation.
+    public static func requestedJob(in data: Data) -> String? { ManifestTree(data).requestedJob }
 
     /// XML or binary only: the old OpenStep text format is not a manifest format.
     static func read(_ data: Data) throws(ManifestProblems) -> PlistValue {
@@ -111,15 +128,16 @@ public struct Manifest {
 
     /// Parses and validates; returns the plan or every problem found.
     public static func parse(_ data: Data, configuration: Configuration) -> Result<JobPlan, ManifestProblems> {
+        parse(ManifestTree(data), configuration: configuration)
+    }
+
+    /// Validates a manifest already read; returns the plan or every problem found.
+    public static func parse(_ tree: ManifestTree, configuration: Configuration) -> Result<JobPlan, ManifestProblems> {
         var problems: [String] = []
-        guard data.count <= ManifestLimits.maxBytes else {
-            return .failure(ManifestProblems(["the manifest is \(data.count) bytes; the limit is \(ManifestLimits.maxBytes)"]))
-        }
         let object: PlistValue
-        do {
-            object = try read(data)
-        } catch {
-            return .failure(error)
+        switch tree.value {
+        case .success(let value): object = value
+        case .failure(let error): return .failure(error)
         }
         guard case .dictionary(let top) = object else {
             return .failure(ManifestProblems(["the top level must be a dictionary, not \(object.typeName)"]))

@@ -47,6 +47,9 @@ public struct ClaimedJob: Sendable {
     public var manifestName: String
     public var receivedAt: Double
     public var manifest: Data
+    /// The manifest as read at claim, until the job is accepted (not kept with the running job: a big
+    /// manifest's tree is several times the plan made of it). Nil for jobs recovered from active/.
+    public var tree: ManifestTree?
     /// Operations that succeeded before a restart: id → (startedAt, finishedAt, attempts).
     public var done: [String: DoneRecord]
 }
@@ -213,7 +216,7 @@ public final class Spool: @unchecked Sendable {
 
     /// Claims one inbox file: its job id is its `job` key if valid, else its file name; a collision
     /// with active/ or outbox/ appends `.1`, `.2`, … Durable at the next `commit()`.
-    public func claim(_ name: String, requestedJob: (Data) -> String?, now: Double) throws -> ClaimOutcome {
+    public func claim(_ name: String, read: (Data) -> ManifestTree, now: Double) throws -> ClaimOutcome {
         let source = inbox + "/" + name
         let data: Data
         switch readRegularFile(source, singleLink: true) {
@@ -225,7 +228,8 @@ public final class Spool: @unchecked Sendable {
         }
         let stem = String(name.dropLast(".plist".count))
         var wanted = sanitizedIdentifier(stem)
-        if let asked = requestedJob(data), isValidIdentifier(asked) { wanted = asked }
+        let tree = read(data)
+        if let asked = tree.requestedJob, isValidIdentifier(asked) { wanted = asked }
         if wanted.hasPrefix(".") { wanted = "_" + wanted.dropFirst() }
         var id = wanted
         var n = 0
@@ -257,7 +261,8 @@ public final class Spool: @unchecked Sendable {
             throw SpoolError(operation: "rename", path: source, errno: e)
         }
         CrashPoint.claimRenamed.reached()
-        return .claimed(ClaimedJob(id: id, requestedJob: id != wanted ? wanted : nil, manifestName: name, receivedAt: now, manifest: data, done: [:]))
+        return .claimed(ClaimedJob(id: id, requestedJob: id != wanted ? wanted : nil, manifestName: name, receivedAt: now, manifest: data,
+                                   tree: tree, done: [:]))
     }
 
     // MARK: Recovery
@@ -287,7 +292,8 @@ public final class Spool: @unchecked Sendable {
                 receivedAt = info["receivedAt"] as? Double ?? receivedAt
                 requested = info["requestedJob"] as? String
             }
-            jobs.append(ClaimedJob(id: id, requestedJob: requested, manifestName: name, receivedAt: receivedAt, manifest: manifest, done: progress[id] ?? [:]))
+            jobs.append(ClaimedJob(id: id, requestedJob: requested, manifestName: name, receivedAt: receivedAt, manifest: manifest,
+                                   tree: nil, done: progress[id] ?? [:]))
         }
         try rewriteProgress(keeping: Set(jobs.map(\.id)))
         return (jobs, problems)
