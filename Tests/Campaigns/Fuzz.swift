@@ -55,6 +55,7 @@ struct FuzzCampaign {
         var inputs: [(name: String, data: Data)] = []
         var tried = 0, crashes = 0, hangs = 0, unanswered: [String] = [], statusCounts: [String: Int] = [:]
         var firstRSS = 0.0, peakRSS = 0.0, lastRSS = 0.0, firstHeap = 0.0, lastHeap = 0.0, batches = 0
+        var heaps: [Double] = []
         let started = now()
         let total = manifests + images
         var made = 0
@@ -126,6 +127,7 @@ struct FuzzCampaign {
             let status = try? ControlClient.request(spool.root + "/opqueued.sock", ["command": "status", "memory": true], timeout: 5)
             lastHeap = Double(status?["heapBytes"] as? Int ?? 0) / 1_048_576
             if firstRSS == 0 { firstRSS = lastRSS; firstHeap = lastHeap }
+            heaps.append(lastHeap)
             peakRSS = max(peakRSS, daemon.peakRSS)
             batches += 1
             say(String(format: "  batch %d: inputs %d, %.0f s, rss %.0f MB, heap in use %.1f MB", batches, tried, now() - started, lastRSS, lastHeap))
@@ -143,8 +145,12 @@ struct FuzzCampaign {
         // A leak shows as memory held growing batch after batch: the heap in use (what the allocator has
         // handed out) after a batch has ended, when nothing runs. RSS also counts freed memory the allocator
         // keeps and is reported, not judged.
-        let leaking = lastHeap > firstHeap + 16
-        if leaking { say(String(format: "  heap in use grew from %.1f MB to %.1f MB", firstHeap, lastHeap)) }
+        // A batch's big inputs may still be on their way out when it is read, so the judgement compares the
+        // lowest of the last readings with the highest of the first ones (up to four each, not overlapping).
+        let k = max(1, min(4, heaps.count / 2))
+        let early = heaps.prefix(k).max() ?? 0, late = heaps.suffix(k).min() ?? 0
+        let leaking = late > early + 16
+        if leaking { say(String(format: "  heap in use grew from %.1f MB (first batches) to %.1f MB (last batches)", early, late)) }
         let ok = crashes == 0 && reports.isEmpty && hangs == 0 && unanswered.isEmpty && exit == 0 && !leaking
         if ok {
             spool.remove()
