@@ -475,7 +475,8 @@ public final class Engine: @unchecked Sendable, ContextHost {
             delivering = true
             lock.unlock()
             observer?(batch)
-            batch.removeAll(keepingCapacity: batch.capacity <= 65_536)
+            // A burst (a 100,000-operation job cancelled) is not kept as capacity: ~80 B per event, twice over.
+            batch.removeAll(keepingCapacity: batch.capacity <= 4_096)
             lock.lock()
             delivering = false
             if scheduler.events.isEmpty { finishedCondition.broadcast() }
