@@ -71,18 +71,9 @@ struct Opqueued: AsyncParsableCommand {
         }
         let control = ControlServer(path: spoolFolder.root + "/opqueued.sock") { request in handle(request, daemon) }
         let watcher = InboxWatcher(path: spoolFolder.inbox) { names in daemon.scan(hints: names) }
-        do {
-            try control.start()
-            try watcher.start()
-        } catch {
-            logger.critical("\(error)")
-            throw ExitCode(1)
-        }
-        logger.info("ready", metadata: ["OPQ_EVENT": "daemon", "OPQ_STATE": "ready"])
-        SystemdNotifier.notify("READY=1\nSTATUS=ready")
         let group = ServiceGroup(configuration: .init(
             services: [
-                .init(service: SpoolService(daemon: daemon, control: control, watcher: watcher, grace: configuration.shutdownGraceSeconds)),
+                .init(service: SpoolService(daemon: daemon, control: control, watcher: watcher, grace: configuration.shutdownGraceSeconds, logger: logger)),
                 .init(service: ReloadService(daemon: daemon)),
                 .init(service: StatusService(daemon: daemon)),
             ],
@@ -92,14 +83,27 @@ struct Opqueued: AsyncParsableCommand {
     }
 }
 
-/// Runs until the graceful shutdown, then drains: no new claims, executing operations get the grace.
+/// Opens the control socket and the inbox watch and says ready, then runs until the graceful shutdown and
+/// drains: no new claims, executing operations get the grace. Readiness comes from here, after the service
+/// group has taken SIGTERM and SIGINT: a client (or systemd) that sees the daemon ready and stops it at once
+/// gets a graceful stop, never the signal's default action.
 struct SpoolService: Service {
     let daemon: Daemon
     let control: ControlServer
     let watcher: InboxWatcher
     let grace: Double
+    let logger: Logger
 
     func run() async throws {
+        do {
+            try control.start()
+            try watcher.start()
+        } catch {
+            logger.critical("\(error)")
+            throw ExitCode(1)
+        }
+        logger.info("ready", metadata: ["OPQ_EVENT": "daemon", "OPQ_STATE": "ready"])
+        SystemdNotifier.notify("READY=1\nSTATUS=ready")
         try? await gracefulShutdown()
         SystemdNotifier.notify("STOPPING=1")
         watcher.stop()

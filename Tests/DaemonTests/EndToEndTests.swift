@@ -352,6 +352,18 @@ func sleepOp(_ id: String, _ seconds: Double, deps: [String] = []) -> [String: A
         #expect(log.contains("OPQ_EVENT=daemon OPQ_STATE=stopping"))
     }
 
+    @Test func sigtermRightAfterReadyIsAGracefulStop() throws {
+        // Ready (the socket answers) means SIGTERM is already the service group's: stopped at once, the daemon
+        // exits 0, never by the signal's default action (the crash campaign met this as an exit of 143).
+        let spool = TestSpool()
+        for _ in 0..<8 {
+            try spool.start()
+            spool.signal(SIGTERM)
+            #expect(spool.waitForExit(timeout: 20) == 0)
+            #expect(spool.daemon?.terminationReason == .exit)
+        }
+    }
+
     @Test func sighupReloadsQueueSettingsForRunningWork() throws {
         let spool = TestSpool()
         let config = spool.root + ".config.plist"
