@@ -225,7 +225,7 @@ public final class Daemon: @unchecked Sendable {
                 continue
             }
             do {
-                switch try spool.claim(name, read: ManifestTree.init, now: Date().timeIntervalSince1970) {
+                switch try spool.claim(name, now: Date().timeIntervalSince1970) {
                 case .claimed(let job):
                     claimed.append(job)
                     mayHold += job.manifest.count / Self.minimumBytesPerOperation + 1

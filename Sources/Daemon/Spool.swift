@@ -120,14 +120,14 @@ public final class Spool: @unchecked Sendable {
         public var renamed: [(from: String, to: String)]
     }
 
-    /// One pass over the inbox. A `*.plist` name that is not UTF-8 cannot be named in a result or a journal
-    /// field: it is renamed in the inbox (never replacing a file) to its bytes with every invalid sequence
-    /// as `_`, and claimed under that name.
     /// What the inbox offers as a manifest: a visible name ending in `.plist`.
     public static func isManifestName(_ name: String) -> Bool {
         name.hasSuffix(".plist") && !name.hasPrefix(".")
     }
 
+    /// One pass over the inbox. A `*.plist` name that is not UTF-8 cannot be named in a result or a journal
+    /// field: it is renamed in the inbox (never replacing a file) to its bytes with every invalid sequence
+    /// as `_`, and claimed under that name.
     public func scanInbox(limit: Int) throws -> InboxScan {
         var scan = InboxScan(manifests: [], waiting: 0, strangers: [], renamed: [])
         let fd = open(inbox, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
@@ -215,8 +215,9 @@ public final class Spool: @unchecked Sendable {
     static let resourceErrors: Set<Int32> = [EMFILE, ENFILE, ENOMEM, EIO, ENOSPC, EDQUOT, EROFS]
 
     /// Claims one inbox file: its job id is its `job` key if valid, else its file name; a collision
-    /// with active/ or outbox/ appends `.1`, `.2`, … Durable at the next `commit()`.
-    public func claim(_ name: String, read: (Data) -> ManifestTree, now: Double) throws -> ClaimOutcome {
+    /// with active/ or outbox/ appends `.1`, `.2`, … Durable at the next `commit()`. The manifest is read
+    /// here, once: the claimed job carries the tree to validation.
+    public func claim(_ name: String, now: Double) throws -> ClaimOutcome {
         let source = inbox + "/" + name
         let data: Data
         switch readRegularFile(source, singleLink: true) {
@@ -228,7 +229,7 @@ public final class Spool: @unchecked Sendable {
         }
         let stem = String(name.dropLast(".plist".count))
         var wanted = sanitizedIdentifier(stem)
-        let tree = read(data)
+        let tree = ManifestTree(data)
         if let asked = tree.requestedJob, isValidIdentifier(asked) { wanted = asked }
         if wanted.hasPrefix(".") { wanted = "_" + wanted.dropFirst() }
         var id = wanted

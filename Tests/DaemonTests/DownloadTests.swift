@@ -50,7 +50,7 @@ import TestSupport
         let server = try LoopbackServer(folder: s.images)
         let paths = ["/hang", "/trickle", "/trickle-headers", "/endless-headers", "/short", "/long", "/to-file"]
         let ops: [[String: Any]] = paths.map { ["id": String($0.dropFirst()), "kind": "download", "url": server.url($0)] }
-        try s.spool.start(["--config", s.config])
+        try s.spool.start(["--config", s.spool.configPath])
         let started = Date()
         try s.spool.drop("hostile.plist", ["job": "hostile", "operations": ops])
         let result = try #require(s.spool.result("hostile", timeout: 20))
@@ -77,7 +77,7 @@ import TestSupport
     @Test func cancellingAbortsTheTransferAtOnce() throws {
         let s = try ImageSpool()
         let server = try LoopbackServer(folder: s.images)
-        try s.spool.start(["--config", s.config])
+        try s.spool.start(["--config", s.spool.configPath])
         try s.spool.drop("hang.plist", ["job": "hang", "operations": [["id": "get", "kind": "download", "url": server.url("/hang")]]])
         let events = s.images + "/events.log"
         var executing = false

@@ -39,6 +39,8 @@ final class TestSpool: @unchecked Sendable {
     let root: String
     var daemon: Process?
     var logPath: String { root + ".log" }
+    /// The configuration `configure` writes (removed with the spool).
+    var configPath: String { root + ".config.plist" }
 
     init() {
         root = NSTemporaryDirectory() + "opq-test-" + UUID().uuidString.prefix(8)
@@ -49,6 +51,14 @@ final class TestSpool: @unchecked Sendable {
         if let daemon, daemon.isRunning { kill(daemon.processIdentifier, SIGKILL); daemon.waitUntilExit() }
         try? FileManager.default.removeItem(atPath: root)
         try? FileManager.default.removeItem(atPath: logPath)
+        try? FileManager.default.removeItem(atPath: configPath)
+    }
+
+    /// Writes the daemon's configuration; returns the arguments that use it.
+    @discardableResult
+    func configure(_ settings: [String: Any]) throws -> [String] {
+        try plist(settings).write(to: URL(fileURLWithPath: configPath))
+        return ["--config", configPath]
     }
 
     /// Writes a manifest the way users should: a hidden name, then a rename into the inbox.
@@ -335,10 +345,8 @@ func sleepOp(_ id: String, _ seconds: Double, deps: [String] = []) -> [String: A
 
     @Test func sigtermDrainsAndUnfinishedJobsResume() throws {
         let spool = TestSpool()
-        let config = spool.root + ".config.plist"
-        try plist(["shutdownGraceSeconds": 0.3]).write(to: URL(fileURLWithPath: config))
-        defer { try? FileManager.default.removeItem(atPath: config) }
-        try spool.start(["--config", config])
+        let config = try spool.configure(["shutdownGraceSeconds": 0.3])
+        try spool.start(config)
         try spool.drop("quick.plist", ["job": "quick", "operations": [sleepOp("a", 0.1)]])
         try spool.drop("slow.plist", ["job": "slow", "operations": [sleepOp("a", 3)]])
         usleep(300_000)
@@ -346,7 +354,7 @@ func sleepOp(_ id: String, _ seconds: Double, deps: [String] = []) -> [String: A
         #expect(spool.waitForExit(timeout: 10) == 0)
         #expect(spool.list("outbox") == ["quick"])
         #expect(spool.list("active") == ["slow"], "the unfinished job stays in active/")
-        try spool.start(["--config", config])
+        try spool.start(config)
         #expect(spool.result("slow", timeout: 15)?["status"] as? String == "succeeded")
         let log = try String(contentsOfFile: spool.logPath, encoding: .utf8)
         #expect(log.contains("OPQ_EVENT=daemon OPQ_STATE=stopping"))
@@ -366,14 +374,11 @@ func sleepOp(_ id: String, _ seconds: Double, deps: [String] = []) -> [String: A
 
     @Test func sighupReloadsQueueSettingsForRunningWork() throws {
         let spool = TestSpool()
-        let config = spool.root + ".config.plist"
-        try plist(["queues": ["default": ["suspended": true]]]).write(to: URL(fileURLWithPath: config))
-        defer { try? FileManager.default.removeItem(atPath: config) }
-        try spool.start(["--config", config])
+        try spool.start(try spool.configure(["queues": ["default": ["suspended": true]]]))
         try spool.drop("held.plist", ["job": "held", "operations": [sleepOp("a", 0)]])
         usleep(500_000)
         #expect(try spool.ctl(["show", "held"]).stdout.contains("a  sleep  queue=default  ready"))
-        try plist(["queues": ["default": ["suspended": false]]]).write(to: URL(fileURLWithPath: config))
+        try spool.configure(["queues": ["default": ["suspended": false]]])
         spool.signal(SIGHUP)
         #expect(spool.result("held")?["status"] as? String == "succeeded")
         let log = try String(contentsOfFile: spool.logPath, encoding: .utf8)
@@ -383,10 +388,7 @@ func sleepOp(_ id: String, _ seconds: Double, deps: [String] = []) -> [String: A
 
     @Test func claimingPausesWhileTheActiveJobsHoldTheOperationBudget() throws {
         let spool = TestSpool()
-        let config = spool.root + ".config.plist"
-        try plist(["maxActiveOperations": 2]).write(to: URL(fileURLWithPath: config))
-        defer { try? FileManager.default.removeItem(atPath: config) }
-        try spool.start(["--config", config])
+        try spool.start(try spool.configure(["maxActiveOperations": 2]))
         for k in 0..<3 {
             try spool.drop("b\(k).plist", ["job": "b\(k)", "operations": [sleepOp("a", 0.3), sleepOp("b", 0.3, deps: ["a"])]])
         }

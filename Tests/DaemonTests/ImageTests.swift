@@ -30,7 +30,6 @@ func maxDifference(_ image: Image, _ reference: (Int, Int, Int) -> Double) -> Do
 final class ImageSpool {
     let spool = TestSpool()
     var images: String { spool.root + "-images" }
-    var config: String { spool.root + ".config.plist" }
     /// The console log of the last `run`.
     var lastLog = ""
 
@@ -40,12 +39,11 @@ final class ImageSpool {
         for (k, v) in (extraConfig["download"] as? [String: Any]) ?? [:] { download[k] = v }
         var object = extraConfig
         object["download"] = download
-        try plist(object).write(to: URL(fileURLWithPath: config))
+        try spool.configure(object)
     }
 
     deinit {
         try? FileManager.default.removeItem(atPath: images)
-        try? FileManager.default.removeItem(atPath: config)
     }
 
     func put(_ name: String, _ data: Data) throws { try data.write(to: URL(fileURLWithPath: images + "/" + name)) }
@@ -54,7 +52,7 @@ final class ImageSpool {
     /// Runs the manifest with --once; returns the result and the operations by id.
     func run(_ manifest: [String: Any]) throws -> (result: [String: Any], ops: [String: [String: Any]]) {
         try spool.drop("job.plist", manifest)
-        let once = try DaemonTests.run("opqueued", ["--spool", spool.root, "--once", "--config", config, "--log-target", "console"])
+        let once = try DaemonTests.run("opqueued", ["--spool", spool.root, "--once", "--config", spool.configPath, "--log-target", "console"])
         #expect(once.status == 0, "\(once.stderr)")
         lastLog = once.stderr
         let job = manifest["job"] as? String ?? "job"
@@ -244,10 +242,8 @@ func chain(_ id: String, from source: String, _ filter: [String: Any], write pat
         let examples = repositoryRoot + "/spool/examples"
         let template = try String(contentsOfFile: examples + "/photos.plist.in", encoding: .utf8)
         try Data(template.replacingOccurrences(of: "@EXAMPLES@", with: examples).utf8).write(to: URL(fileURLWithPath: spool.root + "/inbox/photos.plist"))
-        let config = spool.root + ".config.plist"
-        try plist(["download": ["fileRoots": [examples]]]).write(to: URL(fileURLWithPath: config))
-        defer { try? FileManager.default.removeItem(atPath: config) }
-        let once = try run("opqueued", ["--spool", spool.root, "--once", "--config", config, "--log-target", "console"])
+        let config = try spool.configure(["download": ["fileRoots": [examples]]])
+        let once = try run("opqueued", ["--spool", spool.root, "--once", "--log-target", "console"] + config)
         #expect(once.status == 0)
         let result = try #require(spool.result("photos", timeout: 5), "\(once.stderr)")
         #expect(result["status"] as? String == "succeeded", "\(result["error"] ?? "")")
@@ -267,7 +263,7 @@ func chain(_ id: String, from source: String, _ filter: [String: Any], write pat
         let s = try ImageSpool()
         let made = try run("/usr/bin/env", ["python3", supportFolder + "/make_pngs.py", s.images])
         try #require(made.status == 0)
-        try s.spool.start(["--config", s.config])
+        try s.spool.start(["--config", s.spool.configPath])
         try s.spool.drop("bomb.plist", ["job": "bomb", "operations": [
             ["id": "get", "kind": "download", "url": s.url("huge.png")],
             ["id": "open", "kind": "grayscale", "dependencies": ["get"]],
