@@ -4,8 +4,8 @@
 // `status`, lose nothing, and finish every job once the fault is gone, without a restart.
 //
 //   full       the file system filled to the last block (mkfs -m 0: no blocks reserved for root)
-//   emfile     the daemon started under `prlimit --nofile=N`, N just above what it needs idle, and jobs
-//              that open many files at once
+//   emfile     once the daemon is ready, `prlimit --pid` leaves it four descriptors above what it holds,
+//              and jobs open a dozen files at once; the limit is raised again to clear it
 //   readonly   the daemon runs as `nobody` (setpriv) and outbox/ is made read-only (chmod 0555)
 //   frozen     the file system frozen (fsfreeze): every write and sync blocks, the slowest disk there is
 //
@@ -39,13 +39,14 @@ struct FaultCampaign {
 
     struct Fault {
         var name: String
-        var prefix: [String] = []
         var asNobody = false
         var expectPause = true
         /// Operations per job opening files at once.
         var width = 1
-        var inject: () -> Void = {}
-        var clear: () -> Void = {}
+        /// Given the daemon's pid; before the jobs are dropped when `beforeJobs`, else 150 ms after.
+        var inject: (Int32) -> Void = { _ in }
+        var clear: (Int32) -> Void = { _ in }
+        var beforeJobs = false
         var hold = 3.0
         /// Words an operation's error has when the fault made it fail.
         var errorWords: [String] = []
@@ -77,15 +78,20 @@ struct FaultCampaign {
         }
         let filler = mount + "/filler"
         var faults: [Fault] = [
-            Fault(name: "full", inject: { [self] in
+            Fault(name: "full", inject: { [self] _ in
                 // Everything but a few blocks, then the rest byte by byte.
                 sh("dd if=/dev/zero of=\(filler) bs=1M status=none; dd if=/dev/zero bs=4k status=none >> \(filler); sync")
-            }, clear: { unlink(filler) }, errorWords: ["No space left"]),
-            Fault(name: "emfile", prefix: ["/usr/bin/prlimit", "--nofile=24", "--"], width: 12, errorWords: ["Too many open files"]),
-            Fault(name: "readonly", asNobody: true, inject: { [self] in sh("chmod 555 \(mount)/spool/outbox") },
-                  clear: { [self] in sh("chmod 755 \(mount)/spool/outbox") }),
-            Fault(name: "frozen", expectPause: false, inject: { [self] in sh("sync; fsfreeze -f \(mount) &") },
-                  clear: { [self] in sh("fsfreeze -u \(mount)") }, hold: 4),
+            }, clear: { _ in unlink(filler) }, errorWords: ["No space left"]),
+            // Four descriptors above what the daemon holds once ready, set on the running daemon: jobs that open
+            // a dozen files at once must run out, whatever the daemon's own count is on this machine.
+            Fault(name: "emfile", width: 12, inject: { [self] pid in
+                let open = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/fd").count) ?? 20
+                sh("prlimit --pid \(pid) --nofile=\(open + 4)")
+            }, clear: { [self] pid in sh("prlimit --pid \(pid) --nofile=1024") }, beforeJobs: true, errorWords: ["Too many open files"]),
+            Fault(name: "readonly", asNobody: true, inject: { [self] _ in sh("chmod 555 \(mount)/spool/outbox") },
+                  clear: { [self] _ in sh("chmod 755 \(mount)/spool/outbox") }),
+            Fault(name: "frozen", expectPause: false, inject: { [self] _ in sh("sync; fsfreeze -f \(mount) &") },
+                  clear: { [self] _ in sh("fsfreeze -u \(mount)") }, hold: 4),
         ]
         if let only { faults = faults.filter { $0.name == only } }
         var ok = true
@@ -102,7 +108,7 @@ struct FaultCampaign {
         let spool = CampaignSpool(root: root, config: base + "/\(fault.name).config.plist")
         try plistData(["maxActiveJobs": 8, "download": ["fileRoots": [images]], "queues": ["io": ["maxConcurrentOperationCount": 16]]], binary: false)
             .write(to: URL(fileURLWithPath: spool.config))
-        var prefix = fault.prefix
+        var prefix: [String] = []
         if fault.asNobody {
             sh("chown -R 65534:65534 \(root); chmod 644 \(spool.config)")
             prefix = ["/usr/bin/setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--"]
@@ -113,6 +119,7 @@ struct FaultCampaign {
             say("campaign=faults fault=\(fault.name) the daemon did not start; see \(log)")
             return false
         }
+        if fault.beforeJobs { fault.inject(daemon.pid) }
         var names: [String] = []
         for i in 0..<jobs {
             var ops: [[String: Any]] = [["id": "s", "kind": "sleep", "seconds": 0.05]]
@@ -125,7 +132,7 @@ struct FaultCampaign {
             drop(spool.inbox, name + ".plist", plistData(["job": name, "operations": ops]))
         }
         usleep(150_000)
-        fault.inject()
+        if !fault.beforeJobs { fault.inject(daemon.pid) }
         var latencies: [Double] = []
         var paused = false
         let holdEnd = now() + fault.hold
@@ -136,7 +143,7 @@ struct FaultCampaign {
             if status?["fault"] != nil { paused = true }
             usleep(20_000)
         }
-        fault.clear()
+        fault.clear(daemon.pid)
         let deadline = now() + 90
         while list(spool.outbox).count < jobs && now() < deadline && daemon.isRunning {
             let t0 = now()
