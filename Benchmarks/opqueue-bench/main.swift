@@ -2,7 +2,10 @@
 //
 //   swift run -c release opqueue-bench engine [--sizes 1000,8000,100000,1000000] [--workloads chain,...]
 //
-// Each (engine, workload, size) runs in a child process of its own, so its peak RSS is its own.
+//   [--engines opqueued,observed,foundation]   (observed: with an observer taking every transition, as in the daemon)
+//
+// Each (engine, workload, size) runs in a child process of its own, so its peak RSS is its own. Our engine's
+// lines also give how long `submit` took and the longest a reader of the engine (what `status` asks) waited.
 // Foundation runs a size only when the trend of its smaller sizes says it would finish within 60 s.
 
 import Daemon
@@ -51,8 +54,47 @@ func now() -> Double {
     return Double(ts.tv_sec) + Double(ts.tv_nsec) / 1e9
 }
 
-func runOpqueued(_ workload: Workload, _ n: Int) -> Double {
-    let engine = Engine()
+/// Reads the engine the way `opqueuectl status` does, every millisecond, from its own thread, and keeps
+/// the longest wait: how long a status request can be held up by a submission or the work after it.
+final class LockProbe: @unchecked Sendable {
+    private let lock = NSLock()
+    private var running = true
+    private var longest = 0.0
+    private let done = DispatchSemaphore(value: 0)
+
+    init(_ engine: Engine) {
+        Thread.detachNewThread { [self] in
+            while lock.withLock({ running }) {
+                let start = now()
+                _ = engine.executingCount
+                _ = engine.queues()
+                let waited = now() - start
+                lock.withLock { longest = max(longest, waited) }
+                usleep(1000)
+            }
+            done.signal()
+        }
+    }
+
+    /// Stops the probe; the longest wait in milliseconds.
+    func stop() -> Double {
+        lock.withLock { running = false }
+        done.wait()
+        return lock.withLock { longest } * 1000
+    }
+}
+
+struct EngineRun {
+    var seconds: Double
+    /// How long `submit` took, and the longest a status-like reader waited (ms).
+    var submitMilliseconds: Double
+    var readerMaxWaitMilliseconds: Double
+}
+
+/// `observed`: with an observer taking every transition, as the daemon runs it.
+func runOpqueued(_ workload: Workload, _ n: Int, observed: Bool = false) -> EngineRun {
+    let engine = observed ? Engine(observer: { _ in }) : Engine()
+    let probe = LockProbe(engine)
     let queue = engine.addQueue(named: "bench", maxConcurrentOperationCount: workload == .serial ? 1 : -1)
     var rng = SplitMix(state: 42)
     let start = now()
@@ -62,15 +104,19 @@ func runOpqueued(_ workload: Workload, _ n: Int) -> Double {
     for i in 0..<n {
         graph.add(OperationSpec(name: "", queue: queue, body: body), dependencies: dependencies(workload, i, n, &rng))
     }
+    let submitted: Double
     do {
+        let submitStart = now()
         let group = try engine.submit(graph)
+        submitted = now() - submitStart
         engine.wait(group)
     } catch {
         fatalError("benchmark graph refused: \(error)")
     }
     let seconds = now() - start
+    let waited = probe.stop()
     engine.shutdown()
-    return seconds
+    return EngineRun(seconds: seconds, submitMilliseconds: submitted * 1000, readerMaxWaitMilliseconds: waited)
 }
 
 func runFoundation(_ workload: Workload, _ n: Int) -> Double {
@@ -119,9 +165,17 @@ switch arguments.first {
 case "one":
     let parts = Array(arguments.dropFirst())
     guard parts.count == 3, let workload = Workload(rawValue: parts[1]), let n = Int(parts[2]) else { exit(64) }
-    let seconds = parts[0] == "foundation" ? runFoundation(workload, n) : runOpqueued(workload, n)
+    var seconds: Double
+    var extra = ""
+    if parts[0] == "foundation" {
+        seconds = runFoundation(workload, n)
+    } else {
+        let run = runOpqueued(workload, n, observed: parts[0] == "observed")
+        seconds = run.seconds
+        extra = String(format: " submit_ms=%.1f reader_max_wait_ms=%.1f", run.submitMilliseconds, run.readerMaxWaitMilliseconds)
+    }
     print(String(format: "engine=%@ workload=%@ ops=%d seconds=%.3f ops_per_second=%.0f peak_rss_mb=%.0f",
-                 parts[0], workload.rawValue, n, seconds, Double(n) / seconds, peakRSSMegabytes()))
+                 parts[0], workload.rawValue, n, seconds, Double(n) / seconds, peakRSSMegabytes()) + extra)
 case "engine":
     var sizes = [1_000, 8_000, 100_000, 1_000_000]
     var workloads = Workload.allCases

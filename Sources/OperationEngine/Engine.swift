@@ -108,10 +108,11 @@ public final class Engine: @unchecked Sendable, ContextHost {
     /// only for outputs still awaited. Operations added later by `extend` see only outputs still kept.
     public func submit(_ graph: consuming GraphBuilder, qualityOfService: QualityOfService? = nil, deadline: Double? = nil,
                        keepOutputs: Bool = true) throws(SubmissionError) -> GroupID {
+        let prepared = Scheduler.prepare(graph, queueCount: lock.withLock { scheduler.queues.count })
         lock.lock()
         let result: Result<GroupID, SubmissionError>
         do throws(SubmissionError) {
-            result = .success(try scheduler.submit(graph, qualityOfService: qualityOfService, deadline: deadline, keepOutputs: keepOutputs, now: wallClock()))
+            result = .success(try scheduler.submit(prepared, qualityOfService: qualityOfService, deadline: deadline, keepOutputs: keepOutputs, now: wallClock()))
         } catch {
             result = .failure(error)
         }
@@ -124,10 +125,11 @@ public final class Engine: @unchecked Sendable, ContextHost {
     /// Adds operations to a group that has not finished (graph expansion: call it from one of the
     /// group's executing operations so the group cannot finish first).
     public func extend(_ group: GroupID, with graph: consuming GraphBuilder) throws(SubmissionError) {
+        let prepared = Scheduler.prepare(graph, queueCount: lock.withLock { scheduler.queues.count })
         lock.lock()
         let result: Result<Void, SubmissionError>
         do throws(SubmissionError) {
-            result = .success(try scheduler.extend(group, with: graph, now: wallClock()))
+            result = .success(try scheduler.extend(group, with: prepared, now: wallClock()))
         } catch {
             result = .failure(error)
         }
@@ -466,17 +468,15 @@ public final class Engine: @unchecked Sendable, ContextHost {
     }
 
     private func deliveryMain() {
-        var batch: [EngineEvent] = []
         lock.lock()
         while true {
             while scheduler.events.isEmpty && !shuttingDown { deliveryCondition.wait(lock) }
             if scheduler.events.isEmpty { break }
-            swap(&batch, &scheduler.events)
+            var batches = scheduler.events.take()
             delivering = true
             lock.unlock()
-            observer?(batch)
-            // A burst (a 100,000-operation job cancelled) is not kept as capacity: ~80 B per event, twice over.
-            batch.removeAll(keepingCapacity: batch.capacity <= 4_096)
+            for batch in batches { observer?(batch) }
+            batches.removeAll()
             lock.lock()
             delivering = false
             if scheduler.events.isEmpty { finishedCondition.broadcast() }
