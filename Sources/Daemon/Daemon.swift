@@ -24,6 +24,9 @@ final class RunningJob: @unchecked Sendable {
     /// Operations that had succeeded before a restart: not run, not logged again.
     var recovered: Set<Int> = []
     var rejection: [String] = []
+    /// Cancels asked for while the job was being accepted (nil: the whole job), applied once its group
+    /// exists. Under the daemon's lock, with `group` and `rejection`.
+    var cancelsBeforeGroup: [String?] = []
     var finishing = false
     /// Operations counted against `maxActiveOperations` while the job is active.
     var countedOperations = 0
@@ -42,6 +45,10 @@ public final class Daemon: @unchecked Sendable {
     private let once: Bool
 
     private let lock = NSLock()
+    /// Held while a group is submitted and registered in `byGroup`; `deliver` passes through it first,
+    /// so a batch holding the group's first events waits for its registration. (`lock` itself is not
+    /// held across a submission: `status` would wait for a million-operation graph to be adopted.)
+    private let registering = NSLock()
     private var jobs: [String: RunningJob] = [:]
     /// Operations of the jobs in `jobs` (their plans), against `maxActiveOperations`.
     private var activeOperations = 0
@@ -282,13 +289,13 @@ public final class Daemon: @unchecked Sendable {
         var problems: [String] = []
         switch Manifest.parse(tree, configuration: config) {
         case .failure(let p): problems = p.problems
-        case .success(let plan): job.plan = plan
+        case .success(let plan): lock.withLock { job.plan = plan }
         }
         if !problems.isEmpty, let asked = tree.requestedJob, !isValidIdentifier(asked), !problems.contains(where: { $0.hasPrefix("job:") }) {
             problems.append("job: '\(clipped(asked))' is not a valid job id")
         }
-        guard problems.isEmpty, let plan = job.plan else {
-            job.rejection = problems
+        guard problems.isEmpty, let plan = lock.withLock({ job.plan }) else {
+            lock.withLock { job.rejection = problems }
             event(.error, "job \(claimed.id) rejected: \(problems.joined(separator: "; "))",
                   ["OPQ_EVENT": "job", "OPQ_STATE": "rejected", "OPQ_JOB": claimed.id, "OPQ_STATUS": "rejected", "OPQ_ERROR": problems.joined(separator: "\n")])
             enqueuePublication(Publication(job: job, status: "rejected", error: problems.joined(separator: "\n"), records: []))
@@ -300,17 +307,26 @@ public final class Daemon: @unchecked Sendable {
         }
         let graph = buildGraph(job, plan.operations, base: 0, configuration: config)
         event(.info, "job \(claimed.id) accepted: \(plan.operations.count) operations", ["OPQ_EVENT": "job", "OPQ_STATE": "accepted", "OPQ_JOB": claimed.id])
-        // Registered under the lock before events can be delivered for the group.
-        lock.lock()
+        // Registered before events can be delivered for the group (see `registering`).
+        registering.lock()
         do {
             let deadline = plan.timeoutSeconds.map { max(0.001, $0 - (Date().timeIntervalSince1970 - claimed.receivedAt)) }
             let group = try engine.submit(graph, qualityOfService: plan.qualityOfService, deadline: deadline, keepOutputs: false)
-            job.group = group
-            byGroup[group] = job
-            lock.unlock()
+            let early = lock.withLock {
+                job.group = group
+                byGroup[group] = job
+                defer { job.cancelsBeforeGroup = [] }
+                return job.cancelsBeforeGroup
+            }
+            registering.unlock()
+            for operation in early {
+                if cancel(job, group: group, operation: operation) == .unknownOperation {
+                    logger.warning("job \(claimed.id): cancel of operation '\(clipped(operation ?? ""))' ignored: the job has no such operation")
+                }
+            }
         } catch {
-            lock.unlock()
-            job.rejection = error.problems
+            lock.withLock { job.rejection = error.problems }
+            registering.unlock()
             event(.error, "job \(claimed.id) rejected: \(error.problems.joined(separator: "; "))",
                   ["OPQ_EVENT": "job", "OPQ_STATE": "rejected", "OPQ_JOB": claimed.id, "OPQ_STATUS": "rejected", "OPQ_ERROR": error.description])
             enqueuePublication(Publication(job: job, status: "rejected", error: error.description, records: []))
@@ -388,6 +404,8 @@ public final class Daemon: @unchecked Sendable {
 
     /// On the engine's delivery thread: journal entries, durable progress, job ends.
     fileprivate func deliver(_ events: [EngineEvent]) {
+        // A submission under way may have put its group's first events in this batch.
+        registering.withLock {}
         var progressRecorded = 0
         defer { if progressRecorded > 0 { progressWasRecorded(progressRecorded) } }
         for engineEvent in events {
@@ -783,11 +801,22 @@ public final class Daemon: @unchecked Sendable {
     public func cancel(job id: String, operation: String?) -> CancelOutcome {
         lock.lock()
         let job = jobs[id]
+        let group = job?.group
+        let accepting = job.map { group == nil && $0.rejection.isEmpty } ?? false
+        // Still being read or submitted: cancelled as soon as its group exists (before its plan is
+        // read, an operation that turns out not to exist is then logged and ignored).
+        let known = !accepting || operation == nil || (job?.plan.map { $0.operations.contains { $0.id == operation } } ?? true)
+        if accepting, known, let job { job.cancelsBeforeGroup.append(operation) }
         lock.unlock()
         guard let job else {
             return access(spool.outbox + "/" + id, F_OK) == 0 ? .alreadyEnded : .unknownJob
         }
-        guard let group = job.group else { return .alreadyEnded }
+        if accepting { return known ? .cancelled : .unknownOperation }
+        guard let group else { return .alreadyEnded }
+        return cancel(job, group: group, operation: operation)
+    }
+
+    private func cancel(_ job: RunningJob, group: GroupID, operation: String?) -> CancelOutcome {
         if let operation {
             guard let index = lock.withLock({ job.operationIndex[operation] }) else { return .unknownOperation }
             if engine.record(group, operation: index)?.state.isFinished == true { return .alreadyEnded }

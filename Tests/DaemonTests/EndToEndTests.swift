@@ -186,6 +186,28 @@ func sleepOp(_ id: String, _ seconds: Double, deps: [String] = []) -> [String: A
         #expect(r.stderr.contains("OPQ_STATE=retrying"))
     }
 
+    @Test func aJobCancelledWhileItIsBeingAcceptedEndsCancelled() throws {
+        // A job is known from its claim on, but reading and submitting 100,000 operations takes a while:
+        // a cancel in that window must be kept and applied, not answered "already ended" and forgotten.
+        let spool = TestSpool()
+        try spool.start()
+        let operations = [sleepOp("gate", 60)] + (0..<100_000).map { sleepOp("s\($0)", 0, deps: ["gate"]) }
+        try spool.drop("big.plist", ["job": "big", "operations": operations])
+        var answer: [String: Any] = [:]
+        let deadline = Date().addingTimeInterval(30)
+        repeat {
+            answer = (try? ControlClient.request(spool.root + "/opqueued.sock", ["command": "cancel", "job": "big"], timeout: 5)) ?? [:]
+        } while (answer["error"] as? String)?.hasPrefix("unknown job") != false && answer["exit"] as? Int != 0 && Date() < deadline
+        let acceptedBefore = (try? String(contentsOfFile: spool.logPath, encoding: .utf8))?.contains("job big accepted") ?? true
+        #expect(answer["exit"] as? Int == 0, "answered \(answer)")
+        #expect(!acceptedBefore, "the cancel was meant to arrive while the job was being accepted")
+        let result = try #require(spool.result("big", timeout: 60))
+        #expect(result["status"] as? String == "cancelled")
+        let ops = try #require(result["operations"] as? [[String: Any]])
+        #expect(ops.count == 100_001)
+        #expect(ops.allSatisfy { $0["state"] as? String == "cancelled" })
+    }
+
     @Test func daemonControlAndExitCodes() throws {
         let spool = TestSpool()
         try spool.start()
