@@ -4,6 +4,8 @@
 #include <errno.h>
 #include <malloc.h>
 #include <sched.h>
+#include <signal.h>
+#include <string.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -58,3 +60,19 @@ unsigned long long opq_heap_bytes_in_use(void) {
     struct mallinfo2 info = mallinfo2();
     return (unsigned long long)info.uordblks + (unsigned long long)info.hblkhd;
 }
+
+static volatile sig_atomic_t opq_noted_signal = 0;
+
+static void opq_note_signal(int signal) { opq_noted_signal = signal; }
+
+void opq_note_termination_signals(void) {
+    struct sigaction action;
+    memset(&action, 0, sizeof action);
+    action.sa_handler = opq_note_signal;
+    sigemptyset(&action.sa_mask);
+    action.sa_flags = SA_RESTART;
+    sigaction(SIGTERM, &action, NULL);
+    sigaction(SIGINT, &action, NULL);
+}
+
+int opq_noted_termination_signal(void) { return opq_noted_signal; }

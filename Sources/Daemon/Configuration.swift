@@ -49,7 +49,10 @@ public struct Configuration: Sendable {
     public static func load(path: String) throws -> Configuration {
         let data: Data
         do {
-            data = try Data(contentsOf: URL(fileURLWithPath: path))
+            // Read to its end rather than by its size: a pipe or FIFO (`--config <(…)`, /dev/stdin) works too.
+            let file = try FileHandle(forReadingFrom: URL(fileURLWithPath: path))
+            defer { try? file.close() }
+            data = try file.readToEnd() ?? Data()
         } catch {
             throw Invalid(path: path, problems: ["cannot be read: \(describe(error))"])
         }

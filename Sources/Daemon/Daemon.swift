@@ -854,6 +854,13 @@ public final class Daemon: @unchecked Sendable {
     /// first thing.
     public static func tuneAllocator() { opq_tune_allocator() }
 
+    /// Until the service group takes them, SIGTERM and SIGINT are noted rather than ending the process
+    /// (see `opq_note_termination_signals`); call first thing.
+    public static func noteTerminationSignals() { opq_note_termination_signals() }
+
+    /// The signal noted since `noteTerminationSignals`, or 0.
+    public static var notedTerminationSignal: Int32 { opq_noted_termination_signal() }
+
     /// Bytes the allocator has handed out and not had back (a diagnostic: when this stays flat while RSS
     /// grows, the allocator is keeping freed memory; when it grows, something is held). It walks the
     /// allocator's free lists, so status computes it only when asked.

@@ -44,6 +44,10 @@ struct Opqueued: AsyncParsableCommand {
             print("opqueued 0.2.0")
             return
         }
+        // A stop asked for while starting (reading the configuration, recovering active/) is kept and
+        // handed to the service group once it has the signals (see SpoolService). `--once` has no service
+        // group: there SIGTERM keeps its default action.
+        if !once { Daemon.noteTerminationSignals() }
         Daemon.tuneAllocator()
         let useJournal = logTarget == .journal || (logTarget == .auto && (ProcessInfo.processInfo.environment["JOURNAL_STREAM"] != nil || journalIsListening()))
         LoggingSystem.bootstrap { _ in useJournal ? JournalLogHandler() as any LogHandler : ConsoleLogHandler() }
@@ -95,20 +99,28 @@ struct SpoolService: Service {
     let logger: Logger
 
     func run() async throws {
-        do {
-            try control.start()
-            try watcher.start()
-        } catch {
-            logger.critical("\(error)")
-            throw ExitCode(1)
+        // The service group has SIGTERM and SIGINT now; one that came while starting was only noted.
+        let stopAskedWhileStarting = Daemon.notedTerminationSignal
+        if stopAskedWhileStarting != 0 {
+            logger.notice("signal \(stopAskedWhileStarting) came while starting: stopping without becoming ready",
+                          metadata: ["OPQ_EVENT": "daemon", "OPQ_STATE": "stopping"])
+            kill(getpid(), stopAskedWhileStarting)
+        } else {
+            do {
+                try control.start()
+                try watcher.start()
+            } catch {
+                logger.critical("\(error)")
+                throw ExitCode(1)
+            }
+            logger.info("ready", metadata: ["OPQ_EVENT": "daemon", "OPQ_STATE": "ready"])
+            SystemdNotifier.notify("READY=1\nSTATUS=ready")
         }
-        logger.info("ready", metadata: ["OPQ_EVENT": "daemon", "OPQ_STATE": "ready"])
-        SystemdNotifier.notify("READY=1\nSTATUS=ready")
         try? await gracefulShutdown()
         SystemdNotifier.notify("STOPPING=1")
-        watcher.stop()
+        if stopAskedWhileStarting == 0 { watcher.stop() }
         await daemon.stop(grace: grace)
-        control.stop()
+        if stopAskedWhileStarting == 0 { control.stop() }
     }
 }
 

@@ -394,6 +394,38 @@ func sleepOp(_ id: String, _ seconds: Double, deps: [String] = []) -> [String: A
         }
     }
 
+    @Test func sigtermWhileStartingIsAGracefulStop() throws {
+        // The configuration is a FIFO: the daemon is held inside its start, before the service group exists,
+        // until the test writes it. A SIGTERM sent then is noted and honoured once the group has the signal:
+        // exit 0 without announcing readiness, never the signal's default action.
+        let spool = TestSpool()
+        let fifo = spool.root + ".config"
+        unlink(fifo)
+        #expect(mkfifo(fifo, 0o600) == 0)
+        defer { unlink(fifo) }
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: binaries + "/opqueued")
+        process.arguments = ["--spool", spool.root, "--config", fifo, "--log-target", "console"]
+        let stderr = Pipe()
+        process.standardError = stderr
+        try process.run()
+        // open(2) for writing returns once the daemon has opened the FIFO for reading: it is starting.
+        let writer = open(fifo, O_WRONLY)
+        #expect(writer >= 0)
+        kill(process.processIdentifier, SIGTERM)
+        usleep(100_000)
+        let config = try plist(["shutdownGraceSeconds": 1])
+        // (A daemon the signal ended has no reader left: writing would raise SIGPIPE here.)
+        if process.isRunning { _ = config.withUnsafeBytes { write(writer, $0.baseAddress, $0.count) } }
+        close(writer)
+        let log = String(decoding: stderr.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
+        process.waitUntilExit()
+        #expect(process.terminationReason == .exit, "ended by signal \(process.terminationStatus)")
+        #expect(process.terminationStatus == 0)
+        #expect(log.contains("came while starting: stopping without becoming ready"), "\(log)")
+        #expect(!log.contains("OPQ_STATE=ready"))
+    }
+
     @Test func sighupReloadsQueueSettingsForRunningWork() throws {
         let spool = TestSpool()
         try spool.start(try spool.configure(["queues": ["default": ["suspended": true]]]))

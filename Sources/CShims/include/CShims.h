@@ -43,4 +43,12 @@ void opq_tune_allocator(void);
 /// blocks): what the program holds, as against RSS, which also counts freed memory the allocator kept.
 unsigned long long opq_heap_bytes_in_use(void);
 
+/// Until something else takes them, SIGTERM and SIGINT are noted instead of ending the process: the
+/// daemon calls this first thing, and hands a noted signal to its service group once that has taken
+/// them (a stop that comes while the daemon starts is then as graceful as a later one).
+void opq_note_termination_signals(void);
+
+/// The signal noted since `opq_note_termination_signals`, or 0.
+int opq_noted_termination_signal(void);
+
 #endif
