@@ -14,9 +14,14 @@ struct ReadyEntry: Comparable {
 /// Operations almost always become ready in submission order, so they go to a deque in O(1); one
 /// that becomes ready after a later-submitted one (its dependencies took longer) goes to a heap.
 /// The next operation is the smaller head of the two: exact FIFO by submission, O(1) in the common case.
+///
+/// Storage grows with the longest wait seen; once the list is empty after more than `keptCapacity`
+/// entries it starts afresh, so a burst (100,000 operations ready at once) is not kept as capacity.
 struct ReadyList {
+    static let keptCapacity = 4_096
     private var inOrder = Deque<ReadyEntry>()
     private var late = Heap<ReadyEntry>()
+    private(set) var highWater = 0
 
     var isEmpty: Bool { inOrder.isEmpty && late.isEmpty }
 
@@ -26,6 +31,7 @@ struct ReadyList {
         } else {
             inOrder.append(entry)
         }
+        highWater = max(highWater, inOrder.count + late.count)
     }
 
     func peek() -> ReadyEntry? {
@@ -39,11 +45,14 @@ struct ReadyList {
 
     @discardableResult
     mutating func pop() -> ReadyEntry? {
+        let entry: ReadyEntry
         switch (inOrder.first, late.min) {
         case (nil, nil): return nil
-        case (_?, nil): return inOrder.removeFirst()
-        case (nil, _?): return late.removeMin()
-        case (let a?, let b?): return a.seq < b.seq ? inOrder.removeFirst() : late.removeMin()
+        case (_?, nil): entry = inOrder.removeFirst()
+        case (nil, _?): entry = late.removeMin()
+        case (let a?, let b?): entry = a.seq < b.seq ? inOrder.removeFirst() : late.removeMin()
         }
+        if highWater > Self.keptCapacity && isEmpty { self = ReadyList() }
+        return entry
     }
 }

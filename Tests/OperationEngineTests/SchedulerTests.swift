@@ -525,4 +525,18 @@ func spec(_ name: String, _ queue: QueueID, qos: QualityOfService? = nil, priori
         let group2 = try h.s.submit(g2, now: h.now)
         #expect(group2.slot == group.slot && group2 != group)
     }
+
+    @Test func aReadyListKeepsSubmissionOrderAndLetsABurstGo() {
+        var list = ReadyList()
+        for i in 0..<10_000 { list.push(ReadyEntry(seq: UInt64(2 * i), ref: NodeRef(group: 1, index: Int32(i)))) }
+        list.push(ReadyEntry(seq: 1, ref: NodeRef(group: 1, index: 10_000)))
+        var order: [UInt64] = []
+        while let entry = list.pop() { order.append(entry.seq) }
+        #expect(order.count == 10_001)
+        #expect(order == order.sorted(), "late entries come out in submission order")
+        #expect(list.highWater == 0, "emptied after a burst of 10,001: its storage is let go")
+        list.push(ReadyEntry(seq: 1, ref: NodeRef(group: 1, index: 0)))
+        list.pop()
+        #expect(list.highWater == 1, "a small list keeps its storage")
+    }
 }
