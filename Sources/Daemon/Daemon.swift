@@ -846,8 +846,9 @@ public final class Daemon: @unchecked Sendable {
         let fault = faultReason
         let operations = activeOperations, budget = configuration.maxActiveOperations
         lock.unlock()
-        return Status(activeJobs: active, waiting: waitingNow, executing: engine.executingCount, operations: operations,
-                      maxActiveOperations: budget, queues: engine.queues(), fault: fault)
+        let overview = engine.overview()
+        return Status(activeJobs: active, waiting: waitingNow, executing: overview.executing, operations: operations,
+                      maxActiveOperations: budget, queues: overview.queues, fault: fault)
     }
 
     /// Sets the allocator's thresholds for a long-running process (see `opq_tune_allocator`); call once,

@@ -97,6 +97,35 @@ public final class Engine: @unchecked Sendable, ContextHost {
 
     public var executingCount: Int { locked { $0.executingCount } }
 
+    /// What `status` shows of the engine.
+    public struct Overview: Sendable {
+        public var executing: Int
+        public var queues: [QueueSnapshot]
+        /// The engine was busy with one long step: these are the figures as last read.
+        public var isStale: Bool
+    }
+
+    private let overviewLock = Lock()
+    private var lastOverview = Overview(executing: 0, queues: [], isStale: true)
+
+    /// The executing count and the queues, waiting at most `patience` seconds for the engine: while one
+    /// long step holds it (a million-operation graph adopted, its records read or released), the last
+    /// reading is returned, marked stale, rather than holding up whoever asked.
+    public func overview(patience: Double = 0.02) -> Overview {
+        guard lock.lock(within: patience) else {
+            var last = overviewLock.withLock { lastOverview }
+            last.isStale = true
+            return last
+        }
+        let fresh = Overview(executing: scheduler.executingCount, queues: scheduler.queues.indices.map { scheduler.snapshot($0) }, isStale: false)
+        lock.unlock()
+        overviewLock.withLock { lastOverview = fresh }
+        return fresh
+    }
+
+    /// Runs `body` with the engine's lock held, as a long step does (for tests).
+    func holdingTheLock(_ body: () -> Void) { lock.withLock(body) }
+
     // MARK: Work
 
     /// Submits a graph as a new group. Refused as a whole, with every problem, if it is not valid.

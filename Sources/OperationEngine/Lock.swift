@@ -24,6 +24,16 @@ final class Lock: @unchecked Sendable {
     @inline(__always) func lock() { pthread_mutex_lock(mutex) }
     @inline(__always) func unlock() { pthread_mutex_unlock(mutex) }
 
+    /// Takes the lock if it comes free within `seconds`; false if not (then it is not held).
+    func lock(within seconds: Double) -> Bool {
+        if pthread_mutex_trylock(mutex) == 0 { return true }
+        var now = timespec()
+        clock_gettime(CLOCK_REALTIME, &now)
+        let nanoseconds = Int(now.tv_nsec) + Int(seconds * 1e9)
+        var deadline = timespec(tv_sec: now.tv_sec + nanoseconds / 1_000_000_000, tv_nsec: nanoseconds % 1_000_000_000)
+        return pthread_mutex_timedlock(mutex, &deadline) == 0
+    }
+
     func withLock<T>(_ body: () throws -> T) rethrows -> T {
         lock()
         defer { unlock() }

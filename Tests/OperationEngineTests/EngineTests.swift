@@ -210,6 +210,32 @@ func monotonicNow() -> Double {
         if case .groupFinished(let finished)? = tracker.events.last { #expect(finished == group) } else { Issue.record("groupFinished is not last") }
     }
 
+    @Test func theOverviewIsNotHeldUpByALongStep() throws {
+        let engine = Engine()
+        _ = engine.addQueue(named: "q", maxConcurrentOperationCount: 3)
+        let fresh = engine.overview()
+        #expect(!fresh.isStale)
+        #expect(fresh.queues.map(\.name) == ["q"])
+        engine.addQueue(named: "late")
+        // While the lock is held (as by a million-operation submission), another thread gets the last
+        // reading, marked stale, within its patience.
+        final class Seen: @unchecked Sendable { var value: Engine.Overview? }
+        let seen = Seen()
+        engine.holdingTheLock {
+            let done = DispatchSemaphore(value: 0)
+            DispatchQueue.global().async {
+                seen.value = engine.overview(patience: 0.01)
+                done.signal()
+            }
+            #expect(done.wait(timeout: .now() + 10) == .success, "the overview waited for the lock")
+        }
+        let stale = try #require(seen.value)
+        #expect(stale.isStale)
+        #expect(stale.queues.map(\.name) == ["q"], "the last reading, not the engine now")
+        #expect(engine.overview().queues.map(\.name) == ["q", "late"])
+        engine.shutdown()
+    }
+
     @Test func workersRunAtTheirClassPriority() throws {
         let engine = Engine()
         final class Seen: @unchecked Sendable { var values: [OperationEngine.QualityOfService: (nice: Int32, idle: Int32)] = [:]; let lock = NSLock() }
