@@ -37,7 +37,9 @@ public final class ControlServer: @unchecked Sendable {
         thread.start()
     }
 
+    /// Removes the socket and ends the accept loop; nothing to do if it was never started.
     public func stop() {
+        guard fd >= 0 else { return }
         unlink(path)
         shutdown(fd, Int32(SHUT_RDWR))
     }

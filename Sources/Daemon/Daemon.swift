@@ -287,14 +287,15 @@ public final class Daemon: @unchecked Sendable {
         let config = configuration
         lock.unlock()
         var problems: [String] = []
+        var parsed: JobPlan?
         switch Manifest.parse(tree, configuration: config) {
         case .failure(let p): problems = p.problems
-        case .success(let plan): lock.withLock { job.plan = plan }
+        case .success(let plan): parsed = plan
         }
         if !problems.isEmpty, let asked = tree.requestedJob, !isValidIdentifier(asked), !problems.contains(where: { $0.hasPrefix("job:") }) {
             problems.append("job: '\(clipped(asked))' is not a valid job id")
         }
-        guard problems.isEmpty, let plan = lock.withLock({ job.plan }) else {
+        guard problems.isEmpty, let plan = parsed else {
             lock.withLock { job.rejection = problems }
             event(.error, "job \(claimed.id) rejected: \(problems.joined(separator: "; "))",
                   ["OPQ_EVENT": "job", "OPQ_STATE": "rejected", "OPQ_JOB": claimed.id, "OPQ_STATUS": "rejected", "OPQ_ERROR": problems.joined(separator: "\n")])
@@ -302,6 +303,7 @@ public final class Daemon: @unchecked Sendable {
             return
         }
         lock.withLock {
+            job.plan = plan
             job.countedOperations = plan.operations.count
             activeOperations += plan.operations.count
         }
@@ -800,19 +802,20 @@ public final class Daemon: @unchecked Sendable {
 
     public func cancel(job id: String, operation: String?) -> CancelOutcome {
         lock.lock()
-        let job = jobs[id]
-        let group = job?.group
-        let accepting = job.map { group == nil && $0.rejection.isEmpty } ?? false
-        // Still being read or submitted: cancelled as soon as its group exists (before its plan is
-        // read, an operation that turns out not to exist is then logged and ignored).
-        let known = !accepting || operation == nil || (job?.plan.map { $0.operations.contains { $0.id == operation } } ?? true)
-        if accepting, known, let job { job.cancelsBeforeGroup.append(operation) }
-        lock.unlock()
-        guard let job else {
+        guard let job = jobs[id] else {
+            lock.unlock()
             return access(spool.outbox + "/" + id, F_OK) == 0 ? .alreadyEnded : .unknownJob
         }
-        if accepting { return known ? .cancelled : .unknownOperation }
-        guard let group else { return .alreadyEnded }
+        guard let group = job.group else {
+            defer { lock.unlock() }
+            if !job.rejection.isEmpty { return .alreadyEnded }
+            // Still being read or submitted: cancelled as soon as its group exists (before its plan is
+            // read, an operation that turns out not to exist is then logged and ignored).
+            if let operation, let plan = job.plan, !plan.operations.contains(where: { $0.id == operation }) { return .unknownOperation }
+            job.cancelsBeforeGroup.append(operation)
+            return .cancelled
+        }
+        lock.unlock()
         return cancel(job, group: group, operation: operation)
     }
 

@@ -118,9 +118,9 @@ struct SpoolService: Service {
         }
         try? await gracefulShutdown()
         SystemdNotifier.notify("STOPPING=1")
-        if stopAskedWhileStarting == 0 { watcher.stop() }
+        watcher.stop()
         await daemon.stop(grace: grace)
-        if stopAskedWhileStarting == 0 { control.stop() }
+        control.stop()
     }
 }
 

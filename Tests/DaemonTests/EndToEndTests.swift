@@ -68,7 +68,20 @@ final class TestSpool: @unchecked Sendable {
         guard rename(hidden, root + "/inbox/" + name) == 0 else { throw POSIXError(.EIO) }
     }
 
+    /// Starts the daemon and waits until its control socket answers.
     func start(_ extra: [String] = [], target: String = "console") throws {
+        try launch(extra, target: target)
+        // Ready when the socket accepts connections.
+        let deadline = Date().addingTimeInterval(20)
+        while Date() < deadline {
+            if (try? ControlClient.request(root + "/opqueued.sock", ["command": "status"], timeout: 1)) != nil { return }
+            usleep(20_000)
+        }
+        Issue.record("the daemon did not become ready")
+    }
+
+    /// Starts the daemon, its output appended to `logPath`, without waiting for it.
+    func launch(_ extra: [String] = [], target: String = "console") throws {
         let process = Process()
         process.executableURL = URL(fileURLWithPath: binaries + "/opqueued")
         process.arguments = ["--spool", root, "--log-target", target] + extra
@@ -79,13 +92,6 @@ final class TestSpool: @unchecked Sendable {
         process.standardOutput = log
         try process.run()
         daemon = process
-        // Ready when the socket accepts connections.
-        let deadline = Date().addingTimeInterval(20)
-        while Date() < deadline {
-            if (try? ControlClient.request(root + "/opqueued.sock", ["command": "status"], timeout: 1)) != nil { return }
-            usleep(20_000)
-        }
-        Issue.record("the daemon did not become ready")
     }
 
     func signal(_ sig: Int32) {
@@ -403,25 +409,20 @@ func sleepOp(_ id: String, _ seconds: Double, deps: [String] = []) -> [String: A
         unlink(fifo)
         #expect(mkfifo(fifo, 0o600) == 0)
         defer { unlink(fifo) }
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: binaries + "/opqueued")
-        process.arguments = ["--spool", spool.root, "--config", fifo, "--log-target", "console"]
-        let stderr = Pipe()
-        process.standardError = stderr
-        try process.run()
+        try spool.launch(["--config", fifo])
         // open(2) for writing returns once the daemon has opened the FIFO for reading: it is starting.
         let writer = open(fifo, O_WRONLY)
         #expect(writer >= 0)
-        kill(process.processIdentifier, SIGTERM)
+        spool.signal(SIGTERM)
         usleep(100_000)
         let config = try plist(["shutdownGraceSeconds": 1])
         // (A daemon the signal ended has no reader left: writing would raise SIGPIPE here.)
-        if process.isRunning { _ = config.withUnsafeBytes { write(writer, $0.baseAddress, $0.count) } }
+        if spool.daemon?.isRunning == true { _ = config.withUnsafeBytes { write(writer, $0.baseAddress, $0.count) } }
         close(writer)
-        let log = String(decoding: stderr.fileHandleForReading.readDataToEndOfFile(), as: UTF8.self)
-        process.waitUntilExit()
-        #expect(process.terminationReason == .exit, "ended by signal \(process.terminationStatus)")
-        #expect(process.terminationStatus == 0)
+        let status = spool.waitForExit(timeout: 30)
+        let log = (try? String(contentsOfFile: spool.logPath, encoding: .utf8)) ?? ""
+        #expect(spool.daemon?.terminationReason == .exit, "ended by signal \(status.map(String.init) ?? "?")")
+        #expect(status == 0)
         #expect(log.contains("came while starting: stopping without becoming ready"), "\(log)")
         #expect(!log.contains("OPQ_STATE=ready"))
     }
