@@ -102,8 +102,8 @@ struct SpoolService: Service {
         // The service group has SIGTERM and SIGINT now; one that came while starting was only noted.
         let stopAskedWhileStarting = Daemon.notedTerminationSignal
         if stopAskedWhileStarting != 0 {
-            logger.notice("signal \(stopAskedWhileStarting) came while starting: stopping without becoming ready",
-                          metadata: ["OPQ_EVENT": "daemon", "OPQ_STATE": "stopping"])
+            // (The `stopping` event itself comes from the drain below, once, as for any stop.)
+            logger.notice("signal \(stopAskedWhileStarting) came while starting: stopping without becoming ready")
             kill(getpid(), stopAskedWhileStarting)
         } else {
             do {

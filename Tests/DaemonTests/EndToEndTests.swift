@@ -425,6 +425,7 @@ func sleepOp(_ id: String, _ seconds: Double, deps: [String] = []) -> [String: A
         #expect(status == 0)
         #expect(log.contains("came while starting: stopping without becoming ready"), "\(log)")
         #expect(!log.contains("OPQ_STATE=ready"))
+        #expect(log.components(separatedBy: "OPQ_STATE=stopping").count == 2, "one stopping event")
     }
 
     @Test func sighupReloadsQueueSettingsForRunningWork() throws {
