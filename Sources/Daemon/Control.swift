@@ -1,80 +1,282 @@
-// The control socket <spool>/opqueued.sock: one JSON request line, one JSON response line.
-// What it trusts: the socket's file mode (owner and group only) decides who may talk to it;
-// requests are size-limited and every field is checked.
+// The control socket <spool>/opqueued.sock: one JSON request line, one JSON response line, then the daemon closes.
+// (The protocol, for scripts, is in docs: request and response shapes, errors, exit codes, limits.)
+//
+// Strategy: served event-driven on SwiftNIO, one event-loop thread for every connection. A connection that is
+// silent or slow costs a file descriptor and a few hundred bytes, never a thread: reading its request line and
+// writing its answer are events on the loop, each with a deadline. Answers are computed (JSON parsing, the
+// handler, which may wait for the engine's lock) on a small thread pool of the server's own: never on the loop,
+// and never on libdispatch's global pool, which the spool queue and the engine's timers use.
+// At most `maxConnections` are open; when a new one comes at the limit, the oldest connection still waiting for
+// its request is closed (with an error line) to make room, so idle connections cannot lock out real clients.
+// What it trusts: the socket's file mode (owner and group only) decides who may talk to it; nothing a client
+// sends or fails to send: requests are size-limited, time-limited and every field is checked by the handler.
 
 import Foundation
+import NIOCore
+import NIOPosix
+import Synchronization
 
 #if canImport(Glibc)
 import Glibc
 #endif
 
-public final class ControlServer: @unchecked Sendable {
+/// What the control socket allows one client (defaults as documented for scripts).
+public struct ControlLimits: Sendable {
+    /// Open connections at most; beyond it the oldest idle one is closed, or the new one gets a busy answer.
+    public var maxConnections = 256
+    /// The request line's bytes at most (without its newline).
+    public var maxRequestBytes = 65_536
+    /// Seconds a client has from connecting to send its whole request line.
+    public var requestSeconds = 5.0
+    /// Seconds a client has to take the whole answer once it is ready.
+    public var answerSeconds = 10.0
+    /// Threads that compute answers.
+    public var handlerThreads = 2
+
+    public init() {}
+}
+
+public final class ControlServer: Sendable {
     public typealias Handler = @Sendable ([String: Any]) -> [String: Any]
     let path: String
     let handler: Handler
-    private var fd: Int32 = -1
+    let limits: ControlLimits
+    let admission: Mutex<ControlAdmission<any Channel>>
+    private let running = Mutex<(group: MultiThreadedEventLoopGroup, pool: NIOThreadPool, channel: Channel)?>(nil)
 
-    public init(path: String, handler: @escaping Handler) {
+    public init(path: String, limits: ControlLimits = ControlLimits(), handler: @escaping Handler) {
         self.path = path
         self.handler = handler
+        self.limits = limits
+        admission = Mutex(ControlAdmission(limit: limits.maxConnections))
     }
 
-    public func start() throws {
-        unlink(path)
-        fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
-        guard fd >= 0 else { throw SpoolError(operation: "socket", path: path, errno: errno) }
+    public func start() async throws {
+        let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
+        let pool = NIOThreadPool(numberOfThreads: limits.handlerThreads)
+        pool.start()
         // Bound under a temporary name, restricted to owner and group, listening, and only then renamed
         // into place: the socket is never reachable with a wider mode, and answers as soon as it is seen.
         let fresh = path + ".new"
-        unlink(fresh)
-        let bound = try withUnixAddress(fresh) { bind(fd, $0, $1) }
-        guard bound == 0 else { throw SpoolError(operation: "bind", path: fresh, errno: errno) }
-        guard chmod(fresh, 0o660) == 0 else { throw SpoolError(operation: "chmod", path: fresh, errno: errno) }
-        guard listen(fd, 64) == 0 else { throw SpoolError(operation: "listen", path: fresh, errno: errno) }
-        guard rename(fresh, path) == 0 else { throw SpoolError(operation: "rename", path: fresh, errno: errno) }
-        let thread = Thread { [self] in acceptLoop() }
-        thread.name = "control"
-        thread.start()
-    }
-
-    /// Removes the socket and ends the accept loop; nothing to do if it was never started.
-    public func stop() {
-        guard fd >= 0 else { return }
-        unlink(path)
-        shutdown(fd, Int32(SHUT_RDWR))
-    }
-
-    private func acceptLoop() {
-        while true {
-            let client = accept(fd, nil, nil)
-            if client < 0 {
-                if errno == EINTR || errno == ECONNABORTED || errno == EMFILE || errno == ENFILE {
-                    if errno == EMFILE || errno == ENFILE { usleep(50_000) }
-                    continue
+        do {
+            let channel = try await ServerBootstrap(group: group)
+                .serverChannelOption(ChannelOptions.backlog, value: 256)
+                .childChannelOption(ChannelOptions.allowRemoteHalfClosure, value: true)
+                .childChannelInitializer { [self] channel in
+                    channel.eventLoop.makeCompletedFuture { try admit(channel, pool: pool) }
                 }
-                return
+                .bind(unixDomainSocketPath: fresh, cleanupExistingSocketFile: true).get()
+            running.withLock { $0 = (group, pool, channel) }
+        } catch {
+            try? await pool.shutdownGracefully()
+            try? await group.shutdownGracefully()
+            throw ControlError("cannot listen on \(fresh): \(error)")
+        }
+        guard chmod(fresh, 0o660) == 0 else { throw SpoolError(operation: "chmod", path: fresh, errno: errno) }
+        guard rename(fresh, path) == 0 else { throw SpoolError(operation: "rename", path: fresh, errno: errno) }
+    }
+
+    /// Removes the socket, closes every connection and ends the loop and the handler threads; nothing to do if
+    /// it was never started.
+    public func stop() async {
+        guard let running = running.withLock({ r in defer { r = nil }; return r }) else { return }
+        unlink(path)
+        try? await running.channel.close()
+        try? await running.pool.shutdownGracefully()
+        try? await running.group.shutdownGracefully()
+    }
+
+    /// A new connection, on the loop: its handler, a busy answer, or room made by closing the oldest idle one.
+    private func admit(_ channel: Channel, pool: NIOThreadPool) throws {
+        let id = ObjectIdentifier(channel)
+        switch admission.withLock({ $0.admit(id, channel) }) {
+        case .admitted(let evicted):
+            if let evicted {
+                evicted.pipeline.fireUserInboundEventTriggered(ControlConnection.Evicted())
             }
-            DispatchQueue.global().async { [self] in serve(client) }
+            channel.closeFuture.whenComplete { [self] _ in admission.withLock { $0.closed(id) } }
+            try channel.pipeline.syncOperations.addHandler(ControlConnection(server: self, pool: pool, id: id))
+        case .busy:
+            let answer = ControlServer.line(["exit": 3, "error": "busy: \(limits.maxConnections) connections are open and answering; try again"])
+            channel.writeAndFlush(ByteBuffer(bytes: answer)).whenComplete { _ in channel.close(promise: nil) }
         }
     }
 
-    private func serve(_ client: Int32) {
-        defer { close(client) }
-        var timeout = timeval(tv_sec: 5, tv_usec: 0)
-        setsockopt(client, SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
-        guard let line = readLine(client, limit: 65_536),
-              let request = (try? JSONSerialization.jsonObject(with: line)) as? [String: Any] else {
-            respond(client, ["exit": 64, "error": "malformed request"])
+    /// On a handler thread: the answer to one request line, as the bytes to send.
+    func answer(_ line: [UInt8]) -> [UInt8] {
+        guard let request = (try? JSONSerialization.jsonObject(with: Data(line))) as? [String: Any] else {
+            return ControlServer.line(["exit": 64, "error": "malformed request: not a JSON object on one line"])
+        }
+        return ControlServer.line(handler(request))
+    }
+
+    /// One response line. The handler's values are JSON types; should one not be, the client still gets a line.
+    static func line(_ response: [String: Any]) -> [UInt8] {
+        guard JSONSerialization.isValidJSONObject(response),
+              let data = try? JSONSerialization.data(withJSONObject: response, options: [.sortedKeys]) else {
+            return Array("{\"error\":\"the answer could not be encoded\",\"exit\":1}\n".utf8)
+        }
+        return Array(data) + [0x0A]
+    }
+}
+
+public struct ControlError: Error, CustomStringConvertible {
+    public let description: String
+    init(_ description: String) { self.description = description }
+}
+
+/// Which connections are open and which of them still wait for their request line (those may be closed to make
+/// room). A plain state machine: the server runs it under a lock on its one loop thread; tests run it alone.
+struct ControlAdmission<Connection> {
+    enum Decision {
+        /// Served; `evicted` (the oldest connection still waiting for its request) must be closed to make room.
+        case admitted(evicted: Connection?)
+        /// Every open connection is being answered: this one gets a busy answer and is closed.
+        case busy
+    }
+
+    let limit: Int
+    private var next: UInt64 = 0
+    /// Waiting for their request line, by order of arrival.
+    private var idle: [ObjectIdentifier: (order: UInt64, connection: Connection)] = [:]
+    private var answering: Set<ObjectIdentifier> = []
+
+    init(limit: Int) { self.limit = max(1, limit) }
+
+    var open: Int { idle.count + answering.count }
+    var idleCount: Int { idle.count }
+
+    mutating func admit(_ id: ObjectIdentifier, _ connection: Connection) -> Decision {
+        var evicted: Connection?
+        if open >= limit {
+            // The scan is over at most `limit` entries, and only when the limit is reached.
+            guard let oldest = idle.min(by: { $0.value.order < $1.value.order }) else { return .busy }
+            idle[oldest.key] = nil
+            evicted = oldest.value.connection
+        }
+        idle[id] = (next, connection)
+        next += 1
+        return .admitted(evicted: evicted)
+    }
+
+    /// The request line came: the connection can no longer be evicted. False when it was already evicted.
+    mutating func startAnswering(_ id: ObjectIdentifier) -> Bool {
+        guard idle.removeValue(forKey: id) != nil else { return false }
+        answering.insert(id)
+        return true
+    }
+
+    mutating func closed(_ id: ObjectIdentifier) {
+        idle[id] = nil
+        answering.remove(id)
+    }
+}
+
+/// One client, on the event loop: reads the request line (deadline, size limit), has the answer computed on the
+/// handler threads, writes it (deadline) and closes.
+final class ControlConnection: ChannelInboundHandler {
+    typealias InboundIn = ByteBuffer
+    typealias OutboundOut = ByteBuffer
+
+    /// Sent by the server to a connection it closes to make room for a new one.
+    struct Evicted: Sendable {}
+
+    private enum State { case reading, answering, closing }
+    private var state = State.reading
+    private var request: ByteBuffer?
+    private var deadline: Scheduled<Void>?
+    private let server: ControlServer
+    private let pool: NIOThreadPool
+    private let id: ObjectIdentifier
+
+    init(server: ControlServer, pool: NIOThreadPool, id: ObjectIdentifier) {
+        self.server = server
+        self.pool = pool
+        self.id = id
+    }
+
+    func handlerAdded(context: ChannelHandlerContext) {
+        let handler = NIOLoopBound(self, eventLoop: context.eventLoop)
+        let channel = context.channel
+        let seconds = server.limits.requestSeconds
+        deadline = context.eventLoop.scheduleTask(in: Self.amount(seconds)) {
+            handler.value.refuse(channel, exit: 64, "no request line within \(seconds) s")
+        }
+    }
+
+    func handlerRemoved(context: ChannelHandlerContext) {
+        deadline?.cancel()
+    }
+
+    func channelRead(context: ChannelHandlerContext, data: NIOAny) {
+        guard state == .reading else { return }  // bytes after the request line are not read
+        var bytes = unwrapInboundIn(data)
+        let newline = bytes.readableBytesView.firstIndex(of: 0x0A).map { $0 - bytes.readableBytesView.startIndex }
+        let taken = newline ?? bytes.readableBytes
+        if (request?.readableBytes ?? 0) + taken > server.limits.maxRequestBytes {
+            refuse(context.channel, exit: 64, "request longer than \(server.limits.maxRequestBytes) bytes")
             return
         }
-        respond(client, handler(request))
+        if var slice = bytes.readSlice(length: taken) {
+            if request == nil { request = slice } else { request?.writeBuffer(&slice) }
+        }
+        if newline != nil { answer(context) }
     }
 
-    private func respond(_ client: Int32, _ response: [String: Any]) {
-        guard var data = try? JSONSerialization.data(withJSONObject: response, options: [.sortedKeys]) else { return }
-        data.append(0x0A)
-        try? writeAll(client, data, path: path)
+    func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
+        if event is Evicted {
+            refuse(context.channel, exit: 3, "closed to make room: \(server.limits.maxConnections) connections were open and this one had sent no request")
+        } else if case .inputClosed = event as? ChannelEvent {
+            // The client shut its side down: what it sent is the request (a last line need not end with a newline);
+            // nothing at all is a probe, closed without an answer.
+            guard state == .reading else { return }
+            if request.map({ $0.readableBytes > 0 }) == true { answer(context) } else { context.close(promise: nil) }
+        } else {
+            context.fireUserInboundEventTriggered(event)
+        }
     }
+
+    func errorCaught(context: ChannelHandlerContext, error: Error) {
+        // A client that went away (ECONNRESET, EPIPE): nothing to tell it.
+        context.close(promise: nil)
+    }
+
+    private func answer(_ context: ChannelHandlerContext) {
+        deadline?.cancel()
+        guard server.admission.withLock({ $0.startAnswering(id) }) else { return }
+        state = .answering
+        let line = Array((request ?? ByteBuffer()).readableBytesView)
+        request = nil
+        let server = self.server
+        let handler = NIOLoopBound(self, eventLoop: context.eventLoop)
+        let channel = context.channel
+        pool.runIfActive(eventLoop: context.eventLoop) { server.answer(line) }.whenComplete { result in
+            switch result {
+            case .success(let bytes): handler.value.send(channel, bytes)
+            case .failure: handler.value.send(channel, ControlServer.line(["exit": 3, "error": "the daemon is stopping"]))
+            }
+        }
+    }
+
+    /// An error line instead of an answer, while the request is still being read.
+    private func refuse(_ channel: Channel, exit: Int, _ error: String) {
+        guard state == .reading else { return }
+        deadline?.cancel()
+        state = .answering
+        send(channel, ControlServer.line(["exit": exit, "error": error]))
+    }
+
+    private func send(_ channel: Channel, _ bytes: [UInt8]) {
+        guard state == .answering, channel.isActive else { return }
+        state = .closing
+        let limit = channel.eventLoop.scheduleTask(in: Self.amount(server.limits.answerSeconds)) { channel.close(promise: nil) }
+        channel.writeAndFlush(ByteBuffer(bytes: bytes)).whenComplete { _ in
+            limit.cancel()
+            channel.close(promise: nil)
+        }
+    }
+
+    private static func amount(_ seconds: Double) -> TimeAmount { .nanoseconds(Int64(seconds * 1e9)) }
 }
 
 /// `bind` or `connect` on a Unix socket path; the call's result (0 or -1 with errno set).
@@ -102,6 +304,22 @@ func readLine(_ fd: Int32, limit: Int) -> Data? {
     return data.isEmpty ? nil : data
 }
 
+/// Writes all of `bytes` to a connected socket with MSG_NOSIGNAL: a peer that has gone away is an error (EPIPE)
+/// for this call, never a SIGPIPE for the process.
+public func sendAll(_ fd: Int32, _ bytes: [UInt8], path: String) throws {
+    var offset = 0
+    while offset < bytes.count {
+        let n = bytes.withUnsafeBytes { raw in
+            raw.baseAddress.map { send(fd, $0 + offset, raw.count - offset, Int32(MSG_NOSIGNAL)) } ?? 0
+        }
+        if n < 0 {
+            if errno == EINTR { continue }
+            throw SpoolError(operation: "send", path: path, errno: errno)
+        }
+        offset += n
+    }
+}
+
 public enum ControlClient {
     public struct NoDaemon: Error, CustomStringConvertible {
         public let path: String
@@ -109,20 +327,31 @@ public enum ControlClient {
         public var description: String { "no daemon is running on \(path) (\(reason))" }
     }
 
-    /// Sends one request; throws `NoDaemon` when nothing listens on the socket.
-    public static func request(_ path: String, _ request: [String: Any], timeout: Int = 30) throws -> [String: Any] {
+    /// Connects to the control socket; throws `NoDaemon` when nothing listens on it.
+    public static func connect(_ path: String) throws -> Int32 {
         let fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
         guard fd >= 0 else { throw NoDaemon(path: path, reason: String(cString: strerror(errno))) }
-        defer { close(fd) }
-        let connected = try withUnixAddress(path) { connect(fd, $0, $1) }
+        let connected = try withUnixAddress(path) { Glibc.connect(fd, $0, $1) }
         guard connected == 0 else {
-            throw NoDaemon(path: path, reason: errno == ENOENT ? "no socket" : errno == ECONNREFUSED ? "stale socket" : String(cString: strerror(errno)))
+            let reason = errno == ENOENT ? "no socket" : errno == ECONNREFUSED ? "stale socket" : String(cString: strerror(errno))
+            close(fd)
+            throw NoDaemon(path: path, reason: reason)
         }
+        return fd
+    }
+
+    /// Sends one request; throws `NoDaemon` when nothing listens on the socket or it does not answer.
+    public static func request(_ path: String, _ request: [String: Any], timeout: Int = 30) throws -> [String: Any] {
+        let fd = try connect(path)
+        defer { close(fd) }
         var tv = timeval(tv_sec: timeout, tv_usec: 0)
         setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, socklen_t(MemoryLayout<timeval>.size))
-        var data = try JSONSerialization.data(withJSONObject: request)
-        data.append(0x0A)
-        try writeAll(fd, data, path: path)
+        let data = try JSONSerialization.data(withJSONObject: request)
+        do {
+            try sendAll(fd, Array(data) + [0x0A], path: path)
+        } catch {
+            throw NoDaemon(path: path, reason: "\(error)")
+        }
         guard let line = readLine(fd, limit: 64 << 20),
               let response = (try? JSONSerialization.jsonObject(with: line)) as? [String: Any] else {
             throw NoDaemon(path: path, reason: "no answer")

@@ -858,6 +858,18 @@ public final class Daemon: @unchecked Sendable {
     /// first thing.
     public static func tuneAllocator() { opq_tune_allocator() }
 
+    /// Raises the soft limit of open files to the hard one (at most 65,536) when it is lower: each control
+    /// connection costs a descriptor, and a burst of idle clients must not leave none for the spool's own
+    /// files. Call once, first thing.
+    public static func raiseFileLimit() {
+        var limit = rlimit()
+        guard getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit) == 0 else { return }
+        let wanted = min(limit.rlim_max, 65_536)
+        guard limit.rlim_cur < wanted else { return }
+        limit.rlim_cur = wanted
+        _ = setrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit)
+    }
+
     /// Until the service group takes them, SIGTERM and SIGINT are noted rather than ending the process
     /// (see `opq_note_termination_signals`); call first thing.
     public static func noteTerminationSignals() { opq_note_termination_signals() }

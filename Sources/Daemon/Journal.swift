@@ -29,6 +29,13 @@ public enum MessageIDs {
     }
 
     static let table: [String: String] = Dictionary(uniqueKeysWithValues: pairs.map { ("\($0.event)/\($0.state)", id(event: $0.event, state: $0.state)) })
+
+    /// The MESSAGE_ID of an event's (OPQ_EVENT, OPQ_STATE) metadata, if it is one of the pairs: the journal and the
+    /// console both take it from here, so the two targets never disagree.
+    static func id(for metadata: Logger.Metadata) -> String? {
+        guard case .string(let event)? = metadata["OPQ_EVENT"], case .string(let state)? = metadata["OPQ_STATE"] else { return nil }
+        return table["\(event)/\(state)"]
+    }
 }
 
 /// journald field name rules: uppercase letters, digits and `_`, not starting with `_` or a digit.
@@ -85,9 +92,7 @@ public struct JournalLogHandler: LogHandler {
         ]
         var all = metadata
         if let extra = event.metadata { all.merge(extra) { $1 } }
-        if case .string(let e)? = all["OPQ_EVENT"], case .string(let s)? = all["OPQ_STATE"], let id = MessageIDs.table["\(e)/\(s)"] {
-            fields.append("MESSAGE_ID=\(id)")
-        }
+        if let id = MessageIDs.id(for: all) { fields.append("MESSAGE_ID=\(id)") }
         for (key, value) in all {
             guard let name = journalFieldName(key) else { continue }
             fields.append("\(name)=\(value)")
@@ -132,6 +137,7 @@ public struct ConsoleLogHandler: LogHandler {
         var all = metadata
         if let extra = event.metadata { all.merge(extra) { $1 } }
         var line = "PRIORITY=\(syslogPriority(event.level))"
+        if let id = MessageIDs.id(for: all) { line += " MESSAGE_ID=\(id)" }
         for key in all.keys.sorted() {
             guard let name = journalFieldName(key) else { continue }
             line += " \(name)=\(Self.quote("\(all[key] ?? "")"))"

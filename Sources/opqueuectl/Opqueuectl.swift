@@ -27,14 +27,19 @@ struct Common: ParsableArguments {
         }
     }
 
-    /// Sends a request to the daemon; exits 3 when there is none.
+    /// Sends a request to the daemon; exits 3 when there is none, and with the answer's `exit` (its `error`
+    /// on stderr) when that is not 0.
     func request(_ body: [String: Any]) throws -> [String: Any] {
+        let response: [String: Any]
         do {
-            return try ControlClient.request(socket, body)
+            response = try ControlClient.request(socket, body)
         } catch {
             FileHandle.standardError.write(Data("opqueuectl: \(error)\n".utf8))
             throw ExitCode(3)
         }
+        let code = response["exit"] as? Int ?? 1
+        if code != 0 { throw fail(response["error"] as? String ?? "the daemon answered exit \(code)", Int32(clamping: code)) }
+        return response
     }
 }
 
@@ -148,7 +153,6 @@ func operations(of job: String, _ common: Common) throws -> (status: String, ope
         return (plist["status"] as? String ?? "?", plist["operations"] as? [[String: Any]] ?? [])
     }
     let response = try common.request(["command": "show", "job": job])
-    guard (response["exit"] as? Int) == 0 else { throw fail(response["error"] as? String ?? "unknown job '\(job)'") }
     return (response["status"] as? String ?? "running", response["operations"] as? [[String: Any]] ?? [])
 }
 
@@ -225,9 +229,7 @@ struct Cancel: ParsableCommand {
     func run() throws {
         var request: [String: Any] = ["command": "cancel", "job": job]
         if let operation { request["operation"] = operation }
-        let response = try common.request(request)
-        let code = response["exit"] as? Int ?? 1
-        if code != 0 { throw fail(response["error"] as? String ?? "failed", Int32(code)) }
+        _ = try common.request(request)
     }
 }
 
@@ -246,9 +248,7 @@ struct Resume: ParsableCommand {
 }
 
 func toggle(_ common: Common, _ queue: String, _ command: String) throws {
-    let response = try common.request(["command": command, "queue": queue])
-    let code = response["exit"] as? Int ?? 1
-    if code != 0 { throw fail(response["error"] as? String ?? "failed", Int32(code)) }
+    _ = try common.request(["command": command, "queue": queue])
 }
 
 struct Graph: ParsableCommand {
@@ -256,35 +256,53 @@ struct Graph: ParsableCommand {
     @OptionGroup var common: Common
     @Argument(help: "A job id or a manifest file.") var target: String
 
+    /// What the drawing needs of an operation: from a manifest, or from the daemon's `show` of a running job.
+    struct Node {
+        var id: String, kind: String, queue: String, dependencies: [String]
+    }
+
     func run() throws {
         var states: [String: String] = [:]
-        var plan: JobPlan?
+        var nodes: [Node]
+        var name = target
         let config = try common.configuration()
         if FileManager.default.fileExists(atPath: target), let data = FileManager.default.contents(atPath: target) {
             switch Manifest.parse(data, configuration: config) {
-            case .success(let p): plan = p
+            case .success(let plan):
+                nodes = Self.nodes(plan)
+                name = plan.job ?? target
             case .failure(let problems): throw fail("\(target): " + problems.problems.joined(separator: "\n"))
             }
         } else {
-            let manifest = common.spool + "/outbox/" + target + "/manifest.plist"
-            if let data = FileManager.default.contents(atPath: manifest), case .success(let p) = Manifest.parse(data, configuration: config) {
-                plan = p
-            }
+            // An ended job: its manifest in the outbox, states from its result. A running one: the daemon's
+            // `show` gives each operation's kind, queue, dependencies and current state.
             let (_, ops) = try operations(of: target, common)
             for op in ops { if let id = op["id"] as? String { states[id] = op["state"] as? String } }
-            if plan == nil { throw fail("no manifest for job '\(target)'") }
+            let manifest = common.spool + "/outbox/" + target + "/manifest.plist"
+            if let data = FileManager.default.contents(atPath: manifest), case .success(let plan) = Manifest.parse(data, configuration: config) {
+                nodes = Self.nodes(plan)
+            } else {
+                nodes = ops.compactMap { op in
+                    guard let id = op["id"] as? String, let dependencies = op["dependencies"] as? [String] else { return nil }
+                    return Node(id: id, kind: op["kind"] as? String ?? "", queue: op["queue"] as? String ?? "", dependencies: dependencies)
+                }
+                if nodes.isEmpty { throw fail("no manifest for job '\(target)'") }
+            }
         }
-        guard let plan else { return }
         let colours = ["pending": "gray80", "ready": "lightyellow", "executing": "lightblue", "retrying": "orange",
                        "succeeded": "palegreen", "failed": "salmon", "cancelled": "gray60"]
-        var dot = "digraph \"\(plan.job ?? target)\" {\n  rankdir=LR;\n  node [shape=box, style=filled];\n"
-        for op in plan.operations {
-            let state = states[op.id] ?? "pending"
-            dot += "  \"\(op.id)\" [label=\"\(op.id)\\n\(op.kind.rawValue) · \(op.queue)\\n\(state)\", fillcolor=\(colours[state] ?? "white")];\n"
+        var dot = "digraph \"\(name)\" {\n  rankdir=LR;\n  node [shape=box, style=filled];\n"
+        for node in nodes {
+            let state = states[node.id] ?? "pending"
+            dot += "  \"\(node.id)\" [label=\"\(node.id)\\n\(node.kind) · \(node.queue)\\n\(state)\", fillcolor=\(colours[state] ?? "white")];\n"
         }
-        for op in plan.operations {
-            for dep in op.dependencies { dot += "  \"\(dep)\" -> \"\(op.id)\";\n" }
+        for node in nodes {
+            for dep in node.dependencies { dot += "  \"\(dep)\" -> \"\(node.id)\";\n" }
         }
         print(dot + "}")
+    }
+
+    static func nodes(_ plan: JobPlan) -> [Node] {
+        plan.operations.map { Node(id: $0.id, kind: $0.kind.rawValue, queue: $0.queue, dependencies: $0.dependencies) }
     }
 }

@@ -44,6 +44,11 @@ struct Opqueued: AsyncParsableCommand {
             print("opqueued 0.2.0")
             return
         }
+        // A client of the control socket that hangs up makes the next write to it fail with EPIPE; SIGPIPE's
+        // default action would end the daemon instead. Ignored here, first, for every mode (`--once` too), not
+        // only under systemd's IgnoreSIGPIPE=yes.
+        signal(SIGPIPE, SIG_IGN)
+        Daemon.raiseFileLimit()
         // A stop asked for while starting (reading the configuration, recovering active/) is kept and
         // handed to the service group once it has the signals (see SpoolService). `--once` has no service
         // group: there SIGTERM keeps its default action.
@@ -107,7 +112,7 @@ struct SpoolService: Service {
             kill(getpid(), stopAskedWhileStarting)
         } else {
             do {
-                try control.start()
+                try await control.start()
                 try watcher.start()
             } catch {
                 logger.critical("\(error)")
@@ -120,7 +125,7 @@ struct SpoolService: Service {
         SystemdNotifier.notify("STOPPING=1")
         watcher.stop()
         await daemon.stop(grace: grace)
-        control.stop()
+        await control.stop()
     }
 }
 
