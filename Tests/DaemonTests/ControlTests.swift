@@ -1,0 +1,257 @@
+// The control socket's edges (issue 12), through the real binaries outside systemd: clients that hang up, idle
+// connections by the thousand, more connections than the cap, garbage, `graph` of a running job, and the console's
+// MESSAGE_IDs. Also the admission state machine on its own.
+
+import Foundation
+import Testing
+import TestSupport
+@testable import Daemon
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Raises this process's open-file limit to at least `wanted` (children inherit it); false when the hard limit is lower.
+func raiseOwnFileLimit(to wanted: rlim_t) -> Bool {
+    var limit = rlimit()
+    guard getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit) == 0, limit.rlim_max >= wanted else { return false }
+    if limit.rlim_cur < wanted {
+        limit.rlim_cur = wanted
+        guard setrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit) == 0 else { return false }
+    }
+    return true
+}
+
+/// Waits at most `seconds` for one line on a connected socket.
+func readAnswer(_ fd: Int32, seconds: Int = 5) -> [String: Any]? {
+    var tv = timeval(tv_sec: seconds, tv_usec: 0)
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, socklen_t(MemoryLayout<timeval>.size))
+    guard let line = readLine(fd, limit: 1 << 20) else { return nil }
+    return (try? JSONSerialization.jsonObject(with: line)) as? [String: Any]
+}
+
+extension TestSpool {
+    var socketPath: String { root + "/opqueued.sock" }
+
+    /// The daemon answers `status` (in-process client) and `opqueuectl status` exits 0.
+    func expectServing(_ comment: Comment) throws {
+        #expect(daemon?.isRunning == true, "the daemon died: \(comment)")
+        let answer = try? ControlClient.request(socketPath, ["command": "status"], timeout: 5)
+        #expect(answer?["exit"] as? Int == 0, "status: \(comment)")
+        #expect(try ctl(["status"]).status == 0, "opqueuectl status: \(comment)")
+    }
+
+    /// Drops a job of one `sleep` and waits for it; the seconds it took from the drop to the outbox.
+    func runSleep(_ job: String, _ seconds: Double, timeout: Double = 10) throws -> Double? {
+        let start = Date()
+        try drop(job + ".plist", ["job": job, "operations": [sleepOp("s", seconds)]])
+        guard let result = result(job, timeout: timeout) else { return nil }
+        #expect(result["status"] as? String == "succeeded")
+        return Date().timeIntervalSince(start)
+    }
+}
+
+@Suite(.serialized) struct ControlTests {
+    @Test func clientsThatHangUpDoNotStopTheDaemon() throws {
+        let spool = TestSpool()
+        try spool.start()
+        for round in 0..<20 {
+            // Connect and close without a word (a readiness probe).
+            close(try ControlClient.connect(spool.socketPath))
+            // Half a line, then close.
+            var fd = try ControlClient.connect(spool.socketPath)
+            try sendAll(fd, Array("{\"command\":\"sta".utf8), path: spool.socketPath)
+            close(fd)
+            // A whole request, then close before the answer is read (its write meets a closed peer).
+            fd = try ControlClient.connect(spool.socketPath)
+            try sendAll(fd, Array("{\"command\":\"status\"}\n".utf8), path: spool.socketPath)
+            close(fd)
+            // Garbage and a reset: SO_LINGER 0 makes the close an RST.
+            fd = try ControlClient.connect(spool.socketPath)
+            var linger = Glibc.linger(l_onoff: 1, l_linger: 0)
+            setsockopt(fd, SOL_SOCKET, SO_LINGER, &linger, socklen_t(MemoryLayout<Glibc.linger>.size))
+            try sendAll(fd, Array("\u{1}\u{2}garbage\n".utf8), path: spool.socketPath)
+            close(fd)
+            if round % 5 == 4 { usleep(50_000) }
+        }
+        usleep(300_000)
+        try spool.expectServing("after clients that hung up")
+        #expect(try spool.runSleep("after-hangups", 0.05) != nil, "a job still runs")
+    }
+
+    @Test func aThousandIdleConnectionsStallNeitherStatusNorJobs() throws {
+        try #require(raiseOwnFileLimit(to: 4096), "the hard limit of open files is below 4096")
+        let spool = TestSpool()
+        try spool.start()
+        var idle: [Int32] = []
+        defer { for fd in idle { close(fd) } }
+        for _ in 0..<1000 { idle.append(try ControlClient.connect(spool.socketPath)) }
+        // Every one of them is connected and silent now; status answers at once all the same.
+        var slowest = 0.0
+        for _ in 0..<10 {
+            let start = Date()
+            let answer = try ControlClient.request(spool.socketPath, ["command": "status"], timeout: 5)
+            slowest = max(slowest, Date().timeIntervalSince(start))
+            #expect(answer["exit"] as? Int == 0)
+        }
+        #expect(slowest < 1, "status took \(slowest) s with 1,000 idle connections")
+        #expect(try spool.ctl(["status"]).status == 0)
+        let took = try #require(try spool.runSleep("idle-1000", 0.2))
+        #expect(took < 3, "a 0.2 s sleep took \(took) s with 1,000 idle connections")
+        #expect(spool.daemon?.isRunning == true)
+    }
+
+    @Test func connectionsBeyondTheCapMakeRoomByClosingTheOldestIdleOnes() throws {
+        try #require(raiseOwnFileLimit(to: 4096), "the hard limit of open files is below 4096")
+        let spool = TestSpool()
+        try spool.start()
+        var idle: [Int32] = []
+        defer { for fd in idle { close(fd) } }
+        for _ in 0..<300 { idle.append(try ControlClient.connect(spool.socketPath)) }
+        // 300 > 256: the 44 oldest were closed with an answer saying why, the newest are still open.
+        for fd in idle.prefix(44) {
+            let answer = readAnswer(fd, seconds: 3)
+            #expect(answer?["exit"] as? Int == 3, "an evicted connection's answer: \(String(describing: answer))")
+            #expect((answer?["error"] as? String)?.contains("256 connections") == true)
+        }
+        var pollfd = Glibc.pollfd(fd: idle[299], events: Int16(POLLIN), revents: 0)
+        #expect(poll(&pollfd, 1, 200) == 0, "the newest idle connection is still open and unanswered")
+        try spool.expectServing("with 300 connections opened")
+        // The request deadline then closes the silent ones with an error.
+        let late = readAnswer(idle[299], seconds: 10)
+        #expect(late?["exit"] as? Int == 64 && (late?["error"] as? String)?.contains("no request line") == true, "\(String(describing: late))")
+    }
+
+    @Test func garbageGetsAnErrorAnswerAndOpqueuectlMapsTheExitCode() throws {
+        let spool = TestSpool()
+        try spool.start()
+        func ask(_ bytes: [UInt8]) throws -> [String: Any]? {
+            let fd = try ControlClient.connect(spool.socketPath)
+            defer { close(fd) }
+            try? sendAll(fd, bytes, path: spool.socketPath)
+            return readAnswer(fd)
+        }
+        for garbage in ["hello\n", "[1,2]\n", "{\"command\":\n", "\u{0}\u{FF}\n"] {
+            let answer = try ask(Array(garbage.utf8))
+            #expect(answer?["exit"] as? Int == 64, "\(garbage.debugDescription): \(String(describing: answer))")
+            #expect((answer?["error"] as? String)?.contains("malformed request") == true)
+        }
+        let unknown = try ask(Array("{\"command\":\"frobnicate\"}\n".utf8))
+        #expect(unknown?["exit"] as? Int == 64 && unknown?["error"] as? String == "unknown command 'frobnicate'")
+        let long = try ask([UInt8](repeating: UInt8(ascii: "x"), count: 70_000))
+        #expect(long?["exit"] as? Int == 64 && (long?["error"] as? String)?.contains("longer than 65536 bytes") == true, "\(String(describing: long))")
+        // The last line of a client that shuts its side down need not end with a newline.
+        let fd = try ControlClient.connect(spool.socketPath)
+        try sendAll(fd, Array("{\"command\":\"status\"}".utf8), path: spool.socketPath)
+        shutdown(fd, Int32(SHUT_WR))
+        #expect(readAnswer(fd)?["exit"] as? Int == 0)
+        close(fd)
+        // opqueuectl exits with the answer's code: 1 for an unknown job or queue.
+        let show = try spool.ctl(["show", "nosuchjob"])
+        #expect(show.status == 1 && show.stderr.contains("unknown job 'nosuchjob'"), "\(show)")
+        #expect(try spool.ctl(["suspend", "nosuchqueue"]).status == 1)
+        try spool.expectServing("after garbage")
+    }
+
+    @Test func graphOfARunningJobDrawsItsLiveStates() throws {
+        let spool = TestSpool()
+        try spool.start()
+        try spool.drop("live.plist", ["job": "live", "operations": [sleepOp("first", 30), sleepOp("second", 0, deps: ["first"])]])
+        var states: [String] = []
+        let deadline = Date().addingTimeInterval(10)
+        repeat {
+            let answer = try? ControlClient.request(spool.socketPath, ["command": "show", "job": "live"], timeout: 5)
+            states = (answer?["operations"] as? [[String: Any]] ?? []).compactMap { $0["state"] as? String }
+            if states.first == "executing" { break }
+            usleep(20_000)
+        } while Date() < deadline
+        #expect(states.first == "executing")
+        let graph = try spool.ctl(["graph", "live"])
+        #expect(graph.status == 0, "\(graph)")
+        #expect(graph.stdout.hasPrefix("digraph \"live\" {"), "\(graph.stdout)")
+        #expect(graph.stdout.contains("\"first\" [label=\"first\\nsleep · default\\nexecuting\", fillcolor=lightblue];"), "\(graph.stdout)")
+        #expect(graph.stdout.contains("\"second\" [label=\"second\\nsleep · default\\npending\", fillcolor=gray80];"), "\(graph.stdout)")
+        #expect(graph.stdout.contains("\"first\" -> \"second\";"), "\(graph.stdout)")
+        #expect(try spool.ctl(["cancel", "live"]).status == 0)
+        #expect(spool.result("live")?["status"] as? String == "cancelled")
+        // Ended: from the outbox, with the final states.
+        let ended = try spool.ctl(["graph", "live"])
+        #expect(ended.stdout.contains("\"first\" [label=\"first\\nsleep · default\\ncancelled\", fillcolor=gray60];"), "\(ended.stdout)")
+        let unknown = try spool.ctl(["graph", "nosuchjob"])
+        #expect(unknown.status == 1 && unknown.stderr.contains("unknown job 'nosuchjob'"), "\(unknown)")
+    }
+
+    @Test func consoleLinesCarryTheJournalsMessageIDs() throws {
+        try ensureJournald()
+        let job = "console-" + UUID().uuidString.prefix(8)
+        let manifest: [String: Any] = ["job": job, "operations": [sleepOp("a", 0), ["id": "b", "kind": "fail", "message": "no", "dependencies": ["a"]],
+                                                                  sleepOp("c", 0, deps: ["b"])]]
+        // The same job, once to the console and once to the journal.
+        let console = TestSpool()
+        try console.drop("j.plist", manifest)
+        let r = try run("opqueued", ["--spool", console.root, "--once", "--log-target", "console"])
+        #expect(r.status == 0)
+        var fromConsole: [String: String] = [:]
+        for line in r.stderr.split(separator: "\n") {
+            let fields = Dictionary(line.split(separator: " ").compactMap { field -> (String, String)? in
+                guard let eq = field.firstIndex(of: "=") else { return nil }
+                return (String(field[..<eq]), String(field[field.index(after: eq)...]))
+            }, uniquingKeysWith: { first, _ in first })
+            guard let event = fields["OPQ_EVENT"], let state = fields["OPQ_STATE"] else { continue }
+            #expect(fields["MESSAGE_ID"] != nil, "no MESSAGE_ID in: \(line)")
+            fromConsole["\(event)/\(state)"] = fields["MESSAGE_ID"]
+        }
+        let journal = TestSpool()
+        try journal.drop("j.plist", manifest)
+        #expect(try run("opqueued", ["--spool", journal.root, "--once", "--log-target", "journal"]).status == 0)
+        var fromJournal: [String: String] = [:]
+        let deadline = Date().addingTimeInterval(10)
+        repeat {
+            usleep(100_000)
+            let out = try run("/usr/bin/journalctl", ["-t", "opqueued", "OPQ_JOB=\(job)", "-o", "json", "--no-pager"]).stdout
+            for entry in out.split(separator: "\n").compactMap({ try? JSONSerialization.jsonObject(with: Data($0.utf8)) as? [String: Any] }) {
+                if let event = entry["OPQ_EVENT"] as? String, let state = entry["OPQ_STATE"] as? String { fromJournal["\(event)/\(state)"] = entry["MESSAGE_ID"] as? String }
+            }
+        } while fromJournal["job/finished"] == nil && Date() < deadline
+        // Every (event, state) of the job: the same MESSAGE_ID on both targets, and the catalog's.
+        let catalog = try String(contentsOfFile: repositoryRoot + "/systemd/opqueued.catalog", encoding: .utf8)
+        let pairs = ["job/received", "job/accepted", "job/finished", "operation/pending", "operation/ready", "operation/executing",
+                     "operation/succeeded", "operation/failed", "operation/cancelled"]
+        for pair in pairs {
+            let id = try #require(fromConsole[pair], "the console logged no \(pair)")
+            #expect(fromJournal[pair] == id, "\(pair): journal \(fromJournal[pair] ?? "none"), console \(id)")
+            let parts = pair.split(separator: "/")
+            #expect(catalog.contains("-- \(id)\nSubject: opqueued \(parts[0]) \(parts[1])\n"), "\(pair)")
+        }
+        #expect(fromConsole["daemon/stopping"] == nil || fromConsole["daemon/stopping"] == MessageIDs.id(event: "daemon", state: "stopping"))
+    }
+}
+
+@Suite struct ControlAdmissionTests {
+    final class Connection: Sendable {}
+
+    @Test func theOldestIdleConnectionMakesRoomAndAnsweringOnesAreNeverEvicted() {
+        var admission = ControlAdmission<Connection>(limit: 3)
+        let c = (0..<6).map { _ in Connection() }
+        let id = c.map(ObjectIdentifier.init)
+        for k in 0..<3 {
+            guard case .admitted(nil) = admission.admit(id[k], c[k]) else { Issue.record("\(k) not admitted"); return }
+        }
+        // The first is being answered: the second (the oldest idle) makes room for the fourth.
+        let answering = admission.startAnswering(id[0])
+        #expect(answering)
+        guard case .admitted(let evicted?) = admission.admit(id[3], c[3]) else { Issue.record("no room made"); return }
+        #expect(evicted === c[1])
+        let evictedAnswered = admission.startAnswering(id[1])
+        #expect(!evictedAnswered, "an evicted connection is not answered")
+        admission.closed(id[1])
+        #expect(admission.open == 3 && admission.idleCount == 2)
+        // All three being answered: the next is busy until one closes.
+        let both = admission.startAnswering(id[2]) && admission.startAnswering(id[3])
+        #expect(both)
+        guard case .busy = admission.admit(id[4], c[4]) else { Issue.record("admitted beyond the limit"); return }
+        admission.closed(id[0])
+        guard case .admitted(nil) = admission.admit(id[5], c[5]) else { Issue.record("no room after a close"); return }
+        #expect(admission.open == 3)
+    }
+}
