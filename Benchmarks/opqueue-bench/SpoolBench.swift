@@ -15,14 +15,14 @@ import Glibc
 #endif
 
 enum SpoolBench {
-    static func manifest(_ job: String) -> Data {
-        let object: [String: Any] = ["job": job, "operations": [["id": "a", "kind": "sleep", "seconds": 0]]]
+    static func manifest(_ job: String, seconds: Double = 0) -> Data {
+        let object: [String: Any] = ["job": job, "operations": [["id": "a", "kind": "sleep", "seconds": seconds]]]
         return (try? PropertyListSerialization.data(fromPropertyList: object, format: .binary, options: 0)) ?? Data()
     }
 
-    static func drop(_ inbox: String, _ name: String) {
+    static func drop(_ inbox: String, _ name: String, seconds: Double = 0) {
         let hidden = inbox + "/." + name
-        _ = FileManager.default.createFile(atPath: hidden, contents: manifest(String(name.dropLast(6))))
+        _ = FileManager.default.createFile(atPath: hidden, contents: manifest(String(name.dropLast(6)), seconds: seconds))
         rename(hidden, inbox + "/" + name)
     }
 

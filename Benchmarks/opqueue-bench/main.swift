@@ -227,6 +227,8 @@ case "engine":
     }
 case "spool":
     SpoolBench.run(Array(arguments.dropFirst()))
+case "control":
+    ControlBench.run(Array(arguments.dropFirst()))
 case "images":
     do { try ImageBench.run(Array(arguments.dropFirst())) } catch { FileHandle.standardError.write(Data("images: \(error)\n".utf8)); exit(1) }
 case "samples":
@@ -247,6 +249,7 @@ default:
     print("""
     usage: opqueue-bench engine [--sizes N,…] [--workloads independent,serial,chain,fanout,layered] [--engines opqueued,foundation]
            opqueue-bench spool [N]
+           opqueue-bench control [--samples N]
            opqueue-bench images [--count N]
            opqueue-bench corpus FOLDER [--count N]
     """)
