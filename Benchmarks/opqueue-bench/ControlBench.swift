@@ -5,7 +5,8 @@
 //   .build/release/opqueue-bench control [--samples 500]
 //
 // For each count: that many connections are opened and left silent, then `samples` status requests are timed one
-// after the other (connect, request, answer, close: what `opqueuectl status` does, without its process start),
+// after the other (connect, request, answer, close: what `opqueuectl status` does, without its process start;
+// `first` is the one sent right after the idle connections, which waits behind the daemon accepting them),
 // then a job of one 0.2 s `sleep` is timed from its rename into the inbox to its outbox entry. All of it falls
 // within the daemon's 5 s request deadline, so the idle connections are still open (up to the 256 the daemon
 // keeps; it closes the oldest idle ones beyond that: `daemon_fds` says how many descriptors it holds).
@@ -45,11 +46,13 @@ enum ControlBench {
             }
             let openSeconds = now() - openStart
             var latencies: [Double] = []
+            var first = Double.nan
             var failures = 0
             for _ in 0..<samples {
                 let start = now()
                 if (try? ControlClient.request(socket, ["command": "status"], timeout: 5))?["exit"] as? Int == 0 {
                     latencies.append(now() - start)
+                    if latencies.count == 1 { first = latencies[0] * 1e3 }
                 } else {
                     failures += 1
                 }
@@ -63,8 +66,8 @@ enum ControlBench {
             for fd in idle { close(fd) }
             latencies.sort()
             func at(_ q: Double) -> Double { latencies.isEmpty ? .nan : latencies[min(latencies.count - 1, Int(Double(latencies.count) * q))] * 1e3 }
-            emit(String(format: "control idle=%d opened=%d open_seconds=%.2f daemon_fds=%d status_ms p50=%.3f p99=%.3f max=%.3f samples=%d failures=%d sleep_0.2s_job_seconds=%.3f",
-                        idleCount, idle.count, openSeconds, daemonFDs, at(0.5), at(0.99), latencies.last.map { $0 * 1e3 } ?? .nan,
+            emit(String(format: "control idle=%d opened=%d open_seconds=%.2f daemon_fds=%d status_ms p50=%.3f p99=%.3f max=%.3f first=%.3f samples=%d failures=%d sleep_0.2s_job_seconds=%.3f",
+                        idleCount, idle.count, openSeconds, daemonFDs, at(0.5), at(0.99), latencies.last.map { $0 * 1e3 } ?? .nan, first,
                         latencies.count, failures, jobSeconds))
             usleep(300_000)
         }

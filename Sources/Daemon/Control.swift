@@ -88,8 +88,8 @@ public final class ControlServer: Sendable {
 
     /// A new connection, on the loop: its handler, a busy answer, or room made by closing the oldest idle one.
     private func admit(_ channel: Channel, pool: NIOThreadPool) throws {
-        let id = ObjectIdentifier(channel)
-        switch admission.withLock({ $0.admit(id, channel) }) {
+        let (id, decision) = admission.withLock { $0.admit(channel) }
+        switch decision {
         case .admitted(let evicted):
             if let evicted {
                 evicted.pipeline.fireUserInboundEventTriggered(ControlConnection.Evicted())
@@ -98,12 +98,12 @@ public final class ControlServer: Sendable {
             try channel.pipeline.syncOperations.addHandler(ControlConnection(server: self, pool: pool, id: id))
         case .busy:
             let answer = ControlServer.line(["exit": 3, "error": "busy: \(limits.maxConnections) connections are open and answering; try again"])
-            channel.writeAndFlush(ByteBuffer(bytes: answer)).whenComplete { _ in channel.close(promise: nil) }
+            channel.writeAndFlush(answer).whenComplete { _ in channel.close(promise: nil) }
         }
     }
 
     /// On a handler thread: the answer to one request line, as the bytes to send.
-    func answer(_ line: [UInt8]) -> [UInt8] {
+    func answer(_ line: [UInt8]) -> ByteBuffer {
         guard let request = (try? JSONSerialization.jsonObject(with: Data(line))) as? [String: Any] else {
             return ControlServer.line(["exit": 64, "error": "malformed request: not a JSON object on one line"])
         }
@@ -111,12 +111,16 @@ public final class ControlServer: Sendable {
     }
 
     /// One response line. The handler's values are JSON types; should one not be, the client still gets a line.
-    static func line(_ response: [String: Any]) -> [UInt8] {
+    static func line(_ response: [String: Any]) -> ByteBuffer {
         guard JSONSerialization.isValidJSONObject(response),
               let data = try? JSONSerialization.data(withJSONObject: response, options: [.sortedKeys]) else {
-            return Array("{\"error\":\"the answer could not be encoded\",\"exit\":1}\n".utf8)
+            return ByteBuffer(string: "{\"error\":\"the answer could not be encoded\",\"exit\":1}\n")
         }
-        return Array(data) + [0x0A]
+        // Built here, on the handler thread, in one allocation: a big `show` is not copied again on the loop.
+        var buffer = ByteBufferAllocator().buffer(capacity: data.count + 1)
+        buffer.writeBytes(data)
+        buffer.writeInteger(UInt8(ascii: "\n"))
+        return buffer
     }
 }
 
@@ -135,38 +139,41 @@ struct ControlAdmission<Connection> {
         case busy
     }
 
+    /// A connection's number, in order of arrival (never reused, unlike an object's address).
+    typealias Ticket = UInt64
+
     let limit: Int
-    private var next: UInt64 = 0
-    /// Waiting for their request line, by order of arrival.
-    private var idle: [ObjectIdentifier: (order: UInt64, connection: Connection)] = [:]
-    private var answering: Set<ObjectIdentifier> = []
+    private var next: Ticket = 0
+    /// Waiting for their request line.
+    private var idle: [Ticket: Connection] = [:]
+    private var answering: Set<Ticket> = []
 
     init(limit: Int) { self.limit = max(1, limit) }
 
     var open: Int { idle.count + answering.count }
     var idleCount: Int { idle.count }
 
-    mutating func admit(_ id: ObjectIdentifier, _ connection: Connection) -> Decision {
+    mutating func admit(_ connection: Connection) -> (Ticket, Decision) {
+        let ticket = next
+        next += 1
         var evicted: Connection?
         if open >= limit {
-            // The scan is over at most `limit` entries, and only when the limit is reached.
-            guard let oldest = idle.min(by: { $0.value.order < $1.value.order }) else { return .busy }
-            idle[oldest.key] = nil
-            evicted = oldest.value.connection
+            // The oldest has the lowest ticket. The scan is over at most `limit` entries, and only at the limit.
+            guard let oldest = idle.keys.min() else { return (ticket, .busy) }
+            evicted = idle.removeValue(forKey: oldest)
         }
-        idle[id] = (next, connection)
-        next += 1
-        return .admitted(evicted: evicted)
+        idle[ticket] = connection
+        return (ticket, .admitted(evicted: evicted))
     }
 
     /// The request line came: the connection can no longer be evicted. False when it was already evicted.
-    mutating func startAnswering(_ id: ObjectIdentifier) -> Bool {
+    mutating func startAnswering(_ id: Ticket) -> Bool {
         guard idle.removeValue(forKey: id) != nil else { return false }
         answering.insert(id)
         return true
     }
 
-    mutating func closed(_ id: ObjectIdentifier) {
+    mutating func closed(_ id: Ticket) {
         idle[id] = nil
         answering.remove(id)
     }
@@ -187,9 +194,9 @@ final class ControlConnection: ChannelInboundHandler {
     private var deadline: Scheduled<Void>?
     private let server: ControlServer
     private let pool: NIOThreadPool
-    private let id: ObjectIdentifier
+    private let id: ControlAdmission<any Channel>.Ticket
 
-    init(server: ControlServer, pool: NIOThreadPool, id: ObjectIdentifier) {
+    init(server: ControlServer, pool: NIOThreadPool, id: ControlAdmission<any Channel>.Ticket) {
         self.server = server
         self.pool = pool
         self.id = id
@@ -266,11 +273,11 @@ final class ControlConnection: ChannelInboundHandler {
         send(channel, ControlServer.line(["exit": exit, "error": error]))
     }
 
-    private func send(_ channel: Channel, _ bytes: [UInt8]) {
+    private func send(_ channel: Channel, _ bytes: ByteBuffer) {
         guard state == .answering, channel.isActive else { return }
         state = .closing
         let limit = channel.eventLoop.scheduleTask(in: Self.amount(server.limits.answerSeconds)) { channel.close(promise: nil) }
-        channel.writeAndFlush(ByteBuffer(bytes: bytes)).whenComplete { _ in
+        channel.writeAndFlush(bytes).whenComplete { _ in
             limit.cancel()
             channel.close(promise: nil)
         }

@@ -148,7 +148,9 @@ public struct ConsoleLogHandler: LogHandler {
 
     static func write(_ line: String) {
         lock.lock()
-        FileHandle.standardError.write(Data(line.utf8))
+        // The throwing variant: stderr may be a pipe whose reader is gone (EPIPE, SIGPIPE being ignored), and the
+        // event is then lost rather than the daemon (the non-throwing `write(_:)` traps on any error).
+        try? FileHandle.standardError.write(contentsOf: Data(line.utf8))
         lock.unlock()
     }
 

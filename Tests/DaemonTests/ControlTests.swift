@@ -228,30 +228,32 @@ extension TestSpool {
 }
 
 @Suite struct ControlAdmissionTests {
-    final class Connection: Sendable {}
-
     @Test func theOldestIdleConnectionMakesRoomAndAnsweringOnesAreNeverEvicted() {
-        var admission = ControlAdmission<Connection>(limit: 3)
-        let c = (0..<6).map { _ in Connection() }
-        let id = c.map(ObjectIdentifier.init)
-        for k in 0..<3 {
-            guard case .admitted(nil) = admission.admit(id[k], c[k]) else { Issue.record("\(k) not admitted"); return }
+        var admission = ControlAdmission<String>(limit: 3)
+        var ticket: [String: UInt64] = [:]
+        func admit(_ name: String) -> ControlAdmission<String>.Decision {
+            let (t, decision) = admission.admit(name)
+            ticket[name] = t
+            return decision
         }
-        // The first is being answered: the second (the oldest idle) makes room for the fourth.
-        let answering = admission.startAnswering(id[0])
+        for name in ["a", "b", "c"] {
+            guard case .admitted(nil) = admit(name) else { Issue.record("\(name) not admitted"); return }
+        }
+        // a is being answered: b (the oldest idle) makes room for d.
+        let answering = admission.startAnswering(ticket["a"] ?? 0)
         #expect(answering)
-        guard case .admitted(let evicted?) = admission.admit(id[3], c[3]) else { Issue.record("no room made"); return }
-        #expect(evicted === c[1])
-        let evictedAnswered = admission.startAnswering(id[1])
+        guard case .admitted(let evicted?) = admit("d") else { Issue.record("no room made"); return }
+        #expect(evicted == "b")
+        let evictedAnswered = admission.startAnswering(ticket["b"] ?? 0)
         #expect(!evictedAnswered, "an evicted connection is not answered")
-        admission.closed(id[1])
+        admission.closed(ticket["b"] ?? 0)
         #expect(admission.open == 3 && admission.idleCount == 2)
         // All three being answered: the next is busy until one closes.
-        let both = admission.startAnswering(id[2]) && admission.startAnswering(id[3])
+        let both = admission.startAnswering(ticket["c"] ?? 0) && admission.startAnswering(ticket["d"] ?? 0)
         #expect(both)
-        guard case .busy = admission.admit(id[4], c[4]) else { Issue.record("admitted beyond the limit"); return }
-        admission.closed(id[0])
-        guard case .admitted(nil) = admission.admit(id[5], c[5]) else { Issue.record("no room after a close"); return }
+        guard case .busy = admit("e") else { Issue.record("admitted beyond the limit"); return }
+        admission.closed(ticket["a"] ?? 0)
+        guard case .admitted(nil) = admit("f") else { Issue.record("no room after a close"); return }
         #expect(admission.open == 3)
     }
 }
