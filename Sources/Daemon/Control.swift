@@ -72,15 +72,29 @@ public final class ControlServer: Sendable {
             try? await group.shutdownGracefully()
             throw ControlError("cannot listen on \(fresh): \(error)")
         }
-        guard chmod(fresh, 0o660) == 0 else { throw SpoolError(operation: "chmod", path: fresh, errno: errno) }
-        guard rename(fresh, path) == 0 else { throw SpoolError(operation: "rename", path: fresh, errno: errno) }
+        var failure: SpoolError?
+        if chmod(fresh, 0o660) != 0 {
+            failure = SpoolError(operation: "chmod", path: fresh, errno: errno)
+        } else if rename(fresh, path) != 0 {
+            failure = SpoolError(operation: "rename", path: fresh, errno: errno)
+        }
+        if let failure {
+            unlink(fresh)
+            await shutdown()
+            throw failure
+        }
     }
 
     /// Removes the socket, closes every connection and ends the loop and the handler threads; nothing to do if
     /// it was never started.
     public func stop() async {
-        guard let running = running.withLock({ r in defer { r = nil }; return r }) else { return }
+        guard running.withLock({ $0 != nil }) else { return }
         unlink(path)
+        await shutdown()
+    }
+
+    private func shutdown() async {
+        guard let running = running.withLock({ r in defer { r = nil }; return r }) else { return }
         try? await running.channel.close()
         try? await running.pool.shutdownGracefully()
         try? await running.group.shutdownGracefully()
