@@ -37,7 +37,7 @@ struct Common: ParsableArguments {
             FileHandle.standardError.write(Data("opqueuectl: \(error)\n".utf8))
             throw ExitCode(3)
         }
-        let code = response["exit"] as? Int ?? 1
+        let code = response["exit"] as? Int ?? (response["error"] == nil ? 0 : 1)
         if code != 0 { throw fail(response["error"] as? String ?? "the daemon answered exit \(code)", Int32(clamping: code)) }
         return response
     }
