@@ -40,15 +40,15 @@ struct Opqueued: AsyncParsableCommand {
     var version = false
 
     func run() async throws {
-        if version {
-            print("opqueued 0.2.0")
-            return
-        }
         // A client of the control socket that hangs up makes the next write to it fail with EPIPE; SIGPIPE's
         // default action would end the daemon instead. Ignored here, first, for every mode (`--once` too), not
         // only under systemd's IgnoreSIGPIPE=yes.
         signal(SIGPIPE, SIG_IGN)
         Daemon.raiseFileLimit()
+        if version {
+            print("opqueued 0.2.0")
+            return
+        }
         // A stop asked for while starting (reading the configuration, recovering active/) is kept and
         // handed to the service group once it has the signals (see SpoolService). `--once` has no service
         // group: there SIGTERM keeps its default action.

@@ -79,6 +79,25 @@ extension TestSpool {
         #expect(try spool.runSleep("after-hangups", 0.05) != nil, "a job still runs")
     }
 
+    @Test func onceSurvivesAStderrWhoseReaderIsGone() throws {
+        // `opqueued --once … 2>&1 | head -1`: the console's writes meet a pipe nobody reads. SIGPIPE is ignored in
+        // --once too, so the lines are lost, not the run.
+        let spool = TestSpool()
+        try spool.drop("p.plist", ["job": "piped", "operations": [sleepOp("a", 0), sleepOp("b", 0, deps: ["a"])]])
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: binaries + "/opqueued")
+        process.arguments = ["--spool", spool.root, "--once", "--log-target", "console"]
+        let pipe = Pipe()
+        process.standardError = pipe
+        process.standardOutput = pipe
+        try process.run()
+        try pipe.fileHandleForReading.close()
+        process.waitUntilExit()
+        #expect(process.terminationReason == .exit && process.terminationStatus == 0,
+                "ended by \(process.terminationReason == .exit ? "exit" : "signal") \(process.terminationStatus)")
+        #expect(spool.result("piped", timeout: 1)?["status"] as? String == "succeeded")
+    }
+
     @Test func aThousandIdleConnectionsStallNeitherStatusNorJobs() throws {
         try #require(raiseOwnFileLimit(to: 4096), "the hard limit of open files is below 4096")
         let spool = TestSpool()
