@@ -6,21 +6,27 @@
 #   make campaigns  the reliability campaigns at full size (crash, faults, fuzz, load; root)
 #   make bench   the benchmarks (release build)
 #   make install binaries, unit, catalog, sysusers/tmpfiles snippets (PREFIX=/usr/local)
+#   make sql     regenerate Sources/ClusterStore/Queries.generated.swift from the .sql files beside it
 #   make install-files   the same without building, from BINARIES (the systemd tests install their debug build)
 
 SWIFT ?= swift
 PREFIX ?= /usr/local
 SPOOL ?= ./spool
-# Debian packages the build and the tests need.
-APT_PACKAGES = pkg-config libpng-dev libjpeg-dev libcurl4-openssl-dev libsystemd-dev systemd
+# Debian packages the build and the tests need. postgresql: its binaries (initdb, pg_ctl, psql) for the
+# throwaway servers of the cluster tests (Tests/Support/PostgresServer.swift); the package's own cluster is never used.
+APT_PACKAGES = pkg-config libpng-dev libjpeg-dev libcurl4-openssl-dev libsystemd-dev systemd postgresql
 
-.PHONY: run example test campaigns fuzz-codecs fuzz-plist fuzz-manifest deps build release bench install install-files clean
+.PHONY: sql run example test campaigns fuzz-codecs fuzz-plist fuzz-manifest deps build release bench install install-files clean
 
 UNITDIR ?= /etc/systemd/system
 SYSUSERSDIR ?= /etc/sysusers.d
 TMPFILESDIR ?= /etc/tmpfiles.d
 CATALOGDIR ?= /usr/lib/systemd/catalog
 BINARIES ?= .build/release
+
+# The cluster store's SQL (Sources/ClusterStore/SQL) embedded into Queries.generated.swift; a test fails when stale.
+sql:
+	python3 Sources/ClusterStore/SQL/generate.py
 
 deps:
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \

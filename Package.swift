@@ -16,6 +16,8 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-log.git", from: "1.16.2"),
         .package(url: "https://github.com/swift-server/swift-service-lifecycle.git", from: "2.13.0"),
         .package(url: "https://github.com/apple/swift-nio.git", from: "2.101.2"),
+        .package(url: "https://github.com/vapor/postgres-nio.git", from: "1.33.2"),
+        .package(url: "https://github.com/apple/swift-nio-ssl.git", from: "2.37.6"),
     ],
     targets: [
         // Thread priority, SCHED_IDLE and I/O priority: `syscall` is variadic, Swift cannot call it.
@@ -44,6 +46,18 @@ let package = Package(
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
             ]
+        ),
+        // The cluster store (SPEC §8): the schema, its named queries and the PostgreSQL driver behind one protocol.
+        .target(
+            name: "ClusterStore",
+            dependencies: [
+                .product(name: "PostgresNIO", package: "postgres-nio"),
+                .product(name: "NIOSSL", package: "swift-nio-ssl"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+            ],
+            exclude: ["SQL"]
         ),
         // The scheduler: no spool, no plists, no C codecs. Embeddable and tested on its own.
         .target(
@@ -92,5 +106,6 @@ let package = Package(
         .testTarget(name: "OperationEngineTests", dependencies: ["OperationEngine"]),
         .testTarget(name: "DaemonTests", dependencies: ["Daemon", "TestSupport"]),
         .testTarget(name: "PropertyListTests", dependencies: ["PropertyList", "TestSupport"]),
+        .testTarget(name: "ClusterStoreTests", dependencies: ["ClusterStore", "TestSupport"]),
     ]
 )

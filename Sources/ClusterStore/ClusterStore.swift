@@ -1,0 +1,328 @@
+// The cluster store (SPEC §8): every database action the cluster needs, as one method each, so that the queue's
+// logic never writes SQL and can run against PostgreSQL or, later, the file spool (River's driver interface).
+//
+// Trusts nothing it reads back as valid: rows are input (a node validates each claimed manifest again).
+// Guarantees, and what each relies on, are written down in docs/pending/issue-17-store.md.
+
+/// What a node declares about itself when it starts and at each reload.
+public struct NodeDeclaration: Sendable, Equatable {
+    public var node: String
+    public var queues: [String]
+    public var commands: [String]
+    public var jobSlots: Int
+    /// clusterMaxConcurrentOperationCount per queue, as this node's configuration says.
+    public var clusterLimits: [String: Int]
+    /// Free text for status (host, pid, version); never a secret.
+    public var info: String
+
+    public init(node: String, queues: [String], commands: [String], jobSlots: Int,
+                clusterLimits: [String: Int] = [:], info: String = "") {
+        self.node = node
+        self.queues = queues
+        self.commands = commands
+        self.jobSlots = jobSlots
+        self.clusterLimits = clusterLimits
+        self.info = info
+    }
+}
+
+/// An accepted manifest to insert. Ranks are larger for more urgent work (QoS: background 0 … userInteractive 4;
+/// queuePriority: veryLow 0 … veryHigh 4); the store orders by them and never interprets them otherwise.
+public struct NewJob: Sendable, Equatable {
+    public var requestedID: String
+    public var manifest: [UInt8]
+    public var manifestName: String
+    public var submittedOn: String
+    public var qosRank: Int
+    public var priorityRank: Int
+    public var queues: [String]
+    public var commands: [String]
+
+    public init(requestedID: String, manifest: [UInt8], manifestName: String, submittedOn: String,
+                qosRank: Int, priorityRank: Int, queues: [String], commands: [String]) {
+        self.requestedID = requestedID
+        self.manifest = manifest
+        self.manifestName = manifestName
+        self.submittedOn = submittedOn
+        self.qosRank = qosRank
+        self.priorityRank = priorityRank
+        self.queues = queues
+        self.commands = commands
+    }
+}
+
+/// The id a job got: `requestedID`, or it with `.1`, `.2`, … when taken (SPEC §2).
+public struct InsertedJob: Sendable, Equatable {
+    public var id: String
+    public var requestedID: String
+    public var renamed: Bool { id != requestedID }
+
+    public init(id: String, requestedID: String) {
+        self.id = id
+        self.requestedID = requestedID
+    }
+}
+
+/// A job this node now runs, under `fence`: only that fence can record its end.
+public struct ClaimedJob: Sendable, Equatable {
+    public var id: String
+    public var requestedID: String
+    public var manifest: [UInt8]
+    public var manifestName: String
+    public var submittedOn: String
+    public var submittedAt: Double
+    public var qosRank: Int
+    public var priorityRank: Int
+    public var fence: Int64
+    /// Set when the job was taken over from a lost node (OPQ_FROM_NODE).
+    public var fromNode: String?
+
+    public init(id: String, requestedID: String, manifest: [UInt8], manifestName: String, submittedOn: String, submittedAt: Double, qosRank: Int, priorityRank: Int, fence: Int64, fromNode: String?) {
+        self.id = id
+        self.requestedID = requestedID
+        self.manifest = manifest
+        self.manifestName = manifestName
+        self.submittedOn = submittedOn
+        self.submittedAt = submittedAt
+        self.qosRank = qosRank
+        self.priorityRank = priorityRank
+        self.fence = fence
+        self.fromNode = fromNode
+    }
+}
+
+/// What one beat renewed: the database's time of the beat and the jobs the node still holds (job → fence).
+/// A job the node thinks it runs and that is missing here (or under another fence) is lost.
+public struct Heartbeat: Sendable, Equatable {
+    public var at: Double
+    public var held: [String: Int64]
+    /// False when the node has no row (never registered): nothing was renewed.
+    public var registered: Bool
+
+    public init(at: Double, held: [String: Int64], registered: Bool) {
+        self.at = at
+        self.held = held
+        self.registered = registered
+    }
+}
+
+/// What a takeover round moved: jobs back to waiting (with the node they came from) and the queues of freed slots.
+public struct TakeOver: Sendable, Equatable {
+    public var jobs: [(id: String, fromNode: String)]
+    public var freedSlotQueues: [String]
+
+    public static func == (a: TakeOver, b: TakeOver) -> Bool {
+        a.jobs.map { "\($0.id)\u{0}\($0.fromNode)" } == b.jobs.map { "\($0.id)\u{0}\($0.fromNode)" }
+            && a.freedSlotQueues == b.freedSlotQueues
+    }
+
+    public init(jobs: [(id: String, fromNode: String)], freedSlotQueues: [String]) {
+        self.jobs = jobs
+        self.freedSlotQueues = freedSlotQueues
+    }
+}
+
+public struct JobCompletion: Sendable, Equatable {
+    public var job: String
+    public var fence: Int64
+    public var status: String
+    public var result: [UInt8]
+
+    public init(job: String, fence: Int64, status: String, result: [UInt8]) {
+        self.job = job
+        self.fence = fence
+        self.status = status
+        self.result = result
+    }
+}
+
+/// A held cluster-wide slot of a queue.
+public struct SlotLease: Sendable, Equatable, Hashable {
+    public var queue: String
+    public var slot: Int
+    public var fence: Int64
+    public var holder: String
+    public var job: String
+    public var operation: String
+
+    public init(queue: String, slot: Int, fence: Int64, holder: String, job: String, operation: String) {
+        self.queue = queue
+        self.slot = slot
+        self.fence = fence
+        self.holder = holder
+        self.job = job
+        self.operation = operation
+    }
+}
+
+public enum CancelOutcome: Sendable, Equatable {
+    case requested
+    case unknownJob
+    case alreadyEnded
+}
+
+public struct CancelRequest: Sendable, Equatable {
+    public var job: String
+    /// nil: the whole job.
+    public var operation: String?
+    public var fence: Int64
+
+    public init(job: String, operation: String?, fence: Int64) {
+        self.job = job
+        self.operation = operation
+        self.fence = fence
+    }
+}
+
+public struct UnrunnableJob: Sendable, Equatable {
+    public var id: String
+    /// Queues and commands that no live node declares. Both empty: each is declared somewhere, but no single
+    /// live node declares them all.
+    public var missingQueues: [String]
+    public var missingCommands: [String]
+
+    public init(id: String, missingQueues: [String], missingCommands: [String]) {
+        self.id = id
+        self.missingQueues = missingQueues
+        self.missingCommands = missingCommands
+    }
+}
+
+public struct NodeStatus: Sendable, Equatable {
+    public var node: String
+    public var queues: [String]
+    public var commands: [String]
+    public var jobSlots: Int
+    public var lastHeartbeat: Double
+    /// Beat within the lease.
+    public var connected: Bool
+    public var jobs: Int
+    public var freeSlots: Int { max(0, jobSlots - jobs) }
+
+    public init(node: String, queues: [String], commands: [String], jobSlots: Int, lastHeartbeat: Double, connected: Bool, jobs: Int) {
+        self.node = node
+        self.queues = queues
+        self.commands = commands
+        self.jobSlots = jobSlots
+        self.lastHeartbeat = lastHeartbeat
+        self.connected = connected
+        self.jobs = jobs
+    }
+}
+
+public enum JobState: String, Sendable, Equatable {
+    case waiting, running, finished
+}
+
+/// A job as `show` and `wait` see it.
+public struct JobRecord: Sendable, Equatable {
+    public var id: String
+    public var requestedID: String
+    public var manifest: [UInt8]
+    public var manifestName: String
+    public var submittedOn: String
+    public var submittedAt: Double
+    public var state: JobState
+    public var node: String?
+    public var fence: Int64?
+    public var fromNode: String?
+    public var status: String?
+    public var result: [UInt8]?
+    public var finishedAt: Double?
+
+    public init(id: String, requestedID: String, manifest: [UInt8], manifestName: String, submittedOn: String, submittedAt: Double, state: JobState, node: String?, fence: Int64?, fromNode: String?, status: String?, result: [UInt8]?, finishedAt: Double?) {
+        self.id = id
+        self.requestedID = requestedID
+        self.manifest = manifest
+        self.manifestName = manifestName
+        self.submittedOn = submittedOn
+        self.submittedAt = submittedAt
+        self.state = state
+        self.node = node
+        self.fence = fence
+        self.fromNode = fromNode
+        self.status = status
+        self.result = result
+        self.finishedAt = finishedAt
+    }
+}
+
+public struct PruneReport: Sendable, Equatable {
+    public var deleted: Int
+    public var batches: Int
+
+    public init(deleted: Int, batches: Int) {
+        self.deleted = deleted
+        self.batches = batches
+    }
+}
+
+/// Why a node should look at the store again. Notifications may be lost (a reconnect, a full queue):
+/// a poll at least once a second stays the safety net.
+public enum Wakeup: Sendable, Equatable {
+    /// Jobs became claimable (inserted or taken over).
+    case jobs
+    /// A cancel or a suspend/resume.
+    case control
+    /// A cluster slot was freed.
+    case slots
+    /// The listening connection is up (again): anything may have been missed meanwhile.
+    case connected
+    /// The listening connection is down; it reconnects on its own.
+    case disconnected(String)
+}
+
+/// Every database action the cluster needs. One method is one transaction unless it says otherwise.
+public protocol ClusterStore: Sendable {
+    /// Creates or upgrades the schema (one migrator at a time); returns the version now applied.
+    /// Refuses a schema newer than this code knows.
+    func migrate() async throws -> Int
+
+    /// Records (or replaces) what the node declares, renews its lease, creates the slot rows of its cluster limits.
+    func registerNode(_ declaration: NodeDeclaration) async throws
+
+    /// Inserts every job in one transaction with one notification; ids made unique across the cluster.
+    /// Nothing is inserted when it throws.
+    func insertJobs(_ jobs: [NewJob]) async throws -> [InsertedJob]
+
+    /// One claim round, one statement: up to `limit` waiting jobs whose queues and commands are all among the
+    /// node's, highest QoS, then priority, then submission order; each under a new fence.
+    func claimJobs(node: String, limit: Int, queues: [String], commands: [String]) async throws -> [ClaimedJob]
+
+    /// One statement: renews the lease of the node on all its jobs and slots.
+    func heartbeat(node: String) async throws -> Heartbeat
+
+    /// Moves the jobs and slots of nodes silent for more than `leaseSeconds` (the database's clock) back.
+    func takeOverLost(leaseSeconds: Double) async throws -> TakeOver
+
+    /// Records the job's end while `fence` still holds it. False: the node no longer holds the job and
+    /// nothing was recorded.
+    func complete(job: String, fence: Int64, status: String, result: [UInt8]) async throws -> Bool
+    /// The same for many jobs in one statement; returns the jobs whose end was recorded.
+    func completeJobs(_ completions: [JobCompletion]) async throws -> Set<String>
+
+    /// A slot of the queue's cluster-wide limit, or nil when `limit` are held.
+    func acquireSlot(queue: String, limit: Int, node: String, job: String, operation: String) async throws -> SlotLease?
+    /// False when the slot was no longer held under this fence (taken over).
+    func releaseSlot(_ lease: SlotLease) async throws -> Bool
+    func slotHolders(queue: String) async throws -> [SlotLease]
+
+    func setSuspended(_ queue: String, _ suspended: Bool) async throws
+    func suspendedQueues() async throws -> Set<String>
+
+    func requestCancel(job: String, operation: String?) async throws -> CancelOutcome
+    /// The cancels for jobs the node runs now (repeated until the job ends: the node dedups).
+    func pendingCancels(node: String) async throws -> [CancelRequest]
+
+    func jobsNoLiveNodeCanRun(leaseSeconds: Double, limit: Int) async throws -> [UnrunnableJob]
+    /// Every queue and command some node declares, down nodes included (submission validates against these).
+    func declared() async throws -> (queues: Set<String>, commands: Set<String>)
+    func nodes(leaseSeconds: Double) async throws -> [NodeStatus]
+    func job(_ id: String) async throws -> JobRecord?
+
+    /// Deletes finished jobs older than `olderThanSeconds` in batches of `batchSize`, each its own short transaction.
+    func prune(olderThanSeconds: Double, batchSize: Int) async throws -> PruneReport
+
+    /// Wake-ups for the node's loops (one consumer).
+    var wakeups: AsyncStream<Wakeup> { get }
+}

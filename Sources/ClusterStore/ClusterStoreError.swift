@@ -1,0 +1,72 @@
+// Errors of the cluster store: what was being done and what went wrong, never a password or a bound value.
+//
+// postgres-nio's PSQLError hides everything behind a generic description on purpose, and its debug
+// description prints the query's binds (manifest bytes); so the server's own message and SQLSTATE, or the
+// connection failure, are copied out here explicitly and nothing else is.
+
+import PostgresNIO
+
+public struct ClusterStoreError: Error, CustomStringConvertible, Sendable {
+    public enum Kind: Sendable, Equatable {
+        /// The database URL or the password file is wrong.
+        case configuration
+        /// The server could not be reached or refused the login.
+        case connection
+        /// The server refused a statement.
+        case server
+        /// The database's schema is newer than this code.
+        case schemaTooNew
+        /// A row did not hold what the schema promises.
+        case badRow
+    }
+
+    public let kind: Kind
+    public let description: String
+    /// The server's SQLSTATE when it sent one (e.g. 28P01 for a failed password).
+    public let sqlState: String?
+
+    public init(_ kind: Kind, _ description: String, sqlState: String? = nil) {
+        self.kind = kind
+        self.description = description
+        self.sqlState = sqlState
+    }
+
+    /// `error` met while `doing`, as a store error that is safe to log.
+    static func wrapping(_ error: any Error, doing: String) -> ClusterStoreError {
+        if let error = error as? ClusterStoreError { return error }
+        if let error = error as? PSQLError {
+            if let info = error.serverInfo, let message = info[.message] {
+                var text = "\(doing): the server said: \(message)"
+                if let detail = info[.detail] { text += " (\(detail))" }
+                let state = info[.sqlState]
+                // Class 28 is "invalid authorization", 08 "connection exception", 3D "invalid catalog name".
+                let kind: Kind = state.map { $0.hasPrefix("28") || $0.hasPrefix("08") || $0 == "3D000" } == true
+                    ? .connection : .server
+                return ClusterStoreError(kind, text, sqlState: state)
+            }
+            var text = "\(doing): \(describe(error.code))"
+            if let underlying = error.underlying { text += ": \(underlying)" }
+            return ClusterStoreError(.connection, text)
+        }
+        if let error = error as? PostgresDecodingError {
+            return ClusterStoreError(.badRow, "\(doing): column \(error.columnName) is not a \(error.targetType)")
+        }
+        return ClusterStoreError(.connection, "\(doing): \(error)")
+    }
+
+    private static func describe(_ code: PSQLError.Code) -> String {
+        switch code {
+        case .connectionError: return "cannot connect to the database"
+        case .serverClosedConnection: return "the database closed the connection"
+        case .clientClosedConnection: return "the connection was closed"
+        case .sslUnsupported: return "the server does not support TLS, which sslmode requires"
+        case .failedToAddSSLHandler: return "TLS could not be set up"
+        case .authMechanismRequiresPassword: return "the server asks for a password and none was given (passwordFile)"
+        case .unsupportedAuthMechanism: return "the server asks for an authentication method that is not supported"
+        case .saslError: return "SCRAM authentication failed"
+        case .queryCancelled: return "the statement was cancelled"
+        case .poolClosed: return "the store is closed"
+        default: return "database error (\(code))"
+        }
+    }
+}

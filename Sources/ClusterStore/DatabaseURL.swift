@@ -1,0 +1,216 @@
+// The cluster's database address (SPEC §8): `postgresql://user[:password]@host[:port]/db?sslmode=…&sslrootcert=…`
+// and the optional passwordFile, turned into postgres-nio configurations.
+//
+// Trusts nothing in the URL: every part is checked and an error names the part, never the password (the URL is
+// only ever described without it).
+
+import NIOSSL
+import PostgresNIO
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+public struct DatabaseURL: Sendable, CustomStringConvertible {
+    public enum SSLMode: String, Sendable {
+        case disable, prefer, require
+        case verifyFull = "verify-full"
+    }
+
+    public var user: String
+    public var host: String
+    public var port: Int
+    public var database: String
+    public var sslMode: SSLMode
+    public var sslRootCert: String?
+    /// From the URL or the password file; never printed.
+    var password: String?
+
+    /// The URL without its password: safe for logs and status.
+    public var description: String {
+        var text = "postgresql://\(user)@\(host.contains(":") ? "[\(host)]" : host):\(port)/\(database)?sslmode=\(sslMode.rawValue)"
+        if let sslRootCert { text += "&sslrootcert=\(sslRootCert)" }
+        return text
+    }
+
+    public var hasPassword: Bool { password != nil }
+
+    /// `passwordFile`, when given, wins over a password in the URL; one trailing newline is ignored.
+    public init(_ url: String, passwordFile: String? = nil) throws {
+        func bad(_ what: String) -> ClusterStoreError {
+            ClusterStoreError(.configuration, "cluster.database: \(what) (expected postgresql://user@host:port/database?sslmode=disable|require|verify-full)")
+        }
+        var rest = Substring(url)
+        if rest.hasPrefix("postgresql://") { rest = rest.dropFirst("postgresql://".count) }
+        else if rest.hasPrefix("postgres://") { rest = rest.dropFirst("postgres://".count) }
+        else { throw bad("the scheme must be postgresql://") }
+
+        var query = Substring("")
+        if let q = rest.firstIndex(of: "?") { query = rest[rest.index(after: q)...]; rest = rest[..<q] }
+        var path = Substring("")
+        if let slash = rest.firstIndex(of: "/") { path = rest[rest.index(after: slash)...]; rest = rest[..<slash] }
+        guard let at = rest.lastIndex(of: "@") else { throw bad("no user (user@host)") }
+        let userInfo = rest[..<at]
+        var hostPort = rest[rest.index(after: at)...]
+
+        if let colon = userInfo.firstIndex(of: ":") {
+            guard let user = Self.percentDecoded(userInfo[..<colon]),
+                  let password = Self.percentDecoded(userInfo[userInfo.index(after: colon)...]) else {
+                throw bad("the user or password is not valid percent-encoding")
+            }
+            self.user = user
+            self.password = password
+        } else {
+            guard let user = Self.percentDecoded(userInfo) else { throw bad("the user is not valid percent-encoding") }
+            self.user = user
+            self.password = nil
+        }
+        if user.isEmpty { throw bad("no user (user@host)") }
+
+        var port = 5432
+        if hostPort.hasPrefix("[") {
+            guard let close = hostPort.firstIndex(of: "]") else { throw bad("unclosed [ in the host") }
+            let after = hostPort[hostPort.index(after: close)...]
+            host = String(hostPort[hostPort.index(after: hostPort.startIndex)..<close])
+            if after.hasPrefix(":") {
+                guard let p = Int(after.dropFirst()), (1...65535).contains(p) else { throw bad("the port is not 1-65535") }
+                port = p
+            } else if !after.isEmpty { throw bad("unexpected text after the host") }
+        } else {
+            if let colon = hostPort.lastIndex(of: ":") {
+                guard let p = Int(hostPort[hostPort.index(after: colon)...]), (1...65535).contains(p) else {
+                    throw bad("the port is not 1-65535")
+                }
+                port = p
+                hostPort = hostPort[..<colon]
+            }
+            host = String(hostPort)
+        }
+        if host.isEmpty { throw bad("no host") }
+        self.port = port
+        guard let database = Self.percentDecoded(path), !database.isEmpty else { throw bad("no database name") }
+        self.database = database
+
+        sslMode = .prefer
+        sslRootCert = nil
+        for pair in query.split(separator: "&") where !pair.isEmpty {
+            let parts = pair.split(separator: "=", maxSplits: 1)
+            let key = String(parts[0])
+            let value = parts.count > 1 ? Self.percentDecoded(parts[1]) ?? "" : ""
+            switch key {
+            case "sslmode":
+                guard let mode = SSLMode(rawValue: value) else { throw bad("sslmode \(value) is not disable, prefer, require or verify-full") }
+                sslMode = mode
+            case "sslrootcert":
+                sslRootCert = value
+            default:
+                throw bad("unknown parameter \(key)")
+            }
+        }
+        if let passwordFile {
+            password = try Self.readPassword(passwordFile)
+        }
+    }
+
+    static func readPassword(_ path: String) throws -> String {
+        guard let file = fopen(path, "rb") else {
+            throw ClusterStoreError(.configuration, "cluster.passwordFile \(path): \(String(cString: strerror(errno)))")
+        }
+        defer { fclose(file) }
+        var bytes: [UInt8] = []
+        var buffer = [UInt8](repeating: 0, count: 4096)
+        while true {
+            let n = fread(&buffer, 1, buffer.count, file)
+            if n > 0 { bytes.append(contentsOf: buffer[0..<n]) }
+            if n < buffer.count { break }
+            if bytes.count > 65536 { throw ClusterStoreError(.configuration, "cluster.passwordFile \(path): larger than 64 KiB") }
+        }
+        if ferror(file) != 0 { throw ClusterStoreError(.configuration, "cluster.passwordFile \(path): cannot be read") }
+        if bytes.last == 0x0A { bytes.removeLast() }
+        guard let text = String(validating: bytes, as: UTF8.self) else {
+            throw ClusterStoreError(.configuration, "cluster.passwordFile \(path): not UTF-8 text")
+        }
+        return text
+    }
+
+    static func percentDecoded(_ text: Substring) -> String? {
+        var bytes: [UInt8] = []
+        var i = text.utf8.startIndex
+        let utf8 = text.utf8
+        while i != utf8.endIndex {
+            let c = utf8[i]
+            if c == UInt8(ascii: "%") {
+                let h = utf8.index(after: i)
+                guard h != utf8.endIndex, utf8.index(after: h) != utf8.endIndex,
+                      let hi = hexValue(utf8[h]), let lo = hexValue(utf8[utf8.index(after: h)]) else { return nil }
+                bytes.append(hi << 4 | lo)
+                i = utf8.index(h, offsetBy: 2)
+            } else {
+                bytes.append(c)
+                i = utf8.index(after: i)
+            }
+        }
+        return String(validating: bytes, as: UTF8.self)
+    }
+
+    private static func hexValue(_ c: UInt8) -> UInt8? {
+        switch c {
+        case UInt8(ascii: "0")...UInt8(ascii: "9"): return c - UInt8(ascii: "0")
+        case UInt8(ascii: "a")...UInt8(ascii: "f"): return c - UInt8(ascii: "a") + 10
+        case UInt8(ascii: "A")...UInt8(ascii: "F"): return c - UInt8(ascii: "A") + 10
+        default: return nil
+        }
+    }
+
+    func tlsConfiguration() throws -> TLSConfiguration? {
+        switch sslMode {
+        case .disable:
+            return nil
+        case .prefer, .require:
+            // libpq's meaning: encrypted, the certificate not checked.
+            var tls = TLSConfiguration.makeClientConfiguration()
+            tls.certificateVerification = .none
+            return tls
+        case .verifyFull:
+            var tls = TLSConfiguration.makeClientConfiguration()
+            tls.certificateVerification = .fullVerification
+            if let sslRootCert {
+                guard access(sslRootCert, R_OK) == 0 else {
+                    throw ClusterStoreError(.configuration, "cluster.database: sslrootcert \(sslRootCert): \(String(cString: strerror(errno)))")
+                }
+                tls.trustRoots = .file(sslRootCert)
+            }
+            return tls
+        }
+    }
+
+    /// The pool's configuration.
+    func clientConfiguration() throws -> PostgresClient.Configuration {
+        let tls: PostgresClient.Configuration.TLS
+        switch (sslMode, try tlsConfiguration()) {
+        case (.disable, _), (_, nil): tls = .disable
+        case (.prefer, let config?): tls = .prefer(config)
+        case (_, let config?): tls = .require(config)
+        }
+        var configuration = PostgresClient.Configuration(host: host, port: port, username: user, password: password,
+                                                         database: database, tls: tls)
+        configuration.options.connectTimeout = .seconds(5)
+        if sslMode == .verifyFull { configuration.options.tlsServerName = host }
+        return configuration
+    }
+
+    /// The dedicated LISTEN connection's configuration.
+    func connectionConfiguration() throws -> PostgresConnection.Configuration {
+        let tls: PostgresConnection.Configuration.TLS
+        switch (sslMode, try tlsConfiguration()) {
+        case (.disable, _), (_, nil): tls = .disable
+        case (.prefer, let config?): tls = .prefer(try NIOSSLContext(configuration: config))
+        case (_, let config?): tls = .require(try NIOSSLContext(configuration: config))
+        }
+        var configuration = PostgresConnection.Configuration(host: host, port: port, username: user, password: password,
+                                                             database: database, tls: tls)
+        configuration.options.connectTimeout = .seconds(5)
+        if sslMode == .verifyFull { configuration.options.tlsServerName = host }
+        return configuration
+    }
+}

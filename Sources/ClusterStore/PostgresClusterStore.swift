@@ -1,0 +1,430 @@
+// The cluster store on PostgreSQL (SPEC §8), through postgres-nio: a pool for statements and one dedicated
+// connection for LISTEN (the pool does not LISTEN), which reconnects on its own.
+//
+// Every statement is a named query of SQL/queries.sql with bound parameters; nothing user-supplied is ever
+// spliced into SQL text. Errors go out as ClusterStoreError, which carries the server's message and never the
+// password or a bound value. Trusts rows no more than files: a row that does not decode is an error, not a crash.
+
+import Logging
+import NIOCore
+import PostgresNIO
+
+public final class PostgresClusterStore: ClusterStore {
+    public let url: DatabaseURL
+    let client: PostgresClient
+    let logger: Logger
+    public let wakeups: AsyncStream<Wakeup>
+    let wakeupContinuation: AsyncStream<Wakeup>.Continuation
+
+    /// The notification channel every node listens on; payloads are Wakeup names.
+    static let channel = "opqueued"
+
+    public init(url: DatabaseURL, logger: Logger = Logger(label: "opqueued.cluster")) throws {
+        self.url = url
+        self.logger = logger
+        self.client = PostgresClient(configuration: try url.clientConfiguration(), backgroundLogger: logger)
+        (wakeups, wakeupContinuation) = AsyncStream.makeStream(of: Wakeup.self, bufferingPolicy: .bufferingNewest(64))
+    }
+
+    /// Runs the pool and the listening connection until the calling task is cancelled.
+    public func run() async {
+        await withDiscardingTaskGroup { group in
+            group.addTask { await self.client.run() }
+            group.addTask { await self.listen() }
+        }
+        wakeupContinuation.finish()
+    }
+
+    // MARK: statements
+
+    func query(_ sql: String, _ binds: PostgresBindings = PostgresBindings(), doing: String) async throws -> [PostgresRow] {
+        do {
+            return try await client.query(PostgresQuery(unsafeSQL: sql, binds: binds), logger: logger).collect()
+        } catch {
+            throw ClusterStoreError.wrapping(error, doing: doing)
+        }
+    }
+
+    /// One transaction on a pooled connection; retried whole (at most 3 times) when the server aborts it for a
+    /// deadlock or a serialization failure, which concurrent inserters of crossing ids can meet.
+    func transaction<T: Sendable>(doing: String, _ body: (PostgresConnection) async throws -> T) async throws -> T {
+        var attempt = 0
+        while true {
+            attempt += 1
+            do {
+                return try await client.withConnection { connection in
+                    try await connection.withTransaction(logger: logger) { connection in
+                        try await body(connection)
+                    }
+                }
+            } catch {
+                let wrapped = ClusterStoreError.wrapping(unwrapTransactionError(error), doing: doing)
+                if attempt < 3, wrapped.sqlState == "40P01" || wrapped.sqlState == "40001" { continue }
+                throw wrapped
+            }
+        }
+    }
+
+    private func unwrapTransactionError(_ error: any Error) -> any Error {
+        if let error = error as? PostgresTransactionError {
+            return error.closureError ?? error.beginError ?? error.commitError ?? error.rollbackError ?? error
+        }
+        return error
+    }
+
+    func execute(_ connection: PostgresConnection, _ sql: String, _ binds: PostgresBindings = PostgresBindings()) async throws -> [PostgresRow] {
+        try await connection.query(PostgresQuery(unsafeSQL: sql, binds: binds), logger: logger).collect()
+    }
+
+    // MARK: schema
+
+    /// Creates or upgrades the schema on a connection of its own (so that a refused login reports the server's
+    /// message), in one transaction holding the migration advisory lock: concurrent migrators run one after the
+    /// other and the later ones find nothing to do.
+    public func migrate() async throws -> Int {
+        try await withDedicatedConnection(doing: "migrating the cluster schema") { connection in
+            _ = try await self.execute(connection, "BEGIN")
+            do {
+                _ = try await self.execute(connection, Queries.advisoryLockMigrations)
+                let current = try await self.execute(connection, Queries.schemaVersion).first
+                    .map { try $0.makeRandomAccess()[0].decode(Int.self) } ?? 0
+                if current > Migrations.newest {
+                    throw ClusterStoreError(.schemaTooNew,
+                        "the cluster schema in \(self.url.database) is version \(current), newer than the \(Migrations.newest) this opqueued knows: upgrade this node")
+                }
+                for migration in Migrations.all where migration.version > current {
+                    for statement in migration.up { _ = try await self.execute(connection, statement) }
+                    var binds = PostgresBindings()
+                    binds.append(Int32(migration.version))
+                    _ = try await self.execute(connection, Queries.recordSchemaVersion, binds)
+                }
+                _ = try await self.execute(connection, "COMMIT")
+                return max(current, Migrations.newest)
+            } catch {
+                _ = try? await self.execute(connection, "ROLLBACK")
+                throw error
+            }
+        }
+    }
+
+    /// Undoes migrations down to `version` (0: nothing left). For operators and tests; never run by a node.
+    public func migrateDown(to version: Int) async throws {
+        try await withDedicatedConnection(doing: "migrating the cluster schema down") { connection in
+            _ = try await self.execute(connection, "BEGIN")
+            do {
+                _ = try await self.execute(connection, Queries.advisoryLockMigrations)
+                let current = try await self.execute(connection, Queries.schemaVersion).first
+                    .map { try $0.makeRandomAccess()[0].decode(Int.self) } ?? 0
+                for migration in Migrations.all.reversed() where migration.version > version && migration.version <= current {
+                    for statement in migration.down { _ = try await self.execute(connection, statement) }
+                }
+                _ = try await self.execute(connection, "COMMIT")
+            } catch {
+                _ = try? await self.execute(connection, "ROLLBACK")
+                throw error
+            }
+        }
+    }
+
+    /// Opens one connection outside the pool; its errors carry the server's own message.
+    public func checkConnection() async throws {
+        try await withDedicatedConnection(doing: "connecting to \(url)") { connection in
+            _ = try await self.execute(connection, "SELECT 1")
+        }
+    }
+
+    func withDedicatedConnection<T: Sendable>(doing: String, _ body: @Sendable (PostgresConnection) async throws -> T) async throws -> T {
+        let connection: PostgresConnection
+        do {
+            connection = try await PostgresConnection.connect(configuration: try url.connectionConfiguration(), id: 0, logger: logger)
+        } catch {
+            throw ClusterStoreError.wrapping(error, doing: "connecting to \(url)")
+        }
+        do {
+            let result = try await body(connection)
+            try? await connection.close()
+            return result
+        } catch {
+            try? await connection.close()
+            throw ClusterStoreError.wrapping(error, doing: doing)
+        }
+    }
+
+    // MARK: nodes
+
+    public func registerNode(_ declaration: NodeDeclaration) async throws {
+        _ = try await transaction(doing: "registering node \(declaration.node)") { connection in
+            var binds = PostgresBindings()
+            binds.append(declaration.node)
+            binds.append(declaration.queues)
+            binds.append(declaration.commands)
+            binds.append(Int32(clamping: declaration.jobSlots))
+            binds.append(declaration.info)
+            _ = try await self.execute(connection, Queries.registerNode, binds)
+            for (queue, limit) in declaration.clusterLimits.sorted(by: { $0.key < $1.key }) where limit > 0 {
+                var binds = PostgresBindings()
+                binds.append(queue)
+                binds.append(Int32(clamping: limit))
+                _ = try await self.execute(connection, Queries.ensureQueueSlots, binds)
+            }
+            return true
+        }
+    }
+
+    public func heartbeat(node: String) async throws -> Heartbeat {
+        var binds = PostgresBindings()
+        binds.append(node)
+        let rows = try await query(Queries.heartbeat, binds, doing: "renewing the lease of node \(node)")
+        var beat = Heartbeat(at: 0, held: [:], registered: !rows.isEmpty)
+        for row in rows {
+            let columns = row.makeRandomAccess()
+            beat.at = try decode(columns[0], Double.self)
+            if let id = try decode(columns[1], String?.self), let fence = try decode(columns[2], Int64?.self) {
+                beat.held[id] = fence
+            }
+        }
+        return beat
+    }
+
+    public func takeOverLost(leaseSeconds: Double) async throws -> TakeOver {
+        var binds = PostgresBindings()
+        binds.append(leaseSeconds)
+        let rows = try await query(Queries.takeOverLost, binds, doing: "taking over the jobs of lost nodes")
+        var result = TakeOver(jobs: [], freedSlotQueues: [])
+        for row in rows {
+            let columns = row.makeRandomAccess()
+            let kind = try decode(columns[0], String.self)
+            let id = try decode(columns[1], String.self)
+            if kind == "job" {
+                result.jobs.append((id: id, fromNode: try decode(columns[2], String?.self) ?? ""))
+            } else if kind == "slot" {
+                result.freedSlotQueues.append(id)
+            }
+        }
+        return result
+    }
+
+    public func nodes(leaseSeconds: Double) async throws -> [NodeStatus] {
+        var binds = PostgresBindings()
+        binds.append(leaseSeconds)
+        return try await query(Queries.nodes, binds, doing: "listing the cluster's nodes").map { row in
+            let c = row.makeRandomAccess()
+            return NodeStatus(node: try decode(c[0], String.self), queues: try decode(c[1], [String].self),
+                              commands: try decode(c[2], [String].self), jobSlots: try decode(c[3], Int.self),
+                              lastHeartbeat: try decode(c[4], Double.self), connected: try decode(c[5], Bool.self),
+                              jobs: try decode(c[6], Int.self))
+        }
+    }
+
+    public func declared() async throws -> (queues: Set<String>, commands: Set<String>) {
+        let rows = try await query(Queries.declaredEverywhere, doing: "reading the queues and commands nodes declare")
+        guard let c = rows.first?.makeRandomAccess() else { return ([], []) }
+        return (Set(try decode(c[0], [String].self)), Set(try decode(c[1], [String].self)))
+    }
+
+    // MARK: jobs
+
+    public func insertJobs(_ jobs: [NewJob]) async throws -> [InsertedJob] {
+        if jobs.isEmpty { return [] }
+        return try await transaction(doing: "inserting \(jobs.count) job(s)") { connection in
+            var inserted: [InsertedJob] = []
+            inserted.reserveCapacity(jobs.count)
+            for job in jobs {
+                var binds = PostgresBindings()
+                binds.append(job.requestedID)
+                binds.append(ByteBuffer(bytes: job.manifest))
+                binds.append(job.manifestName)
+                binds.append(job.submittedOn)
+                binds.append(Int16(clamping: job.qosRank))
+                binds.append(Int16(clamping: job.priorityRank))
+                binds.append(job.queues)
+                binds.append(job.commands)
+                // No row: a concurrent inserter took the candidate id first; look again with a fresh snapshot.
+                var id: String?
+                for _ in 0..<64 where id == nil {
+                    id = try await self.execute(connection, Queries.insertJob, binds).first
+                        .map { try self.decode($0.makeRandomAccess()[0], String.self) }
+                }
+                guard let id else {
+                    throw ClusterStoreError(.server, "inserting job \(job.requestedID): no free id after 64 attempts")
+                }
+                inserted.append(InsertedJob(id: id, requestedID: job.requestedID))
+            }
+            // One notification per transaction: NOTIFY serialises committers on a global lock.
+            _ = try await self.execute(connection, Queries.notifyJobs)
+            return inserted
+        }
+    }
+
+    public func claimJobs(node: String, limit: Int, queues: [String], commands: [String]) async throws -> [ClaimedJob] {
+        if limit <= 0 { return [] }
+        var binds = PostgresBindings()
+        binds.append(node)
+        binds.append(limit)
+        binds.append(queues)
+        binds.append(commands)
+        var claimed: [(seq: Int64, job: ClaimedJob)] = try await query(Queries.claimJobs, binds, doing: "claiming jobs for node \(node)").map { row in
+            let c = row.makeRandomAccess()
+            let job = ClaimedJob(
+                id: try decode(c[0], String.self), requestedID: try decode(c[1], String.self),
+                manifest: Array(try decode(c[2], ByteBuffer.self).readableBytesView),
+                manifestName: try decode(c[3], String.self), submittedOn: try decode(c[4], String.self),
+                submittedAt: try decode(c[5], Double.self), qosRank: Int(try decode(c[6], Int16.self)),
+                priorityRank: Int(try decode(c[7], Int16.self)), fence: try decode(c[9], Int64.self),
+                fromNode: try decode(c[10], String?.self))
+            return (try decode(c[8], Int64.self), job)
+        }
+        // RETURNING keeps no order: put them back in claim order.
+        claimed.sort { a, b in
+            if a.job.qosRank != b.job.qosRank { return a.job.qosRank > b.job.qosRank }
+            if a.job.priorityRank != b.job.priorityRank { return a.job.priorityRank > b.job.priorityRank }
+            return a.seq < b.seq
+        }
+        return claimed.map(\.job)
+    }
+
+    public func complete(job: String, fence: Int64, status: String, result: [UInt8]) async throws -> Bool {
+        try await completeJobs([JobCompletion(job: job, fence: fence, status: status, result: result)]).contains(job)
+    }
+
+    public func completeJobs(_ completions: [JobCompletion]) async throws -> Set<String> {
+        if completions.isEmpty { return [] }
+        var binds = PostgresBindings()
+        binds.append(completions.map(\.job))
+        binds.append(completions.map(\.fence))
+        binds.append(completions.map(\.status))
+        binds.append(completions.map { ByteBuffer(bytes: $0.result) })
+        return Set(try await query(Queries.completeJobs, binds, doing: "recording the end of \(completions.count) job(s)").map {
+            try decode($0.makeRandomAccess()[0], String.self)
+        })
+    }
+
+    public func job(_ id: String) async throws -> JobRecord? {
+        var binds = PostgresBindings()
+        binds.append(id)
+        guard let row = try await query(Queries.lookupJob, binds, doing: "looking up job \(id)").first else { return nil }
+        let c = row.makeRandomAccess()
+        let stateName = try decode(c[6], String.self)
+        guard let state = JobState(rawValue: stateName) else {
+            throw ClusterStoreError(.badRow, "job \(id) has the unknown state \(stateName)")
+        }
+        return JobRecord(
+            id: try decode(c[0], String.self), requestedID: try decode(c[1], String.self),
+            manifest: Array(try decode(c[2], ByteBuffer.self).readableBytesView),
+            manifestName: try decode(c[3], String.self), submittedOn: try decode(c[4], String.self),
+            submittedAt: try decode(c[5], Double.self), state: state, node: try decode(c[7], String?.self),
+            fence: try decode(c[8], Int64?.self), fromNode: try decode(c[9], String?.self),
+            status: try decode(c[10], String?.self),
+            result: try decode(c[11], ByteBuffer?.self).map { Array($0.readableBytesView) },
+            finishedAt: try decode(c[12], Double?.self))
+    }
+
+    public func jobsNoLiveNodeCanRun(leaseSeconds: Double, limit: Int) async throws -> [UnrunnableJob] {
+        var binds = PostgresBindings()
+        binds.append(leaseSeconds)
+        binds.append(limit)
+        return try await query(Queries.jobsNoLiveNodeCanRun, binds, doing: "finding jobs no live node can run").map { row in
+            let c = row.makeRandomAccess()
+            return UnrunnableJob(id: try decode(c[0], String.self), missingQueues: try decode(c[1], [String].self),
+                                 missingCommands: try decode(c[2], [String].self))
+        }
+    }
+
+    public func prune(olderThanSeconds: Double, batchSize: Int) async throws -> PruneReport {
+        var report = PruneReport(deleted: 0, batches: 0)
+        let batchSize = max(1, batchSize)
+        while true {
+            var binds = PostgresBindings()
+            binds.append(olderThanSeconds)
+            binds.append(batchSize)
+            let deleted = try await query(Queries.pruneFinished, binds, doing: "pruning finished jobs").count
+            report.batches += 1
+            report.deleted += deleted
+            if deleted < batchSize { return report }
+        }
+    }
+
+    // MARK: cluster slots
+
+    public func acquireSlot(queue: String, limit: Int, node: String, job: String, operation: String) async throws -> SlotLease? {
+        var binds = PostgresBindings()
+        binds.append(queue)
+        binds.append(limit)
+        binds.append(node)
+        binds.append(job)
+        binds.append(operation)
+        guard let row = try await query(Queries.acquireSlot, binds, doing: "acquiring a cluster slot of queue \(queue)").first else {
+            return nil
+        }
+        let c = row.makeRandomAccess()
+        return SlotLease(queue: queue, slot: try decode(c[0], Int.self), fence: try decode(c[1], Int64.self),
+                         holder: node, job: job, operation: operation)
+    }
+
+    public func releaseSlot(_ lease: SlotLease) async throws -> Bool {
+        var binds = PostgresBindings()
+        binds.append(lease.queue)
+        binds.append(Int32(clamping: lease.slot))
+        binds.append(lease.fence)
+        return try await !query(Queries.releaseSlot, binds, doing: "releasing a cluster slot of queue \(lease.queue)").isEmpty
+    }
+
+    public func slotHolders(queue: String) async throws -> [SlotLease] {
+        var binds = PostgresBindings()
+        binds.append(queue)
+        return try await query(Queries.slotHolders, binds, doing: "listing the cluster slots of queue \(queue)").map { row in
+            let c = row.makeRandomAccess()
+            return SlotLease(queue: queue, slot: try decode(c[0], Int.self), fence: try decode(c[4], Int64.self),
+                             holder: try decode(c[1], String.self), job: try decode(c[2], String?.self) ?? "",
+                             operation: try decode(c[3], String?.self) ?? "")
+        }
+    }
+
+    // MARK: control
+
+    public func setSuspended(_ queue: String, _ suspended: Bool) async throws {
+        var binds = PostgresBindings()
+        binds.append(queue)
+        _ = try await query(suspended ? Queries.suspend : Queries.resume, binds,
+                            doing: "\(suspended ? "suspending" : "resuming") queue \(queue)")
+    }
+
+    public func suspendedQueues() async throws -> Set<String> {
+        Set(try await query(Queries.suspendedQueues, doing: "reading the suspended queues").map {
+            try decode($0.makeRandomAccess()[0], String.self)
+        })
+    }
+
+    public func requestCancel(job: String, operation: String?) async throws -> CancelOutcome {
+        var binds = PostgresBindings()
+        binds.append(job)
+        binds.append(operation)
+        guard let row = try await query(Queries.requestCancel, binds, doing: "cancelling job \(job)").first else {
+            return .unknownJob
+        }
+        let c = row.makeRandomAccess()
+        let state = try decode(c[0], String.self)
+        if state.isEmpty { return .unknownJob }
+        return try decode(c[1], Int.self) > 0 ? .requested : .alreadyEnded
+    }
+
+    public func pendingCancels(node: String) async throws -> [CancelRequest] {
+        var binds = PostgresBindings()
+        binds.append(node)
+        return try await query(Queries.pendingCancels, binds, doing: "reading the cancels for node \(node)").map { row in
+            let c = row.makeRandomAccess()
+            return CancelRequest(job: try decode(c[0], String.self), operation: try decode(c[1], String?.self),
+                                 fence: try decode(c[2], Int64.self))
+        }
+    }
+
+    // MARK: decoding
+
+    func decode<T: PostgresDecodable>(_ cell: PostgresCell, _ type: T.Type) throws -> T {
+        do {
+            return try cell.decode(T.self)
+        } catch {
+            throw ClusterStoreError(.badRow, "column \(cell.columnName) does not hold a \(T.self)")
+        }
+    }
+}

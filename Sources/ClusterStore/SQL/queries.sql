@@ -1,0 +1,232 @@
+-- The named queries of PostgresClusterStore, one `-- name: X` block each (River's dbsqlc style).
+-- Parameters are only ever bound ($1, $2, …); `make sql` embeds this file into Queries.generated.swift.
+
+-- name: AdvisoryLockMigrations
+-- Serialises migrators for the rest of their transaction (key: 'opqueued' as ASCII bytes).
+SELECT pg_advisory_xact_lock(7993149263917557604);
+
+-- name: SchemaVersion
+-- The newest applied version, or 0 when the version table does not exist yet.
+SELECT CASE WHEN to_regclass('opq_schema_version') IS NULL THEN 0
+            ELSE (SELECT coalesce(max(version), 0) FROM opq_schema_version) END::integer AS version;
+
+-- name: SchemaVersionApplied
+SELECT coalesce(max(version), 0)::integer AS version FROM opq_schema_version;
+
+-- name: RecordSchemaVersion
+INSERT INTO opq_schema_version (version) VALUES ($1);
+
+-- name: RegisterNode
+-- $1 node, $2 queues, $3 commands, $4 job slots, $5 info. Also renews the node's lease.
+INSERT INTO opq_nodes (node, queues, commands, job_slots, info, last_heartbeat)
+VALUES ($1, $2, $3, $4, $5, now())
+ON CONFLICT (node) DO UPDATE
+SET queues = EXCLUDED.queues, commands = EXCLUDED.commands, job_slots = EXCLUDED.job_slots,
+    info = EXCLUDED.info, last_heartbeat = now();
+
+-- name: EnsureQueueSlots
+-- $1 queue, $2 limit: rows 1..limit exist (never removed: a lower limit just leaves the upper rows unused).
+INSERT INTO opq_queue_slots (queue, slot)
+SELECT $1, g FROM generate_series(1, $2::integer) AS g
+ON CONFLICT (queue, slot) DO NOTHING;
+
+-- name: InsertJob
+-- One job, its id unique across the cluster: the first of requested, requested.1, requested.2, … not taken.
+-- A concurrent inserter may take the same candidate between the look and the insert: ON CONFLICT then waits
+-- for it and returns no row, and the caller runs this again in the same transaction (a fresh snapshot).
+-- $1 requested id, $2 manifest, $3 manifest name, $4 submitted on, $5 qos rank, $6 priority rank,
+-- $7 queues, $8 commands.
+INSERT INTO opq_jobs (id, requested_id, manifest, manifest_name, submitted_on, qos_rank, priority_rank, queues, commands)
+SELECT candidate, $1, $2, $3, $4, $5, $6, $7, $8
+FROM (SELECT CASE WHEN n = 0 THEN $1::text ELSE $1::text || '.' || n END AS candidate, n
+      FROM generate_series(0, 100000) AS n) AS c
+WHERE NOT EXISTS (SELECT 1 FROM opq_jobs AS j WHERE j.id = c.candidate)
+ORDER BY n
+LIMIT 1
+ON CONFLICT (id) DO NOTHING
+RETURNING id, seq;
+
+-- name: NotifyJobs
+SELECT pg_notify('opqueued', 'jobs');
+
+-- name: NotifyControl
+SELECT pg_notify('opqueued', 'control');
+
+-- name: NotifySlots
+SELECT pg_notify('opqueued', 'slots');
+
+-- name: ClaimJobs
+-- One claim round in one statement: up to $2 waiting jobs, in claim order, whose queues and commands are all
+-- among the node's ($3, $4); rows another claimer holds are skipped, never waited for. Each gets a new fence.
+-- $1 node, $2 limit, $3 node queues, $4 node commands.
+WITH picked AS (
+    SELECT id FROM opq_jobs
+    WHERE state = 'waiting' AND queues <@ $3::text[] AND commands <@ $4::text[]
+    ORDER BY qos_rank DESC, priority_rank DESC, seq
+    LIMIT $2
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE opq_jobs AS j
+SET state = 'running', node = $1, fence = nextval('opq_fence'), claimed_at = now()
+FROM picked
+WHERE j.id = picked.id
+RETURNING j.id, j.requested_id, j.manifest, j.manifest_name, j.submitted_on,
+          extract(epoch FROM j.submitted_at)::float8 AS submitted_at, j.qos_rank, j.priority_rank, j.seq,
+          j.fence, j.from_node;
+
+-- name: Heartbeat
+-- One statement per node per beat: renews the node's lease (and so those of all its jobs and slots) and
+-- returns the jobs it still holds with their fences, so that it learns at once what it lost.
+WITH beat AS (
+    UPDATE opq_nodes SET last_heartbeat = now() WHERE node = $1
+    RETURNING node, extract(epoch FROM last_heartbeat)::float8 AS at
+)
+SELECT beat.at, j.id, j.fence
+FROM beat LEFT JOIN opq_jobs AS j ON j.node = beat.node AND j.state = 'running';
+
+-- name: TakeOverLost
+-- Nodes silent for more than $1 seconds lose their jobs (back to waiting, from_node set) and their cluster
+-- slots. A node beating at this instant holds its row lock: it is skipped this round, never half taken.
+WITH lost AS (
+    SELECT node FROM opq_nodes
+    WHERE last_heartbeat < now() - make_interval(secs => $1::float8)
+    FOR UPDATE SKIP LOCKED
+), freed AS (
+    UPDATE opq_queue_slots AS s
+    SET holder = NULL, job = NULL, operation = NULL, fence = NULL, acquired_at = NULL
+    FROM lost WHERE s.holder = lost.node
+    RETURNING s.queue
+), moved AS (
+    UPDATE opq_jobs AS j
+    SET state = 'waiting', from_node = j.node, node = NULL, fence = NULL, claimed_at = NULL
+    FROM lost WHERE j.state = 'running' AND j.node = lost.node
+    RETURNING j.id, j.from_node
+)
+SELECT 'job' AS kind, id, from_node FROM moved
+UNION ALL
+SELECT 'slot', queue, NULL FROM freed
+UNION ALL
+SELECT 'notify', '', NULL FROM (SELECT pg_notify('opqueued', 'jobs') FROM (SELECT 1 FROM moved LIMIT 1) AS m) AS n;
+
+-- name: CompleteJobs
+-- Records the end of jobs, each only while the caller's fence still holds it: a node that lost a job gets no
+-- row for it. Many in one statement, so that completions commit by the batch.
+-- $1 ids, $2 fences, $3 statuses, $4 result.plist bytes (parallel arrays).
+UPDATE opq_jobs AS j
+SET state = 'finished', status = c.status, result = c.result, finished_at = now()
+FROM unnest($1::text[], $2::bigint[], $3::text[], $4::bytea[]) AS c (id, fence, status, result)
+WHERE j.id = c.id AND j.fence = c.fence AND j.state = 'running'
+RETURNING j.id;
+
+-- name: AcquireSlot
+-- A free slot of queue $1 among 1..$2, for node $3 running job $4 operation $5; none when all are held.
+WITH free AS (
+    SELECT queue, slot FROM opq_queue_slots
+    WHERE queue = $1 AND slot <= $2 AND holder IS NULL
+    ORDER BY slot
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE opq_queue_slots AS s
+SET holder = $3, job = $4, operation = $5, fence = nextval('opq_fence'), acquired_at = now()
+FROM free
+WHERE s.queue = free.queue AND s.slot = free.slot
+RETURNING s.slot, s.fence;
+
+-- name: ReleaseSlot
+-- Frees a slot only while the caller's fence still holds it, and wakes the nodes waiting for one.
+WITH released AS (
+    UPDATE opq_queue_slots
+    SET holder = NULL, job = NULL, operation = NULL, fence = NULL, acquired_at = NULL
+    WHERE queue = $1 AND slot = $2 AND fence = $3
+    RETURNING slot
+)
+SELECT slot, pg_notify('opqueued', 'slots') FROM released;
+
+-- name: SlotHolders
+SELECT slot, holder, job, operation, fence FROM opq_queue_slots
+WHERE queue = $1 AND holder IS NOT NULL ORDER BY slot;
+
+-- name: Suspend
+-- Kept across restarts; every node is told at once (and polls anyway).
+WITH done AS (
+    INSERT INTO opq_suspended_queues (queue) VALUES ($1) ON CONFLICT (queue) DO NOTHING
+)
+SELECT pg_notify('opqueued', 'control');
+
+-- name: Resume
+WITH done AS (
+    DELETE FROM opq_suspended_queues WHERE queue = $1
+)
+SELECT pg_notify('opqueued', 'control');
+
+-- name: SuspendedQueues
+SELECT queue FROM opq_suspended_queues ORDER BY queue;
+
+-- name: RequestCancel
+-- $1 job, $2 operation or NULL. Returns the job's state before ('' when unknown) and whether it was recorded.
+WITH target AS (
+    SELECT id, state FROM opq_jobs WHERE id = $1
+), recorded AS (
+    INSERT INTO opq_cancel_requests (job, operation)
+    SELECT id, $2 FROM target WHERE state <> 'finished'
+    RETURNING id
+)
+SELECT coalesce((SELECT state FROM target), '') AS state, (SELECT count(*) FROM recorded)::integer AS recorded,
+       (SELECT pg_notify('opqueued', 'control') FROM recorded LIMIT 1) AS notified;
+
+-- name: PendingCancels
+-- Cancels for the jobs node $1 runs now.
+SELECT c.job, c.operation, j.fence
+FROM opq_cancel_requests AS c JOIN opq_jobs AS j ON j.id = c.job
+WHERE j.state = 'running' AND j.node = $1
+ORDER BY c.id;
+
+-- name: PendingCancelsForJob
+SELECT operation FROM opq_cancel_requests WHERE job = $1 ORDER BY id;
+
+-- name: LookupJob
+SELECT id, requested_id, manifest, manifest_name, submitted_on, extract(epoch FROM submitted_at)::float8,
+       state, node, fence, from_node, status, result, extract(epoch FROM finished_at)::float8
+FROM opq_jobs WHERE id = $1;
+
+-- name: Nodes
+-- For status: every node, live when it beat within $1 seconds, with the jobs it runs now.
+SELECT n.node, n.queues, n.commands, n.job_slots, extract(epoch FROM n.last_heartbeat)::float8,
+       n.last_heartbeat >= now() - make_interval(secs => $1::float8) AS live,
+       (SELECT count(*) FROM opq_jobs AS j WHERE j.state = 'running' AND j.node = n.node)::integer AS jobs
+FROM opq_nodes AS n ORDER BY n.node;
+
+-- name: JobsNoLiveNodeCanRun
+-- Waiting jobs that no live node (beat within $1 seconds) declares every queue and command of, with the
+-- queues and commands that no live node declares at all (both empty: they are split across nodes).
+WITH live AS (
+    SELECT queues, commands FROM opq_nodes WHERE last_heartbeat >= now() - make_interval(secs => $1::float8)
+), declared AS (
+    SELECT coalesce((SELECT array_agg(DISTINCT q) FROM live, unnest(live.queues) AS q), '{}') AS queues,
+           coalesce((SELECT array_agg(DISTINCT c) FROM live, unnest(live.commands) AS c), '{}') AS commands
+)
+SELECT j.id,
+       ARRAY(SELECT unnest(j.queues) EXCEPT SELECT unnest(declared.queues) ORDER BY 1) AS missing_queues,
+       ARRAY(SELECT unnest(j.commands) EXCEPT SELECT unnest(declared.commands) ORDER BY 1) AS missing_commands
+FROM opq_jobs AS j, declared
+WHERE j.state = 'waiting'
+  AND NOT EXISTS (SELECT 1 FROM live WHERE j.queues <@ live.queues AND j.commands <@ live.commands)
+ORDER BY j.seq
+LIMIT $2;
+
+-- name: DeclaredEverywhere
+-- Every queue and command any node declares, down nodes included (submission validates against these).
+SELECT coalesce((SELECT array_agg(DISTINCT q ORDER BY q) FROM opq_nodes, unnest(queues) AS q), '{}'),
+       coalesce((SELECT array_agg(DISTINCT c ORDER BY c) FROM opq_nodes, unnest(commands) AS c), '{}');
+
+-- name: PruneFinished
+-- One bounded batch: at most $2 finished rows older than $1 days; the caller repeats while a batch is full.
+DELETE FROM opq_jobs
+WHERE ctid IN (
+    SELECT ctid FROM opq_jobs
+    WHERE state = 'finished' AND finished_at < now() - make_interval(secs => $1::float8)
+    ORDER BY finished_at
+    LIMIT $2
+)
+RETURNING id;

@@ -1,0 +1,216 @@
+// The store conformance suite against PostgresClusterStore on a throwaway PostgreSQL (Tests/Support/
+// PostgresServer.swift), logged in as a role with only the documented GRANTs, plus what only PostgreSQL has:
+// migrations under the advisory lock, a newer schema refused, the password kept out of errors, commits per job,
+// and the embedded SQL kept in step with the .sql files.
+
+@testable import ClusterStore
+import Foundation
+import Synchronization
+import Testing
+import TestSupport
+
+/// One server for the whole test process (starting one takes a second or two); each test gets its own database.
+let sharedServer: Result<PostgresServer, any Error> = {
+    let result = Result { try PostgresServer() }
+    atexit {
+        if case .success(let server) = sharedServer { server.stop() }
+    }
+    return result
+}()
+
+func makePostgresStore(database: String? = nil, password: String? = nil) async throws -> (PostgresClusterStore, StoreUnderTest) {
+    let server = try sharedServer.get()
+    let name = try database ?? server.createDatabase()
+    let url = try DatabaseURL(server.url(name), passwordFile: try server.passwordFile(password))
+    let store = try PostgresClusterStore(url: url)
+    let runner = Task { await store.run() }
+    return (store, StoreUnderTest(store: store, close: { runner.cancel(); await runner.value }))
+}
+
+let postgresFactory: StoreFactory = {
+    let (store, under) = try await makePostgresStore()
+    do {
+        #expect(try await store.migrate() == Migrations.newest)
+    } catch {
+        await under.close()
+        throw error
+    }
+    return under
+}
+
+@Suite("PostgresClusterStore conformance", .serialized)
+struct PostgresConformanceTests {
+    @Test func insertRenames() async throws { try await StoreConformance.insertRenames(postgresFactory) }
+    @Test func claimOrder() async throws { try await StoreConformance.claimOrder(postgresFactory) }
+    @Test func pinning() async throws { try await StoreConformance.pinning(postgresFactory) }
+    @Test func concurrentClaims() async throws { try await StoreConformance.concurrentClaims(postgresFactory) }
+    @Test func heartbeatAndTakeover() async throws { try await StoreConformance.heartbeatAndTakeover(postgresFactory) }
+    @Test func staleFence() async throws { try await StoreConformance.staleFence(postgresFactory) }
+    @Test func clusterSlots() async throws { try await StoreConformance.clusterSlots(postgresFactory) }
+    @Test func suspension() async throws { try await StoreConformance.suspension(postgresFactory) }
+    @Test func cancels() async throws { try await StoreConformance.cancels(postgresFactory) }
+    @Test func prune() async throws { try await StoreConformance.prune(postgresFactory) }
+    @Test func wakeups() async throws { try await StoreConformance.wakeups(postgresFactory) }
+}
+
+@Suite("PostgresClusterStore", .serialized)
+struct PostgresClusterStoreTests {
+    @Test func migrationFromEmptyAndBackDown() async throws {
+        let server = try sharedServer.get()
+        let (store, under) = try await makePostgresStore()
+        defer { Task { await under.close() } }
+        let database = store.url.database
+        #expect(try server.psql(database, "SELECT to_regclass('opq_jobs') IS NULL").trimmingCharacters(in: .whitespacesAndNewlines) == "t")
+        #expect(try await store.migrate() == Migrations.newest)
+        #expect(try await store.migrate() == Migrations.newest, "a second migrate finds nothing to do")
+        #expect(try server.psql(database, "SELECT string_agg(version::text, ',') FROM opq_schema_version").trimmingCharacters(in: .whitespacesAndNewlines) == "1")
+        #expect(try server.psql(database, "SELECT tableowner FROM pg_tables WHERE tablename = 'opq_jobs'").contains(PostgresServer.role))
+        try await store.migrateDown(to: 0)
+        #expect(try server.psql(database, "SELECT count(*) FROM pg_tables WHERE tablename LIKE 'opq\\_%'").trimmingCharacters(in: .whitespacesAndNewlines) == "0")
+        #expect(try await store.migrate() == Migrations.newest, "up again after down")
+        await under.close()
+    }
+
+    @Test func concurrentMigratorsMakeOneSchema() async throws {
+        let server = try sharedServer.get()
+        let database = try server.createDatabase()
+        var stores: [(PostgresClusterStore, StoreUnderTest)] = []
+        for _ in 0..<3 { stores.append(try await makePostgresStore(database: database)) }
+        let versions = try await withThrowingTaskGroup(of: Int.self) { group in
+            for (store, _) in stores { group.addTask { try await store.migrate() } }
+            return try await group.reduce(into: [Int]()) { $0.append($1) }
+        }
+        #expect(versions == Array(repeating: Migrations.newest, count: 3))
+        #expect(try server.psql(database, "SELECT count(*) FROM opq_schema_version").trimmingCharacters(in: .whitespacesAndNewlines) == "1")
+        for (_, under) in stores { await under.close() }
+    }
+
+    @Test func newerSchemaRefused() async throws {
+        let server = try sharedServer.get()
+        let (store, under) = try await makePostgresStore()
+        #expect(try await store.migrate() == Migrations.newest)
+        try server.psql(store.url.database, "INSERT INTO opq_schema_version (version) VALUES (\(Migrations.newest + 98))")
+        do {
+            _ = try await store.migrate()
+            Issue.record("a schema newer than the code was accepted")
+        } catch let error as ClusterStoreError {
+            #expect(error.kind == .schemaTooNew)
+            #expect(error.description.contains("version \(Migrations.newest + 98)"), "\(error)")
+        }
+        await under.close()
+    }
+
+    @Test func suspensionPersistsAcrossStores() async throws {
+        let (first, under) = try await makePostgresStore()
+        _ = try await first.migrate()
+        try await first.setSuspended("downloads", true)
+        await under.close()
+        let (second, under2) = try await makePostgresStore(database: first.url.database)
+        #expect(try await second.suspendedQueues() == ["downloads"])
+        await under2.close()
+    }
+
+    /// A refused login reports the server's message; the password appears nowhere.
+    @Test func passwordNeverInErrors() async throws {
+        let server = try sharedServer.get()
+        let database = try server.createDatabase()
+        let wrong = "Wr0ng-\(UInt64.random(in: 1...UInt64.max))-pass"
+        let (store, under) = try await makePostgresStore(database: database, password: wrong)
+        for attempt in ["checkConnection", "migrate"] {
+            do {
+                if attempt == "migrate" { _ = try await store.migrate() } else { try await store.checkConnection() }
+                Issue.record("\(attempt): a wrong password was accepted")
+            } catch {
+                let text = "\(error) \(String(describing: error)) \(String(reflecting: error))"
+                #expect(text.contains("password authentication failed for user \"\(PostgresServer.role)\""), "\(attempt): \(error)")
+                #expect(!text.contains(wrong), "\(attempt): the password leaked")
+                #expect((error as? ClusterStoreError)?.kind == .connection)
+            }
+        }
+        await under.close()
+
+        // In the URL instead of a file: still not in the description.
+        let inURL = try DatabaseURL("postgresql://\(PostgresServer.role):\(wrong)@127.0.0.1:\(server.port)/\(database)?sslmode=disable")
+        #expect(!inURL.description.contains(wrong) && inURL.hasPassword)
+        let urlStore = try PostgresClusterStore(url: inURL)
+        do {
+            try await urlStore.checkConnection()
+            Issue.record("a wrong password in the URL was accepted")
+        } catch {
+            #expect(!"\(error)".contains(wrong))
+            #expect("\(error)".contains("password authentication failed"))
+        }
+    }
+
+    /// Commits per job for batches of inserts, claims and completions, from pg_stat_database.xact_commit.
+    @Test func commitsPerJob() async throws {
+        let server = try sharedServer.get()
+        let (store, under) = try await makePostgresStore()
+        _ = try await store.migrate()
+        try await store.registerNode(node("n1"))
+        let database = store.url.database
+        await under.close()
+        try await Task.sleep(for: .milliseconds(300))
+        let before = try server.commits(database)
+
+        let (measured, under2) = try await makePostgresStore(database: database)
+        let jobs = 1000
+        for batch in stride(from: 0, to: jobs, by: 100) {
+            _ = try await measured.insertJobs((batch..<batch + 100).map { job("m\($0)") })
+        }
+        var done = 0
+        while done < jobs {
+            let claimed = try await measured.claimJobs(node: "n1", limit: 50, queues: ["default"], commands: [])
+            if claimed.isEmpty { break }
+            done += try await measured.completeJobs(claimed.map {
+                JobCompletion(job: $0.id, fence: $0.fence, status: "succeeded", result: [])
+            }).count
+        }
+        #expect(done == jobs)
+        await under2.close()
+        // Backends report their counts at exit; give the closed connections a moment.
+        var after = try server.commits(database)
+        for _ in 0..<20 where after - before < 40 {
+            try await Task.sleep(for: .milliseconds(100))
+            after = try server.commits(database)
+        }
+        let perJob = Double(after - before) / Double(jobs)
+        print("commits per job (1000 jobs, inserts by 100, claims and completions by 50): \(perJob) (\(after - before) commits)")
+        #expect(after - before >= 40, "the counter moved: 10 insert + 20 claim + 20 complete transactions at least")
+        #expect(perJob <= 0.2)
+    }
+
+    /// Queries.generated.swift is what `make sql` makes from the .sql files.
+    @Test func generatedSQLIsFresh() throws {
+        let sqlFolder = URL(fileURLWithPath: #filePath).deletingLastPathComponent()
+            .appendingPathComponent("../../Sources/ClusterStore/SQL").standardized.path
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
+        process.arguments = ["python3", sqlFolder + "/generate.py", "--stdout"]
+        let output = Pipe()
+        process.standardOutput = output
+        try process.run()
+        let generated = output.fileHandleForReading.readDataToEndOfFile()
+        process.waitUntilExit()
+        #expect(process.terminationStatus == 0)
+        let committed = try Data(contentsOf: URL(fileURLWithPath: sqlFolder + "/../Queries.generated.swift"))
+        #expect(generated == committed, "Queries.generated.swift is stale: run `make sql`")
+    }
+
+    @Test func databaseURLs() throws {
+        let url = try DatabaseURL("postgresql://op%40q@db.example:6543/jobs?sslmode=verify-full&sslrootcert=/etc/ca.pem")
+        #expect(url.user == "op@q" && url.host == "db.example" && url.port == 6543 && url.database == "jobs")
+        #expect(url.sslMode == .verifyFull && url.sslRootCert == "/etc/ca.pem" && !url.hasPassword)
+        #expect(try DatabaseURL("postgresql://u@[::1]/d").host == "::1")
+        #expect(try DatabaseURL("postgresql://u@h/d").sslMode == .prefer)
+        for bad in ["mysql://u@h/d", "postgresql://h/d", "postgresql://u@h:99999/d", "postgresql://u@h/", "postgresql://u@h/d?sslmode=allow", "postgresql://u@h/d?x=1"] {
+            #expect(throws: ClusterStoreError.self, "\(bad)") { try DatabaseURL(bad) }
+        }
+        let file = NSTemporaryDirectory() + "opq-pw-\(getpid())"
+        try "s3cret\n\n".write(toFile: file, atomically: true, encoding: .utf8)
+        defer { unlink(file) }
+        // One trailing newline is ignored, not two.
+        #expect(try DatabaseURL("postgresql://u:other@h/d", passwordFile: file).password == "s3cret\n")
+        #expect(throws: ClusterStoreError.self) { try DatabaseURL("postgresql://u@h/d", passwordFile: "/nonexistent/pw") }
+    }
+}

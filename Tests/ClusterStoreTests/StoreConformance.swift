@@ -1,0 +1,337 @@
+// The store conformance suite (River's riverdrivertest): each check takes a factory that makes a fresh, empty,
+// migrated store, so that every ClusterStore (PostgreSQL now, the file spool when the daemon is redrawn) is held
+// to the same behaviour. Checks use only the protocol.
+
+import ClusterStore
+import Foundation
+import Synchronization
+import Testing
+
+struct StoreUnderTest: Sendable {
+    let store: any ClusterStore
+    let close: @Sendable () async -> Void
+}
+
+typealias StoreFactory = @Sendable () async throws -> StoreUnderTest
+
+func job(_ id: String, qos: Int = 2, priority: Int = 2, queues: [String] = ["default"], commands: [String] = [],
+         on node: String = "n1") -> NewJob {
+    NewJob(requestedID: id, manifest: Array("<plist>\(id)</plist>".utf8), manifestName: "\(id).plist",
+           submittedOn: node, qosRank: qos, priorityRank: priority, queues: queues, commands: commands)
+}
+
+func node(_ name: String, queues: [String] = ["default"], commands: [String] = [], limits: [String: Int] = [:]) -> NodeDeclaration {
+    NodeDeclaration(node: name, queues: queues, commands: commands, jobSlots: 8, clusterLimits: limits, info: "test")
+}
+
+enum StoreConformance {
+    static func withStore(_ factory: StoreFactory, _ body: (any ClusterStore) async throws -> Void) async throws {
+        let under = try await factory()
+        do {
+            try await body(under.store)
+        } catch {
+            await under.close()
+            throw error
+        }
+        await under.close()
+    }
+
+    /// Ids unique across the cluster: `.1`, `.2`, … within a batch, across batches and across concurrent inserters.
+    static func insertRenames(_ factory: StoreFactory) async throws {
+        try await withStore(factory) { store in
+            let first = try await store.insertJobs([job("a"), job("a"), job("b")])
+            #expect(first.map(\.id) == ["a", "a.1", "b"])
+            #expect(first.map(\.renamed) == [false, true, false])
+            #expect(try await store.insertJobs([job("a")]).map(\.id) == ["a.2"])
+
+            let inserters = 4, perInserter = 10
+            let ids = try await withThrowingTaskGroup(of: [String].self) { group in
+                for _ in 0..<inserters {
+                    group.addTask {
+                        var mine: [String] = []
+                        for _ in 0..<perInserter / 2 {
+                            mine += try await store.insertJobs([job("race"), job("race")]).map(\.id)
+                        }
+                        return mine
+                    }
+                }
+                return try await group.reduce(into: [String]()) { $0 += $1 }
+            }
+            let expected = Set(["race"] + (1..<inserters * perInserter).map { "race.\($0)" })
+            #expect(ids.count == inserters * perInserter)
+            #expect(Set(ids) == expected, "every inserter got its own id, none skipped")
+            let record = try #require(try await store.job("a.1"))
+            #expect(record.requestedID == "a" && record.state == .waiting && record.manifest == Array("<plist>a</plist>".utf8))
+        }
+    }
+
+    /// Highest QoS first, then queue priority, then submission order; fences grow.
+    static func claimOrder(_ factory: StoreFactory) async throws {
+        try await withStore(factory) { store in
+            try await store.registerNode(node("n1"))
+            _ = try await store.insertJobs([job("j1", qos: 2, priority: 2), job("j2", qos: 4, priority: 0)])
+            _ = try await store.insertJobs([job("j3", qos: 2, priority: 4), job("j4", qos: 2, priority: 2),
+                                            job("j5", qos: 0, priority: 4)])
+            let first = try await store.claimJobs(node: "n1", limit: 2, queues: ["default"], commands: [])
+            #expect(first.map(\.id) == ["j2", "j3"])
+            let rest = try await store.claimJobs(node: "n1", limit: 10, queues: ["default"], commands: [])
+            #expect(rest.map(\.id) == ["j1", "j4", "j5"])
+            let fences = (first + rest).map(\.fence)
+            #expect(Set(fences).count == 5)
+            #expect(rest.allSatisfy { r in first.allSatisfy { $0.fence < r.fence } })
+            #expect(try await store.claimJobs(node: "n1", limit: 10, queues: ["default"], commands: []).isEmpty)
+            #expect(try await store.job("j1")?.node == "n1")
+        }
+    }
+
+    /// A job goes only to a node declaring all its queues and commands; until one is live, it is reported.
+    static func pinning(_ factory: StoreFactory) async throws {
+        try await withStore(factory) { store in
+            try await store.registerNode(node("plain"))
+            _ = try await store.insertJobs([job("gpu-job", queues: ["default", "gpu"]),
+                                            job("ffmpeg-job", commands: ["ffmpeg"]),
+                                            job("split", queues: ["gpu"], commands: ["ffmpeg"])])
+            #expect(try await store.claimJobs(node: "plain", limit: 10, queues: ["default"], commands: []).isEmpty)
+            let unrunnable = try await store.jobsNoLiveNodeCanRun(leaseSeconds: 60, limit: 10)
+            #expect(unrunnable.map(\.id) == ["gpu-job", "ffmpeg-job", "split"])
+            #expect(unrunnable.first?.missingQueues == ["gpu"] && unrunnable.first?.missingCommands == [])
+            #expect(unrunnable.dropFirst().first?.missingCommands == ["ffmpeg"])
+
+            try await store.registerNode(node("gpu", queues: ["default", "gpu"]))
+            try await store.registerNode(node("media", queues: ["default"], commands: ["ffmpeg"]))
+            let declared = try await store.declared()
+            #expect(declared.queues == ["default", "gpu"] && declared.commands == ["ffmpeg"])
+            // Every queue and command is declared somewhere, but no single node has gpu and ffmpeg.
+            let split = try await store.jobsNoLiveNodeCanRun(leaseSeconds: 60, limit: 10)
+            #expect(split.map(\.id) == ["split"] && split.first?.missingQueues == [] && split.first?.missingCommands == [])
+
+            #expect(try await store.claimJobs(node: "gpu", limit: 10, queues: ["default", "gpu"], commands: []).map(\.id) == ["gpu-job"])
+            #expect(try await store.claimJobs(node: "media", limit: 10, queues: ["default"], commands: ["ffmpeg"]).map(\.id) == ["ffmpeg-job"])
+        }
+    }
+
+    /// Two (here three) nodes claiming at once, many rounds: every job claimed exactly once.
+    static func concurrentClaims(_ factory: StoreFactory) async throws {
+        try await withStore(factory) { store in
+            let total = 300
+            for batch in stride(from: 0, to: total, by: 100) {
+                _ = try await store.insertJobs((batch..<batch + 100).map { job("c\($0)", qos: $0 % 5, priority: $0 % 3) })
+            }
+            let claims = try await withThrowingTaskGroup(of: [String].self) { group in
+                for n in 0..<3 {
+                    group.addTask {
+                        try await store.registerNode(node("claimer\(n)"))
+                        var mine: [String] = []
+                        while true {
+                            let got = try await store.claimJobs(node: "claimer\(n)", limit: 7, queues: ["default"], commands: [])
+                            if got.isEmpty { return mine }
+                            mine += got.map(\.id)
+                        }
+                    }
+                }
+                return try await group.reduce(into: [String]()) { $0 += $1 }
+            }
+            #expect(claims.count == total, "no job claimed twice")
+            #expect(Set(claims) == Set((0..<total).map { "c\($0)" }), "every job claimed")
+        }
+    }
+
+    /// A silent node's jobs go back after the lease, with from_node; the node beating is left alone; the lost
+    /// node's completion records nothing; its next heartbeat shows what it lost.
+    static func heartbeatAndTakeover(_ factory: StoreFactory) async throws {
+        try await withStore(factory) { store in
+            try await store.registerNode(node("A"))
+            try await store.registerNode(node("B"))
+            _ = try await store.insertJobs([job("t1"), job("t2"), job("t3")])
+            let claimedByA = try await store.claimJobs(node: "A", limit: 2, queues: ["default"], commands: [])
+            let beat = try await store.heartbeat(node: "A")
+            #expect(beat.registered && beat.held == Dictionary(uniqueKeysWithValues: claimedByA.map { ($0.id, $0.fence) }))
+            #expect(try await store.heartbeat(node: "nobody").registered == false)
+
+            // Within the lease: nothing moves.
+            #expect(try await store.takeOverLost(leaseSeconds: 60).jobs.isEmpty)
+            try await Task.sleep(for: .milliseconds(700))
+            _ = try await store.heartbeat(node: "B")
+            let moved = try await store.takeOverLost(leaseSeconds: 0.5)
+            #expect(Set(moved.jobs.map(\.id)) == Set(claimedByA.map(\.id)))
+            #expect(moved.jobs.allSatisfy { $0.fromNode == "A" })
+            #expect(try await store.job(claimedByA[0].id)?.state == .waiting)
+
+            let claimedByB = try await store.claimJobs(node: "B", limit: 10, queues: ["default"], commands: [])
+            #expect(Set(claimedByB.map(\.id)) == Set(claimedByA.map(\.id) + ["t3"]))
+            #expect(claimedByB.filter { $0.id != "t3" }.allSatisfy { $0.fromNode == "A" })
+            #expect(claimedByB.first { $0.id == "t3" }?.fromNode == nil)
+
+            // A comes back: it holds nothing and can record nothing.
+            #expect(try await store.heartbeat(node: "A").held.isEmpty)
+            for lost in claimedByA {
+                #expect(try await store.complete(job: lost.id, fence: lost.fence, status: "succeeded", result: []) == false)
+            }
+            let recorded = try await store.completeJobs(claimedByB.map {
+                JobCompletion(job: $0.id, fence: $0.fence, status: "succeeded", result: Array("r".utf8))
+            })
+            #expect(recorded == Set(claimedByB.map(\.id)))
+            let record = try #require(try await store.job(claimedByA[0].id))
+            #expect(record.state == .finished && record.node == "B" && record.fromNode == "A" && record.status == "succeeded")
+            #expect(record.result == Array("r".utf8) && record.finishedAt != nil)
+        }
+    }
+
+    /// Only the current fence completes; a second completion records nothing.
+    static func staleFence(_ factory: StoreFactory) async throws {
+        try await withStore(factory) { store in
+            try await store.registerNode(node("n1"))
+            _ = try await store.insertJobs([job("f")])
+            let claimed = try #require(try await store.claimJobs(node: "n1", limit: 1, queues: ["default"], commands: []).first)
+            #expect(try await store.complete(job: "f", fence: claimed.fence + 1, status: "succeeded", result: []) == false)
+            #expect(try await store.complete(job: "f", fence: claimed.fence - 1, status: "succeeded", result: []) == false)
+            #expect(try await store.job("f")?.state == .running)
+            #expect(try await store.complete(job: "f", fence: claimed.fence, status: "failed", result: [1, 2]) == true)
+            #expect(try await store.complete(job: "f", fence: claimed.fence, status: "succeeded", result: []) == false)
+            #expect(try await store.job("f")?.status == "failed")
+        }
+    }
+
+    /// clusterMaxConcurrentOperationCount: never more than N holders under concurrent acquirers; a lost node's
+    /// slots are freed only after the lease; a stale release does nothing.
+    static func clusterSlots(_ factory: StoreFactory) async throws {
+        try await withStore(factory) { store in
+            let limit = 3
+            try await store.registerNode(node("s", limits: ["api": limit]))
+            let holding = Locked(0)
+            let peak = Locked(0)
+            let acquired = Locked(0)
+            try await withThrowingTaskGroup(of: Void.self) { group in
+                for worker in 0..<8 {
+                    group.addTask {
+                        for round in 0..<15 {
+                            guard let lease = try await store.acquireSlot(queue: "api", limit: limit, node: "s",
+                                                                          job: "w\(worker)", operation: "op\(round)") else {
+                                try await Task.sleep(for: .milliseconds(2))
+                                continue
+                            }
+                            let now = holding.withLock { $0 += 1; return $0 }
+                            peak.withLock { $0 = max($0, now) }
+                            acquired.withLock { $0 += 1 }
+                            let holders = try await store.slotHolders(queue: "api")
+                            #expect(holders.count <= limit)
+                            holding.withLock { $0 -= 1 }
+                            #expect(try await store.releaseSlot(lease))
+                        }
+                    }
+                }
+                try await group.waitForAll()
+            }
+            #expect(peak.withLock { $0 } <= limit)
+            #expect(acquired.withLock { $0 } >= limit, "the slots were used at all")
+
+            let leases = try await (0..<limit).asyncMap { try await store.acquireSlot(queue: "api", limit: limit, node: "s", job: "h", operation: "o\($0)") }
+            #expect(leases.allSatisfy { $0 != nil })
+            #expect(try await store.acquireSlot(queue: "api", limit: limit, node: "s", job: "h", operation: "x") == nil)
+            // A lower limit on another node's configuration: fewer slots for it, never more in total.
+            #expect(try await store.acquireSlot(queue: "api", limit: 1, node: "s", job: "h", operation: "y") == nil)
+
+            // Node s goes silent: within the lease its slots stay held; after it they are freed.
+            try await store.registerNode(node("t"))
+            #expect(try await store.takeOverLost(leaseSeconds: 60).freedSlotQueues.isEmpty)
+            try await Task.sleep(for: .milliseconds(700))
+            _ = try await store.heartbeat(node: "t")
+            let takeover = try await store.takeOverLost(leaseSeconds: 0.5)
+            #expect(takeover.freedSlotQueues == Array(repeating: "api", count: limit))
+            #expect(try await store.slotHolders(queue: "api").isEmpty)
+            let stale = try #require(leases.first ?? nil)
+            #expect(try await store.releaseSlot(stale) == false)
+            let fresh = try #require(try await store.acquireSlot(queue: "api", limit: limit, node: "t", job: "k", operation: "o"))
+            #expect(fresh.fence > stale.fence)
+        }
+    }
+
+    static func suspension(_ factory: StoreFactory) async throws {
+        try await withStore(factory) { store in
+            #expect(try await store.suspendedQueues().isEmpty)
+            try await store.setSuspended("io", true)
+            try await store.setSuspended("io", true)
+            try await store.setSuspended("filters", true)
+            #expect(try await store.suspendedQueues() == ["io", "filters"])
+            try await store.setSuspended("io", false)
+            try await store.setSuspended("never", false)
+            #expect(try await store.suspendedQueues() == ["filters"])
+        }
+    }
+
+    static func cancels(_ factory: StoreFactory) async throws {
+        try await withStore(factory) { store in
+            try await store.registerNode(node("n1"))
+            #expect(try await store.requestCancel(job: "nope", operation: nil) == .unknownJob)
+            _ = try await store.insertJobs([job("k"), job("other")])
+            #expect(try await store.requestCancel(job: "k", operation: nil) == .requested)
+            #expect(try await store.requestCancel(job: "k", operation: "op2") == .requested)
+            #expect(try await store.pendingCancels(node: "n1").isEmpty, "not running on n1 yet")
+            let claimed = try await store.claimJobs(node: "n1", limit: 10, queues: ["default"], commands: [])
+            let k = try #require(claimed.first { $0.id == "k" })
+            let pending = try await store.pendingCancels(node: "n1")
+            #expect(pending == [CancelRequest(job: "k", operation: nil, fence: k.fence),
+                                CancelRequest(job: "k", operation: "op2", fence: k.fence)])
+            #expect(try await store.complete(job: "k", fence: k.fence, status: "cancelled", result: []))
+            #expect(try await store.pendingCancels(node: "n1").isEmpty)
+            #expect(try await store.requestCancel(job: "k", operation: nil) == .alreadyEnded)
+        }
+    }
+
+    /// Finished rows older than the horizon go in bounded batches; live ones stay.
+    static func prune(_ factory: StoreFactory) async throws {
+        try await withStore(factory) { store in
+            try await store.registerNode(node("n1"))
+            _ = try await store.insertJobs((0..<10).map { job("p\($0)") })
+            let claimed = try await store.claimJobs(node: "n1", limit: 10, queues: ["default"], commands: [])
+            _ = try await store.completeJobs(claimed.map { JobCompletion(job: $0.id, fence: $0.fence, status: "succeeded", result: []) })
+            _ = try await store.insertJobs([job("live")])
+            #expect(try await store.prune(olderThanSeconds: 3600, batchSize: 3) == PruneReport(deleted: 0, batches: 1))
+            try await Task.sleep(for: .milliseconds(20))
+            #expect(try await store.prune(olderThanSeconds: 0, batchSize: 3) == PruneReport(deleted: 10, batches: 4))
+            #expect(try await store.job("p0") == nil)
+            #expect(try await store.job("live")?.state == .waiting)
+        }
+    }
+
+    /// Wake-ups: the listener connects, then an insert and a suspend each wake it.
+    static func wakeups(_ factory: StoreFactory) async throws {
+        try await withStore(factory) { store in
+            let seen = Locked<[Wakeup]>([])
+            let reader = Task {
+                for await wakeup in store.wakeups { seen.withLock { $0.append(wakeup) } }
+            }
+            defer { reader.cancel() }
+            #expect(try await eventually(within: 10) { seen.withLock { $0.contains(.connected) } })
+            _ = try await store.insertJobs([job("w")])
+            #expect(try await eventually(within: 5) { seen.withLock { $0.contains(.jobs) } })
+            try await store.setSuspended("io", true)
+            #expect(try await eventually(within: 5) { seen.withLock { $0.contains(.control) } })
+        }
+    }
+}
+
+/// A value shared between test tasks.
+final class Locked<Value: Sendable>: Sendable {
+    private let mutex: Mutex<Value>
+    init(_ value: Value) { mutex = Mutex(value) }
+    func withLock<T: Sendable>(_ body: (inout Value) -> T) -> T { mutex.withLock { body(&$0) } }
+}
+
+/// Polls `condition` every 10 ms until it holds or `seconds` pass.
+func eventually(within seconds: Double, _ condition: () -> Bool) async throws -> Bool {
+    let deadline = ContinuousClock.now + .seconds(seconds)
+    while ContinuousClock.now < deadline {
+        if condition() { return true }
+        try await Task.sleep(for: .milliseconds(10))
+    }
+    return condition()
+}
+
+extension Sequence where Element: Sendable {
+    func asyncMap<T>(_ transform: (Element) async throws -> T) async rethrows -> [T] {
+        var out: [T] = []
+        for element in self { out.append(try await transform(element)) }
+        return out
+    }
+}

@@ -1,0 +1,170 @@
+// A throwaway PostgreSQL for the cluster tests and benchmarks: initdb (as the `postgres` user, since initdb
+// refuses root) into a fresh folder under /tmp, password (SCRAM) authentication only, listening on 127.0.0.1
+// at a free port and on a unix socket in that folder; stopped with `pg_ctl -m fast stop`, then by pid.
+//
+// Trusts Debian's PostgreSQL 15 binaries in /usr/lib/postgresql/15/bin (`make deps` installs `postgresql`);
+// never uses the package's own cluster.
+
+import Foundation
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+public final class PostgresServer: @unchecked Sendable {
+    public static let binaries = "/usr/lib/postgresql/15/bin"
+    /// The non-superuser role the stores log in as, with only the GRANTs docs/pending/issue-17-store.md lists.
+    public static let role = "opqnode"
+
+    public let folder: String
+    public let port: Int
+    /// The superuser's password (test-only), and the node role's.
+    let superPassword: String
+    public let rolePassword: String
+    private var running = false
+    private var databases = 0
+
+    public init() throws {
+        var template = Array("/tmp/opq-pg-XXXXXX".utf8CString)
+        guard let made = mkdtemp(&template) else { throw SupportFailure("mkdtemp: \(String(cString: strerror(errno)))") }
+        folder = String(cString: made)
+        superPassword = "super-\(UInt64.random(in: 1...UInt64.max))"
+        rolePassword = "node-\(UInt64.random(in: 1...UInt64.max))-secret"
+        port = try Self.freePort()
+        guard let postgres = getpwnam("postgres") else { throw SupportFailure("no postgres user: install Debian's postgresql (make deps)") }
+        chown(folder, postgres.pointee.pw_uid, postgres.pointee.pw_gid)
+        chmod(folder, 0o700)
+        let passwordFile = folder + "/superuser-password"
+        try (superPassword + "\n").write(toFile: passwordFile, atomically: true, encoding: .utf8)
+        chown(passwordFile, postgres.pointee.pw_uid, postgres.pointee.pw_gid)
+        chmod(passwordFile, 0o600)
+        try Self.runAsPostgres([Self.binaries + "/initdb", "-D", folder + "/data", "-U", "postgres",
+                                "--auth=scram-sha-256", "--pwfile=" + passwordFile, "--encoding=UTF8",
+                                "--locale=C", "--no-instructions"])
+        try start()
+        try psql("postgres", "CREATE ROLE \(Self.role) LOGIN PASSWORD '\(rolePassword)'")
+    }
+
+    public func start() throws {
+        let options = "-c listen_addresses=127.0.0.1 -c port=\(port) -c unix_socket_directories=\(folder) -c max_connections=200"
+        // The postmaster inherits pg_ctl's output: pipes there would never reach end of file, so none.
+        try Self.runAsPostgres([Self.binaries + "/pg_ctl", "-D", folder + "/data", "-l", folder + "/log", "-w",
+                                "-t", "60", "-o", options, "start"], quiet: true)
+        running = true
+    }
+
+    public func stop() {
+        guard running else { return }
+        running = false
+        if (try? Self.runAsPostgres([Self.binaries + "/pg_ctl", "-D", folder + "/data", "-m", "fast", "-w", "stop"])) == nil,
+           let text = try? String(contentsOfFile: folder + "/data/postmaster.pid", encoding: .utf8),
+           let pid = Int32(text.split(separator: "\n").first ?? "") {
+            kill(pid, SIGKILL)
+        }
+    }
+
+    deinit {
+        stop()
+        try? FileManager.default.removeItem(atPath: folder)
+    }
+
+    /// A new, empty database the node role may use: CONNECT and TEMP on it, USAGE and CREATE on its public
+    /// schema (PostgreSQL 15 no longer grants CREATE there to everyone). Nothing more.
+    public func createDatabase(_ prefix: String = "opq") throws -> String {
+        databases += 1
+        let name = "\(prefix)_\(getpid())_\(databases)"
+        try psql("postgres", "CREATE DATABASE \(name)")
+        try psql("postgres", "GRANT CONNECT, TEMPORARY ON DATABASE \(name) TO \(Self.role)")
+        try psql(name, "GRANT USAGE, CREATE ON SCHEMA public TO \(Self.role)")
+        return name
+    }
+
+    /// The URL a store uses for `database` as the node role (the password goes in a password file).
+    public func url(_ database: String, user: String = PostgresServer.role) -> String {
+        "postgresql://\(user)@127.0.0.1:\(port)/\(database)?sslmode=disable"
+    }
+
+    /// A password file holding `password` (default: the node role's) and a trailing newline.
+    public func passwordFile(_ password: String? = nil) throws -> String {
+        let path = folder + "/node-password-\(UInt64.random(in: 1...UInt64.max))"
+        try ((password ?? rolePassword) + "\n").write(toFile: path, atomically: true, encoding: .utf8)
+        chmod(path, 0o600)
+        return path
+    }
+
+    /// Runs SQL as the superuser over the unix socket; returns psql's unaligned output.
+    @discardableResult
+    public func psql(_ database: String, _ sql: String) throws -> String {
+        try Self.run(["/usr/bin/psql", "-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-h", folder, "-p", "\(port)",
+                      "-U", "postgres", "-d", database, "-c", sql], environment: ["PGPASSWORD": superPassword])
+    }
+
+    /// Commits the server has counted in `database` (pg_stat_database.xact_commit), read from another database
+    /// so that the reading adds nothing. Backends report at most once a second and at exit: close the store first.
+    public func commits(_ database: String) throws -> Int {
+        let text = try psql("postgres", "SELECT xact_commit FROM pg_stat_database WHERE datname = '\(database)'")
+        guard let n = Int(text.trimmingCharacters(in: .whitespacesAndNewlines)) else {
+            throw SupportFailure("pg_stat_database has no line for \(database): \(text)")
+        }
+        return n
+    }
+
+    static func freePort() throws -> Int {
+        let fd = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        guard fd >= 0 else { throw SupportFailure("socket: \(String(cString: strerror(errno)))") }
+        defer { close(fd) }
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        address.sin_port = 0
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        let bound = withUnsafeMutablePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { pointer -> Bool in
+                bind(fd, pointer, length) == 0 && getsockname(fd, pointer, &length) == 0
+            }
+        }
+        guard bound else { throw SupportFailure("bind 127.0.0.1:0: \(String(cString: strerror(errno)))") }
+        return Int(UInt16(bigEndian: address.sin_port))
+    }
+
+    static func runAsPostgres(_ arguments: [String], quiet: Bool = false) throws {
+        _ = try run(["/usr/sbin/runuser", "-u", "postgres", "--"] + arguments, quiet: quiet)
+    }
+
+    @discardableResult
+    static func run(_ arguments: [String], environment: [String: String] = [:], quiet: Bool = false) throws -> String {
+        if quiet {
+            let process = Process()
+            process.executableURL = URL(fileURLWithPath: arguments[0])
+            process.arguments = Array(arguments.dropFirst())
+            process.currentDirectoryURL = URL(fileURLWithPath: "/tmp")
+            process.standardOutput = FileHandle.nullDevice
+            process.standardError = FileHandle.nullDevice
+            process.standardInput = FileHandle.nullDevice
+            try process.run()
+            process.waitUntilExit()
+            guard process.terminationStatus == 0 else {
+                throw SupportFailure("\(arguments.prefix(2).joined(separator: " ")) … exited \(process.terminationStatus)")
+            }
+            return ""
+        }
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: arguments[0])
+        process.arguments = Array(arguments.dropFirst())
+        process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 }
+        process.currentDirectoryURL = URL(fileURLWithPath: "/tmp")
+        let output = Pipe()
+        let errors = Pipe()
+        process.standardOutput = output
+        process.standardError = errors
+        process.standardInput = FileHandle.nullDevice
+        try process.run()
+        let out = output.fileHandleForReading.readDataToEndOfFile()
+        let err = errors.fileHandleForReading.readDataToEndOfFile()
+        process.waitUntilExit()
+        guard process.terminationStatus == 0 else {
+            throw SupportFailure("\(arguments.prefix(2).joined(separator: " ")) … exited \(process.terminationStatus): \(String(decoding: err, as: UTF8.self))")
+        }
+        return String(decoding: out, as: UTF8.self)
+    }
+}
