@@ -36,8 +36,8 @@ public struct ClusterStoreError: Error, CustomStringConvertible, Sendable {
         if let error = error as? ClusterStoreError { return error }
         if let error = error as? PSQLError {
             if let info = error.serverInfo, let message = info[.message] {
-                var text = "\(doing): the server said: \(message)"
-                if let detail = info[.detail] { text += " (\(detail))" }
+                // The detail is left out: it may quote a row (a manifest's bytes).
+                let text = "\(doing): the server said: \(message)"
                 let state = info[.sqlState]
                 // Class 28 is "invalid authorization", 08 "connection exception", 3D "invalid catalog name".
                 let kind: Kind = state.map { $0.hasPrefix("28") || $0.hasPrefix("08") || $0 == "3D000" } == true

@@ -86,8 +86,7 @@ public final class PostgresClusterStore: ClusterStore {
             _ = try await self.execute(connection, "BEGIN")
             do {
                 _ = try await self.execute(connection, Queries.advisoryLockMigrations)
-                let current = try await self.execute(connection, Queries.schemaVersion).first
-                    .map { try $0.makeRandomAccess()[0].decode(Int.self) } ?? 0
+                let current = try await self.schemaVersion(connection)
                 if current > Migrations.newest {
                     throw ClusterStoreError(.schemaTooNew,
                         "the cluster schema in \(self.url.database) is version \(current), newer than the \(Migrations.newest) this opqueued knows: upgrade this node")
@@ -107,14 +106,21 @@ public final class PostgresClusterStore: ClusterStore {
         }
     }
 
+    /// The applied schema version, 0 for an empty database.
+    func schemaVersion(_ connection: PostgresConnection) async throws -> Int {
+        guard try await execute(connection, Queries.schemaExists).first.map({ try decode($0.makeRandomAccess()[0], Bool.self) }) == true else {
+            return 0
+        }
+        return try await execute(connection, Queries.schemaVersion).first.map { try decode($0.makeRandomAccess()[0], Int.self) } ?? 0
+    }
+
     /// Undoes migrations down to `version` (0: nothing left). For operators and tests; never run by a node.
     public func migrateDown(to version: Int) async throws {
         try await withDedicatedConnection(doing: "migrating the cluster schema down") { connection in
             _ = try await self.execute(connection, "BEGIN")
             do {
                 _ = try await self.execute(connection, Queries.advisoryLockMigrations)
-                let current = try await self.execute(connection, Queries.schemaVersion).first
-                    .map { try $0.makeRandomAccess()[0].decode(Int.self) } ?? 0
+                let current = try await self.schemaVersion(connection)
                 for migration in Migrations.all.reversed() where migration.version > version && migration.version <= current {
                     for statement in migration.down { _ = try await self.execute(connection, statement) }
                 }

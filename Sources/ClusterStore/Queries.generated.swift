@@ -8,13 +8,13 @@ enum Queries {
     SELECT pg_advisory_xact_lock(7993149263917557604)
     """#
 
-    /// The newest applied version, or 0 when the version table does not exist yet.
-    static let schemaVersion = #"""
-    SELECT CASE WHEN to_regclass('opq_schema_version') IS NULL THEN 0
-                ELSE (SELECT coalesce(max(version), 0) FROM opq_schema_version) END::integer AS version
+    /// Whether the version table exists (a statement naming a missing table fails when planned, so ask first).
+    static let schemaExists = #"""
+    SELECT to_regclass('opq_schema_version') IS NOT NULL
     """#
 
-    static let schemaVersionApplied = #"""
+    /// The newest applied version.
+    static let schemaVersion = #"""
     SELECT coalesce(max(version), 0)::integer AS version FROM opq_schema_version
     """#
 
@@ -39,6 +39,8 @@ enum Queries {
     """#
 
     /// One job, its id unique across the cluster: the first of requested, requested.1, requested.2, … not taken.
+    /// generate_series yields in order and LIMIT 1 stops it at the first free candidate (no ORDER BY: that would
+    /// make it produce all of them first).
     /// A concurrent inserter may take the same candidate between the look and the insert: ON CONFLICT then waits
     /// for it and returns no row, and the caller runs this again in the same transaction (a fresh snapshot).
     /// $1 requested id, $2 manifest, $3 manifest name, $4 submitted on, $5 qos rank, $6 priority rank,
@@ -49,7 +51,6 @@ enum Queries {
     FROM (SELECT CASE WHEN n = 0 THEN $1::text ELSE $1::text || '.' || n END AS candidate, n
           FROM generate_series(0, 100000) AS n) AS c
     WHERE NOT EXISTS (SELECT 1 FROM opq_jobs AS j WHERE j.id = c.candidate)
-    ORDER BY n
     LIMIT 1
     ON CONFLICT (id) DO NOTHING
     RETURNING id, seq
@@ -307,7 +308,8 @@ enum Migrations {
                 status        text,
                 result        bytea,
                 finished_at   timestamptz,
-                CHECK ((state = 'running') = (node IS NOT NULL AND fence IS NOT NULL)),
+                CHECK (state <> 'running' OR (node IS NOT NULL AND fence IS NOT NULL)),
+                CHECK (state <> 'waiting' OR (node IS NULL AND fence IS NULL)),
                 CHECK ((state = 'finished') = (finished_at IS NOT NULL))
             )
             """#,

@@ -131,40 +131,34 @@ public final class PostgresServer: @unchecked Sendable {
         _ = try run(["/usr/sbin/runuser", "-u", "postgres", "--"] + arguments, quiet: quiet)
     }
 
+    /// Runs a program to its end with posix_spawn and waitpid: output goes through files, not pipes (a started
+    /// postmaster inherits them and would hold a pipe open forever), and no run loop is involved.
     @discardableResult
     static func run(_ arguments: [String], environment: [String: String] = [:], quiet: Bool = false) throws -> String {
-        if quiet {
-            let process = Process()
-            process.executableURL = URL(fileURLWithPath: arguments[0])
-            process.arguments = Array(arguments.dropFirst())
-            process.currentDirectoryURL = URL(fileURLWithPath: "/tmp")
-            process.standardOutput = FileHandle.nullDevice
-            process.standardError = FileHandle.nullDevice
-            process.standardInput = FileHandle.nullDevice
-            try process.run()
-            process.waitUntilExit()
-            guard process.terminationStatus == 0 else {
-                throw SupportFailure("\(arguments.prefix(2).joined(separator: " ")) … exited \(process.terminationStatus)")
-            }
-            return ""
+        let outPath = "/tmp/opq-pg-run-\(getpid())-\(UInt64.random(in: 1...UInt64.max))"
+        let errPath = outPath + ".err"
+        defer { unlink(outPath); unlink(errPath) }
+        var actions = posix_spawn_file_actions_t()
+        posix_spawn_file_actions_init(&actions)
+        defer { posix_spawn_file_actions_destroy(&actions) }
+        posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
+        posix_spawn_file_actions_addopen(&actions, 1, quiet ? "/dev/null" : outPath, O_WRONLY | O_CREAT | O_TRUNC, 0o600)
+        posix_spawn_file_actions_addopen(&actions, 2, quiet ? "/dev/null" : errPath, O_WRONLY | O_CREAT | O_TRUNC, 0o600)
+        let merged = ProcessInfo.processInfo.environment.merging(environment) { $1 }
+        let argv = arguments.map { strdup($0) } + [nil]
+        let envp = merged.map { strdup("\($0.key)=\($0.value)") } + [nil]
+        defer { argv.forEach { free($0) }; envp.forEach { free($0) } }
+        var pid: pid_t = 0
+        let spawned = posix_spawn(&pid, arguments[0], &actions, nil, argv, envp)
+        guard spawned == 0 else { throw SupportFailure("\(arguments[0]): \(String(cString: strerror(spawned)))") }
+        var status: Int32 = 0
+        while waitpid(pid, &status, 0) < 0 && errno == EINTR {}
+        let out = (try? String(contentsOfFile: outPath, encoding: .utf8)) ?? ""
+        let exited = (status & 0x7f) == 0 ? (status >> 8) & 0xff : 128 + (status & 0x7f)
+        guard exited == 0 else {
+            let err = (try? String(contentsOfFile: errPath, encoding: .utf8)) ?? ""
+            throw SupportFailure("\(arguments.prefix(2).joined(separator: " ")) … exited \(exited): \(err)")
         }
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: arguments[0])
-        process.arguments = Array(arguments.dropFirst())
-        process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 }
-        process.currentDirectoryURL = URL(fileURLWithPath: "/tmp")
-        let output = Pipe()
-        let errors = Pipe()
-        process.standardOutput = output
-        process.standardError = errors
-        process.standardInput = FileHandle.nullDevice
-        try process.run()
-        let out = output.fileHandleForReading.readDataToEndOfFile()
-        let err = errors.fileHandleForReading.readDataToEndOfFile()
-        process.waitUntilExit()
-        guard process.terminationStatus == 0 else {
-            throw SupportFailure("\(arguments.prefix(2).joined(separator: " ")) … exited \(process.terminationStatus): \(String(decoding: err, as: UTF8.self))")
-        }
-        return String(decoding: out, as: UTF8.self)
+        return out
     }
 }

@@ -44,7 +44,9 @@ CREATE TABLE opq_jobs (
     status        text,
     result        bytea,
     finished_at   timestamptz,
-    CHECK ((state = 'running') = (node IS NOT NULL AND fence IS NOT NULL)),
+    -- A running job has a holder and a fence; a finished one keeps them (show says where it ran).
+    CHECK (state <> 'running' OR (node IS NOT NULL AND fence IS NOT NULL)),
+    CHECK (state <> 'waiting' OR (node IS NULL AND fence IS NULL)),
     CHECK ((state = 'finished') = (finished_at IS NOT NULL))
 );
 

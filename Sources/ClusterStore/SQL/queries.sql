@@ -5,12 +5,12 @@
 -- Serialises migrators for the rest of their transaction (key: 'opqueued' as ASCII bytes).
 SELECT pg_advisory_xact_lock(7993149263917557604);
 
--- name: SchemaVersion
--- The newest applied version, or 0 when the version table does not exist yet.
-SELECT CASE WHEN to_regclass('opq_schema_version') IS NULL THEN 0
-            ELSE (SELECT coalesce(max(version), 0) FROM opq_schema_version) END::integer AS version;
+-- name: SchemaExists
+-- Whether the version table exists (a statement naming a missing table fails when planned, so ask first).
+SELECT to_regclass('opq_schema_version') IS NOT NULL;
 
--- name: SchemaVersionApplied
+-- name: SchemaVersion
+-- The newest applied version.
 SELECT coalesce(max(version), 0)::integer AS version FROM opq_schema_version;
 
 -- name: RecordSchemaVersion
@@ -32,6 +32,8 @@ ON CONFLICT (queue, slot) DO NOTHING;
 
 -- name: InsertJob
 -- One job, its id unique across the cluster: the first of requested, requested.1, requested.2, … not taken.
+-- generate_series yields in order and LIMIT 1 stops it at the first free candidate (no ORDER BY: that would
+-- make it produce all of them first).
 -- A concurrent inserter may take the same candidate between the look and the insert: ON CONFLICT then waits
 -- for it and returns no row, and the caller runs this again in the same transaction (a fresh snapshot).
 -- $1 requested id, $2 manifest, $3 manifest name, $4 submitted on, $5 qos rank, $6 priority rank,
@@ -41,7 +43,6 @@ SELECT candidate, $1, $2, $3, $4, $5, $6, $7, $8
 FROM (SELECT CASE WHEN n = 0 THEN $1::text ELSE $1::text || '.' || n END AS candidate, n
       FROM generate_series(0, 100000) AS n) AS c
 WHERE NOT EXISTS (SELECT 1 FROM opq_jobs AS j WHERE j.id = c.candidate)
-ORDER BY n
 LIMIT 1
 ON CONFLICT (id) DO NOTHING
 RETURNING id, seq;
