@@ -13,7 +13,10 @@ import TestSupport
 let sharedServer: Result<PostgresServer, any Error> = {
     let result = Result { try PostgresServer() }
     atexit {
-        if case .success(let server) = sharedServer { server.stop() }
+        if case .success(let server) = sharedServer {
+            server.stop()
+            try? FileManager.default.removeItem(atPath: server.folder)
+        }
     }
     return result
 }()

@@ -22,7 +22,6 @@ public final class PostgresServer: @unchecked Sendable {
     let superPassword: String
     public let rolePassword: String
     private var running = false
-    private var databases = 0
 
     public init() throws {
         var template = Array("/tmp/opq-pg-XXXXXX".utf8CString)
@@ -71,8 +70,8 @@ public final class PostgresServer: @unchecked Sendable {
     /// A new, empty database the node role may use: CONNECT and TEMP on it, USAGE and CREATE on its public
     /// schema (PostgreSQL 15 no longer grants CREATE there to everyone). Nothing more.
     public func createDatabase(_ prefix: String = "opq") throws -> String {
-        databases += 1
-        let name = "\(prefix)_\(getpid())_\(databases)"
+        // Random, not counted: suites run tests in parallel.
+        let name = "\(prefix)_\(getpid())_\(UInt32.random(in: 1...UInt32.max))"
         try psql("postgres", "CREATE DATABASE \(name)")
         try psql("postgres", "GRANT CONNECT, TEMPORARY ON DATABASE \(name) TO \(Self.role)")
         try psql(name, "GRANT USAGE, CREATE ON SCHEMA public TO \(Self.role)")

@@ -25,7 +25,8 @@ CREATE SEQUENCE opq_fence AS bigint;
 
 -- Every job the cluster knows: waiting, running, then finished until pruned after keepFinishedDays.
 CREATE TABLE opq_jobs (
-    id            text PRIMARY KEY,
+    -- Byte order ("C"), whatever the database's collation: InsertJob finds `id.N` siblings by a range scan.
+    id            text COLLATE "C" PRIMARY KEY,
     requested_id  text NOT NULL,
     manifest      bytea NOT NULL,
     manifest_name text NOT NULL,

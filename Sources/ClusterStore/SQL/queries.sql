@@ -31,18 +31,24 @@ SELECT $1, g FROM generate_series(1, $2::integer) AS g
 ON CONFLICT (queue, slot) DO NOTHING;
 
 -- name: InsertJob
--- One job, its id unique across the cluster: the first of requested, requested.1, requested.2, … not taken.
--- generate_series yields in order and LIMIT 1 stops it at the first free candidate (no ORDER BY: that would
--- make it produce all of them first).
+-- One job, its id unique across the cluster: the requested id if free, else requested.N with N one more than
+-- the largest taken (found by a range scan of the byte-ordered primary key: '/' follows '.').
 -- A concurrent inserter may take the same candidate between the look and the insert: ON CONFLICT then waits
 -- for it and returns no row, and the caller runs this again in the same transaction (a fresh snapshot).
 -- $1 requested id, $2 manifest, $3 manifest name, $4 submitted on, $5 qos rank, $6 priority rank,
 -- $7 queues, $8 commands.
 INSERT INTO opq_jobs (id, requested_id, manifest, manifest_name, submitted_on, qos_rank, priority_rank, queues, commands)
 SELECT candidate, $1, $2, $3, $4, $5, $6, $7, $8
-FROM (SELECT CASE WHEN n = 0 THEN $1::text ELSE $1::text || '.' || n END AS candidate, n
-      FROM generate_series(0, 100000) AS n) AS c
+FROM (
+    SELECT $1::text AS candidate, 0 AS rank
+    UNION ALL
+    SELECT $1::text || '.' || (coalesce(max(substring(id FROM length($1::text) + 2)::bigint), 0) + 1), 1
+    FROM opq_jobs
+    WHERE id > $1::text || '.' AND id < $1::text || '/'
+      AND substring(id FROM length($1::text) + 2) ~ '^[0-9]{1,18}$'
+) AS c
 WHERE NOT EXISTS (SELECT 1 FROM opq_jobs AS j WHERE j.id = c.candidate)
+ORDER BY rank
 LIMIT 1
 ON CONFLICT (id) DO NOTHING
 RETURNING id, seq;
