@@ -16,10 +16,18 @@ public final class PostgresClusterStore: ClusterStore {
     public let wakeups: AsyncStream<Wakeup>
     let wakeupContinuation: AsyncStream<Wakeup>.Continuation
 
+    public static var quietLogger: Logger {
+        var logger = Logger(label: "opqueued.cluster")
+        logger.logLevel = .warning
+        return logger
+    }
+
     /// The notification channel every node listens on; payloads are Wakeup names.
     static let channel = "opqueued"
 
-    public init(url: DatabaseURL, logger: Logger = Logger(label: "opqueued.cluster")) throws {
+    /// `logger` also receives postgres-nio's background messages (a failed reconnect is `info` there); the
+    /// default keeps only warnings and errors, since the store reports connection changes itself (Wakeup).
+    public init(url: DatabaseURL, logger: Logger = PostgresClusterStore.quietLogger) throws {
         self.url = url
         self.logger = logger
         self.client = PostgresClient(configuration: try url.clientConfiguration(), backgroundLogger: logger)
