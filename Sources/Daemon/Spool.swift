@@ -10,6 +10,8 @@
 //             and the outputs → commit → rename active/<job> → outbox/<job> → commit
 //   recover   active/<job>/ without a manifest: never claimed, removed (the inbox file is still there);
 //             otherwise resumed, skipping the operations the progress log lists. tmp/ is emptied.
+//   downloads active/.downloads/<job>/<operation>, written by the operations (Downloads.swift); removed
+//             after publication, and at recovery for jobs no longer active (partial files too).
 //
 // Group commit: `commit()` is one syncfs(2) on the spool's file system (the spool is one mount), made
 // once per batch of claims, of progress lines or of publications rather than one fsync per file and
@@ -296,7 +298,13 @@ public final class Spool: @unchecked Sendable {
             jobs.append(ClaimedJob(id: id, requestedJob: requested, manifestName: name, receivedAt: receivedAt, manifest: manifest,
                                    tree: nil, done: progress[id] ?? [:]))
         }
-        try rewriteProgress(keeping: Set(jobs.map(\.id)))
+        // Downloads: those of jobs that resume stay (a download that succeeded is restored from its file),
+        // less partial files of interrupted ones; those of jobs published or never claimed go.
+        let resuming = Set(jobs.map(\.id))
+        for id in (try? FileManager.default.contentsOfDirectory(atPath: downloadsRoot)) ?? [] {
+            if resuming.contains(id) { removeParts(downloadsFolder(job: id)) } else { removeTree(downloadsFolder(job: id)) }
+        }
+        try rewriteProgress(keeping: resuming)
         return (jobs, problems)
     }
 
@@ -358,6 +366,16 @@ public final class Spool: @unchecked Sendable {
 
     /// The folder where a job's `write` operations put their files: the future outbox entry.
     public func outputFolder(job: String) -> String { active + "/" + job }
+
+    /// active/.downloads: downloads, one folder per job; hidden (never a job id) and outside the job's
+    /// folder, so publication never carries them into the outbox.
+    var downloadsRoot: String { active + "/.downloads" }
+
+    /// The folder a job's downloads are streamed into (made on the first one).
+    public func downloadsFolder(job: String) -> String { downloadsRoot + "/" + job }
+
+    /// After publication: a job's downloads go (best effort; recovery removes what is left).
+    public func discardDownloads(job: String) { removeTree(downloadsFolder(job: job)) }
 
     // MARK: Publication
 
@@ -461,10 +479,16 @@ func writeFile(_ data: Data, to path: String) throws {
 
 /// Writes a file and fsyncs it (and, by default, its folder).
 public func writeDurably(_ data: Data, to path: String, syncFolder: Bool = true) throws {
+    try writeDurably(to: path, syncFolder: syncFolder) { fd, path in try writeAll(fd, data, path: path) }
+}
+
+/// Creates a file, has `fill` write it (given the descriptor and the path), and fsyncs it (and, by
+/// default, its folder).
+func writeDurably(to path: String, syncFolder: Bool = true, _ fill: (Int32, String) throws -> Void) throws {
     let fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0o644)
     guard fd >= 0 else { throw SpoolError(operation: "create", path: path, errno: errno) }
     do {
-        try writeAll(fd, data, path: path)
+        try fill(fd, path)
         guard fsync(fd) == 0 else { throw SpoolError(operation: "fsync", path: path, errno: errno) }
     } catch {
         close(fd)
