@@ -114,9 +114,13 @@ public final class Daemon: @unchecked Sendable {
     /// Claims and publications, in order.
     let work = DispatchQueue(label: "opqueued.spool")
 
-    /// A manifest file must be this old before a scan (rather than an inotify close/move event) claims
-    /// it, so a file still being written in place is not claimed half-written.
+    /// Where no read lease can be taken (see Spool.claim), a manifest file must be this old before a
+    /// scan (rather than an inotify close/move event) claims it, so a file still being written in place
+    /// is not claimed half-written.
     static let settleSeconds = 1.0
+    /// Names a lease found open for writing (on `work`): tried again at once when inotify says closed.
+    private var busy: Set<String> = []
+    private var leaseFallbackLogged = false
 
     public init(spool: Spool, configuration: Configuration, configPath: String?, logger: Logger, once: Bool = false) {
         self.spool = spool
@@ -168,6 +172,8 @@ public final class Daemon: @unchecked Sendable {
             // Only names a scan would offer are kept (a hidden file written and renamed in is not).
             closedHints.formUnion(hints.lazy.filter(Spool.isManifestName))
             lock.unlock()
+            // A file found open for writing is tried again as soon as it is closed.
+            for name in hints where busy.remove(name) != nil { inboxQueue.prepend(name) }
             rescanRequested = true
             claimMore()
         }
@@ -229,18 +235,25 @@ public final class Daemon: @unchecked Sendable {
             lock.lock()
             let hinted = closedHints.remove(name) != nil
             lock.unlock()
-            // Not announced by inotify and still fresh: it may be being written in place. (Not a regular
-            // file: `claim` says why it is left alone.)
-            if !hinted && onlyThese == nil, let age = spool.age(of: name, now: now), age < Self.settleSeconds {
-                settling.append(name)
-                continue
-            }
+            // Used only where no lease can be had: not announced by inotify and still fresh, it may be
+            // being written in place. (Not a regular file: `claim` says why it is left alone.)
+            let settled = hinted || onlyThese != nil || (spool.age(of: name, now: now) ?? Self.settleSeconds) >= Self.settleSeconds
             do {
-                switch try spool.claim(name, now: Date().timeIntervalSince1970) {
+                switch try spool.claim(name, now: Date().timeIntervalSince1970, settled: settled) {
                 case .claimed(let job):
+                    busy.remove(name)
                     claimed.append(job)
                     mayHold += job.manifest.count / Self.minimumBytesPerOperation + 1
+                case .busy:
+                    busy.insert(name)
+                case .unsettled(let reason):
+                    if !leaseFallbackLogged {
+                        leaseFallbackLogged = true
+                        logger.notice("inbox/\(name): no read lease could be taken (\(reason)); a file still open for writing is told apart by inotify's close events and \(Self.settleSeconds) s without change instead")
+                    }
+                    settling.append(name)
                 case .vanished:
+                    busy.remove(name)
                     continue
                 case .skipped(let reason):
                     lock.lock()
