@@ -246,11 +246,7 @@ public final class Daemon: @unchecked Sendable {
                     mayHold += job.manifest.count / Self.minimumBytesPerOperation + 1
                 case .busy:
                     busy.insert(name)
-                case .unsettled(let reason):
-                    if !leaseFallbackLogged {
-                        leaseFallbackLogged = true
-                        logger.notice("inbox/\(name): no read lease could be taken (\(reason)); a file still open for writing is told apart by inotify's close events and \(Self.settleSeconds) s without change instead")
-                    }
+                case .unsettled:
                     settling.append(name)
                 case .vanished:
                     busy.remove(name)
@@ -265,6 +261,10 @@ public final class Daemon: @unchecked Sendable {
                 inboxQueue.prepend(name)
                 spoolFailed("claiming inbox/\(name)", error)
                 break
+            }
+            if !leaseFallbackLogged, let reason = spool.leaseRefused {
+                leaseFallbackLogged = true
+                logger.notice("no read lease could be taken on \(reason); a manifest still open for writing is told apart by inotify's close events and \(Self.settleSeconds) s without change instead (logged once)")
             }
         }
         if !settling.isEmpty {

@@ -215,9 +215,9 @@ public final class Spool: @unchecked Sendable {
         /// Still open for writing somewhere (the kernel refused a read lease): tried again when inotify
         /// says it was closed, or at the next rescan.
         case busy
-        /// No lease could be taken (`reason`: not the file's owner and no CAP_LEASE, or a file system
-        /// without leases), and the caller did not say the file had settled: tried again later.
-        case unsettled(reason: String)
+        /// No lease could be taken (`leaseRefused` says why), and the caller did not say the file had
+        /// settled: tried again later.
+        case unsettled
         /// Not a regular file of its own (a symlink, FIFO, folder, device, or a file with other hard
         /// links), or unreadable: left alone.
         case skipped(String)
@@ -225,6 +225,10 @@ public final class Spool: @unchecked Sendable {
 
     /// Errors that say the daemon (not the file) is in trouble: out of descriptors, memory, or I/O.
     static let resourceErrors: Set<Int32> = [EMFILE, ENFILE, ENOMEM, EIO, ENOSPC, EDQUOT, EROFS]
+
+    /// Why the last lease refused for a reason other than a writer was refused (not the file's owner and
+    /// no CAP_LEASE, a file system without leases); set by `claim`, for the daemon to log once.
+    public private(set) var leaseRefused: String?
 
     /// Claims one inbox file: its job id is its `job` key if valid, else its file name; a collision
     /// with active/ or outbox/ appends `.1`, `.2`, … Durable at the next `commit()`. The manifest is read
@@ -253,8 +257,10 @@ public final class Spool: @unchecked Sendable {
         case .success:
             let lease = opq_lease(fd, 0)
             if lease == -EAGAIN { return .busy }
-            if lease != 0 && !settled {
-                return .unsettled(reason: String(cString: strerror(-lease)) + (lease == -EACCES || lease == -EPERM ? " (the file is not the daemon's user's and the daemon lacks CAP_LEASE)" : ""))
+            if lease != 0 {
+                let reason = String(cString: strerror(-lease)) + (lease == -EACCES || lease == -EPERM ? " (the file is not the daemon's user's and the daemon lacks CAP_LEASE)" : "")
+                leaseRefused = "inbox/\(name): \(reason)"
+                if !settled { return .unsettled }
             }
             leased = lease == 0
         }

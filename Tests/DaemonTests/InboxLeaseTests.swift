@@ -54,6 +54,8 @@ import Glibc
         #expect(seconds < 1.5, "claimed at once when closed (took \(seconds) s)")
         let result = try #require(spool.result("inplace"))
         #expect(result["status"] as? String == "succeeded", "\(result)")
+        let log = (try? String(contentsOfFile: spool.logPath, encoding: .utf8)) ?? ""
+        #expect(!log.contains("no read lease"), "the daemon's own user's files are leased")
     }
 
     @Test func aFileOpenForWritingWithNothingWrittenIsLeftAlone() throws {
@@ -71,5 +73,38 @@ import Glibc
         #expect(seconds < 1.5, "claimed at once when closed (took \(seconds) s)")
         let result = try #require(spool.result("empty"))
         #expect(result["status"] as? String == "succeeded", "\(result)")
+    }
+}
+
+@Suite(.serialized) struct InboxLeaseFallbackTests {
+    /// Without CAP_LEASE and for a file another user owns, no lease can be had: the daemon says so once,
+    /// and falls back to inotify's close event (and the mtime rule).
+    @Test func withoutCapLeaseAClosedFileIsStillClaimedAndTheFallbackIsLoggedOnce() throws {
+        let spool = TestSpool()
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/setpriv")
+        process.arguments = ["--bounding-set=-lease", "--inh-caps=-lease", binaries + "/opqueued", "--spool", spool.root, "--log-target", "console"]
+        _ = FileManager.default.createFile(atPath: spool.logPath, contents: nil)
+        let log = try FileHandle(forWritingTo: URL(fileURLWithPath: spool.logPath))
+        process.standardError = log
+        process.standardOutput = log
+        try process.run()
+        spool.daemon = process
+        let ready = InboxLeaseTests().waitFor(20) { (try? ControlClient.request(spool.root + "/opqueued.sock", ["command": "status"], timeout: 1)) != nil }
+        #expect(ready != nil, "the daemon started")
+        for name in ["first", "second"] {
+            let path = spool.root + "/inbox/\(name).plist"
+            let fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o644)
+            #expect(fd >= 0)
+            #expect(fchown(fd, 4321, 4321) == 0, "the file is another user's")
+            InboxLeaseTests().put(fd, plist(["job": name, "operations": [sleepOp("a", 0.01)]]))
+            close(fd)
+            let took = InboxLeaseTests().waitFor(10) { !FileManager.default.fileExists(atPath: path) }
+            #expect(took.map { $0 < 1.5 } == true, "claimed at once on its close event (took \(took.map { "\($0)" } ?? "forever") s)")
+            #expect(spool.result(name)?["status"] as? String == "succeeded")
+        }
+        let text = (try? String(contentsOfFile: spool.logPath, encoding: .utf8)) ?? ""
+        #expect(occurrences(of: "no read lease could be taken on inbox/first.plist: Permission denied", in: text) == 1, "\(text.suffix(2000))")
+        #expect(occurrences(of: "no read lease could be taken", in: text) == 1, "logged once")
     }
 }
