@@ -364,6 +364,7 @@ public final class Daemon: @unchecked Sendable {
             limits: DownloadLimits(maxBytes: config.downloadMaxBytes, connectTimeoutSeconds: config.downloadConnectTimeoutSeconds,
                                    timeoutSeconds: config.downloadTimeoutSeconds, fileRoots: config.fileRoots, allowNetworks: config.allowNetworks),
             maxPixels: config.maxPixels)
+        func hasDownload(_ operation: String) -> Bool { access(environment.downloads + "/" + operation, F_OK) == 0 }
         for (offset, op) in operations.enumerated() {
             let i = base + offset
             // What succeeded before a restart is not run again when its output was kept: a download (its
@@ -376,7 +377,10 @@ public final class Daemon: @unchecked Sendable {
             if succeeded {
                 switch op.parameters {
                 case .sleep, .spin, .fail: recovered = .sync { _ in nil }
-                case .download: recovered = Kinds.restoredDownload(name: op.id, environment: environment) { $0 }
+                // (A download recorded by a version that kept it in memory has no file: it runs again.)
+                case .download where hasDownload(op.id):
+                    recovered = Kinds.restoredDownload(name: op.id, environment: environment) { $0 }
+                case .download: break
                 case .write(let path, _, _):
                     let file = environment.jobFolder + "/" + path
                     recovered = .sync { _ in try DownloadedFile(path: file) }
@@ -392,7 +396,7 @@ public final class Daemon: @unchecked Sendable {
                 try self.expand(job, with: Manifest.photoListOperations(photos, configuration: config), configuration: config)
                 return nil
             }
-            if photosURL != nil && succeeded { recovered = Kinds.restoredDownload(name: op.id, environment: environment, then: expandList) }
+            if photosURL != nil && succeeded && hasDownload(op.id) { recovered = Kinds.restoredDownload(name: op.id, environment: environment, then: expandList) }
             if recovered != nil || recompute { job.recovered.insert(i) }
             if recompute { job.recomputed.insert(i) }
             let queue = queueIDs[op.queue] ?? defaultQueue
