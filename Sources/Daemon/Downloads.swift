@@ -35,10 +35,15 @@ public final class DownloadedFile: Sendable {
     public let bytes: Data
 
     /// Maps the file at `path` (a complete download).
-    public init(path: String) throws {
+    public convenience init(path: String) throws {
         let fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC)
         guard fd >= 0 else { throw SpoolError(operation: "open the downloaded file", path: path, errno: errno) }
         defer { close(fd) }
+        try self.init(fd: fd, path: path)
+    }
+
+    /// Maps the file open for reading as `fd` (kept by the caller) at `path`.
+    init(fd: Int32, path: String) throws {
         var st = stat()
         guard fstat(fd, &st) == 0 else { throw SpoolError(operation: "fstat", path: path, errno: errno) }
         guard (st.st_mode & S_IFMT) == S_IFREG else { throw SpoolError(operation: "open the downloaded file", path: path, errno: EINVAL) }
@@ -76,8 +81,19 @@ final class DownloadTarget: @unchecked Sendable {
         }
         self.folder = folder
         self.name = name
-        fd = open(folder + "/." + name + ".part", O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0o640)
+        // Read and write: `complete` maps it through this descriptor (no other open, which could fail
+        // for want of descriptors once the body is in).
+        fd = open(folder + "/." + name + ".part", O_RDWR | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC, 0o640)
         guard fd >= 0 else { throw SpoolError(operation: "create", path: folder + "/." + name + ".part", errno: errno) }
+    }
+
+    /// A second descriptor of the file, for a transfer to write through: after a cancel, `discard` closes
+    /// this one at once, while the transfer thread may write until it frees the transfer; the number it
+    /// writes to stays its own till then.
+    func duplicate() throws -> Int32 {
+        let fd = fcntl(self.fd, F_DUPFD_CLOEXEC, 0)
+        guard fd >= 0 else { throw SpoolError(operation: "dup", path: partPath, errno: errno) }
+        return fd
     }
 
     /// Makes the download durable (fsync, rename; the folder entry is covered by the spool's next commit,
@@ -95,7 +111,7 @@ final class DownloadTarget: @unchecked Sendable {
             unlink(partPath)
             throw SpoolError(operation: "rename", path: partPath, errno: e)
         }
-        return try DownloadedFile(path: path)
+        return try DownloadedFile(fd: fd, path: path)
     }
 
     private func end() -> Bool {
@@ -138,19 +154,14 @@ public final class Downloader: @unchecked Sendable {
         multi = opq_multi_new()
     }
 
-    /// Starts a transfer whose body is written to `fd` (the caller keeps it: the transfer writes through a
-    /// duplicate it closes when it ends); `completion` is called once, from the transfer thread. Returns a
-    /// cancel function that aborts the transfer at once (its completion is then not called).
-    func fetch(_ url: String, into fd: Int32, maxBytes: Int, limits: DownloadLimits, completion: @escaping @Sendable (Result<Void, any Error>) -> Void) -> @Sendable () -> Void {
+    /// Starts a transfer whose body is written to `fd`, which the transfer owns from now on (it closes it
+    /// when it ends: pass a duplicate, `DownloadTarget.duplicate`); `completion` is called once, from the
+    /// transfer thread. Returns a cancel function that aborts the transfer at once (its completion is then
+    /// not called).
+    func fetch(_ url: String, into duplicate: Int32, maxBytes: Int, limits: DownloadLimits, completion: @escaping @Sendable (Result<Void, any Error>) -> Void) -> @Sendable () -> Void {
         guard let multi else {
+            close(duplicate)
             completion(.failure(KindFailure(description: "libcurl could not be started")))
-            return {}
-        }
-        // A duplicate: after a cancel the caller closes its descriptor at once, while the transfer thread
-        // may still write until it frees the transfer; the number it writes to stays its own till then.
-        let duplicate = fcntl(fd, F_DUPFD_CLOEXEC, 0)
-        guard duplicate >= 0 else {
-            completion(.failure(SpoolError(operation: "dup", path: "a download's file", errno: errno)))
             return {}
         }
         lock.lock()
@@ -224,31 +235,38 @@ public final class Downloader: @unchecked Sendable {
         }
     }
 
-    /// file:// URLs: only a regular file whose real path (after `..` and symlinks) is inside a root; copied
-    /// into `fd` piece by piece (at most `maxBytes`).
-    static func copyFile(_ url: String, into fd: Int32, maxBytes: Int, roots: [String]) -> Result<Void, any Error> {
+    /// file:// URLs: only a regular file whose real path (after `..` and symlinks) is inside a root, no
+    /// larger than `maxBytes`; returns it open for reading.
+    static func openFile(_ url: String, maxBytes: Int, roots: [String]) throws -> Int32 {
         guard let components = URLComponents(string: url), components.host == nil || components.host == "" || components.host == "localhost" else {
-            return .failure(KindFailure(description: "file URL \(url) names a host"))
+            throw KindFailure(description: "file URL \(url) names a host")
         }
         let path = components.percentEncodedPath.removingPercentEncoding ?? components.path
-        guard let real = realPath(path) else { return .failure(KindFailure(description: "\(path): \(String(cString: strerror(errno)))")) }
+        guard let real = realPath(path) else { throw KindFailure(description: "\(path): \(String(cString: strerror(errno)))") }
         let inside = roots.compactMap(realPath).contains { root in real == root || real.hasPrefix(root.hasSuffix("/") ? root : root + "/") }
         guard inside else {
-            return .failure(KindFailure(description: "\(path) is not under a configured file root" + (roots.isEmpty ? " (download.fileRoots is empty)" : "")))
+            throw KindFailure(description: "\(path) is not under a configured file root" + (roots.isEmpty ? " (download.fileRoots is empty)" : ""))
         }
         let source = open(real, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC)
-        guard source >= 0 else { return .failure(SpoolError(operation: "open", path: real, errno: errno)) }
-        defer { close(source) }
+        guard source >= 0 else { throw SpoolError(operation: "open", path: real, errno: errno) }
         var st = stat()
         guard fstat(source, &st) == 0, (st.st_mode & S_IFMT) == S_IFREG else {
-            return .failure(SpoolError(operation: "open (not a regular file)", path: real, errno: EINVAL))
+            close(source)
+            throw SpoolError(operation: "open (not a regular file)", path: real, errno: EINVAL)
         }
-        if Int(st.st_size) > maxBytes { return .failure(KindFailure(description: "the file is larger than maxBytes (\(maxBytes) bytes)")) }
-        // The size can change while it is copied: the bound is kept on what is copied.
+        if Int(st.st_size) > maxBytes {
+            close(source)
+            throw KindFailure(description: "the file is larger than maxBytes (\(maxBytes) bytes)")
+        }
+        return source
+    }
+
+    /// Copies an open file (from `openFile`) into a download's file, at most `maxBytes` (the size can
+    /// change while it is copied: the bound is kept on what is copied).
+    static func copy(_ source: Int32, into fd: Int32, maxBytes: Int, url: String) throws {
         let copied = opq_copy_file(source, fd, Int64(maxBytes) + 1)
-        if copied < 0 { return .failure(SpoolError(operation: "copy", path: real, errno: Int32(-copied))) }
-        if copied > maxBytes { return .failure(KindFailure(description: "the file is larger than maxBytes (\(maxBytes) bytes)")) }
-        return .success(())
+        if copied < 0 { throw SpoolError(operation: "copy", path: url, errno: Int32(-copied)) }
+        if copied > maxBytes { throw KindFailure(description: "the file is larger than maxBytes (\(maxBytes) bytes)") }
     }
 
     static func realPath(_ path: String) -> String? {

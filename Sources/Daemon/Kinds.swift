@@ -131,39 +131,66 @@ enum Kinds {
     static func download(_ url: String, maxBytes: Int?, name: String, environment: KindEnvironment,
                          then: @escaping @Sendable (DownloadedFile) throws -> OperationOutput?) -> OperationBody {
         let limit = min(maxBytes ?? environment.limits.maxBytes, environment.limits.maxBytes)
+        // Nothing here runs on libdispatch's global pool: with descriptors exhausted, threads blocked there
+        // make libdispatch's pool monitor open /proc files, fail, and abort the process.
+        // Descriptors are taken together, and all given back when one is missing (then waited for): an
+        // operation holding one while it waits for the next would starve the others once they run out.
+        if url.lowercased().hasPrefix("file:") {
+            // A local copy: on the engine's thread, like `write`.
+            return .sync { context in
+                let (source, target) = try patiently({ context.isCancelled }) { () throws -> (Int32, DownloadTarget) in
+                    let source = try Downloader.openFile(url, maxBytes: limit, roots: environment.limits.fileRoots)
+                    do {
+                        return (source, try DownloadTarget(folder: environment.downloads, name: name))
+                    } catch {
+                        close(source)
+                        throw error
+                    }
+                }
+                defer { close(source) }
+                do {
+                    try Downloader.copy(source, into: target.fd, maxBytes: limit, url: url)
+                    if context.isCancelled { throw OperationCancelled() }
+                } catch {
+                    target.discard()
+                    throw error
+                }
+                return try then(target.complete())
+            }
+        }
         return .async { context in
-            let target: DownloadTarget
+            let target: DownloadTarget, transferFD: Int32
             do {
-                target = try patiently({ context.isCancelled }) { try DownloadTarget(folder: environment.downloads, name: name) }
+                (target, transferFD) = try patiently({ context.isCancelled }) { () throws -> (DownloadTarget, Int32) in
+                    let target = try DownloadTarget(folder: environment.downloads, name: name)
+                    do {
+                        return (target, try target.duplicate())
+                    } catch {
+                        target.discard()
+                        throw error
+                    }
+                }
             } catch {
                 context.finish(.failure(error))
                 return
             }
-            // Off the transfer thread: an fsync of a big body must not hold up the other transfers.
+            // On the transfer thread: the fsync of a finished body holds up the other transfers that long.
             let done: @Sendable (Result<Void, any Error>) -> Void = { result in
-                DispatchQueue.global().async {
-                    context.finish(Result {
-                        do {
-                            try result.get()
-                            if context.isCancelled { throw OperationCancelled() }
-                        } catch {
-                            target.discard()
-                            throw error
-                        }
-                        return try then(target.complete())
-                    })
-                }
+                context.finish(Result {
+                    do {
+                        try result.get()
+                        if context.isCancelled { throw OperationCancelled() }
+                    } catch {
+                        target.discard()
+                        throw error
+                    }
+                    return try then(target.complete())
+                })
             }
-            if url.lowercased().hasPrefix("file:") {
-                DispatchQueue.global().async {
-                    done(Downloader.copyFile(url, into: target.fd, maxBytes: limit, roots: environment.limits.fileRoots))
-                }
-            } else {
-                let cancel = Downloader.shared.fetch(url, into: target.fd, maxBytes: limit, limits: environment.limits, completion: done)
-                context.onCancel {
-                    cancel()
-                    target.discard()
-                }
+            let cancel = Downloader.shared.fetch(url, into: transferFD, maxBytes: limit, limits: environment.limits, completion: done)
+            context.onCancel {
+                cancel()
+                target.discard()
             }
         }
     }
