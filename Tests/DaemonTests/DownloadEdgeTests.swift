@@ -72,7 +72,13 @@ func occurrences(of needle: String, in text: String) -> Int { text.components(se
         // Downloads are never published, and go once the job is.
         #expect(!FileManager.default.fileExists(atPath: s.spool.root + "/outbox/dl/.downloads"))
         #expect(((try? FileManager.default.contentsOfDirectory(atPath: s.spool.root + "/outbox/dl")) ?? []).sorted() == ["body.bin", "manifest.plist", "photo.png", "result.plist"])
-        #expect(!FileManager.default.fileExists(atPath: s.spool.root + "/active/.downloads/dl"))
+        // (Removed just after the entry is placed and committed: a moment after result.plist shows.)
+        var gone = false
+        for _ in 0..<250 where !gone {
+            gone = !FileManager.default.fileExists(atPath: s.spool.root + "/active/.downloads/dl")
+            if !gone { usleep(20_000) }
+        }
+        #expect(gone, "the job's downloads are removed once it is published")
     }
 
     @Test func aBigDownloadDoesNotRaiseTheDaemonsPeakMemoryByItsSize() throws {
