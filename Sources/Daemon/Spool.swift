@@ -244,6 +244,8 @@ public final class Spool: @unchecked Sendable {
         guard fd >= 0 else {
             let e = SpoolError(operation: "open", path: source, errno: errno)
             if e.errno == ENOENT { return .vanished }
+            // Someone holds a write lease on it (and is writing, or about to): like a writer.
+            if e.errno == EWOULDBLOCK { return .busy }
             if Self.resourceErrors.contains(e.errno) { throw e }
             return .skipped(e.description)
         }
