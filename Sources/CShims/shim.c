@@ -2,6 +2,7 @@
 #include "CShims.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <malloc.h>
 #include <sched.h>
 #include <signal.h>
@@ -76,3 +77,43 @@ void opq_note_termination_signals(void) {
 }
 
 int opq_noted_termination_signal(void) { return opq_noted_signal; }
+
+int64_t opq_copy_file(int in, int out, int64_t limit) {
+    int64_t copied = 0;
+    int fallback = 0;
+    char buffer[65536];
+    while (copied < limit) {
+        size_t want = (size_t)(limit - copied);
+        ssize_t n;
+        if (!fallback) {
+            n = copy_file_range(in, NULL, out, NULL, want, 0);
+            if (n < 0 && (errno == EXDEV || errno == ENOSYS || errno == EINVAL || errno == EOPNOTSUPP) && copied == 0) {
+                fallback = 1;
+                continue;
+            }
+        } else {
+            n = read(in, buffer, want < sizeof buffer ? want : sizeof buffer);
+            for (ssize_t done = 0; n > 0 && done < n;) {
+                ssize_t w = write(out, buffer + done, (size_t)(n - done));
+                if (w < 0) {
+                    if (errno == EINTR) continue;
+                    return -errno;
+                }
+                done += w;
+            }
+        }
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            return -errno;
+        }
+        if (n == 0) break;
+        copied += n;
+    }
+    return copied;
+}
+
+int opq_lease(int fd, int type) {
+    return fcntl(fd, F_SETLEASE, type == 0 ? F_RDLCK : F_UNLCK) == 0 ? 0 : -errno;
+}
+
+void opq_ignore_lease_breaks(void) { signal(SIGIO, SIG_IGN); }

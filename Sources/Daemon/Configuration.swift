@@ -25,6 +25,8 @@ public struct Configuration: Sendable {
     public var downloadConnectTimeoutSeconds: Double
     public var downloadTimeoutSeconds: Double
     public var fileRoots: [String]
+    /// `download.allowNetworks`: ranges opened to downloads among those refused by default (Networks.swift).
+    public var allowNetworks: [IPNetwork] = []
     public var maxPixels: Int
 
     public static let builtIn = Configuration(
@@ -142,6 +144,14 @@ public struct Configuration: Sendable {
                         } else {
                             problems.append("download.fileRoots: must be an array of absolute paths")
                         }
+                    case "allowNetworks":
+                        guard let entries = v.array else { problems.append("download.allowNetworks: must be an array of networks (\"127.0.0.0/8\", \"::1/128\")"); break }
+                        var networks: [IPNetwork] = []
+                        for entry in entries {
+                            guard let text = entry.string else { problems.append("download.allowNetworks: each entry must be a string such as \"10.1.0.0/16\""); continue }
+                            do { networks.append(try IPNetwork(cidr: text)) } catch { problems.append("download.allowNetworks: \(error)") }
+                        }
+                        config.allowNetworks = networks
                     default:
                         problems.append("download: unknown key '\(key)'")
                     }

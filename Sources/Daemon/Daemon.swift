@@ -21,8 +21,12 @@ final class RunningJob: @unchecked Sendable {
     var plan: JobPlan?
     var group: GroupID?
     var operationIndex: [String: Int] = [:]
-    /// Operations that had succeeded before a restart: not run, not logged again.
+    /// Operations that had succeeded before a restart: not run (or, in `recomputed`, run again for
+    /// their output), not logged again.
     var recovered: Set<Int> = []
+    /// Filters that had succeeded before a restart and are computed again (their output was in memory):
+    /// only a failure is logged.
+    var recomputed: Set<Int> = []
     var rejection: [String] = []
     /// Cancels asked for while the job was being accepted (nil: the whole job), applied once its group
     /// exists. Under the daemon's lock, with `group` and `rejection`.
@@ -110,9 +114,13 @@ public final class Daemon: @unchecked Sendable {
     /// Claims and publications, in order.
     let work = DispatchQueue(label: "opqueued.spool")
 
-    /// A manifest file must be this old before a scan (rather than an inotify close/move event) claims
-    /// it, so a file still being written in place is not claimed half-written.
+    /// Where no read lease can be taken (see Spool.claim), a manifest file must be this old before a
+    /// scan (rather than an inotify close/move event) claims it, so a file still being written in place
+    /// is not claimed half-written.
     static let settleSeconds = 1.0
+    /// Names a lease found open for writing (on `work`): tried again at once when inotify says closed.
+    private var busy: Set<String> = []
+    private var leaseFallbackLogged = false
 
     public init(spool: Spool, configuration: Configuration, configPath: String?, logger: Logger, once: Bool = false) {
         self.spool = spool
@@ -164,6 +172,8 @@ public final class Daemon: @unchecked Sendable {
             // Only names a scan would offer are kept (a hidden file written and renamed in is not).
             closedHints.formUnion(hints.lazy.filter(Spool.isManifestName))
             lock.unlock()
+            // A file found open for writing is tried again as soon as it is closed.
+            for name in hints where busy.remove(name) != nil { inboxQueue.prepend(name) }
             rescanRequested = true
             claimMore()
         }
@@ -225,18 +235,21 @@ public final class Daemon: @unchecked Sendable {
             lock.lock()
             let hinted = closedHints.remove(name) != nil
             lock.unlock()
-            // Not announced by inotify and still fresh: it may be being written in place. (Not a regular
-            // file: `claim` says why it is left alone.)
-            if !hinted && onlyThese == nil, let age = spool.age(of: name, now: now), age < Self.settleSeconds {
-                settling.append(name)
-                continue
-            }
+            // Used only where no lease can be had: not announced by inotify and still fresh, it may be
+            // being written in place. (Not a regular file: `claim` says why it is left alone.)
+            let settled = hinted || onlyThese != nil || (spool.age(of: name, now: now) ?? Self.settleSeconds) >= Self.settleSeconds
             do {
-                switch try spool.claim(name, now: Date().timeIntervalSince1970) {
+                switch try spool.claim(name, now: Date().timeIntervalSince1970, settled: settled) {
                 case .claimed(let job):
+                    busy.remove(name)
                     claimed.append(job)
                     mayHold += job.manifest.count / Self.minimumBytesPerOperation + 1
+                case .busy:
+                    busy.insert(name)
+                case .unsettled:
+                    settling.append(name)
                 case .vanished:
+                    busy.remove(name)
                     continue
                 case .skipped(let reason):
                     lock.lock()
@@ -248,6 +261,10 @@ public final class Daemon: @unchecked Sendable {
                 inboxQueue.prepend(name)
                 spoolFailed("claiming inbox/\(name)", error)
                 break
+            }
+            if !leaseFallbackLogged, let reason = spool.leaseRefused {
+                leaseFallbackLogged = true
+                logger.notice("no read lease could be taken on \(reason); a manifest still open for writing is told apart by inotify's close events and \(Self.settleSeconds) s without change instead (logged once)")
             }
         }
         if !settling.isEmpty {
@@ -343,41 +360,53 @@ public final class Daemon: @unchecked Sendable {
         graph.reserveCapacity(operations: operations.count, dependencies: operations.count)
         for (i, op) in operations.enumerated() { job.operationIndex[op.id] = base + i }
         let environment = KindEnvironment(
-            jobFolder: spool.outputFolder(job: claimed.id),
+            jobFolder: spool.outputFolder(job: claimed.id), downloads: spool.downloadsFolder(job: claimed.id),
             limits: DownloadLimits(maxBytes: config.downloadMaxBytes, connectTimeoutSeconds: config.downloadConnectTimeoutSeconds,
-                                   timeoutSeconds: config.downloadTimeoutSeconds, fileRoots: config.fileRoots),
+                                   timeoutSeconds: config.downloadTimeoutSeconds, fileRoots: config.fileRoots, allowNetworks: config.allowNetworks),
             maxPixels: config.maxPixels)
+        func hasDownload(_ operation: String) -> Bool { access(environment.downloads + "/" + operation, F_OK) == 0 }
         for (offset, op) in operations.enumerated() {
             let i = base + offset
-            // What succeeded before a restart is not run again when its output was kept: a written file
-            // (read back for dependents) or no output at all. Downloads and filters kept theirs in memory
-            // only, so they run again.
+            // What succeeded before a restart is not run again when its output was kept: a download (its
+            // file), a written file (mapped for dependents) or no output at all. Filters kept theirs in
+            // memory only: they are computed again, silently (`recomputed`: not logged, not recorded; the
+            // result keeps the first run's record).
+            let succeeded = claimed.done[op.id] != nil
             var recovered: OperationBody?
-            if claimed.done[op.id] != nil {
+            var recompute = false
+            if succeeded {
                 switch op.parameters {
                 case .sleep, .spin, .fail: recovered = .sync { _ in nil }
+                // (A download recorded by a version that kept it in memory has no file: it runs again.)
+                case .download where hasDownload(op.id):
+                    recovered = Kinds.restoredDownload(name: op.id, environment: environment) { $0 }
+                case .download: break
                 case .write(let path, _, _):
                     let file = environment.jobFolder + "/" + path
-                    recovered = .sync { _ in try readRegularFile(file, limit: Int.max).get() }
-                default: recovered = nil
+                    recovered = .sync { _ in try DownloadedFile(path: file) }
+                case .sepia, .grayscale, .blur, .resize, .vignette, .thumbnail: recompute = true
                 }
             }
-            if recovered != nil { job.recovered.insert(i) }
+            // §3.5: once the list has arrived, its graph joins the running job (before `photos` ends,
+            // so the job cannot finish in between). After a restart, the list is read from its file.
+            let photosURL = base == 0 && op.id == "photos" ? job.plan?.photosURL : nil
+            let expandList: @Sendable (DownloadedFile) throws -> OperationOutput? = { [weak self, weak job] file in
+                let photos = try Manifest.photoList(from: file.bytes, url: photosURL ?? "")
+                guard let self, let job else { return nil }
+                try self.expand(job, with: Manifest.photoListOperations(photos, configuration: config), configuration: config)
+                return nil
+            }
+            if photosURL != nil && succeeded && hasDownload(op.id) { recovered = Kinds.restoredDownload(name: op.id, environment: environment, then: expandList) }
+            if recovered != nil || recompute { job.recovered.insert(i) }
+            if recompute { job.recomputed.insert(i) }
             let queue = queueIDs[op.queue] ?? defaultQueue
             let body: OperationBody
             if let recovered {
                 body = recovered
-            } else if base == 0, op.id == "photos", let url = job.plan?.photosURL {
-                // §3.5: once the list has arrived, its graph joins the running job (before `photos` ends,
-                // so the job cannot finish in between).
-                body = Kinds.download(url, maxBytes: nil, environment: environment) { [weak self, weak job] data in
-                    let photos = try Manifest.photoList(from: data, url: url)
-                    guard let self, let job else { return nil }
-                    try self.expand(job, with: Manifest.photoListOperations(photos, configuration: config), configuration: config)
-                    return nil
-                }
+            } else if let photosURL {
+                body = Kinds.download(photosURL, maxBytes: nil, name: op.id, environment: environment, then: expandList)
             } else {
-                body = Kinds.body(for: op.parameters, environment: environment)
+                body = Kinds.body(for: op.parameters, operation: op.id, environment: environment)
             }
             let deps = op.dependencies.compactMap { job.operationIndex[$0] }
             graph.add(OperationSpec(
@@ -417,8 +446,9 @@ public final class Daemon: @unchecked Sendable {
                 let job = byGroup[t.group]
                 let plan = job?.plan
                 let recovered = job?.recovered.contains(t.operation) ?? true
+                let recomputedFailure = t.state == .failed && job?.recomputed.contains(t.operation) == true
                 lock.unlock()
-                guard let job, let plan, t.operation < plan.operations.count, !recovered else { continue }
+                guard let job, let plan, t.operation < plan.operations.count, !recovered || recomputedFailure else { continue }
                 if logTransition(t, job: job, operation: plan.operations[t.operation]) { progressRecorded += 1 }
             case .groupFinished(let group):
                 lock.lock()
@@ -559,6 +589,9 @@ public final class Daemon: @unchecked Sendable {
         }
         for (publication, firstStart) in placed {
             let job = publication.job
+            // Its downloads are no longer needed once the entry is out of active/ (a crash before this
+            // leaves them to recovery, which removes the folders of jobs no longer active).
+            spool.discardDownloads(job: job.id)
             var fields = ["OPQ_EVENT": "job", "OPQ_STATE": "finished", "OPQ_JOB": job.id, "OPQ_STATUS": publication.status]
             if let firstStart { fields["OPQ_DURATION_USEC"] = String(Int64(((now - firstStart) * 1e6).rounded())) }
             if let error = publication.error { fields["OPQ_ERROR"] = error }
@@ -670,7 +703,7 @@ public final class Daemon: @unchecked Sendable {
         /// succeeded then, else from this run.
         func times(_ i: Int) -> (started: Double?, finished: Double?, attempts: Int) {
             let record = records[i]
-            if let done = job.claimed.done[operations[i].id] { return (done.startedAt, done.finishedAt, done.attempts) }
+            if record.state == .succeeded, let done = job.claimed.done[operations[i].id] { return (done.startedAt, done.finishedAt, done.attempts) }
             return (record.startedAt, record.finishedAt, record.attempts)
         }
         var firstStart: Double?

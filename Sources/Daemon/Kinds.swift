@@ -1,9 +1,11 @@
 // The operation kinds (SPEC §3.3): what each one runs, given its parameters and the job's folder.
 //
-// Outputs between operations: `Data` (downloaded or written bytes) or `Image` (decoded pixels). Image
-// operations decode bytes they receive (PNG or JPEG by signature); `write` writes bytes unchanged and
-// encodes images.
+// Outputs between operations: `DownloadedFile` (a download, or a written file restored after a restart:
+// a file and a read-only mapping of it), `Data` (bytes `write` encoded) or `Image` (decoded pixels).
+// Image operations decode bytes they receive (PNG or JPEG by signature, from the mapping); `write`
+// copies a file's bytes unchanged (file to file, never through the heap), writes bytes, encodes images.
 
+import CShims
 import Foundation
 import OperationEngine
 
@@ -39,12 +41,15 @@ struct KindFailure: Error, CustomStringConvertible {
 struct KindEnvironment: Sendable {
     /// active/<job>/: where `write` puts files (the future outbox entry).
     var jobFolder: String
+    /// active/.downloads/<job>/: where downloads are streamed to, one file per operation (not published).
+    var downloads: String
     var limits: DownloadLimits
     var maxPixels: Int
 }
 
 enum Kinds {
-    static func body(for parameters: Parameters, environment: KindEnvironment) -> OperationBody {
+    /// The body of operation `operation` (its id names its download's file).
+    static func body(for parameters: Parameters, operation: String, environment: KindEnvironment) -> OperationBody {
         switch parameters {
         case .sleep(let seconds):
             // Wall time on a timer: holds a queue slot, no thread. A cancelled sleep ends at once in the
@@ -72,7 +77,7 @@ enum Kinds {
         case .fail(let message):
             return .sync { _ in throw KindFailure(description: message) }
         case .download(let url, let maxBytes):
-            return download(url, maxBytes: maxBytes, environment: environment) { $0 }
+            return download(url, maxBytes: maxBytes, name: operation, environment: environment) { $0 }
         case .sepia(let intensity):
             return imageBody(environment) { image, check in try Filters.sepia(image, intensity: intensity, check: check) }
         case .grayscale:
@@ -88,6 +93,10 @@ enum Kinds {
             return imageBody(environment, minSide: size) { image, check in try Filters.thumbnail(image, size: size, check: check) }
         case .write(let path, let format, let quality):
             return .sync { context in
+                if let file = context.input as? DownloadedFile {
+                    try patiently({ context.isCancelled }) { try writeOutput(copying: file, to: environment.jobFolder, path: path) }
+                    return file
+                }
                 let data: Data
                 switch context.input {
                 case let bytes as Data: data = bytes
@@ -117,22 +126,79 @@ enum Kinds {
         }
     }
 
-    /// An asynchronous download (libcurl, or a file under the roots); `then` turns the bytes into the output.
-    static func download(_ url: String, maxBytes: Int?, environment: KindEnvironment,
-                         then: @escaping @Sendable (Data) throws -> OperationOutput?) -> OperationBody {
+    /// An asynchronous download (libcurl, or a file under the roots) streamed into the job's downloads
+    /// folder as `name`; `then` turns the completed file into the output.
+    static func download(_ url: String, maxBytes: Int?, name: String, environment: KindEnvironment,
+                         then: @escaping @Sendable (DownloadedFile) throws -> OperationOutput?) -> OperationBody {
         let limit = min(maxBytes ?? environment.limits.maxBytes, environment.limits.maxBytes)
-        return .async { context in
-            let done: @Sendable (Result<Data, any Error>) -> Void = { result in
-                context.finish(Result { try then(result.get()) })
-            }
-            if url.lowercased().hasPrefix("file:") {
-                DispatchQueue.global().async {
-                    done(Result { try patiently({ context.isCancelled }) { try Downloader.readFile(url, maxBytes: limit, roots: environment.limits.fileRoots).get() } })
+        // Nothing here runs on libdispatch's global pool: with descriptors exhausted, threads blocked there
+        // make libdispatch's pool monitor open /proc files, fail, and abort the process.
+        // Descriptors are taken together, and all given back when one is missing (then waited for): an
+        // operation holding one while it waits for the next would starve the others once they run out.
+        if url.lowercased().hasPrefix("file:") {
+            // A local copy: on the engine's thread, like `write`.
+            return .sync { context in
+                let (source, target) = try patiently({ context.isCancelled }) { () throws -> (Int32, DownloadTarget) in
+                    let source = try Downloader.openFile(url, maxBytes: limit, roots: environment.limits.fileRoots)
+                    do {
+                        return (source, try DownloadTarget(folder: environment.downloads, name: name))
+                    } catch {
+                        close(source)
+                        throw error
+                    }
                 }
-            } else {
-                context.onCancel(Downloader.shared.fetch(url, maxBytes: limit, limits: environment.limits, completion: done))
+                defer { close(source) }
+                do {
+                    try Downloader.copy(source, into: target.fd, maxBytes: limit, url: url)
+                    if context.isCancelled { throw OperationCancelled() }
+                } catch {
+                    target.discard()
+                    throw error
+                }
+                return try then(target.complete())
             }
         }
+        return .async { context in
+            let target: DownloadTarget, transferFD: Int32
+            do {
+                (target, transferFD) = try patiently({ context.isCancelled }) { () throws -> (DownloadTarget, Int32) in
+                    let target = try DownloadTarget(folder: environment.downloads, name: name)
+                    do {
+                        return (target, try target.duplicate())
+                    } catch {
+                        target.discard()
+                        throw error
+                    }
+                }
+            } catch {
+                context.finish(.failure(error))
+                return
+            }
+            // On the transfer thread: the fsync of a finished body holds up the other transfers that long.
+            let done: @Sendable (Result<Void, any Error>) -> Void = { result in
+                context.finish(Result {
+                    do {
+                        try result.get()
+                        if context.isCancelled { throw OperationCancelled() }
+                    } catch {
+                        target.discard()
+                        throw error
+                    }
+                    return try then(target.complete())
+                })
+            }
+            let cancel = Downloader.shared.fetch(url, into: transferFD, maxBytes: limit, limits: environment.limits, completion: done)
+            context.onCancel {
+                cancel()
+                target.discard()
+            }
+        }
+    }
+
+    /// A download that succeeded before a restart: its file, as it was then (not fetched again).
+    static func restoredDownload(name: String, environment: KindEnvironment,
+                                 then: @escaping @Sendable (DownloadedFile) throws -> OperationOutput?) -> OperationBody {
+        .sync { _ in try then(DownloadedFile(path: environment.downloads + "/" + name)) }
     }
 
     /// A synchronous image operation: decodes its input if it is bytes, then filters.
@@ -142,6 +208,7 @@ enum Kinds {
             let image: Image
             switch context.input {
             case let i as Image: image = i
+            case let file as DownloadedFile: image = try Codecs.decode(file.bytes, maxPixels: environment.maxPixels, minSide: minSide)
             case let bytes as Data: image = try Codecs.decode(bytes, maxPixels: environment.maxPixels, minSide: minSide)
             default: throw KindFailure(description: "needs an input image: a dependency that produces an image or image bytes")
             }
@@ -153,6 +220,21 @@ enum Kinds {
     /// name, fsynced and renamed, so it is never seen half-written (and its bytes are on disk before the
     /// operation's success is recorded).
     static func writeOutput(_ data: Data, to folder: String, path: String) throws {
+        try writeOutput(to: folder, path: path) { fd, file in try writeAll(fd, data, path: file) }
+    }
+
+    /// `writeOutput` of a downloaded file's bytes, copied file to file.
+    static func writeOutput(copying source: DownloadedFile, to folder: String, path: String) throws {
+        try writeOutput(to: folder, path: path) { fd, file in
+            let input = open(source.path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC)
+            guard input >= 0 else { throw SpoolError(operation: "open", path: source.path, errno: errno) }
+            defer { close(input) }
+            let copied = opq_copy_file(input, fd, Int64.max)
+            if copied < 0 { throw SpoolError(operation: "copy \(source.path) to", path: file, errno: Int32(-copied)) }
+        }
+    }
+
+    private static func writeOutput(to folder: String, path: String, fill: (Int32, String) throws -> Void) throws {
         let components = path.split(separator: "/").map(String.init)
         var directory = folder
         for component in components.dropLast() {
@@ -164,7 +246,7 @@ enum Kinds {
         }
         let name = components.last ?? path
         let hidden = directory + "/." + name + ".part"
-        try writeDurably(data, to: hidden, syncFolder: false)
+        try writeDurably(to: hidden, syncFolder: false, fill)
         CrashPoint.writePart.reached()
         guard rename(hidden, directory + "/" + name) == 0 else {
             let e = errno

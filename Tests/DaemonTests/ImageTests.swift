@@ -35,7 +35,8 @@ final class ImageSpool {
 
     init(extraConfig: [String: Any] = [:]) throws {
         try FileManager.default.createDirectory(atPath: images, withIntermediateDirectories: true)
-        var download: [String: Any] = ["fileRoots": [images]]
+        // The loopback test server is on 127.0.0.1: downloads refuse loopback unless it is opened.
+        var download: [String: Any] = ["fileRoots": [images], "allowNetworks": ["127.0.0.0/8"]]
         for (k, v) in (extraConfig["download"] as? [String: Any]) ?? [:] { download[k] = v }
         var object = extraConfig
         object["download"] = download

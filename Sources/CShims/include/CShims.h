@@ -5,6 +5,7 @@
 #ifndef OPQ_CSHIMS_H
 #define OPQ_CSHIMS_H
 
+#include <stdint.h>
 #include <sys/types.h>
 #include <sys/xattr.h>  /* setxattr/getxattr for Swift: the spool keeps job records as attributes */
 
@@ -50,5 +51,19 @@ void opq_note_termination_signals(void);
 
 /// The signal noted since `opq_note_termination_signals`, or 0.
 int opq_noted_termination_signal(void);
+
+/// Copies from `in` to `out` (each at its current offset) until the end of `in` or `limit` bytes:
+/// copy_file_range (no bytes through user space; shared extents where the file system can), falling
+/// back to read/write where it cannot. Returns the bytes copied or -errno.
+int64_t opq_copy_file(int in, int out, int64_t limit);
+
+/// fcntl(F_SETLEASE) (glibc declares it only under _GNU_SOURCE): `type` 0 takes a read lease (fails with
+/// -EAGAIN while anyone has the file open for writing; -EACCES for another user's file without
+/// CAP_LEASE), 1 releases it. Returns 0 or -errno.
+int opq_lease(int fd, int type);
+
+/// Sets SIGIO to be ignored: a lease break signals the holder with SIGIO, whose default action ends
+/// the process.
+void opq_ignore_lease_breaks(void);
 
 #endif
