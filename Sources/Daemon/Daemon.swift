@@ -347,6 +347,9 @@ public final class Daemon: @unchecked Sendable {
             limits: DownloadLimits(maxBytes: config.downloadMaxBytes, connectTimeoutSeconds: config.downloadConnectTimeoutSeconds,
                                    timeoutSeconds: config.downloadTimeoutSeconds, fileRoots: config.fileRoots),
             maxPixels: config.maxPixels)
+        // Chains of image operations ending in a write run as one strip pipeline in their last operation
+        // (issue 15); each operation keeps its own record and journal transitions.
+        let fused = ImageFusion.fusedOperations(operations)
         for (offset, op) in operations.enumerated() {
             let i = base + offset
             // What succeeded before a restart is not run again when its output was kept: a written file
@@ -377,7 +380,7 @@ public final class Daemon: @unchecked Sendable {
                     return nil
                 }
             } else {
-                body = Kinds.body(for: op.parameters, environment: environment)
+                body = Kinds.body(for: op.parameters, environment: environment, fused: fused.contains(op.id), operation: op.id)
             }
             let deps = op.dependencies.compactMap { job.operationIndex[$0] }
             graph.add(OperationSpec(

@@ -1,8 +1,9 @@
 // The operation kinds (SPEC §3.3): what each one runs, given its parameters and the job's folder.
 //
-// Outputs between operations: `Data` (downloaded or written bytes) or `Image` (decoded pixels). Image
+// Outputs between operations: `Data` (downloaded or written bytes), `Image` (decoded pixels) or, from a fused
+// image operation, an `ImagePipeline` (Pipeline.swift: the source and the steps still to run). Image
 // operations decode bytes they receive (PNG or JPEG by signature); `write` writes bytes unchanged and
-// encodes images.
+// encodes images and pipelines, a strip of rows at a time.
 
 import Foundation
 import OperationEngine
@@ -44,7 +45,9 @@ struct KindEnvironment: Sendable {
 }
 
 enum Kinds {
-    static func body(for parameters: Parameters, environment: KindEnvironment) -> OperationBody {
+    /// `fused`: an image operation whose output goes only to the next image operation or `write` of its chain
+    /// (ImageFusion); it hands on an ImagePipeline instead of pixels, and the chain runs in the consumer.
+    static func body(for parameters: Parameters, environment: KindEnvironment, fused: Bool = false, operation: String = "") -> OperationBody {
         switch parameters {
         case .sleep(let seconds):
             // Wall time on a timer: holds a queue slot, no thread. A cancelled sleep ends at once in the
@@ -73,30 +76,32 @@ enum Kinds {
             return .sync { _ in throw KindFailure(description: message) }
         case .download(let url, let maxBytes):
             return download(url, maxBytes: maxBytes, environment: environment) { $0 }
-        case .sepia(let intensity):
-            return imageBody(environment) { image, check in try Filters.sepia(image, intensity: intensity, check: check) }
-        case .grayscale:
-            return imageBody(environment) { image, check in try Filters.grayscale(image, check: check) }
-        case .blur(let radius):
-            return imageBody(environment) { image, check in try Filters.blur(image, radius: radius, check: check) }
-        case .resize(let width, let height, let mode):
-            return imageBody(environment) { image, check in try Filters.resize(image, width: width, height: height, mode: mode, check: check) }
-        case .vignette(let strength):
-            return imageBody(environment) { image, check in try Filters.vignette(image, strength: strength, check: check) }
-        case .thumbnail(let size):
-            // JPEG bytes shrink on load (libjpeg-turbo's scaled decoding), as vipsthumbnail does.
-            return imageBody(environment, minSide: size) { image, check in try Filters.thumbnail(image, size: size, check: check) }
+        case .sepia, .grayscale, .blur, .resize, .vignette, .thumbnail:
+            return imageBody(parameters, environment: environment, fused: fused, operation: operation)
         case .write(let path, let format, let quality):
             return .sync { context in
-                let data: Data
+                let check: CancellationCheck = { if context.isCancelled { throw OperationCancelled() } }
+                let pipeline: ImagePipeline
                 switch context.input {
-                case let bytes as Data: data = bytes
-                case let image as Image: data = try Codecs.encode(image, format: format, quality: quality)
+                case let bytes as Data:
+                    try patiently({ context.isCancelled }) { try writeOutput(bytes, to: environment.jobFolder, path: path) }
+                    return bytes
+                case let image as Image: pipeline = ImagePipeline(source: .image(image), steps: [], operations: [])
+                case let fusedChain as ImagePipeline: pipeline = fusedChain
                 default: throw KindFailure(description: "write needs an input: a dependency that produces an image or bytes")
                 }
-                if context.isCancelled { throw OperationCancelled() }
-                try patiently({ context.isCancelled }) { try writeOutput(data, to: environment.jobFolder, path: path) }
-                return data
+                // Rows go from the chain to the file a strip at a time: no encoded (or decoded) copy in memory.
+                let written = try patiently({ context.isCancelled }) {
+                    try writeOutput(to: environment.jobFolder, path: path) { fd, _ in
+                        do {
+                            try pipeline.encode(to: fd, format: format, quality: quality, maxPixels: environment.maxPixels, check: check)
+                        } catch let error as ImageError where !pipeline.operations.isEmpty {
+                            let names = pipeline.operations.map { "'\($0)'" }.joined(separator: ", ")
+                            throw ImageError("\(error.description) (running \(names), fused into this write)")
+                        }
+                    }
+                }
+                return try mapFile(written)
             }
         }
     }
@@ -135,24 +140,51 @@ enum Kinds {
         }
     }
 
-    /// A synchronous image operation: decodes its input if it is bytes, then filters.
-    private static func imageBody(_ environment: KindEnvironment, minSide: Int = 0,
-                                  _ filter: @escaping @Sendable (Image, CancellationCheck) throws -> Image) -> OperationBody {
+    /// A synchronous image operation. Fused, it hands on its step added to the chain (checking a byte input's
+    /// header at once, so bytes that are no image, or too large, still fail here); otherwise it runs the chain
+    /// so far and its own step into pixels.
+    private static func imageBody(_ parameters: Parameters, environment: KindEnvironment, fused: Bool, operation: String) -> OperationBody {
         .sync { context in
-            let image: Image
+            guard let step = ImageStep(parameters) else { throw KindFailure(description: "not an image operation") }
+            let pipeline: ImagePipeline
             switch context.input {
-            case let i as Image: image = i
-            case let bytes as Data: image = try Codecs.decode(bytes, maxPixels: environment.maxPixels, minSide: minSide)
+            case let chain as ImagePipeline: pipeline = chain.appending(step, operation: operation)
+            case let image as Image: pipeline = ImagePipeline(source: .image(image), steps: [step], operations: [operation])
+            case let bytes as Data:
+                if fused { try ImagePipeline.checkHeader(bytes, maxPixels: environment.maxPixels) }
+                pipeline = ImagePipeline(source: .bytes(bytes), steps: [step], operations: [operation])
             default: throw KindFailure(description: "needs an input image: a dependency that produces an image or image bytes")
             }
-            return try filter(image) { if context.isCancelled { throw OperationCancelled() } }
+            if fused { return pipeline }
+            return try pipeline.materialise(maxPixels: environment.maxPixels) { if context.isCancelled { throw OperationCancelled() } }
         }
+    }
+
+    /// A written file's bytes, mapped (not read into the heap): what `write` hands to its dependents.
+    static func mapFile(_ path: String) throws -> Data {
+        let fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW)
+        guard fd >= 0 else { throw SpoolError(operation: "open", path: path, errno: errno) }
+        defer { close(fd) }
+        var st = stat()
+        guard fstat(fd, &st) == 0 else { throw SpoolError(operation: "fstat", path: path, errno: errno) }
+        let size = Int(st.st_size)
+        guard size > 0 else { return Data() }
+        guard let memory = mmap(nil, size, PROT_READ, MAP_PRIVATE, fd, 0), memory != MAP_FAILED else {
+            throw SpoolError(operation: "mmap", path: path, errno: errno)
+        }
+        return Data(bytesNoCopy: memory, count: size, deallocator: .custom { pointer, count in munmap(pointer, count) })
     }
 
     /// Writes `path` inside the job folder: sub-folders made as needed, the file written under a hidden
     /// name, fsynced and renamed, so it is never seen half-written (and its bytes are on disk before the
     /// operation's success is recorded).
     static func writeOutput(_ data: Data, to folder: String, path: String) throws {
+        try writeOutput(to: folder, path: path) { fd, hidden in try writeAll(fd, data, path: hidden) }
+    }
+
+    /// Writes `path` through `fill(fd, hiddenPath)`; returns the final path.
+    @discardableResult
+    static func writeOutput(to folder: String, path: String, _ fill: (Int32, String) throws -> Void) throws -> String {
         let components = path.split(separator: "/").map(String.init)
         var directory = folder
         for component in components.dropLast() {
@@ -164,12 +196,24 @@ enum Kinds {
         }
         let name = components.last ?? path
         let hidden = directory + "/." + name + ".part"
-        try writeDurably(data, to: hidden, syncFolder: false)
+        let fd = open(hidden, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0o644)
+        guard fd >= 0 else { throw SpoolError(operation: "create", path: hidden, errno: errno) }
+        do {
+            try fill(fd, hidden)
+            guard fsync(fd) == 0 else { throw SpoolError(operation: "fsync", path: hidden, errno: errno) }
+        } catch {
+            close(fd)
+            unlink(hidden)
+            throw error
+        }
+        close(fd)
         CrashPoint.writePart.reached()
-        guard rename(hidden, directory + "/" + name) == 0 else {
+        let final = directory + "/" + name
+        guard rename(hidden, final) == 0 else {
             let e = errno
             unlink(hidden)
             throw SpoolError(operation: "rename", path: hidden, errno: e)
         }
+        return final
     }
 }
