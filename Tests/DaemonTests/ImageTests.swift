@@ -252,7 +252,7 @@ func chain(_ id: String, from source: String, _ filter: [String: Any], write pat
         #expect(error("twice-truncated-png").contains("truncated"), "\(error("twice-truncated-png"))")
         // No half-written file is left behind by a failed streamed write.
         let left = (try? FileManager.default.contentsOfDirectory(atPath: s.spool.root + "/outbox/corrupt")) ?? []
-        #expect(left.sorted() == ["good-jpg.png", "result.plist"].filter { left.contains($0) || $0 == "good-jpg.png" }.sorted(), "\(left)")
+        #expect(left.contains("good-jpg.png") && !left.contains { $0.hasPrefix(".") || $0.hasPrefix("truncated") || $0.hasPrefix("corrupt") }, "\(left)")
     }
 }
 
