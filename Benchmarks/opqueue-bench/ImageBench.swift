@@ -113,7 +113,7 @@ enum ImageBench {
         try? FileManager.default.createDirectory(atPath: spool + "/inbox", withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(atPath: spool) }
         let config = spool + ".plist"
-        let settings: [String: Any] = ["download": ["fileRoots": [corpus]], "queues": ["io": ["maxConcurrentOperationCount": -1]]]
+        let settings: [String: Any] = ["download": ["fileRoots": [corpus], "maxBytes": 2_000_000_000], "queues": ["io": ["maxConcurrentOperationCount": -1]]]
         _ = FileManager.default.createFile(atPath: config, contents: try? PropertyListSerialization.data(fromPropertyList: settings, format: .xml, options: 0))
         defer { try? FileManager.default.removeItem(atPath: config) }
         var operations: [[String: Any]] = []

@@ -350,6 +350,7 @@ public final class Daemon: @unchecked Sendable {
         // Chains of image operations ending in a write run as one strip pipeline in their last operation
         // (issue 15); each operation keeps its own record and journal transitions.
         let fused = ImageFusion.fusedOperations(operations)
+        let queueOf = Dictionary(operations.map { ($0.id, $0.queue) }, uniquingKeysWith: { a, _ in a })
         for (offset, op) in operations.enumerated() {
             let i = base + offset
             // What succeeded before a restart is not run again when its output was kept: a written file
@@ -366,7 +367,14 @@ public final class Daemon: @unchecked Sendable {
                 }
             }
             if recovered != nil { job.recovered.insert(i) }
-            let queue = queueIDs[op.queue] ?? defaultQueue
+            var queueName = op.queue
+            // A write that ends a fused chain does the chain's pixel work: on the default write queue it runs on
+            // the queue (and so at the QoS) of the image operation it ends, as that work ran before.
+            if case .write = op.parameters, op.dependencies.count == 1, let producer = op.dependencies.first, fused.contains(producer),
+               op.queue == (config.defaultQueues[Kind.write.family] ?? "default"), let chainQueue = queueOf[producer] {
+                queueName = chainQueue
+            }
+            let queue = queueIDs[queueName] ?? defaultQueue
             let body: OperationBody
             if let recovered {
                 body = recovered

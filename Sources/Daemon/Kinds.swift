@@ -162,11 +162,12 @@ enum Kinds {
 
     /// A written file's bytes, mapped (not read into the heap): what `write` hands to its dependents.
     static func mapFile(_ path: String) throws -> Data {
-        let fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW)
+        let fd = open(path, O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK)
         guard fd >= 0 else { throw SpoolError(operation: "open", path: path, errno: errno) }
         defer { close(fd) }
         var st = stat()
         guard fstat(fd, &st) == 0 else { throw SpoolError(operation: "fstat", path: path, errno: errno) }
+        guard (st.st_mode & S_IFMT) == S_IFREG else { throw SpoolError(operation: "map (not a regular file)", path: path, errno: EINVAL) }
         let size = Int(st.st_size)
         guard size > 0 else { return Data() }
         guard let memory = mmap(nil, size, PROT_READ, MAP_PRIVATE, fd, 0), memory != MAP_FAILED else {

@@ -66,9 +66,10 @@ struct ImagePipeline: Sendable {
         try run(maxPixels: maxPixels, check: check) { rows in
             let image = try Image(width: rows.width, height: rows.height, channels: rows.channels)
             var y = 0
+            let strip = stripRows(rows.stride)
             while y < rows.height {
                 try check()
-                let n = min(Filters.band, rows.height - y)
+                let n = min(strip, rows.height - y)
                 try rows.read(n, into: image.pixels + y * image.stride)
                 y += n
             }
@@ -81,11 +82,12 @@ struct ImagePipeline: Sendable {
     func encode(to fd: Int32, format: String, quality: Int, maxPixels: Int, check: @escaping CancellationCheck) throws {
         try run(maxPixels: maxPixels, check: check) { rows in
             let writer = try RowWriter(fd: fd, png: format == "png", width: rows.width, height: rows.height, channels: rows.channels, quality: quality)
-            let strip = try RowBuffer(rows: Filters.band, of: rows)
+            let stripHeight = stripRows(rows.stride)
+            let strip = try RowBuffer(rows: stripHeight, of: rows)
             var y = 0
             while y < rows.height {
                 try check()
-                let n = min(Filters.band, rows.height - y)
+                let n = min(stripHeight, rows.height - y)
                 try rows.read(n, into: strip.pixels)
                 try writer.write(strip.pixels, rows: n)
                 y += n
@@ -189,6 +191,10 @@ extension RowSource {
     var stride: Int { width * channels }
 }
 
+/// Rows per strip for rows of `stride` bytes: up to `Filters.band`, and about 256 kB, so a strip stays in
+/// cache between the stages that touch it in turn (a 12000-pixel RGB row is 36 kB).
+func stripRows(_ stride: Int) -> Int { max(1, min(Filters.band, (256 << 10) / max(1, stride))) }
+
 /// A malloc'd strip of rows.
 final class RowBuffer {
     let pixels: UnsafeMutablePointer<UInt8>
@@ -245,8 +251,9 @@ final class DecoderRows: RowSource {
 
     func drain() throws {
         if next < height {
-            let strip = try RowBuffer(rows: Filters.band, of: self)
-            while next < height { try read(min(Filters.band, height - next), into: strip.pixels) }
+            let rows = stripRows(stride)
+            let strip = try RowBuffer(rows: rows, of: self)
+            while next < height { try read(min(rows, height - next), into: strip.pixels) }
         }
         try finish()
     }
@@ -335,7 +342,8 @@ final class SeparableRows: RowSource {
     private let ring: UnsafeMutablePointer<Float>
     private let accumulator: UnsafeMutablePointer<Float>
     private let strip: RowBuffer
-    private var stripRows = 0, stripNext = 0
+    private let stripHeight: Int
+    private var stripFilled = 0, stripNext = 0
     /// Source rows pulled from upstream, horizontally filtered into the ring; output rows handed out.
     private var pulled = 0, produced = 0, next = 0
 
@@ -349,7 +357,8 @@ final class SeparableRows: RowSource {
         let rowLength = width * upstream.channels
         ring = .allocate(capacity: max(1, vertical.taps * rowLength))
         accumulator = .allocate(capacity: max(1, rowLength))
-        strip = try RowBuffer(rows: Filters.band, of: upstream)
+        stripHeight = stripRows(upstream.stride)
+        strip = try RowBuffer(rows: stripHeight, of: upstream)
     }
 
     deinit {
@@ -361,12 +370,12 @@ final class SeparableRows: RowSource {
     private func produce(through last: Int) throws {
         let rowLength = width * channels, sourceStride = upstream.stride
         while produced <= last {
-            if stripNext == stripRows {
+            if stripNext == stripFilled {
                 try check()
-                let n = min(Filters.band, upstream.height - pulled)
+                let n = min(stripHeight, upstream.height - pulled)
                 try upstream.read(n, into: strip.pixels)
                 pulled += n
-                (stripRows, stripNext) = (n, 0)
+                (stripFilled, stripNext) = (n, 0)
             }
             let target = ring + (produced % vertical.taps) * rowLength
             let source = strip.pixels + stripNext * sourceStride
@@ -400,7 +409,7 @@ final class SeparableRows: RowSource {
 
     func drain() throws {
         while pulled < upstream.height {
-            let n = min(Filters.band, upstream.height - pulled)
+            let n = min(stripHeight, upstream.height - pulled)
             try upstream.read(n, into: strip.pixels)
             pulled += n
         }
@@ -415,17 +424,19 @@ final class CropRows: RowSource {
     let width: Int, height: Int
     var channels: Int { upstream.channels }
     private let strip: RowBuffer
+    private let stripHeight: Int
     private var pulled = 0
 
     init(_ upstream: any RowSource, x: Int, y: Int, width: Int, height: Int) throws {
         self.upstream = upstream
         (self.x, self.y, self.width, self.height) = (x, y, width, height)
-        strip = try RowBuffer(rows: Filters.band, of: upstream)
+        stripHeight = stripRows(upstream.stride)
+        strip = try RowBuffer(rows: stripHeight, of: upstream)
     }
 
     private func skip(to row: Int) throws {
         while pulled < row {
-            let n = min(Filters.band, row - pulled)
+            let n = min(stripHeight, row - pulled)
             try upstream.read(n, into: strip.pixels)
             pulled += n
         }
@@ -435,7 +446,7 @@ final class CropRows: RowSource {
         try skip(to: y)
         var done = 0
         while done < count {
-            let n = min(Filters.band, count - done)
+            let n = min(stripHeight, count - done)
             try upstream.read(n, into: strip.pixels)
             pulled += n
             for r in 0..<n { memcpy(out + (done + r) * stride, strip.pixels + r * upstream.stride + x * channels, stride) }
