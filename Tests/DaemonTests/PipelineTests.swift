@@ -193,6 +193,34 @@ func noCancel() throws {}
     }
 }
 
+@Suite struct PipelineRecoveryTests {
+    /// Killed after a fused chain's write made its .part file (before the rename), the daemon recomputes the
+    /// chain on restart (the fused operations are pure and not recovered) and writes the same bytes.
+    @Test func aRestartRecomputesAFusedChain() throws {
+        let s = try ImageSpool()
+        let source = try smoothImage(width: 120, height: 80, alpha: true)
+        try s.put("in.png", Codecs.encode(source, format: "png", quality: 90))
+        try s.spool.drop("crash.plist", ["job": "crash", "operations": [
+            ["id": "in", "kind": "download", "url": s.url("in.png")],
+            ["id": "sepia", "kind": "sepia", "dependencies": ["in"]],
+            ["id": "thumb", "kind": "thumbnail", "size": 50, "dependencies": ["sepia"]],
+            ["id": "out", "kind": "write", "path": "out.png", "dependencies": ["thumb"]],
+        ]])
+        let arguments = ["--spool", s.spool.root, "--once", "--config", s.spool.configPath, "--log-target", "console"]
+        let killed = try DaemonTests.run("/usr/bin/env", ["OPQUEUED_CRASH_POINTS=write.part:1", binaries + "/opqueued"] + arguments)
+        #expect(killed.status != 0, "the crash point killed the daemon")
+        #expect(s.spool.result("crash", timeout: 0.1) == nil)
+        let again = try DaemonTests.run("opqueued", arguments)
+        #expect(again.status == 0, "\(again.stderr)")
+        let result = try #require(s.spool.result("crash", timeout: 5), "\(again.stderr)")
+        #expect(result["status"] as? String == "succeeded", "\(result["error"] ?? "")")
+        let expected = try Filters.thumbnail(try Filters.sepia(source, intensity: 0.8, check: noCancel), size: 50, check: noCancel)
+        #expect(try Data(contentsOf: URL(fileURLWithPath: s.spool.root + "/outbox/crash/out.png")) == Codecs.encode(expected, format: "png", quality: 90))
+        let left = (try? FileManager.default.contentsOfDirectory(atPath: s.spool.root + "/outbox/crash")) ?? []
+        #expect(!left.contains { $0.hasPrefix(".") }, "\(left)")
+    }
+}
+
 @Suite(.serialized) struct PipelineMemoryTests {
     /// A 6000×4000 JPEG (72 MB decoded) through download → sepia → write JPEG: the daemon's peak RSS grows by
     /// far less than the decoded size. The same image read by two writes is materialised (the old path),
