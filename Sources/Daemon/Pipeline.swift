@@ -469,9 +469,10 @@ final class CropRows: RowSource {
 /// stays a few strips); an error on either side stops both, and the producer is joined before `run` returns
 /// (the stages borrow the source's bytes only for the caller's scope).
 final class StripHandoff: @unchecked Sendable {
-    /// Pixels from which a second thread pays (below, the serial loop is as fast: a 1920×1080 photo's work is
-    /// a few milliseconds, and a queue already runs one operation per core).
-    static let threshold = 8_000_000
+    /// Pixels from which a second thread is used: from about a 1280×800 photo, whose work (tens of ms) dwarfs a
+    /// thread's start. Below, the serial loop. (On a shared machine, two runnable threads per operation also
+    /// keep the daemon's share of the CPU where separate filter and write operations had it.)
+    static let threshold = 1_000_000
     private static let depth = 4
 
     private let rows: any RowSource
