@@ -365,6 +365,10 @@ public final class Daemon: @unchecked Sendable {
                                    timeoutSeconds: config.downloadTimeoutSeconds, fileRoots: config.fileRoots, allowNetworks: config.allowNetworks),
             maxPixels: config.maxPixels)
         func hasDownload(_ operation: String) -> Bool { access(environment.downloads + "/" + operation, F_OK) == 0 }
+        // Chains of image operations ending in a write run as one strip pipeline in their last operation
+        // (issue 15); each operation keeps its own record and journal transitions.
+        let fused = ImageFusion.fusedOperations(operations)
+        let queueOf = Dictionary(operations.map { ($0.id, $0.queue) }, uniquingKeysWith: { a, _ in a })
         for (offset, op) in operations.enumerated() {
             let i = base + offset
             // What succeeded before a restart is not run again when its output was kept: a download (its
@@ -399,14 +403,21 @@ public final class Daemon: @unchecked Sendable {
             if photosURL != nil && succeeded && hasDownload(op.id) { recovered = Kinds.restoredDownload(name: op.id, environment: environment, then: expandList) }
             if recovered != nil || recompute { job.recovered.insert(i) }
             if recompute { job.recomputed.insert(i) }
-            let queue = queueIDs[op.queue] ?? defaultQueue
+            var queueName = op.queue
+            // A write that ends a fused chain does the chain's pixel work: on the default write queue it runs on
+            // the queue (and so at the QoS) of the image operation it ends, as that work ran before.
+            if case .write = op.parameters, op.dependencies.count == 1, let producer = op.dependencies.first, fused.contains(producer),
+               op.queue == (config.defaultQueues[Kind.write.family] ?? "default"), let chainQueue = queueOf[producer] {
+                queueName = chainQueue
+            }
+            let queue = queueIDs[queueName] ?? defaultQueue
             let body: OperationBody
             if let recovered {
                 body = recovered
             } else if let photosURL {
                 body = Kinds.download(photosURL, maxBytes: nil, name: op.id, environment: environment, then: expandList)
             } else {
-                body = Kinds.body(for: op.parameters, operation: op.id, environment: environment)
+                body = Kinds.body(for: op.parameters, operation: op.id, environment: environment, fused: fused.contains(op.id))
             }
             let deps = op.dependencies.compactMap { job.operationIndex[$0] }
             graph.add(OperationSpec(

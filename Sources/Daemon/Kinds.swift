@@ -1,9 +1,10 @@
 // The operation kinds (SPEC §3.3): what each one runs, given its parameters and the job's folder.
 //
-// Outputs between operations: `DownloadedFile` (a download, or a written file restored after a restart:
-// a file and a read-only mapping of it), `Data` (bytes `write` encoded) or `Image` (decoded pixels).
-// Image operations decode bytes they receive (PNG or JPEG by signature, from the mapping); `write`
-// copies a file's bytes unchanged (file to file, never through the heap), writes bytes, encodes images.
+// Outputs between operations: `DownloadedFile` (a download, or a written file: a file and a read-only
+// mapping of it), `Data` (bytes), `Image` (decoded pixels) or, from a fused image operation, an
+// `ImagePipeline` (Pipeline.swift: the source and the steps still to run). Image operations decode bytes
+// they receive (PNG or JPEG by signature, from the mapping); `write` copies a file's bytes unchanged (file
+// to file, never through the heap), writes bytes, and encodes images and pipelines a strip of rows at a time.
 
 import CShims
 import Foundation
@@ -48,8 +49,10 @@ struct KindEnvironment: Sendable {
 }
 
 enum Kinds {
-    /// The body of operation `operation` (its id names its download's file).
-    static func body(for parameters: Parameters, operation: String, environment: KindEnvironment) -> OperationBody {
+    /// The body of operation `operation` (its id names its download's file). `fused`: an image operation
+    /// whose output goes only to the next image operation or `write` of its chain (ImageFusion); it hands on
+    /// an ImagePipeline instead of pixels, and the chain runs in the consumer.
+    static func body(for parameters: Parameters, operation: String, environment: KindEnvironment, fused: Bool = false) -> OperationBody {
         switch parameters {
         case .sleep(let seconds):
             // Wall time on a timer: holds a queue slot, no thread. A cancelled sleep ends at once in the
@@ -78,34 +81,35 @@ enum Kinds {
             return .sync { _ in throw KindFailure(description: message) }
         case .download(let url, let maxBytes):
             return download(url, maxBytes: maxBytes, name: operation, environment: environment) { $0 }
-        case .sepia(let intensity):
-            return imageBody(environment) { image, check in try Filters.sepia(image, intensity: intensity, check: check) }
-        case .grayscale:
-            return imageBody(environment) { image, check in try Filters.grayscale(image, check: check) }
-        case .blur(let radius):
-            return imageBody(environment) { image, check in try Filters.blur(image, radius: radius, check: check) }
-        case .resize(let width, let height, let mode):
-            return imageBody(environment) { image, check in try Filters.resize(image, width: width, height: height, mode: mode, check: check) }
-        case .vignette(let strength):
-            return imageBody(environment) { image, check in try Filters.vignette(image, strength: strength, check: check) }
-        case .thumbnail(let size):
-            // JPEG bytes shrink on load (libjpeg-turbo's scaled decoding), as vipsthumbnail does.
-            return imageBody(environment, minSide: size) { image, check in try Filters.thumbnail(image, size: size, check: check) }
+        case .sepia, .grayscale, .blur, .resize, .vignette, .thumbnail:
+            return imageBody(parameters, environment: environment, fused: fused, operation: operation)
         case .write(let path, let format, let quality):
             return .sync { context in
-                if let file = context.input as? DownloadedFile {
+                let check: CancellationCheck = { if context.isCancelled { throw OperationCancelled() } }
+                let pipeline: ImagePipeline
+                switch context.input {
+                case let file as DownloadedFile:
                     try patiently({ context.isCancelled }) { try writeOutput(copying: file, to: environment.jobFolder, path: path) }
                     return file
-                }
-                let data: Data
-                switch context.input {
-                case let bytes as Data: data = bytes
-                case let image as Image: data = try Codecs.encode(image, format: format, quality: quality)
+                case let bytes as Data:
+                    try patiently({ context.isCancelled }) { try writeOutput(bytes, to: environment.jobFolder, path: path) }
+                    return bytes
+                case let image as Image: pipeline = ImagePipeline(source: .image(image), steps: [], operations: [])
+                case let fusedChain as ImagePipeline: pipeline = fusedChain
                 default: throw KindFailure(description: "write needs an input: a dependency that produces an image or bytes")
                 }
-                if context.isCancelled { throw OperationCancelled() }
-                try patiently({ context.isCancelled }) { try writeOutput(data, to: environment.jobFolder, path: path) }
-                return data
+                // Rows go from the chain to the file a strip at a time: no encoded (or decoded) copy in memory.
+                let written = try patiently({ context.isCancelled }) {
+                    try writeOutput(to: environment.jobFolder, path: path) { fd, _ in
+                        do {
+                            try pipeline.encode(to: fd, format: format, quality: quality, maxPixels: environment.maxPixels, check: check)
+                        } catch let error as ImageError where !pipeline.operations.isEmpty {
+                            let names = pipeline.operations.map { "'\($0)'" }.joined(separator: ", ")
+                            throw ImageError("\(error.description) (running \(names), fused into this write)")
+                        }
+                    }
+                }
+                return try DownloadedFile(path: written)
             }
         }
     }
@@ -201,18 +205,26 @@ enum Kinds {
         .sync { _ in try then(DownloadedFile(path: environment.downloads + "/" + name)) }
     }
 
-    /// A synchronous image operation: decodes its input if it is bytes, then filters.
-    private static func imageBody(_ environment: KindEnvironment, minSide: Int = 0,
-                                  _ filter: @escaping @Sendable (Image, CancellationCheck) throws -> Image) -> OperationBody {
+    /// A synchronous image operation. Fused, it hands on its step added to the chain (checking a byte input's
+    /// header at once, so bytes that are no image, or too large, still fail here); otherwise it runs the chain
+    /// so far and its own step into pixels.
+    private static func imageBody(_ parameters: Parameters, environment: KindEnvironment, fused: Bool, operation: String) -> OperationBody {
         .sync { context in
-            let image: Image
+            guard let step = ImageStep(parameters) else { throw KindFailure(description: "not an image operation") }
+            let pipeline: ImagePipeline
             switch context.input {
-            case let i as Image: image = i
-            case let file as DownloadedFile: image = try Codecs.decode(file.bytes, maxPixels: environment.maxPixels, minSide: minSide)
-            case let bytes as Data: image = try Codecs.decode(bytes, maxPixels: environment.maxPixels, minSide: minSide)
+            case let chain as ImagePipeline: pipeline = chain.appending(step, operation: operation)
+            case let image as Image: pipeline = ImagePipeline(source: .image(image), steps: [step], operations: [operation])
+            case let file as DownloadedFile:
+                if fused { try ImagePipeline.checkHeader(file.bytes, maxPixels: environment.maxPixels) }
+                pipeline = ImagePipeline(source: .bytes(file.bytes), steps: [step], operations: [operation])
+            case let bytes as Data:
+                if fused { try ImagePipeline.checkHeader(bytes, maxPixels: environment.maxPixels) }
+                pipeline = ImagePipeline(source: .bytes(bytes), steps: [step], operations: [operation])
             default: throw KindFailure(description: "needs an input image: a dependency that produces an image or image bytes")
             }
-            return try filter(image) { if context.isCancelled { throw OperationCancelled() } }
+            if fused { return pipeline }
+            return try pipeline.materialise(maxPixels: environment.maxPixels) { if context.isCancelled { throw OperationCancelled() } }
         }
     }
 
@@ -234,7 +246,9 @@ enum Kinds {
         }
     }
 
-    private static func writeOutput(to folder: String, path: String, fill: (Int32, String) throws -> Void) throws {
+    /// Writes `path` through `fill(fd, hiddenPath)`; returns the final path.
+    @discardableResult
+    static func writeOutput(to folder: String, path: String, _ fill: (Int32, String) throws -> Void) throws -> String {
         let components = path.split(separator: "/").map(String.init)
         var directory = folder
         for component in components.dropLast() {
@@ -246,12 +260,19 @@ enum Kinds {
         }
         let name = components.last ?? path
         let hidden = directory + "/." + name + ".part"
-        try writeDurably(to: hidden, syncFolder: false, fill)
+        do {
+            try writeDurably(to: hidden, syncFolder: false, fill)
+        } catch {
+            unlink(hidden)
+            throw error
+        }
         CrashPoint.writePart.reached()
-        guard rename(hidden, directory + "/" + name) == 0 else {
+        let final = directory + "/" + name
+        guard rename(hidden, final) == 0 else {
             let e = errno
             unlink(hidden)
             throw SpoolError(operation: "rename", path: hidden, errno: e)
         }
+        return final
     }
 }
