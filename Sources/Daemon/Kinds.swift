@@ -41,6 +41,8 @@ struct KindEnvironment: Sendable {
     var jobFolder: String
     var limits: DownloadLimits
     var maxPixels: Int
+    /// Where downloads count their bytes and errors (none in tests of the kinds alone).
+    var metrics: DaemonMetrics? = nil
 }
 
 enum Kinds {
@@ -123,6 +125,10 @@ enum Kinds {
         let limit = min(maxBytes ?? environment.limits.maxBytes, environment.limits.maxBytes)
         return .async { context in
             let done: @Sendable (Result<Data, any Error>) -> Void = { result in
+                switch result {
+                case .success(let bytes): environment.metrics?.downloaded(bytes: bytes.count)
+                case .failure: if !context.isCancelled { environment.metrics?.downloadFailed() }
+                }
                 context.finish(Result { try then(result.get()) })
             }
             if url.lowercased().hasPrefix("file:") {

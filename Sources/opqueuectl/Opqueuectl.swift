@@ -48,7 +48,7 @@ struct Opqueuectl: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "opqueuectl",
         abstract: "Submits, inspects and controls opqueued jobs.",
-        subcommands: [Submit.self, Validate.self, Status.self, Show.self, Wait.self, Cancel.self, Suspend.self, Resume.self, Graph.self])
+        subcommands: [Submit.self, Validate.self, Status.self, Show.self, Wait.self, Cancel.self, Suspend.self, Resume.self, Graph.self, Metrics.self])
 
     /// `--spool` and `--config` come before the command; each command sees them through its own group.
     @OptionGroup var common: Common
@@ -122,22 +122,47 @@ struct Status: ParsableCommand {
             print(String(decoding: data, as: UTF8.self))
             return
         }
-        print("state: \(response["state"] ?? "?")  jobs active: \((response["activeJobs"] as? [String])?.count ?? 0)  waiting: \(response["waiting"] ?? 0)  executing: \(response["executing"] ?? 0)")
-        if let fault = response["fault"] as? String { print("claiming paused: \(fault)") }
-        if let operations = response["operations"] as? Int, let budget = response["maxActiveOperations"] as? Int {
-            print("operations in active jobs: \(operations) of \(budget)\(operations >= budget ? " (claiming paused until some end)" : "")")
-        }
-        if let heap = response["heapBytes"] as? Int { print("heap in use: \(heap / 1024) KiB") }
-        print("QUEUE            LIMIT  QOS              SUSPENDED  PENDING  EXECUTING")
-        for q in response["queues"] as? [[String: Any]] ?? [] {
-            let name = (q["name"] as? String ?? "").padding(toLength: 16, withPad: " ", startingAt: 0)
-            let limit = "\(q["maxConcurrentOperationCount"] ?? "")".padding(toLength: 6, withPad: " ", startingAt: 0)
-            let qos = "\(q["qualityOfService"] ?? "")".padding(toLength: 16, withPad: " ", startingAt: 0)
-            let suspended = ((q["suspended"] as? Bool) == true ? "yes" : "no").padding(toLength: 10, withPad: " ", startingAt: 0)
-            print("\(name) \(limit) \(qos) \(suspended) \("\(q["pending"] ?? 0)".padding(toLength: 8, withPad: " ", startingAt: 0)) \(q["executing"] ?? 0)")
-        }
-        for job in response["activeJobs"] as? [String] ?? [] { print("job \(job)") }
+        print(statusReport(response), terminator: "")
     }
+}
+
+/// `status` for people: a summary line, the queues and the jobs as aligned tables.
+func statusReport(_ response: [String: Any]) -> String {
+    let active = response["activeJobs"] as? [String] ?? []
+    var out = "state: \(response["state"] as? String ?? "?")  jobs active: \(active.count)  waiting in the inbox: \(response["waiting"] as? Int ?? 0)  "
+        + "operations executing: \(response["executing"] as? Int ?? 0)\n"
+    if let fault = response["fault"] as? String { out += "claiming paused: \(fault)\n" }
+    if let operations = response["operations"] as? Int, let budget = response["maxActiveOperations"] as? Int {
+        out += "operations in active jobs: \(operations) of \(budget)\(operations >= budget ? " (claiming paused until some end)" : "")\n"
+    }
+    if let heap = response["heapBytes"] as? Int { out += "heap in use: \(heap / 1024) KiB\n" }
+    var queues = [["QUEUE", "LIMIT", "QOS", "EXECUTING", "PENDING", "SUSPENDED"]]
+    for q in response["queues"] as? [[String: Any]] ?? [] {
+        let limit = q["maxConcurrentOperationCount"] as? Int ?? 0
+        queues.append([q["name"] as? String ?? "?", limit < 0 ? "per-core" : String(limit), q["qualityOfService"] as? String ?? "",
+                       String(q["executing"] as? Int ?? 0), String(q["pending"] as? Int ?? 0), (q["suspended"] as? Bool) == true ? "yes" : "no"])
+    }
+    out += "\n" + table(queues)
+    // `jobs` (with progress) comes from daemons that know it; `activeJobs` alone from older ones.
+    let progress = response["jobs"] as? [[String: Any]] ?? active.map { ["job": $0] }
+    if !progress.isEmpty {
+        var rows = [["JOB", "PROGRESS"]]
+        for job in progress {
+            let total = job["operations"] as? Int ?? 0
+            rows.append([job["job"] as? String ?? "?", total == 0 ? "being read" : "\(job["ended"] as? Int ?? 0)/\(total) done"])
+        }
+        out += "\n" + table(rows)
+    }
+    return out
+}
+
+/// Left-aligned columns two spaces apart, numbers included (headers are words).
+func table(_ rows: [[String]]) -> String {
+    var widths: [Int] = []
+    for row in rows { for (i, cell) in row.enumerated() { if i < widths.count { widths[i] = max(widths[i], cell.count) } else { widths.append(cell.count) } } }
+    return rows.map { row in
+        row.enumerated().map { i, cell in i == row.count - 1 ? cell : cell.padding(toLength: widths[i], withPad: " ", startingAt: 0) }.joined(separator: "  ")
+    }.joined(separator: "\n") + "\n"
 }
 
 /// A job's operations: from the outbox when it has ended, else from the daemon.
@@ -286,5 +311,19 @@ struct Graph: ParsableCommand {
             for dep in op.dependencies { dot += "  \"\(dep)\" -> \"\(op.id)\";\n" }
         }
         print(dot + "}")
+    }
+}
+
+struct Metrics: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "The daemon's metrics in the Prometheus text format (for node_exporter's textfile collector and scripts).")
+    @OptionGroup var common: Common
+
+    func run() throws {
+        let response = try common.request(["command": "metrics"])
+        guard (response["exit"] as? Int) == 0, let text = response["text"] as? String else {
+            throw fail(response["error"] as? String ?? "the daemon gave no metrics", Int32(response["exit"] as? Int ?? 1))
+        }
+        print(text, terminator: text.hasSuffix("\n") ? "" : "\n")
     }
 }

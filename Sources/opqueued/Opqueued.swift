@@ -77,7 +77,8 @@ struct Opqueued: AsyncParsableCommand {
         let watcher = InboxWatcher(path: spoolFolder.inbox) { names in daemon.scan(hints: names) }
         let group = ServiceGroup(configuration: .init(
             services: [
-                .init(service: SpoolService(daemon: daemon, control: control, watcher: watcher, grace: configuration.shutdownGraceSeconds, logger: logger)),
+                .init(service: SpoolService(daemon: daemon, control: control, watcher: watcher, metricsListen: configuration.metricsListen,
+                                            grace: configuration.shutdownGraceSeconds, logger: logger)),
                 .init(service: ReloadService(daemon: daemon)),
                 .init(service: StatusService(daemon: daemon)),
             ],
@@ -95,12 +96,15 @@ struct SpoolService: Service {
     let daemon: Daemon
     let control: ControlServer
     let watcher: InboxWatcher
+    /// `metrics.listen`, read at start (a reload does not move the listener).
+    let metricsListen: String?
     let grace: Double
     let logger: Logger
 
     func run() async throws {
         // The service group has SIGTERM and SIGINT now; one that came while starting was only noted.
         let stopAskedWhileStarting = Daemon.notedTerminationSignal
+        var metricsServer: MetricsServer?
         if stopAskedWhileStarting != 0 {
             // (The `stopping` event itself comes from the drain below, once, as for any stop.)
             logger.notice("signal \(stopAskedWhileStarting) came while starting: stopping without becoming ready")
@@ -109,6 +113,11 @@ struct SpoolService: Service {
             do {
                 try control.start()
                 try watcher.start()
+                if let metricsListen {
+                    let server = try MetricsServer(listen: metricsListen) { [daemon] in daemon.metricsText() }
+                    logger.info("metrics: listening on http://\(server.boundAddress)/metrics")
+                    metricsServer = server
+                }
             } catch {
                 logger.critical("\(error)")
                 throw ExitCode(1)
@@ -119,6 +128,7 @@ struct SpoolService: Service {
         try? await gracefulShutdown()
         SystemdNotifier.notify("STOPPING=1")
         watcher.stop()
+        metricsServer?.stop()
         await daemon.stop(grace: grace)
         control.stop()
     }
@@ -178,6 +188,7 @@ func handle(_ request: [String: Any], _ daemon: Daemon) -> [String: Any] {
             },
         ]
         if let fault = status.fault { response["fault"] = fault }
+        response["jobs"] = status.jobs.map { ["job": $0.job, "operations": $0.operations, "ended": $0.ended] as [String: Any] }
         if request["memory"] as? Bool == true { response["heapBytes"] = daemon.heapBytesInUse }
         return response
     case "show":
@@ -193,6 +204,8 @@ func handle(_ request: [String: Any], _ daemon: Daemon) -> [String: Any] {
         case .unknownOperation: return ["exit": 1, "error": "job '\(job)' has no operation '\(operation ?? "")'"]
         case .alreadyEnded: return ["exit": 1, "error": operation.map { "operation '\($0)' of job '\(job)' has already ended" } ?? "job '\(job)' has already ended"]
         }
+    case "metrics":
+        return ["exit": 0, "text": daemon.metricsText()]
     case "suspend", "resume":
         guard let queue = request["queue"] as? String else { return ["exit": 64, "error": "\(command) needs a queue"] }
         return daemon.suspend(queue: queue, command == "suspend") ? ["exit": 0] : ["exit": 1, "error": "unknown queue '\(queue)'"]
