@@ -92,7 +92,7 @@ let package = Package(
             name: "TestSupport",
             dependencies: ["Daemon"],
             path: "Tests/Support",
-            exclude: ["http_server.py", "make_pngs.py"]
+            exclude: ["http_server.py", "make_pngs.py", "metrics_client.py"]
         ),
         .testTarget(name: "OperationEngineTests", dependencies: ["OperationEngine"]),
         .testTarget(name: "DaemonTests", dependencies: ["Daemon", "TestSupport"]),
