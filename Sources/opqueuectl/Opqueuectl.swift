@@ -10,10 +10,10 @@ import Daemon
 import Foundation
 
 struct Common: ParsableArguments {
-    @Option(help: "The spool root.")
+    @Option(help: ArgumentHelp("The spool root.", valueName: "dir"), completion: .directory)
     var spool = "./spool"
 
-    @Option(help: "The configuration property list (queues for validate).")
+    @Option(help: ArgumentHelp("The configuration property list (queues for validate).", valueName: "file"), completion: .file(extensions: ["plist"]))
     var config: String?
 
     var socket: String { spool + "/opqueued.sock" }
@@ -48,6 +48,18 @@ struct Opqueuectl: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "opqueuectl",
         abstract: "Submits, inspects and controls opqueued jobs.",
+        discussion: """
+            opqueuectl works on the spool of an opqueued daemon (see opqueued(8)): submit and validate read manifest \
+            files (see opqueued.plist(5)); wait, show and graph read the outbox; status, show (for running jobs), \
+            cancel, suspend, resume and metrics talk to the daemon through the Unix socket SPOOL/opqueued.sock, \
+            and exit 3 when no daemon answers there. --spool and --config come before the command.
+
+            Exit statuses: 0 success; 1 invalid input, an unknown job, operation or queue, cancelling a job that \
+            has already ended, or (wait) a job that did not succeed; 2 wait timed out; 3 no daemon; 64 usage error.
+
+            Files: SPOOL/inbox/ (manifests are placed there under a hidden name, then renamed), \
+            SPOOL/outbox/JOB/result.plist (what wait, show and graph read), SPOOL/opqueued.sock.
+            """,
         subcommands: [Submit.self, Validate.self, Status.self, Show.self, Wait.self, Cancel.self, Suspend.self, Resume.self, Graph.self, Metrics.self])
 
     /// `--spool` and `--config` come before the command; each command sees them through its own group.
@@ -59,7 +71,7 @@ struct Opqueuectl: ParsableCommand {
 struct Validate: ParsableCommand {
     static let configuration = CommandConfiguration(abstract: "Exit 0 if every manifest is valid; else print every problem.")
     @OptionGroup var common: Common
-    @Argument(help: "Manifest files.") var files: [String]
+    @Argument(help: "Manifest files.", completion: .file(extensions: ["plist"])) var files: [String]
 
     func run() throws {
         let config = try common.configuration()
@@ -84,7 +96,7 @@ func validManifest(at file: String, _ config: Configuration) -> Data? {
 struct Submit: ParsableCommand {
     static let configuration = CommandConfiguration(abstract: "Validate, then place manifests atomically in the inbox; prints each job id.")
     @OptionGroup var common: Common
-    @Argument(help: "Manifest files.") var files: [String]
+    @Argument(help: "Manifest files.", completion: .file(extensions: ["plist"])) var files: [String]
 
     func run() throws {
         let config = try common.configuration()
@@ -180,7 +192,7 @@ func operations(of job: String, _ common: Common) throws -> (status: String, ope
 struct Show: ParsableCommand {
     static let configuration = CommandConfiguration(abstract: "Each operation's state, queue, attempts, timings, error.")
     @OptionGroup var common: Common
-    @Argument var job: String
+    @Argument(help: "A job id.", completion: .custom(completeJobs)) var job: String
     @Flag(help: "JSON output.") var json = false
 
     func run() throws {
@@ -203,7 +215,7 @@ struct Show: ParsableCommand {
 struct Wait: ParsableCommand {
     static let configuration = CommandConfiguration(abstract: "Waits for the job's outbox entry: 0 succeeded, 1 not, 2 timeout.")
     @OptionGroup var common: Common
-    @Argument var job: String
+    @Argument(help: "A job id.", completion: .custom(completeJobs)) var job: String
     @Option(help: "Give up after this many seconds (exit 2).") var timeout: Double?
 
     func run() throws {
@@ -244,8 +256,8 @@ struct Wait: ParsableCommand {
 struct Cancel: ParsableCommand {
     static let configuration = CommandConfiguration(abstract: "Cancel a whole job, or one operation (its dependents follow).")
     @OptionGroup var common: Common
-    @Argument var job: String
-    @Argument var operation: String?
+    @Argument(help: "A job id.", completion: .custom(completeJobs)) var job: String
+    @Argument(help: "One operation of the job (default: the whole job).") var operation: String?
 
     func run() throws {
         var request: [String: Any] = ["command": "cancel", "job": job]
@@ -259,14 +271,14 @@ struct Cancel: ParsableCommand {
 struct Suspend: ParsableCommand {
     static let configuration = CommandConfiguration(abstract: "Suspend a queue: executing operations go on, no new ones start.")
     @OptionGroup var common: Common
-    @Argument var queue: String
+    @Argument(help: "A queue name.", completion: .custom(completeQueues)) var queue: String
     func run() throws { try toggle(common, queue, "suspend") }
 }
 
 struct Resume: ParsableCommand {
     static let configuration = CommandConfiguration(abstract: "Resume a suspended queue.")
     @OptionGroup var common: Common
-    @Argument var queue: String
+    @Argument(help: "A queue name.", completion: .custom(completeQueues)) var queue: String
     func run() throws { try toggle(common, queue, "resume") }
 }
 
@@ -326,4 +338,32 @@ struct Metrics: ParsableCommand {
         }
         print(text, terminator: text.hasSuffix("\n") ? "" : "\n")
     }
+}
+
+// MARK: Completion
+
+/// The spool a command line being completed names (`--spool DIR` or `--spool=DIR`), else the default.
+func spoolOf(_ words: [String]) -> String {
+    for (i, word) in words.enumerated() {
+        if word == "--spool", i + 1 < words.count { return words[i + 1] }
+        if word.hasPrefix("--spool=") { return String(word.dropFirst("--spool=".count)) }
+    }
+    return "./spool"
+}
+
+/// Job ids for completion: the running daemon's active jobs (asked with a short timeout) and the outbox's.
+@Sendable func completeJobs(_ words: [String], _ index: Int, _ prefix: String) -> [String] {
+    let spool = spoolOf(words)
+    var jobs = Set((try? FileManager.default.contentsOfDirectory(atPath: spool + "/outbox")) ?? []).filter { !$0.hasPrefix(".") }
+    if let status = try? ControlClient.request(spool + "/opqueued.sock", ["command": "status"], timeout: 1) {
+        jobs.formUnion(status["activeJobs"] as? [String] ?? [])
+    }
+    return jobs.filter { $0.hasPrefix(prefix) }.sorted()
+}
+
+/// Queue names for completion: the running daemon's, else the built-in ones.
+@Sendable func completeQueues(_ words: [String], _ index: Int, _ prefix: String) -> [String] {
+    let status = try? ControlClient.request(spoolOf(words) + "/opqueued.sock", ["command": "status"], timeout: 1)
+    let names = (status?["queues"] as? [[String: Any]])?.compactMap { $0["name"] as? String } ?? Configuration.builtIn.queueNames
+    return names.filter { $0.hasPrefix(prefix) }.sorted()
 }

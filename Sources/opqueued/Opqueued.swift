@@ -16,21 +16,48 @@ import UnixSignals
 
 enum LogTarget: String, ExpressibleByArgument, CaseIterable {
     case auto, journal, console
+
+    static var allValueDescriptions: [String: String] {
+        ["auto": "journald when its socket exists, else the console",
+         "journal": "journald, through libsystemd",
+         "console": "one key=value line per event on standard error"]
+    }
 }
 
 @main
 struct Opqueued: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "opqueued",
-        abstract: "Runs operation graphs dropped into a spool folder.")
+        abstract: "Runs operation graphs dropped into a spool folder.",
+        discussion: """
+            opqueued watches SPOOL/inbox for property-list manifests (see opqueued.plist(5)), claims each by renaming \
+            it into SPOOL/active, runs its operations on named queues with concurrency limits, quality of service \
+            and priorities, and publishes every claimed manifest as exactly one folder SPOOL/outbox/JOB holding \
+            manifest.plist, result.plist and the files its write operations produced. Every lifecycle transition \
+            is logged to journald (SYSLOG_IDENTIFIER=opqueued, fields OPQ_*). opqueuectl(1) submits and inspects jobs.
 
-    @Option(help: "The spool root.")
+            Signals: SIGHUP reloads the configuration (queue limits, quality of service, suspension) without \
+            restarting work. SIGTERM and SIGINT stop gracefully: nothing new is claimed, executing operations get \
+            shutdownGraceSeconds to finish, unfinished jobs stay in SPOOL/active and resume at the next start.
+
+            Under systemd (Type=notify) it sends READY=1 once recovery is done, STATUS= lines with live counts, \
+            RELOADING=1 around a reload, STOPPING=1, and WATCHDOG=1 when WATCHDOG_USEC is set.
+
+            Exit status: 0 after a graceful stop or a --once run; 1 if the configuration or the spool cannot be \
+            used, or another opqueued holds the spool.
+
+            Files: SPOOL/inbox, SPOOL/active, SPOOL/outbox, SPOOL/tmp, SPOOL/opqueued.sock (the control socket), \
+            SPOOL/opqueued.lock; the unit opqueued.service runs it on /var/spool/opqueued.
+            """)
+
+    @Option(help: ArgumentHelp("The spool root; missing folders are created.", valueName: "dir"), completion: .directory)
     var spool = "./spool"
 
-    @Option(help: "The configuration property list.")
+    @Option(help: ArgumentHelp("The configuration property list (opqueued.plist(5)); without it, built-in defaults.", valueName: "file"),
+            completion: .file(extensions: ["plist"]))
     var config: String?
 
-    @Option(help: "Where events go: auto, journal or console.")
+    @Option(help: ArgumentHelp("Where events go.", valueName: "target"))
     var logTarget: LogTarget = .auto
 
     @Flag(help: "Run what is in the inbox at start, then exit.")
