@@ -122,6 +122,24 @@ func runnableShellBlocks(_ markdown: String) -> (run: [String], skipped: Int) {
         #expect(try spool.ctl(["cancel", "long"]).status == 0)
     }
 
+    /// `make install` puts the man pages where `man` finds them and the completions where the shells look
+    /// (into a DESTDIR here: nothing is installed on the machine, and no system command runs).
+    @Test func installPutsManPagesAndCompletionsInPlace() throws {
+        let destination = NSTemporaryDirectory() + "opq-install-" + UUID().uuidString.prefix(8)
+        defer { try? FileManager.default.removeItem(atPath: destination) }
+        let install = try run("/usr/bin/make", ["-C", repositoryRoot, "-s", "install-files", "BINARIES=.build/debug", "DESTDIR=" + destination], timeout: 60)
+        #expect(install.status == 0, "\(install.stderr)")
+        let share = destination + "/usr/local/share"
+        for (page, section) in [("opqueuectl", "1"), ("opqueued", "8"), ("opqueued.plist", "5")] {
+            let found = try run("/usr/bin/man", ["-M", share + "/man", "-w", section, page])
+            #expect(found.status == 0 && found.stdout.contains("/man\(section)/\(page).\(section)"), "\(page)(\(section)): \(found.stdout)\(found.stderr)")
+        }
+        let bash = share + "/bash-completion/completions/opqueuectl"
+        #expect(try run("/bin/bash", ["-c", "source '\(bash)' && complete -p opqueuectl"]).stdout.contains("_opqueuectl"))
+        #expect(FileManager.default.fileExists(atPath: share + "/zsh/site-functions/_opqueuectl"))
+        #expect(FileManager.default.fileExists(atPath: share + "/fish/vendor_completions.d/opqueuectl.fish"))
+    }
+
     @Test func readmeStartsWithTheTwoCommandsAndItsExamplesRun() throws {
         let readme = try String(contentsOfFile: repositoryRoot + "/README.md", encoding: .utf8)
         let firstBlock = readme.components(separatedBy: "```sh\n").dropFirst().first?.components(separatedBy: "\n```").first ?? ""
