@@ -6,7 +6,8 @@
 // a connection at 10 s whether or not anything comes (a client that connects and stalls, or trickles
 // bytes, is dropped), at most 64 connections are served at once (the rest are closed at accept), and
 // garbage gets a 400 from NIO's HTTP error handler before the connection is closed. Writes to a client
-// that hung up fail on that connection only (NIO writes with MSG_NOSIGNAL: no SIGPIPE).
+// that hung up fail on that connection only: on Linux, NIO sets SIGPIPE to ignored, process-wide, the
+// first time it makes a socket (so a child process started later inherits SIG_IGN unless it is reset).
 
 import Foundation
 import NIOCore
