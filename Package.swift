@@ -43,6 +43,8 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "DequeModule", package: "swift-collections"),
                 .product(name: "HeapModule", package: "swift-collections"),
+                // Metrics (SPEC §6): recorded through swift-metrics into a swift-prometheus registry; the
+                // optional HTTP /metrics listener runs on SwiftNIO.
                 .product(name: "CoreMetrics", package: "swift-metrics"),
                 .product(name: "Prometheus", package: "swift-prometheus"),
                 .product(name: "NIOCore", package: "swift-nio"),
