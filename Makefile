@@ -5,22 +5,28 @@
 #   make test    install what is missing, build, run every test (what .ci/run does)
 #   make campaigns  the reliability campaigns at full size (crash, faults, fuzz, load; root)
 #   make bench   the benchmarks (release build)
-#   make install binaries, unit, catalog, sysusers/tmpfiles snippets (PREFIX=/usr/local)
+#   make install binaries, unit, catalog, sysusers/tmpfiles snippets, man pages, completions (PREFIX=/usr/local)
+#   make man     regenerate docs/man/opqueuectl.1 and opqueued.8 from the code (argument-parser's generate-manual)
 #   make install-files   the same without building, from BINARIES (the systemd tests install their debug build)
 
 SWIFT ?= swift
 PREFIX ?= /usr/local
 SPOOL ?= ./spool
 # Debian packages the build and the tests need.
-APT_PACKAGES = pkg-config libpng-dev libjpeg-dev libcurl4-openssl-dev libsystemd-dev systemd
+# (mandoc lints the man pages; python3-prometheus-client parses the metrics in the tests.)
+APT_PACKAGES = pkg-config libpng-dev libjpeg-dev libcurl4-openssl-dev libsystemd-dev systemd mandoc python3-prometheus-client
 
-.PHONY: run example test campaigns fuzz-codecs fuzz-plist fuzz-manifest deps build release bench install install-files clean
+.PHONY: run example test campaigns fuzz-codecs fuzz-plist fuzz-manifest deps build release bench install install-files man clean
 
 UNITDIR ?= /etc/systemd/system
 SYSUSERSDIR ?= /etc/sysusers.d
 TMPFILESDIR ?= /etc/tmpfiles.d
 CATALOGDIR ?= /usr/lib/systemd/catalog
 BINARIES ?= .build/release
+MANDIR ?= $(PREFIX)/share/man
+BASHCOMPDIR ?= $(PREFIX)/share/bash-completion/completions
+ZSHCOMPDIR ?= $(PREFIX)/share/zsh/site-functions
+FISHCOMPDIR ?= $(PREFIX)/share/fish/vendor_completions.d
 
 deps:
 	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
@@ -133,12 +139,34 @@ install-files:
 	install -m 0644 systemd/opqueued.sysusers $(DESTDIR)$(SYSUSERSDIR)/opqueued.conf
 	install -m 0644 systemd/opqueued.tmpfiles $(DESTDIR)$(TMPFILESDIR)/opqueued.conf
 	install -m 0644 systemd/opqueued.catalog $(DESTDIR)$(CATALOGDIR)/opqueued.catalog
+	install -d $(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(MANDIR)/man5 $(DESTDIR)$(MANDIR)/man8
+	install -m 0644 docs/man/opqueuectl.1 $(DESTDIR)$(MANDIR)/man1/
+	install -m 0644 docs/man/opqueued.plist.5 $(DESTDIR)$(MANDIR)/man5/
+	install -m 0644 docs/man/opqueued.8 $(DESTDIR)$(MANDIR)/man8/
+	install -d $(DESTDIR)$(BASHCOMPDIR) $(DESTDIR)$(ZSHCOMPDIR) $(DESTDIR)$(FISHCOMPDIR)
+	$(BINARIES)/opqueuectl --generate-completion-script bash > $(DESTDIR)$(BASHCOMPDIR)/opqueuectl
+	$(BINARIES)/opqueuectl --generate-completion-script zsh > $(DESTDIR)$(ZSHCOMPDIR)/_opqueuectl
+	$(BINARIES)/opqueuectl --generate-completion-script fish > $(DESTDIR)$(FISHCOMPDIR)/opqueuectl.fish
 	@if [ -z "$(DESTDIR)" ]; then \
 	  command -v systemd-sysusers >/dev/null && systemd-sysusers $(SYSUSERSDIR)/opqueued.conf || true; \
 	  command -v systemd-tmpfiles >/dev/null && systemd-tmpfiles --create $(TMPFILESDIR)/opqueued.conf || true; \
 	  command -v journalctl >/dev/null && journalctl --update-catalog || true; \
 	  [ -d /run/systemd/system ] && systemctl daemon-reload || true; \
 	fi
+
+# The man pages of the two programs come from their argument-parser definitions (help, abstracts,
+# discussions) through argument-parser's generate-manual plugin; opqueued.plist(5) is written by hand.
+# They are committed, so `man -l docs/man/…` works from a clone; a test checks that opqueuectl(1) names
+# every subcommand and option. MAN_DATE keeps the output the same from one run to the next.
+MAN_DATE ?= 2026-11-23
+MAN_OUT = .build/plugins/GenerateManual/outputs
+man:
+	$(SWIFT) package --allow-writing-to-package-directory generate-manual --configuration debug --date $(MAN_DATE) --section 1
+	cp $(MAN_OUT)/opqueuectl/opqueuectl.1 docs/man/opqueuectl.1
+	python3 scripts/tidy-mdoc.py docs/man/opqueuectl.1 opqueued.plist:5 opqueued:8 journalctl:1
+	$(SWIFT) package --allow-writing-to-package-directory generate-manual --configuration debug --date $(MAN_DATE) --section 8
+	cp $(MAN_OUT)/opqueued/opqueued.8 docs/man/opqueued.8
+	python3 scripts/tidy-mdoc.py docs/man/opqueued.8 opqueuectl:1 opqueued.plist:5 journalctl:1 systemd.service:5
 
 clean:
 	rm -rf .build

@@ -28,6 +28,8 @@ public struct Configuration: Sendable {
     /// `download.allowNetworks`: ranges opened to downloads among those refused by default (Networks.swift).
     public var allowNetworks: [IPNetwork] = []
     public var maxPixels: Int
+    /// `metrics.listen`: where the HTTP /metrics listener binds (`HOST:PORT`); nil: no listener.
+    public var metricsListen: String? = nil
 
     public static let builtIn = Configuration(
         queueNames: ["default", "downloads", "filters", "io"],
@@ -73,7 +75,7 @@ public struct Configuration: Sendable {
         } catch let error as ManifestProblems {
             throw Invalid(path: path, problems: error.problems)
         }
-        let known: Set<String> = ["queues", "defaultQueues", "maxActiveJobs", "maxActiveOperations", "shutdownGraceSeconds", "download", "image"]
+        let known: Set<String> = ["queues", "defaultQueues", "maxActiveJobs", "maxActiveOperations", "shutdownGraceSeconds", "download", "image", "metrics"]
         for key in top.keys.sorted() where !known.contains(key) { problems.append("unknown key '\(key)'") }
         if let value = top["queues"] {
             if let queues = value.dictionary {
@@ -171,9 +173,29 @@ public struct Configuration: Sendable {
                 problems.append("image: must be a dictionary")
             }
         }
+        if let value = top["metrics"] {
+            if let metrics = value.dictionary {
+                for key in metrics.keys.sorted() {
+                    if key == "listen", let listen = metrics[key]?.string, splitListenAddress(listen) != nil { config.metricsListen = listen }
+                    else if key == "listen" { problems.append("metrics.listen: must be \"HOST:PORT\" (e.g. \"127.0.0.1:9464\", \"[::1]:9464\")") }
+                    else { problems.append("metrics: unknown key '\(key)'") }
+                }
+            } else {
+                problems.append("metrics: must be a dictionary")
+            }
+        }
         if !problems.isEmpty { throw Invalid(path: path, problems: problems) }
         return config
     }
+}
+
+/// `HOST:PORT` or `[IPV6]:PORT` (port 0: any free port) → (host, port); nil when it is neither.
+func splitListenAddress(_ listen: String) -> (host: String, port: Int)? {
+    guard let colon = listen.lastIndex(of: ":"), let port = Int(listen[listen.index(after: colon)...]), (0...65535).contains(port) else { return nil }
+    var host = String(listen[..<colon])
+    if host.hasPrefix("[") && host.hasSuffix("]") { host = String(host.dropFirst().dropLast()) }
+    guard !host.isEmpty, !host.contains(where: { $0 == "/" || $0 == " " }) else { return nil }
+    return (host, port)
 }
 
 let qosNames = OperationEngine.QualityOfService.allCases.reversed().map(\.name).joined(separator: ", ")

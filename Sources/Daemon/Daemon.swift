@@ -34,6 +34,8 @@ final class RunningJob: @unchecked Sendable {
     var finishing = false
     /// Operations counted against `maxActiveOperations` while the job is active.
     var countedOperations = 0
+    /// Operations that have ended in this run (for status' progress; under the daemon's lock).
+    var endedOperations = 0
 
     init(claimed: ClaimedJob) { self.claimed = claimed }
     var id: String { claimed.id }
@@ -47,6 +49,10 @@ public final class Daemon: @unchecked Sendable {
     let engine: Engine
     private let sink: EventSink
     private let once: Bool
+    /// Counters and histograms (SPEC §6); the gauges are read from `status()` when scraped.
+    public let metrics = DaemonMetrics()
+    /// Ready and executing times per operation, for the wait and run histograms (delivery thread only).
+    private let operationClock = OperationClock()
 
     private let lock = NSLock()
     /// Held while a group is submitted and registered in `byGroup`; `deliver` passes through it first,
@@ -239,9 +245,11 @@ public final class Daemon: @unchecked Sendable {
             // being written in place. (Not a regular file: `claim` says why it is left alone.)
             let settled = hinted || onlyThese != nil || (spool.age(of: name, now: now) ?? Self.settleSeconds) >= Self.settleSeconds
             do {
+                let changedAt = spool.changeTime(of: name)
                 switch try spool.claim(name, now: Date().timeIntervalSince1970, settled: settled) {
                 case .claimed(let job):
                     busy.remove(name)
+                    if let changedAt { metrics.pickedUp(after: job.receivedAt - changedAt) }
                     claimed.append(job)
                     mayHold += job.manifest.count / Self.minimumBytesPerOperation + 1
                 case .busy:
@@ -363,7 +371,7 @@ public final class Daemon: @unchecked Sendable {
             jobFolder: spool.outputFolder(job: claimed.id), downloads: spool.downloadsFolder(job: claimed.id),
             limits: DownloadLimits(maxBytes: config.downloadMaxBytes, connectTimeoutSeconds: config.downloadConnectTimeoutSeconds,
                                    timeoutSeconds: config.downloadTimeoutSeconds, fileRoots: config.fileRoots, allowNetworks: config.allowNetworks),
-            maxPixels: config.maxPixels)
+            maxPixels: config.maxPixels, metrics: metrics)
         func hasDownload(_ operation: String) -> Bool { access(environment.downloads + "/" + operation, F_OK) == 0 }
         // Chains of image operations ending in a write run as one strip pipeline in their last operation
         // (issue 15); each operation keeps its own record and journal transitions.
@@ -458,8 +466,10 @@ public final class Daemon: @unchecked Sendable {
                 let plan = job?.plan
                 let recovered = job?.recovered.contains(t.operation) ?? true
                 let recomputedFailure = t.state == .failed && job?.recomputed.contains(t.operation) == true
+                if let job, !recovered, t.state == .succeeded || t.state == .failed || t.state == .cancelled { job.endedOperations += 1 }
                 lock.unlock()
                 guard let job, let plan, t.operation < plan.operations.count, !recovered || recomputedFailure else { continue }
+                if !recovered { measure(t, plan.operations[t.operation]) }
                 if logTransition(t, job: job, operation: plan.operations[t.operation]) { progressRecorded += 1 }
             case .groupFinished(let group):
                 lock.lock()
@@ -471,7 +481,25 @@ public final class Daemon: @unchecked Sendable {
         }
     }
 
-    /// Returns whether a progress line was written (to be committed with the batch).
+    /// On the delivery thread: the metrics an operation's transition moves.
+    private func measure(_ t: Transition, _ operation: OperationPlan) {
+        switch t.state {
+        case .ready:
+            _ = operationClock.mark(t.group, t.operation, at: t.time, executing: false)
+        case .executing:
+            if let ready = operationClock.mark(t.group, t.operation, at: t.time, executing: true), !ready.executing {
+                metrics.waited(queue: operation.queue, seconds: t.time - ready.time)
+            }
+        case .retrying, .succeeded, .failed, .cancelled:
+            // Only an attempt that was executing ran (a cancel of a ready operation ends it from `ready`).
+            if let last = operationClock.end(t.group, t.operation), last.executing { metrics.ran(kind: operation.kind.rawValue, seconds: t.time - last.time) }
+            guard t.state != .retrying else { break }
+            metrics.operationEnded(kind: operation.kind.rawValue, queue: operation.queue, state: t.state.name)
+        default:
+            break
+        }
+    }
+
     /// Progress lines were written: make sure a commit covers them soon.
     private func progressWasRecorded(_ lines: Int) {
         lock.lock()
@@ -606,6 +634,7 @@ public final class Daemon: @unchecked Sendable {
             var fields = ["OPQ_EVENT": "job", "OPQ_STATE": "finished", "OPQ_JOB": job.id, "OPQ_STATUS": publication.status]
             if let firstStart { fields["OPQ_DURATION_USEC"] = String(Int64(((now - firstStart) * 1e6).rounded())) }
             if let error = publication.error { fields["OPQ_ERROR"] = error }
+            metrics.jobEnded(status: publication.status)
             if publication.status != "rejected" {
                 event(publication.status == "succeeded" ? .info : publication.status == "failed" ? .error : .warning,
                       "job \(job.id) finished: \(publication.status)", fields)
@@ -884,6 +913,16 @@ public final class Daemon: @unchecked Sendable {
         public var queues: [QueueSnapshot]
         /// The spool fault claiming waits on, if any.
         public var fault: String?
+        /// Each active job's progress, by id.
+        public var jobs: [JobProgress] = []
+    }
+
+    public struct JobProgress: Sendable {
+        public var job: String
+        /// Operations in its plan (0 while it is being read, and for a rejected job).
+        public var operations: Int
+        /// Operations that have ended, however (succeeded before a restart included).
+        public var ended: Int
     }
 
     public func status() -> Status {
@@ -892,10 +931,17 @@ public final class Daemon: @unchecked Sendable {
         let waitingNow = waiting
         let fault = faultReason
         let operations = activeOperations, budget = configuration.maxActiveOperations
+        let progress = jobs.values.map { JobProgress(job: $0.id, operations: $0.plan?.operations.count ?? 0, ended: $0.endedOperations + $0.recovered.count) }
         lock.unlock()
         let overview = engine.overview()
         return Status(activeJobs: active, waiting: waitingNow, executing: overview.executing, operations: operations,
-                      maxActiveOperations: budget, queues: overview.queues, fault: fault)
+                      maxActiveOperations: budget, queues: overview.queues, fault: fault, jobs: progress.sorted { $0.job < $1.job })
+    }
+
+    /// The metrics in the Prometheus text format, the gauges read now (`opqueuectl metrics`, GET /metrics).
+    public func metricsText() -> String {
+        // The engine resolves -1 to the online CPUs, as here.
+        metrics.text(status(), processorCount: max(1, Int(sysconf(Int32(_SC_NPROCESSORS_ONLN)))))
     }
 
     /// Sets the allocator's thresholds for a long-running process (see `opq_tune_allocator`); call once,

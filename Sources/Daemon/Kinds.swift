@@ -46,6 +46,8 @@ struct KindEnvironment: Sendable {
     var downloads: String
     var limits: DownloadLimits
     var maxPixels: Int
+    /// Where downloads count their bytes and errors (none in tests of the kinds alone).
+    var metrics: DaemonMetrics? = nil
 }
 
 enum Kinds {
@@ -152,14 +154,17 @@ enum Kinds {
                     }
                 }
                 defer { close(source) }
-                do {
-                    try Downloader.copy(source, into: target.fd, maxBytes: limit, url: url)
-                    if context.isCancelled { throw OperationCancelled() }
-                } catch {
-                    target.discard()
-                    throw error
+                let file = try counted(environment.metrics, { context.isCancelled }) {
+                    do {
+                        try Downloader.copy(source, into: target.fd, maxBytes: limit, url: url)
+                        if context.isCancelled { throw OperationCancelled() }
+                    } catch {
+                        target.discard()
+                        throw error
+                    }
+                    return try target.complete()
                 }
-                return try then(target.complete())
+                return try then(file)
             }
         }
         return .async { context in
@@ -181,14 +186,17 @@ enum Kinds {
             // On the transfer thread: the fsync of a finished body holds up the other transfers that long.
             let done: @Sendable (Result<Void, any Error>) -> Void = { result in
                 context.finish(Result {
-                    do {
-                        try result.get()
-                        if context.isCancelled { throw OperationCancelled() }
-                    } catch {
-                        target.discard()
-                        throw error
+                    let file = try counted(environment.metrics, { context.isCancelled }) {
+                        do {
+                            try result.get()
+                            if context.isCancelled { throw OperationCancelled() }
+                        } catch {
+                            target.discard()
+                            throw error
+                        }
+                        return try target.complete()
                     }
-                    return try then(target.complete())
+                    return try then(file)
                 })
             }
             let cancel = Downloader.shared.fetch(url, into: transferFD, maxBytes: limit, limits: environment.limits, completion: done)
@@ -196,6 +204,19 @@ enum Kinds {
                 cancel()
                 target.discard()
             }
+        }
+    }
+
+    /// A download's completed file, its bytes counted in the metrics; a failure (not a cancellation) counts
+    /// as a download error.
+    private static func counted(_ metrics: DaemonMetrics?, _ isCancelled: () -> Bool, _ body: () throws -> DownloadedFile) throws -> DownloadedFile {
+        do {
+            let file = try body()
+            metrics?.downloaded(bytes: file.count)
+            return file
+        } catch {
+            if !isCancelled() && !(error is OperationCancelled) { metrics?.downloadFailed() }
+            throw error
         }
     }
 

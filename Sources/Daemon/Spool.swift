@@ -208,6 +208,14 @@ public final class Spool: @unchecked Sendable {
         return now - (Double(st.st_mtim.tv_sec) + Double(st.st_mtim.tv_nsec) / 1e9)
     }
 
+    /// When an inbox file last changed (its ctime: written and closed, or renamed in), in seconds since the
+    /// epoch; nil if it is gone. The pickup latency is measured from here to the claim.
+    public func changeTime(of name: String) -> Double? {
+        var st = stat()
+        guard lstat(inbox + "/" + name, &st) == 0 else { return nil }
+        return Double(st.st_ctim.tv_sec) + Double(st.st_ctim.tv_nsec) / 1e9
+    }
+
     public enum ClaimOutcome {
         case claimed(ClaimedJob)
         /// Gone before it could be claimed (another process, or a rename under way).
