@@ -76,3 +76,54 @@ void opq_note_termination_signals(void) {
 }
 
 int opq_noted_termination_signal(void) { return opq_noted_signal; }
+
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+
+int opq_spawn(const char *path, char *const argv[], char *const envp[], const char *cwd,
+              int stdout_fd, int stderr_fd, pid_t *pid_out, int *pidfd_out) {
+    posix_spawnattr_t attr;
+    posix_spawn_file_actions_t actions;
+    int err = posix_spawnattr_init(&attr);
+    if (err != 0) return -err;
+    err = posix_spawn_file_actions_init(&actions);
+    if (err != 0) { posix_spawnattr_destroy(&attr); return -err; }
+    sigset_t empty, all;
+    sigemptyset(&empty);
+    sigfillset(&all);
+    if (err == 0) err = posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+    if (err == 0) err = posix_spawnattr_setpgroup(&attr, 0);
+    if (err == 0) err = posix_spawnattr_setsigmask(&attr, &empty);
+    if (err == 0) err = posix_spawnattr_setsigdefault(&attr, &all);
+    if (err == 0) err = posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+    if (err == 0) err = stdout_fd >= 0 ? posix_spawn_file_actions_adddup2(&actions, stdout_fd, 1)
+                                       : posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
+    if (err == 0) err = stderr_fd >= 0 ? posix_spawn_file_actions_adddup2(&actions, stderr_fd, 2)
+                                       : posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0);
+    if (err == 0 && cwd != NULL) err = posix_spawn_file_actions_addchdir_np(&actions, cwd);
+    if (err == 0) err = posix_spawn_file_actions_addclosefrom_np(&actions, 3);
+    pid_t pid = -1;
+    if (err == 0) err = posix_spawn(&pid, path, &actions, &attr, argv, envp);
+    posix_spawn_file_actions_destroy(&actions);
+    posix_spawnattr_destroy(&attr);
+    if (err != 0) return -err;
+    int pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
+    if (pidfd < 0) {
+        // Without a pidfd the exit cannot be watched: the command does not run.
+        int e = errno;
+        kill(-pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+        return -e;
+    }
+    // pidfd_open sets O_CLOEXEC itself.
+    *pid_out = pid;
+    *pidfd_out = pidfd;
+    return 0;
+}
+
+int opq_pipe2(int fds[2], int flags) { return pipe2(fds, flags) == 0 ? 0 : -errno; }
+
+const char *opq_signal_name(int sig) { return sigabbrev_np(sig); }
+
+int opq_process_policy(pid_t pid) { return sched_getscheduler(pid); }

@@ -43,6 +43,8 @@ public final class Daemon: @unchecked Sendable {
     let engine: Engine
     private let sink: EventSink
     private let once: Bool
+    /// `jobFinished` runs and their markers in the spool.
+    private let hooks: JobHooks
 
     private let lock = NSLock()
     /// Held while a group is submitted and registered in `byGroup`; `deliver` passes through it first,
@@ -120,6 +122,9 @@ public final class Daemon: @unchecked Sendable {
         self.configPath = configPath
         self.logger = logger
         self.once = once
+        hooks = JobHooks(spool: spool) { [logger] job, message in
+            logger.error("job \(job): \(message)", metadata: ["OPQ_EVENT": "job", "OPQ_JOB": .string(job), "OPQ_STATE": "finished", "OPQ_ERROR": .string(message)])
+        }
         let sink = EventSink()
         self.sink = sink
         engine = Engine(observer: { sink.deliver($0) })
@@ -146,7 +151,12 @@ public final class Daemon: @unchecked Sendable {
                 (recovered, problems) = ([], [])
             }
             for problem in problems { logger.error("\(problem)") }
-            for claimed in recovered { accept(claimed, resumed: true) }
+            hooks.recover(lock.withLock { configuration.jobFinished.flatMap { configuration.commands[$0] } })
+            for claimed in recovered {
+                // Commands that were running at the crash start again in an empty scratch folder.
+                removeTree(CommandOperation.workFolder(spool.outputFolder(job: claimed.id)))
+                accept(claimed, resumed: true)
+            }
             if once {
                 lock.lock()
                 // Only what is there now; a file that cannot be claimed is not waited for.
@@ -346,7 +356,7 @@ public final class Daemon: @unchecked Sendable {
             jobFolder: spool.outputFolder(job: claimed.id),
             limits: DownloadLimits(maxBytes: config.downloadMaxBytes, connectTimeoutSeconds: config.downloadConnectTimeoutSeconds,
                                    timeoutSeconds: config.downloadTimeoutSeconds, fileRoots: config.fileRoots),
-            maxPixels: config.maxPixels)
+            maxPixels: config.maxPixels, commands: config.commands)
         for (offset, op) in operations.enumerated() {
             let i = base + offset
             // What succeeded before a restart is not run again when its output was kept: a written file
@@ -359,6 +369,8 @@ public final class Daemon: @unchecked Sendable {
                 case .write(let path, _, _):
                     let file = environment.jobFolder + "/" + path
                     recovered = .sync { _ in try readRegularFile(file, limit: Int.max).get() }
+                case .command(let name, _):
+                    recovered = config.commands[name].map { CommandOperation.recovered($0, operation: op.id, folder: environment.jobFolder) }
                 default: recovered = nil
                 }
             }
@@ -380,9 +392,12 @@ public final class Daemon: @unchecked Sendable {
                 body = Kinds.body(for: op.parameters, environment: environment)
             }
             let deps = op.dependencies.compactMap { job.operationIndex[$0] }
+            var timeout = op.timeoutSeconds
+            // A command's own limit holds unless the operation asks for less.
+            if case .command(let name, _) = op.parameters, let limit = config.commands[name]?.timeoutSeconds { timeout = min(timeout ?? limit, limit) }
             graph.add(OperationSpec(
                 name: op.id, queue: queue, qualityOfService: op.qualityOfService, queuePriority: op.queuePriority ?? job.plan?.queuePriority ?? .normal,
-                timeout: recovered != nil ? nil : op.timeoutSeconds, retries: recovered != nil ? 0 : op.retries, retryDelay: op.retryDelaySeconds,
+                timeout: recovered != nil ? nil : timeout, retries: recovered != nil ? 0 : op.retries, retryDelay: op.retryDelaySeconds,
                 runsAfterFailure: op.runsAfterFailure, input: op.input.flatMap { job.operationIndex[$0] }, body: body), dependencies: deps)
         }
         return graph
@@ -523,7 +538,18 @@ public final class Daemon: @unchecked Sendable {
         guard !batch.isEmpty else { return }
         let now = Date().timeIntervalSince1970
         var staged: [(publication: Publication, firstStart: Double?)] = []
+        let hook = lock.withLock { configuration.jobFinished.flatMap { configuration.commands[$0] } }
         for publication in batch {
+            if hook != nil {
+                do {
+                    try hooks.markDue(job: publication.job.id, status: publication.status)
+                } catch {
+                    // The hook still runs after publication; only a crash before it would lose it.
+                    logger.error("job \(publication.job.id): the jobFinished marker could not be written: \(error)")
+                }
+            }
+            // Commands' scratch and kept outputs are the daemon's, not part of the entry.
+            CommandOperation.removeScratch(spool.outputFolder(job: publication.job.id))
             do {
                 var firstStart: Double?
                 try spool.stage(job: publication.job.id) { sink in firstStart = try writeResult(publication, now: now, to: sink) }
@@ -573,6 +599,7 @@ public final class Daemon: @unchecked Sendable {
             if let g = job.group { byGroup[g] = nil }
             lock.unlock()
             if let g = job.group { engine.release(g) }
+            if let hook { hooks.run(hook, job: job.id, status: publication.status) }
         }
         do {
             try spool.compactProgressIfLarge(active: lock.withLock { Set(jobs.keys) })
@@ -706,6 +733,7 @@ public final class Daemon: @unchecked Sendable {
             w.key("outputs")
             w.beginArray()
             if record.state == .succeeded, case .write(let path, _, _) = op.parameters { w.string(path) }
+            if case .command = op.parameters, attempts > 0 { for path in CommandOperation.logPaths(op.id) { w.string(path) } }
             w.endArray()
             w.key("qualityOfService"); w.string(record.qualityOfService.name)
             w.key("queue"); w.string(op.queue)

@@ -41,6 +41,8 @@ struct KindEnvironment: Sendable {
     var jobFolder: String
     var limits: DownloadLimits
     var maxPixels: Int
+    /// The configuration's commands, for `kind = command`.
+    var commands: [String: CommandSpec] = [:]
 }
 
 enum Kinds {
@@ -86,6 +88,12 @@ enum Kinds {
         case .thumbnail(let size):
             // JPEG bytes shrink on load (libjpeg-turbo's scaled decoding), as vipsthumbnail does.
             return imageBody(environment, minSide: size) { image, check in try Filters.thumbnail(image, size: size, check: check) }
+        case .command(let name, let arguments):
+            guard let spec = environment.commands[name] else {
+                // Checked at validation; a reload may have removed it since.
+                return .sync { _ in throw FinalFailure("command '\(name)' is no longer in the configuration") }
+            }
+            return CommandOperation.body(spec, arguments: arguments, environment: environment)
         case .write(let path, let format, let quality):
             return .sync { context in
                 let data: Data

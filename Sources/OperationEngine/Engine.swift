@@ -279,7 +279,7 @@ public final class Engine: @unchecked Sendable, ContextHost {
         let outcome: Scheduler.Outcome
         switch result {
         case .success(let output): outcome = .success(output)
-        case .failure(let error): outcome = .failure(String(describing: error))
+        case .failure(let error): outcome = .failure(String(describing: error), final: error is FinalFailure)
         }
         locked { s, now in s.finish(attempt, outcome: outcome, now: now) }
     }
@@ -453,7 +453,7 @@ public final class Engine: @unchecked Sendable, ContextHost {
                 do {
                     outcome = .success(try body(context))
                 } catch {
-                    outcome = .failure(String(describing: error))
+                    outcome = .failure(String(describing: error), final: error is FinalFailure)
                 }
                 lock.lock()
                 scheduler.finish(dispatch.attempt, outcome: outcome, now: wallClock())
