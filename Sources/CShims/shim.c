@@ -124,6 +124,28 @@ int opq_spawn(const char *path, char *const argv[], char *const envp[], const ch
 
 int opq_pipe2(int fds[2], int flags) { return pipe2(fds, flags) == 0 ? 0 : -errno; }
 
+#include <sys/epoll.h>
+
+int opq_epoll_create(void) { int fd = epoll_create1(EPOLL_CLOEXEC); return fd >= 0 ? fd : -errno; }
+
+int opq_epoll_add(int epfd, int fd, unsigned long long token) {
+    struct epoll_event event = { .events = EPOLLIN, .data.u64 = token };
+    return epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &event) == 0 ? 0 : -errno;
+}
+
+int opq_epoll_remove(int epfd, int fd) {
+    return epoll_ctl(epfd, EPOLL_CTL_DEL, fd, NULL) == 0 ? 0 : -errno;
+}
+
+int opq_epoll_wait(int epfd, unsigned long long *tokens, int max, int timeout_ms) {
+    struct epoll_event events[256];
+    if (max > 256) max = 256;
+    int n = epoll_wait(epfd, events, max, timeout_ms);
+    if (n < 0) return -errno;
+    for (int i = 0; i < n; i++) tokens[i] = events[i].data.u64;
+    return n;
+}
+
 const char *opq_signal_name(int sig) { return sigabbrev_np(sig); }
 
 int opq_process_policy(pid_t pid) { return sched_getscheduler(pid); }

@@ -123,7 +123,7 @@ public final class Daemon: @unchecked Sendable {
         self.logger = logger
         self.once = once
         hooks = JobHooks(spool: spool) { [logger] job, message in
-            logger.error("job \(job): \(message)", metadata: ["OPQ_EVENT": "job", "OPQ_JOB": .string(job), "OPQ_STATE": "finished", "OPQ_ERROR": .string(message)])
+            logger.error("job \(job): \(message)", metadata: ["OPQ_JOB": .string(job), "OPQ_ERROR": .string(message)])
         }
         let sink = EventSink()
         self.sink = sink

@@ -65,6 +65,14 @@ int opq_spawn(const char *path, char *const argv[], char *const envp[], const ch
 /// pipe2(2) (declared by glibc only under _GNU_SOURCE). Returns 0 or -errno.
 int opq_pipe2(int fds[2], int flags);
 
+/// epoll for the daemon's command loop (struct epoll_event is packed, which Swift does not import
+/// reliably): watch `fd` for input (level-triggered) under `token`; stop watching it; wait for up to
+/// `max` tokens (`timeout_ms` -1: forever). Each returns 0 / a count, or -errno.
+int opq_epoll_create(void);
+int opq_epoll_add(int epfd, int fd, unsigned long long token);
+int opq_epoll_remove(int epfd, int fd);
+int opq_epoll_wait(int epfd, unsigned long long *tokens, int max, int timeout_ms);
+
 /// A signal's abbreviation without "SIG" (sigabbrev_np), or NULL if unknown.
 const char *opq_signal_name(int sig);
 

@@ -1,5 +1,5 @@
 // A command's process (SPEC §3.6): started with posix_spawn in its own process group, its exit learned
-// through a pidfd and its standard output and error read from pipes, all on one serial dispatch queue —
+// through a pidfd and its standard output and error read from pipes, all watched by one epoll thread —
 // no thread waits for a child, however many run.
 //
 // Bounded output: the daemon reads each pipe and writes at most `limit` bytes to the log file; the rest
@@ -44,9 +44,58 @@ struct ChildExit: Sendable {
     }
 }
 
+/// One thread waiting in epoll(7) for every command's pidfd and pipes; handlers run on it, in order.
+/// (libdispatch read sources were tried first: under thousands of short-lived descriptors its Linux event
+/// loop crashed in _dispatch_event_loop_drain.)
+final class CommandLoop: @unchecked Sendable {
+    static let shared = CommandLoop()
+    private let epfd: Int32
+    private let lock = NSLock()
+    private var handlers: [UInt64: () -> Void] = [:]
+    private var nextToken: UInt64 = 1
+
+    private init() {
+        epfd = opq_epoll_create()
+        guard epfd >= 0 else { return }
+        let thread = Thread { [self] in run() }
+        thread.name = "opqueued.commands"
+        thread.start()
+    }
+
+    /// Calls `handler` on the loop's thread whenever `fd` is readable; nil if it cannot be watched.
+    func watch(_ fd: Int32, _ handler: @escaping () -> Void) -> UInt64? {
+        guard epfd >= 0 else { return nil }
+        let token: UInt64 = lock.withLock {
+            defer { nextToken += 1 }
+            handlers[nextToken] = handler
+            return nextToken
+        }
+        if opq_epoll_add(epfd, fd, token) != 0 {
+            _ = lock.withLock { handlers.removeValue(forKey: token) }
+            return nil
+        }
+        return token
+    }
+
+    /// Stops watching; the caller may close `fd` afterwards. Events already fetched for it are dropped.
+    func unwatch(_ fd: Int32, token: UInt64) {
+        _ = opq_epoll_remove(epfd, fd)
+        _ = lock.withLock { handlers.removeValue(forKey: token) }
+    }
+
+    private func run() {
+        var tokens = [UInt64](repeating: 0, count: 256)
+        while true {
+            let n = tokens.withUnsafeMutableBufferPointer { opq_epoll_wait(epfd, $0.baseAddress, 256, -1) }
+            guard n > 0 else { continue } // EINTR
+            for i in 0..<Int(n) {
+                if let handler = lock.withLock({ handlers[tokens[i]] }) { handler() }
+            }
+        }
+    }
+}
+
 final class ChildProcess: @unchecked Sendable {
-    /// Every child's events, in order; mutable state below is touched only here.
-    static let events = DispatchQueue(label: "opqueued.commands")
     /// Grace between SIGTERM and SIGKILL on cancellation and timeout.
     static let killGrace = 5.0
     /// After the leader's exit, pipes are read until EOF for at most this long (a process that left the
@@ -55,7 +104,9 @@ final class ChildProcess: @unchecked Sendable {
 
     let pid: pid_t
     private let pidfd: Int32
-    private var exitSource: (any DispatchSourceRead)?
+    /// Guards everything below: the loop's thread, timers and `terminate` callers meet here.
+    private let lock = NSLock()
+    private var exitToken: UInt64?
     private var streams: [Stream] = []
     private var result = ChildExit()
     private var exited = false
@@ -63,7 +114,7 @@ final class ChildProcess: @unchecked Sendable {
     private var timers: [OneShotTimer] = []
     private var terminating = false
 
-    /// One pipe read into a file (or nowhere, `fd` < 0), at most `limit` bytes kept.
+    /// One pipe read into a file (or nowhere, `file` < 0), at most `limit` bytes kept.
     private final class Stream {
         let pipe: Int32
         let file: Int32
@@ -72,7 +123,7 @@ final class ChildProcess: @unchecked Sendable {
         var written = 0
         var total = 0
         var tail = Data()
-        var source: (any DispatchSourceRead)?
+        var token: UInt64?
         var open = true
         init(pipe: Int32, file: Int32, limit: Int, keepsTail: Bool) {
             self.pipe = pipe; self.file = file; self.limit = limit; self.keepsTail = keepsTail
@@ -86,15 +137,16 @@ final class ChildProcess: @unchecked Sendable {
 
     /// Starts `argv` (argv[0] an absolute path). `stdoutFile`/`stderrFile` are open descriptors the
     /// daemon writes to (-1: dropped); they stay the caller's to close after `completion`.
-    /// `completion` runs once, on `events`, after the exit and the end of both pipes.
+    /// `completion` runs once, on the loop's thread or a timer's, after the exit and the end of both pipes.
     static func start(argv: [String], environment: [String: String], directory: String?, stdoutFile: Int32, stderrFile: Int32,
                       limit: Int, completion: @escaping (ChildExit) -> Void) -> Result<ChildProcess, KindFailure> {
         var outPipe: [Int32] = [-1, -1], errPipe: [Int32] = [-1, -1]
-        guard opq_pipe2(&outPipe, O_CLOEXEC | O_NONBLOCK) == 0 else { return .failure(KindFailure(description: "cannot make a pipe: \(String(cString: strerror(errno)))")) }
-        guard opq_pipe2(&errPipe, O_CLOEXEC | O_NONBLOCK) == 0 else {
-            let e = errno
+        let p1 = opq_pipe2(&outPipe, O_CLOEXEC | O_NONBLOCK)
+        guard p1 == 0 else { return .failure(KindFailure(description: "cannot make a pipe: \(String(cString: strerror(-p1)))")) }
+        let p2 = opq_pipe2(&errPipe, O_CLOEXEC | O_NONBLOCK)
+        guard p2 == 0 else {
             close(outPipe[0]); close(outPipe[1])
-            return .failure(KindFailure(description: "cannot make a pipe: \(String(cString: strerror(e)))"))
+            return .failure(KindFailure(description: "cannot make a pipe: \(String(cString: strerror(-p2)))"))
         }
         // The child's ends are blocking, as programs expect.
         for fd in [outPipe[1], errPipe[1]] { _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) }
@@ -116,24 +168,38 @@ final class ChildProcess: @unchecked Sendable {
         child.completion = completion
         child.streams = [Stream(pipe: outPipe[0], file: stdoutFile, limit: limit, keepsTail: false),
                          Stream(pipe: errPipe[0], file: stderrFile, limit: limit, keepsTail: true)]
-        events.async { child.watch() }
+        child.lock.withLock {
+            for stream in child.streams {
+                stream.token = CommandLoop.shared.watch(stream.pipe) { [child, stream] in child.locked { child.drain(stream) } }
+            }
+            child.exitToken = CommandLoop.shared.watch(pidfd) { [child] in child.locked { child.leaderExited() } }
+        }
+        if child.exitToken == nil {
+            // Cannot be watched: it does not run.
+            kill(-pid, SIGKILL)
+            child.locked { child.leaderExited(blocking: true) }
+        }
         return .success(child)
     }
 
-    /// On `events`: sources for the exit and both pipes.
-    private func watch() {
-        let exit = DispatchSource.makeReadSource(fileDescriptor: pidfd, queue: Self.events)
-        exit.setEventHandler { [self] in leaderExited() }
-        exit.setCancelHandler { [pidfd] in close(pidfd) }
-        exitSource = exit
-        exit.resume()
-        for stream in streams {
-            let source = DispatchSource.makeReadSource(fileDescriptor: stream.pipe, queue: Self.events)
-            source.setEventHandler { [self] in drain(stream) }
-            source.setCancelHandler { [fd = stream.pipe] in close(fd) }
-            stream.source = source
-            source.resume()
+    /// Runs `body` under the lock, then the completion if it became due.
+    private func locked(_ body: () -> Void) {
+        lock.lock()
+        body()
+        var due: (((ChildExit) -> Void), ChildExit)?
+        if exited, !streams.contains(where: \.open), let completion {
+            self.completion = nil
+            for timer in timers { timer.cancel() }
+            timers = []
+            result.stdoutBytes = streams[0].total
+            result.stderrBytes = streams[1].total
+            result.stdoutTruncated = streams[0].total > streams[0].written
+            result.stderrTruncated = streams[1].total > streams[1].written
+            result.stderrTail = streams[1].tail
+            due = (completion, result)
         }
+        lock.unlock()
+        if let (completion, result) = due { completion(result) }
     }
 
     /// Reads what the pipe holds; at EOF the stream ends.
@@ -149,7 +215,7 @@ final class ChildProcess: @unchecked Sendable {
                 if keep > 0, stream.file >= 0, !terminating {
                     var offset = 0
                     while offset < keep {
-                        let w = buffer.withUnsafeBytes { write(stream.file, $0.baseAddress! + offset, keep - offset) }
+                        let w = buffer.withUnsafeBytes { write(stream.file, $0.baseAddress.map { $0 + offset }, keep - offset) }
                         if w < 0 && errno == EINTR { continue }
                         if w <= 0 { break } // a full disk loses log bytes, not the operation
                         offset += w
@@ -172,55 +238,39 @@ final class ChildProcess: @unchecked Sendable {
     private func end(_ stream: Stream) {
         guard stream.open else { return }
         stream.open = false
-        stream.source?.cancel()
-        stream.source = nil
-        finishIfDone()
+        if let token = stream.token { CommandLoop.shared.unwatch(stream.pipe, token: token) }
+        close(stream.pipe)
     }
 
-    /// On `events`: the leader is a zombie. Its group is killed (its pid cannot have been reused yet),
-    /// then it is reaped.
-    private func leaderExited() {
+    /// The leader is a zombie. Its group is killed (its pid cannot have been reused yet), then it is reaped.
+    private func leaderExited(blocking: Bool = false) {
         guard !exited else { return }
         kill(-pid, SIGKILL)
         var status: Int32 = 0
         var r: pid_t
-        repeat { r = waitpid(pid, &status, WNOHANG) } while r < 0 && errno == EINTR
-        guard r == pid else { return } // not yet (a spurious wake-up): the source fires again
+        repeat { r = waitpid(pid, &status, blocking ? 0 : WNOHANG) } while r < 0 && errno == EINTR
+        guard r == pid else { return } // not yet (a spurious wake-up): the pidfd stays readable
         exited = true
-        exitSource?.cancel()
-        exitSource = nil
+        if let exitToken { CommandLoop.shared.unwatch(pidfd, token: exitToken) }
+        close(pidfd)
         if (status & 0x7f) == 0 { result.status = (status >> 8) & 0xff } else { result.signal = status & 0x7f }
         for stream in streams { drain(stream) }
         if streams.contains(where: \.open) {
             timers.append(OneShotTimer(after: Self.drainSeconds) { [self] in
-                Self.events.async { for stream in self.streams { self.end(stream) } }
+                locked { for stream in streams { end(stream) } }
             })
         }
-        finishIfDone()
-    }
-
-    private func finishIfDone() {
-        guard exited, !streams.contains(where: \.open), let completion else { return }
-        self.completion = nil
-        for timer in timers { timer.cancel() }
-        timers = []
-        result.stdoutBytes = streams[0].total
-        result.stderrBytes = streams[1].total
-        result.stdoutTruncated = streams[0].total > streams[0].written
-        result.stderrTruncated = streams[1].total > streams[1].written
-        result.stderrTail = streams[1].tail
-        completion(result)
     }
 
     /// SIGTERM to the group now, SIGKILL after `killGrace` if the leader has not exited (once it has, the
     /// group is killed at once anyway). Safe from any thread; later calls do nothing.
     func terminate() {
-        Self.events.async { [self] in
+        locked {
             guard !terminating, !exited else { return }
             terminating = true
             kill(-pid, SIGTERM)
             timers.append(OneShotTimer(after: Self.killGrace) { [self] in
-                Self.events.async { if !self.exited { kill(-self.pid, SIGKILL) } }
+                locked { if !exited { kill(-pid, SIGKILL) } }
             })
         }
     }
