@@ -227,6 +227,8 @@ case "engine":
     }
 case "spool":
     SpoolBench.run(Array(arguments.dropFirst()))
+case "commands":
+    CommandBench.run(Array(arguments.dropFirst()))
 case "images":
     do { try ImageBench.run(Array(arguments.dropFirst())) } catch { FileHandle.standardError.write(Data("images: \(error)\n".utf8)); exit(1) }
 case "samples":
@@ -248,6 +250,7 @@ default:
     usage: opqueue-bench engine [--sizes N,…] [--workloads independent,serial,chain,fanout,layered] [--engines opqueued,foundation]
            opqueue-bench spool [N]
            opqueue-bench images [--count N]
+           opqueue-bench commands [N]
            opqueue-bench corpus FOLDER [--count N]
     """)
     exit(64)

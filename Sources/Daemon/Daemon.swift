@@ -808,6 +808,8 @@ public final class Daemon: @unchecked Sendable {
         while engine.executingCount > 0 && Date() < deadline {
             try? await Task.sleep(for: .milliseconds(20))
         }
+        // Commands still running after the grace would outlive the daemon and run beside their own re-run.
+        ChildProcess.killAll()
         // Let publications of jobs that finished during the grace complete.
         try? await Task.sleep(for: .milliseconds(50))
         work.sync { publishPending() }

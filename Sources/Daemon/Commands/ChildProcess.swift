@@ -104,6 +104,8 @@ final class ChildProcess: @unchecked Sendable {
 
     let pid: pid_t
     private let pidfd: Int32
+    /// Groups of commands not yet reaped, for `killAll` (a stop must not leave them running).
+    private static let running = RunningGroups()
     /// Guards everything below: the loop's thread, timers and `terminate` callers meet here.
     private let lock = NSLock()
     private var exitToken: UInt64?
@@ -168,6 +170,7 @@ final class ChildProcess: @unchecked Sendable {
         child.completion = completion
         child.streams = [Stream(pipe: outPipe[0], file: stdoutFile, limit: limit, keepsTail: false),
                          Stream(pipe: errPipe[0], file: stderrFile, limit: limit, keepsTail: true)]
+        running.insert(pid)
         child.lock.withLock {
             for stream in child.streams {
                 stream.token = CommandLoop.shared.watch(stream.pipe) { [child, stream] in child.locked { child.drain(stream) } }
@@ -251,6 +254,7 @@ final class ChildProcess: @unchecked Sendable {
         repeat { r = waitpid(pid, &status, blocking ? 0 : WNOHANG) } while r < 0 && errno == EINTR
         guard r == pid else { return } // not yet (a spurious wake-up): the pidfd stays readable
         exited = true
+        Self.running.remove(pid)
         if let exitToken { CommandLoop.shared.unwatch(pidfd, token: exitToken) }
         close(pidfd)
         if (status & 0x7f) == 0 { result.status = (status >> 8) & 0xff } else { result.signal = status & 0x7f }
@@ -260,6 +264,11 @@ final class ChildProcess: @unchecked Sendable {
                 locked { for stream in streams { end(stream) } }
             })
         }
+    }
+
+    /// SIGKILL to every command's group (the daemon stops; unfinished operations run again at the next start).
+    static func killAll() {
+        for pid in running.all() { kill(-pid, SIGKILL) }
     }
 
     /// SIGTERM to the group now, SIGKILL after `killGrace` if the leader has not exited (once it has, the
@@ -274,6 +283,14 @@ final class ChildProcess: @unchecked Sendable {
             })
         }
     }
+}
+
+private final class RunningGroups: @unchecked Sendable {
+    private let lock = NSLock()
+    private var pids: Set<pid_t> = []
+    func insert(_ pid: pid_t) { _ = lock.withLock { pids.insert(pid) } }
+    func remove(_ pid: pid_t) { _ = lock.withLock { pids.remove(pid) } }
+    func all() -> [pid_t] { lock.withLock { Array(pids) } }
 }
 
 /// Calls `body` with a NULL-terminated C array of the strings.
