@@ -3,9 +3,11 @@
 // queue and finishes the attempt.
 //
 // Files, in the job's folder active/<job>/ (the future outbox entry):
-//   .work/<operation>/     the attempt's scratch and working directory (${workdir}): emptied before each
-//                          attempt, removed after it and before publication (never published)
-//   .work/<operation>/input, output   ${input} (the input's bytes; an image is encoded to PNG), ${output}
+//   .work/<operation>/<attempt>/   the attempt's scratch and working directory (${workdir}): the
+//                          operation's emptied before each attempt, removed after it and before
+//                          publication (never published)
+//   .work/<operation>/<attempt>/input, output   ${input} (the input's bytes; an image is encoded to
+//                          PNG), ${output}
 //   logs/<operation>.stdout, .stderr  the command's streams, each cut at maxOutputBytes (published)
 //   .outputs/<operation>   an `output = file` result kept after success, so a restart need not run the
 //                          command again (removed before publication)
@@ -45,10 +47,12 @@ enum CommandOperation {
     private static func start(_ spec: CommandSpec, arguments: [String: String], environment: KindEnvironment, context: OperationContext) throws {
         let folder = environment.jobFolder
         let operation = context.name
-        let work = workFolder(folder) + "/" + operation
+        // One folder per attempt: an attempt that timed out may still be in its grace (SIGTERM ignored)
+        // when the next one starts, and its end must not remove the next one's scratch.
+        let work = workFolder(folder) + "/" + operation + "/" + String(context.attempt)
         // A previous attempt's (or a previous run's) leftovers go first.
-        removeTree(work)
-        for dir in [workFolder(folder), work, folder + "/logs"] {
+        removeTree(workFolder(folder) + "/" + operation)
+        for dir in [workFolder(folder), workFolder(folder) + "/" + operation, work, folder + "/logs"] {
             if mkdir(dir, 0o755) != 0 && errno != EEXIST { throw SpoolError(operation: "mkdir", path: dir, errno: errno) }
         }
         var values = arguments
@@ -84,7 +88,10 @@ enum CommandOperation {
             limit: spec.maxOutputBytes
         ) { exit in
             for f in files { close(f) }
-            context.finish(Result { try conclude(spec, exit: exit, operation: operation, folder: folder, work: work, logs: logs) })
+            // Off the command loop's thread: reading the output and writing the kept copy are file I/O.
+            DispatchQueue.global().async {
+                context.finish(Result { try conclude(spec, exit: exit, operation: operation, folder: folder, work: work, logs: logs) })
+            }
         }
         switch started {
         case .success(let child): context.onCancel { child.terminate() }
