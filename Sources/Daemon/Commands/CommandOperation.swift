@@ -24,6 +24,11 @@ import Glibc
 #endif
 
 enum CommandOperation {
+    /// Where attempts are concluded: off the command loop's thread (reading the output, writing the kept
+    /// copy and removing the scratch are file I/O), and one thread only (a global queue grows threads
+    /// while they block on the file system).
+    static let conclusions = DispatchQueue(label: "opqueued.commands.conclude")
+
     static func workFolder(_ jobFolder: String) -> String { jobFolder + "/.work" }
     static func keptFolder(_ jobFolder: String) -> String { jobFolder + "/.outputs" }
     /// Before publication: what the job's commands left that is not part of the outbox entry.
@@ -88,8 +93,7 @@ enum CommandOperation {
             limit: spec.maxOutputBytes
         ) { exit in
             for f in files { close(f) }
-            // Off the command loop's thread: reading the output and writing the kept copy are file I/O.
-            DispatchQueue.global().async {
+            conclusions.async {
                 context.finish(Result { try conclude(spec, exit: exit, operation: operation, folder: folder, work: work, logs: logs) })
             }
         }
