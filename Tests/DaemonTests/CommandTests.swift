@@ -293,3 +293,31 @@ private func launch(_ spool: TestSpool, _ arguments: [String], environment: [Str
         #expect(most <= 3 && most >= 2, "at most the queue's limit at once: \(most)")
     }
 }
+
+extension CommandTests {
+    @Test func threadsDoNotGrowWithTheCommandsRunning() throws {
+        let spool = TestSpool()
+        let config = try spool.configure([
+            "queues": ["procs": ["maxConcurrentOperationCount": 300]],
+            "commands": ["nap": command(["/bin/sleep", "1"], ["queue": "procs"])],
+        ])
+        try spool.start(config)
+        let pid = try #require(spool.daemon?.processIdentifier)
+        func threads() -> Int {
+            let status = (try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8)) ?? ""
+            return status.split(separator: "\n").first { $0.hasPrefix("Threads:") }.flatMap { Int($0.split(separator: "\t").last ?? "") } ?? 0
+        }
+        let idle = threads()
+        try spool.drop("n.plist", ["job": "n", "operations": (0..<300).map { commandOp("n\($0)", "nap") }])
+        var most = 0, children = 0
+        while spool.result("n", timeout: 0.02) == nil {
+            most = max(most, threads())
+            let tasks = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task")) ?? []
+            children = max(children, tasks.reduce(0) { $0 + ((try? String(contentsOfFile: "/proc/\(pid)/task/\($1)/children", encoding: .utf8)) ?? "").split(separator: " ").count })
+            if most > 1000 { break }
+        }
+        #expect(children >= 100, "many commands ran at once: \(children)")
+        #expect(most < idle + 20, "threads idle \(idle), at most \(most) with \(children) commands running")
+        #expect(spool.result("n")?["status"] as? String == "succeeded")
+    }
+}

@@ -415,7 +415,7 @@ func sleepOp(_ id: String, _ seconds: Double, deps: [String] = []) -> [String: A
         #expect(writer >= 0)
         spool.signal(SIGTERM)
         usleep(100_000)
-        let config = try plist(["shutdownGraceSeconds": 1])
+        let config = plist(["shutdownGraceSeconds": 1])
         // (A daemon the signal ended has no reader left: writing would raise SIGPIPE here.)
         if spool.daemon?.isRunning == true { _ = config.withUnsafeBytes { write(writer, $0.baseAddress, $0.count) } }
         close(writer)
