@@ -144,13 +144,20 @@ private func launch(_ spool: TestSpool, _ arguments: [String], environment: [Str
                              ["parameters": ["state": "string"], "output": "stdout"]),
             "segv": command(["/bin/sh", "-c", "echo dying >&2; kill -SEGV $$"]),
             "file": command(["/bin/sh", "-c", "printf made > \"$1\"", "sh", "${output}"], ["output": "file"]),
-        ]])
+            "missing": command(["/nonexistent/program"]),
+            "head": command(["/bin/sh", "-c", "head -c 4 \"$1\"", "sh", "${input}"], ["output": "stdout"]),
+        ], "download": ["fileRoots": [repositoryRoot + "/spool/examples"]]])
         try spool.drop("x.plist", ["job": "x", "operations": [
             commandOp("loud", "loud", [:], ["retries": 3, "retryDelaySeconds": 0.01]),
             commandOp("flaky", "flaky", ["state": state], ["retries": 3, "retryDelaySeconds": 0.05]),
             commandOp("segv", "segv"),
             commandOp("file", "file"),
             ["id": "w", "kind": "write", "path": "made.png", "input": "file"],
+            commandOp("missing", "missing", [:], ["retries": 2]),
+            ["id": "photo", "kind": "download", "url": "file://" + repositoryRoot + "/spool/examples/images/dusk.jpg"],
+            ["id": "gray", "kind": "grayscale", "dependencies": ["photo"]],
+            commandOp("head", "head", [:], ["dependencies": ["gray"]]),
+            commandOp("noinput", "head"),
         ]])
         let r = try run("opqueued", ["--spool", spool.root, "--once", "--log-target", "console"] + config)
         #expect(r.status == 0, "\(r.stderr)")
@@ -167,6 +174,10 @@ private func launch(_ spool: TestSpool, _ arguments: [String], environment: [Str
         #expect(readText(out + "logs/flaky.stdout") == "done\n")
         #expect(ops[2]["error"] as? String == "killed by SIGSEGV: dying")
         #expect(readText(out + "made.png") == "made", "the file at ${output} is the output")
+        #expect(ops[5]["error"] as? String == "cannot run /nonexistent/program: No such file or directory")
+        #expect(ops[5]["attempts"] as? Int == 1)
+        #expect(FileManager.default.contents(atPath: out + "logs/head.stdout") == Data([0x89, 0x50, 0x4E, 0x47]), "an image input reaches ${input} as PNG")
+        #expect((ops[9]["error"] as? String ?? "").contains("uses ${input} but the operation has no input"), "\(ops[9])")
     }
 
     @Test func aTimeoutKillsTheWholeGroupEvenWhatIgnoresSIGTERM() throws {
