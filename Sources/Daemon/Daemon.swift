@@ -151,6 +151,8 @@ public final class Daemon: @unchecked Sendable {
                 (recovered, problems) = ([], [])
             }
             for problem in problems { logger.error("\(problem)") }
+            let leftovers = CommandLedger.shared.open(spool.active + "/.commands")
+            if !leftovers.isEmpty { logger.notice("killed \(leftovers.count) command process groups left running by the previous run: \(leftovers.map(String.init).joined(separator: ", "))") }
             hooks.recover(lock.withLock { configuration.jobFinished.flatMap { configuration.commands[$0] } })
             for claimed in recovered {
                 // Commands that were running at the crash start again in an empty scratch folder.

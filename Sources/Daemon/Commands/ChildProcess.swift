@@ -171,6 +171,7 @@ final class ChildProcess: @unchecked Sendable {
         child.streams = [Stream(pipe: outPipe[0], file: stdoutFile, limit: limit, keepsTail: false),
                          Stream(pipe: errPipe[0], file: stderrFile, limit: limit, keepsTail: true)]
         running.insert(pid)
+        CommandLedger.shared.started(pid)
         child.lock.withLock {
             for stream in child.streams {
                 stream.token = CommandLoop.shared.watch(stream.pipe) { [child, stream] in child.locked { child.drain(stream) } }
@@ -254,7 +255,7 @@ final class ChildProcess: @unchecked Sendable {
         repeat { r = waitpid(pid, &status, blocking ? 0 : WNOHANG) } while r < 0 && errno == EINTR
         guard r == pid else { return } // not yet (a spurious wake-up): the pidfd stays readable
         exited = true
-        Self.running.remove(pid)
+        if Self.running.remove(pid) { CommandLedger.shared.allEnded() }
         if let exitToken { CommandLoop.shared.unwatch(pidfd, token: exitToken) }
         close(pidfd)
         if (status & 0x7f) == 0 { result.status = (status >> 8) & 0xff } else { result.signal = status & 0x7f }
@@ -289,8 +290,57 @@ private final class RunningGroups: @unchecked Sendable {
     private let lock = NSLock()
     private var pids: Set<pid_t> = []
     func insert(_ pid: pid_t) { _ = lock.withLock { pids.insert(pid) } }
-    func remove(_ pid: pid_t) { _ = lock.withLock { pids.remove(pid) } }
+    /// Returns whether none is left.
+    func remove(_ pid: pid_t) -> Bool { lock.withLock { pids.remove(pid); return pids.isEmpty } }
     func all() -> [pid_t] { lock.withLock { Array(pids) } }
+}
+
+/// active/.commands: one line `PID STARTTIME` per command started, so that commands a killed daemon left
+/// running (posix_spawn cannot set PR_SET_PDEATHSIG) are killed at the next start, before their
+/// operations run again. A pid is trusted only if /proc still shows the same start time (pids are reused).
+/// Emptied whenever no command runs, so it stays small.
+final class CommandLedger: @unchecked Sendable {
+    static let shared = CommandLedger()
+    private let lock = NSLock()
+    private var fd: Int32 = -1
+
+    /// At start, before anything runs: kills the groups of recorded commands still alive, then keeps
+    /// the ledger at `path`.
+    func open(_ path: String) -> [pid_t] {
+        var killed: [pid_t] = []
+        if case .success(let data) = readRegularFile(path, limit: 64 << 20) {
+            for line in String(decoding: data, as: UTF8.self).split(separator: "\n") {
+                let parts = line.split(separator: " ")
+                guard parts.count == 2, let pid = pid_t(parts[0]), pid > 1, let start = Self.startTime(pid), String(parts[1]) == start else { continue }
+                kill(-pid, SIGKILL)
+                killed.append(pid)
+            }
+        }
+        lock.withLock {
+            if fd >= 0 { Glibc.close(fd) }
+            fd = Glibc.open(path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0o644)
+        }
+        return killed
+    }
+
+    func started(_ pid: pid_t) {
+        guard let start = Self.startTime(pid) else { return }
+        let line = Data("\(pid) \(start)\n".utf8)
+        lock.withLock { if fd >= 0 { try? writeAll(fd, line, path: "active/.commands") } }
+    }
+
+    func allEnded() {
+        lock.withLock { if fd >= 0 { _ = ftruncate(fd, 0) } }
+    }
+
+    /// Field 22 of /proc/PID/stat: the process's start time in clock ticks since boot.
+    static func startTime(_ pid: pid_t) -> String? {
+        guard case .success(let data) = readRegularFile("/proc/\(pid)/stat", limit: 4096) else { return nil }
+        let text = String(decoding: data, as: UTF8.self)
+        guard let close = text.lastIndex(of: ")") else { return nil }
+        let fields = text[text.index(after: close)...].split(separator: " ")
+        return fields.count > 19 ? String(fields[19]) : nil
+    }
 }
 
 /// Calls `body` with a NULL-terminated C array of the strings.
