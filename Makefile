@@ -43,7 +43,8 @@ release: deps
 # is written anew each time: the clone may have moved).
 .PHONY: spool/opqueued.plist
 spool/opqueued.plist:
-	printf '<?xml version="1.0" encoding="UTF-8"?>\n<plist version="1.0"><dict><key>download</key><dict><key>fileRoots</key><array><string>%s</string></array></dict></dict></plist>\n' "$(CURDIR)/spool/examples" > $@
+	printf '<?xml version="1.0" encoding="UTF-8"?>\n<plist version="1.0"><dict><key>download</key><dict><key>fileRoots</key><array><string>%s</string></array></dict>%s</dict></plist>\n' "$(CURDIR)/spool/examples" \
+	  '<key>commands</key><dict><key>gzip</key><dict><key>argv</key><array><string>/usr/bin/gzip</string><string>-c</string><string>-$${level}</string><string>$${input}</string></array><key>parameters</key><dict><key>level</key><array><string>1</string><string>6</string><string>9</string></array></dict><key>output</key><string>stdout</string><key>timeoutSeconds</key><integer>60</integer></dict></dict>' > $@
 
 run: release spool/opqueued.plist
 	.build/release/opqueued --spool $(SPOOL) --config spool/opqueued.plist
@@ -52,6 +53,8 @@ example:
 	mkdir -p $(SPOOL)/inbox
 	sed 's|@EXAMPLES@|$(CURDIR)/spool/examples|g' spool/examples/photos.plist.in > $(SPOOL)/inbox/.photos.plist
 	mv $(SPOOL)/inbox/.photos.plist $(SPOOL)/inbox/photos.plist
+	sed 's|@EXAMPLES@|$(CURDIR)/spool/examples|g' spool/examples/archive.plist.in > $(SPOOL)/inbox/.archive.plist
+	mv $(SPOOL)/inbox/.archive.plist $(SPOOL)/inbox/archive.plist
 
 # Bounded reliability campaigns (issue 5) after the tests; `make campaigns` runs them at full size.
 CAMPAIGN = .build/debug/opqueue-campaign

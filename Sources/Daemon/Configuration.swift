@@ -30,6 +30,10 @@ public struct Configuration: Sendable {
     public var maxPixels: Int
     /// `metrics.listen`: where the HTTP /metrics listener binds (`HOST:PORT`); nil: no listener.
     public var metricsListen: String? = nil
+    /// `commands` (SPEC §3.6): what `kind = command` operations may run, by name.
+    public var commands: [String: CommandSpec] = [:]
+    /// `jobFinished`: the command run once per ended job, after publication.
+    public var jobFinished: String?
 
     public static let builtIn = Configuration(
         queueNames: ["default", "downloads", "filters", "io"],
@@ -75,7 +79,7 @@ public struct Configuration: Sendable {
         } catch let error as ManifestProblems {
             throw Invalid(path: path, problems: error.problems)
         }
-        let known: Set<String> = ["queues", "defaultQueues", "maxActiveJobs", "maxActiveOperations", "shutdownGraceSeconds", "download", "image", "metrics"]
+        let known: Set<String> = ["queues", "defaultQueues", "maxActiveJobs", "maxActiveOperations", "shutdownGraceSeconds", "download", "image", "metrics", "commands", "jobFinished"]
         for key in top.keys.sorted() where !known.contains(key) { problems.append("unknown key '\(key)'") }
         if let value = top["queues"] {
             if let queues = value.dictionary {
@@ -183,6 +187,12 @@ public struct Configuration: Sendable {
             } else {
                 problems.append("metrics: must be a dictionary")
             }
+        }
+        if let value = top["commands"] {
+            config.commands = CommandSpec.parseAll(value, queues: Set(config.queueNames), problems: &problems)
+        }
+        if let value = top["jobFinished"] {
+            config.jobFinished = CommandSpec.checkHook(value, commands: config.commands, problems: &problems)
         }
         if !problems.isEmpty { throw Invalid(path: path, problems: problems) }
         return config

@@ -53,6 +53,8 @@ public final class Daemon: @unchecked Sendable {
     public let metrics = DaemonMetrics()
     /// Ready and executing times per operation, for the wait and run histograms (delivery thread only).
     private let operationClock = OperationClock()
+    /// `jobFinished` runs and their markers in the spool.
+    private let hooks: JobHooks
 
     private let lock = NSLock()
     /// Held while a group is submitted and registered in `byGroup`; `deliver` passes through it first,
@@ -134,6 +136,9 @@ public final class Daemon: @unchecked Sendable {
         self.configPath = configPath
         self.logger = logger
         self.once = once
+        hooks = JobHooks(spool: spool) { [logger] job, message in
+            logger.error("job \(job): \(message)", metadata: ["OPQ_JOB": .string(job), "OPQ_ERROR": .string(message)])
+        }
         let sink = EventSink()
         self.sink = sink
         engine = Engine(observer: { sink.deliver($0) })
@@ -160,7 +165,14 @@ public final class Daemon: @unchecked Sendable {
                 (recovered, problems) = ([], [])
             }
             for problem in problems { logger.error("\(problem)") }
-            for claimed in recovered { accept(claimed, resumed: true) }
+            let leftovers = CommandLedger.shared.open(spool.active + "/.commands")
+            if !leftovers.isEmpty { logger.notice("killed \(leftovers.count) command process groups left running by the previous run: \(leftovers.map(String.init).joined(separator: ", "))") }
+            hooks.recover(lock.withLock { configuration.jobFinished.flatMap { configuration.commands[$0] } })
+            for claimed in recovered {
+                // Commands that were running at the crash start again in an empty scratch folder.
+                removeTree(CommandOperation.workFolder(spool.outputFolder(job: claimed.id)))
+                accept(claimed, resumed: true)
+            }
             if once {
                 lock.lock()
                 // Only what is there now; a file that cannot be claimed is not waited for.
@@ -371,7 +383,7 @@ public final class Daemon: @unchecked Sendable {
             jobFolder: spool.outputFolder(job: claimed.id), downloads: spool.downloadsFolder(job: claimed.id),
             limits: DownloadLimits(maxBytes: config.downloadMaxBytes, connectTimeoutSeconds: config.downloadConnectTimeoutSeconds,
                                    timeoutSeconds: config.downloadTimeoutSeconds, fileRoots: config.fileRoots, allowNetworks: config.allowNetworks),
-            maxPixels: config.maxPixels, metrics: metrics)
+            maxPixels: config.maxPixels, metrics: metrics, commands: config.commands)
         func hasDownload(_ operation: String) -> Bool { access(environment.downloads + "/" + operation, F_OK) == 0 }
         // Chains of image operations ending in a write run as one strip pipeline in their last operation
         // (issue 15); each operation keeps its own record and journal transitions.
@@ -397,6 +409,8 @@ public final class Daemon: @unchecked Sendable {
                     let file = environment.jobFolder + "/" + path
                     recovered = .sync { _ in try DownloadedFile(path: file) }
                 case .sepia, .grayscale, .blur, .resize, .vignette, .thumbnail: recompute = true
+                case .command(let name, _):
+                    recovered = config.commands[name].map { CommandOperation.recovered($0, operation: op.id, folder: environment.jobFolder) }
                 }
             }
             // §3.5: once the list has arrived, its graph joins the running job (before `photos` ends,
@@ -428,9 +442,12 @@ public final class Daemon: @unchecked Sendable {
                 body = Kinds.body(for: op.parameters, operation: op.id, environment: environment, fused: fused.contains(op.id))
             }
             let deps = op.dependencies.compactMap { job.operationIndex[$0] }
+            var timeout = op.timeoutSeconds
+            // A command's own limit holds unless the operation asks for less.
+            if case .command(let name, _) = op.parameters, let limit = config.commands[name]?.timeoutSeconds { timeout = min(timeout ?? limit, limit) }
             graph.add(OperationSpec(
                 name: op.id, queue: queue, qualityOfService: op.qualityOfService, queuePriority: op.queuePriority ?? job.plan?.queuePriority ?? .normal,
-                timeout: recovered != nil ? nil : op.timeoutSeconds, retries: recovered != nil ? 0 : op.retries, retryDelay: op.retryDelaySeconds,
+                timeout: recovered != nil ? nil : timeout, retries: recovered != nil ? 0 : op.retries, retryDelay: op.retryDelaySeconds,
                 runsAfterFailure: op.runsAfterFailure, input: op.input.flatMap { job.operationIndex[$0] }, body: body), dependencies: deps)
         }
         return graph
@@ -592,7 +609,18 @@ public final class Daemon: @unchecked Sendable {
         guard !batch.isEmpty else { return }
         let now = Date().timeIntervalSince1970
         var staged: [(publication: Publication, firstStart: Double?)] = []
+        let hook = lock.withLock { configuration.jobFinished.flatMap { configuration.commands[$0] } }
         for publication in batch {
+            if hook != nil {
+                do {
+                    try hooks.markDue(job: publication.job.id, status: publication.status)
+                } catch {
+                    // The hook still runs after publication; only a crash before it would lose it.
+                    logger.error("job \(publication.job.id): the jobFinished marker could not be written: \(error)")
+                }
+            }
+            // Commands' scratch and kept outputs are the daemon's, not part of the entry.
+            CommandOperation.removeScratch(spool.outputFolder(job: publication.job.id))
             do {
                 var firstStart: Double?
                 try spool.stage(job: publication.job.id) { sink in firstStart = try writeResult(publication, now: now, to: sink) }
@@ -646,6 +674,7 @@ public final class Daemon: @unchecked Sendable {
             if let g = job.group { byGroup[g] = nil }
             lock.unlock()
             if let g = job.group { engine.release(g) }
+            if let hook { hooks.run(hook, job: job.id, status: publication.status) }
         }
         do {
             try spool.compactProgressIfLarge(active: lock.withLock { Set(jobs.keys) })
@@ -779,6 +808,7 @@ public final class Daemon: @unchecked Sendable {
             w.key("outputs")
             w.beginArray()
             if record.state == .succeeded, case .write(let path, _, _) = op.parameters { w.string(path) }
+            if case .command = op.parameters, attempts > 0 { for path in CommandOperation.logPaths(op.id) { w.string(path) } }
             w.endArray()
             w.key("qualityOfService"); w.string(record.qualityOfService.name)
             w.key("queue"); w.string(op.queue)
@@ -853,6 +883,8 @@ public final class Daemon: @unchecked Sendable {
         while engine.executingCount > 0 && Date() < deadline {
             try? await Task.sleep(for: .milliseconds(20))
         }
+        // Commands still running after the grace would outlive the daemon and run beside their own re-run.
+        ChildProcess.killAll()
         // Let publications of jobs that finished during the grace complete.
         try? await Task.sleep(for: .milliseconds(50))
         work.sync { publishPending() }

@@ -48,6 +48,8 @@ struct KindEnvironment: Sendable {
     var maxPixels: Int
     /// Where downloads count their bytes and errors (none in tests of the kinds alone).
     var metrics: DaemonMetrics? = nil
+    /// The configuration's commands, for `kind = command`.
+    var commands: [String: CommandSpec] = [:]
 }
 
 enum Kinds {
@@ -85,6 +87,12 @@ enum Kinds {
             return download(url, maxBytes: maxBytes, name: operation, environment: environment) { $0 }
         case .sepia, .grayscale, .blur, .resize, .vignette, .thumbnail:
             return imageBody(parameters, environment: environment, fused: fused, operation: operation)
+        case .command(let name, let arguments):
+            guard let spec = environment.commands[name] else {
+                // Checked at validation; a reload may have removed it since.
+                return .sync { _ in throw FinalFailure("command '\(name)' is no longer in the configuration") }
+            }
+            return CommandOperation.body(spec, arguments: arguments, environment: environment)
         case .write(let path, let format, let quality):
             return .sync { context in
                 let check: CancellationCheck = { if context.isCancelled { throw OperationCancelled() } }
@@ -258,13 +266,16 @@ enum Kinds {
 
     /// `writeOutput` of a downloaded file's bytes, copied file to file.
     static func writeOutput(copying source: DownloadedFile, to folder: String, path: String) throws {
-        try writeOutput(to: folder, path: path) { fd, file in
-            let input = open(source.path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC)
-            guard input >= 0 else { throw SpoolError(operation: "open", path: source.path, errno: errno) }
-            defer { close(input) }
-            let copied = opq_copy_file(input, fd, Int64.max)
-            if copied < 0 { throw SpoolError(operation: "copy \(source.path) to", path: file, errno: Int32(-copied)) }
-        }
+        try writeOutput(to: folder, path: path) { fd, file in try copy(source, into: fd, path: file) }
+    }
+
+    /// Copies a downloaded (or written) file's bytes into `fd` (open as `path`), file to file: never through the heap.
+    static func copy(_ source: DownloadedFile, into fd: Int32, path: String) throws {
+        let input = open(source.path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC)
+        guard input >= 0 else { throw SpoolError(operation: "open", path: source.path, errno: errno) }
+        defer { close(input) }
+        let copied = opq_copy_file(input, fd, Int64.max)
+        if copied < 0 { throw SpoolError(operation: "copy \(source.path) to", path: path, errno: Int32(-copied)) }
     }
 
     /// Writes `path` through `fill(fd, hiddenPath)`; returns the final path.

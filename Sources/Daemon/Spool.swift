@@ -531,10 +531,15 @@ func readAttribute(_ path: String, _ name: String) -> Data? {
 
 /// Creates (or truncates) a file with `data`; durable at the next commit.
 func writeFile(_ data: Data, to path: String) throws {
+    try writeFile(to: path) { fd, path in try writeAll(fd, data, path: path) }
+}
+
+/// Creates (or truncates) a file that `fill` writes (given the descriptor and the path); durable at the next commit.
+func writeFile(to path: String, _ fill: (Int32, String) throws -> Void) throws {
     let fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0o644)
     guard fd >= 0 else { throw SpoolError(operation: "create", path: path, errno: errno) }
     defer { close(fd) }
-    try writeAll(fd, data, path: path)
+    try fill(fd, path)
 }
 
 /// Writes a file and fsyncs it (and, by default, its folder).
