@@ -5,8 +5,9 @@
 // unless a network of `download.allowNetworks` contains the address. Every address is handled in IPv6
 // form: an IPv4 address is its IPv4-mapped form, so a range covers both ways of writing an address.
 // What it trusts: nothing; a CIDR that does not parse is a configuration error that says why.
+// (The check against libcurl's table is in Networks+Curl.swift: this file stays free of C, so the manifest
+// fuzzer can build Configuration.swift with it.)
 
-import CCurl
 import Foundation
 
 #if canImport(Glibc)
@@ -77,24 +78,5 @@ public struct IPNetwork: Sendable, Equatable, CustomStringConvertible {
             inet_ntop(AF_INET6, &v6, &buffer, socklen_t(buffer.count))
         }
         return String(decoding: buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
-    }
-
-    var cNetwork: opq_network {
-        var network = opq_network()
-        withUnsafeMutableBytes(of: &network.address) { $0.copyBytes(from: bytes) }
-        network.prefix = Int32(prefix)
-        return network
-    }
-}
-
-public enum NetworkPolicy {
-    /// Whether a download may connect to `address` (an IPv4 or IPv6 address) with these networks
-    /// opened; the refused range's name when not. The same check libcurl's connections go through.
-    public static func check(_ address: String, allowing networks: [IPNetwork]) throws -> (allowed: Bool, range: String?) {
-        let bytes = try IPNetwork.parse(address, in: address).bytes
-        let c = networks.map(\.cNetwork)
-        var range: UnsafePointer<CChar>?
-        let allowed = bytes.withUnsafeBufferPointer { a in c.withUnsafeBufferPointer { opq_address_allowed(a.baseAddress, $0.baseAddress, $0.count, &range) } }
-        return (allowed != 0, allowed != 0 ? nil : range.map { String(cString: $0) })
     }
 }
