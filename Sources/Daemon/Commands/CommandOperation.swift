@@ -30,6 +30,12 @@ enum CommandOperation {
     static let conclusions = DispatchQueue(label: "opqueued.commands.conclude")
 
     static func workFolder(_ jobFolder: String) -> String { jobFolder + "/.work" }
+    /// `path` made absolute against the daemon's working directory: a command runs in its own working
+    /// directory, so the paths placed in its argv (${workdir}, ${input}, ${output}, ${outbox}) must not be
+    /// relative to the daemon's (`--spool ./spool`, as `make run` gives).
+    static func absolute(_ path: String) -> String {
+        path.hasPrefix("/") ? path : FileManager.default.currentDirectoryPath + "/" + path
+    }
     static func keptFolder(_ jobFolder: String) -> String { jobFolder + "/.outputs" }
     /// Before publication: what the job's commands left that is not part of the outbox entry.
     static func removeScratch(_ jobFolder: String) {
@@ -50,7 +56,7 @@ enum CommandOperation {
     }
 
     private static func start(_ spec: CommandSpec, arguments: [String: String], environment: KindEnvironment, context: OperationContext) throws {
-        let folder = environment.jobFolder
+        let folder = absolute(environment.jobFolder)
         let operation = context.name
         // One folder per attempt: an attempt that timed out may still be in its grace (SIGTERM ignored)
         // when the next one starts, and its end must not remove the next one's scratch.

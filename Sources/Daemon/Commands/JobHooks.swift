@@ -36,7 +36,7 @@ final class JobHooks: @unchecked Sendable {
     /// Runs the hook for a published job; the marker goes once it has ended.
     func run(_ spec: CommandSpec, job: String, status: String) {
         let marker = folder + "/" + job
-        let argv = spec.expand(["job": job, "status": status, "outbox": spool.outbox + "/" + job])
+        let argv = spec.expand(["job": job, "status": status, "outbox": CommandOperation.absolute(spool.outbox + "/" + job)])
         let timer = TimerBox()
         let started = ChildProcess.start(argv: argv, environment: spec.environment, directory: spool.tmp, stdoutFile: -1, stderrFile: -1,
                                          limit: 0) { [report] exit in
