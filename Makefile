@@ -5,24 +5,31 @@
 #   make test    install what is missing, build, run every test (what .ci/run does)
 #   make campaigns  the reliability campaigns at full size (crash, faults, fuzz, load; root)
 #   make bench   the benchmarks (release build)
-#   make install binaries, unit, catalog, sysusers/tmpfiles snippets (PREFIX=/usr/local)
+#   make install binaries, unit, catalog, sysusers/tmpfiles snippets, man pages, completions (PREFIX=/usr/local)
+#   make man     regenerate docs/man/opqueuectl.1 and opqueued.8 from the code (argument-parser's generate-manual)
 #   make sql     regenerate Sources/ClusterStore/Queries.generated.swift from the .sql files beside it
 #   make install-files   the same without building, from BINARIES (the systemd tests install their debug build)
 
 SWIFT ?= swift
 PREFIX ?= /usr/local
 SPOOL ?= ./spool
-# Debian packages the build and the tests need. postgresql: its binaries (initdb, pg_ctl, psql) for the
-# throwaway servers of the cluster tests (Tests/Support/PostgresServer.swift); the package's own cluster is never used.
-APT_PACKAGES = pkg-config libpng-dev libjpeg-dev libcurl4-openssl-dev libsystemd-dev systemd postgresql
+# Debian packages the build and the tests need.
+# (mandoc lints the man pages; python3-prometheus-client parses the metrics in the tests; postgresql gives the
+# binaries (initdb, pg_ctl, psql) of the cluster tests' throwaway servers, Tests/Support/PostgresServer.swift;
+# the package's own cluster is never used.)
+APT_PACKAGES = pkg-config libpng-dev libjpeg-dev libcurl4-openssl-dev libsystemd-dev systemd mandoc python3-prometheus-client postgresql
 
-.PHONY: sql run example test campaigns fuzz-codecs fuzz-plist fuzz-manifest deps build release bench install install-files clean
+.PHONY: sql run example test campaigns fuzz-codecs fuzz-plist fuzz-manifest deps build release bench install install-files man clean
 
 UNITDIR ?= /etc/systemd/system
 SYSUSERSDIR ?= /etc/sysusers.d
 TMPFILESDIR ?= /etc/tmpfiles.d
 CATALOGDIR ?= /usr/lib/systemd/catalog
 BINARIES ?= .build/release
+MANDIR ?= $(PREFIX)/share/man
+BASHCOMPDIR ?= $(PREFIX)/share/bash-completion/completions
+ZSHCOMPDIR ?= $(PREFIX)/share/zsh/site-functions
+FISHCOMPDIR ?= $(PREFIX)/share/fish/vendor_completions.d
 
 # The cluster store's SQL (Sources/ClusterStore/SQL) embedded into Queries.generated.swift; a test fails when stale.
 sql:
@@ -43,7 +50,8 @@ release: deps
 # is written anew each time: the clone may have moved).
 .PHONY: spool/opqueued.plist
 spool/opqueued.plist:
-	printf '<?xml version="1.0" encoding="UTF-8"?>\n<plist version="1.0"><dict><key>download</key><dict><key>fileRoots</key><array><string>%s</string></array></dict></dict></plist>\n' "$(CURDIR)/spool/examples" > $@
+	printf '<?xml version="1.0" encoding="UTF-8"?>\n<plist version="1.0"><dict><key>download</key><dict><key>fileRoots</key><array><string>%s</string></array></dict>%s</dict></plist>\n' "$(CURDIR)/spool/examples" \
+	  '<key>commands</key><dict><key>gzip</key><dict><key>argv</key><array><string>/usr/bin/gzip</string><string>-c</string><string>-$${level}</string><string>$${input}</string></array><key>parameters</key><dict><key>level</key><array><string>1</string><string>6</string><string>9</string></array></dict><key>output</key><string>stdout</string><key>timeoutSeconds</key><integer>60</integer></dict></dict>' > $@
 
 run: release spool/opqueued.plist
 	.build/release/opqueued --spool $(SPOOL) --config spool/opqueued.plist
@@ -52,6 +60,8 @@ example:
 	mkdir -p $(SPOOL)/inbox
 	sed 's|@EXAMPLES@|$(CURDIR)/spool/examples|g' spool/examples/photos.plist.in > $(SPOOL)/inbox/.photos.plist
 	mv $(SPOOL)/inbox/.photos.plist $(SPOOL)/inbox/photos.plist
+	sed 's|@EXAMPLES@|$(CURDIR)/spool/examples|g' spool/examples/archive.plist.in > $(SPOOL)/inbox/.archive.plist
+	mv $(SPOOL)/inbox/.archive.plist $(SPOOL)/inbox/archive.plist
 
 # Bounded reliability campaigns (issue 5) after the tests; `make campaigns` runs them at full size.
 CAMPAIGN = .build/debug/opqueue-campaign
@@ -113,7 +123,8 @@ fuzz-manifest: deps
 	  -emit-module -emit-module-path $(FUZZ_MANIFEST)/OperationEngine.swiftmodule -o $(FUZZ_MANIFEST)/libOperationEngine.a \
 	  Sources/OperationEngine/QualityOfService.swift
 	$(SWIFTC) -O -sanitize=fuzzer,address -use-ld=lld -parse-as-library -module-name ManifestFuzz -I $(FUZZ_MANIFEST) -L $(FUZZ_MANIFEST) \
-	  -lPropertyList -lOperationEngine Sources/Daemon/Manifest.swift Sources/Daemon/Configuration.swift Tests/Fuzz/manifest_fuzzer.swift \
+	  -lPropertyList -lOperationEngine Sources/Daemon/Manifest.swift Sources/Daemon/Configuration.swift Sources/Daemon/Commands/CommandSpec.swift \
+	  Sources/Daemon/Networks.swift Tests/Fuzz/manifest_fuzzer.swift \
 	  -o $(FUZZ_MANIFEST)/manifest_fuzzer
 	SWIFT_BACKTRACE=enable=no $(FUZZ_MANIFEST)/manifest_fuzzer -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 -print_final_stats=1 \
 	  -artifact_prefix=$(FUZZ_MANIFEST)/ $(FUZZ_MANIFEST)/corpus
@@ -139,12 +150,34 @@ install-files:
 	install -m 0644 systemd/opqueued.sysusers $(DESTDIR)$(SYSUSERSDIR)/opqueued.conf
 	install -m 0644 systemd/opqueued.tmpfiles $(DESTDIR)$(TMPFILESDIR)/opqueued.conf
 	install -m 0644 systemd/opqueued.catalog $(DESTDIR)$(CATALOGDIR)/opqueued.catalog
+	install -d $(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(MANDIR)/man5 $(DESTDIR)$(MANDIR)/man8
+	install -m 0644 docs/man/opqueuectl.1 $(DESTDIR)$(MANDIR)/man1/
+	install -m 0644 docs/man/opqueued.plist.5 $(DESTDIR)$(MANDIR)/man5/
+	install -m 0644 docs/man/opqueued.8 $(DESTDIR)$(MANDIR)/man8/
+	install -d $(DESTDIR)$(BASHCOMPDIR) $(DESTDIR)$(ZSHCOMPDIR) $(DESTDIR)$(FISHCOMPDIR)
+	$(BINARIES)/opqueuectl --generate-completion-script bash > $(DESTDIR)$(BASHCOMPDIR)/opqueuectl
+	$(BINARIES)/opqueuectl --generate-completion-script zsh > $(DESTDIR)$(ZSHCOMPDIR)/_opqueuectl
+	$(BINARIES)/opqueuectl --generate-completion-script fish > $(DESTDIR)$(FISHCOMPDIR)/opqueuectl.fish
 	@if [ -z "$(DESTDIR)" ]; then \
 	  command -v systemd-sysusers >/dev/null && systemd-sysusers $(SYSUSERSDIR)/opqueued.conf || true; \
 	  command -v systemd-tmpfiles >/dev/null && systemd-tmpfiles --create $(TMPFILESDIR)/opqueued.conf || true; \
 	  command -v journalctl >/dev/null && journalctl --update-catalog || true; \
 	  [ -d /run/systemd/system ] && systemctl daemon-reload || true; \
 	fi
+
+# The man pages of the two programs come from their argument-parser definitions (help, abstracts,
+# discussions) through argument-parser's generate-manual plugin; opqueued.plist(5) is written by hand.
+# They are committed, so `man -l docs/man/…` works from a clone; a test checks that opqueuectl(1) names
+# every subcommand and option. MAN_DATE keeps the output the same from one run to the next.
+MAN_DATE ?= 2026-11-23
+MAN_OUT = .build/plugins/GenerateManual/outputs
+man:
+	$(SWIFT) package --allow-writing-to-package-directory generate-manual --configuration debug --date $(MAN_DATE) --section 1
+	cp $(MAN_OUT)/opqueuectl/opqueuectl.1 docs/man/opqueuectl.1
+	python3 scripts/tidy-mdoc.py docs/man/opqueuectl.1 opqueued.plist:5 opqueued:8 journalctl:1
+	$(SWIFT) package --allow-writing-to-package-directory generate-manual --configuration debug --date $(MAN_DATE) --section 8
+	cp $(MAN_OUT)/opqueued/opqueued.8 docs/man/opqueued.8
+	python3 scripts/tidy-mdoc.py docs/man/opqueued.8 opqueuectl:1 opqueued.plist:5 journalctl:1 systemd.service:5
 
 clean:
 	rm -rf .build

@@ -18,6 +18,8 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-nio.git", from: "2.101.2"),
         .package(url: "https://github.com/vapor/postgres-nio.git", from: "1.33.2"),
         .package(url: "https://github.com/apple/swift-nio-ssl.git", from: "2.37.6"),
+        .package(url: "https://github.com/apple/swift-metrics.git", from: "2.13.0"),
+        .package(url: "https://github.com/swift-server/swift-prometheus.git", from: "2.4.1"),
     ],
     targets: [
         // Thread priority, SCHED_IDLE and I/O priority: `syscall` is variadic, Swift cannot call it.
@@ -43,8 +45,13 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "DequeModule", package: "swift-collections"),
                 .product(name: "HeapModule", package: "swift-collections"),
+                // Metrics (SPEC §6): recorded through swift-metrics into a swift-prometheus registry; the
+                // optional HTTP /metrics listener runs on SwiftNIO.
+                .product(name: "CoreMetrics", package: "swift-metrics"),
+                .product(name: "Prometheus", package: "swift-prometheus"),
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
             ]
         ),
         // The cluster store (SPEC §8): the schema, its named queries and the PostgreSQL driver behind one protocol.
@@ -101,7 +108,7 @@ let package = Package(
             name: "TestSupport",
             dependencies: ["Daemon"],
             path: "Tests/Support",
-            exclude: ["http_server.py", "make_pngs.py"]
+            exclude: ["http_server.py", "make_pngs.py", "metrics_client.py"]
         ),
         .testTarget(name: "OperationEngineTests", dependencies: ["OperationEngine"]),
         .testTarget(name: "DaemonTests", dependencies: ["Daemon", "TestSupport"]),

@@ -229,6 +229,8 @@ case "spool":
     SpoolBench.run(Array(arguments.dropFirst()))
 case "control":
     ControlBench.run(Array(arguments.dropFirst()))
+case "commands":
+    CommandBench.run(Array(arguments.dropFirst()))
 case "images":
     do { try ImageBench.run(Array(arguments.dropFirst())) } catch { FileHandle.standardError.write(Data("images: \(error)\n".utf8)); exit(1) }
 case "samples":
@@ -251,6 +253,7 @@ default:
            opqueue-bench spool [N]
            opqueue-bench control [--samples N]
            opqueue-bench images [--count N]
+           opqueue-bench commands [N]
            opqueue-bench corpus FOLDER [--count N]
     """)
     exit(64)

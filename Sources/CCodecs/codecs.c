@@ -4,10 +4,13 @@
 
 #include <stdio.h> // before jpeglib.h, which uses FILE
 #include <jpeglib.h>
+#include <jerror.h>
 #include <png.h>
 #include <setjmp.h>
 #include <stdlib.h>
 #include <string.h>
+#include <errno.h>
+#include <unistd.h>
 
 void opq_free(void *pointer) { free(pointer); }
 
@@ -123,69 +126,6 @@ static struct jpeg_error_mgr *jpeg_failure_init(struct jpeg_failure *failure, ch
     return manager;
 }
 
-static int decode_jpeg(const uint8_t *data, size_t size, uint64_t max_pixels, int min_side, opq_image *out,
-                       char *message, size_t message_size) {
-    struct jpeg_decompress_struct info;
-    struct jpeg_failure failure;
-    uint8_t *volatile pixels = NULL;
-    volatile int orientation = 1;
-    info.err = jpeg_failure_init(&failure, message, message_size);
-    if (setjmp(failure.jump)) {
-        jpeg_destroy_decompress(&info);
-        free(pixels);
-        return OPQ_CODEC_CORRUPT;
-    }
-    jpeg_create_decompress(&info);
-    jpeg_mem_src(&info, data, (unsigned long)size);
-    jpeg_save_markers(&info, JPEG_APP0 + 1, 0xFFFF);
-    jpeg_read_header(&info, TRUE);
-    if (exceeds_max_pixels(info.image_width, info.image_height, max_pixels, message, message_size)) {
-        jpeg_destroy_decompress(&info);
-        return OPQ_CODEC_TOO_LARGE;
-    }
-    for (jpeg_saved_marker_ptr marker = info.marker_list; marker; marker = marker->next) {
-        if (marker->marker == JPEG_APP0 + 1) {
-            int found = exif_orientation(marker->data, marker->data_length);
-            if (found != 1) { orientation = found; break; }
-        }
-    }
-    info.out_color_space = JCS_RGB;
-    if (min_side > 0) {
-        unsigned longest = info.image_width > info.image_height ? info.image_width : info.image_height;
-        unsigned num = 8;
-        for (unsigned candidate = 1; candidate < 8; candidate++) {
-            if ((longest * candidate + 7) / 8 >= (unsigned)min_side) { num = candidate; break; }
-        }
-        info.scale_num = num;
-        info.scale_denom = 8;
-    }
-    jpeg_start_decompress(&info);
-    size_t stride = (size_t)info.output_width * info.output_components;
-    pixels = malloc(stride * info.output_height);
-    if (!pixels) {
-        set_message(message, message_size, "out of memory for the decoded image");
-        jpeg_destroy_decompress(&info);
-        return OPQ_CODEC_NO_MEMORY;
-    }
-    while (info.output_scanline < info.output_height) {
-        JSAMPROW row = pixels + stride * info.output_scanline;
-        jpeg_read_scanlines(&info, &row, 1);
-    }
-    jpeg_finish_decompress(&info);
-    out->pixels = pixels;
-    out->width = (int)info.output_width;
-    out->height = (int)info.output_height;
-    out->channels = info.output_components;
-    jpeg_destroy_decompress(&info);
-    int oriented = orient(out, orientation);
-    if (oriented != OPQ_CODEC_OK) {
-        free(out->pixels);
-        out->pixels = NULL;
-        set_message(message, message_size, "out of memory for the oriented image");
-    }
-    return oriented;
-}
-
 int opq_encode_jpeg(const opq_image *image, int quality, uint8_t **out, size_t *out_size, char *message, size_t message_size) {
     struct jpeg_compress_struct info;
     struct jpeg_failure failure;
@@ -254,55 +194,6 @@ static void png_read_memory(png_structp png, png_bytep out, size_t length) {
     context->position += length;
 }
 
-static int decode_png(const uint8_t *data, size_t size, uint64_t max_pixels, opq_image *out, char *message, size_t message_size) {
-    struct png_context context = { .message = message, .message_size = message_size, .data = data, .size = size };
-    png_structp png = png_create_read_struct(PNG_LIBPNG_VER_STRING, &context, png_fail, png_warn);
-    if (!png) { set_message(message, message_size, "libpng could not start"); return OPQ_CODEC_NO_MEMORY; }
-    png_infop info = png_create_info_struct(png);
-    uint8_t *volatile pixels = NULL;
-    png_bytep *volatile rows = NULL;
-    if (!info) { png_destroy_read_struct(&png, NULL, NULL); set_message(message, message_size, "libpng could not start"); return OPQ_CODEC_NO_MEMORY; }
-    if (setjmp(context.jump)) {
-        png_destroy_read_struct(&png, &info, NULL);
-        free(pixels);
-        free(rows);
-        return OPQ_CODEC_CORRUPT;
-    }
-    // Our own bound (maxPixels) applies, with its own message, instead of libpng's default 1,000,000 per side.
-    png_set_user_limits(png, 0x7fffffffL, 0x7fffffffL);
-    png_set_read_fn(png, &context, png_read_memory);
-    png_read_info(png, info);
-    png_uint_32 width = png_get_image_width(png, info), height = png_get_image_height(png, info);
-    if (exceeds_max_pixels(width, height, max_pixels, message, message_size)) {
-        png_destroy_read_struct(&png, &info, NULL);
-        return OPQ_CODEC_TOO_LARGE;
-    }
-    int color = png_get_color_type(png, info), depth = png_get_bit_depth(png, info);
-    if (depth == 16) png_set_scale_16(png); // rounds, where strip_16 would truncate
-    if (color == PNG_COLOR_TYPE_PALETTE) png_set_palette_to_rgb(png);
-    if (color == PNG_COLOR_TYPE_GRAY && depth < 8) png_set_expand_gray_1_2_4_to_8(png);
-    if (png_get_valid(png, info, PNG_INFO_tRNS)) png_set_tRNS_to_alpha(png);
-    if (color == PNG_COLOR_TYPE_GRAY || color == PNG_COLOR_TYPE_GRAY_ALPHA) png_set_gray_to_rgb(png);
-    png_set_interlace_handling(png);
-    png_read_update_info(png, info);
-    int channels = png_get_channels(png, info);
-    size_t stride = (size_t)width * channels;
-    if ((channels != 3 && channels != 4) || png_get_rowbytes(png, info) != stride) png_error(png, "unsupported PNG pixel layout");
-    pixels = malloc(stride * height);
-    rows = malloc(sizeof(png_bytep) * height);
-    if (!pixels || !rows) png_error(png, "out of memory for the decoded image");
-    for (png_uint_32 y = 0; y < height; y++) rows[y] = pixels + stride * y;
-    png_read_image(png, rows);
-    png_read_end(png, NULL);
-    png_destroy_read_struct(&png, &info, NULL);
-    free(rows);
-    out->pixels = pixels;
-    out->width = (int)width;
-    out->height = (int)height;
-    out->channels = channels;
-    return OPQ_CODEC_OK;
-}
-
 static void png_write_memory(png_structp png, png_bytep data, size_t length) {
     struct png_context *context = png_get_io_ptr(png);
     if (context->length + length > context->capacity) {
@@ -343,13 +234,418 @@ int opq_encode_png(const opq_image *image, uint8_t **out, size_t *out_size, char
     return OPQ_CODEC_OK;
 }
 
-// MARK: Either
+// MARK: Incremental decoding (rows on demand)
+
+struct opq_reader {
+    const uint8_t *data;
+    size_t size;
+    int is_png;
+    int started, finished, failed;
+    int orientation;                  // EXIF (JPEG only); 1 = as stored
+    int width, height, channels;      // of the rows handed out (after scaling and orientation)
+    int next_row;
+    uint8_t *whole;                   // a materialised image (EXIF rotation or flip, interlaced PNG)
+    png_bytep *rows;                  // row pointers while an interlaced PNG is read whole
+    struct jpeg_decompress_struct jpeg;
+    struct jpeg_failure failure;
+    int jpeg_created;
+    png_structp png;
+    png_infop info;
+    struct png_context context;
+};
+
+/// The jump buffer the library's error callback returns to, with the caller's message buffer installed.
+static jmp_buf *reader_jump(opq_reader *r, char *message, size_t message_size) {
+    if (r->is_png) {
+        r->context.message = message;
+        r->context.message_size = message_size;
+        return &r->context.jump;
+    }
+    r->failure.message = message;
+    r->failure.message_size = message_size;
+    return &r->failure.jump;
+}
+
+static int reader_misuse(char *message, size_t message_size, const char *what) {
+    set_message(message, message_size, what);
+    return OPQ_CODEC_CORRUPT;
+}
+
+void opq_reader_close(opq_reader *r) {
+    if (!r) return;
+    if (r->png) png_destroy_read_struct(&r->png, r->info ? &r->info : NULL, NULL);
+    if (r->jpeg_created) jpeg_destroy_decompress(&r->jpeg);
+    free(r->whole);
+    free(r->rows);
+    free(r);
+}
+
+int opq_reader_open(const uint8_t *data, size_t size, uint64_t max_pixels, opq_reader **out, int *width, int *height,
+                    char *message, size_t message_size) {
+    *out = NULL;
+    static const uint8_t png_signature[8] = { 0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n' };
+    int is_png = size >= 8 && memcmp(data, png_signature, 8) == 0;
+    int is_jpeg = size >= 3 && data[0] == 0xFF && data[1] == 0xD8 && data[2] == 0xFF;
+    if (!is_png && !is_jpeg) {
+        set_message(message, message_size, "not a PNG or JPEG image (unknown signature)");
+        return OPQ_CODEC_UNKNOWN;
+    }
+    opq_reader *r = calloc(1, sizeof *r);
+    if (!r) { set_message(message, message_size, "out of memory for the decoder"); return OPQ_CODEC_NO_MEMORY; }
+    r->data = data;
+    r->size = size;
+    r->is_png = is_png;
+    r->orientation = 1;
+    jmp_buf *jump = reader_jump(r, message, message_size);
+    if (is_png) {
+        r->context.data = data;
+        r->context.size = size;
+        r->png = png_create_read_struct(PNG_LIBPNG_VER_STRING, &r->context, png_fail, png_warn);
+        if (r->png) r->info = png_create_info_struct(r->png);
+        if (!r->png || !r->info) {
+            opq_reader_close(r);
+            set_message(message, message_size, "libpng could not start");
+            return OPQ_CODEC_NO_MEMORY;
+        }
+    } else {
+        r->jpeg.err = jpeg_failure_init(&r->failure, message, message_size);
+    }
+    if (setjmp(*jump)) {
+        opq_reader_close(r);
+        return OPQ_CODEC_CORRUPT;
+    }
+    uint64_t w, h;
+    if (is_png) {
+        // Our own bound (maxPixels) applies, with its own message, instead of libpng's default 1,000,000 per side.
+        png_set_user_limits(r->png, 0x7fffffffL, 0x7fffffffL);
+        png_set_read_fn(r->png, &r->context, png_read_memory);
+        png_read_info(r->png, r->info);
+        w = png_get_image_width(r->png, r->info);
+        h = png_get_image_height(r->png, r->info);
+    } else {
+        r->jpeg_created = 1;
+        jpeg_create_decompress(&r->jpeg);
+        jpeg_mem_src(&r->jpeg, data, (unsigned long)size);
+        jpeg_save_markers(&r->jpeg, JPEG_APP0 + 1, 0xFFFF);
+        jpeg_read_header(&r->jpeg, TRUE);
+        w = r->jpeg.image_width;
+        h = r->jpeg.image_height;
+        for (jpeg_saved_marker_ptr marker = r->jpeg.marker_list; marker; marker = marker->next) {
+            if (marker->marker == JPEG_APP0 + 1) {
+                int found = exif_orientation(marker->data, marker->data_length);
+                if (found != 1) { r->orientation = found; break; }
+            }
+        }
+    }
+    if (exceeds_max_pixels(w, h, max_pixels, message, message_size)) {
+        opq_reader_close(r);
+        return OPQ_CODEC_TOO_LARGE;
+    }
+    int swap = r->orientation >= 5;
+    *width = (int)(swap ? h : w);
+    *height = (int)(swap ? w : h);
+    *out = r;
+    return OPQ_CODEC_OK;
+}
+
+/// The DCT scale n/8 (n = 1…8) with the smallest n whose output keeps every requested minimum.
+static unsigned jpeg_scale(unsigned w, unsigned h, int min_width, int min_height, int min_side) {
+    unsigned longest = w > h ? w : h;
+    for (unsigned n = 1; n < 8; n++) {
+        if (min_side > 0 && (longest * n + 7) / 8 < (unsigned)min_side) continue;
+        if (min_width > 0 && (w * n + 7) / 8 < (unsigned)min_width) continue;
+        if (min_height > 0 && (h * n + 7) / 8 < (unsigned)min_height) continue;
+        return n;
+    }
+    return 8;
+}
+
+int opq_reader_start(opq_reader *r, int min_width, int min_height, int min_side, int *width, int *height, int *channels,
+                     char *message, size_t message_size) {
+    if (r->failed || r->started) return reader_misuse(message, message_size, "the decoder was already started");
+    r->started = 1;
+    jmp_buf *jump = reader_jump(r, message, message_size);
+    if (setjmp(*jump)) {
+        r->failed = 1;
+        return OPQ_CODEC_CORRUPT;
+    }
+    int whole;
+    if (r->is_png) {
+        png_structp png = r->png;
+        png_infop info = r->info;
+        int color = png_get_color_type(png, info), depth = png_get_bit_depth(png, info);
+        if (depth == 16) png_set_scale_16(png); // rounds, where strip_16 would truncate
+        if (color == PNG_COLOR_TYPE_PALETTE) png_set_palette_to_rgb(png);
+        if (color == PNG_COLOR_TYPE_GRAY && depth < 8) png_set_expand_gray_1_2_4_to_8(png);
+        if (png_get_valid(png, info, PNG_INFO_tRNS)) png_set_tRNS_to_alpha(png);
+        if (color == PNG_COLOR_TYPE_GRAY || color == PNG_COLOR_TYPE_GRAY_ALPHA) png_set_gray_to_rgb(png);
+        int passes = png_set_interlace_handling(png);
+        png_read_update_info(png, info);
+        r->width = (int)png_get_image_width(png, info);
+        r->height = (int)png_get_image_height(png, info);
+        r->channels = png_get_channels(png, info);
+        if ((r->channels != 3 && r->channels != 4) || png_get_rowbytes(png, info) != (size_t)r->width * r->channels)
+            png_error(png, "unsupported PNG pixel layout");
+        whole = passes > 1; // Adam7 hands out every row seven times: only a whole image can take them
+    } else {
+        r->jpeg.out_color_space = JCS_RGB;
+        if (min_width > 0 || min_height > 0 || min_side > 0) {
+            // The minimums are for the image as displayed; a 90° orientation swaps the sides.
+            int mw = r->orientation >= 5 ? min_height : min_width, mh = r->orientation >= 5 ? min_width : min_height;
+            r->jpeg.scale_num = jpeg_scale(r->jpeg.image_width, r->jpeg.image_height, mw, mh, min_side);
+            r->jpeg.scale_denom = 8;
+        }
+        jpeg_start_decompress(&r->jpeg);
+        r->width = (int)r->jpeg.output_width;
+        r->height = (int)r->jpeg.output_height;
+        r->channels = r->jpeg.output_components;
+        whole = r->orientation > 1; // every EXIF transform but "as stored" reorders rows or columns
+    }
+    if (whole) {
+        size_t stride = (size_t)r->width * r->channels;
+        r->whole = malloc(stride * (size_t)r->height);
+        if (!r->whole) {
+            r->failed = 1;
+            set_message(message, message_size, "out of memory for the decoded image");
+            return OPQ_CODEC_NO_MEMORY;
+        }
+        if (r->is_png) {
+            r->rows = malloc(sizeof(png_bytep) * (size_t)r->height);
+            if (!r->rows) png_error(r->png, "out of memory for the decoded image");
+            for (int y = 0; y < r->height; y++) r->rows[y] = r->whole + stride * (size_t)y;
+            png_read_image(r->png, r->rows);
+            png_read_end(r->png, NULL);
+        } else {
+            while (r->jpeg.output_scanline < r->jpeg.output_height) {
+                JSAMPROW row = r->whole + stride * r->jpeg.output_scanline;
+                if (jpeg_read_scanlines(&r->jpeg, &row, 1) != 1) ERREXIT(&r->jpeg, JERR_INPUT_EMPTY);
+            }
+            jpeg_finish_decompress(&r->jpeg);
+        }
+        r->finished = 1;
+        opq_image image = { .pixels = r->whole, .width = r->width, .height = r->height, .channels = r->channels };
+        if (orient(&image, r->orientation) != OPQ_CODEC_OK) {
+            r->failed = 1;
+            set_message(message, message_size, "out of memory for the oriented image");
+            return OPQ_CODEC_NO_MEMORY;
+        }
+        r->whole = image.pixels;
+        r->width = image.width;
+        r->height = image.height;
+    }
+    *width = r->width;
+    *height = r->height;
+    *channels = r->channels;
+    return OPQ_CODEC_OK;
+}
+
+int opq_reader_read(opq_reader *r, uint8_t *pixels, int count, char *message, size_t message_size) {
+    if (!r->started || r->failed) return reader_misuse(message, message_size, "the decoder is not running");
+    if (count < 0 || count > r->height - r->next_row) return reader_misuse(message, message_size, "rows asked for past the end of the image");
+    size_t stride = (size_t)r->width * r->channels;
+    if (r->whole) {
+        memcpy(pixels, r->whole + stride * (size_t)r->next_row, stride * (size_t)count);
+        r->next_row += count;
+        return OPQ_CODEC_OK;
+    }
+    jmp_buf *jump = reader_jump(r, message, message_size);
+    if (setjmp(*jump)) {
+        r->failed = 1;
+        return OPQ_CODEC_CORRUPT;
+    }
+    for (int i = 0; i < count; i++) {
+        uint8_t *row = pixels + stride * (size_t)i;
+        if (r->is_png) {
+            png_read_row(r->png, row, NULL);
+        } else {
+            JSAMPROW p = row;
+            // The memory source never suspends: no row means the library gave up.
+            if (jpeg_read_scanlines(&r->jpeg, &p, 1) != 1) ERREXIT(&r->jpeg, JERR_INPUT_EMPTY);
+        }
+        r->next_row++;
+    }
+    return OPQ_CODEC_OK;
+}
+
+int opq_reader_finish(opq_reader *r, char *message, size_t message_size) {
+    if (!r->started || r->failed) return reader_misuse(message, message_size, "the decoder is not running");
+    if (r->finished) return OPQ_CODEC_OK;
+    if (r->next_row != r->height) return reader_misuse(message, message_size, "the decoder was finished before its last row");
+    jmp_buf *jump = reader_jump(r, message, message_size);
+    if (setjmp(*jump)) {
+        r->failed = 1;
+        return OPQ_CODEC_CORRUPT;
+    }
+    // The trailer is checked too (a PNG's last CRCs, a JPEG's end marker): corrupt data fails even past the pixels.
+    if (r->is_png) png_read_end(r->png, NULL);
+    else jpeg_finish_decompress(&r->jpeg);
+    r->finished = 1;
+    return OPQ_CODEC_OK;
+}
+
+// MARK: Whole images
 
 int opq_decode(const uint8_t *data, size_t size, uint64_t max_pixels, int min_side, opq_image *out, char *message, size_t message_size) {
     memset(out, 0, sizeof *out);
-    static const uint8_t png_signature[8] = { 0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n' };
-    if (size >= 8 && memcmp(data, png_signature, 8) == 0) return decode_png(data, size, max_pixels, out, message, message_size);
-    if (size >= 3 && data[0] == 0xFF && data[1] == 0xD8 && data[2] == 0xFF) return decode_jpeg(data, size, max_pixels, min_side, out, message, message_size);
-    set_message(message, message_size, "not a PNG or JPEG image (unknown signature)");
-    return OPQ_CODEC_UNKNOWN;
+    opq_reader *r;
+    int width, height, channels;
+    int code = opq_reader_open(data, size, max_pixels, &r, &width, &height, message, message_size);
+    if (code != OPQ_CODEC_OK) return code;
+    code = opq_reader_start(r, 0, 0, min_side, &width, &height, &channels, message, message_size);
+    uint8_t *pixels = NULL;
+    if (code == OPQ_CODEC_OK && r->whole) {
+        pixels = r->whole;
+        r->whole = NULL;
+    } else if (code == OPQ_CODEC_OK) {
+        pixels = malloc((size_t)width * channels * (size_t)height);
+        if (!pixels) {
+            set_message(message, message_size, "out of memory for the decoded image");
+            code = OPQ_CODEC_NO_MEMORY;
+        }
+        if (code == OPQ_CODEC_OK) code = opq_reader_read(r, pixels, height, message, message_size);
+        if (code == OPQ_CODEC_OK) code = opq_reader_finish(r, message, message_size);
+    }
+    opq_reader_close(r);
+    if (code != OPQ_CODEC_OK) {
+        free(pixels);
+        return code;
+    }
+    out->pixels = pixels;
+    out->width = width;
+    out->height = height;
+    out->channels = channels;
+    return OPQ_CODEC_OK;
+}
+
+// MARK: Incremental encoding (rows as they come, straight to a file)
+
+struct opq_writer {
+    int is_png;
+    int failed, finished;
+    FILE *file;
+    int width, height, channels;
+    int next_row;
+    struct jpeg_compress_struct jpeg;
+    struct jpeg_failure failure;
+    int jpeg_created;
+    png_structp png;
+    png_infop info;
+    struct png_context context;
+};
+
+static jmp_buf *writer_jump(opq_writer *w, char *message, size_t message_size) {
+    if (w->is_png) {
+        w->context.message = message;
+        w->context.message_size = message_size;
+        return &w->context.jump;
+    }
+    w->failure.message = message;
+    w->failure.message_size = message_size;
+    return &w->failure.jump;
+}
+
+void opq_writer_close(opq_writer *w) {
+    if (!w) return;
+    if (w->png) png_destroy_write_struct(&w->png, w->info ? &w->info : NULL);
+    if (w->jpeg_created) jpeg_destroy_compress(&w->jpeg);
+    if (w->file) fclose(w->file);
+    free(w);
+}
+
+int opq_writer_open(int fd, int png, int width, int height, int channels, int quality, opq_writer **out,
+                    char *message, size_t message_size) {
+    *out = NULL;
+    opq_writer *w = calloc(1, sizeof *w);
+    if (!w) { set_message(message, message_size, "out of memory for the encoder"); return OPQ_CODEC_NO_MEMORY; }
+    w->is_png = png;
+    w->width = width;
+    w->height = height;
+    w->channels = channels;
+    int copy = dup(fd); // the caller keeps its descriptor (to fsync and close it)
+    w->file = copy >= 0 ? fdopen(copy, "wb") : NULL;
+    if (!w->file) {
+        if (copy >= 0) close(copy);
+        free(w);
+        set_message(message, message_size, "cannot open the output for writing");
+        return OPQ_CODEC_NO_MEMORY;
+    }
+    setvbuf(w->file, NULL, _IOFBF, 1 << 16);
+    jmp_buf *jump = writer_jump(w, message, message_size);
+    if (png) {
+        w->png = png_create_write_struct(PNG_LIBPNG_VER_STRING, &w->context, png_fail, png_fail);
+        if (w->png) w->info = png_create_info_struct(w->png);
+        if (!w->png || !w->info) {
+            opq_writer_close(w);
+            set_message(message, message_size, "libpng could not start");
+            return OPQ_CODEC_NO_MEMORY;
+        }
+    } else {
+        w->jpeg.err = jpeg_failure_init(&w->failure, message, message_size);
+    }
+    if (setjmp(*jump)) {
+        opq_writer_close(w);
+        return OPQ_CODEC_CORRUPT;
+    }
+    // The same settings as the whole-image encoders: the same bytes come out.
+    if (png) {
+        png_init_io(w->png, w->file);
+        png_set_IHDR(w->png, w->info, (png_uint_32)width, (png_uint_32)height, 8,
+                     channels == 4 ? PNG_COLOR_TYPE_RGB_ALPHA : PNG_COLOR_TYPE_RGB, PNG_INTERLACE_NONE,
+                     PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
+        png_write_info(w->png, w->info);
+    } else {
+        w->jpeg_created = 1;
+        jpeg_create_compress(&w->jpeg);
+        jpeg_stdio_dest(&w->jpeg, w->file);
+        w->jpeg.image_width = (JDIMENSION)width;
+        w->jpeg.image_height = (JDIMENSION)height;
+        w->jpeg.input_components = channels;
+        w->jpeg.in_color_space = channels == 4 ? JCS_EXT_RGBA : JCS_RGB; // libjpeg-turbo ignores the alpha byte
+        jpeg_set_defaults(&w->jpeg);
+        jpeg_set_quality(&w->jpeg, quality, TRUE);
+        jpeg_start_compress(&w->jpeg, TRUE);
+    }
+    *out = w;
+    return OPQ_CODEC_OK;
+}
+
+int opq_writer_write(opq_writer *w, const uint8_t *pixels, int count, char *message, size_t message_size) {
+    if (w->failed || w->finished) { set_message(message, message_size, "the encoder is not running"); return OPQ_CODEC_CORRUPT; }
+    if (count < 0 || count > w->height - w->next_row) { set_message(message, message_size, "rows written past the end of the image"); return OPQ_CODEC_CORRUPT; }
+    jmp_buf *jump = writer_jump(w, message, message_size);
+    if (setjmp(*jump)) {
+        w->failed = 1;
+        return OPQ_CODEC_CORRUPT;
+    }
+    size_t stride = (size_t)w->width * w->channels;
+    for (int i = 0; i < count; i++) {
+        JSAMPROW row = (JSAMPROW)(pixels + stride * (size_t)i);
+        if (w->is_png) png_write_row(w->png, row);
+        else jpeg_write_scanlines(&w->jpeg, &row, 1);
+        w->next_row++;
+    }
+    return OPQ_CODEC_OK;
+}
+
+int opq_writer_finish(opq_writer *w, char *message, size_t message_size) {
+    if (w->failed || w->finished || w->next_row != w->height) {
+        set_message(message, message_size, "the encoder was finished before its last row");
+        return OPQ_CODEC_CORRUPT;
+    }
+    jmp_buf *jump = writer_jump(w, message, message_size);
+    if (setjmp(*jump)) {
+        w->failed = 1;
+        return OPQ_CODEC_CORRUPT;
+    }
+    if (w->is_png) png_write_end(w->png, NULL);
+    else jpeg_finish_compress(&w->jpeg);
+    w->finished = 1;
+    if (fflush(w->file) != 0 || ferror(w->file)) {
+        w->failed = 1;
+        char text[160];
+        snprintf(text, sizeof text, "writing the encoded image: %s", strerror(errno));
+        set_message(message, message_size, text);
+        return OPQ_CODEC_CORRUPT;
+    }
+    return OPQ_CODEC_OK;
 }

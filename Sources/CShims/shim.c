@@ -2,6 +2,7 @@
 #include "CShims.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <malloc.h>
 #include <sched.h>
 #include <signal.h>
@@ -76,3 +77,116 @@ void opq_note_termination_signals(void) {
 }
 
 int opq_noted_termination_signal(void) { return opq_noted_signal; }
+
+int64_t opq_copy_file(int in, int out, int64_t limit) {
+    int64_t copied = 0;
+    int fallback = 0;
+    char buffer[65536];
+    while (copied < limit) {
+        size_t want = (size_t)(limit - copied);
+        ssize_t n;
+        if (!fallback) {
+            n = copy_file_range(in, NULL, out, NULL, want, 0);
+            if (n < 0 && (errno == EXDEV || errno == ENOSYS || errno == EINVAL || errno == EOPNOTSUPP) && copied == 0) {
+                fallback = 1;
+                continue;
+            }
+        } else {
+            n = read(in, buffer, want < sizeof buffer ? want : sizeof buffer);
+            for (ssize_t done = 0; n > 0 && done < n;) {
+                ssize_t w = write(out, buffer + done, (size_t)(n - done));
+                if (w < 0) {
+                    if (errno == EINTR) continue;
+                    return -errno;
+                }
+                done += w;
+            }
+        }
+        if (n < 0) {
+            if (errno == EINTR) continue;
+            return -errno;
+        }
+        if (n == 0) break;
+        copied += n;
+    }
+    return copied;
+}
+
+int opq_lease(int fd, int type) {
+    return fcntl(fd, F_SETLEASE, type == 0 ? F_RDLCK : F_UNLCK) == 0 ? 0 : -errno;
+}
+
+void opq_ignore_lease_breaks(void) { signal(SIGIO, SIG_IGN); }
+
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+
+int opq_spawn(const char *path, char *const argv[], char *const envp[], const char *cwd,
+              int stdout_fd, int stderr_fd, pid_t *pid_out, int *pidfd_out) {
+    posix_spawnattr_t attr;
+    posix_spawn_file_actions_t actions;
+    int err = posix_spawnattr_init(&attr);
+    if (err != 0) return -err;
+    err = posix_spawn_file_actions_init(&actions);
+    if (err != 0) { posix_spawnattr_destroy(&attr); return -err; }
+    sigset_t empty, all;
+    sigemptyset(&empty);
+    sigfillset(&all);
+    if (err == 0) err = posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+    if (err == 0) err = posix_spawnattr_setpgroup(&attr, 0);
+    if (err == 0) err = posix_spawnattr_setsigmask(&attr, &empty);
+    if (err == 0) err = posix_spawnattr_setsigdefault(&attr, &all);
+    if (err == 0) err = posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+    if (err == 0) err = stdout_fd >= 0 ? posix_spawn_file_actions_adddup2(&actions, stdout_fd, 1)
+                                       : posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
+    if (err == 0) err = stderr_fd >= 0 ? posix_spawn_file_actions_adddup2(&actions, stderr_fd, 2)
+                                       : posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0);
+    if (err == 0 && cwd != NULL) err = posix_spawn_file_actions_addchdir_np(&actions, cwd);
+    if (err == 0) err = posix_spawn_file_actions_addclosefrom_np(&actions, 3);
+    pid_t pid = -1;
+    if (err == 0) err = posix_spawn(&pid, path, &actions, &attr, argv, envp);
+    posix_spawn_file_actions_destroy(&actions);
+    posix_spawnattr_destroy(&attr);
+    if (err != 0) return -err;
+    int pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
+    if (pidfd < 0) {
+        // Without a pidfd the exit cannot be watched: the command does not run.
+        int e = errno;
+        kill(-pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+        return -e;
+    }
+    // pidfd_open sets O_CLOEXEC itself.
+    *pid_out = pid;
+    *pidfd_out = pidfd;
+    return 0;
+}
+
+int opq_pipe2(int fds[2], int flags) { return pipe2(fds, flags) == 0 ? 0 : -errno; }
+
+#include <sys/epoll.h>
+
+int opq_epoll_create(void) { int fd = epoll_create1(EPOLL_CLOEXEC); return fd >= 0 ? fd : -errno; }
+
+int opq_epoll_add(int epfd, int fd, unsigned long long token) {
+    struct epoll_event event = { .events = EPOLLIN, .data.u64 = token };
+    return epoll_ctl(epfd, EPOLL_CTL_ADD, fd, &event) == 0 ? 0 : -errno;
+}
+
+int opq_epoll_remove(int epfd, int fd) {
+    return epoll_ctl(epfd, EPOLL_CTL_DEL, fd, NULL) == 0 ? 0 : -errno;
+}
+
+int opq_epoll_wait(int epfd, unsigned long long *tokens, int max, int timeout_ms) {
+    struct epoll_event events[256];
+    if (max > 256) max = 256;
+    int n = epoll_wait(epfd, events, max, timeout_ms);
+    if (n < 0) return -errno;
+    for (int i = 0; i < n; i++) tokens[i] = events[i].data.u64;
+    return n;
+}
+
+const char *opq_signal_name(int sig) { return sigabbrev_np(sig); }
+
+int opq_process_policy(pid_t pid) { return sched_getscheduler(pid); }

@@ -25,7 +25,15 @@ public struct Configuration: Sendable {
     public var downloadConnectTimeoutSeconds: Double
     public var downloadTimeoutSeconds: Double
     public var fileRoots: [String]
+    /// `download.allowNetworks`: ranges opened to downloads among those refused by default (Networks.swift).
+    public var allowNetworks: [IPNetwork] = []
     public var maxPixels: Int
+    /// `metrics.listen`: where the HTTP /metrics listener binds (`HOST:PORT`); nil: no listener.
+    public var metricsListen: String? = nil
+    /// `commands` (SPEC §3.6): what `kind = command` operations may run, by name.
+    public var commands: [String: CommandSpec] = [:]
+    /// `jobFinished`: the command run once per ended job, after publication.
+    public var jobFinished: String?
 
     public static let builtIn = Configuration(
         queueNames: ["default", "downloads", "filters", "io"],
@@ -71,7 +79,7 @@ public struct Configuration: Sendable {
         } catch let error as ManifestProblems {
             throw Invalid(path: path, problems: error.problems)
         }
-        let known: Set<String> = ["queues", "defaultQueues", "maxActiveJobs", "maxActiveOperations", "shutdownGraceSeconds", "download", "image"]
+        let known: Set<String> = ["queues", "defaultQueues", "maxActiveJobs", "maxActiveOperations", "shutdownGraceSeconds", "download", "image", "metrics", "commands", "jobFinished"]
         for key in top.keys.sorted() where !known.contains(key) { problems.append("unknown key '\(key)'") }
         if let value = top["queues"] {
             if let queues = value.dictionary {
@@ -142,6 +150,14 @@ public struct Configuration: Sendable {
                         } else {
                             problems.append("download.fileRoots: must be an array of absolute paths")
                         }
+                    case "allowNetworks":
+                        guard let entries = v.array else { problems.append("download.allowNetworks: must be an array of networks (\"127.0.0.0/8\", \"::1/128\")"); break }
+                        var networks: [IPNetwork] = []
+                        for entry in entries {
+                            guard let text = entry.string else { problems.append("download.allowNetworks: each entry must be a string such as \"10.1.0.0/16\""); continue }
+                            do { networks.append(try IPNetwork(cidr: text)) } catch { problems.append("download.allowNetworks: \(error)") }
+                        }
+                        config.allowNetworks = networks
                     default:
                         problems.append("download: unknown key '\(key)'")
                     }
@@ -161,9 +177,35 @@ public struct Configuration: Sendable {
                 problems.append("image: must be a dictionary")
             }
         }
+        if let value = top["metrics"] {
+            if let metrics = value.dictionary {
+                for key in metrics.keys.sorted() {
+                    if key == "listen", let listen = metrics[key]?.string, splitListenAddress(listen) != nil { config.metricsListen = listen }
+                    else if key == "listen" { problems.append("metrics.listen: must be \"HOST:PORT\" (e.g. \"127.0.0.1:9464\", \"[::1]:9464\")") }
+                    else { problems.append("metrics: unknown key '\(key)'") }
+                }
+            } else {
+                problems.append("metrics: must be a dictionary")
+            }
+        }
+        if let value = top["commands"] {
+            config.commands = CommandSpec.parseAll(value, queues: Set(config.queueNames), problems: &problems)
+        }
+        if let value = top["jobFinished"] {
+            config.jobFinished = CommandSpec.checkHook(value, commands: config.commands, problems: &problems)
+        }
         if !problems.isEmpty { throw Invalid(path: path, problems: problems) }
         return config
     }
+}
+
+/// `HOST:PORT` or `[IPV6]:PORT` (port 0: any free port) → (host, port); nil when it is neither.
+func splitListenAddress(_ listen: String) -> (host: String, port: Int)? {
+    guard let colon = listen.lastIndex(of: ":"), let port = Int(listen[listen.index(after: colon)...]), (0...65535).contains(port) else { return nil }
+    var host = String(listen[..<colon])
+    if host.hasPrefix("[") && host.hasSuffix("]") { host = String(host.dropFirst().dropLast()) }
+    guard !host.isEmpty, !host.contains(where: { $0 == "/" || $0 == " " }) else { return nil }
+    return (host, port)
 }
 
 let qosNames = OperationEngine.QualityOfService.allCases.reversed().map(\.name).joined(separator: ", ")

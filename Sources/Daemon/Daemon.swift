@@ -21,8 +21,12 @@ final class RunningJob: @unchecked Sendable {
     var plan: JobPlan?
     var group: GroupID?
     var operationIndex: [String: Int] = [:]
-    /// Operations that had succeeded before a restart: not run, not logged again.
+    /// Operations that had succeeded before a restart: not run (or, in `recomputed`, run again for
+    /// their output), not logged again.
     var recovered: Set<Int> = []
+    /// Filters that had succeeded before a restart and are computed again (their output was in memory):
+    /// only a failure is logged.
+    var recomputed: Set<Int> = []
     var rejection: [String] = []
     /// Cancels asked for while the job was being accepted (nil: the whole job), applied once its group
     /// exists. Under the daemon's lock, with `group` and `rejection`.
@@ -30,6 +34,8 @@ final class RunningJob: @unchecked Sendable {
     var finishing = false
     /// Operations counted against `maxActiveOperations` while the job is active.
     var countedOperations = 0
+    /// Operations that have ended in this run (for status' progress; under the daemon's lock).
+    var endedOperations = 0
 
     init(claimed: ClaimedJob) { self.claimed = claimed }
     var id: String { claimed.id }
@@ -43,6 +49,12 @@ public final class Daemon: @unchecked Sendable {
     let engine: Engine
     private let sink: EventSink
     private let once: Bool
+    /// Counters and histograms (SPEC §6); the gauges are read from `status()` when scraped.
+    public let metrics = DaemonMetrics()
+    /// Ready and executing times per operation, for the wait and run histograms (delivery thread only).
+    private let operationClock = OperationClock()
+    /// `jobFinished` runs and their markers in the spool.
+    private let hooks: JobHooks
 
     private let lock = NSLock()
     /// Held while a group is submitted and registered in `byGroup`; `deliver` passes through it first,
@@ -110,9 +122,13 @@ public final class Daemon: @unchecked Sendable {
     /// Claims and publications, in order.
     let work = DispatchQueue(label: "opqueued.spool")
 
-    /// A manifest file must be this old before a scan (rather than an inotify close/move event) claims
-    /// it, so a file still being written in place is not claimed half-written.
+    /// Where no read lease can be taken (see Spool.claim), a manifest file must be this old before a
+    /// scan (rather than an inotify close/move event) claims it, so a file still being written in place
+    /// is not claimed half-written.
     static let settleSeconds = 1.0
+    /// Names a lease found open for writing (on `work`): tried again at once when inotify says closed.
+    private var busy: Set<String> = []
+    private var leaseFallbackLogged = false
 
     public init(spool: Spool, configuration: Configuration, configPath: String?, logger: Logger, once: Bool = false) {
         self.spool = spool
@@ -120,6 +136,9 @@ public final class Daemon: @unchecked Sendable {
         self.configPath = configPath
         self.logger = logger
         self.once = once
+        hooks = JobHooks(spool: spool) { [logger] job, message in
+            logger.error("job \(job): \(message)", metadata: ["OPQ_JOB": .string(job), "OPQ_ERROR": .string(message)])
+        }
         let sink = EventSink()
         self.sink = sink
         engine = Engine(observer: { sink.deliver($0) })
@@ -146,7 +165,14 @@ public final class Daemon: @unchecked Sendable {
                 (recovered, problems) = ([], [])
             }
             for problem in problems { logger.error("\(problem)") }
-            for claimed in recovered { accept(claimed, resumed: true) }
+            let leftovers = CommandLedger.shared.open(spool.active + "/.commands")
+            if !leftovers.isEmpty { logger.notice("killed \(leftovers.count) command process groups left running by the previous run: \(leftovers.map(String.init).joined(separator: ", "))") }
+            hooks.recover(lock.withLock { configuration.jobFinished.flatMap { configuration.commands[$0] } })
+            for claimed in recovered {
+                // Commands that were running at the crash start again in an empty scratch folder.
+                removeTree(CommandOperation.workFolder(spool.outputFolder(job: claimed.id)))
+                accept(claimed, resumed: true)
+            }
             if once {
                 lock.lock()
                 // Only what is there now; a file that cannot be claimed is not waited for.
@@ -164,6 +190,8 @@ public final class Daemon: @unchecked Sendable {
             // Only names a scan would offer are kept (a hidden file written and renamed in is not).
             closedHints.formUnion(hints.lazy.filter(Spool.isManifestName))
             lock.unlock()
+            // A file found open for writing is tried again as soon as it is closed.
+            for name in hints where busy.remove(name) != nil { inboxQueue.prepend(name) }
             rescanRequested = true
             claimMore()
         }
@@ -225,18 +253,23 @@ public final class Daemon: @unchecked Sendable {
             lock.lock()
             let hinted = closedHints.remove(name) != nil
             lock.unlock()
-            // Not announced by inotify and still fresh: it may be being written in place. (Not a regular
-            // file: `claim` says why it is left alone.)
-            if !hinted && onlyThese == nil, let age = spool.age(of: name, now: now), age < Self.settleSeconds {
-                settling.append(name)
-                continue
-            }
+            // Used only where no lease can be had: not announced by inotify and still fresh, it may be
+            // being written in place. (Not a regular file: `claim` says why it is left alone.)
+            let settled = hinted || onlyThese != nil || (spool.age(of: name, now: now) ?? Self.settleSeconds) >= Self.settleSeconds
             do {
-                switch try spool.claim(name, now: Date().timeIntervalSince1970) {
+                let changedAt = spool.changeTime(of: name)
+                switch try spool.claim(name, now: Date().timeIntervalSince1970, settled: settled) {
                 case .claimed(let job):
+                    busy.remove(name)
+                    if let changedAt { metrics.pickedUp(after: job.receivedAt - changedAt) }
                     claimed.append(job)
                     mayHold += job.manifest.count / Self.minimumBytesPerOperation + 1
+                case .busy:
+                    busy.insert(name)
+                case .unsettled:
+                    settling.append(name)
                 case .vanished:
+                    busy.remove(name)
                     continue
                 case .skipped(let reason):
                     lock.lock()
@@ -248,6 +281,10 @@ public final class Daemon: @unchecked Sendable {
                 inboxQueue.prepend(name)
                 spoolFailed("claiming inbox/\(name)", error)
                 break
+            }
+            if !leaseFallbackLogged, let reason = spool.leaseRefused {
+                leaseFallbackLogged = true
+                logger.notice("no read lease could be taken on \(reason); a manifest still open for writing is told apart by inotify's close events and \(Self.settleSeconds) s without change instead (logged once)")
             }
         }
         if !settling.isEmpty {
@@ -343,46 +380,74 @@ public final class Daemon: @unchecked Sendable {
         graph.reserveCapacity(operations: operations.count, dependencies: operations.count)
         for (i, op) in operations.enumerated() { job.operationIndex[op.id] = base + i }
         let environment = KindEnvironment(
-            jobFolder: spool.outputFolder(job: claimed.id),
+            jobFolder: spool.outputFolder(job: claimed.id), downloads: spool.downloadsFolder(job: claimed.id),
             limits: DownloadLimits(maxBytes: config.downloadMaxBytes, connectTimeoutSeconds: config.downloadConnectTimeoutSeconds,
-                                   timeoutSeconds: config.downloadTimeoutSeconds, fileRoots: config.fileRoots),
-            maxPixels: config.maxPixels)
+                                   timeoutSeconds: config.downloadTimeoutSeconds, fileRoots: config.fileRoots, allowNetworks: config.allowNetworks),
+            maxPixels: config.maxPixels, metrics: metrics, commands: config.commands)
+        func hasDownload(_ operation: String) -> Bool { access(environment.downloads + "/" + operation, F_OK) == 0 }
+        // Chains of image operations ending in a write run as one strip pipeline in their last operation
+        // (issue 15); each operation keeps its own record and journal transitions.
+        let fused = ImageFusion.fusedOperations(operations)
+        let queueOf = Dictionary(operations.map { ($0.id, $0.queue) }, uniquingKeysWith: { a, _ in a })
         for (offset, op) in operations.enumerated() {
             let i = base + offset
-            // What succeeded before a restart is not run again when its output was kept: a written file
-            // (read back for dependents) or no output at all. Downloads and filters kept theirs in memory
-            // only, so they run again.
+            // What succeeded before a restart is not run again when its output was kept: a download (its
+            // file), a written file (mapped for dependents) or no output at all. Filters kept theirs in
+            // memory only: they are computed again, silently (`recomputed`: not logged, not recorded; the
+            // result keeps the first run's record).
+            let succeeded = claimed.done[op.id] != nil
             var recovered: OperationBody?
-            if claimed.done[op.id] != nil {
+            var recompute = false
+            if succeeded {
                 switch op.parameters {
                 case .sleep, .spin, .fail: recovered = .sync { _ in nil }
+                // (A download recorded by a version that kept it in memory has no file: it runs again.)
+                case .download where hasDownload(op.id):
+                    recovered = Kinds.restoredDownload(name: op.id, environment: environment) { $0 }
+                case .download: break
                 case .write(let path, _, _):
                     let file = environment.jobFolder + "/" + path
-                    recovered = .sync { _ in try readRegularFile(file, limit: Int.max).get() }
-                default: recovered = nil
+                    recovered = .sync { _ in try DownloadedFile(path: file) }
+                case .sepia, .grayscale, .blur, .resize, .vignette, .thumbnail: recompute = true
+                case .command(let name, _):
+                    recovered = config.commands[name].map { CommandOperation.recovered($0, operation: op.id, folder: environment.jobFolder) }
                 }
             }
-            if recovered != nil { job.recovered.insert(i) }
-            let queue = queueIDs[op.queue] ?? defaultQueue
+            // §3.5: once the list has arrived, its graph joins the running job (before `photos` ends,
+            // so the job cannot finish in between). After a restart, the list is read from its file.
+            let photosURL = base == 0 && op.id == "photos" ? job.plan?.photosURL : nil
+            let expandList: @Sendable (DownloadedFile) throws -> OperationOutput? = { [weak self, weak job] file in
+                let photos = try Manifest.photoList(from: file.bytes, url: photosURL ?? "")
+                guard let self, let job else { return nil }
+                try self.expand(job, with: Manifest.photoListOperations(photos, configuration: config), configuration: config)
+                return nil
+            }
+            if photosURL != nil && succeeded && hasDownload(op.id) { recovered = Kinds.restoredDownload(name: op.id, environment: environment, then: expandList) }
+            if recovered != nil || recompute { job.recovered.insert(i) }
+            if recompute { job.recomputed.insert(i) }
+            var queueName = op.queue
+            // A write that ends a fused chain does the chain's pixel work: on the default write queue it runs on
+            // the queue (and so at the QoS) of the image operation it ends, as that work ran before.
+            if case .write = op.parameters, op.dependencies.count == 1, let producer = op.dependencies.first, fused.contains(producer),
+               op.queue == (config.defaultQueues[Kind.write.family] ?? "default"), let chainQueue = queueOf[producer] {
+                queueName = chainQueue
+            }
+            let queue = queueIDs[queueName] ?? defaultQueue
             let body: OperationBody
             if let recovered {
                 body = recovered
-            } else if base == 0, op.id == "photos", let url = job.plan?.photosURL {
-                // §3.5: once the list has arrived, its graph joins the running job (before `photos` ends,
-                // so the job cannot finish in between).
-                body = Kinds.download(url, maxBytes: nil, environment: environment) { [weak self, weak job] data in
-                    let photos = try Manifest.photoList(from: data, url: url)
-                    guard let self, let job else { return nil }
-                    try self.expand(job, with: Manifest.photoListOperations(photos, configuration: config), configuration: config)
-                    return nil
-                }
+            } else if let photosURL {
+                body = Kinds.download(photosURL, maxBytes: nil, name: op.id, environment: environment, then: expandList)
             } else {
-                body = Kinds.body(for: op.parameters, environment: environment)
+                body = Kinds.body(for: op.parameters, operation: op.id, environment: environment, fused: fused.contains(op.id))
             }
             let deps = op.dependencies.compactMap { job.operationIndex[$0] }
+            var timeout = op.timeoutSeconds
+            // A command's own limit holds unless the operation asks for less.
+            if case .command(let name, _) = op.parameters, let limit = config.commands[name]?.timeoutSeconds { timeout = min(timeout ?? limit, limit) }
             graph.add(OperationSpec(
                 name: op.id, queue: queue, qualityOfService: op.qualityOfService, queuePriority: op.queuePriority ?? job.plan?.queuePriority ?? .normal,
-                timeout: recovered != nil ? nil : op.timeoutSeconds, retries: recovered != nil ? 0 : op.retries, retryDelay: op.retryDelaySeconds,
+                timeout: recovered != nil ? nil : timeout, retries: recovered != nil ? 0 : op.retries, retryDelay: op.retryDelaySeconds,
                 runsAfterFailure: op.runsAfterFailure, input: op.input.flatMap { job.operationIndex[$0] }, body: body), dependencies: deps)
         }
         return graph
@@ -417,8 +482,11 @@ public final class Daemon: @unchecked Sendable {
                 let job = byGroup[t.group]
                 let plan = job?.plan
                 let recovered = job?.recovered.contains(t.operation) ?? true
+                let recomputedFailure = t.state == .failed && job?.recomputed.contains(t.operation) == true
+                if let job, !recovered, t.state == .succeeded || t.state == .failed || t.state == .cancelled { job.endedOperations += 1 }
                 lock.unlock()
-                guard let job, let plan, t.operation < plan.operations.count, !recovered else { continue }
+                guard let job, let plan, t.operation < plan.operations.count, !recovered || recomputedFailure else { continue }
+                if !recovered { measure(t, plan.operations[t.operation]) }
                 if logTransition(t, job: job, operation: plan.operations[t.operation]) { progressRecorded += 1 }
             case .groupFinished(let group):
                 lock.lock()
@@ -430,7 +498,25 @@ public final class Daemon: @unchecked Sendable {
         }
     }
 
-    /// Returns whether a progress line was written (to be committed with the batch).
+    /// On the delivery thread: the metrics an operation's transition moves.
+    private func measure(_ t: Transition, _ operation: OperationPlan) {
+        switch t.state {
+        case .ready:
+            _ = operationClock.mark(t.group, t.operation, at: t.time, executing: false)
+        case .executing:
+            if let ready = operationClock.mark(t.group, t.operation, at: t.time, executing: true), !ready.executing {
+                metrics.waited(queue: operation.queue, seconds: t.time - ready.time)
+            }
+        case .retrying, .succeeded, .failed, .cancelled:
+            // Only an attempt that was executing ran (a cancel of a ready operation ends it from `ready`).
+            if let last = operationClock.end(t.group, t.operation), last.executing { metrics.ran(kind: operation.kind.rawValue, seconds: t.time - last.time) }
+            guard t.state != .retrying else { break }
+            metrics.operationEnded(kind: operation.kind.rawValue, queue: operation.queue, state: t.state.name)
+        default:
+            break
+        }
+    }
+
     /// Progress lines were written: make sure a commit covers them soon.
     private func progressWasRecorded(_ lines: Int) {
         lock.lock()
@@ -523,7 +609,18 @@ public final class Daemon: @unchecked Sendable {
         guard !batch.isEmpty else { return }
         let now = Date().timeIntervalSince1970
         var staged: [(publication: Publication, firstStart: Double?)] = []
+        let hook = lock.withLock { configuration.jobFinished.flatMap { configuration.commands[$0] } }
         for publication in batch {
+            if hook != nil {
+                do {
+                    try hooks.markDue(job: publication.job.id, status: publication.status)
+                } catch {
+                    // The hook still runs after publication; only a crash before it would lose it.
+                    logger.error("job \(publication.job.id): the jobFinished marker could not be written: \(error)")
+                }
+            }
+            // Commands' scratch and kept outputs are the daemon's, not part of the entry.
+            CommandOperation.removeScratch(spool.outputFolder(job: publication.job.id))
             do {
                 var firstStart: Double?
                 try spool.stage(job: publication.job.id) { sink in firstStart = try writeResult(publication, now: now, to: sink) }
@@ -559,9 +656,13 @@ public final class Daemon: @unchecked Sendable {
         }
         for (publication, firstStart) in placed {
             let job = publication.job
+            // Its downloads are no longer needed once the entry is out of active/ (a crash before this
+            // leaves them to recovery, which removes the folders of jobs no longer active).
+            spool.discardDownloads(job: job.id)
             var fields = ["OPQ_EVENT": "job", "OPQ_STATE": "finished", "OPQ_JOB": job.id, "OPQ_STATUS": publication.status]
             if let firstStart { fields["OPQ_DURATION_USEC"] = String(Int64(((now - firstStart) * 1e6).rounded())) }
             if let error = publication.error { fields["OPQ_ERROR"] = error }
+            metrics.jobEnded(status: publication.status)
             if publication.status != "rejected" {
                 event(publication.status == "succeeded" ? .info : publication.status == "failed" ? .error : .warning,
                       "job \(job.id) finished: \(publication.status)", fields)
@@ -573,6 +674,7 @@ public final class Daemon: @unchecked Sendable {
             if let g = job.group { byGroup[g] = nil }
             lock.unlock()
             if let g = job.group { engine.release(g) }
+            if let hook { hooks.run(hook, job: job.id, status: publication.status) }
         }
         do {
             try spool.compactProgressIfLarge(active: lock.withLock { Set(jobs.keys) })
@@ -670,7 +772,7 @@ public final class Daemon: @unchecked Sendable {
         /// succeeded then, else from this run.
         func times(_ i: Int) -> (started: Double?, finished: Double?, attempts: Int) {
             let record = records[i]
-            if let done = job.claimed.done[operations[i].id] { return (done.startedAt, done.finishedAt, done.attempts) }
+            if record.state == .succeeded, let done = job.claimed.done[operations[i].id] { return (done.startedAt, done.finishedAt, done.attempts) }
             return (record.startedAt, record.finishedAt, record.attempts)
         }
         var firstStart: Double?
@@ -706,6 +808,7 @@ public final class Daemon: @unchecked Sendable {
             w.key("outputs")
             w.beginArray()
             if record.state == .succeeded, case .write(let path, _, _) = op.parameters { w.string(path) }
+            if case .command = op.parameters, attempts > 0 { for path in CommandOperation.logPaths(op.id) { w.string(path) } }
             w.endArray()
             w.key("qualityOfService"); w.string(record.qualityOfService.name)
             w.key("queue"); w.string(op.queue)
@@ -780,6 +883,8 @@ public final class Daemon: @unchecked Sendable {
         while engine.executingCount > 0 && Date() < deadline {
             try? await Task.sleep(for: .milliseconds(20))
         }
+        // Commands still running after the grace would outlive the daemon and run beside their own re-run.
+        ChildProcess.killAll()
         // Let publications of jobs that finished during the grace complete.
         try? await Task.sleep(for: .milliseconds(50))
         work.sync { publishPending() }
@@ -840,6 +945,16 @@ public final class Daemon: @unchecked Sendable {
         public var queues: [QueueSnapshot]
         /// The spool fault claiming waits on, if any.
         public var fault: String?
+        /// Each active job's progress, by id.
+        public var jobs: [JobProgress] = []
+    }
+
+    public struct JobProgress: Sendable {
+        public var job: String
+        /// Operations in its plan (0 while it is being read, and for a rejected job).
+        public var operations: Int
+        /// Operations that have ended, however (succeeded before a restart included).
+        public var ended: Int
     }
 
     public func status() -> Status {
@@ -848,10 +963,17 @@ public final class Daemon: @unchecked Sendable {
         let waitingNow = waiting
         let fault = faultReason
         let operations = activeOperations, budget = configuration.maxActiveOperations
+        let progress = jobs.values.map { JobProgress(job: $0.id, operations: $0.plan?.operations.count ?? 0, ended: $0.endedOperations + $0.recovered.count) }
         lock.unlock()
         let overview = engine.overview()
         return Status(activeJobs: active, waiting: waitingNow, executing: overview.executing, operations: operations,
-                      maxActiveOperations: budget, queues: overview.queues, fault: fault)
+                      maxActiveOperations: budget, queues: overview.queues, fault: fault, jobs: progress.sorted { $0.job < $1.job })
+    }
+
+    /// The metrics in the Prometheus text format, the gauges read now (`opqueuectl metrics`, GET /metrics).
+    public func metricsText() -> String {
+        // The engine resolves -1 to the online CPUs, as here.
+        metrics.text(status(), processorCount: max(1, Int(sysconf(Int32(_SC_NPROCESSORS_ONLN)))))
     }
 
     /// Sets the allocator's thresholds for a long-running process (see `opq_tune_allocator`); call once,

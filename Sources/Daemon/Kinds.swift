@@ -1,9 +1,12 @@
 // The operation kinds (SPEC §3.3): what each one runs, given its parameters and the job's folder.
 //
-// Outputs between operations: `Data` (downloaded or written bytes) or `Image` (decoded pixels). Image
-// operations decode bytes they receive (PNG or JPEG by signature); `write` writes bytes unchanged and
-// encodes images.
+// Outputs between operations: `DownloadedFile` (a download, or a written file: a file and a read-only
+// mapping of it), `Data` (bytes), `Image` (decoded pixels) or, from a fused image operation, an
+// `ImagePipeline` (Pipeline.swift: the source and the steps still to run). Image operations decode bytes
+// they receive (PNG or JPEG by signature, from the mapping); `write` copies a file's bytes unchanged (file
+// to file, never through the heap), writes bytes, and encodes images and pipelines a strip of rows at a time.
 
+import CShims
 import Foundation
 import OperationEngine
 
@@ -39,12 +42,21 @@ struct KindFailure: Error, CustomStringConvertible {
 struct KindEnvironment: Sendable {
     /// active/<job>/: where `write` puts files (the future outbox entry).
     var jobFolder: String
+    /// active/.downloads/<job>/: where downloads are streamed to, one file per operation (not published).
+    var downloads: String
     var limits: DownloadLimits
     var maxPixels: Int
+    /// Where downloads count their bytes and errors (none in tests of the kinds alone).
+    var metrics: DaemonMetrics? = nil
+    /// The configuration's commands, for `kind = command`.
+    var commands: [String: CommandSpec] = [:]
 }
 
 enum Kinds {
-    static func body(for parameters: Parameters, environment: KindEnvironment) -> OperationBody {
+    /// The body of operation `operation` (its id names its download's file). `fused`: an image operation
+    /// whose output goes only to the next image operation or `write` of its chain (ImageFusion); it hands on
+    /// an ImagePipeline instead of pixels, and the chain runs in the consumer.
+    static func body(for parameters: Parameters, operation: String, environment: KindEnvironment, fused: Bool = false) -> OperationBody {
         switch parameters {
         case .sleep(let seconds):
             // Wall time on a timer: holds a queue slot, no thread. A cancelled sleep ends at once in the
@@ -72,31 +84,42 @@ enum Kinds {
         case .fail(let message):
             return .sync { _ in throw KindFailure(description: message) }
         case .download(let url, let maxBytes):
-            return download(url, maxBytes: maxBytes, environment: environment) { $0 }
-        case .sepia(let intensity):
-            return imageBody(environment) { image, check in try Filters.sepia(image, intensity: intensity, check: check) }
-        case .grayscale:
-            return imageBody(environment) { image, check in try Filters.grayscale(image, check: check) }
-        case .blur(let radius):
-            return imageBody(environment) { image, check in try Filters.blur(image, radius: radius, check: check) }
-        case .resize(let width, let height, let mode):
-            return imageBody(environment) { image, check in try Filters.resize(image, width: width, height: height, mode: mode, check: check) }
-        case .vignette(let strength):
-            return imageBody(environment) { image, check in try Filters.vignette(image, strength: strength, check: check) }
-        case .thumbnail(let size):
-            // JPEG bytes shrink on load (libjpeg-turbo's scaled decoding), as vipsthumbnail does.
-            return imageBody(environment, minSide: size) { image, check in try Filters.thumbnail(image, size: size, check: check) }
+            return download(url, maxBytes: maxBytes, name: operation, environment: environment) { $0 }
+        case .sepia, .grayscale, .blur, .resize, .vignette, .thumbnail:
+            return imageBody(parameters, environment: environment, fused: fused, operation: operation)
+        case .command(let name, let arguments):
+            guard let spec = environment.commands[name] else {
+                // Checked at validation; a reload may have removed it since.
+                return .sync { _ in throw FinalFailure("command '\(name)' is no longer in the configuration") }
+            }
+            return CommandOperation.body(spec, arguments: arguments, environment: environment)
         case .write(let path, let format, let quality):
             return .sync { context in
-                let data: Data
+                let check: CancellationCheck = { if context.isCancelled { throw OperationCancelled() } }
+                let pipeline: ImagePipeline
                 switch context.input {
-                case let bytes as Data: data = bytes
-                case let image as Image: data = try Codecs.encode(image, format: format, quality: quality)
+                case let file as DownloadedFile:
+                    try patiently({ context.isCancelled }) { try writeOutput(copying: file, to: environment.jobFolder, path: path) }
+                    return file
+                case let bytes as Data:
+                    try patiently({ context.isCancelled }) { try writeOutput(bytes, to: environment.jobFolder, path: path) }
+                    return bytes
+                case let image as Image: pipeline = ImagePipeline(source: .image(image), steps: [], operations: [])
+                case let fusedChain as ImagePipeline: pipeline = fusedChain
                 default: throw KindFailure(description: "write needs an input: a dependency that produces an image or bytes")
                 }
-                if context.isCancelled { throw OperationCancelled() }
-                try patiently({ context.isCancelled }) { try writeOutput(data, to: environment.jobFolder, path: path) }
-                return data
+                // Rows go from the chain to the file a strip at a time: no encoded (or decoded) copy in memory.
+                let written = try patiently({ context.isCancelled }) {
+                    try writeOutput(to: environment.jobFolder, path: path) { fd, _ in
+                        do {
+                            try pipeline.encode(to: fd, format: format, quality: quality, maxPixels: environment.maxPixels, check: check)
+                        } catch let error as ImageError where !pipeline.operations.isEmpty {
+                            let names = pipeline.operations.map { "'\($0)'" }.joined(separator: ", ")
+                            throw ImageError("\(error.description) (running \(names), fused into this write)")
+                        }
+                    }
+                }
+                return try DownloadedFile(path: written)
             }
         }
     }
@@ -117,35 +140,120 @@ enum Kinds {
         }
     }
 
-    /// An asynchronous download (libcurl, or a file under the roots); `then` turns the bytes into the output.
-    static func download(_ url: String, maxBytes: Int?, environment: KindEnvironment,
-                         then: @escaping @Sendable (Data) throws -> OperationOutput?) -> OperationBody {
+    /// An asynchronous download (libcurl, or a file under the roots) streamed into the job's downloads
+    /// folder as `name`; `then` turns the completed file into the output.
+    static func download(_ url: String, maxBytes: Int?, name: String, environment: KindEnvironment,
+                         then: @escaping @Sendable (DownloadedFile) throws -> OperationOutput?) -> OperationBody {
         let limit = min(maxBytes ?? environment.limits.maxBytes, environment.limits.maxBytes)
-        return .async { context in
-            let done: @Sendable (Result<Data, any Error>) -> Void = { result in
-                context.finish(Result { try then(result.get()) })
-            }
-            if url.lowercased().hasPrefix("file:") {
-                DispatchQueue.global().async {
-                    done(Result { try patiently({ context.isCancelled }) { try Downloader.readFile(url, maxBytes: limit, roots: environment.limits.fileRoots).get() } })
+        // Nothing here runs on libdispatch's global pool: with descriptors exhausted, threads blocked there
+        // make libdispatch's pool monitor open /proc files, fail, and abort the process.
+        // Descriptors are taken together, and all given back when one is missing (then waited for): an
+        // operation holding one while it waits for the next would starve the others once they run out.
+        if url.lowercased().hasPrefix("file:") {
+            // A local copy: on the engine's thread, like `write`.
+            return .sync { context in
+                let (source, target) = try patiently({ context.isCancelled }) { () throws -> (Int32, DownloadTarget) in
+                    let source = try Downloader.openFile(url, maxBytes: limit, roots: environment.limits.fileRoots)
+                    do {
+                        return (source, try DownloadTarget(folder: environment.downloads, name: name))
+                    } catch {
+                        close(source)
+                        throw error
+                    }
                 }
-            } else {
-                context.onCancel(Downloader.shared.fetch(url, maxBytes: limit, limits: environment.limits, completion: done))
+                defer { close(source) }
+                let file = try counted(environment.metrics, { context.isCancelled }) {
+                    do {
+                        try Downloader.copy(source, into: target.fd, maxBytes: limit, url: url)
+                        if context.isCancelled { throw OperationCancelled() }
+                    } catch {
+                        target.discard()
+                        throw error
+                    }
+                    return try target.complete()
+                }
+                return try then(file)
+            }
+        }
+        return .async { context in
+            let target: DownloadTarget, transferFD: Int32
+            do {
+                (target, transferFD) = try patiently({ context.isCancelled }) { () throws -> (DownloadTarget, Int32) in
+                    let target = try DownloadTarget(folder: environment.downloads, name: name)
+                    do {
+                        return (target, try target.duplicate())
+                    } catch {
+                        target.discard()
+                        throw error
+                    }
+                }
+            } catch {
+                context.finish(.failure(error))
+                return
+            }
+            // On the transfer thread: the fsync of a finished body holds up the other transfers that long.
+            let done: @Sendable (Result<Void, any Error>) -> Void = { result in
+                context.finish(Result {
+                    let file = try counted(environment.metrics, { context.isCancelled }) {
+                        do {
+                            try result.get()
+                            if context.isCancelled { throw OperationCancelled() }
+                        } catch {
+                            target.discard()
+                            throw error
+                        }
+                        return try target.complete()
+                    }
+                    return try then(file)
+                })
+            }
+            let cancel = Downloader.shared.fetch(url, into: transferFD, maxBytes: limit, limits: environment.limits, completion: done)
+            context.onCancel {
+                cancel()
+                target.discard()
             }
         }
     }
 
-    /// A synchronous image operation: decodes its input if it is bytes, then filters.
-    private static func imageBody(_ environment: KindEnvironment, minSide: Int = 0,
-                                  _ filter: @escaping @Sendable (Image, CancellationCheck) throws -> Image) -> OperationBody {
+    /// A download's completed file, its bytes counted in the metrics; a failure (not a cancellation) counts
+    /// as a download error.
+    private static func counted(_ metrics: DaemonMetrics?, _ isCancelled: () -> Bool, _ body: () throws -> DownloadedFile) throws -> DownloadedFile {
+        do {
+            let file = try body()
+            metrics?.downloaded(bytes: file.count)
+            return file
+        } catch {
+            if !isCancelled() && !(error is OperationCancelled) { metrics?.downloadFailed() }
+            throw error
+        }
+    }
+
+    /// A download that succeeded before a restart: its file, as it was then (not fetched again).
+    static func restoredDownload(name: String, environment: KindEnvironment,
+                                 then: @escaping @Sendable (DownloadedFile) throws -> OperationOutput?) -> OperationBody {
+        .sync { _ in try then(DownloadedFile(path: environment.downloads + "/" + name)) }
+    }
+
+    /// A synchronous image operation. Fused, it hands on its step added to the chain (checking a byte input's
+    /// header at once, so bytes that are no image, or too large, still fail here); otherwise it runs the chain
+    /// so far and its own step into pixels.
+    private static func imageBody(_ parameters: Parameters, environment: KindEnvironment, fused: Bool, operation: String) -> OperationBody {
         .sync { context in
-            let image: Image
+            guard let step = ImageStep(parameters) else { throw KindFailure(description: "not an image operation") }
+            let pipeline: ImagePipeline
             switch context.input {
-            case let i as Image: image = i
-            case let bytes as Data: image = try Codecs.decode(bytes, maxPixels: environment.maxPixels, minSide: minSide)
+            case let chain as ImagePipeline: pipeline = chain.appending(step, operation: operation)
+            case let image as Image: pipeline = ImagePipeline(source: .image(image), steps: [step], operations: [operation])
+            case let file as DownloadedFile:
+                if fused { try ImagePipeline.checkHeader(file.bytes, maxPixels: environment.maxPixels) }
+                pipeline = ImagePipeline(source: .bytes(file.bytes), steps: [step], operations: [operation])
+            case let bytes as Data:
+                if fused { try ImagePipeline.checkHeader(bytes, maxPixels: environment.maxPixels) }
+                pipeline = ImagePipeline(source: .bytes(bytes), steps: [step], operations: [operation])
             default: throw KindFailure(description: "needs an input image: a dependency that produces an image or image bytes")
             }
-            return try filter(image) { if context.isCancelled { throw OperationCancelled() } }
+            if fused { return pipeline }
+            return try pipeline.materialise(maxPixels: environment.maxPixels) { if context.isCancelled { throw OperationCancelled() } }
         }
     }
 
@@ -153,6 +261,26 @@ enum Kinds {
     /// name, fsynced and renamed, so it is never seen half-written (and its bytes are on disk before the
     /// operation's success is recorded).
     static func writeOutput(_ data: Data, to folder: String, path: String) throws {
+        try writeOutput(to: folder, path: path) { fd, file in try writeAll(fd, data, path: file) }
+    }
+
+    /// `writeOutput` of a downloaded file's bytes, copied file to file.
+    static func writeOutput(copying source: DownloadedFile, to folder: String, path: String) throws {
+        try writeOutput(to: folder, path: path) { fd, file in try copy(source, into: fd, path: file) }
+    }
+
+    /// Copies a downloaded (or written) file's bytes into `fd` (open as `path`), file to file: never through the heap.
+    static func copy(_ source: DownloadedFile, into fd: Int32, path: String) throws {
+        let input = open(source.path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC)
+        guard input >= 0 else { throw SpoolError(operation: "open", path: source.path, errno: errno) }
+        defer { close(input) }
+        let copied = opq_copy_file(input, fd, Int64.max)
+        if copied < 0 { throw SpoolError(operation: "copy \(source.path) to", path: path, errno: Int32(-copied)) }
+    }
+
+    /// Writes `path` through `fill(fd, hiddenPath)`; returns the final path.
+    @discardableResult
+    static func writeOutput(to folder: String, path: String, _ fill: (Int32, String) throws -> Void) throws -> String {
         let components = path.split(separator: "/").map(String.init)
         var directory = folder
         for component in components.dropLast() {
@@ -164,12 +292,19 @@ enum Kinds {
         }
         let name = components.last ?? path
         let hidden = directory + "/." + name + ".part"
-        try writeDurably(data, to: hidden, syncFolder: false)
+        do {
+            try writeDurably(to: hidden, syncFolder: false, fill)
+        } catch {
+            unlink(hidden)
+            throw error
+        }
         CrashPoint.writePart.reached()
-        guard rename(hidden, directory + "/" + name) == 0 else {
+        let final = directory + "/" + name
+        guard rename(hidden, final) == 0 else {
             let e = errno
             unlink(hidden)
             throw SpoolError(operation: "rename", path: hidden, errno: e)
         }
+        return final
     }
 }

@@ -9,7 +9,7 @@ import OperationEngine
 import PropertyList
 
 public enum Kind: String, CaseIterable, Sendable {
-    case download, sepia, grayscale, blur, resize, thumbnail, vignette, write, sleep, spin, fail
+    case download, sepia, grayscale, blur, resize, thumbnail, vignette, write, sleep, spin, fail, command
 
     /// The family whose default queue the kind uses (configuration `defaultQueues`).
     public var family: String {
@@ -17,7 +17,7 @@ public enum Kind: String, CaseIterable, Sendable {
         case .download: "download"
         case .sepia, .grayscale, .blur, .resize, .thumbnail, .vignette: "image"
         case .write: "write"
-        case .sleep, .spin, .fail: "other"
+        case .sleep, .spin, .fail, .command: "other"
         }
     }
 
@@ -35,6 +35,7 @@ public enum Kind: String, CaseIterable, Sendable {
         case .sleep: ["seconds"]
         case .spin: ["seconds"]
         case .fail: ["message"]
+        case .command: ["command", "arguments"]
         }
     }
 }
@@ -52,6 +53,8 @@ public enum Parameters: Sendable, Equatable {
     case sleep(seconds: Double)
     case spin(seconds: Double)
     case fail(message: String)
+    /// A configured command (§3.6) and its arguments as they are placed in argv.
+    case command(name: String, arguments: [String: String])
 }
 
 public struct OperationPlan: Sendable {
@@ -322,6 +325,8 @@ public struct Manifest {
         }
         guard let id, let kind else { return nil }
         guard let parameters = parseParameters(kind, dict, label: label, configuration: configuration, problems: &problems) else { return nil }
+        // A command's own queue, unless the operation names one.
+        if case .command(let name, _) = parameters, dict["queue"] == nil, let own = configuration.commands[name]?.queue { queue = own }
         return OperationPlan(id: id, kind: kind, queue: queue, dependencies: dependencies, input: input, qualityOfService: qos,
                              queuePriority: priority, timeoutSeconds: timeout, retries: retries, retryDelaySeconds: retryDelay,
                              runsAfterFailure: runsAfterFailure, parameters: parameters)
@@ -397,6 +402,19 @@ public struct Manifest {
         case .sleep: result = real("seconds", default: nil, range: 0...31_536_000).map { .sleep(seconds: $0) }
         case .spin: result = real("seconds", default: nil, range: 0...86_400).map { .spin(seconds: $0) }
         case .fail: result = .fail(message: string("message") ?? "failed as asked")
+        case .command:
+            if let name = string("command") {
+                if let spec = configuration.commands[name] {
+                    result = spec.checkArguments(d["arguments"], label: label, problems: &problems).map { .command(name: name, arguments: $0) }
+                } else {
+                    let known = configuration.commands.keys.sorted()
+                    problems.append("\(label): unknown command '\(clipped(name))' (\(known.isEmpty ? "the configuration declares none" : "configured: " + known.joined(separator: ", ")))")
+                    result = nil
+                }
+            } else {
+                if d["command"] == nil { problems.append("\(label): command is required") }
+                result = nil
+            }
         }
         return problems.count == before ? result : nil
     }

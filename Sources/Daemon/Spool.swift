@@ -10,6 +10,8 @@
 //             and the outputs → commit → rename active/<job> → outbox/<job> → commit
 //   recover   active/<job>/ without a manifest: never claimed, removed (the inbox file is still there);
 //             otherwise resumed, skipping the operations the progress log lists. tmp/ is emptied.
+//   downloads active/.downloads/<job>/<operation>, written by the operations (Downloads.swift); removed
+//             after publication, and at recovery for jobs no longer active (partial files too).
 //
 // Group commit: `commit()` is one syncfs(2) on the spool's file system (the spool is one mount), made
 // once per batch of claims, of progress lines or of publications rather than one fsync per file and
@@ -21,7 +23,8 @@
 // and deleted (a done.log, a staging folder, a copy of the manifest) made allocation the bottleneck.
 //
 // What it trusts: nothing in the inbox. Only regular files named *.plist (not starting with '.') are
-// claimed, opened without following symlinks.
+// claimed, opened without following symlinks, and only once no one has them open for writing (a read
+// lease; see `claim`).
 
 import CShims
 import Foundation
@@ -87,6 +90,9 @@ public final class Spool: @unchecked Sendable {
             var st = stat()
             guard stat(dir, &st) == 0, (st.st_mode & S_IFMT) == S_IFDIR else { throw SpoolError(operation: "stat", path: dir, errno: ENOTDIR) }
         }
+        // Claims take read leases (released within the claim); a writer opening a file mid-claim breaks
+        // the lease, and the kernel tells the holder with SIGIO, whose default action ends the process.
+        opq_ignore_lease_breaks()
         // One daemon per spool: two would race for the same claims.
         lockFD = open(root + "/opqueued.lock", O_RDWR | O_CREAT | O_CLOEXEC, 0o640)
         guard lockFD >= 0 else { throw SpoolError(operation: "open", path: root + "/opqueued.lock", errno: errno) }
@@ -202,10 +208,24 @@ public final class Spool: @unchecked Sendable {
         return now - (Double(st.st_mtim.tv_sec) + Double(st.st_mtim.tv_nsec) / 1e9)
     }
 
+    /// When an inbox file last changed (its ctime: written and closed, or renamed in), in seconds since the
+    /// epoch; nil if it is gone. The pickup latency is measured from here to the claim.
+    public func changeTime(of name: String) -> Double? {
+        var st = stat()
+        guard lstat(inbox + "/" + name, &st) == 0 else { return nil }
+        return Double(st.st_ctim.tv_sec) + Double(st.st_ctim.tv_nsec) / 1e9
+    }
+
     public enum ClaimOutcome {
         case claimed(ClaimedJob)
         /// Gone before it could be claimed (another process, or a rename under way).
         case vanished
+        /// Still open for writing somewhere (the kernel refused a read lease): tried again when inotify
+        /// says it was closed, or at the next rescan.
+        case busy
+        /// No lease could be taken (`leaseRefused` says why), and the caller did not say the file had
+        /// settled: tried again later.
+        case unsettled
         /// Not a regular file of its own (a symlink, FIFO, folder, device, or a file with other hard
         /// links), or unreadable: left alone.
         case skipped(String)
@@ -214,19 +234,54 @@ public final class Spool: @unchecked Sendable {
     /// Errors that say the daemon (not the file) is in trouble: out of descriptors, memory, or I/O.
     static let resourceErrors: Set<Int32> = [EMFILE, ENFILE, ENOMEM, EIO, ENOSPC, EDQUOT, EROFS]
 
+    /// Why the last lease refused for a reason other than a writer was refused (not the file's owner and
+    /// no CAP_LEASE, a file system without leases); set by `claim`, for the daemon to log once.
+    public private(set) var leaseRefused: String?
+
     /// Claims one inbox file: its job id is its `job` key if valid, else its file name; a collision
     /// with active/ or outbox/ appends `.1`, `.2`, … Durable at the next `commit()`. The manifest is read
     /// here, once: the claimed job carries the tree to validation.
-    public func claim(_ name: String, now: Double) throws -> ClaimOutcome {
+    ///
+    /// A file still open for writing is never claimed: a read lease (F_SETLEASE) is refused while anyone
+    /// has it open for writing, and is held from before the read to after the rename, so a writer cannot
+    /// open it in between (its open waits for the lease to be released). Where no lease can be had,
+    /// `settled` (the caller's guess: inotify saw it closed, or it has not changed for a while) decides.
+    public func claim(_ name: String, now: Double, settled: Bool = true) throws -> ClaimOutcome {
         let source = inbox + "/" + name
-        let data: Data
-        switch readRegularFile(source, singleLink: true) {
-        case .success(let d): data = d
-        case .failure(let e):
+        let fd = open(source, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC)
+        guard fd >= 0 else {
+            let e = SpoolError(operation: "open", path: source, errno: errno)
             if e.errno == ENOENT { return .vanished }
+            // Someone holds a write lease on it (and is writing, or about to): like a writer.
+            if e.errno == EWOULDBLOCK { return .busy }
             if Self.resourceErrors.contains(e.errno) { throw e }
             return .skipped(e.description)
         }
+        // Closing the descriptor also releases the lease, whatever way this returns.
+        defer { close(fd) }
+        var leased = false
+        switch readRegularFile(fd, path: source, singleLink: true, check: true) {
+        case .failure(let e):
+            if Self.resourceErrors.contains(e.errno) { throw e }
+            return .skipped(e.description)
+        case .success:
+            let lease = opq_lease(fd, 0)
+            if lease == -EAGAIN { return .busy }
+            if lease != 0 {
+                let reason = String(cString: strerror(-lease)) + (lease == -EACCES || lease == -EPERM ? " (the file is not the daemon's user's and the daemon lacks CAP_LEASE)" : "")
+                leaseRefused = "inbox/\(name): \(reason)"
+                if !settled { return .unsettled }
+            }
+            leased = lease == 0
+        }
+        let data: Data
+        switch readRegularFile(fd, path: source, singleLink: true) {
+        case .success(let d): data = d
+        case .failure(let e):
+            if Self.resourceErrors.contains(e.errno) { throw e }
+            return .skipped(e.description)
+        }
+        defer { if leased { _ = opq_lease(fd, 1) } }
         let stem = String(name.dropLast(".plist".count))
         var wanted = sanitizedIdentifier(stem)
         let tree = ManifestTree(data)
@@ -296,7 +351,13 @@ public final class Spool: @unchecked Sendable {
             jobs.append(ClaimedJob(id: id, requestedJob: requested, manifestName: name, receivedAt: receivedAt, manifest: manifest,
                                    tree: nil, done: progress[id] ?? [:]))
         }
-        try rewriteProgress(keeping: Set(jobs.map(\.id)))
+        // Downloads: those of jobs that resume stay (a download that succeeded is restored from its file),
+        // less partial files of interrupted ones; those of jobs published or never claimed go.
+        let resuming = Set(jobs.map(\.id))
+        for id in (try? FileManager.default.contentsOfDirectory(atPath: downloadsRoot)) ?? [] {
+            if resuming.contains(id) { removeParts(downloadsFolder(job: id)) } else { removeTree(downloadsFolder(job: id)) }
+        }
+        try rewriteProgress(keeping: resuming)
         return (jobs, problems)
     }
 
@@ -359,6 +420,16 @@ public final class Spool: @unchecked Sendable {
     /// The folder where a job's `write` operations put their files: the future outbox entry.
     public func outputFolder(job: String) -> String { active + "/" + job }
 
+    /// active/.downloads: downloads, one folder per job; hidden (never a job id) and outside the job's
+    /// folder, so publication never carries them into the outbox.
+    var downloadsRoot: String { active + "/.downloads" }
+
+    /// The folder a job's downloads are streamed into (made on the first one).
+    public func downloadsFolder(job: String) -> String { downloadsRoot + "/" + job }
+
+    /// After publication: a job's downloads go (best effort; recovery removes what is left).
+    public func discardDownloads(job: String) { removeTree(downloadsFolder(job: job)) }
+
     // MARK: Publication
 
     /// Publication, step 1: writes result.plist into active/<job>/, beside the manifest and the outputs;
@@ -405,12 +476,19 @@ func readRegularFile(_ path: String, limit: Int = ManifestLimits.maxBytes + 1, s
     let fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC)
     guard fd >= 0 else { return .failure(SpoolError(operation: "open", path: path, errno: errno)) }
     defer { close(fd) }
+    return readRegularFile(fd, path: path, limit: limit, singleLink: singleLink)
+}
+
+/// `readRegularFile` of a descriptor open on `path` (read from its current offset); with `check`, only
+/// the checks are made (nothing is read).
+func readRegularFile(_ fd: Int32, path: String, limit: Int = ManifestLimits.maxBytes + 1, singleLink: Bool = false, check: Bool = false) -> Result<Data, SpoolError> {
     var st = stat()
     guard fstat(fd, &st) == 0 else { return .failure(SpoolError(operation: "fstat", path: path, errno: errno)) }
     guard (st.st_mode & S_IFMT) == S_IFREG else { return .failure(SpoolError(operation: "open (not a regular file)", path: path, errno: EINVAL)) }
     guard !singleLink || st.st_nlink == 1 else {
         return .failure(SpoolError(operation: "open (the file has \(st.st_nlink) hard links)", path: path, errno: EPERM))
     }
+    if check { return .success(Data()) }
     var data = Data()
     var buffer = [UInt8](repeating: 0, count: 65_536)
     while data.count < limit {
@@ -453,18 +531,29 @@ func readAttribute(_ path: String, _ name: String) -> Data? {
 
 /// Creates (or truncates) a file with `data`; durable at the next commit.
 func writeFile(_ data: Data, to path: String) throws {
+    try writeFile(to: path) { fd, path in try writeAll(fd, data, path: path) }
+}
+
+/// Creates (or truncates) a file that `fill` writes (given the descriptor and the path); durable at the next commit.
+func writeFile(to path: String, _ fill: (Int32, String) throws -> Void) throws {
     let fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0o644)
     guard fd >= 0 else { throw SpoolError(operation: "create", path: path, errno: errno) }
     defer { close(fd) }
-    try writeAll(fd, data, path: path)
+    try fill(fd, path)
 }
 
 /// Writes a file and fsyncs it (and, by default, its folder).
 public func writeDurably(_ data: Data, to path: String, syncFolder: Bool = true) throws {
+    try writeDurably(to: path, syncFolder: syncFolder) { fd, path in try writeAll(fd, data, path: path) }
+}
+
+/// Creates a file, has `fill` write it (given the descriptor and the path), and fsyncs it (and, by
+/// default, its folder).
+func writeDurably(to path: String, syncFolder: Bool = true, _ fill: (Int32, String) throws -> Void) throws {
     let fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0o644)
     guard fd >= 0 else { throw SpoolError(operation: "create", path: path, errno: errno) }
     do {
-        try writeAll(fd, data, path: path)
+        try fill(fd, path)
         guard fsync(fd) == 0 else { throw SpoolError(operation: "fsync", path: path, errno: errno) }
     } catch {
         close(fd)

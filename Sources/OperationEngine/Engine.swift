@@ -31,6 +31,14 @@ public final class Engine: @unchecked Sendable, ContextHost {
 
     private static let classes = QualityOfService.allCases.count
     private var runLists = [Deque<Dispatch>](repeating: [], count: classes)
+    /// Dispatches of asynchronous bodies in each run list. Such a body returns at once (its work goes on
+    /// elsewhere: a timer, a transfer, a child process), so a few workers drain any number of them; only
+    /// synchronous dispatches each call for a thread of their own.
+    private var asyncQueued = [Int](repeating: 0, count: classes)
+    /// Workers inside an asynchronous body, per class: they come back for the next dispatch soon.
+    private var asyncRunning = [Int](repeating: 0, count: classes)
+    /// Workers asked for per class by a burst of asynchronous dispatches.
+    static let asyncWorkers = 2
     private let workerConditions: [Condition]
     private var idle = [Int](repeating: 0, count: classes)
     private var signalled = [Int](repeating: 0, count: classes)
@@ -279,7 +287,7 @@ public final class Engine: @unchecked Sendable, ContextHost {
         let outcome: Scheduler.Outcome
         switch result {
         case .success(let output): outcome = .success(output)
-        case .failure(let error): outcome = .failure(String(describing: error))
+        case .failure(let error): outcome = .failure(String(describing: error), final: error is FinalFailure)
         }
         locked { s, now in s.finish(attempt, outcome: outcome, now: now) }
     }
@@ -353,10 +361,13 @@ public final class Engine: @unchecked Sendable, ContextHost {
         while true {
             if dispatchTime.isNaN { dispatchTime = wallClock() }
             guard let dispatch = scheduler.nextDispatch(now: dispatchTime) else { break }
-            runLists[Int(dispatch.qualityOfService.rawValue)].append(dispatch)
+            let c = Int(dispatch.qualityOfService.rawValue)
+            if case .async = dispatch.body { asyncQueued[c] += 1 }
+            runLists[c].append(dispatch)
         }
         for c in 0..<Self.classes where !runLists[c].isEmpty {
-            var deficit = runLists[c].count - signalled[c] - spawning[c] - (runningClass == c ? 1 : 0)
+            let needed = runLists[c].count - asyncQueued[c] + max(0, min(asyncQueued[c], Self.asyncWorkers) - asyncRunning[c])
+            var deficit = needed - signalled[c] - spawning[c] - (runningClass == c ? 1 : 0)
             var available = idle[c] - signalled[c]
             while deficit > 0 && available > 0 {
                 workerConditions[c].signal()
@@ -445,6 +456,7 @@ public final class Engine: @unchecked Sendable, ContextHost {
                 lock.unlock()
                 return
             }
+            if case .async = dispatch.body { asyncQueued[c] -= 1; asyncRunning[c] += 1 }
             lock.unlock()
             let context = OperationContext(host: self, current: dispatch.attempt, input: dispatch.input, name: dispatch.name)
             switch dispatch.body {
@@ -453,13 +465,14 @@ public final class Engine: @unchecked Sendable, ContextHost {
                 do {
                     outcome = .success(try body(context))
                 } catch {
-                    outcome = .failure(String(describing: error))
+                    outcome = .failure(String(describing: error), final: error is FinalFailure)
                 }
                 lock.lock()
                 scheduler.finish(dispatch.attempt, outcome: outcome, now: wallClock())
             case .async(let body):
                 body(context)
                 lock.lock()
+                asyncRunning[c] -= 1
             }
             let after = afterStep(runningClass: c)
             if !after.handlers.isEmpty || !after.callbacks.isEmpty {

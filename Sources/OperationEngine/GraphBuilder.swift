@@ -184,6 +184,13 @@ public struct OperationCancelled: Error, CustomStringConvertible {
     public var description: String { "cancelled" }
 }
 
+/// A failure that retrying cannot help (a command's exit status not listed as temporary): the operation
+/// fails at once, whatever its `retries`.
+public struct FinalFailure: Error, CustomStringConvertible {
+    public let description: String
+    public init(_ description: String) { self.description = description }
+}
+
 func formatSeconds(_ value: Double) -> String {
     value == value.rounded() && abs(value) < 1e15 ? String(Int64(value)) : String(value)
 }

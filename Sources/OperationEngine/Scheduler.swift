@@ -643,7 +643,8 @@ struct Scheduler {
 
     enum Outcome {
         case success(OperationOutput?)
-        case failure(String)
+        /// `final`: retrying cannot help (`FinalFailure`), so `retries` is not used.
+        case failure(String, final: Bool = false)
     }
 
     /// Ends an attempt. Ignored when the attempt already ended (cancelled asynchronous operation,
@@ -678,8 +679,8 @@ struct Scheduler {
                     }
                 }
                 complete(ref, .succeeded, error: nil, now: now)
-            case .failure(let message):
-                failOrRetry(ref, error: message, now: now)
+            case .failure(let message, let final):
+                if final { complete(ref, .failed, error: message, now: now) } else { failOrRetry(ref, error: message, now: now) }
             }
         }
     }

@@ -10,10 +10,10 @@ import Daemon
 import Foundation
 
 struct Common: ParsableArguments {
-    @Option(help: "The spool root.")
+    @Option(help: ArgumentHelp("The spool root.", valueName: "dir"), completion: .directory)
     var spool = "./spool"
 
-    @Option(help: "The configuration property list (queues for validate).")
+    @Option(help: ArgumentHelp("The configuration property list (queues for validate).", valueName: "file"), completion: .file(extensions: ["plist"]))
     var config: String?
 
     var socket: String { spool + "/opqueued.sock" }
@@ -53,7 +53,19 @@ struct Opqueuectl: ParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "opqueuectl",
         abstract: "Submits, inspects and controls opqueued jobs.",
-        subcommands: [Submit.self, Validate.self, Status.self, Show.self, Wait.self, Cancel.self, Suspend.self, Resume.self, Graph.self])
+        discussion: """
+            opqueuectl works on the spool of an opqueued daemon (see opqueued(8)): submit and validate read manifest \
+            files (see opqueued.plist(5)); wait, show and graph read the outbox; status, show (for running jobs), \
+            cancel, suspend, resume and metrics talk to the daemon through the Unix socket SPOOL/opqueued.sock, \
+            and exit 3 when no daemon answers there. --spool and --config come before the command.
+
+            Exit statuses: 0 success; 1 invalid input, an unknown job, operation or queue, cancelling a job that \
+            has already ended, or (wait) a job that did not succeed; 2 wait timed out; 3 no daemon; 64 usage error.
+
+            Files: SPOOL/inbox/ (manifests are placed there under a hidden name, then renamed), \
+            SPOOL/outbox/JOB/result.plist (what wait, show and graph read), SPOOL/opqueued.sock.
+            """,
+        subcommands: [Submit.self, Validate.self, Status.self, Show.self, Wait.self, Cancel.self, Suspend.self, Resume.self, Graph.self, Metrics.self])
 
     /// `--spool` and `--config` come before the command; each command sees them through its own group.
     @OptionGroup var common: Common
@@ -64,7 +76,7 @@ struct Opqueuectl: ParsableCommand {
 struct Validate: ParsableCommand {
     static let configuration = CommandConfiguration(abstract: "Exit 0 if every manifest is valid; else print every problem.")
     @OptionGroup var common: Common
-    @Argument(help: "Manifest files.") var files: [String]
+    @Argument(help: "Manifest files.", completion: .file(extensions: ["plist"])) var files: [String]
 
     func run() throws {
         let config = try common.configuration()
@@ -89,7 +101,7 @@ func validManifest(at file: String, _ config: Configuration) -> Data? {
 struct Submit: ParsableCommand {
     static let configuration = CommandConfiguration(abstract: "Validate, then place manifests atomically in the inbox; prints each job id.")
     @OptionGroup var common: Common
-    @Argument(help: "Manifest files.") var files: [String]
+    @Argument(help: "Manifest files.", completion: .file(extensions: ["plist"])) var files: [String]
 
     func run() throws {
         let config = try common.configuration()
@@ -127,22 +139,47 @@ struct Status: ParsableCommand {
             print(String(decoding: data, as: UTF8.self))
             return
         }
-        print("state: \(response["state"] ?? "?")  jobs active: \((response["activeJobs"] as? [String])?.count ?? 0)  waiting: \(response["waiting"] ?? 0)  executing: \(response["executing"] ?? 0)")
-        if let fault = response["fault"] as? String { print("claiming paused: \(fault)") }
-        if let operations = response["operations"] as? Int, let budget = response["maxActiveOperations"] as? Int {
-            print("operations in active jobs: \(operations) of \(budget)\(operations >= budget ? " (claiming paused until some end)" : "")")
-        }
-        if let heap = response["heapBytes"] as? Int { print("heap in use: \(heap / 1024) KiB") }
-        print("QUEUE            LIMIT  QOS              SUSPENDED  PENDING  EXECUTING")
-        for q in response["queues"] as? [[String: Any]] ?? [] {
-            let name = (q["name"] as? String ?? "").padding(toLength: 16, withPad: " ", startingAt: 0)
-            let limit = "\(q["maxConcurrentOperationCount"] ?? "")".padding(toLength: 6, withPad: " ", startingAt: 0)
-            let qos = "\(q["qualityOfService"] ?? "")".padding(toLength: 16, withPad: " ", startingAt: 0)
-            let suspended = ((q["suspended"] as? Bool) == true ? "yes" : "no").padding(toLength: 10, withPad: " ", startingAt: 0)
-            print("\(name) \(limit) \(qos) \(suspended) \("\(q["pending"] ?? 0)".padding(toLength: 8, withPad: " ", startingAt: 0)) \(q["executing"] ?? 0)")
-        }
-        for job in response["activeJobs"] as? [String] ?? [] { print("job \(job)") }
+        print(statusReport(response), terminator: "")
     }
+}
+
+/// `status` for people: a summary line, the queues and the jobs as aligned tables.
+func statusReport(_ response: [String: Any]) -> String {
+    let active = response["activeJobs"] as? [String] ?? []
+    var out = "state: \(response["state"] as? String ?? "?")  jobs active: \(active.count)  waiting in the inbox: \(response["waiting"] as? Int ?? 0)  "
+        + "operations executing: \(response["executing"] as? Int ?? 0)\n"
+    if let fault = response["fault"] as? String { out += "claiming paused: \(fault)\n" }
+    if let operations = response["operations"] as? Int, let budget = response["maxActiveOperations"] as? Int {
+        out += "operations in active jobs: \(operations) of \(budget)\(operations >= budget ? " (claiming paused until some end)" : "")\n"
+    }
+    if let heap = response["heapBytes"] as? Int { out += "heap in use: \(heap / 1024) KiB\n" }
+    var queues = [["QUEUE", "LIMIT", "QOS", "EXECUTING", "PENDING", "SUSPENDED"]]
+    for q in response["queues"] as? [[String: Any]] ?? [] {
+        let limit = q["maxConcurrentOperationCount"] as? Int ?? 0
+        queues.append([q["name"] as? String ?? "?", limit < 0 ? "per-core" : String(limit), q["qualityOfService"] as? String ?? "",
+                       String(q["executing"] as? Int ?? 0), String(q["pending"] as? Int ?? 0), (q["suspended"] as? Bool) == true ? "yes" : "no"])
+    }
+    out += "\n" + table(queues)
+    // `jobs` (with progress) comes from daemons that know it; `activeJobs` alone from older ones.
+    let progress = response["jobs"] as? [[String: Any]] ?? active.map { ["job": $0] }
+    if !progress.isEmpty {
+        var rows = [["JOB", "PROGRESS"]]
+        for job in progress {
+            let total = job["operations"] as? Int ?? 0
+            rows.append([job["job"] as? String ?? "?", total == 0 ? "being read" : "\(job["ended"] as? Int ?? 0)/\(total) done"])
+        }
+        out += "\n" + table(rows)
+    }
+    return out
+}
+
+/// Left-aligned columns two spaces apart, numbers included (headers are words).
+func table(_ rows: [[String]]) -> String {
+    var widths: [Int] = []
+    for row in rows { for (i, cell) in row.enumerated() { if i < widths.count { widths[i] = max(widths[i], cell.count) } else { widths.append(cell.count) } } }
+    return rows.map { row in
+        row.enumerated().map { i, cell in i == row.count - 1 ? cell : cell.padding(toLength: widths[i], withPad: " ", startingAt: 0) }.joined(separator: "  ")
+    }.joined(separator: "\n") + "\n"
 }
 
 /// A job's operations: from the outbox when it has ended, else from the daemon.
@@ -159,7 +196,7 @@ func operations(of job: String, _ common: Common) throws -> (status: String, ope
 struct Show: ParsableCommand {
     static let configuration = CommandConfiguration(abstract: "Each operation's state, queue, attempts, timings, error.")
     @OptionGroup var common: Common
-    @Argument var job: String
+    @Argument(help: "A job id.", completion: .custom(completeJobs)) var job: String
     @Flag(help: "JSON output.") var json = false
 
     func run() throws {
@@ -182,7 +219,7 @@ struct Show: ParsableCommand {
 struct Wait: ParsableCommand {
     static let configuration = CommandConfiguration(abstract: "Waits for the job's outbox entry: 0 succeeded, 1 not, 2 timeout.")
     @OptionGroup var common: Common
-    @Argument var job: String
+    @Argument(help: "A job id.", completion: .custom(completeJobs)) var job: String
     @Option(help: "Give up after this many seconds (exit 2).") var timeout: Double?
 
     func run() throws {
@@ -223,8 +260,8 @@ struct Wait: ParsableCommand {
 struct Cancel: ParsableCommand {
     static let configuration = CommandConfiguration(abstract: "Cancel a whole job, or one operation (its dependents follow).")
     @OptionGroup var common: Common
-    @Argument var job: String
-    @Argument var operation: String?
+    @Argument(help: "A job id.", completion: .custom(completeJobs)) var job: String
+    @Argument(help: "One operation of the job (default: the whole job).") var operation: String?
 
     func run() throws {
         var request: [String: Any] = ["command": "cancel", "job": job]
@@ -236,14 +273,14 @@ struct Cancel: ParsableCommand {
 struct Suspend: ParsableCommand {
     static let configuration = CommandConfiguration(abstract: "Suspend a queue: executing operations go on, no new ones start.")
     @OptionGroup var common: Common
-    @Argument var queue: String
+    @Argument(help: "A queue name.", completion: .custom(completeQueues)) var queue: String
     func run() throws { try toggle(common, queue, "suspend") }
 }
 
 struct Resume: ParsableCommand {
     static let configuration = CommandConfiguration(abstract: "Resume a suspended queue.")
     @OptionGroup var common: Common
-    @Argument var queue: String
+    @Argument(help: "A queue name.", completion: .custom(completeQueues)) var queue: String
     func run() throws { try toggle(common, queue, "resume") }
 }
 
@@ -305,4 +342,46 @@ struct Graph: ParsableCommand {
     static func nodes(_ plan: JobPlan) -> [Node] {
         plan.operations.map { Node(id: $0.id, kind: $0.kind.rawValue, queue: $0.queue, dependencies: $0.dependencies) }
     }
+}
+
+struct Metrics: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "The daemon's metrics in the Prometheus text format (for node_exporter's textfile collector and scripts).")
+    @OptionGroup var common: Common
+
+    func run() throws {
+        let response = try common.request(["command": "metrics"])
+        guard (response["exit"] as? Int) == 0, let text = response["text"] as? String else {
+            throw fail(response["error"] as? String ?? "the daemon gave no metrics", Int32(response["exit"] as? Int ?? 1))
+        }
+        print(text, terminator: text.hasSuffix("\n") ? "" : "\n")
+    }
+}
+
+// MARK: Completion
+
+/// The spool a command line being completed names (`--spool DIR` or `--spool=DIR`), else the default.
+func spoolOf(_ words: [String]) -> String {
+    for (i, word) in words.enumerated() {
+        if word == "--spool", i + 1 < words.count { return words[i + 1] }
+        if word.hasPrefix("--spool=") { return String(word.dropFirst("--spool=".count)) }
+    }
+    return "./spool"
+}
+
+/// Job ids for completion: the running daemon's active jobs (asked with a short timeout) and the outbox's.
+@Sendable func completeJobs(_ words: [String], _ index: Int, _ prefix: String) -> [String] {
+    let spool = spoolOf(words)
+    var jobs = Set((try? FileManager.default.contentsOfDirectory(atPath: spool + "/outbox")) ?? []).filter { !$0.hasPrefix(".") }
+    if let status = try? ControlClient.request(spool + "/opqueued.sock", ["command": "status"], timeout: 1) {
+        jobs.formUnion(status["activeJobs"] as? [String] ?? [])
+    }
+    return jobs.filter { $0.hasPrefix(prefix) }.sorted()
+}
+
+/// Queue names for completion: the running daemon's, else the built-in ones.
+@Sendable func completeQueues(_ words: [String], _ index: Int, _ prefix: String) -> [String] {
+    let status = try? ControlClient.request(spoolOf(words) + "/opqueued.sock", ["command": "status"], timeout: 1)
+    let names = (status?["queues"] as? [[String: Any]])?.compactMap { $0["name"] as? String } ?? Configuration.builtIn.queueNames
+    return names.filter { $0.hasPrefix(prefix) }.sorted()
 }

@@ -16,21 +16,48 @@ import UnixSignals
 
 enum LogTarget: String, ExpressibleByArgument, CaseIterable {
     case auto, journal, console
+
+    static var allValueDescriptions: [String: String] {
+        ["auto": "journald when its socket exists, else the console",
+         "journal": "journald, through libsystemd",
+         "console": "one key=value line per event on standard error"]
+    }
 }
 
 @main
 struct Opqueued: AsyncParsableCommand {
     static let configuration = CommandConfiguration(
         commandName: "opqueued",
-        abstract: "Runs operation graphs dropped into a spool folder.")
+        abstract: "Runs operation graphs dropped into a spool folder.",
+        discussion: """
+            opqueued watches SPOOL/inbox for property-list manifests (see opqueued.plist(5)), claims each by renaming \
+            it into SPOOL/active, runs its operations on named queues with concurrency limits, quality of service \
+            and priorities, and publishes every claimed manifest as exactly one folder SPOOL/outbox/JOB holding \
+            manifest.plist, result.plist and the files its write operations produced. Every lifecycle transition \
+            is logged to journald (SYSLOG_IDENTIFIER=opqueued, fields OPQ_*). opqueuectl(1) submits and inspects jobs.
 
-    @Option(help: "The spool root.")
+            Signals: SIGHUP reloads the configuration (queue limits, quality of service, suspension) without \
+            restarting work. SIGTERM and SIGINT stop gracefully: nothing new is claimed, executing operations get \
+            shutdownGraceSeconds to finish, unfinished jobs stay in SPOOL/active and resume at the next start.
+
+            Under systemd (Type=notify) it sends READY=1 once recovery is done, STATUS= lines with live counts, \
+            RELOADING=1 around a reload, STOPPING=1, and WATCHDOG=1 when WATCHDOG_USEC is set.
+
+            Exit status: 0 after a graceful stop or a --once run; 1 if the configuration or the spool cannot be \
+            used, or another opqueued holds the spool.
+
+            Files: SPOOL/inbox, SPOOL/active, SPOOL/outbox, SPOOL/tmp, SPOOL/opqueued.sock (the control socket), \
+            SPOOL/opqueued.lock; the unit opqueued.service runs it on /var/spool/opqueued.
+            """)
+
+    @Option(help: ArgumentHelp("The spool root; missing folders are created.", valueName: "dir"), completion: .directory)
     var spool = "./spool"
 
-    @Option(help: "The configuration property list.")
+    @Option(help: ArgumentHelp("The configuration property list (opqueued.plist(5)); without it, built-in defaults.", valueName: "file"),
+            completion: .file(extensions: ["plist"]))
     var config: String?
 
-    @Option(help: "Where events go: auto, journal or console.")
+    @Option(help: ArgumentHelp("Where events go.", valueName: "target"))
     var logTarget: LogTarget = .auto
 
     @Flag(help: "Run what is in the inbox at start, then exit.")
@@ -82,7 +109,8 @@ struct Opqueued: AsyncParsableCommand {
         let watcher = InboxWatcher(path: spoolFolder.inbox) { names in daemon.scan(hints: names) }
         let group = ServiceGroup(configuration: .init(
             services: [
-                .init(service: SpoolService(daemon: daemon, control: control, watcher: watcher, grace: configuration.shutdownGraceSeconds, logger: logger)),
+                .init(service: SpoolService(daemon: daemon, control: control, watcher: watcher, metricsListen: configuration.metricsListen,
+                                            grace: configuration.shutdownGraceSeconds, logger: logger)),
                 .init(service: ReloadService(daemon: daemon)),
                 .init(service: StatusService(daemon: daemon)),
             ],
@@ -100,12 +128,15 @@ struct SpoolService: Service {
     let daemon: Daemon
     let control: ControlServer
     let watcher: InboxWatcher
+    /// `metrics.listen`, read at start (a reload does not move the listener).
+    let metricsListen: String?
     let grace: Double
     let logger: Logger
 
     func run() async throws {
         // The service group has SIGTERM and SIGINT now; one that came while starting was only noted.
         let stopAskedWhileStarting = Daemon.notedTerminationSignal
+        var metricsServer: MetricsServer?
         if stopAskedWhileStarting != 0 {
             // (The `stopping` event itself comes from the drain below, once, as for any stop.)
             logger.notice("signal \(stopAskedWhileStarting) came while starting: stopping without becoming ready")
@@ -114,6 +145,11 @@ struct SpoolService: Service {
             do {
                 try await control.start()
                 try watcher.start()
+                if let metricsListen {
+                    let server = try MetricsServer(listen: metricsListen) { [daemon] in daemon.metricsText() }
+                    logger.info("metrics: listening on http://\(server.boundAddress)/metrics")
+                    metricsServer = server
+                }
             } catch {
                 logger.critical("\(error)")
                 throw ExitCode(1)
@@ -124,6 +160,7 @@ struct SpoolService: Service {
         try? await gracefulShutdown()
         SystemdNotifier.notify("STOPPING=1")
         watcher.stop()
+        metricsServer?.stop()
         await daemon.stop(grace: grace)
         await control.stop()
     }
@@ -183,6 +220,7 @@ func handle(_ request: [String: Any], _ daemon: Daemon) -> [String: Any] {
             },
         ]
         if let fault = status.fault { response["fault"] = fault }
+        response["jobs"] = status.jobs.map { ["job": $0.job, "operations": $0.operations, "ended": $0.ended] as [String: Any] }
         if request["memory"] as? Bool == true { response["heapBytes"] = daemon.heapBytesInUse }
         return response
     case "show":
@@ -198,6 +236,8 @@ func handle(_ request: [String: Any], _ daemon: Daemon) -> [String: Any] {
         case .unknownOperation: return ["exit": 1, "error": "job '\(job)' has no operation '\(operation ?? "")'"]
         case .alreadyEnded: return ["exit": 1, "error": operation.map { "operation '\($0)' of job '\(job)' has already ended" } ?? "job '\(job)' has already ended"]
         }
+    case "metrics":
+        return ["exit": 0, "text": daemon.metricsText()]
     case "suspend", "resume":
         guard let queue = request["queue"] as? String else { return ["exit": 64, "error": "\(command) needs a queue"] }
         return daemon.suspend(queue: queue, command == "suspend") ? ["exit": 0] : ["exit": 1, "error": "unknown queue '\(queue)'"]

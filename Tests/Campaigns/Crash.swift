@@ -97,7 +97,7 @@ struct CrashCampaign {
         let server = try LoopbackServer(folder: images)
         let spool = try CampaignSpool("crash", parent: parent, settings: [
             "maxActiveJobs": 48, "shutdownGraceSeconds": 5,
-            "download": ["fileRoots": [images], "timeoutSeconds": 10],
+            "download": ["fileRoots": [images], "timeoutSeconds": 10, "allowNetworks": ["127.0.0.0/8"]],
         ])
         let log = spool.root + ".log"
         var manifests: [String: Data] = [:]

@@ -30,7 +30,8 @@ struct FuzzCampaign {
         try FileManager.default.createDirectory(atPath: roots, withIntermediateDirectories: true)
         let server = try LoopbackServer(folder: roots)
         try plistData(["maxActiveJobs": 64, "image": ["maxPixels": 40_000_000],
-                       "download": ["fileRoots": [roots], "connectTimeoutSeconds": 1, "timeoutSeconds": 3, "maxBytes": 4_000_000]], binary: false)
+                       "download": ["fileRoots": [roots], "connectTimeoutSeconds": 1, "timeoutSeconds": 3, "maxBytes": 4_000_000,
+                                                  "allowNetworks": ["127.0.0.0/8"]]], binary: false)
             .write(to: URL(fileURLWithPath: spool.config))
         let log = spool.root + ".log"
         var daemon = try DaemonProcess(spool: spool, log: log)

@@ -35,7 +35,8 @@ final class ImageSpool {
 
     init(extraConfig: [String: Any] = [:]) throws {
         try FileManager.default.createDirectory(atPath: images, withIntermediateDirectories: true)
-        var download: [String: Any] = ["fileRoots": [images]]
+        // The loopback test server is on 127.0.0.1: downloads refuse loopback unless it is opened.
+        var download: [String: Any] = ["fileRoots": [images], "allowNetworks": ["127.0.0.0/8"]]
         for (k, v) in (extraConfig["download"] as? [String: Any]) ?? [:] { download[k] = v }
         var object = extraConfig
         object["download"] = download
@@ -221,17 +222,38 @@ func chain(_ id: String, from source: String, _ filter: [String: Any], write pat
             ops.append(["id": id, "kind": "download", "url": s.url(name)])
             ops += chain("f-" + id, from: id, ["kind": "grayscale"], write: id + ".png")
         }
+        // The same inputs through a grayscale read by two writes: not fused, the grayscale decodes and fails itself.
+        for name in ["truncated.jpg", "corrupt.png", "truncated.png"] {
+            let id = "twice-" + name.replacingOccurrences(of: ".", with: "-")
+            ops.append(["id": id, "kind": "grayscale", "dependencies": [name.replacingOccurrences(of: ".", with: "-")]])
+            ops.append(["id": id + "-a", "kind": "write", "path": id + "-a.png", "dependencies": [id]])
+            ops.append(["id": id + "-b", "kind": "write", "path": id + "-b.png", "dependencies": [id]])
+        }
         let (result, byID) = try s.run(["job": "corrupt", "operations": ops])
         #expect(result["status"] as? String == "failed")
         #expect(byID["w-f-good-jpg"]?["state"] as? String == "succeeded")
-        for id in ["truncated-jpg", "corrupt-png", "truncated-png", "text-jpg"] {
-            #expect(byID["f-" + id]?["state"] as? String == "failed", "\(id)")
-            #expect(byID["w-f-" + id]?["state"] as? String == "cancelled", "\(id)")
+        func error(_ id: String) -> String { byID[id]?["error"] as? String ?? "" }
+        // A header that is no image fails the image operation itself, fused or not.
+        #expect(byID["f-text-jpg"]?["state"] as? String == "failed")
+        #expect(byID["w-f-text-jpg"]?["state"] as? String == "cancelled")
+        #expect(error("f-text-jpg").contains("not a PNG or JPEG"))
+        // Fused (grayscale → write): the pixels are decoded in the write, which fails with the codec's message
+        // and names the fused operation; the grayscale handed on its step and succeeded.
+        for id in ["truncated-jpg", "corrupt-png", "truncated-png"] {
+            #expect(byID["f-" + id]?["state"] as? String == "succeeded", "\(id)")
+            #expect(byID["w-f-" + id]?["state"] as? String == "failed", "\(id)")
+            #expect(error("w-f-" + id).contains("'f-\(id)', fused into this write"), "\(error("w-f-" + id))")
+            #expect(byID["twice-" + id]?["state"] as? String == "failed", "\(id)")
+            #expect(byID["twice-\(id)-a"]?["state"] as? String == "cancelled", "\(id)")
         }
-        #expect((byID["f-truncated-jpg"]?["error"] as? String)?.contains("Premature end of JPEG file") == true, "\(byID["f-truncated-jpg"]?["error"] ?? "")")
-        #expect((byID["f-text-jpg"]?["error"] as? String)?.contains("not a PNG or JPEG") == true)
-        #expect(((byID["f-corrupt-png"]?["error"] as? String) ?? "").isEmpty == false)
-        #expect((byID["f-truncated-png"]?["error"] as? String)?.contains("truncated") == true, "\(byID["f-truncated-png"]?["error"] ?? "")")
+        #expect(error("w-f-truncated-jpg").contains("Premature end of JPEG file"), "\(error("w-f-truncated-jpg"))")
+        #expect(error("twice-truncated-jpg").contains("Premature end of JPEG file"), "\(error("twice-truncated-jpg"))")
+        #expect(!error("w-f-corrupt-png").isEmpty && !error("twice-corrupt-png").isEmpty)
+        #expect(error("w-f-truncated-png").contains("truncated"), "\(error("w-f-truncated-png"))")
+        #expect(error("twice-truncated-png").contains("truncated"), "\(error("twice-truncated-png"))")
+        // No half-written file is left behind by a failed streamed write.
+        let left = (try? FileManager.default.contentsOfDirectory(atPath: s.spool.root + "/outbox/corrupt")) ?? []
+        #expect(left.contains("good-jpg.png") && !left.contains { $0.hasPrefix(".") || $0.hasPrefix("truncated") || $0.hasPrefix("corrupt") }, "\(left)")
     }
 }
 

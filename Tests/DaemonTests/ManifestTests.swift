@@ -56,7 +56,7 @@ func problems(_ object: Any) -> [String] {
             "job: must be a string of 1 to 128 characters from [A-Za-z0-9._-], not starting with '.'",
             "operation 'a': unknown key 'sleepy' for kind 'sleep'",
             "operations[2]: id must be a string of 1 to 128 characters from [A-Za-z0-9._-], not starting with '.'",
-            "operation 'b': unknown kind 'teleport' (one of download, sepia, grayscale, blur, resize, thumbnail, vignette, write, sleep, spin, fail)",
+            "operation 'b': unknown kind 'teleport' (one of download, sepia, grayscale, blur, resize, thumbnail, vignette, write, sleep, spin, fail, command)",
             "operation 'c': unknown queue 'nowhere' (configured: default, downloads, filters, io)",
             "operation 'c': seconds must be a number from 0 to 86400",
             "operation 'e': retries must be an integer from 0 to 1000",

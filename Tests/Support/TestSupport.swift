@@ -16,16 +16,19 @@ public struct SupportFailure: Error, CustomStringConvertible {
     public init(_ description: String) { self.description = description }
 }
 
-/// http_server.py on a free loopback port, serving `folder`; killed when released.
+/// http_server.py on a free port of a loopback address (127.0.0.1 unless told), serving `folder`;
+/// killed when released.
 public final class LoopbackServer {
     let process = Process()
     public let folder: String
+    public let address: String
     public let port: Int
 
-    public init(folder: String) throws {
+    public init(folder: String, address: String = "127.0.0.1") throws {
         self.folder = folder
+        self.address = address
         process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
-        process.arguments = ["python3", supportFolder + "/http_server.py", folder]
+        process.arguments = ["python3", supportFolder + "/http_server.py", folder, address]
         let out = Pipe()
         process.standardOutput = out
         process.standardError = FileHandle.nullDevice
@@ -44,8 +47,13 @@ public final class LoopbackServer {
         self.port = port
     }
 
-    public var base: String { "http://127.0.0.1:\(port)" }
+    public var base: String { "http://\(address):\(port)" }
     public func url(_ path: String) -> String { base + path }
+
+    /// The paths of the requests the server has seen, in order (from FOLDER/requests.log).
+    public var requests: [String] {
+        ((try? String(contentsOfFile: folder + "/requests.log", encoding: .utf8)) ?? "").split(separator: "\n").map(String.init)
+    }
 
     deinit {
         // SIGKILL: the child inherits its parent's signal mask, in which SIGTERM may be blocked (swift test).

@@ -16,7 +16,10 @@
 /to-file          a redirect to a file:// URL
 /hang             accepts, reads the request, never answers; logs "closed /hang T" to FOLDER/events.log when
                   the client goes away (T: time.time())
-Usage: http_server.py FOLDER
+/redirect?URL     a redirect to URL
+Every request's path is appended to FOLDER/requests.log (one line each) before it is answered: the tests
+count what the server saw.
+Usage: http_server.py FOLDER [ADDRESS]   (ADDRESS: a loopback address to listen on, 127.0.0.1 by default)
 """
 import http.server
 import socketserver
@@ -47,6 +50,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
     def do_GET(self):
         path = self.path
+        with open(FOLDER + "/requests.log", "a") as f:
+            f.write(path + "\n")
         try:
             if path.startswith("/file/"):
                 with open(FOLDER + "/" + path[6:], "rb") as f:
@@ -109,6 +114,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
                 for _ in range(50):
                     self.wfile.write(b"L" * 100000)
                 self.close_connection = True
+            elif path.startswith("/redirect?"):
+                self.redirect(path[len("/redirect?"):])
             elif path == "/to-file":
                 self.redirect("file:///etc/passwd")
             elif path == "/hang":
@@ -130,6 +137,6 @@ class Server(socketserver.ThreadingMixIn, http.server.HTTPServer):
     daemon_threads = True
 
 
-server = Server(("127.0.0.1", 0), Handler)
+server = Server((sys.argv[2] if len(sys.argv) > 2 else "127.0.0.1", 0), Handler)
 print(server.server_address[1], flush=True)
 server.serve_forever()

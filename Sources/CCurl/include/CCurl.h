@@ -1,6 +1,7 @@
 // CCurl: libcurl's multi interface for opqueued's downloads. curl_easy_setopt is variadic (Swift cannot
-// call it), so transfers are configured here with typed arguments; the body is collected in C with the
-// size bound enforced while streaming.
+// call it), so transfers are configured here with typed arguments. The body is written to a file
+// descriptor as it arrives, with the size bound enforced while streaming; every connection's address
+// is checked against the network policy before libcurl connects (after DNS, at each redirect hop).
 #ifndef OPQ_CCURL_H
 #define OPQ_CCURL_H
 
@@ -10,18 +11,33 @@
 typedef struct opq_transfer opq_transfer;
 typedef struct opq_multi opq_multi;
 
+/// A network in IPv6 form: an IPv4 address a.b.c.d is ::ffff:a.b.c.d and its prefix counts the 96
+/// bits before it, so one network covers an IPv4 address and its IPv4-mapped IPv6 form alike.
+typedef struct opq_network {
+    uint8_t address[16];
+    int prefix;
+} opq_network;
+
 /// Process-wide libcurl set-up; call once before any other function. Returns 0 or a CURLcode.
 int opq_curl_global_init(void);
 
-/// A transfer of `url` (http and https only, also after redirects; at most `max_redirects`), failing once
-/// more than `max_bytes` arrive (before the body when Content-Length says so), or after the timeouts.
-/// `tag` is the caller's. NULL when libcurl cannot make a handle.
-opq_transfer *opq_transfer_new(const char *url, int64_t max_bytes, long connect_timeout_ms, long timeout_ms,
-                               long max_redirects, uint64_t tag);
+/// Whether a connection to `address` (16 bytes, IPv4 as IPv4-mapped) may be made: 1 when one of
+/// `allowed` contains it or it is in none of the refused ranges (loopback, private, shared, link-local,
+/// unspecified, multicast); 0 otherwise, with `*range` naming the refused range it is in.
+int opq_address_allowed(const uint8_t address[16], const opq_network *allowed, size_t allowed_count, const char **range);
+
+/// A transfer of `url` (http and https only, also after redirects; at most `max_redirects`), whose body
+/// is written to `fd` (the transfer closes it when freed: pass a dup), failing once more than
+/// `max_bytes` arrive (before the body when Content-Length says so), or after the timeouts. Connections
+/// go only to addresses `opq_address_allowed` accepts with `allowed` (copied). No proxy is used (the
+/// check would see the proxy's address, not the destination's). `tag` is the caller's. NULL when
+/// libcurl cannot make a handle.
+opq_transfer *opq_transfer_new(const char *url, int fd, int64_t max_bytes, long connect_timeout_ms, long timeout_ms,
+                               long max_redirects, const opq_network *allowed, size_t allowed_count, uint64_t tag);
 void opq_transfer_free(opq_transfer *transfer);
 uint64_t opq_transfer_tag(const opq_transfer *transfer);
-/// The body received so far (owned by the transfer).
-const uint8_t *opq_transfer_body(const opq_transfer *transfer, size_t *size);
+/// Bytes of the body written so far.
+int64_t opq_transfer_size(const opq_transfer *transfer);
 /// After completion: 0 on success (HTTP status < 400), else non-zero with `message` filled.
 int opq_transfer_result(const opq_transfer *transfer, int curl_code, char *message, size_t message_size);
 

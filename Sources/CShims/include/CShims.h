@@ -5,6 +5,7 @@
 #ifndef OPQ_CSHIMS_H
 #define OPQ_CSHIMS_H
 
+#include <stdint.h>
 #include <sys/types.h>
 #include <sys/xattr.h>  /* setxattr/getxattr for Swift: the spool keeps job records as attributes */
 
@@ -50,5 +51,47 @@ void opq_note_termination_signals(void);
 
 /// The signal noted since `opq_note_termination_signals`, or 0.
 int opq_noted_termination_signal(void);
+
+/// Copies from `in` to `out` (each at its current offset) until the end of `in` or `limit` bytes:
+/// copy_file_range (no bytes through user space; shared extents where the file system can), falling
+/// back to read/write where it cannot. Returns the bytes copied or -errno.
+int64_t opq_copy_file(int in, int out, int64_t limit);
+
+/// fcntl(F_SETLEASE) (glibc declares it only under _GNU_SOURCE): `type` 0 takes a read lease (fails with
+/// -EAGAIN while anyone has the file open for writing; -EACCES for another user's file without
+/// CAP_LEASE), 1 releases it. Returns 0 or -errno.
+int opq_lease(int fd, int type);
+
+/// Sets SIGIO to be ignored: a lease break signals the holder with SIGIO, whose default action ends
+/// the process.
+void opq_ignore_lease_breaks(void);
+
+/// Starts a command for the daemon (SPEC §3.6) with posix_spawn(3), no shell: `path` with `argv` and
+/// exactly `envp`, in its own process group (POSIX_SPAWN_SETPGROUP), working directory `cwd`, standard
+/// input /dev/null, standard output and error on `stdout_fd`/`stderr_fd` (-1: /dev/null), every other
+/// descriptor closed, signal mask empty and every signal at its default action (the daemon ignores or
+/// blocks some). The child inherits the calling thread's nice value, scheduling policy and I/O priority
+/// (Linux keeps them per thread): the daemon spawns from a worker thread of the operation's QoS.
+/// On success stores the pid and a pidfd (pidfd_open, close-on-exec) and returns 0; else -errno
+/// (an exec failure such as ENOENT or EACCES is reported here, as glibc's posix_spawn does).
+int opq_spawn(const char *path, char *const argv[], char *const envp[], const char *cwd,
+              int stdout_fd, int stderr_fd, pid_t *pid_out, int *pidfd_out);
+
+/// pipe2(2) (declared by glibc only under _GNU_SOURCE). Returns 0 or -errno.
+int opq_pipe2(int fds[2], int flags);
+
+/// epoll for the daemon's command loop (struct epoll_event is packed, which Swift does not import
+/// reliably): watch `fd` for input (level-triggered) under `token`; stop watching it; wait for up to
+/// `max` tokens (`timeout_ms` -1: forever). Each returns 0 / a count, or -errno.
+int opq_epoll_create(void);
+int opq_epoll_add(int epfd, int fd, unsigned long long token);
+int opq_epoll_remove(int epfd, int fd);
+int opq_epoll_wait(int epfd, unsigned long long *tokens, int max, int timeout_ms);
+
+/// A signal's abbreviation without "SIG" (sigabbrev_np), or NULL if unknown.
+const char *opq_signal_name(int sig);
+
+/// The scheduling policy (SCHED_OTHER 0, SCHED_IDLE 5, …) and nice value of a process, for tests.
+int opq_process_policy(pid_t pid);
 
 #endif

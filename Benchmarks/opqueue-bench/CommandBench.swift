@@ -1,0 +1,112 @@
+// opqueue-bench commands [N]: configured commands (issue 13) through the release daemon, in one run:
+//   rate      N `/bin/true` commands in one manifest, queue limit 1, 2 and 8: from the manifest's rename into
+//             the inbox to its outbox entry (claim, N spawns + pidfd exits + log files, publication)
+//   anchors   the same N `/bin/true` from a shell loop (`sh -c 'while …; do /bin/true; done'`) and from
+//             `xargs -P 1|2|8`: the process spawn is the floor
+//   threads   the daemon's threads (/proc/PID/status Threads) idle, and at most while 500 `sleep 2` commands
+//             run at once (limit 500): one epoll thread watches them all, so this must not grow with them
+
+import Foundation
+import TestSupport
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+enum CommandBench {
+    static func configuration(limit: Int, argv: [String]) -> Data {
+        let object: [String: Any] = [
+            "queues": ["procs": ["maxConcurrentOperationCount": limit]],
+            "commands": ["c": ["argv": argv, "queue": "procs"]],
+        ]
+        return (try? PropertyListSerialization.data(fromPropertyList: object, format: .xml, options: 0)) ?? Data()
+    }
+
+    static func manifest(_ job: String, count: Int, sleep: Bool = false) -> Data {
+        let object: [String: Any] = ["job": job, "operations": (0..<count).map {
+            sleep ? ["id": "c\($0)", "kind": "sleep", "seconds": 2, "queue": "procs"] : ["id": "c\($0)", "kind": "command", "command": "c"]
+        }]
+        return (try? PropertyListSerialization.data(fromPropertyList: object, format: .binary, options: 0)) ?? Data()
+    }
+
+    /// A temporary spool with the daemon running on `config`; returns (root, daemon).
+    static func start(_ config: Data) -> (String, Process) {
+        let root = NSTemporaryDirectory() + "opq-cmdbench-" + UUID().uuidString.prefix(8)
+        try? FileManager.default.createDirectory(atPath: root + "/inbox", withIntermediateDirectories: true)
+        _ = FileManager.default.createFile(atPath: root + ".plist", contents: config)
+        let daemon = SpoolBench.daemon(root, ["--config", root + ".plist"])
+        SpoolBench.waitForSocket(root)
+        return (root, daemon)
+    }
+
+    static func stop(_ root: String, _ daemon: Process) {
+        kill(daemon.processIdentifier, SIGKILL)
+        daemon.waitUntilExit()
+        try? FileManager.default.removeItem(atPath: root)
+        try? FileManager.default.removeItem(atPath: root + ".plist")
+    }
+
+    /// Seconds from the manifest's arrival to its outbox entry.
+    static func throughDaemon(count: Int, limit: Int) -> Double {
+        let (root, daemon) = start(configuration(limit: limit, argv: ["/bin/true"]))
+        defer { stop(root, daemon) }
+        let hidden = root + "/inbox/.m.plist"
+        _ = FileManager.default.createFile(atPath: hidden, contents: manifest("m", count: count))
+        let t0 = now()
+        rename(hidden, root + "/inbox/m.plist")
+        while !FileManager.default.fileExists(atPath: root + "/outbox/m/result.plist") { usleep(2_000) }
+        return now() - t0
+    }
+
+    static func timed(_ argv: [String]) -> Double {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: argv[0])
+        process.arguments = Array(argv.dropFirst())
+        process.standardOutput = FileHandle.nullDevice
+        let t0 = now()
+        try? process.run()
+        process.waitUntilExit()
+        return now() - t0
+    }
+
+    static func threads(_ pid: Int32) -> Int {
+        guard let status = try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8),
+              let line = status.split(separator: "\n").first(where: { $0.hasPrefix("Threads:") }) else { return 0 }
+        return Int(line.split(separator: "\t").last ?? "") ?? 0
+    }
+
+    static func run(_ arguments: [String]) {
+        let n = arguments.first.flatMap(Int.init) ?? 2000
+        func line(_ what: String, _ seconds: Double) {
+            print(String(format: "commands %@ n=%d seconds=%.3f per_second=%.0f", what, n, seconds, Double(n) / seconds))
+        }
+        let loop = timed(["/bin/sh", "-c", "i=0; while [ $i -lt \(n) ]; do /bin/true; i=$((i+1)); done"])
+        line("shell-loop", loop)
+        for limit in [1, 2, 8] {
+            line("opqueued limit=\(limit)", throughDaemon(count: n, limit: limit))
+            line("xargs -P\(limit)", timed(["/bin/sh", "-c", "seq \(n) | xargs -P \(limit) -n 1 /bin/true"]))
+        }
+        // Threads while 500 commands run at once, beside 500 `sleep 2` operations (asynchronous, no process).
+        for sleep in [false, true] {
+            let (root, daemon) = start(configuration(limit: 500, argv: ["/bin/sleep", "2"]))
+            defer { stop(root, daemon) }
+            let idle = threads(daemon.processIdentifier)
+            let hidden = root + "/inbox/.t.plist"
+            _ = FileManager.default.createFile(atPath: hidden, contents: manifest("t", count: 500, sleep: sleep))
+            rename(hidden, root + "/inbox/t.plist")
+            var most = 0, children = 0
+            let deadline = now() + 30
+            while !FileManager.default.fileExists(atPath: root + "/outbox/t/result.plist") && now() < deadline {
+                most = max(most, threads(daemon.processIdentifier))
+                // Children are listed per thread that spawned them.
+                let tasks = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(daemon.processIdentifier)/task")) ?? []
+                let kids = tasks.reduce(0) { sum, task in
+                    sum + ((try? String(contentsOfFile: "/proc/\(daemon.processIdentifier)/task/\(task)/children", encoding: .utf8)) ?? "").split(separator: " ").count
+                }
+                children = max(children, kids)
+                usleep(20_000)
+            }
+            print("commands threads kind=\(sleep ? "sleep" : "command") operations=500 idle=\(idle) max_while_running=\(most) max_children_at_once=\(children)")
+        }
+    }
+}

@@ -1,0 +1,352 @@
+// A command's process (SPEC §3.6): started with posix_spawn in its own process group, its exit learned
+// through a pidfd and its standard output and error read from pipes, all watched by one epoll thread —
+// no thread waits for a child, however many run.
+//
+// Bounded output: the daemon reads each pipe and writes at most `limit` bytes to the log file; the rest
+// is read and dropped (so the command never blocks on a full pipe, and never gets SIGXFSZ as it would
+// with RLIMIT_FSIZE), and the truncation is reported.
+// The group dies with its leader: when the leader has exited (a zombie still holding its pid, so the
+// group id cannot have been reused) the group gets SIGKILL, then the leader is reaped. Nothing the
+// command started outlives its operation (a process that left the group with setsid is out of reach).
+//
+// What it trusts: nothing the command writes; only the kernel's exit status.
+
+import CShims
+import Foundation
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// How a command ended.
+struct ChildExit: Sendable {
+    /// The exit status, or nil when a signal ended it.
+    var status: Int32?
+    var signal: Int32?
+    /// Bytes the command wrote to each stream (kept or not).
+    var stdoutBytes = 0
+    var stderrBytes = 0
+    var stdoutTruncated = false
+    var stderrTruncated = false
+    /// The end of standard error (at most 4 KB), for the failure message.
+    var stderrTail = Data()
+
+    /// The last non-empty line of standard error.
+    var lastStderrLine: String {
+        let text = String(decoding: stderrTail, as: UTF8.self)
+        return text.split(whereSeparator: \.isNewline).last.map { String($0.prefix(500)) } ?? ""
+    }
+
+    var signalName: String {
+        guard let signal else { return "" }
+        if let abbrev = opq_signal_name(signal) { return "SIG" + String(cString: abbrev) }
+        return "signal \(signal)"
+    }
+}
+
+/// One thread waiting in epoll(7) for every command's pidfd and pipes; handlers run on it, in order.
+/// (libdispatch read sources were tried first: under thousands of short-lived descriptors its Linux event
+/// loop crashed in _dispatch_event_loop_drain.)
+final class CommandLoop: @unchecked Sendable {
+    static let shared = CommandLoop()
+    private let epfd: Int32
+    private let lock = NSLock()
+    private var handlers: [UInt64: () -> Void] = [:]
+    private var nextToken: UInt64 = 1
+
+    private init() {
+        epfd = opq_epoll_create()
+        guard epfd >= 0 else { return }
+        let thread = Thread { [self] in run() }
+        thread.name = "opqueued.commands"
+        thread.start()
+    }
+
+    /// Calls `handler` on the loop's thread whenever `fd` is readable; nil if it cannot be watched.
+    func watch(_ fd: Int32, _ handler: @escaping () -> Void) -> UInt64? {
+        guard epfd >= 0 else { return nil }
+        let token: UInt64 = lock.withLock {
+            defer { nextToken += 1 }
+            handlers[nextToken] = handler
+            return nextToken
+        }
+        if opq_epoll_add(epfd, fd, token) != 0 {
+            _ = lock.withLock { handlers.removeValue(forKey: token) }
+            return nil
+        }
+        return token
+    }
+
+    /// Stops watching; the caller may close `fd` afterwards. Events already fetched for it are dropped.
+    func unwatch(_ fd: Int32, token: UInt64) {
+        _ = opq_epoll_remove(epfd, fd)
+        _ = lock.withLock { handlers.removeValue(forKey: token) }
+    }
+
+    private func run() {
+        var tokens = [UInt64](repeating: 0, count: 256)
+        while true {
+            let n = tokens.withUnsafeMutableBufferPointer { opq_epoll_wait(epfd, $0.baseAddress, 256, -1) }
+            guard n > 0 else { continue } // EINTR
+            for i in 0..<Int(n) {
+                if let handler = lock.withLock({ handlers[tokens[i]] }) { handler() }
+            }
+        }
+    }
+}
+
+final class ChildProcess: @unchecked Sendable {
+    /// Grace between SIGTERM and SIGKILL on cancellation and timeout.
+    static let killGrace = 5.0
+    /// After the leader's exit, pipes are read until EOF for at most this long (a process that left the
+    /// group may hold them open).
+    static let drainSeconds = 1.0
+
+    let pid: pid_t
+    private let pidfd: Int32
+    /// Groups of commands not yet reaped, for `killAll` (a stop must not leave them running).
+    private static let running = RunningGroups()
+    /// Guards everything below: the loop's thread, timers and `terminate` callers meet here.
+    private let lock = NSLock()
+    private var exitToken: UInt64?
+    private var streams: [Stream] = []
+    private var result = ChildExit()
+    private var exited = false
+    private var completion: ((ChildExit) -> Void)?
+    private var timers: [OneShotTimer] = []
+    private var terminating = false
+
+    /// One pipe read into a file (or nowhere, `file` < 0), at most `limit` bytes kept.
+    private final class Stream {
+        let pipe: Int32
+        let file: Int32
+        let limit: Int
+        let keepsTail: Bool
+        var written = 0
+        var total = 0
+        var tail = Data()
+        var token: UInt64?
+        var open = true
+        init(pipe: Int32, file: Int32, limit: Int, keepsTail: Bool) {
+            self.pipe = pipe; self.file = file; self.limit = limit; self.keepsTail = keepsTail
+        }
+    }
+
+    private init(pid: pid_t, pidfd: Int32) {
+        self.pid = pid
+        self.pidfd = pidfd
+    }
+
+    /// Starts `argv` (argv[0] an absolute path). `stdoutFile`/`stderrFile` are open descriptors the
+    /// daemon writes to (-1: dropped); they stay the caller's to close after `completion`.
+    /// `completion` runs once, on the loop's thread or a timer's, after the exit and the end of both pipes.
+    static func start(argv: [String], environment: [String: String], directory: String?, stdoutFile: Int32, stderrFile: Int32,
+                      limit: Int, completion: @escaping (ChildExit) -> Void) -> Result<ChildProcess, KindFailure> {
+        var outPipe: [Int32] = [-1, -1], errPipe: [Int32] = [-1, -1]
+        let p1 = opq_pipe2(&outPipe, O_CLOEXEC | O_NONBLOCK)
+        guard p1 == 0 else { return .failure(KindFailure(description: "cannot make a pipe: \(String(cString: strerror(-p1)))")) }
+        let p2 = opq_pipe2(&errPipe, O_CLOEXEC | O_NONBLOCK)
+        guard p2 == 0 else {
+            close(outPipe[0]); close(outPipe[1])
+            return .failure(KindFailure(description: "cannot make a pipe: \(String(cString: strerror(-p2)))"))
+        }
+        // The child's ends are blocking, as programs expect.
+        for fd in [outPipe[1], errPipe[1]] { _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) }
+        var env = environment
+        if env["PATH"] == nil { env["PATH"] = "/usr/bin:/bin" }
+        let envStrings = env.keys.sorted().map { "\($0)=\(env[$0] ?? "")" }
+        var pid: pid_t = -1, pidfd: Int32 = -1
+        let rc = withCStrings(argv) { cArgv in
+            withCStrings(envStrings) { cEnv in
+                opq_spawn(argv[0], cArgv, cEnv, directory, outPipe[1], errPipe[1], &pid, &pidfd)
+            }
+        }
+        close(outPipe[1]); close(errPipe[1])
+        guard rc == 0 else {
+            close(outPipe[0]); close(errPipe[0])
+            return .failure(KindFailure(description: "cannot run \(argv[0]): \(String(cString: strerror(-rc)))"))
+        }
+        let child = ChildProcess(pid: pid, pidfd: pidfd)
+        child.completion = completion
+        child.streams = [Stream(pipe: outPipe[0], file: stdoutFile, limit: limit, keepsTail: false),
+                         Stream(pipe: errPipe[0], file: stderrFile, limit: limit, keepsTail: true)]
+        running.insert(pid)
+        CommandLedger.shared.started(pid)
+        child.lock.withLock {
+            for stream in child.streams {
+                stream.token = CommandLoop.shared.watch(stream.pipe) { [child, stream] in child.locked { child.drain(stream) } }
+            }
+            child.exitToken = CommandLoop.shared.watch(pidfd) { [child] in child.locked { child.leaderExited() } }
+        }
+        if child.exitToken == nil {
+            // Cannot be watched: it does not run.
+            kill(-pid, SIGKILL)
+            child.locked { child.leaderExited(blocking: true) }
+        }
+        return .success(child)
+    }
+
+    /// Runs `body` under the lock, then the completion if it became due.
+    private func locked(_ body: () -> Void) {
+        lock.lock()
+        body()
+        var due: (((ChildExit) -> Void), ChildExit)?
+        if exited, !streams.contains(where: \.open), let completion {
+            self.completion = nil
+            for timer in timers { timer.cancel() }
+            timers = []
+            result.stdoutBytes = streams[0].total
+            result.stderrBytes = streams[1].total
+            result.stdoutTruncated = streams[0].total > streams[0].written
+            result.stderrTruncated = streams[1].total > streams[1].written
+            result.stderrTail = streams[1].tail
+            due = (completion, result)
+        }
+        lock.unlock()
+        if let (completion, result) = due { completion(result) }
+    }
+
+    /// Reads what the pipe holds; at EOF the stream ends.
+    private func drain(_ stream: Stream) {
+        guard stream.open else { return }
+        var buffer = [UInt8](repeating: 0, count: 65_536)
+        while true {
+            let n = buffer.withUnsafeMutableBytes { read(stream.pipe, $0.baseAddress, $0.count) }
+            if n > 0 {
+                stream.total += n
+                let keep = min(n, max(0, stream.limit - stream.written))
+                // Once the command is being stopped its job may be published: its logs are left alone.
+                if keep > 0, stream.file >= 0, !terminating {
+                    var offset = 0
+                    while offset < keep {
+                        let w = buffer.withUnsafeBytes { write(stream.file, $0.baseAddress.map { $0 + offset }, keep - offset) }
+                        if w < 0 && errno == EINTR { continue }
+                        if w <= 0 { break } // a full disk loses log bytes, not the operation
+                        offset += w
+                    }
+                }
+                stream.written += keep
+                if stream.keepsTail {
+                    stream.tail.append(contentsOf: buffer[0..<n])
+                    if stream.tail.count > 4096 { stream.tail.removeFirst(stream.tail.count - 4096) }
+                }
+                continue
+            }
+            if n < 0 && errno == EINTR { continue }
+            if n < 0 && errno == EAGAIN { return }
+            end(stream)
+            return
+        }
+    }
+
+    private func end(_ stream: Stream) {
+        guard stream.open else { return }
+        stream.open = false
+        if let token = stream.token { CommandLoop.shared.unwatch(stream.pipe, token: token) }
+        close(stream.pipe)
+    }
+
+    /// The leader is a zombie. Its group is killed (its pid cannot have been reused yet), then it is reaped.
+    private func leaderExited(blocking: Bool = false) {
+        guard !exited else { return }
+        kill(-pid, SIGKILL)
+        var status: Int32 = 0
+        var r: pid_t
+        repeat { r = waitpid(pid, &status, blocking ? 0 : WNOHANG) } while r < 0 && errno == EINTR
+        guard r == pid else { return } // not yet (a spurious wake-up): the pidfd stays readable
+        exited = true
+        if Self.running.remove(pid) { CommandLedger.shared.allEnded() }
+        if let exitToken { CommandLoop.shared.unwatch(pidfd, token: exitToken) }
+        close(pidfd)
+        if (status & 0x7f) == 0 { result.status = (status >> 8) & 0xff } else { result.signal = status & 0x7f }
+        for stream in streams { drain(stream) }
+        if streams.contains(where: \.open) {
+            timers.append(OneShotTimer(after: Self.drainSeconds) { [self] in
+                locked { for stream in streams { end(stream) } }
+            })
+        }
+    }
+
+    /// SIGKILL to every command's group (the daemon stops; unfinished operations run again at the next start).
+    static func killAll() {
+        for pid in running.all() { kill(-pid, SIGKILL) }
+    }
+
+    /// SIGTERM to the group now, SIGKILL after `killGrace` if the leader has not exited (once it has, the
+    /// group is killed at once anyway). Safe from any thread; later calls do nothing.
+    func terminate() {
+        locked {
+            guard !terminating, !exited else { return }
+            terminating = true
+            kill(-pid, SIGTERM)
+            timers.append(OneShotTimer(after: Self.killGrace) { [self] in
+                locked { if !exited { kill(-pid, SIGKILL) } }
+            })
+        }
+    }
+}
+
+private final class RunningGroups: @unchecked Sendable {
+    private let lock = NSLock()
+    private var pids: Set<pid_t> = []
+    func insert(_ pid: pid_t) { _ = lock.withLock { pids.insert(pid) } }
+    /// Returns whether none is left.
+    func remove(_ pid: pid_t) -> Bool { lock.withLock { pids.remove(pid); return pids.isEmpty } }
+    func all() -> [pid_t] { lock.withLock { Array(pids) } }
+}
+
+/// active/.commands: one line `PID STARTTIME` per command started, so that commands a killed daemon left
+/// running (posix_spawn cannot set PR_SET_PDEATHSIG) are killed at the next start, before their
+/// operations run again. A pid is trusted only if /proc still shows the same start time (pids are reused).
+/// Emptied whenever no command runs, so it stays small.
+final class CommandLedger: @unchecked Sendable {
+    static let shared = CommandLedger()
+    private let lock = NSLock()
+    private var fd: Int32 = -1
+
+    /// At start, before anything runs: kills the groups of recorded commands still alive, then keeps
+    /// the ledger at `path`.
+    func open(_ path: String) -> [pid_t] {
+        var killed: [pid_t] = []
+        if case .success(let data) = readRegularFile(path, limit: 64 << 20) {
+            for line in String(decoding: data, as: UTF8.self).split(separator: "\n") {
+                let parts = line.split(separator: " ")
+                guard parts.count == 2, let pid = pid_t(parts[0]), pid > 1, let start = Self.startTime(pid), String(parts[1]) == start else { continue }
+                kill(-pid, SIGKILL)
+                killed.append(pid)
+            }
+        }
+        lock.withLock {
+            if fd >= 0 { Glibc.close(fd) }
+            fd = Glibc.open(path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0o644)
+        }
+        return killed
+    }
+
+    func started(_ pid: pid_t) {
+        guard let start = Self.startTime(pid) else { return }
+        let line = Data("\(pid) \(start)\n".utf8)
+        lock.withLock { if fd >= 0 { try? writeAll(fd, line, path: "active/.commands") } }
+    }
+
+    func allEnded() {
+        lock.withLock { if fd >= 0 { _ = ftruncate(fd, 0) } }
+    }
+
+    /// Field 22 of /proc/PID/stat: the process's start time in clock ticks since boot.
+    static func startTime(_ pid: pid_t) -> String? {
+        guard case .success(let data) = readRegularFile("/proc/\(pid)/stat", limit: 4096) else { return nil }
+        let text = String(decoding: data, as: UTF8.self)
+        guard let close = text.lastIndex(of: ")") else { return nil }
+        let fields = text[text.index(after: close)...].split(separator: " ")
+        return fields.count > 19 ? String(fields[19]) : nil
+    }
+}
+
+/// Calls `body` with a NULL-terminated C array of the strings.
+func withCStrings<R>(_ strings: [String], _ body: (UnsafePointer<UnsafeMutablePointer<CChar>?>) -> R) -> R {
+    var pointers: [UnsafeMutablePointer<CChar>?] = strings.map { strdup($0) }
+    pointers.append(nil)
+    defer { for p in pointers { free(p) } }
+    return pointers.withUnsafeBufferPointer { body($0.baseAddress!) }
+}

@@ -1,0 +1,170 @@
+// `kind = command` (SPEC §3.6): one attempt of a configured command as an asynchronous operation. It
+// holds its queue's slot and no thread: the body spawns and returns; the exit arrives on ChildProcess's
+// queue and finishes the attempt.
+//
+// Files, in the job's folder active/<job>/ (the future outbox entry):
+//   .work/<operation>/<attempt>/   the attempt's scratch and working directory (${workdir}): the
+//                          operation's emptied before each attempt, removed after it and before
+//                          publication (never published)
+//   .work/<operation>/<attempt>/input, output   ${input} (the input's bytes; an image is encoded to
+//                          PNG), ${output}
+//   logs/<operation>.stdout, .stderr  the command's streams, each cut at maxOutputBytes (published)
+//   .outputs/<operation>   an `output = file` result kept after success, so a restart need not run the
+//                          command again (removed before publication)
+// QoS: the body runs on a worker thread of the operation's effective QoS (the engine applies nice,
+// SCHED_IDLE and the idle I/O class per thread), and posix_spawn's child inherits them from that thread.
+//
+// What it trusts: nothing the command produces: exit statuses are interpreted, outputs bounded.
+
+import Foundation
+import OperationEngine
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+enum CommandOperation {
+    /// Where attempts are concluded: off the command loop's thread (reading the output, writing the kept
+    /// copy and removing the scratch are file I/O), and one thread only (a global queue grows threads
+    /// while they block on the file system).
+    static let conclusions = DispatchQueue(label: "opqueued.commands.conclude")
+
+    static func workFolder(_ jobFolder: String) -> String { jobFolder + "/.work" }
+    /// `path` made absolute against the daemon's working directory: a command runs in its own working
+    /// directory, so the paths placed in its argv (${workdir}, ${input}, ${output}, ${outbox}) must not be
+    /// relative to the daemon's (`--spool ./spool`, as `make run` gives).
+    static func absolute(_ path: String) -> String {
+        path.hasPrefix("/") ? path : FileManager.default.currentDirectoryPath + "/" + path
+    }
+    static func keptFolder(_ jobFolder: String) -> String { jobFolder + "/.outputs" }
+    /// Before publication: what the job's commands left that is not part of the outbox entry.
+    static func removeScratch(_ jobFolder: String) {
+        removeTree(workFolder(jobFolder))
+        removeTree(keptFolder(jobFolder))
+    }
+
+    static func logPaths(_ operation: String) -> [String] { ["logs/\(operation).stdout", "logs/\(operation).stderr"] }
+
+    static func body(_ spec: CommandSpec, arguments: [String: String], environment: KindEnvironment) -> OperationBody {
+        .async { context in
+            do {
+                try start(spec, arguments: arguments, environment: environment, context: context)
+            } catch {
+                context.finish(.failure(error))
+            }
+        }
+    }
+
+    private static func start(_ spec: CommandSpec, arguments: [String: String], environment: KindEnvironment, context: OperationContext) throws {
+        let folder = absolute(environment.jobFolder)
+        let operation = context.name
+        // One folder per attempt: an attempt that timed out may still be in its grace (SIGTERM ignored)
+        // when the next one starts, and its end must not remove the next one's scratch.
+        let work = workFolder(folder) + "/" + operation + "/" + String(context.attempt)
+        // A previous attempt's (or a previous run's) leftovers go first.
+        removeTree(workFolder(folder) + "/" + operation)
+        for dir in [workFolder(folder), workFolder(folder) + "/" + operation, work, folder + "/logs"] {
+            if mkdir(dir, 0o755) != 0 && errno != EEXIST { throw SpoolError(operation: "mkdir", path: dir, errno: errno) }
+        }
+        var values = arguments
+        values["job"] = (folder as NSString).lastPathComponent
+        values["operation"] = operation
+        values["attempt"] = String(context.attempt)
+        values["workdir"] = work
+        values["output"] = work + "/output"
+        if spec.placeholders.contains("input") {
+            let input = work + "/input"
+            let check: CancellationCheck = { if context.isCancelled { throw OperationCancelled() } }
+            switch context.input {
+            // A copy, not the file itself: the command may change its input, and a download's file is the job's record.
+            case let file as DownloadedFile: try writeFile(to: input) { fd, path in try Kinds.copy(file, into: fd, path: path) }
+            case let bytes as Data: try writeFile(bytes, to: input)
+            case let image as Image: try writeFile(Codecs.encode(image, format: "png", quality: 90), to: input)
+            case let chain as ImagePipeline:
+                try writeFile(to: input) { fd, _ in try chain.encode(to: fd, format: "png", quality: 90, maxPixels: environment.maxPixels, check: check) }
+            default: throw FinalFailure("command '\(spec.name)' uses ${input} but the operation has no input (a dependency with an output)")
+            }
+            values["input"] = work + "/input"
+        }
+        let logs = logPaths(operation).map { folder + "/" + $0 }
+        var files: [Int32] = []
+        for path in logs {
+            let fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0o644)
+            guard fd >= 0 else {
+                let e = errno
+                for f in files { close(f) }
+                throw SpoolError(operation: "create", path: path, errno: e)
+            }
+            files.append(fd)
+        }
+        if context.isCancelled { for f in files { close(f) }; throw OperationCancelled() }
+        let started = ChildProcess.start(
+            argv: spec.expand(values), environment: spec.environment, directory: work, stdoutFile: files[0], stderrFile: files[1],
+            limit: spec.maxOutputBytes
+        ) { exit in
+            for f in files { close(f) }
+            conclusions.async {
+                context.finish(Result { try conclude(spec, exit: exit, operation: operation, folder: folder, work: work, logs: logs) })
+            }
+        }
+        switch started {
+        case .success(let child): context.onCancel { child.terminate() }
+        case .failure(let failure):
+            for f in files { close(f) }
+            removeTree(work)
+            throw FinalFailure(failure.description)
+        }
+    }
+
+    /// The attempt's result from how the command ended.
+    private static func conclude(_ spec: CommandSpec, exit: ChildExit, operation: String, folder: String, work: String, logs: [String]) throws -> OperationOutput? {
+        defer { removeTree(work) }
+        var notes: [String] = []
+        if exit.stdoutTruncated { notes.append("standard output cut at \(spec.maxOutputBytes) of \(exit.stdoutBytes) bytes") }
+        if exit.stderrTruncated { notes.append("standard error cut at \(spec.maxOutputBytes) of \(exit.stderrBytes) bytes") }
+        let noted = notes.isEmpty ? "" : " (" + notes.joined(separator: "; ") + ")"
+        if exit.signal != nil {
+            throw FinalFailure("killed by \(exit.signalName)" + (exit.lastStderrLine.isEmpty ? "" : ": \(exit.lastStderrLine)") + noted)
+        }
+        let status = exit.status ?? -1
+        if status != 0 {
+            let message = "exit status \(status)" + (exit.lastStderrLine.isEmpty ? "" : ": \(exit.lastStderrLine)") + noted
+            if spec.tempFailExitCodes.contains(status) { throw KindFailure(description: message) }
+            throw FinalFailure(message)
+        }
+        switch spec.output {
+        case .none:
+            return nil
+        case .stdout:
+            // A cut output is not the command's output: passing it on would hand dependents a truncated file.
+            if exit.stdoutTruncated { throw FinalFailure("the standard output is \(exit.stdoutBytes) bytes, more than maxOutputBytes (\(spec.maxOutputBytes))") }
+            return try readRegularFile(logs[0], limit: spec.maxOutputBytes + 1).get()
+        case .file:
+            let produced = work + "/output"
+            var st = stat()
+            guard lstat(produced, &st) == 0, (st.st_mode & S_IFMT) == S_IFREG else {
+                throw FinalFailure("command '\(spec.name)' exited 0 but wrote no regular file at ${output}")
+            }
+            guard Int(st.st_size) <= spec.maxOutputBytes else {
+                throw FinalFailure("the output file is \(st.st_size) bytes, more than maxOutputBytes (\(spec.maxOutputBytes))")
+            }
+            let data = try readRegularFile(produced, limit: spec.maxOutputBytes + 1).get()
+            // Kept for a restart (the success is recorded after this returns).
+            let kept = keptFolder(folder)
+            if mkdir(kept, 0o755) != 0 && errno != EEXIST { throw SpoolError(operation: "mkdir", path: kept, errno: errno) }
+            try writeDurably(data, to: kept + "/" + operation, syncFolder: false)
+            return data
+        }
+    }
+
+    /// What a command that succeeded before a restart hands its dependents, without running again.
+    static func recovered(_ spec: CommandSpec, operation: String, folder: String) -> OperationBody {
+        switch spec.output {
+        case .none: .sync { _ in nil }
+        case .stdout:
+            .sync { _ in try readRegularFile(folder + "/" + logPaths(operation)[0], limit: Int.max).get() }
+        case .file:
+            .sync { _ in try readRegularFile(keptFolder(folder) + "/" + operation, limit: Int.max).get() }
+        }
+    }
+}

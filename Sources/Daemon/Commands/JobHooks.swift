@@ -1,0 +1,92 @@
+// `jobFinished` (SPEC §6): a configured command run once per ended job, after its outbox entry is
+// published, with ${job}, ${status} and ${outbox}.
+//
+// At least once: before a publication's first commit a marker active/.hooks/<job> (holding the status)
+// is written, so it is durable before the outbox rename; it is removed when the hook has ended. At start,
+// a marker whose job is in the outbox runs the hook (a crash came between publication and hook); one
+// whose job is still in active/ waits for that job's publication; any other is stale and removed.
+// Hooks run like commands (ChildProcess: no thread waits) and never hold up publication; their
+// standard output is dropped, standard error kept for the failure message, which is logged with OPQ_JOB.
+// Their working directory is the spool's tmp/.
+
+import Foundation
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+final class JobHooks: @unchecked Sendable {
+    let folder: String
+    let spool: Spool
+    /// Logs a hook's failure for a job: (job, message).
+    let report: @Sendable (String, String) -> Void
+
+    init(spool: Spool, report: @escaping @Sendable (String, String) -> Void) {
+        self.spool = spool
+        folder = spool.active + "/.hooks"
+        self.report = report
+        mkdir(folder, 0o755)
+    }
+
+    /// Records that the hook is due for `job` (durable with the spool's next commit).
+    func markDue(job: String, status: String) throws {
+        try writeFile(Data(status.utf8), to: folder + "/" + job)
+    }
+
+    /// Runs the hook for a published job; the marker goes once it has ended.
+    func run(_ spec: CommandSpec, job: String, status: String) {
+        let marker = folder + "/" + job
+        let argv = spec.expand(["job": job, "status": status, "outbox": CommandOperation.absolute(spool.outbox + "/" + job)])
+        let timer = TimerBox()
+        let started = ChildProcess.start(argv: argv, environment: spec.environment, directory: spool.tmp, stdoutFile: -1, stderrFile: -1,
+                                         limit: 0) { [report] exit in
+            timer.cancel()
+            unlink(marker)
+            if exit.signal != nil {
+                report(job, "the jobFinished command '\(spec.name)' was killed by \(exit.signalName)" + (exit.lastStderrLine.isEmpty ? "" : ": \(exit.lastStderrLine)"))
+            } else if let status = exit.status, status != 0 {
+                report(job, "the jobFinished command '\(spec.name)' failed: exit status \(status)" + (exit.lastStderrLine.isEmpty ? "" : ": \(exit.lastStderrLine)"))
+            }
+        }
+        switch started {
+        case .success(let child):
+            timer.set(OneShotTimer(after: spec.timeoutSeconds) { child.terminate() })
+        case .failure(let failure):
+            unlink(marker)
+            report(job, "the jobFinished command '\(spec.name)' did not start: \(failure.description)")
+        }
+    }
+
+    /// At start: hooks due for jobs published before a crash run now; stale markers go.
+    func recover(_ spec: CommandSpec?) {
+        for job in ((try? FileManager.default.contentsOfDirectory(atPath: folder)) ?? []).sorted() {
+            let marker = folder + "/" + job
+            if access(spool.active + "/" + job, F_OK) == 0 { continue } // published again later, hook then
+            guard let spec, access(spool.outbox + "/" + job, F_OK) == 0,
+                  case .success(let data) = readRegularFile(marker, limit: 64) else {
+                unlink(marker)
+                continue
+            }
+            run(spec, job: job, status: String(decoding: data, as: UTF8.self))
+        }
+    }
+}
+
+/// A timer set after the closure that cancels it was made.
+private final class TimerBox: @unchecked Sendable {
+    private let lock = NSLock()
+    private var timer: OneShotTimer?
+    private var cancelled = false
+    func set(_ t: OneShotTimer) {
+        lock.lock()
+        defer { lock.unlock() }
+        if cancelled { t.cancel() } else { timer = t }
+    }
+    func cancel() {
+        lock.lock()
+        defer { lock.unlock() }
+        cancelled = true
+        timer?.cancel()
+        timer = nil
+    }
+}

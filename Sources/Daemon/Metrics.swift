@@ -1,0 +1,155 @@
+// The daemon's metrics (SPEC §6), in the Prometheus text format.
+//
+// Events are recorded through swift-metrics (CoreMetrics' Counter, Timer and Gauge) into one
+// swift-prometheus collector registry per daemon, with a factory that gives every family its HELP text
+// and its histogram buckets. Counters and histograms move where events already flow (the engine's
+// transitions, claims, publications, downloads); the queue and spool gauges are read at scrape time
+// from the engine's overview and the daemon's status, so they cost nothing between scrapes.
+// What it trusts: label values are queue names (checked identifiers, from the configuration), kinds
+// and states (fixed spellings); nothing a manifest says becomes a label.
+
+import CoreMetrics
+import Foundation
+import OperationEngine
+import Prometheus
+
+public final class DaemonMetrics: Sendable {
+    public let registry = PrometheusCollectorRegistry()
+    private let factory: Factory
+
+    /// Every family: name → (help, histogram buckets in seconds). The manual lists the same.
+    static let families: [String: (help: String, buckets: [Double]?)] = [
+        "opqueued_queue_pending": ("Operations of the queue not yet executing (pending, ready or waiting to retry).", nil),
+        "opqueued_queue_executing": ("Operations of the queue executing now.", nil),
+        "opqueued_queue_limit": ("The queue's maxConcurrentOperationCount in effect (-1 resolved to the CPU count).", nil),
+        "opqueued_queue_suspended": ("1 if the queue is suspended, else 0.", nil),
+        "opqueued_operations_total": ("Operations ended, by kind, queue and final state.", nil),
+        "opqueued_jobs_total": ("Jobs published to the outbox, by status.", nil),
+        "opqueued_inbox_files": ("Manifests waiting in the inbox at the last scan.", nil),
+        "opqueued_active_jobs": ("Jobs claimed and not yet published.", nil),
+        "opqueued_active_operations": ("Operations of the active jobs (claiming pauses at maxActiveOperations).", nil),
+        "opqueued_claiming_paused": ("1 while a spool fault (disk full, no descriptors, read-only) pauses claiming.", nil),
+        "opqueued_pickup_seconds": ("From a manifest's last change in the inbox (closed after writing, or renamed in) to its claim.",
+                                    [0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60]),
+        "opqueued_operation_wait_seconds": ("From an operation becoming ready to its executing, per attempt.",
+                                            [0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600]),
+        "opqueued_operation_run_seconds": ("One attempt's run time, from executing to its end.",
+                                           [0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600]),
+        "opqueued_download_bytes_total": ("Bytes downloaded by download operations (http, https and file URLs).", nil),
+        "opqueued_download_errors_total": ("Download attempts that failed (not counting cancellations).", nil),
+    ]
+
+    public init() {
+        factory = Factory(registry: registry)
+        // Families that must show before their first event (a dashboard's rate() needs the zero).
+        for status in ["succeeded", "failed", "cancelled", "rejected"] { counter("opqueued_jobs_total", [("status", status)]).increment(by: 0) }
+        counter("opqueued_download_bytes_total").increment(by: 0)
+        counter("opqueued_download_errors_total").increment(by: 0)
+        _ = CoreMetrics.Timer(label: "opqueued_pickup_seconds", dimensions: [], factory: factory)
+    }
+
+    private func counter(_ name: String, _ labels: [(String, String)] = []) -> CoreMetrics.Counter {
+        CoreMetrics.Counter(label: name, dimensions: labels, factory: factory)
+    }
+
+    private func observe(_ name: String, _ labels: [(String, String)], seconds: Double) {
+        CoreMetrics.Timer(label: name, dimensions: labels, factory: factory).recordSeconds(max(0, seconds))
+    }
+
+    private func gauge(_ name: String, _ labels: [(String, String)], _ value: Double) {
+        CoreMetrics.Gauge(label: name, dimensions: labels, factory: factory).record(value)
+    }
+
+    // MARK: Events
+
+    func operationEnded(kind: String, queue: String, state: String) {
+        counter("opqueued_operations_total", [("kind", kind), ("queue", queue), ("state", state)]).increment()
+    }
+
+    func jobEnded(status: String) { counter("opqueued_jobs_total", [("status", status)]).increment() }
+
+    func pickedUp(after seconds: Double) { observe("opqueued_pickup_seconds", [], seconds: seconds) }
+
+    func waited(queue: String, seconds: Double) { observe("opqueued_operation_wait_seconds", [("queue", queue)], seconds: seconds) }
+
+    func ran(kind: String, seconds: Double) { observe("opqueued_operation_run_seconds", [("kind", kind)], seconds: seconds) }
+
+    func downloaded(bytes: Int) { counter("opqueued_download_bytes_total").increment(by: bytes) }
+
+    func downloadFailed() { counter("opqueued_download_errors_total").increment() }
+
+    // MARK: Scrape
+
+    /// The text exposition (Prometheus 0.0.4), with the gauges read now.
+    public func text(_ status: Daemon.Status, processorCount: Int) -> String {
+        for q in status.queues {
+            let label = [("queue", q.name)]
+            gauge("opqueued_queue_pending", label, Double(q.pending))
+            gauge("opqueued_queue_executing", label, Double(q.executing))
+            gauge("opqueued_queue_limit", label, Double(q.maxConcurrentOperationCount < 0 ? processorCount : q.maxConcurrentOperationCount))
+            gauge("opqueued_queue_suspended", label, q.isSuspended ? 1 : 0)
+        }
+        gauge("opqueued_inbox_files", [], Double(status.waiting))
+        gauge("opqueued_active_jobs", [], Double(status.activeJobs.count))
+        gauge("opqueued_active_operations", [], Double(status.operations))
+        gauge("opqueued_claiming_paused", [], status.fault == nil ? 0 : 1)
+        return registry.emitToString()
+    }
+
+    /// CoreMetrics' factory over the registry: every family with its HELP text and buckets.
+    struct Factory: CoreMetrics.MetricsFactory {
+        let registry: PrometheusCollectorRegistry
+
+        private func descriptor(_ label: String) -> MetricNameDescriptor {
+            MetricNameDescriptor(metricName: label, unitName: "", helpText: DaemonMetrics.families[label]?.help ?? "")
+        }
+
+        func makeCounter(label: String, dimensions: [(String, String)]) -> any CounterHandler {
+            registry.makeCounter(descriptor: descriptor(label), labels: dimensions)
+        }
+
+        func makeFloatingPointCounter(label: String, dimensions: [(String, String)]) -> any FloatingPointCounterHandler {
+            registry.makeCounter(descriptor: descriptor(label), labels: dimensions)
+        }
+
+        func makeRecorder(label: String, dimensions: [(String, String)], aggregate: Bool) -> any RecorderHandler {
+            guard aggregate else { return registry.makeGauge(descriptor: descriptor(label), labels: dimensions) }
+            return registry.makeValueHistogram(descriptor: descriptor(label), labels: dimensions, buckets: DaemonMetrics.families[label]?.buckets ?? [1])
+        }
+
+        func makeMeter(label: String, dimensions: [(String, String)]) -> any MeterHandler {
+            registry.makeGauge(descriptor: descriptor(label), labels: dimensions)
+        }
+
+        func makeTimer(label: String, dimensions: [(String, String)]) -> any TimerHandler {
+            let buckets = (DaemonMetrics.families[label]?.buckets ?? [1]).map { Duration.nanoseconds(Int64(($0 * 1e9).rounded())) }
+            return registry.makeDurationHistogram(descriptor: descriptor(label), labels: dimensions, buckets: buckets)
+        }
+
+        // The daemon's series live as long as the daemon: nothing is ever destroyed.
+        func destroyCounter(_ handler: any CounterHandler) {}
+        func destroyFloatingPointCounter(_ handler: any FloatingPointCounterHandler) {}
+        func destroyRecorder(_ handler: any RecorderHandler) {}
+        func destroyMeter(_ handler: any MeterHandler) {}
+        func destroyTimer(_ handler: any TimerHandler) {}
+    }
+}
+
+/// When each operation became ready, then started executing (per attempt), for the wait and run
+/// histograms. Only the engine's delivery thread touches it (`Daemon.deliver`), so it needs no lock.
+/// An entry lives from `ready` to the operation's end: at most the operations ready or executing now.
+final class OperationClock: @unchecked Sendable {
+    struct Mark { let time: Double; let executing: Bool }
+    private struct Key: Hashable { let group: GroupID; let operation: Int }
+    private var marks: [Key: Mark] = [:]
+
+    /// Records the operation's new mark and returns its previous one, if any.
+    func mark(_ group: GroupID, _ operation: Int, at time: Double, executing: Bool) -> Mark? {
+        marks.updateValue(Mark(time: time, executing: executing), forKey: Key(group: group, operation: operation))
+    }
+
+    /// Forgets the operation's mark (its attempt ended) and returns it.
+    func end(_ group: GroupID, _ operation: Int) -> Mark? {
+        marks.removeValue(forKey: Key(group: group, operation: operation))
+    }
+}

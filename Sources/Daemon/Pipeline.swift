@@ -1,0 +1,617 @@
+// Fused image operations (issue 15): a chain of image operations whose intermediate results nobody else reads
+// runs as one pipeline over strips of rows. The decoder (CCodecs' incremental libjpeg-turbo / libpng readers)
+// produces rows as the next stage asks for them, each filter works on a strip (blur and resize keep a ring of
+// the rows their kernel spans), and the encoder writes rows to the output file as they come. No full-size
+// buffer exists unless the codec needs one (EXIF orientation other than 1, interlaced PNG: see CCodecs.h) or the
+// chain ends in an operation whose output must be pixels (ImagePipeline.materialise).
+//
+// The row kernels are the ones of Images.swift (Filters), so a fused chain gives the same pixels as the
+// whole-image functions, which the tests keep as the reference. Trusts: a source's bytes stay valid while
+// the pipeline runs (they are borrowed with withUnsafeBytes for the whole run).
+
+import CCodecs
+import Foundation
+
+/// An image operation as a value (SPEC §3.3 parameters).
+enum ImageStep: Sendable {
+    case sepia(intensity: Double)
+    case grayscale
+    case vignette(strength: Double)
+    case blur(radius: Double)
+    case resize(width: Int?, height: Int?, mode: String)
+    case thumbnail(size: Int)
+
+    /// The step of an image operation's parameters; nil for other kinds.
+    init?(_ parameters: Parameters) {
+        switch parameters {
+        case .sepia(let intensity): self = .sepia(intensity: intensity)
+        case .grayscale: self = .grayscale
+        case .vignette(let strength): self = .vignette(strength: strength)
+        case .blur(let radius): self = .blur(radius: radius)
+        case .resize(let width, let height, let mode): self = .resize(width: width, height: height, mode: mode)
+        case .thumbnail(let size): self = .thumbnail(size: size)
+        default: return nil
+        }
+    }
+}
+
+/// A fused image operation's output: where the pixels come from and the steps still to apply. Nothing is
+/// decoded until the consumer (the chain's `write`, or an operation that needs pixels) runs it.
+struct ImagePipeline: Sendable {
+    enum Source: Sendable {
+        case bytes(Data)
+        case image(Image)
+    }
+
+    let source: Source
+    let steps: [ImageStep]
+    /// The ids of the operations fused so far, for messages.
+    let operations: [String]
+
+    func appending(_ step: ImageStep, operation: String) -> ImagePipeline {
+        ImagePipeline(source: source, steps: steps + [step], operations: operations + [operation])
+    }
+
+    /// Checks what can be checked from the header alone (signature, a readable header, maxPixels), so a fused
+    /// operation still fails at once on bytes that are not an image it may open.
+    static func checkHeader(_ data: Data, maxPixels: Int) throws {
+        try data.withUnsafeBytes { raw in
+            let reader = try DecoderRows(raw, maxPixels: maxPixels)
+            withExtendedLifetime(reader) {}
+        }
+    }
+
+    /// The pipeline's pixels as one image (for a consumer that needs them whole).
+    func materialise(maxPixels: Int, check: @escaping CancellationCheck) throws -> Image {
+        try run(maxPixels: maxPixels, check: check) { rows in
+            let image = try Image(width: rows.width, height: rows.height, channels: rows.channels)
+            var y = 0
+            let strip = stripRows(rows.stride)
+            while y < rows.height {
+                try check()
+                let n = min(strip, rows.height - y)
+                try rows.read(n, into: image.pixels + y * image.stride)
+                y += n
+            }
+            try rows.drain()
+            return image
+        }
+    }
+
+    /// Encodes the pipeline's rows to `fd` as PNG or JPEG, a strip at a time.
+    func encode(to fd: Int32, format: String, quality: Int, maxPixels: Int, check: @escaping CancellationCheck) throws {
+        try run(maxPixels: maxPixels, check: check) { rows in
+            let writer = try RowWriter(fd: fd, png: format == "png", width: rows.width, height: rows.height, channels: rows.channels, quality: quality)
+            if rows.width * rows.height >= StripHandoff.threshold {
+                try StripHandoff(rows, check: check).run { pixels, n in try writer.write(pixels, rows: n) }
+            } else {
+                let stripHeight = stripRows(rows.stride)
+                let strip = try RowBuffer(rows: stripHeight, of: rows)
+                var y = 0
+                while y < rows.height {
+                    try check()
+                    let n = min(stripHeight, rows.height - y)
+                    try rows.read(n, into: strip.pixels)
+                    try writer.write(strip.pixels, rows: n)
+                    y += n
+                }
+                // Corrupt data past the last row needed fails the write before the file is finished.
+                try rows.drain()
+            }
+            try writer.finish()
+        }
+    }
+
+    /// Builds the stages over the source and hands the last one to `consume`, with the source's bytes borrowed.
+    private func run<T>(maxPixels: Int, check: @escaping CancellationCheck, _ consume: (any RowSource) throws -> T) throws -> T {
+        switch source {
+        case .image(let image):
+            let first = ImageRows(image)
+            return try consume(stages(over: first, logical: (first.width, first.height), check: check))
+        case .bytes(let data):
+            return try data.withUnsafeBytes { raw in
+                let decoder = try DecoderRows(raw, maxPixels: maxPixels)
+                let logical = (decoder.width, decoder.height)
+                try decoder.start(shrinkOnLoad(width: logical.0, height: logical.1))
+                return try consume(stages(over: decoder, logical: logical, check: check))
+            }
+        }
+    }
+
+    /// Shrink-on-load (JPEG DCT scaling): the minimums the decoded image must keep, set by the first step that
+    /// changes the size when only per-pixel steps come before it (a blur's radius is in source pixels, so a
+    /// blur first keeps the full size). `thumbnail` keeps its longest side, as it always has; `resize` keeps
+    /// the size it scales to (before a `fill` crop).
+    func shrinkOnLoad(width: Int, height: Int) -> (width: Int, height: Int, side: Int) {
+        for step in steps {
+            switch step {
+            case .sepia, .grayscale, .vignette: continue
+            case .blur: return (0, 0, 0)
+            case .thumbnail(let size): return (0, 0, size)
+            case .resize(let w, let h, let mode):
+                guard let plan = Filters.resizePlan(width: width, height: height, to: w, h, mode: mode) else { continue }
+                return (plan.scaled.width, plan.scaled.height, 0)
+            }
+        }
+        return (0, 0, 0)
+    }
+
+    /// The stages of the steps over `first`. `logical` is the size the image would have had without
+    /// shrink-on-load: `resize` computes its target from it (so the output size does not depend on the
+    /// DCT scale); `thumbnail` from the rows it gets, as the whole-image thumbnail always did.
+    private func stages(over first: any RowSource, logical: (Int, Int), check: @escaping CancellationCheck) throws -> any RowSource {
+        var current = first
+        var logical = logical
+        for step in steps {
+            switch step {
+            case .sepia(let intensity):
+                current = MatrixRows(current, Filters.sepiaMatrix(intensity: intensity))
+            case .grayscale:
+                current = MatrixRows(current, Filters.grayscaleMatrix)
+            case .vignette(let strength):
+                current = VignetteRows(current, strength: strength)
+            case .blur(let radius):
+                guard radius > 0 else { continue }
+                current = try SeparableRows(current, width: current.width, height: current.height,
+                                            horizontal: Filters.gaussianKernel(size: current.width, sigma: radius),
+                                            vertical: Filters.gaussianKernel(size: current.height, sigma: radius), check: check)
+            case .resize(let w, let h, let mode):
+                guard let plan = Filters.resizePlan(width: logical.0, height: logical.1, to: w, h, mode: mode) else { continue }
+                current = try Self.scaled(current, plan.scaled.width, plan.scaled.height, check: check)
+                if let c = plan.crop { current = try CropRows(current, x: c.x, y: c.y, width: c.width, height: c.height) }
+                logical = (current.width, current.height)
+            case .thumbnail(let size):
+                guard let t = Filters.thumbnailSize(width: current.width, height: current.height, size: size) else { continue }
+                current = try Self.scaled(current, t.width, t.height, check: check)
+                logical = (current.width, current.height)
+            }
+        }
+        return current
+    }
+
+    private static func scaled(_ rows: any RowSource, _ width: Int, _ height: Int, check: @escaping CancellationCheck) throws -> any RowSource {
+        if width == rows.width && height == rows.height { return rows }
+        return try SeparableRows(rows, width: width, height: height,
+                                 horizontal: Filters.lanczosKernel(source: rows.width, target: width),
+                                 vertical: Filters.lanczosKernel(source: rows.height, target: height), check: check)
+    }
+}
+
+// MARK: Stages
+
+/// Rows pulled top to bottom.
+protocol RowSource: AnyObject {
+    var width: Int { get }
+    var height: Int { get }
+    var channels: Int { get }
+    /// The next `count` rows into `out` (`width × channels` bytes each, no padding).
+    func read(_ count: Int, into out: UnsafeMutablePointer<UInt8>) throws
+    /// Reads and drops the rows nobody asked for, down to the decoder, which then checks the file's end:
+    /// a truncated or corrupt image fails even when the output did not need its last rows.
+    func drain() throws
+}
+
+extension RowSource {
+    var stride: Int { width * channels }
+}
+
+/// Rows per strip for rows of `stride` bytes: up to `Filters.band`, and about 256 kB, so a strip stays in
+/// cache between the stages that touch it in turn (a 12000-pixel RGB row is 36 kB).
+func stripRows(_ stride: Int) -> Int { max(1, min(Filters.band, (256 << 10) / max(1, stride))) }
+
+/// A malloc'd strip of rows.
+final class RowBuffer {
+    let pixels: UnsafeMutablePointer<UInt8>
+
+    init(rows: Int, of source: any RowSource) throws {
+        guard let memory = malloc(max(1, rows * source.stride)) else { throw ImageError("out of memory for a strip of \(rows) rows") }
+        pixels = memory.assumingMemoryBound(to: UInt8.self)
+    }
+
+    deinit { free(pixels) }
+}
+
+/// Calls a CCodecs function with a message buffer; a code other than OK throws the codec's message.
+func codecCall(_ what: String, _ body: (UnsafeMutablePointer<CChar>, Int) -> Int32) throws {
+    var message = [CChar](repeating: 0, count: 512)
+    let code = message.withUnsafeMutableBufferPointer { body($0.baseAddress!, $0.count) }
+    guard code == Int32(OPQ_CODEC_OK) else {
+        let text = String(decoding: message.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
+        throw ImageError(text.isEmpty ? what : text)
+    }
+}
+
+/// Rows from the decoder. Opening reads the header only (maxPixels is checked there, before any pixel buffer
+/// exists); `start` picks the DCT scale and begins.
+final class DecoderRows: RowSource {
+    private var reader: OpaquePointer?
+    private(set) var width = 0, height = 0, channels = 0
+    private var next = 0, finished = false
+
+    init(_ raw: UnsafeRawBufferPointer, maxPixels: Int) throws {
+        var w: Int32 = 0, h: Int32 = 0
+        try codecCall("the image cannot be decoded") { m, n in
+            opq_reader_open(raw.baseAddress?.assumingMemoryBound(to: UInt8.self), raw.count, UInt64(max(0, maxPixels)), &reader, &w, &h, m, n)
+        }
+        width = Int(w)
+        height = Int(h)
+    }
+
+    func start(_ minimum: (width: Int, height: Int, side: Int)) throws {
+        var w: Int32 = 0, h: Int32 = 0, c: Int32 = 0
+        try codecCall("the image cannot be decoded") { m, n in
+            opq_reader_start(reader, Int32(clamping: minimum.width), Int32(clamping: minimum.height), Int32(clamping: minimum.side), &w, &h, &c, m, n)
+        }
+        (width, height, channels) = (Int(w), Int(h), Int(c))
+    }
+
+    deinit { opq_reader_close(reader) }
+
+    func read(_ count: Int, into out: UnsafeMutablePointer<UInt8>) throws {
+        try codecCall("the image cannot be decoded") { m, n in opq_reader_read(reader, out, Int32(count), m, n) }
+        next += count
+        if next == height { try finish() }
+    }
+
+    func drain() throws {
+        if next < height {
+            let rows = stripRows(stride)
+            let strip = try RowBuffer(rows: rows, of: self)
+            while next < height { try read(min(rows, height - next), into: strip.pixels) }
+        }
+        try finish()
+    }
+
+    private func finish() throws {
+        guard !finished else { return }
+        try codecCall("the image cannot be decoded") { m, n in opq_reader_finish(reader, m, n) }
+        finished = true
+    }
+}
+
+/// Rows of an image already in memory (a materialised input).
+final class ImageRows: RowSource {
+    let image: Image
+    private var next = 0
+    var width: Int { image.width }
+    var height: Int { image.height }
+    var channels: Int { image.channels }
+
+    init(_ image: Image) { self.image = image }
+
+    func read(_ count: Int, into out: UnsafeMutablePointer<UInt8>) throws {
+        memcpy(out, image.pixels + next * image.stride, count * image.stride)
+        next += count
+    }
+
+    func drain() throws {}
+}
+
+/// Sepia, grayscale: a colour matrix, in place on the strip.
+final class MatrixRows: RowSource {
+    private let upstream: any RowSource
+    private let tables: [Int32]
+    var width: Int { upstream.width }
+    var height: Int { upstream.height }
+    var channels: Int { upstream.channels }
+
+    init(_ upstream: any RowSource, _ matrix: [Float]) {
+        self.upstream = upstream
+        tables = Filters.matrixTables(matrix)
+    }
+
+    func read(_ count: Int, into out: UnsafeMutablePointer<UInt8>) throws {
+        try upstream.read(count, into: out)
+        let (n, c) = (count * width, channels)
+        tables.withUnsafeBufferPointer { Filters.applyMatrix($0.baseAddress!, out, out, count: n, channels: c) }
+    }
+
+    func drain() throws { try upstream.drain() }
+}
+
+/// Vignette, in place on the strip: each row knows its position in the whole image.
+final class VignetteRows: RowSource {
+    private let upstream: any RowSource
+    private let shape: Filters.Vignette
+    private var next = 0
+    var width: Int { upstream.width }
+    var height: Int { upstream.height }
+    var channels: Int { upstream.channels }
+
+    init(_ upstream: any RowSource, strength: Double) {
+        self.upstream = upstream
+        shape = Filters.Vignette(width: upstream.width, height: upstream.height, strength: strength)
+    }
+
+    func read(_ count: Int, into out: UnsafeMutablePointer<UInt8>) throws {
+        try upstream.read(count, into: out)
+        for i in 0..<count {
+            let row = out + i * stride
+            shape.apply(row: next + i, row, row, width: width, channels: channels)
+        }
+        next += count
+    }
+
+    func drain() throws { try upstream.drain() }
+}
+
+/// Blur and resize: the horizontal pass of each source row goes into a ring of `taps` Float rows (the most a
+/// vertical window spans; windows only move down), and each output row is the vertical pass over the ring.
+final class SeparableRows: RowSource {
+    private let upstream: any RowSource
+    let width: Int, height: Int
+    var channels: Int { upstream.channels }
+    private let horizontal: Filters.Kernel, vertical: Filters.Kernel
+    private let check: CancellationCheck
+    private let ring: UnsafeMutablePointer<Float>
+    private let accumulator: UnsafeMutablePointer<Float>
+    private let strip: RowBuffer
+    private let stripHeight: Int
+    private var stripFilled = 0, stripNext = 0
+    /// Source rows pulled from upstream, horizontally filtered into the ring; output rows handed out.
+    private var pulled = 0, produced = 0, next = 0
+
+    init(_ upstream: any RowSource, width: Int, height: Int, horizontal: Filters.Kernel, vertical: Filters.Kernel, check: @escaping CancellationCheck) throws {
+        self.upstream = upstream
+        self.width = width
+        self.height = height
+        self.horizontal = horizontal
+        self.vertical = vertical
+        self.check = check
+        let rowLength = width * upstream.channels
+        ring = .allocate(capacity: max(1, vertical.taps * rowLength))
+        accumulator = .allocate(capacity: max(1, rowLength))
+        stripHeight = stripRows(upstream.stride)
+        strip = try RowBuffer(rows: stripHeight, of: upstream)
+    }
+
+    deinit {
+        ring.deallocate()
+        accumulator.deallocate()
+    }
+
+    /// Filters source rows into the ring until row `last` is there.
+    private func produce(through last: Int) throws {
+        let rowLength = width * channels, sourceStride = upstream.stride
+        while produced <= last {
+            if stripNext == stripFilled {
+                try check()
+                let n = min(stripHeight, upstream.height - pulled)
+                try upstream.read(n, into: strip.pixels)
+                pulled += n
+                (stripFilled, stripNext) = (n, 0)
+            }
+            let target = ring + (produced % vertical.taps) * rowLength
+            let source = strip.pixels + stripNext * sourceStride
+            let sourceWidth = upstream.width, w = width, c = channels
+            horizontal.starts.withUnsafeBufferPointer { hs in
+                horizontal.weights.withUnsafeBufferPointer { hw in
+                    Filters.horizontalRow(source, sourceWidth: sourceWidth, target, width: w, channels: c,
+                                          starts: hs.baseAddress!, weights: hw.baseAddress!, taps: horizontal.taps)
+                }
+            }
+            stripNext += 1
+            produced += 1
+        }
+    }
+
+    func read(_ count: Int, into out: UnsafeMutablePointer<UInt8>) throws {
+        let rowLength = width * channels, lastY = upstream.height - 1, taps = vertical.taps
+        for i in 0..<count {
+            let y = next + i
+            try produce(through: min(lastY, max(0, Int(vertical.starts[y]) + taps - 1)))
+            let ring = self.ring
+            vertical.starts.withUnsafeBufferPointer { vs in
+                vertical.weights.withUnsafeBufferPointer { vw in
+                    Filters.verticalRow(y, out + i * rowLength, rowLength: rowLength, accumulator: accumulator, lastY: lastY,
+                                        starts: vs.baseAddress!, weights: vw.baseAddress!, taps: taps) { UnsafePointer(ring + ($0 % taps) * rowLength) }
+                }
+            }
+        }
+        next += count
+    }
+
+    func drain() throws {
+        while pulled < upstream.height {
+            let n = min(stripHeight, upstream.height - pulled)
+            try upstream.read(n, into: strip.pixels)
+            pulled += n
+        }
+        try upstream.drain()
+    }
+}
+
+/// The middle of a `fill` resize.
+final class CropRows: RowSource {
+    private let upstream: any RowSource
+    private let x: Int, y: Int
+    let width: Int, height: Int
+    var channels: Int { upstream.channels }
+    private let strip: RowBuffer
+    private let stripHeight: Int
+    private var pulled = 0
+
+    init(_ upstream: any RowSource, x: Int, y: Int, width: Int, height: Int) throws {
+        self.upstream = upstream
+        (self.x, self.y, self.width, self.height) = (x, y, width, height)
+        stripHeight = stripRows(upstream.stride)
+        strip = try RowBuffer(rows: stripHeight, of: upstream)
+    }
+
+    private func skip(to row: Int) throws {
+        while pulled < row {
+            let n = min(stripHeight, row - pulled)
+            try upstream.read(n, into: strip.pixels)
+            pulled += n
+        }
+    }
+
+    func read(_ count: Int, into out: UnsafeMutablePointer<UInt8>) throws {
+        try skip(to: y)
+        var done = 0
+        while done < count {
+            let n = min(stripHeight, count - done)
+            try upstream.read(n, into: strip.pixels)
+            pulled += n
+            for r in 0..<n { memcpy(out + (done + r) * stride, strip.pixels + r * upstream.stride + x * channels, stride) }
+            done += n
+        }
+    }
+
+    func drain() throws {
+        try skip(to: upstream.height)
+        try upstream.drain()
+    }
+}
+
+/// A big image's strips made on a second thread (decoder and filters) while the caller's thread encodes the
+/// previous ones: the two halves of the work overlap, as in `djpeg | cjpeg`. A few strips are in flight (memory
+/// stays a few strips); an error on either side stops both, and the producer is joined before `run` returns
+/// (the stages borrow the source's bytes only for the caller's scope).
+final class StripHandoff: @unchecked Sendable {
+    /// Pixels from which a second thread is used: from about a 1280×800 photo, whose work (tens of ms) dwarfs a
+    /// thread's start. Below, the serial loop. (On a shared machine, two runnable threads per operation also
+    /// keep the daemon's share of the CPU where separate filter and write operations had it.)
+    static let threshold = 1_000_000
+    private static let depth = 4
+
+    private let rows: any RowSource
+    private let check: CancellationCheck
+    private let stripHeight: Int
+    private let buffers: [RowBuffer]
+    private let condition = NSCondition()
+    // Guarded by `condition`.
+    private var free: [Int], filled: [(index: Int, rows: Int)] = []
+    private var producerDone = false, stop = false, failure: (any Error)?
+    private let finished = DispatchSemaphore(value: 0)
+
+    init(_ rows: any RowSource, check: @escaping CancellationCheck) throws {
+        self.rows = rows
+        self.check = check
+        let height = stripRows(rows.stride)
+        stripHeight = height
+        buffers = try (0..<Self.depth).map { _ in try RowBuffer(rows: height, of: rows) }
+        free = Array(0..<Self.depth)
+    }
+
+    /// Hands each strip, in order, to `consume` on the calling thread; then checks the producer's end.
+    func run(_ consume: (UnsafeMutablePointer<UInt8>, Int) throws -> Void) throws {
+        let thread = Thread { [self] in produce() }
+        thread.stackSize = 1 << 20
+        thread.start()
+        defer { finished.wait() }
+        while true {
+            condition.lock()
+            while filled.isEmpty && !producerDone { condition.wait() }
+            guard !filled.isEmpty else {
+                condition.unlock()
+                break
+            }
+            let strip = filled.removeFirst()
+            condition.unlock()
+            do {
+                try consume(buffers[strip.index].pixels, strip.rows)
+            } catch {
+                halt()
+                throw error
+            }
+            condition.lock()
+            free.append(strip.index)
+            condition.signal()
+            condition.unlock()
+        }
+        condition.lock()
+        let failure = self.failure
+        condition.unlock()
+        if let failure { throw failure }
+    }
+
+    private func halt() {
+        condition.lock()
+        stop = true
+        condition.broadcast()
+        condition.unlock()
+    }
+
+    private func produce() {
+        defer { finished.signal() }
+        var error: (any Error)?
+        var y = 0
+        do {
+            while y < rows.height {
+                condition.lock()
+                while free.isEmpty && !stop { condition.wait() }
+                if stop {
+                    condition.unlock()
+                    return
+                }
+                let index = free.removeFirst()
+                condition.unlock()
+                try check()
+                let n = min(stripHeight, rows.height - y)
+                try rows.read(n, into: buffers[index].pixels)
+                y += n
+                condition.lock()
+                filled.append((index, n))
+                condition.signal()
+                condition.unlock()
+            }
+            // Corrupt data past the last row needed fails the write before the file is finished.
+            try rows.drain()
+        } catch let e {
+            error = e
+        }
+        condition.lock()
+        failure = error
+        producerDone = true
+        condition.broadcast()
+        condition.unlock()
+    }
+}
+
+/// The encoder end: rows to a file descriptor.
+final class RowWriter {
+    private var writer: OpaquePointer?
+
+    init(fd: Int32, png: Bool, width: Int, height: Int, channels: Int, quality: Int) throws {
+        try codecCall("the image cannot be encoded") { m, n in
+            opq_writer_open(fd, png ? 1 : 0, Int32(width), Int32(height), Int32(channels), Int32(quality), &writer, m, n)
+        }
+    }
+
+    deinit { opq_writer_close(writer) }
+
+    func write(_ pixels: UnsafePointer<UInt8>, rows: Int) throws {
+        try codecCall("the image cannot be encoded") { m, n in opq_writer_write(writer, pixels, Int32(rows), m, n) }
+    }
+
+    func finish() throws {
+        try codecCall("the image cannot be encoded") { m, n in opq_writer_finish(writer, m, n) }
+    }
+}
+
+// MARK: Which operations fuse
+
+enum ImageFusion {
+    /// The image operations whose output becomes an ImagePipeline instead of pixels: those whose one and only
+    /// dependent (in `operations`) is an image operation or a `write` that depends on nothing else (so it takes
+    /// this output as its input). Everything else materialises its output as today.
+    static func fusedOperations(_ operations: [OperationPlan]) -> Set<String> {
+        var dependents: [String: Int] = [:]
+        for op in operations { for d in Set(op.dependencies) { dependents[d, default: 0] += 1 } }
+        let producers = Dictionary(operations.map { ($0.id, $0) }, uniquingKeysWith: { a, _ in a })
+        var fused = Set<String>()
+        for consumer in operations {
+            let consumes: Bool
+            switch consumer.parameters {
+            case .write: consumes = true
+            default: consumes = ImageStep(consumer.parameters) != nil
+            }
+            guard consumes, Set(consumer.dependencies).count == 1, let id = consumer.dependencies.first,
+                  consumer.input == nil || consumer.input == id,
+                  let producer = producers[id], ImageStep(producer.parameters) != nil, dependents[id] == 1 else { continue }
+            fused.insert(id)
+        }
+        return fused
+    }
+}

@@ -1,0 +1,178 @@
+// Metrics (SPEC §6): `opqueuectl metrics` and the HTTP listener scraped while jobs run, parsed by
+// prometheus_client's own parser (Tests/Support/metrics_client.py, Debian's python3-prometheus-client),
+// the numbers checked against what the jobs did; the listener under hostile clients.
+
+import Foundation
+import Testing
+import TestSupport
+@testable import Daemon
+
+/// The parser runs under Debian's Python, where `make deps` installs python3-prometheus-client.
+let systemPython = "/usr/bin/python3"
+
+struct Scrape {
+    let samples: [(name: String, labels: [String: String], value: Double)]
+    let types: [String: String]
+    let contentType: String?
+
+    init(json: String) throws {
+        guard let object = try JSONSerialization.jsonObject(with: Data(json.utf8)) as? [String: Any] else { throw SupportFailure("not JSON: \(json)") }
+        samples = (object["samples"] as? [[String: Any]] ?? []).map {
+            ($0["name"] as? String ?? "", $0["labels"] as? [String: String] ?? [:], ($0["value"] as? NSNumber)?.doubleValue ?? .nan)
+        }
+        types = object["types"] as? [String: String] ?? [:]
+        contentType = object["contentType"] as? String
+    }
+
+    /// The sample's value; 0 when the series does not exist yet (a counter before its first event).
+    func value(_ name: String, _ labels: [String: String] = [:]) -> Double {
+        samples.first { $0.name == name && $0.labels == labels }?.value ?? 0
+    }
+
+    /// Parses text with the real parser.
+    static func parse(_ text: String) throws -> Scrape {
+        let input = Pipe(), output = Pipe(), errors = Pipe()
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: systemPython)
+        process.arguments = [supportFolder + "/metrics_client.py", "parse"]
+        process.standardInput = input
+        process.standardOutput = output
+        process.standardError = errors
+        try process.run()
+        input.fileHandleForWriting.write(Data(text.utf8))
+        try input.fileHandleForWriting.close()
+        let out = output.fileHandleForReading.readDataToEndOfFile()
+        let err = errors.fileHandleForReading.readDataToEndOfFile()
+        process.waitUntilExit()
+        guard process.terminationStatus == 0 else { throw SupportFailure("the parser refused the text: \(String(decoding: err, as: UTF8.self))") }
+        return try Scrape(json: String(decoding: out, as: UTF8.self))
+    }
+
+    static func fromCtl(_ spool: TestSpool) throws -> Scrape {
+        let r = try spool.ctl(["metrics"])
+        guard r.status == 0 else { throw SupportFailure("opqueuectl metrics: \(r.status) \(r.stderr)") }
+        return try parse(r.stdout)
+    }
+
+    static func fromHTTP(_ address: String) throws -> Scrape {
+        let r = try run(systemPython, [supportFolder + "/metrics_client.py", "scrape", "http://\(address)/metrics"])
+        guard r.status == 0 else { throw SupportFailure("scrape failed: \(r.stderr)") }
+        return try Scrape(json: r.stdout)
+    }
+}
+
+/// The address the daemon says its listener bound (port 0 in the configuration: any free port).
+func metricsAddress(_ spool: TestSpool) -> String? {
+    let deadline = Date().addingTimeInterval(10)
+    while Date() < deadline {
+        if let log = try? String(contentsOfFile: spool.logPath, encoding: .utf8),
+           let range = log.range(of: #"listening on http://([0-9.\[\]:a-f]+)/metrics"#, options: .regularExpression) {
+            return String(log[range].dropFirst("listening on http://".count).dropLast("/metrics".count))
+        }
+        usleep(20_000)
+    }
+    return nil
+}
+
+@Suite(.serialized) struct MetricsTests {
+    @Test func countersAndGaugesFollowWhatTheJobsDid() throws {
+        let spool = TestSpool()
+        let config = try spool.configure(["metrics": ["listen": "127.0.0.1:0"]])
+        try spool.start(config)
+        let address = try #require(metricsAddress(spool))
+        let before = try Scrape.fromCtl(spool)
+        // (The parser names a counter family without its _total.)
+        #expect(before.types["opqueued_jobs"] == "counter")
+        #expect(before.types["opqueued_pickup_seconds"] == "histogram")
+        #expect(before.value("opqueued_queue_suspended", ["queue": "io"]) == 0)
+
+        // 20 operations that succeed and one that fails, in one job; a long one keeps `default` busy.
+        try spool.drop("long.plist", ["job": "long", "operations": [sleepOp("hold", 30)]])
+        let twenty = (0..<20).map { sleepOp("s\($0)", 0) } + [["id": "boom", "kind": "fail", "message": "on purpose"]]
+        try spool.drop("twenty.plist", ["job": "twenty", "operations": twenty])
+        try spool.drop("bad.plist", ["job": "bad", "operations": [["id": "x", "kind": "teleport"]]])
+        #expect(spool.result("twenty")?["status"] as? String == "failed")
+        #expect(spool.result("bad")?["status"] as? String == "rejected")
+        #expect(try spool.ctl(["suspend", "io"]).status == 0)
+
+        for scrape in [try Scrape.fromCtl(spool), try Scrape.fromHTTP(address)] {
+            func delta(_ name: String, _ labels: [String: String] = [:]) -> Double { scrape.value(name, labels) - before.value(name, labels) }
+            #expect(delta("opqueued_operations_total", ["kind": "sleep", "queue": "default", "state": "succeeded"]) == 20)
+            #expect(delta("opqueued_operations_total", ["kind": "fail", "queue": "default", "state": "failed"]) == 1)
+            #expect(delta("opqueued_jobs_total", ["status": "failed"]) == 1)
+            #expect(delta("opqueued_jobs_total", ["status": "rejected"]) == 1)
+            #expect(delta("opqueued_jobs_total", ["status": "succeeded"]) == 0)
+            #expect(scrape.value("opqueued_queue_suspended", ["queue": "io"]) == 1)
+            #expect(scrape.value("opqueued_queue_suspended", ["queue": "default"]) == 0)
+            #expect(scrape.value("opqueued_queue_executing", ["queue": "default"]) == 1)
+            #expect(scrape.value("opqueued_queue_limit", ["queue": "io"]) == 2)
+            #expect(scrape.value("opqueued_active_jobs") == 1)
+            // Every ended attempt was timed; every started one waited; each of the three manifests was picked up.
+            #expect(delta("opqueued_operation_run_seconds_count", ["kind": "sleep"]) == 20)
+            #expect(delta("opqueued_operation_wait_seconds_count", ["queue": "default"]) == 22)
+            #expect(delta("opqueued_pickup_seconds_count") == 3)
+            #expect(scrape.value("opqueued_pickup_seconds_bucket", ["le": "+Inf"]) == scrape.value("opqueued_pickup_seconds_count"))
+        }
+        #expect(try Scrape.fromHTTP(address).contentType == "text/plain; version=0.0.4; charset=utf-8")
+
+        // status shows the same, for people.
+        let status = try spool.ctl(["status"]).stdout
+        #expect(status.contains("long  0/1 done"))
+        #expect(status.range(of: #"io +2 +utility +0 +0 +yes"#, options: .regularExpression) != nil)
+        #expect(try spool.ctl(["cancel", "long"]).status == 0)
+    }
+
+    @Test func downloadsCountBytesAndErrors() throws {
+        let spool = TestSpool()
+        let files = spool.root + ".files"
+        try FileManager.default.createDirectory(atPath: files, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: files) }
+        try Data(repeating: 7, count: 12_345).write(to: URL(fileURLWithPath: files + "/blob"))
+        let server = try LoopbackServer(folder: files)
+        // The tests' server is on loopback, which downloads refuse unless it is opened.
+        try spool.start(spool.configure(["download": ["allowNetworks": ["127.0.0.0/8"]]]))
+        try spool.drop("dl.plist", ["job": "dl", "operations": [
+            ["id": "ok", "kind": "download", "url": server.url("/file/blob")],
+            ["id": "missing", "kind": "download", "url": server.url("/status/404")],
+        ]])
+        #expect(spool.result("dl")?["status"] as? String == "failed")
+        let scrape = try Scrape.fromCtl(spool)
+        #expect(scrape.value("opqueued_download_bytes_total") == 12_345)
+        #expect(scrape.value("opqueued_download_errors_total") == 1)
+    }
+
+    @Test func theListenerSurvivesHostileClients() throws {
+        let spool = TestSpool()
+        let config = try spool.configure(["metrics": ["listen": "127.0.0.1:0"]])
+        try spool.start(config)
+        let address = try #require(metricsAddress(spool))
+        let port = String(address.split(separator: ":").last ?? "")
+        let abuse = try run(systemPython, [supportFolder + "/metrics_client.py", "abuse", "127.0.0.1", port], timeout: 60)
+        #expect(abuse.status == 0, "\(abuse.stderr)")
+        let seen = try #require(try JSONSerialization.jsonObject(with: Data(abuse.stdout.utf8)) as? [String: Any])
+        #expect((seen["garbage"] as? String)?.hasPrefix("HTTP/1.1 400") == true)
+        // A stalled request is dropped by the server, within its 10 s (with slack for a loaded machine).
+        let stalled = seen["stalled"] as? [String: Any]
+        let closedAfter = (stalled?["closedAfter"] as? NSNumber)?.doubleValue
+        #expect(closedAfter != nil && closedAfter! < 20)
+        #expect(spool.daemon?.isRunning == true)
+        // And it still serves, as does the control socket.
+        let deadline = Date().addingTimeInterval(20)
+        var served = false
+        while !served && Date() < deadline {
+            served = (try? Scrape.fromHTTP(address))?.types["opqueued_jobs"] == "counter"
+            if !served { usleep(200_000) }
+        }
+        #expect(served)
+        #expect(try spool.ctl(["status"]).status == 0)
+    }
+
+    @Test func listenIsCheckedInTheConfiguration() throws {
+        for bad in ["9464", "localhost", "127.0.0.1:99999", ":80", "127.0.0.1:x"] {
+            #expect(throws: Configuration.Invalid.self) { try Configuration.parse(plist(["metrics": ["listen": bad]])) }
+        }
+        #expect(throws: Configuration.Invalid.self) { try Configuration.parse(plist(["metrics": ["port": 1]])) }
+        #expect(try Configuration.parse(plist(["metrics": ["listen": "[::1]:9464"]])).metricsListen == "[::1]:9464")
+        #expect(Configuration.builtIn.metricsListen == nil)
+    }
+}
