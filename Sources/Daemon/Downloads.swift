@@ -96,6 +96,17 @@ final class DownloadTarget: @unchecked Sendable {
         return fd
     }
 
+    /// Runs what fills the file, then completes it; discards it if that fails (or was cancelled).
+    func complete(after fill: () throws -> Void) throws -> DownloadedFile {
+        do {
+            try fill()
+        } catch {
+            discard()
+            throw error
+        }
+        return try complete()
+    }
+
     /// Makes the download durable (fsync, rename; the folder entry is covered by the spool's next commit,
     /// which comes before the success it records) and maps it.
     func complete() throws -> DownloadedFile {

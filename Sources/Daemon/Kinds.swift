@@ -163,14 +163,10 @@ enum Kinds {
                 }
                 defer { close(source) }
                 let file = try counted(environment.metrics, { context.isCancelled }) {
-                    do {
+                    try target.complete {
                         try Downloader.copy(source, into: target.fd, maxBytes: limit, url: url)
                         if context.isCancelled { throw OperationCancelled() }
-                    } catch {
-                        target.discard()
-                        throw error
                     }
-                    return try target.complete()
                 }
                 return try then(file)
             }
@@ -195,14 +191,10 @@ enum Kinds {
             let done: @Sendable (Result<Void, any Error>) -> Void = { result in
                 context.finish(Result {
                     let file = try counted(environment.metrics, { context.isCancelled }) {
-                        do {
+                        try target.complete {
                             try result.get()
                             if context.isCancelled { throw OperationCancelled() }
-                        } catch {
-                            target.discard()
-                            throw error
                         }
-                        return try target.complete()
                     }
                     return try then(file)
                 })
