@@ -109,7 +109,7 @@ campaigns: release
 	$(MAKE) fuzz-plist
 	$(MAKE) fuzz-manifest
 
-# libFuzzer + AddressSanitizer on manifest validation: Sources/Daemon/Manifest.swift and Configuration.swift
+# libFuzzer + AddressSanitizer on manifest validation: Sources/Daemon/Lifecycle/Manifest.swift and Configuration.swift
 # built over the property-list reader and the engine's QoS types (the Daemon target itself links libcurl,
 # libjpeg and libsystemd, which are not built with the sanitizer).
 FUZZ_MANIFEST = .build/fuzz/manifest
@@ -123,8 +123,8 @@ fuzz-manifest: deps
 	  -emit-module -emit-module-path $(FUZZ_MANIFEST)/OperationEngine.swiftmodule -o $(FUZZ_MANIFEST)/libOperationEngine.a \
 	  Sources/OperationEngine/QualityOfService.swift
 	$(SWIFTC) -O -sanitize=fuzzer,address -use-ld=lld -parse-as-library -module-name ManifestFuzz -I $(FUZZ_MANIFEST) -L $(FUZZ_MANIFEST) \
-	  -lPropertyList -lOperationEngine Sources/Daemon/Manifest.swift Sources/Daemon/Configuration.swift Sources/Daemon/Commands/CommandSpec.swift \
-	  Sources/Daemon/Networks.swift Tests/Fuzz/manifest_fuzzer.swift \
+	  -lPropertyList -lOperationEngine Sources/Daemon/Lifecycle/Manifest.swift Sources/Daemon/Configuration.swift Sources/Daemon/Kinds/Commands/CommandSpec.swift \
+	  Sources/Daemon/Kinds/Networks.swift Tests/Fuzz/manifest_fuzzer.swift \
 	  -o $(FUZZ_MANIFEST)/manifest_fuzzer
 	SWIFT_BACKTRACE=enable=no $(FUZZ_MANIFEST)/manifest_fuzzer -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 -print_final_stats=1 \
 	  -artifact_prefix=$(FUZZ_MANIFEST)/ $(FUZZ_MANIFEST)/corpus
