@@ -1,0 +1,104 @@
+// JobStore: where the daemon's jobs come from and where their ends are recorded — the boundary between the
+// shell (Daemon.swift, which runs jobs on the engine out of the local spool's active/ folder) and the store
+// that decides which jobs this node runs.
+//
+// Two stores: the file spool alone (`SpoolJobStore`: a manifest claimed from this node's inbox runs here, its end is
+// this node's to publish) and the cluster (`ClusterJobStore`, SPEC §8: a manifest claimed from the inbox is validated
+// and inserted into PostgreSQL, then its local copy dropped; the jobs this node runs are claimed from the database,
+// under a lease and a fencing token, and an end is published only if the fenced completion was recorded).
+//
+// In both, a job this node runs lives in the local spool's active/<job>/ (manifest, progress, outputs) exactly as
+// without a cluster, so recovery, downloads, commands and publication stay one code path.
+//
+// Threads: the shell calls a store from its serial `work` queue only; `complete` may block it for one round trip.
+// A store calls its delegate from any thread; the shell hops onto `work` itself.
+
+/// What the shell tells the store about a job that ended (the publication gate).
+public struct JobEnd: Sendable, Equatable {
+    public var job: String
+    /// succeeded, failed, cancelled or rejected (SPEC §5).
+    public var status: String
+    /// result.plist as staged, for the store to keep (the cluster keeps it for keepFinishedDays).
+    public var result: [UInt8]
+
+    public init(job: String, status: String, result: [UInt8]) {
+        self.job = job
+        self.status = status
+        self.result = result
+    }
+}
+
+/// Where a job came from, for the journal (`claimed`, OPQ_FROM_NODE) and result.plist (`node`, `submittedOn`).
+public struct JobOrigin: Sendable, Equatable {
+    /// The node that accepted the manifest from its inbox.
+    public var submittedOn: String
+    /// Set when the job was taken over from a lost node.
+    public var fromNode: String?
+
+    public init(submittedOn: String, fromNode: String? = nil) {
+        self.submittedOn = submittedOn
+        self.fromNode = fromNode
+    }
+}
+
+/// The store's calls into the shell. Each may come from any thread.
+public protocol JobStoreDelegate: AnyObject, Sendable {
+    /// Jobs claimed for this node, already written to active/<id>/ (manifest and origin): run them.
+    func run(_ jobs: [ClaimedJob])
+    /// Jobs this node no longer holds (taken over, or its lease ran out): stop them now, publish and record
+    /// nothing for them, log `lost`, remove them from active/.
+    func lost(_ jobs: [String], reason: String)
+    /// A cancel asked on any node for a job this node runs (nil operation: the whole job). May repeat.
+    func cancel(job: String, operation: String?)
+    /// The cluster-wide suspended set changed (SPEC §8: kept in the database, acting on every node).
+    func suspendedQueuesChanged(_ queues: Set<String>)
+}
+
+public protocol JobStore: AnyObject, Sendable {
+    /// This node's name (SPEC §8 `cluster.node`); nil without a cluster (no OPQ_NODE, no `node` in results).
+    var node: String? { get }
+    var delegate: (any JobStoreDelegate)? { get set }
+
+    /// At start, before anything runs: the jobs found in active/ by `Spool.recover`. Returns those this node
+    /// still holds (to resume); the others were submissions not yet known committed (a cluster store submits them
+    /// again, idempotently) or jobs lost meanwhile (removed, logged `lost`).
+    func recovered(_ jobs: [ClaimedJob]) -> [ClaimedJob]
+
+    /// Manifests just claimed from this node's inbox into active/<id>/ and parsed without a problem. The file
+    /// spool returns them all: they run here, now. The cluster inserts them (one transaction), drops their local
+    /// copies once that committed, and returns none: they come back through `delegate.run` wherever claimed.
+    /// Jobs it could not insert yet (database down) stay in active/ and are retried; nothing is lost.
+    func submit(_ jobs: [ClaimedJob]) -> [ClaimedJob]
+
+    /// The shell can run `room` more jobs now: a cluster store claims up to that many (answering by
+    /// `delegate.run`); the file spool does nothing (the shell claims from the inbox itself).
+    func want(room: Int)
+
+    /// The publication gate, for one batch: returns the jobs this node may publish (the file spool: all). A
+    /// cluster store records the ends under their fences in one statement; a job missing from the answer was
+    /// lost and is handed to `delegate.lost`. Throws when the answer is unknown (database down): the batch waits
+    /// and is offered again.
+    func complete(_ ends: [JobEnd]) throws -> Set<String>
+
+    /// Where the job came from (nil without a cluster).
+    func origin(of job: String) -> JobOrigin?
+
+    /// `cancel` for a job that is not running here: the cluster records it for the node that runs it.
+    func requestCancel(job: String, operation: String?) -> StoreCancelOutcome
+
+    /// `suspend`/`resume` asked by a client: the cluster keeps it in the database (every node follows through
+    /// `delegate.suspendedQueuesChanged`); the file spool only acts locally (returns false).
+    func setSuspended(_ queue: String, _ suspended: Bool) -> Bool
+
+    /// Stops the store's loops (SIGTERM); held jobs stay held until the lease runs out or they are re-claimed
+    /// by this node at its next start.
+    func shutdown()
+}
+
+public enum StoreCancelOutcome: Sendable, Equatable {
+    case requested
+    case unknownJob
+    case alreadyEnded
+    /// The store cannot answer now (database down).
+    case unavailable(String)
+}
