@@ -18,13 +18,13 @@ public struct JobEnd: Sendable, Equatable {
     public var job: String
     /// succeeded, failed, cancelled or rejected (SPEC §5).
     public var status: String
-    /// result.plist as staged, for the store to keep (the cluster keeps it for keepFinishedDays).
-    public var result: [UInt8]
+    /// The staged result.plist (SPEC §5), for a store that keeps it (the cluster, for keepFinishedDays).
+    public var resultFile: String
 
-    public init(job: String, status: String, result: [UInt8]) {
+    public init(job: String, status: String, resultFile: String) {
         self.job = job
         self.status = status
-        self.result = result
+        self.resultFile = resultFile
     }
 }
 
@@ -57,6 +57,12 @@ public protocol JobStoreDelegate: AnyObject, Sendable {
 public protocol JobStore: AnyObject, Sendable {
     /// This node's name (SPEC §8 `cluster.node`); nil without a cluster (no OPQ_NODE, no `node` in results).
     var node: String? { get }
+    /// True when a manifest claimed from the inbox runs here at once (the file spool): the inbox is then read only
+    /// while there is room for jobs. False (the cluster): the inbox is drained into the store whatever the room.
+    var inboxRunsHere: Bool { get }
+    /// The configuration a manifest from this node's inbox is validated against: the local one, or (cluster) the
+    /// local one widened to every queue and command some node of the cluster declares.
+    func submissionConfiguration(_ local: Configuration) -> Configuration
     var delegate: (any JobStoreDelegate)? { get set }
 
     /// At start, before anything runs: the jobs found in active/ by `Spool.recover`. Returns those this node
