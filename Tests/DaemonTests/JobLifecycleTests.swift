@@ -202,3 +202,143 @@ private typealias Machine = JobLifecycle<Int>
         #expect(m.isEmpty)
     }
 }
+
+// MARK: The shell (Daemon.swift) against a store that is not the file spool
+
+import Foundation
+import Logging
+import Synchronization
+
+/// A JobStore the test steers: ends it refuses are lost, every job has an origin, cancels are noted.
+private final class FakeStore: JobStore, @unchecked Sendable {
+    let lock = NSLock()
+    weak var delegate: (any JobStoreDelegate)?
+    var refused: Set<String> = []
+    var completed: [JobEnd] = []
+    var cancels: [String] = []
+    var node: String? { "n1" }
+    var inboxRunsHere: Bool { true }
+    func submissionConfiguration(_ local: Configuration) -> Configuration { local }
+    func recovered(_ jobs: [ClaimedJob]) -> [ClaimedJob] { jobs }
+    func submit(_ jobs: [ClaimedJob]) -> [ClaimedJob] { jobs }
+    func want(room: Int) {}
+    func complete(_ ends: [JobEnd]) throws -> Set<String> {
+        lock.withLock {
+            completed += ends
+            return Set(ends.map(\.job)).subtracting(refused)
+        }
+    }
+    func origin(of job: String) -> JobOrigin? { JobOrigin(submittedOn: "n0", fromNode: job == "d" ? "n9" : nil) }
+    func requestCancel(job: String, operation: String?) -> StoreCancelOutcome {
+        lock.withLock { cancels.append(job) }
+        return .requested
+    }
+    func setSuspended(_ queue: String, _ suspended: Bool) -> Bool { false }
+    func shutdown() {}
+}
+
+/// Keeps each entry's OPQ_STATE and OPQ_JOB (and OPQ_FROM_NODE) for the test to read.
+private struct Captured: LogHandler {
+    let log: Log
+    var metadata: Logger.Metadata = [:]
+    var logLevel: Logger.Level = .trace
+    subscript(metadataKey key: String) -> Logger.Metadata.Value? {
+        get { metadata[key] }
+        set { metadata[key] = newValue }
+    }
+    func log(event: LogEvent) {
+        var fields: [String: String] = [:]
+        for (k, v) in event.metadata ?? [:] { fields[k] = "\(v)" }
+        log.entries.withLock { $0.append(fields) }
+    }
+}
+
+private final class Log: Sendable {
+    let entries = Mutex<[[String: String]]>([])
+    func has(_ state: String, _ job: String) -> [String: String]? {
+        entries.withLock { $0.first { $0["OPQ_STATE"] == state && $0["OPQ_JOB"] == job } }
+    }
+}
+
+private func eventually(_ seconds: Double = 20, _ condition: () -> Bool) -> Bool {
+    let deadline = Date().addingTimeInterval(seconds)
+    while Date() < deadline {
+        if condition() { return true }
+        usleep(10_000)
+    }
+    return condition()
+}
+
+@Suite struct ShellStoreTests {
+    @Test func theShellCallsTheStoreAtEachPointAndDropsWhatItLoses() async throws {
+        let root = NSTemporaryDirectory() + "opq-shell-\(getpid())-\(UInt32.random(in: 0...UInt32.max))"
+        defer { try? FileManager.default.removeItem(atPath: root) }
+        let spool = try Spool(root: root)
+        let log = Log()
+        let logger = Logger(label: "test") { _ in Captured(log: log) }
+        let store = FakeStore()
+        let daemon = Daemon(spool: spool, configuration: .builtIn, configPath: nil, logger: logger, store: store)
+        #expect(store.delegate != nil, "the shell is the store's delegate")
+        daemon.start()
+        func drop(_ job: String, seconds: Double) {
+            let data = plist(["job": job, "operations": [["id": "a", "kind": "sleep", "seconds": seconds]]])
+            _ = FileManager.default.createFile(atPath: root + "/inbox/." + job, contents: data)
+            rename(root + "/inbox/." + job, root + "/inbox/" + job + ".plist")
+            daemon.scan(hints: [job + ".plist"])
+        }
+        func exists(_ path: String) -> Bool { FileManager.default.fileExists(atPath: root + "/" + path) }
+
+        // Recorded by the store: published, with the node and where it was submitted.
+        drop("a", seconds: 0)
+        #expect(eventually { exists("outbox/a/result.plist") })
+        let result = try #require(try PropertyListSerialization.propertyList(from: Data(contentsOf: URL(fileURLWithPath: root + "/outbox/a/result.plist")), format: nil) as? [String: Any])
+        #expect(result["node"] as? String == "n1")
+        #expect(result["submittedOn"] as? String == "n0")
+        #expect(store.lock.withLock { store.completed.map(\.job) } == ["a"])
+        #expect(store.lock.withLock { store.completed.first?.resultFile } == spool.stagedResult(job: "a"))
+
+        // Not recorded (another node holds it): lost, nothing published, its folder gone.
+        store.lock.withLock { store.refused = ["b"] }
+        drop("b", seconds: 0)
+        #expect(eventually { log.has("lost", "b") != nil })
+        #expect(eventually { !exists("active/b") })
+        #expect(!exists("outbox/b"))
+        #expect(log.has("finished", "b") == nil)
+
+        // Lost while running: stopped, dropped from status, nothing published.
+        drop("c", seconds: 30)
+        #expect(eventually { daemon.status().executing == 1 })
+        #expect(daemon.status().activeJobs == ["c"])
+        store.delegate?.lost(["c"], reason: "lease ran out")
+        #expect(eventually { !exists("active/c") })
+        #expect(daemon.status().activeJobs.isEmpty)
+        #expect(log.has("lost", "c")?["OPQ_ERROR"] == "lease ran out")
+        #expect(eventually { daemon.status().executing == 0 })
+        usleep(200_000)
+        #expect(!exists("outbox/c"))
+
+        // A cancel for a job not here is the store's.
+        #expect(daemon.cancel(job: "elsewhere", operation: nil) == .cancelled)
+        #expect(store.lock.withLock { store.cancels } == ["elsewhere"])
+
+        // Claimed for this node by the store: logged `claimed` with the node it was taken from, and run.
+        try FileManager.default.createDirectory(atPath: root + "/active/d", withIntermediateDirectories: true)
+        let manifest = plist(["job": "d", "operations": [["id": "a", "kind": "sleep", "seconds": 0]]])
+        _ = FileManager.default.createFile(atPath: root + "/active/d/manifest.plist", contents: manifest)
+        store.delegate?.run([ClaimedJob(id: "d", requestedJob: nil, manifestName: "d.plist", receivedAt: Date().timeIntervalSince1970,
+                                        manifest: manifest, tree: nil, done: [:])])
+        #expect(eventually { exists("outbox/d/result.plist") })
+        #expect(log.has("claimed", "d")?["OPQ_FROM_NODE"] == "n9")
+        #expect(log.has("received", "d") == nil)
+
+        // A claimed row that does not validate here ends rejected, published here.
+        try FileManager.default.createDirectory(atPath: root + "/active/e", withIntermediateDirectories: true)
+        let bad = plist(["job": "e", "operations": [["id": "a", "kind": "nosuchkind"]]])
+        _ = FileManager.default.createFile(atPath: root + "/active/e/manifest.plist", contents: bad)
+        store.delegate?.run([ClaimedJob(id: "e", requestedJob: nil, manifestName: "e.plist", receivedAt: Date().timeIntervalSince1970,
+                                        manifest: bad, tree: nil, done: [:])])
+        #expect(eventually { exists("outbox/e/result.plist") })
+        #expect(log.has("rejected", "e") != nil)
+        await daemon.stop(grace: 1)
+    }
+}
