@@ -100,6 +100,11 @@ private func exited(_ watchdog: CommandWatchdog, within seconds: Double) -> Bool
         let pgid = try #require(Int32((try? String(contentsOfFile: mark, encoding: .utf8))?.trimmingCharacters(in: .whitespacesAndNewlines) ?? ""))
         #expect(waitUntil(5) { liveProcesses(inGroup: pgid).count >= 3 }, "the shell and both sleeps: \(liveProcesses(inGroup: pgid))")
         let watchdog = try #require(watchdogs(of: daemon).first)
+        // A daemon frozen by SIGSTOP does not freeze its watchdog (a process, session and group of its own).
+        spool.signal(SIGSTOP)
+        #expect(waitUntil(2) { statFields(daemon)?.fields.first == "T" })
+        #expect(statFields(watchdog)?.fields.first == "S", "the watchdog still runs: \(String(describing: statFields(watchdog)?.fields.first))")
+        spool.signal(SIGCONT)
         spool.signal(SIGKILL)
         _ = spool.waitForExit()
         #expect(waitUntil(2) { liveProcesses(inGroup: pgid).isEmpty }, "nothing of the group outlives the daemon: \(liveProcesses(inGroup: pgid))")
