@@ -249,11 +249,13 @@ struct ClusterJobStoreTests {
         let password = "cut-\(UInt64.random(in: 1...UInt64.max))"
         try server.psql("postgres", "CREATE ROLE \(role) LOGIN PASSWORD '\(password)' IN ROLE \(PostgresServer.role)")
         try server.psql("postgres", "GRANT CONNECT ON DATABASE \(database) TO \(role)")
-        let a = try ClusterNode("a", server: server, database: database, user: role, password: password, leaseSeconds: 2)
+        // B first: the schema belongs to the role that created it.
         let b = try ClusterNode("b", server: server, database: database, leaseSeconds: 2)
+        _ = b.store.recovered([])
+        #expect(eventually { b.store.snapshot()?.connected == true })
+        let a = try ClusterNode("a", server: server, database: database, user: role, password: password, leaseSeconds: 2)
         defer { a.close(); b.close() }
         _ = a.store.recovered([])
-        _ = b.store.recovered([])
         a.store.want(room: 4)
         #expect(eventually { a.store.snapshot()?.connected == true })
         _ = a.store.submit([try a.drop("long", sleepManifest("long", seconds: 60))])
@@ -272,7 +274,7 @@ struct ClusterJobStoreTests {
         #expect(a.shell.lostJobs.first?.reason == "lease ran out")
         #expect(lostAfter < 2.5, "stopped by its own clock before the lease (2 s) ran out after the last beat: \(lostAfter) s")
         #expect(a.deadlines.withLock { $0.last } == .some(nil), "nothing held any more")
-        #expect(a.logs.states("cluster").contains("disconnected"))
+        #expect(eventually(8) { a.logs.states("cluster").contains("disconnected") }, "statements time out within 5 s")
 
         #expect(eventually(10) { b.shell.ran.contains { $0.job.id == "long" } })
         let taken = try #require(b.shell.ran.first { $0.job.id == "long" })
@@ -511,6 +513,7 @@ struct ClusterJobStoreTests {
     @Test func placeSharedAssemblesThenRenames() throws {
         let root = NSTemporaryDirectory() + "opq-shared-\(UInt64.random(in: 1...UInt64.max))"
         defer { try? FileManager.default.removeItem(atPath: root) }
+        try FileManager.default.createDirectory(atPath: root, withIntermediateDirectories: true)
         let spool = try Spool(root: root + "/spool")
         let shared = root + "/shared"
         try FileManager.default.createDirectory(atPath: shared, withIntermediateDirectories: true)
