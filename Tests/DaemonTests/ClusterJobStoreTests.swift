@@ -195,7 +195,9 @@ struct ClusterJobStoreTests {
         let record = try #require(try a.store.job("holiday"))
         #expect(record.state == .finished && record.node == "b" && record.status == "succeeded")
         #expect(record.result.map { Data($0) } == plist(["job": "holiday", "status": "succeeded"]))
-        #expect(b.spool.readOrigin(job: "holiday") == nil, "the origin record goes with the end")
+        #expect(b.spool.readOrigin(job: "holiday") != nil, "the origin record stays while the job is in active/")
+        removeTree(b.spool.active + "/holiday")  // what the shell's publication does
+        #expect(eventually(3) { b.spool.readOrigin(job: "holiday") == nil }, "and goes once it left")
         #expect(try a.store.job("nosuch") == nil)
     }
 
@@ -237,6 +239,41 @@ struct ClusterJobStoreTests {
         })
         #expect(trimmed(try server.psql(database, "SELECT string_agg(id, ',' ORDER BY id) FROM opq_jobs")) == "once,twice",
                 "each submission exactly once")
+    }
+
+    /// A restart: a job the database still gives this node under the same fence resumes; one given to another
+    /// node meanwhile is removed from active/ and logged `lost`; one whose end was recorded before the crash (and
+    /// not yet placed in the outbox) resumes and is published without recording again.
+    @Test func recoveredResumesOnlyWhatTheNodeStillHolds() throws {
+        let server = try clusterServer.get()
+        let database = try server.createDatabase()
+        let folder = NSTemporaryDirectory() + "opq-cluster-restart-\(UInt64.random(in: 1...UInt64.max))"
+        let spool = try Spool(root: folder)
+        defer { try? FileManager.default.removeItem(atPath: folder) }
+        let first = try ClusterNode("a", server: server, database: database, spoolFolder: folder, spool: spool)
+        _ = first.store.recovered([])
+        first.store.want(room: 3)
+        _ = first.store.submit(try ["keep", "gone", "done"].map { try first.drop($0, sleepManifest($0)) })
+        #expect(eventually { first.shell.ran.count == 3 })
+        let result = spool.active + "/done/result.plist"
+        try plist(["job": "done"]).write(to: URL(fileURLWithPath: result))
+        #expect(try first.store.complete([JobEnd(job: "done", status: "succeeded", resultFile: result)]) == ["done"])
+        #expect(spool.readOrigin(job: "done") != nil, "the origin stays until the job has left active/")
+        first.store.shutdown()
+        // The crash: `done` was recorded but not placed; `gone` was taken over and claimed by another node.
+        try server.psql(database, "UPDATE opq_jobs SET node = 'other', fence = nextval('opq_fence') WHERE id = 'gone'")
+
+        let recovered = try spool.recover().jobs
+        #expect(recovered.map(\.id) == ["done", "gone", "keep"])
+        let second = try ClusterNode("a", server: server, database: database, spoolFolder: folder, spool: spool)
+        defer { second.store.shutdown() }
+        #expect(second.store.recovered(recovered).map(\.id) == ["done", "keep"])
+        #expect(!FileManager.default.fileExists(atPath: spool.active + "/gone"))
+        #expect(second.logs.all.contains { $0.metadata["OPQ_STATE"] == "lost" && $0.metadata["OPQ_JOB"] == "gone" })
+        #expect(second.store.origin(of: "keep")?.submittedOn == "a")
+        #expect(try second.store.complete([JobEnd(job: "done", status: "succeeded", resultFile: result)]) == ["done"],
+                "recorded before the crash: published without the database")
+        #expect(trimmed(try server.psql(database, "SELECT state FROM opq_jobs WHERE id = 'keep'")) == "running")
     }
 
     /// A node cut off from the database stops its job at its own deadline (`lease ran out`) and tells the watchdog

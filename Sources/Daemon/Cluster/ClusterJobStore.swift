@@ -53,6 +53,8 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
     /// Submissions waiting for their insert: folder under active/.submissions and the job.
     private var pending: [(folder: String, key: String, job: NewJob)] = []
     private var slotReleases: [SlotLease] = []
+    /// Ends recorded, whose origin records go once their active/ folders have (published).
+    private var leaving: Set<String> = []
     private var jobReleases: [String: Int64] = [:]
     private var lastError: String?
     private var declared: (queues: Set<String>, commands: Set<String>, commandSignatures: [String: String]) = ([], [], [:])
@@ -61,6 +63,7 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
     private var runner: Task<Void, Never>?
     private var listener: Task<Void, Never>?
     private let finished = DispatchGroup()
+    let executor = ClusterExecutor(label: "opqueued-cluster-executor")
 
     /// Statements of the loop and of the shell's calls wait at most this long.
     public static let statementTimeout = 5.0
@@ -95,9 +98,9 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
         self.configuration = configuration
         self.state = ClusterNodeState(leaseSeconds: settings.leaseSeconds)
         self.snapshotValue = ClusterSnapshot(node: settings.node, connected: false, lastError: nil, nodes: [], unrunnable: [], queues: [:], refreshedAt: nil)
-        runner = Task { await run() }
+        runner = Task(executorPreference: executor) { await run() }
         let wakeups = store.wakeups
-        listener = Task { [weak self] in
+        listener = Task(executorPreference: executor) { [weak self] in
             for await wakeup in wakeups {
                 guard let self else { return }
                 self.heard(wakeup)
@@ -142,13 +145,13 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
         var lost: [String] = []
         var recorded: Set<String> = []
         let sentAt = monotonicSeconds()
-        if !candidates.isEmpty, let beat = try? waitBounded(Self.statementTimeout, doing: "renewing the lease of node \(nodeName)", { [store, nodeName] in
+        if !candidates.isEmpty, let beat = try? waitBounded(Self.statementTimeout, on: executor, doing: "renewing the lease of node \(nodeName)", { [store, nodeName] in
             try await store.heartbeat(node: nodeName)
         }), beat.registered {
             kept = []
             for (job, origin) in candidates {
                 if beat.held[job.id] == origin.fence { kept.append((job, origin)); continue }
-                let record = try? waitBounded(Self.statementTimeout, doing: "looking up job \(job.id)", { [store] in try await store.job(job.id) })
+                let record = try? waitBounded(Self.statementTimeout, on: executor, doing: "looking up job \(job.id)", { [store] in try await store.job(job.id) })
                 if let record, record.state == .finished, record.node == nodeName, record.fence == origin.fence {
                     kept.append((job, origin))
                     recorded.insert(job.id)
@@ -221,7 +224,7 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
         let batch = completions
         let recorded: Set<String>
         do {
-            recorded = try waitBounded(Self.statementTimeout, doing: "recording the end of \(completions.count) job(s)", { [store] in
+            recorded = try waitBounded(Self.statementTimeout, on: executor, doing: "recording the end of \(completions.count) job(s)", { [store] in
                 try await store.completeJobs(batch)
             })
         } catch {
@@ -234,7 +237,10 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
             for id in ids where fences[id] != nil { origins[id] = nil }
             return lost
         }
-        for id in ids where fences[id] != nil { spool.removeOrigin(job: id) }
+        // The origin records of recorded ends stay until the shell has moved the job out of active/: a crash in
+        // between must find the job still ours (recorded under its fence) and publish it, not submit it again.
+        for id in lost { spool.removeOrigin(job: id) }
+        lock.withLock { leaving.formUnion(recorded.union(already)) }
         if !lost.isEmpty { delegate?.lost(lost, reason: "taken over by another node before its end was recorded") }
         reportDeadline()
         return recorded.union(already)
@@ -247,7 +253,7 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
 
     public func requestCancel(job: String, operation: String?) -> StoreCancelOutcome {
         do {
-            switch try waitBounded(Self.statementTimeout, doing: "cancelling job \(job)", { [store] in
+            switch try waitBounded(Self.statementTimeout, on: executor, doing: "cancelling job \(job)", { [store] in
                 try await store.requestCancel(job: job, operation: operation)
             }) {
             case .requested: return .requested
@@ -261,7 +267,7 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
 
     public func setSuspended(_ queue: String, _ suspended: Bool) -> Bool {
         do {
-            try waitBounded(Self.statementTimeout, doing: "\(suspended ? "suspending" : "resuming") queue \(queue)", { [store] in
+            try waitBounded(Self.statementTimeout, on: executor, doing: "\(suspended ? "suspending" : "resuming") queue \(queue)", { [store] in
                 try await store.setSuspended(queue, suspended)
             })
             lock.withLock { controlWanted = true }
@@ -312,7 +318,7 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
 
     /// A job the cluster knows (show, wait, graph), waiting for the database at most `timeout` seconds.
     public func job(_ id: String, timeout: Double = ClusterJobStore.statementTimeout) throws -> JobRecord? {
-        try waitBounded(timeout, doing: "looking up job \(id)", { [store] in try await store.job(id) })
+        try waitBounded(timeout, on: executor, doing: "looking up job \(id)", { [store] in try await store.job(id) })
     }
 
     /// The current lease deadline (monotonic seconds) while the node holds something; nil otherwise.
@@ -328,7 +334,7 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
         while true {
             if isCancelled() || lock.withLock({ stopped }) { throw CancellationError() }
             if lock.withLock({ state.mayTakeLeases(now: monotonicSeconds()) }) {
-                let lease = try? waitBounded(Self.statementTimeout, doing: "acquiring a cluster slot of queue \(queue)", { [store, nodeName] in
+                let lease = try? waitBounded(Self.statementTimeout, on: executor, doing: "acquiring a cluster slot of queue \(queue)", { [store, nodeName] in
                     try await store.acquireSlot(queue: queue, limit: limit, node: nodeName, job: job, operation: operation)
                 })
                 if let lease {
@@ -358,7 +364,7 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
         reportDeadline()
         guard held else { return }
         do {
-            _ = try waitBounded(Self.statementTimeout, doing: "releasing a cluster slot of queue \(lease.queue)", { [store] in
+            _ = try waitBounded(Self.statementTimeout, on: executor, doing: "releasing a cluster slot of queue \(lease.queue)", { [store] in
                 try await store.releaseSlot(lease)
             })
         } catch {
@@ -438,6 +444,7 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
                     try refreshSnapshot()
                     nextBeat = monotonicSeconds() + settings.leaseSeconds / 3
                 }
+                dropOriginsOfPublishedJobs()
                 try releaseWhatWasGivenUp()
                 try submitPending()
                 let (wantsClaim, wantsControl, isStarted) = lock.withLock { () -> (Bool, Bool, Bool) in
@@ -473,8 +480,8 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
 
     private func connect() throws {
         let declaration = lock.withLock { configuration.declaration(node: nodeName, jobSlots: settings.jobSlots) }
-        _ = try waitBounded(Self.statementTimeout * 2, doing: "migrating the cluster schema", { [store] in try await store.migrate() })
-        try waitBounded(Self.statementTimeout, doing: "registering node \(nodeName)", { [store] in try await store.registerNode(declaration) })
+        _ = try waitBounded(Self.statementTimeout * 2, on: executor, doing: "migrating the cluster schema", { [store] in try await store.migrate() })
+        try waitBounded(Self.statementTimeout, on: executor, doing: "registering node \(nodeName)", { [store] in try await store.registerNode(declaration) })
         let news = lock.withLock {
             registerWanted = false
             claimWanted = true
@@ -502,7 +509,7 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
     /// One heartbeat (one statement), then a takeover round.
     private func beat() throws {
         let sentAt = monotonicSeconds()
-        let beat = try waitBounded(Self.statementTimeout, doing: "renewing the lease of node \(nodeName)", { [store, nodeName] in
+        let beat = try waitBounded(Self.statementTimeout, on: executor, doing: "renewing the lease of node \(nodeName)", { [store, nodeName] in
             try await store.heartbeat(node: nodeName)
         })
         if !beat.registered {
@@ -519,7 +526,7 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
         }
         reportDeadline()
         if !lost.isEmpty { handLost(lost, reason: "taken over by another node") }
-        let takeover = try waitBounded(Self.statementTimeout, doing: "taking over the jobs of lost nodes", { [store, settings] in
+        let takeover = try waitBounded(Self.statementTimeout, on: executor, doing: "taking over the jobs of lost nodes", { [store, settings] in
             try await store.takeOverLost(leaseSeconds: settings.leaseSeconds)
         })
         if !takeover.jobs.isEmpty {
@@ -533,6 +540,17 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
         }
     }
 
+    private func dropOriginsOfPublishedJobs() {
+        let ids = lock.withLock { leaving }
+        if ids.isEmpty { return }
+        var gone: Set<String> = []
+        for id in ids where access(spool.active + "/" + id, F_OK) != 0 {
+            spool.removeOrigin(job: id)
+            gone.insert(id)
+        }
+        lock.withLock { leaving.subtract(gone) }
+    }
+
     private func handLost(_ jobs: [String], reason: String) {
         for id in jobs { spool.removeOrigin(job: id) }
         delegate?.lost(jobs, reason: reason)
@@ -541,13 +559,13 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
     private func releaseWhatWasGivenUp() throws {
         let (jobs, slots) = lock.withLock { (jobReleases, slotReleases) }
         if !jobs.isEmpty {
-            _ = try waitBounded(Self.statementTimeout, doing: "handing jobs back", { [store, nodeName] in
+            _ = try waitBounded(Self.statementTimeout, on: executor, doing: "handing jobs back", { [store, nodeName] in
                 try await store.releaseJobs(node: nodeName, jobs)
             })
             lock.withLock { for (id, fence) in jobs where jobReleases[id] == fence { jobReleases[id] = nil } }
         }
         for lease in slots {
-            _ = try waitBounded(Self.statementTimeout, doing: "releasing a cluster slot of queue \(lease.queue)", { [store] in
+            _ = try waitBounded(Self.statementTimeout, on: executor, doing: "releasing a cluster slot of queue \(lease.queue)", { [store] in
                 try await store.releaseSlot(lease)
             })
             lock.withLock { slotReleases.removeAll { $0 == lease } }
@@ -560,7 +578,7 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
             let batch = lock.withLock { Array(pending.prefix(256)) }
             if batch.isEmpty { return }
             let jobs = batch.map(\.job)
-            let inserted = try waitBounded(Self.statementTimeout * 2, doing: "inserting \(jobs.count) job(s)", { [store] in
+            let inserted = try waitBounded(Self.statementTimeout * 2, on: executor, doing: "inserting \(jobs.count) job(s)", { [store] in
                 try await store.insertJobs(jobs)
             })
             for (entry, row) in zip(batch, inserted) {
@@ -580,7 +598,7 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
             return (may ? min(room, free) : 0, configuration.declaration(node: nodeName, jobSlots: settings.jobSlots))
         }
         if limit <= 0 { return }
-        let rows = try waitBounded(Self.statementTimeout, doing: "claiming jobs for node \(nodeName)", { [store, nodeName] in
+        let rows = try waitBounded(Self.statementTimeout, on: executor, doing: "claiming jobs for node \(nodeName)", { [store, nodeName] in
             try await store.claimJobs(node: nodeName, limit: limit, queues: declaration.queues, commands: declaration.commands)
         })
         if rows.isEmpty { return }
@@ -621,7 +639,7 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
         if !failed.isEmpty { lock.withLock { jobReleases.merge(failed) { $1 } } }
         if !refused.isEmpty {
             let refused = refused
-            _ = try? waitBounded(Self.statementTimeout, doing: "recording rejected rows", { [store] in try await store.completeJobs(refused) })
+            _ = try? waitBounded(Self.statementTimeout, on: executor, doing: "recording rejected rows", { [store] in try await store.completeJobs(refused) })
         }
         guard !run.isEmpty else { return }
         do {
@@ -657,11 +675,11 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
     }
 
     private func control() throws {
-        let requests = try waitBounded(Self.statementTimeout, doing: "reading the cancels for node \(nodeName)", { [store, nodeName] in
+        let requests = try waitBounded(Self.statementTimeout, on: executor, doing: "reading the cancels for node \(nodeName)", { [store, nodeName] in
             try await store.pendingCancels(node: nodeName)
         })
         let cancels = lock.withLock { state.newCancels(requests.map { (job: $0.job, operation: $0.operation, fence: $0.fence) }) }
-        let suspended = try waitBounded(Self.statementTimeout, doing: "reading the suspended queues", { [store] in
+        let suspended = try waitBounded(Self.statementTimeout, on: executor, doing: "reading the suspended queues", { [store] in
             try await store.suspendedQueues()
         })
         let changed = lock.withLock { state.suspendedRead(suspended) }
@@ -672,12 +690,12 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
 
     private func refreshSnapshot() throws {
         let lease = settings.leaseSeconds
-        let nodes = try waitBounded(Self.statementTimeout, doing: "listing the cluster's nodes", { [store] in try await store.nodes(leaseSeconds: lease) })
-        let unrunnable = try waitBounded(Self.statementTimeout, doing: "finding jobs no live node can run", { [store] in
+        let nodes = try waitBounded(Self.statementTimeout, on: executor, doing: "listing the cluster's nodes", { [store] in try await store.nodes(leaseSeconds: lease) })
+        let unrunnable = try waitBounded(Self.statementTimeout, on: executor, doing: "finding jobs no live node can run", { [store] in
             try await store.jobsNoLiveNodeCanRun(leaseSeconds: lease, limit: 100)
         })
-        let counts = try waitBounded(Self.statementTimeout, doing: "counting the cluster's jobs", { [store] in try await store.queueCounts() })
-        let declared = try waitBounded(Self.statementTimeout, doing: "reading what nodes declare", { [store] in try await store.declared() })
+        let counts = try waitBounded(Self.statementTimeout, on: executor, doing: "counting the cluster's jobs", { [store] in try await store.queueCounts() })
+        let declared = try waitBounded(Self.statementTimeout, on: executor, doing: "reading what nodes declare", { [store] in try await store.declared() })
         lock.withLock {
             self.declared = declared
             snapshotValue.nodes = nodes.map { .init(node: $0.node, connected: $0.connected, lastHeartbeat: $0.lastHeartbeat, jobs: $0.jobs, freeSlots: $0.freeSlots) }
@@ -690,7 +708,7 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
 
     private func prune() throws {
         let seconds = settings.keepFinishedDays * 86_400
-        let report = try waitBounded(Self.statementTimeout * 12, doing: "pruning finished jobs", { [store] in
+        let report = try waitBounded(Self.statementTimeout * 12, on: executor, doing: "pruning finished jobs", { [store] in
             try await store.prune(olderThanSeconds: seconds, batchSize: Self.pruneBatch)
         })
         if report.deleted > 0 {

@@ -24,12 +24,30 @@ public struct ClusterUnavailable: Error, CustomStringConvertible, Sendable {
     public init(_ description: String) { self.description = description }
 }
 
-/// Runs `body` on the concurrency pool and waits for it at most `seconds` from a thread that is not one of the
-/// pool's (the shell's `work` queue, the store's own threads). On time-out the call is cancelled and abandoned.
-func waitBounded<T: Sendable>(_ seconds: Double, doing: String, _ body: @escaping @Sendable () async throws -> T) throws -> T {
+/// The cluster store's own executor: its async work (the database driver's continuations, the wake-up stream) runs
+/// on a serial queue of its own rather than on the shared cooperative pool, so that threads blocked elsewhere in the
+/// process (the pool has one thread per core) can never starve the lease's heartbeats. Every job it runs is short:
+/// nothing here blocks.
+final class ClusterExecutor: TaskExecutor, @unchecked Sendable {
+    private let queue: DispatchQueue
+
+    init(label: String) {
+        queue = DispatchQueue(label: label)
+    }
+
+    func enqueue(_ job: consuming ExecutorJob) {
+        let job = UnownedJob(job)
+        queue.async { job.runSynchronously(on: self.asUnownedTaskExecutor()) }
+    }
+}
+
+/// Runs `body` on `executor` and waits for it at most `seconds` from a thread that is not one of the executor's
+/// (the shell's `work` queue, the store's own threads). On time-out the call is cancelled and abandoned.
+func waitBounded<T: Sendable>(_ seconds: Double, on executor: ClusterExecutor, doing: String,
+                              _ body: @escaping @Sendable () async throws -> T) throws -> T {
     let box = ResultBox<T>()
     let done = DispatchSemaphore(value: 0)
-    let task = Task {
+    let task = Task(executorPreference: executor) {
         do { box.set(.success(try await body())) } catch { box.set(.failure(error)) }
         done.signal()
     }
