@@ -276,6 +276,27 @@ struct ClusterJobStoreTests {
         #expect(trimmed(try server.psql(database, "SELECT state FROM opq_jobs WHERE id = 'keep'")) == "running")
     }
 
+    /// The store's async work runs on its own executor: with every thread of the shared cooperative pool blocked
+    /// for longer than the lease, the node still beats and keeps its job (on the shared pool it would lose it).
+    @Test func heartbeatsGoOnWhileTheCooperativePoolIsBlocked() throws {
+        let server = try clusterServer.get()
+        let database = try server.createDatabase()
+        let a = try ClusterNode("a", server: server, database: database, leaseSeconds: 2)
+        defer { a.close() }
+        _ = a.store.recovered([])
+        a.store.want(room: 1)
+        _ = a.store.submit([try a.drop("steady", sleepManifest("steady", seconds: 60))])
+        #expect(eventually { a.shell.ran.count == 1 })
+        let blockers = ProcessInfo.processInfo.activeProcessorCount + 2
+        let blockedUntil = monotonicSeconds() + 3
+        for _ in 0..<blockers {
+            Task.detached { while monotonicSeconds() < blockedUntil { usleep(10_000) } }
+        }
+        while monotonicSeconds() < blockedUntil + 0.2 { usleep(20_000) }
+        #expect(a.shell.lostJobs.isEmpty, "lost: \(a.shell.lostJobs)")
+        #expect(trimmed(try server.psql(database, "SELECT node FROM opq_jobs WHERE id = 'steady'")) == "a")
+    }
+
     /// A node cut off from the database stops its job at its own deadline (`lease ran out`) and tells the watchdog
     /// hook; the other node takes the job over after the lease (fromNode set) and runs it; when the first comes back
     /// its end is refused by the fence and nothing of it is recorded.
