@@ -546,6 +546,27 @@ struct ClusterJobStoreTests {
         #expect(eventually { a.shell.ran.contains { $0.job.id == "after" } })
     }
 
+    /// Finished rows older than keepFinishedDays (7 by default) are pruned at the first connection; younger ones stay.
+    @Test func finishedHistoryIsPrunedAfterKeepFinishedDays() throws {
+        let server = try clusterServer.get()
+        let database = try server.createDatabase()
+        let first = try ClusterNode("a", server: server, database: database)
+        _ = first.store.recovered([])
+        #expect(eventually { first.store.snapshot()?.connected == true })
+        first.close()
+        let columns = "(id, requested_id, manifest, manifest_name, submitted_on, qos_rank, priority_rank, queues, commands, state, node, fence, status, finished_at)"
+        try server.psql(database, """
+            INSERT INTO opq_jobs \(columns) VALUES
+              ('old', 'old', '\\x00', 'old.plist', 'a', 2, 2, '{}', '{}', 'finished', 'a', 1, 'succeeded', now() - interval '8 days'),
+              ('young', 'young', '\\x00', 'young.plist', 'a', 2, 2, '{}', '{}', 'finished', 'a', 2, 'succeeded', now() - interval '6 days')
+            """)
+        let again = try ClusterNode("a", server: server, database: database)
+        defer { again.close() }
+        _ = again.store.recovered([])
+        #expect(eventually { trimmed((try? server.psql(database, "SELECT string_agg(id, ',') FROM opq_jobs")) ?? "") == "young" })
+        #expect(again.logs.all.contains { $0.message.contains("pruned 1 finished job(s)") })
+    }
+
     /// Status: nodes, the waiting jobs no live node can run and why, per-queue counts.
     @Test func snapshotForStatus() throws {
         let server = try clusterServer.get()
