@@ -567,6 +567,27 @@ struct ClusterJobStoreTests {
         #expect(again.logs.all.contains { $0.message.contains("pruned 1 finished job(s)") })
     }
 
+    /// A reload declares the node again: a queue added to the configuration is in the database, and submission
+    /// validation on another node accepts it.
+    @Test func reloadDeclaresTheNodeAgain() throws {
+        let server = try clusterServer.get()
+        let database = try server.createDatabase()
+        let a = try ClusterNode("a", server: server, database: database)
+        let b = try ClusterNode("b", server: server, database: database)
+        defer { a.close(); b.close() }
+        _ = a.store.recovered([])
+        _ = b.store.recovered([])
+        #expect(eventually { a.store.snapshot()?.connected == true })
+        var reloaded = try Configuration.parse(plist(["queues": ["gpu": ["maxConcurrentOperationCount": 1]]]))
+        reloaded.cluster = try Configuration.parse(plist(["cluster": ["database": server.url(database), "node": "a"]])).cluster
+        a.store.reload(reloaded)
+        #expect(eventually { ((try? server.psql(database, "SELECT 'gpu' = ANY(queues) FROM opq_nodes WHERE node = 'a'")) ?? "").contains("t") })
+        let manifest = plist(sleepManifest("g", queue: "gpu"))
+        #expect(eventually(10) { (try? Manifest.parse(manifest, configuration: b.store.submissionConfiguration(.builtIn)).get()) != nil },
+                "b accepts a queue only a declares (after its next refresh)")
+        #expect((try? Manifest.parse(manifest, configuration: .builtIn).get()) == nil)
+    }
+
     /// Status: nodes, the waiting jobs no live node can run and why, per-queue counts.
     @Test func snapshotForStatus() throws {
         let server = try clusterServer.get()
