@@ -42,6 +42,7 @@ let package = Package(
                 "CShims",
                 "CCodecs",
                 "CCurl",
+                // The cluster (SPEC §8): Sources/Daemon/Cluster implements the JobStore over it.
                 "ClusterStore",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "DequeModule", package: "swift-collections"),

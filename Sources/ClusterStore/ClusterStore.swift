@@ -14,9 +14,13 @@ public struct NodeDeclaration: Sendable, Equatable {
     public var clusterLimits: [String: Int]
     /// Free text for status (host, pid, version); never a secret.
     public var info: String
+    /// Command → its signature (queue and parameters, in the daemon's own text form), so that nodes that do not
+    /// declare a command can still check a manifest's arguments for it. Never holds argv or environment.
+    public var commandSignatures: [String: String]
 
     public init(node: String, queues: [String], commands: [String], jobSlots: Int,
-                clusterLimits: [String: Int] = [:], info: String = "") {
+                clusterLimits: [String: Int] = [:], info: String = "", commandSignatures: [String: String] = [:]) {
+        self.commandSignatures = commandSignatures
         self.node = node
         self.queues = queues
         self.commands = commands
@@ -37,9 +41,13 @@ public struct NewJob: Sendable, Equatable {
     public var priorityRank: Int
     public var queues: [String]
     public var commands: [String]
+    /// Makes the insert idempotent (schema 2): inserting again a job whose key is already there returns the
+    /// existing row's id and inserts nothing. The daemon's: node, local folder and reception time.
+    public var submissionKey: String?
 
     public init(requestedID: String, manifest: [UInt8], manifestName: String, submittedOn: String,
-                qosRank: Int, priorityRank: Int, queues: [String], commands: [String]) {
+                qosRank: Int, priorityRank: Int, queues: [String], commands: [String], submissionKey: String? = nil) {
+        self.submissionKey = submissionKey
         self.requestedID = requestedID
         self.manifest = manifest
         self.manifestName = manifestName
@@ -210,6 +218,18 @@ public struct NodeStatus: Sendable, Equatable {
     }
 }
 
+public struct QueueCount: Sendable, Equatable {
+    public var queue: String
+    public var waiting: Int
+    public var running: Int
+
+    public init(queue: String, waiting: Int, running: Int) {
+        self.queue = queue
+        self.waiting = waiting
+        self.running = running
+    }
+}
+
 public enum JobState: String, Sendable, Equatable {
     case waiting, running, finished
 }
@@ -282,7 +302,8 @@ public protocol ClusterStore: Sendable {
     func registerNode(_ declaration: NodeDeclaration) async throws
 
     /// Inserts every job in one transaction with one notification; ids made unique across the cluster.
-    /// Nothing is inserted when it throws.
+    /// Nothing is inserted when it throws. A job whose `submissionKey` is already there is not inserted again:
+    /// its answer is the existing row's id.
     func insertJobs(_ jobs: [NewJob]) async throws -> [InsertedJob]
 
     /// One claim round, one statement: up to `limit` waiting jobs whose queues and commands are all among the
@@ -291,6 +312,9 @@ public protocol ClusterStore: Sendable {
 
     /// One statement: renews the lease of the node on all its jobs and slots.
     func heartbeat(node: String) async throws -> Heartbeat
+
+    /// Hands jobs the node holds under these fences back to waiting (it gave their leases up); returns those moved.
+    func releaseJobs(node: String, _ jobs: [String: Int64]) async throws -> Set<String>
 
     /// Moves the jobs and slots of nodes silent for more than `leaseSeconds` (the database's clock) back.
     func takeOverLost(leaseSeconds: Double) async throws -> TakeOver
@@ -315,9 +339,12 @@ public protocol ClusterStore: Sendable {
     func pendingCancels(node: String) async throws -> [CancelRequest]
 
     func jobsNoLiveNodeCanRun(leaseSeconds: Double, limit: Int) async throws -> [UnrunnableJob]
-    /// Every queue and command some node declares, down nodes included (submission validates against these).
-    func declared() async throws -> (queues: Set<String>, commands: Set<String>)
+    /// Every queue and command some node declares, down nodes included (submission validates against these),
+    /// with each command's signature (when several nodes differ: the first in byte order).
+    func declared() async throws -> (queues: Set<String>, commands: Set<String>, commandSignatures: [String: String])
     func nodes(leaseSeconds: Double) async throws -> [NodeStatus]
+    /// Per queue, the cluster's jobs using it that wait and that run (a job counts in each of its queues).
+    func queueCounts() async throws -> [QueueCount]
     func job(_ id: String) async throws -> JobRecord?
 
     /// Deletes finished jobs older than `olderThanSeconds` in batches of `batchSize`, each its own short transaction.
@@ -326,3 +353,6 @@ public protocol ClusterStore: Sendable {
     /// Wake-ups for the node's loops (one consumer).
     var wakeups: AsyncStream<Wakeup> { get }
 }
+
+/// The daemon names its own spool's ClaimedJob the same way; this spelling reaches the store's from there.
+public typealias ClusterClaimedJob = ClaimedJob

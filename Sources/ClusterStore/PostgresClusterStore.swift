@@ -174,6 +174,7 @@ public final class PostgresClusterStore: ClusterStore {
             binds.append(declaration.commands)
             binds.append(Int32(clamping: declaration.jobSlots))
             binds.append(declaration.info)
+            binds.append(declaration.commandSignatures.sorted { $0.key < $1.key }.map { "\($0.key)\t\($0.value)" })
             _ = try await self.execute(connection, Queries.registerNode, binds)
             for (queue, limit) in declaration.clusterLimits.sorted(by: { $0.key < $1.key }) where limit > 0 {
                 var binds = PostgresBindings()
@@ -198,6 +199,18 @@ public final class PostgresClusterStore: ClusterStore {
             }
         }
         return beat
+    }
+
+    public func releaseJobs(node: String, _ jobs: [String: Int64]) async throws -> Set<String> {
+        if jobs.isEmpty { return [] }
+        let sorted = jobs.sorted { $0.key < $1.key }
+        var binds = PostgresBindings()
+        binds.append(node)
+        binds.append(sorted.map(\.key))
+        binds.append(sorted.map(\.value))
+        return Set(try await query(Queries.releaseJobs, binds, doing: "handing \(jobs.count) job(s) of node \(node) back").map {
+            try decode($0.makeRandomAccess()[0], String.self)
+        })
     }
 
     public func takeOverLost(leaseSeconds: Double) async throws -> TakeOver {
@@ -230,10 +243,24 @@ public final class PostgresClusterStore: ClusterStore {
         }
     }
 
-    public func declared() async throws -> (queues: Set<String>, commands: Set<String>) {
+    public func queueCounts() async throws -> [QueueCount] {
+        try await query(Queries.queueCounts, doing: "counting the cluster's jobs per queue").map { row in
+            let c = row.makeRandomAccess()
+            return QueueCount(queue: try decode(c[0], String.self), waiting: try decode(c[1], Int.self),
+                              running: try decode(c[2], Int.self))
+        }
+    }
+
+    public func declared() async throws -> (queues: Set<String>, commands: Set<String>, commandSignatures: [String: String]) {
         let rows = try await query(Queries.declaredEverywhere, doing: "reading the queues and commands nodes declare")
-        guard let c = rows.first?.makeRandomAccess() else { return ([], []) }
-        return (Set(try decode(c[0], [String].self)), Set(try decode(c[1], [String].self)))
+        guard let c = rows.first?.makeRandomAccess() else { return ([], [], [:]) }
+        var signatures: [String: String] = [:]
+        for entry in try decode(c[2], [String].self) {
+            guard let tab = entry.firstIndex(of: "\t") else { continue }
+            let name = String(entry[..<tab])
+            if signatures[name] == nil { signatures[name] = String(entry[entry.index(after: tab)...]) }
+        }
+        return (Set(try decode(c[0], [String].self)), Set(try decode(c[1], [String].self)), signatures)
     }
 
     // MARK: jobs
@@ -253,11 +280,19 @@ public final class PostgresClusterStore: ClusterStore {
                 binds.append(Int16(clamping: job.priorityRank))
                 binds.append(job.queues)
                 binds.append(job.commands)
-                // No row: a concurrent inserter took the candidate id first; look again with a fresh snapshot.
+                binds.append(job.submissionKey)
+                // No row: a concurrent inserter took the candidate id first (look again with a fresh snapshot), or
+                // the submission key is already there (a repeated submission: its row's id is the answer).
                 var id: String?
                 for _ in 0..<64 where id == nil {
                     id = try await self.execute(connection, Queries.insertJob, binds).first
                         .map { try self.decode($0.makeRandomAccess()[0], String.self) }
+                    if id == nil, let key = job.submissionKey {
+                        var keyBinds = PostgresBindings()
+                        keyBinds.append(key)
+                        id = try await self.execute(connection, Queries.submittedJob, keyBinds).first
+                            .map { try self.decode($0.makeRandomAccess()[0], String.self) }
+                    }
                 }
                 guard let id else {
                     throw ClusterStoreError(.server, "inserting job \(job.requestedID): no free id after 64 attempts")

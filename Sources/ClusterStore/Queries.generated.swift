@@ -22,13 +22,14 @@ enum Queries {
     INSERT INTO opq_schema_version (version) VALUES ($1)
     """#
 
-    /// $1 node, $2 queues, $3 commands, $4 job slots, $5 info. Also renews the node's lease.
+    /// $1 node, $2 queues, $3 commands, $4 job slots, $5 info, $6 command signatures ("name<TAB>signature").
+    /// Also renews the node's lease.
     static let registerNode = #"""
-    INSERT INTO opq_nodes (node, queues, commands, job_slots, info, last_heartbeat)
-    VALUES ($1, $2, $3, $4, $5, now())
+    INSERT INTO opq_nodes (node, queues, commands, job_slots, info, command_signatures, last_heartbeat)
+    VALUES ($1, $2, $3, $4, $5, $6, now())
     ON CONFLICT (node) DO UPDATE
     SET queues = EXCLUDED.queues, commands = EXCLUDED.commands, job_slots = EXCLUDED.job_slots,
-        info = EXCLUDED.info, last_heartbeat = now()
+        info = EXCLUDED.info, command_signatures = EXCLUDED.command_signatures, last_heartbeat = now()
     """#
 
     /// $1 queue, $2 limit: rows 1..limit exist (never removed: a lower limit just leaves the upper rows unused).
@@ -42,11 +43,13 @@ enum Queries {
     /// the largest taken (found by a range scan of the byte-ordered primary key: '/' follows '.').
     /// A concurrent inserter may take the same candidate between the look and the insert: ON CONFLICT then waits
     /// for it and returns no row, and the caller runs this again in the same transaction (a fresh snapshot).
+    /// No row also when the submission key ($9) is already there: the caller then looks it up (SubmittedJob).
     /// $1 requested id, $2 manifest, $3 manifest name, $4 submitted on, $5 qos rank, $6 priority rank,
-    /// $7 queues, $8 commands.
+    /// $7 queues, $8 commands, $9 submission key or NULL.
     static let insertJob = #"""
-    INSERT INTO opq_jobs (id, requested_id, manifest, manifest_name, submitted_on, qos_rank, priority_rank, queues, commands)
-    SELECT candidate, $1, $2, $3, $4, $5, $6, $7, $8
+    INSERT INTO opq_jobs (id, requested_id, manifest, manifest_name, submitted_on, qos_rank, priority_rank, queues, commands,
+                          submission_key)
+    SELECT candidate, $1, $2, $3, $4, $5, $6, $7, $8, $9
     FROM (
         SELECT $1::text AS candidate, 0 AS rank
         UNION ALL
@@ -58,8 +61,13 @@ enum Queries {
     WHERE NOT EXISTS (SELECT 1 FROM opq_jobs AS j WHERE j.id = c.candidate)
     ORDER BY rank
     LIMIT 1
-    ON CONFLICT (id) DO NOTHING
+    ON CONFLICT DO NOTHING
     RETURNING id, seq
+    """#
+
+    /// The job a submission key already made (a submission repeated after a crash), if any.
+    static let submittedJob = #"""
+    SELECT id FROM opq_jobs WHERE submission_key = $1
     """#
 
     static let notifyJobs = #"""
@@ -251,9 +259,11 @@ enum Queries {
     """#
 
     /// Every queue and command any node declares, down nodes included (submission validates against these).
+    /// The third column: every command signature ("name<TAB>signature"), sorted.
     static let declaredEverywhere = #"""
     SELECT coalesce((SELECT array_agg(DISTINCT q ORDER BY q) FROM opq_nodes, unnest(queues) AS q), '{}'),
-           coalesce((SELECT array_agg(DISTINCT c ORDER BY c) FROM opq_nodes, unnest(commands) AS c), '{}')
+           coalesce((SELECT array_agg(DISTINCT c ORDER BY c) FROM opq_nodes, unnest(commands) AS c), '{}'),
+           coalesce((SELECT array_agg(DISTINCT s ORDER BY s) FROM opq_nodes, unnest(command_signatures) AS s), '{}')
     """#
 
     /// One bounded batch: at most $2 finished rows older than $1 days; the caller repeats while a batch is full.
@@ -266,6 +276,29 @@ enum Queries {
         LIMIT $2
     )
     RETURNING id
+    """#
+
+    /// For status: per queue, the jobs of the cluster that use it, waiting and running (a job counts once in each of
+    /// its queues). Reads the two small partial indexes' rows, never the finished history.
+    static let queueCounts = #"""
+    SELECT q, count(*) FILTER (WHERE j.state = 'waiting')::integer, count(*) FILTER (WHERE j.state = 'running')::integer
+    FROM opq_jobs AS j, unnest(j.queues) AS q
+    WHERE j.state IN ('waiting', 'running')
+    GROUP BY q ORDER BY q
+    """#
+
+    /// Hands jobs node $1 holds under the given fences back to waiting (from_node set): jobs whose lease the node
+    /// itself gave up (it stopped them at its own deadline, or did not find them at restart). Notifies when any moved.
+    /// $1 node, $2 ids, $3 fences (parallel arrays).
+    static let releaseJobs = #"""
+    WITH moved AS (
+        UPDATE opq_jobs AS j
+        SET state = 'waiting', from_node = j.node, node = NULL, fence = NULL, claimed_at = NULL
+        FROM unnest($2::text[], $3::bigint[]) AS r (id, fence)
+        WHERE j.id = r.id AND j.fence = r.fence AND j.node = $1 AND j.state = 'running'
+        RETURNING j.id
+    )
+    SELECT id, (SELECT pg_notify('opqueued', 'jobs') FROM (SELECT 1 FROM moved LIMIT 1) AS m) FROM moved
     """#
 }
 
@@ -379,6 +412,30 @@ enum Migrations {
             """#,
             #"""
             DROP TABLE IF EXISTS opq_schema_version
+            """#,
+        ]),
+        Migration(version: 2, name: "submission_key", up: [
+            #"""
+            ALTER TABLE opq_jobs ADD COLUMN submission_key text
+            """#,
+            #"""
+            CREATE UNIQUE INDEX opq_jobs_submission_key ON opq_jobs (submission_key)
+            """#,
+            #"""
+            ALTER TABLE opq_nodes ADD COLUMN command_signatures text[] NOT NULL DEFAULT '{}'
+            """#,
+        ], down: [
+            #"""
+            ALTER TABLE opq_nodes DROP COLUMN IF EXISTS command_signatures
+            """#,
+            #"""
+            DROP INDEX IF EXISTS opq_jobs_submission_key
+            """#,
+            #"""
+            ALTER TABLE opq_jobs DROP COLUMN IF EXISTS submission_key
+            """#,
+            #"""
+            DELETE FROM opq_schema_version WHERE version = 2
             """#,
         ]),
     ]

@@ -1,6 +1,7 @@
 // The daemon's configuration (SPEC §6): queues, default queues per kind family, limits.
 // Read from a property list; every problem is reported with the key path where it was found.
 
+import ClusterStore
 import Foundation
 import OperationEngine
 import PropertyList
@@ -9,6 +10,25 @@ public struct QueueSettings: Equatable, Sendable {
     public var maxConcurrentOperationCount: Int
     public var qualityOfService: OperationEngine.QualityOfService
     public var suspended: Bool
+    /// `clusterMaxConcurrentOperationCount` (SPEC §8): a limit across every node; only with `cluster`.
+    public var clusterMaxConcurrentOperationCount: Int? = nil
+}
+
+/// `cluster` (SPEC §8): this node shares one queue with others through PostgreSQL.
+public struct ClusterSettings: Equatable, Sendable {
+    /// The `postgresql://` URL as written (checked by DatabaseURL; its password, if any, is never printed).
+    public var database: String
+    public var passwordFile: String?
+    /// `[A-Za-z0-9._-]{1,64}`; default: the host name.
+    public var node: String
+    /// Jobs this node runs at once; default: maxActiveJobs.
+    public var jobSlots: Int
+    public var leaseSeconds: Double
+    public var sharedOutbox: String?
+    public var keepFinishedDays: Double
+
+    public static let defaultLeaseSeconds = 15.0
+    public static let defaultKeepFinishedDays = 7.0
 }
 
 public struct Configuration: Sendable {
@@ -34,6 +54,8 @@ public struct Configuration: Sendable {
     public var commands: [String: CommandSpec] = [:]
     /// `jobFinished`: the command run once per ended job, after publication.
     public var jobFinished: String?
+    /// `cluster` (SPEC §8); nil: one node, the file spool alone.
+    public var cluster: ClusterSettings? = nil
 
     public static let builtIn = Configuration(
         queueNames: ["default", "downloads", "filters", "io"],
@@ -79,7 +101,7 @@ public struct Configuration: Sendable {
         } catch let error as ManifestProblems {
             throw Invalid(path: path, problems: error.problems)
         }
-        let known: Set<String> = ["queues", "defaultQueues", "maxActiveJobs", "maxActiveOperations", "shutdownGraceSeconds", "download", "image", "metrics", "commands", "jobFinished"]
+        let known: Set<String> = ["queues", "defaultQueues", "maxActiveJobs", "maxActiveOperations", "shutdownGraceSeconds", "download", "image", "metrics", "commands", "jobFinished", "cluster"]
         for key in top.keys.sorted() where !known.contains(key) { problems.append("unknown key '\(key)'") }
         if let value = top["queues"] {
             if let queues = value.dictionary {
@@ -98,6 +120,11 @@ public struct Configuration: Sendable {
                             else { problems.append("queues.\(name).qualityOfService: must be one of \(qosNames)") }
                         case "suspended":
                             if let b = v.boolean { queue.suspended = b } else { problems.append("queues.\(name).suspended: must be a boolean") }
+                        case "clusterMaxConcurrentOperationCount":
+                            if top["cluster"] == nil {
+                                problems.append("queues.\(name).clusterMaxConcurrentOperationCount: only applies with a 'cluster' dictionary (SPEC §8)")
+                            } else if let n = v.integer, n >= 1, n <= 100_000 { queue.clusterMaxConcurrentOperationCount = n }
+                            else { problems.append("queues.\(name).clusterMaxConcurrentOperationCount: must be a positive integer (at most 100000)") }
                         default:
                             problems.append("queues.\(name): unknown key '\(key)'")
                         }
@@ -194,9 +221,69 @@ public struct Configuration: Sendable {
         if let value = top["jobFinished"] {
             config.jobFinished = CommandSpec.checkHook(value, commands: config.commands, problems: &problems)
         }
+        if let value = top["cluster"] {
+            config.cluster = parseCluster(value, maxActiveJobs: config.maxActiveJobs, problems: &problems)
+        }
         if !problems.isEmpty { throw Invalid(path: path, problems: problems) }
         return config
     }
+
+    /// The `cluster` dictionary; nil (with problems) when it is not usable.
+    static func parseCluster(_ value: PlistValue, maxActiveJobs: Int, problems: inout [String]) -> ClusterSettings? {
+        guard let cluster = value.dictionary else { problems.append("cluster: must be a dictionary"); return nil }
+        let before = problems.count
+        var settings = ClusterSettings(database: "", passwordFile: nil, node: defaultNodeName(), jobSlots: maxActiveJobs,
+                                       leaseSeconds: ClusterSettings.defaultLeaseSeconds, sharedOutbox: nil,
+                                       keepFinishedDays: ClusterSettings.defaultKeepFinishedDays)
+        for key in cluster.keys.sorted() {
+            guard let v = cluster[key] else { continue }
+            switch key {
+            case "database":
+                guard let url = v.string else { problems.append("cluster.database: must be a postgresql:// URL string"); break }
+                // Checked now so that a typo names this key; the password file is read when the node connects.
+                do {
+                    _ = try DatabaseURL(url)
+                    settings.database = url
+                } catch let error as ClusterStoreError {
+                    problems.append(error.description)  // names cluster.database itself
+                } catch {
+                    problems.append("cluster.database: \(error)")
+                }
+            case "passwordFile":
+                if let p = v.string, p.hasPrefix("/") { settings.passwordFile = p } else { problems.append("cluster.passwordFile: must be an absolute path") }
+            case "node":
+                if let n = v.string, isValidNodeName(n) { settings.node = n }
+                else { problems.append("cluster.node: must be 1 to 64 characters from [A-Za-z0-9._-]") }
+            case "jobSlots":
+                if let n = v.integer, n >= 1, n <= 1_000_000 { settings.jobSlots = n } else { problems.append("cluster.jobSlots: must be a positive integer") }
+            case "leaseSeconds":
+                if let n = v.real, n >= 2, n <= 86_400 { settings.leaseSeconds = n } else { problems.append("cluster.leaseSeconds: must be at least 2 seconds (and at most 86400)") }
+            case "sharedOutbox":
+                if let p = v.string, p.hasPrefix("/") { settings.sharedOutbox = p } else { problems.append("cluster.sharedOutbox: must be an absolute path") }
+            case "keepFinishedDays":
+                if let n = v.real, n >= 0, n <= 36_500 { settings.keepFinishedDays = n } else { problems.append("cluster.keepFinishedDays: must be 0 or more days") }
+            default:
+                problems.append("cluster: unknown key '\(key)'")
+            }
+        }
+        if cluster["database"] == nil { problems.append("cluster.database: missing (the postgresql:// URL of the cluster's database)") }
+        if cluster["node"] == nil, !isValidNodeName(settings.node) {
+            problems.append("cluster.node: missing, and the host name '\(settings.node)' is not a valid node name ([A-Za-z0-9._-]{1,64})")
+        }
+        return problems.count == before ? settings : nil
+    }
+}
+
+/// A node name (SPEC §8): `[A-Za-z0-9._-]{1,64}`.
+func isValidNodeName(_ s: String) -> Bool {
+    (1...64).contains(s.utf8.count) && s.utf8.allSatisfy(isIdentifierByte)
+}
+
+/// The host name, the default node name.
+func defaultNodeName() -> String {
+    var buffer = [CChar](repeating: 0, count: 256)
+    guard gethostname(&buffer, buffer.count - 1) == 0 else { return "" }
+    return String(decoding: buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
 }
 
 /// `HOST:PORT` or `[IPV6]:PORT` (port 0: any free port) → (host, port); nil when it is neither.

@@ -44,6 +44,9 @@ let postgresFactory: StoreFactory = {
 @Suite("PostgresClusterStore conformance", .serialized)
 struct PostgresConformanceTests {
     @Test func insertRenames() async throws { try await StoreConformance.insertRenames(postgresFactory) }
+    @Test func idempotentSubmission() async throws { try await StoreConformance.idempotentSubmission(postgresFactory) }
+    @Test func commandSignatures() async throws { try await StoreConformance.commandSignatures(postgresFactory) }
+    @Test func releaseJobs() async throws { try await StoreConformance.releaseJobs(postgresFactory) }
     @Test func claimOrder() async throws { try await StoreConformance.claimOrder(postgresFactory) }
     @Test func pinning() async throws { try await StoreConformance.pinning(postgresFactory) }
     @Test func concurrentClaims() async throws { try await StoreConformance.concurrentClaims(postgresFactory) }
@@ -66,7 +69,7 @@ struct PostgresClusterStoreTests {
         #expect(try server.psql(database, "SELECT to_regclass('opq_jobs') IS NULL").trimmingCharacters(in: .whitespacesAndNewlines) == "t")
         #expect(try await store.migrate() == Migrations.newest)
         #expect(try await store.migrate() == Migrations.newest, "a second migrate finds nothing to do")
-        #expect(try server.psql(database, "SELECT string_agg(version::text, ',') FROM opq_schema_version").trimmingCharacters(in: .whitespacesAndNewlines) == "1")
+        #expect(try server.psql(database, "SELECT string_agg(version::text, ',') FROM opq_schema_version").trimmingCharacters(in: .whitespacesAndNewlines) == "1,2")
         #expect(try server.psql(database, "SELECT tableowner FROM pg_tables WHERE tablename = 'opq_jobs'").contains(PostgresServer.role))
         try await store.migrateDown(to: 0)
         #expect(try server.psql(database, "SELECT count(*) FROM pg_tables WHERE tablename LIKE 'opq\\_%'").trimmingCharacters(in: .whitespacesAndNewlines) == "0")
@@ -84,7 +87,7 @@ struct PostgresClusterStoreTests {
             return try await group.reduce(into: [Int]()) { $0.append($1) }
         }
         #expect(versions == Array(repeating: Migrations.newest, count: 3))
-        #expect(try server.psql(database, "SELECT count(*) FROM opq_schema_version").trimmingCharacters(in: .whitespacesAndNewlines) == "1")
+        #expect(try server.psql(database, "SELECT count(*) FROM opq_schema_version").trimmingCharacters(in: .whitespacesAndNewlines) == "2")
         for (_, under) in stores { await under.close() }
     }
 

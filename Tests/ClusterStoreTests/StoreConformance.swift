@@ -36,6 +36,63 @@ enum StoreConformance {
         await under.close()
     }
 
+    /// Schema 2: a submission repeated under the same key (a crash between the insert's commit and the removal
+    /// of the local copy) inserts nothing and answers the first row's id, even when that id was renamed.
+    static func idempotentSubmission(_ factory: StoreFactory) async throws {
+        try await withStore(factory) { store in
+            func keyed(_ id: String, _ key: String?) -> NewJob {
+                var j = job(id)
+                j.submissionKey = key
+                return j
+            }
+            #expect(try await store.insertJobs([keyed("s", "n1/s/1.5")]).map(\.id) == ["s"])
+            #expect(try await store.insertJobs([keyed("s", "n1/s.1/2.5")]).map(\.id) == ["s.1"])
+            // Again, in a batch with a new one: the two known keys answer their rows, the new one is inserted.
+            let again = try await store.insertJobs([keyed("s", "n1/s.1/2.5"), keyed("s", "n1/s/1.5"), keyed("s", "n1/s.2/3.5")])
+            #expect(again.map(\.id) == ["s.1", "s", "s.2"])
+            // Keyless inserts never collide with each other on the key.
+            #expect(try await store.insertJobs([keyed("t", nil), keyed("t", nil)]).map(\.id) == ["t", "t.1"])
+            let claimed = try await store.claimJobs(node: "n1", limit: 100, queues: ["default"], commands: [])
+            #expect(claimed.map(\.id).sorted() == ["s", "s.1", "s.2", "t", "t.1"], "each submission exactly once")
+        }
+    }
+
+    /// A node hands back jobs it gave up: only under its own fence, back to waiting with from_node set.
+    static func releaseJobs(_ factory: StoreFactory) async throws {
+        try await withStore(factory) { store in
+            try await store.registerNode(node("a"))
+            _ = try await store.insertJobs([job("r1"), job("r2")])
+            let claimed = try await store.claimJobs(node: "a", limit: 2, queues: ["default"], commands: [])
+            let fences = Dictionary(uniqueKeysWithValues: claimed.map { ($0.id, $0.fence) })
+            #expect(try await store.releaseJobs(node: "b", fences).isEmpty, "another node's release moves nothing")
+            #expect(try await store.releaseJobs(node: "a", ["r1": (fences["r1"] ?? 0) + 1000]).isEmpty, "a stale fence moves nothing")
+            #expect(try await store.releaseJobs(node: "a", ["r1": fences["r1"] ?? 0]) == ["r1"])
+            let again = try await store.claimJobs(node: "b", limit: 2, queues: ["default"], commands: [])
+            #expect(again.map(\.id) == ["r1"] && again.first?.fromNode == "a")
+            #expect(try await store.heartbeat(node: "a").held.keys.sorted() == ["r2"])
+        }
+    }
+
+    /// Command signatures travel with the declaration; every node's are readable by all.
+    static func commandSignatures(_ factory: StoreFactory) async throws {
+        try await withStore(factory) { store in
+            var a = node("a", commands: ["gzip"])
+            a.commandSignatures = ["gzip": "queue=io;level:integer"]
+            try await store.registerNode(a)
+            var b = node("b", commands: ["ffmpeg"])
+            b.commandSignatures = ["ffmpeg": "codec:oneOf(h264|vp9)"]
+            try await store.registerNode(b)
+            let declared = try await store.declared()
+            #expect(declared.commands == ["ffmpeg", "gzip"])
+            #expect(declared.commandSignatures == ["gzip": "queue=io;level:integer", "ffmpeg": "codec:oneOf(h264|vp9)"])
+            // Status's per-queue counts: waiting and running, a job counting in each of its queues.
+            _ = try await store.insertJobs([job("q1", queues: ["default", "io"]), job("q2", queues: ["io"])])
+            #expect(try await store.claimJobs(node: "a", limit: 1, queues: ["io"], commands: []).map(\.id) == ["q2"])
+            #expect(try await store.queueCounts() == [QueueCount(queue: "default", waiting: 1, running: 0),
+                                                      QueueCount(queue: "io", waiting: 1, running: 1)])
+        }
+    }
+
     /// Ids unique across the cluster: `.1`, `.2`, … within a batch, across batches and across concurrent inserters.
     static func insertRenames(_ factory: StoreFactory) async throws {
         try await withStore(factory) { store in

@@ -1,0 +1,763 @@
+// ClusterJobStore: the JobStore of a node in a cluster (SPEC §8), over a ClusterStore (PostgreSQL).
+//
+// Threads: one loop thread ("opqueued-cluster") does every routine round trip in turn — connect (migrate,
+// register), heartbeat and takeover, submissions, claims, cancels and suspensions, the status snapshot, pruning —
+// so that a beat's answer never crosses a claim; a second thread checks the lease deadline every 50 ms whatever
+// the loop is waiting for (a hung statement, a freeze); a task turns LISTEN wake-ups into flags for the loop. The
+// shell's calls (`complete`, `job`, `requestCancel`, `setSuspended`, `acquireSlot`) wait for one round trip of
+// their own, each bounded. All state is under one lock, as ClusterNodeState (pure, tested on its own).
+//
+// What it trusts: nothing a row holds. An id that is not a valid job id is recorded `rejected` and never touches
+// the spool; a manifest is validated again by the shell against the local configuration; a signature that does
+// not decode widens nothing. The password never reaches a log line: errors come from ClusterStoreError.
+
+import ClusterStore
+import Foundation
+import Logging
+import OperationEngine
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+public final class ClusterJobStore: JobStore, @unchecked Sendable {
+    public let node: String?
+    public var inboxRunsHere: Bool { false }
+    public var delegate: (any JobStoreDelegate)? {
+        get { lock.withLock { _delegate } }
+        set { lock.withLock { _delegate = newValue } }
+    }
+
+    let settings: ClusterSettings
+    let nodeName: String
+    let spool: Spool
+    let store: any ClusterStore
+    let logger: Logger
+    let onLeaseDeadline: @Sendable (Double?) -> Void
+
+    /// Everything below is guarded by `lock`; `wake` wakes the loop, `slotFreed` the slot waiters.
+    private let lock = NSLock()
+    private let wake = NSCondition()
+    private let slotFreed = NSCondition()
+    private weak var _delegate: (any JobStoreDelegate)?
+    private var configuration: Configuration
+    private var state: ClusterNodeState
+    private var origins: [String: ClusterOrigin] = [:]
+    private var room = 0
+    private var started = false
+    private var stopped = false
+    private var kicked = false
+    private var claimWanted = true
+    private var controlWanted = true
+    private var registerWanted = false
+    /// Submissions waiting for their insert: folder under active/.submissions and the job.
+    private var pending: [(folder: String, key: String, job: NewJob)] = []
+    private var slotReleases: [SlotLease] = []
+    /// Ends recorded, whose origin records go once their active/ folders have (published).
+    private var leaving: Set<String> = []
+    private var jobReleases: [String: Int64] = [:]
+    private var lastError: String?
+    private var declared: (queues: Set<String>, commands: Set<String>, commandSignatures: [String: String]) = ([], [], [:])
+    private var snapshotValue: ClusterSnapshot
+    private var reportedDeadline: Double??
+    private var runner: Task<Void, Never>?
+    private var listener: Task<Void, Never>?
+    private let finished = DispatchGroup()
+    let executor = ClusterExecutor(label: "opqueued-cluster-executor")
+
+    /// Statements of the loop and of the shell's calls wait at most this long.
+    public static let statementTimeout = 5.0
+    static let pollSeconds = 1.0
+    static let pruneEverySeconds = 3600.0
+    static let pruneBatch = 500
+
+    /// Builds the node's store; nothing is connected until `start`. Throws when the URL or the password file is
+    /// unusable (a configuration error: the node does not start).
+    public convenience init(configuration: Configuration, spool: Spool, logger: Logger,
+                            onLeaseDeadline: @escaping @Sendable (Double?) -> Void = { _ in }) throws {
+        guard let settings = configuration.cluster else { throw ClusterUnavailable("no cluster dictionary in the configuration") }
+        let url = try DatabaseURL(settings.database, passwordFile: settings.passwordFile)
+        let store = try PostgresClusterStore(url: url)
+        self.init(configuration: configuration, spool: spool, logger: logger, store: store,
+                  run: { await store.run() }, onLeaseDeadline: onLeaseDeadline)
+    }
+
+    /// `run` keeps the store's connections (for PostgresClusterStore, its `run()`); cancelled at shutdown.
+    public init(configuration: Configuration, spool: Spool, logger: Logger, store: any ClusterStore,
+                run: @escaping @Sendable () async -> Void, onLeaseDeadline: @escaping @Sendable (Double?) -> Void = { _ in }) {
+        let settings = configuration.cluster ?? ClusterSettings(database: "", passwordFile: nil, node: "node", jobSlots: configuration.maxActiveJobs,
+                                                                 leaseSeconds: ClusterSettings.defaultLeaseSeconds, sharedOutbox: nil,
+                                                                 keepFinishedDays: ClusterSettings.defaultKeepFinishedDays)
+        self.settings = settings
+        self.nodeName = settings.node
+        self.node = settings.node
+        self.spool = spool
+        self.store = store
+        self.logger = logger
+        self.onLeaseDeadline = onLeaseDeadline
+        self.configuration = configuration
+        self.state = ClusterNodeState(leaseSeconds: settings.leaseSeconds)
+        self.snapshotValue = ClusterSnapshot(node: settings.node, connected: false, lastError: nil, nodes: [], unrunnable: [], queues: [:], refreshedAt: nil)
+        runner = Task(executorPreference: executor) { await run() }
+        let wakeups = store.wakeups
+        listener = Task(executorPreference: executor) { [weak self] in
+            for await wakeup in wakeups {
+                guard let self else { return }
+                self.heard(wakeup)
+            }
+        }
+        finished.enter()
+        let loop = Thread { [self] in
+            self.loop()
+            self.finished.leave()
+        }
+        loop.name = "opqueued-cluster"
+        loop.start()
+        finished.enter()
+        let watch = Thread { [self] in
+            self.watchDeadline()
+            self.finished.leave()
+        }
+        watch.name = "opqueued-lease"
+        watch.start()
+    }
+
+    // MARK: JobStore
+
+    public func submissionConfiguration(_ local: Configuration) -> Configuration {
+        let d = lock.withLock { declared }
+        return local.widened(queues: d.queues, commands: d.commands, signatures: d.commandSignatures)
+    }
+
+    public func recovered(_ jobs: [ClaimedJob]) -> [ClaimedJob] {
+        var resume: [ClaimedJob] = []
+        var candidates: [(ClaimedJob, ClusterOrigin)] = []
+        var resubmit: [ClaimedJob] = []
+        for job in jobs {
+            if let origin = spool.readOrigin(job: job.id) { candidates.append((job, origin)) } else { resubmit.append(job) }
+        }
+        let active = Set(jobs.map(\.id))
+        for job in spool.originJobs() where !active.contains(job) { spool.removeOrigin(job: job) }
+
+        // Which the database still gives this node, under the same fence (one beat); a job whose end was recorded
+        // under its fence before the restart is published without recording again.
+        var kept = candidates
+        var lost: [String] = []
+        var recorded: Set<String> = []
+        let sentAt = monotonicSeconds()
+        if !candidates.isEmpty, let beat = try? waitBounded(Self.statementTimeout, on: executor, doing: "renewing the lease of node \(nodeName)", { [store, nodeName] in
+            try await store.heartbeat(node: nodeName)
+        }), beat.registered {
+            kept = []
+            for (job, origin) in candidates {
+                if beat.held[job.id] == origin.fence { kept.append((job, origin)); continue }
+                let record = try? waitBounded(Self.statementTimeout, on: executor, doing: "looking up job \(job.id)", { [store] in try await store.job(job.id) })
+                if let record, record.state == .finished, record.node == nodeName, record.fence == origin.fence {
+                    kept.append((job, origin))
+                    recorded.insert(job.id)
+                } else {
+                    lost.append(job.id)
+                }
+            }
+            lock.withLock { _ = state.beatSucceeded(sentAt: sentAt, held: [:]) }
+        }
+        for id in lost {
+            removeTree(spool.active + "/" + id)
+            spool.discardDownloads(job: id)
+            spool.removeOrigin(job: id)
+            event(.warning, "job \(id): lost while this node was down; another node runs it (nothing published here)",
+                  ["OPQ_EVENT": "job", "OPQ_STATE": "lost", "OPQ_JOB": id, "OPQ_ERROR": "taken over while this node was down"])
+        }
+        lock.withLock {
+            // Without an answer (database down at start) the jobs are kept, their lease counted from now.
+            if !kept.isEmpty { state.assumeRenewed(at: sentAt) }
+            for (job, origin) in kept {
+                state.hold(job.id, fence: origin.fence, recorded: recorded.contains(job.id))
+                origins[job.id] = origin
+                resume.append(job)
+            }
+        }
+        // Those set aside before the restart first: a resubmitted one is set aside now, and must be queued once.
+        for (folder, job) in spool.pendingSubmissions() { enqueue(job, folder: folder) }
+        for job in resubmit { enqueueSubmission(job) }
+        lock.withLock {
+            started = true
+            claimWanted = true
+            controlWanted = true
+        }
+        reportDeadline()
+        kick()
+        return resume
+    }
+
+    public func submit(_ jobs: [ClaimedJob]) -> [ClaimedJob] {
+        for job in jobs { enqueueSubmission(job) }
+        kick()
+        return []
+    }
+
+    public func want(room: Int) {
+        lock.withLock {
+            self.room = max(0, room)
+            if room > 0 { claimWanted = true }
+        }
+        kick()
+    }
+
+    public func complete(_ ends: [JobEnd]) throws -> Set<String> {
+        checkDeadline()
+        let ids = ends.map(\.job)
+        let (fences, already) = lock.withLock { (state.beginCompleting(ids), state.alreadyRecorded(ids)) }
+        var completions: [JobCompletion] = []
+        for end in ends where fences[end.job] != nil && !already.contains(end.job) {
+            let result: [UInt8]
+            switch readRegularFile(end.resultFile, limit: 64 << 20) {
+            case .success(let data): result = Array(data)
+            case .failure(let error):
+                logger.error("job \(end.job): its result.plist cannot be read for the cluster's record: \(error)",
+                             metadata: ["OPQ_JOB": .string(end.job), "OPQ_ERROR": .string(error.description)])
+                result = []
+            }
+            completions.append(JobCompletion(job: end.job, fence: fences[end.job] ?? 0, status: end.status, result: result))
+        }
+        let asked = completions.map(\.job)
+        let batch = completions
+        let recorded: Set<String>
+        do {
+            recorded = try waitBounded(Self.statementTimeout, on: executor, doing: "recording the end of \(completions.count) job(s)", { [store] in
+                try await store.completeJobs(batch)
+            })
+        } catch {
+            lock.withLock { _ = state.endCompleting(ids, recorded: nil) }
+            throw error
+        }
+        let lost = lock.withLock {
+            let lost = state.endCompleting(asked, recorded: recorded)
+            _ = state.endCompleting(Array(already), recorded: already)
+            for id in ids where fences[id] != nil { origins[id] = nil }
+            return lost
+        }
+        // The origin records of recorded ends stay until the shell has moved the job out of active/: a crash in
+        // between must find the job still ours (recorded under its fence) and publish it, not submit it again.
+        for id in lost { spool.removeOrigin(job: id) }
+        lock.withLock { leaving.formUnion(recorded.union(already)) }
+        if !lost.isEmpty { delegate?.lost(lost, reason: "taken over by another node before its end was recorded") }
+        reportDeadline()
+        return recorded.union(already)
+    }
+
+    public func origin(of job: String) -> JobOrigin? {
+        guard let origin = lock.withLock({ origins[job] }) ?? spool.readOrigin(job: job) else { return nil }
+        return JobOrigin(submittedOn: origin.submittedOn, fromNode: origin.fromNode)
+    }
+
+    public func requestCancel(job: String, operation: String?) -> StoreCancelOutcome {
+        do {
+            switch try waitBounded(Self.statementTimeout, on: executor, doing: "cancelling job \(job)", { [store] in
+                try await store.requestCancel(job: job, operation: operation)
+            }) {
+            case .requested: return .requested
+            case .unknownJob: return .unknownJob
+            case .alreadyEnded: return .alreadyEnded
+            }
+        } catch {
+            return .unavailable("\(error)")
+        }
+    }
+
+    public func setSuspended(_ queue: String, _ suspended: Bool) -> Bool {
+        do {
+            try waitBounded(Self.statementTimeout, on: executor, doing: "\(suspended ? "suspending" : "resuming") queue \(queue)", { [store] in
+                try await store.setSuspended(queue, suspended)
+            })
+            lock.withLock { controlWanted = true }
+            kick()
+            return true
+        } catch {
+            logger.error("queue \(queue): the cluster could not record the \(suspended ? "suspension" : "resumption") (\(error)); it acts on this node only",
+                         metadata: ["OPQ_QUEUE": .string(queue), "OPQ_ERROR": .string("\(error)")])
+            return false
+        }
+    }
+
+    public func shutdown() {
+        let already = lock.withLock {
+            defer { stopped = true }
+            return stopped
+        }
+        if already { return }
+        kick()
+        slotFreed.lock()
+        slotFreed.broadcast()
+        slotFreed.unlock()
+        _ = finished.wait(timeout: .now() + Self.statementTimeout + 2)
+        runner?.cancel()
+        listener?.cancel()
+    }
+
+    // MARK: beyond JobStore (the integrator's)
+
+    /// Reloaded configuration (SIGHUP): declared again to the cluster (migrate + registerNode) by the loop.
+    public func reload(_ configuration: Configuration) {
+        lock.withLock {
+            self.configuration = configuration
+            registerWanted = true
+        }
+        kick()
+    }
+
+    /// What `status` shows of the cluster, as of the last beat; never waits for the database.
+    public func snapshot() -> ClusterSnapshot? {
+        lock.withLock {
+            var s = snapshotValue
+            s.connected = state.connected == true
+            s.lastError = lastError
+            return s
+        }
+    }
+
+    /// A job the cluster knows (show, wait, graph), waiting for the database at most `timeout` seconds.
+    public func job(_ id: String, timeout: Double = ClusterJobStore.statementTimeout) throws -> JobRecord? {
+        try waitBounded(timeout, on: executor, doing: "looking up job \(id)", { [store] in try await store.job(id) })
+    }
+
+    /// The current lease deadline (monotonic seconds) while the node holds something; nil otherwise.
+    public var leaseDeadline: Double? { lock.withLock { state.watchdogDeadline } }
+
+    /// A slot of `queue`'s clusterMaxConcurrentOperationCount, for one operation: waits (woken when a slot is freed
+    /// anywhere, polling at least every second) until one is free, the node may take leases, or `isCancelled`.
+    /// Throws CancellationError when cancelled or the store is shut down; a queue without a cluster limit throws.
+    public func acquireSlot(queue: String, job: String, operation: String, isCancelled: () -> Bool) throws -> SlotLease {
+        guard let limit = lock.withLock({ configuration.queues[queue]?.clusterMaxConcurrentOperationCount }) else {
+            throw ClusterUnavailable("queue \(queue) has no clusterMaxConcurrentOperationCount")
+        }
+        while true {
+            if isCancelled() || lock.withLock({ stopped }) { throw CancellationError() }
+            if lock.withLock({ state.mayTakeLeases(now: monotonicSeconds()) }) {
+                let lease = try? waitBounded(Self.statementTimeout, on: executor, doing: "acquiring a cluster slot of queue \(queue)", { [store, nodeName] in
+                    try await store.acquireSlot(queue: queue, limit: limit, node: nodeName, job: job, operation: operation)
+                })
+                if let lease {
+                    // A slot granted after the deadline passed meanwhile is handed back at once.
+                    let kept = lock.withLock {
+                        guard state.mayTakeLeases(now: monotonicSeconds()) else { slotReleases.append(lease); return false }
+                        state.addSlot(.init(queue: lease.queue, slot: lease.slot, fence: lease.fence))
+                        return true
+                    }
+                    if kept {
+                        reportDeadline()
+                        return lease
+                    }
+                    kick()
+                }
+            }
+            slotFreed.lock()
+            _ = slotFreed.wait(until: Date(timeIntervalSinceNow: Self.pollSeconds))
+            slotFreed.unlock()
+        }
+    }
+
+    /// Frees a slot (its fence checked by the database); when the database cannot be reached it is retried by the
+    /// loop. A slot dropped at the lease deadline was freed by the takeover already.
+    public func releaseSlot(_ lease: SlotLease) {
+        let held = lock.withLock { state.removeSlot(.init(queue: lease.queue, slot: lease.slot, fence: lease.fence)) }
+        reportDeadline()
+        guard held else { return }
+        do {
+            _ = try waitBounded(Self.statementTimeout, on: executor, doing: "releasing a cluster slot of queue \(lease.queue)", { [store] in
+                try await store.releaseSlot(lease)
+            })
+        } catch {
+            lock.withLock { slotReleases.append(lease) }
+            kick()
+        }
+    }
+
+    // MARK: submissions
+
+    private func enqueueSubmission(_ job: ClaimedJob) {
+        do {
+            let folder = try spool.moveToSubmissions(job: job.id)
+            enqueue(job, folder: folder)
+        } catch {
+            // It stays in active/ (recovery submits it again); nothing is lost.
+            logger.error("job \(job.id): cannot be set aside for submission: \(error); it is submitted at the next start",
+                         metadata: ["OPQ_JOB": .string(job.id), "OPQ_ERROR": .string("\(error)")])
+        }
+    }
+
+    private func enqueue(_ job: ClaimedJob, folder: String) {
+        let config = submissionConfiguration(lock.withLock { configuration })
+        var placement = (qos: 2, priority: 2, queues: [String](), commands: [String]())
+        if case .success(let plan) = Manifest.parse(job.manifest, configuration: config) { placement = plan.clusterPlacement(config) }
+        // The key survives a restart: the node, the inbox name and the reception time (recorded at claim).
+        let key = "\(nodeName)/\(job.manifestName)/\(job.receivedAt)"
+        let new = NewJob(requestedID: job.requestedJob ?? job.id, manifest: Array(job.manifest), manifestName: job.manifestName,
+                         submittedOn: nodeName, qosRank: placement.qos, priorityRank: placement.priority,
+                         queues: placement.queues, commands: placement.commands, submissionKey: key)
+        lock.withLock { pending.append((folder, key, new)) }
+    }
+
+    // MARK: the loop
+
+    private func kick() {
+        wake.lock()
+        kicked = true
+        wake.signal()
+        wake.unlock()
+    }
+
+    private func heard(_ wakeup: Wakeup) {
+        switch wakeup {
+        case .jobs: lock.withLock { claimWanted = true }
+        case .control: lock.withLock { controlWanted = true }
+        case .slots:
+            slotFreed.lock()
+            slotFreed.broadcast()
+            slotFreed.unlock()
+            return
+        case .connected: lock.withLock { claimWanted = true; controlWanted = true }
+        case .disconnected: return
+        }
+        kick()
+    }
+
+    private func loop() {
+        var backoff = 0.1
+        var connected = false
+        var nextBeat = 0.0, nextPoll = 0.0, nextPrune = 0.0
+        while !lock.withLock({ stopped }) {
+            // After a freeze (SIGSTOP), what the lease no longer covers stops before anything else is done.
+            checkDeadline()
+            do {
+                if !connected || lock.withLock({ registerWanted }) {
+                    try connect()
+                    connected = true
+                    nextBeat = 0
+                }
+                let now = monotonicSeconds()
+                if now >= nextBeat {
+                    try beat()
+                    // Only a whole round (connected and beaten) ends an outage's backoff: a server that accepts
+                    // logins and fails statements is retried as slowly as one that refuses them.
+                    backoff = 0.1
+                    try refreshSnapshot()
+                    nextBeat = monotonicSeconds() + settings.leaseSeconds / 3
+                }
+                dropOriginsOfPublishedJobs()
+                try releaseWhatWasGivenUp()
+                try submitPending()
+                let (wantsClaim, wantsControl, isStarted) = lock.withLock { () -> (Bool, Bool, Bool) in
+                    let polled = now >= nextPoll
+                    defer { claimWanted = false; controlWanted = false }
+                    return (claimWanted || polled, controlWanted || polled, started)
+                }
+                if now >= nextPoll { nextPoll = now + Self.pollSeconds }
+                if isStarted && wantsClaim { try claim() }
+                if isStarted && wantsControl { try control() }
+                if now >= nextPrune {
+                    nextPrune = now + Self.pruneEverySeconds
+                    try prune()
+                }
+                let next = min(nextBeat, nextPoll)
+                sleep(upTo: max(0, next - monotonicSeconds()))
+            } catch {
+                connected = false
+                disconnected(error)
+                sleep(upTo: backoff)
+                backoff = min(backoff * 2, 5)
+            }
+        }
+    }
+
+    /// Waits until kicked or `seconds` passed.
+    private func sleep(upTo seconds: Double) {
+        wake.lock()
+        if !kicked { _ = wake.wait(until: Date(timeIntervalSinceNow: seconds)) }
+        kicked = false
+        wake.unlock()
+    }
+
+    private func connect() throws {
+        let declaration = lock.withLock { configuration.declaration(node: nodeName, jobSlots: settings.jobSlots) }
+        _ = try waitBounded(Self.statementTimeout * 2, on: executor, doing: "migrating the cluster schema", { [store] in try await store.migrate() })
+        try waitBounded(Self.statementTimeout, on: executor, doing: "registering node \(nodeName)", { [store] in try await store.registerNode(declaration) })
+        let news = lock.withLock {
+            registerWanted = false
+            claimWanted = true
+            controlWanted = true
+            lastError = nil
+            return state.connectionSucceeded()
+        }
+        if news {
+            event(.notice, "cluster: node \(nodeName) connected to the database", ["OPQ_EVENT": "cluster", "OPQ_STATE": "connected"])
+        }
+    }
+
+    private func disconnected(_ error: any Error) {
+        let reason = "\(error)"
+        let news = lock.withLock {
+            lastError = reason
+            return state.connectionFailed()
+        }
+        if news {
+            event(.warning, "cluster: node \(nodeName) cannot reach the database: \(reason); retrying at most 5 s apart",
+                  ["OPQ_EVENT": "cluster", "OPQ_STATE": "disconnected", "OPQ_ERROR": reason])
+        }
+    }
+
+    /// One heartbeat (one statement), then a takeover round.
+    private func beat() throws {
+        let sentAt = monotonicSeconds()
+        let beat = try waitBounded(Self.statementTimeout, on: executor, doing: "renewing the lease of node \(nodeName)", { [store, nodeName] in
+            try await store.heartbeat(node: nodeName)
+        })
+        if !beat.registered {
+            lock.withLock { registerWanted = true }
+            throw ClusterUnavailable("node \(nodeName) has no row in the database (registered again)")
+        }
+        let lost = lock.withLock { () -> [String] in
+            let result = state.beatSucceeded(sentAt: sentAt, held: beat.held)
+            for id in result.lost { origins[id] = nil }
+            // Jobs the database gives this node that it does not run go back to waiting; but before recovery said
+            // which jobs resume, every one of them may be one of those.
+            if started { jobReleases.merge(result.orphans) { $1 } }
+            return result.lost
+        }
+        reportDeadline()
+        if !lost.isEmpty { handLost(lost, reason: "taken over by another node") }
+        let takeover = try waitBounded(Self.statementTimeout, on: executor, doing: "taking over the jobs of lost nodes", { [store, settings] in
+            try await store.takeOverLost(leaseSeconds: settings.leaseSeconds)
+        })
+        if !takeover.jobs.isEmpty {
+            lock.withLock { claimWanted = true }
+            logger.notice("cluster: took \(takeover.jobs.count) job(s) back from lost node(s) \(Set(takeover.jobs.map { $0.fromNode }).sorted().joined(separator: ", "))")
+        }
+        if !takeover.freedSlotQueues.isEmpty {
+            slotFreed.lock()
+            slotFreed.broadcast()
+            slotFreed.unlock()
+        }
+    }
+
+    private func dropOriginsOfPublishedJobs() {
+        let ids = lock.withLock { leaving }
+        if ids.isEmpty { return }
+        var gone: Set<String> = []
+        for id in ids where access(spool.active + "/" + id, F_OK) != 0 {
+            spool.removeOrigin(job: id)
+            gone.insert(id)
+        }
+        lock.withLock { leaving.subtract(gone) }
+    }
+
+    private func handLost(_ jobs: [String], reason: String) {
+        for id in jobs { spool.removeOrigin(job: id) }
+        delegate?.lost(jobs, reason: reason)
+    }
+
+    private func releaseWhatWasGivenUp() throws {
+        let (jobs, slots) = lock.withLock { (jobReleases, slotReleases) }
+        if !jobs.isEmpty {
+            _ = try waitBounded(Self.statementTimeout, on: executor, doing: "handing jobs back", { [store, nodeName] in
+                try await store.releaseJobs(node: nodeName, jobs)
+            })
+            lock.withLock { for (id, fence) in jobs where jobReleases[id] == fence { jobReleases[id] = nil } }
+        }
+        for lease in slots {
+            _ = try waitBounded(Self.statementTimeout, on: executor, doing: "releasing a cluster slot of queue \(lease.queue)", { [store] in
+                try await store.releaseSlot(lease)
+            })
+            lock.withLock { slotReleases.removeAll { $0 == lease } }
+        }
+    }
+
+    /// Inserts what waits, by batches of 256 (one transaction each); the local copies go only after the commit.
+    private func submitPending() throws {
+        while true {
+            let batch = lock.withLock { Array(pending.prefix(256)) }
+            if batch.isEmpty { return }
+            let jobs = batch.map(\.job)
+            let inserted = try waitBounded(Self.statementTimeout * 2, on: executor, doing: "inserting \(jobs.count) job(s)", { [store] in
+                try await store.insertJobs(jobs)
+            })
+            for (entry, row) in zip(batch, inserted) {
+                removeTree(entry.folder)
+                logger.debug("job \(row.id): submitted to the cluster", metadata: ["OPQ_JOB": .string(row.id)])
+            }
+            let keys = Set(batch.map(\.key))
+            lock.withLock { pending.removeAll { keys.contains($0.key) } }
+        }
+    }
+
+    /// One claim round for the room the shell has, and the jobs' files written before they run.
+    private func claim() throws {
+        let (limit, declaration) = lock.withLock { () -> (Int, NodeDeclaration) in
+            let free = settings.jobSlots - state.held.count
+            let may = state.mayTakeLeases(now: monotonicSeconds())
+            return (may ? min(room, free) : 0, configuration.declaration(node: nodeName, jobSlots: settings.jobSlots))
+        }
+        if limit <= 0 { return }
+        let rows = try waitBounded(Self.statementTimeout, on: executor, doing: "claiming jobs for node \(nodeName)", { [store, nodeName] in
+            try await store.claimJobs(node: nodeName, limit: limit, queues: declaration.queues, commands: declaration.commands)
+        })
+        if rows.isEmpty { return }
+        var run: [ClaimedJob] = []
+        var refused: [JobCompletion] = []
+        var failed: [String: Int64] = [:]
+        for row in rows {
+            guard isValidIdentifier(row.id) else {
+                refused.append(rejection(row, "its id is not a valid job id ([A-Za-z0-9._-]{1,128}, not starting with '.')"))
+                continue
+            }
+            let name = row.manifestName.contains("/") || row.manifestName.utf8.count > 255 || row.manifestName.isEmpty
+                ? row.id + ".plist" : row.manifestName
+            let submittedOn = isValidNodeName(row.submittedOn) ? row.submittedOn : "unknown"
+            let fromNode = row.fromNode.flatMap { isValidNodeName($0) ? $0 : nil }
+            let origin = ClusterOrigin(fence: row.fence, submittedOn: submittedOn, fromNode: fromNode)
+            let receivedAt = row.submittedAt.isFinite ? row.submittedAt : Date().timeIntervalSince1970
+            do {
+                try spool.materialise(job: row.id, manifest: row.manifest, manifestName: name, receivedAt: receivedAt,
+                                      requestedJob: row.requestedID == row.id || !isValidIdentifier(row.requestedID) ? nil : row.requestedID,
+                                      origin: origin)
+                let data = Data(row.manifest)
+                run.append(ClaimedJob(id: row.id, requestedJob: row.requestedID != row.id && isValidIdentifier(row.requestedID) ? row.requestedID : nil,
+                                      manifestName: name, receivedAt: receivedAt, manifest: data, tree: ManifestTree(data), done: [:]))
+                lock.withLock {
+                    state.hold(row.id, fence: row.fence)
+                    origins[row.id] = origin
+                    room = max(0, room - 1)
+                }
+            } catch {
+                logger.error("job \(row.id): claimed but cannot be written to the spool: \(error); handed back to the cluster",
+                             metadata: ["OPQ_JOB": .string(row.id), "OPQ_ERROR": .string("\(error)")])
+                removeTree(spool.active + "/" + row.id)
+                spool.removeOrigin(job: row.id)
+                failed[row.id] = row.fence
+            }
+        }
+        if !failed.isEmpty { lock.withLock { jobReleases.merge(failed) { $1 } } }
+        if !refused.isEmpty {
+            let refused = refused
+            _ = try? waitBounded(Self.statementTimeout, on: executor, doing: "recording rejected rows", { [store] in try await store.completeJobs(refused) })
+        }
+        guard !run.isEmpty else { return }
+        do {
+            try spool.commit()
+        } catch {
+            // Not durable: they are not run; the database gets them back.
+            logger.error("claimed jobs cannot be made durable in the spool: \(error); handed back to the cluster")
+            lock.withLock {
+                for job in run {
+                    if let fence = state.held[job.id]?.fence { jobReleases[job.id] = fence }
+                    state.forget(job.id)
+                    origins[job.id] = nil
+                }
+            }
+            return
+        }
+        reportDeadline()
+        delegate?.run(run)
+        // More may wait: look again at once while there is room.
+        lock.withLock { if room > 0 && rows.count == limit { claimWanted = true } }
+        if rows.count == limit { kick() }
+    }
+
+    /// A row that cannot become a job here: recorded `rejected` with a result saying why (it never runs).
+    private func rejection(_ row: ClusterClaimedJob, _ why: String) -> JobCompletion {
+        let message = "the cluster's row for this job is unusable: \(why)"
+        logger.error("cluster: a claimed row is unusable (\(why)); recorded rejected",
+                     metadata: ["OPQ_EVENT": "job", "OPQ_STATE": "rejected", "OPQ_ERROR": .string(message)])
+        let result: [String: Any] = ["job": row.id, "status": "rejected", "error": message, "node": nodeName,
+                                     "submittedOn": row.submittedOn, "operations": [Any]()]
+        let bytes = (try? PropertyListSerialization.data(fromPropertyList: result, format: .xml, options: 0)) ?? Data()
+        return JobCompletion(job: row.id, fence: row.fence, status: "rejected", result: Array(bytes))
+    }
+
+    private func control() throws {
+        let requests = try waitBounded(Self.statementTimeout, on: executor, doing: "reading the cancels for node \(nodeName)", { [store, nodeName] in
+            try await store.pendingCancels(node: nodeName)
+        })
+        let cancels = lock.withLock { state.newCancels(requests.map { (job: $0.job, operation: $0.operation, fence: $0.fence) }) }
+        let suspended = try waitBounded(Self.statementTimeout, on: executor, doing: "reading the suspended queues", { [store] in
+            try await store.suspendedQueues()
+        })
+        let changed = lock.withLock { state.suspendedRead(suspended) }
+        let delegate = self.delegate
+        for cancel in cancels { delegate?.cancel(job: cancel.job, operation: cancel.operation) }
+        if let changed { delegate?.suspendedQueuesChanged(changed) }
+    }
+
+    private func refreshSnapshot() throws {
+        let lease = settings.leaseSeconds
+        let nodes = try waitBounded(Self.statementTimeout, on: executor, doing: "listing the cluster's nodes", { [store] in try await store.nodes(leaseSeconds: lease) })
+        let unrunnable = try waitBounded(Self.statementTimeout, on: executor, doing: "finding jobs no live node can run", { [store] in
+            try await store.jobsNoLiveNodeCanRun(leaseSeconds: lease, limit: 100)
+        })
+        let counts = try waitBounded(Self.statementTimeout, on: executor, doing: "counting the cluster's jobs", { [store] in try await store.queueCounts() })
+        let declared = try waitBounded(Self.statementTimeout, on: executor, doing: "reading what nodes declare", { [store] in try await store.declared() })
+        lock.withLock {
+            self.declared = declared
+            snapshotValue.nodes = nodes.map { .init(node: $0.node, connected: $0.connected, lastHeartbeat: $0.lastHeartbeat, jobs: $0.jobs, freeSlots: $0.freeSlots) }
+            snapshotValue.unrunnable = unrunnable.map(ClusterSnapshot.Waiting.init)
+            snapshotValue.queues = Dictionary(counts.map { ($0.queue, ClusterSnapshot.QueueCounts(waiting: $0.waiting, running: $0.running)) },
+                                              uniquingKeysWith: { first, _ in first })
+            snapshotValue.refreshedAt = monotonicSeconds()
+        }
+    }
+
+    private func prune() throws {
+        let seconds = settings.keepFinishedDays * 86_400
+        let report = try waitBounded(Self.statementTimeout * 12, on: executor, doing: "pruning finished jobs", { [store] in
+            try await store.prune(olderThanSeconds: seconds, batchSize: Self.pruneBatch)
+        })
+        if report.deleted > 0 {
+            logger.info("cluster: pruned \(report.deleted) finished job(s) older than \(formatSeconds(settings.keepFinishedDays)) days in \(report.batches) batch(es)")
+        }
+    }
+
+    // MARK: the lease deadline
+
+    private func watchDeadline() {
+        while !lock.withLock({ stopped }) {
+            checkDeadline()
+            usleep(50_000)
+        }
+    }
+
+    /// Past the deadline, what the leases covered is stopped: jobs handed to `lost`, slots given up.
+    func checkDeadline() {
+        let (lost, slots) = lock.withLock { () -> ([String], [ClusterNodeState.SlotKey]) in
+            let r = state.checkDeadline(now: monotonicSeconds())
+            for id in r.lost { origins[id] = nil; jobReleases[id] = nil }
+            return r
+        }
+        if lost.isEmpty && slots.isEmpty { return }
+        reportDeadline()
+        if !lost.isEmpty {
+            logger.warning("cluster: the lease of node \(nodeName) ran out; \(lost.count) job(s) stopped: \(lost.joined(separator: ", "))",
+                           metadata: ["OPQ_EVENT": "cluster", "OPQ_ERROR": "lease ran out"])
+            handLost(lost, reason: "lease ran out")
+        }
+        if !slots.isEmpty {
+            logger.warning("cluster: the lease of node \(nodeName) ran out; \(slots.count) cluster slot(s) given up")
+        }
+    }
+
+    /// Tells the watchdog hook when the deadline changed.
+    private func reportDeadline() {
+        let deadline: Double?? = lock.withLock {
+            let now = state.watchdogDeadline
+            if reportedDeadline == .some(now) { return nil }
+            reportedDeadline = .some(now)
+            return .some(now)
+        }
+        if let deadline { onLeaseDeadline(deadline) }
+    }
+
+    private func event(_ level: Logger.Level, _ message: String, _ fields: [String: String]) {
+        var metadata: Logger.Metadata = [:]
+        for (k, v) in fields { metadata[k] = .string(v) }
+        logger.log(level: level, "\(message)", metadata: metadata)
+    }
+}

@@ -1,0 +1,153 @@
+// The spool's cluster side (SPEC §8): where a node keeps what the cluster store needs on disk.
+//
+//   active/.submissions/<job>/   a manifest accepted from this node's inbox, waiting to be inserted into the
+//                                database (moved out of active/<job>/ by one rename as soon as it is submitted, so
+//                                that the ids of active/ belong to the jobs this node runs); removed only after the
+//                                insert committed. Its job record (attribute or job.plist) moves with it.
+//   sharedOutbox/<job>/          (`cluster.sharedOutbox`) a published job, assembled as sharedOutbox/.tmp/<job>/
+//                                (a copy: the shared folder is another file system), made durable, then renamed
+//                                into place; active/<job>/ goes after that.
+//   active/.cluster/<job>.plist  the origin of a job claimed from the database: fence, submittedOn, fromNode.
+//                                Written durably, with active/<job>/manifest.plist, before the job runs; outside
+//                                the job's folder so that publication never carries it into the outbox.
+//
+// Hidden names in active/ are never job ids: Spool.recover leaves them to the cluster store.
+// Trusts nothing read back: an origin that does not decode is treated as absent.
+
+import CShims
+import Foundation
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// What a node remembers about a job it claimed from the cluster.
+public struct ClusterOrigin: Sendable, Equatable {
+    public var fence: Int64
+    public var submittedOn: String
+    public var fromNode: String?
+}
+
+extension Spool {
+    var submissionsFolder: String { active + "/.submissions" }
+    var originsFolder: String { active + "/.cluster" }
+
+    /// Moves active/<job>/ (just claimed from the inbox) to active/.submissions/<job>/ (a name not taken there).
+    /// Returns the submission's folder.
+    func moveToSubmissions(job: String) throws -> String {
+        try makeFolder(submissionsFolder)
+        var name = job
+        var n = 0
+        while access(submissionsFolder + "/" + name, F_OK) == 0 {
+            n += 1
+            name = "\(job).\(n)"
+        }
+        let target = submissionsFolder + "/" + name
+        guard rename(active + "/" + job, target) == 0 else {
+            throw SpoolError(operation: "rename to active/.submissions/\(name)", path: active + "/" + job, errno: errno)
+        }
+        return target
+    }
+
+    /// The submissions a previous run left (not yet known inserted), as claimed jobs (id: the folder's name).
+    func pendingSubmissions() -> [(folder: String, job: ClaimedJob)] {
+        var found: [(folder: String, job: ClaimedJob)] = []
+        for name in ((try? FileManager.default.contentsOfDirectory(atPath: submissionsFolder)) ?? []).sorted() where !name.hasPrefix(".") {
+            let dir = submissionsFolder + "/" + name
+            guard case .success(let manifest) = readRegularFile(dir + "/manifest.plist") else { removeTree(dir); continue }
+            let record = readJobRecord(dir)
+            found.append((dir, ClaimedJob(id: name, requestedJob: record.requested, manifestName: record.name ?? name + ".plist",
+                                          receivedAt: record.receivedAt ?? 0, manifest: manifest, tree: nil, done: [:])))
+        }
+        return found
+    }
+
+    /// The job record Spool.claim wrote on a job folder: inbox name, reception time, requested id.
+    func readJobRecord(_ dir: String) -> (name: String?, receivedAt: Double?, requested: String?) {
+        guard let data = readAttribute(dir, Self.jobAttribute) ?? (try? readRegularFile(dir + "/job.plist").get()),
+              let info = try? PropertyListSerialization.propertyList(from: data, format: nil) as? [String: Any] else {
+            return (nil, nil, nil)
+        }
+        return (info["manifest"] as? String, info["receivedAt"] as? Double, info["requestedJob"] as? String)
+    }
+
+    /// Writes a job claimed from the cluster into active/<job>/ (manifest, job record) and its origin into
+    /// active/.cluster/<job>.plist; durable at the next `commit()`. A folder of that name left by an earlier
+    /// claim of the same job is replaced.
+    func materialise(job: String, manifest: [UInt8], manifestName: String, receivedAt: Double, requestedJob: String?,
+                     origin: ClusterOrigin) throws {
+        let dir = active + "/" + job
+        removeTree(dir)
+        guard mkdir(dir, 0o750) == 0 else { throw SpoolError(operation: "mkdir", path: dir, errno: errno) }
+        var info: [String: Any] = ["manifest": manifestName, "receivedAt": receivedAt]
+        if let requestedJob, requestedJob != job { info["requestedJob"] = requestedJob }
+        let record = try PropertyListSerialization.data(fromPropertyList: info, format: .binary, options: 0)
+        let set = record.withUnsafeBytes { setxattr(dir, Self.jobAttribute, $0.baseAddress, $0.count, 0) }
+        if set != 0 { try writeFile(record, to: dir + "/job.plist") }
+        try writeFile(Data(manifest), to: dir + "/manifest.plist")
+        try writeOrigin(job: job, origin)
+    }
+
+    func writeOrigin(job: String, _ origin: ClusterOrigin) throws {
+        try makeFolder(originsFolder)
+        var info: [String: Any] = ["fence": origin.fence, "submittedOn": origin.submittedOn]
+        if let from = origin.fromNode { info["fromNode"] = from }
+        try writeFile(try PropertyListSerialization.data(fromPropertyList: info, format: .binary, options: 0),
+                      to: originsFolder + "/" + job + ".plist")
+    }
+
+    func readOrigin(job: String) -> ClusterOrigin? {
+        guard case .success(let data) = readRegularFile(originsFolder + "/" + job + ".plist"),
+              let info = try? PropertyListSerialization.propertyList(from: data, format: nil) as? [String: Any],
+              let fence = (info["fence"] as? NSNumber)?.int64Value, let submittedOn = info["submittedOn"] as? String else {
+            return nil
+        }
+        return ClusterOrigin(fence: fence, submittedOn: submittedOn, fromNode: info["fromNode"] as? String)
+    }
+
+    func removeOrigin(job: String) { unlink(originsFolder + "/" + job + ".plist") }
+
+    /// Jobs with an origin record (recovery removes those of jobs no longer in active/).
+    func originJobs() -> [String] {
+        ((try? FileManager.default.contentsOfDirectory(atPath: originsFolder)) ?? [])
+            .filter { $0.hasSuffix(".plist") && !$0.hasPrefix(".") }.map { String($0.dropLast(".plist".count)) }
+    }
+
+    /// Publication under `cluster.sharedOutbox` (SPEC §8), in place of `place(job:)`: active/<job>/ is copied into
+    /// `shared`/.tmp/<job>/, that file system synced, then renamed to `shared`/<job>/ and active/<job>/ removed.
+    /// Run again after a crash it finishes the work: an entry already in place is this job's (ids are unique across
+    /// the cluster), and a half-made copy in .tmp is made again.
+    public func placeShared(job: String, in shared: String) throws {
+        let source = active + "/" + job
+        let target = shared + "/" + job
+        if access(target, F_OK) != 0 {
+            let staging = shared + "/.tmp"
+            try makeFolder(staging)
+            let assembled = staging + "/" + job
+            removeTree(assembled)
+            do {
+                try FileManager.default.copyItem(atPath: source, toPath: assembled)
+            } catch {
+                removeTree(assembled)
+                throw SpoolError(operation: "copy to \(assembled) (\(describe(error)))", path: source, errno: EIO)
+            }
+            let fd = open(shared, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+            guard fd >= 0 else { throw SpoolError(operation: "open", path: shared, errno: errno) }
+            defer { close(fd) }
+            let synced = opq_syncfs(fd)
+            guard synced == 0 else { throw SpoolError(operation: "syncfs", path: shared, errno: -synced) }
+            if rename(assembled, target) != 0 {
+                let e = errno
+                // Someone's entry of that name (this job's, placed meanwhile) wins; ours goes.
+                guard e == EEXIST || e == ENOTEMPTY else { throw SpoolError(operation: "rename to \(target)", path: assembled, errno: e) }
+                removeTree(assembled)
+            }
+            try syncDirectory(shared)
+        }
+        removeTree(source)
+    }
+
+    private func makeFolder(_ path: String) throws {
+        if mkdir(path, 0o750) != 0 && errno != EEXIST { throw SpoolError(operation: "mkdir", path: path, errno: errno) }
+    }
+}

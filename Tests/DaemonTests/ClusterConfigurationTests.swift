@@ -1,0 +1,127 @@
+// The `cluster` keys of the configuration (SPEC §6, §8) and queues' clusterMaxConcurrentOperationCount: defaults,
+// every invalid value refused with its key path, the limit refused without `cluster`, and the widening of the
+// local configuration to what other nodes declare (submission validation).
+
+import Foundation
+import Testing
+@testable import Daemon
+
+@Suite struct ClusterConfigurationTests {
+    static let url = "postgresql://opq@db.example:5432/jobs?sslmode=verify-full"
+
+    func problems(_ object: [String: Any]) -> [String] {
+        do {
+            _ = try Configuration.parse(plist(object), path: "c.plist")
+            return []
+        } catch let error as Configuration.Invalid {
+            return error.problems
+        } catch {
+            return ["\(error)"]
+        }
+    }
+
+    @Test func withoutClusterNothingChanges() throws {
+        let config = try Configuration.parse(plist(["maxActiveJobs": 3]))
+        #expect(config.cluster == nil)
+        #expect(config.queues.values.allSatisfy { $0.clusterMaxConcurrentOperationCount == nil })
+    }
+
+    @Test func validClusterAndDefaults() throws {
+        let config = try Configuration.parse(plist([
+            "maxActiveJobs": 12,
+            "cluster": ["database": Self.url, "node": "worker-1"],
+            "queues": ["api": ["maxConcurrentOperationCount": 2, "clusterMaxConcurrentOperationCount": 4]],
+        ]))
+        let cluster = try #require(config.cluster)
+        #expect(cluster.database == Self.url && cluster.node == "worker-1" && cluster.passwordFile == nil)
+        #expect(cluster.jobSlots == 12, "jobSlots defaults to maxActiveJobs")
+        #expect(cluster.leaseSeconds == 15 && cluster.keepFinishedDays == 7 && cluster.sharedOutbox == nil)
+        #expect(config.queues["api"]?.clusterMaxConcurrentOperationCount == 4)
+        #expect(config.queues["api"]?.maxConcurrentOperationCount == 2)
+
+        let full = try Configuration.parse(plist(["cluster": [
+            "database": Self.url, "passwordFile": "/run/credentials/opqueued.service/db", "node": "w.2_x-3", "jobSlots": 8,
+            "leaseSeconds": 2, "sharedOutbox": "/mnt/outbox", "keepFinishedDays": 0.5,
+        ]]))
+        #expect(full.cluster == ClusterSettings(database: Self.url, passwordFile: "/run/credentials/opqueued.service/db", node: "w.2_x-3",
+                                                jobSlots: 8, leaseSeconds: 2, sharedOutbox: "/mnt/outbox", keepFinishedDays: 0.5))
+    }
+
+    @Test func nodeDefaultsToTheHostName() throws {
+        let host = defaultNodeName()
+        if isValidNodeName(host) {
+            #expect(try Configuration.parse(plist(["cluster": ["database": Self.url]])).cluster?.node == host)
+        } else {
+            #expect(problems(["cluster": ["database": Self.url]]).contains { $0.hasPrefix("cluster.node:") })
+        }
+    }
+
+    @Test func everyInvalidValueNamesItsKey() {
+        let cases: [(String, Any, String)] = [
+            ("database", "mysql://u@h/d", "cluster.database:"),
+            ("database", 5, "cluster.database:"),
+            ("passwordFile", "relative/pw", "cluster.passwordFile:"),
+            ("node", "has space", "cluster.node:"),
+            ("node", String(repeating: "n", count: 65), "cluster.node:"),
+            ("node", "", "cluster.node:"),
+            ("jobSlots", 0, "cluster.jobSlots:"),
+            ("jobSlots", "8", "cluster.jobSlots:"),
+            ("leaseSeconds", 1.5, "cluster.leaseSeconds:"),
+            ("leaseSeconds", -3, "cluster.leaseSeconds:"),
+            ("sharedOutbox", "outbox", "cluster.sharedOutbox:"),
+            ("keepFinishedDays", -1, "cluster.keepFinishedDays:"),
+            ("bogus", 1, "cluster: unknown key 'bogus'"),
+        ]
+        for (key, value, expected) in cases {
+            var cluster: [String: Any] = ["database": Self.url, "node": "n1"]
+            cluster[key] = value
+            let found = problems(["cluster": cluster])
+            #expect(found.count == 1 && found.first?.hasPrefix(expected) == true, "\(key) = \(value): \(found)")
+        }
+        #expect(problems(["cluster": ["node": "n1"]]) == ["cluster.database: missing (the postgresql:// URL of the cluster's database)"])
+        #expect(problems(["cluster": "postgresql://x"]) == ["cluster: must be a dictionary"])
+    }
+
+    @Test func aPasswordInTheURLIsNeverInTheProblem() {
+        let found = problems(["cluster": ["database": "postgresql://u:hunter2@h:99999/d", "node": "n"]])
+        #expect(found.count == 1 && found.first?.hasPrefix("cluster.database:") == true, "\(found)")
+        #expect(!found.joined().contains("hunter2"))
+    }
+
+    @Test func clusterLimitNeedsClusterAndAPositiveCount() {
+        #expect(problems(["queues": ["api": ["clusterMaxConcurrentOperationCount": 4]]])
+                == ["queues.api.clusterMaxConcurrentOperationCount: only applies with a 'cluster' dictionary (SPEC §8)"])
+        for bad: Any in [0, -1, "4", 1.5] {
+            let found = problems(["cluster": ["database": Self.url, "node": "n"], "queues": ["api": ["clusterMaxConcurrentOperationCount": bad]]])
+            #expect(found == ["queues.api.clusterMaxConcurrentOperationCount: must be a positive integer (at most 100000)"], "\(bad): \(found)")
+        }
+    }
+
+    /// Submission validates against every queue and command some node declares: a queue or command only another
+    /// node has is accepted (its arguments checked by the signature that node recorded); a typo is not.
+    @Test func widenedConfigurationAcceptsWhatOtherNodesDeclare() throws {
+        let other = try Configuration.parse(plist([
+            "queues": ["gpu": ["maxConcurrentOperationCount": 1]],
+            "commands": ["render": ["argv": ["/usr/bin/render", "${level}", "${mode}"], "parameters": ["level": "integer", "mode": ["fast", "best"]], "queue": "gpu"]],
+        ]))
+        let declaration = other.declaration(node: "gpu-node", jobSlots: 2)
+        #expect(declaration.commands == ["render"] && declaration.queues.contains("gpu"))
+        let local = Configuration.builtIn
+        let widened = local.widened(queues: Set(declaration.queues), commands: Set(declaration.commands), signatures: declaration.commandSignatures)
+
+        func parse(_ operation: [String: Any], _ config: Configuration) -> Result<JobPlan, ManifestProblems> {
+            Manifest.parse(plist(["operations": [operation]]), configuration: config)
+        }
+        let good: [String: Any] = ["id": "r", "kind": "command", "command": "render", "arguments": ["level": 3, "mode": "best"]]
+        #expect((try? parse(good, local).get()) == nil, "the local configuration alone does not know render")
+        let plan = try parse(good, widened).get()
+        #expect(plan.operations.first?.queue == "gpu", "the command's own queue comes with its signature")
+        #expect(plan.clusterPlacement(widened).commands == ["render"] && plan.clusterPlacement(widened).queues == ["gpu"])
+        #expect((try? parse(["id": "r", "kind": "command", "command": "render", "arguments": ["level": "x", "mode": "best"]], widened).get()) == nil,
+                "arguments are checked by the signature")
+        #expect((try? parse(["id": "r", "kind": "command", "command": "rendr"], widened).get()) == nil, "a typo stays rejected")
+        #expect((try? parse(["id": "s", "kind": "sleep", "seconds": 0, "queue": "gpu"], widened).get()) != nil)
+        #expect((try? parse(["id": "s", "kind": "sleep", "seconds": 0, "queue": "gpux"], widened).get()) == nil)
+        #expect(CommandSignature.decode("x", "not json") == nil && CommandSignature.decode("x", #"{"parameters": {"a": 5}}"#) == nil)
+    }
+}

@@ -1,0 +1,722 @@
+// ClusterJobStore (SPEC §8) against a real throwaway PostgreSQL (Tests/Support/PostgresServer.swift): two nodes,
+// each its own spool and a fake shell (the delegate), on one database. Submission from one node's inbox and its
+// claim on the other with the files written, exactly once across a crash between the insert's commit and the
+// removal of the local copy, a lease running out on a node cut off from the database and its job taken over by the
+// other, the fenced end, cancels and suspensions crossing nodes, wake-up latency, the connection lines over a
+// database stop and start, the cluster-wide slot limit under two hammering nodes, and rows that are garbage.
+// And ClusterNodeState, the pure part, without any I/O.
+
+import Foundation
+import Logging
+import Synchronization
+import Testing
+import TestSupport
+@testable import Daemon
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// One server for the suite (starting one takes a second or two); each test gets its own database.
+let clusterServer: Result<PostgresServer, any Error> = {
+    let result = Result { try PostgresServer() }
+    atexit {
+        if case .success(let server) = clusterServer {
+            server.stop()
+            try? FileManager.default.removeItem(atPath: server.folder)
+        }
+    }
+    return result
+}()
+
+/// The shell's side, recorded.
+final class FakeShell: JobStoreDelegate, @unchecked Sendable {
+    private let lock = NSLock()
+    private var _ran: [(job: ClaimedJob, at: Double)] = []
+    private var _lost: [(job: String, reason: String)] = []
+    private var _cancels: [(job: String, operation: String?)] = []
+    private var _suspended: [Set<String>] = []
+
+    func run(_ jobs: [ClaimedJob]) { lock.withLock { _ran += jobs.map { ($0, monotonicSeconds()) } } }
+    func lost(_ jobs: [String], reason: String) { lock.withLock { _lost += jobs.map { ($0, reason) } } }
+    func cancel(job: String, operation: String?) { lock.withLock { _cancels.append((job, operation)) } }
+    func suspendedQueuesChanged(_ queues: Set<String>) { lock.withLock { _suspended.append(queues) } }
+
+    var ran: [(job: ClaimedJob, at: Double)] { lock.withLock { _ran } }
+    var lostJobs: [(job: String, reason: String)] { lock.withLock { _lost } }
+    var cancels: [(job: String, operation: String?)] { lock.withLock { _cancels } }
+    var suspensions: [Set<String>] { lock.withLock { _suspended } }
+}
+
+/// Log lines, kept for the connection checks.
+final class LogLines: @unchecked Sendable {
+    private let lock = NSLock()
+    private var lines: [(message: String, metadata: [String: String])] = []
+    func add(_ message: String, _ metadata: [String: String]) { lock.withLock { lines.append((message, metadata)) } }
+    var all: [(message: String, metadata: [String: String])] { lock.withLock { lines } }
+    func states(_ event: String) -> [String] { all.filter { $0.metadata["OPQ_EVENT"] == event }.compactMap { $0.metadata["OPQ_STATE"] } }
+}
+
+struct CapturingLogHandler: LogHandler {
+    let sink: LogLines
+    var metadata: Logger.Metadata = [:]
+    var logLevel: Logger.Level = .debug
+    var metadataProvider: Logger.MetadataProvider?
+    subscript(metadataKey key: String) -> Logger.Metadata.Value? {
+        get { metadata[key] }
+        set { metadata[key] = newValue }
+    }
+    func log(event: LogEvent) {
+        var fields: [String: String] = [:]
+        for (k, v) in metadata.merging(event.metadata ?? [:], uniquingKeysWith: { $1 }) { fields[k] = "\(v)" }
+        sink.add("\(event.message)", fields)
+    }
+}
+
+final class ClusterNode: @unchecked Sendable {
+    let name: String
+    let folder: String
+    let spool: Spool
+    let store: ClusterJobStore
+    let shell = FakeShell()
+    let logs = LogLines()
+    let deadlines = Locked<[Double?]>([])
+
+    init(_ name: String, server: PostgresServer, database: String, user: String = PostgresServer.role, password: String? = nil,
+         leaseSeconds: Double = 15, jobSlots: Int = 4, queues: [String: Any] = [:], spoolFolder: String? = nil, spool existing: Spool? = nil) throws {
+        self.name = name
+        folder = spoolFolder ?? NSTemporaryDirectory() + "opq-cluster-\(name)-\(UInt64.random(in: 1...UInt64.max))"
+        spool = try existing ?? Spool(root: folder)
+        var top: [String: Any] = ["cluster": ["database": server.url(database, user: user), "passwordFile": try server.passwordFile(password),
+                                              "node": name, "leaseSeconds": leaseSeconds, "jobSlots": jobSlots]]
+        if !queues.isEmpty { top["queues"] = queues }
+        let configuration = try Configuration.parse(plist(top))
+        let sink = logs
+        let logger = Logger(label: "test.\(name)") { _ in CapturingLogHandler(sink: sink) }
+        let deadlines = self.deadlines
+        store = try ClusterJobStore(configuration: configuration, spool: spool, logger: logger,
+                                    onLeaseDeadline: { d in deadlines.withLock { $0.append(d) } })
+        store.delegate = shell
+    }
+
+    /// A manifest dropped into this node's inbox and claimed from it as the shell does.
+    func drop(_ name: String, _ manifest: [String: Any]) throws -> ClaimedJob {
+        let path = spool.inbox + "/" + name + ".plist"
+        try plist(manifest).write(to: URL(fileURLWithPath: path))
+        guard case .claimed(let job) = try spool.claim(name + ".plist", now: Date().timeIntervalSince1970) else {
+            throw SupportFailure("inbox/\(name).plist was not claimed")
+        }
+        try spool.commit()
+        return job
+    }
+
+    func close() {
+        store.shutdown()
+        try? FileManager.default.removeItem(atPath: folder)
+    }
+}
+
+/// Polls `condition` every 10 ms for at most `seconds`.
+func eventually(_ seconds: Double = 10, _ condition: () throws -> Bool) rethrows -> Bool {
+    let end = monotonicSeconds() + seconds
+    while monotonicSeconds() < end {
+        if try condition() { return true }
+        usleep(10_000)
+    }
+    return try condition()
+}
+
+func sleepManifest(_ job: String, seconds: Double = 0, queue: String? = nil) -> [String: Any] {
+    var operation: [String: Any] = ["id": "s", "kind": "sleep", "seconds": seconds]
+    if let queue { operation["queue"] = queue }
+    return ["job": job, "operations": [operation]]
+}
+
+/// A value under a lock, capturable by escaping closures (Mutex is not copyable).
+final class Locked<T>: @unchecked Sendable {
+    private let lock = NSLock()
+    private var value: T
+    init(_ value: T) { self.value = value }
+    func withLock<R>(_ body: (inout T) throws -> R) rethrows -> R {
+        lock.lock()
+        defer { lock.unlock() }
+        return try body(&value)
+    }
+}
+
+func runTool(_ arguments: [String]) throws {
+    let process = Process()
+    process.executableURL = URL(fileURLWithPath: arguments[0])
+    process.arguments = Array(arguments.dropFirst())
+    try process.run()
+    process.waitUntilExit()
+    guard process.terminationStatus == 0 else { throw SupportFailure("\(arguments.joined(separator: " ")) exited \(process.terminationStatus)") }
+}
+
+func trimmed(_ s: String) -> String { s.trimmingCharacters(in: .whitespacesAndNewlines) }
+
+@Suite("ClusterJobStore", .serialized)
+struct ClusterJobStoreTests {
+    /// Submitted on A, claimed by B within a wake-up (LISTEN/NOTIFY, not the 1 s poll), files written on B before
+    /// `run`, A's local copy gone; B's fenced end recorded.
+    @Test func submitOnAClaimedByB() throws {
+        let server = try clusterServer.get()
+        let database = try server.createDatabase()
+        let a = try ClusterNode("a", server: server, database: database)
+        let b = try ClusterNode("b", server: server, database: database)
+        defer { a.close(); b.close() }
+        #expect(a.store.recovered([]).isEmpty && b.store.recovered([]).isEmpty)
+        a.store.want(room: 0)
+        b.store.want(room: 4)
+        #expect(eventually { a.store.snapshot()?.connected == true && b.store.snapshot()?.connected == true })
+        // Let both settle into idleness, so that the claim below is woken, not polled.
+        usleep(1_200_000)
+
+        let manifest = sleepManifest("holiday")
+        let claimed = try a.drop("holiday", manifest)
+        let submittedAt = monotonicSeconds()
+        #expect(a.store.submit([claimed]).isEmpty, "the cluster runs nothing at once")
+        #expect(eventually { b.shell.ran.count == 1 })
+        let (job, at) = try #require(b.shell.ran.first)
+        let latency = at - submittedAt
+        print("ClusterJobStoreTests: submit on a → run on b in \(Int(latency * 1000)) ms")
+        #expect(latency < 0.9, "woken by NOTIFY (poll is 1 s): \(latency) s")
+        #expect(job.id == "holiday" && job.manifestName == "holiday.plist")
+        #expect(try Data(contentsOf: URL(fileURLWithPath: b.spool.active + "/holiday/manifest.plist")) == plist(manifest))
+        #expect(b.spool.readOrigin(job: "holiday")?.submittedOn == "a")
+        #expect(b.store.origin(of: "holiday") == JobOrigin(submittedOn: "a", fromNode: nil))
+        #expect(!FileManager.default.fileExists(atPath: a.spool.active + "/holiday"), "A's local copy is gone")
+        #expect(((try? FileManager.default.contentsOfDirectory(atPath: a.spool.active + "/.submissions")) ?? []).isEmpty)
+        #expect(a.shell.ran.isEmpty)
+
+        let resultFile = b.spool.active + "/holiday/result.plist"
+        try plist(["job": "holiday", "status": "succeeded"]).write(to: URL(fileURLWithPath: resultFile))
+        #expect(try b.store.complete([JobEnd(job: "holiday", status: "succeeded", resultFile: resultFile)]) == ["holiday"])
+        let record = try #require(try a.store.job("holiday"))
+        #expect(record.state == .finished && record.node == "b" && record.status == "succeeded")
+        #expect(record.result.map { Data($0) } == plist(["job": "holiday", "status": "succeeded"]))
+        #expect(b.spool.readOrigin(job: "holiday") != nil, "the origin record stays while the job is in active/")
+        removeTree(b.spool.active + "/holiday")  // what the shell's publication does
+        #expect(eventually(3) { b.spool.readOrigin(job: "holiday") == nil }, "and goes once it left")
+        #expect(try a.store.job("nosuch") == nil)
+    }
+
+    /// A crash after the insert committed and before the local copy was removed: the next start submits it again
+    /// and the database keeps one job. Both places a crash can leave it: active/<job> (before it was set aside) and
+    /// active/.submissions/<job>.
+    @Test func exactlyOnceAcrossACrashBetweenCommitAndRemoval() throws {
+        let server = try clusterServer.get()
+        let database = try server.createDatabase()
+        let folder = NSTemporaryDirectory() + "opq-cluster-crash-\(UInt64.random(in: 1...UInt64.max))"
+        let spool = try Spool(root: folder)
+        defer { try? FileManager.default.removeItem(atPath: folder) }
+        let saved = folder + "/saved"
+
+        let first = try ClusterNode("a", server: server, database: database, spoolFolder: folder, spool: spool)
+        _ = first.store.recovered([])
+        let one = try first.drop("once", sleepManifest("once"))
+        let two = try first.drop("twice", sleepManifest("twice"))
+        // What a crash would leave: copies (attributes too) of the claimed folders.
+        try runTool(["/bin/mkdir", "-p", saved])
+        try runTool(["/bin/cp", "-a", spool.active + "/once", spool.active + "/twice", saved + "/"])
+        _ = first.store.submit([one, two])
+        #expect(eventually { (try? first.store.job("once")) != nil && (try? first.store.job("twice")) != nil })
+        #expect(eventually { !FileManager.default.fileExists(atPath: spool.active + "/.submissions/once") })
+        first.store.shutdown()
+
+        // The crash: `once` was never set aside, `twice` was set aside and not removed.
+        try runTool(["/bin/mv", saved + "/once", spool.active + "/once"])
+        try runTool(["/bin/mv", saved + "/twice", spool.active + "/.submissions/twice"])
+        let recovered = try spool.recover().jobs
+        #expect(recovered.map(\.id) == ["once"])
+        let second = try ClusterNode("a", server: server, database: database, spoolFolder: folder, spool: spool)
+        defer { second.store.shutdown() }
+        #expect(second.store.recovered(recovered).isEmpty, "a job without an origin is a submission: not resumed")
+        #expect(eventually {
+            !FileManager.default.fileExists(atPath: spool.active + "/.submissions/twice")
+                && !FileManager.default.fileExists(atPath: spool.active + "/.submissions/once")
+                && !FileManager.default.fileExists(atPath: spool.active + "/once")
+        })
+        #expect(trimmed(try server.psql(database, "SELECT string_agg(id, ',' ORDER BY id) FROM opq_jobs")) == "once,twice",
+                "each submission exactly once")
+    }
+
+    /// A restart: a job the database still gives this node under the same fence resumes; one given to another
+    /// node meanwhile is removed from active/ and logged `lost`; one whose end was recorded before the crash (and
+    /// not yet placed in the outbox) resumes and is published without recording again.
+    @Test func recoveredResumesOnlyWhatTheNodeStillHolds() throws {
+        let server = try clusterServer.get()
+        let database = try server.createDatabase()
+        let folder = NSTemporaryDirectory() + "opq-cluster-restart-\(UInt64.random(in: 1...UInt64.max))"
+        let spool = try Spool(root: folder)
+        defer { try? FileManager.default.removeItem(atPath: folder) }
+        let first = try ClusterNode("a", server: server, database: database, spoolFolder: folder, spool: spool)
+        _ = first.store.recovered([])
+        first.store.want(room: 3)
+        _ = first.store.submit(try ["keep", "gone", "done"].map { try first.drop($0, sleepManifest($0)) })
+        #expect(eventually { first.shell.ran.count == 3 })
+        let result = spool.active + "/done/result.plist"
+        try plist(["job": "done"]).write(to: URL(fileURLWithPath: result))
+        #expect(try first.store.complete([JobEnd(job: "done", status: "succeeded", resultFile: result)]) == ["done"])
+        #expect(spool.readOrigin(job: "done") != nil, "the origin stays until the job has left active/")
+        first.store.shutdown()
+        // The crash: `done` was recorded but not placed; `gone` was taken over and claimed by another node.
+        try server.psql(database, "UPDATE opq_jobs SET node = 'other', fence = nextval('opq_fence') WHERE id = 'gone'")
+
+        let recovered = try spool.recover().jobs
+        #expect(recovered.map(\.id) == ["done", "gone", "keep"])
+        let second = try ClusterNode("a", server: server, database: database, spoolFolder: folder, spool: spool)
+        defer { second.store.shutdown() }
+        #expect(second.store.recovered(recovered).map(\.id) == ["done", "keep"])
+        #expect(!FileManager.default.fileExists(atPath: spool.active + "/gone"))
+        #expect(second.logs.all.contains { $0.metadata["OPQ_STATE"] == "lost" && $0.metadata["OPQ_JOB"] == "gone" })
+        #expect(second.store.origin(of: "keep")?.submittedOn == "a")
+        #expect(try second.store.complete([JobEnd(job: "done", status: "succeeded", resultFile: result)]) == ["done"],
+                "recorded before the crash: published without the database")
+        #expect(trimmed(try server.psql(database, "SELECT state FROM opq_jobs WHERE id = 'keep'")) == "running")
+    }
+
+    /// The store's async work runs on its own executor: with every thread of the shared cooperative pool blocked
+    /// for longer than the lease, the node still beats and keeps its job (on the shared pool it would lose it).
+    @Test func heartbeatsGoOnWhileTheCooperativePoolIsBlocked() throws {
+        let server = try clusterServer.get()
+        let database = try server.createDatabase()
+        let a = try ClusterNode("a", server: server, database: database, leaseSeconds: 2)
+        defer { a.close() }
+        _ = a.store.recovered([])
+        a.store.want(room: 1)
+        _ = a.store.submit([try a.drop("steady", sleepManifest("steady", seconds: 60))])
+        #expect(eventually { a.shell.ran.count == 1 })
+        let blockers = ProcessInfo.processInfo.activeProcessorCount + 2
+        let blockedUntil = monotonicSeconds() + 3
+        for _ in 0..<blockers {
+            Task.detached { while monotonicSeconds() < blockedUntil { usleep(10_000) } }
+        }
+        while monotonicSeconds() < blockedUntil + 0.2 { usleep(20_000) }
+        #expect(a.shell.lostJobs.isEmpty, "lost: \(a.shell.lostJobs)")
+        #expect(trimmed(try server.psql(database, "SELECT node FROM opq_jobs WHERE id = 'steady'")) == "a")
+    }
+
+    /// A node cut off from the database stops its job at its own deadline (`lease ran out`) and tells the watchdog
+    /// hook; the other node takes the job over after the lease (fromNode set) and runs it; when the first comes back
+    /// its end is refused by the fence and nothing of it is recorded.
+    @Test func leaseRunsOutOnACutOffNodeAndTheOtherTakesOver() throws {
+        let server = try clusterServer.get()
+        let database = try server.createDatabase()
+        let role = "opqcut\(UInt32.random(in: 1...UInt32.max))"
+        let password = "cut-\(UInt64.random(in: 1...UInt64.max))"
+        try server.psql("postgres", "CREATE ROLE \(role) LOGIN PASSWORD '\(password)' IN ROLE \(PostgresServer.role)")
+        try server.psql("postgres", "GRANT CONNECT ON DATABASE \(database) TO \(role)")
+        // B first: the schema belongs to the role that created it.
+        let b = try ClusterNode("b", server: server, database: database, leaseSeconds: 2)
+        _ = b.store.recovered([])
+        #expect(eventually { b.store.snapshot()?.connected == true })
+        let a = try ClusterNode("a", server: server, database: database, user: role, password: password, leaseSeconds: 2)
+        defer { a.close(); b.close() }
+        _ = a.store.recovered([])
+        a.store.want(room: 4)
+        #expect(eventually { a.store.snapshot()?.connected == true })
+        _ = a.store.submit([try a.drop("long", sleepManifest("long", seconds: 60))])
+        #expect(eventually { a.shell.ran.count == 1 })
+        let firstFence = try #require(a.spool.readOrigin(job: "long")?.fence)
+        #expect(a.store.leaseDeadline != nil)
+        #expect(a.deadlines.withLock { $0.contains { $0 != nil } }, "the watchdog hook got a deadline")
+        b.store.want(room: 4)
+
+        // Cut A off: no new logins for its role, its connections ended.
+        let cutAt = monotonicSeconds()
+        try server.psql("postgres", "ALTER ROLE \(role) NOLOGIN")
+        try server.psql("postgres", "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '\(role)'")
+        #expect(eventually(8) { a.shell.lostJobs.contains { $0.job == "long" } })
+        let lostAfter = monotonicSeconds() - cutAt
+        #expect(a.shell.lostJobs.first?.reason == "lease ran out")
+        #expect(lostAfter < 2.5, "stopped by its own clock before the lease (2 s) ran out after the last beat: \(lostAfter) s")
+        #expect(a.deadlines.withLock { $0.last } == .some(nil), "nothing held any more")
+        #expect(eventually(8) { a.logs.states("cluster").contains("disconnected") }, "statements time out within 5 s")
+
+        #expect(eventually(10) { b.shell.ran.contains { $0.job.id == "long" } })
+        let taken = try #require(b.shell.ran.first { $0.job.id == "long" })
+        #expect(b.store.origin(of: "long")?.fromNode == "a")
+        #expect((b.spool.readOrigin(job: "long")?.fence ?? 0) > firstFence)
+        _ = taken
+
+        // A comes back: its end of the job is refused, B's is recorded.
+        try server.psql("postgres", "ALTER ROLE \(role) LOGIN")
+        #expect(eventually(10) { a.logs.states("cluster").last == "connected" })
+        let aResult = a.folder + "/result-a.plist"
+        try plist(["job": "long", "status": "succeeded", "node": "a"]).write(to: URL(fileURLWithPath: aResult))
+        #expect(try a.store.complete([JobEnd(job: "long", status: "succeeded", resultFile: aResult)]).isEmpty)
+        let bResult = b.spool.active + "/long/result.plist"
+        try plist(["job": "long", "status": "cancelled", "node": "b"]).write(to: URL(fileURLWithPath: bResult))
+        #expect(try b.store.complete([JobEnd(job: "long", status: "cancelled", resultFile: bResult)]) == ["long"])
+        let record = try #require(try b.store.job("long"))
+        #expect(record.node == "b" && record.status == "cancelled" && record.fromNode == "a")
+    }
+
+    /// Fencing at the store's gate: a job the database gave to another node meanwhile is not recorded, and is
+    /// handed to `lost`.
+    @Test func fencedCompleteRefusesALostJob() throws {
+        let server = try clusterServer.get()
+        let database = try server.createDatabase()
+        let a = try ClusterNode("a", server: server, database: database)
+        defer { a.close() }
+        _ = a.store.recovered([])
+        a.store.want(room: 1)
+        _ = a.store.submit([try a.drop("fenced", sleepManifest("fenced"))])
+        #expect(eventually { a.shell.ran.count == 1 })
+        // Another claim of the same job meanwhile (as after a takeover): a new fence.
+        try server.psql(database, "UPDATE opq_jobs SET node = 'other', fence = nextval('opq_fence') WHERE id = 'fenced'")
+        let result = a.folder + "/r.plist"
+        try plist(["job": "fenced"]).write(to: URL(fileURLWithPath: result))
+        #expect(try a.store.complete([JobEnd(job: "fenced", status: "succeeded", resultFile: result)]).isEmpty)
+        #expect(a.shell.lostJobs.map(\.job) == ["fenced"])
+        #expect(trimmed(try server.psql(database, "SELECT state FROM opq_jobs WHERE id = 'fenced'")) == "running")
+    }
+
+    /// `cancel` and `suspend` asked on A reach B (which runs the job) within 1 s, each cancel passed on once.
+    @Test func cancelAndSuspendFromAReachB() throws {
+        let server = try clusterServer.get()
+        let database = try server.createDatabase()
+        let a = try ClusterNode("a", server: server, database: database)
+        let b = try ClusterNode("b", server: server, database: database)
+        defer { a.close(); b.close() }
+        _ = a.store.recovered([])
+        _ = b.store.recovered([])
+        b.store.want(room: 4)
+        _ = a.store.submit([try a.drop("remote", sleepManifest("remote", seconds: 60))])
+        #expect(eventually { b.shell.ran.count == 1 })
+        #expect(eventually { b.shell.suspensions.count == 1 }, "the first read passes the (empty) set on")
+
+        var start = monotonicSeconds()
+        #expect(a.store.requestCancel(job: "remote", operation: "s") == .requested)
+        #expect(eventually(3) { b.shell.cancels.count == 1 })
+        #expect(monotonicSeconds() - start < 1.0)
+        #expect(b.shell.cancels.first?.job == "remote" && b.shell.cancels.first?.operation == "s")
+        #expect(a.store.requestCancel(job: "remote", operation: nil) == .requested)
+        #expect(eventually(3) { b.shell.cancels.count == 2 })
+        usleep(1_500_000)
+        #expect(b.shell.cancels.count == 2, "each cancel passed on once, though the database repeats them")
+        #expect(a.store.requestCancel(job: "nosuch", operation: nil) == .unknownJob)
+
+        start = monotonicSeconds()
+        #expect(a.store.setSuspended("io", true))
+        #expect(eventually(3) { b.shell.suspensions.last == ["io"] })
+        #expect(monotonicSeconds() - start < 1.0)
+        #expect(a.store.setSuspended("io", false))
+        #expect(eventually(3) { b.shell.suspensions.last == [] })
+    }
+
+    /// A node started while the database is down is ready at once, logs `disconnected` once per outage (with the
+    /// reason, never the password), `connected` when it is back, and again over a stop and start.
+    @Test func disconnectedAndConnectedOverADatabaseStopAndStart() throws {
+        let server = try PostgresServer()
+        defer { server.stop(); try? FileManager.default.removeItem(atPath: server.folder) }
+        let database = try server.createDatabase()
+        server.stop()
+        let a = try ClusterNode("a", server: server, database: database)
+        defer { a.close() }
+        let started = monotonicSeconds()
+        #expect(a.store.recovered([]).isEmpty)
+        #expect(monotonicSeconds() - started < 1, "ready without the database")
+        _ = a.store.submit([try a.drop("waits", sleepManifest("waits"))])
+        #expect(eventually { a.logs.states("cluster") == ["disconnected"] })
+        #expect(FileManager.default.fileExists(atPath: a.spool.active + "/.submissions/waits/manifest.plist"), "waits in the spool")
+        usleep(3_000_000)
+        #expect(a.logs.states("cluster") == ["disconnected"], "once per outage, though retried")
+        #expect(a.store.snapshot()?.connected == false && a.store.snapshot()?.lastError != nil)
+
+        try server.start()
+        #expect(eventually(8) { a.logs.states("cluster") == ["disconnected", "connected"] }, "retried at most 5 s apart")
+        #expect(eventually { (try? a.store.job("waits")) != nil }, "the waiting submission went in")
+        server.stop()
+        #expect(eventually(8) { a.logs.states("cluster") == ["disconnected", "connected", "disconnected"] })
+        #expect(throws: (any Error).self) { try a.store.job("waits", timeout: 1) }
+        try server.start()
+        #expect(eventually(8) { a.logs.states("cluster").last == "connected" })
+        let text = a.logs.all.map { "\($0.message) \($0.metadata)" }.joined(separator: "\n")
+        #expect(!text.contains(server.rolePassword), "the password is never logged")
+    }
+
+    /// A refused login logs the server's own message.
+    @Test func refusedLoginLogsTheServersMessage() throws {
+        let server = try clusterServer.get()
+        let database = try server.createDatabase()
+        let a = try ClusterNode("a", server: server, database: database, password: "wrong-password-xyz")
+        defer { a.close() }
+        _ = a.store.recovered([])
+        #expect(eventually { !a.logs.states("cluster").isEmpty })
+        let line = try #require(a.logs.all.first { $0.metadata["OPQ_STATE"] == "disconnected" })
+        #expect(line.message.contains("password authentication failed"), "\(line.message)")
+        #expect(!line.message.contains("wrong-password-xyz"))
+    }
+
+    /// clusterMaxConcurrentOperationCount = 2 across two nodes, four threads each acquiring and releasing: never
+    /// more than two holders at once, by our count and by the database's.
+    @Test func acquireSlotNeverExceedsTheClusterLimit() throws {
+        let server = try clusterServer.get()
+        let database = try server.createDatabase()
+        let queues: [String: Any] = ["api": ["clusterMaxConcurrentOperationCount": 2]]
+        let a = try ClusterNode("a", server: server, database: database, queues: queues)
+        let b = try ClusterNode("b", server: server, database: database, queues: queues)
+        defer { a.close(); b.close() }
+        _ = a.store.recovered([])
+        _ = b.store.recovered([])
+        #expect(eventually { a.store.snapshot()?.refreshedAt != nil && b.store.snapshot()?.refreshedAt != nil })
+        final class Counters: Sendable {
+            let inside = Atomic<Int>(0)
+            let most = Atomic<Int>(0)
+            let done = Atomic<Int>(0)
+        }
+        let counters = Counters()
+        let failures = Locked<[String]>([])
+        let group = DispatchGroup()
+        for (n, node) in [a, b].enumerated() {
+            for t in 0..<4 {
+                group.enter()
+                Thread.detachNewThread {
+                    defer { group.leave() }
+                    for round in 0..<6 {
+                        do {
+                            let lease = try node.store.acquireSlot(queue: "api", job: "j\(n)-\(t)", operation: "op\(round)", isCancelled: { false })
+                            let now = counters.inside.add(1, ordering: .sequentiallyConsistent).newValue
+                            _ = counters.most.max(now, ordering: .sequentiallyConsistent)
+                            usleep(UInt32.random(in: 5_000...30_000))
+                            counters.inside.subtract(1, ordering: .sequentiallyConsistent)
+                            node.store.releaseSlot(lease)
+                            counters.done.add(1, ordering: .relaxed)
+                        } catch {
+                            failures.withLock { $0.append("\(error)") }
+                        }
+                    }
+                }
+            }
+        }
+        #expect(group.wait(timeout: .now() + 120) == .success)
+        #expect(failures.withLock { $0 }.isEmpty, "\(failures.withLock { $0 })")
+        let most = counters.most.load(ordering: .relaxed)
+        #expect(counters.done.load(ordering: .relaxed) == 48)
+        #expect(most <= 2 && most >= 1, "at most 2 at once: \(most)")
+        #expect(trimmed(try server.psql(database, "SELECT count(*) FROM opq_queue_slots WHERE holder IS NOT NULL")) == "0")
+        var cancelled = false
+        let a2 = a
+        let blocker = try a2.store.acquireSlot(queue: "api", job: "x", operation: "1", isCancelled: { false })
+        let blocker2 = try b.store.acquireSlot(queue: "api", job: "x", operation: "2", isCancelled: { false })
+        let start = monotonicSeconds()
+        #expect(throws: CancellationError.self) {
+            _ = try a2.store.acquireSlot(queue: "api", job: "x", operation: "3", isCancelled: {
+                if monotonicSeconds() - start > 1.5 { cancelled = true }
+                return cancelled
+            })
+        }
+        a.store.releaseSlot(blocker)
+        b.store.releaseSlot(blocker2)
+    }
+
+    /// Rows are input: a hand-inserted row with an id that would escape the spool, and one whose manifest is not a
+    /// property list, crash nothing; the first is recorded rejected without touching the spool, the second is
+    /// handed to the shell (which validates it against its own configuration and rejects it).
+    @Test func garbageRowsCrashNothing() throws {
+        let server = try clusterServer.get()
+        let database = try server.createDatabase()
+        let a = try ClusterNode("a", server: server, database: database)
+        defer { a.close() }
+        _ = a.store.recovered([])
+        #expect(eventually { a.store.snapshot()?.refreshedAt != nil })
+        let columns = "(id, requested_id, manifest, manifest_name, submitted_on, qos_rank, priority_rank, queues, commands)"
+        try server.psql(database, """
+            INSERT INTO opq_jobs \(columns) VALUES
+              ('../escape', '../escape', '\\x00ff', '../../x', 'nowhere node!', 9, -4, '{}', '{}'),
+              ('garbage', '', '\\xdeadbeef', '', '', 2, 2, '{default}', '{}'),
+              ('strange', 'strange', '\\x3c3f786d6c', 'a/b', 'x', 2, 2, '{}', '{}')
+            """)
+        a.store.want(room: 8)
+        #expect(eventually { a.shell.ran.count == 2 })
+        #expect(Set(a.shell.ran.map(\.job.id)) == ["garbage", "strange"])
+        #expect(a.shell.ran.first { $0.job.id == "strange" }?.job.manifestName == "strange.plist", "a name with '/' is not used")
+        #expect(a.store.origin(of: "garbage")?.submittedOn == "unknown")
+        #expect(trimmed(try server.psql(database, "SELECT state || ' ' || status FROM opq_jobs WHERE id = '../escape'")) == "finished rejected")
+        #expect(!FileManager.default.fileExists(atPath: a.spool.root + "/escape"))
+        #expect(!FileManager.default.fileExists(atPath: a.spool.active + "/../escape"))
+        // And the manifests the shell would validate: not property lists.
+        for job in a.shell.ran.map(\.job) {
+            #expect((try? Manifest.parse(job.manifest, configuration: .builtIn).get()) == nil)
+        }
+        // The store still works.
+        _ = a.store.submit([try a.drop("after", sleepManifest("after"))])
+        #expect(eventually { a.shell.ran.contains { $0.job.id == "after" } })
+    }
+
+    /// Finished rows older than keepFinishedDays (7 by default) are pruned at the first connection; younger ones stay.
+    @Test func finishedHistoryIsPrunedAfterKeepFinishedDays() throws {
+        let server = try clusterServer.get()
+        let database = try server.createDatabase()
+        let first = try ClusterNode("a", server: server, database: database)
+        _ = first.store.recovered([])
+        #expect(eventually { first.store.snapshot()?.connected == true })
+        first.close()
+        let columns = "(id, requested_id, manifest, manifest_name, submitted_on, qos_rank, priority_rank, queues, commands, state, node, fence, status, finished_at)"
+        try server.psql(database, """
+            INSERT INTO opq_jobs \(columns) VALUES
+              ('old', 'old', '\\x00', 'old.plist', 'a', 2, 2, '{}', '{}', 'finished', 'a', 1, 'succeeded', now() - interval '8 days'),
+              ('young', 'young', '\\x00', 'young.plist', 'a', 2, 2, '{}', '{}', 'finished', 'a', 2, 'succeeded', now() - interval '6 days')
+            """)
+        let again = try ClusterNode("a", server: server, database: database)
+        defer { again.close() }
+        _ = again.store.recovered([])
+        #expect(eventually { trimmed((try? server.psql(database, "SELECT string_agg(id, ',') FROM opq_jobs")) ?? "") == "young" })
+        #expect(again.logs.all.contains { $0.message.contains("pruned 1 finished job(s)") })
+    }
+
+    /// A reload declares the node again: a queue added to the configuration is in the database, and submission
+    /// validation on another node accepts it.
+    @Test func reloadDeclaresTheNodeAgain() throws {
+        let server = try clusterServer.get()
+        let database = try server.createDatabase()
+        let a = try ClusterNode("a", server: server, database: database)
+        let b = try ClusterNode("b", server: server, database: database)
+        defer { a.close(); b.close() }
+        _ = a.store.recovered([])
+        _ = b.store.recovered([])
+        #expect(eventually { a.store.snapshot()?.connected == true })
+        var reloaded = try Configuration.parse(plist(["queues": ["gpu": ["maxConcurrentOperationCount": 1]]]))
+        reloaded.cluster = try Configuration.parse(plist(["cluster": ["database": server.url(database), "node": "a"]])).cluster
+        a.store.reload(reloaded)
+        #expect(eventually { ((try? server.psql(database, "SELECT 'gpu' = ANY(queues) FROM opq_nodes WHERE node = 'a'")) ?? "").contains("t") })
+        let manifest = plist(sleepManifest("g", queue: "gpu"))
+        #expect(eventually(10) { (try? Manifest.parse(manifest, configuration: b.store.submissionConfiguration(.builtIn)).get()) != nil },
+                "b accepts a queue only a declares (after its next refresh)")
+        #expect((try? Manifest.parse(manifest, configuration: .builtIn).get()) == nil)
+    }
+
+    /// Status: nodes, the waiting jobs no live node can run and why, per-queue counts.
+    @Test func snapshotForStatus() throws {
+        let server = try clusterServer.get()
+        let database = try server.createDatabase()
+        let a = try ClusterNode("a", server: server, database: database, jobSlots: 3)
+        defer { a.close() }
+        _ = a.store.recovered([])
+        _ = a.store.submit([try a.drop("pinned", sleepManifest("pinned", queue: "io")), try a.drop("other", sleepManifest("other"))])
+        #expect(eventually { (try? a.store.job("other")) != nil })
+        try server.psql(database, "UPDATE opq_jobs SET queues = '{gpu}' WHERE id = 'pinned'")
+        #expect(eventually(10) { a.store.snapshot()?.unrunnable.first?.job == "pinned" })
+        let snapshot = try #require(a.store.snapshot())
+        #expect(snapshot.node == "a" && snapshot.connected)
+        #expect(snapshot.nodes.map(\.node) == ["a"] && snapshot.nodes.first?.connected == true && snapshot.nodes.first?.freeSlots == 3)
+        #expect(snapshot.unrunnable.first?.reason == "no live node declares queue gpu")
+        #expect(snapshot.queues["gpu"]?.waiting == 1 && snapshot.queues["default"]?.waiting == 1)
+    }
+}
+
+@Suite struct SharedOutboxTests {
+    /// Publication under sharedOutbox: assembled in .tmp, renamed into place, active/<job> gone; run again (a
+    /// crash after the rename) it only removes what is left; a half-made .tmp copy is made again.
+    @Test func placeSharedAssemblesThenRenames() throws {
+        let root = NSTemporaryDirectory() + "opq-shared-\(UInt64.random(in: 1...UInt64.max))"
+        defer { try? FileManager.default.removeItem(atPath: root) }
+        try FileManager.default.createDirectory(atPath: root, withIntermediateDirectories: true)
+        let spool = try Spool(root: root + "/spool")
+        let shared = root + "/shared"
+        try FileManager.default.createDirectory(atPath: shared, withIntermediateDirectories: true)
+        for job in ["one", "two"] {
+            try FileManager.default.createDirectory(atPath: spool.active + "/\(job)/out", withIntermediateDirectories: true)
+            try Data("r-\(job)".utf8).write(to: URL(fileURLWithPath: spool.active + "/\(job)/result.plist"))
+            try Data("x".utf8).write(to: URL(fileURLWithPath: spool.active + "/\(job)/out/a.png"))
+        }
+        try spool.placeShared(job: "one", in: shared)
+        #expect(try String(contentsOfFile: shared + "/one/result.plist", encoding: .utf8) == "r-one")
+        #expect(FileManager.default.fileExists(atPath: shared + "/one/out/a.png"))
+        #expect(!FileManager.default.fileExists(atPath: spool.active + "/one"))
+        #expect((try FileManager.default.contentsOfDirectory(atPath: shared + "/.tmp")).isEmpty)
+
+        // A crash left a half copy in .tmp and active/two in place: made again.
+        try FileManager.default.createDirectory(atPath: shared + "/.tmp/two", withIntermediateDirectories: true)
+        try Data("partial".utf8).write(to: URL(fileURLWithPath: shared + "/.tmp/two/junk"))
+        try spool.placeShared(job: "two", in: shared)
+        #expect(!FileManager.default.fileExists(atPath: shared + "/two/junk"))
+        #expect(try String(contentsOfFile: shared + "/two/result.plist", encoding: .utf8) == "r-two")
+
+        // A crash after the rename: active/one is back (as recovery would find it); the placed entry stays as is.
+        try FileManager.default.createDirectory(atPath: spool.active + "/one", withIntermediateDirectories: true)
+        try Data("again".utf8).write(to: URL(fileURLWithPath: spool.active + "/one/result.plist"))
+        try spool.placeShared(job: "one", in: shared)
+        #expect(try String(contentsOfFile: shared + "/one/result.plist", encoding: .utf8) == "r-one")
+        #expect(!FileManager.default.fileExists(atPath: spool.active + "/one"))
+    }
+}
+
+/// The pure part: leases, deadlines, fences, cancels, suspensions, connection lines.
+@Suite struct ClusterNodeStateTests {
+    @Test func deadlineCountsFromTheLastBeatSent() {
+        var s = ClusterNodeState(leaseSeconds: 15)
+        #expect(s.deadline == nil && !s.mayTakeLeases(now: 0))
+        let news = s.connectionSucceeded()
+        #expect(news)
+        _ = s.beatSucceeded(sentAt: 100, held: [:])
+        #expect(s.deadline == 114 && s.mayTakeLeases(now: 113.9) && !s.mayTakeLeases(now: 114))
+        // A beat answered late but sent earlier does not move the deadline back.
+        _ = s.beatSucceeded(sentAt: 90, held: [:])
+        #expect(s.deadline == 114)
+        #expect(ClusterNodeState(leaseSeconds: 2).margin == 0.4)
+        s.hold("j", fence: 7)
+        #expect(s.watchdogDeadline == 114)
+        #expect(s.checkDeadline(now: 113.99).lost.isEmpty)
+        #expect(s.checkDeadline(now: 114).lost == ["j"])
+        #expect(s.held.isEmpty && s.watchdogDeadline == nil)
+    }
+
+    @Test func beatsFindLostJobsAndOrphans() {
+        var s = ClusterNodeState(leaseSeconds: 15)
+        s.hold("a", fence: 1)
+        s.hold("b", fence: 2)
+        s.hold("c", fence: 3)
+        _ = s.beginCompleting(["c"])
+        let result = s.beatSucceeded(sentAt: 1, held: ["a": 1, "b": 20, "z": 9])
+        #expect(result.lost == ["b"], "another fence: lost; an end being recorded is left to its answer")
+        #expect(result.orphans == ["b": 20, "z": 9])
+        #expect(s.held.keys.sorted() == ["a", "c"])
+        #expect(s.endCompleting(["c"], recorded: []) == ["c"])
+        #expect(s.held.keys.sorted() == ["a"])
+        _ = s.beginCompleting(["a"])
+        #expect(s.endCompleting(["a"], recorded: nil).isEmpty && s.held["a"]?.completing == false, "no answer: the batch waits")
+        #expect(s.checkDeadline(now: 1000).lost == ["a"])
+    }
+
+    @Test func recordedBeforeARestartIsPublishedWithoutTheDatabase() {
+        var s = ClusterNodeState(leaseSeconds: 15)
+        s.hold("r", fence: 5, recorded: true)
+        #expect(s.beatSucceeded(sentAt: 1, held: [:]).lost.isEmpty)
+        #expect(s.checkDeadline(now: 1000).lost.isEmpty)
+        #expect(s.alreadyRecorded(["r", "x"]) == ["r"])
+    }
+
+    @Test func cancelsPassedOnOncePerFence() {
+        var s = ClusterNodeState(leaseSeconds: 15)
+        s.hold("j", fence: 4)
+        let requests: [(job: String, operation: String?, fence: Int64)] = [("j", nil, 4), ("j", "op", 4), ("j", nil, 3), ("k", nil, 1)]
+        #expect(s.newCancels(requests).map { "\($0.job)/\($0.operation ?? "*")" } == ["j/*", "j/op"])
+        #expect(s.newCancels(requests).isEmpty)
+        s.forget("j")
+        s.hold("j", fence: 8)
+        #expect(s.newCancels([("j", nil, 8)]).count == 1, "a new claim of the job hears its cancels again")
+    }
+
+    @Test func suspensionsAndConnectionLinesOnChangesOnly() {
+        var s = ClusterNodeState(leaseSeconds: 15)
+        #expect(s.suspendedRead([]) == [])
+        #expect(s.suspendedRead([]) == nil)
+        #expect(s.suspendedRead(["io"]) == ["io"])
+        let lines = [s.connectionFailed(), s.connectionFailed(), s.connectionSucceeded(), s.connectionSucceeded(), s.connectionFailed()]
+        #expect(lines == [true, false, true, false, true])
+    }
+
+    @Test func slotsDroppedAtTheDeadline() {
+        var s = ClusterNodeState(leaseSeconds: 3)
+        _ = s.connectionSucceeded()
+        _ = s.beatSucceeded(sentAt: 10, held: [:])
+        s.addSlot(.init(queue: "api", slot: 1, fence: 9))
+        #expect(abs((s.watchdogDeadline ?? 0) - 12.4) < 1e-9)
+        #expect(s.checkDeadline(now: 12.5).slots.count == 1)
+        let removed = s.removeSlot(.init(queue: "api", slot: 1, fence: 9))
+        #expect(!removed)
+    }
+}
