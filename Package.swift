@@ -81,6 +81,7 @@ let package = Package(
             name: "opqueued",
             dependencies: [
                 "Daemon",
+                "ClusterStore",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),

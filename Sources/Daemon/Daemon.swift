@@ -128,6 +128,9 @@ public final class Daemon: @unchecked Sendable {
     /// Names a lease found open for writing (on `work`): tried again at once when inotify says closed.
     private var busy: Set<String> = []
     private var leaseFallbackLogged = false
+    /// Cluster slots of queues with clusterMaxConcurrentOperationCount (nil without a cluster).
+    private let permits: ClusterPermits?
+    private var permitsTask: Task<Void, Never>?
 
     /// `store`: where jobs come from and where their ends are recorded; the file spool alone by default.
     public init(spool: Spool, configuration: Configuration, configPath: String?, logger: Logger, once: Bool = false,
@@ -146,14 +149,36 @@ public final class Daemon: @unchecked Sendable {
         self.sink = sink
         engine = Engine(observer: { sink.deliver($0) })
         defaultQueue = engine.addQueue(named: "default")
-        sink.daemon = self
+        var ids: [String: QueueID] = [:]
         for name in configuration.queueNames {
             guard let q = configuration.queues[name] else { continue }
-            queueIDs[name] = engine.addQueue(named: name, maxConcurrentOperationCount: q.maxConcurrentOperationCount,
-                                             qualityOfService: q.qualityOfService, isSuspended: q.suspended)
+            ids[name] = engine.addQueue(named: name, maxConcurrentOperationCount: q.maxConcurrentOperationCount,
+                                        qualityOfService: q.qualityOfService, isSuspended: q.suspended)
         }
+        queueIDs = ids
+        // clusterMaxConcurrentOperationCount (SPEC §8): the engine runs a limited queue's operations only on
+        // cluster slots this node holds.
+        if let cluster = self.store as? ClusterJobStore, let node = cluster.node {
+            let permits = ClusterPermits(store: cluster.store, node: node, engine: engine, logger: logger)
+            cluster.attach(permits: permits)
+            permits.configure(Self.limitedQueues(configuration, ids))
+            self.permits = permits
+        } else {
+            permits = nil
+        }
+        sink.daemon = self
         storeEvents.daemon = self
         self.store.delegate = storeEvents
+        if let permits { permitsTask = Task { await permits.run() } }
+    }
+
+    /// The queues with a cluster-wide limit, for ClusterPermits.
+    private static func limitedQueues(_ config: Configuration, _ ids: [String: QueueID]) -> [String: ClusterPermits.Limited] {
+        var limited: [String: ClusterPermits.Limited] = [:]
+        for (name, q) in config.queues {
+            if let limit = q.clusterMaxConcurrentOperationCount, let id = ids[name] { limited[name] = .init(queue: id, limit: limit) }
+        }
+        return limited
     }
 
     /// Feeds the lifecycle one event (under `lock`).
@@ -593,6 +618,7 @@ public final class Daemon: @unchecked Sendable {
                     _ = lifecycle.handle(.operationEnded(group: t.group))
                 }
                 lock.unlock()
+                if let permits, let plan, t.operation < plan.operations.count { permits.transition(queue: plan.operations[t.operation].queue, state: t.state) }
                 guard let job, let plan, t.operation < plan.operations.count, !recovered || recomputedFailure else { continue }
                 if !recovered { measure(t, plan.operations[t.operation]) }
                 if logTransition(t, job: job, operation: plan.operations[t.operation]) { progressRecorded += 1 }
@@ -946,6 +972,8 @@ public final class Daemon: @unchecked Sendable {
                 }
                 if previous.queues[name]?.suspended != q.suspended { logQueue(name, suspended: q.suspended) }
             }
+            store.reload(config)
+            permits?.configure(Self.limitedQueues(config, queueIDs))
         } catch {
             logger.error("the configuration was not reloaded: \(error)")
         }
@@ -968,6 +996,8 @@ public final class Daemon: @unchecked Sendable {
         // Let publications of jobs that finished during the grace complete.
         try? await Task.sleep(for: .milliseconds(50))
         work.sync { publishPending() }
+        permitsTask?.cancel()
+        await permitsTask?.value
         store.shutdown()
     }
 

@@ -7,6 +7,7 @@
 // What it trusts: nothing in the spool; its own configuration file.
 
 import ArgumentParser
+import ClusterStore
 import Daemon
 import Foundation
 import Logging
@@ -105,7 +106,20 @@ struct Opqueued: AsyncParsableCommand {
             logger.critical("the spool \(spool) cannot be used: \(error)")
             throw ExitCode(1)
         }
-        let daemon = Daemon(spool: spoolFolder, configuration: configuration, configPath: config, logger: logger, once: once)
+        // SPEC §8: with `cluster`, the jobs this node runs come from PostgreSQL; every entry names the node, and the
+        // command watchdog kills commands whose lease ran out even if this process is frozen.
+        var store: (any JobStore)?
+        if let cluster = configuration.cluster {
+            Journal.node = cluster.node
+            do {
+                store = try ClusterJobStore(configuration: configuration, spool: spoolFolder, logger: logger,
+                                            onLeaseDeadline: { CommandWatchdog.current?.setKillDeadline(monotonicSeconds: $0) })
+            } catch {
+                logger.critical("cluster: \(error)")
+                throw ExitCode(1)
+            }
+        }
+        let daemon = Daemon(spool: spoolFolder, configuration: configuration, configPath: config, logger: logger, once: once, store: store)
         daemon.start()
         if once {
             await daemon.runOnce()
@@ -226,12 +240,30 @@ func handle(_ request: [String: Any], _ daemon: Daemon) -> [String: Any] {
             },
         ]
         if let fault = status.fault { response["fault"] = fault }
+        // SPEC §8: a node speaks for the whole cluster (as of its last heartbeat; never waiting on the database).
+        if let cluster = (daemon.store as? ClusterJobStore)?.snapshot() {
+            response["nodes"] = cluster.nodes.map { n in
+                ["node": n.node, "connected": n.connected, "lastHeartbeat": n.lastHeartbeat, "jobs": n.jobs, "freeSlots": n.freeSlots] as [String: Any]
+            }
+            var summary: [String: Any] = ["node": cluster.node, "state": cluster.connected ? "connected" : "disconnected"]
+            if let error = cluster.lastError, !cluster.connected { summary["reason"] = error }
+            summary["unrunnable"] = cluster.unrunnable.map { ["job": $0.job, "reason": $0.reason] }
+            summary["queues"] = Dictionary(uniqueKeysWithValues: cluster.queues.map { ($0.key, ["waiting": $0.value.waiting, "running": $0.value.running]) })
+            response["cluster"] = summary
+        }
         response["jobs"] = status.jobs.map { ["job": $0.job, "operations": $0.operations, "ended": $0.ended] as [String: Any] }
         if request["memory"] as? Bool == true { response["heapBytes"] = daemon.heapBytesInUse }
         return response
     case "show":
         guard let job = request["job"] as? String else { return ["exit": 64, "error": "show needs a job"] }
         if let operations = daemon.show(job: job) { return ["exit": 0, "job": job, "status": "running", "operations": operations] }
+        if let cluster = daemon.store as? ClusterJobStore {
+            do {
+                if let record = try cluster.job(job) { return clusterShow(record) }
+            } catch {
+                return ["exit": 1, "error": "job '\(job)' is not on this node and the cluster cannot be asked now: \(error)"]
+            }
+        }
         return ["exit": 1, "error": "unknown job '\(job)'"]
     case "cancel":
         guard let job = request["job"] as? String else { return ["exit": 64, "error": "cancel needs a job"] }
@@ -250,4 +282,23 @@ func handle(_ request: [String: Any], _ daemon: Daemon) -> [String: Any] {
     default:
         return ["exit": 64, "error": "unknown command '\(command)'"]
     }
+}
+
+/// `show` of a job the cluster knows and this node does not run (SPEC §8): waiting, running elsewhere or ended;
+/// an ended one's operations come from the result.plist the database keeps.
+func clusterShow(_ record: JobRecord) -> [String: Any] {
+    var answer: [String: Any] = ["exit": 0, "job": record.id, "submittedOn": record.submittedOn]
+    if let node = record.node { answer["node"] = node }
+    switch record.state {
+    case .waiting: answer["status"] = "waiting"
+    case .running: answer["status"] = "running"
+    case .finished: answer["status"] = record.status ?? "finished"
+    }
+    var operations: [[String: Any]] = []
+    if let bytes = record.result,
+       let plist = try? PropertyListSerialization.propertyList(from: Data(bytes), format: nil) as? [String: Any] {
+        operations = plist["operations"] as? [[String: Any]] ?? []
+    }
+    answer["operations"] = operations
+    return answer
 }

@@ -47,7 +47,6 @@ struct ClusterPermitsTests {
             box.withLock { $0 = p }
             runners.append(Task { for await wakeup in store.wakeups where wakeup == .slots { p.nudge() } })
             p.configure(["api": .init(queue: api, limit: limit)])
-            p.enable()
             runners.append(Task { await p.run() })
             permits.append(p)
             var graph = GraphBuilder()

@@ -234,6 +234,7 @@ private final class FakeStore: JobStore, @unchecked Sendable {
         return .requested
     }
     func setSuspended(_ queue: String, _ suspended: Bool) -> Bool { false }
+    func reload(_ configuration: Configuration) {}
     func shutdown() {}
 }
 

@@ -60,6 +60,8 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
     private var declared: (queues: Set<String>, commands: Set<String>, commandSignatures: [String: String]) = ([], [], [:])
     private var snapshotValue: ClusterSnapshot
     private var reportedDeadline: Double??
+    /// clusterMaxConcurrentOperationCount's slots, held for the engine (see `attach(permits:)`).
+    private var permits: ClusterPermits?
     private var runner: Task<Void, Never>?
     private var listener: Task<Void, Never>?
     private let finished = DispatchGroup()
@@ -407,11 +409,32 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
         wake.unlock()
     }
 
+    /// clusterMaxConcurrentOperationCount (SPEC §8): the shell's ClusterPermits take slots only while this node's
+    /// lease is good, record them here so that the lease deadline covers them, lose them at the deadline, and
+    /// hear when another node frees one.
+    func attach(permits: ClusterPermits) {
+        lock.withLock { self.permits = permits }
+        permits.attach(.init(
+            mayAcquire: { [weak self] in
+                guard let self else { return false }
+                return self.lock.withLock { self.state.mayTakeLeases(now: monotonicSeconds()) }
+            },
+            holding: { [weak self] lease, held in
+                guard let self else { return }
+                let key = ClusterNodeState.SlotKey(queue: lease.queue, slot: lease.slot, fence: lease.fence)
+                self.lock.withLock {
+                    if held { self.state.addSlot(key) } else { _ = self.state.removeSlot(key) }
+                }
+                self.reportDeadline()
+            }))
+    }
+
     private func heard(_ wakeup: Wakeup) {
         switch wakeup {
         case .jobs: lock.withLock { claimWanted = true }
         case .control: lock.withLock { controlWanted = true }
         case .slots:
+            lock.withLock { permits }?.nudge()
             slotFreed.lock()
             slotFreed.broadcast()
             slotFreed.unlock()
@@ -740,6 +763,7 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
             handLost(lost, reason: "lease ran out")
         }
         if !slots.isEmpty {
+            lock.withLock { permits }?.dropAll()
             logger.warning("cluster: the lease of node \(nodeName) ran out; \(slots.count) cluster slot(s) given up")
         }
     }

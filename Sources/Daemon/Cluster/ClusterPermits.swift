@@ -33,8 +33,14 @@ final class ClusterPermits: Sendable {
         /// the node could use them, so that no node keeps a queue's slots while others wait (re-acquired a
         /// moment later, competing with the others).
         var turnover: [String: Int] = [:]
-        /// False while the node's lease is not known good: nothing is acquired, nothing held.
-        var enabled = false
+        /// Whether the node's lease is good now (slots may be taken), and where held slots are recorded so that
+        /// the node's lease covers them (ClusterJobStore). Without a gate (tests) slots are always taken.
+        var gate: Gate?
+    }
+
+    struct Gate: Sendable {
+        var mayAcquire: @Sendable () -> Bool
+        var holding: @Sendable (SlotLease, Bool) -> Void
     }
 
     private let store: any ClusterStore
@@ -66,18 +72,18 @@ final class ClusterPermits: Sendable {
         nudge()
     }
 
-    /// The node's lease is good (connected, registered): slots may be acquired.
-    func enable() {
-        state.withLock { $0.enabled = true }
+    /// Slots are taken only while `gate.mayAcquire()` (the node's lease is good) and recorded through
+    /// `gate.holding` (so the lease deadline covers them).
+    func attach(_ gate: Gate) {
+        state.withLock { $0.gate = gate }
         nudge()
     }
 
-    /// The node's lease ran out or is in doubt: every limited queue stops starting work at once and the held
-    /// slots are forgotten (takeover frees them once the lease has expired; the work they covered is stopped by the
-    /// caller). Safe to call from any thread.
+    /// The node's lease ran out: every limited queue stops starting work at once and the held slots are forgotten
+    /// (takeover frees them once the lease has expired; the work they covered is stopped by the caller). Slots are
+    /// taken again once the gate says the lease is good. Safe to call from any thread.
     func dropAll() {
         let queues: [QueueID] = state.withLock { s in
-            s.enabled = false
             s.held = [:]
             return s.limited.values.map(\.queue)
         }
@@ -91,6 +97,19 @@ final class ClusterPermits: Sendable {
             return !s.nudged
         }
         if first { nudges.yield() }
+    }
+
+    /// An operation's transition (the shell's delivery thread): a ready one may need a slot, an ended one gives
+    /// its slot back.
+    func transition(queue: String, state: OperationState) {
+        switch state {
+        case .ready:
+            if self.state.withLock({ $0.limited[queue] != nil }) { nudge() }
+        case .succeeded, .failed, .cancelled, .retrying:
+            operationEnded(queue: queue)
+        default:
+            break
+        }
     }
 
     /// An operation of `queue` ended (the shell calls this on its transition).
@@ -132,11 +151,11 @@ final class ClusterPermits: Sendable {
     }
 
     private func rebalance() async {
-        let (limited, enabled, turnover) = state.withLock { s in
+        let (limited, gate, turnover) = state.withLock { s in
             defer { s.turnover = [:] }
-            return (s.limited, s.enabled, s.turnover)
+            return (s.limited, s.gate, s.turnover)
         }
-        guard enabled else { return }
+        let mayAcquire = gate?.mayAcquire() ?? true
         var again = false
         for (name, l) in limited.sorted(by: { $0.key < $1.key }) {
             var demand = engine.permitDemand(l.queue)
@@ -147,7 +166,7 @@ final class ClusterPermits: Sendable {
                 again = true
             }
             // More: acquire first, then let the engine use it.
-            while held < min(demand.wanted, l.limit) {
+            while mayAcquire && held < min(demand.wanted, l.limit) {
                 let lease: SlotLease?
                 do {
                     lease = try await store.acquireSlot(queue: name, limit: l.limit, node: node, job: "", operation: "")
@@ -156,15 +175,14 @@ final class ClusterPermits: Sendable {
                     return
                 }
                 guard let lease else { break }
-                let kept = state.withLock { s -> Bool in
-                    guard s.enabled else { return false }
-                    s.held[name, default: []].append(lease)
-                    return true
-                }
-                guard kept else {
+                gate?.holding(lease, true)
+                guard gate?.mayAcquire() ?? true else {
+                    // The lease ran out meanwhile: this slot is not used.
+                    gate?.holding(lease, false)
                     _ = try? await store.releaseSlot(lease)
                     return
                 }
+                state.withLock { $0.held[name, default: []].append(lease) }
                 held += 1
                 engine.setPermits(l.queue, held)
             }
@@ -185,7 +203,10 @@ final class ClusterPermits: Sendable {
                     s.held[name] = leases
                     return extra
                 }
-                for lease in surplus { _ = try? await store.releaseSlot(lease) }
+                for lease in surplus {
+                    gate?.holding(lease, false)
+                    _ = try? await store.releaseSlot(lease)
+                }
             }
         }
         if again {
@@ -195,13 +216,16 @@ final class ClusterPermits: Sendable {
     }
 
     private func releaseEverything() async {
-        let all: [(QueueID?, [SlotLease])] = state.withLock { s in
+        let (all, gate): ([(QueueID?, [SlotLease])], Gate?) = state.withLock { s in
             defer { s.held = [:] }
-            return s.held.map { (s.limited[$0.key]?.queue, $0.value) }
+            return (s.held.map { (s.limited[$0.key]?.queue, $0.value) }, s.gate)
         }
         for (queue, leases) in all {
             if let queue { engine.setPermits(queue, 0) }
-            for lease in leases { _ = try? await store.releaseSlot(lease) }
+            for lease in leases {
+                gate?.holding(lease, false)
+                _ = try? await store.releaseSlot(lease)
+            }
         }
     }
 }

@@ -96,6 +96,9 @@ public protocol JobStore: AnyObject, Sendable {
     /// `delegate.suspendedQueuesChanged`); the file spool only acts locally (returns false).
     func setSuspended(_ queue: String, _ suspended: Bool) -> Bool
 
+    /// The configuration was reloaded (SIGHUP): a cluster store declares the node's queues and commands again.
+    func reload(_ configuration: Configuration)
+
     /// Stops the store's loops (SIGTERM); held jobs stay held until the lease runs out or they are re-claimed
     /// by this node at its next start.
     func shutdown()

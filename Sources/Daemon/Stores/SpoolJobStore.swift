@@ -27,5 +27,6 @@ public final class SpoolJobStore: JobStore, @unchecked Sendable {
     }
 
     public func setSuspended(_ queue: String, _ suspended: Bool) -> Bool { false }
+    public func reload(_ configuration: Configuration) {}
     public func shutdown() {}
 }
