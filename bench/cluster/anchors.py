@@ -45,23 +45,27 @@ async def pgqueuer_install(dsn):
     await connection.close()
 
 
-async def pgqueuer_enqueue(dsn, n, payload=None):
+async def pgqueuer_enqueue(dsn, n, samples=0):
     import asyncpg
     from pgqueuer import AsyncpgDriver, Queries
     connection = await asyncpg.connect(dsn)
     queries = Queries(AsyncpgDriver(connection))
     for start in range(0, n, 1000):
         k = min(1000, n - start)
-        await queries.enqueue(["noop"] * k, [payload] * k, [0] * k)
+        await queries.enqueue(["noop"] * k, [None] * k, [0] * k)
+    # Latency samples: one job at a time on the open connection, stamped just before the insert.
+    for _ in range(samples):
+        await queries.enqueue("noop", str(time.time()).encode())
+        await asyncio.sleep(0.05)
     await connection.close()
 
 
 async def pgqueuer_worker(dsn, mode, go, out):
     import asyncpg
-    from pgqueuer import AsyncpgDriver, QueueManager
+    from pgqueuer import AsyncpgDriver, Queries, QueueManager
     from pgqueuer.types import QueueExecutionMode
     connection = await asyncpg.connect(dsn)
-    manager = QueueManager(AsyncpgDriver(connection))
+    manager = QueueManager(Queries(AsyncpgDriver(connection)))
     delays = []
 
     @manager.entrypoint("noop")
@@ -82,8 +86,9 @@ async def pgqueuer_worker(dsn, mode, go, out):
 
 def procrastinate_app(dsn):
     import procrastinate
-    app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=dsn))
-    return app
+    import logging
+    logging.getLogger("procrastinate").setLevel(logging.ERROR)  # its warning about an App in __main__, per process
+    return procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=dsn))
 
 
 async def procrastinate_install(dsn):
@@ -92,7 +97,7 @@ async def procrastinate_install(dsn):
         await app.schema_manager.apply_schema_async()
 
 
-async def procrastinate_enqueue(dsn, n, payload=None):
+async def procrastinate_enqueue(dsn, n, samples=0):
     app = procrastinate_app(dsn)
 
     @app.task(name="noop")
@@ -102,7 +107,10 @@ async def procrastinate_enqueue(dsn, n, payload=None):
     async with app.open_async():
         for start in range(0, n, 1000):
             k = min(1000, n - start)
-            await noop.batch_defer_async(*([{"sent": payload}] * k))
+            await noop.batch_defer_async(*([{}] * k))
+        for _ in range(samples):
+            await noop.defer_async(sent=str(time.time()))
+            await asyncio.sleep(0.05)
 
 
 async def procrastinate_worker(dsn, mode, go, out):
@@ -120,6 +128,12 @@ async def procrastinate_worker(dsn, mode, go, out):
             await asyncio.sleep(0.005)
         await app.run_worker_async(wait=(mode != "drain"), install_signal_handlers=(mode != "drain"))
 
+
+# Jobs not done after a run (a run that did nothing must not look fast).
+LEFT = {
+    "pgqueuer": "SELECT count(*) FROM pgqueuer",
+    "procrastinate": "SELECT count(*) FROM procrastinate_jobs WHERE status <> 'succeeded'",
+}
 
 SYSTEMS = {
     "pgqueuer": (pgqueuer_install, pgqueuer_enqueue, pgqueuer_worker),
@@ -166,6 +180,10 @@ def throughput(args):
     elapsed = time.monotonic() - start
     time.sleep(1.1)
     after = commits(args.admin, database)
+    with psycopg.connect(dsn, autocommit=True) as c:
+        left = c.execute(LEFT[args.system]).fetchone()[0]
+    if left or any(p.returncode for p in procs):
+        raise SystemExit(f"{args.system}: {left} jobs left, worker exits {[p.returncode for p in procs]}; see {go}.err")
     print(json.dumps({"system": args.system, "workers": args.workers, "jobs": args.jobs, "seconds": round(elapsed, 3),
                       "jobsPerSecond": round(args.jobs / elapsed, 1),
                       "commitsPerJob": round((after - before) / args.jobs, 3)}))
@@ -184,9 +202,7 @@ def latency(args):
     procs = start_workers(args.system, dsn, "latency", 1, go, out)
     open(go, "w").close()
     time.sleep(2)  # the worker is listening and idle
-    for _ in range(args.samples):
-        asyncio.run(enqueue(dsn, 1, payload=(str(time.time()).encode() if args.system == "pgqueuer" else str(time.time()))))
-        time.sleep(0.05)
+    asyncio.run(enqueue(dsn, 0, samples=args.samples))
     deadline = time.time() + 30
     while time.time() < deadline:
         if os.path.exists(out) and len(open(out).read().split()) >= args.samples:
