@@ -56,7 +56,7 @@ struct HarnessTests {
         // kill -9 mid-job, then a restart: the job resumes from active/ and ends once.
         let killed = "killed-\(UInt32.random(in: 1...UInt32.max))"
         try harness[0].drop(killed + ".plist", ["job": killed, "operations": [sleepOperation("a", 1.5)]])
-        #expect(waitFor(10) { harness[0].list("active").contains(killed) ? true : nil } != nil)
+        #expect(pollUntil(10) { harness[0].list("active").contains(killed) ? true : nil } != nil)
         let before = harness[0].pid
         harness[0].kill9()
         #expect(!harness[0].isRunning)

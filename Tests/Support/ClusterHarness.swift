@@ -134,7 +134,7 @@ public final class ClusterNode: @unchecked Sendable {
     }
 
     public func waitReady(timeout: Double = 30) throws {
-        guard waitFor(timeout, { isReady ? true : nil }) != nil else {
+        guard pollUntil(timeout, { isReady ? true : nil }) != nil else {
             throw SupportFailure("node \(name) did not become ready in \(timeout) s (running: \(isRunning)); its log ends:\n\(logTail())")
         }
     }
@@ -156,7 +156,7 @@ public final class ClusterNode: @unchecked Sendable {
         guard let process, process.isRunning else { return self.process?.terminationStatus }
         kill(process.processIdentifier, SIGCONT)
         kill(process.processIdentifier, SIGTERM)
-        if waitFor(timeout, { process.isRunning ? nil : true }) == nil {
+        if pollUntil(timeout, { process.isRunning ? nil : true }) == nil {
             kill(process.processIdentifier, SIGKILL)
             process.waitUntilExit()
             return nil
@@ -167,7 +167,7 @@ public final class ClusterNode: @unchecked Sendable {
     /// Waits up to `timeout` seconds for the daemon to exit by itself; its status, or nil if it still runs.
     public func waitExit(timeout: Double) -> Int32? {
         guard let process else { return nil }
-        guard waitFor(timeout, { process.isRunning ? nil : true }) != nil else { return nil }
+        guard pollUntil(timeout, { process.isRunning ? nil : true }) != nil else { return nil }
         return process.terminationStatus
     }
 
@@ -335,7 +335,7 @@ public final class ClusterHarness: @unchecked Sendable {
 
     /// Waits until some node's outbox holds `job`'s result.plist; returns that node's index and the result.
     public func waitResult(_ job: String, timeout: Double = 30) -> (node: Int, result: [String: Any])? {
-        waitFor(timeout) {
+        pollUntil(timeout) {
             for node in nodes { if let result = node.result(job) { return (node.index, result) } }
             return nil
         }
@@ -351,7 +351,7 @@ public final class ClusterHarness: @unchecked Sendable {
     /// Waits until every one of `jobs` is in some outbox; returns those still missing after `timeout`.
     public func waitAll(_ jobs: Set<String>, timeout: Double) -> Set<String> {
         var missing = jobs
-        _ = waitFor(timeout) { () -> Bool? in
+        _ = pollUntil(timeout) { () -> Bool? in
             missing.subtract(outboxJobs().keys)
             return missing.isEmpty ? true : nil
         }
@@ -380,13 +380,13 @@ public final class ClusterHarness: @unchecked Sendable {
 
     /// Waits until the journal holds an entry matching `match`; returns the first.
     public func waitJournal(_ match: [String: String], timeout: Double = 20) throws -> [String: String]? {
-        try waitFor(timeout) { try journal(match).first }
+        try pollUntil(timeout) { try journal(match).first }
     }
 
     /// The node that logged `claimed` for `job` (the last such entry when it was claimed more than once), waiting
     /// up to `timeout`.
     public func waitClaimed(_ job: String, excluding: Set<Int> = [], timeout: Double = 20) throws -> (node: Int, entry: [String: String])? {
-        try waitFor(timeout) {
+        try pollUntil(timeout) {
             for entry in try journal(["OPQ_JOB": job, "OPQ_STATE": "claimed"]).reversed() {
                 if let name = entry["OPQ_NODE"], let k = index(of: name), !excluding.contains(k) { return (k, entry) }
             }
