@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 # The opqueued part of the cluster benchmark (bench/cluster/run.sh opqueued), on the server run.sh started:
 #
-#   throughput  1 and 2 nodes; JOBS single-`sleep 0` manifests written hidden into node A's inbox, then renamed in
+#   throughput  the file spool alone (no cluster: today's single-node figure), then 1 and 2 nodes; JOBS single-`sleep 0` manifests written hidden into node A's inbox, then renamed in
 #               (the clock starts at the first rename and stops when the last outbox entry appears on any node);
 #               commits per job from pg_stat_database.xact_commit over the same span (inserts, claims,
 #               heartbeats, completions: everything the nodes did)
@@ -42,14 +42,37 @@ def commits(admin, database):
 
 
 class Cluster:
-    def __init__(self, args, count, lease=15, settings=lambda k: {}):
+    def __init__(self, args, count, lease=15, settings=lambda k: {}, cluster=True):
         self.args = args
         url = urllib.parse.urlparse(args.admin)
         self.port = url.port
         self.folder = tempfile.mkdtemp(prefix="opq-bench-cluster-")
         tag = uuid.uuid4().hex[:8]
+        self.cluster = cluster
         self.database = f"bench_{tag}"
         self.role = f"bench_{tag}"
+        self.nodes = []
+        if cluster:
+            self.make_database(tag)
+        for k in range(count):
+            name = f"{tag}-n{k}"
+            spool = os.path.join(self.folder, name)
+            os.makedirs(spool + "/inbox")
+            configuration = dict(settings(k))
+            if cluster:
+                configuration["cluster"] = {
+                    "database": f"postgresql://{self.role}@127.0.0.1:{self.port}/{self.database}?sslmode=disable",
+                    "passwordFile": self.password_file, "node": name, "leaseSeconds": lease}
+            with open(spool + ".plist", "wb") as f:
+                plistlib.dump(configuration, f)
+            self.nodes.append({"name": name, "spool": spool, "config": spool + ".plist", "log": spool + ".log", "process": None})
+        for k in range(count):
+            self.start(k)
+        for k in range(count):
+            self.wait_ready(k)
+
+    def make_database(self, tag):
+        args = self.args
         password = f"pw-{uuid.uuid4().hex}"
         psql(args.admin, "postgres", f"CREATE ROLE {self.role} LOGIN PASSWORD '{password}'")
         psql(args.admin, "postgres", f"CREATE DATABASE {self.database}")
@@ -61,22 +84,6 @@ class Cluster:
         with open(self.password_file, "w") as f:
             f.write(password + "\n")
         os.chmod(self.password_file, 0o600)
-        self.nodes = []
-        for k in range(count):
-            name = f"{tag}-n{k}"
-            spool = os.path.join(self.folder, name)
-            os.makedirs(spool + "/inbox")
-            configuration = dict(settings(k))
-            configuration["cluster"] = {
-                "database": f"postgresql://{self.role}@127.0.0.1:{self.port}/{self.database}?sslmode=disable",
-                "passwordFile": self.password_file, "node": name, "leaseSeconds": lease}
-            with open(spool + ".plist", "wb") as f:
-                plistlib.dump(configuration, f)
-            self.nodes.append({"name": name, "spool": spool, "config": spool + ".plist", "log": spool + ".log", "process": None})
-        for k in range(count):
-            self.start(k)
-        for k in range(count):
-            self.wait_ready(k)
 
     def start(self, k):
         node = self.nodes[k]
@@ -127,6 +134,8 @@ class Cluster:
                 except subprocess.TimeoutExpired:
                     node["process"].kill()
         shutil.rmtree(self.folder, ignore_errors=True)
+        if not self.cluster:
+            return
         psql(self.args.admin, "postgres", f"DROP DATABASE IF EXISTS {self.database} WITH (FORCE)")
         psql(self.args.admin, "postgres", f"DROP ROLE IF EXISTS {self.role}")
 
@@ -138,8 +147,8 @@ def manifest(job, queue=None):
     return plistlib.dumps({"job": job, "operations": [operation]})
 
 
-def throughput(args, count):
-    cluster = Cluster(args, count, settings=lambda k: {"maxActiveJobs": 64})
+def throughput(args, count, with_cluster=True):
+    cluster = Cluster(args, count, settings=lambda k: {"maxActiveJobs": 64}, cluster=with_cluster)
     try:
         inbox = cluster.nodes[0]["spool"] + "/inbox"
         names = [f"t{i:06d}" for i in range(args.jobs)]
@@ -147,7 +156,7 @@ def throughput(args, count):
             with open(f"{inbox}/.{name}.plist", "wb") as f:
                 f.write(manifest(name))
         time.sleep(1.1)
-        before = commits(args.admin, cluster.database)
+        before = commits(args.admin, cluster.database) if with_cluster else 0
         start = time.monotonic()
         for name in names:
             os.rename(f"{inbox}/.{name}.plist", f"{inbox}/{name}.plist")
@@ -160,11 +169,11 @@ def throughput(args, count):
             time.sleep(0.05)
         elapsed = time.monotonic() - start
         time.sleep(1.1)
-        after = commits(args.admin, cluster.database)
+        after = commits(args.admin, cluster.database) if with_cluster else 0
         per_node = [len(cluster.outbox(k)) for k in range(count)]
-        print(json.dumps({"part": "opqueued", "nodes": count, "jobs": args.jobs, "ended": done, "perNode": per_node,
+        print(json.dumps({"part": "opqueued" if with_cluster else "opqueued-spool-alone", "nodes": count, "jobs": args.jobs, "ended": done, "perNode": per_node,
                           "seconds": round(elapsed, 3), "jobsPerSecond": round(done / elapsed, 1),
-                          "commitsPerJob": round((after - before) / max(done, 1), 3),
+                          "commitsPerJob": round((after - before) / max(done, 1), 3) if with_cluster else None,
                           "includes": "inbox rename -> validate -> insert -> claim -> run -> publish, fsyncs on"}), flush=True)
     finally:
         cluster.close()
@@ -252,9 +261,13 @@ def main():
     parser.add_argument("--jobs", type=int, default=10000)
     parser.add_argument("--samples", type=int, default=200)
     parser.add_argument("--lease", type=int, default=5)
+    parser.add_argument("--spool-alone", action="store_true", help="only the figure without a cluster")
     args = parser.parse_args()
     if not os.path.exists(args.bin + "/opqueued"):
         raise SystemExit(f"no {args.bin}/opqueued: swift build -c release first")
+    throughput(args, 1, with_cluster=False)
+    if args.spool_alone:
+        return
     for count in (1, 2):
         throughput(args, count)
     pickup(args)

@@ -10,7 +10,7 @@
 #              kill -9 of the node running a job -> running on the other (bench/cluster/opqueued.py)
 #
 #   bench/cluster/run.sh [PARTS...]      PARTS: floor anchors opqueued (default: all three)
-#   JOBS=10000 SAMPLES=200 BIN=.build/release bench/cluster/run.sh
+#   JOBS=10000 SAMPLES=200 BIN=.build/release OPQUEUED_ARGS=--spool-alone bench/cluster/run.sh opqueued
 #
 # Prints one JSON line per figure; the whole output is also kept in .build-bench/cluster-<time>.txt. Needs root
 # (initdb runs as the `postgres` user) and Debian's postgresql (make deps).
@@ -116,7 +116,7 @@ anchors() {
 # --- opqueued -----------------------------------------------------------------------------------------------------
 opqueued() {
   python3 "$ROOT/bench/cluster/opqueued.py" --bin "$BIN" --base "$BASE" --admin "$BASE/postgres" --jobs "$JOBS" \
-    --samples "$SAMPLES" --pgbin "$PGBIN"
+    --samples "$SAMPLES" --pgbin "$PGBIN" ${OPQUEUED_ARGS:-}
 }
 
 for part in $PARTS; do
