@@ -78,8 +78,15 @@ struct ClusterTests {
         #expect(submittedID == submitted)
         jobs.insert(submittedID)
 
+        // The same requested id on both nodes: ids are unique across the cluster (SPEC §2's `.1` rule).
+        let twin = uniqueJob("twin")
+        try harness[0].drop("twin-a.plist", sleepJob(twin, 0))
+        try harness[1].drop("twin-b.plist", sleepJob(twin, 0))
+
         #expect(harness.waitAll(jobs, timeout: 60).isEmpty)
+        #expect(harness.waitAll([twin, twin + ".1"], timeout: 20).isEmpty, "both twins end, under two ids")
         let outboxes = harness.outboxJobs()
+        #expect(outboxes[twin]?.count == 1 && outboxes[twin + ".1"]?.count == 1)
         var ranOn: Set<String> = []
         for job in jobs {
             #expect(outboxes[job]?.count == 1, "\(job) in outboxes \(outboxes[job] ?? [])")
@@ -118,6 +125,57 @@ struct ClusterTests {
             #expect(claimed.first.flatMap { $0["MESSAGE_ID"] }?.count == 32)
         }
         #expect(try !harness.journal(node: 0).isEmpty && !harness.journal(node: 1).isEmpty)
+        // Every entry a node logs carries OPQ_NODE (SPEC §4, §8).
+        for job in jobs.prefix(4) {
+            let story = try harness.journal(["OPQ_JOB": job])
+            #expect(!story.isEmpty)
+            #expect(story.allSatisfy { $0["OPQ_NODE"].map { harness.index(of: $0) != nil } == true })
+        }
+    }
+
+    // MARK: 7. sharedOutbox
+
+    @Test func sharedOutboxHoldsEveryResultOnce() throws {
+        let shared = NSTemporaryDirectory() + "opq-shared-" + uniqueJob("outbox")
+        try FileManager.default.createDirectory(atPath: shared, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: shared) }
+        let harness = try ClusterHarness(nodes: 2, clusterSettings: { _ in ["sharedOutbox": shared] })
+        var jobs: Set<String> = []
+        for i in 0..<8 {
+            let job = uniqueJob("shared-\(i)")
+            jobs.insert(job)
+            try harness[i % 2].drop(job + ".plist", sleepJob(job, 0.2))
+        }
+        let rejected = uniqueJob("shared-rejected")
+        try harness[1].drop(rejected + ".plist", ["job": rejected, "operations": [["id": "x", "kind": "teleport"]]])
+        jobs.insert(rejected)
+        let published = pollUntil(40) { () -> Set<String>? in
+            let names = Set(((try? FileManager.default.contentsOfDirectory(atPath: shared)) ?? []).filter { !$0.hasPrefix(".") })
+            return jobs.isSubset(of: names) ? names : nil
+        }
+        #expect(published == jobs, "every job, the rejected one too, under sharedOutbox and nothing else")
+        #expect(harness.outboxJobs().isEmpty, "nothing in the nodes' own outboxes")
+        for job in jobs {
+            let data = FileManager.default.contents(atPath: shared + "/" + job + "/result.plist")
+            let result = data.flatMap { try? PropertyListSerialization.propertyList(from: $0, format: nil) as? [String: Any] }
+            #expect(result?["status"] as? String == (job == rejected ? "rejected" : "succeeded"))
+            if job != rejected { #expect((result?["node"] as? String).flatMap { harness.index(of: $0) } != nil) }
+        }
+    }
+
+    // MARK: 8. sslmode
+
+    @Test func sslModeRequireIsHonoured() throws {
+        // The throwaway server has no TLS: a node told `sslmode=require` must not fall back to plain text.
+        let harness = try ClusterHarness(nodes: 1, start: false)
+        var section = harness[0].settings["cluster"] as? [String: Any] ?? [:]
+        section["database"] = harness.url.replacingOccurrences(of: "sslmode=disable", with: "sslmode=require")
+        harness[0].settings["cluster"] = section
+        try harness[0].start()
+        #expect(try harness.waitJournal(["OPQ_NODE": harness[0].name, "OPQ_EVENT": "cluster", "OPQ_STATE": "disconnected"]) != nil)
+        usleep(2_000_000)
+        #expect(try harness.journal(node: 0, ["OPQ_EVENT": "cluster", "OPQ_STATE": "connected"]).isEmpty, "connected without TLS")
+        #expect(try harness.sql("SELECT count(*) FROM pg_stat_activity WHERE usename = '\(harness.role)'") == "0")
     }
 
     // MARK: 4. Leases: kill -9
