@@ -371,6 +371,35 @@ struct ClusterTests {
         #expect(harness.waitResult(waiting, timeout: 20)?.node == 0)
     }
 
+    // MARK: 3. Claim order: QoS, then queuePriority, then submission order
+
+    @Test func jobsAreClaimedByQoSThenPriorityThenSubmissionOrder() throws {
+        // `ordered` lives on node 1 only, one job at a time; node 1 is down while the jobs are submitted on node 0.
+        let harness = try ClusterHarness(nodes: 2, settings: { k in
+            k == 1 ? ["queues": ["ordered": ["maxConcurrentOperationCount": 1, "qualityOfService": "background"]]] : [:]
+        }, clusterSettings: { k in k == 1 ? ["jobSlots": 1] : [:] })
+        harness[1].stop()
+        let specs: [(String, String, String)] = [("j1", "utility", "normal"), ("j2", "userInitiated", "low"), ("j3", "utility", "high"),
+                                                 ("j4", "userInitiated", "low"), ("j5", "background", "veryHigh")]
+        let prefix = uniqueJob("order")
+        for (name, qos, priority) in specs {
+            try harness[0].drop(name + ".plist", ["job": "\(prefix)-\(name)", "qualityOfService": qos, "queuePriority": priority,
+                                                  "operations": [sleepOperation("a", 0.2, queue: "ordered")]])
+            usleep(50_000) // submission order is the order of the inserts
+        }
+        let waiting = try pollUntil(20) { try harness.sql("SELECT count(*) FROM opq_jobs WHERE id LIKE '\(prefix)-%' AND state = 'waiting'") == "5" ? true : nil }
+        #expect(waiting != nil, "all five inserted and waiting for the node that declares `ordered`")
+        try harness[1].start()
+        let ids = specs.map { "\(prefix)-\($0.0)" }
+        #expect(harness.waitAll(Set(ids), timeout: 40).isEmpty)
+        let started = ids.compactMap { id -> (String, Double)? in
+            guard let k = harness.outboxes(holding: id).first,
+                  let start = (harness[k].result(id)?["operations"] as? [[String: Any]])?.first?["startedAt"] as? Double else { return nil }
+            return (id, start)
+        }.sorted { $0.1 < $1.1 }.map(\.0)
+        #expect(started == ["j2", "j4", "j3", "j1", "j5"].map { "\(prefix)-\($0)" })
+    }
+
     // MARK: 5. clusterMaxConcurrentOperationCount
 
     @Test func clusterLimitIsNeverExceeded() throws {
