@@ -29,9 +29,18 @@ func epochNow() -> Double { Date().timeIntervalSince1970 }
 
 /// The greatest number of [start, end) intervals open at one instant.
 func maxOverlap(_ intervals: [(start: Double, end: Double)]) -> Int {
-    let events = intervals.flatMap { [($0.start, 1), ($0.end, -1)] }.sorted { $0.0 < $1.0 || ($0.0 == $1.0 && $0.1 < $1.1) }
+    var events: [(time: Double, step: Int)] = []
+    for interval in intervals {
+        events.append((interval.start, 1))
+        events.append((interval.end, -1))
+    }
+    // An end and a start at the same instant do not overlap: ends first.
+    events.sort { a, b in a.time != b.time ? a.time < b.time : a.step < b.step }
     var open = 0, most = 0
-    for (_, step) in events { open += step; most = max(most, open) }
+    for event in events {
+        open += event.step
+        most = max(most, open)
+    }
     return most
 }
 
@@ -261,7 +270,7 @@ struct ClusterTests {
         for k in 0..<2 {
             let reconnected = try pollUntil(15) {
                 try harness.journal(node: k, ["OPQ_EVENT": "cluster", "OPQ_STATE": "connected"]).contains {
-                    ($0["__REALTIME_TIMESTAMP"].flatMap(Double.init) ?? 0) / 1e6 >= restartedAt.timeIntervalSince1970 - 1
+                    ($0["__REALTIME_TIMESTAMP"].flatMap { Double($0) } ?? 0) / 1e6 >= restartedAt.timeIntervalSince1970 - 1
                 } ? true : nil
             }
             #expect(reconnected != nil, "node \(k) logged connected after the restart (retries at most 5 s apart)")
@@ -319,8 +328,8 @@ struct ClusterTests {
         // Every node shows it suspended within about a second.
         for k in 0..<2 {
             let seen = try pollUntil(3) { () -> Bool? in
-                let queues = try harness[k].statusJSON()["queues"] as? [[String: Any]] ?? []
-                return queues.contains { $0["name"] as? String == "api" && $0["suspended"] as? Bool == true } ? true : nil
+                let list = try harness[k].statusJSON()["queues"] as? [[String: Any]] ?? []
+                return list.contains { $0["name"] as? String == "api" && $0["suspended"] as? Bool == true } ? true : nil
             }
             #expect(seen != nil, "node \(k) follows the suspension")
         }
@@ -396,7 +405,7 @@ struct ClusterTests {
             guard let k = harness.outboxes(holding: id).first,
                   let start = (harness[k].result(id)?["operations"] as? [[String: Any]])?.first?["startedAt"] as? Double else { return nil }
             return (id, start)
-        }.sorted { $0.1 < $1.1 }.map(\.0)
+        }.sorted { $0.1 < $1.1 }.map { $0.0 }
         #expect(started == ["j2", "j4", "j3", "j1", "j5"].map { "\(prefix)-\($0)" })
     }
 

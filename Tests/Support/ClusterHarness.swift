@@ -38,8 +38,8 @@ public func runProgram(_ program: String, _ arguments: [String], environment: [S
                        timeout: Double = 30) throws -> ProgramResult {
     let base = NSTemporaryDirectory() + "opq-run-\(getpid())-\(UInt64.random(in: 1...UInt64.max))"
     defer { unlink(base + ".out"); unlink(base + ".err") }
-    FileManager.default.createFile(atPath: base + ".out", contents: nil)
-    FileManager.default.createFile(atPath: base + ".err", contents: nil)
+    _ = FileManager.default.createFile(atPath: base + ".out", contents: nil)
+    _ = FileManager.default.createFile(atPath: base + ".err", contents: nil)
     let process = Process()
     process.executableURL = URL(fileURLWithPath: program.hasPrefix("/") ? program : binariesFolder + "/" + program)
     process.arguments = arguments
@@ -58,7 +58,7 @@ public func runProgram(_ program: String, _ arguments: [String], environment: [S
 }
 
 /// Polls `condition` every 20 ms until it returns a value or `timeout` seconds pass.
-public func waitFor<T>(_ timeout: Double, _ condition: () throws -> T?) rethrows -> T? {
+public func pollUntil<T>(_ timeout: Double, _ condition: () throws -> T?) rethrows -> T? {
     let deadline = Date().addingTimeInterval(timeout)
     repeat {
         if let value = try condition() { return value }
@@ -109,7 +109,7 @@ public final class ClusterNode: @unchecked Sendable {
     public func launch() throws {
         try FileManager.default.createDirectory(atPath: spool + "/inbox", withIntermediateDirectories: true)
         try propertyListData(settings).write(to: URL(fileURLWithPath: configPath))
-        if !FileManager.default.fileExists(atPath: logPath) { FileManager.default.createFile(atPath: logPath, contents: nil) }
+        if !FileManager.default.fileExists(atPath: logPath) { _ = FileManager.default.createFile(atPath: logPath, contents: nil) }
         let log = try FileHandle(forWritingTo: URL(fileURLWithPath: logPath))
         log.seekToEndOfFile()
         let process = Process()
