@@ -95,6 +95,8 @@ class Cluster:
         node = self.nodes[k]
         deadline = time.time() + timeout
         while time.time() < deadline:
+            if node["process"].poll() is not None:
+                break
             s = socket.socket(socket.AF_UNIX)
             try:
                 s.connect(node["spool"] + "/opqueued.sock")
@@ -103,7 +105,10 @@ class Cluster:
                 time.sleep(0.05)
             finally:
                 s.close()
-        raise SystemExit(f"node {node['name']} not ready; its log: {node['log']}")
+        with open(node["log"]) as f:
+            tail = f.read()[-600:]
+        self.close()
+        raise SystemExit(f"node {node['name']} not ready (exit {node['process'].poll()}); its log ends: {tail}")
 
     def kill9(self, k):
         process = self.nodes[k]["process"]
@@ -174,7 +179,8 @@ def throughput(args, count, with_cluster=True):
         print(json.dumps({"part": "opqueued" if with_cluster else "opqueued-spool-alone", "nodes": count, "jobs": args.jobs, "ended": done, "perNode": per_node,
                           "seconds": round(elapsed, 3), "jobsPerSecond": round(done / elapsed, 1),
                           "commitsPerJob": round((after - before) / max(done, 1), 3) if with_cluster else None,
-                          "includes": "inbox rename -> validate -> insert -> claim -> run -> publish, fsyncs on"}), flush=True)
+                          "includes": ("inbox rename -> validate -> insert -> claim -> run -> publish, fsyncs on" if with_cluster
+                                       else "inbox rename -> claim -> validate -> run -> publish, fsyncs on")}), flush=True)
     finally:
         cluster.close()
 
