@@ -133,8 +133,16 @@ public final class ClusterNode: @unchecked Sendable {
         try waitReady(timeout: timeout)
     }
 
+    /// Waits until the daemon is ready; throws at once (with the end of its log) if it exits first.
     public func waitReady(timeout: Double = 30) throws {
-        guard pollUntil(timeout, { isReady ? true : nil }) != nil else {
+        let ready = try pollUntil(timeout) { () -> Bool? in
+            if isReady { return true }
+            if let process, !process.isRunning {
+                throw SupportFailure("node \(name) exited with status \(process.terminationStatus) before it was ready; its log ends:\n\(logTail())")
+            }
+            return nil
+        }
+        guard ready != nil else {
             throw SupportFailure("node \(name) did not become ready in \(timeout) s (running: \(isRunning)); its log ends:\n\(logTail())")
         }
     }
