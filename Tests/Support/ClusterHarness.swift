@@ -222,10 +222,16 @@ public final class ClusterNode: @unchecked Sendable {
         return (try? PropertyListSerialization.propertyList(from: data, format: nil)) as? [String: Any]
     }
 
-    /// The last `lines` lines of the daemon's output log.
+    /// The last `lines` lines of the daemon's output log, and (journal target) of what its last process sent to
+    /// the journal.
     public func logTail(_ lines: Int = 30) -> String {
         let text = (try? String(contentsOfFile: logPath, encoding: .utf8)) ?? ""
-        return text.split(separator: "\n", omittingEmptySubsequences: false).suffix(lines).joined(separator: "\n")
+        var tail = text.split(separator: "\n", omittingEmptySubsequences: false).suffix(lines).joined(separator: "\n")
+        if logTarget == "journal", let pid,
+           let journal = try? runProgram("/usr/bin/journalctl", ["_PID=\(pid)", "-t", "opqueued", "-o", "cat", "-n", "\(lines)", "--no-pager", "-q"]) {
+            tail += journal.stdout
+        }
+        return tail
     }
 
     deinit {
