@@ -16,6 +16,7 @@
 # (initdb runs as the `postgres` user) and Debian's postgresql (make deps).
 
 set -euo pipefail
+export PYTHONDONTWRITEBYTECODE=1   # no __pycache__ beside the scripts
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 PARTS=${*:-floor anchors opqueued}
 JOBS=${JOBS:-10000}
