@@ -42,6 +42,7 @@ let package = Package(
                 "CShims",
                 "CCodecs",
                 "CCurl",
+                "ClusterStore",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "DequeModule", package: "swift-collections"),
                 .product(name: "HeapModule", package: "swift-collections"),

@@ -1,8 +1,10 @@
-// Daemon: ties the spool, the manifests, the engine and the journal together.
+// Daemon: the shell that wires the spool, the job store, the engine and the journal around the job lifecycle.
 //
-// Strategy: spool changes (claims, publications) run on one serial dispatch queue, in order; the
-// engine runs operations on its own threads; the engine's event batches (one delivery thread) are
-// turned into journal entries and progress records. Job tables are behind one lock.
+// Strategy: what happens to a job is decided by `JobLifecycle` (Lifecycle/JobLifecycle.swift, a pure state
+// machine kept under `lock`); this file performs its actions: spool changes (claims, publications) on one serial
+// dispatch queue, `work`, in order; operations on the engine's threads; the engine's event batches (one delivery
+// thread) turned into journal entries and progress records. Which jobs this node runs, and whether an end may be
+// published, is the `JobStore`'s to say (Stores/JobStore.swift: the file spool alone, or a cluster).
 // At most `maxActiveJobs` jobs are claimed at once, and none while they hold `maxActiveOperations`
 // operations; the rest waits in the inbox (bounded memory: at most that budget plus one manifest's
 // operations, ManifestLimits.maxOperations, are ever in memory).
@@ -16,10 +18,12 @@ import OperationEngine
 import PropertyList
 import CShims
 
+/// What the shell keeps of a job beside the lifecycle's record: its plan and the engine's view of it.
 final class RunningJob: @unchecked Sendable {
     let claimed: ClaimedJob
+    /// Set on `work` before the lifecycle hears `planned`; grown (photo lists) under the daemon's lock.
     var plan: JobPlan?
-    var group: GroupID?
+    /// Operation id → index in the group; complete once the lifecycle has heard `planned`.
     var operationIndex: [String: Int] = [:]
     /// Operations that had succeeded before a restart: not run (or, in `recomputed`, run again for
     /// their output), not logged again.
@@ -27,15 +31,6 @@ final class RunningJob: @unchecked Sendable {
     /// Filters that had succeeded before a restart and are computed again (their output was in memory):
     /// only a failure is logged.
     var recomputed: Set<Int> = []
-    var rejection: [String] = []
-    /// Cancels asked for while the job was being accepted (nil: the whole job), applied once its group
-    /// exists. Under the daemon's lock, with `group` and `rejection`.
-    var cancelsBeforeGroup: [String?] = []
-    var finishing = false
-    /// Operations counted against `maxActiveOperations` while the job is active.
-    var countedOperations = 0
-    /// Operations that have ended in this run (for status' progress; under the daemon's lock).
-    var endedOperations = 0
 
     init(claimed: ClaimedJob) { self.claimed = claimed }
     var id: String { claimed.id }
@@ -43,11 +38,14 @@ final class RunningJob: @unchecked Sendable {
 
 public final class Daemon: @unchecked Sendable {
     public let spool: Spool
+    /// Which jobs this node runs and whether their ends may be published (SpoolJobStore: all of them).
+    public let store: any JobStore
     let logger: Logger
     let configPath: String?
     private(set) var configuration: Configuration
     let engine: Engine
     private let sink: EventSink
+    private let storeEvents = StoreEvents()
     private let once: Bool
     /// Counters and histograms (SPEC §6); the gauges are read from `status()` when scraped.
     public let metrics = DaemonMetrics()
@@ -57,24 +55,22 @@ public final class Daemon: @unchecked Sendable {
     private let hooks: JobHooks
 
     private let lock = NSLock()
-    /// Held while a group is submitted and registered in `byGroup`; `deliver` passes through it first,
+    /// Held while a group is submitted and registered with the lifecycle; `deliver` passes through it first,
     /// so a batch holding the group's first events waits for its registration. (`lock` itself is not
     /// held across a submission: `status` would wait for a million-operation graph to be adopted.)
     private let registering = NSLock()
-    private var jobs: [String: RunningJob] = [:]
-    /// Operations of the jobs in `jobs` (their plans), against `maxActiveOperations`.
-    private var activeOperations = 0
+    /// The jobs' lifecycle (under `lock`): phases, cancels, operation counts, admission.
+    private var lifecycle: JobLifecycle<GroupID>
+    /// The shell's side of each job in the lifecycle's table (under `lock`).
+    private var runs: [String: RunningJob] = [:]
     /// Operations released since memory was last given back (`releaseMemoryIfIdle`, on `work`).
     private var releasedSinceTrim = 0
     private var lastTrim = 0.0
     private var trimScheduled = false
-    private var byGroup: [GroupID: RunningJob] = [:]
     private var queueIDs: [String: QueueID] = [:]
     private let defaultQueue: QueueID
     private var closedHints: Set<String> = []
     private var strangersLogged: Set<String> = []
-    private var stopping = false
-    private var onceNames: Set<String>?
     private var finishedWaiters: [@Sendable () -> Void] = []
     /// Inbox names from the last scan not yet tried, oldest first (on `work`).
     private var inboxQueue = Deque<String>()
@@ -84,16 +80,17 @@ public final class Daemon: @unchecked Sendable {
     private var waiting = 0
     /// Jobs whose outbox entries are to be published together (on `work`).
     private var publications: [Publication] = []
-    /// A spool fault (file system full, no descriptors left, read-only folder, I/O error): while it lasts
-    /// nothing is claimed and publications wait in `stalled`; both are retried until the spool works again.
-    /// On `work`; `faultReason` mirrors it under `lock` for status.
+    /// A spool fault (file system full, no descriptors left, read-only folder, I/O error) or the job store
+    /// unavailable: while it lasts nothing is claimed and publications wait in `stalled`; both are retried
+    /// until the spool (and store) work again. On `work`; the lifecycle holds its reason for admission and status.
     private var fault: (what: String, since: Double)?
-    private var faultReason: String?
     private var stalled: [Publication] = []
     private var faultRetryScheduled = false
     /// Retries while the spool is faulty back off from the first to the last of these delays.
     static let faultRetryDelays = [0.25, 0.5, 1, 2]
     private var faultRetries = 0
+    /// Whether the 1 s `store.want(room:)` timer is scheduled (on `work`).
+    private var wantScheduled = false
 
     struct Publication {
         let job: RunningJob
@@ -118,6 +115,8 @@ public final class Daemon: @unchecked Sendable {
     static let scanBatch = 4096
     /// While jobs keep the daemon busy, the inbox is read again at most this often.
     static let rescanInterval = 2.0
+    /// When the inbox's manifests go to the store rather than run here (a cluster), at most this many per round.
+    static let handOverBatch = 256
 
     /// Claims and publications, in order.
     let work = DispatchQueue(label: "opqueued.spool")
@@ -130,12 +129,16 @@ public final class Daemon: @unchecked Sendable {
     private var busy: Set<String> = []
     private var leaseFallbackLogged = false
 
-    public init(spool: Spool, configuration: Configuration, configPath: String?, logger: Logger, once: Bool = false) {
+    /// `store`: where jobs come from and where their ends are recorded; the file spool alone by default.
+    public init(spool: Spool, configuration: Configuration, configPath: String?, logger: Logger, once: Bool = false,
+                store: (any JobStore)? = nil) {
         self.spool = spool
+        self.store = store ?? SpoolJobStore(spool: spool)
         self.configuration = configuration
         self.configPath = configPath
         self.logger = logger
         self.once = once
+        lifecycle = JobLifecycle(maxActiveJobs: configuration.maxActiveJobs, maxActiveOperations: configuration.maxActiveOperations)
         hooks = JobHooks(spool: spool) { [logger] job, message in
             logger.error("job \(job): \(message)", metadata: ["OPQ_JOB": .string(job), "OPQ_ERROR": .string(message)])
         }
@@ -149,11 +152,18 @@ public final class Daemon: @unchecked Sendable {
             queueIDs[name] = engine.addQueue(named: name, maxConcurrentOperationCount: q.maxConcurrentOperationCount,
                                              qualityOfService: q.qualityOfService, isSuspended: q.suspended)
         }
+        storeEvents.daemon = self
+        self.store.delegate = storeEvents
+    }
+
+    /// Feeds the lifecycle one event (under `lock`).
+    private func handle(_ event: JobLifecycle<GroupID>.Event) -> [JobLifecycle<GroupID>.Action] {
+        lock.withLock { lifecycle.handle(event) }
     }
 
     // MARK: Start, scan, claim
 
-    /// Resumes what a previous run left in active/, then claims from the inbox.
+    /// Resumes what a previous run left in active/ (those the store says this node still holds), then claims.
     public func start() {
         work.sync {
             let recovered: [ClaimedJob], problems: [String]
@@ -168,18 +178,17 @@ public final class Daemon: @unchecked Sendable {
             let leftovers = CommandLedger.shared.open(spool.active + "/.commands")
             if !leftovers.isEmpty { logger.notice("killed \(leftovers.count) command process groups left running by the previous run: \(leftovers.map(String.init).joined(separator: ", "))") }
             hooks.recover(lock.withLock { configuration.jobFinished.flatMap { configuration.commands[$0] } })
-            for claimed in recovered {
+            for claimed in store.recovered(recovered) {
                 // Commands that were running at the crash start again in an empty scratch folder.
                 removeTree(CommandOperation.workFolder(spool.outputFolder(job: claimed.id)))
-                accept(claimed, resumed: true)
+                accept(claimed, .resumed, configuration: lock.withLock { configuration })
             }
             if once {
-                lock.lock()
                 // Only what is there now; a file that cannot be claimed is not waited for.
                 let names = (try? spool.scanInbox(limit: Int.max).manifests) ?? []
-                onceNames = Set(names.filter { spool.age(of: $0, now: 0) != nil })
-                lock.unlock()
+                _ = handle(.once(names: Set(names.filter { spool.age(of: $0, now: 0) != nil })))
             }
+            offerRoom()
         }
     }
 
@@ -197,10 +206,22 @@ public final class Daemon: @unchecked Sendable {
         }
     }
 
-    private var activeCount: Int {
-        lock.lock()
-        defer { lock.unlock() }
-        return jobs.count
+    /// On `work`: tells the store how many more jobs could run here (a cluster store claims that many); while
+    /// there is room, again within a second.
+    private func offerRoom() {
+        guard !store.inboxRunsHere else { return }
+        let room: Int
+        switch lock.withLock({ lifecycle.admission }) {
+        case .room(let jobs, _): room = jobs
+        case .full, .stopping, .paused: return
+        }
+        store.want(room: room)
+        guard !wantScheduled else { return }
+        wantScheduled = true
+        work.asyncAfter(deadline: .now() + 1) { [self] in
+            wantScheduled = false
+            offerRoom()
+        }
     }
 
     /// On `work`: reads the inbox again, keeping the oldest names.
@@ -224,15 +245,19 @@ public final class Daemon: @unchecked Sendable {
         for (from, to) in scan.renamed { logger.notice("inbox/\(from) was renamed inbox/\(to): its name is not UTF-8") }
     }
 
-    /// On `work`: claims while there is room, then commits the claims together and accepts them.
+    /// On `work`: claims while the lifecycle admits more, then commits the claims together and accepts them
+    /// (or, when the store places jobs itself, hands them to it).
     private func claimMore() {
-        lock.lock()
-        let room = configuration.maxActiveJobs - jobs.count
-        let budget = configuration.maxActiveOperations - activeOperations
-        let isStopping = stopping
-        let onlyThese = onceNames
-        lock.unlock()
-        guard room > 0, budget > 0, !isStopping, fault == nil else { return }
+        let runsHere = store.inboxRunsHere
+        var room: Int, budget: Int
+        switch lock.withLock({ lifecycle.admission }) {
+        case .room(let jobs, let operations): (room, budget) = (jobs, operations)
+        case .full: (room, budget) = (0, 0)
+        case .stopping, .paused: return
+        }
+        // Manifests that go to the store do not wait for room here.
+        if !runsHere { (room, budget) = (Self.handOverBatch, Int.max) }
+        guard room > 0, budget > 0 else { return }
         // Operations the claimed manifests may hold, before they are parsed: no operation takes fewer
         // than this many bytes in either format.
         var mayHold = 0
@@ -245,17 +270,24 @@ public final class Daemon: @unchecked Sendable {
                 return
             }
         }
+        let onlyThese = once
         var claimed: [ClaimedJob] = []
         var settling: [String] = []
         while claimed.count < room, mayHold < budget, let name = inboxQueue.popFirst() {
-            if let onlyThese, !onlyThese.contains(name) { continue }
-            if onlyThese != nil { lock.withLock { _ = onceNames?.remove(name) } }
+            if onlyThese {
+                let allowed = lock.withLock {
+                    guard lifecycle.onceAllows(name) else { return false }
+                    _ = lifecycle.handle(.onceTried(name: name))
+                    return true
+                }
+                guard allowed else { continue }
+            }
             lock.lock()
             let hinted = closedHints.remove(name) != nil
             lock.unlock()
             // Used only where no lease can be had: not announced by inotify and still fresh, it may be
             // being written in place. (Not a regular file: `claim` says why it is left alone.)
-            let settled = hinted || onlyThese != nil || (spool.age(of: name, now: now) ?? Self.settleSeconds) >= Self.settleSeconds
+            let settled = hinted || onlyThese || (spool.age(of: name, now: now) ?? Self.settleSeconds) >= Self.settleSeconds
             do {
                 let changedAt = spool.changeTime(of: name)
                 switch try spool.claim(name, now: Date().timeIntervalSince1970, settled: settled) {
@@ -300,29 +332,62 @@ public final class Daemon: @unchecked Sendable {
                 spoolFailed("committing \(claimed.count) claims (they run, and are recovered from active/ after a restart if the disk kept them)", error)
             }
             lock.withLock { waiting = max(0, waiting - claimed.count) }
-            // Each tree read at claim is let go as its job is accepted.
-            for i in claimed.indices {
-                let job = claimed[i]
-                claimed[i].tree = nil
-                accept(job, resumed: false)
-            }
+            receiveFromInbox(claimed)
         }
         checkOnceDone()
     }
 
-    /// On `work`: validates a claimed job and runs it, or rejects it.
-    private func accept(_ claimed: ClaimedJob, resumed: Bool) {
+    /// On `work`: manifests just claimed from the inbox. Each is read against the store's submission
+    /// configuration; one with problems is rejected here (published locally); the others go to the store,
+    /// and those it returns run here with the plans just made.
+    private func receiveFromInbox(_ claimed: [ClaimedJob]) {
+        let config = store.submissionConfiguration(lock.withLock { configuration })
+        var accepted: [ClaimedJob] = []
+        var plans: [String: (RunningJob, JobPlan)] = [:]
+        for var job in claimed {
+            // Each tree read at claim is let go as its job is read.
+            let tree = job.tree ?? ManifestTree(job.manifest)
+            job.tree = nil
+            guard let (run, plan) = receive(job, .inbox(manifest: job.manifestName), tree: tree, configuration: config) else { continue }
+            plans[job.id] = (run, plan)
+            accepted.append(job)
+        }
+        guard !accepted.isEmpty else { return }
+        let runHere = store.submit(accepted)
+        var handedOver = Set(plans.keys)
+        for job in runHere {
+            guard let (run, plan) = plans[job.id] else { continue }
+            handedOver.remove(job.id)
+            start(run, plan, configuration: config)
+        }
+        for id in handedOver {
+            lock.withLock {
+                runs[id] = nil
+                _ = lifecycle.handle(.handedOver(job: id))
+            }
+        }
+    }
+
+    /// On `work`: a job resumed from active/ or claimed for this node by the store: read against the local
+    /// configuration and run, or rejected.
+    private func accept(_ claimed: ClaimedJob, _ arrival: JobLifecycle<GroupID>.Arrival, configuration config: Configuration) {
         var claimed = claimed
         let tree = claimed.tree ?? ManifestTree(claimed.manifest)
         claimed.tree = nil
-        let job = RunningJob(claimed: claimed)
-        if !resumed {
-            event(.info, "job \(claimed.id) received from inbox/\(claimed.manifestName)", ["OPQ_EVENT": "job", "OPQ_STATE": "received", "OPQ_JOB": claimed.id])
+        guard let (run, plan) = receive(claimed, arrival, tree: tree, configuration: config) else { return }
+        start(run, plan, configuration: config)
+    }
+
+    /// On `work`: enters a job into the lifecycle and reads its manifest; returns its plan, or nil when it was
+    /// rejected (its result is then queued for publication).
+    private func receive(_ claimed: ClaimedJob, _ arrival: JobLifecycle<GroupID>.Arrival, tree: ManifestTree,
+                         configuration config: Configuration) -> (RunningJob, JobPlan)? {
+        let run = RunningJob(claimed: claimed)
+        let actions = lock.withLock {
+            runs[claimed.id] = run
+            return lifecycle.handle(.received(job: claimed.id, arrival))
         }
-        lock.lock()
-        jobs[claimed.id] = job
-        let config = configuration
-        lock.unlock()
+        perform(actions)
         var problems: [String] = []
         var parsed: JobPlan?
         switch Manifest.parse(tree, configuration: config) {
@@ -333,44 +398,34 @@ public final class Daemon: @unchecked Sendable {
             problems.append("job: '\(clipped(asked))' is not a valid job id")
         }
         guard problems.isEmpty, let plan = parsed else {
-            lock.withLock { job.rejection = problems }
-            event(.error, "job \(claimed.id) rejected: \(problems.joined(separator: "; "))",
-                  ["OPQ_EVENT": "job", "OPQ_STATE": "rejected", "OPQ_JOB": claimed.id, "OPQ_STATUS": "rejected", "OPQ_ERROR": problems.joined(separator: "\n")])
-            enqueuePublication(Publication(job: job, status: "rejected", error: problems.joined(separator: "\n"), records: []))
-            return
+            perform(handle(.rejected(job: claimed.id, problems: problems, error: problems.joined(separator: "\n"))), for: run)
+            return nil
         }
-        lock.withLock {
-            job.plan = plan
-            job.countedOperations = plan.operations.count
-            activeOperations += plan.operations.count
-        }
-        let graph = buildGraph(job, plan.operations, base: 0, configuration: config)
-        event(.info, "job \(claimed.id) accepted: \(plan.operations.count) operations", ["OPQ_EVENT": "job", "OPQ_STATE": "accepted", "OPQ_JOB": claimed.id])
+        return (run, plan)
+    }
+
+    /// On `work`: builds a read job's graph and submits it to the engine.
+    private func start(_ run: RunningJob, _ plan: JobPlan, configuration config: Configuration) {
+        let claimed = run.claimed
+        run.plan = plan
+        let graph = buildGraph(run, plan.operations, base: 0, configuration: config)
+        let actions = handle(.planned(job: claimed.id, operations: plan.operations.count, recovered: run.recovered.count))
+        perform(actions)
+        guard actions.contains(.submit(job: claimed.id)) else { return }
         // Registered before events can be delivered for the group (see `registering`).
         registering.lock()
         do {
             let deadline = plan.timeoutSeconds.map { max(0.001, $0 - (Date().timeIntervalSince1970 - claimed.receivedAt)) }
             let group = try engine.submit(graph, qualityOfService: plan.qualityOfService, deadline: deadline, keepOutputs: false)
-            let early = lock.withLock {
-                job.group = group
-                byGroup[group] = job
-                defer { job.cancelsBeforeGroup = [] }
-                return job.cancelsBeforeGroup
-            }
+            let early = handle(.submitted(job: claimed.id, group: group))
             registering.unlock()
-            for operation in early {
-                if cancel(job, group: group, operation: operation) == .unknownOperation {
-                    logger.warning("job \(claimed.id): cancel of operation '\(clipped(operation ?? ""))' ignored: the job has no such operation")
-                }
-            }
+            perform(early)
         } catch {
-            lock.withLock { job.rejection = error.problems }
             registering.unlock()
-            event(.error, "job \(claimed.id) rejected: \(error.problems.joined(separator: "; "))",
-                  ["OPQ_EVENT": "job", "OPQ_STATE": "rejected", "OPQ_JOB": claimed.id, "OPQ_STATUS": "rejected", "OPQ_ERROR": error.description])
-            enqueuePublication(Publication(job: job, status: "rejected", error: error.description, records: []))
+            perform(handle(.rejected(job: claimed.id, problems: error.problems, error: error.description)), for: run)
         }
     }
+
 
     /// The engine's operations for `operations`, numbered from `base` in the job's group.
     /// Called with the job registered (`operationIndex` is updated here).
@@ -453,18 +508,69 @@ public final class Daemon: @unchecked Sendable {
         return graph
     }
 
+
     /// Adds operations to a running job (the photo list of `photosURL`); they are logged like the others.
     private func expand(_ job: RunningJob, with operations: [OperationPlan], configuration: Configuration) throws {
         lock.lock()
         defer { lock.unlock() }
-        guard let group = job.group, var plan = job.plan else { throw KindFailure(description: "the job has ended") }
+        guard lifecycle.phase(of: job.id) == .running, runs[job.id] === job, let group = lifecycle.group(of: job.id), var plan = job.plan else {
+            throw KindFailure(description: "the job has ended")
+        }
         let base = plan.operations.count
+        let recoveredBefore = job.recovered.count
         let graph = buildGraph(job, operations, base: base, configuration: configuration)
         plan.operations += operations
         job.plan = plan
-        job.countedOperations += operations.count
-        activeOperations += operations.count
+        _ = lifecycle.handle(.extended(job: job.id, operations: operations.count, recovered: job.recovered.count - recoveredBefore))
         try engine.extend(group, with: graph)
+    }
+
+    // MARK: Performing the lifecycle's actions
+
+    /// Performs `actions` in order (outside `lock`). `run` and `records` are the job a publication is for and its
+    /// engine records, when the caller has them; `submit` and `answer` are the caller's to act on.
+    private func perform(_ actions: [JobLifecycle<GroupID>.Action], for run: RunningJob? = nil, records: [OperationRecord] = []) {
+        for action in actions {
+            switch action {
+            case .journal(let entry):
+                log(entry)
+            case .submit, .answer:
+                break
+            case .cancelGroup(let group):
+                engine.cancel(group, reason: "cancelled by request")
+            case .cancelOperation(let job, let group, let operation):
+                // Only a cancel asked before the group existed comes here: its answer was given then.
+                if cancel(job: job, group: group, operation: operation) == .unknownOperation {
+                    logger.warning("job \(job): cancel of operation '\(clipped(operation))' ignored: the job has no such operation")
+                }
+            case .publish(let job, let status, let error):
+                guard let run = run ?? lock.withLock({ runs[job] }) else { continue }
+                enqueuePublication(Publication(job: run, status: status, error: error, records: records))
+            case .releaseGroup(let group):
+                engine.release(group)
+            case .discard(let job):
+                spool.discard(job: job)
+            }
+        }
+    }
+
+    private func log(_ entry: JobLifecycle<GroupID>.JournalEntry) {
+        switch entry {
+        case .received(let job, let manifest):
+            event(.info, "job \(job) received from inbox/\(manifest)", ["OPQ_EVENT": "job", "OPQ_STATE": "received", "OPQ_JOB": job])
+        case .claimed(let job, let fromNode):
+            var fields = ["OPQ_EVENT": "job", "OPQ_STATE": "claimed", "OPQ_JOB": job]
+            if let fromNode { fields["OPQ_FROM_NODE"] = fromNode }
+            event(.info, "job \(job) claimed\(fromNode.map { " (taken over from node \($0))" } ?? "")", fields)
+        case .accepted(let job, let operations):
+            event(.info, "job \(job) accepted: \(operations) operations", ["OPQ_EVENT": "job", "OPQ_STATE": "accepted", "OPQ_JOB": job])
+        case .rejected(let job, let problems, let error):
+            event(.error, "job \(job) rejected: \(problems.joined(separator: "; "))",
+                  ["OPQ_EVENT": "job", "OPQ_STATE": "rejected", "OPQ_JOB": job, "OPQ_STATUS": "rejected", "OPQ_ERROR": error])
+        case .lost(let job, let reason):
+            event(.warning, "job \(job) lost: \(reason); it is stopped here and nothing is published for it",
+                  ["OPQ_EVENT": "job", "OPQ_STATE": "lost", "OPQ_JOB": job, "OPQ_ERROR": reason])
+        }
     }
 
     // MARK: Engine events
@@ -479,24 +585,23 @@ public final class Daemon: @unchecked Sendable {
             switch engineEvent {
             case .transition(let t):
                 lock.lock()
-                let job = byGroup[t.group]
+                let job = lifecycle.job(of: t.group).flatMap { runs[$0] }
                 let plan = job?.plan
                 let recovered = job?.recovered.contains(t.operation) ?? true
                 let recomputedFailure = t.state == .failed && job?.recomputed.contains(t.operation) == true
-                if let job, !recovered, t.state == .succeeded || t.state == .failed || t.state == .cancelled { job.endedOperations += 1 }
+                if job != nil, !recovered, t.state == .succeeded || t.state == .failed || t.state == .cancelled {
+                    _ = lifecycle.handle(.operationEnded(group: t.group))
+                }
                 lock.unlock()
                 guard let job, let plan, t.operation < plan.operations.count, !recovered || recomputedFailure else { continue }
                 if !recovered { measure(t, plan.operations[t.operation]) }
                 if logTransition(t, job: job, operation: plan.operations[t.operation]) { progressRecorded += 1 }
             case .groupFinished(let group):
-                lock.lock()
-                let job = byGroup[group]
-                lock.unlock()
-                guard let job else { continue }
-                work.async { [self] in finish(job) }
+                work.async { [self] in finish(group) }
             }
         }
     }
+
 
     /// On the delivery thread: the metrics an operation's transition moves.
     private func measure(_ t: Transition, _ operation: OperationPlan) {
@@ -556,7 +661,7 @@ public final class Daemon: @unchecked Sendable {
         var message = "operation \(job.id)/\(operation.id) \(t.state.name)"
         switch t.state {
         case .succeeded, .failed, .cancelled:
-            if let group = job.group, let record = engine.record(group, operation: t.operation) {
+            if let record = engine.record(t.group, operation: t.operation) {
                 if let started = record.startedAt { fields["OPQ_DURATION_USEC"] = String(Int64(((t.time - started) * 1e6).rounded())) }
                 if t.state == .succeeded, let started = record.startedAt {
                     do {
@@ -580,19 +685,27 @@ public final class Daemon: @unchecked Sendable {
         return recorded
     }
 
+
     // MARK: Ends
 
-    /// On `work`: a job's graph has finished; its outbox entry is published with the next batch.
-    private func finish(_ job: RunningJob) {
-        guard let group = job.group, let records = engine.records(group) else { return }
+    /// On `work`: a group has finished; its job's outbox entry is published with the next batch (a lost job's
+    /// group is released and its folder discarded instead).
+    private func finish(_ group: GroupID) {
+        let run = lock.withLock { lifecycle.job(of: group).flatMap { runs[$0] } }
+        guard let run else {
+            perform(handle(.groupFinished(group: group, status: "cancelled", error: nil)))
+            return
+        }
+        guard let records = engine.records(group) else { return }
         var status = "succeeded"
         var errors: [String] = []
-        for (i, r) in records.enumerated() where !job.recovered.contains(i) || r.state != .succeeded {
+        for (i, r) in records.enumerated() where !run.recovered.contains(i) || r.state != .succeeded {
             if r.state == .failed { status = "failed" }
             if r.state != .succeeded { errors.append("\(r.name): \(r.error ?? r.state.name)") }
         }
         if status != "failed" && records.contains(where: { $0.state == .cancelled }) { status = "cancelled" }
-        enqueuePublication(Publication(job: job, status: status, error: errors.isEmpty ? nil : errors.joined(separator: "\n"), records: records))
+        perform(handle(.groupFinished(group: group, status: status, error: errors.isEmpty ? nil : errors.joined(separator: "\n"))),
+                for: run, records: records)
     }
 
     /// On `work`: the first publication of a batch schedules the batch; later ones join it.
@@ -601,15 +714,26 @@ public final class Daemon: @unchecked Sendable {
         if publications.count == 1 { work.async { [self] in publishPending() } }
     }
 
-    /// On `work`: write every pending result.plist, commit, move the entries to the outbox, commit,
-    /// then announce them.
+    /// On `work`: write every pending result.plist, commit, have the store record the ends, move the entries
+    /// it recorded to the outbox, commit, then announce them.
     private func publishPending() {
-        let batch = publications
+        // A job lost while its publication waited is no longer in the table: nothing is published for it.
+        let batch = lock.withLock {
+            publications.filter { publication in
+                let phase = lifecycle.phase(of: publication.job.id)
+                return runs[publication.job.id] === publication.job && (phase == .finishing || phase == .rejected)
+            }
+        }
         publications = []
-        guard !batch.isEmpty else { return }
+        guard !batch.isEmpty else {
+            // What waited was lost meanwhile: nothing is left to retry.
+            if stalled.isEmpty, fault != nil, (try? spool.probe()) != nil { spoolWorked(); claimMore() }
+            return
+        }
         let now = Date().timeIntervalSince1970
         var staged: [(publication: Publication, firstStart: Double?)] = []
         let hook = lock.withLock { configuration.jobFinished.flatMap { configuration.commands[$0] } }
+        let node = store.node
         for publication in batch {
             if hook != nil {
                 do {
@@ -623,7 +747,11 @@ public final class Daemon: @unchecked Sendable {
             CommandOperation.removeScratch(spool.outputFolder(job: publication.job.id))
             do {
                 var firstStart: Double?
-                try spool.stage(job: publication.job.id) { sink in firstStart = try writeResult(publication, now: now, to: sink) }
+                let origin = store.origin(of: publication.job.id)
+                try spool.stage(job: publication.job.id) { sink in
+                    firstStart = try ResultWriter.write(job: publication.job, status: publication.status, error: publication.error,
+                                                        records: publication.records, now: now, origin: origin, node: node, to: sink)
+                }
                 staged.append((publication, firstStart))
             } catch {
                 stall(publication, error)
@@ -636,8 +764,24 @@ public final class Daemon: @unchecked Sendable {
             for entry in staged { stall(entry.publication, error) }
             return
         }
+        // The publication gate: only the ends the store recorded are placed; the others were lost.
+        let recorded: Set<String>
+        do {
+            recorded = try store.complete(staged.map { JobEnd(job: $0.publication.job.id, status: $0.publication.status,
+                                                              resultFile: spool.stagedResult(job: $0.publication.job.id)) })
+        } catch {
+            // Not known whether the store recorded them: they wait, as in a spool fault, and are offered again.
+            for entry in staged { stalled.append(entry.publication) }
+            spoolFailed("recording \(staged.count) job ends in the job store", error)
+            return
+        }
         var placed: [(publication: Publication, firstStart: Double?)] = []
         for entry in staged {
+            guard recorded.contains(entry.publication.job.id) else {
+                perform(handle(.lost(job: entry.publication.job.id, reason: "the job store did not record its end (another node holds it)")))
+                lock.withLock { runs[entry.publication.job.id] = nil }
+                continue
+            }
             do {
                 try spool.place(job: entry.publication.job.id)
                 placed.append(entry)
@@ -667,22 +811,21 @@ public final class Daemon: @unchecked Sendable {
                 event(publication.status == "succeeded" ? .info : publication.status == "failed" ? .error : .warning,
                       "job \(job.id) finished: \(publication.status)", fields)
             }
-            lock.lock()
-            jobs[job.id] = nil
-            activeOperations -= job.countedOperations
-            job.countedOperations = 0
-            if let g = job.group { byGroup[g] = nil }
-            lock.unlock()
-            if let g = job.group { engine.release(g) }
+            let actions = lock.withLock {
+                runs[job.id] = nil
+                return lifecycle.handle(.published(job: job.id))
+            }
+            perform(actions)
             if let hook { hooks.run(hook, job: job.id, status: publication.status) }
         }
         do {
-            try spool.compactProgressIfLarge(active: lock.withLock { Set(jobs.keys) })
+            try spool.compactProgressIfLarge(active: lock.withLock { Set(runs.keys) })
         } catch {
             logger.error("rewriting the progress log failed: \(error); it keeps growing until the next start")
         }
         checkOnceDone()
         claimMore()
+        offerRoom()
         releaseMemoryIfIdle(released: batch.reduce(0) { $0 + ($1.job.plan?.operations.count ?? 0) })
     }
 
@@ -692,7 +835,7 @@ public final class Daemon: @unchecked Sendable {
     /// comes sooner is followed by a trim once the 5 s are up, if still idle then.
     private func releaseMemoryIfIdle(released: Int) {
         releasedSinceTrim += released
-        guard lock.withLock({ jobs.isEmpty }) else { return }
+        guard lock.withLock({ lifecycle.isEmpty }) else { return }
         let now = Date().timeIntervalSince1970
         if releasedSinceTrim >= 10_000 || now - lastTrim >= 5 {
             releasedSinceTrim = 0
@@ -720,7 +863,7 @@ public final class Daemon: @unchecked Sendable {
     private func spoolFailed(_ what: String, _ error: any Error) {
         if fault == nil {
             fault = (what, Date().timeIntervalSince1970)
-            lock.withLock { faultReason = "\(what) failed: \(error)" }
+            _ = handle(.fault("\(what) failed: \(error)"))
             logger.error("\(what) failed: \(error); claiming is paused and publication waits until the spool works again (retried every few seconds)")
         }
         scheduleFaultRetry()
@@ -731,7 +874,7 @@ public final class Daemon: @unchecked Sendable {
         guard let fault else { return }
         self.fault = nil
         faultRetries = 0
-        lock.withLock { faultReason = nil }
+        _ = handle(.fault(nil))
         let seconds = String(format: "%.1f", Date().timeIntervalSince1970 - fault.since)
         logger.notice("the spool works again after \(seconds) s (\(fault.what) had failed); claiming resumes")
     }
@@ -762,76 +905,10 @@ public final class Daemon: @unchecked Sendable {
         }
     }
 
-    /// Streams result.plist (SPEC §5) to `sink` in pieces of ~64 KB (a job of a million operations is
-    /// never built whole in memory); returns when the first operation started.
-    private func writeResult(_ publication: Publication, now: Double, to sink: (UnsafeRawBufferPointer) throws -> Void) throws -> Double? {
-        let job = publication.job
-        let operations = job.plan?.operations ?? []
-        let records = publication.records.prefix(operations.count)
-        /// When an operation started and ended, and how many attempts it took: from before a restart if it
-        /// succeeded then, else from this run.
-        func times(_ i: Int) -> (started: Double?, finished: Double?, attempts: Int) {
-            let record = records[i]
-            if record.state == .succeeded, let done = job.claimed.done[operations[i].id] { return (done.startedAt, done.finishedAt, done.attempts) }
-            return (record.startedAt, record.finishedAt, record.attempts)
-        }
-        var firstStart: Double?
-        for i in records.indices { if let s = times(i).started { firstStart = min(firstStart ?? s, s) } }
-
-        var w = PlistXMLWriter()
-        func drain() throws {
-            if w.bytes.count >= 1 << 16 {
-                try w.bytes.withUnsafeBytes { try sink($0) }
-                w.bytes.removeAll(keepingCapacity: true)
-            }
-        }
-        // Keys in sorted order, as Foundation writes them.
-        w.beginDictionary()
-        if let firstStart { w.key("durationSeconds"); w.real(micro(now - firstStart)) }
-        if let error = publication.error { w.key("error"); w.string(error) }
-        w.key("finishedAt"); w.real(micro(now))
-        w.key("job"); w.string(job.id)
-        w.key("manifest"); w.string(job.claimed.manifestName)
-        if let metadata = job.plan?.metadata { w.key("metadata"); w.value(metadata) }
-        w.key("operations")
-        w.beginArray()
-        for i in records.indices {
-            let op = operations[i], record = records[i]
-            let (started, finished, attempts) = times(i)
-            w.beginDictionary()
-            w.key("attempts"); w.integer(attempts)
-            if let s = started, let f = finished { w.key("durationSeconds"); w.real(micro(f - s)) }
-            if let error = record.error, record.state != .succeeded { w.key("error"); w.string(error) }
-            if let finished { w.key("finishedAt"); w.real(micro(finished)) }
-            w.key("id"); w.string(op.id)
-            w.key("kind"); w.string(op.kind.rawValue)
-            w.key("outputs")
-            w.beginArray()
-            if record.state == .succeeded, case .write(let path, _, _) = op.parameters { w.string(path) }
-            if case .command = op.parameters, attempts > 0 { for path in CommandOperation.logPaths(op.id) { w.string(path) } }
-            w.endArray()
-            w.key("qualityOfService"); w.string(record.qualityOfService.name)
-            w.key("queue"); w.string(op.queue)
-            w.key("queuePriority"); w.string(record.queuePriority.name)
-            if let started { w.key("startedAt"); w.real(micro(started)) }
-            w.key("state"); w.string(record.state.name)
-            w.endDictionary()
-            try drain()
-        }
-        w.endArray()
-        w.key("receivedAt"); w.real(micro(job.claimed.receivedAt))
-        if let requested = job.claimed.requestedJob { w.key("requestedJob"); w.string(requested) }
-        if let firstStart { w.key("startedAt"); w.real(micro(firstStart)) }
-        w.key("status"); w.string(publication.status)
-        w.endDictionary()
-        try w.finish().withUnsafeBytes { try sink($0) }
-        return firstStart
-    }
-
     private func checkOnceDone() {
         guard once else { return }
         lock.lock()
-        let idle = jobs.isEmpty && onceNames?.isEmpty != false
+        let idle = lifecycle.onceDone
         let waiters = idle ? finishedWaiters : []
         if idle { finishedWaiters = [] }
         lock.unlock()
@@ -856,13 +933,16 @@ public final class Daemon: @unchecked Sendable {
             lock.lock()
             let previous = configuration
             configuration = config
+            _ = lifecycle.handle(.configured(maxActiveJobs: config.maxActiveJobs, maxActiveOperations: config.maxActiveOperations))
+            let shared = storeSuspended
             lock.unlock()
             for name in config.queueNames {
                 guard let q = config.queues[name] else { continue }
+                let suspended = q.suspended || shared.contains(name)
                 if let id = queueIDs[name] {
-                    engine.updateQueue(id, maxConcurrentOperationCount: q.maxConcurrentOperationCount, qualityOfService: q.qualityOfService, isSuspended: q.suspended)
+                    engine.updateQueue(id, maxConcurrentOperationCount: q.maxConcurrentOperationCount, qualityOfService: q.qualityOfService, isSuspended: suspended)
                 } else {
-                    queueIDs[name] = engine.addQueue(named: name, maxConcurrentOperationCount: q.maxConcurrentOperationCount, qualityOfService: q.qualityOfService, isSuspended: q.suspended)
+                    queueIDs[name] = engine.addQueue(named: name, maxConcurrentOperationCount: q.maxConcurrentOperationCount, qualityOfService: q.qualityOfService, isSuspended: suspended)
                 }
                 if previous.queues[name]?.suspended != q.suspended { logQueue(name, suspended: q.suspended) }
             }
@@ -876,7 +956,7 @@ public final class Daemon: @unchecked Sendable {
     /// SIGTERM: claims nothing more and starts nothing new; executing operations get `grace` seconds;
     /// unfinished jobs stay in active/ and resume at the next start.
     public func stop(grace: Double) async {
-        lock.withLock { stopping = true }
+        _ = handle(.stopping)
         event(.info, "stopping", ["OPQ_EVENT": "daemon", "OPQ_STATE": "stopping"])
         for id in queueIDs.values { engine.updateQueue(id, isSuspended: true) }
         let deadline = Date().addingTimeInterval(grace)
@@ -888,14 +968,20 @@ public final class Daemon: @unchecked Sendable {
         // Let publications of jobs that finished during the grace complete.
         try? await Task.sleep(for: .milliseconds(50))
         work.sync { publishPending() }
+        store.shutdown()
     }
 
+    /// `suspend`/`resume` from a client: the store's when it keeps them (a cluster: every node follows), else here.
     public func suspend(queue name: String, _ suspended: Bool) -> Bool {
         guard let id = queueIDs[name] else { return false }
+        if store.setSuspended(name, suspended) { return true }
         engine.updateQueue(id, isSuspended: suspended)
         logQueue(name, suspended: suspended)
         return true
     }
+
+    /// The queues the store says are suspended cluster-wide (under `lock`).
+    private var storeSuspended: Set<String> = []
 
     private func logQueue(_ name: String, suspended: Bool) {
         event(.info, "queue \(name) \(suspended ? "suspended" : "resumed")", ["OPQ_EVENT": "queue", "OPQ_STATE": suspended ? "suspended" : "resumed", "OPQ_QUEUE": name])
@@ -905,33 +991,58 @@ public final class Daemon: @unchecked Sendable {
 
     public enum CancelOutcome { case cancelled, unknownJob, unknownOperation, alreadyEnded }
 
+    /// `cancel` from a client: a job running here is cancelled here; any other is the store's to answer.
     public func cancel(job id: String, operation: String?) -> CancelOutcome {
-        lock.lock()
-        guard let job = jobs[id] else {
-            lock.unlock()
-            return access(spool.outbox + "/" + id, F_OK) == 0 ? .alreadyEnded : .unknownJob
+        switch cancelHere(job: id, operation: operation) {
+        case .some(let outcome):
+            return outcome
+        case .none:
+            switch store.requestCancel(job: id, operation: operation) {
+            case .requested: return .cancelled
+            case .unknownJob: return .unknownJob
+            case .alreadyEnded: return .alreadyEnded
+            case .unavailable(let reason):
+                logger.warning("cancel of job \(id): the job store cannot answer now: \(reason)")
+                return .unknownJob
+            }
         }
-        guard let group = job.group else {
-            defer { lock.unlock() }
-            if !job.rejection.isEmpty { return .alreadyEnded }
-            // Still being read or submitted: cancelled as soon as its group exists (before its plan is
-            // read, an operation that turns out not to exist is then logged and ignored).
-            if let operation, let plan = job.plan, !plan.operations.contains(where: { $0.id == operation }) { return .unknownOperation }
-            job.cancelsBeforeGroup.append(operation)
-            return .cancelled
-        }
-        lock.unlock()
-        return cancel(job, group: group, operation: operation)
     }
 
-    private func cancel(_ job: RunningJob, group: GroupID, operation: String?) -> CancelOutcome {
-        if let operation {
-            guard let index = lock.withLock({ job.operationIndex[operation] }) else { return .unknownOperation }
-            if engine.record(group, operation: index)?.state.isFinished == true { return .alreadyEnded }
-            engine.cancel(group, operation: index, reason: "cancelled by request")
-        } else {
-            engine.cancel(group, reason: "cancelled by request")
+    /// Cancels a job in the lifecycle's table; nil when it is not there.
+    private func cancelHere(job id: String, operation: String?) -> CancelOutcome? {
+        let actions = lock.withLock {
+            // The operation index is complete once the plan is read (phase accepted or later); before, unknown.
+            let phase = lifecycle.phase(of: id)
+            let known = phase != nil && phase != .received && operation.map { runs[id]?.operationIndex[$0] != nil } ?? true
+            return lifecycle.handle(.cancel(job: id, operation: operation, knownOperation: known))
         }
+        var outcome: CancelOutcome?
+        for action in actions {
+            switch action {
+            case .cancelGroup(let group):
+                engine.cancel(group, reason: "cancelled by request")
+            case .cancelOperation(let job, let group, let operation):
+                outcome = cancel(job: job, group: group, operation: operation)
+            case .answer(.notHere):
+                return nil
+            case .answer(.cancelled):
+                outcome = outcome ?? .cancelled
+            case .answer(.unknownOperation):
+                outcome = .unknownOperation
+            case .answer(.alreadyEnded):
+                outcome = .alreadyEnded
+            default:
+                perform([action])
+            }
+        }
+        return outcome ?? .cancelled
+    }
+
+    /// Cancels one operation of a submitted group (the engine knows whether it has already ended).
+    private func cancel(job: String, group: GroupID, operation: String) -> CancelOutcome {
+        guard let index = lock.withLock({ runs[job]?.operationIndex[operation] }) else { return .unknownOperation }
+        if engine.record(group, operation: index)?.state.isFinished == true { return .alreadyEnded }
+        engine.cancel(group, operation: index, reason: "cancelled by request")
         return .cancelled
     }
 
@@ -959,16 +1070,17 @@ public final class Daemon: @unchecked Sendable {
 
     public func status() -> Status {
         lock.lock()
-        let active = jobs.keys.sorted()
+        let active = lifecycle.jobs.keys.sorted()
         let waitingNow = waiting
-        let fault = faultReason
-        let operations = activeOperations, budget = configuration.maxActiveOperations
-        let progress = jobs.values.map { JobProgress(job: $0.id, operations: $0.plan?.operations.count ?? 0, ended: $0.endedOperations + $0.recovered.count) }
+        let fault = lifecycle.fault
+        let operations = lifecycle.activeOperations, budget = configuration.maxActiveOperations
+        let progress = lifecycle.jobs.map { id, job in JobProgress(job: id, operations: job.operations, ended: job.ended + job.recovered) }
         lock.unlock()
         let overview = engine.overview()
         return Status(activeJobs: active, waiting: waitingNow, executing: overview.executing, operations: operations,
                       maxActiveOperations: budget, queues: overview.queues, fault: fault, jobs: progress.sorted { $0.job < $1.job })
     }
+
 
     /// The metrics in the Prometheus text format, the gauges read now (`opqueuectl metrics`, GET /metrics).
     public func metricsText() -> String {
@@ -1007,9 +1119,10 @@ public final class Daemon: @unchecked Sendable {
     /// An active job's operations, for `show`.
     public func show(job id: String) -> [[String: Any]]? {
         lock.lock()
-        let job = jobs[id]
+        let job = runs[id]
+        let group = lifecycle.group(of: id)
         lock.unlock()
-        guard let job, let plan = job.plan, let group = job.group, let records = engine.records(group) else { return nil }
+        guard let job, let plan = job.plan, let group, let records = engine.records(group) else { return nil }
         return zip(plan.operations, records).map { op, r in
             var entry: [String: Any] = ["id": op.id, "kind": op.kind.rawValue, "queue": op.queue, "state": r.state.name, "attempts": r.attempts,
                                         "dependencies": op.dependencies]
@@ -1029,8 +1142,63 @@ public final class Daemon: @unchecked Sendable {
     }
 }
 
-/// Times in results: seconds since the epoch, to the microsecond.
-func micro(_ value: Double) -> Double { (value * 1e6).rounded() / 1e6 }
+// MARK: The store's calls (any thread; each hops onto `work`)
+
+/// The shell as the store's delegate (its own object: the delegate's `cancel(job:operation:)` would collide with
+/// the control plane's). Weak, like `EventSink`: the daemon owns the store.
+final class StoreEvents: JobStoreDelegate, @unchecked Sendable {
+    weak var daemon: Daemon?
+    func run(_ jobs: [ClaimedJob]) { daemon?.storeRun(jobs) }
+    func lost(_ jobs: [String], reason: String) { daemon?.storeLost(jobs, reason: reason) }
+    func cancel(job: String, operation: String?) { daemon?.storeCancel(job: job, operation: operation) }
+    func suspendedQueuesChanged(_ queues: Set<String>) { daemon?.storeSuspendedQueuesChanged(queues) }
+}
+
+extension Daemon {
+    fileprivate func storeRun(_ jobs: [ClaimedJob]) {
+        work.async { [self] in
+            // Rows are input: each is read against this node's configuration, a bad one ends `rejected` here.
+            let config = lock.withLock { configuration }
+            for job in jobs {
+                accept(job, .claimed(fromNode: store.origin(of: job.id)?.fromNode), configuration: config)
+            }
+        }
+    }
+
+    fileprivate func storeLost(_ jobs: [String], reason: String) {
+        work.async { [self] in
+            for job in jobs {
+                let actions = lock.withLock {
+                    runs[job] = nil
+                    return lifecycle.handle(.lost(job: job, reason: reason))
+                }
+                perform(actions)
+            }
+            checkOnceDone()
+            claimMore()
+            offerRoom()
+        }
+    }
+
+    fileprivate func storeCancel(job: String, operation: String?) {
+        work.async { [self] in _ = cancelHere(job: job, operation: operation) }
+    }
+
+    fileprivate func storeSuspendedQueuesChanged(_ queues: Set<String>) {
+        work.async { [self] in
+            let (config, previous) = lock.withLock {
+                defer { storeSuspended = queues }
+                return (configuration, storeSuspended)
+            }
+            // A queue suspended in this node's configuration stays suspended.
+            for name in config.queueNames where previous.contains(name) != queues.contains(name) {
+                guard let id = queueIDs[name], let q = config.queues[name] else { continue }
+                engine.updateQueue(id, isSuspended: q.suspended || queues.contains(name))
+                logQueue(name, suspended: queues.contains(name))
+            }
+        }
+    }
+}
 
 /// Breaks the reference cycle engine → observer → daemon → engine.
 final class EventSink: @unchecked Sendable {

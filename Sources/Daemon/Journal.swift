@@ -2,7 +2,8 @@
 //
 // Every daemon event is one entry: MESSAGE, PRIORITY, SYSLOG_IDENTIFIER=opqueued, CODE_FILE/LINE/FUNC
 // (Swift cannot use libsystemd's location macros, so they are added here), the OPQ_* metadata as fields,
-// and a MESSAGE_ID per (OPQ_EVENT, OPQ_STATE) pair, documented in systemd/opqueued.catalog.
+// a MESSAGE_ID per (OPQ_EVENT, OPQ_STATE) pair, documented in systemd/opqueued.catalog, and in a cluster
+// OPQ_NODE, the node logging (SPEC §8), set once at start through `Journal.node`.
 
 import CSystemd
 import Foundation
@@ -12,9 +13,10 @@ public enum MessageIDs {
     /// Every (event, state) pair the daemon logs (SPEC §4).
     public static let pairs: [(event: String, state: String)] =
         ["pending", "ready", "executing", "retrying", "succeeded", "failed", "cancelled"].map { ("operation", $0) }
-        + ["received", "accepted", "rejected", "finished"].map { ("job", $0) }
+        + ["received", "accepted", "rejected", "claimed", "lost", "finished"].map { ("job", $0) }
         + ["ready", "reloading", "stopping"].map { ("daemon", $0) }
         + ["suspended", "resumed"].map { ("queue", $0) }
+        + ["connected", "disconnected"].map { ("cluster", $0) }
 
     /// 32 lowercase hex digits, stable across builds: two FNV-1a-64 hashes of "opqueued/event/state".
     public static func id(event: String, state: String) -> String {
@@ -35,6 +37,28 @@ public enum MessageIDs {
     static func id(for metadata: Logger.Metadata) -> String? {
         guard case .string(let event)? = metadata["OPQ_EVENT"], case .string(let state)? = metadata["OPQ_STATE"] else { return nil }
         return table["\(event)/\(state)"]
+    }
+}
+
+/// What every entry carries whatever logged it.
+public enum Journal {
+    private static let lock = NSLock()
+    nonisolated(unsafe) private static var _node: String?
+
+    /// The cluster node's name (SPEC §8): when set, every entry, on both targets, carries `OPQ_NODE=<node>`
+    /// (unless the event names one itself). Set once at start, when the configuration has `cluster`;
+    /// nil (the default) without a cluster.
+    public static var node: String? {
+        get { lock.withLock { _node } }
+        set { lock.withLock { _node = newValue } }
+    }
+
+    /// The event's metadata merged over the handler's, with OPQ_NODE added when a node is set.
+    static func fields(_ handler: Logger.Metadata, _ event: Logger.Metadata?) -> Logger.Metadata {
+        var all = handler
+        if let event { all.merge(event) { $1 } }
+        if all["OPQ_NODE"] == nil, let node { all["OPQ_NODE"] = .string(node) }
+        return all
     }
 }
 
@@ -90,8 +114,7 @@ public struct JournalLogHandler: LogHandler {
             "CODE_LINE=\(event.line)",
             "CODE_FUNC=\(event.function)",
         ]
-        var all = metadata
-        if let extra = event.metadata { all.merge(extra) { $1 } }
+        let all = Journal.fields(metadata, event.metadata)
         if let id = MessageIDs.id(for: all) { fields.append("MESSAGE_ID=\(id)") }
         for (key, value) in all {
             guard let name = journalFieldName(key) else { continue }
@@ -134,16 +157,18 @@ public struct ConsoleLogHandler: LogHandler {
     }
 
     public func log(event: LogEvent) {
-        var all = metadata
-        if let extra = event.metadata { all.merge(extra) { $1 } }
-        var line = "PRIORITY=\(syslogPriority(event.level))"
+        Self.write(Self.line(level: event.level, message: "\(event.message)", metadata: Journal.fields(metadata, event.metadata)))
+    }
+
+    /// The event's line: PRIORITY, MESSAGE_ID, the fields in name order, MESSAGE last.
+    static func line(level: Logger.Level, message: String, metadata all: Logger.Metadata) -> String {
+        var line = "PRIORITY=\(syslogPriority(level))"
         if let id = MessageIDs.id(for: all) { line += " MESSAGE_ID=\(id)" }
         for key in all.keys.sorted() {
             guard let name = journalFieldName(key) else { continue }
             line += " \(name)=\(Self.quote("\(all[key] ?? "")"))"
         }
-        line += " MESSAGE=\(Self.quote("\(event.message)"))\n"
-        Self.write(line)
+        return line + " MESSAGE=\(Self.quote(message))\n"
     }
 
     static func write(_ line: String) {

@@ -99,6 +99,21 @@ public final class Engine: @unchecked Sendable, ContextHost {
         locked { $0.updateQueue(id, maxConcurrentOperationCount: maxConcurrentOperationCount, qualityOfService: qualityOfService, suspended: isSuspended) }
     }
 
+    /// Permits held from outside for a queue (a cluster-wide limit's leases): at most `permits` of its operations
+    /// execute at once, on top of its own limit. nil removes the outside limit. Raising it starts work at once.
+    public func setPermits(_ id: QueueID, _ permits: Int?) {
+        locked { $0.setPermits(id, permits) }
+    }
+
+    /// Permits a queue could use now (executing plus ready, within its own limit; only the executing ones while
+    /// suspended), and how many execute: the holder of permits acquires up to the first and returns what exceeds it.
+    public func permitDemand(_ id: QueueID) -> (wanted: Int, executing: Int) {
+        locked { s in
+            guard s.queues.indices.contains(id.rawValue) else { return (0, 0) }
+            return (s.permitsWanted(id.rawValue), s.queues[id.rawValue].executing)
+        }
+    }
+
     public func queueID(named name: String) -> QueueID? { locked { $0.queueID(named: name) } }
 
     public func queues() -> [QueueSnapshot] { locked { s in s.queues.indices.map { s.snapshot($0) } } }

@@ -202,6 +202,9 @@ struct Scheduler {
         var limit: Int
         var qos: QualityOfService
         var suspended: Bool
+        /// Permits held from outside (a cluster-wide limit's leases, SPEC §8): at most this many execute at once,
+        /// whatever `limit` allows. nil: no outside limit.
+        var permits: Int?
         var executing = 0
         var readyCount = 0
         var unfinished = 0
@@ -257,9 +260,24 @@ struct Scheduler {
         if let suspended { queues[id.rawValue].suspended = suspended }
     }
 
+    /// Sets (nil: removes) the outside limit of a queue; executing operations above it go on, nothing new starts.
+    mutating func setPermits(_ id: QueueID, _ permits: Int?) {
+        guard queues.indices.contains(id.rawValue) else { return }
+        queues[id.rawValue].permits = permits.map { max($0, 0) }
+    }
+
     func effectiveLimit(_ q: Int) -> Int {
         let limit = queues[q].limit
-        return limit < 0 ? processorCount : max(limit, 0)
+        let own = limit < 0 ? processorCount : max(limit, 0)
+        return queues[q].permits.map { min(own, $0) } ?? own
+    }
+
+    /// What a queue could execute now if permits were no object: its executing operations plus the ready ones,
+    /// up to its own limit (a holder of cluster permits asks for this many and gives back the rest).
+    func permitsWanted(_ q: Int) -> Int {
+        let limit = queues[q].limit
+        let own = limit < 0 ? processorCount : max(limit, 0)
+        return queues[q].suspended ? queues[q].executing : min(own, queues[q].executing + queues[q].readyCount)
     }
 
     func snapshot(_ q: Int) -> QueueSnapshot {

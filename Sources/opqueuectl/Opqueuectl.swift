@@ -160,6 +160,23 @@ func statusReport(_ response: [String: Any]) -> String {
                        String(q["executing"] as? Int ?? 0), String(q["pending"] as? Int ?? 0), (q["suspended"] as? Bool) == true ? "yes" : "no"])
     }
     out += "\n" + table(queues)
+    // A cluster node (SPEC §8) speaks for the whole cluster: its nodes, and the jobs none of the live ones can run.
+    if let nodes = response["nodes"] as? [[String: Any]] {
+        var rows = [["NODE", "CONNECTED", "LAST HEARTBEAT", "JOBS", "FREE SLOTS"]]
+        let now = Date().timeIntervalSince1970
+        for n in nodes {
+            let beat = (n["lastHeartbeat"] as? Double).map { String(format: "%.1f s ago", max(0, now - $0)) } ?? "never"
+            rows.append([n["node"] as? String ?? "?", (n["connected"] as? Bool) == true ? "yes" : "no", beat,
+                         String(n["jobs"] as? Int ?? 0), String(n["freeSlots"] as? Int ?? 0)])
+        }
+        out += "\n" + table(rows)
+    }
+    if let cluster = response["cluster"] as? [String: Any] {
+        if let state = cluster["state"] as? String { out += "\ncluster: \(state)\(cluster["reason"].map { " (\($0))" } ?? "")\n" }
+        for stuck in cluster["unrunnable"] as? [[String: Any]] ?? [] {
+            out += "waiting: \(stuck["job"] as? String ?? "?"): \(stuck["reason"] as? String ?? "no live node can run it")\n"
+        }
+    }
     // `jobs` (with progress) comes from daemons that know it; `activeJobs` alone from older ones.
     let progress = response["jobs"] as? [[String: Any]] ?? active.map { ["job": $0] }
     if !progress.isEmpty {
@@ -227,12 +244,22 @@ struct Wait: ParsableCommand {
         let tty = isatty(STDERR_FILENO) == 1
         let result = common.spool + "/outbox/" + job + "/result.plist"
         var spinner = 0
+        var polls = 0
         while true {
             if let data = FileManager.default.contents(atPath: result),
                let plist = try? PropertyListSerialization.propertyList(from: data, format: nil) as? [String: Any] {
                 let status = plist["status"] as? String ?? "?"
                 if tty { FileHandle.standardError.write(Data("\r\u{1B}[K".utf8)) }
                 print("\(job): \(status)")
+                if status != "succeeded" { throw ExitCode(1) }
+                return
+            }
+            // In a cluster (SPEC §8) the job may end on another node: the daemon answers for it from the database.
+            polls += 1
+            if polls % 10 == 1, let response = try? ControlClient.request(common.socket, ["command": "show", "job": job], timeout: 2),
+               let status = response["status"] as? String, ["succeeded", "failed", "cancelled", "rejected"].contains(status) {
+                if tty { FileHandle.standardError.write(Data("\r\u{1B}[K".utf8)) }
+                print("\(job): \(status)\(response["node"].map { " (on \($0))" } ?? "")")
                 if status != "succeeded" { throw ExitCode(1) }
                 return
             }

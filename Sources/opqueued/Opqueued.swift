@@ -76,6 +76,9 @@ struct Opqueued: AsyncParsableCommand {
             print("opqueued 0.2.0")
             return
         }
+        // The command watchdog (docs: kills commands' process groups when this process dies, kill -9 included),
+        // first, while the process is small: the fork copies its address space as it is now.
+        let watchdog = CommandWatchdog.start()
         // A stop asked for while starting (reading the configuration, recovering active/) is kept and
         // handed to the service group once it has the signals (see SpoolService). `--once` has no service
         // group: there SIGTERM keeps its default action.
@@ -84,6 +87,9 @@ struct Opqueued: AsyncParsableCommand {
         let useJournal = logTarget == .journal || (logTarget == .auto && (ProcessInfo.processInfo.environment["JOURNAL_STREAM"] != nil || journalIsListening()))
         LoggingSystem.bootstrap { _ in useJournal ? JournalLogHandler() as any LogHandler : ConsoleLogHandler() }
         let logger = Logger(label: "opqueued")
+        if case .failure(let failure) = watchdog {
+            logger.warning("\(failure); commands a crash leaves running are killed at the next start instead")
+        }
 
         let configuration: Configuration
         do {

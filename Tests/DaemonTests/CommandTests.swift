@@ -241,9 +241,14 @@ private func launch(_ spool: TestSpool, _ arguments: [String], environment: [Str
         #expect(waitFor(10) { readText(runs)?.hasSuffix("\n") == true && readText(runs + ".2") == "run\n" })
         let first = try #require(Int32(readText(runs)?.trimmingCharacters(in: .whitespacesAndNewlines) ?? ""))
         usleep(500_000) // the quick one's success committed (progress commits within 50 ms)
+        // The watchdog first (kill -9 of both, say), so that the ledger, the line behind it, is what is tested
+        // here (CommandDeathTests has the watchdog's own kill).
+        let daemon = try #require(spool.daemon?.processIdentifier)
+        let watchdog = try #require(watchdogs(of: daemon).first)
+        kill(watchdog, SIGKILL)
         spool.signal(SIGKILL)
         _ = spool.waitForExit()
-        #expect(!processes(inGroup: first).isEmpty, "the command outlived the daemon (its sleep 1.5 goes on)")
+        #expect(!processes(inGroup: first).isEmpty, "the command outlived the daemon and its watchdog (its sleep 1.5 goes on)")
         try spool.start(config)
         #expect(processes(inGroup: first).isEmpty, "killed at start, before its operation runs again")
         let k = try #require(spool.result("k"))

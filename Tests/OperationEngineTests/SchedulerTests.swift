@@ -90,6 +90,32 @@ func spec(_ name: String, _ queue: QueueID, qos: QualityOfService? = nil, priori
         #expect(h.states(new) == ["new0": .succeeded, "new1": .succeeded])
     }
 
+    /// A cluster-wide limit (SPEC §8) reaches the engine as permits: nothing starts beyond them, whatever the
+    /// queue's own limit; raising them starts work; the demand is executing plus ready within the own limit.
+    @Test func outsidePermitsCapAQueueAndDemandFollowsReadyWork() throws {
+        var h = Harness()
+        let q = h.queue("api", limit: 3)
+        h.s.setPermits(q, 0)
+        var g = GraphBuilder()
+        for i in 0..<5 { g.add(spec("op\(i)", q)) }
+        _ = try h.s.submit(g, now: h.now)
+        #expect(h.dispatch() == [])
+        #expect(h.s.permitsWanted(q.rawValue) == 3)
+        h.s.setPermits(q, 1)
+        #expect(h.dispatch() == ["op0"])
+        #expect(h.dispatch() == [])
+        h.s.setPermits(q, 5)
+        #expect(h.dispatch() == ["op1", "op2"])
+        h.succeed("op0"); h.succeed("op1"); h.succeed("op2")
+        #expect(h.s.permitsWanted(q.rawValue) == 2)
+        h.s.setPermits(q, nil)
+        #expect(h.dispatch() == ["op3", "op4"])
+        h.s.updateQueue(q, suspended: true)
+        #expect(h.s.permitsWanted(q.rawValue) == 2)
+        h.succeed("op3"); h.succeed("op4")
+        #expect(h.s.permitsWanted(q.rawValue) == 0)
+    }
+
     @Test func dependenciesGateReadinessAcrossQueues() throws {
         var h = Harness()
         let a = h.queue("a"), b = h.queue("b")

@@ -94,4 +94,34 @@ const char *opq_signal_name(int sig);
 /// The scheduling policy (SCHED_OTHER 0, SCHED_IDLE 5, …) and nice value of a process, for tests.
 int opq_process_policy(pid_t pid);
 
+/// The command watchdog (docs/pending/issue-17-watchdog.md): a small process forked from the daemon that
+/// SIGKILLs every command process group the daemon told it of when the daemon dies (however: kill -9, a
+/// crash), and at a kill deadline the daemon did not renew (a node frozen past its cluster lease).
+/// It runs only this file's C code after fork (system calls, no allocation, no locks), so it may be forked
+/// from a process with threads; it starts a session of its own (setsid: no terminal job control, not in the
+/// daemon's process group), ignores the terminal and termination signals (only SIGKILL, or the end of its
+/// pipe, ends it), keeps no descriptor but its pipe, and names itself "opq-watchdog".
+/// Messages are `struct opq_watchdog_message`, written whole (16 bytes, atomic on a pipe).
+struct opq_watchdog_message {
+    int32_t type;   /* OPQ_WATCHDOG_ADD, _REMOVE or _DEADLINE */
+    int32_t pgid;   /* ADD and REMOVE: the process group */
+    int64_t value;  /* DEADLINE: CLOCK_MONOTONIC nanoseconds, or -1 for none */
+};
+enum { OPQ_WATCHDOG_ADD = 1, OPQ_WATCHDOG_REMOVE = 2, OPQ_WATCHDOG_DEADLINE = 3 };
+
+/// Forks the watchdog. On success stores the write end of its pipe (close-on-exec, non-blocking, so no
+/// command inherits it and a stuck watchdog never blocks the daemon) and its pid, and returns 0; else -errno.
+int opq_watchdog_start(int *write_fd_out, pid_t *pid_out);
+
+/// Writes one message; 0, or -errno (-EAGAIN: the pipe is full; -EPIPE: the watchdog is gone).
+int opq_watchdog_send(int fd, int type, pid_t pgid, int64_t value);
+
+/// CLOCK_MONOTONIC in nanoseconds: the clock of kill deadlines.
+int64_t opq_monotonic_ns(void);
+
+/// 1 when the child `pid` has exited and is not yet reaped (waitid with WNOWAIT: it stays a zombie, so its
+/// pid and process group id cannot be reused yet), 0 when it runs (only without `block`: with it, waits for
+/// the exit), -errno on error.
+int opq_child_exited(pid_t pid, int block);
+
 #endif

@@ -430,12 +430,22 @@ public final class Spool: @unchecked Sendable {
     /// After publication: a job's downloads go (best effort; recovery removes what is left).
     public func discardDownloads(job: String) { removeTree(downloadsFolder(job: job)) }
 
+    /// Where `stage` writes a job's result.plist (in active/<job>/, until `place` moves the folder).
+    public func stagedResult(job: String) -> String { active + "/" + job + "/result.plist" }
+
+    /// A job this node no longer holds (lost): its folder in active/ and its downloads go, nothing is published.
+    /// Its progress lines are dropped with the next rewrite of the log (they name a job no longer active).
+    public func discard(job: String) {
+        removeTree(outputFolder(job: job))
+        discardDownloads(job: job)
+    }
+
     // MARK: Publication
 
     /// Publication, step 1: writes result.plist into active/<job>/, beside the manifest and the outputs;
     /// `produce` hands its bytes to the sink piece by piece.
     public func stage(job: String, produce: ((UnsafeRawBufferPointer) throws -> Void) throws -> Void) throws {
-        let path = active + "/" + job + "/result.plist"
+        let path = stagedResult(job: job)
         let fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0o644)
         guard fd >= 0 else { throw SpoolError(operation: "create", path: path, errno: errno) }
         defer { close(fd) }

@@ -8,6 +8,8 @@
 // The group dies with its leader: when the leader has exited (a zombie still holding its pid, so the
 // group id cannot have been reused) the group gets SIGKILL, then the leader is reaped. Nothing the
 // command started outlives its operation (a process that left the group with setsid is out of reach).
+// The group dies with the daemon too: the command watchdog (CommandWatchdog.swift) is told of each group
+// started and ended, and kills those left when the daemon dies or freezes past its kill deadline.
 //
 // What it trusts: nothing the command writes; only the kernel's exit status.
 
@@ -171,6 +173,7 @@ final class ChildProcess: @unchecked Sendable {
         child.streams = [Stream(pipe: outPipe[0], file: stdoutFile, limit: limit, keepsTail: false),
                          Stream(pipe: errPipe[0], file: stderrFile, limit: limit, keepsTail: true)]
         running.insert(pid)
+        CommandWatchdog.current?.groupStarted(pid)
         CommandLedger.shared.started(pid)
         child.lock.withLock {
             for stream in child.streams {
@@ -246,10 +249,14 @@ final class ChildProcess: @unchecked Sendable {
         close(stream.pipe)
     }
 
-    /// The leader is a zombie. Its group is killed (its pid cannot have been reused yet), then it is reaped.
+    /// The leader is a zombie. Its group is killed (its pid cannot have been reused yet), the watchdog told
+    /// it ended (still before the reap, for the same reason), then it is reaped.
     private func leaderExited(blocking: Bool = false) {
         guard !exited else { return }
         kill(-pid, SIGKILL)
+        let zombie = opq_child_exited(pid, blocking ? 1 : 0)
+        guard zombie != 0 else { return } // not yet (a spurious wake-up): the pidfd stays readable
+        if zombie == 1 { CommandWatchdog.current?.groupEnded(pid) }
         var status: Int32 = 0
         var r: pid_t
         repeat { r = waitpid(pid, &status, blocking ? 0 : WNOHANG) } while r < 0 && errno == EINTR
@@ -265,6 +272,13 @@ final class ChildProcess: @unchecked Sendable {
                 locked { for stream in streams { end(stream) } }
             })
         }
+    }
+
+    /// The cluster's kill deadline (CLOCK_MONOTONIC seconds, `CommandWatchdog.monotonicSeconds()`): unless a
+    /// newer one comes first, the watchdog SIGKILLs every command's group when it passes, even if the daemon is
+    /// frozen; nil: none. Does nothing without a watchdog (one is started by opqueued at start).
+    static func setKillDeadline(monotonicSeconds: Double?) {
+        CommandWatchdog.current?.setKillDeadline(monotonicSeconds: monotonicSeconds)
     }
 
     /// SIGKILL to every command's group (the daemon stops; unfinished operations run again at the next start).
@@ -296,8 +310,8 @@ private final class RunningGroups: @unchecked Sendable {
 }
 
 /// active/.commands: one line `PID STARTTIME` per command started, so that commands a killed daemon left
-/// running (posix_spawn cannot set PR_SET_PDEATHSIG) are killed at the next start, before their
-/// operations run again. A pid is trusted only if /proc still shows the same start time (pids are reused).
+/// running (the watchdog, CommandWatchdog.swift, normally kills them at once; not if it was killed too) are
+/// killed at the next start, before their operations run again. A pid is trusted only if /proc still shows the same start time (pids are reused).
 /// Emptied whenever no command runs, so it stays small.
 final class CommandLedger: @unchecked Sendable {
     static let shared = CommandLedger()

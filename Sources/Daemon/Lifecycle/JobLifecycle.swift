@@ -1,0 +1,313 @@
+// JobLifecycle: the life of the jobs this node runs, as a pure state machine — events in, actions out.
+//
+// A job is received (claimed from the inbox, resumed from active/, or claimed for this node by the store),
+// accepted (its plan read: its operations count against `maxActiveOperations` from then on), running (its group
+// submitted to the engine), finishing (its group ended, its publication queued) and then published, which takes
+// it out of the table. A manifest with problems goes received → rejected → published; a job the store says this
+// node no longer holds is lost: it leaves the table at once, nothing is published for it.
+//
+// No I/O, no locks, no clock: the shell (Daemon.swift) keeps one value of this type under its lock, feeds it what
+// happened and performs the actions it returns, in order (journal entries, submissions, cancels, publications,
+// group releases, hooks, discards). The operations themselves are the engine's; here they are only counted, and a
+// cancel of one operation is routed (the engine, which holds the operation's state, may still answer that it
+// has already ended).
+//
+// Trusts: the shell to report each job's events in the order they happened (received before planned before
+// submitted …); an event for a job not in the table (lost meanwhile) is ignored rather than trusted.
+
+struct JobLifecycle<Group: Hashable & Sendable>: Sendable {
+    enum Phase: Sendable, Equatable {
+        /// Claimed; its manifest is being read.
+        case received
+        /// Its plan is read and its operations counted; its group is being submitted.
+        case accepted
+        /// Its group runs on the engine.
+        case running
+        /// Its group has ended; its publication is queued.
+        case finishing
+        /// Refused (manifest problems or a refused submission); its publication is queued.
+        case rejected
+    }
+
+    /// How a job came to this node (only a claim from the inbox and a claim by the store are logged).
+    enum Arrival: Sendable, Equatable {
+        case inbox(manifest: String)
+        case resumed
+        case claimed(fromNode: String?)
+    }
+
+    /// What a cancel is routed to.
+    enum CancelAnswer: Sendable, Equatable {
+        /// Done, or remembered until the job's group exists.
+        case cancelled
+        case unknownOperation
+        case alreadyEnded
+        /// Not in the table: the store knows (the outbox, or another node).
+        case notHere
+    }
+
+    enum JournalEntry: Sendable, Equatable {
+        case received(job: String, manifest: String)
+        case claimed(job: String, fromNode: String?)
+        case accepted(job: String, operations: Int)
+        case rejected(job: String, problems: [String], error: String)
+        case lost(job: String, reason: String)
+    }
+
+    enum Event: Sendable, Equatable {
+        case received(job: String, Arrival)
+        /// The plan is read: `operations` count against the budget, `recovered` of them had ended before a restart.
+        case planned(job: String, operations: Int, recovered: Int)
+        /// The manifest had problems, or the engine refused the graph.
+        case rejected(job: String, problems: [String], error: String)
+        /// The job went to the store and runs wherever the store places it (a cluster): it leaves this table.
+        case handedOver(job: String)
+        case submitted(job: String, group: Group)
+        /// Operations added to a running job (a photo list, SPEC §3.5), `recovered` of them ended before a restart.
+        case extended(job: String, operations: Int, recovered: Int)
+        /// One of the group's operations (not one recovered) ended: for status' progress.
+        case operationEnded(group: Group)
+        /// `knownOperation`: the operation is in the job's plan as the shell knows it now (false before the plan is read).
+        case cancel(job: String, operation: String?, knownOperation: Bool)
+        /// The group ended; `status` and `error` as the shell reads them from the engine's records.
+        case groupFinished(group: Group, status: String, error: String?)
+        /// The job's outbox entry is placed (or, rejected, its result): it leaves the table.
+        case published(job: String)
+        /// The store says this node no longer holds the job.
+        case lost(job: String, reason: String)
+        case stopping
+        /// A spool fault or an unavailable store pauses claiming (nil: over).
+        case fault(String?)
+        case configured(maxActiveJobs: Int, maxActiveOperations: Int)
+        /// `--once`: the inbox names present at start; claiming takes only those, and the run ends once they
+        /// (and every job resumed) have ended.
+        case once(names: Set<String>)
+        /// `--once`: an inbox name was tried (claimed or not): no longer waited for.
+        case onceTried(name: String)
+    }
+
+    enum Action: Sendable, Equatable {
+        case journal(JournalEntry)
+        /// Submit the job's graph (built by the shell); answer with `submitted` or `rejected`.
+        case submit(job: String)
+        case cancelGroup(Group)
+        case cancelOperation(job: String, group: Group, operation: String)
+        /// Queue the job's outbox entry with this status.
+        case publish(job: String, status: String, error: String?)
+        /// The engine may forget the group.
+        case releaseGroup(Group)
+        /// Remove active/<job> and its downloads: nothing is published for it.
+        case discard(job: String)
+        /// Answer to a cancel.
+        case answer(CancelAnswer)
+    }
+
+    struct Job: Sendable {
+        var phase: Phase
+        var group: Group?
+        /// Cancels asked before the group existed (nil: the whole job), applied when it is submitted.
+        var cancelsBeforeGroup: [String?] = []
+        /// Operations counted against `maxActiveOperations`.
+        var operations = 0
+        /// Operations ended in this run, and those that had ended before a restart (status' progress).
+        var ended = 0
+        var recovered = 0
+    }
+
+    private(set) var jobs: [String: Job] = [:]
+    private var byGroup: [Group: String] = [:]
+    /// Groups of lost jobs still running (cancelled): released, and their jobs' folders discarded, when they end.
+    private var lostGroups: [Group: String] = [:]
+    /// Operations of the jobs in the table, against `maxActiveOperations`.
+    private(set) var activeOperations = 0
+    private(set) var maxActiveJobs: Int
+    private(set) var maxActiveOperations: Int
+    private(set) var stopping = false
+    /// Why claiming is paused (a spool fault, the store unavailable), if it is.
+    private(set) var fault: String?
+    /// `--once`: inbox names still to try (nil without `--once`).
+    private(set) var onceNames: Set<String>?
+    private var once = false
+
+    init(maxActiveJobs: Int, maxActiveOperations: Int) {
+        self.maxActiveJobs = maxActiveJobs
+        self.maxActiveOperations = maxActiveOperations
+    }
+
+    // MARK: Queries
+
+    /// What may be claimed now: how many more jobs, and how many more operations their manifests may hold.
+    enum Admission: Sendable, Equatable {
+        case room(jobs: Int, operations: Int)
+        case full
+        case stopping
+        case paused(String)
+    }
+
+    var admission: Admission {
+        if stopping { return .stopping }
+        if let fault { return .paused(fault) }
+        let room = maxActiveJobs - jobs.count, budget = maxActiveOperations - activeOperations
+        return room > 0 && budget > 0 ? .room(jobs: room, operations: budget) : .full
+    }
+
+    func phase(of job: String) -> Phase? { jobs[job]?.phase }
+    func job(of group: Group) -> String? { byGroup[group] }
+    func group(of job: String) -> Group? { jobs[job]?.group }
+    var count: Int { jobs.count }
+    var isEmpty: Bool { jobs.isEmpty }
+
+    /// Each job's operations and those ended (recovered included), for status.
+    func progress(_ job: String) -> (operations: Int, ended: Int)? {
+        jobs[job].map { ($0.operations, $0.ended + $0.recovered) }
+    }
+
+    /// `--once`: everything it was to do has ended (nothing active, no name from the start left to try).
+    var onceDone: Bool { once && jobs.isEmpty && onceNames?.isEmpty != false }
+
+    /// `--once`: whether claiming may take this inbox name.
+    func onceAllows(_ name: String) -> Bool { onceNames?.contains(name) ?? true }
+
+    // MARK: Events
+
+    mutating func handle(_ event: Event) -> [Action] {
+        switch event {
+        case .received(let id, let arrival):
+            guard jobs[id] == nil else { return [] }
+            jobs[id] = Job(phase: .received)
+            switch arrival {
+            case .inbox(let manifest): return [.journal(.received(job: id, manifest: manifest))]
+            case .resumed: return []
+            case .claimed(let fromNode): return [.journal(.claimed(job: id, fromNode: fromNode))]
+            }
+
+        case .planned(let id, let operations, let recovered):
+            guard var job = jobs[id], job.phase == .received else { return [] }
+            job.phase = .accepted
+            job.operations = operations
+            job.recovered = recovered
+            activeOperations += operations
+            jobs[id] = job
+            return [.journal(.accepted(job: id, operations: operations)), .submit(job: id)]
+
+        case .rejected(let id, let problems, let error):
+            guard var job = jobs[id], job.phase == .received || job.phase == .accepted else { return [] }
+            job.phase = .rejected
+            // Cancels asked meanwhile have nothing left to cancel.
+            job.cancelsBeforeGroup = []
+            jobs[id] = job
+            return [.journal(.rejected(job: id, problems: problems, error: error)), .publish(job: id, status: "rejected", error: error)]
+
+        case .handedOver(let id):
+            guard let job = jobs.removeValue(forKey: id) else { return [] }
+            activeOperations -= job.operations
+            return []
+
+        case .submitted(let id, let group):
+            guard var job = jobs[id], job.phase == .accepted else {
+                // Not expected (both happen on the shell's serial queue); stopped and dropped like a lost job's.
+                lostGroups[group] = id
+                return [.cancelGroup(group)]
+            }
+            job.phase = .running
+            job.group = group
+            let early = job.cancelsBeforeGroup
+            job.cancelsBeforeGroup = []
+            jobs[id] = job
+            byGroup[group] = id
+            return early.map { operation in
+                operation.map { .cancelOperation(job: id, group: group, operation: $0) } ?? .cancelGroup(group)
+            }
+
+        case .extended(let id, let operations, let recovered):
+            guard var job = jobs[id], job.phase == .running else { return [] }
+            job.operations += operations
+            job.recovered += recovered
+            activeOperations += operations
+            jobs[id] = job
+            return []
+
+        case .operationEnded(let group):
+            guard let id = byGroup[group] else { return [] }
+            jobs[id]?.ended += 1
+            return []
+
+        case .cancel(let id, let operation, let knownOperation):
+            guard var job = jobs[id] else { return [.answer(.notHere)] }
+            switch job.phase {
+            case .rejected:
+                return [.answer(.alreadyEnded)]
+            case .received, .accepted:
+                // Before the plan is read, an operation that turns out not to exist is logged and ignored
+                // once the group exists; after, it is refused now.
+                if operation != nil, job.phase == .accepted, !knownOperation { return [.answer(.unknownOperation)] }
+                job.cancelsBeforeGroup.append(operation)
+                jobs[id] = job
+                return [.answer(.cancelled)]
+            case .running, .finishing:
+                guard let group = job.group else { return [.answer(.alreadyEnded)] }
+                guard let operation else { return [.cancelGroup(group), .answer(.cancelled)] }
+                guard knownOperation else { return [.answer(.unknownOperation)] }
+                return [.cancelOperation(job: id, group: group, operation: operation), .answer(.cancelled)]
+            }
+
+        case .groupFinished(let group, let status, let error):
+            if let id = lostGroups.removeValue(forKey: group) { return [.releaseGroup(group), .discard(job: id)] }
+            guard let id = byGroup[group], var job = jobs[id], job.phase == .running else { return [] }
+            job.phase = .finishing
+            jobs[id] = job
+            return [.publish(job: id, status: status, error: error)]
+
+        case .published(let id):
+            guard let job = jobs[id], job.phase == .finishing || job.phase == .rejected else { return [] }
+            jobs[id] = nil
+            activeOperations -= job.operations
+            var actions: [Action] = []
+            if let group = job.group {
+                byGroup[group] = nil
+                actions.append(.releaseGroup(group))
+            }
+            return actions
+
+        case .lost(let id, let reason):
+            guard let job = jobs.removeValue(forKey: id) else { return [] }
+            activeOperations -= job.operations
+            var actions: [Action] = [.journal(.lost(job: id, reason: reason))]
+            if let group = job.group {
+                byGroup[group] = nil
+                if job.phase == .running {
+                    // Its commands die with the cancel; its folder goes once nothing runs in it.
+                    lostGroups[group] = id
+                    actions.append(.cancelGroup(group))
+                } else {
+                    actions += [.releaseGroup(group), .discard(job: id)]
+                }
+            } else {
+                actions.append(.discard(job: id))
+            }
+            return actions
+
+        case .stopping:
+            stopping = true
+            return []
+
+        case .fault(let reason):
+            fault = reason
+            return []
+
+        case .configured(let jobs, let operations):
+            maxActiveJobs = jobs
+            maxActiveOperations = operations
+            return []
+
+        case .once(let names):
+            once = true
+            onceNames = names
+            return []
+
+        case .onceTried(let name):
+            onceNames?.remove(name)
+            return []
+        }
+    }
+}

@@ -1,0 +1,235 @@
+// A command's processes die with the daemon that started them (issue 17, SPEC §8): the command watchdog
+// (CommandWatchdog.swift, Sources/CShims/watchdog.c) with real processes and real signals — kill -9 of a
+// real daemon while a command's shell has a grandchild, a normal stop, the watchdog's kill deadline (set,
+// passed, renewed, cleared) on a watchdog of the test's own — and OPQ_NODE on both journal targets.
+
+import CShims
+import Foundation
+import Logging
+import Testing
+import TestSupport
+@testable import Daemon
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Fields of /proc/PID/stat after the command name: state, ppid, pgrp, …; nil when the process is gone.
+private func statFields(_ pid: Int32) -> (comm: String, fields: [Substring])? {
+    guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
+          let open = stat.firstIndex(of: "("), let close = stat.lastIndex(of: ")") else { return nil }
+    return (String(stat[stat.index(after: open)..<close]), stat[stat.index(after: close)...].split(separator: " "))
+}
+
+/// Live (not zombie) processes whose process group is `pgid`.
+func liveProcesses(inGroup pgid: Int32) -> [Int32] {
+    ((try? FileManager.default.contentsOfDirectory(atPath: "/proc")) ?? []).compactMap { entry in
+        guard let pid = Int32(entry), let stat = statFields(pid), stat.fields.count > 2 else { return nil }
+        return Int32(stat.fields[2]) == pgid && stat.fields[0] != "Z" ? pid : nil
+    }
+}
+
+/// The command watchdogs a daemon started (its children named opq-watchdog), zombies left out.
+func watchdogs(of daemon: Int32) -> [Int32] {
+    ((try? FileManager.default.contentsOfDirectory(atPath: "/proc")) ?? []).compactMap { entry in
+        guard let pid = Int32(entry), let stat = statFields(pid), stat.comm == "opq-watchdog", stat.fields.count > 1 else { return nil }
+        return Int32(stat.fields[1]) == daemon && stat.fields[0] != "Z" ? pid : nil
+    }
+}
+
+/// Whether `pid` is gone or a zombie.
+private func ended(_ pid: Int32) -> Bool {
+    guard let stat = statFields(pid) else { return true }
+    return stat.fields.first == "Z"
+}
+
+private func waitUntil(_ seconds: Double, _ condition: () -> Bool) -> Bool {
+    let deadline = Date().addingTimeInterval(seconds)
+    while Date() < deadline {
+        if condition() { return true }
+        usleep(20_000)
+    }
+    return condition()
+}
+
+/// `sh -c 'sleep 300 & sleep 300'` in a process group of its own (as the daemon starts commands); returns
+/// the group (its leader's pid) and the leader's pidfd.
+private func shellWithGrandchild() throws -> (pgid: pid_t, pidfd: Int32) {
+    var pid: pid_t = -1, pidfd: Int32 = -1
+    let rc = withCStrings(["/bin/sh", "-c", "sleep 300 & sleep 300"]) { argv in
+        withCStrings(["PATH=/usr/bin:/bin"]) { env in opq_spawn("/bin/sh", argv, env, nil, -1, -1, &pid, &pidfd) }
+    }
+    guard rc == 0 else { throw SupportFailure("cannot start sh: \(String(cString: strerror(-rc)))") }
+    // Both sleeps started (the shell and its two children in the group).
+    _ = waitUntil(5) { liveProcesses(inGroup: pid).count >= 3 }
+    return (pid, pidfd)
+}
+
+/// Kills what is left of the group and reaps its leader.
+private func reap(_ group: (pgid: pid_t, pidfd: Int32)) {
+    kill(-group.pgid, SIGKILL)
+    close(group.pidfd)
+    var status: Int32 = 0
+    _ = waitpid(group.pgid, &status, 0)
+}
+
+/// Waits for a watchdog of the test's own to exit (it is the test's child).
+private func exited(_ watchdog: CommandWatchdog, within seconds: Double) -> Bool {
+    let deadline = Date().addingTimeInterval(seconds)
+    var status: Int32 = 0
+    while Date() < deadline {
+        if waitpid(watchdog.pid, &status, WNOHANG) == watchdog.pid { return true }
+        usleep(20_000)
+    }
+    return false
+}
+
+@Suite(.serialized) struct CommandDeathTests {
+    @Test func killNineOfTheDaemonKillsTheCommandsWholeGroupWithinTwoSeconds() throws {
+        let spool = TestSpool()
+        let mark = spool.root + ".pgid"
+        defer { unlink(mark) }
+        let config = try spool.configure(["commands": [
+            "forever": ["argv": ["/bin/sh", "-c", "echo $$ > \"$1\"; sleep 300 & sleep 300", "sh", "${mark}"], "parameters": ["mark": "string"]],
+        ]])
+        try spool.start(config)
+        let daemon = try #require(spool.daemon?.processIdentifier)
+        #expect(watchdogs(of: daemon).count == 1, "one watchdog per daemon")
+        try spool.drop("f.plist", ["job": "f", "operations": [["id": "f", "kind": "command", "command": "forever", "arguments": ["mark": mark]]]])
+        #expect(waitUntil(10) { (try? String(contentsOfFile: mark, encoding: .utf8))?.hasSuffix("\n") == true })
+        let pgid = try #require(Int32((try? String(contentsOfFile: mark, encoding: .utf8))?.trimmingCharacters(in: .whitespacesAndNewlines) ?? ""))
+        #expect(waitUntil(5) { liveProcesses(inGroup: pgid).count >= 3 }, "the shell and both sleeps: \(liveProcesses(inGroup: pgid))")
+        let watchdog = try #require(watchdogs(of: daemon).first)
+        // A daemon frozen by SIGSTOP does not freeze its watchdog (a process, session and group of its own).
+        spool.signal(SIGSTOP)
+        #expect(waitUntil(2) { statFields(daemon)?.fields.first == "T" })
+        #expect(statFields(watchdog)?.fields.first == "S", "the watchdog still runs: \(String(describing: statFields(watchdog)?.fields.first))")
+        spool.signal(SIGCONT)
+        spool.signal(SIGKILL)
+        _ = spool.waitForExit()
+        #expect(waitUntil(2) { liveProcesses(inGroup: pgid).isEmpty }, "nothing of the group outlives the daemon: \(liveProcesses(inGroup: pgid))")
+        #expect(waitUntil(2) { ended(watchdog) }, "the watchdog exits once it has killed")
+        // The next start finds nothing to kill and runs the operation again.
+        kill(-pgid, SIGKILL)
+    }
+
+    @Test func aNormalStopEndsTheWatchdogAndCommandsThatEndAreForgotten() throws {
+        let spool = TestSpool()
+        let config = try spool.configure(["commands": ["quick": ["argv": ["/bin/sh", "-c", "echo hi"], "output": "stdout"]]])
+        try spool.start(config)
+        let daemon = try #require(spool.daemon?.processIdentifier)
+        for i in 0..<5 {
+            try spool.drop("q\(i).plist", ["job": "q\(i)", "operations": [["id": "q", "kind": "command", "command": "quick"]]])
+        }
+        for i in 0..<5 { #expect(spool.result("q\(i)")?["status"] as? String == "succeeded") }
+        let found = watchdogs(of: daemon)
+        #expect(found.count == 1, "still one watchdog after commands came and went: \(found)")
+        let watchdog = try #require(found.first)
+        spool.signal(SIGTERM)
+        #expect(spool.waitForExit() == 0)
+        #expect(waitUntil(2) { ended(watchdog) }, "the watchdog does not outlive a daemon that stopped")
+    }
+
+    @Test func anEndedGroupIsNotKilledWhenThePipeCloses() throws {
+        let watchdog = try CommandWatchdog.spawn().get()
+        let group = try shellWithGrandchild()
+        defer { reap(group) }
+        watchdog.groupStarted(group.pgid)
+        watchdog.groupEnded(group.pgid)
+        watchdog.close()
+        #expect(exited(watchdog, within: 2))
+        #expect(liveProcesses(inGroup: group.pgid).count >= 3, "forgotten, so left alone")
+    }
+
+    @Test func closingThePipeKillsEveryRecordedGroup() throws {
+        let watchdog = try CommandWatchdog.spawn().get()
+        let first = try shellWithGrandchild(), second = try shellWithGrandchild()
+        defer { reap(first); reap(second) }
+        watchdog.groupStarted(first.pgid)
+        watchdog.groupStarted(second.pgid)
+        // SIGTERM, SIGINT, SIGHUP and SIGTSTP (a terminal's, a service manager's) do not end or stop it.
+        for sig in [SIGTERM, SIGINT, SIGHUP, SIGTSTP] { kill(watchdog.pid, sig) }
+        usleep(200_000)
+        #expect(!ended(watchdog.pid))
+        #expect(statFields(watchdog.pid)?.fields.first != "T", "not stopped")
+        #expect(liveProcesses(inGroup: first.pgid).count >= 3 && liveProcesses(inGroup: second.pgid).count >= 3)
+        watchdog.close()
+        #expect(waitUntil(2) { liveProcesses(inGroup: first.pgid).isEmpty && liveProcesses(inGroup: second.pgid).isEmpty })
+        #expect(exited(watchdog, within: 2))
+    }
+
+    @Test func anUnrenewedDeadlineKillsTheGroupsAndARenewedOneDoesNot() throws {
+        let watchdog = try CommandWatchdog.spawn().get()
+        defer { watchdog.close(); _ = exited(watchdog, within: 2) }
+        let group = try shellWithGrandchild()
+        defer { reap(group) }
+        watchdog.groupStarted(group.pgid)
+        // Renewed every 0.25 s, one second ahead each time, for 2.5 s: alive.
+        let renewUntil = Date().addingTimeInterval(2.5)
+        while Date() < renewUntil {
+            watchdog.setKillDeadline(monotonicSeconds: CommandWatchdog.monotonicSeconds() + 1)
+            usleep(250_000)
+        }
+        #expect(liveProcesses(inGroup: group.pgid).count >= 3, "renewed in time")
+        // Cleared: no deadline, however long.
+        watchdog.setKillDeadline(monotonicSeconds: nil)
+        usleep(1_500_000)
+        #expect(liveProcesses(inGroup: group.pgid).count >= 3, "no deadline")
+        // One second ahead, not renewed: killed, the shell's grandchild too.
+        let set = CommandWatchdog.monotonicSeconds()
+        watchdog.setKillDeadline(monotonicSeconds: set + 1)
+        #expect(waitUntil(4) { liveProcesses(inGroup: group.pgid).isEmpty }, "killed at the deadline: \(liveProcesses(inGroup: group.pgid))")
+        #expect(CommandWatchdog.monotonicSeconds() - set >= 0.95, "not before it")
+        #expect(!ended(watchdog.pid), "the watchdog goes on after a deadline")
+    }
+
+    @Test func aGroupStartedAfterAPassedDeadlineIsKilledUntilANewDeadlineComes() throws {
+        let watchdog = try CommandWatchdog.spawn().get()
+        defer { watchdog.close(); _ = exited(watchdog, within: 2) }
+        watchdog.setKillDeadline(monotonicSeconds: CommandWatchdog.monotonicSeconds() - 1)
+        usleep(200_000)
+        let late = try shellWithGrandchild()
+        defer { reap(late) }
+        watchdog.groupStarted(late.pgid)
+        #expect(waitUntil(2) { liveProcesses(inGroup: late.pgid).isEmpty }, "not covered by a lease")
+        watchdog.setKillDeadline(monotonicSeconds: CommandWatchdog.monotonicSeconds() + 60)
+        let renewed = try shellWithGrandchild()
+        defer { reap(renewed) }
+        watchdog.groupStarted(renewed.pgid)
+        usleep(500_000)
+        #expect(liveProcesses(inGroup: renewed.pgid).count >= 3, "a new deadline covers it")
+    }
+
+    @Test func theNewEventsHaveMessageIDsTheCatalogTestCovers() {
+        let pairs = MessageIDs.pairs.map { "\($0.event)/\($0.state)" }
+        for pair in ["job/claimed", "job/lost", "cluster/connected", "cluster/disconnected"] {
+            #expect(pairs.contains(pair), "\(pair)")
+        }
+    }
+
+    @Test func everyEntryCarriesTheNodeOnBothTargets() throws {
+        // Console: the line of an event, with and without a node.
+        let metadata: Logger.Metadata = ["OPQ_EVENT": "job", "OPQ_STATE": "claimed", "OPQ_JOB": "j", "OPQ_FROM_NODE": "worker-2"]
+        #expect(!ConsoleLogHandler.line(level: .info, message: "m", metadata: Journal.fields([:], metadata)).contains("OPQ_NODE"))
+        Journal.node = "worker-1"
+        defer { Journal.node = nil }
+        let line = ConsoleLogHandler.line(level: .info, message: "m", metadata: Journal.fields([:], metadata))
+        #expect(line.contains(" OPQ_NODE=worker-1 "), "\(line)")
+        #expect(line.contains(" OPQ_FROM_NODE=worker-2 "), "\(line)")
+        #expect(line.contains(" MESSAGE_ID=\(MessageIDs.id(event: "job", state: "claimed")) "), "\(line)")
+
+        // journald: an entry logged through the handler, read back by its unique job id.
+        try ensureJournald()
+        let job = "node-test-" + UUID().uuidString.prefix(8)
+        var logger = Logger(label: "t", factory: { _ in JournalLogHandler(identifier: "opqueued-test") })
+        logger.logLevel = .info
+        logger.info("a job was claimed", metadata: ["OPQ_EVENT": "job", "OPQ_STATE": "claimed", "OPQ_JOB": .string(job)])
+        var found = ""
+        _ = waitUntil(10) {
+            found = (try? run("/usr/bin/journalctl", ["--no-pager", "-o", "json", "OPQ_JOB=\(job)"]))?.stdout ?? ""
+            return found.contains(job)
+        }
+        #expect(found.contains("\"OPQ_NODE\":\"worker-1\""), "\(found)")
+        #expect(found.contains("\"MESSAGE_ID\":\"\(MessageIDs.id(event: "job", state: "claimed"))\""), "\(found)")
+    }
+}

@@ -1,0 +1,344 @@
+// The job lifecycle (Lifecycle/JobLifecycle.swift) as a pure state machine: events in, actions out, no I/O.
+// Groups are plain integers here (the machine is generic over the engine's group id).
+
+import Testing
+@testable import Daemon
+
+private typealias Machine = JobLifecycle<Int>
+
+@Suite struct JobLifecycleTests {
+    private func machine(jobs: Int = 4, operations: Int = 100) -> Machine {
+        Machine(maxActiveJobs: jobs, maxActiveOperations: operations)
+    }
+
+    /// Received from the inbox, planned and submitted as group `group`.
+    private func running(_ m: inout Machine, _ job: String, operations: Int = 3, group: Int) {
+        _ = m.handle(.received(job: job, .inbox(manifest: job + ".plist")))
+        _ = m.handle(.planned(job: job, operations: operations, recovered: 0))
+        _ = m.handle(.submitted(job: job, group: group))
+    }
+
+    @Test func aJobGoesFromReceivedToPublished() {
+        var m = machine()
+        #expect(m.handle(.received(job: "a", .inbox(manifest: "a.plist"))) == [.journal(.received(job: "a", manifest: "a.plist"))])
+        #expect(m.phase(of: "a") == .received)
+        #expect(m.activeOperations == 0, "operations count once the plan is read")
+        #expect(m.handle(.planned(job: "a", operations: 3, recovered: 1)) == [.journal(.accepted(job: "a", operations: 3)), .submit(job: "a")])
+        #expect(m.phase(of: "a") == .accepted)
+        #expect(m.activeOperations == 3)
+        #expect(m.handle(.submitted(job: "a", group: 7)) == [])
+        #expect(m.phase(of: "a") == .running)
+        #expect(m.job(of: 7) == "a")
+        #expect(m.handle(.operationEnded(group: 7)) == [])
+        #expect(m.progress("a")?.operations == 3)
+        #expect(m.progress("a")?.ended == 2, "one ended here, one before the restart")
+        #expect(m.handle(.groupFinished(group: 7, status: "failed", error: "b: boom")) == [.publish(job: "a", status: "failed", error: "b: boom")])
+        #expect(m.phase(of: "a") == .finishing)
+        #expect(m.activeOperations == 3, "counted until published")
+        #expect(m.handle(.published(job: "a")) == [.releaseGroup(7)])
+        #expect(m.phase(of: "a") == nil)
+        #expect(m.job(of: 7) == nil)
+        #expect(m.activeOperations == 0)
+        #expect(m.isEmpty)
+    }
+
+    @Test func resumedJobsAreNotLoggedAsReceivedAndClaimedOnesNameTheirNode() {
+        var m = machine()
+        #expect(m.handle(.received(job: "r", .resumed)) == [])
+        #expect(m.handle(.received(job: "c", .claimed(fromNode: "n2"))) == [.journal(.claimed(job: "c", fromNode: "n2"))])
+        #expect(m.handle(.received(job: "c", .claimed(fromNode: nil))) == [], "a job already in the table is not received twice")
+        #expect(m.count == 2)
+    }
+
+    @Test func aRejectedJobIsPublishedWithItsProblems() {
+        var m = machine()
+        _ = m.handle(.received(job: "bad", .inbox(manifest: "bad.plist")))
+        #expect(m.handle(.rejected(job: "bad", problems: ["x", "y"], error: "x\ny")) == [
+            .journal(.rejected(job: "bad", problems: ["x", "y"], error: "x\ny")), .publish(job: "bad", status: "rejected", error: "x\ny"),
+        ])
+        #expect(m.phase(of: "bad") == .rejected)
+        #expect(m.handle(.cancel(job: "bad", operation: nil, knownOperation: true)) == [.answer(.alreadyEnded)])
+        #expect(m.handle(.groupFinished(group: 1, status: "succeeded", error: nil)) == [], "no group: nothing to finish")
+        #expect(m.handle(.published(job: "bad")) == [], "no group to release")
+        #expect(m.isEmpty)
+    }
+
+    @Test func aRefusedSubmissionRejectsAndKeepsCountingUntilPublished() {
+        var m = machine()
+        _ = m.handle(.received(job: "a", .resumed))
+        _ = m.handle(.planned(job: "a", operations: 5, recovered: 0))
+        _ = m.handle(.cancel(job: "a", operation: nil, knownOperation: true))
+        #expect(m.handle(.rejected(job: "a", problems: ["cycle"], error: "cycle!")).last == .publish(job: "a", status: "rejected", error: "cycle!"))
+        #expect(m.activeOperations == 5)
+        _ = m.handle(.published(job: "a"))
+        #expect(m.activeOperations == 0)
+    }
+
+    @Test func cancelsBeforeTheGroupExistAreAppliedWhenItIsSubmitted() {
+        var m = machine()
+        _ = m.handle(.received(job: "a", .inbox(manifest: "a.plist")))
+        // Before the plan is read, any operation name is taken (checked once the group exists).
+        #expect(m.handle(.cancel(job: "a", operation: "zz", knownOperation: false)) == [.answer(.cancelled)])
+        _ = m.handle(.planned(job: "a", operations: 2, recovered: 0))
+        // After, an unknown operation is refused at once.
+        #expect(m.handle(.cancel(job: "a", operation: "nope", knownOperation: false)) == [.answer(.unknownOperation)])
+        #expect(m.handle(.cancel(job: "a", operation: "b", knownOperation: true)) == [.answer(.cancelled)])
+        #expect(m.handle(.cancel(job: "a", operation: nil, knownOperation: true)) == [.answer(.cancelled)])
+        #expect(m.handle(.submitted(job: "a", group: 3)) == [
+            .cancelOperation(job: "a", group: 3, operation: "zz"), .cancelOperation(job: "a", group: 3, operation: "b"), .cancelGroup(3),
+        ])
+        #expect(m.handle(.groupFinished(group: 3, status: "cancelled", error: nil)) == [.publish(job: "a", status: "cancelled", error: nil)])
+    }
+
+    @Test func cancelsAfterTheGroupExistGoToTheEngine() {
+        var m = machine()
+        running(&m, "a", group: 9)
+        #expect(m.handle(.cancel(job: "a", operation: nil, knownOperation: true)) == [.cancelGroup(9), .answer(.cancelled)])
+        #expect(m.handle(.cancel(job: "a", operation: "b", knownOperation: true)) == [.cancelOperation(job: "a", group: 9, operation: "b"), .answer(.cancelled)])
+        #expect(m.handle(.cancel(job: "a", operation: "nope", knownOperation: false)) == [.answer(.unknownOperation)])
+        _ = m.handle(.groupFinished(group: 9, status: "cancelled", error: nil))
+        // Finishing: the engine answers for the operation; the whole job's cancel is harmless.
+        #expect(m.handle(.cancel(job: "a", operation: nil, knownOperation: true)) == [.cancelGroup(9), .answer(.cancelled)])
+    }
+
+    @Test func aJobNotInTheTableIsTheStoresToAnswer() {
+        var m = machine()
+        #expect(m.handle(.cancel(job: "elsewhere", operation: nil, knownOperation: false)) == [.answer(.notHere)])
+        running(&m, "a", group: 1)
+        _ = m.handle(.groupFinished(group: 1, status: "succeeded", error: nil))
+        _ = m.handle(.published(job: "a"))
+        #expect(m.handle(.cancel(job: "a", operation: nil, knownOperation: false)) == [.answer(.notHere)], "published: the outbox answers")
+    }
+
+    @Test func aJobLostWhileRunningIsStoppedAndDiscardedOnceItsGroupEnds() {
+        var m = machine()
+        running(&m, "a", operations: 4, group: 5)
+        #expect(m.handle(.lost(job: "a", reason: "lease ran out")) == [.journal(.lost(job: "a", reason: "lease ran out")), .cancelGroup(5)])
+        #expect(m.phase(of: "a") == nil)
+        #expect(m.activeOperations == 0, "its operations no longer count")
+        #expect(m.handle(.operationEnded(group: 5)) == [])
+        #expect(m.handle(.cancel(job: "a", operation: nil, knownOperation: true)) == [.answer(.notHere)])
+        // Its group ends (cancelled): released, folder discarded, nothing published.
+        #expect(m.handle(.groupFinished(group: 5, status: "cancelled", error: nil)) == [.releaseGroup(5), .discard(job: "a")])
+        #expect(m.handle(.groupFinished(group: 5, status: "cancelled", error: nil)) == [], "once")
+        #expect(m.handle(.published(job: "a")) == [], "a publication that was queued does not bring it back")
+        #expect(m.handle(.lost(job: "a", reason: "again")) == [], "lost twice: logged once")
+    }
+
+    @Test func aJobLostWhileFinishingIsDiscardedAtOnce() {
+        var m = machine()
+        running(&m, "a", group: 2)
+        _ = m.handle(.groupFinished(group: 2, status: "succeeded", error: nil))
+        #expect(m.handle(.lost(job: "a", reason: "taken over")) == [.journal(.lost(job: "a", reason: "taken over")), .releaseGroup(2), .discard(job: "a")])
+        #expect(m.handle(.published(job: "a")) == [])
+        #expect(m.isEmpty)
+    }
+
+    @Test func aJobLostBeforeItsGroupExistsIsDiscardedAtOnce() {
+        var m = machine()
+        _ = m.handle(.received(job: "a", .claimed(fromNode: nil)))
+        _ = m.handle(.planned(job: "a", operations: 2, recovered: 0))
+        #expect(m.handle(.lost(job: "a", reason: "x")) == [.journal(.lost(job: "a", reason: "x")), .discard(job: "a")])
+        #expect(m.activeOperations == 0)
+        // A submission that comes anyway is stopped and dropped.
+        #expect(m.handle(.submitted(job: "a", group: 4)) == [.cancelGroup(4)])
+        #expect(m.handle(.groupFinished(group: 4, status: "cancelled", error: nil)) == [.releaseGroup(4), .discard(job: "a")])
+    }
+
+    @Test func admissionCountsJobsAndOperations() {
+        var m = machine(jobs: 2, operations: 10)
+        #expect(m.admission == .room(jobs: 2, operations: 10))
+        _ = m.handle(.received(job: "a", .resumed))
+        #expect(m.admission == .room(jobs: 1, operations: 10), "a job being read takes a slot")
+        _ = m.handle(.planned(job: "a", operations: 6, recovered: 0))
+        #expect(m.admission == .room(jobs: 1, operations: 4))
+        _ = m.handle(.submitted(job: "a", group: 1))
+        _ = m.handle(.extended(job: "a", operations: 4, recovered: 0))
+        #expect(m.admission == .full, "the operation budget is spent")
+        _ = m.handle(.configured(maxActiveJobs: 2, maxActiveOperations: 20))
+        #expect(m.admission == .room(jobs: 1, operations: 10))
+        _ = m.handle(.received(job: "b", .resumed))
+        #expect(m.admission == .full, "no room for jobs")
+        _ = m.handle(.handedOver(job: "b"))
+        #expect(m.admission == .room(jobs: 1, operations: 10), "a job handed to the store leaves the table")
+    }
+
+    @Test func faultsAndStoppingPauseClaiming() {
+        var m = machine()
+        _ = m.handle(.fault("reading the inbox failed: EIO"))
+        #expect(m.admission == .paused("reading the inbox failed: EIO"))
+        _ = m.handle(.fault(nil))
+        #expect(m.admission == .room(jobs: 4, operations: 100))
+        _ = m.handle(.stopping)
+        #expect(m.admission == .stopping)
+        _ = m.handle(.fault("x"))
+        #expect(m.admission == .stopping, "stopping wins")
+    }
+
+    @Test func onceEndsWhenTheNamesFromTheStartAreTriedAndNothingRuns() {
+        var m = machine()
+        #expect(!m.onceDone, "without --once never done")
+        running(&m, "resumed", group: 1)
+        _ = m.handle(.once(names: ["x.plist", "y.plist"]))
+        #expect(m.onceAllows("x.plist"))
+        #expect(!m.onceAllows("late.plist"))
+        _ = m.handle(.onceTried(name: "x.plist"))
+        #expect(!m.onceAllows("x.plist"))
+        _ = m.handle(.onceTried(name: "y.plist"))
+        #expect(!m.onceDone, "a job still runs")
+        _ = m.handle(.groupFinished(group: 1, status: "succeeded", error: nil))
+        #expect(!m.onceDone)
+        _ = m.handle(.published(job: "resumed"))
+        #expect(m.onceDone)
+    }
+
+    @Test func eventsForUnknownJobsAreIgnored() {
+        var m = machine()
+        #expect(m.handle(.planned(job: "ghost", operations: 3, recovered: 0)) == [])
+        #expect(m.handle(.extended(job: "ghost", operations: 3, recovered: 0)) == [])
+        #expect(m.handle(.rejected(job: "ghost", problems: [], error: "")) == [])
+        #expect(m.handle(.operationEnded(group: 42)) == [])
+        #expect(m.activeOperations == 0)
+        #expect(m.isEmpty)
+    }
+}
+
+// MARK: The shell (Daemon.swift) against a store that is not the file spool
+
+import Foundation
+import Logging
+import Synchronization
+
+/// A JobStore the test steers: ends it refuses are lost, every job has an origin, cancels are noted.
+private final class FakeStore: JobStore, @unchecked Sendable {
+    let lock = NSLock()
+    weak var delegate: (any JobStoreDelegate)?
+    var refused: Set<String> = []
+    var completed: [JobEnd] = []
+    var cancels: [String] = []
+    var node: String? { "n1" }
+    var inboxRunsHere: Bool { true }
+    func submissionConfiguration(_ local: Configuration) -> Configuration { local }
+    func recovered(_ jobs: [ClaimedJob]) -> [ClaimedJob] { jobs }
+    func submit(_ jobs: [ClaimedJob]) -> [ClaimedJob] { jobs }
+    func want(room: Int) {}
+    func complete(_ ends: [JobEnd]) throws -> Set<String> {
+        lock.withLock {
+            completed += ends
+            return Set(ends.map(\.job)).subtracting(refused)
+        }
+    }
+    func origin(of job: String) -> JobOrigin? { JobOrigin(submittedOn: "n0", fromNode: job == "d" ? "n9" : nil) }
+    func requestCancel(job: String, operation: String?) -> StoreCancelOutcome {
+        lock.withLock { cancels.append(job) }
+        return .requested
+    }
+    func setSuspended(_ queue: String, _ suspended: Bool) -> Bool { false }
+    func shutdown() {}
+}
+
+/// Keeps each entry's OPQ_STATE and OPQ_JOB (and OPQ_FROM_NODE) for the test to read.
+private struct Captured: LogHandler {
+    let log: Log
+    var metadata: Logger.Metadata = [:]
+    var logLevel: Logger.Level = .trace
+    subscript(metadataKey key: String) -> Logger.Metadata.Value? {
+        get { metadata[key] }
+        set { metadata[key] = newValue }
+    }
+    func log(event: LogEvent) {
+        var fields: [String: String] = [:]
+        for (k, v) in event.metadata ?? [:] { fields[k] = "\(v)" }
+        log.entries.withLock { $0.append(fields) }
+    }
+}
+
+private final class Log: Sendable {
+    let entries = Mutex<[[String: String]]>([])
+    func has(_ state: String, _ job: String) -> [String: String]? {
+        entries.withLock { $0.first { $0["OPQ_STATE"] == state && $0["OPQ_JOB"] == job } }
+    }
+}
+
+private func eventually(_ seconds: Double = 20, _ condition: () -> Bool) -> Bool {
+    let deadline = Date().addingTimeInterval(seconds)
+    while Date() < deadline {
+        if condition() { return true }
+        usleep(10_000)
+    }
+    return condition()
+}
+
+@Suite struct ShellStoreTests {
+    @Test func theShellCallsTheStoreAtEachPointAndDropsWhatItLoses() async throws {
+        let root = NSTemporaryDirectory() + "opq-shell-\(getpid())-\(UInt32.random(in: 0...UInt32.max))"
+        defer { try? FileManager.default.removeItem(atPath: root) }
+        let spool = try Spool(root: root)
+        let log = Log()
+        let logger = Logger(label: "test") { _ in Captured(log: log) }
+        let store = FakeStore()
+        let daemon = Daemon(spool: spool, configuration: .builtIn, configPath: nil, logger: logger, store: store)
+        #expect(store.delegate != nil, "the shell is the store's delegate")
+        daemon.start()
+        func drop(_ job: String, seconds: Double) {
+            let data = plist(["job": job, "operations": [["id": "a", "kind": "sleep", "seconds": seconds]]])
+            _ = FileManager.default.createFile(atPath: root + "/inbox/." + job, contents: data)
+            rename(root + "/inbox/." + job, root + "/inbox/" + job + ".plist")
+            daemon.scan(hints: [job + ".plist"])
+        }
+        func exists(_ path: String) -> Bool { FileManager.default.fileExists(atPath: root + "/" + path) }
+
+        // Recorded by the store: published, with the node and where it was submitted.
+        drop("a", seconds: 0)
+        #expect(eventually { exists("outbox/a/result.plist") })
+        let result = try #require(try PropertyListSerialization.propertyList(from: Data(contentsOf: URL(fileURLWithPath: root + "/outbox/a/result.plist")), format: nil) as? [String: Any])
+        #expect(result["node"] as? String == "n1")
+        #expect(result["submittedOn"] as? String == "n0")
+        #expect(store.lock.withLock { store.completed.map(\.job) } == ["a"])
+        #expect(store.lock.withLock { store.completed.first?.resultFile } == spool.stagedResult(job: "a"))
+
+        // Not recorded (another node holds it): lost, nothing published, its folder gone.
+        store.lock.withLock { store.refused = ["b"] }
+        drop("b", seconds: 0)
+        #expect(eventually { log.has("lost", "b") != nil })
+        #expect(eventually { !exists("active/b") })
+        #expect(!exists("outbox/b"))
+        #expect(log.has("finished", "b") == nil)
+
+        // Lost while running: stopped, dropped from status, nothing published.
+        drop("c", seconds: 30)
+        #expect(eventually { daemon.status().executing == 1 })
+        #expect(daemon.status().activeJobs == ["c"])
+        store.delegate?.lost(["c"], reason: "lease ran out")
+        #expect(eventually { !exists("active/c") })
+        #expect(daemon.status().activeJobs.isEmpty)
+        #expect(log.has("lost", "c")?["OPQ_ERROR"] == "lease ran out")
+        #expect(eventually { daemon.status().executing == 0 })
+        usleep(200_000)
+        #expect(!exists("outbox/c"))
+
+        // A cancel for a job not here is the store's.
+        #expect(daemon.cancel(job: "elsewhere", operation: nil) == .cancelled)
+        #expect(store.lock.withLock { store.cancels } == ["elsewhere"])
+
+        // Claimed for this node by the store: logged `claimed` with the node it was taken from, and run.
+        try FileManager.default.createDirectory(atPath: root + "/active/d", withIntermediateDirectories: true)
+        let manifest = plist(["job": "d", "operations": [["id": "a", "kind": "sleep", "seconds": 0]]])
+        _ = FileManager.default.createFile(atPath: root + "/active/d/manifest.plist", contents: manifest)
+        store.delegate?.run([ClaimedJob(id: "d", requestedJob: nil, manifestName: "d.plist", receivedAt: Date().timeIntervalSince1970,
+                                        manifest: manifest, tree: nil, done: [:])])
+        #expect(eventually { exists("outbox/d/result.plist") })
+        #expect(log.has("claimed", "d")?["OPQ_FROM_NODE"] == "n9")
+        #expect(log.has("received", "d") == nil)
+
+        // A claimed row that does not validate here ends rejected, published here.
+        try FileManager.default.createDirectory(atPath: root + "/active/e", withIntermediateDirectories: true)
+        let bad = plist(["job": "e", "operations": [["id": "a", "kind": "nosuchkind"]]])
+        _ = FileManager.default.createFile(atPath: root + "/active/e/manifest.plist", contents: bad)
+        store.delegate?.run([ClaimedJob(id: "e", requestedJob: nil, manifestName: "e.plist", receivedAt: Date().timeIntervalSince1970,
+                                        manifest: bad, tree: nil, done: [:])])
+        #expect(eventually { exists("outbox/e/result.plist") })
+        #expect(log.has("rejected", "e") != nil)
+        await daemon.stop(grace: 1)
+    }
+}
