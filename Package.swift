@@ -117,5 +117,7 @@ let package = Package(
         .testTarget(name: "DaemonTests", dependencies: ["Daemon", "TestSupport"]),
         .testTarget(name: "PropertyListTests", dependencies: ["PropertyList", "TestSupport"]),
         .testTarget(name: "ClusterStoreTests", dependencies: ["ClusterStore", "TestSupport"]),
+        // SPEC §8 from outside: real nodes on one throwaway PostgreSQL (Tests/Support/ClusterHarness.swift).
+        .testTarget(name: "ClusterTests", dependencies: ["TestSupport"]),
     ]
 )

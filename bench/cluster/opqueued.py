@@ -1,0 +1,284 @@
+#!/usr/bin/env python3
+# The opqueued part of the cluster benchmark (bench/cluster/run.sh opqueued), on the server run.sh started:
+#
+#   throughput  the file spool alone (no cluster: today's single-node figure), then 1 and 2 nodes; JOBS single-`sleep 0` manifests written hidden into node A's inbox, then renamed in
+#               (the clock starts at the first rename and stops when the last outbox entry appears on any node);
+#               commits per job from pg_stat_database.xact_commit over the same span (inserts, claims,
+#               heartbeats, completions: everything the nodes did)
+#   pickup      an idle 2-node cluster, a queue declared on node B only: manifest renamed into node A's inbox ->
+#               its operation's startedAt in B's result.plist; SAMPLES samples, p50/p99
+#   takeover    kill -9 of the node running a 4 s job -> the operation's startedAt on the other node
+#
+# Nodes log in as a role with only the README's GRANTs (CONNECT; USAGE, CREATE on public), through a password
+# file, with full durability (the server's fsync on, the spool's own fsyncs). Prints one JSON line per figure.
+
+import argparse
+import json
+import os
+import plistlib
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+
+import urllib.parse
+
+
+def psql(admin, database, sql):
+    url = urllib.parse.urlparse(admin)
+    env = dict(os.environ, PGPASSWORD=url.password or "")
+    return subprocess.run(["psql", "-XAtq", "-v", "ON_ERROR_STOP=1", "-h", url.hostname, "-p", str(url.port),
+                           "-U", url.username, "-d", database, "-c", sql], env=env, check=True,
+                          capture_output=True, text=True).stdout.strip()
+
+
+def commits(admin, database):
+    return int(psql(admin, "postgres", f"SELECT xact_commit FROM pg_stat_database WHERE datname = '{database}'"))
+
+
+class Cluster:
+    def __init__(self, args, count, lease=15, settings=lambda k: {}, cluster=True):
+        self.args = args
+        url = urllib.parse.urlparse(args.admin)
+        self.port = url.port
+        self.folder = tempfile.mkdtemp(prefix="opq-bench-cluster-")
+        tag = uuid.uuid4().hex[:8]
+        self.cluster = cluster
+        self.database = f"bench_{tag}"
+        self.role = f"bench_{tag}"
+        self.nodes = []
+        if cluster:
+            self.make_database(tag)
+        for k in range(count):
+            name = f"{tag}-n{k}"
+            spool = os.path.join(self.folder, name)
+            os.makedirs(spool + "/inbox")
+            configuration = dict(settings(k))
+            if cluster:
+                configuration["cluster"] = {
+                    "database": f"postgresql://{self.role}@127.0.0.1:{self.port}/{self.database}?sslmode=disable",
+                    "passwordFile": self.password_file, "node": name, "leaseSeconds": lease}
+            with open(spool + ".plist", "wb") as f:
+                plistlib.dump(configuration, f)
+            self.nodes.append({"name": name, "spool": spool, "config": spool + ".plist", "log": spool + ".log", "process": None})
+        for k in range(count):
+            self.start(k)
+        for k in range(count):
+            self.wait_ready(k)
+
+    def make_database(self, tag):
+        args = self.args
+        password = f"pw-{uuid.uuid4().hex}"
+        psql(args.admin, "postgres", f"CREATE ROLE {self.role} LOGIN PASSWORD '{password}'")
+        psql(args.admin, "postgres", f"CREATE DATABASE {self.database}")
+        psql(args.admin, "postgres", f"REVOKE ALL ON DATABASE {self.database} FROM PUBLIC")
+        psql(args.admin, "postgres", f"GRANT CONNECT ON DATABASE {self.database} TO {self.role}")
+        psql(args.admin, self.database, "REVOKE ALL ON SCHEMA public FROM PUBLIC")
+        psql(args.admin, self.database, f"GRANT USAGE, CREATE ON SCHEMA public TO {self.role}")
+        self.password_file = os.path.join(self.folder, "password")
+        with open(self.password_file, "w") as f:
+            f.write(password + "\n")
+        os.chmod(self.password_file, 0o600)
+
+    def start(self, k):
+        node = self.nodes[k]
+        log = open(node["log"], "a")
+        node["process"] = subprocess.Popen([self.args.bin + "/opqueued", "--spool", node["spool"], "--config", node["config"],
+                                            "--log-target", "console"], stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+
+    def wait_ready(self, k, timeout=60):
+        node = self.nodes[k]
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if node["process"].poll() is not None:
+                break
+            s = socket.socket(socket.AF_UNIX)
+            try:
+                s.connect(node["spool"] + "/opqueued.sock")
+                return
+            except OSError:
+                time.sleep(0.05)
+            finally:
+                s.close()
+        with open(node["log"]) as f:
+            tail = f.read()[-600:]
+        self.close()
+        raise SystemExit(f"node {node['name']} not ready (exit {node['process'].poll()}); its log ends: {tail}")
+
+    def kill9(self, k):
+        process = self.nodes[k]["process"]
+        process.kill()
+        process.wait()
+
+    def outbox(self, k):
+        try:
+            return [x for x in os.listdir(self.nodes[k]["spool"] + "/outbox") if not x.startswith(".")]
+        except FileNotFoundError:
+            return []
+
+    def result(self, k, job):
+        try:
+            with open(f"{self.nodes[k]['spool']}/outbox/{job}/result.plist", "rb") as f:
+                return plistlib.load(f)
+        except (FileNotFoundError, plistlib.InvalidFileException):
+            return None
+
+    def close(self):
+        for node in self.nodes:
+            if node["process"] and node["process"].poll() is None:
+                node["process"].send_signal(signal.SIGTERM)
+        for node in self.nodes:
+            if node["process"]:
+                try:
+                    node["process"].wait(30)
+                except subprocess.TimeoutExpired:
+                    node["process"].kill()
+        shutil.rmtree(self.folder, ignore_errors=True)
+        if not self.cluster:
+            return
+        psql(self.args.admin, "postgres", f"DROP DATABASE IF EXISTS {self.database} WITH (FORCE)")
+        psql(self.args.admin, "postgres", f"DROP ROLE IF EXISTS {self.role}")
+
+
+def manifest(job, queue=None):
+    operation = {"id": "a", "kind": "sleep", "seconds": 0}
+    if queue:
+        operation["queue"] = queue
+    return plistlib.dumps({"job": job, "operations": [operation]})
+
+
+def throughput(args, count, with_cluster=True):
+    cluster = Cluster(args, count, settings=lambda k: {"maxActiveJobs": 64}, cluster=with_cluster)
+    try:
+        inbox = cluster.nodes[0]["spool"] + "/inbox"
+        names = [f"t{i:06d}" for i in range(args.jobs)]
+        for name in names:
+            with open(f"{inbox}/.{name}.plist", "wb") as f:
+                f.write(manifest(name))
+        time.sleep(1.1)
+        before = commits(args.admin, cluster.database) if with_cluster else 0
+        start = time.monotonic()
+        for name in names:
+            os.rename(f"{inbox}/.{name}.plist", f"{inbox}/{name}.plist")
+        deadline = start + 600
+        done = 0
+        while time.monotonic() < deadline:
+            done = sum(len(cluster.outbox(k)) for k in range(count))
+            if done >= args.jobs:
+                break
+            time.sleep(0.05)
+        elapsed = time.monotonic() - start
+        time.sleep(1.1)
+        after = commits(args.admin, cluster.database) if with_cluster else 0
+        per_node = [len(cluster.outbox(k)) for k in range(count)]
+        print(json.dumps({"part": "opqueued" if with_cluster else "opqueued-spool-alone", "nodes": count, "jobs": args.jobs, "ended": done, "perNode": per_node,
+                          "seconds": round(elapsed, 3), "jobsPerSecond": round(done / elapsed, 1),
+                          "commitsPerJob": round((after - before) / max(done, 1), 3) if with_cluster else None,
+                          "includes": ("inbox rename -> validate -> insert -> claim -> run -> publish, fsyncs on" if with_cluster
+                                       else "inbox rename -> claim -> validate -> run -> publish, fsyncs on")}), flush=True)
+    finally:
+        cluster.close()
+
+
+def pickup(args):
+    cluster = Cluster(args, 2, settings=lambda k: {"queues": {"pinned": {"maxConcurrentOperationCount": 4}}} if k == 1 else {})
+    try:
+        inbox = cluster.nodes[0]["spool"] + "/inbox"
+        time.sleep(3)
+        delays = []
+        for i in range(args.samples):
+            job = f"p{i:05d}"
+            with open(f"{inbox}/.{job}.plist", "wb") as f:
+                f.write(manifest(job, "pinned"))
+            sent = time.time()
+            os.rename(f"{inbox}/.{job}.plist", f"{inbox}/{job}.plist")
+            deadline = time.time() + 30
+            result = None
+            while time.time() < deadline and result is None:
+                result = cluster.result(1, job)
+                time.sleep(0.005)
+            if result is None:
+                raise SystemExit(f"{job} never ran on node B")
+            delays.append((result["operations"][0]["startedAt"] - sent) * 1000)
+            time.sleep(0.2)  # idle again
+        delays.sort()
+        print(json.dumps({"part": "opqueued-pickup", "samples": len(delays), "p50ms": round(statistics.median(delays), 2),
+                          "p99ms": round(delays[min(len(delays) - 1, int(len(delays) * 0.99))], 2),
+                          "includes": "rename into A's inbox -> A validates, inserts, NOTIFY -> B claims, writes active/, starts"}),
+              flush=True)
+    finally:
+        cluster.close()
+
+
+def executing_on(cluster, job):
+    for k, node in enumerate(cluster.nodes):
+        try:
+            with open(node["log"]) as f:
+                for line in f:
+                    if f"OPQ_JOB={job}" in line and "OPQ_STATE=executing" in line:
+                        return k
+        except FileNotFoundError:
+            pass
+    return None
+
+
+def takeover(args, lease):
+    cluster = Cluster(args, 2, lease=lease)
+    try:
+        time.sleep(2)
+        job = "takeover"
+        with open(cluster.nodes[0]["spool"] + "/inbox/.t.plist", "wb") as f:
+            f.write(plistlib.dumps({"job": job, "operations": [{"id": "a", "kind": "sleep", "seconds": 4}]}))
+        os.rename(cluster.nodes[0]["spool"] + "/inbox/.t.plist", cluster.nodes[0]["spool"] + "/inbox/t.plist")
+        deadline = time.time() + 30
+        victim = None
+        while victim is None and time.time() < deadline:
+            victim = executing_on(cluster, job)
+            time.sleep(0.01)
+        if victim is None:
+            raise SystemExit("the job never started")
+        cluster.kill9(victim)
+        killed = time.time()
+        other = 1 - victim
+        deadline = time.time() + lease + 60
+        result = None
+        while result is None and time.time() < deadline:
+            result = cluster.result(other, job)
+            time.sleep(0.05)
+        if result is None:
+            raise SystemExit("the job never ran elsewhere")
+        print(json.dumps({"part": "opqueued-takeover", "leaseSeconds": lease,
+                          "secondsToRunningElsewhere": round(result["operations"][0]["startedAt"] - killed, 3)}), flush=True)
+    finally:
+        cluster.close()
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--bin", required=True)
+    parser.add_argument("--admin", required=True)
+    parser.add_argument("--base")
+    parser.add_argument("--pgbin")
+    parser.add_argument("--jobs", type=int, default=10000)
+    parser.add_argument("--samples", type=int, default=200)
+    parser.add_argument("--lease", type=int, default=5)
+    parser.add_argument("--spool-alone", action="store_true", help="only the figure without a cluster")
+    args = parser.parse_args()
+    if not os.path.exists(args.bin + "/opqueued"):
+        raise SystemExit(f"no {args.bin}/opqueued: swift build -c release first")
+    throughput(args, 1, with_cluster=False)
+    if args.spool_alone:
+        return
+    for count in (1, 2):
+        throughput(args, count)
+    pickup(args)
+    takeover(args, args.lease)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

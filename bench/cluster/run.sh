@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# The cluster benchmark (issue 17), one run on one throwaway PostgreSQL 15 (fsync on, 127.0.0.1, password auth):
+#
+#   floor      pgbench of the bare claim/complete statements (FOR UPDATE SKIP LOCKED on a partial index), every
+#              statement its own commit, then claims and completions by the hundred; 2 clients
+#   anchors    PGQueuer and Procrastinate (PyPI, in .build-bench/venv, made here): no-op jobs already in the
+#              database with 1 and 2 worker processes (jobs/s, commits per job), enqueue -> start on an idle worker
+#   opqueued   1 and 2 nodes, JOBS single-`sleep 0` manifests dropped into node A's inbox: jobs/s end to end and
+#              commits per job; pickup latency from an idle cluster (rename into A's inbox -> executing on B);
+#              kill -9 of the node running a job -> running on the other (bench/cluster/opqueued.py)
+#
+#   bench/cluster/run.sh [PARTS...]      PARTS: floor anchors opqueued (default: all three)
+#   JOBS=10000 SAMPLES=200 BIN=.build/release OPQUEUED_ARGS=--spool-alone bench/cluster/run.sh opqueued
+#
+# Prints one JSON line per figure; the whole output is also kept in .build-bench/cluster-<time>.txt. Needs root
+# (initdb runs as the `postgres` user) and Debian's postgresql (make deps).
+
+set -euo pipefail
+export PYTHONDONTWRITEBYTECODE=1   # no __pycache__ beside the scripts
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+PARTS=${*:-floor anchors opqueued}
+JOBS=${JOBS:-10000}
+SAMPLES=${SAMPLES:-200}
+BIN=${BIN:-$ROOT/.build/release}
+PGBIN=/usr/lib/postgresql/15/bin
+VENV=$ROOT/.build-bench/venv
+mkdir -p "$ROOT/.build-bench"
+OUT="$ROOT/.build-bench/cluster-$(date -u +%Y%m%dT%H%M%S).txt"
+exec > >(tee "$OUT") 2>&1
+
+say() { printf '%s\n' "$*"; }
+
+# --- the server ---------------------------------------------------------------------------------------------------
+DIR=$(mktemp -d /tmp/opq-bench-pg-XXXXXX)
+chown postgres: "$DIR"
+chmod 700 "$DIR"
+PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+PW="bench-$(od -An -N8 -tx8 /dev/urandom | tr -d ' ')"
+printf '%s\n' "$PW" > "$DIR/pw"
+chown postgres: "$DIR/pw"
+stop_server() {
+  runuser -u postgres -- "$PGBIN/pg_ctl" -D "$DIR/data" -m fast -w stop >/dev/null 2>&1 || true
+  rm -rf "$DIR"
+}
+trap stop_server EXIT
+runuser -u postgres -- "$PGBIN/initdb" -D "$DIR/data" -U postgres --auth=scram-sha-256 --pwfile="$DIR/pw" \
+  --encoding=UTF8 --locale=C --no-instructions >/dev/null
+runuser -u postgres -- "$PGBIN/pg_ctl" -D "$DIR/data" -l "$DIR/log" -w -t 60 \
+  -o "-c listen_addresses=127.0.0.1 -c port=$PORT -c unix_socket_directories=$DIR -c max_connections=200" start >/dev/null
+export PGPASSWORD="$PW" PGHOST=127.0.0.1 PGPORT=$PORT PGUSER=postgres
+BASE="postgresql://postgres:$PW@127.0.0.1:$PORT"
+say "{\"server\": \"$("$PGBIN/postgres" --version)\", \"fsync\": \"$(psql -XAtq -d postgres -c 'SHOW fsync')\", \"cores\": $(nproc), \"load\": \"$(cut -d' ' -f1-3 /proc/loadavg)\"}"
+
+commits() { psql -XAtq -d postgres -c "SELECT xact_commit FROM pg_stat_database WHERE datname = '$1'"; }
+
+# --- floor: pgbench -----------------------------------------------------------------------------------------------
+floor() {
+  local db=floor rows=600000 seconds=10
+  psql -XAtq -d postgres -c "DROP DATABASE IF EXISTS $db" -c "CREATE DATABASE $db"
+  psql -XAtq -d $db -f - <<'SQL'
+CREATE TABLE q (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, state text NOT NULL DEFAULT 'waiting',
+                qos smallint NOT NULL DEFAULT 0, node text, fence bigint, payload bytea);
+CREATE INDEX q_claimable ON q (qos DESC, id) WHERE state = 'waiting';
+CREATE SEQUENCE fence;
+SQL
+  local scripts
+  scripts=$(mktemp -d)
+  # One job per claim, every statement its own commit (what a naive queue does).
+  cat > "$scripts/single.sql" <<'SQL'
+UPDATE q SET state = 'running', node = 'bench', fence = nextval('fence')
+ WHERE id = (SELECT id FROM q WHERE state = 'waiting' ORDER BY qos DESC, id FOR UPDATE SKIP LOCKED LIMIT 1)
+ RETURNING id AS claimed \gset
+UPDATE q SET state = 'finished' WHERE id = :claimed AND fence IS NOT NULL;
+SQL
+  # A hundred per claim and per completion (what opqueued's claim round and publication batch do).
+  cat > "$scripts/batch.sql" <<'SQL'
+WITH c AS (SELECT id FROM q WHERE state = 'waiting' ORDER BY qos DESC, id FOR UPDATE SKIP LOCKED LIMIT 100),
+     u AS (UPDATE q SET state = 'running', node = 'bench', fence = nextval('fence') FROM c WHERE q.id = c.id RETURNING q.id)
+SELECT quote_literal(array_agg(id)::text) AS claimed FROM u \gset
+UPDATE q SET state = 'finished' WHERE id = ANY (:claimed::bigint[]) AND fence IS NOT NULL;
+SQL
+  for mode in single batch; do
+    psql -XAtq -d $db -c "TRUNCATE q" -c "INSERT INTO q (payload) SELECT '\\x00'::bytea FROM generate_series(1, $rows)" -c "VACUUM ANALYZE q"
+    sleep 1.1
+    local before after tps per
+    before=$(commits $db)
+    tps=$("$PGBIN/pgbench" -n -c 2 -j 2 -T $seconds -f "$scripts/$mode.sql" $db 2>"$scripts/$mode.err" | sed -n 's/^tps = \([0-9.]*\).*/\1/p' || true)
+    sleep 1.1
+    after=$(commits $db)
+    [ -n "$tps" ] || { say "pgbench $mode failed: $(tail -3 "$scripts/$mode.err")"; continue; }
+    per=$([ $mode = single ] && echo 1 || echo 100)
+    python3 -c "import json; t=float('$tps'); j=t*$per; print(json.dumps({'part': 'floor', 'mode': '$mode', 'clients': 2, 'jobsPerSecond': round(j), 'commitsPerJob': round(($after-$before)/(j*$seconds), 3), 'includes': 'claim (UPDATE .. FOR UPDATE SKIP LOCKED) + complete, no payload read, no NOTIFY, no heartbeat'}))"
+  done
+  rm -rf "$scripts"
+}
+
+# --- anchors: PGQueuer, Procrastinate -----------------------------------------------------------------------------
+anchors() {
+  if [ ! -x "$VENV/bin/python" ]; then python3 -m venv "$VENV"; fi
+  "$VENV/bin/pip" install -q 'pgqueuer==1.6.0' 'procrastinate==3.10.0' 'psycopg[binary]>=3.2' 'asyncpg>=0.29' >/dev/null
+  local work
+  work=$(mktemp -d)
+  for system in pgqueuer procrastinate; do
+    local jobs=$JOBS
+    # Procrastinate is an order of magnitude slower: a fifth of the jobs keeps the run short.
+    [ $system = procrastinate ] && jobs=$((JOBS / 5))
+    for workers in 1 2; do
+      "$VENV/bin/python" "$ROOT/bench/cluster/anchors.py" throughput $system --base "$BASE" --admin "$BASE/postgres" \
+        --work "$work" --jobs $jobs --workers $workers | sed 's/^{/{"part": "anchor", /'
+    done
+    "$VENV/bin/python" "$ROOT/bench/cluster/anchors.py" latency $system --base "$BASE" --admin "$BASE/postgres" \
+      --work "$work" --samples "$SAMPLES" | sed 's/^{/{"part": "anchor-latency", /'
+  done
+  rm -rf "$work"
+}
+
+# --- opqueued -----------------------------------------------------------------------------------------------------
+opqueued() {
+  python3 "$ROOT/bench/cluster/opqueued.py" --bin "$BIN" --base "$BASE" --admin "$BASE/postgres" --jobs "$JOBS" \
+    --samples "$SAMPLES" --pgbin "$PGBIN" ${OPQUEUED_ARGS:-}
+}
+
+for part in $PARTS; do
+  case $part in
+    floor) floor ;;
+    anchors) anchors ;;
+    opqueued) opqueued || say "{\"part\": \"opqueued\", \"error\": \"failed (exit $?)\"}" ;;
+    *) say "unknown part $part (floor, anchors, opqueued)"; exit 64 ;;
+  esac
+done
+say "{\"kept\": \"$OUT\"}"
