@@ -313,6 +313,8 @@ struct ClusterJobStoreTests {
         #expect(eventually { b.store.snapshot()?.connected == true })
         let a = try ClusterNode("a", server: server, database: database, user: role, password: password, leaseSeconds: 2)
         defer { a.close(); b.close() }
+        let leaseChanges = Locked<[Bool]>([])
+        a.store.onLeaseChange = { good in leaseChanges.withLock { $0.append(good) } }
         _ = a.store.recovered([])
         a.store.want(room: 4)
         #expect(eventually { a.store.snapshot()?.connected == true })
@@ -332,6 +334,8 @@ struct ClusterJobStoreTests {
         #expect(a.shell.lostJobs.first?.reason == "lease ran out")
         #expect(lostAfter < 2.5, "stopped by its own clock before the lease (2 s) ran out after the last beat: \(lostAfter) s")
         #expect(a.deadlines.withLock { $0.last } == .some(nil), "nothing held any more")
+        #expect(leaseChanges.withLock { $0 } == [true, false], "the lease hook: good, then ran out")
+        #expect(!a.store.leaseIsGood)
         #expect(eventually(8) { a.logs.states("cluster").contains("disconnected") }, "statements time out within 5 s")
 
         #expect(eventually(10) { b.shell.ran.contains { $0.job.id == "long" } })
@@ -343,6 +347,7 @@ struct ClusterJobStoreTests {
         // A comes back: its end of the job is refused, B's is recorded.
         try server.psql("postgres", "ALTER ROLE \(role) LOGIN")
         #expect(eventually(10) { a.logs.states("cluster").last == "connected" })
+        #expect(eventually { leaseChanges.withLock { $0 } == [true, false, true] && a.store.leaseIsGood })
         let aResult = a.folder + "/result-a.plist"
         try plist(["job": "long", "status": "succeeded", "node": "a"]).write(to: URL(fileURLWithPath: aResult))
         #expect(try a.store.complete([JobEnd(job: "long", status: "succeeded", resultFile: aResult)]).isEmpty)

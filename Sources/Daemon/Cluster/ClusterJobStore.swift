@@ -326,6 +326,28 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
     /// The current lease deadline (monotonic seconds) while the node holds something; nil otherwise.
     public var leaseDeadline: Double? { lock.withLock { state.watchdogDeadline } }
 
+    /// Whether the node may take leases now (connected, and its last beat's lease has time left).
+    public var leaseIsGood: Bool { lock.withLock { state.mayTakeLeases(now: monotonicSeconds()) } }
+
+    /// Called with true when the node's lease becomes good (a beat succeeded after none or after it ran out), and
+    /// with false when it runs out — for holders of other leases under the node's heartbeat (cluster permits:
+    /// `enable()` / `dropAll()`). From the store's threads; set it before `recovered`.
+    public var onLeaseChange: (@Sendable (Bool) -> Void)? {
+        get { lock.withLock { _onLeaseChange } }
+        set { lock.withLock { _onLeaseChange = newValue } }
+    }
+    private var _onLeaseChange: (@Sendable (Bool) -> Void)?
+    private var leaseGood = false
+
+    private func leaseChanged(_ good: Bool) {
+        let hook: (@Sendable (Bool) -> Void)? = lock.withLock {
+            guard leaseGood != good else { return nil }
+            leaseGood = good
+            return _onLeaseChange
+        }
+        hook?(good)
+    }
+
     /// A slot of `queue`'s clusterMaxConcurrentOperationCount, for one operation: waits (woken when a slot is freed
     /// anywhere, polling at least every second) until one is free, the node may take leases, or `isCancelled`.
     /// Throws CancellationError when cancelled or the store is shut down; a queue without a cluster limit throws.
@@ -548,6 +570,7 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
             return result.lost
         }
         reportDeadline()
+        leaseChanged(true)
         if !lost.isEmpty { handLost(lost, reason: "taken over by another node") }
         let takeover = try waitBounded(Self.statementTimeout, on: executor, doing: "taking over the jobs of lost nodes", { [store, settings] in
             try await store.takeOverLost(leaseSeconds: settings.leaseSeconds)
@@ -750,11 +773,13 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
 
     /// Past the deadline, what the leases covered is stopped: jobs handed to `lost`, slots given up.
     func checkDeadline() {
-        let (lost, slots) = lock.withLock { () -> ([String], [ClusterNodeState.SlotKey]) in
-            let r = state.checkDeadline(now: monotonicSeconds())
+        let (lost, slots, ranOut) = lock.withLock { () -> ([String], [ClusterNodeState.SlotKey], Bool) in
+            let now = monotonicSeconds()
+            let r = state.checkDeadline(now: now)
             for id in r.lost { origins[id] = nil; jobReleases[id] = nil }
-            return r
+            return (r.lost, r.slots, state.deadline.map { now >= $0 } ?? false)
         }
+        if ranOut { leaseChanged(false) }
         if lost.isEmpty && slots.isEmpty { return }
         reportDeadline()
         if !lost.isEmpty {
