@@ -31,6 +31,9 @@ final class RunningJob: @unchecked Sendable {
     /// Filters that had succeeded before a restart and are computed again (their output was in memory):
     /// only a failure is logged.
     var recomputed: Set<Int> = []
+    /// The job came from the store (claimed for this node, or resumed as held): its end goes through the store's
+    /// publication gate. A manifest rejected at submission never reached the store and is published as is.
+    var fromStore = false
 
     init(claimed: ClaimedJob) { self.claimed = claimed }
     var id: String { claimed.id }
@@ -128,6 +131,10 @@ public final class Daemon: @unchecked Sendable {
     /// Names a lease found open for writing (on `work`): tried again at once when inotify says closed.
     private var busy: Set<String> = []
     private var leaseFallbackLogged = false
+    /// True until a store that keeps suspensions has said which queues are suspended (under `lock`).
+    private var awaitingStoreSuspensions = false
+    /// Whether a claim round waits for the store to accept submissions (on `work`).
+    private var submissionRetryScheduled = false
     /// Cluster slots of queues with clusterMaxConcurrentOperationCount (nil without a cluster).
     private let permits: ClusterPermits?
     private var permitsTask: Task<Void, Never>?
@@ -148,12 +155,16 @@ public final class Daemon: @unchecked Sendable {
         let sink = EventSink()
         self.sink = sink
         engine = Engine(observer: { sink.deliver($0) })
-        defaultQueue = engine.addQueue(named: "default")
+        // A store that keeps suspensions (a cluster) has not said yet which queues are suspended: nothing starts
+        // until it has (a job resumed at start must not run on a queue suspended cluster-wide).
+        let holdQueues = !self.store.inboxRunsHere
+        awaitingStoreSuspensions = holdQueues
+        defaultQueue = engine.addQueue(named: "default", isSuspended: holdQueues)
         var ids: [String: QueueID] = [:]
         for name in configuration.queueNames {
             guard let q = configuration.queues[name] else { continue }
             ids[name] = engine.addQueue(named: name, maxConcurrentOperationCount: q.maxConcurrentOperationCount,
-                                        qualityOfService: q.qualityOfService, isSuspended: q.suspended)
+                                        qualityOfService: q.qualityOfService, isSuspended: q.suspended || holdQueues)
         }
         queueIDs = ids
         // clusterMaxConcurrentOperationCount (SPEC §8): the engine runs a limited queue's operations only on
@@ -169,7 +180,10 @@ public final class Daemon: @unchecked Sendable {
         sink.daemon = self
         storeEvents.daemon = self
         self.store.delegate = storeEvents
-        if let permits { permitsTask = Task { await permits.run() } }
+        // On the cluster store's own executor: a blocked cooperative pool must not stall the slots either.
+        if let permits, let cluster = self.store as? ClusterJobStore {
+            permitsTask = Task(executorPreference: cluster.executor) { await permits.run() }
+        }
     }
 
     /// The queues with a cluster-wide limit, for ClusterPermits.
@@ -280,8 +294,21 @@ public final class Daemon: @unchecked Sendable {
         case .full: (room, budget) = (0, 0)
         case .stopping, .paused: return
         }
-        // Manifests that go to the store do not wait for room here.
-        if !runsHere { (room, budget) = (Self.handOverBatch, Int.max) }
+        // Manifests that go to the store do not wait for room here; they wait in the inbox until the store can
+        // validate them (a cluster node that has not yet learnt what the cluster declares), tried again shortly.
+        if !runsHere {
+            guard store.acceptsSubmissions else {
+                if !submissionRetryScheduled {
+                    submissionRetryScheduled = true
+                    work.asyncAfter(deadline: .now() + 0.5) { [self] in
+                        submissionRetryScheduled = false
+                        claimMore()
+                    }
+                }
+                return
+            }
+            (room, budget) = (Self.handOverBatch, Int.max)
+        }
         guard room > 0, budget > 0 else { return }
         // Operations the claimed manifests may hold, before they are parsed: no operation takes fewer
         // than this many bytes in either format.
@@ -408,6 +435,7 @@ public final class Daemon: @unchecked Sendable {
     private func receive(_ claimed: ClaimedJob, _ arrival: JobLifecycle<GroupID>.Arrival, tree: ManifestTree,
                          configuration config: Configuration) -> (RunningJob, JobPlan)? {
         let run = RunningJob(claimed: claimed)
+        if case .inbox = arrival {} else { run.fromStore = true }
         let actions = lock.withLock {
             runs[claimed.id] = run
             return lifecycle.handle(.received(job: claimed.id, arrival))
@@ -790,11 +818,16 @@ public final class Daemon: @unchecked Sendable {
             for entry in staged { stall(entry.publication, error) }
             return
         }
-        // The publication gate: only the ends the store recorded are placed; the others were lost.
-        let recorded: Set<String>
+        // The publication gate: only the ends the store recorded are placed; the others were lost. A manifest
+        // rejected at submission (it never reached a cluster store) is this node's to publish.
+        let allGated = store.inboxRunsHere
+        let gated = staged.filter { allGated || $0.publication.job.fromStore }
+        var recorded = Set(staged.lazy.filter { !(allGated || $0.publication.job.fromStore) }.map { $0.publication.job.id })
         do {
-            recorded = try store.complete(staged.map { JobEnd(job: $0.publication.job.id, status: $0.publication.status,
-                                                              resultFile: spool.stagedResult(job: $0.publication.job.id)) })
+            if !gated.isEmpty {
+                recorded.formUnion(try store.complete(gated.map { JobEnd(job: $0.publication.job.id, status: $0.publication.status,
+                                                                          resultFile: spool.stagedResult(job: $0.publication.job.id)) }))
+            }
         } catch {
             // Not known whether the store recorded them: they wait, as in a spool fault, and are offered again.
             for entry in staged { stalled.append(entry.publication) }
@@ -809,7 +842,12 @@ public final class Daemon: @unchecked Sendable {
                 continue
             }
             do {
-                try spool.place(job: entry.publication.job.id)
+                // SPEC §8 sharedOutbox: assembled under sharedOutbox/.tmp/ and renamed into place there.
+                if let shared = lock.withLock({ configuration.cluster?.sharedOutbox }) {
+                    try spool.placeShared(job: entry.publication.job.id, in: shared)
+                } else {
+                    try spool.place(job: entry.publication.job.id)
+                }
                 placed.append(entry)
             } catch {
                 stall(entry.publication, error)
@@ -961,10 +999,11 @@ public final class Daemon: @unchecked Sendable {
             configuration = config
             _ = lifecycle.handle(.configured(maxActiveJobs: config.maxActiveJobs, maxActiveOperations: config.maxActiveOperations))
             let shared = storeSuspended
+            let held = awaitingStoreSuspensions
             lock.unlock()
             for name in config.queueNames {
                 guard let q = config.queues[name] else { continue }
-                let suspended = q.suspended || shared.contains(name)
+                let suspended = q.suspended || shared.contains(name) || held
                 if let id = queueIDs[name] {
                     engine.updateQueue(id, maxConcurrentOperationCount: q.maxConcurrentOperationCount, qualityOfService: q.qualityOfService, isSuspended: suspended)
                 } else {
@@ -1216,9 +1255,23 @@ extension Daemon {
 
     fileprivate func storeSuspendedQueuesChanged(_ queues: Set<String>) {
         work.async { [self] in
-            let (config, previous) = lock.withLock {
-                defer { storeSuspended = queues }
-                return (configuration, storeSuspended)
+            let (config, previous, first, stopping) = lock.withLock {
+                defer { storeSuspended = queues; awaitingStoreSuspensions = false }
+                let stopping: Bool
+                if case .stopping = lifecycle.admission { stopping = true } else { stopping = false }
+                return (configuration, storeSuspended, awaitingStoreSuspensions, stopping)
+            }
+            // Draining (SIGTERM): every queue stays suspended.
+            if stopping { return }
+            if first {
+                // The queues held at start are let go, but for those suspended here or cluster-wide.
+                if config.queues["default"] == nil { engine.updateQueue(defaultQueue, isSuspended: queues.contains("default")) }
+                for name in config.queueNames {
+                    guard let id = queueIDs[name], let q = config.queues[name] else { continue }
+                    engine.updateQueue(id, isSuspended: q.suspended || queues.contains(name))
+                    if queues.contains(name) { logQueue(name, suspended: true) }
+                }
+                return
             }
             // A queue suspended in this node's configuration stays suspended.
             for name in config.queueNames where previous.contains(name) != queues.contains(name) {

@@ -199,15 +199,16 @@ func table(_ rows: [[String]]) -> String {
     }.joined(separator: "\n") + "\n"
 }
 
-/// A job's operations: from the outbox when it has ended, else from the daemon.
-func operations(of job: String, _ common: Common) throws -> (status: String, operations: [[String: Any]]) {
+/// A job's operations: from the outbox when it has ended, else from the daemon (which, in a cluster, answers for
+/// jobs on every node); `node` is where it runs or ran, when known (SPEC §8).
+func operations(of job: String, _ common: Common) throws -> (status: String, operations: [[String: Any]], node: String?) {
     let result = common.spool + "/outbox/" + job + "/result.plist"
     if let data = FileManager.default.contents(atPath: result),
        let plist = try? PropertyListSerialization.propertyList(from: data, format: nil) as? [String: Any] {
-        return (plist["status"] as? String ?? "?", plist["operations"] as? [[String: Any]] ?? [])
+        return (plist["status"] as? String ?? "?", plist["operations"] as? [[String: Any]] ?? [], plist["node"] as? String)
     }
     let response = try common.request(["command": "show", "job": job])
-    return (response["status"] as? String ?? "running", response["operations"] as? [[String: Any]] ?? [])
+    return (response["status"] as? String ?? "running", response["operations"] as? [[String: Any]] ?? [], response["node"] as? String)
 }
 
 struct Show: ParsableCommand {
@@ -217,13 +218,15 @@ struct Show: ParsableCommand {
     @Flag(help: "JSON output.") var json = false
 
     func run() throws {
-        let (status, ops) = try operations(of: job, common)
+        let (status, ops, node) = try operations(of: job, common)
         if json {
-            let data = try JSONSerialization.data(withJSONObject: ["job": job, "status": status, "operations": ops], options: [.prettyPrinted, .sortedKeys])
+            var object: [String: Any] = ["job": job, "status": status, "operations": ops]
+            if let node { object["node"] = node }
+            let data = try JSONSerialization.data(withJSONObject: object, options: [.prettyPrinted, .sortedKeys])
             print(String(decoding: data, as: UTF8.self))
             return
         }
-        print("job \(job): \(status)")
+        print("job \(job): \(status)\(node.map { " (node \($0))" } ?? "")")
         for op in ops {
             var line = "  \(op["id"] ?? "?")  \(op["kind"] ?? "")  queue=\(op["queue"] ?? "")  \(op["state"] ?? "")  attempts=\(op["attempts"] ?? 0)"
             if let s = op["startedAt"] as? Double, let f = op["finishedAt"] as? Double { line += String(format: "  %.3fs", f - s) }
@@ -340,7 +343,7 @@ struct Graph: ParsableCommand {
         } else {
             // An ended job: its manifest in the outbox, states from its result. A running one: the daemon's
             // `show` gives each operation's kind, queue, dependencies and current state.
-            let (_, ops) = try operations(of: target, common)
+            let (_, ops, _) = try operations(of: target, common)
             for op in ops { if let id = op["id"] as? String { states[id] = op["state"] as? String } }
             let manifest = common.spool + "/outbox/" + target + "/manifest.plist"
             if let data = FileManager.default.contents(atPath: manifest), case .success(let plan) = Manifest.parse(data, configuration: config) {

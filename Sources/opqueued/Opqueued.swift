@@ -294,11 +294,24 @@ func clusterShow(_ record: JobRecord) -> [String: Any] {
     case .running: answer["status"] = "running"
     case .finished: answer["status"] = record.status ?? "finished"
     }
-    var operations: [[String: Any]] = []
+    // States from the kept result.plist (ended), the graph (kind, queue, dependencies) from the manifest.
+    var ended: [String: [String: Any]] = [:]
     if let bytes = record.result,
        let plist = try? PropertyListSerialization.propertyList(from: Data(bytes), format: nil) as? [String: Any] {
-        operations = plist["operations"] as? [[String: Any]] ?? []
+        for op in plist["operations"] as? [[String: Any]] ?? [] { if let id = op["id"] as? String { ended[id] = op } }
     }
+    var operations: [[String: Any]] = []
+    let manifest = (try? PropertyListSerialization.propertyList(from: Data(record.manifest), format: nil)) as? [String: Any]
+    for op in manifest?["operations"] as? [[String: Any]] ?? [] {
+        guard let id = op["id"] as? String else { continue }
+        var entry = ended.removeValue(forKey: id) ?? ["id": id, "state": "pending", "attempts": 0]
+        entry["dependencies"] = op["dependencies"] as? [String] ?? []
+        if entry["kind"] == nil, let kind = op["kind"] as? String { entry["kind"] = kind }
+        if entry["queue"] == nil { entry["queue"] = op["queue"] as? String ?? "" }
+        operations.append(entry)
+    }
+    // Operations only the result knows (a photo list's, SPEC §3.5), in its order.
+    operations += ended.values.sorted { ($0["id"] as? String ?? "") < ($1["id"] as? String ?? "") }
     answer["operations"] = operations
     return answer
 }

@@ -235,6 +235,7 @@ private final class FakeStore: JobStore, @unchecked Sendable {
     }
     func setSuspended(_ queue: String, _ suspended: Bool) -> Bool { false }
     func reload(_ configuration: Configuration) {}
+    var acceptsSubmissions: Bool { true }
     func shutdown() {}
 }
 

@@ -58,6 +58,8 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
     private var jobReleases: [String: Int64] = [:]
     private var lastError: String?
     private var declared: (queues: Set<String>, commands: Set<String>, commandSignatures: [String: String]) = ([], [], [:])
+    /// What the cluster declares has been read once: manifests from the inbox can be validated (until then they wait).
+    private var declaredKnown = false
     private var snapshotValue: ClusterSnapshot
     private var reportedDeadline: Double??
     /// clusterMaxConcurrentOperationCount's slots, held for the engine (see `attach(permits:)`).
@@ -125,6 +127,8 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
     }
 
     // MARK: JobStore
+
+    public var acceptsSubmissions: Bool { lock.withLock { declaredKnown } }
 
     public func submissionConfiguration(_ local: Configuration) -> Configuration {
         let d = lock.withLock { declared }
@@ -744,6 +748,7 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
         let declared = try waitBounded(Self.statementTimeout, on: executor, doing: "reading what nodes declare", { [store] in try await store.declared() })
         lock.withLock {
             self.declared = declared
+            declaredKnown = true
             snapshotValue.nodes = nodes.map { .init(node: $0.node, connected: $0.connected, lastHeartbeat: $0.lastHeartbeat, jobs: $0.jobs, freeSlots: $0.freeSlots) }
             snapshotValue.unrunnable = unrunnable.map(ClusterSnapshot.Waiting.init)
             snapshotValue.queues = Dictionary(counts.map { ($0.queue, ClusterSnapshot.QueueCounts(waiting: $0.waiting, running: $0.running)) },

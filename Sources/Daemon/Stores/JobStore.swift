@@ -60,6 +60,9 @@ public protocol JobStore: AnyObject, Sendable {
     /// True when a manifest claimed from the inbox runs here at once (the file spool): the inbox is then read only
     /// while there is room for jobs. False (the cluster): the inbox is drained into the store whatever the room.
     var inboxRunsHere: Bool { get }
+    /// False while manifests from the inbox cannot be validated yet (a cluster node that has not yet read what the
+    /// cluster declares): they wait in the inbox.
+    var acceptsSubmissions: Bool { get }
     /// The configuration a manifest from this node's inbox is validated against: the local one, or (cluster) the
     /// local one widened to every queue and command some node of the cluster declares.
     func submissionConfiguration(_ local: Configuration) -> Configuration

@@ -27,6 +27,7 @@ public final class SpoolJobStore: JobStore, @unchecked Sendable {
     }
 
     public func setSuspended(_ queue: String, _ suspended: Bool) -> Bool { false }
+    public var acceptsSubmissions: Bool { true }
     public func reload(_ configuration: Configuration) {}
     public func shutdown() {}
 }
