@@ -2,7 +2,7 @@
 // logic never writes SQL and can run against PostgreSQL or, later, the file spool (River's driver interface).
 //
 // Trusts nothing it reads back as valid: rows are input (a node validates each claimed manifest again).
-// Guarantees, and what each relies on, are written down in docs/pending/issue-17-store.md.
+// Guarantees, and what each relies on, are written down in docs/cluster-store.md.
 
 /// What a node declares about itself when it starts and at each reload.
 public struct NodeDeclaration: Sendable, Equatable {

@@ -13,7 +13,7 @@ import Glibc
 
 public final class PostgresServer: @unchecked Sendable {
     public static let binaries = "/usr/lib/postgresql/15/bin"
-    /// The non-superuser role the stores log in as, with only the GRANTs docs/pending/issue-17-store.md lists.
+    /// The non-superuser role the stores log in as, with only the GRANTs docs/cluster-store.md lists.
     public static let role = "opqnode"
 
     public let folder: String
