@@ -63,7 +63,11 @@ struct ClusterTests {
         harness[1].stop()
         let relaunched = Date().timeIntervalSince1970
         try harness[1].launch()
-        let since = { (entry: [String: String]) in (entry["__REALTIME_TIMESTAMP"].flatMap { Double($0) } ?? 0) / 1e6 >= relaunched - 0.5 }
+        // Entries of the relaunched process only (by pid: journald's reception time can lag the old process's lines).
+        let pid = harness[1].process.map { String($0.processIdentifier) } ?? "?"
+        let since = { (entry: [String: String]) in
+            entry["_PID"] == pid && (entry["__REALTIME_TIMESTAMP"].flatMap { Double($0) } ?? 0) / 1e6 >= relaunched - 0.5
+        }
         let refused = try pollUntil(30) { () -> String? in
             if !harness[1].isRunning { return harness[1].logTail(50) }
             let entries = try harness.journal(node: 1, ["OPQ_EVENT": "cluster", "OPQ_STATE": "disconnected"]).filter(since)
