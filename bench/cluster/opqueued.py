@@ -185,6 +185,39 @@ def throughput(args, count, with_cluster=True):
         cluster.close()
 
 
+def already_in_database(args, count=2):
+    """No-op jobs already in the database (as PGQueuer's and Procrastinate's figures are), run by `count` nodes:
+    one INSERT of args.jobs rows and one NOTIFY, the clock from that commit to the last outbox entry."""
+    cluster = Cluster(args, count, settings=lambda k: {"maxActiveJobs": 64})
+    try:
+        time.sleep(3)  # migrated and registered
+        body = plistlib.dumps({"operations": [{"id": "a", "kind": "sleep", "seconds": 0}]}).hex()
+        before = commits(args.admin, cluster.database)
+        start = time.monotonic()
+        psql(args.admin, cluster.database,
+             "INSERT INTO opq_jobs (id, requested_id, manifest, manifest_name, submitted_on, qos_rank, priority_rank, queues, commands) "
+             f"SELECT 'd' || g, 'd' || g, '\\x{body}'::bytea, 'd' || g || '.plist', 'bench', 2, 2, '{{default}}', '{{}}' "
+             f"FROM generate_series(1, {args.jobs}) g; SELECT pg_notify('opqueued', 'jobs');")
+        deadline = start + 600
+        done = 0
+        while time.monotonic() < deadline:
+            done = sum(len(cluster.outbox(k)) for k in range(count))
+            if done >= args.jobs:
+                break
+            time.sleep(0.05)
+        elapsed = time.monotonic() - start
+        time.sleep(1.1)
+        after = commits(args.admin, cluster.database)
+        print(json.dumps({"part": "opqueued-already-in-database", "nodes": count, "jobs": args.jobs, "ended": done,
+                          "perNode": [len(cluster.outbox(k)) for k in range(count)],
+                          "seconds": round(elapsed, 3), "jobsPerSecond": round(done / elapsed, 1),
+                          "commitsPerJob": round((after - before - 1) / max(done, 1), 3),
+                          "includes": "claim -> active/ copy -> validate -> run -> result.plist -> fenced completion -> outbox, fsyncs on"}),
+              flush=True)
+    finally:
+        cluster.close()
+
+
 def pickup(args):
     cluster = Cluster(args, 2, settings=lambda k: {"queues": {"pinned": {"maxConcurrentOperationCount": 4}}} if k == 1 else {})
     try:
@@ -276,6 +309,7 @@ def main():
         return
     for count in (1, 2):
         throughput(args, count)
+    already_in_database(args, 2)
     pickup(args)
     takeover(args, args.lease)
 
