@@ -1043,11 +1043,21 @@ public final class Daemon: @unchecked Sendable {
     /// `suspend`/`resume` from a client: the store's when it keeps them (a cluster: every node follows), else here.
     public func suspend(queue name: String, _ suspended: Bool) -> Bool {
         guard let id = queueIDs[name] else { return false }
-        if store.setSuspended(name, suspended) { return true }
+        if store.setSuspended(name, suspended) {
+            lock.withLock { localSuspensions[name] = nil }
+            return true
+        }
+        // Here only (the file spool), or until the store can record it (a cluster whose database is away): it holds
+        // on this node whatever the store says meanwhile.
+        lock.withLock { localSuspensions[name] = suspended }
         engine.updateQueue(id, isSuspended: suspended)
         logQueue(name, suspended: suspended)
         return true
     }
+
+    /// `suspend`/`resume` acted on here while the store could not record them (under `lock`); each goes once the
+    /// store's set agrees with it.
+    private var localSuspensions: [String: Bool] = [:]
 
     /// The queues the store says are suspended cluster-wide (under `lock`).
     private var storeSuspended: Set<String> = []
@@ -1255,11 +1265,13 @@ extension Daemon {
 
     fileprivate func storeSuspendedQueuesChanged(_ queues: Set<String>) {
         work.async { [self] in
-            let (config, previous, first, stopping) = lock.withLock {
+            let (config, previous, first, stopping, local) = lock.withLock {
                 defer { storeSuspended = queues; awaitingStoreSuspensions = false }
                 let stopping: Bool
                 if case .stopping = lifecycle.admission { stopping = true } else { stopping = false }
-                return (configuration, storeSuspended, awaitingStoreSuspensions, stopping)
+                // A local suspension or resumption the store now agrees with is the store's again.
+                for (name, asked) in localSuspensions where queues.contains(name) == asked { localSuspensions[name] = nil }
+                return (configuration, storeSuspended, awaitingStoreSuspensions, stopping, localSuspensions)
             }
             // Draining (SIGTERM): every queue stays suspended.
             if stopping { return }
@@ -1268,13 +1280,15 @@ extension Daemon {
                 if config.queues["default"] == nil { engine.updateQueue(defaultQueue, isSuspended: queues.contains("default")) }
                 for name in config.queueNames {
                     guard let id = queueIDs[name], let q = config.queues[name] else { continue }
-                    engine.updateQueue(id, isSuspended: q.suspended || queues.contains(name))
-                    if queues.contains(name) { logQueue(name, suspended: true) }
+                    let suspended = q.suspended || (local[name] ?? queues.contains(name))
+                    engine.updateQueue(id, isSuspended: suspended)
+                    if suspended && !q.suspended { logQueue(name, suspended: true) }
                 }
                 return
             }
-            // A queue suspended in this node's configuration stays suspended.
-            for name in config.queueNames where previous.contains(name) != queues.contains(name) {
+            // A queue suspended in this node's configuration stays suspended; one acted on here while the store was
+            // away keeps that until the store agrees.
+            for name in config.queueNames where previous.contains(name) != queues.contains(name) && local[name] == nil {
                 guard let id = queueIDs[name], let q = config.queues[name] else { continue }
                 engine.updateQueue(id, isSuspended: q.suspended || queues.contains(name))
                 logQueue(name, suspended: queues.contains(name))

@@ -49,6 +49,9 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
     private var kicked = false
     private var claimWanted = true
     private var controlWanted = true
+    /// Suspensions and resumptions asked while the database could not record them: written at the next control
+    /// round that reaches it (then every node follows), newest per queue.
+    private var pendingSuspensions: [String: Bool] = [:]
     private var registerWanted = false
     /// Submissions waiting for their insert: folder under active/.submissions and the job.
     private var pending: [(folder: String, key: String, job: NewJob)] = []
@@ -276,11 +279,15 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
             try waitBounded(Self.statementTimeout, on: executor, doing: "\(suspended ? "suspending" : "resuming") queue \(queue)", { [store] in
                 try await store.setSuspended(queue, suspended)
             })
-            lock.withLock { controlWanted = true }
+            lock.withLock {
+                pendingSuspensions[queue] = nil
+                controlWanted = true
+            }
             kick()
             return true
         } catch {
-            logger.error("queue \(queue): the cluster could not record the \(suspended ? "suspension" : "resumption") (\(error)); it acts on this node only",
+            lock.withLock { pendingSuspensions[queue] = suspended }
+            logger.error("queue \(queue): the cluster could not record the \(suspended ? "suspension" : "resumption") now (\(error)); it acts on this node at once and is recorded for every node once the database can be reached",
                          metadata: ["OPQ_QUEUE": .string(queue), "OPQ_ERROR": .string("\(error)")])
             return false
         }
@@ -725,6 +732,12 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
     }
 
     private func control() throws {
+        for (queue, suspended) in lock.withLock({ pendingSuspensions }) {
+            try waitBounded(Self.statementTimeout, on: executor, doing: "\(suspended ? "suspending" : "resuming") queue \(queue)", { [store] in
+                try await store.setSuspended(queue, suspended)
+            })
+            lock.withLock { if pendingSuspensions[queue] == suspended { pendingSuspensions[queue] = nil } }
+        }
         let requests = try waitBounded(Self.statementTimeout, on: executor, doing: "reading the cancels for node \(nodeName)", { [store, nodeName] in
             try await store.pendingCancels(node: nodeName)
         })
