@@ -434,7 +434,7 @@ struct ClusterJobStoreTests {
         #expect(eventually(8) { a.logs.states("cluster") == ["disconnected", "connected"] }, "retried at most 5 s apart")
         #expect(eventually { (try? a.store.job("waits")) != nil }, "the waiting submission went in")
         server.stop()
-        #expect(eventually(8) { a.logs.states("cluster") == ["disconnected", "connected", "disconnected"] })
+        #expect(eventually(20) { a.logs.states("cluster") == ["disconnected", "connected", "disconnected"] })
         #expect(throws: (any Error).self) { try a.store.job("waits", timeout: 1) }
         try server.start()
         #expect(eventually(8) { a.logs.states("cluster").last == "connected" })
