@@ -9,20 +9,8 @@ import Synchronization
 import Testing
 import TestSupport
 
-/// One server for the whole test process (starting one takes a second or two); each test gets its own database.
-let sharedServer: Result<PostgresServer, any Error> = {
-    let result = Result { try PostgresServer() }
-    atexit {
-        if case .success(let server) = sharedServer {
-            server.stop()
-            try? FileManager.default.removeItem(atPath: server.folder)
-        }
-    }
-    return result
-}()
-
 func makePostgresStore(database: String? = nil, password: String? = nil) async throws -> (PostgresClusterStore, StoreUnderTest) {
-    let server = try sharedServer.get()
+    let server = try PostgresServer.shared.get()
     let name = try database ?? server.createDatabase()
     let url = try DatabaseURL(server.url(name), passwordFile: try server.passwordFile(password))
     let store = try PostgresClusterStore(url: url)
@@ -62,7 +50,7 @@ struct PostgresConformanceTests {
 @Suite("PostgresClusterStore", .serialized)
 struct PostgresClusterStoreTests {
     @Test func migrationFromEmptyAndBackDown() async throws {
-        let server = try sharedServer.get()
+        let server = try PostgresServer.shared.get()
         let (store, under) = try await makePostgresStore()
         defer { Task { await under.close() } }
         let database = store.url.database
@@ -78,7 +66,7 @@ struct PostgresClusterStoreTests {
     }
 
     @Test func concurrentMigratorsMakeOneSchema() async throws {
-        let server = try sharedServer.get()
+        let server = try PostgresServer.shared.get()
         let database = try server.createDatabase()
         var stores: [(PostgresClusterStore, StoreUnderTest)] = []
         for _ in 0..<3 { stores.append(try await makePostgresStore(database: database)) }
@@ -92,7 +80,7 @@ struct PostgresClusterStoreTests {
     }
 
     @Test func newerSchemaRefused() async throws {
-        let server = try sharedServer.get()
+        let server = try PostgresServer.shared.get()
         let (store, under) = try await makePostgresStore()
         #expect(try await store.migrate() == Migrations.newest)
         try server.psql(store.url.database, "INSERT INTO opq_schema_version (version) VALUES (\(Migrations.newest + 98))")
@@ -118,7 +106,7 @@ struct PostgresClusterStoreTests {
 
     /// A refused login reports the server's message; the password appears nowhere.
     @Test func passwordNeverInErrors() async throws {
-        let server = try sharedServer.get()
+        let server = try PostgresServer.shared.get()
         let database = try server.createDatabase()
         let wrong = "Wr0ng-\(UInt64.random(in: 1...UInt64.max))-pass"
         let (store, under) = try await makePostgresStore(database: database, password: wrong)
@@ -150,7 +138,7 @@ struct PostgresClusterStoreTests {
 
     /// Commits per job for batches of inserts, claims and completions, from pg_stat_database.xact_commit.
     @Test func commitsPerJob() async throws {
-        let server = try sharedServer.get()
+        let server = try PostgresServer.shared.get()
         let (store, under) = try await makePostgresStore()
         _ = try await store.migrate()
         try await store.registerNode(node("n1"))

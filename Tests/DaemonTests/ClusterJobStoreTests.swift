@@ -17,18 +17,6 @@ import TestSupport
 import Glibc
 #endif
 
-/// One server for the suite (starting one takes a second or two); each test gets its own database.
-let clusterServer: Result<PostgresServer, any Error> = {
-    let result = Result { try PostgresServer() }
-    atexit {
-        if case .success(let server) = clusterServer {
-            server.stop()
-            try? FileManager.default.removeItem(atPath: server.folder)
-        }
-    }
-    return result
-}()
-
 /// The shell's side, recorded.
 final class FakeShell: JobStoreDelegate, @unchecked Sendable {
     private let lock = NSLock()
@@ -160,7 +148,7 @@ struct ClusterJobStoreTests {
     /// Submitted on A, claimed by B within a wake-up (LISTEN/NOTIFY, not the 1 s poll), files written on B before
     /// `run`, A's local copy gone; B's fenced end recorded.
     @Test func submitOnAClaimedByB() throws {
-        let server = try clusterServer.get()
+        let server = try PostgresServer.shared.get()
         let database = try server.createDatabase()
         let a = try ClusterNode("a", server: server, database: database)
         let b = try ClusterNode("b", server: server, database: database)
@@ -205,7 +193,7 @@ struct ClusterJobStoreTests {
     /// and the database keeps one job. Both places a crash can leave it: active/<job> (before it was set aside) and
     /// active/.submissions/<job>.
     @Test func exactlyOnceAcrossACrashBetweenCommitAndRemoval() throws {
-        let server = try clusterServer.get()
+        let server = try PostgresServer.shared.get()
         let database = try server.createDatabase()
         let folder = NSTemporaryDirectory() + "opq-cluster-crash-\(UInt64.random(in: 1...UInt64.max))"
         let spool = try Spool(root: folder)
@@ -245,7 +233,7 @@ struct ClusterJobStoreTests {
     /// node meanwhile is removed from active/ and logged `lost`; one whose end was recorded before the crash (and
     /// not yet placed in the outbox) resumes and is published without recording again.
     @Test func recoveredResumesOnlyWhatTheNodeStillHolds() throws {
-        let server = try clusterServer.get()
+        let server = try PostgresServer.shared.get()
         let database = try server.createDatabase()
         let folder = NSTemporaryDirectory() + "opq-cluster-restart-\(UInt64.random(in: 1...UInt64.max))"
         let spool = try Spool(root: folder)
@@ -279,7 +267,7 @@ struct ClusterJobStoreTests {
     /// The store's async work runs on its own executor: with every thread of the shared cooperative pool blocked
     /// for longer than the lease, the node still beats and keeps its job (on the shared pool it would lose it).
     @Test func heartbeatsGoOnWhileTheCooperativePoolIsBlocked() throws {
-        let server = try clusterServer.get()
+        let server = try PostgresServer.shared.get()
         let database = try server.createDatabase()
         let a = try ClusterNode("a", server: server, database: database, leaseSeconds: 2)
         defer { a.close() }
@@ -301,7 +289,7 @@ struct ClusterJobStoreTests {
     /// hook; the other node takes the job over after the lease (fromNode set) and runs it; when the first comes back
     /// its end is refused by the fence and nothing of it is recorded.
     @Test func leaseRunsOutOnACutOffNodeAndTheOtherTakesOver() throws {
-        let server = try clusterServer.get()
+        let server = try PostgresServer.shared.get()
         let database = try server.createDatabase()
         let role = "opqcut\(UInt32.random(in: 1...UInt32.max))"
         let password = "cut-\(UInt64.random(in: 1...UInt64.max))"
@@ -361,7 +349,7 @@ struct ClusterJobStoreTests {
     /// Fencing at the store's gate: a job the database gave to another node meanwhile is not recorded, and is
     /// handed to `lost`.
     @Test func fencedCompleteRefusesALostJob() throws {
-        let server = try clusterServer.get()
+        let server = try PostgresServer.shared.get()
         let database = try server.createDatabase()
         let a = try ClusterNode("a", server: server, database: database)
         defer { a.close() }
@@ -380,7 +368,7 @@ struct ClusterJobStoreTests {
 
     /// `cancel` and `suspend` asked on A reach B (which runs the job) within 1 s, each cancel passed on once.
     @Test func cancelAndSuspendFromAReachB() throws {
-        let server = try clusterServer.get()
+        let server = try PostgresServer.shared.get()
         let database = try server.createDatabase()
         let a = try ClusterNode("a", server: server, database: database)
         let b = try ClusterNode("b", server: server, database: database)
@@ -444,7 +432,7 @@ struct ClusterJobStoreTests {
 
     /// A refused login logs the server's own message.
     @Test func refusedLoginLogsTheServersMessage() throws {
-        let server = try clusterServer.get()
+        let server = try PostgresServer.shared.get()
         let database = try server.createDatabase()
         let a = try ClusterNode("a", server: server, database: database, password: "wrong-password-xyz")
         defer { a.close() }
@@ -458,7 +446,7 @@ struct ClusterJobStoreTests {
     /// clusterMaxConcurrentOperationCount = 2 across two nodes, four threads each acquiring and releasing: never
     /// more than two holders at once, by our count and by the database's.
     @Test func acquireSlotNeverExceedsTheClusterLimit() throws {
-        let server = try clusterServer.get()
+        let server = try PostgresServer.shared.get()
         let database = try server.createDatabase()
         let queues: [String: Any] = ["api": ["clusterMaxConcurrentOperationCount": 2]]
         let a = try ClusterNode("a", server: server, database: database, queues: queues)
@@ -521,7 +509,7 @@ struct ClusterJobStoreTests {
     /// property list, crash nothing; the first is recorded rejected without touching the spool, the second is
     /// handed to the shell (which validates it against its own configuration and rejects it).
     @Test func garbageRowsCrashNothing() throws {
-        let server = try clusterServer.get()
+        let server = try PostgresServer.shared.get()
         let database = try server.createDatabase()
         let a = try ClusterNode("a", server: server, database: database)
         defer { a.close() }
@@ -553,7 +541,7 @@ struct ClusterJobStoreTests {
 
     /// Finished rows older than keepFinishedDays (7 by default) are pruned at the first connection; younger ones stay.
     @Test func finishedHistoryIsPrunedAfterKeepFinishedDays() throws {
-        let server = try clusterServer.get()
+        let server = try PostgresServer.shared.get()
         let database = try server.createDatabase()
         let first = try ClusterNode("a", server: server, database: database)
         _ = first.store.recovered([])
@@ -575,7 +563,7 @@ struct ClusterJobStoreTests {
     /// A reload declares the node again: a queue added to the configuration is in the database, and submission
     /// validation on another node accepts it.
     @Test func reloadDeclaresTheNodeAgain() throws {
-        let server = try clusterServer.get()
+        let server = try PostgresServer.shared.get()
         let database = try server.createDatabase()
         let a = try ClusterNode("a", server: server, database: database)
         let b = try ClusterNode("b", server: server, database: database)
@@ -595,7 +583,7 @@ struct ClusterJobStoreTests {
 
     /// Status: nodes, the waiting jobs no live node can run and why, per-queue counts.
     @Test func snapshotForStatus() throws {
-        let server = try clusterServer.get()
+        let server = try PostgresServer.shared.get()
         let database = try server.createDatabase()
         let a = try ClusterNode("a", server: server, database: database, jobSlots: 3)
         defer { a.close() }

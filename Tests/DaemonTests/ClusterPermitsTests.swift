@@ -10,22 +10,10 @@ import Synchronization
 import Testing
 import TestSupport
 
-/// One throwaway server for this suite (each test makes its own database).
-private let permitsServer: Result<PostgresServer, any Error> = {
-    let result = Result { try PostgresServer() }
-    atexit {
-        if case .success(let server) = permitsServer {
-            server.stop()
-            try? FileManager.default.removeItem(atPath: server.folder)
-        }
-    }
-    return result
-}()
-
 @Suite("ClusterPermits", .serialized)
 struct ClusterPermitsTests {
     @Test func clusterLimitHoldsAcrossTwoNodesAtEveryInstant() async throws {
-        let server = try permitsServer.get()
+        let server = try PostgresServer.shared.get()
         let database = try server.createDatabase()
         let limit = 2
         let executing = Mutex((now: 0, most: 0, done: 0))

@@ -23,6 +23,19 @@ public final class PostgresServer: @unchecked Sendable {
     public let rolePassword: String
     private var running = false
 
+    /// One server for the whole test process (starting one takes a second or two), stopped and removed at exit;
+    /// each test makes its own database on it.
+    public static let shared: Result<PostgresServer, any Error> = {
+        let result = Result { try PostgresServer() }
+        atexit {
+            if case .success(let server) = PostgresServer.shared {
+                server.stop()
+                try? FileManager.default.removeItem(atPath: server.folder)
+            }
+        }
+        return result
+    }()
+
     public init() throws {
         var template = Array("/tmp/opq-pg-XXXXXX".utf8CString)
         guard let made = mkdtemp(&template) else { throw SupportFailure("mkdtemp: \(String(cString: strerror(errno)))") }
