@@ -152,6 +152,17 @@ def manifest(job, queue=None):
     return plistlib.dumps({"job": job, "operations": [operation]})
 
 
+def wait_for_outboxes(cluster, count, jobs, start):
+    """Polls every node's outbox until `jobs` entries (or 600 s); returns how many and the seconds since `start`."""
+    done = 0
+    while time.monotonic() < start + 600:
+        done = sum(len(cluster.outbox(k)) for k in range(count))
+        if done >= jobs:
+            break
+        time.sleep(0.05)
+    return done, time.monotonic() - start
+
+
 def throughput(args, count, with_cluster=True):
     cluster = Cluster(args, count, settings=lambda k: {"maxActiveJobs": 64}, cluster=with_cluster)
     try:
@@ -165,14 +176,7 @@ def throughput(args, count, with_cluster=True):
         start = time.monotonic()
         for name in names:
             os.rename(f"{inbox}/.{name}.plist", f"{inbox}/{name}.plist")
-        deadline = start + 600
-        done = 0
-        while time.monotonic() < deadline:
-            done = sum(len(cluster.outbox(k)) for k in range(count))
-            if done >= args.jobs:
-                break
-            time.sleep(0.05)
-        elapsed = time.monotonic() - start
+        done, elapsed = wait_for_outboxes(cluster, count, args.jobs, start)
         time.sleep(1.1)
         after = commits(args.admin, cluster.database) if with_cluster else 0
         per_node = [len(cluster.outbox(k)) for k in range(count)]
@@ -198,14 +202,7 @@ def already_in_database(args, count=2):
              "INSERT INTO opq_jobs (id, requested_id, manifest, manifest_name, submitted_on, qos_rank, priority_rank, queues, commands) "
              f"SELECT 'd' || g, 'd' || g, '\\x{body}'::bytea, 'd' || g || '.plist', 'bench', 2, 2, '{{default}}', '{{}}' "
              f"FROM generate_series(1, {args.jobs}) g; SELECT pg_notify('opqueued', 'jobs');")
-        deadline = start + 600
-        done = 0
-        while time.monotonic() < deadline:
-            done = sum(len(cluster.outbox(k)) for k in range(count))
-            if done >= args.jobs:
-                break
-            time.sleep(0.05)
-        elapsed = time.monotonic() - start
+        done, elapsed = wait_for_outboxes(cluster, count, args.jobs, start)
         time.sleep(1.1)
         after = commits(args.admin, cluster.database)
         print(json.dumps({"part": "opqueued-already-in-database", "nodes": count, "jobs": args.jobs, "ended": done,
