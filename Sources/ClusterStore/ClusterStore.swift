@@ -330,6 +330,9 @@ public protocol ClusterStore: Sendable {
     /// False when the slot was no longer held under this fence (taken over).
     func releaseSlot(_ lease: SlotLease) async throws -> Bool
     func slotHolders(queue: String) async throws -> [SlotLease]
+    /// Frees every slot `node` holds, whatever the fence (a new process of the node, before it takes any: what its
+    /// name holds then was held by a process that is gone); returns the queues freed.
+    func freeNodeSlots(node: String) async throws -> [String]
 
     func setSuspended(_ queue: String, _ suspended: Bool) async throws
     func suspendedQueues() async throws -> Set<String>

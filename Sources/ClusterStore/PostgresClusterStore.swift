@@ -418,6 +418,14 @@ public final class PostgresClusterStore: ClusterStore {
         return try await !query(Queries.releaseSlot, binds, doing: "releasing a cluster slot of queue \(lease.queue)").isEmpty
     }
 
+    public func freeNodeSlots(node: String) async throws -> [String] {
+        var binds = PostgresBindings()
+        binds.append(node)
+        return try await query(Queries.freeNodeSlots, binds, doing: "freeing the cluster slots node \(node) held before").map {
+            try decode($0.makeRandomAccess()[0], String.self)
+        }
+    }
+
     public func slotHolders(queue: String) async throws -> [SlotLease] {
         var binds = PostgresBindings()
         binds.append(queue)

@@ -114,7 +114,8 @@ enum Queries {
     """#
 
     /// Nodes silent for more than $1 seconds lose their jobs (back to waiting, from_node set) and their cluster
-    /// slots. A node beating at this instant holds its row lock: it is skipped this round, never half taken.
+    /// slots (each kind of wake-up notified once when any moved). A node beating at this instant holds its row lock:
+    /// it is skipped this round, never half taken.
     static let takeOverLost = #"""
     WITH lost AS (
         SELECT node FROM opq_nodes
@@ -136,6 +137,8 @@ enum Queries {
     SELECT 'slot', queue, NULL FROM freed
     UNION ALL
     SELECT 'notify', '', NULL FROM (SELECT pg_notify('opqueued', 'jobs') FROM (SELECT 1 FROM moved LIMIT 1) AS m) AS n
+    UNION ALL
+    SELECT 'notify', '', NULL FROM (SELECT pg_notify('opqueued', 'slots') FROM (SELECT 1 FROM freed LIMIT 1) AS f) AS n
     """#
 
     /// Records the end of jobs, each only while the caller's fence still holds it: a node that lost a job gets no
@@ -174,6 +177,20 @@ enum Queries {
         RETURNING slot
     )
     SELECT slot, pg_notify('opqueued', 'slots') FROM released
+    """#
+
+    /// Frees every cluster slot held by node $1, whatever its fence, and wakes the nodes waiting for one. Run by a
+    /// node's process once, at its first registration and before it takes any slot: what its name holds then was held by
+    /// a process that is gone (kill -9 and a restart within the lease: takeover would never free them, since the new
+    /// process keeps the lease alive). Returns the queues of the freed slots.
+    static let freeNodeSlots = #"""
+    WITH freed AS (
+        UPDATE opq_queue_slots
+        SET holder = NULL, job = NULL, operation = NULL, fence = NULL, acquired_at = NULL
+        WHERE holder = $1
+        RETURNING queue
+    )
+    SELECT queue, (SELECT pg_notify('opqueued', 'slots') FROM (SELECT 1 FROM freed LIMIT 1) AS f) FROM freed
     """#
 
     static let slotHolders = #"""

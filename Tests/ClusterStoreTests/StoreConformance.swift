@@ -298,6 +298,14 @@ enum StoreConformance {
             #expect(try await store.slotHolders(queue: "api").isEmpty)
             let stale = try #require(leases.first ?? nil)
             #expect(try await store.releaseSlot(stale) == false)
+
+            // A new process of node s frees what its name holds, and only that.
+            _ = try await store.acquireSlot(queue: "api", limit: limit, node: "s", job: "h", operation: "again")
+            let other = try await store.acquireSlot(queue: "api", limit: limit, node: "t", job: "h", operation: "kept")
+            #expect(try await store.freeNodeSlots(node: "s") == ["api"])
+            #expect(try await store.slotHolders(queue: "api").map(\.holder) == ["t"])
+            #expect(try await store.freeNodeSlots(node: "s").isEmpty)
+            if let other { #expect(try await store.releaseSlot(other)) }
             let fresh = try #require(try await store.acquireSlot(queue: "api", limit: limit, node: "t", job: "k", operation: "o"))
             #expect(fresh.fence > stale.fence)
         }

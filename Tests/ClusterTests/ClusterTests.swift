@@ -445,10 +445,14 @@ struct ClusterTests {
             jobs.insert(job)
             try harness[i % 3].drop(job + ".plist", sleepJob(job, 0.5, queue: "api"))
         }
-        // One node killed and restarted meanwhile: its slots come back only after the lease.
-        usleep(1_500_000)
+        // One node killed while it holds a slot and restarted within its lease: the new process keeps the node's
+        // lease alive, so no takeover frees what the dead one held — the new process must (else the queue stalls).
+        let holding = try pollUntil(30) { () -> Bool? in
+            try harness.sql("SELECT count(*) FROM opq_queue_slots WHERE holder = '\(harness[2].name)'") != "0" ? true : nil
+        }
+        #expect(holding != nil, "node 2 took a slot of `api`")
         harness[2].kill9()
-        usleep(500_000)
+        usleep(200_000)
         try harness[2].start()
         #expect(harness.waitAll(jobs, timeout: 120).isEmpty)
         var intervals: [(start: Double, end: Double)] = []

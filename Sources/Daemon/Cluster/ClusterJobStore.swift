@@ -56,6 +56,11 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
     /// Submissions waiting for their insert: folder under active/.submissions and the job.
     private var pending: [(folder: String, key: String, job: NewJob)] = []
     private var slotReleases: [SlotLease] = []
+    /// Slots dropped at the lease deadline, released (fence-checked) once the database's lease on them would have
+    /// run out too: a node that renews before the takeover sees them keeps its name on them otherwise.
+    private var droppedSlots: [(lease: SlotLease, due: Double)] = []
+    /// This process has not yet freed what its node's name held before it (see `connect`).
+    private var freshProcess = true
     /// Ends recorded, whose origin records go once their active/ folders have (published).
     private var leaving: Set<String> = []
     private var jobReleases: [String: Int64] = [:]
@@ -538,6 +543,15 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
         let declaration = lock.withLock { configuration.declaration(node: nodeName, jobSlots: settings.jobSlots) }
         _ = try waitBounded(Self.statementTimeout * 2, on: executor, doing: "migrating the cluster schema", { [store] in try await store.migrate() })
         try waitBounded(Self.statementTimeout, on: executor, doing: "registering node \(nodeName)", { [store] in try await store.registerNode(declaration) })
+        if lock.withLock({ freshProcess }) {
+            // Slots the node's name holds now were held by a process of it that is gone (no slot is taken before
+            // the first beat): a restart within the lease keeps the lease alive, so no takeover would free them.
+            let freed = try waitBounded(Self.statementTimeout, on: executor, doing: "freeing the cluster slots node \(nodeName) held before", { [store, nodeName] in
+                try await store.freeNodeSlots(node: nodeName)
+            })
+            if !freed.isEmpty { logger.notice("cluster: freed \(freed.count) cluster slot(s) an earlier process of node \(nodeName) held") }
+            lock.withLock { freshProcess = false }
+        }
         let news = lock.withLock {
             registerWanted = false
             claimWanted = true
@@ -614,7 +628,12 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
     }
 
     private func releaseWhatWasGivenUp() throws {
-        let (jobs, slots) = lock.withLock { (jobReleases, slotReleases) }
+        let (jobs, slots) = lock.withLock { () -> ([String: Int64], [SlotLease]) in
+            let now = monotonicSeconds()
+            slotReleases += droppedSlots.filter { $0.due <= now }.map(\.lease)
+            droppedSlots.removeAll { $0.due <= now }
+            return (jobReleases, slotReleases)
+        }
         if !jobs.isEmpty {
             _ = try waitBounded(Self.statementTimeout, on: executor, doing: "handing jobs back", { [store, nodeName] in
                 try await store.releaseJobs(node: nodeName, jobs)
@@ -795,6 +814,8 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
             let now = monotonicSeconds()
             let r = state.checkDeadline(now: now)
             for id in r.lost { origins[id] = nil; jobReleases[id] = nil }
+            let due = now + settings.leaseSeconds
+            droppedSlots += r.slots.map { (SlotLease(queue: $0.queue, slot: $0.slot, fence: $0.fence, holder: nodeName, job: "", operation: ""), due) }
             return (r.lost, r.slots, state.deadline.map { now >= $0 } ?? false)
         }
         if ranOut { leaseChanged(false) }
