@@ -109,16 +109,9 @@ struct ClusterTests {
         try harness[1].drop("twin-b.plist", sleepJob(twin, 0))
 
         #expect(harness.waitAll(jobs, timeout: 60).isEmpty)
-        // Known race (seen once in four full runs): a node's own inbox claim of `twin` sits in active/twin for a moment
-        // before it moves to active/.submissions; a row `twin` claimed from the database at that moment is written to
-        // the same folder. Recorded as a known intermittent issue until the inbox claim stops using the job id there.
-        withKnownIssue("a local inbox claim and a claimed row with the same id can meet in active/", isIntermittent: true) {
-            #expect(harness.waitAll([twin, twin + ".1"], timeout: 20).isEmpty, "both twins end, under two ids")
-        }
+        #expect(harness.waitAll([twin, twin + ".1"], timeout: 20).isEmpty, "both twins end, under two ids")
         let outboxes = harness.outboxJobs()
-        withKnownIssue("the same race", isIntermittent: true) {
-            #expect(outboxes[twin]?.count == 1 && outboxes[twin + ".1"]?.count == 1)
-        }
+        #expect(outboxes[twin]?.count == 1 && outboxes[twin + ".1"]?.count == 1)
         var ranOn: Set<String> = []
         for job in jobs {
             #expect(outboxes[job]?.count == 1, "\(job) in outboxes \(outboxes[job] ?? [])")

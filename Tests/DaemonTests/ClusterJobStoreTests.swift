@@ -192,6 +192,39 @@ struct ClusterJobStoreTests {
     /// A crash after the insert committed and before the local copy was removed: the next start submits it again
     /// and the database keeps one job. Both places a crash can leave it: active/<job> (before it was set aside) and
     /// active/.submissions/<job>.
+    /// A row claimed while this node's own inbox claim of a manifest asking for the same id sits in active/<id>
+    /// (on its way to active/.submissions): the inbox claim's folder is left untouched, the row handed back and
+    /// claimed again once the name is free; the inbox claim is submitted under an id of its own.
+    @Test func aClaimedRowNeverTakesTheFolderOfAnInboxClaim() throws {
+        let server = try PostgresServer.shared.get()
+        let database = try server.createDatabase()
+        let a = try ClusterNode("a", server: server, database: database)
+        let b = try ClusterNode("b", server: server, database: database)
+        defer { a.close(); b.close() }
+        _ = a.store.recovered([])
+        _ = b.store.recovered([])
+        b.store.want(room: 0)
+        #expect(eventually { a.store.snapshot()?.connected == true && b.store.snapshot()?.connected == true })
+        // The row `twin`, submitted on a; b's inbox claim of another manifest asking for `twin` holds active/twin.
+        #expect(a.store.submit([try a.drop("twin", sleepManifest("twin", seconds: 0))]).isEmpty)
+        #expect(eventually { (try? a.store.job("twin")) != nil })
+        let local = sleepManifest("twin", seconds: 1)
+        let claimed = try b.drop("twin-local", local)
+        #expect(claimed.id == "twin")
+        b.store.want(room: 4)
+        #expect(eventually(3) { b.logs.all.contains { $0.message.contains("active/twin is in use here") } })
+        #expect(b.shell.ran.isEmpty)
+        #expect(try Data(contentsOf: URL(fileURLWithPath: b.spool.active + "/twin/manifest.plist")) == plist(local),
+                "the inbox claim's folder is untouched")
+        #expect(b.spool.readOrigin(job: "twin") == nil && !b.spool.isClusterClaim(job: "twin"))
+        // The inbox claim moves on: the row is claimed (here) under its own id, the local manifest inserted as twin.1.
+        #expect(b.store.submit([claimed]).isEmpty)
+        #expect(eventually { b.shell.ran.contains { $0.job.id == "twin" } })
+        #expect(b.spool.isClusterClaim(job: "twin"))
+        #expect(try Data(contentsOf: URL(fileURLWithPath: b.spool.active + "/twin/manifest.plist")) == plist(sleepManifest("twin", seconds: 0)))
+        #expect(eventually { (try? a.store.job("twin.1")) != nil })
+    }
+
     @Test func exactlyOnceAcrossACrashBetweenCommitAndRemoval() throws {
         let server = try PostgresServer.shared.get()
         let database = try server.createDatabase()

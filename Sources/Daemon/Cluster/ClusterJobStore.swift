@@ -147,8 +147,17 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
         var resume: [ClaimedJob] = []
         var candidates: [(ClaimedJob, ClusterOrigin)] = []
         var resubmit: [ClaimedJob] = []
+        var orphaned: [String] = []
         for job in jobs {
-            if let origin = spool.readOrigin(job: job.id) { candidates.append((job, origin)) } else { resubmit.append(job) }
+            if let origin = spool.readOrigin(job: job.id) {
+                candidates.append((job, origin))
+            } else if spool.isClusterClaim(job: job.id) {
+                // Claimed from the cluster, its origin (fence) gone: it cannot be resumed under any lease; the
+                // database gives it to a node again after the lease. Never submitted again as if from the inbox.
+                orphaned.append(job.id)
+            } else {
+                resubmit.append(job)
+            }
         }
         let active = Set(jobs.map(\.id))
         for job in spool.originJobs() where !active.contains(job) { spool.removeOrigin(job: job) }
@@ -156,7 +165,7 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
         // Which the database still gives this node, under the same fence (one beat); a job whose end was recorded
         // under its fence before the restart is published without recording again.
         var kept = candidates
-        var lost: [String] = []
+        var lost: [String] = orphaned
         var recorded: Set<String> = []
         let sentAt = monotonicSeconds()
         if !candidates.isEmpty, let beat = try? waitBounded(Self.statementTimeout, on: executor, doing: "renewing the lease of node \(nodeName)", { [store, nodeName] in
@@ -704,11 +713,16 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
                     origins[row.id] = origin
                     room = max(0, room - 1)
                 }
+            } catch let error as SpoolError where error.errno == EEXIST {
+                // This node's own inbox claim of a manifest asking for the same id, on its way to
+                // active/.submissions: left alone; the row is claimed again once the name is free.
+                logger.debug("job \(row.id): active/\(row.id) is in use here for a moment; handed back to the cluster",
+                             metadata: ["OPQ_JOB": .string(row.id)])
+                failed[row.id] = row.fence
             } catch {
+                // `materialise` removed what it wrote.
                 logger.error("job \(row.id): claimed but cannot be written to the spool: \(error); handed back to the cluster",
                              metadata: ["OPQ_JOB": .string(row.id), "OPQ_ERROR": .string("\(error)")])
-                removeTree(spool.active + "/" + row.id)
-                spool.removeOrigin(job: row.id)
                 failed[row.id] = row.fence
             }
         }

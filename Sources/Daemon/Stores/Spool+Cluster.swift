@@ -64,28 +64,45 @@ extension Spool {
 
     /// The job record Spool.claim wrote on a job folder: inbox name, reception time, requested id.
     func readJobRecord(_ dir: String) -> (name: String?, receivedAt: Double?, requested: String?) {
-        guard let data = readAttribute(dir, Self.jobAttribute) ?? (try? readRegularFile(dir + "/job.plist").get()),
-              let info = try? PropertyListSerialization.propertyList(from: data, format: nil) as? [String: Any] else {
-            return (nil, nil, nil)
-        }
+        guard let info = jobRecord(dir) else { return (nil, nil, nil) }
         return (info["manifest"] as? String, info["receivedAt"] as? Double, info["requestedJob"] as? String)
     }
 
+    private func jobRecord(_ dir: String) -> [String: Any]? {
+        guard let data = readAttribute(dir, Self.jobAttribute) ?? (try? readRegularFile(dir + "/job.plist").get()) else { return nil }
+        return try? PropertyListSerialization.propertyList(from: data, format: nil) as? [String: Any]
+    }
+
+    /// Whether active/<job>/ was written by `materialise` (a job claimed from the cluster), not by an inbox claim.
+    func isClusterClaim(job: String) -> Bool {
+        jobRecord(active + "/" + job)?["claimedFrom"] as? String == "cluster"
+    }
+
     /// Writes a job claimed from the cluster into active/<job>/ (manifest, job record) and its origin into
-    /// active/.cluster/<job>.plist; durable at the next `commit()`. A folder of that name left by an earlier
-    /// claim of the same job is replaced.
+    /// active/.cluster/<job>.plist; durable at the next `commit()`.
+    ///
+    /// Never replaces a folder that is there: active/<job>/ may be this node's own inbox claim of a manifest asking
+    /// for the same id, on its way to active/.submissions (the cluster's ids are unique, a node's local claim names
+    /// are not). Then this throws EEXIST and the caller hands the row back to the cluster, to be claimed again once
+    /// the name is free. The job record says `claimedFrom = cluster`, so that recovery never takes a folder this
+    /// wrote for an inbox claim (and submits it again) when its origin record is missing.
     func materialise(job: String, manifest: [UInt8], manifestName: String, receivedAt: Double, requestedJob: String?,
                      origin: ClusterOrigin) throws {
         let dir = active + "/" + job
-        removeTree(dir)
         guard mkdir(dir, 0o750) == 0 else { throw SpoolError(operation: "mkdir", path: dir, errno: errno) }
-        var info: [String: Any] = ["manifest": manifestName, "receivedAt": receivedAt]
-        if let requestedJob, requestedJob != job { info["requestedJob"] = requestedJob }
-        let record = try PropertyListSerialization.data(fromPropertyList: info, format: .binary, options: 0)
-        let set = record.withUnsafeBytes { setxattr(dir, Self.jobAttribute, $0.baseAddress, $0.count, 0) }
-        if set != 0 { try writeFile(record, to: dir + "/job.plist") }
-        try writeFile(Data(manifest), to: dir + "/manifest.plist")
-        try writeOrigin(job: job, origin)
+        do {
+            var info: [String: Any] = ["manifest": manifestName, "receivedAt": receivedAt, "claimedFrom": "cluster"]
+            if let requestedJob, requestedJob != job { info["requestedJob"] = requestedJob }
+            let record = try PropertyListSerialization.data(fromPropertyList: info, format: .binary, options: 0)
+            let set = record.withUnsafeBytes { setxattr(dir, Self.jobAttribute, $0.baseAddress, $0.count, 0) }
+            if set != 0 { try writeFile(record, to: dir + "/job.plist") }
+            try writeOrigin(job: job, origin)
+            try writeFile(Data(manifest), to: dir + "/manifest.plist")
+        } catch {
+            removeTree(dir)
+            removeOrigin(job: job)
+            throw error
+        }
     }
 
     func writeOrigin(job: String, _ origin: ClusterOrigin) throws {
