@@ -286,6 +286,8 @@ public enum Wakeup: Sendable, Equatable {
     case control
     /// A cluster slot was freed.
     case slots
+    /// A node registered (started, reconnected, reloaded): what the cluster declares may have changed.
+    case nodes
     /// The listening connection is up (again): anything may have been missed meanwhile.
     case connected
     /// The listening connection is down; it reconnects on its own.

@@ -23,6 +23,7 @@ extension PostgresClusterStore {
                             case "jobs": wakeupContinuation.yield(.jobs)
                             case "control": wakeupContinuation.yield(.control)
                             case "slots": wakeupContinuation.yield(.slots)
+                            case "nodes": wakeupContinuation.yield(.nodes)
                             default: break  // a newer node's wake-up: the poll covers it
                             }
                         }

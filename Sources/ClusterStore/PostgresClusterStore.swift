@@ -182,6 +182,7 @@ public final class PostgresClusterStore: ClusterStore {
                 binds.append(Int32(clamping: limit))
                 _ = try await self.execute(connection, Queries.ensureQueueSlots, binds)
             }
+            _ = try await self.execute(connection, Queries.notifyNodes, PostgresBindings())
             return true
         }
     }

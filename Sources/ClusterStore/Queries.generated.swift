@@ -82,6 +82,11 @@ enum Queries {
     SELECT pg_notify('opqueued', 'slots')
     """#
 
+    /// A node registered: the others read what the cluster declares again (submissions validate against it).
+    static let notifyNodes = #"""
+    SELECT pg_notify('opqueued', 'nodes')
+    """#
+
     /// One claim round in one statement: up to $2 waiting jobs, in claim order, whose queues and commands are all
     /// among the node's ($3, $4); rows another claimer holds are skipped, never waited for. Each gets a new fence.
     /// $1 node, $2 limit, $3 node queues, $4 node commands.

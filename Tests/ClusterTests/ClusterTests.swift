@@ -50,6 +50,11 @@ struct ClusterTests {
 
     @Test func schemaIsCreatedByTheRoleAndANewerOneIsRefused() throws {
         let harness = try ClusterHarness(nodes: 2)
+        // Ready does not wait for the database (SPEC §8): wait until both registered.
+        let registered = pollUntil(20) { () -> Bool? in
+            (try? harness.sql("SELECT count(*) FROM opq_nodes")) == "2" ? true : nil
+        }
+        #expect(registered != nil)
         // Created once, owned by the node role (no superuser), versioned.
         #expect(try harness.sql("SELECT count(*) > 0 FROM opq_schema_version") == "t")
         #expect(try harness.sql("SELECT tableowner FROM pg_tables WHERE tablename = 'opq_jobs'") == harness.role)

@@ -138,7 +138,10 @@ class Cluster:
                     node["process"].wait(30)
                 except subprocess.TimeoutExpired:
                     node["process"].kill()
-        shutil.rmtree(self.folder, ignore_errors=True)
+        if os.environ.get("OPQ_KEEP"):
+            print(f"kept {self.folder} (OPQ_KEEP)", file=sys.stderr)
+        else:
+            shutil.rmtree(self.folder, ignore_errors=True)
         if not self.cluster:
             return
         psql(self.args.admin, "postgres", f"DROP DATABASE IF EXISTS {self.database} WITH (FORCE)")
@@ -298,17 +301,25 @@ def main():
     parser.add_argument("--samples", type=int, default=200)
     parser.add_argument("--lease", type=int, default=5)
     parser.add_argument("--spool-alone", action="store_true", help="only the figure without a cluster")
+    parser.add_argument("--parts", default="spool,1,2,database,pickup,takeover",
+                        help="which figures, comma-separated: spool (alone), 1 and 2 (nodes end to end), database, pickup, takeover")
     args = parser.parse_args()
     if not os.path.exists(args.bin + "/opqueued"):
         raise SystemExit(f"no {args.bin}/opqueued: swift build -c release first")
-    throughput(args, 1, with_cluster=False)
-    if args.spool_alone:
-        return
-    for count in (1, 2):
-        throughput(args, count)
-    already_in_database(args, 2)
-    pickup(args)
-    takeover(args, args.lease)
+    parts = ["spool"] if args.spool_alone else args.parts.split(",")
+    for part in parts:
+        if part == "spool":
+            throughput(args, 1, with_cluster=False)
+        elif part in ("1", "2"):
+            throughput(args, int(part))
+        elif part == "database":
+            already_in_database(args, 2)
+        elif part == "pickup":
+            pickup(args)
+        elif part == "takeover":
+            takeover(args, args.lease)
+        else:
+            raise SystemExit(f"unknown part {part}")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@
 #
 #   bench/cluster/run.sh [PARTS...]      PARTS: floor anchors opqueued (default: all three)
 #   JOBS=10000 SAMPLES=200 BIN=.build/release OPQUEUED_ARGS=--spool-alone bench/cluster/run.sh opqueued
+#   OPQUEUED_ARGS=--parts=2,pickup bench/cluster/run.sh opqueued     (spool, 1, 2, database, pickup, takeover)
 #
 # Prints one JSON line per figure; the whole output is also kept in .build-bench/cluster-<time>.txt. Needs root
 # (initdb runs as the `postgres` user) and Debian's postgresql (make deps).

@@ -69,6 +69,10 @@ SELECT pg_notify('opqueued', 'control');
 -- name: NotifySlots
 SELECT pg_notify('opqueued', 'slots');
 
+-- name: NotifyNodes
+-- A node registered: the others read what the cluster declares again (submissions validate against it).
+SELECT pg_notify('opqueued', 'nodes');
+
 -- name: ClaimJobs
 -- One claim round in one statement: up to $2 waiting jobs, in claim order, whose queues and commands are all
 -- among the node's ($3, $4); rows another claimer holds are skipped, never waited for. Each gets a new fence.

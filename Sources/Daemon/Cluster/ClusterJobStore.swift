@@ -1,9 +1,11 @@
 // ClusterJobStore: the JobStore of a node in a cluster (SPEC §8), over a ClusterStore (PostgreSQL).
 //
 // Threads: one loop thread ("opqueued-cluster") does every routine round trip in turn — connect (migrate,
-// register), heartbeat and takeover, submissions, claims, cancels and suspensions, the status snapshot, pruning —
-// so that a beat's answer never crosses a claim; a second thread checks the lease deadline every 50 ms whatever
-// the loop is waiting for (a hung statement, a freeze); a task turns LISTEN wake-ups into flags for the loop. The
+// register), heartbeat and takeover, submissions, claims, cancels and suspensions, pruning — so that a beat's
+// answer never crosses a claim; a second thread checks the lease deadline every 50 ms whatever the loop is waiting
+// for (a hung statement, a freeze); a third ("opqueued-cluster-status") reads what `status` shows and what the
+// cluster declares, every leaseSeconds/3 and at once when a node registers, off the path of claims and
+// submissions; a task turns LISTEN wake-ups into flags for the loop. The
 // shell's calls (`complete`, `job`, `requestCancel`, `setSuspended`, `acquireSlot`) wait for one round trip of
 // their own, each bounded. All state is under one lock, as ClusterNodeState (pure, tested on its own).
 //
@@ -61,8 +63,6 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
     private var droppedSlots: [(lease: SlotLease, due: Double)] = []
     /// This process has not yet freed what its node's name held before it (see `connect`).
     private var freshProcess = true
-    /// Ends recorded, whose origin records go once their active/ folders have (published).
-    private var leaving: Set<String> = []
     private var jobReleases: [String: Int64] = [:]
     private var lastError: String?
     private var declared: (queues: Set<String>, commands: Set<String>, commandSignatures: [String: String]) = ([], [], [:])
@@ -73,6 +73,10 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
     /// clusterMaxConcurrentOperationCount's slots, held for the engine (see `attach(permits:)`).
     private var permits: ClusterPermits?
     private var runner: Task<Void, Never>?
+    private let statusWake = NSCondition()
+    private var statusWanted = false
+    /// The loop has connected (migrated, registered) once: before, the status thread has nothing to read.
+    private var hasConnected = false
     private var listener: Task<Void, Never>?
     private let finished = DispatchGroup()
     let executor = ClusterExecutor(label: "opqueued-cluster-executor")
@@ -132,6 +136,13 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
         }
         watch.name = "opqueued-lease"
         watch.start()
+        finished.enter()
+        let status = Thread { [self] in
+            self.statusLoop()
+            self.finished.leave()
+        }
+        status.name = "opqueued-cluster-status"
+        status.start()
     }
 
     // MARK: JobStore
@@ -152,16 +163,13 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
             if let origin = spool.readOrigin(job: job.id) {
                 candidates.append((job, origin))
             } else if spool.isClusterClaim(job: job.id) {
-                // Claimed from the cluster, its origin (fence) gone: it cannot be resumed under any lease; the
-                // database gives it to a node again after the lease. Never submitted again as if from the inbox.
+                // Claimed from the cluster, its origin (fence) unreadable: it cannot be resumed under any lease;
+                // the database gives it to a node again. Never submitted again as if from the inbox.
                 orphaned.append(job.id)
             } else {
                 resubmit.append(job)
             }
         }
-        let active = Set(jobs.map(\.id))
-        for job in spool.originJobs() where !active.contains(job) { spool.removeOrigin(job: job) }
-
         // Which the database still gives this node, under the same fence (one beat); a job whose end was recorded
         // under its fence before the restart is published without recording again.
         var kept = candidates
@@ -187,7 +195,6 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
         for id in lost {
             removeTree(spool.active + "/" + id)
             spool.discardDownloads(job: id)
-            spool.removeOrigin(job: id)
             event(.warning, "job \(id): lost while this node was down; another node runs it (nothing published here)",
                   ["OPQ_EVENT": "job", "OPQ_STATE": "lost", "OPQ_JOB": id, "OPQ_ERROR": "taken over while this node was down"])
         }
@@ -260,10 +267,8 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
             for id in ids where fences[id] != nil { origins[id] = nil }
             return lost
         }
-        // The origin records of recorded ends stay until the shell has moved the job out of active/: a crash in
-        // between must find the job still ours (recorded under its fence) and publish it, not submit it again.
-        for id in lost { spool.removeOrigin(job: id) }
-        lock.withLock { leaving.formUnion(recorded.union(already)) }
+        // The origin (in the job record) goes with the folder: a crash before the shell has moved the job out of
+        // active/ finds it still ours (recorded under its fence) and publishes it, never submits it again.
         if !lost.isEmpty { delegate?.lost(lost, reason: "taken over by another node before its end was recorded") }
         reportDeadline()
         return recorded.union(already)
@@ -314,6 +319,7 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
         }
         if already { return }
         kick()
+        wantStatus()
         slotFreed.lock()
         slotFreed.broadcast()
         slotFreed.unlock()
@@ -486,6 +492,9 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
             slotFreed.broadcast()
             slotFreed.unlock()
             return
+        case .nodes:
+            wantStatus()
+            return
         case .connected: lock.withLock { claimWanted = true; controlWanted = true }
         case .disconnected: return
         }
@@ -511,10 +520,8 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
                     // Only a whole round (connected and beaten) ends an outage's backoff: a server that accepts
                     // logins and fails statements is retried as slowly as one that refuses them.
                     backoff = 0.1
-                    try refreshSnapshot()
                     nextBeat = monotonicSeconds() + settings.leaseSeconds / 3
                 }
-                dropOriginsOfPublishedJobs()
                 try releaseWhatWasGivenUp()
                 try submitPending()
                 let (wantsClaim, wantsControl, isStarted) = lock.withLock { () -> (Bool, Bool, Bool) in
@@ -562,6 +569,7 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
             lock.withLock { freshProcess = false }
         }
         let news = lock.withLock {
+            hasConnected = true
             registerWanted = false
             claimWanted = true
             controlWanted = true
@@ -570,6 +578,33 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
         }
         if news {
             event(.notice, "cluster: node \(nodeName) connected to the database", ["OPQ_EVENT": "cluster", "OPQ_STATE": "connected"])
+        }
+        wantStatus()
+    }
+
+    // MARK: the status thread
+
+    private func wantStatus() {
+        statusWake.lock()
+        statusWanted = true
+        statusWake.signal()
+        statusWake.unlock()
+    }
+
+    /// Reads the snapshot every leaseSeconds/3, and at once when asked (a node registered, this one connected);
+    /// a failed read is tried again at the next period (the loop reports the connection's state).
+    private func statusLoop() {
+        let period = max(0.2, settings.leaseSeconds / 3)
+        while !lock.withLock({ stopped }) {
+            do {
+                if lock.withLock({ hasConnected }) { try refreshSnapshot() }
+            } catch {
+                logger.debug("cluster: the status snapshot was not refreshed: \(error)")
+            }
+            statusWake.lock()
+            if !statusWanted { _ = statusWake.wait(until: Date(timeIntervalSinceNow: period)) }
+            statusWanted = false
+            statusWake.unlock()
         }
     }
 
@@ -620,19 +655,7 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
         }
     }
 
-    private func dropOriginsOfPublishedJobs() {
-        let ids = lock.withLock { leaving }
-        if ids.isEmpty { return }
-        var gone: Set<String> = []
-        for id in ids where access(spool.active + "/" + id, F_OK) != 0 {
-            spool.removeOrigin(job: id)
-            gone.insert(id)
-        }
-        lock.withLock { leaving.subtract(gone) }
-    }
-
     private func handLost(_ jobs: [String], reason: String) {
-        for id in jobs { spool.removeOrigin(job: id) }
         delegate?.lost(jobs, reason: reason)
     }
 
@@ -732,20 +755,10 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
             _ = try? waitBounded(Self.statementTimeout, on: executor, doing: "recording rejected rows", { [store] in try await store.completeJobs(refused) })
         }
         guard !run.isEmpty else { return }
-        do {
-            try spool.commit()
-        } catch {
-            // Not durable: they are not run; the database gets them back.
-            logger.error("claimed jobs cannot be made durable in the spool: \(error); handed back to the cluster")
-            lock.withLock {
-                for job in run {
-                    if let fence = state.held[job.id]?.fence { jobReleases[job.id] = fence }
-                    state.forget(job.id)
-                    origins[job.id] = nil
-                }
-            }
-            return
-        }
+        // No spool commit before they run: the database holds the job, not this copy. A crash that loses the copy
+        // (or half of it: a folder without its origin record is taken for lost at recovery, never resubmitted)
+        // leaves the row running under this node's fence; the restarted node hands it back at its first beat, or
+        // another takes it over after the lease. The publication commits result.plist before the fenced completion.
         reportDeadline()
         delegate?.run(run)
         // More may wait: look again at once while there is room.

@@ -7,9 +7,10 @@
 //   sharedOutbox/<job>/          (`cluster.sharedOutbox`) a published job, assembled as sharedOutbox/.tmp/<job>/
 //                                (a copy: the shared folder is another file system), made durable, then renamed
 //                                into place; active/<job>/ goes after that.
-//   active/.cluster/<job>.plist  the origin of a job claimed from the database: fence, submittedOn, fromNode.
-//                                Written durably, with active/<job>/manifest.plist, before the job runs; outside
-//                                the job's folder so that publication never carries it into the outbox.
+//   active/<job>/                a job claimed from the database: its job record (the attribute, or job.plist
+//                                where the file system has none) also says `claimedFrom = cluster` and holds the
+//                                origin: fence, submittedOn, fromNode. One attribute, written before the manifest;
+//                                it goes wherever the folder goes (lost: removed; published: into the outbox).
 //
 // Hidden names in active/ are never job ids: Spool.recover leaves them to the cluster store.
 // Trusts nothing read back: an origin that does not decode is treated as absent.
@@ -30,7 +31,6 @@ public struct ClusterOrigin: Sendable, Equatable {
 
 extension Spool {
     var submissionsFolder: String { active + "/.submissions" }
-    var originsFolder: String { active + "/.cluster" }
 
     /// Moves active/<job>/ (just claimed from the inbox) to active/.submissions/<job>/ (a name not taken there).
     /// Returns the submission's folder.
@@ -78,56 +78,41 @@ extension Spool {
         jobRecord(active + "/" + job)?["claimedFrom"] as? String == "cluster"
     }
 
-    /// Writes a job claimed from the cluster into active/<job>/ (manifest, job record) and its origin into
-    /// active/.cluster/<job>.plist; durable at the next `commit()`.
+    /// Writes a job claimed from the cluster into active/<job>/: its job record (with the origin), then the
+    /// manifest; durable at the next `commit()`.
     ///
     /// Never replaces a folder that is there: active/<job>/ may be this node's own inbox claim of a manifest asking
     /// for the same id, on its way to active/.submissions (the cluster's ids are unique, a node's local claim names
     /// are not). Then this throws EEXIST and the caller hands the row back to the cluster, to be claimed again once
     /// the name is free. The job record says `claimedFrom = cluster`, so that recovery never takes a folder this
-    /// wrote for an inbox claim (and submits it again) when its origin record is missing.
+    /// wrote for an inbox claim (and submits it again) when its record does not decode.
     func materialise(job: String, manifest: [UInt8], manifestName: String, receivedAt: Double, requestedJob: String?,
                      origin: ClusterOrigin) throws {
         let dir = active + "/" + job
         guard mkdir(dir, 0o750) == 0 else { throw SpoolError(operation: "mkdir", path: dir, errno: errno) }
         do {
-            var info: [String: Any] = ["manifest": manifestName, "receivedAt": receivedAt, "claimedFrom": "cluster"]
+            var info: [String: Any] = ["manifest": manifestName, "receivedAt": receivedAt, "claimedFrom": "cluster",
+                                       "fence": origin.fence, "submittedOn": origin.submittedOn]
             if let requestedJob, requestedJob != job { info["requestedJob"] = requestedJob }
+            if let from = origin.fromNode { info["fromNode"] = from }
             let record = try PropertyListSerialization.data(fromPropertyList: info, format: .binary, options: 0)
             let set = record.withUnsafeBytes { setxattr(dir, Self.jobAttribute, $0.baseAddress, $0.count, 0) }
             if set != 0 { try writeFile(record, to: dir + "/job.plist") }
-            try writeOrigin(job: job, origin)
             try writeFile(Data(manifest), to: dir + "/manifest.plist")
         } catch {
             removeTree(dir)
-            removeOrigin(job: job)
             throw error
         }
     }
 
-    func writeOrigin(job: String, _ origin: ClusterOrigin) throws {
-        try makeFolder(originsFolder)
-        var info: [String: Any] = ["fence": origin.fence, "submittedOn": origin.submittedOn]
-        if let from = origin.fromNode { info["fromNode"] = from }
-        try writeFile(try PropertyListSerialization.data(fromPropertyList: info, format: .binary, options: 0),
-                      to: originsFolder + "/" + job + ".plist")
-    }
-
+    /// The origin of a job claimed from the cluster, from its job record in active/<job>/ (nil for an inbox claim,
+    /// or a record that does not decode).
     func readOrigin(job: String) -> ClusterOrigin? {
-        guard case .success(let data) = readRegularFile(originsFolder + "/" + job + ".plist"),
-              let info = try? PropertyListSerialization.propertyList(from: data, format: nil) as? [String: Any],
+        guard let info = jobRecord(active + "/" + job), info["claimedFrom"] as? String == "cluster",
               let fence = (info["fence"] as? NSNumber)?.int64Value, let submittedOn = info["submittedOn"] as? String else {
             return nil
         }
         return ClusterOrigin(fence: fence, submittedOn: submittedOn, fromNode: info["fromNode"] as? String)
-    }
-
-    func removeOrigin(job: String) { unlink(originsFolder + "/" + job + ".plist") }
-
-    /// Jobs with an origin record (recovery removes those of jobs no longer in active/).
-    func originJobs() -> [String] {
-        ((try? FileManager.default.contentsOfDirectory(atPath: originsFolder)) ?? [])
-            .filter { $0.hasSuffix(".plist") && !$0.hasPrefix(".") }.map { String($0.dropLast(".plist".count)) }
     }
 
     /// Publication under `cluster.sharedOutbox` (SPEC §8), in place of `place(job:)`: active/<job>/ is copied into
