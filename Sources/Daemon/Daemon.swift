@@ -342,7 +342,9 @@ public final class Daemon: @unchecked Sendable {
             let settled = hinted || onlyThese || (spool.age(of: name, now: now) ?? Self.settleSeconds) >= Self.settleSeconds
             do {
                 let changedAt = spool.changeTime(of: name)
-                switch try spool.claim(name, now: Date().timeIntervalSince1970, settled: settled) {
+                let outcome = runsHere ? try spool.claim(name, now: Date().timeIntervalSince1970, settled: settled)
+                    : try spool.claimForSubmission(name, now: Date().timeIntervalSince1970, settled: settled)
+                switch outcome {
                 case .claimed(let job):
                     busy.remove(name)
                     if let changedAt { metrics.pickedUp(after: job.receivedAt - changedAt) }
@@ -378,10 +380,14 @@ public final class Daemon: @unchecked Sendable {
             }
         }
         if !claimed.isEmpty {
-            do {
-                try commit()
-            } catch {
-                spoolFailed("committing \(claimed.count) claims (they run, and are recovered from active/ after a restart if the disk kept them)", error)
+            // Claims for the cluster need no commit: the insert is made durable by the database, and a claim the
+            // disk lost leaves the same inbox file to be claimed under the same submission key.
+            if runsHere {
+                do {
+                    try commit()
+                } catch {
+                    spoolFailed("committing \(claimed.count) claims (they run, and are recovered from active/ after a restart if the disk kept them)", error)
+                }
             }
             lock.withLock { waiting = max(0, waiting - claimed.count) }
             receiveFromInbox(claimed)
@@ -394,6 +400,10 @@ public final class Daemon: @unchecked Sendable {
     /// and those it returns run here with the plans just made.
     private func receiveFromInbox(_ claimed: [ClaimedJob]) {
         let config = store.submissionConfiguration(lock.withLock { configuration })
+        if !store.inboxRunsHere {
+            submitFromInbox(claimed, configuration: config)
+            return
+        }
         var accepted: [ClaimedJob] = []
         var plans: [String: (RunningJob, JobPlan)] = [:]
         for var job in claimed {
@@ -432,15 +442,37 @@ public final class Daemon: @unchecked Sendable {
 
     /// On `work`: enters a job into the lifecycle and reads its manifest; returns its plan, or nil when it was
     /// rejected (its result is then queued for publication).
-    private func receive(_ claimed: ClaimedJob, _ arrival: JobLifecycle<GroupID>.Arrival, tree: ManifestTree,
-                         configuration config: Configuration) -> (RunningJob, JobPlan)? {
-        let run = RunningJob(claimed: claimed)
-        if case .inbox = arrival {} else { run.fromStore = true }
-        let actions = lock.withLock {
-            runs[claimed.id] = run
-            return lifecycle.handle(.received(job: claimed.id, arrival))
+    /// On `work`, for a store that places jobs itself: manifests claimed for submission (SPEC §8) are read against
+    /// the store's submission configuration; the good ones go to the store (never registered here: they run
+    /// wherever the store places them), one with problems is moved into active/ and rejected here like any other.
+    private func submitFromInbox(_ claimed: [ClaimedJob], configuration config: Configuration) {
+        var submissions: [ClaimedJob] = []
+        for var job in claimed {
+            let tree = job.tree ?? ManifestTree(job.manifest)
+            job.tree = nil
+            if Self.problems(tree, configuration: config).problems.isEmpty {
+                let wanted = job.requestedJob ?? ""
+                event(.info, "job \(wanted) received from inbox/\(job.manifestName); submitted to the cluster",
+                      ["OPQ_EVENT": "job", "OPQ_STATE": "received", "OPQ_JOB": wanted])
+                submissions.append(job)
+                continue
+            }
+            do {
+                guard case .claimed(var local) = try spool.promoteSubmission(job) else { continue }
+                local.tree = nil
+                _ = receive(local, .inbox(manifest: local.manifestName), tree: tree, configuration: config)
+            } catch {
+                // Left in active/.submissions: the cluster gets it, and the node that claims it rejects it there.
+                logger.error("inbox/\(job.manifestName) is rejected but cannot be moved into active/ to be published here: \(error); it goes to the cluster, where the node that claims it rejects it",
+                             metadata: ["OPQ_ERROR": .string("\(error)")])
+                submissions.append(job)
+            }
         }
-        perform(actions)
+        if !submissions.isEmpty { _ = store.submit(submissions) }
+    }
+
+    /// What is wrong with a manifest under `config` (empty: nothing), and its plan when nothing is.
+    private static func problems(_ tree: ManifestTree, configuration config: Configuration) -> (problems: [String], plan: JobPlan?) {
         var problems: [String] = []
         var parsed: JobPlan?
         switch Manifest.parse(tree, configuration: config) {
@@ -450,6 +482,19 @@ public final class Daemon: @unchecked Sendable {
         if !problems.isEmpty, let asked = tree.requestedJob, !isValidIdentifier(asked), !problems.contains(where: { $0.hasPrefix("job:") }) {
             problems.append("job: '\(clipped(asked))' is not a valid job id")
         }
+        return (problems, parsed)
+    }
+
+    private func receive(_ claimed: ClaimedJob, _ arrival: JobLifecycle<GroupID>.Arrival, tree: ManifestTree,
+                         configuration config: Configuration) -> (RunningJob, JobPlan)? {
+        let run = RunningJob(claimed: claimed)
+        if case .inbox = arrival {} else { run.fromStore = true }
+        let actions = lock.withLock {
+            runs[claimed.id] = run
+            return lifecycle.handle(.received(job: claimed.id, arrival))
+        }
+        perform(actions)
+        let (problems, parsed) = Self.problems(tree, configuration: config)
         guard problems.isEmpty, let plan = parsed else {
             perform(handle(.rejected(job: claimed.id, problems: problems, error: problems.joined(separator: "\n"))), for: run)
             return nil

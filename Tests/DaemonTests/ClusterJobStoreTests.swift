@@ -262,6 +262,48 @@ struct ClusterJobStoreTests {
                 "each submission exactly once")
     }
 
+    /// The claim for the cluster (one rename into active/.submissions, no commit): its name is the submission key.
+    /// A crash after the insert committed and before the file's removal (or a disk that lost both the rename and
+    /// the removal: the same inbox file, the same name again) submits nothing twice; a file the insert never saw is
+    /// inserted at the next start. A name too long to fit beside the key is kept in the attribute.
+    @Test func claimsForTheClusterAreSubmittedExactlyOnce() throws {
+        let server = try PostgresServer.shared.get()
+        let database = try server.createDatabase()
+        let folder = NSTemporaryDirectory() + "opq-cluster-file-\(UInt64.random(in: 1...UInt64.max))"
+        let spool = try Spool(root: folder)
+        defer { try? FileManager.default.removeItem(atPath: folder) }
+        func claim(_ name: String, _ manifest: [String: Any]) throws -> ClaimedJob {
+            try plist(manifest).write(to: URL(fileURLWithPath: spool.inbox + "/" + name))
+            guard case .claimed(let job) = try spool.claimForSubmission(name, now: Date().timeIntervalSince1970, settled: true) else {
+                throw SupportFailure("inbox/\(name) was not claimed")
+            }
+            return job
+        }
+        let first = try ClusterNode("a", server: server, database: database, spoolFolder: folder, spool: spool)
+        _ = first.store.recovered([])
+        let once = try claim("once.plist", sleepManifest("once"))
+        #expect(once.id.hasPrefix(".") && once.requestedJob == "once" && once.manifestName == "once.plist")
+        let file = spool.active + "/.submissions/" + once.id.dropFirst()
+        #expect(FileManager.default.fileExists(atPath: file) && !FileManager.default.fileExists(atPath: spool.inbox + "/once.plist"))
+        let long = String(repeating: "l", count: 240) + ".plist"
+        let later = try claim(long, sleepManifest("later"))
+        let saved = try Data(contentsOf: URL(fileURLWithPath: file))
+        _ = first.store.submit([once])
+        #expect(eventually { (try? first.store.job("once")) != nil })
+        #expect(eventually { !FileManager.default.fileExists(atPath: file) })
+        first.store.shutdown()
+
+        // The crash: `once` back under the same name (as if its removal was lost), `later` never submitted.
+        try saved.write(to: URL(fileURLWithPath: file))
+        let second = try ClusterNode("a", server: server, database: database, spoolFolder: folder, spool: spool)
+        defer { second.store.shutdown() }
+        _ = second.store.recovered([])
+        #expect(eventually { ((try? FileManager.default.contentsOfDirectory(atPath: spool.active + "/.submissions")) ?? ["x"]).isEmpty })
+        #expect(trimmed(try server.psql(database, "SELECT string_agg(id || ' ' || manifest_name, ',' ORDER BY id) FROM opq_jobs"))
+                == "later \(long),once once.plist", "each submission exactly once, the long name kept")
+        #expect(later.manifestName == long)
+    }
+
     /// A restart: a job the database still gives this node under the same fence resumes; one given to another
     /// node meanwhile is removed from active/ and logged `lost`; one whose end was recorded before the crash (and
     /// not yet placed in the outbox) resumes and is published without recording again.

@@ -431,6 +431,11 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
     // MARK: submissions
 
     private func enqueueSubmission(_ job: ClaimedJob) {
+        if job.id.hasPrefix(".") {
+            // Claimed for the cluster: already in active/.submissions.
+            enqueue(job, folder: spool.submissionsFolder + "/" + job.id.dropFirst())
+            return
+        }
         do {
             let folder = try spool.moveToSubmissions(job: job.id)
             enqueue(job, folder: folder)
@@ -445,8 +450,9 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
         let config = submissionConfiguration(lock.withLock { configuration })
         var placement = (qos: 2, priority: 2, queues: [String](), commands: [String]())
         if case .success(let plan) = Manifest.parse(job.manifest, configuration: config) { placement = plan.clusterPlacement(config) }
-        // The key survives a restart: the node, the inbox name and the reception time (recorded at claim).
-        let key = "\(nodeName)/\(job.manifestName)/\(job.receivedAt)"
+        // The key survives a restart: the node and which inbox file it was (a file claimed for the cluster), or the
+        // inbox name and the reception time recorded at claim (a folder handed over from active/).
+        let key = job.id.hasPrefix(".") ? "\(nodeName)/\(job.id.dropFirst())" : "\(nodeName)/\(job.manifestName)/\(job.receivedAt)"
         let new = NewJob(requestedID: job.requestedJob ?? job.id, manifest: Array(job.manifest), manifestName: job.manifestName,
                          submittedOn: nodeName, qosRank: placement.qos, priorityRank: placement.priority,
                          queues: placement.queues, commands: placement.commands, submissionKey: key)

@@ -1,9 +1,15 @@
 // The spool's cluster side (SPEC §8): where a node keeps what the cluster store needs on disk.
 //
-//   active/.submissions/<job>/   a manifest accepted from this node's inbox, waiting to be inserted into the
-//                                database (moved out of active/<job>/ by one rename as soon as it is submitted, so
-//                                that the ids of active/ belong to the jobs this node runs); removed only after the
-//                                insert committed. Its job record (attribute or job.plist) moves with it.
+//   active/.submissions/<ino>.<sec>.<nsec>-<name>
+//                                a manifest claimed from this node's inbox for the cluster, waiting to be inserted
+//                                into the database: one rename out of the inbox, nothing else written, no commit
+//                                before the insert. Its name says which inbox file it was (inode and change time:
+//                                a rename the disk lost leaves the very same file, same two, in the inbox), and is
+//                                the submission key: a crash anywhere before its removal (after the insert
+//                                committed) never submits it twice. Its claim id is the name with a leading '.',
+//                                never a job id. An inbox name too long to fit is kept in the job attribute.
+//   active/.submissions/<job>/   the same for a job handed over from active/<job>/ (a claim made before the node
+//                                knew it was in a cluster); its job record moves with it.
 //   sharedOutbox/<job>/          (`cluster.sharedOutbox`) a published job, assembled as sharedOutbox/.tmp/<job>/
 //                                (a copy: the shared folder is another file system), made durable, then renamed
 //                                into place; active/<job>/ goes after that.
@@ -32,6 +38,41 @@ public struct ClusterOrigin: Sendable, Equatable {
 extension Spool {
     var submissionsFolder: String { active + "/.submissions" }
 
+    /// Claims inbox/<name> for the cluster: renamed to active/.submissions/<key>-<name> (see the top of this file),
+    /// the id `.<key>-<name>`, the id it asks for in `requestedJob`.
+    func claimForSubmission(_ name: String, now: Double, settled: Bool) throws -> ClaimOutcome {
+        try take(name, settled: settled) { fd, source, data in
+            var st = stat()
+            guard fstat(fd, &st) == 0 else { throw SpoolError(operation: "fstat", path: source, errno: errno) }
+            let key = "\(st.st_ino).\(st.st_ctim.tv_sec).\(st.st_ctim.tv_nsec)"
+            let fits = key.utf8.count + 1 + name.utf8.count <= 255
+            let file = fits ? key + "-" + name : key + "-"
+            let target = submissionsFolder + "/" + file
+            if rename(source, target) != 0 {
+                var e = errno
+                if e == ENOENT && access(source, F_OK) == 0 {
+                    try makeFolder(submissionsFolder)
+                    e = rename(source, target) == 0 ? 0 : errno
+                }
+                if e == ENOENT { return .vanished }
+                if e != 0 { throw SpoolError(operation: "rename to active/.submissions/\(file)", path: source, errno: e) }
+            }
+            if !fits, let record = try? PropertyListSerialization.data(fromPropertyList: ["manifest": name], format: .binary, options: 0) {
+                // Without the attribute the name reads back as <key>.plist: only the result's `manifest` differs.
+                _ = record.withUnsafeBytes { setxattr(target, Self.jobAttribute, $0.baseAddress, $0.count, 0) }
+            }
+            let tree = ManifestTree(data)
+            return .claimed(ClaimedJob(id: "." + file, requestedJob: Self.wantedID(name: name, tree: tree), manifestName: name,
+                                       receivedAt: now, manifest: data, tree: tree, done: [:]))
+        }
+    }
+
+    /// A manifest claimed for the cluster that this node rejects: moved into active/<id>/ as an ordinary claim
+    /// (the id unique here), to be published here like any rejected job.
+    func promoteSubmission(_ job: ClaimedJob) throws -> ClaimOutcome {
+        try placeClaim(job.manifestName, source: submissionsFolder + "/" + job.id.dropFirst(), data: job.manifest, now: job.receivedAt)
+    }
+
     /// Moves active/<job>/ (just claimed from the inbox) to active/.submissions/<job>/ (a name not taken there).
     /// Returns the submission's folder.
     func moveToSubmissions(job: String) throws -> String {
@@ -49,11 +90,25 @@ extension Spool {
         return target
     }
 
-    /// The submissions a previous run left (not yet known inserted), as claimed jobs (id: the folder's name).
+    /// The submissions a previous run left (not yet known inserted), as claimed jobs (a file's: `.<its name>`,
+    /// a folder's: the folder's name).
     func pendingSubmissions() -> [(folder: String, job: ClaimedJob)] {
         var found: [(folder: String, job: ClaimedJob)] = []
         for name in ((try? FileManager.default.contentsOfDirectory(atPath: submissionsFolder)) ?? []).sorted() where !name.hasPrefix(".") {
             let dir = submissionsFolder + "/" + name
+            var st = stat()
+            guard lstat(dir, &st) == 0 else { continue }
+            if (st.st_mode & S_IFMT) == S_IFREG {
+                guard case .success(let manifest) = readRegularFile(dir) else { continue }
+                let key = name.prefix { $0 != "-" }
+                var inboxName = String(name.dropFirst(key.count + 1))
+                if let recorded = readJobRecord(dir).name { inboxName = recorded }
+                if inboxName.isEmpty { inboxName = key + ".plist" }
+                let tree = ManifestTree(manifest)
+                found.append((dir, ClaimedJob(id: "." + name, requestedJob: Self.wantedID(name: inboxName, tree: tree), manifestName: inboxName,
+                                              receivedAt: Date().timeIntervalSince1970, manifest: manifest, tree: nil, done: [:])))
+                continue
+            }
             guard case .success(let manifest) = readRegularFile(dir + "/manifest.plist") else { removeTree(dir); continue }
             let record = readJobRecord(dir)
             found.append((dir, ClaimedJob(id: name, requestedJob: record.requested, manifestName: record.name ?? name + ".plist",

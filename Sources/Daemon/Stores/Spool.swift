@@ -246,7 +246,22 @@ public final class Spool: @unchecked Sendable {
     /// has it open for writing, and is held from before the read to after the rename, so a writer cannot
     /// open it in between (its open waits for the lease to be released). Where no lease can be had,
     /// `settled` (the caller's guess: inotify saw it closed, or it has not changed for a while) decides.
+    /// The id a manifest asks for: its `job` key if valid, else its file name made an identifier (never hidden).
+    static func wantedID(name: String, tree: ManifestTree) -> String {
+        var wanted = sanitizedIdentifier(String(name.dropLast(".plist".count)))
+        if let asked = tree.requestedJob, isValidIdentifier(asked) { wanted = asked }
+        if wanted.hasPrefix(".") { wanted = "_" + wanted.dropFirst() }
+        return wanted
+    }
+
     public func claim(_ name: String, now: Double, settled: Bool = true) throws -> ClaimOutcome {
+        try take(name, settled: settled) { _, source, data in try placeClaim(name, source: source, data: data, now: now) }
+    }
+
+    /// The checked read every claim starts with: opens inbox/<name> without following links or blocking, refuses
+    /// what is not a regular file of its own, takes the read lease (or trusts `settled`), reads the manifest, and
+    /// calls `place` with the descriptor, the path and the bytes while the lease is held.
+    func take(_ name: String, settled: Bool, _ place: (Int32, String, Data) throws -> ClaimOutcome) throws -> ClaimOutcome {
         let source = inbox + "/" + name
         let fd = open(source, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC)
         guard fd >= 0 else {
@@ -282,11 +297,14 @@ public final class Spool: @unchecked Sendable {
             return .skipped(e.description)
         }
         defer { if leased { _ = opq_lease(fd, 1) } }
-        let stem = String(name.dropLast(".plist".count))
-        var wanted = sanitizedIdentifier(stem)
+        return try place(fd, source, data)
+    }
+
+    /// A claim's second half: active/<id>/ made (the id unique in active/ and outbox/), the record written, the
+    /// manifest renamed in.
+    func placeClaim(_ name: String, source: String, data: Data, now: Double) throws -> ClaimOutcome {
         let tree = ManifestTree(data)
-        if let asked = tree.requestedJob, isValidIdentifier(asked) { wanted = asked }
-        if wanted.hasPrefix(".") { wanted = "_" + wanted.dropFirst() }
+        let wanted = Self.wantedID(name: name, tree: tree)
         var id = wanted
         var n = 0
         while true {
