@@ -49,12 +49,7 @@ struct ClusterTests {
     // MARK: 1. Schema, role
 
     @Test func schemaIsCreatedByTheRoleAndANewerOneIsRefused() throws {
-        let harness = try ClusterHarness(nodes: 2)
-        // Ready does not wait for the database (SPEC §8): wait until both registered.
-        let registered = pollUntil(20) { () -> Bool? in
-            (try? harness.sql("SELECT count(*) FROM opq_nodes")) == "2" ? true : nil
-        }
-        #expect(registered != nil)
+        let harness = try ClusterHarness(nodes: 2)  // waits until both registered
         // Created once, owned by the node role (no superuser), versioned.
         #expect(try harness.sql("SELECT count(*) > 0 FROM opq_schema_version") == "t")
         #expect(try harness.sql("SELECT tableowner FROM pg_tables WHERE tablename = 'opq_jobs'") == harness.role)

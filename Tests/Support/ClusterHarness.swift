@@ -306,7 +306,19 @@ public final class ClusterHarness: @unchecked Sendable {
             }
             nodes.append(ClusterNode(index: k, name: name, spool: folder + "/" + name, settings: configuration, logTarget: logTarget))
         }
-        if start { try startAll() }
+        if start {
+            try startAll()
+            // Ready does not wait for the database (SPEC §8); tests that write rows first need the schema.
+            if cluster { try waitRegistered(count) }
+        }
+    }
+
+    /// Waits until `count` nodes have registered (the schema exists and each node has its row).
+    public func waitRegistered(_ count: Int, timeout: Double = 30) throws {
+        let done = pollUntil(timeout) { () -> Bool? in
+            (try? sql("SELECT count(*) FROM opq_nodes")) == String(count) ? true : nil
+        }
+        if done == nil { throw SupportFailure("\(count) node(s) did not register within \(timeout) s") }
     }
 
     /// `cluster.database` for the node role (no password: it is in `passwordFile`).
