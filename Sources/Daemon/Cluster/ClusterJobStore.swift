@@ -529,7 +529,7 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
                     nextBeat = monotonicSeconds() + settings.leaseSeconds / 3
                 }
                 try releaseWhatWasGivenUp()
-                try submitPending()
+                let moreToSubmit = try submitPending()
                 let (wantsClaim, wantsControl, isStarted) = lock.withLock { () -> (Bool, Bool, Bool) in
                     let polled = now >= nextPoll
                     defer { claimWanted = false; controlWanted = false }
@@ -542,6 +542,7 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
                     nextPrune = now + Self.pruneEverySeconds
                     try prune()
                 }
+                if moreToSubmit { continue }
                 let next = min(nextBeat, nextPoll)
                 sleep(upTo: max(0, next - monotonicSeconds()))
             } catch {
@@ -686,11 +687,13 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
         }
     }
 
-    /// Inserts what waits, by batches of 256 (one transaction each); the local copies go only after the commit.
-    private func submitPending() throws {
-        while true {
+    /// Inserts one batch of what waits (up to 256, one transaction); the local copies go only after the commit.
+    /// Returns whether more wait: the loop goes round (beat, claims, control) between batches, so that a flood of
+    /// submissions never holds back this node's heartbeat nor its own claims.
+    private func submitPending() throws -> Bool {
+        do {
             let batch = lock.withLock { Array(pending.prefix(256)) }
-            if batch.isEmpty { return }
+            if batch.isEmpty { return false }
             let jobs = batch.map(\.job)
             let inserted = try waitBounded(Self.statementTimeout * 2, on: executor, doing: "inserting \(jobs.count) job(s)", { [store] in
                 try await store.insertJobs(jobs)
@@ -700,7 +703,10 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
                 logger.debug("job \(row.id): submitted to the cluster", metadata: ["OPQ_JOB": .string(row.id)])
             }
             let keys = Set(batch.map(\.key))
-            lock.withLock { pending.removeAll { keys.contains($0.key) } }
+            return lock.withLock {
+                pending.removeAll { keys.contains($0.key) }
+                return !pending.isEmpty
+            }
         }
     }
 
