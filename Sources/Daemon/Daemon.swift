@@ -123,6 +123,9 @@ public final class Daemon: @unchecked Sendable {
 
     /// Claims and publications, in order.
     let work = DispatchQueue(label: "opqueued.spool")
+    /// Where a store that records ends elsewhere (a cluster's database) is asked to, one batch after another, so
+    /// that `work` stages the next batch meanwhile; the placing of each batch comes back to `work`.
+    private let recording = DispatchQueue(label: "opqueued.recording")
 
     /// Where no read lease can be taken (see Spool.claim), a manifest file must be this old before a
     /// scan (rather than an inotify close/move event) claims it, so a file still being written in place
@@ -867,13 +870,31 @@ public final class Daemon: @unchecked Sendable {
         // rejected at submission (it never reached a cluster store) is this node's to publish.
         let allGated = store.inboxRunsHere
         let gated = staged.filter { allGated || $0.publication.job.fromStore }
-        var recorded = Set(staged.lazy.filter { !(allGated || $0.publication.job.fromStore) }.map { $0.publication.job.id })
-        do {
-            if !gated.isEmpty {
-                recorded.formUnion(try store.complete(gated.map { JobEnd(job: $0.publication.job.id, status: $0.publication.status,
-                                                                          resultFile: spool.stagedResult(job: $0.publication.job.id)) }))
+        let ungated = Set(staged.lazy.filter { !(allGated || $0.publication.job.fromStore) }.map { $0.publication.job.id })
+        let ends = gated.map { JobEnd(job: $0.publication.job.id, status: $0.publication.status, resultFile: spool.stagedResult(job: $0.publication.job.id)) }
+        if ends.isEmpty {
+            place(batch, staged, recorded: .success(ungated), now: now, hook: hook)
+        } else if allGated {
+            // The spool's own store records nothing elsewhere: at once.
+            place(batch, staged, recorded: Result { try store.complete(ends) }, now: now, hook: hook)
+        } else {
+            // A remote store: the round trip is made off `work`, which stages the next batch meanwhile (each
+            // job stays `finishing` until its batch is placed).
+            recording.async { [self, staged] in
+                let result = Result { try store.complete(ends).union(ungated) }
+                work.async { [self] in place(batch, staged, recorded: result, now: now, hook: hook) }
             }
-        } catch {
+        }
+    }
+
+    /// On `work`: the second half of a publication batch, once the store answered: the recorded ends are placed
+    /// in the outbox and committed, the others were lost; a store that could not answer stalls the batch.
+    private func place(_ batch: [Publication], _ staged: [(publication: Publication, firstStart: Double?)],
+                       recorded answer: Result<Set<String>, any Error>, now: Double, hook: CommandSpec?) {
+        let recorded: Set<String>
+        switch answer {
+        case .success(let ids): recorded = ids
+        case .failure(let error):
             // Not known whether the store recorded them: they wait, as in a spool fault, and are offered again.
             for entry in staged { stalled.append(entry.publication) }
             spoolFailed("recording \(staged.count) job ends in the job store", error)

@@ -91,8 +91,15 @@ final class ClusterNode: @unchecked Sendable {
     func drop(_ name: String, _ manifest: [String: Any]) throws -> ClaimedJob {
         let path = spool.inbox + "/" + name + ".plist"
         try plist(manifest).write(to: URL(fileURLWithPath: path))
-        guard case .claimed(let job) = try spool.claim(name + ".plist", now: Date().timeIntervalSince1970) else {
-            throw SupportFailure("inbox/\(name).plist was not claimed")
+        // A read lease can be refused for a moment after the write (the kernel's view of the last writer): tried
+        // again, as the daemon does on its next scan.
+        var outcome = try spool.claim(name + ".plist", now: Date().timeIntervalSince1970)
+        for _ in 0..<50 {
+            if case .busy = outcome { usleep(100_000) } else { break }
+            outcome = try spool.claim(name + ".plist", now: Date().timeIntervalSince1970)
+        }
+        guard case .claimed(let job) = outcome else {
+            throw SupportFailure("inbox/\(name).plist was not claimed: \(outcome)")
         }
         try spool.commit()
         return job
