@@ -196,9 +196,6 @@ struct ClusterJobStoreTests {
         #expect(try a.store.job("nosuch") == nil)
     }
 
-    /// A crash after the insert committed and before the local copy was removed: the next start submits it again
-    /// and the database keeps one job. Both places a crash can leave it: active/<job> (before it was set aside) and
-    /// active/.submissions/<job>.
     /// A row claimed while this node's own inbox claim of a manifest asking for the same id sits in active/<id>
     /// (on its way to active/.submissions): the inbox claim's folder is left untouched, the row handed back and
     /// claimed again once the name is free; the inbox claim is submitted under an id of its own.
@@ -232,6 +229,9 @@ struct ClusterJobStoreTests {
         #expect(eventually { (try? a.store.job("twin.1")) != nil })
     }
 
+    /// A crash after the insert committed and before the local copy was removed: the next start submits it again
+    /// and the database keeps one job. Both places a crash can leave it: active/<job> (before it was set aside) and
+    /// active/.submissions/<job>.
     @Test func exactlyOnceAcrossACrashBetweenCommitAndRemoval() throws {
         let server = try PostgresServer.shared.get()
         let database = try server.createDatabase()

@@ -122,27 +122,20 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
                 self.heard(wakeup)
             }
         }
+        spawn("opqueued-cluster") { $0.loop() }
+        spawn("opqueued-lease") { $0.watchDeadline() }
+        spawn("opqueued-cluster-status") { $0.statusLoop() }
+    }
+
+    /// A thread of the store's own, waited for at shutdown (`finished`).
+    private func spawn(_ name: String, _ body: @escaping @Sendable (ClusterJobStore) -> Void) {
         finished.enter()
-        let loop = Thread { [self] in
-            self.loop()
-            self.finished.leave()
+        let thread = Thread { [self] in
+            body(self)
+            finished.leave()
         }
-        loop.name = "opqueued-cluster"
-        loop.start()
-        finished.enter()
-        let watch = Thread { [self] in
-            self.watchDeadline()
-            self.finished.leave()
-        }
-        watch.name = "opqueued-lease"
-        watch.start()
-        finished.enter()
-        let status = Thread { [self] in
-            self.statusLoop()
-            self.finished.leave()
-        }
-        status.name = "opqueued-cluster-status"
-        status.start()
+        thread.name = name
+        thread.start()
     }
 
     // MARK: JobStore
