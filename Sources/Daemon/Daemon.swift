@@ -443,8 +443,6 @@ public final class Daemon: @unchecked Sendable {
         start(run, plan, configuration: config)
     }
 
-    /// On `work`: enters a job into the lifecycle and reads its manifest; returns its plan, or nil when it was
-    /// rejected (its result is then queued for publication).
     /// On `work`, for a store that places jobs itself: manifests claimed for submission (SPEC §8) are read against
     /// the store's submission configuration; the good ones go to the store (never registered here: they run
     /// wherever the store places them), one with problems is moved into active/ and rejected here like any other.
@@ -454,6 +452,8 @@ public final class Daemon: @unchecked Sendable {
             let tree = job.tree ?? ManifestTree(job.manifest)
             job.tree = nil
             if Self.problems(tree, configuration: config).problems.isEmpty {
+                // The store reads the job's placement from the same tree (it lets it go once the row is made).
+                job.tree = tree
                 let wanted = job.requestedJob ?? ""
                 event(.info, "job \(wanted) received from inbox/\(job.manifestName); submitted to the cluster",
                       ["OPQ_EVENT": "job", "OPQ_STATE": "received", "OPQ_JOB": wanted])
@@ -488,6 +488,8 @@ public final class Daemon: @unchecked Sendable {
         return (problems, parsed)
     }
 
+    /// On `work`: enters a job into the lifecycle and reads its manifest; returns its plan, or nil when it was
+    /// rejected (its result is then queued for publication).
     private func receive(_ claimed: ClaimedJob, _ arrival: JobLifecycle<GroupID>.Arrival, tree: ManifestTree,
                          configuration config: Configuration) -> (RunningJob, JobPlan)? {
         let run = RunningJob(claimed: claimed)

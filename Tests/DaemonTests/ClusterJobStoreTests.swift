@@ -111,6 +111,23 @@ final class ClusterNode: @unchecked Sendable {
     }
 }
 
+/// Nodes `a` and `b` on a database of their own, each told it recovered nothing (the caller closes them).
+func startedPair(queues: [String: Any] = [:]) throws -> (server: PostgresServer, database: String, a: ClusterNode, b: ClusterNode) {
+    let server = try PostgresServer.shared.get()
+    let database = try server.createDatabase()
+    let a = try ClusterNode("a", server: server, database: database, queues: queues)
+    let b: ClusterNode
+    do {
+        b = try ClusterNode("b", server: server, database: database, queues: queues)
+    } catch {
+        a.close()
+        throw error
+    }
+    _ = a.store.recovered([])
+    _ = b.store.recovered([])
+    return (server, database, a, b)
+}
+
 /// Polls `condition` every 10 ms for at most `seconds`.
 func eventually(_ seconds: Double = 10, _ condition: () throws -> Bool) rethrows -> Bool {
     let end = monotonicSeconds() + seconds
@@ -200,13 +217,8 @@ struct ClusterJobStoreTests {
     /// (on its way to active/.submissions): the inbox claim's folder is left untouched, the row handed back and
     /// claimed again once the name is free; the inbox claim is submitted under an id of its own.
     @Test func aClaimedRowNeverTakesTheFolderOfAnInboxClaim() throws {
-        let server = try PostgresServer.shared.get()
-        let database = try server.createDatabase()
-        let a = try ClusterNode("a", server: server, database: database)
-        let b = try ClusterNode("b", server: server, database: database)
+        let (_, _, a, b) = try startedPair()
         defer { a.close(); b.close() }
-        _ = a.store.recovered([])
-        _ = b.store.recovered([])
         b.store.want(room: 0)
         #expect(eventually { a.store.snapshot()?.connected == true && b.store.snapshot()?.connected == true })
         // The row `twin`, submitted on a; b's inbox claim of another manifest asking for `twin` holds active/twin.
@@ -450,13 +462,8 @@ struct ClusterJobStoreTests {
 
     /// `cancel` and `suspend` asked on A reach B (which runs the job) within 1 s, each cancel passed on once.
     @Test func cancelAndSuspendFromAReachB() throws {
-        let server = try PostgresServer.shared.get()
-        let database = try server.createDatabase()
-        let a = try ClusterNode("a", server: server, database: database)
-        let b = try ClusterNode("b", server: server, database: database)
+        let (_, _, a, b) = try startedPair()
         defer { a.close(); b.close() }
-        _ = a.store.recovered([])
-        _ = b.store.recovered([])
         b.store.want(room: 4)
         _ = a.store.submit([try a.drop("remote", sleepManifest("remote", seconds: 60))])
         #expect(eventually { b.shell.ran.count == 1 })
@@ -528,14 +535,8 @@ struct ClusterJobStoreTests {
     /// clusterMaxConcurrentOperationCount = 2 across two nodes, four threads each acquiring and releasing: never
     /// more than two holders at once, by our count and by the database's.
     @Test func acquireSlotNeverExceedsTheClusterLimit() throws {
-        let server = try PostgresServer.shared.get()
-        let database = try server.createDatabase()
-        let queues: [String: Any] = ["api": ["clusterMaxConcurrentOperationCount": 2]]
-        let a = try ClusterNode("a", server: server, database: database, queues: queues)
-        let b = try ClusterNode("b", server: server, database: database, queues: queues)
+        let (server, database, a, b) = try startedPair(queues: ["api": ["clusterMaxConcurrentOperationCount": 2]])
         defer { a.close(); b.close() }
-        _ = a.store.recovered([])
-        _ = b.store.recovered([])
         #expect(eventually { a.store.snapshot()?.refreshedAt != nil && b.store.snapshot()?.refreshedAt != nil })
         final class Counters: Sendable {
             let inside = Atomic<Int>(0)
@@ -645,13 +646,8 @@ struct ClusterJobStoreTests {
     /// A reload declares the node again: a queue added to the configuration is in the database, and submission
     /// validation on another node accepts it.
     @Test func reloadDeclaresTheNodeAgain() throws {
-        let server = try PostgresServer.shared.get()
-        let database = try server.createDatabase()
-        let a = try ClusterNode("a", server: server, database: database)
-        let b = try ClusterNode("b", server: server, database: database)
+        let (server, database, a, b) = try startedPair()
         defer { a.close(); b.close() }
-        _ = a.store.recovered([])
-        _ = b.store.recovered([])
         #expect(eventually { a.store.snapshot()?.connected == true })
         var reloaded = try Configuration.parse(plist(["queues": ["gpu": ["maxConcurrentOperationCount": 1]]]))
         reloaded.cluster = try Configuration.parse(plist(["cluster": ["database": server.url(database), "node": "a"]])).cluster

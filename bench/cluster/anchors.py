@@ -35,6 +35,15 @@ def reset_database(admin_dsn, database):
         c.execute(f'CREATE DATABASE "{database}"')
 
 
+def fresh_install(args, database):
+    """A new database with the system's schema in it; returns its DSN and the system's enqueue function."""
+    install, enqueue, _ = SYSTEMS[args.system]
+    reset_database(args.admin, database)
+    dsn = dsn_for(args.base, database)
+    asyncio.run(install(dsn))
+    return dsn, enqueue
+
+
 # --- PGQueuer -----------------------------------------------------------------------------------------------------
 
 async def pgqueuer_install(dsn):
@@ -163,11 +172,8 @@ def start_workers(system, dsn, mode, count, go, out):
 
 
 def throughput(args):
-    install, enqueue, _ = SYSTEMS[args.system]
     database = f"anchor_{args.system}"
-    reset_database(args.admin, database)
-    dsn = dsn_for(args.base, database)
-    asyncio.run(install(dsn))
+    dsn, enqueue = fresh_install(args, database)
     asyncio.run(enqueue(dsn, args.jobs))
     go = f"{args.work}/go-{args.system}-{args.workers}"
     procs = start_workers(args.system, dsn, "drain", args.workers, go, "/dev/null")
@@ -190,11 +196,7 @@ def throughput(args):
 
 
 def latency(args):
-    install, enqueue, _ = SYSTEMS[args.system]
-    database = f"anchor_{args.system}_latency"
-    reset_database(args.admin, database)
-    dsn = dsn_for(args.base, database)
-    asyncio.run(install(dsn))
+    dsn, enqueue = fresh_install(args, f"anchor_{args.system}_latency")
     go = f"{args.work}/go-{args.system}-latency"
     out = f"{args.work}/latency-{args.system}.txt"
     if os.path.exists(out):

@@ -61,8 +61,6 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
     /// Slots dropped at the lease deadline, released (fence-checked) once the database's lease on them would have
     /// run out too: a node that renews before the takeover sees them keeps its name on them otherwise.
     private var droppedSlots: [(lease: SlotLease, due: Double)] = []
-    /// This process has not yet freed what its node's name held before it (see `connect`).
-    private var freshProcess = true
     private var jobReleases: [String: Int64] = [:]
     private var lastError: String?
     private var declared: (queues: Set<String>, commands: Set<String>, commandSignatures: [String: String]) = ([], [], [:])
@@ -75,7 +73,8 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
     private var runner: Task<Void, Never>?
     private let statusWake = NSCondition()
     private var statusWanted = false
-    /// The loop has connected (migrated, registered) once: before, the status thread has nothing to read.
+    /// The loop has connected (migrated, registered, freed what an earlier process of the node held) once: before,
+    /// the status thread has nothing to read.
     private var hasConnected = false
     private var listener: Task<Void, Never>?
     private let finished = DispatchGroup()
@@ -442,7 +441,10 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
     private func enqueue(_ job: ClaimedJob, folder: String) {
         let config = submissionConfiguration(lock.withLock { configuration })
         var placement = (qos: 2, priority: 2, queues: [String](), commands: [String]())
-        if case .success(let plan) = Manifest.parse(job.manifest, configuration: config) { placement = plan.clusterPlacement(config) }
+        // The tree the shell read at claim when it hands one over (not parsed from the bytes again).
+        if case .success(let plan) = Manifest.parse(job.tree ?? ManifestTree(job.manifest), configuration: config) {
+            placement = plan.clusterPlacement(config)
+        }
         // The key survives a restart: the node and which inbox file it was (a file claimed for the cluster), or the
         // inbox name and the reception time recorded at claim (a folder handed over from active/).
         let key = job.id.hasPrefix(".") ? "\(nodeName)/\(job.id.dropFirst())" : "\(nodeName)/\(job.manifestName)/\(job.receivedAt)"
@@ -559,14 +561,13 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
         let declaration = lock.withLock { configuration.declaration(node: nodeName, jobSlots: settings.jobSlots) }
         _ = try waitBounded(Self.statementTimeout * 2, on: executor, doing: "migrating the cluster schema", { [store] in try await store.migrate() })
         try waitBounded(Self.statementTimeout, on: executor, doing: "registering node \(nodeName)", { [store] in try await store.registerNode(declaration) })
-        if lock.withLock({ freshProcess }) {
+        if !lock.withLock({ hasConnected }) {
             // Slots the node's name holds now were held by a process of it that is gone (no slot is taken before
             // the first beat): a restart within the lease keeps the lease alive, so no takeover would free them.
             let freed = try waitBounded(Self.statementTimeout, on: executor, doing: "freeing the cluster slots node \(nodeName) held before", { [store, nodeName] in
                 try await store.freeNodeSlots(node: nodeName)
             })
             if !freed.isEmpty { logger.notice("cluster: freed \(freed.count) cluster slot(s) an earlier process of node \(nodeName) held") }
-            lock.withLock { freshProcess = false }
         }
         let news = lock.withLock {
             hasConnected = true
@@ -640,7 +641,7 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
         }
         reportDeadline()
         leaseChanged(true)
-        if !lost.isEmpty { handLost(lost, reason: "taken over by another node") }
+        if !lost.isEmpty { delegate?.lost(lost, reason: "taken over by another node") }
         let takeover = try waitBounded(Self.statementTimeout, on: executor, doing: "taking over the jobs of lost nodes", { [store, settings] in
             try await store.takeOverLost(leaseSeconds: settings.leaseSeconds)
         })
@@ -653,10 +654,6 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
             slotFreed.broadcast()
             slotFreed.unlock()
         }
-    }
-
-    private func handLost(_ jobs: [String], reason: String) {
-        delegate?.lost(jobs, reason: reason)
     }
 
     private func releaseWhatWasGivenUp() throws {
@@ -856,7 +853,7 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
         if !lost.isEmpty {
             logger.warning("cluster: the lease of node \(nodeName) ran out; \(lost.count) job(s) stopped: \(lost.joined(separator: ", "))",
                            metadata: ["OPQ_EVENT": "cluster", "OPQ_ERROR": "lease ran out"])
-            handLost(lost, reason: "lease ran out")
+            delegate?.lost(lost, reason: "lease ran out")
         }
         if !slots.isEmpty {
             lock.withLock { permits }?.dropAll()
