@@ -116,7 +116,8 @@ let package = Package(
         .testTarget(name: "OperationEngineTests", dependencies: ["OperationEngine"]),
         .testTarget(name: "DaemonTests", dependencies: ["Daemon", "TestSupport"]),
         .testTarget(name: "PropertyListTests", dependencies: ["PropertyList", "TestSupport"]),
-        .testTarget(name: "ClusterStoreTests", dependencies: ["ClusterStore", "TestSupport"]),
+        .testTarget(name: "ClusterStoreTests", dependencies: ["ClusterStore", "TestSupport",
+                                                              .product(name: "PostgresNIO", package: "postgres-nio")]),
         // SPEC §8 from outside: real nodes on one throwaway PostgreSQL (Tests/Support/ClusterHarness.swift).
         .testTarget(name: "ClusterTests", dependencies: ["TestSupport"]),
     ]

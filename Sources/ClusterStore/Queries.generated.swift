@@ -89,22 +89,11 @@ enum Queries {
 
     /// One claim round in one statement: up to $2 waiting jobs, in claim order, whose queues and commands are all
     /// among the node's ($3, $4); rows another claimer holds are skipped, never waited for. Each gets a new fence.
-    /// $1 node, $2 limit, $3 node queues, $4 node commands.
+    /// $1 node, $2 limit, $3 node queues, $4 node commands. The statement is opq_claim_jobs (migration 3), which keeps
+    /// the planner on the claim-order index whatever the table's statistics say.
     static let claimJobs = #"""
-    WITH picked AS (
-        SELECT id FROM opq_jobs
-        WHERE state = 'waiting' AND queues <@ $3::text[] AND commands <@ $4::text[]
-        ORDER BY qos_rank DESC, priority_rank DESC, seq
-        LIMIT $2
-        FOR UPDATE SKIP LOCKED
-    )
-    UPDATE opq_jobs AS j
-    SET state = 'running', node = $1, fence = nextval('opq_fence'), claimed_at = now()
-    FROM picked
-    WHERE j.id = picked.id
-    RETURNING j.id, j.requested_id, j.manifest, j.manifest_name, j.submitted_on,
-              extract(epoch FROM j.submitted_at)::float8 AS submitted_at, j.qos_rank, j.priority_rank, j.seq,
-              j.fence, j.from_node
+    SELECT id, requested_id, manifest, manifest_name, submitted_on, submitted_at, qos_rank, priority_rank, seq, fence, from_node
+    FROM opq_claim_jobs($1, $2, $3::text[], $4::text[])
     """#
 
     /// One statement per node per beat: renews the node's lease (and so those of all its jobs and slots) and
@@ -458,6 +447,35 @@ enum Migrations {
             """#,
             #"""
             DELETE FROM opq_schema_version WHERE version = 2
+            """#,
+        ]),
+        Migration(version: 3, name: "claim_function", up: [
+            #"""
+            CREATE FUNCTION opq_claim_jobs(claimer text, wanted bigint, node_queues text[], node_commands text[])
+            RETURNS TABLE (id text, requested_id text, manifest bytea, manifest_name text, submitted_on text, submitted_at float8,
+                           qos_rank smallint, priority_rank smallint, seq bigint, fence bigint, from_node text)
+            LANGUAGE sql VOLATILE SET enable_bitmapscan = off AS '
+            WITH picked AS (
+                SELECT j.id FROM opq_jobs AS j
+                WHERE j.state = ''waiting'' AND j.queues <@ node_queues AND j.commands <@ node_commands
+                ORDER BY j.qos_rank DESC, j.priority_rank DESC, j.seq
+                LIMIT wanted
+                FOR UPDATE SKIP LOCKED
+            )
+            UPDATE opq_jobs AS j
+            SET state = ''running'', node = claimer, fence = nextval(''opq_fence''), claimed_at = now()
+            FROM picked
+            WHERE j.id = picked.id
+            RETURNING j.id, j.requested_id, j.manifest, j.manifest_name, j.submitted_on,
+                      extract(epoch FROM j.submitted_at)::float8, j.qos_rank, j.priority_rank, j.seq, j.fence, j.from_node
+            '
+            """#,
+        ], down: [
+            #"""
+            DROP FUNCTION IF EXISTS opq_claim_jobs(text, bigint, text[], text[])
+            """#,
+            #"""
+            DELETE FROM opq_schema_version WHERE version = 3
             """#,
         ]),
     ]

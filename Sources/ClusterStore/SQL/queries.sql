@@ -76,21 +76,10 @@ SELECT pg_notify('opqueued', 'nodes');
 -- name: ClaimJobs
 -- One claim round in one statement: up to $2 waiting jobs, in claim order, whose queues and commands are all
 -- among the node's ($3, $4); rows another claimer holds are skipped, never waited for. Each gets a new fence.
--- $1 node, $2 limit, $3 node queues, $4 node commands.
-WITH picked AS (
-    SELECT id FROM opq_jobs
-    WHERE state = 'waiting' AND queues <@ $3::text[] AND commands <@ $4::text[]
-    ORDER BY qos_rank DESC, priority_rank DESC, seq
-    LIMIT $2
-    FOR UPDATE SKIP LOCKED
-)
-UPDATE opq_jobs AS j
-SET state = 'running', node = $1, fence = nextval('opq_fence'), claimed_at = now()
-FROM picked
-WHERE j.id = picked.id
-RETURNING j.id, j.requested_id, j.manifest, j.manifest_name, j.submitted_on,
-          extract(epoch FROM j.submitted_at)::float8 AS submitted_at, j.qos_rank, j.priority_rank, j.seq,
-          j.fence, j.from_node;
+-- $1 node, $2 limit, $3 node queues, $4 node commands. The statement is opq_claim_jobs (migration 3), which keeps
+-- the planner on the claim-order index whatever the table's statistics say.
+SELECT id, requested_id, manifest, manifest_name, submitted_on, submitted_at, qos_rank, priority_rank, seq, fence, from_node
+FROM opq_claim_jobs($1, $2, $3::text[], $4::text[]);
 
 -- name: Heartbeat
 -- One statement per node per beat: renews the node's lease (and so those of all its jobs and slots) and
