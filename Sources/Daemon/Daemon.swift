@@ -75,10 +75,19 @@ public final class Daemon: @unchecked Sendable {
     private var closedHints: Set<String> = []
     private var strangersLogged: Set<String> = []
     private var finishedWaiters: [@Sendable () -> Void] = []
-    /// Inbox names from the last scan not yet tried, oldest first (on `work`).
+    /// Inbox names to try, oldest first: the last scan's, and names inotify reported since (on `work`).
     private var inboxQueue = Deque<String>()
+    /// The names in `inboxQueue`, so that a name both scanned and reported is tried once.
+    private var queuedNames = Set<String>()
     private var lastRefill = 0.0
+    /// The inbox is to be read whole at once: at start, after an inotify overflow, on the watcher's timer, on
+    /// reload — whenever names may have arrived unreported.
+    private var rescanNow = true
+    /// Names were reported since the last scan: the inbox is read whole again within `rescanInterval` (inotify
+    /// is a hint; the reported names themselves are tried at once, without reading the folder).
     private var rescanRequested = false
+    /// The last scan kept only the oldest `scanBatch` names: the rest are read when those are gone.
+    private var scanLeftSome = false
     /// Manifests waiting in the inbox at the last scan, less those claimed since (for status).
     private var waiting = 0
     /// Jobs whose outbox entries are to be published together (on `work`).
@@ -234,18 +243,32 @@ public final class Daemon: @unchecked Sendable {
         }
     }
 
-    /// Looks at the inbox; `hints` are names inotify reported closed or moved in (claimable at once).
-    public func scan(hints: [String] = []) {
+    /// Looks at the inbox. `hints` are names inotify reported closed or moved in: each is tried at once
+    /// (claimable at once, without reading the folder). `complete` says they are all that arrived (an event
+    /// batch without overflow); otherwise (start, overflow, the watcher's timer) the folder is read whole now.
+    public func scan(hints: [String] = [], complete: Bool = false) {
         work.async { [self] in
-            lock.lock()
             // Only names a scan would offer are kept (a hidden file written and renamed in is not).
-            closedHints.formUnion(hints.lazy.filter(Spool.isManifestName))
-            lock.unlock()
-            // A file found open for writing is tried again as soon as it is closed.
-            for name in hints where busy.remove(name) != nil { inboxQueue.prepend(name) }
-            rescanRequested = true
+            let names = hints.filter(Spool.isManifestName)
+            lock.withLock { closedHints.formUnion(names) }
+            for name in names {
+                // A file found open for writing is tried again as soon as it is closed, before the others.
+                if busy.remove(name) != nil { queueName(name, first: true) } else { queueName(name) }
+            }
+            if complete { rescanRequested = true } else { rescanNow = true }
             claimMore()
         }
+    }
+
+    /// On `work`: adds an inbox name to try, unless it is already waiting its turn. Past `scanBatch` names a
+    /// reported name is left to the scan that reads the rest (a flood's names are not all held in memory).
+    private func queueName(_ name: String, first: Bool = false) {
+        guard queuedNames.count < Self.scanBatch || first else {
+            scanLeftSome = true
+            return
+        }
+        guard queuedNames.insert(name).inserted else { return }
+        if first { inboxQueue.prepend(name) } else { inboxQueue.append(name) }
     }
 
     /// On `work`: tells the store how many more jobs could run here (a cluster store claims that many); while
@@ -270,8 +293,11 @@ public final class Daemon: @unchecked Sendable {
     private func refill() throws {
         let scan = try spool.scanInbox(limit: Self.scanBatch)
         inboxQueue = Deque(scan.manifests)
+        queuedNames = Set(scan.manifests)
         lastRefill = Date().timeIntervalSince1970
+        rescanNow = false
         rescanRequested = false
+        scanLeftSome = scan.waiting > scan.manifests.count
         lock.lock()
         waiting = scan.waiting
         if scan.manifests.count == scan.waiting {
@@ -317,7 +343,9 @@ public final class Daemon: @unchecked Sendable {
         // than this many bytes in either format.
         var mayHold = 0
         let now = Date().timeIntervalSince1970
-        if inboxQueue.isEmpty || (rescanRequested && now - lastRefill >= Self.rescanInterval) {
+        // An empty queue alone is no reason to read the inbox: every job's end asks for more, and reading a
+        // folder that once held a flood costs all its blocks (a directory never shrinks) even when it is empty.
+        if rescanNow || (inboxQueue.isEmpty && scanLeftSome) || (rescanRequested && now - lastRefill >= Self.rescanInterval) {
             do {
                 try refill()
             } catch {
@@ -329,6 +357,7 @@ public final class Daemon: @unchecked Sendable {
         var claimed: [ClaimedJob] = []
         var settling: [String] = []
         while claimed.count < room, mayHold < budget, let name = inboxQueue.popFirst() {
+            queuedNames.remove(name)
             if onlyThese {
                 let allowed = lock.withLock {
                     guard lifecycle.onceAllows(name) else { return false }
@@ -367,7 +396,7 @@ public final class Daemon: @unchecked Sendable {
                     if fresh { logger.warning("inbox/\(name) cannot be claimed: \(reason)") }
                 }
             } catch {
-                inboxQueue.prepend(name)
+                queueName(name, first: true)
                 spoolFailed("claiming inbox/\(name)", error)
                 break
             }
@@ -378,7 +407,7 @@ public final class Daemon: @unchecked Sendable {
         }
         if !settling.isEmpty {
             work.asyncAfter(deadline: .now() + Self.settleSeconds) { [self, settling] in
-                inboxQueue.append(contentsOf: settling)
+                for name in settling { queueName(name) }
                 claimMore()
             }
         }

@@ -126,7 +126,7 @@ struct Opqueued: AsyncParsableCommand {
             return
         }
         let control = ControlServer(path: spoolFolder.root + "/opqueued.sock") { request in handle(request, daemon) }
-        let watcher = InboxWatcher(path: spoolFolder.inbox) { names in daemon.scan(hints: names) }
+        let watcher = InboxWatcher(path: spoolFolder.inbox) { names, complete in daemon.scan(hints: names, complete: complete) }
         let group = ServiceGroup(configuration: .init(
             services: [
                 .init(service: SpoolService(daemon: daemon, control: control, watcher: watcher, metricsListen: configuration.metricsListen,

@@ -344,3 +344,42 @@ private func eventually(_ seconds: Double = 20, _ condition: () -> Bool) -> Bool
         await daemon.stop(grace: 1)
     }
 }
+
+@Suite struct InboxHintTests {
+    /// Names inotify reports are claimed without reading the inbox again; a job's end is no reason to read it
+    /// either. The inbox here also holds 2,000 hidden files (a writer's temporaries): each read costs them all.
+    /// Before, every claim and every job's end read the whole folder (one read per manifest or more).
+    @Test func reportedNamesAreClaimedWithoutReadingTheInboxAgain() async throws {
+        let root = NSTemporaryDirectory() + "opq-hints-\(getpid())-\(UInt32.random(in: 0...UInt32.max))"
+        defer { try? FileManager.default.removeItem(atPath: root) }
+        let spool = try Spool(root: root)
+        for i in 0..<2000 { _ = FileManager.default.createFile(atPath: root + "/inbox/.partial-\(i)", contents: Data([0])) }
+        let daemon = Daemon(spool: spool, configuration: .builtIn, configPath: nil, logger: Logger(label: "test") { _ in SwiftLogNoOpLogHandler() },
+                            store: SpoolJobStore(spool: spool))
+        daemon.start()
+        daemon.scan()
+        let started = Date()
+        let jobs = 150
+        for i in 0..<jobs {
+            let job = "h\(i)"
+            let data = plist(["job": job, "operations": [["id": "a", "kind": "sleep", "seconds": 0]]])
+            _ = FileManager.default.createFile(atPath: root + "/inbox/." + job, contents: data)
+            rename(root + "/inbox/." + job, root + "/inbox/" + job + ".plist")
+            daemon.scan(hints: [job + ".plist"], complete: true)
+        }
+        #expect(eventually(60) { (try? FileManager.default.contentsOfDirectory(atPath: root + "/outbox"))?.filter { !$0.hasPrefix(".") }.count == jobs })
+        let elapsed = Date().timeIntervalSince(started)
+        // The reads allowed: the one at start, the one asked for above, and one per rescan interval (2 s)
+        // while names keep being reported.
+        let reads = spool.inboxReads.withLock { $0 }
+        #expect(reads <= 3 + Int(elapsed / Daemon.rescanInterval), "\(reads) whole reads of the inbox for \(jobs) reported manifests in \(elapsed) s")
+
+        // A name nobody reported is found by the read a complete=false scan (start, overflow, timer) asks for.
+        let data = plist(["job": "unreported", "operations": [["id": "a", "kind": "sleep", "seconds": 0]]])
+        _ = FileManager.default.createFile(atPath: root + "/inbox/.unreported", contents: data)
+        rename(root + "/inbox/.unreported", root + "/inbox/unreported.plist")
+        daemon.scan()
+        #expect(eventually { FileManager.default.fileExists(atPath: root + "/outbox/unreported/result.plist") })
+        await daemon.stop(grace: 1)
+    }
+}

@@ -1,6 +1,7 @@
 // InboxWatcher: inotify on the inbox, as a hint only (SPEC §2, "a missed event never loses a file").
-// Every event, a queue overflow and a periodic timer all lead to a rescan; names reported as closed
-// after writing or moved in are passed on as claimable at once.
+// Names reported as closed after writing or moved in are passed on as claimable at once; a queue overflow, the
+// start and a periodic timer (rescanInterval without events) ask for the folder to be read whole. Every event
+// batch also leads to a whole read within the daemon's rescan interval.
 
 import Foundation
 
@@ -11,12 +12,13 @@ import Glibc
 public final class InboxWatcher: @unchecked Sendable {
     private let path: String
     private let rescanInterval: Double
-    private let onChange: @Sendable ([String]) -> Void
+    /// Names reported, and whether they are all that arrived (false: read the folder whole).
+    private let onChange: @Sendable (_ names: [String], _ complete: Bool) -> Void
     private var fd: Int32 = -1
     private let stopLock = NSLock()
     private var stopped = false
 
-    public init(path: String, rescanInterval: Double = 2, onChange: @escaping @Sendable ([String]) -> Void) {
+    public init(path: String, rescanInterval: Double = 2, onChange: @escaping @Sendable (_ names: [String], _ complete: Bool) -> Void) {
         self.path = path
         self.rescanInterval = rescanInterval
         self.onChange = onChange
@@ -29,7 +31,7 @@ public final class InboxWatcher: @unchecked Sendable {
         guard inotify_add_watch(fd, path, UInt32(IN_CLOSE_WRITE | IN_MOVED_TO)) >= 0 else {
             throw SpoolError(operation: "inotify_add_watch", path: path, errno: errno)
         }
-        onChange([])
+        onChange([], false)
         let thread = Thread { [self] in run() }
         thread.name = "inbox-watcher"
         thread.start()
@@ -47,6 +49,7 @@ public final class InboxWatcher: @unchecked Sendable {
             let ready = poll(&pfd, 1, 200)
             var names: [String] = []
             var changed = false
+            var overflowed = false
             if ready > 0 {
                 let n = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
                 if n > 0 {
@@ -59,6 +62,7 @@ public final class InboxWatcher: @unchecked Sendable {
                             return (mask, Int(length))
                         }
                         let nameStart = offset + MemoryLayout<inotify_event>.size
+                        if mask & UInt32(IN_Q_OVERFLOW) != 0 { overflowed = true }
                         if length > 0, nameStart + length <= n, mask & UInt32(IN_Q_OVERFLOW) == 0 {
                             let bytes = buffer[nameStart ..< nameStart + length].prefix { $0 != 0 }
                             names.append(String(decoding: bytes, as: UTF8.self))
@@ -69,7 +73,7 @@ public final class InboxWatcher: @unchecked Sendable {
             }
             if changed || Date().timeIntervalSince(lastScan) >= rescanInterval {
                 lastScan = Date()
-                onChange(names)
+                onChange(names, changed && !overflowed)
             }
         }
         close(fd)

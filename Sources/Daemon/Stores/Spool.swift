@@ -28,6 +28,7 @@
 
 import CShims
 import Foundation
+import Synchronization
 import HeapModule
 
 #if canImport(Glibc)
@@ -78,6 +79,8 @@ public final class Spool: @unchecked Sendable {
     var progressPath: String { active + "/.progress.log" }
     /// The progress log is rewritten (keeping only active jobs' lines) once it is this large.
     static let progressCompactionBytes = 32 << 20
+    /// How many times the inbox was read whole (`scanInbox`), for tests.
+    let inboxReads = Mutex(0)
 
     public init(root: String) throws {
         self.root = root
@@ -135,6 +138,7 @@ public final class Spool: @unchecked Sendable {
     /// field: it is renamed in the inbox (never replacing a file) to its bytes with every invalid sequence
     /// as `_`, and claimed under that name.
     public func scanInbox(limit: Int) throws -> InboxScan {
+        inboxReads.withLock { $0 += 1 }
         var scan = InboxScan(manifests: [], waiting: 0, strangers: [], renamed: [])
         let fd = open(inbox, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
         guard fd >= 0 else { throw SpoolError(operation: "open", path: inbox, errno: errno) }
