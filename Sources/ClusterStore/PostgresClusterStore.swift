@@ -269,41 +269,74 @@ public final class PostgresClusterStore: ClusterStore {
     public func insertJobs(_ jobs: [NewJob]) async throws -> [InsertedJob] {
         if jobs.isEmpty { return [] }
         return try await transaction(doing: "inserting \(jobs.count) job(s)") { connection in
-            var inserted: [InsertedJob] = []
-            inserted.reserveCapacity(jobs.count)
-            for job in jobs {
-                var binds = PostgresBindings()
-                binds.append(job.requestedID)
-                binds.append(ByteBuffer(bytes: job.manifest))
-                binds.append(job.manifestName)
-                binds.append(job.submittedOn)
-                binds.append(Int16(clamping: job.qosRank))
-                binds.append(Int16(clamping: job.priorityRank))
-                binds.append(job.queues)
-                binds.append(job.commands)
-                binds.append(job.submissionKey)
-                // No row: a concurrent inserter took the candidate id first (look again with a fresh snapshot), or
-                // the submission key is already there (a repeated submission: its row's id is the answer).
-                var id: String?
-                for _ in 0..<64 where id == nil {
-                    id = try await self.execute(connection, Queries.insertJob, binds).first
-                        .map { try self.decode($0.makeRandomAccess()[0], String.self) }
-                    if id == nil, let key = job.submissionKey {
-                        var keyBinds = PostgresBindings()
-                        keyBinds.append(key)
-                        id = try await self.execute(connection, Queries.submittedJob, keyBinds).first
-                            .map { try self.decode($0.makeRandomAccess()[0], String.self) }
-                    }
-                }
-                guard let id else {
-                    throw ClusterStoreError(.server, "inserting job \(job.requestedID): no free id after 64 attempts")
-                }
-                inserted.append(InsertedJob(id: id, requestedID: job.requestedID))
+            // The batch in one statement (one round trip, not one per job); the jobs it could not take under their
+            // requested ids — an id already in the cluster or twice in the batch, a key already submitted — one
+            // by one after it, as before.
+            var first: [Int] = []
+            var ids = Set<String>(), keys = Set<String>()
+            for (i, job) in jobs.enumerated() {
+                guard ids.insert(job.requestedID).inserted else { continue }
+                if let key = job.submissionKey, !keys.insert(key).inserted { continue }
+                first.append(i)
+            }
+            var answers = [InsertedJob?](repeating: nil, count: jobs.count)
+            let taken = try await self.insertAtOnce(first.map { jobs[$0] }, connection)
+            for i in first where taken.contains(jobs[i].requestedID) {
+                answers[i] = InsertedJob(id: jobs[i].requestedID, requestedID: jobs[i].requestedID)
+            }
+            for i in jobs.indices where answers[i] == nil {
+                answers[i] = InsertedJob(id: try await self.insertOne(jobs[i], connection), requestedID: jobs[i].requestedID)
             }
             // One notification per transaction: NOTIFY serialises committers on a global lock.
             _ = try await self.execute(connection, Queries.notifyJobs)
-            return inserted
+            return answers.compactMap { $0 }
         }
+    }
+
+    /// InsertJobs: returns the ids inserted (each its requested id).
+    private func insertAtOnce(_ jobs: [NewJob], _ connection: PostgresConnection) async throws -> Set<String> {
+        if jobs.isEmpty { return [] }
+        var binds = PostgresBindings()
+        binds.append(jobs.map(\.requestedID))
+        binds.append(jobs.map { ByteBuffer(bytes: $0.manifest) })
+        binds.append(jobs.map(\.manifestName))
+        binds.append(jobs.map(\.submittedOn))
+        binds.append(jobs.map { Int16(clamping: $0.qosRank) })
+        binds.append(jobs.map { Int16(clamping: $0.priorityRank) })
+        binds.append(jobs.map { jsonArray($0.queues) })
+        binds.append(jobs.map { jsonArray($0.commands) })
+        binds.append(jobs.map { $0.submissionKey ?? "" })
+        return Set(try await execute(connection, Queries.insertJobs, binds).map { try decode($0.makeRandomAccess()[0], String.self) })
+    }
+
+    /// InsertJob for one job: its requested id if free, else id.N; or, when its submission key is already there,
+    /// the id that submission got.
+    private func insertOne(_ job: NewJob, _ connection: PostgresConnection) async throws -> String {
+        var binds = PostgresBindings()
+        binds.append(job.requestedID)
+        binds.append(ByteBuffer(bytes: job.manifest))
+        binds.append(job.manifestName)
+        binds.append(job.submittedOn)
+        binds.append(Int16(clamping: job.qosRank))
+        binds.append(Int16(clamping: job.priorityRank))
+        binds.append(job.queues)
+        binds.append(job.commands)
+        binds.append(job.submissionKey)
+        // No row: a concurrent inserter took the candidate id first (look again with a fresh snapshot), or
+        // the submission key is already there (a repeated submission: its row's id is the answer).
+        for _ in 0..<64 {
+            if let id = try await execute(connection, Queries.insertJob, binds).first.map({ try decode($0.makeRandomAccess()[0], String.self) }) {
+                return id
+            }
+            if let key = job.submissionKey {
+                var keyBinds = PostgresBindings()
+                keyBinds.append(key)
+                if let id = try await execute(connection, Queries.submittedJob, keyBinds).first.map({ try decode($0.makeRandomAccess()[0], String.self) }) {
+                    return id
+                }
+            }
+        }
+        throw ClusterStoreError(.server, "inserting job \(job.requestedID): no free id after 64 attempts")
     }
 
     public func claimJobs(node: String, limit: Int, queues: [String], commands: [String]) async throws -> [ClaimedJob] {
@@ -485,4 +518,25 @@ public final class PostgresClusterStore: ClusterStore {
             throw ClusterStoreError(.badRow, "column \(cell.columnName) does not hold a \(T.self)")
         }
     }
+}
+
+/// A list of strings as a JSON array (InsertJobs passes each row's queues and commands so).
+func jsonArray(_ strings: [String]) -> String {
+    var out = "["
+    for (i, string) in strings.enumerated() {
+        if i > 0 { out += "," }
+        out += "\""
+        for scalar in string.unicodeScalars {
+            switch scalar {
+            case "\"": out += "\\\""
+            case "\\": out += "\\\\"
+            case _ where scalar.value < 0x20:
+                let hex = String(scalar.value, radix: 16)
+                out += "\\u" + String(repeating: "0", count: 4 - hex.count) + hex
+            default: out.unicodeScalars.append(scalar)
+            }
+        }
+        out += "\""
+    }
+    return out + "]"
 }

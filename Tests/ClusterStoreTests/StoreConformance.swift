@@ -164,6 +164,13 @@ enum StoreConformance {
 
             #expect(try await store.claimJobs(node: "gpu", limit: 10, queues: ["default", "gpu"], commands: []).map(\.id) == ["gpu-job"])
             #expect(try await store.claimJobs(node: "media", limit: 10, queues: ["default"], commands: ["ffmpeg"]).map(\.id) == ["ffmpeg-job"])
+
+            // Names the store does not validate travel intact (a batch carries them as JSON): quotes,
+            // backslashes, commas, braces, non-ASCII, a control character.
+            let odd = ["q\"uote", "back\\slash", "com,ma", "{brace}", "ünï", "tab\there"]
+            _ = try await store.insertJobs([job("odd", queues: odd, commands: odd)])
+            #expect(try await store.claimJobs(node: "gpu", limit: 10, queues: Array(odd.dropLast()), commands: odd).isEmpty)
+            #expect(try await store.claimJobs(node: "gpu", limit: 10, queues: odd, commands: odd).map(\.id) == ["odd"])
         }
     }
 

@@ -31,6 +31,24 @@ INSERT INTO opq_queue_slots (queue, slot)
 SELECT $1, g FROM generate_series(1, $2::integer) AS g
 ON CONFLICT (queue, slot) DO NOTHING;
 
+-- name: InsertJobs
+-- A batch of jobs in one statement, each under its requested id, in batch order (seq follows the ordinality).
+-- A row whose id or submission key is already taken is skipped (ON CONFLICT DO NOTHING, on every unique
+-- constraint) and absent from RETURNING: the caller inserts it by InsertJob (id.N) or finds it by SubmittedJob.
+-- The caller passes each requested id and each key at most once. Queues and commands are one JSON array of
+-- strings per row (arrays of arrays do not unnest). $1 requested ids, $2 manifests, $3 manifest names,
+-- $4 submitted on, $5 qos ranks, $6 priority ranks, $7 queues, $8 commands, $9 submission keys ('' for none).
+INSERT INTO opq_jobs (id, requested_id, manifest, manifest_name, submitted_on, qos_rank, priority_rank, queues, commands,
+                      submission_key)
+SELECT u.id, u.id, u.manifest, u.manifest_name, u.submitted_on, u.qos_rank, u.priority_rank,
+       ARRAY(SELECT jsonb_array_elements_text(u.queues::jsonb)), ARRAY(SELECT jsonb_array_elements_text(u.commands::jsonb)),
+       NULLIF(u.submission_key, '')
+FROM unnest($1::text[], $2::bytea[], $3::text[], $4::text[], $5::int2[], $6::int2[], $7::text[], $8::text[], $9::text[])
+     WITH ORDINALITY AS u(id, manifest, manifest_name, submitted_on, qos_rank, priority_rank, queues, commands, submission_key, ord)
+ORDER BY u.ord
+ON CONFLICT DO NOTHING
+RETURNING id;
+
 -- name: InsertJob
 -- One job, its id unique across the cluster: the requested id if free, else requested.N with N one more than
 -- the largest taken (found by a range scan of the byte-ordered primary key: '/' follows '.').
