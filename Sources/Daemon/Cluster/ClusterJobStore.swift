@@ -14,6 +14,7 @@
 // not decode widens nothing. The password never reaches a log line: errors come from ClusterStoreError.
 
 import ClusterStore
+import DequeModule
 import Foundation
 import Logging
 import OperationEngine
@@ -56,7 +57,9 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
     private var pendingSuspensions: [String: Bool] = [:]
     private var registerWanted = false
     /// Submissions waiting for their insert: folder under active/.submissions and the job.
-    private var pending: [(folder: String, key: String, job: NewJob)] = []
+    /// Submissions set aside, not yet inserted, oldest first (appended by the shell's calls, taken by the
+    /// submission thread from the front).
+    private var pending = Deque<(folder: String, key: String, job: NewJob)>()
     private var slotReleases: [SlotLease] = []
     /// Slots dropped at the lease deadline, released (fence-checked) once the database's lease on them would have
     /// run out too: a node that renews before the takeover sees them keeps its name on them otherwise.
@@ -73,18 +76,25 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
     private var runner: Task<Void, Never>?
     private let statusWake = NSCondition()
     private var statusWanted = false
+    private let submitWake = NSCondition()
+    private var submitWanted = false
     /// The loop has connected (migrated, registered, freed what an earlier process of the node held) once: before,
     /// the status thread has nothing to read.
     private var hasConnected = false
     private var listener: Task<Void, Never>?
     private let finished = DispatchGroup()
     let executor = ClusterExecutor(label: "opqueued-cluster-executor")
+    /// Removes the local copies of submissions the database holds.
+    private let reaper = DispatchQueue(label: "opqueued-cluster-reaper", qos: .utility)
 
     /// Statements of the loop and of the shell's calls wait at most this long.
     public static let statementTimeout = 5.0
     static let pollSeconds = 1.0
     static let pruneEverySeconds = 3600.0
     static let pruneBatch = 500
+    /// Submissions held in memory at most: past it, manifests wait in the inbox (a flood of a million is not
+    /// read into memory ahead of the inserts; with the database down, the inbox is where they wait).
+    static let pendingLimit = 4096
 
     /// Builds the node's store; nothing is connected until `start`. Throws when the URL or the password file is
     /// unusable (a configuration error: the node does not start).
@@ -124,6 +134,7 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
         spawn("opqueued-cluster") { $0.loop() }
         spawn("opqueued-lease") { $0.watchDeadline() }
         spawn("opqueued-cluster-status") { $0.statusLoop() }
+        spawn("opqueued-cluster-submit") { $0.submitLoop() }
     }
 
     /// A thread of the store's own, waited for at shutdown (`finished`).
@@ -139,7 +150,7 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
 
     // MARK: JobStore
 
-    public var acceptsSubmissions: Bool { lock.withLock { declaredKnown } }
+    public var acceptsSubmissions: Bool { lock.withLock { declaredKnown && pending.count < Self.pendingLimit } }
 
     public func submissionConfiguration(_ local: Configuration) -> Configuration {
         let d = lock.withLock { declared }
@@ -209,12 +220,13 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
         }
         reportDeadline()
         kick()
+        wantSubmit()
         return resume
     }
 
     public func submit(_ jobs: [ClaimedJob]) -> [ClaimedJob] {
         for job in jobs { enqueueSubmission(job) }
-        kick()
+        wantSubmit()
         return []
     }
 
@@ -312,10 +324,12 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
         if already { return }
         kick()
         wantStatus()
+        wantSubmit()
         slotFreed.lock()
         slotFreed.broadcast()
         slotFreed.unlock()
         _ = finished.wait(timeout: .now() + Self.statementTimeout + 2)
+        reaper.sync {}
         runner?.cancel()
         listener?.cancel()
     }
@@ -524,7 +538,6 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
                     nextBeat = monotonicSeconds() + settings.leaseSeconds / 3
                 }
                 try releaseWhatWasGivenUp()
-                let moreToSubmit = try submitPending()
                 let (wantsClaim, wantsControl, isStarted) = lock.withLock { () -> (Bool, Bool, Bool) in
                     let polled = now >= nextPoll
                     defer { claimWanted = false; controlWanted = false }
@@ -537,7 +550,6 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
                     nextPrune = now + Self.pruneEverySeconds
                     try prune()
                 }
-                if moreToSubmit { continue }
                 let next = min(nextBeat, nextPoll)
                 sleep(upTo: max(0, next - monotonicSeconds()))
             } catch {
@@ -581,6 +593,49 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
             event(.notice, "cluster: node \(nodeName) connected to the database", ["OPQ_EVENT": "cluster", "OPQ_STATE": "connected"])
         }
         wantStatus()
+        wantSubmit()
+    }
+
+    // MARK: the submission thread
+
+    private func wantSubmit() {
+        submitWake.lock()
+        submitWanted = true
+        submitWake.signal()
+        submitWake.unlock()
+    }
+
+    /// Inserts what waits in `pending`, a batch (one statement) at a time, beside the loop's beats and claims: a
+    /// flood into this node's inbox neither holds back its heartbeat nor its claims. Waits for the loop's first
+    /// connection (the schema). After a failure, again `backoff` later (0.1 s doubling to 5 s), however many
+    /// manifests arrive meanwhile; the loop is asked to check the connection, and it logs `disconnected` and
+    /// `connected`.
+    private func submitLoop() {
+        var backoff = 0.1
+        while !lock.withLock({ stopped }) {
+            if lock.withLock({ hasConnected }) {
+                do {
+                    let more = try submitPending()
+                    backoff = 0.1
+                    if more { continue }
+                } catch {
+                    disconnected(error)
+                    lock.withLock { registerWanted = true }
+                    kick()
+                    let until = Date(timeIntervalSinceNow: backoff)
+                    backoff = min(backoff * 2, 5)
+                    submitWake.lock()
+                    while !lock.withLock({ stopped }), submitWake.wait(until: until) {}
+                    submitWanted = false
+                    submitWake.unlock()
+                    continue
+                }
+            }
+            submitWake.lock()
+            if !submitWanted { _ = submitWake.wait(until: Date(timeIntervalSinceNow: 1)) }
+            submitWanted = false
+            submitWake.unlock()
+        }
     }
 
     // MARK: the status thread
@@ -678,8 +733,7 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
     }
 
     /// Inserts one batch of what waits (up to 256, one transaction); the local copies go only after the commit.
-    /// Returns whether more wait: the loop goes round (beat, claims, control) between batches, so that a flood of
-    /// submissions never holds back this node's heartbeat nor its own claims.
+    /// Returns whether more wait.
     private func submitPending() throws -> Bool {
         do {
             let batch = lock.withLock { Array(pending.prefix(256)) }
@@ -688,13 +742,17 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
             let inserted = try waitBounded(Self.statementTimeout * 2, on: executor, doing: "inserting \(jobs.count) job(s)", { [store] in
                 try await store.insertJobs(jobs)
             })
-            for (entry, row) in zip(batch, inserted) {
-                removeTree(entry.folder)
+            for row in inserted {
                 logger.debug("job \(row.id): submitted to the cluster", metadata: ["OPQ_JOB": .string(row.id)])
             }
-            let keys = Set(batch.map(\.key))
+            // The local copies go off this thread: an unlink frees the file's blocks at once (0.5 ms each here, with
+            // online discard), and the next batch need not wait for that. One left by a crash meanwhile is submitted
+            // again at the next start under the same key, which inserts nothing.
+            let folders = batch.map(\.folder)
+            reaper.async { for folder in folders { removeTree(folder) } }
             return lock.withLock {
-                pending.removeAll { keys.contains($0.key) }
+                // Only this thread takes from the front: the batch is still the first `batch.count`.
+                pending.removeFirst(batch.count)
                 return !pending.isEmpty
             }
         }

@@ -61,7 +61,8 @@ public protocol JobStore: AnyObject, Sendable {
     /// while there is room for jobs. False (the cluster): the inbox is drained into the store whatever the room.
     var inboxRunsHere: Bool { get }
     /// False while manifests from the inbox cannot be validated yet (a cluster node that has not yet read what the
-    /// cluster declares): they wait in the inbox.
+    /// cluster declares), or while the store already holds as many submissions as it takes at once: they wait in
+    /// the inbox.
     var acceptsSubmissions: Bool { get }
     /// The configuration a manifest from this node's inbox is validated against: the local one, or (cluster) the
     /// local one widened to every queue and command some node of the cluster declares.
