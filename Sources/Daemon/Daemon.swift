@@ -1165,7 +1165,12 @@ public final class Daemon: @unchecked Sendable {
 
     // MARK: Control
 
-    public enum CancelOutcome { case cancelled, unknownJob, unknownOperation, alreadyEnded }
+    public enum CancelOutcome: Equatable {
+        case cancelled, unknownJob, unknownOperation, alreadyEnded
+        /// Not running here, and the job store that would know cannot answer now (the cluster's database is
+        /// down): the client may try again; it is not told the job is unknown.
+        case unavailable(String)
+    }
 
     /// `cancel` from a client: a job running here is cancelled here; any other is the store's to answer.
     public func cancel(job id: String, operation: String?) -> CancelOutcome {
@@ -1179,7 +1184,7 @@ public final class Daemon: @unchecked Sendable {
             case .alreadyEnded: return .alreadyEnded
             case .unavailable(let reason):
                 logger.warning("cancel of job \(id): the job store cannot answer now: \(reason)")
-                return .unknownJob
+                return .unavailable(reason)
             }
         }
     }

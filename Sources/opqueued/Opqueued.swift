@@ -261,7 +261,7 @@ func handle(_ request: [String: Any], _ daemon: Daemon) -> [String: Any] {
             do {
                 if let record = try cluster.job(job) { return clusterShow(record) }
             } catch {
-                return ["exit": 1, "error": "job '\(job)' is not on this node and the cluster cannot be asked now: \(error)"]
+                return ["exit": 3, "error": "job '\(job)' is not on this node and the cluster cannot be asked now: \(error); try again"]
             }
         }
         return ["exit": 1, "error": "unknown job '\(job)'"]
@@ -273,6 +273,7 @@ func handle(_ request: [String: Any], _ daemon: Daemon) -> [String: Any] {
         case .unknownJob: return ["exit": 1, "error": "unknown job '\(job)'"]
         case .unknownOperation: return ["exit": 1, "error": "job '\(job)' has no operation '\(operation ?? "")'"]
         case .alreadyEnded: return ["exit": 1, "error": operation.map { "operation '\($0)' of job '\(job)' has already ended" } ?? "job '\(job)' has already ended"]
+        case .unavailable(let reason): return ["exit": 3, "error": "job '\(job)' is not on this node and the cluster cannot be asked now: \(reason); try again"]
         }
     case "metrics":
         return ["exit": 0, "text": daemon.metricsText()]

@@ -311,9 +311,18 @@ struct ClusterTests {
         let waitingCopies = harness[0].list("inbox") + harness[0].list("active") + harness[0].list("active/.submissions")
         #expect(!waitingCopies.isEmpty, "the manifest waits on the node")
         #expect(harness[0].result(job) == nil)
+        // A job this node does not run cannot be looked up now: "try again" (exit 3), never "unknown job" (exit 1).
+        for command in [["cancel", "elsewhere-job"], ["show", "elsewhere-job"]] {
+            let answer = try harness[0].ctl(command)
+            #expect(answer.status == 3 && answer.stderr.contains("cannot be asked now") && answer.stderr.contains("try again"),
+                    "\(command): exit \(answer.status): \(answer.stderr)")
+        }
         try harness.startDatabase()
         #expect(try harness.waitJournal(["OPQ_NODE": harness[0].name, "OPQ_EVENT": "cluster", "OPQ_STATE": "connected"], timeout: 15) != nil)
         #expect(harness.waitResult(job, timeout: 30)?.result["status"] as? String == "succeeded")
+        // With the database back, the same questions have their answers.
+        #expect(try harness[0].ctl(["cancel", "elsewhere-job"]).status == 1)
+        #expect(try harness[0].ctl(["cancel", job]).stderr.contains("already ended"))
     }
 
     // MARK: 6. Cancel and suspend from another node
