@@ -532,62 +532,6 @@ struct ClusterJobStoreTests {
         #expect(!line.message.contains("wrong-password-xyz"))
     }
 
-    /// clusterMaxConcurrentOperationCount = 2 across two nodes, four threads each acquiring and releasing: never
-    /// more than two holders at once, by our count and by the database's.
-    @Test func acquireSlotNeverExceedsTheClusterLimit() throws {
-        let (server, database, a, b) = try startedPair(queues: ["api": ["clusterMaxConcurrentOperationCount": 2]])
-        defer { a.close(); b.close() }
-        #expect(eventually { a.store.snapshot()?.refreshedAt != nil && b.store.snapshot()?.refreshedAt != nil })
-        final class Counters: Sendable {
-            let inside = Atomic<Int>(0)
-            let most = Atomic<Int>(0)
-            let done = Atomic<Int>(0)
-        }
-        let counters = Counters()
-        let failures = Locked<[String]>([])
-        let group = DispatchGroup()
-        for (n, node) in [a, b].enumerated() {
-            for t in 0..<4 {
-                group.enter()
-                Thread.detachNewThread {
-                    defer { group.leave() }
-                    for round in 0..<6 {
-                        do {
-                            let lease = try node.store.acquireSlot(queue: "api", job: "j\(n)-\(t)", operation: "op\(round)", isCancelled: { false })
-                            let now = counters.inside.add(1, ordering: .sequentiallyConsistent).newValue
-                            _ = counters.most.max(now, ordering: .sequentiallyConsistent)
-                            usleep(UInt32.random(in: 5_000...30_000))
-                            counters.inside.subtract(1, ordering: .sequentiallyConsistent)
-                            node.store.releaseSlot(lease)
-                            counters.done.add(1, ordering: .relaxed)
-                        } catch {
-                            failures.withLock { $0.append("\(error)") }
-                        }
-                    }
-                }
-            }
-        }
-        #expect(group.wait(timeout: .now() + 120) == .success)
-        #expect(failures.withLock { $0 }.isEmpty, "\(failures.withLock { $0 })")
-        let most = counters.most.load(ordering: .relaxed)
-        #expect(counters.done.load(ordering: .relaxed) == 48)
-        #expect(most <= 2 && most >= 1, "at most 2 at once: \(most)")
-        #expect(trimmed(try server.psql(database, "SELECT count(*) FROM opq_queue_slots WHERE holder IS NOT NULL")) == "0")
-        var cancelled = false
-        let a2 = a
-        let blocker = try a2.store.acquireSlot(queue: "api", job: "x", operation: "1", isCancelled: { false })
-        let blocker2 = try b.store.acquireSlot(queue: "api", job: "x", operation: "2", isCancelled: { false })
-        let start = monotonicSeconds()
-        #expect(throws: CancellationError.self) {
-            _ = try a2.store.acquireSlot(queue: "api", job: "x", operation: "3", isCancelled: {
-                if monotonicSeconds() - start > 1.5 { cancelled = true }
-                return cancelled
-            })
-        }
-        a.store.releaseSlot(blocker)
-        b.store.releaseSlot(blocker2)
-    }
-
     /// Rows are input: a hand-inserted row with an id that would escape the spool, and one whose manifest is not a
     /// property list, crash nothing; the first is recorded rejected without touching the spool, the second is
     /// handed to the shell (which validates it against its own configuration and rejects it).

@@ -38,10 +38,9 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
     let logger: Logger
     let onLeaseDeadline: @Sendable (Double?) -> Void
 
-    /// Everything below is guarded by `lock`; `wake` wakes the loop, `slotFreed` the slot waiters.
+    /// Everything below is guarded by `lock`; `wake` wakes the loop.
     private let lock = NSLock()
     private let wake = NSCondition()
-    private let slotFreed = NSCondition()
     private weak var _delegate: (any JobStoreDelegate)?
     private var configuration: Configuration
     private var state: ClusterNodeState
@@ -325,9 +324,6 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
         kick()
         wantStatus()
         wantSubmit()
-        slotFreed.lock()
-        slotFreed.broadcast()
-        slotFreed.unlock()
         _ = finished.wait(timeout: .now() + Self.statementTimeout + 2)
         reaper.sync {}
         runner?.cancel()
@@ -383,55 +379,6 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
             return _onLeaseChange
         }
         hook?(good)
-    }
-
-    /// A slot of `queue`'s clusterMaxConcurrentOperationCount, for one operation: waits (woken when a slot is freed
-    /// anywhere, polling at least every second) until one is free, the node may take leases, or `isCancelled`.
-    /// Throws CancellationError when cancelled or the store is shut down; a queue without a cluster limit throws.
-    public func acquireSlot(queue: String, job: String, operation: String, isCancelled: () -> Bool) throws -> SlotLease {
-        guard let limit = lock.withLock({ configuration.queues[queue]?.clusterMaxConcurrentOperationCount }) else {
-            throw ClusterUnavailable("queue \(queue) has no clusterMaxConcurrentOperationCount")
-        }
-        while true {
-            if isCancelled() || lock.withLock({ stopped }) { throw CancellationError() }
-            if lock.withLock({ state.mayTakeLeases(now: monotonicSeconds()) }) {
-                let lease = try? waitBounded(Self.statementTimeout, on: executor, doing: "acquiring a cluster slot of queue \(queue)", { [store, nodeName] in
-                    try await store.acquireSlot(queue: queue, limit: limit, node: nodeName, job: job, operation: operation)
-                })
-                if let lease {
-                    // A slot granted after the deadline passed meanwhile is handed back at once.
-                    let kept = lock.withLock {
-                        guard state.mayTakeLeases(now: monotonicSeconds()) else { slotReleases.append(lease); return false }
-                        state.addSlot(.init(queue: lease.queue, slot: lease.slot, fence: lease.fence))
-                        return true
-                    }
-                    if kept {
-                        reportDeadline()
-                        return lease
-                    }
-                    kick()
-                }
-            }
-            slotFreed.lock()
-            _ = slotFreed.wait(until: Date(timeIntervalSinceNow: Self.pollSeconds))
-            slotFreed.unlock()
-        }
-    }
-
-    /// Frees a slot (its fence checked by the database); when the database cannot be reached it is retried by the
-    /// loop. A slot dropped at the lease deadline was freed by the takeover already.
-    public func releaseSlot(_ lease: SlotLease) {
-        let held = lock.withLock { state.removeSlot(.init(queue: lease.queue, slot: lease.slot, fence: lease.fence)) }
-        reportDeadline()
-        guard held else { return }
-        do {
-            _ = try waitBounded(Self.statementTimeout, on: executor, doing: "releasing a cluster slot of queue \(lease.queue)", { [store] in
-                try await store.releaseSlot(lease)
-            })
-        } catch {
-            lock.withLock { slotReleases.append(lease) }
-            kick()
-        }
     }
 
     // MARK: submissions
@@ -503,9 +450,6 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
         case .control: lock.withLock { controlWanted = true }
         case .slots:
             lock.withLock { permits }?.nudge()
-            slotFreed.lock()
-            slotFreed.broadcast()
-            slotFreed.unlock()
             return
         case .nodes:
             wantStatus()
@@ -705,9 +649,8 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
             logger.notice("cluster: took \(takeover.jobs.count) job(s) back from lost node(s) \(Set(takeover.jobs.map { $0.fromNode }).sorted().joined(separator: ", "))")
         }
         if !takeover.freedSlotQueues.isEmpty {
-            slotFreed.lock()
-            slotFreed.broadcast()
-            slotFreed.unlock()
+            // Its NOTIFY reaches every node, this one too; the permits here need not wait for it.
+            lock.withLock { permits }?.nudge()
         }
     }
 
