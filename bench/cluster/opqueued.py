@@ -156,13 +156,14 @@ def manifest(job, queue=None):
 
 
 def wait_for_outboxes(cluster, count, jobs, start):
-    """Polls every node's outbox until `jobs` entries (or 600 s); returns how many and the seconds since `start`."""
+    """Polls every node's outbox until `jobs` entries (or 600 s); returns how many and the seconds since `start`.
+    Every 0.2 s: listing outboxes of 10,000 entries more often took a tenth of a core from the nodes measured."""
     done = 0
     while time.monotonic() < start + 600:
         done = sum(len(cluster.outbox(k)) for k in range(count))
         if done >= jobs:
             break
-        time.sleep(0.05)
+        time.sleep(0.2)
     return done, time.monotonic() - start
 
 
