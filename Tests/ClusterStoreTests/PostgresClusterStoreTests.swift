@@ -177,6 +177,49 @@ struct PostgresClusterStoreTests {
     }
 
     /// Queries.generated.swift is what `make sql` makes from the .sql files.
+    /// The schema owned by one role, the nodes running as another with only the grants docs/cluster.md gives for
+    /// that set-up (CONNECT, USAGE on the schema, the table and sequence grants; functions are PUBLIC's to
+    /// execute): the runtime role migrates (finds nothing to do), registers, inserts, claims, completes, beats,
+    /// takes over, holds and frees a cluster slot, suspends, cancels and prunes.
+    @Test func splitRolesWorkWithTheDocumentedGrants() async throws {
+        let server = try PostgresServer.shared.get()
+        let (owner, ownerUnder) = try await makePostgresStore()
+        #expect(try await owner.migrate() == Migrations.newest)
+        await ownerUnder.close()
+        let database = owner.url.database
+        let runtime = "opqrun_\(UInt32.random(in: 1...UInt32.max))"
+        let password = "run-\(UInt64.random(in: 1...UInt64.max))"
+        try server.psql("postgres", "CREATE ROLE \(runtime) LOGIN PASSWORD '\(password)'")
+        try server.psql("postgres", "GRANT CONNECT ON DATABASE \(database) TO \(runtime)")
+        try server.psql(database, "GRANT USAGE ON SCHEMA public TO \(runtime)")
+        try server.psql(database, "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO \(runtime)")
+        try server.psql(database, "GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO \(runtime)")
+        let url = try DatabaseURL(server.url(database, user: runtime), passwordFile: try server.passwordFile(password))
+        let store = try PostgresClusterStore(url: url)
+        let runner = Task { await store.run() }
+        defer { runner.cancel() }
+        #expect(try await store.migrate() == Migrations.newest, "nothing to migrate, and allowed to look")
+        try await store.registerNode(node("run", limits: ["api": 1]))
+        let inserted = try await store.insertJobs([job("split-a"), job("split-b")])
+        #expect(inserted.map(\.id) == ["split-a", "split-b"])
+        let claimed = try await store.claimJobs(node: "run", limit: 10, queues: ["default"], commands: [])
+        #expect(claimed.map(\.id) == ["split-a", "split-b"])
+        _ = try await store.heartbeat(node: "run")
+        _ = try await store.takeOverLost(leaseSeconds: 60)
+        let lease = try #require(try await store.acquireSlot(queue: "api", limit: 1, node: "run", job: "split-a", operation: "o"))
+        #expect(try await store.releaseSlot(lease))
+        try await store.setSuspended("default", true)
+        #expect(try await store.suspendedQueues() == ["default"])
+        #expect(try await store.requestCancel(job: "split-b", operation: nil) == .requested)
+        let done = try await store.completeJobs(claimed.map { JobCompletion(job: $0.id, fence: $0.fence, status: "succeeded", result: [0]) })
+        #expect(done == ["split-a", "split-b"])
+        _ = try await store.prune(olderThanSeconds: 0, batchSize: 10)
+        #expect(try server.psql(database, "SELECT tableowner FROM pg_tables WHERE tablename = 'opq_jobs'").contains(PostgresServer.role),
+                "the tables stay the owner's")
+        runner.cancel()
+        await runner.value
+    }
+
     /// A backlog the planner has no statistics for (30,000 rows inserted at once, never analysed): a claim of 10
     /// still reads the claim-order index in order and stops — it does not read every waiting row and sort them
     /// (which the bare statement's plan did: 30,000 index entries per claim, and a claim's cost grew with the
