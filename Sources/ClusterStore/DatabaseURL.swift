@@ -195,7 +195,9 @@ public struct DatabaseURL: Sendable, CustomStringConvertible {
         var configuration = PostgresClient.Configuration(host: host, port: port, username: user, password: password,
                                                          database: database, tls: tls)
         configuration.options.connectTimeout = .seconds(5)
-        if sslMode == .verifyFull { configuration.options.tlsServerName = host }
+        // No tlsServerName: postgres-nio sends the host name for SNI and certificate checks, and for an IP address
+        // (never valid in SNI; setting it made verify-full fail for every IP host) checks the certificate's IP
+        // entries against the address it connected to.
         return configuration
     }
 
@@ -210,7 +212,9 @@ public struct DatabaseURL: Sendable, CustomStringConvertible {
         var configuration = PostgresConnection.Configuration(host: host, port: port, username: user, password: password,
                                                              database: database, tls: tls)
         configuration.options.connectTimeout = .seconds(5)
-        if sslMode == .verifyFull { configuration.options.tlsServerName = host }
+        // No tlsServerName: postgres-nio sends the host name for SNI and certificate checks, and for an IP address
+        // (never valid in SNI; setting it made verify-full fail for every IP host) checks the certificate's IP
+        // entries against the address it connected to.
         return configuration
     }
 }

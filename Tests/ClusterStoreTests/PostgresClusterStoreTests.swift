@@ -220,6 +220,47 @@ struct PostgresClusterStoreTests {
         await runner.value
     }
 
+    /// sslmode=verify-full against a server with a CA-signed certificate: with that CA the store connects, over TLS
+    /// (the server says so for each of the role's connections); with another CA it refuses to talk at all, and says
+    /// why. require takes TLS without checking the certificate. (The shared test server has no TLS: there,
+    /// `require` refusing plain text is ClusterTests.sslModeRequireIsHonoured.)
+    @Test func verifyFullChecksTheServersCertificate() async throws {
+        let server = try PostgresServer(tls: true)
+        let database = try server.createDatabase()
+        let ca = try #require(server.tlsCA)
+        let other = try PostgresServer.makeCA(in: server.folder, name: "stranger")
+        func store(_ query: String) throws -> PostgresClusterStore {
+            try PostgresClusterStore(url: DatabaseURL(server.url(database).replacingOccurrences(of: "sslmode=disable", with: query),
+                                                      passwordFile: server.passwordFile()))
+        }
+        func connectedOverTLS() throws -> [String] {
+            try server.psql(database, "SELECT s.ssl FROM pg_stat_ssl AS s JOIN pg_stat_activity AS a USING (pid) WHERE a.usename = '\(PostgresServer.role)'")
+                .split(separator: "\n").map(String.init)
+        }
+
+        let verified = try store("sslmode=verify-full&sslrootcert=" + ca)
+        let runner = Task { await verified.run() }
+        #expect(try await verified.migrate() == Migrations.newest)
+        try await verified.registerNode(node("tls"))
+        let overTLS = try connectedOverTLS()
+        #expect(!overTLS.isEmpty && overTLS.allSatisfy { $0 == "t" }, "every connection of the role is TLS: \(overTLS)")
+        runner.cancel()
+        await runner.value
+
+        let wrong = try store("sslmode=verify-full&sslrootcert=" + other)
+        do {
+            try await wrong.checkConnection()
+            Issue.record("connected with a CA that did not sign the server's certificate")
+        } catch {
+            let text = "\(error)".lowercased()
+            #expect(text.contains("certificate") || text.contains("tls") || text.contains("ssl"), "\(error)")
+        }
+        #expect(try connectedOverTLS().isEmpty, "nothing of the role stays connected")
+
+        let required = try store("sslmode=require")
+        try await required.checkConnection()
+    }
+
     /// A backlog the planner has no statistics for (30,000 rows inserted at once, never analysed): a claim of 10
     /// still reads the claim-order index in order and stops — it does not read every waiting row and sort them
     /// (which the bare statement's plan did: 30,000 index entries per claim, and a claim's cost grew with the

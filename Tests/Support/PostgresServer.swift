@@ -22,6 +22,8 @@ public final class PostgresServer: @unchecked Sendable {
     let superPassword: String
     public let rolePassword: String
     private var running = false
+    /// With TLS: the CA that signed the server's certificate (for `sslrootcert`); nil without.
+    public let tlsCA: String?
 
     /// One server for the whole test process (starting one takes a second or two), stopped and removed at exit;
     /// each test makes its own database on it.
@@ -36,7 +38,9 @@ public final class PostgresServer: @unchecked Sendable {
         return result
     }()
 
-    public init() throws {
+    /// `tls`: the server also takes TLS connections, with a certificate for 127.0.0.1 and localhost signed by a
+    /// CA of its own (`tlsCA`); plain connections are still accepted (the URL's sslmode decides).
+    public init(tls: Bool = false) throws {
         var template = Array("/tmp/opq-pg-XXXXXX".utf8CString)
         guard let made = mkdtemp(&template) else { throw SupportFailure("mkdtemp: \(String(cString: strerror(errno)))") }
         folder = String(cString: made)
@@ -53,6 +57,30 @@ public final class PostgresServer: @unchecked Sendable {
         try Self.runAsPostgres([Self.binaries + "/initdb", "-D", folder + "/data", "-U", "postgres",
                                 "--auth=scram-sha-256", "--pwfile=" + passwordFile, "--encoding=UTF8",
                                 "--locale=C", "--no-instructions"])
+        if tls {
+            let ca = try Self.makeCA(in: folder, name: "ca")
+            let key = folder + "/server.key", certificate = folder + "/server.pem"
+            _ = try Self.run(["/usr/bin/openssl", "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+                              "-keyout", key, "-out", folder + "/server.csr", "-subj", "/CN=127.0.0.1"], quiet: true)
+            try "subjectAltName=IP:127.0.0.1,DNS:localhost\n".write(toFile: folder + "/server.ext", atomically: true, encoding: .utf8)
+            _ = try Self.run(["/usr/bin/openssl", "x509", "-req", "-in", folder + "/server.csr", "-CA", ca, "-CAkey", folder + "/ca.key",
+                              "-CAcreateserial", "-out", certificate, "-days", "2", "-extfile", folder + "/server.ext"], quiet: true)
+            for file in [key, certificate] {
+                chown(file, postgres.pointee.pw_uid, postgres.pointee.pw_gid)
+                chmod(file, 0o600)
+            }
+            try "ssl = on\nssl_cert_file = '\(certificate)'\nssl_key_file = '\(key)'\n"
+                .write(toFile: folder + "/data/conf.d-tls.conf", atomically: true, encoding: .utf8)
+            let conf = folder + "/data/postgresql.conf"
+            let handle = try FileHandle(forWritingTo: URL(fileURLWithPath: conf))
+            handle.seekToEndOfFile()
+            handle.write(Data("include '\(folder)/data/conf.d-tls.conf'\n".utf8))
+            try handle.close()
+            chown(folder + "/data/conf.d-tls.conf", postgres.pointee.pw_uid, postgres.pointee.pw_gid)
+            tlsCA = ca
+        } else {
+            tlsCA = nil
+        }
         try start()
         try psql("postgres", "CREATE ROLE \(Self.role) LOGIN PASSWORD '\(rolePassword)'")
     }
@@ -137,6 +165,15 @@ public final class PostgresServer: @unchecked Sendable {
         }
         guard bound else { throw SupportFailure("bind 127.0.0.1:0: \(String(cString: strerror(errno)))") }
         return Int(UInt16(bigEndian: address.sin_port))
+    }
+
+    /// A self-signed CA (`<folder>/<name>.pem`, its key beside it); returns the certificate's path.
+    public static func makeCA(in folder: String, name: String) throws -> String {
+        let certificate = folder + "/" + name + ".pem"
+        _ = try run(["/usr/bin/openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
+                     "-keyout", folder + "/" + name + ".key", "-out", certificate, "-days", "2", "-subj", "/CN=opqueued test \(name)"], quiet: true)
+        chmod(certificate, 0o644)
+        return certificate
     }
 
     static func runAsPostgres(_ arguments: [String], quiet: Bool = false) throws {
