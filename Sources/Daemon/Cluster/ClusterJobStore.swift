@@ -38,9 +38,12 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
     let logger: Logger
     let onLeaseDeadline: @Sendable (Double?) -> Void
 
-    /// Everything below is guarded by `lock`; `wake` wakes the loop.
+    /// Everything below is guarded by `lock`. Each thread of the store has its wake-up: the loop, the status
+    /// reader, the submitter.
     private let lock = NSLock()
-    private let wake = NSCondition()
+    private let loopWake = ThreadSignal()
+    private let statusWake = ThreadSignal()
+    private let submitWake = ThreadSignal()
     private weak var _delegate: (any JobStoreDelegate)?
     private var configuration: Configuration
     private var state: ClusterNodeState
@@ -48,7 +51,6 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
     private var room = 0
     private var started = false
     private var stopped = false
-    private var kicked = false
     private var claimWanted = true
     private var controlWanted = true
     /// Suspensions and resumptions asked while the database could not record them: written at the next control
@@ -73,10 +75,6 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
     /// clusterMaxConcurrentOperationCount's slots, held for the engine (see `attach(permits:)`).
     private var permits: ClusterPermits?
     private var runner: Task<Void, Never>?
-    private let statusWake = NSCondition()
-    private var statusWanted = false
-    private let submitWake = NSCondition()
-    private var submitWanted = false
     /// The loop has connected (migrated, registered, freed what an earlier process of the node held) once: before,
     /// the status thread has nothing to read.
     private var hasConnected = false
@@ -417,12 +415,7 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
 
     // MARK: the loop
 
-    private func kick() {
-        wake.lock()
-        kicked = true
-        wake.signal()
-        wake.unlock()
-    }
+    private func kick() { loopWake.signal() }
 
     /// clusterMaxConcurrentOperationCount (SPEC §8): the shell's ClusterPermits take slots only while this node's
     /// lease is good, record them here so that the lease deadline covers them, lose them at the deadline, and
@@ -506,12 +499,7 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
     }
 
     /// Waits until kicked or `seconds` passed.
-    private func sleep(upTo seconds: Double) {
-        wake.lock()
-        if !kicked { _ = wake.wait(until: Date(timeIntervalSinceNow: seconds)) }
-        kicked = false
-        wake.unlock()
-    }
+    private func sleep(upTo seconds: Double) { loopWake.wait(upTo: seconds) }
 
     private func connect() throws {
         let declaration = lock.withLock { configuration.declaration(node: nodeName, jobSlots: settings.jobSlots) }
@@ -542,12 +530,7 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
 
     // MARK: the submission thread
 
-    private func wantSubmit() {
-        submitWake.lock()
-        submitWanted = true
-        submitWake.signal()
-        submitWake.unlock()
-    }
+    private func wantSubmit() { submitWake.signal() }
 
     /// Inserts what waits in `pending`, a batch (one statement) at a time, beside the loop's beats and claims: a
     /// flood into this node's inbox neither holds back its heartbeat nor its claims. Waits for the loop's first
@@ -566,30 +549,19 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
                     disconnected(error)
                     lock.withLock { registerWanted = true }
                     kick()
-                    let until = Date(timeIntervalSinceNow: backoff)
+                    let until = monotonicSeconds() + backoff
                     backoff = min(backoff * 2, 5)
-                    submitWake.lock()
-                    while !lock.withLock({ stopped }), submitWake.wait(until: until) {}
-                    submitWanted = false
-                    submitWake.unlock()
+                    while !lock.withLock({ stopped }), monotonicSeconds() < until { submitWake.wait(upTo: until - monotonicSeconds()) }
                     continue
                 }
             }
-            submitWake.lock()
-            if !submitWanted { _ = submitWake.wait(until: Date(timeIntervalSinceNow: 1)) }
-            submitWanted = false
-            submitWake.unlock()
+            submitWake.wait(upTo: 1)
         }
     }
 
     // MARK: the status thread
 
-    private func wantStatus() {
-        statusWake.lock()
-        statusWanted = true
-        statusWake.signal()
-        statusWake.unlock()
-    }
+    private func wantStatus() { statusWake.signal() }
 
     /// Reads the snapshot every leaseSeconds/3, and at once when asked (a node registered, this one connected);
     /// a failed read is tried again at the next period (the loop reports the connection's state).
@@ -601,10 +573,7 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
             } catch {
                 logger.debug("cluster: the status snapshot was not refreshed: \(error)")
             }
-            statusWake.lock()
-            if !statusWanted { _ = statusWake.wait(until: Date(timeIntervalSinceNow: period)) }
-            statusWanted = false
-            statusWake.unlock()
+            statusWake.wait(upTo: period)
         }
     }
 

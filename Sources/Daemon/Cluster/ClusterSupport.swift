@@ -217,3 +217,24 @@ extension JobPlan {
                 queues.sorted(), commands.sorted())
     }
 }
+
+/// A store thread's wake-up: `signal` ends the thread's current `wait` early, or makes its next one return at once.
+final class ThreadSignal: @unchecked Sendable {
+    private let condition = NSCondition()
+    private var signalled = false
+
+    func signal() {
+        condition.lock()
+        signalled = true
+        condition.signal()
+        condition.unlock()
+    }
+
+    /// Waits until signalled or `seconds` passed; the signal is consumed either way.
+    func wait(upTo seconds: Double) {
+        condition.lock()
+        if !signalled { _ = condition.wait(until: Date(timeIntervalSinceNow: max(0, seconds))) }
+        signalled = false
+        condition.unlock()
+    }
+}
