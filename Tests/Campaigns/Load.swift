@@ -2,7 +2,9 @@
 // manifest of M operations (chains of ten `sleep 0`), into a running daemon logging to journald.
 // Throughout, `status` is asked every 10 ms from another thread (latency p99 and max), and the daemon's
 // peak RSS is read. Afterwards the journal must hold every transition: four per operation (pending,
-// ready, executing, succeeded) and one `finished` per job, counted with journalctl by the daemon's pid.
+// ready, executing, succeeded) and one `finished` per job, counted with journalctl by the daemon's pid and
+// since the moment before it started: a pid is reused, and an earlier process with this pid (a test's daemon, on a
+// machine that has run thousands of processes) may have logged jobs of its own.
 
 import Daemon
 import Foundation
@@ -69,6 +71,7 @@ struct LoadCampaign {
         try ensureJournald()
         let spool = try CampaignSpool("load", parent: parent, settings: ["maxActiveJobs": 64])
         let log = spool.root + ".log"
+        let since = String(format: "@%.6f", Date().timeIntervalSince1970)
         let daemon = try DaemonProcess(spool: spool, log: log, extra: ["--log-target", "journal"])
         guard daemon.waitUntilReady(spool) else { throw CampaignFailure(description: "the daemon did not start; see \(log)") }
         let probe = StatusProbe(socket: spool.root + "/opqueued.sock")
@@ -130,8 +133,8 @@ struct LoadCampaign {
         ok = ok && exit == 0
         // 3. The journal: every transition of every operation, every job's end.
         usleep(500_000)
-        let transitions = journalCount(["_PID=\(pid)", "OPQ_EVENT=operation"])
-        let finished = journalCount(["_PID=\(pid)", "OPQ_EVENT=job", "OPQ_STATE=finished"])
+        let transitions = journalCount(["--since", since, "_PID=\(pid)", "OPQ_EVENT=operation"])
+        let finished = journalCount(["--since", since, "_PID=\(pid)", "OPQ_EVENT=job", "OPQ_STATE=finished"])
         let expected = 4 * (manifests + operations)
         let expectedJobs = manifests + (operations > 0 ? 1 : 0)
         say("campaign=load part=journal transitions=\(transitions) expected=\(expected) jobs_finished=\(finished) expected_jobs=\(expectedJobs) daemon_exit=\(exit.map(String.init) ?? "hang")")
