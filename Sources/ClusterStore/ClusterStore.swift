@@ -327,8 +327,19 @@ public protocol ClusterStore: Sendable {
     /// The same for many jobs in one statement; returns the jobs whose end was recorded.
     func completeJobs(_ completions: [JobCompletion]) async throws -> Set<String>
 
-    /// A slot of the queue's cluster-wide limit, or nil when `limit` are held.
-    func acquireSlot(queue: String, limit: Int, node: String, job: String, operation: String) async throws -> SlotLease?
+    /// Up to `count` slots of the queue's cluster-wide limit for `node`, whose best waiting operation has
+    /// `priority` (none when `limit` are held), unless another node that beat within `leaseSeconds` waits for one
+    /// ahead of it (`waitForSlot`: a higher priority, or the same one since longer). Taking slots sends the node's
+    /// turn to the back of its priority.
+    func acquireSlots(queue: String, limit: Int, node: String, count: Int, priority: Int, leaseSeconds: Double) async throws -> [SlotLease]
+    /// Slots the node holds whose operations ended, to go on with an operation of `priority`: kept unless another
+    /// live node waits ahead of it (ranked as `acquireSlots` does), then freed. Returns the leases freed.
+    func keepSlots(_ leases: [SlotLease], priority: Int, leaseSeconds: Double) async throws -> [SlotLease]
+    /// Records that `node` waits for a slot of `queue` for operations of `priority` at best (its rank among the
+    /// waiting nodes); writes nothing when that is already recorded.
+    func waitForSlot(queue: String, node: String, priority: Int) async throws
+    /// `node` waits for no slot of `queue` any more (the nodes it held back are woken).
+    func stopWaitingForSlot(queue: String, node: String) async throws
     /// False when the slot was no longer held under this fence (taken over).
     func releaseSlot(_ lease: SlotLease) async throws -> Bool
     func slotHolders(queue: String) async throws -> [SlotLease]

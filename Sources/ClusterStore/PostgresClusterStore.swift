@@ -429,19 +429,51 @@ public final class PostgresClusterStore: ClusterStore {
 
     // MARK: cluster slots
 
-    public func acquireSlot(queue: String, limit: Int, node: String, job: String, operation: String) async throws -> SlotLease? {
+    public func acquireSlots(queue: String, limit: Int, node: String, count: Int, priority: Int,
+                             leaseSeconds: Double) async throws -> [SlotLease] {
+        guard count > 0 else { return [] }
         var binds = PostgresBindings()
         binds.append(queue)
         binds.append(limit)
         binds.append(node)
-        binds.append(job)
-        binds.append(operation)
-        guard let row = try await query(Queries.acquireSlot, binds, doing: "acquiring a cluster slot of queue \(queue)").first else {
-            return nil
+        binds.append(count)
+        binds.append(leaseSeconds)
+        binds.append(Int16(clamping: priority))
+        return try await query(Queries.acquireSlots, binds, doing: "acquiring cluster slots of queue \(queue)").map { row in
+            let c = row.makeRandomAccess()
+            return SlotLease(queue: queue, slot: try decode(c[0], Int.self), fence: try decode(c[1], Int64.self),
+                             holder: node, job: "", operation: "")
         }
-        let c = row.makeRandomAccess()
-        return SlotLease(queue: queue, slot: try decode(c[0], Int.self), fence: try decode(c[1], Int64.self),
-                         holder: node, job: job, operation: operation)
+    }
+
+    public func keepSlots(_ leases: [SlotLease], priority: Int, leaseSeconds: Double) async throws -> [SlotLease] {
+        guard let first = leases.first else { return [] }
+        var binds = PostgresBindings()
+        binds.append(first.queue)
+        binds.append(leaseSeconds)
+        binds.append(first.holder)
+        binds.append(leases.map { Int32(clamping: $0.slot) })
+        binds.append(leases.map(\.fence))
+        binds.append(Int16(clamping: priority))
+        let freed = try await query(Queries.keepSlots, binds, doing: "keeping cluster slots of queue \(first.queue)").map {
+            try decode($0.makeRandomAccess()[0], Int.self)
+        }
+        return leases.filter { freed.contains($0.slot) }
+    }
+
+    public func waitForSlot(queue: String, node: String, priority: Int) async throws {
+        var binds = PostgresBindings()
+        binds.append(queue)
+        binds.append(node)
+        binds.append(Int16(clamping: priority))
+        _ = try await query(Queries.waitForSlot, binds, doing: "recording a wait for a cluster slot of queue \(queue)")
+    }
+
+    public func stopWaitingForSlot(queue: String, node: String) async throws {
+        var binds = PostgresBindings()
+        binds.append(queue)
+        binds.append(node)
+        _ = try await query(Queries.stopWaitingForSlot, binds, doing: "withdrawing a wait for a cluster slot of queue \(queue)")
     }
 
     public func releaseSlot(_ lease: SlotLease) async throws -> Bool {

@@ -126,8 +126,8 @@ enum Queries {
     FROM beat LEFT JOIN opq_jobs AS j ON j.node = beat.node AND j.state = 'running'
     """#
 
-    /// Nodes silent for more than $1 seconds lose their jobs (back to waiting, from_node set) and their cluster
-    /// slots (each kind of wake-up notified once when any moved). A node beating at this instant holds its row lock:
+    /// Nodes silent for more than $1 seconds lose their jobs (back to waiting, from_node set), their cluster
+    /// slots and their waits for slots (each kind of wake-up notified once when any moved). A node beating at this instant holds its row lock:
     /// it is skipped this round, never half taken.
     static let takeOverLost = #"""
     WITH lost AS (
@@ -139,6 +139,8 @@ enum Queries {
         SET holder = NULL, job = NULL, operation = NULL, fence = NULL, acquired_at = NULL
         FROM lost WHERE s.holder = lost.node
         RETURNING s.queue
+    ), waits AS (
+        DELETE FROM opq_slot_waiters AS w USING lost WHERE w.node = lost.node
     ), moved AS (
         UPDATE opq_jobs AS j
         SET state = 'waiting', from_node = j.node, node = NULL, fence = NULL, claimed_at = NULL
@@ -165,20 +167,87 @@ enum Queries {
     RETURNING j.id
     """#
 
-    /// A free slot of queue $1 among 1..$2, for node $3 running job $4 operation $5; none when all are held.
-    static let acquireSlot = #"""
-    WITH free AS (
-        SELECT queue, slot FROM opq_queue_slots
-        WHERE queue = $1 AND slot <= $2 AND holder IS NULL
-        ORDER BY slot
+    /// Up to $4 free slots of queue $1 among 1..$2 for node $3, whose best waiting operation has priority $6 — unless
+    /// another node that beat within $5 seconds waits for one ahead of it (opq_slot_waiters: a higher priority, or the
+    /// same one since longer than $3 has waited at it, which without a recorded wait is from now). None when all are
+    /// held. Taking slots sends the node's turn to the back of its priority; when slots stay free and others wait, they
+    /// are woken to take them.
+    static let acquireSlots = #"""
+    WITH mine AS (
+        SELECT coalesce((SELECT since FROM opq_slot_waiters WHERE queue = $1 AND node = $3 AND priority = $6),
+                        clock_timestamp()) AS since
+    ), others AS (
+        SELECT w.priority, w.since FROM opq_slot_waiters AS w JOIN opq_nodes AS n ON n.node = w.node
+        WHERE w.queue = $1 AND w.node <> $3 AND n.last_heartbeat >= now() - make_interval(secs => $5::float8)
+    ), ahead AS (
+        SELECT 1 FROM others, mine
+        WHERE others.priority > $6 OR (others.priority = $6 AND others.since < mine.since)
         LIMIT 1
+    ), free AS (
+        SELECT queue, slot FROM opq_queue_slots
+        WHERE queue = $1 AND slot <= $2 AND holder IS NULL AND NOT EXISTS (SELECT 1 FROM ahead)
+        ORDER BY slot
+        LIMIT $4
         FOR UPDATE SKIP LOCKED
+    ), taken AS (
+        UPDATE opq_queue_slots AS s
+        SET holder = $3, job = '', operation = '', fence = nextval('opq_fence'), acquired_at = now()
+        FROM free
+        WHERE s.queue = free.queue AND s.slot = free.slot
+        RETURNING s.slot, s.fence
+    ), served AS (
+        UPDATE opq_slot_waiters SET since = clock_timestamp()
+        WHERE queue = $1 AND node = $3 AND EXISTS (SELECT 1 FROM taken)
     )
-    UPDATE opq_queue_slots AS s
-    SET holder = $3, job = $4, operation = $5, fence = nextval('opq_fence'), acquired_at = now()
-    FROM free
-    WHERE s.queue = free.queue AND s.slot = free.slot
-    RETURNING s.slot, s.fence
+    SELECT slot, fence,
+           (SELECT pg_notify('opqueued', 'slots')
+            WHERE EXISTS (SELECT 1 FROM others)
+              AND (SELECT count(*) FROM opq_queue_slots WHERE queue = $1 AND slot <= $2 AND holder IS NULL)
+                  > (SELECT count(*) FROM taken)) AS notified
+    FROM taken
+    """#
+
+    /// Node $3 holds slots $4 (fences $5) of queue $1 that its ended operations used, and would go on with an operation
+    /// of priority $6: it keeps them (its turn then goes to the back of its priority) unless another node that beat
+    /// within $2 seconds waits ahead of it, as AcquireSlots ranks them; then they are freed and the waiters woken.
+    /// Returns the slots freed.
+    static let keepSlots = #"""
+    WITH mine AS (
+        SELECT coalesce((SELECT since FROM opq_slot_waiters WHERE queue = $1 AND node = $3 AND priority = $6),
+                        clock_timestamp()) AS since
+    ), ahead AS (
+        SELECT 1 FROM opq_slot_waiters AS w JOIN opq_nodes AS n ON n.node = w.node, mine
+        WHERE w.queue = $1 AND w.node <> $3 AND n.last_heartbeat >= now() - make_interval(secs => $2::float8)
+          AND (w.priority > $6 OR (w.priority = $6 AND w.since < mine.since))
+        LIMIT 1
+    ), freed AS (
+        UPDATE opq_queue_slots AS s
+        SET holder = NULL, job = NULL, operation = NULL, fence = NULL, acquired_at = NULL
+        FROM unnest($4::integer[], $5::bigint[]) AS h (slot, fence)
+        WHERE s.queue = $1 AND s.slot = h.slot AND s.fence = h.fence AND EXISTS (SELECT 1 FROM ahead)
+        RETURNING s.slot
+    ), served AS (
+        UPDATE opq_slot_waiters SET since = clock_timestamp()
+        WHERE queue = $1 AND node = $3 AND NOT EXISTS (SELECT 1 FROM ahead)
+    )
+    SELECT slot, (SELECT pg_notify('opqueued', 'slots')) FROM freed
+    """#
+
+    /// Node $2 waits for a slot of queue $1, its best waiting operation of priority $3: recorded, or its priority
+    /// changed (its turn at the new one starts now). Unchanged, nothing is written.
+    static let waitForSlot = #"""
+    INSERT INTO opq_slot_waiters AS w (queue, node, priority) VALUES ($1, $2, $3)
+    ON CONFLICT (queue, node) DO UPDATE SET priority = EXCLUDED.priority, since = clock_timestamp()
+    WHERE w.priority <> EXCLUDED.priority
+    """#
+
+    /// Node $2 waits for no slot of queue $1 any more; the nodes it held back are woken.
+    static let stopWaitingForSlot = #"""
+    WITH gone AS (
+        DELETE FROM opq_slot_waiters WHERE queue = $1 AND node = $2
+        RETURNING queue
+    )
+    SELECT pg_notify('opqueued', 'slots') FROM gone
     """#
 
     /// Frees a slot only while the caller's fence still holds it, and wakes the nodes waiting for one.
@@ -195,13 +264,15 @@ enum Queries {
     /// Frees every cluster slot held by node $1, whatever its fence, and wakes the nodes waiting for one. Run by a
     /// node's process once, at its first registration and before it takes any slot: what its name holds then was held by
     /// a process that is gone (kill -9 and a restart within the lease: takeover would never free them, since the new
-    /// process keeps the lease alive). Returns the queues of the freed slots.
+    /// process keeps the lease alive); its waits for slots are forgotten too. Returns the queues of the freed slots.
     static let freeNodeSlots = #"""
     WITH freed AS (
         UPDATE opq_queue_slots
         SET holder = NULL, job = NULL, operation = NULL, fence = NULL, acquired_at = NULL
         WHERE holder = $1
         RETURNING queue
+    ), waits AS (
+        DELETE FROM opq_slot_waiters WHERE node = $1
     )
     SELECT queue, (SELECT pg_notify('opqueued', 'slots') FROM (SELECT 1 FROM freed LIMIT 1) AS f) FROM freed
     """#
@@ -495,6 +566,24 @@ enum Migrations {
             """#,
             #"""
             DELETE FROM opq_schema_version WHERE version = 3
+            """#,
+        ]),
+        Migration(version: 4, name: "slot_waiters", up: [
+            #"""
+            CREATE TABLE opq_slot_waiters (
+                queue    text NOT NULL,
+                node     text NOT NULL,
+                priority smallint NOT NULL,
+                since    timestamptz NOT NULL DEFAULT clock_timestamp(),
+                PRIMARY KEY (queue, node)
+            )
+            """#,
+        ], down: [
+            #"""
+            DROP TABLE IF EXISTS opq_slot_waiters
+            """#,
+            #"""
+            DELETE FROM opq_schema_version WHERE version = 4
             """#,
         ]),
     ]

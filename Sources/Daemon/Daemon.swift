@@ -182,7 +182,8 @@ public final class Daemon: @unchecked Sendable {
         // clusterMaxConcurrentOperationCount (SPEC §8): the engine runs a limited queue's operations only on
         // cluster slots this node holds.
         if let cluster = self.store as? ClusterJobStore, let node = cluster.node {
-            let permits = ClusterPermits(store: cluster.store, node: node, engine: engine, logger: logger)
+            let permits = ClusterPermits(store: cluster.store, node: node, leaseSeconds: cluster.settings.leaseSeconds,
+                                         engine: engine, logger: logger)
             cluster.attach(permits: permits)
             permits.configure(Self.limitedQueues(configuration, ids))
             self.permits = permits

@@ -100,17 +100,22 @@ public final class Engine: @unchecked Sendable, ContextHost {
     }
 
     /// Permits held from outside for a queue (a cluster-wide limit's leases): at most `permits` of its operations
-    /// execute at once, on top of its own limit. nil removes the outside limit. Raising it starts work at once.
+    /// execute at once, on top of its own limit, and each attempt that ends uses its permit up — the holder grants
+    /// it again (or gives it to a better waiter elsewhere) before another operation starts on it. nil removes the
+    /// outside limit. Raising it starts work at once.
     public func setPermits(_ id: QueueID, _ permits: Int?) {
         locked { $0.setPermits(id, permits) }
     }
 
     /// Permits a queue could use now (executing plus ready, within its own limit; only the executing ones while
-    /// suspended), and how many execute: the holder of permits acquires up to the first and returns what exceeds it.
-    public func permitDemand(_ id: QueueID) -> (wanted: Int, executing: Int) {
+    /// suspended), how many execute, the highest priority among its ready operations (the next to start), and the
+    /// permits it has now (0 without): the holder acquires up to the first, ranked by the third, grants what it
+    /// holds, and returns what exceeds it.
+    public func permitDemand(_ id: QueueID) -> (wanted: Int, executing: Int, best: QueuePriority?, permits: Int) {
         locked { s in
-            guard s.queues.indices.contains(id.rawValue) else { return (0, 0) }
-            return (s.permitsWanted(id.rawValue), s.queues[id.rawValue].executing)
+            guard s.queues.indices.contains(id.rawValue) else { return (0, 0, nil, 0) }
+            let q = id.rawValue
+            return (s.permitsWanted(q), s.queues[q].executing, s.bestReadyPriority(q), s.queues[q].permits ?? 0)
         }
     }
 

@@ -280,6 +280,12 @@ struct Scheduler {
         return queues[q].suspended ? queues[q].executing : min(own, queues[q].executing + queues[q].readyCount)
     }
 
+    /// The priority of the operation the queue starts next, nil when none is ready.
+    mutating func bestReadyPriority(_ q: Int) -> QueuePriority? {
+        guard queues[q].readyCount > 0, let head = head(of: q) else { return nil }
+        return QueuePriority(rawValue: UInt8(head.priority))
+    }
+
     func snapshot(_ q: Int) -> QueueSnapshot {
         let queue = queues[q]
         return QueueSnapshot(
@@ -665,6 +671,14 @@ struct Scheduler {
         case failure(String, final: Bool = false)
     }
 
+    /// An attempt stops executing. A permit from outside is used up with it: the holder grants it again (or gives
+    /// its slot to a better waiter elsewhere) before the queue starts another operation on it.
+    private mutating func attemptLeft(queue q: Int) {
+        queues[q].executing -= 1
+        executingCount -= 1
+        if let permits = queues[q].permits { queues[q].permits = max(0, permits - 1) }
+    }
+
     /// Ends an attempt. Ignored when the attempt already ended (cancelled asynchronous operation,
     /// timeout) — a late completion changes nothing.
     mutating func finish(_ attempt: Attempt, outcome: Outcome, now: Double) {
@@ -672,9 +686,7 @@ struct Scheduler {
         let ref = attempt.ref
         let g = Int(ref.group), i = Int(ref.index)
         let node = groups[g].nodes[i]
-        let q = Int(node.queue)
-        queues[q].executing -= 1
-        executingCount -= 1
+        attemptLeft(queue: Int(node.queue))
         cancelHandlers[ref] = nil
         if node.flags & Node.timedOut != 0 {
             let seconds = node.options >= 0 ? groups[g].options[Int(node.options)].timeout ?? 0 : 0
@@ -887,8 +899,7 @@ struct Scheduler {
             groups[g].nodes[i].flags |= Node.cancelRequested
             groups[g].errors[ref.index] = reason
             if case .async = groups[g].bodies[i] {
-                queues[Int(node.queue)].executing -= 1
-                executingCount -= 1
+                attemptLeft(queue: Int(node.queue))
                 runCancelHandler(ref)
                 complete(ref, .cancelled, error: reason, now: now)
             }

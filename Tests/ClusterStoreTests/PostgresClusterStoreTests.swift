@@ -42,6 +42,7 @@ struct PostgresConformanceTests {
     @Test func heartbeatAndTakeover() async throws { try await StoreConformance.heartbeatAndTakeover(postgresFactory) }
     @Test func staleFence() async throws { try await StoreConformance.staleFence(postgresFactory) }
     @Test func clusterSlots() async throws { try await StoreConformance.clusterSlots(postgresFactory) }
+    @Test func slotPriority() async throws { try await StoreConformance.slotPriority(postgresFactory) }
     @Test func suspension() async throws { try await StoreConformance.suspension(postgresFactory) }
     @Test func cancels() async throws { try await StoreConformance.cancels(postgresFactory) }
     @Test func prune() async throws { try await StoreConformance.prune(postgresFactory) }
@@ -58,7 +59,7 @@ struct PostgresClusterStoreTests {
         #expect(try server.psql(database, "SELECT to_regclass('opq_jobs') IS NULL").trimmingCharacters(in: .whitespacesAndNewlines) == "t")
         #expect(try await store.migrate() == Migrations.newest)
         #expect(try await store.migrate() == Migrations.newest, "a second migrate finds nothing to do")
-        #expect(try server.psql(database, "SELECT string_agg(version::text, ',') FROM opq_schema_version").trimmingCharacters(in: .whitespacesAndNewlines) == "1,2,3")
+        #expect(try server.psql(database, "SELECT string_agg(version::text, ',') FROM opq_schema_version").trimmingCharacters(in: .whitespacesAndNewlines) == "1,2,3,4")
         #expect(try server.psql(database, "SELECT tableowner FROM pg_tables WHERE tablename = 'opq_jobs'").contains(PostgresServer.role))
         try await store.migrateDown(to: 0)
         #expect(try server.psql(database, "SELECT count(*) FROM pg_tables WHERE tablename LIKE 'opq\\_%'").trimmingCharacters(in: .whitespacesAndNewlines) == "0")
@@ -206,8 +207,11 @@ struct PostgresClusterStoreTests {
         #expect(claimed.map(\.id) == ["split-a", "split-b"])
         _ = try await store.heartbeat(node: "run")
         _ = try await store.takeOverLost(leaseSeconds: 60)
-        let lease = try #require(try await store.acquireSlot(queue: "api", limit: 1, node: "run", job: "split-a", operation: "o"))
+        try await store.waitForSlot(queue: "api", node: "run", priority: 2)
+        let lease = try #require(try await store.acquireSlots(queue: "api", limit: 1, node: "run", count: 1, priority: 2, leaseSeconds: 60).first)
+        #expect(try await store.keepSlots([lease], priority: 2, leaseSeconds: 60).isEmpty)
         #expect(try await store.releaseSlot(lease))
+        try await store.stopWaitingForSlot(queue: "api", node: "run")
         try await store.setSuspended("default", true)
         #expect(try await store.suspendedQueues() == ["default"])
         #expect(try await store.requestCancel(job: "split-b", operation: nil) == .requested)

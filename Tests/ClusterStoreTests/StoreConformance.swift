@@ -266,11 +266,11 @@ enum StoreConformance {
             let peak = Locked(0)
             let acquired = Locked(0)
             try await withThrowingTaskGroup(of: Void.self) { group in
-                for worker in 0..<8 {
+                for _ in 0..<8 {
                     group.addTask {
-                        for round in 0..<15 {
-                            guard let lease = try await store.acquireSlot(queue: "api", limit: limit, node: "s",
-                                                                          job: "w\(worker)", operation: "op\(round)") else {
+                        for _ in 0..<15 {
+                            guard let lease = try await store.acquireSlots(queue: "api", limit: limit, node: "s", count: 1,
+                                                                           priority: 2, leaseSeconds: 60).first else {
                                 try await Task.sleep(for: .milliseconds(2))
                                 continue
                             }
@@ -289,11 +289,12 @@ enum StoreConformance {
             #expect(peak.withLock { $0 } <= limit)
             #expect(acquired.withLock { $0 } >= limit, "the slots were used at all")
 
-            let leases = try await (0..<limit).asyncMap { try await store.acquireSlot(queue: "api", limit: limit, node: "s", job: "h", operation: "o\($0)") }
-            #expect(leases.allSatisfy { $0 != nil })
-            #expect(try await store.acquireSlot(queue: "api", limit: limit, node: "s", job: "h", operation: "x") == nil)
+            // Several in one statement, never more than the limit.
+            let leases = try await store.acquireSlots(queue: "api", limit: limit, node: "s", count: limit + 2, priority: 2, leaseSeconds: 60)
+            #expect(leases.count == limit && Set(leases.map(\.slot)) == Set(1...limit))
+            #expect(try await store.acquireSlots(queue: "api", limit: limit, node: "s", count: 1, priority: 2, leaseSeconds: 60).isEmpty)
             // A lower limit on another node's configuration: fewer slots for it, never more in total.
-            #expect(try await store.acquireSlot(queue: "api", limit: 1, node: "s", job: "h", operation: "y") == nil)
+            #expect(try await store.acquireSlots(queue: "api", limit: 1, node: "s", count: 1, priority: 2, leaseSeconds: 60).isEmpty)
 
             // Node s goes silent: within the lease its slots stay held; after it they are freed.
             try await store.registerNode(node("t"))
@@ -303,18 +304,81 @@ enum StoreConformance {
             let takeover = try await store.takeOverLost(leaseSeconds: 0.5)
             #expect(takeover.freedSlotQueues == Array(repeating: "api", count: limit))
             #expect(try await store.slotHolders(queue: "api").isEmpty)
-            let stale = try #require(leases.first ?? nil)
+            let stale = try #require(leases.first)
             #expect(try await store.releaseSlot(stale) == false)
 
             // A new process of node s frees what its name holds, and only that.
-            _ = try await store.acquireSlot(queue: "api", limit: limit, node: "s", job: "h", operation: "again")
-            let other = try await store.acquireSlot(queue: "api", limit: limit, node: "t", job: "h", operation: "kept")
+            _ = try await store.acquireSlots(queue: "api", limit: limit, node: "s", count: 1, priority: 2, leaseSeconds: 60)
+            let other = try await store.acquireSlots(queue: "api", limit: limit, node: "t", count: 1, priority: 2, leaseSeconds: 60).first
             #expect(try await store.freeNodeSlots(node: "s") == ["api"])
             #expect(try await store.slotHolders(queue: "api").map(\.holder) == ["t"])
             #expect(try await store.freeNodeSlots(node: "s").isEmpty)
             if let other { #expect(try await store.releaseSlot(other)) }
-            let fresh = try #require(try await store.acquireSlot(queue: "api", limit: limit, node: "t", job: "k", operation: "o"))
+            let fresh = try #require(try await store.acquireSlots(queue: "api", limit: limit, node: "t", count: 1, priority: 2, leaseSeconds: 60).first)
             #expect(fresh.fence > stale.fence)
+        }
+    }
+
+    /// Slots go by priority (SPEC §8): a free slot goes to the live node that waits with the highest priority;
+    /// at one priority to the node waiting longest (a node that recorded no wait at it waits from now), and taking
+    /// slots sends a node to the back; slots whose operations ended are kept unless a better waiter is there; a
+    /// waiter that stopped waiting, or whose node is silent past the lease, holds no one back; a lost node's waits
+    /// go with its slots.
+    static func slotPriority(_ factory: StoreFactory) async throws {
+        try await withStore(factory) { store in
+            for n in ["hi", "lo", "mid", "quiet"] { try await store.registerNode(node(n, limits: ["api": 1])) }
+            func take(_ n: String, _ priority: Int, leaseSeconds: Double = 60) async throws -> SlotLease? {
+                try await store.acquireSlots(queue: "api", limit: 1, node: n, count: 1, priority: priority, leaseSeconds: leaseSeconds).first
+            }
+            try await store.waitForSlot(queue: "api", node: "lo", priority: 1)
+            try await store.waitForSlot(queue: "api", node: "hi", priority: 4)
+            #expect(try await take("lo", 1) == nil, "hi waits with a higher priority: lo must not take the free slot")
+            #expect(try await take("quiet", 2) == nil, "nor a node that recorded no wait, at a lower priority")
+            #expect(try await take("quiet", 4) == nil, "nor one at the same priority: hi has waited longer")
+            let first = try #require(try await take("hi", 4))
+            try await store.stopWaitingForSlot(queue: "api", node: "hi")
+            #expect(try await take("lo", 1) == nil, "all held")
+            #expect(try await store.releaseSlot(first))
+            let second = try #require(try await take("lo", 1), "hi stopped waiting: lo is next")
+            #expect(try await store.releaseSlot(second))
+
+            // One priority: the node waiting longest first; after it is served, the other one.
+            try await store.waitForSlot(queue: "api", node: "mid", priority: 1)
+            #expect(try await take("mid", 1) == nil, "lo waits since earlier at the same priority")
+            let third = try #require(try await take("lo", 1))
+            #expect(try await store.releaseSlot(third))
+            #expect(try await take("lo", 1) == nil, "lo was served: mid's turn")
+            let fourth = try #require(try await take("mid", 1))
+            #expect(try await store.releaseSlot(fourth))
+            // Recording the same priority again keeps the turn; a new priority starts a new one.
+            try await store.waitForSlot(queue: "api", node: "lo", priority: 1)
+            #expect(try await take("mid", 1) == nil, "lo's turn is kept")
+            try await store.waitForSlot(queue: "api", node: "mid", priority: 2)
+            #expect(try await take("lo", 1) == nil, "mid now waits with a higher priority")
+            let fifth = try #require(try await take("mid", 2))
+            #expect(try await store.releaseSlot(fifth))
+            try await store.stopWaitingForSlot(queue: "api", node: "mid")
+
+            // A slot whose operation ended: kept while no one better waits, handed over when someone does.
+            let held = try #require(try await take("lo", 1))
+            #expect(try await store.keepSlots([held], priority: 1, leaseSeconds: 60).isEmpty, "no one waits ahead of lo")
+            try await store.waitForSlot(queue: "api", node: "hi", priority: 4)
+            #expect(try await store.keepSlots([held], priority: 1, leaseSeconds: 60) == [held], "hi waits with a higher priority")
+            #expect(try await store.slotHolders(queue: "api").isEmpty)
+            #expect(try await store.releaseSlot(held) == false, "freed already")
+            let his = try #require(try await take("hi", 4))
+            #expect(try await store.keepSlots([his], priority: 4, leaseSeconds: 60).isEmpty, "lo waits at a lower priority")
+            #expect(try await store.slotHolders(queue: "api").map(\.holder) == ["hi"])
+            #expect(try await store.releaseSlot(his))
+
+            // A waiter whose node is silent past the lease holds no one back, and a takeover forgets its waits.
+            #expect(try await take("lo", 1) == nil, "hi still waits")
+            try await Task.sleep(for: .milliseconds(700))
+            for n in ["lo", "mid", "quiet"] { _ = try await store.heartbeat(node: n) }
+            let late = try #require(try await take("lo", 1, leaseSeconds: 0.5), "hi has not beaten within the lease")
+            #expect(try await store.releaseSlot(late))
+            _ = try await store.takeOverLost(leaseSeconds: 0.5)
+            #expect(try await take("lo", 1) != nil, "hi's wait went with the takeover")
         }
     }
 

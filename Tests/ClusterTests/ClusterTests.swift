@@ -473,6 +473,47 @@ struct ClusterTests {
         #expect(nodes.count >= 2)
     }
 
+    /// Slots go by priority like operations do (SPEC §8), across nodes. `api` has one slot cluster-wide; node 0
+    /// alone declares queue `low`, node 1 alone `high`, which pins each job to its node. Node 0 runs five `veryLow`
+    /// `api` operations one after another; while the first runs, node 1 gets three `veryHigh` ones. When node 0's
+    /// first ends, the slot goes to node 1 for all three, then back to node 0 — published start times show it.
+    @Test func clusterSlotsGoByPriorityAcrossNodes() throws {
+        let api: [String: Any] = ["maxConcurrentOperationCount": 1, "clusterMaxConcurrentOperationCount": 1]
+        let harness = try ClusterHarness(nodes: 2, settings: { k in
+            ["queues": ["api": api, (k == 0 ? "low" : "high"): ["maxConcurrentOperationCount": 1]]]
+        })
+        func job(_ name: String, pin: String, _ priority: String, count: Int, seconds: Double) -> [String: Any] {
+            var operations: [[String: Any]] = [sleepOperation("pin", 0, queue: pin)]
+            for i in 1...count {
+                var operation = sleepOperation("\(priority)\(i)", seconds, queue: "api")
+                operation["queuePriority"] = priority
+                operations.append(operation)
+            }
+            return ["job": name, "operations": operations]
+        }
+        let low = uniqueJob("slots-low")
+        let high = uniqueJob("slots-high")
+        try harness[0].drop(low + ".plist", job(low, pin: "low", "veryLow", count: 5, seconds: 0.4))
+        let running = try pollUntil(20) { () -> Bool? in
+            try harness.sql("SELECT count(*) FROM opq_queue_slots WHERE queue = 'api' AND holder = '\(harness[0].name)'") == "1" ? true : nil
+        }
+        #expect(running != nil, "node 0 took the slot")
+        try harness[1].drop(high + ".plist", job(high, pin: "high", "veryHigh", count: 3, seconds: 0.05))
+        let lowResult = try #require(harness.waitResult(low, timeout: 60))
+        let highResult = try #require(harness.waitResult(high, timeout: 60))
+        #expect(lowResult.node == 0 && highResult.node == 1, "pinned")
+        func starts(_ result: [String: Any]) -> [String: Double] {
+            var starts: [String: Double] = [:]
+            for operation in result["operations"] as? [[String: Any]] ?? [] {
+                if let id = operation["id"] as? String, id != "pin", let start = operation["startedAt"] as? Double { starts[id] = start }
+            }
+            return starts
+        }
+        let order = (starts(lowResult.result).merging(starts(highResult.result)) { a, _ in a }).sorted { $0.value < $1.value }.map(\.key)
+        #expect(order == ["veryLow1", "veryHigh1", "veryHigh2", "veryHigh3", "veryLow2", "veryLow3", "veryLow4", "veryLow5"],
+                "node 1's veryHigh operations took the slot when node 0's first ended: \(order)")
+    }
+
     // MARK: 3. A hand-inserted bad row
 
     @Test func handInsertedBadRowEndsRejected() throws {

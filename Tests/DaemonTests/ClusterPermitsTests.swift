@@ -1,5 +1,6 @@
 // clusterMaxConcurrentOperationCount through ClusterPermits: two nodes (two engines, two store connections) on one
-// real PostgreSQL never execute more operations of a limited queue than the limit at any instant, and both use it.
+// real PostgreSQL never execute more operations of a limited queue than the limit at any instant, and both use it;
+// a free slot goes to the best waiting operation of either node (SPEC §8: slots go by priority).
 
 import ClusterStore
 @testable import Daemon
@@ -31,7 +32,7 @@ struct ClusterPermitsTests {
                 for case .transition(let t) in events where t.state.isFinished { box.withLock { $0 }?.operationEnded(queue: "api") }
             })
             let api = engine.addQueue(named: "api", maxConcurrentOperationCount: 3)
-            let p = ClusterPermits(store: store, node: node, engine: engine, logger: Logger(label: "test"))
+            let p = ClusterPermits(store: store, node: node, leaseSeconds: 5, engine: engine, logger: Logger(label: "test"))
             box.withLock { $0 = p }
             runners.append(Task { for await wakeup in store.wakeups where wakeup == .slots { p.nudge() } })
             p.configure(["api": .init(queue: api, limit: limit)])
@@ -64,5 +65,102 @@ struct ClusterPermitsTests {
         #expect(permits.map { $0.held.values.reduce(0, +) } == [0, 0])
         for r in runners { r.cancel() }
         for r in runners { await r.value }
+    }
+
+    /// Two nodes on one database, queue `api` limited to one slot cluster-wide and to one operation on each node,
+    /// wired as the daemon wires them; operations record the order they start in.
+    final class TwoNodes: @unchecked Sendable {
+        let started = Mutex<[String]>([])
+        var runners: [Task<Void, Never>] = []
+        var nodes: [(engine: Engine, api: QueueID, permits: ClusterPermits)] = []
+
+        init() async throws {
+            let server = try PostgresServer.shared.get()
+            let database = try server.createDatabase()
+            for node in ["a", "b"] {
+                let store = try PostgresClusterStore(url: DatabaseURL(server.url(database), passwordFile: server.passwordFile()))
+                runners.append(Task { await store.run() })
+                _ = try await store.migrate()
+                try await store.registerNode(NodeDeclaration(node: node, queues: ["api"], commands: [], jobSlots: 4, clusterLimits: ["api": 1]))
+                // Every transition of a limited queue, and a slot freed elsewhere, nudge the permits.
+                let box = Mutex<ClusterPermits?>(nil)
+                let engine = Engine(observer: { events in
+                    for case .transition(let t) in events { box.withLock { $0 }?.transition(queue: "api", state: t.state) }
+                })
+                let api = engine.addQueue(named: "api", maxConcurrentOperationCount: 1)
+                let p = ClusterPermits(store: store, node: node, leaseSeconds: 5, engine: engine, logger: Logger(label: "test"))
+                box.withLock { $0 = p }
+                runners.append(Task { for await wakeup in store.wakeups where wakeup == .slots { p.nudge() } })
+                p.configure(["api": .init(queue: api, limit: 1)])
+                runners.append(Task { await p.run() })
+                nodes.append((engine, api, p))
+            }
+        }
+
+        func submit(_ k: Int, _ names: [String], _ priority: QueuePriority, seconds: Double) throws -> GroupID {
+            var graph = GraphBuilder()
+            for name in names {
+                graph.add(OperationSpec(name: name, queue: nodes[k].api, queuePriority: priority, body: .sync { [self] _ in
+                    self.started.withLock { $0.append(name) }
+                    usleep(UInt32(seconds * 1e6))
+                    return nil
+                }))
+            }
+            return try nodes[k].engine.submit(graph)
+        }
+
+        var order: [String] { started.withLock { $0 } }
+
+        func waitFor(_ condition: () -> Bool) async throws {
+            let deadline = Date().addingTimeInterval(20)
+            while !condition() && Date() < deadline { try await Task.sleep(for: .milliseconds(10)) }
+        }
+
+        func succeeded(_ k: Int, _ group: GroupID) async throws -> Bool {
+            try await waitFor { nodes[k].engine.records(group)?.allSatisfy { $0.state == .succeeded } == true }
+            return nodes[k].engine.records(group)?.allSatisfy { $0.state == .succeeded } == true
+        }
+
+        func stop() async {
+            for r in runners { r.cancel() }
+            for r in runners { await r.value }
+        }
+    }
+
+    /// Node b runs five `veryLow` operations one after another on the only slot; node a then waits with three
+    /// `veryHigh` ones. When b's running operation ends, its slot goes to a (b does not start its next one on it),
+    /// a keeps it for its three (b's wait ranks lower), then b gets it back.
+    @Test func aBetterWaiterElsewhereGetsTheSlotAtTheNextOperationsEnd() async throws {
+        let c = try await TwoNodes()
+        let low = try c.submit(1, (1...5).map { "low\($0)" }, .veryLow, seconds: 0.15)
+        try await c.waitFor { c.order == ["low1"] }
+        let high = try c.submit(0, (1...3).map { "high\($0)" }, .veryHigh, seconds: 0.03)
+        try await c.waitFor { c.order.count == 8 }
+        #expect(c.order == ["low1", "high1", "high2", "high3", "low2", "low3", "low4", "low5"],
+                "a's veryHigh operations took the slot when b's first operation ended: \(c.order)")
+        #expect(try await c.succeeded(1, low))
+        #expect(try await c.succeeded(0, high))
+        await c.stop()
+    }
+
+    /// Node b holds the only slot with one long operation and has five `veryHigh` ones queued behind it (its own
+    /// limit is 1, so they wait for it, then for the slot); node a waited first, with five `veryLow` ones. When
+    /// the long one ends, b keeps the slot, since its next operation outranks a's: all five `veryHigh` run before
+    /// any `veryLow`, then a gets the slot.
+    @Test func theHolderKeepsTheSlotForItsOwnBetterOperations() async throws {
+        let c = try await TwoNodes()
+        let hold = try c.submit(1, ["hold"], .normal, seconds: 0.8)
+        try await c.waitFor { c.order == ["hold"] }
+        let low = try c.submit(0, (1...5).map { "low\($0)" }, .veryLow, seconds: 0.03)
+        try await Task.sleep(for: .milliseconds(300))
+        #expect(c.order == ["hold"], "a's operations wait: b holds the only slot")
+        let high = try c.submit(1, (1...5).map { "high\($0)" }, .veryHigh, seconds: 0.03)
+        try await c.waitFor { c.order.count == 11 }
+        #expect(c.order == ["hold"] + (1...5).map { "high\($0)" } + (1...5).map { "low\($0)" },
+                "every veryHigh operation of b before any veryLow one of a, which waited longer: \(c.order)")
+        #expect(try await c.succeeded(1, hold))
+        #expect(try await c.succeeded(0, low))
+        #expect(try await c.succeeded(1, high))
+        await c.stop()
     }
 }

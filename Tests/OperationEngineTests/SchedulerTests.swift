@@ -116,6 +116,35 @@ func spec(_ name: String, _ queue: QueueID, qos: QualityOfService? = nil, priori
         #expect(h.s.permitsWanted(q.rawValue) == 0)
     }
 
+    /// An attempt that ends uses its outside permit up: the queue starts nothing on it until the holder grants it
+    /// again (the holder decides whether a better waiter elsewhere gets the slot); a retried attempt too. The
+    /// priority of the next ready operation is what the holder ranks its wait by.
+    @Test func anEndedAttemptUsesItsPermitUp() throws {
+        var h = Harness()
+        let q = h.queue("api", limit: 2)
+        h.s.setPermits(q, 2)
+        var g = GraphBuilder()
+        g.add(spec("a", q, priority: .low))
+        g.add(spec("b", q, priority: .low, retries: 1, retryDelay: 0))
+        g.add(spec("c", q, priority: .low))
+        g.add(spec("d", q, priority: .veryHigh))
+        _ = try h.s.submit(g, now: h.now)
+        #expect(h.dispatch() == ["d", "a"])
+        #expect(h.s.bestReadyPriority(q.rawValue) == .low)
+        h.succeed("d")
+        #expect(h.s.effectiveLimit(q.rawValue) == 1, "d's permit is used up")
+        #expect(h.dispatch() == [], "nothing starts on a used-up permit")
+        h.s.setPermits(q, 2)
+        #expect(h.dispatch() == ["b"])
+        h.fail("b")
+        #expect(h.s.effectiveLimit(q.rawValue) == 1, "a retried attempt uses its permit up too")
+        h.s.setPermits(q, 2)
+        h.succeed("a")
+        h.s.setPermits(q, 2)
+        #expect(h.dispatch() == ["c"], "b waits for its retry timer")
+        #expect(h.s.bestReadyPriority(q.rawValue) == nil)
+    }
+
     @Test func dependenciesGateReadinessAcrossQueues() throws {
         var h = Harness()
         let a = h.queue("a"), b = h.queue("b")

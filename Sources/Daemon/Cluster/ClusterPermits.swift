@@ -10,6 +10,12 @@
 // task, on every nudge (an operation of a limited queue started or ended, a slot freed elsewhere) and on a 1 s
 // poll; nudges coalesce.
 //
+// Slots go by priority like operations do (SPEC §8): while the node waits for slots it records in the store the
+// priority of the operation it would start next, and a node takes a free slot only while no live node waits ahead
+// of it (a higher priority, or the same one since longer — taking a slot sends a node to the back of its
+// priority, so nodes at one priority are served in turn). An ended operation's slot is given back even when the
+// node could use it, and taken again a moment later if no better waiter took it meanwhile.
+//
 // Trusts: the store's acquire never hands out more than the limit (one row per slot, FOR UPDATE SKIP LOCKED);
 // takeover frees a lost node's slots only after its lease, and the node stops its work before that by its own
 // clock (`dropAll`).
@@ -29,13 +35,12 @@ final class ClusterPermits: Sendable {
         var limited: [String: Limited] = [:]
         var held: [String: [SlotLease]] = [:]
         var nudged = false
-        /// Operations of each queue that ended since the last round: as many slots are given back even when
-        /// the node could use them, so that no node keeps a queue's slots while others wait (re-acquired a
-        /// moment later, competing with the others).
-        var turnover: [String: Int] = [:]
         /// Whether the node's lease is good now (slots may be taken), and where held slots are recorded so that
         /// the node's lease covers them (ClusterJobStore). Without a gate (tests) slots are always taken.
         var gate: Gate?
+        /// The waits for slots recorded in the store (queue → the priority recorded), withdrawn once the node
+        /// waits no more.
+        var waiting: [String: QueuePriority] = [:]
     }
 
     struct Gate: Sendable {
@@ -45,15 +50,17 @@ final class ClusterPermits: Sendable {
 
     private let store: any ClusterStore
     private let node: String
+    private let leaseSeconds: Double
     private let engine: Engine
     private let logger: Logger
     private let state = Mutex(State())
     private let nudges: AsyncStream<Void>.Continuation
     private let stream: AsyncStream<Void>
 
-    init(store: any ClusterStore, node: String, engine: Engine, logger: Logger) {
+    init(store: any ClusterStore, node: String, leaseSeconds: Double, engine: Engine, logger: Logger) {
         self.store = store
         self.node = node
+        self.leaseSeconds = leaseSeconds
         self.engine = engine
         self.logger = logger
         (stream, nudges) = AsyncStream.makeStream(of: Void.self, bufferingPolicy: .bufferingNewest(1))
@@ -85,6 +92,8 @@ final class ClusterPermits: Sendable {
     func dropAll() {
         let queues: [QueueID] = state.withLock { s in
             s.held = [:]
+            // Recorded again once the lease is good (a takeover deletes them meanwhile).
+            s.waiting = [:]
             return s.limited.values.map(\.queue)
         }
         for q in queues { engine.setPermits(q, 0) }
@@ -112,14 +121,10 @@ final class ClusterPermits: Sendable {
         }
     }
 
-    /// An operation of `queue` ended (the shell calls this on its transition).
+    /// An operation of `queue` ended (the shell calls this on its transition): its permit is used up in the
+    /// engine, and the next round keeps its slot or hands it to a better waiter.
     func operationEnded(queue: String) {
-        let limited = state.withLock { s -> Bool in
-            guard s.limited[queue] != nil else { return false }
-            s.turnover[queue, default: 0] += 1
-            return true
-        }
-        if limited { nudge() }
+        if state.withLock({ $0.limited[queue] != nil }) { nudge() }
     }
 
     /// Slots held now, by queue (status).
@@ -151,75 +156,132 @@ final class ClusterPermits: Sendable {
     }
 
     private func rebalance() async {
-        let (limited, gate, turnover) = state.withLock { s in
-            defer { s.turnover = [:] }
-            return (s.limited, s.gate, s.turnover)
-        }
+        let (limited, gate, published) = state.withLock { s in (s.limited, s.gate, s.waiting) }
         let mayAcquire = gate?.mayAcquire() ?? true
-        var again = false
-        for (name, l) in limited.sorted(by: { $0.key < $1.key }) {
-            var demand = engine.permitDemand(l.queue)
-            var held = state.withLock { $0.held[name]?.count ?? 0 }
-            if let ended = turnover[name], ended > 0, held > demand.executing {
-                // Give back what the ended operations held; acquire again in the next round.
-                demand.wanted = max(demand.executing, min(demand.wanted, held - ended))
-                again = true
-            }
-            // More: acquire first, then let the engine use it.
-            while mayAcquire && held < min(demand.wanted, l.limit) {
-                let lease: SlotLease?
-                do {
-                    lease = try await store.acquireSlot(queue: name, limit: l.limit, node: node, job: "", operation: "")
-                } catch {
-                    logger.debug("cluster slot of queue \(name) not acquired: \(error)")
-                    return
-                }
-                guard let lease else { break }
-                gate?.holding(lease, true)
-                guard gate?.mayAcquire() ?? true else {
-                    // The lease ran out meanwhile: this slot is not used.
-                    gate?.holding(lease, false)
-                    _ = try? await store.releaseSlot(lease)
-                    return
-                }
-                state.withLock { $0.held[name, default: []].append(lease) }
-                held += 1
-                engine.setPermits(l.queue, held)
-            }
-            // Fewer: cap the engine first, then give back what no executing operation uses.
-            if held > demand.wanted {
-                var keep = max(demand.wanted, demand.executing)
-                engine.setPermits(l.queue, keep)
-                let executing = engine.permitDemand(l.queue).executing
-                if executing > keep {
-                    keep = executing
-                    engine.setPermits(l.queue, keep)
-                }
-                let surplus: [SlotLease] = state.withLock { s in
-                    var leases = s.held[name] ?? []
-                    guard leases.count > keep else { return [] }
-                    let extra = Array(leases.suffix(leases.count - keep))
-                    leases.removeLast(leases.count - keep)
-                    s.held[name] = leases
-                    return extra
-                }
-                for lease in surplus {
-                    gate?.holding(lease, false)
-                    _ = try? await store.releaseSlot(lease)
-                }
-            }
+        // Waits recorded for queues no longer limited are withdrawn.
+        for name in published.keys where limited[name] == nil {
+            guard await withdraw(name) else { return }
         }
-        if again {
-            try? await Task.sleep(for: .milliseconds(10))
-            nudge()
+        for (name, l) in limited.sorted(by: { $0.key < $1.key }) {
+            guard await rebalance(name, l, mayAcquire: mayAcquire, gate: gate, published: published[name]) else { return }
         }
     }
 
-    private func releaseEverything() async {
-        let (all, gate): ([(QueueID?, [SlotLease])], Gate?) = state.withLock { s in
-            defer { s.held = [:] }
-            return (s.held.map { (s.limited[$0.key]?.queue, $0.value) }, s.gate)
+    /// One queue's round; false when the store could not be asked (the round ends; the next nudge or poll
+    /// tries again).
+    private func rebalance(_ name: String, _ l: Limited, mayAcquire: Bool, gate: Gate?, published: QueuePriority?) async -> Bool {
+        let demand = engine.permitDemand(l.queue)
+        let wanted = mayAcquire ? min(demand.wanted, l.limit) : 0
+        let priority = Int((demand.best ?? .normal).rawValue)
+        var held = state.withLock { $0.held[name] ?? [] }
+        var handedOver = false
+
+        // Fewer: cap the engine first, then give back what no executing operation uses.
+        if held.count > max(wanted, demand.executing) {
+            let keep = max(wanted, demand.executing)
+            engine.setPermits(l.queue, min(demand.permits, keep))
+            let executing = engine.permitDemand(l.queue).executing
+            await release(name, from: &held, keeping: max(keep, executing))
         }
+        // Slots whose operations ended (their permits are used up in the engine) and that the node could use
+        // again: kept unless a better waiter elsewhere gets them.
+        let granted = engine.permitDemand(l.queue).permits
+        let idle = Array(held.dropFirst(granted).prefix(max(0, wanted - granted)))
+        if !idle.isEmpty {
+            let freed: [SlotLease]
+            do {
+                freed = try await store.keepSlots(idle, priority: priority, leaseSeconds: leaseSeconds)
+            } catch {
+                logger.debug("cluster slots of queue \(name) not kept: \(error)")
+                return false
+            }
+            if !freed.isEmpty {
+                handedOver = true
+                held.removeAll { freed.contains($0) }
+                for lease in freed { gate?.holding(lease, false) }
+                state.withLock { $0.held[name]?.removeAll { freed.contains($0) } }
+            }
+            guard gate?.mayAcquire() ?? true else { return false }
+            engine.setPermits(l.queue, min(held.count, wanted))
+        }
+        // More: acquire first, then let the engine use it (not in a round that just handed slots to a better
+        // waiter: it would be refused).
+        if held.count < wanted && !handedOver {
+            let leases: [SlotLease]
+            do {
+                leases = try await store.acquireSlots(queue: name, limit: l.limit, node: node, count: wanted - held.count,
+                                                      priority: priority, leaseSeconds: leaseSeconds)
+            } catch {
+                logger.debug("cluster slots of queue \(name) not acquired: \(error)")
+                return false
+            }
+            for lease in leases { gate?.holding(lease, true) }
+            guard gate?.mayAcquire() ?? true else {
+                // The lease ran out meanwhile: these slots are not used.
+                for lease in leases {
+                    gate?.holding(lease, false)
+                    _ = try? await store.releaseSlot(lease)
+                }
+                return false
+            }
+            if !leases.isEmpty {
+                held += leases
+                state.withLock { $0.held[name, default: []].append(contentsOf: leases) }
+                engine.setPermits(l.queue, held.count)
+            }
+        }
+        // Still short of slots with operations ready: the wait is recorded with the priority of the operation
+        // that starts next, so that the cluster's free slots go to the best waiting operation wherever it is
+        // (SPEC §8). Otherwise a recorded wait is withdrawn (the nodes it held back may take what is free).
+        if held.count < wanted, let best = demand.best {
+            if published != best {
+                do {
+                    try await store.waitForSlot(queue: name, node: node, priority: Int(best.rawValue))
+                } catch {
+                    logger.debug("cluster slot wait of queue \(name) not recorded: \(error)")
+                    return false
+                }
+                state.withLock { $0.waiting[name] = best }
+            }
+        } else if published != nil {
+            return await withdraw(name)
+        }
+        return true
+    }
+
+    /// Gives back the leases of `name` beyond the first `keeping` (the engine is capped already).
+    private func release(_ name: String, from held: inout [SlotLease], keeping: Int) async {
+        guard held.count > keeping else { return }
+        let surplus = Array(held.suffix(held.count - keeping))
+        held.removeLast(held.count - keeping)
+        let gate = state.withLock { s in
+            s.held[name]?.removeAll { surplus.contains($0) }
+            return s.gate
+        }
+        for lease in surplus {
+            gate?.holding(lease, false)
+            _ = try? await store.releaseSlot(lease)
+        }
+    }
+
+    /// Withdraws the node's recorded wait for a slot of `name`; false when the store could not be asked.
+    private func withdraw(_ name: String) async -> Bool {
+        do {
+            try await store.stopWaitingForSlot(queue: name, node: node)
+        } catch {
+            logger.debug("cluster slot wait of queue \(name) not withdrawn: \(error)")
+            return false
+        }
+        state.withLock { _ = $0.waiting.removeValue(forKey: name) }
+        return true
+    }
+
+    private func releaseEverything() async {
+        let (all, gate, waiting): ([(QueueID?, [SlotLease])], Gate?, [String]) = state.withLock { s in
+            defer { s.held = [:] }
+            return (s.held.map { (s.limited[$0.key]?.queue, $0.value) }, s.gate, Array(s.waiting.keys))
+        }
+        for name in waiting { _ = await withdraw(name) }
         for (queue, leases) in all {
             if let queue { engine.setPermits(queue, 0) }
             for lease in leases {
