@@ -475,8 +475,9 @@ struct ClusterTests {
 
     /// Slots go by priority like operations do (SPEC §8), across nodes. `api` has one slot cluster-wide; node 0
     /// alone declares queue `low`, node 1 alone `high`, which pins each job to its node. Node 0 runs five `veryLow`
-    /// `api` operations one after another; while the first runs, node 1 gets three `veryHigh` ones. When node 0's
-    /// first ends, the slot goes to node 1 for all three, then back to node 0 — published start times show it.
+    /// `api` operations one after another; while the first runs, node 1 gets three `veryHigh` ones. Once node 1's
+    /// wait for the slot is recorded, node 0's running operation is the last it starts before node 1's three (one
+    /// more is allowed for an operation that ended just then); then node 0 goes on — published start times show it.
     @Test func clusterSlotsGoByPriorityAcrossNodes() throws {
         let api: [String: Any] = ["maxConcurrentOperationCount": 1, "clusterMaxConcurrentOperationCount": 1]
         let harness = try ClusterHarness(nodes: 2, settings: { k in
@@ -493,12 +494,16 @@ struct ClusterTests {
         }
         let low = uniqueJob("slots-low")
         let high = uniqueJob("slots-high")
-        try harness[0].drop(low + ".plist", job(low, pin: "low", "veryLow", count: 5, seconds: 0.4))
+        try harness[0].drop(low + ".plist", job(low, pin: "low", "veryLow", count: 5, seconds: 0.8))
         let running = try pollUntil(20) { () -> Bool? in
             try harness.sql("SELECT count(*) FROM opq_queue_slots WHERE queue = 'api' AND holder = '\(harness[0].name)'") == "1" ? true : nil
         }
         #expect(running != nil, "node 0 took the slot")
         try harness[1].drop(high + ".plist", job(high, pin: "high", "veryHigh", count: 3, seconds: 0.05))
+        let waiting = try pollUntil(20) { () -> Double? in
+            try harness.sql("SELECT count(*) FROM opq_slot_waiters WHERE queue = 'api' AND node = '\(harness[1].name)'") == "1" ? epochNow() : nil
+        }
+        let recorded = try #require(waiting, "node 1's wait for the slot was recorded")
         let lowResult = try #require(harness.waitResult(low, timeout: 60))
         let highResult = try #require(harness.waitResult(high, timeout: 60))
         #expect(lowResult.node == 0 && highResult.node == 1, "pinned")
@@ -509,9 +514,13 @@ struct ClusterTests {
             }
             return starts
         }
-        let order = (starts(lowResult.result).merging(starts(highResult.result)) { a, _ in a }).sorted { $0.value < $1.value }.map(\.key)
-        #expect(order == ["veryLow1", "veryHigh1", "veryHigh2", "veryHigh3", "veryLow2", "veryLow3", "veryLow4", "veryLow5"],
-                "node 1's veryHigh operations took the slot when node 0's first ended: \(order)")
+        let lowStarts = starts(lowResult.result)
+        let order = (lowStarts.merging(starts(highResult.result)) { a, _ in a }).sorted { $0.value < $1.value }.map(\.key)
+        let before = lowStarts.values.filter { $0 < recorded }.count
+        let first = order.firstIndex(of: "veryHigh1") ?? order.count
+        #expect(Array(order.dropFirst(first).prefix(3)) == ["veryHigh1", "veryHigh2", "veryHigh3"], "node 1's three ran one after another: \(order)")
+        #expect(first <= before + 1 && first < 5,
+                "node 1's veryHigh operations took the slot at the end of node 0's running one (\(before) started when the wait was recorded): \(order)")
     }
 
     // MARK: 3. A hand-inserted bad row

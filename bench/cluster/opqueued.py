@@ -167,14 +167,18 @@ def wait_for_outboxes(cluster, count, jobs, start):
     return done, time.monotonic() - start
 
 
-def throughput(args, count, with_cluster=True):
-    cluster = Cluster(args, count, settings=lambda k: {"maxActiveJobs": 64}, cluster=with_cluster)
+def throughput(args, count, with_cluster=True, limit=None):
+    """`limit`: every job's operation on queue `api`, limited to `limit` at once cluster-wide (and on each node)."""
+    settings = {"maxActiveJobs": 64}
+    if limit:
+        settings["queues"] = {"api": {"maxConcurrentOperationCount": limit, "clusterMaxConcurrentOperationCount": limit}}
+    cluster = Cluster(args, count, settings=lambda k: settings, cluster=with_cluster)
     try:
         inbox = cluster.nodes[0]["spool"] + "/inbox"
         names = [f"t{i:06d}" for i in range(args.jobs)]
         for name in names:
             with open(f"{inbox}/.{name}.plist", "wb") as f:
-                f.write(manifest(name))
+                f.write(manifest(name, "api" if limit else None))
         time.sleep(1.1)
         before = commits(args.admin, cluster.database) if with_cluster else 0
         start = time.monotonic()
@@ -184,7 +188,8 @@ def throughput(args, count, with_cluster=True):
         time.sleep(1.1)
         after = commits(args.admin, cluster.database) if with_cluster else 0
         per_node = [len(cluster.outbox(k)) for k in range(count)]
-        print(json.dumps({"part": "opqueued" if with_cluster else "opqueued-spool-alone", "nodes": count, "jobs": args.jobs, "ended": done, "perNode": per_node,
+        part = "opqueued-cluster-limit" if limit else "opqueued" if with_cluster else "opqueued-spool-alone"
+        print(json.dumps({"part": part, "nodes": count, "limit": limit, "jobs": args.jobs, "ended": done, "perNode": per_node,
                           "seconds": round(elapsed, 3), "jobsPerSecond": round(done / elapsed, 1),
                           "commitsPerJob": round((after - before) / max(done, 1), 3) if with_cluster else None,
                           "includes": ("inbox rename -> validate -> insert -> claim -> run -> publish, fsyncs on" if with_cluster
@@ -303,16 +308,23 @@ def main():
     parser.add_argument("--lease", type=int, default=5)
     parser.add_argument("--spool-alone", action="store_true", help="only the figure without a cluster")
     parser.add_argument("--parts", default="spool,1,2,database,pickup,takeover",
-                        help="which figures, comma-separated: spool (alone), 1 and 2 (nodes end to end), database, pickup, takeover")
+                        help="which figures, comma-separated: spool (alone), 1 and 2 (nodes end to end), database, pickup, "
+                             "takeover; also limited (2 nodes end to end, every operation on a queue limited to 2 "
+                             "cluster-wide: the price of clusterMaxConcurrentOperationCount)")
     args = parser.parse_args()
     if not os.path.exists(args.bin + "/opqueued"):
         raise SystemExit(f"no {args.bin}/opqueued: swift build -c release first")
     parts = ["spool"] if args.spool_alone else args.parts.split(",")
     for part in parts:
+        # Each part from a quiet server: the previous part's dirty pages written first (see run.sh's settle).
+        psql(args.admin, "postgres", "CHECKPOINT")
+        time.sleep(1)
         if part == "spool":
             throughput(args, 1, with_cluster=False)
         elif part in ("1", "2"):
             throughput(args, int(part))
+        elif part == "limited":
+            throughput(args, 2, limit=2)
         elif part == "database":
             already_in_database(args, 2)
         elif part == "pickup":

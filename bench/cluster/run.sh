@@ -11,7 +11,8 @@
 #
 #   bench/cluster/run.sh [PARTS...]      PARTS: floor anchors opqueued (default: all three)
 #   JOBS=10000 SAMPLES=200 BIN=.build/release OPQUEUED_ARGS=--spool-alone bench/cluster/run.sh opqueued
-#   OPQUEUED_ARGS=--parts=2,pickup bench/cluster/run.sh opqueued     (spool, 1, 2, database, pickup, takeover)
+#   OPQUEUED_ARGS=--parts=2,pickup bench/cluster/run.sh opqueued     (spool, 1, 2, database, pickup, takeover;
+#              also limited: 2 nodes, every operation on a queue limited to 2 cluster-wide)
 #
 # Prints one JSON line per figure; the whole output is also kept in .build-bench/cluster-<time>.txt. Needs root
 # (initdb runs as the `postgres` user) and Debian's postgresql (make deps).
@@ -121,7 +122,19 @@ opqueued() {
     --samples "$SAMPLES" --pgbin "$PGBIN" ${OPQUEUED_ARGS:-}
 }
 
+# Between parts: the previous part's databases dropped and its dirty pages written (CHECKPOINT), so that no part
+# pays for another's background writes — the spool-alone figure touches no database and would not.
+settle() {
+  local db
+  for db in $(psql -XAtq -d postgres -c "SELECT datname FROM pg_database WHERE datname NOT IN ('postgres', 'template0', 'template1')"); do
+    psql -XAtq -d postgres -c "DROP DATABASE \"$db\" WITH (FORCE)" >/dev/null
+  done
+  psql -XAtq -d postgres -c CHECKPOINT >/dev/null
+  sleep 1
+}
+
 for part in $PARTS; do
+  settle
   case $part in
     floor) floor ;;
     anchors) anchors ;;
