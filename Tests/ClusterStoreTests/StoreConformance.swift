@@ -321,7 +321,8 @@ enum StoreConformance {
 
     /// Slots go by priority (SPEC §8): a free slot goes to the live node that waits with the highest priority;
     /// at one priority to the node waiting longest (a node that recorded no wait at it waits from now), and taking
-    /// slots sends a node to the back; slots whose operations ended are kept unless a better waiter is there; a
+    /// slots sends a node to the back; slots whose operations ended are kept unless a better waiter is there (at
+    /// one priority: one that has waited 50 ms); a
     /// waiter that stopped waiting, or whose node is silent past the lease, holds no one back; a lost node's waits
     /// go with its slots.
     static func slotPriority(_ factory: StoreFactory) async throws {
@@ -362,10 +363,20 @@ enum StoreConformance {
             // A slot whose operation ended: kept while no one better waits, handed over when someone does.
             let held = try #require(try await take("lo", 1))
             #expect(try await store.keepSlots([held], priority: 1, leaseSeconds: 60).isEmpty, "no one waits ahead of lo")
+            // At one priority, the holder's turn lasts until the other has waited 50 ms.
+            try await store.waitForSlot(queue: "api", node: "mid", priority: 1)
+            #expect(try await store.keepSlots([held], priority: 1, leaseSeconds: 60).isEmpty, "mid has just begun to wait")
+            try await Task.sleep(for: .milliseconds(80))
+            #expect(try await store.keepSlots([held], priority: 1, leaseSeconds: 60) == [held], "mid has waited its turn")
+            let mids = try #require(try await take("mid", 1))
+            try await store.stopWaitingForSlot(queue: "api", node: "mid")
+            #expect(try await store.releaseSlot(mids))
+            let again = try #require(try await take("lo", 1))
+            #expect(try await store.keepSlots([again], priority: 1, leaseSeconds: 60).isEmpty)
             try await store.waitForSlot(queue: "api", node: "hi", priority: 4)
-            #expect(try await store.keepSlots([held], priority: 1, leaseSeconds: 60) == [held], "hi waits with a higher priority")
+            #expect(try await store.keepSlots([again], priority: 1, leaseSeconds: 60) == [again], "hi waits with a higher priority")
             #expect(try await store.slotHolders(queue: "api").isEmpty)
-            #expect(try await store.releaseSlot(held) == false, "freed already")
+            #expect(try await store.releaseSlot(again) == false, "freed already")
             let his = try #require(try await take("hi", 4))
             #expect(try await store.keepSlots([his], priority: 4, leaseSeconds: 60).isEmpty, "lo waits at a lower priority")
             #expect(try await store.slotHolders(queue: "api").map(\.holder) == ["hi"])

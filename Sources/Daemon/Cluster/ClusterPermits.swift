@@ -13,8 +13,9 @@
 // Slots go by priority like operations do (SPEC §8): while the node waits for slots it records in the store the
 // priority of the operation it would start next, and a node takes a free slot only while no live node waits ahead
 // of it (a higher priority, or the same one since longer — taking a slot sends a node to the back of its
-// priority, so nodes at one priority are served in turn). An ended operation's slot is given back even when the
-// node could use it, and taken again a moment later if no better waiter took it meanwhile.
+// priority, so nodes at one priority are served in turn). An ended attempt uses its permit up in the engine; the
+// node then keeps the slot for its next operation unless a node waits ahead of that one (at the same priority:
+// for 50 ms or more), asking the store at most every `keepWithoutAsking` while the answer is "no one".
 //
 // Trusts: the store's acquire never hands out more than the limit (one row per slot, FOR UPDATE SKIP LOCKED);
 // takeover frees a lost node's slots only after its lease, and the node stops its work before that by its own
@@ -41,7 +42,15 @@ final class ClusterPermits: Sendable {
         /// The waits for slots recorded in the store (queue → the priority recorded), withdrawn once the node
         /// waits no more.
         var waiting: [String: QueuePriority] = [:]
+        /// When the store last said that no one waits ahead of this node for a queue's slots (monotonic
+        /// seconds): within `keepWithoutAsking` of it, slots whose operations ended are kept without asking again.
+        var keptAt: [String: Double] = [:]
     }
+
+    /// How long a "no one waits ahead" answer is trusted: short operations on a limited queue then cost the
+    /// database one statement per this interval instead of one per operation, and a better waiter elsewhere
+    /// waits at most this long beyond the end of the running operation.
+    static let keepWithoutAsking = 0.02
 
     struct Gate: Sendable {
         var mayAcquire: @Sendable () -> Bool
@@ -94,6 +103,7 @@ final class ClusterPermits: Sendable {
             s.held = [:]
             // Recorded again once the lease is good (a takeover deletes them meanwhile).
             s.waiting = [:]
+            s.keptAt = [:]
             return s.limited.values.map(\.queue)
         }
         for q in queues { engine.setPermits(q, 0) }
@@ -188,12 +198,18 @@ final class ClusterPermits: Sendable {
         let granted = engine.permitDemand(l.queue).permits
         let idle = Array(held.dropFirst(granted).prefix(max(0, wanted - granted)))
         if !idle.isEmpty {
-            let freed: [SlotLease]
-            do {
-                freed = try await store.keepSlots(idle, priority: priority, leaseSeconds: leaseSeconds)
-            } catch {
-                logger.debug("cluster slots of queue \(name) not kept: \(error)")
-                return false
+            var freed: [SlotLease] = []
+            let askedAt = monotonicSeconds()
+            if let kept = state.withLock({ $0.keptAt[name] }), askedAt - kept < Self.keepWithoutAsking {
+                // Asked a moment ago: kept.
+            } else {
+                do {
+                    freed = try await store.keepSlots(idle, priority: priority, leaseSeconds: leaseSeconds)
+                } catch {
+                    logger.debug("cluster slots of queue \(name) not kept: \(error)")
+                    return false
+                }
+                state.withLock { $0.keptAt[name] = freed.isEmpty ? askedAt : nil }
             }
             if !freed.isEmpty {
                 handedOver = true
