@@ -190,3 +190,7 @@ int opq_epoll_wait(int epfd, unsigned long long *tokens, int max, int timeout_ms
 const char *opq_signal_name(int sig) { return sigabbrev_np(sig); }
 
 int opq_process_policy(pid_t pid) { return sched_getscheduler(pid); }
+
+const char *opq_dirent_name(const struct dirent *entry) {
+    return entry->d_name;
+}

@@ -108,3 +108,27 @@ import Glibc
         #expect(occurrences(of: "no read lease could be taken", in: text) == 1, "logged once")
     }
 }
+
+/// Reading a folder's entries: glibc packs readdir(3)'s entries at their record length, so the last one of its
+/// buffer may end right before an unmapped page. The spool reads a name through its pointer, only its bytes: an
+/// entry placed at the very end of a page followed by an inaccessible one reads back (reading the whole
+/// `struct dirent`, 280 bytes, as the inbox scan once did, faults — it crashed a node scanning a flooded inbox).
+@Suite struct DirectoryEntryTests {
+    @Test func anEntryEndingAtAnUnmappedPageIsReadByItsNameOnly() throws {
+        let page = Int(sysconf(Int32(_SC_PAGESIZE)))
+        let memory = try #require(mmap(nil, 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0))
+        #expect(memory != MAP_FAILED)
+        defer { munmap(memory, 2 * page) }
+        #expect(mprotect(memory + page, page, PROT_NONE) == 0)
+        // A record as getdents64 lays it out: d_ino, d_off, d_reclen, d_type, then the name and its NUL, the
+        // whole rounded up to 8 bytes — here ending exactly at the guard page.
+        let name = Array("x.plist".utf8)
+        let nameOffset = MemoryLayout<dirent>.offset(of: \dirent.d_name) ?? 19
+        let length = (nameOffset + name.count + 1 + 7) / 8 * 8
+        let record = memory + page - length
+        record.storeBytes(of: UInt16(length), toByteOffset: MemoryLayout<dirent>.offset(of: \dirent.d_reclen) ?? 16, as: UInt16.self)
+        for (k, byte) in (name + [0]).enumerated() { record.storeBytes(of: byte, toByteOffset: nameOffset + k, as: UInt8.self) }
+        let entry = record.assumingMemoryBound(to: dirent.self)
+        #expect(direntName(entry) == name)
+    }
+}

@@ -6,6 +6,7 @@
 #define OPQ_CSHIMS_H
 
 #include <stdint.h>
+#include <dirent.h>
 #include <sys/types.h>
 #include <sys/xattr.h>  /* setxattr/getxattr for Swift: the spool keeps job records as attributes */
 
@@ -25,6 +26,11 @@ int opq_thread_is_idle(void);
 /// syncfs(2) on the file system holding `fd` (glibc declares it only under _GNU_SOURCE).
 /// Returns 0 or -errno.
 int opq_syncfs(int fd);
+
+/// The name of a directory entry readdir(3) returned. Only the name's own bytes may be read: glibc packs entries
+/// at their record length, so a whole `struct dirent` (its 256-byte d_name) read by value can run past the end
+/// of readdir's buffer into an unmapped page (a crash seen on a spool's inbox with thousands of entries).
+const char *opq_dirent_name(const struct dirent *entry);
 
 /// rename(2) that fails with -EEXIST rather than replace `to` (renameat2 with RENAME_NOREPLACE, relative
 /// to the folder open as `dirfd`). Returns 0 or -errno.

@@ -149,7 +149,7 @@ public final class Spool: @unchecked Sendable {
         defer { closedir(dir) }
         let suffix = Array(".plist".utf8)
         while let entry = readdir(dir) {
-            let bytes = withUnsafeBytes(of: entry.pointee.d_name) { Array($0.prefix { $0 != 0 }) }
+            let bytes = direntName(entry)
             guard let first = bytes.first, first != UInt8(ascii: ".") else { continue }
             guard let name = String(validating: bytes, as: UTF8.self) else {
                 let shown = String(decoding: bytes, as: UTF8.self)
@@ -612,12 +612,18 @@ func removeTree(_ path: String) {
     rmdir(path)
 }
 
+/// The bytes of a readdir(3) entry's name, read through its pointer (see opq_dirent_name: never the whole entry).
+func direntName(_ entry: UnsafeMutablePointer<dirent>) -> [UInt8] {
+    guard let name = opq_dirent_name(entry) else { return [] }
+    return Array(UnsafeRawBufferPointer(start: name, count: strlen(name)))
+}
+
 /// Empties the folder open as `fd` (and closes it).
 private func removeContents(_ fd: Int32) {
     guard let dir = fdopendir(fd) else { close(fd); return }
     defer { closedir(dir) }
     while let entry = readdir(dir) {
-        let name = withUnsafeBytes(of: entry.pointee.d_name) { Array($0.prefix { $0 != 0 }) }
+        let name = direntName(entry)
         if name == [0x2E] || name == [0x2E, 0x2E] { continue }
         name.withUnsafeBufferPointer { bytes in
             let cName = bytes.map { CChar(bitPattern: $0) } + [0]
