@@ -194,3 +194,7 @@ int opq_process_policy(pid_t pid) { return sched_getscheduler(pid); }
 const char *opq_dirent_name(const struct dirent *entry) {
     return entry->d_name;
 }
+
+int opq_spawn_actions_close_from(posix_spawn_file_actions_t *actions, int low) {
+    return posix_spawn_file_actions_addclosefrom_np(actions, low);
+}

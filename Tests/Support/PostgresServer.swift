@@ -5,6 +5,7 @@
 // Trusts Debian's PostgreSQL 15 binaries in /usr/lib/postgresql/15/bin (`make deps` installs `postgresql`);
 // never uses the package's own cluster.
 
+import CShims
 import Foundation
 
 #if canImport(Glibc)
@@ -193,6 +194,11 @@ public final class PostgresServer: @unchecked Sendable {
         posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
         posix_spawn_file_actions_addopen(&actions, 1, quiet ? "/dev/null" : outPath, O_WRONLY | O_CREAT | O_TRUNC, 0o600)
         posix_spawn_file_actions_addopen(&actions, 2, quiet ? "/dev/null" : errPath, O_WRONLY | O_CREAT | O_TRUNC, 0o600)
+        // Nothing else of this process's: a postmaster started here lives for the whole test run, and a file
+        // another test had open for writing at that instant (a manifest being dropped into an inbox) would stay
+        // open for writing as long — the daemon rightly leaves such a file alone (seen in CI: a `--once` run left
+        // good.plist in its inbox).
+        opq_spawn_actions_close_from(&actions, 3)
         let merged = ProcessInfo.processInfo.environment.merging(environment) { $1 }
         let argv = arguments.map { strdup($0) } + [nil]
         let envp = merged.map { strdup("\($0.key)=\($0.value)") } + [nil]

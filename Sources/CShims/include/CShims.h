@@ -7,6 +7,7 @@
 
 #include <stdint.h>
 #include <dirent.h>
+#include <spawn.h>
 #include <sys/types.h>
 #include <sys/xattr.h>  /* setxattr/getxattr for Swift: the spool keeps job records as attributes */
 
@@ -31,6 +32,10 @@ int opq_syncfs(int fd);
 /// at their record length, so a whole `struct dirent` (its 256-byte d_name) read by value can run past the end
 /// of readdir's buffer into an unmapped page (a crash seen on a spool's inbox with thousands of entries).
 const char *opq_dirent_name(const struct dirent *entry);
+
+/// posix_spawn_file_actions_addclosefrom_np (glibc 2.34; hidden from Swift by its feature macro): the child
+/// closes every descriptor from `low` up. Returns 0 or an errno value.
+int opq_spawn_actions_close_from(posix_spawn_file_actions_t *actions, int low);
 
 /// rename(2) that fails with -EEXIST rather than replace `to` (renameat2 with RENAME_NOREPLACE, relative
 /// to the folder open as `dirfd`). Returns 0 or -errno.
