@@ -234,10 +234,7 @@ final class ClusterPermits: Sendable {
             for lease in leases { gate?.holding(lease, true) }
             guard gate?.mayAcquire() ?? true else {
                 // The lease ran out meanwhile: these slots are not used.
-                for lease in leases {
-                    gate?.holding(lease, false)
-                    _ = try? await store.releaseSlot(lease)
-                }
+                await giveBack(leases, gate: gate)
                 return false
             }
             if !leases.isEmpty {
@@ -274,7 +271,12 @@ final class ClusterPermits: Sendable {
             s.held[name]?.removeAll { surplus.contains($0) }
             return s.gate
         }
-        for lease in surplus {
+        await giveBack(surplus, gate: gate)
+    }
+
+    /// Frees leases the node no longer counts as held (no longer covered by its lease deadline either).
+    private func giveBack(_ leases: [SlotLease], gate: Gate?) async {
+        for lease in leases {
             gate?.holding(lease, false)
             _ = try? await store.releaseSlot(lease)
         }
@@ -300,10 +302,7 @@ final class ClusterPermits: Sendable {
         for name in waiting { _ = await withdraw(name) }
         for (queue, leases) in all {
             if let queue { engine.setPermits(queue, 0) }
-            for lease in leases {
-                gate?.holding(lease, false)
-                _ = try? await store.releaseSlot(lease)
-            }
+            await giveBack(leases, gate: gate)
         }
     }
 }
