@@ -99,15 +99,38 @@ func parse(_ data: Data) throws -> PlistValue { try PropertyList.parse([UInt8](d
         }
     }
 
-    @Test func foundationReadsWhatWeWrite() throws {
+    @Test(arguments: ["xml", "binary"])
+    func foundationReadsWhatWeWrite(format: String) throws {
         var g = Generator(state: 7)
         for _ in 0..<400 {
             let value = PlistValue.dictionary(PlistDictionary([.init(key: "v", value: g.value())]))
-            let bytes = PlistXMLWriter.document(value)
+            let bytes = format == "xml" ? PlistXMLWriter.document(value) : PlistBinaryWriter.document(value)
             let theirs = try #require(plistValue(PropertyListSerialization.propertyList(from: Data(bytes), format: nil)))
             #expect(sorted(theirs) == sorted(value))
             #expect(try PropertyList.parse(bytes) == value)
         }
+    }
+
+    /// The binary writer's wider encodings: counts of 15 and more, references past 255 objects, offsets past
+    /// 64 KB, integers of every width, a non-ASCII key; Foundation and our reader read the same value back.
+    @Test func binaryListsOfEverySize() throws {
+        let many = (0..<300).map { PlistValue.string("item \($0) é") }
+        let value = PlistValue.dictionary(PlistDictionary([
+            .init(key: "many", value: .array(many)),
+            .init(key: "fifteen characters long key", value: .string(String(repeating: "x", count: 15))),
+            .init(key: "big", value: .data(Array(repeating: 7, count: 70_000))),
+            .init(key: "widths", value: .array([0, 255, 256, 65_535, 65_536, Int(UInt32.max), Int(UInt32.max) + 1, Int.max, -1, Int.min].map { .integer($0) })),
+            .init(key: "clé", value: .dictionary(PlistDictionary())),
+            .init(key: "empty", value: .array([])),
+        ]))
+        let bytes = PlistBinaryWriter.document(value)
+        #expect(bytes.starts(with: Array("bplist00".utf8)))
+        #expect(try PropertyList.parse(bytes) == value)
+        let theirs = try #require(plistValue(PropertyListSerialization.propertyList(from: Data(bytes), format: nil)))
+        #expect(sorted(theirs) == sorted(value))
+        // The smallest document: one value, one-byte references and offsets.
+        #expect(PlistBinaryWriter.document(.boolean(true)) == Array("bplist00".utf8) + [0x09, 0x08]
+            + [0, 0, 0, 0, 0, 0, 1, 1] + [0, 0, 0, 0, 0, 0, 0, 1] + [UInt8](repeating: 0, count: 8) + [0, 0, 0, 0, 0, 0, 0, 9])
     }
 
     @Test func xmlDetails() throws {

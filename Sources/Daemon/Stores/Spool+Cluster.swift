@@ -23,6 +23,7 @@
 
 import CShims
 import Foundation
+import PropertyList
 
 #if canImport(Glibc)
 import Glibc
@@ -57,8 +58,9 @@ extension Spool {
                 if e == ENOENT { return .vanished }
                 if e != 0 { throw SpoolError(operation: "rename to active/.submissions/\(file)", path: source, errno: e) }
             }
-            if !fits, let record = try? PropertyListSerialization.data(fromPropertyList: ["manifest": name], format: .binary, options: 0) {
+            if !fits {
                 // Without the attribute the name reads back as <key>.plist: only the result's `manifest` differs.
+                let record = PlistBinaryWriter.document(.dictionary(PlistDictionary(["manifest": .string(name)])))
                 _ = record.withUnsafeBytes { setxattr(target, Self.jobAttribute, $0.baseAddress, $0.count, 0) }
             }
             let tree = ManifestTree(data)
@@ -119,18 +121,13 @@ extension Spool {
 
     /// The job record Spool.claim wrote on a job folder: inbox name, reception time, requested id.
     func readJobRecord(_ dir: String) -> (name: String?, receivedAt: Double?, requested: String?) {
-        guard let info = jobRecord(dir) else { return (nil, nil, nil) }
-        return (info["manifest"] as? String, info["receivedAt"] as? Double, info["requestedJob"] as? String)
-    }
-
-    private func jobRecord(_ dir: String) -> [String: Any]? {
-        guard let data = readAttribute(dir, Self.jobAttribute) ?? (try? readRegularFile(dir + "/job.plist").get()) else { return nil }
-        return try? PropertyListSerialization.propertyList(from: data, format: nil) as? [String: Any]
+        guard let record = jobRecord(dir) else { return (nil, nil, nil) }
+        return (record["manifest"]?.string, record["receivedAt"]?.real, record["requestedJob"]?.string)
     }
 
     /// Whether active/<job>/ was written by `materialise` (a job claimed from the cluster), not by an inbox claim.
     func isClusterClaim(job: String) -> Bool {
-        jobRecord(active + "/" + job)?["claimedFrom"] as? String == "cluster"
+        jobRecord(active + "/" + job)?["claimedFrom"]?.string == "cluster"
     }
 
     /// Writes a job claimed from the cluster into active/<job>/: its job record (with the origin), then the
@@ -146,13 +143,11 @@ extension Spool {
         let dir = active + "/" + job
         guard mkdir(dir, 0o750) == 0 else { throw SpoolError(operation: "mkdir", path: dir, errno: errno) }
         do {
-            var info: [String: Any] = ["manifest": manifestName, "receivedAt": receivedAt, "claimedFrom": "cluster",
-                                       "fence": origin.fence, "submittedOn": origin.submittedOn]
-            if let requestedJob, requestedJob != job { info["requestedJob"] = requestedJob }
-            if let from = origin.fromNode { info["fromNode"] = from }
-            let record = try PropertyListSerialization.data(fromPropertyList: info, format: .binary, options: 0)
-            let set = record.withUnsafeBytes { setxattr(dir, Self.jobAttribute, $0.baseAddress, $0.count, 0) }
-            if set != 0 { try writeFile(record, to: dir + "/job.plist") }
+            var record = PlistDictionary(["manifest": .string(manifestName), "receivedAt": .real(receivedAt), "claimedFrom": .string("cluster"),
+                                          "fence": .integer(Int(origin.fence)), "submittedOn": .string(origin.submittedOn)])
+            if let requestedJob, requestedJob != job { record["requestedJob"] = .string(requestedJob) }
+            if let from = origin.fromNode { record["fromNode"] = .string(from) }
+            try writeJobRecord(record, on: dir)
             try writeFile(Data(manifest), to: dir + "/manifest.plist")
         } catch {
             removeTree(dir)
@@ -163,11 +158,11 @@ extension Spool {
     /// The origin of a job claimed from the cluster, from its job record in active/<job>/ (nil for an inbox claim,
     /// or a record that does not decode).
     func readOrigin(job: String) -> ClusterOrigin? {
-        guard let info = jobRecord(active + "/" + job), info["claimedFrom"] as? String == "cluster",
-              let fence = (info["fence"] as? NSNumber)?.int64Value, let submittedOn = info["submittedOn"] as? String else {
+        guard let record = jobRecord(active + "/" + job), record["claimedFrom"]?.string == "cluster",
+              case .integer(let fence)? = record["fence"], let submittedOn = record["submittedOn"]?.string else {
             return nil
         }
-        return ClusterOrigin(fence: fence, submittedOn: submittedOn, fromNode: info["fromNode"] as? String)
+        return ClusterOrigin(fence: Int64(fence), submittedOn: submittedOn, fromNode: record["fromNode"]?.string)
     }
 
     /// Publication under `cluster.sharedOutbox` (SPEC §8), in place of `place(job:)`: active/<job>/ is copied into

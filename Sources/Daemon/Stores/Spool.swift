@@ -30,6 +30,7 @@ import CShims
 import Foundation
 import Synchronization
 import HeapModule
+import PropertyList
 
 #if canImport(Glibc)
 import Glibc
@@ -320,13 +321,10 @@ public final class Spool: @unchecked Sendable {
             id = "\(wanted).\(n)"
         }
         let dir = active + "/" + id
-        var info: [String: Any] = ["manifest": name, "receivedAt": now]
-        if id != wanted { info["requestedJob"] = wanted }
+        var record = PlistDictionary(["manifest": .string(name), "receivedAt": .real(now)])
+        if id != wanted { record["requestedJob"] = .string(wanted) }
         do {
-            let record = try PropertyListSerialization.data(fromPropertyList: info, format: .binary, options: 0)
-            // An attribute costs no inode: creating and deleting many small files is what ext4 does slowest.
-            let set = record.withUnsafeBytes { setxattr(dir, Self.jobAttribute, $0.baseAddress, $0.count, 0) }
-            if set != 0 { try writeFile(record, to: dir + "/job.plist") }
+            try writeJobRecord(record, on: dir)
         } catch {
             removeTree(dir)
             throw error
@@ -364,11 +362,10 @@ public final class Spool: @unchecked Sendable {
             var name = id + ".plist"
             var receivedAt = Date().timeIntervalSince1970
             var requested: String?
-            if let data = readAttribute(dir, Self.jobAttribute) ?? (try? readRegularFile(dir + "/job.plist").get()),
-               let info = try? PropertyListSerialization.propertyList(from: data, format: nil) as? [String: Any] {
-                name = info["manifest"] as? String ?? name
-                receivedAt = info["receivedAt"] as? Double ?? receivedAt
-                requested = info["requestedJob"] as? String
+            if let record = jobRecord(dir) {
+                name = record["manifest"]?.string ?? name
+                receivedAt = record["receivedAt"]?.real ?? receivedAt
+                requested = record["requestedJob"]?.string
             }
             jobs.append(ClaimedJob(id: id, requestedJob: requested, manifestName: name, receivedAt: receivedAt, manifest: manifest,
                                    tree: nil, done: progress[id] ?? [:]))
@@ -460,6 +457,24 @@ public final class Spool: @unchecked Sendable {
     public func discard(job: String) {
         removeTree(outputFolder(job: job))
         discardDownloads(job: job)
+    }
+
+    // MARK: Job records
+
+    /// Writes a job folder's record (inbox name, reception time, …): a small binary property list kept as the
+    /// folder's `user.opqueued.job` attribute, or as job.plist where the file system takes no attributes. An
+    /// attribute costs no inode: creating and deleting many small files is what ext4 does slowest.
+    func writeJobRecord(_ record: PlistDictionary, on dir: String) throws {
+        let bytes = PlistBinaryWriter.document(.dictionary(record))
+        let set = bytes.withUnsafeBytes { setxattr(dir, Self.jobAttribute, $0.baseAddress, $0.count, 0) }
+        if set != 0 { try writeFile(Data(bytes), to: dir + "/job.plist") }
+    }
+
+    /// A job folder's record, or nil if it has none that decodes as a dictionary (never trusted further: each
+    /// reader checks the types of the keys it uses).
+    func jobRecord(_ dir: String) -> PlistDictionary? {
+        guard let data = readAttribute(dir, Self.jobAttribute) ?? (try? readRegularFile(dir + "/job.plist").get()) else { return nil }
+        return (try? PropertyList.parse([UInt8](data)))?.dictionary
     }
 
     // MARK: Publication
