@@ -7,6 +7,9 @@
 
 import CSystemd
 import Foundation
+#if canImport(Glibc)
+import Glibc
+#endif
 import Logging
 
 public enum MessageIDs {
@@ -64,6 +67,11 @@ public enum Journal {
 
 /// journald field name rules: uppercase letters, digits and `_`, not starting with `_` or a digit.
 func journalFieldName(_ key: String) -> String? {
+    // The daemon's own keys (OPQ_*) are valid as they are: no copy.
+    if let first = key.utf8.first, first >= 0x41, first <= 0x5A, key.utf8.count <= 64,
+       key.utf8.allSatisfy({ ($0 >= 0x41 && $0 <= 0x5A) || ($0 >= 0x30 && $0 <= 0x39) || $0 == UInt8(ascii: "_") }) {
+        return key
+    }
     let upper = key.uppercased()
     guard let first = upper.utf8.first, first != UInt8(ascii: "_"), !(first >= 0x30 && first <= 0x39), upper.utf8.count <= 64,
           upper.utf8.allSatisfy({ ($0 >= 0x41 && $0 <= 0x5A) || ($0 >= 0x30 && $0 <= 0x39) || $0 == UInt8(ascii: "_") }) else { return nil }
@@ -162,21 +170,46 @@ public struct ConsoleLogHandler: LogHandler {
 
     /// The event's line: PRIORITY, MESSAGE_ID, the fields in name order, MESSAGE last.
     static func line(level: Logger.Level, message: String, metadata all: Logger.Metadata) -> String {
-        var line = "PRIORITY=\(syslogPriority(level))"
-        if let id = MessageIDs.id(for: all) { line += " MESSAGE_ID=\(id)" }
-        for key in all.keys.sorted() {
-            guard let name = journalFieldName(key) else { continue }
-            line += " \(name)=\(Self.quote("\(all[key] ?? "")"))"
+        var line = "PRIORITY="
+        line.reserveCapacity(320)
+        line += String(syslogPriority(level))
+        if let id = MessageIDs.id(for: all) {
+            line += " MESSAGE_ID="
+            line += id
         }
-        return line + " MESSAGE=\(Self.quote(message))\n"
+        for (key, value) in all.sorted(by: { $0.key < $1.key }) {
+            guard let name = journalFieldName(key) else { continue }
+            line += " "
+            line += name
+            line += "="
+            if case .string(let s) = value { line += Self.quote(s) } else { line += Self.quote(value.description) }
+        }
+        line += " MESSAGE="
+        line += Self.quote(message)
+        line += "\n"
+        return line
     }
 
+    /// One whole line on stderr (fd 2), under a lock so that lines of several threads never interleave. Errors
+    /// drop the line, never the daemon: stderr may be a pipe whose reader is gone (EPIPE, SIGPIPE being ignored),
+    /// a full disk, a closed descriptor.
     static func write(_ line: String) {
-        lock.lock()
-        // The throwing variant: stderr may be a pipe whose reader is gone (EPIPE, SIGPIPE being ignored), and the
-        // event is then lost rather than the daemon (the non-throwing `write(_:)` traps on any error).
-        try? FileHandle.standardError.write(contentsOf: Data(line.utf8))
-        lock.unlock()
+        var line = line
+        line.withUTF8 { bytes in
+            guard var p = bytes.baseAddress else { return }
+            var left = bytes.count
+            lock.lock()
+            defer { lock.unlock() }
+            while left > 0 {
+                let n = Glibc.write(2, p, left)
+                if n < 0 {
+                    if errno == EINTR { continue }
+                    return
+                }
+                p += n
+                left -= n
+            }
+        }
     }
 
     static func quote(_ s: String) -> String {
