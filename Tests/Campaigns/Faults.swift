@@ -4,8 +4,10 @@
 // `status`, lose nothing, and finish every job once the fault is gone, without a restart.
 //
 //   full       the file system filled to the last block (mkfs -m 0: no blocks reserved for root)
-//   emfile     once the daemon is ready, `prlimit --pid` leaves it four descriptors above what it holds,
-//              and jobs open a dozen files at once; the limit is raised again to clear it
+//   emfile     once the daemon is ready, `prlimit --pid` leaves it no descriptor above what it holds (soft
+//              limit), and jobs open a dozen files at once; the limit is raised again to clear it. While
+//              no descriptor is free the control socket cannot accept: `status` waits for the fault's end
+//              (its p99 here is the hold, not a slow answer)
 //   readonly   the daemon runs as `nobody` (setpriv) and outbox/ is made read-only (chmod 0555)
 //   frozen     the file system frozen (fsfreeze): every write and sync blocks, the slowest disk there is
 //
@@ -82,12 +84,21 @@ struct FaultCampaign {
                 // Everything but a few blocks, then the rest byte by byte.
                 sh("dd if=/dev/zero of=\(filler) bs=1M status=none; dd if=/dev/zero bs=4k status=none >> \(filler); sync")
             }, clear: { _ in unlink(filler) }, errorWords: ["No space left"]),
-            // Four descriptors above what the daemon holds once ready, set on the running daemon: jobs that open
-            // a dozen files at once must run out, whatever the daemon's own count is on this machine.
+            // No descriptor above what the daemon holds once ready, set on the running daemon: the next inbox
+            // scan, claim or copy runs out, whatever the daemon's own count is on this machine. (A margin left
+            // room that the engine's copies and the spool did not always fill at once: a pause by chance.)
+            // The soft limit only: raising a hard limit again needs CAP_SYS_RESOURCE, which a container's
+            // root may not have.
             Fault(name: "emfile", width: 12, inject: { [self] pid in
-                let open = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/fd").count) ?? 20
-                sh("prlimit --pid \(pid) --nofile=\(open + 4)")
-            }, clear: { [self] pid in sh("prlimit --pid \(pid) --nofile=1024") }, beforeJobs: true, errorWords: ["Too many open files"]),
+                // The fewest seen over a quarter of a second: a control connection or a start-up scan still
+                // open at one look would leave room.
+                var open = Int.max
+                for _ in 0..<6 {
+                    open = min(open, (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/fd").count) ?? 20)
+                    usleep(50_000)
+                }
+                sh("prlimit --pid \(pid) --nofile=\(open):")
+            }, clear: { [self] pid in sh("prlimit --pid \(pid) --nofile=1024:") }, beforeJobs: true, errorWords: ["Too many open files"]),
             Fault(name: "readonly", asNobody: true, inject: { [self] _ in sh("chmod 555 \(mount)/spool/outbox") },
                   clear: { [self] _ in sh("chmod 755 \(mount)/spool/outbox") }),
             Fault(name: "frozen", expectPause: false, inject: { [self] _ in sh("sync; fsfreeze -f \(mount) &") },
