@@ -5,9 +5,8 @@
 //
 //   full       the file system filled to the last block (mkfs -m 0: no blocks reserved for root)
 //   emfile     once the daemon is ready, `prlimit --pid` leaves it no descriptor above what it holds (soft
-//              limit), and jobs open a dozen files at once; the limit is raised again to clear it. While
-//              no descriptor is free the control socket cannot accept: `status` waits for the fault's end
-//              (its p99 here is the hold, not a slow answer)
+//              limit), and jobs open a dozen files at once; the limit is raised again to clear it. `status`
+//              is answered all the same: the control server keeps a descriptor in reserve for it
 //   readonly   the daemon runs as `nobody` (setpriv) and outbox/ is made read-only (chmod 0555)
 //   frozen     the file system frozen (fsfreeze): every write and sync blocks, the slowest disk there is
 //

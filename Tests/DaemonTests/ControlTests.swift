@@ -172,6 +172,61 @@ extension TestSpool {
         try spool.expectServing("after garbage")
     }
 
+    /// The daemon's user and system CPU seconds so far (/proc/PID/stat).
+    static func cpuSeconds(_ pid: Int32) -> Double {
+        guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
+              let end = stat.lastIndex(of: ")") else { return 0 }
+        let fields = stat[stat.index(after: end)...].split(separator: " ")
+        // After the command: state is field 3, utime 14, stime 15.
+        guard fields.count > 12, let user = Double(fields[11]), let system = Double(fields[12]) else { return 0 }
+        return (user + system) / Double(sysconf(Int32(_SC_CLK_TCK)))
+    }
+
+    @Test func withNoDescriptorLeftStatusIsStillAnsweredAndTheLoopDoesNotSpin() throws {
+        let spool = TestSpool()
+        try spool.start()
+        let pid = try #require(spool.daemon?.processIdentifier)
+        // The soft limit set to what the daemon holds (the fewest seen over 250 ms): no descriptor left.
+        var held = Int.max
+        for _ in 0..<6 {
+            held = min(held, ((try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/fd")) ?? []).count)
+            usleep(50_000)
+        }
+        // util-linux's prlimit (Glibc's prlimit(2) wrapper is a GNU extension Swift does not see); the soft limit only.
+        let original = try run("/usr/bin/prlimit", ["--pid", "\(pid)", "--nofile", "--raw", "--noheadings", "--output=SOFT"])
+        let soft = try #require(Int(original.stdout.trimmingCharacters(in: .whitespacesAndNewlines)), "prlimit: \(original)")
+        func setSoft(_ limit: Int) throws -> Int32 { try run("/usr/bin/prlimit", ["--pid", "\(pid)", "--nofile=\(limit):"]).status }
+        try #require(try setSoft(held) == 0)
+        // Should one more have been closed meanwhile, the limit follows it down.
+        usleep(100_000)
+        let now = ((try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/fd")) ?? []).count
+        if now < held { try #require(try setSoft(now) == 0) }
+        defer { _ = try? setSoft(soft) }
+
+        // The descriptor the server keeps in reserve takes the client; again once that one has closed.
+        for round in 0..<3 {
+            let answer = try? ControlClient.request(spool.socketPath, ["command": "status"], timeout: 5)
+            #expect(answer?["exit"] as? Int == 0, "status with no descriptor left, round \(round): \(String(describing: answer))")
+        }
+        // A silent client holds the reserve's place; the next one waits in the backlog while accept fails.
+        let silent = try ControlClient.connect(spool.socketPath)
+        usleep(100_000)
+        let waiting = try ControlClient.connect(spool.socketPath)
+        defer { close(waiting) }
+        try sendAll(waiting, Array("{\"command\":\"status\"}\n".utf8), path: spool.socketPath)
+        let before = Self.cpuSeconds(pid)
+        sleep(2)
+        let spent = Self.cpuSeconds(pid) - before
+        // Accepting is paused (200 ms at a time), not retried on every wake-up of a socket that stays readable:
+        // that spin took a whole core.
+        #expect(spent < 0.5, "the daemon used \(spent) s of CPU in 2 s while accept had no descriptor")
+        close(silent)
+        let late = readAnswer(waiting, seconds: 5)
+        #expect(late?["exit"] as? Int == 0, "the waiting client's answer once a descriptor was free: \(String(describing: late))")
+        #expect(try setSoft(soft) == 0)
+        try spool.expectServing("after running out of descriptors")
+    }
+
     @Test func graphOfARunningJobDrawsItsLiveStates() throws {
         let spool = TestSpool()
         try spool.start()

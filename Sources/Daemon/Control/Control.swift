@@ -8,6 +8,10 @@
 // and never on libdispatch's global pool, which the spool queue and the engine's timers use.
 // At most `maxConnections` are open; when a new one comes at the limit, the oldest connection still waiting for
 // its request is closed (with an error line) to make room, so idle connections cannot lock out real clients.
+// Out of file descriptors (EMFILE, ENFILE), the listening socket stays readable while accept fails: the server
+// keeps one descriptor in reserve (/dev/null), gives it up so that the waiting client is accepted and answered
+// (`status` says what is wrong), and takes it again when a connection closes; with nothing left to give, it stops
+// accepting for 200 ms rather than spin on the loop.
 // What it trusts: the socket's file mode (owner and group only) decides who may talk to it; nothing a client
 // sends or fails to send: requests are size-limited, time-limited and every field is checked by the handler.
 
@@ -42,6 +46,7 @@ public final class ControlServer: Sendable {
     let handler: Handler
     let limits: ControlLimits
     let admission: Mutex<ControlAdmission<any Channel>>
+    let reserve = DescriptorReserve()
     private let running = Mutex<(group: MultiThreadedEventLoopGroup, pool: NIOThreadPool, channel: Channel)?>(nil)
 
     public init(path: String, limits: ControlLimits = ControlLimits(), handler: @escaping Handler) {
@@ -58,9 +63,19 @@ public final class ControlServer: Sendable {
         // Bound under a temporary name, restricted to owner and group, listening, and only then renamed
         // into place: the socket is never reachable with a wider mode, and answers as soon as it is seen.
         let fresh = path + ".new"
+        reserve.retake()
         do {
             let channel = try await ServerBootstrap(group: group)
                 .serverChannelOption(ChannelOptions.backlog, value: 256)
+                .serverChannelInitializer { [reserve] channel in
+                    channel.eventLoop.makeCompletedFuture {
+                        try channel.pipeline.syncOperations.addHandler(AcceptBackoffHandler(shouldForwardIOErrorCaught: false) { error in
+                            // No pause when the reserve was just given up: the next accept takes its place.
+                            if error.errnoCode == EMFILE || error.errnoCode == ENFILE, reserve.giveUp() { return nil }
+                            return .milliseconds(200)
+                        })
+                    }
+                }
                 .childChannelOption(ChannelOptions.allowRemoteHalfClosure, value: true)
                 .childChannelInitializer { [self] channel in
                     channel.eventLoop.makeCompletedFuture { try admit(channel, pool: pool) }
@@ -70,6 +85,7 @@ public final class ControlServer: Sendable {
         } catch {
             try? await pool.shutdownGracefully()
             try? await group.shutdownGracefully()
+            reserve.close()
             throw ControlError("cannot listen on \(fresh): \(error)")
         }
         var failure: SpoolError?
@@ -98,6 +114,7 @@ public final class ControlServer: Sendable {
         try? await running.channel.close()
         try? await running.pool.shutdownGracefully()
         try? await running.group.shutdownGracefully()
+        reserve.close()
     }
 
     /// A new connection, on the loop: its handler, a busy answer, or room made by closing the oldest idle one.
@@ -108,7 +125,10 @@ public final class ControlServer: Sendable {
             if let evicted {
                 evicted.pipeline.fireUserInboundEventTriggered(ControlConnection.Evicted())
             }
-            channel.closeFuture.whenComplete { [self] _ in admission.withLock { $0.closed(id) } }
+            channel.closeFuture.whenComplete { [self] _ in
+                admission.withLock { $0.closed(id) }
+                reserve.retake()
+            }
             try channel.pipeline.syncOperations.addHandler(ControlConnection(server: self, pool: pool, id: id))
         case .busy:
             let answer = ControlServer.line(["exit": 3, "error": "busy: \(limits.maxConnections) connections are open and answering; try again"])
@@ -135,6 +155,35 @@ public final class ControlServer: Sendable {
         buffer.writeBytes(data)
         buffer.writeInteger(UInt8(ascii: "\n"))
         return buffer
+    }
+}
+
+/// One file descriptor (/dev/null, close-on-exec) held so that the control socket can accept a connection when
+/// every other descriptor is taken. Held from `retake()` (at the server's start) until `close()`.
+final class DescriptorReserve: Sendable {
+    private let state = Mutex<(fd: Int32, closed: Bool)>((-1, false))
+
+    /// Takes the descriptor again if it was given up (and one is free now).
+    func retake() {
+        state.withLock { state in
+            if state.fd < 0 && !state.closed { state.fd = open("/dev/null", O_RDONLY | O_CLOEXEC) }
+        }
+    }
+
+    /// Closes the descriptor, if held; whether it was.
+    func giveUp() -> Bool {
+        state.withLock { state in
+            guard state.fd >= 0 else { return false }
+            Glibc.close(state.fd)
+            state.fd = -1
+            return true
+        }
+    }
+
+    /// Gives the descriptor up for good.
+    func close() {
+        _ = giveUp()
+        state.withLock { $0.closed = true }
     }
 }
 

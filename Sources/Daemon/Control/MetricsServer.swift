@@ -42,6 +42,12 @@ public final class MetricsServer: Sendable {
         let bootstrap = ServerBootstrap(group: group)
             .serverChannelOption(.backlog, value: 64)
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
+            .serverChannelInitializer { channel in
+                // Out of descriptors, accept fails while the socket stays readable: pause accepting, never spin.
+                channel.eventLoop.makeCompletedFuture {
+                    try channel.pipeline.syncOperations.addHandler(AcceptBackoffHandler(shouldForwardIOErrorCaught: false) { _ in .milliseconds(200) })
+                }
+            }
             .childChannelInitializer { channel in
                 let admitted = open.withLock { count -> Bool in
                     guard count < MetricsServer.maxConnections else { return false }
