@@ -144,7 +144,13 @@ public struct JournalLogHandler: LogHandler {
             let sent = iovecs.withUnsafeBufferPointer { sd_journal_sendv($0.baseAddress, Int32($0.count)) }
             if sent < 0 {
                 // journald went away: the event still goes somewhere a person can read it.
-                ConsoleLogHandler.write("SD_JOURNAL_SENDV_ERRNO=\(-sent) " + fields.map { ConsoleLogHandler.quote($0) }.joined(separator: " ") + "\n")
+                var line = Array("SD_JOURNAL_SENDV_ERRNO=\(-sent)".utf8)
+                for field in fields {
+                    line.append(UInt8(ascii: " "))
+                    ConsoleLogHandler.quote(field, into: &line)
+                }
+                line.append(UInt8(ascii: "\n"))
+                ConsoleLogHandler.write(line)
             }
         }
     }
@@ -165,37 +171,42 @@ public struct ConsoleLogHandler: LogHandler {
     }
 
     public func log(event: LogEvent) {
-        Self.write(Self.line(level: event.level, message: "\(event.message)", metadata: Journal.fields(metadata, event.metadata)))
+        Self.write(Self.bytes(level: event.level, message: "\(event.message)", metadata: Journal.fields(metadata, event.metadata)))
     }
 
     /// The event's line: PRIORITY, MESSAGE_ID, the fields in name order, MESSAGE last.
     static func line(level: Logger.Level, message: String, metadata all: Logger.Metadata) -> String {
-        var line = "PRIORITY="
+        String(decoding: bytes(level: level, message: message, metadata: all), as: UTF8.self)
+    }
+
+    /// The line's bytes, built in one buffer (values quoted byte by byte: the line is written as it is built).
+    static func bytes(level: Logger.Level, message: String, metadata all: Logger.Metadata) -> [UInt8] {
+        var line: [UInt8] = []
         line.reserveCapacity(320)
-        line += String(syslogPriority(level))
+        line += "PRIORITY=".utf8
+        line += String(syslogPriority(level)).utf8
         if let id = MessageIDs.id(for: all) {
-            line += " MESSAGE_ID="
-            line += id
+            line += " MESSAGE_ID=".utf8
+            line += id.utf8
         }
         for (key, value) in all.sorted(by: { $0.key < $1.key }) {
             guard let name = journalFieldName(key) else { continue }
-            line += " "
-            line += name
-            line += "="
-            if case .string(let s) = value { line += Self.quote(s) } else { line += Self.quote(value.description) }
+            line.append(UInt8(ascii: " "))
+            line += name.utf8
+            line.append(UInt8(ascii: "="))
+            if case .string(let s) = value { quote(s, into: &line) } else { quote(value.description, into: &line) }
         }
-        line += " MESSAGE="
-        line += Self.quote(message)
-        line += "\n"
+        line += " MESSAGE=".utf8
+        quote(message, into: &line)
+        line.append(UInt8(ascii: "\n"))
         return line
     }
 
     /// One whole line on stderr (fd 2), under a lock so that lines of several threads never interleave. Errors
     /// drop the line, never the daemon: stderr may be a pipe whose reader is gone (EPIPE, SIGPIPE being ignored),
     /// a full disk, a closed descriptor.
-    static func write(_ line: String) {
-        var line = line
-        line.withUTF8 { bytes in
+    static func write(_ line: [UInt8]) {
+        line.withUnsafeBufferPointer { bytes in
             guard var p = bytes.baseAddress else { return }
             var left = bytes.count
             lock.lock()
@@ -212,19 +223,27 @@ public struct ConsoleLogHandler: LogHandler {
         }
     }
 
-    static func quote(_ s: String) -> String {
-        if !s.isEmpty, s.utf8.allSatisfy({ $0 > 0x20 && $0 != UInt8(ascii: "\"") && $0 != UInt8(ascii: "\\") && $0 < 0x7F }) { return s }
-        var out = "\""
-        for c in s.unicodeScalars {
-            switch c {
-            case "\"": out += "\\\""
-            case "\\": out += "\\\\"
-            case "\n": out += "\\n"
-            case "\t": out += "\\t"
-            default: out.unicodeScalars.append(c)
+    /// `s` as it is when it has no space, control character, quote or backslash (and is not empty); else in
+    /// double quotes with `"`, `\\`, newline and tab escaped.
+    static func quote(_ s: String, into out: inout [UInt8]) {
+        var s = s
+        s.withUTF8 { bytes in
+            if !bytes.isEmpty, bytes.allSatisfy({ $0 > 0x20 && $0 != UInt8(ascii: "\"") && $0 != UInt8(ascii: "\\") && $0 < 0x7F }) {
+                out.append(contentsOf: bytes)
+                return
             }
+            out.append(UInt8(ascii: "\""))
+            for byte in bytes {
+                switch byte {
+                case UInt8(ascii: "\""): out += [UInt8(ascii: "\\"), UInt8(ascii: "\"")]
+                case UInt8(ascii: "\\"): out += [UInt8(ascii: "\\"), UInt8(ascii: "\\")]
+                case UInt8(ascii: "\n"): out += [UInt8(ascii: "\\"), UInt8(ascii: "n")]
+                case UInt8(ascii: "\t"): out += [UInt8(ascii: "\\"), UInt8(ascii: "t")]
+                default: out.append(byte)
+                }
+            }
+            out.append(UInt8(ascii: "\""))
         }
-        return out + "\""
     }
 }
 

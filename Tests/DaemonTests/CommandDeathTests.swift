@@ -207,6 +207,12 @@ private func exited(_ watchdog: CommandWatchdog, within seconds: Double) -> Bool
         }
     }
 
+    @Test func consoleLinesQuoteWhatWouldSplitThem() {
+        let metadata: Logger.Metadata = ["OPQ_JOB": "a\"b", "OPQ_STATE": "finished", "OPQ_EVENT": "job", "opq_path": "/tmp/x y", "bad key": "z", "OPQ_EMPTY": ""]
+        let line = ConsoleLogHandler.line(level: .warning, message: "tab\there\nnew \\ é", metadata: metadata)
+        #expect(line == "PRIORITY=4 MESSAGE_ID=\(MessageIDs.id(event: "job", state: "finished")) OPQ_EMPTY=\"\" OPQ_EVENT=job OPQ_JOB=\"a\\\"b\" OPQ_STATE=finished OPQ_PATH=\"/tmp/x y\" MESSAGE=\"tab\\there\\nnew \\\\ é\"\n", "\(line)")
+    }
+
     @Test func everyEntryCarriesTheNodeOnBothTargets() throws {
         // Console: the line of an event, with and without a node.
         let metadata: Logger.Metadata = ["OPQ_EVENT": "job", "OPQ_STATE": "claimed", "OPQ_JOB": "j", "OPQ_FROM_NODE": "worker-2"]
