@@ -8,10 +8,11 @@
 // and never on libdispatch's global pool, which the spool queue and the engine's timers use.
 // At most `maxConnections` are open; when a new one comes at the limit, the oldest connection still waiting for
 // its request is closed (with an error line) to make room, so idle connections cannot lock out real clients.
-// Out of file descriptors (EMFILE, ENFILE), the listening socket stays readable while accept fails: the server
-// keeps one descriptor in reserve (/dev/null), gives it up so that the waiting client is accepted and answered
-// (`status` says what is wrong), and takes it again when a connection closes; with nothing left to give, it stops
-// accepting for 200 ms rather than spin on the loop.
+// Out of file descriptors (EMFILE, ENFILE), the listening socket stays readable while accept fails, and NIO
+// retries at once: the server keeps one descriptor in reserve (/dev/null), gives it up so that the waiting client
+// is accepted and answered (`status` says what is wrong), and takes it again when a connection closes. While a
+// client holds the reserve's place, the next one waits and the loop spins (at most `requestSeconds`, until the
+// silent one is closed): NIO gives no way to pause a pending accept.
 // What it trusts: the socket's file mode (owner and group only) decides who may talk to it; nothing a client
 // sends or fails to send: requests are size-limited, time-limited and every field is checked by the handler.
 
@@ -67,13 +68,9 @@ public final class ControlServer: Sendable {
         do {
             let channel = try await ServerBootstrap(group: group)
                 .serverChannelOption(ChannelOptions.backlog, value: 256)
-                .serverChannelInitializer { [reserve] channel in
+                .serverChannelInitializer { [self] channel in
                     channel.eventLoop.makeCompletedFuture {
-                        try channel.pipeline.syncOperations.addHandler(AcceptBackoffHandler(shouldForwardIOErrorCaught: false) { error in
-                            // No pause when the reserve was just given up: the next accept takes its place.
-                            if error.errnoCode == EMFILE || error.errnoCode == ENFILE, reserve.giveUp() { return nil }
-                            return .milliseconds(200)
-                        })
+                        try channel.pipeline.syncOperations.addHandler(DescriptorShortage { [self] in relieveShortage() })
                     }
                 }
                 .childChannelOption(ChannelOptions.allowRemoteHalfClosure, value: true)
@@ -136,6 +133,12 @@ public final class ControlServer: Sendable {
         }
     }
 
+    /// On the loop, when accept found no descriptor: the reserve given up for the waiting client. (Nothing more:
+    /// accept fails with EMFILE even when no client waits, right after one was accepted into the reserve's place.)
+    private func relieveShortage() {
+        _ = reserve.giveUp()
+    }
+
     /// On a handler thread: the answer to one request line, as the bytes to send.
     func answer(_ line: [UInt8]) -> ByteBuffer {
         guard let request = (try? JSONSerialization.jsonObject(with: Data(line))) as? [String: Any] else {
@@ -155,6 +158,24 @@ public final class ControlServer: Sendable {
         buffer.writeBytes(data)
         buffer.writeInteger(UInt8(ascii: "\n"))
         return buffer
+    }
+}
+
+/// On a listening socket: accept failed for want of a descriptor (EMFILE, ENFILE). NIO tries again at once (the
+/// socket stays readable and its read stays pending, so even `AcceptBackoffHandler` does not pause it): the
+/// loop spins until a descriptor is free, so `relieve` must free one. Other errors go on down the pipeline.
+final class DescriptorShortage: ChannelInboundHandler {
+    typealias InboundIn = any Channel
+    private let relieve: () -> Void
+
+    init(_ relieve: @escaping () -> Void) { self.relieve = relieve }
+
+    func errorCaught(context: ChannelHandlerContext, error: Error) {
+        if let error = error as? IOError, error.errnoCode == EMFILE || error.errnoCode == ENFILE {
+            relieve()
+        } else {
+            context.fireErrorCaught(error)
+        }
     }
 }
 

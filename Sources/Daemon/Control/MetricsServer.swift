@@ -25,6 +25,7 @@ public final class MetricsServer: Sendable {
 
     private let group: MultiThreadedEventLoopGroup
     private let channel: any Channel
+    private let reserve: DescriptorReserve
     /// The address actually bound (`127.0.0.1:9464`, `[::1]:9464`), with the port chosen when 0 was asked.
     public let boundAddress: String
 
@@ -39,13 +40,16 @@ public final class MetricsServer: Sendable {
         }
         let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
         let open = Mutex(0)
+        let reserve = DescriptorReserve()
+        reserve.retake()
         let bootstrap = ServerBootstrap(group: group)
             .serverChannelOption(.backlog, value: 64)
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
-            .serverChannelInitializer { channel in
-                // Out of descriptors, accept fails while the socket stays readable: pause accepting, never spin.
+            .serverChannelInitializer { [reserve] channel in
+                // Out of descriptors, a scrape takes the one kept in reserve (taken again when a connection closes),
+                // rather than leave the loop retrying accept on a socket that stays readable.
                 channel.eventLoop.makeCompletedFuture {
-                    try channel.pipeline.syncOperations.addHandler(AcceptBackoffHandler(shouldForwardIOErrorCaught: false) { _ in .milliseconds(200) })
+                    try channel.pipeline.syncOperations.addHandler(DescriptorShortage { _ = reserve.giveUp() })
                 }
             }
             .childChannelInitializer { channel in
@@ -55,7 +59,10 @@ public final class MetricsServer: Sendable {
                     return true
                 }
                 guard admitted else { return channel.close() }
-                channel.closeFuture.whenComplete { _ in open.withLock { $0 -= 1 } }
+                channel.closeFuture.whenComplete { _ in
+                    open.withLock { $0 -= 1 }
+                    reserve.retake()
+                }
                 // Whatever the client does, the connection ends within the limit.
                 channel.eventLoop.scheduleTask(in: .seconds(MetricsServer.connectionSeconds)) { channel.close(promise: nil) }
                 return channel.eventLoop.makeCompletedFuture {
@@ -69,9 +76,11 @@ public final class MetricsServer: Sendable {
             channel = try bootstrap.bind(host: host, port: port).wait()
         } catch {
             try? group.syncShutdownGracefully()
+            reserve.close()
             throw Failure(description: "metrics.listen: cannot listen on \(listen): \(error)")
         }
         self.group = group
+        self.reserve = reserve
         let bound = channel.localAddress
         let boundPort = bound?.port ?? port
         if let ip = bound?.ipAddress {
@@ -84,6 +93,7 @@ public final class MetricsServer: Sendable {
     public func stop() {
         try? channel.close().wait()
         try? group.syncShutdownGracefully()
+        reserve.close()
     }
 }
 
