@@ -67,15 +67,14 @@ public enum Journal {
 
 /// journald field name rules: uppercase letters, digits and `_`, not starting with `_` or a digit.
 func journalFieldName(_ key: String) -> String? {
-    // The daemon's own keys (OPQ_*) are valid as they are: no copy.
-    if let first = key.utf8.first, first >= 0x41, first <= 0x5A, key.utf8.count <= 64,
-       key.utf8.allSatisfy({ ($0 >= 0x41 && $0 <= 0x5A) || ($0 >= 0x30 && $0 <= 0x39) || $0 == UInt8(ascii: "_") }) {
-        return key
+    func valid(_ name: String) -> Bool {
+        guard let first = name.utf8.first, first != UInt8(ascii: "_"), !(first >= 0x30 && first <= 0x39), name.utf8.count <= 64 else { return false }
+        return name.utf8.allSatisfy { ($0 >= 0x41 && $0 <= 0x5A) || ($0 >= 0x30 && $0 <= 0x39) || $0 == UInt8(ascii: "_") }
     }
+    // The daemon's own keys (OPQ_*) are valid as they are: no copy.
+    if valid(key) { return key }
     let upper = key.uppercased()
-    guard let first = upper.utf8.first, first != UInt8(ascii: "_"), !(first >= 0x30 && first <= 0x39), upper.utf8.count <= 64,
-          upper.utf8.allSatisfy({ ($0 >= 0x41 && $0 <= 0x5A) || ($0 >= 0x30 && $0 <= 0x39) || $0 == UInt8(ascii: "_") }) else { return nil }
-    return upper
+    return valid(upper) ? upper : nil
 }
 
 func syslogPriority(_ level: Logger.Level) -> Int {

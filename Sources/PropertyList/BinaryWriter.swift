@@ -38,11 +38,10 @@ public enum PlistBinaryWriter {
         }
     }
 
-    /// Writes `value` as the next object (its number: the objects written so far), then, for a container, its
-    /// elements' subtrees one after another, so that each element's number is known from the sizes before it.
+    /// Writes `value` as the next object (its number: the objects written so far). A container's references are
+    /// written as placeholders and filled in as its elements' subtrees follow it, each numbered as it is written.
     private static func write(_ value: PlistValue, _ out: inout [UInt8], _ offsets: inout [Int], _ referenceSize: Int) {
         offsets.append(out.count)
-        let children = offsets.count
         switch value {
         case .boolean(let b): out.append(b ? 0x09 : 0x08)
         case .integer(let i):
@@ -64,34 +63,39 @@ public enum PlistBinaryWriter {
         case .string(let s): string(s, &out)
         case .array(let elements):
             marker(0xA, elements.count, &out)
-            var number = children
+            var slot = reserve(elements.count, referenceSize, &out)
             for element in elements {
-                append(UInt64(number), size: referenceSize, to: &out)
-                number += size(element)
+                fill(&slot, offsets.count, referenceSize, &out)
+                write(element, &out, &offsets, referenceSize)
             }
-            for element in elements { write(element, &out, &offsets, referenceSize) }
         case .dictionary(let d):
             marker(0xD, d.count, &out)
-            // The keys are the next d.count objects; the values' subtrees follow them, in order.
-            for k in 0..<d.count { append(UInt64(children + k), size: referenceSize, to: &out) }
-            var number = children + d.count
+            // The keys' references, then the values'; the keys are the next objects, the values' subtrees follow.
+            var slot = reserve(2 * d.count, referenceSize, &out)
             for entry in d.entries {
-                append(UInt64(number), size: referenceSize, to: &out)
-                number += size(entry.value)
-            }
-            for entry in d.entries {
+                fill(&slot, offsets.count, referenceSize, &out)
                 offsets.append(out.count)
                 string(entry.key, &out)
             }
-            for entry in d.entries { write(entry.value, &out, &offsets, referenceSize) }
+            for entry in d.entries {
+                fill(&slot, offsets.count, referenceSize, &out)
+                write(entry.value, &out, &offsets, referenceSize)
+            }
         }
     }
 
-    /// How many objects `value` is written as (itself, its keys, its elements', recursively).
-    private static func size(_ value: PlistValue) -> Int {
-        var n = 0
-        count(value, &n)
-        return n
+    /// Room for `count` references; the position of the first.
+    private static func reserve(_ count: Int, _ referenceSize: Int, _ out: inout [UInt8]) -> Int {
+        defer { out.append(contentsOf: repeatElement(0, count: count * referenceSize)) }
+        return out.count
+    }
+
+    /// Writes object number `number` into the reference at `slot`, and moves `slot` to the next.
+    private static func fill(_ slot: inout Int, _ number: Int, _ referenceSize: Int, _ out: inout [UInt8]) {
+        for k in 0..<referenceSize {
+            out[slot + k] = UInt8(truncatingIfNeeded: UInt64(number) >> (8 * UInt64(referenceSize - 1 - k)))
+        }
+        slot += referenceSize
     }
 
     /// An unsigned integer object, in the smallest of 1, 2, 4, 8 bytes that holds it.

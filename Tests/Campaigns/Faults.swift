@@ -16,6 +16,7 @@
 
 import Daemon
 import Foundation
+import TestSupport
 
 #if canImport(Glibc)
 import Glibc
@@ -89,18 +90,7 @@ struct FaultCampaign {
             // The soft limit only: raising a hard limit again needs CAP_SYS_RESOURCE, which a container's
             // root may not have.
             Fault(name: "emfile", width: 12, inject: { [self] pid in
-                // The lowest free descriptor number, the one seen most often in six looks 50 ms apart: every
-                // number below it is taken (a count would leave the holes below a high one free); a connection
-                // or a file reopened at one look would move it.
-                var seen: [Int: Int] = [:]
-                for _ in 0..<6 {
-                    let taken = Set(((try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/fd")) ?? []).compactMap { Int($0) })
-                    var lowest = 0
-                    while taken.contains(lowest) { lowest += 1 }
-                    seen[lowest, default: 0] += 1
-                    usleep(50_000)
-                }
-                let open = seen.max { $0.value < $1.value }?.key ?? 20
+                let open = steadyLowestFreeDescriptor(pid)
                 sh("prlimit --pid \(pid) --nofile=\(open):")
             }, clear: { [self] pid in sh("prlimit --pid \(pid) --nofile=1024:") }, beforeJobs: true, errorWords: ["Too many open files"]),
             Fault(name: "readonly", asNobody: true, inject: { [self] _ in sh("chmod 555 \(mount)/spool/outbox") },

@@ -22,24 +22,6 @@ func raiseOwnFileLimit(to wanted: rlim_t) -> Bool {
     return true
 }
 
-/// The lowest descriptor number process `pid` has free (/proc/PID/fd).
-func lowestFreeDescriptor(_ pid: Int32) -> Int {
-    let open = Set(((try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/fd")) ?? []).compactMap { Int($0) })
-    var n = 0
-    while open.contains(n) { n += 1 }
-    return n
-}
-
-/// The lowest free descriptor number seen most often in six looks 50 ms apart.
-func steadyLowestFreeDescriptor(_ pid: Int32) -> Int {
-    var seen: [Int: Int] = [:]
-    for _ in 0..<6 {
-        seen[lowestFreeDescriptor(pid), default: 0] += 1
-        usleep(50_000)
-    }
-    return seen.max { $0.value < $1.value }?.key ?? 0
-}
-
 /// Waits at most `seconds` for one line on a connected socket.
 func readAnswer(_ fd: Int32, seconds: Int = 5) -> [String: Any]? {
     var tv = timeval(tv_sec: seconds, tv_usec: 0)
@@ -223,9 +205,7 @@ extension TestSpool {
         try spool.start(spool.configure(["metrics": ["listen": "127.0.0.1:0"]]))
         let metrics = try #require(metricsAddress(spool))
         let pid = try #require(spool.daemon?.processIdentifier)
-        // The soft limit set to the daemon's lowest free descriptor number (the one seen most often over 300 ms:
-        // a file reopened at one look would leave a hole below descriptors it needs): every number below it is
-        // taken, so no descriptor is left (a count would leave the holes below a high one free).
+        // The soft limit set to the daemon's lowest free descriptor number: no descriptor is left.
         let held = steadyLowestFreeDescriptor(pid)
         // util-linux's prlimit (Glibc's prlimit(2) wrapper is a GNU extension Swift does not see); the soft limit only.
         let original = try run("/usr/bin/prlimit", ["--pid", "\(pid)", "--nofile", "--raw", "--noheadings", "--output=SOFT"])

@@ -68,9 +68,9 @@ public final class ControlServer: Sendable {
         do {
             let channel = try await ServerBootstrap(group: group)
                 .serverChannelOption(ChannelOptions.backlog, value: 256)
-                .serverChannelInitializer { [self] channel in
+                .serverChannelInitializer { [reserve] channel in
                     channel.eventLoop.makeCompletedFuture {
-                        try channel.pipeline.syncOperations.addHandler(DescriptorShortage { [self] in relieveShortage() })
+                        try channel.pipeline.syncOperations.addHandler(DescriptorShortage(reserve))
                     }
                 }
                 .childChannelOption(ChannelOptions.allowRemoteHalfClosure, value: true)
@@ -133,12 +133,6 @@ public final class ControlServer: Sendable {
         }
     }
 
-    /// On the loop, when accept found no descriptor: the reserve given up for the waiting client. (Nothing more:
-    /// accept fails with EMFILE even when no client waits, right after one was accepted into the reserve's place.)
-    private func relieveShortage() {
-        _ = reserve.giveUp()
-    }
-
     /// On a handler thread: the answer to one request line, as the bytes to send.
     func answer(_ line: [UInt8]) -> ByteBuffer {
         guard let request = (try? JSONSerialization.jsonObject(with: Data(line))) as? [String: Any] else {
@@ -162,24 +156,25 @@ public final class ControlServer: Sendable {
 }
 
 /// On a listening socket: accept failed for want of a descriptor (EMFILE, ENFILE). NIO tries again at once (the
-/// socket stays readable and its read stays pending, so even `AcceptBackoffHandler` does not pause it): the
-/// loop spins until a descriptor is free, so `relieve` must free one. Other errors go on down the pipeline.
+/// socket stays readable and its read stays pending, so even `AcceptBackoffHandler` does not pause it), so the
+/// reserve is given up for the waiting client. Nothing more: accept also fails so when no client waits, right
+/// after one was accepted into the reserve's place. Other errors go on down the pipeline.
 final class DescriptorShortage: ChannelInboundHandler {
     typealias InboundIn = any Channel
-    private let relieve: () -> Void
+    private let reserve: DescriptorReserve
 
-    init(_ relieve: @escaping () -> Void) { self.relieve = relieve }
+    init(_ reserve: DescriptorReserve) { self.reserve = reserve }
 
     func errorCaught(context: ChannelHandlerContext, error: Error) {
         if let error = error as? IOError, error.errnoCode == EMFILE || error.errnoCode == ENFILE {
-            relieve()
+            _ = reserve.giveUp()
         } else {
             context.fireErrorCaught(error)
         }
     }
 }
 
-/// One file descriptor (/dev/null, close-on-exec) held so that the control socket can accept a connection when
+/// One file descriptor (/dev/null, close-on-exec) held so that a listening socket can accept a connection when
 /// every other descriptor is taken. Held from `retake()` (at the server's start) until `close()`.
 final class DescriptorReserve: Sendable {
     private let state = Mutex<(fd: Int32, closed: Bool)>((-1, false))

@@ -49,7 +49,7 @@ public final class MetricsServer: Sendable {
                 // Out of descriptors, a scrape takes the one kept in reserve (taken again when a connection closes),
                 // rather than leave the loop retrying accept on a socket that stays readable.
                 channel.eventLoop.makeCompletedFuture {
-                    try channel.pipeline.syncOperations.addHandler(DescriptorShortage { _ = reserve.giveUp() })
+                    try channel.pipeline.syncOperations.addHandler(DescriptorShortage(reserve))
                 }
             }
             .childChannelInitializer { channel in

@@ -60,8 +60,7 @@ extension Spool {
             }
             if !fits {
                 // Without the attribute the name reads back as <key>.plist: only the result's `manifest` differs.
-                let record = PlistBinaryWriter.document(.dictionary(PlistDictionary(["manifest": .string(name)])))
-                _ = record.withUnsafeBytes { setxattr(target, Self.jobAttribute, $0.baseAddress, $0.count, 0) }
+                _ = setJobAttribute(PlistBinaryWriter.document(.dictionary(PlistDictionary(["manifest": .string(name)]))), on: target)
             }
             let tree = ManifestTree(data)
             return .claimed(ClaimedJob(id: "." + file, requestedJob: Self.wantedID(name: name, tree: tree), manifestName: name,
@@ -117,12 +116,6 @@ extension Spool {
                                           receivedAt: record.receivedAt ?? 0, manifest: manifest, tree: nil, done: [:])))
         }
         return found
-    }
-
-    /// The job record Spool.claim wrote on a job folder: inbox name, reception time, requested id.
-    func readJobRecord(_ dir: String) -> (name: String?, receivedAt: Double?, requested: String?) {
-        guard let record = jobRecord(dir) else { return (nil, nil, nil) }
-        return (record["manifest"]?.string, record["receivedAt"]?.real, record["requestedJob"]?.string)
     }
 
     /// Whether active/<job>/ was written by `materialise` (a job claimed from the cluster), not by an inbox claim.

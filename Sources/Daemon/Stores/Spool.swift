@@ -359,15 +359,9 @@ public final class Spool: @unchecked Sendable {
                 problems.append("active/\(id)/manifest.plist cannot be read; left in place")
                 continue
             }
-            var name = id + ".plist"
-            var receivedAt = Date().timeIntervalSince1970
-            var requested: String?
-            if let record = jobRecord(dir) {
-                name = record["manifest"]?.string ?? name
-                receivedAt = record["receivedAt"]?.real ?? receivedAt
-                requested = record["requestedJob"]?.string
-            }
-            jobs.append(ClaimedJob(id: id, requestedJob: requested, manifestName: name, receivedAt: receivedAt, manifest: manifest,
+            let record = readJobRecord(dir)
+            jobs.append(ClaimedJob(id: id, requestedJob: record.requested, manifestName: record.name ?? id + ".plist",
+                                   receivedAt: record.receivedAt ?? Date().timeIntervalSince1970, manifest: manifest,
                                    tree: nil, done: progress[id] ?? [:]))
         }
         // Downloads: those of jobs that resume stay (a download that succeeded is restored from its file),
@@ -466,8 +460,18 @@ public final class Spool: @unchecked Sendable {
     /// attribute costs no inode: creating and deleting many small files is what ext4 does slowest.
     func writeJobRecord(_ record: PlistDictionary, on dir: String) throws {
         let bytes = PlistBinaryWriter.document(.dictionary(record))
-        let set = bytes.withUnsafeBytes { setxattr(dir, Self.jobAttribute, $0.baseAddress, $0.count, 0) }
-        if set != 0 { try writeFile(Data(bytes), to: dir + "/job.plist") }
+        if !setJobAttribute(bytes, on: dir) { try writeFile(Data(bytes), to: dir + "/job.plist") }
+    }
+
+    /// The job record a claim wrote on a job folder: inbox name, reception time, requested id.
+    func readJobRecord(_ dir: String) -> (name: String?, receivedAt: Double?, requested: String?) {
+        guard let record = jobRecord(dir) else { return (nil, nil, nil) }
+        return (record["manifest"]?.string, record["receivedAt"]?.real, record["requestedJob"]?.string)
+    }
+
+    /// Sets `path`'s job attribute to `bytes`; whether the file system took it.
+    func setJobAttribute(_ bytes: [UInt8], on path: String) -> Bool {
+        bytes.withUnsafeBytes { setxattr(path, Self.jobAttribute, $0.baseAddress, $0.count, 0) } == 0
     }
 
     /// A job folder's record, or nil if it has none that decodes as a dictionary (never trusted further: each
