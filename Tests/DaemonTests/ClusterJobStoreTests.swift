@@ -323,6 +323,66 @@ struct ClusterJobStoreTests {
         #expect(later.manifestName == long)
     }
 
+    /// Once inserted, a submission's file is kept as its job's spare: the node that then claims the job itself moves
+    /// it into active/<job>/ (the very file the inbox had, not a copy); a spare whose bytes are not the row's is not
+    /// used (the row's bytes are written) and goes; a spare not claimed here goes after its time; none is left by a
+    /// shutdown, and what a crash leaves goes at the next start.
+    @Test func aNodeClaimingItsOwnSubmissionMovesItsFileIn() throws {
+        let server = try PostgresServer.shared.get()
+        let database = try server.createDatabase()
+        let a = try ClusterNode("a", server: server, database: database)
+        defer { a.close() }
+        _ = a.store.recovered([])
+        a.store.want(room: 0)
+        a.store.spareLimits = (seconds: 3, count: 4096)
+        func claim(_ name: String) throws -> (job: ClaimedJob, inode: ino_t) {
+            let path = a.spool.inbox + "/" + name + ".plist"
+            try plist(sleepManifest(name)).write(to: URL(fileURLWithPath: path))
+            var st = stat()
+            guard stat(path, &st) == 0,
+                  case .claimed(let job) = try a.spool.claimForSubmission(name + ".plist", now: Date().timeIntervalSince1970, settled: true) else {
+                throw SupportFailure("inbox/\(name).plist was not claimed")
+            }
+            return (job, st.st_ino)
+        }
+        func inode(_ path: String) -> ino_t? {
+            var st = stat()
+            return stat(path, &st) == 0 ? st.st_ino : nil
+        }
+        let spares = a.spool.active + "/.submitted/"
+        let own = try claim("own"), changed = try claim("changed")
+        _ = a.store.submit([own.job, changed.job])
+        #expect(eventually { inode(spares + "own") == own.inode && inode(spares + "changed") != nil })
+        try Data("<plist>not the row</plist>".utf8).write(to: URL(fileURLWithPath: spares + "changed"))
+        a.store.want(room: 2)
+        #expect(eventually { a.shell.ran.count == 2 })
+        #expect(Set(a.shell.ran.map(\.job.id)) == ["own", "changed"])
+        #expect(inode(a.spool.active + "/own/manifest.plist") == own.inode, "moved in, not written again")
+        for name in ["own", "changed"] {
+            #expect(try Data(contentsOf: URL(fileURLWithPath: a.spool.active + "/\(name)/manifest.plist")) == plist(sleepManifest(name)))
+            #expect(inode(spares + name) == nil)
+        }
+        #expect(a.spool.readOrigin(job: "own")?.submittedOn == "a")
+
+        // Not claimed here (the shell has no room): gone after its time.
+        let left = try claim("left")
+        _ = a.store.submit([left.job])
+        #expect(eventually { inode(spares + "left") == left.inode })
+        #expect(eventually(10) { inode(spares + "left") == nil }, "a spare goes after spareLimits.seconds")
+
+        // Shutdown removes every spare; a crash's leftovers go with the next start's recovery.
+        a.store.spareLimits = (seconds: 600, count: 4096)
+        let last = try claim("last")
+        _ = a.store.submit([last.job])
+        #expect(eventually { inode(spares + "last") != nil })
+        a.store.shutdown()
+        #expect(inode(spares + "last") == nil, "a stopped node leaves no spare")
+        try Data("x".utf8).write(to: URL(fileURLWithPath: spares + "crashed"))
+        _ = try a.spool.recover()
+        #expect(!FileManager.default.fileExists(atPath: spares), "recovery removes active/.submitted")
+        #expect(trimmed(try server.psql(database, "SELECT string_agg(id, ',' ORDER BY id) FROM opq_jobs")) == "changed,last,left,own")
+    }
+
     /// A restart: a job the database still gives this node under the same fence resumes; one given to another
     /// node meanwhile is removed from active/ and logged `lost`; one whose end was recorded before the crash (and
     /// not yet placed in the outbox) resumes and is published without recording again.

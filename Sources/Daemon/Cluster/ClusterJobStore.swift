@@ -60,7 +60,18 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
     /// Submissions waiting for their insert: folder under active/.submissions and the job.
     /// Submissions set aside, not yet inserted, oldest first (appended by the shell's calls, taken by the
     /// submission thread from the front).
-    private var pending = Deque<(folder: String, key: String, job: NewJob)>()
+    /// `spareable`: a file claimed for the cluster whose inbox name is its own (no attribute), which may be kept as
+    /// the job's spare once inserted (`setAside`).
+    private var pending = Deque<(folder: String, key: String, job: NewJob, spareable: Bool)>()
+    /// The spares kept (Spool.keepSpare), oldest first, with the monotonic time each was kept. One goes after
+    /// `spareLimits.seconds`, or once more than `spareLimits.count` are kept: under a backlog the database holds
+    /// jobs for minutes, and keeping their copies would only fill active/.submitted.
+    private var spares = Deque<(job: String, at: Double)>()
+    private var _spareLimits = (seconds: 20.0, count: 4096)
+    var spareLimits: (seconds: Double, count: Int) {
+        get { lock.withLock { _spareLimits } }
+        set { lock.withLock { _spareLimits = newValue } }
+    }
     private var slotReleases: [SlotLease] = []
     /// Slots dropped at the lease deadline, released (fence-checked) once the database's lease on them would have
     /// run out too: a node that renews before the takeover sees them keeps its name on them otherwise.
@@ -81,7 +92,7 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
     private var listener: Task<Void, Never>?
     private let finished = DispatchGroup()
     let executor = ClusterExecutor(label: "opqueued-cluster-executor")
-    /// Removes the local copies of submissions the database holds.
+    /// Removes the local copies of submissions the database holds, or keeps them as spares (`setAside`).
     private let reaper = DispatchQueue(label: "opqueued-cluster-reaper", qos: .utility)
 
     /// Statements of the loop and of the shell's calls wait at most this long.
@@ -323,7 +334,7 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
         wantStatus()
         wantSubmit()
         _ = finished.wait(timeout: .now() + Self.statementTimeout + 2)
-        reaper.sync {}
+        reaper.sync { dropSpares() }
         runner?.cancel()
         listener?.cancel()
     }
@@ -410,7 +421,8 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
         let new = NewJob(requestedID: job.requestedJob ?? job.id, manifest: Array(job.manifest), manifestName: job.manifestName,
                          submittedOn: nodeName, qosRank: placement.qos, priorityRank: placement.priority,
                          queues: placement.queues, commands: placement.commands, submissionKey: key)
-        lock.withLock { pending.append((folder, key, new)) }
+        let spareable = job.id.hasPrefix(".") && !job.id.hasSuffix("-")
+        lock.withLock { pending.append((folder, key, new, spareable)) }
     }
 
     // MARK: the loop
@@ -659,14 +671,53 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
             }
             // The local copies go off this thread: an unlink frees the file's blocks at once (0.5 ms each here, with
             // online discard), and the next batch need not wait for that. One left by a crash meanwhile is submitted
-            // again at the next start under the same key, which inserts nothing.
-            let folders = batch.map(\.folder)
-            reaper.async { for folder in folders { removeTree(folder) } }
+            // again at the next start under the same key, which inserts nothing. A file (not a folder handed over,
+            // nor one whose inbox name is kept in an attribute) is kept as the spare of its job a while: if this
+            // node claims the job, it is moved into place instead of written again (one file made and freed less).
+            let copies = batch.indices.map { i -> (folder: String, spare: String?) in
+                let spare = batch[i].spareable && inserted.count == batch.count && isValidIdentifier(inserted[i].id)
+                return (batch[i].folder, spare ? inserted[i].id : nil)
+            }
+            reaper.async { [self] in setAside(copies) }
             return lock.withLock {
                 // Only this thread takes from the front: the batch is still the first `batch.count`.
                 pending.removeFirst(batch.count)
                 return !pending.isEmpty
             }
+        }
+    }
+
+    /// On the reaper: the inserted submissions' local copies removed or kept as spares, and spares past their time
+    /// (or beyond the most kept) removed.
+    private func setAside(_ copies: [(folder: String, spare: String?)]) {
+        let now = monotonicSeconds()
+        var kept: [(job: String, at: Double)] = []
+        for copy in copies {
+            if let job = copy.spare, spool.keepSpare(copy.folder, job: job) {
+                kept.append((job, now))
+            } else {
+                removeTree(copy.folder)
+            }
+        }
+        var expired: [String] = []
+        let limits = lock.withLock {
+            spares.append(contentsOf: kept)
+            while let first = spares.first, spares.count > _spareLimits.count || first.at < now - _spareLimits.seconds {
+                expired.append(spares.removeFirst().job)
+            }
+            return _spareLimits
+        }
+        for job in expired { spool.dropSpare(job: job) }
+        // Submissions may stop here: the last spares still go on time.
+        if !kept.isEmpty {
+            reaper.asyncAfter(deadline: .now() + limits.seconds + 0.1) { [self] in setAside([]) }
+        }
+    }
+
+    /// Every spare removed (at shutdown: a stopped node leaves none).
+    private func dropSpares() {
+        for spare in lock.withLock({ () -> [(job: String, at: Double)] in defer { spares.removeAll() }; return Array(spares) }) {
+            spool.dropSpare(job: spare.job)
         }
     }
 
