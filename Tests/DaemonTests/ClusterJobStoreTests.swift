@@ -324,7 +324,8 @@ struct ClusterJobStoreTests {
     }
 
     /// Once inserted, a submission's file is kept as its job's spare: the node that then claims the job itself moves
-    /// it into active/<job>/ (the very file the inbox had, not a copy); a spare whose bytes are not the row's is not
+    /// it into active/<job>/ (the very file the inbox had, not a copy), from active/.submissions or, once the reaper
+    /// moved it aside, from active/.submitted; a spare whose bytes are not the row's is not
     /// used (the row's bytes are written) and goes; a spare not claimed here goes after its time; none is left by a
     /// shutdown, and what a crash leaves goes at the next start.
     @Test func aNodeClaimingItsOwnSubmissionMovesItsFileIn() throws {
@@ -350,13 +351,25 @@ struct ClusterJobStoreTests {
             return stat(path, &st) == 0 ? st.st_ino : nil
         }
         let spares = a.spool.active + "/.submitted/"
+
+        // Claimed before the reaper moved it aside: taken from active/.submissions.
+        a.store.holdReaper(true)
+        let early = try claim("early")
+        _ = a.store.submit([early.job])
+        #expect(eventually { (try? a.store.job("early")) != nil })
+        a.store.want(room: 1)
+        #expect(eventually { a.shell.ran.count == 1 })
+        a.store.holdReaper(false)
+        #expect(inode(a.spool.active + "/early/manifest.plist") == early.inode, "moved in from active/.submissions")
+        #expect(((try? FileManager.default.contentsOfDirectory(atPath: a.spool.active + "/.submissions")) ?? ["x"]).isEmpty)
+
         let own = try claim("own"), changed = try claim("changed")
         _ = a.store.submit([own.job, changed.job])
         #expect(eventually { inode(spares + "own") == own.inode && inode(spares + "changed") != nil })
         try Data("<plist>not the row</plist>".utf8).write(to: URL(fileURLWithPath: spares + "changed"))
         a.store.want(room: 2)
-        #expect(eventually { a.shell.ran.count == 2 })
-        #expect(Set(a.shell.ran.map(\.job.id)) == ["own", "changed"])
+        #expect(eventually { a.shell.ran.count == 3 })
+        #expect(Set(a.shell.ran.map(\.job.id)) == ["early", "own", "changed"])
         #expect(inode(a.spool.active + "/own/manifest.plist") == own.inode, "moved in, not written again")
         for name in ["own", "changed"] {
             #expect(try Data(contentsOf: URL(fileURLWithPath: a.spool.active + "/\(name)/manifest.plist")) == plist(sleepManifest(name)))
@@ -364,10 +377,14 @@ struct ClusterJobStoreTests {
         }
         #expect(a.spool.readOrigin(job: "own")?.submittedOn == "a")
 
-        // Not claimed here (the shell has no room): gone after its time.
-        let left = try claim("left")
-        _ = a.store.submit([left.job])
+        // Not claimed here (the shell has no room): gone after its time. With as many kept as the limit, a new one
+        // is not kept at all.
+        a.store.spareLimits = (seconds: 3, count: 1)
+        let left = try claim("left"), extra = try claim("extra")
+        _ = a.store.submit([left.job, extra.job])
         #expect(eventually { inode(spares + "left") == left.inode })
+        #expect(eventually { ((try? FileManager.default.contentsOfDirectory(atPath: a.spool.active + "/.submissions")) ?? ["x"]).isEmpty })
+        #expect(inode(spares + "extra") == nil, "past spareLimits.count: removed at once")
         #expect(eventually(10) { inode(spares + "left") == nil }, "a spare goes after spareLimits.seconds")
 
         // Shutdown removes every spare; a crash's leftovers go with the next start's recovery.
@@ -380,7 +397,7 @@ struct ClusterJobStoreTests {
         try Data("x".utf8).write(to: URL(fileURLWithPath: spares + "crashed"))
         _ = try a.spool.recover()
         #expect(!FileManager.default.fileExists(atPath: spares), "recovery removes active/.submitted")
-        #expect(trimmed(try server.psql(database, "SELECT string_agg(id, ',' ORDER BY id) FROM opq_jobs")) == "changed,last,left,own")
+        #expect(trimmed(try server.psql(database, "SELECT string_agg(id, ',' ORDER BY id) FROM opq_jobs")) == "changed,early,extra,last,left,own")
     }
 
     /// A restart: a job the database still gives this node under the same fence resumes; one given to another

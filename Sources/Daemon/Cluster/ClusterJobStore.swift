@@ -61,13 +61,16 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
     /// Submissions set aside, not yet inserted, oldest first (appended by the shell's calls, taken by the
     /// submission thread from the front).
     /// `spareable`: a file claimed for the cluster whose inbox name is its own (no attribute), which may be kept as
-    /// the job's spare once inserted (`setAside`).
+    /// the job's spare once inserted (`spares`).
     private var pending = Deque<(folder: String, key: String, job: NewJob, spareable: Bool)>()
-    /// The spares kept (Spool.keepSpare), oldest first, with the monotonic time each was kept. One goes after
-    /// `spareLimits.seconds`, or once more than `spareLimits.count` are kept: under a backlog the database holds
-    /// jobs for minutes, and keeping their copies would only fill active/.submitted.
-    private var spares = Deque<(job: String, at: Double)>()
-    private var _spareLimits = (seconds: 20.0, count: 4096)
+    /// Inserted submissions' files this node keeps as spares of their jobs (see `keepCopies`), by job: where the file
+    /// is now (still in active/.submissions, or moved to active/.submitted by the reaper); `spareOrder` the same
+    /// jobs oldest first, with the time each was kept. A spare goes after `spareLimits.seconds`; with
+    /// `spareLimits.count` kept, no new one is (claims take the oldest jobs first, so the oldest spares are the ones
+    /// used). What a restart finds in active/.submitted it removes (about 80 µs a file here).
+    private var spares: [String: (path: String, moved: Bool)] = [:]
+    private var spareOrder = Deque<(job: String, at: Double)>()
+    private var _spareLimits = (seconds: 60.0, count: 16384)
     var spareLimits: (seconds: Double, count: Int) {
         get { lock.withLock { _spareLimits } }
         set { lock.withLock { _spareLimits = newValue } }
@@ -92,7 +95,7 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
     private var listener: Task<Void, Never>?
     private let finished = DispatchGroup()
     let executor = ClusterExecutor(label: "opqueued-cluster-executor")
-    /// Removes the local copies of submissions the database holds, or keeps them as spares (`setAside`).
+    /// Removes the local copies of submissions the database holds, or moves them aside as spares (`moveAside`).
     private let reaper = DispatchQueue(label: "opqueued-cluster-reaper", qos: .utility)
 
     /// Statements of the loop and of the shell's calls wait at most this long.
@@ -663,22 +666,23 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
             let batch = lock.withLock { Array(pending.prefix(256)) }
             if batch.isEmpty { return false }
             let jobs = batch.map(\.job)
-            let inserted = try waitBounded(Self.statementTimeout * 2, on: executor, doing: "inserting \(jobs.count) job(s)", { [store] in
-                try await store.insertJobs(jobs)
+            // The spares are recorded on the executor as the commit is answered, before the hop back to this thread:
+            // a claim of these rows (answered after the commit) finds them.
+            let (inserted, spared) = try waitBounded(Self.statementTimeout * 2, on: executor, doing: "inserting \(jobs.count) job(s)", { [store, self] in
+                let inserted = try await store.insertJobs(jobs)
+                return (inserted, keepSpares(batch, inserted))
             })
             for row in inserted {
                 logger.debug("job \(row.id): submitted to the cluster", metadata: ["OPQ_JOB": .string(row.id)])
             }
             // The local copies go off this thread: an unlink frees the file's blocks at once (0.5 ms each here, with
             // online discard), and the next batch need not wait for that. One left by a crash meanwhile is submitted
-            // again at the next start under the same key, which inserts nothing. A file (not a folder handed over,
-            // nor one whose inbox name is kept in an attribute) is kept as the spare of its job a while: if this
-            // node claims the job, it is moved into place instead of written again (one file made and freed less).
-            let copies = batch.indices.map { i -> (folder: String, spare: String?) in
-                let spare = batch[i].spareable && inserted.count == batch.count && isValidIdentifier(inserted[i].id)
-                return (batch[i].folder, spare ? inserted[i].id : nil)
+            // again at the next start under the same key, which inserts nothing.
+            let removed = batch.map(\.folder).filter { !spared.folders.contains($0) }
+            reaper.async { [self, removed, spared] in
+                for folder in removed { removeTree(folder) }
+                moveAside(spared.jobs)
             }
-            reaper.async { [self] in setAside(copies) }
             return lock.withLock {
                 // Only this thread takes from the front: the batch is still the first `batch.count`.
                 pending.removeFirst(batch.count)
@@ -687,38 +691,70 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
         }
     }
 
-    /// On the reaper: the inserted submissions' local copies removed or kept as spares, and spares past their time
-    /// (or beyond the most kept) removed.
-    private func setAside(_ copies: [(folder: String, spare: String?)]) {
+    /// Records the files of an inserted batch as the spares of their jobs: a file claimed for the cluster whose
+    /// inbox name is its own (not a folder handed over, nor a name kept in an attribute). If this node claims such a
+    /// job, the file is moved into place rather than freed here and written again there. Returns the jobs and their
+    /// files.
+    private func keepSpares(_ batch: [(folder: String, key: String, job: NewJob, spareable: Bool)],
+                            _ inserted: [InsertedJob]) -> (jobs: [String], folders: Set<String>) {
+        guard inserted.count == batch.count else { return ([], []) }
         let now = monotonicSeconds()
-        var kept: [(job: String, at: Double)] = []
-        for copy in copies {
-            if let job = copy.spare, spool.keepSpare(copy.folder, job: job) {
-                kept.append((job, now))
-            } else {
-                removeTree(copy.folder)
+        return lock.withLock {
+            var kept: (jobs: [String], folders: Set<String>) = ([], [])
+            for (entry, row) in zip(batch, inserted) where entry.spareable && isValidIdentifier(row.id) && spares[row.id] == nil
+                && spares.count < _spareLimits.count {
+                spares[row.id] = (entry.folder, false)
+                spareOrder.append((row.id, now))
+                kept.jobs.append(row.id)
+                kept.folders.insert(entry.folder)
+            }
+            return kept
+        }
+    }
+
+    /// On the reaper: the spares of `jobs` (those not claimed meanwhile) moved from active/.submissions to
+    /// active/.submitted, where a restart removes them rather than submitting them again; then those past their
+    /// time removed. Each under the lock, so that a claim takes a spare from where it is.
+    private func moveAside(_ jobs: [String]) {
+        for job in jobs {
+            lock.withLock {
+                guard let spare = spares[job], !spare.moved else { return }
+                if spool.keepSpare(spare.path, job: job) {
+                    spares[job] = (spool.sparesFolder + "/" + job, true)
+                } else {
+                    spares[job] = nil
+                }
             }
         }
+        let now = monotonicSeconds()
         var expired: [String] = []
         let limits = lock.withLock {
-            spares.append(contentsOf: kept)
-            while let first = spares.first, spares.count > _spareLimits.count || first.at < now - _spareLimits.seconds {
-                expired.append(spares.removeFirst().job)
+            // (Those claimed meanwhile leave the front too: claims take the oldest first.)
+            while let first = spareOrder.first, first.at < now - _spareLimits.seconds || spares[first.job] == nil {
+                spareOrder.removeFirst()
+                if let spare = spares.removeValue(forKey: first.job) { expired.append(spare.path) }
             }
             return _spareLimits
         }
-        for job in expired { spool.dropSpare(job: job) }
+        for path in expired { removeTree(path) }
         // Submissions may stop here: the last spares still go on time.
-        if !kept.isEmpty {
-            reaper.asyncAfter(deadline: .now() + limits.seconds + 0.1) { [self] in setAside([]) }
+        if !jobs.isEmpty {
+            reaper.asyncAfter(deadline: .now() + limits.seconds + 0.1) { [self] in moveAside([]) }
         }
+    }
+
+    /// Holds the reaper's work back (tests: a claim that comes before the spares are moved aside).
+    func holdReaper(_ hold: Bool) {
+        if hold { reaper.suspend() } else { reaper.resume() }
     }
 
     /// Every spare removed (at shutdown: a stopped node leaves none).
     private func dropSpares() {
-        for spare in lock.withLock({ () -> [(job: String, at: Double)] in defer { spares.removeAll() }; return Array(spares) }) {
-            spool.dropSpare(job: spare.job)
+        let paths = lock.withLock { () -> [String] in
+            defer { spares.removeAll(); spareOrder.removeAll() }
+            return spares.values.map(\.path)
         }
+        for path in paths { removeTree(path) }
     }
 
     /// One claim round for the room the shell has, and the jobs' files written before they run.
@@ -747,10 +783,12 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
             let fromNode = row.fromNode.flatMap { isValidNodeName($0) ? $0 : nil }
             let origin = ClusterOrigin(fence: row.fence, submittedOn: submittedOn, fromNode: fromNode)
             let receivedAt = row.submittedAt.isFinite ? row.submittedAt : Date().timeIntervalSince1970
+            // This node's own submission: its file, kept as a spare, is moved in (see `moveAside`).
+            let spare = row.submittedOn == nodeName ? lock.withLock { spares.removeValue(forKey: row.id)?.path } : nil
             do {
                 try spool.materialise(job: row.id, manifest: row.manifest, manifestName: name, receivedAt: receivedAt,
                                       requestedJob: row.requestedID == row.id || !isValidIdentifier(row.requestedID) ? nil : row.requestedID,
-                                      origin: origin)
+                                      origin: origin, spare: spare)
                 let data = Data(row.manifest)
                 run.append(ClaimedJob(id: row.id, requestedJob: row.requestedID != row.id && isValidIdentifier(row.requestedID) ? row.requestedID : nil,
                                       manifestName: name, receivedAt: receivedAt, manifest: data, tree: ManifestTree(data), done: [:]))

@@ -9,9 +9,10 @@
 //                                committed) never submits it twice. Its claim id is the name with a leading '.',
 //                                never a job id. An inbox name too long to fit is kept in the job attribute.
 //   active/.submitted/<job>      a spare: the file of a submission whose insert committed, kept a short while (see
-//                                ClusterJobStore.setAside) so that, if this node claims the job itself, the file is
+//                                ClusterJobStore.spares) so that, if this node claims the job itself, the file is
 //                                moved into active/<job>/ rather than freed here and written again there. Never read
-//                                as a job; what is left of them goes at the next start (Spool.recover).
+//                                as a job; what is left of them goes at the next start (Spool.recover). A claim that
+//                                comes before the move takes the file from active/.submissions.
 //   active/.submissions/<job>/   the same for a job handed over from active/<job>/ (a claim made before the node
 //                                knew it was in a cluster); its job record moves with it.
 //   sharedOutbox/<job>/          (`cluster.sharedOutbox`) a published job, assembled as sharedOutbox/.tmp/<job>/
@@ -74,8 +75,8 @@ extension Spool {
 
     var sparesFolder: String { active + "/.submitted" }
 
-    /// Keeps a submission's file (inserted: the database holds the job) as the spare of `job`, or removes it when it
-    /// cannot be moved. Returns whether it was kept.
+    /// Moves a submission's file (inserted: the database holds the job) to active/.submitted/<job>, or removes it
+    /// when it cannot be moved. Returns whether it was moved.
     func keepSpare(_ file: String, job: String) -> Bool {
         let target = sparesFolder + "/" + job
         if rename(file, target) == 0 { return true }
@@ -86,16 +87,10 @@ extension Spool {
         return false
     }
 
-    /// Removes the spare of `job`, if it is still there.
-    func dropSpare(job: String) {
-        _ = unlink(sparesFolder + "/" + job)
-    }
-
-    /// Moves the spare of `job` to `target` if it holds exactly `manifest` (what the database gave: the row is the
+    /// Moves the spare at `path` to `target` if it holds exactly `manifest` (what the database gave: the row is the
     /// truth, a file changed since it was read is not). A spare that differs is removed. Returns whether it moved.
-    private func takeSpare(job: String, manifest: [UInt8], to target: String) -> Bool {
-        let spare = sparesFolder + "/" + job
-        let fd = open(spare, O_RDONLY | O_NOFOLLOW | O_CLOEXEC)
+    private func takeSpare(_ path: String, manifest: [UInt8], to target: String) -> Bool {
+        let fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC)
         guard fd >= 0 else { return false }
         var st = stat()
         var same = fstat(fd, &st) == 0 && (st.st_mode & S_IFMT) == S_IFREG && st.st_nlink == 1 && Int(st.st_size) == manifest.count
@@ -105,8 +100,8 @@ extension Spool {
             same = got == manifest.count && bytes.prefix(manifest.count).elementsEqual(manifest)
         }
         close(fd)
-        if same && rename(spare, target) == 0 { return true }
-        _ = unlink(spare)
+        if same && rename(path, target) == 0 { return true }
+        _ = unlink(path)
         return false
     }
 
@@ -166,7 +161,8 @@ extension Spool {
     }
 
     /// Writes a job claimed from the cluster into active/<job>/: its job record (with the origin), then the
-    /// manifest (this node's spare of it moved in when there is one); durable at the next `commit()`.
+    /// manifest (`spare`, this node's own file of it, moved in when it holds the same bytes); durable at the next
+    /// `commit()`.
     ///
     /// Never replaces a folder that is there: active/<job>/ may be this node's own inbox claim of a manifest asking
     /// for the same id, on its way to active/.submissions (the cluster's ids are unique, a node's local claim names
@@ -174,7 +170,7 @@ extension Spool {
     /// the name is free. The job record says `claimedFrom = cluster`, so that recovery never takes a folder this
     /// wrote for an inbox claim (and submits it again) when its record does not decode.
     func materialise(job: String, manifest: [UInt8], manifestName: String, receivedAt: Double, requestedJob: String?,
-                     origin: ClusterOrigin) throws {
+                     origin: ClusterOrigin, spare: String? = nil) throws {
         let dir = active + "/" + job
         guard mkdir(dir, 0o750) == 0 else { throw SpoolError(operation: "mkdir", path: dir, errno: errno) }
         do {
@@ -183,7 +179,7 @@ extension Spool {
             if let requestedJob, requestedJob != job { record["requestedJob"] = .string(requestedJob) }
             if let from = origin.fromNode { record["fromNode"] = .string(from) }
             try writeJobRecord(record, on: dir)
-            if !takeSpare(job: job, manifest: manifest, to: dir + "/manifest.plist") {
+            if !(spare.map { takeSpare($0, manifest: manifest, to: dir + "/manifest.plist") } ?? false) {
                 try writeFile(Data(manifest), to: dir + "/manifest.plist")
             }
         } catch {
