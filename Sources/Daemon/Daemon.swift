@@ -1058,6 +1058,7 @@ public final class Daemon: @unchecked Sendable {
             if stalled.isEmpty {
                 spoolWorked()
                 claimMore()
+                offerRoom()
             } else {
                 // Publication retried first; success there ends the fault (and claims more).
                 publications = stalled + publications
@@ -1334,6 +1335,7 @@ final class StoreEvents: JobStoreDelegate, @unchecked Sendable {
     func lost(_ jobs: [String], reason: String) { daemon?.storeLost(jobs, reason: reason) }
     func cancel(job: String, operation: String?) { daemon?.storeCancel(job: job, operation: operation) }
     func suspendedQueuesChanged(_ queues: Set<String>) { daemon?.storeSuspendedQueuesChanged(queues) }
+    func spoolFailed(_ what: String, _ error: any Error) { daemon?.storeSpoolFailed(what, error) }
 }
 
 extension Daemon {
@@ -1360,6 +1362,10 @@ extension Daemon {
             claimMore()
             offerRoom()
         }
+    }
+
+    fileprivate func storeSpoolFailed(_ what: String, _ error: any Error) {
+        work.async { [self] in spoolFailed(what, error) }
     }
 
     fileprivate func storeCancel(job: String, operation: String?) {

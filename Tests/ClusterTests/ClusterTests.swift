@@ -407,6 +407,45 @@ struct ClusterTests {
         #expect(harness.waitResult(waiting, timeout: 20)?.node == 0)
     }
 
+    /// A node whose spool is full when it claims (its own file system out of inodes: a real ENOSPC): the row goes
+    /// back, the node logs the fault and pauses claiming — no loop of claims and hand-backs, which a full disk
+    /// turned into 78 commits per job — and runs the job once its spool works again.
+    @Test func fullSpoolPausesClaimingUntilItWorksAgain() throws {
+        let harness = try ClusterHarness(nodes: 2, settings: { k in k == 0 ? ["queues": ["disk": ["maxConcurrentOperationCount": 1]]] : [:] },
+                                         start: false)
+        let mount = harness[0].spool
+        try FileManager.default.createDirectory(atPath: mount, withIntermediateDirectories: true)
+        #expect(try runProgram("/bin/mount", ["-t", "tmpfs", "-o", "size=16m,nr_inodes=2048", "tmpfs", mount]).status == 0)
+        defer { _ = try? runProgram("/bin/umount", ["-l", mount]) }
+        try harness.startAll()
+        try harness.waitRegistered(2)
+        let fillers = mount + "/fillers"
+        try FileManager.default.createDirectory(atPath: fillers, withIntermediateDirectories: true)
+        var count = 0
+        while true {
+            let fd = open(fillers + "/\(count)", O_CREAT | O_WRONLY | O_CLOEXEC, 0o600)
+            if fd < 0 { break }
+            close(fd)
+            count += 1
+        }
+        #expect(errno == ENOSPC)
+
+        let job = uniqueJob("full")
+        try harness[1].drop(job + ".plist", sleepJob(job, 0, queue: "disk"))
+        let fault = try pollUntil(30) { try harness.journal(node: 0).first { $0["MESSAGE"]?.contains("claiming is paused") == true } }
+        #expect(fault?["MESSAGE"]?.contains("No space left") == true, "\(fault ?? [:])")
+        #expect(try harness.journal(node: 0, ["OPQ_JOB": job]).contains { $0["MESSAGE"]?.contains("handed back to the cluster") == true })
+        let fence = try harness.sql("SELECT last_value FROM opq_fence")
+        usleep(2_000_000)
+        #expect(try harness.sql("SELECT last_value FROM opq_fence") == fence, "no claim while the spool is full")
+        #expect(try harness.sql("SELECT state FROM opq_jobs WHERE id = '\(job)'") == "waiting")
+
+        try FileManager.default.removeItem(atPath: fillers)
+        let result = harness.waitResult(job, timeout: 30)
+        #expect(result?.node == 0 && result?.result["status"] as? String == "succeeded")
+        #expect(try harness.journal(node: 0).contains { $0["MESSAGE"]?.contains("the spool works again") == true })
+    }
+
     // MARK: 3. Claim order: QoS, then queuePriority, then submission order
 
     @Test func jobsAreClaimedByQoSThenPriorityThenSubmissionOrder() throws {

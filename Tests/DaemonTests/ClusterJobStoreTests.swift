@@ -24,16 +24,19 @@ final class FakeShell: JobStoreDelegate, @unchecked Sendable {
     private var _lost: [(job: String, reason: String)] = []
     private var _cancels: [(job: String, operation: String?)] = []
     private var _suspended: [Set<String>] = []
+    private var _spoolFailures: [String] = []
 
     func run(_ jobs: [ClaimedJob]) { lock.withLock { _ran += jobs.map { ($0, monotonicSeconds()) } } }
     func lost(_ jobs: [String], reason: String) { lock.withLock { _lost += jobs.map { ($0, reason) } } }
     func cancel(job: String, operation: String?) { lock.withLock { _cancels.append((job, operation)) } }
     func suspendedQueuesChanged(_ queues: Set<String>) { lock.withLock { _suspended.append(queues) } }
+    func spoolFailed(_ what: String, _ error: any Error) { lock.withLock { _spoolFailures.append("\(what): \(error)") } }
 
     var ran: [(job: ClaimedJob, at: Double)] { lock.withLock { _ran } }
     var lostJobs: [(job: String, reason: String)] { lock.withLock { _lost } }
     var cancels: [(job: String, operation: String?)] { lock.withLock { _cancels } }
     var suspensions: [Set<String>] { lock.withLock { _suspended } }
+    var spoolFailures: [String] { lock.withLock { _spoolFailures } }
 }
 
 /// Log lines, kept for the connection checks.
@@ -398,6 +401,53 @@ struct ClusterJobStoreTests {
         _ = try a.spool.recover()
         #expect(!FileManager.default.fileExists(atPath: spares), "recovery removes active/.submitted")
         #expect(trimmed(try server.psql(database, "SELECT string_agg(id, ',' ORDER BY id) FROM opq_jobs")) == "changed,early,extra,last,left,own")
+    }
+
+    /// A node whose spool cannot take a claimed job (its file system out of inodes: a real ENOSPC) hands the row
+    /// back and stops claiming, telling the shell (a spool fault), instead of claiming it again at once in a loop
+    /// of claims and hand-backs; once the shell offers room again, the job is claimed and runs.
+    @Test func aFullSpoolStopsClaimingInsteadOfLooping() throws {
+        let server = try PostgresServer.shared.get()
+        let database = try server.createDatabase()
+        let folder = NSTemporaryDirectory() + "opq-cluster-full-\(UInt64.random(in: 1...UInt64.max))"
+        try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
+        try runTool(["/bin/mount", "-t", "tmpfs", "-o", "size=4m,nr_inodes=256", "tmpfs", folder])
+        defer {
+            try? runTool(["/bin/umount", folder])
+            try? FileManager.default.removeItem(atPath: folder)
+        }
+        let a = try ClusterNode("a", server: server, database: database, spoolFolder: folder + "/spool")
+        let b = try ClusterNode("b", server: server, database: database)
+        defer { a.close(); b.close() }
+        _ = a.store.recovered([])
+        _ = b.store.recovered([])
+        a.store.want(room: 0)
+        b.store.want(room: 0)
+        var fillers: [String] = []
+        while true {
+            let path = folder + "/filler\(fillers.count)"
+            let fd = open(path, O_CREAT | O_WRONLY | O_CLOEXEC, 0o600)
+            if fd < 0 { break }
+            close(fd)
+            fillers.append(path)
+        }
+        #expect(errno == ENOSPC && !fillers.isEmpty)
+        _ = b.store.submit([try b.drop("full", sleepManifest("full"))])
+        #expect(eventually { (try? b.store.job("full")) != nil })
+        a.store.want(room: 4)
+        #expect(eventually { a.shell.spoolFailures.count == 1 })
+        #expect(a.shell.spoolFailures.first?.contains("No space left") == true, "\(a.shell.spoolFailures)")
+        #expect(eventually { (try? b.store.job("full"))?.state == .waiting }, "handed back")
+        let fence = trimmed(try server.psql(database, "SELECT last_value FROM opq_fence"))
+        usleep(1_500_000)
+        #expect(trimmed(try server.psql(database, "SELECT last_value FROM opq_fence")) == fence, "not claimed again meanwhile")
+        #expect(a.shell.spoolFailures.count == 1 && a.shell.ran.isEmpty)
+
+        // The spool works again; the shell offers room.
+        for path in fillers { unlink(path) }
+        a.store.want(room: 4)
+        #expect(eventually { a.shell.ran.count == 1 })
+        #expect(FileManager.default.fileExists(atPath: a.spool.active + "/full/manifest.plist"))
     }
 
     /// A restart: a job the database still gives this node under the same fence resumes; one given to another

@@ -772,7 +772,13 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
         var run: [ClaimedJob] = []
         var refused: [JobCompletion] = []
         var failed: [String: Int64] = [:]
+        var spoolError: (job: String, error: any Error)?
         for row in rows {
+            // The spool cannot take jobs now (disk full, …): the rest goes back untried.
+            if spoolError != nil {
+                failed[row.id] = row.fence
+                continue
+            }
             guard isValidIdentifier(row.id) else {
                 refused.append(rejection(row, "its id is not a valid job id ([A-Za-z0-9._-]{1,128}, not starting with '.')"))
                 continue
@@ -804,13 +810,21 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
                              metadata: ["OPQ_JOB": .string(row.id)])
                 failed[row.id] = row.fence
             } catch {
-                // `materialise` removed what it wrote.
+                // `materialise` removed what it wrote. Claiming stops here (no room until the shell offers it again,
+                // once the spool works): claimed again at once, the row would fail again, in a loop of claims and
+                // hand-backs.
                 logger.error("job \(row.id): claimed but cannot be written to the spool: \(error); handed back to the cluster",
                              metadata: ["OPQ_JOB": .string(row.id), "OPQ_ERROR": .string("\(error)")])
                 failed[row.id] = row.fence
+                spoolError = (row.id, error)
+                lock.withLock {
+                    room = 0
+                    claimWanted = false
+                }
             }
         }
         if !failed.isEmpty { lock.withLock { jobReleases.merge(failed) { $1 } } }
+        if let spoolError { delegate?.spoolFailed("writing the claimed job active/\(spoolError.job)", spoolError.error) }
         if !refused.isEmpty {
             let refused = refused
             _ = try? waitBounded(Self.statementTimeout, on: executor, doing: "recording rejected rows", { [store] in try await store.completeJobs(refused) })

@@ -52,6 +52,10 @@ public protocol JobStoreDelegate: AnyObject, Sendable {
     func cancel(job: String, operation: String?)
     /// The cluster-wide suspended set changed (SPEC §8: kept in the database, acting on every node).
     func suspendedQueuesChanged(_ queues: Set<String>)
+    /// A claimed job could not be written to the spool (disk full, no descriptor left, read-only): the store has
+    /// handed it back and claims nothing more until `want(room:)` is called again. Claiming pauses as for any spool
+    /// fault, and room is offered again once the spool works.
+    func spoolFailed(_ what: String, _ error: any Error)
 }
 
 public protocol JobStore: AnyObject, Sendable {
