@@ -63,12 +63,30 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
     /// `spareable`: a file claimed for the cluster whose inbox name is its own (no attribute), which may be kept as
     /// the job's spare once inserted (`spares`).
     private var pending = Deque<(folder: String, key: String, job: NewJob, spareable: Bool)>()
-    /// Inserted submissions' files this node keeps as spares of their jobs (see `keepCopies`), by job: where the file
-    /// is now (still in active/.submissions, or moved to active/.submitted by the reaper); `spareOrder` the same
-    /// jobs oldest first, with the time each was kept. A spare goes after `spareLimits.seconds`; with
-    /// `spareLimits.count` kept, no new one is (claims take the oldest jobs first, so the oldest spares are the ones
-    /// used). What a restart finds in active/.submitted it removes (about 80 µs a file here).
-    private var spares: [String: (path: String, moved: Bool)] = [:]
+    /// Inserted submissions' files this node keeps as spares of their jobs (see `keepSpares`), by job: where the file
+    /// is now; `spareOrder` the same jobs oldest first, with the time each was kept. A spare goes after
+    /// `spareLimits.seconds`; with `spareLimits.count` kept, no new one is (claims take the oldest jobs first, so
+    /// the oldest spares are the ones used). What a restart finds in active/.submitted it removes (about 80 µs a file
+    /// here); what it finds in active/.submissions it submits again, which inserts nothing.
+    private var spares: [String: Spare] = [:]
+    private enum Spare {
+        /// Still in active/.submissions (moved aside a second after its insert unless claimed before).
+        case submission(String)
+        /// Being moved by the reaper, outside the lock.
+        case moving
+        /// In active/.submitted.
+        case aside(String)
+
+        var path: String? {
+            switch self {
+            case .submission(let path), .aside(let path): return path
+            case .moving: return nil
+            }
+        }
+    }
+    /// How long a spare stays in active/.submissions before it is moved aside: a job claimed here soon after its
+    /// insert (the common case) is moved once, not twice.
+    static let moveAsideAfter = 1.0
     private var spareOrder = Deque<(job: String, at: Double)>()
     private var _spareLimits = (seconds: 60.0, count: 16384)
     var spareLimits: (seconds: Double, count: Int) {
@@ -679,9 +697,9 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
             // online discard), and the next batch need not wait for that. One left by a crash meanwhile is submitted
             // again at the next start under the same key, which inserts nothing.
             let removed = batch.map(\.folder).filter { !spared.folders.contains($0) }
-            reaper.async { [self, removed, spared] in
-                for folder in removed { removeTree(folder) }
-                moveAside(spared.jobs)
+            reaper.async { for folder in removed { removeTree(folder) } }
+            if !spared.jobs.isEmpty {
+                reaper.asyncAfter(deadline: .now() + Self.moveAsideAfter) { [self, spared] in moveAside(spared.jobs) }
             }
             return lock.withLock {
                 // Only this thread takes from the front: the batch is still the first `batch.count`.
@@ -703,7 +721,7 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
             var kept: (jobs: [String], folders: Set<String>) = ([], [])
             for (entry, row) in zip(batch, inserted) where entry.spareable && isValidIdentifier(row.id) && spares[row.id] == nil
                 && spares.count < _spareLimits.count {
-                spares[row.id] = (entry.folder, false)
+                spares[row.id] = .submission(entry.folder)
                 spareOrder.append((row.id, now))
                 kept.jobs.append(row.id)
                 kept.folders.insert(entry.folder)
@@ -714,17 +732,24 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
 
     /// On the reaper: the spares of `jobs` (those not claimed meanwhile) moved from active/.submissions to
     /// active/.submitted, where a restart removes them rather than submitting them again; then those past their
-    /// time removed. Each under the lock, so that a claim takes a spare from where it is.
+    /// time removed. No file is touched under the lock: a claim takes a spare from where the lock says it is, or,
+    /// while it moves, writes the job afresh.
     private func moveAside(_ jobs: [String]) {
         for job in jobs {
-            lock.withLock {
-                guard let spare = spares[job], !spare.moved else { return }
-                if spool.keepSpare(spare.path, job: job) {
-                    spares[job] = (spool.sparesFolder + "/" + job, true)
-                } else {
-                    spares[job] = nil
-                }
+            let from = lock.withLock { () -> String? in
+                guard case .submission(let path)? = spares[job] else { return nil }
+                spares[job] = .moving
+                return path
             }
+            guard let from else { continue }
+            let moved = spool.keepSpare(from, job: job)
+            // Claimed meanwhile (the claim wrote the job afresh): the moved file is no one's.
+            let orphaned = lock.withLock { () -> Bool in
+                guard case .moving? = spares[job] else { return moved }
+                spares[job] = moved ? .aside(spool.sparesFolder + "/" + job) : nil
+                return false
+            }
+            if orphaned { removeTree(spool.sparesFolder + "/" + job) }
         }
         let now = monotonicSeconds()
         var expired: [String] = []
@@ -732,7 +757,7 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
             // (Those claimed meanwhile leave the front too: claims take the oldest first.)
             while let first = spareOrder.first, first.at < now - _spareLimits.seconds || spares[first.job] == nil {
                 spareOrder.removeFirst()
-                if let spare = spares.removeValue(forKey: first.job) { expired.append(spare.path) }
+                if let path = spares.removeValue(forKey: first.job)?.path { expired.append(path) }
             }
             return _spareLimits
         }
@@ -752,7 +777,7 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
     private func dropSpares() {
         let paths = lock.withLock { () -> [String] in
             defer { spares.removeAll(); spareOrder.removeAll() }
-            return spares.values.map(\.path)
+            return spares.values.compactMap(\.path)
         }
         for path in paths { removeTree(path) }
     }
