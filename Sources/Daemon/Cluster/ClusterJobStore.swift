@@ -60,39 +60,7 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
     /// Submissions waiting for their insert: folder under active/.submissions and the job.
     /// Submissions set aside, not yet inserted, oldest first (appended by the shell's calls, taken by the
     /// submission thread from the front).
-    /// `spareable`: a file claimed for the cluster whose inbox name is its own (no attribute), which may be kept as
-    /// the job's spare once inserted (`spares`).
-    private var pending = Deque<(folder: String, key: String, job: NewJob, spareable: Bool)>()
-    /// Inserted submissions' files this node keeps as spares of their jobs (see `keepSpares`), by job: where the file
-    /// is now; `spareOrder` the same jobs oldest first, with the time each was kept. A spare goes after
-    /// `spareLimits.seconds`; with `spareLimits.count` kept, no new one is (claims take the oldest jobs first, so
-    /// the oldest spares are the ones used). What a restart finds in active/.submitted it removes (about 80 µs a file
-    /// here); what it finds in active/.submissions it submits again, which inserts nothing.
-    private var spares: [String: Spare] = [:]
-    private enum Spare {
-        /// Still in active/.submissions (moved aside a second after its insert unless claimed before).
-        case submission(String)
-        /// Being moved by the reaper, outside the lock.
-        case moving
-        /// In active/.submitted.
-        case aside(String)
-
-        var path: String? {
-            switch self {
-            case .submission(let path), .aside(let path): return path
-            case .moving: return nil
-            }
-        }
-    }
-    /// How long a spare stays in active/.submissions before it is moved aside: a job claimed here soon after its
-    /// insert (the common case) is moved once, not twice.
-    static let moveAsideAfter = 1.0
-    private var spareOrder = Deque<(job: String, at: Double)>()
-    private var _spareLimits = (seconds: 60.0, count: 16384)
-    var spareLimits: (seconds: Double, count: Int) {
-        get { lock.withLock { _spareLimits } }
-        set { lock.withLock { _spareLimits = newValue } }
-    }
+    private var pending = Deque<(folder: String, key: String, job: NewJob)>()
     private var slotReleases: [SlotLease] = []
     /// Slots dropped at the lease deadline, released (fence-checked) once the database's lease on them would have
     /// run out too: a node that renews before the takeover sees them keeps its name on them otherwise.
@@ -113,7 +81,7 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
     private var listener: Task<Void, Never>?
     private let finished = DispatchGroup()
     let executor = ClusterExecutor(label: "opqueued-cluster-executor")
-    /// Removes the local copies of submissions the database holds, or moves them aside as spares (`moveAside`).
+    /// Removes the local copies of submissions the database holds.
     private let reaper = DispatchQueue(label: "opqueued-cluster-reaper", qos: .utility)
 
     /// Statements of the loop and of the shell's calls wait at most this long.
@@ -355,7 +323,7 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
         wantStatus()
         wantSubmit()
         _ = finished.wait(timeout: .now() + Self.statementTimeout + 2)
-        reaper.sync { dropSpares() }
+        reaper.sync {}
         runner?.cancel()
         listener?.cancel()
     }
@@ -442,8 +410,7 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
         let new = NewJob(requestedID: job.requestedJob ?? job.id, manifest: Array(job.manifest), manifestName: job.manifestName,
                          submittedOn: nodeName, qosRank: placement.qos, priorityRank: placement.priority,
                          queues: placement.queues, commands: placement.commands, submissionKey: key)
-        let spareable = job.id.hasPrefix(".") && !job.id.hasSuffix("-")
-        lock.withLock { pending.append((folder, key, new, spareable)) }
+        lock.withLock { pending.append((folder, key, new)) }
     }
 
     // MARK: the loop
@@ -684,11 +651,8 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
             let batch = lock.withLock { Array(pending.prefix(256)) }
             if batch.isEmpty { return false }
             let jobs = batch.map(\.job)
-            // The spares are recorded on the executor as the commit is answered, before the hop back to this thread:
-            // a claim of these rows (answered after the commit) finds them.
-            let (inserted, spared) = try waitBounded(Self.statementTimeout * 2, on: executor, doing: "inserting \(jobs.count) job(s)", { [store, self] in
-                let inserted = try await store.insertJobs(jobs)
-                return (inserted, keepSpares(batch, inserted))
+            let inserted = try waitBounded(Self.statementTimeout * 2, on: executor, doing: "inserting \(jobs.count) job(s)", { [store] in
+                try await store.insertJobs(jobs)
             })
             for row in inserted {
                 logger.debug("job \(row.id): submitted to the cluster", metadata: ["OPQ_JOB": .string(row.id)])
@@ -696,90 +660,14 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
             // The local copies go off this thread: an unlink frees the file's blocks at once (0.5 ms each here, with
             // online discard), and the next batch need not wait for that. One left by a crash meanwhile is submitted
             // again at the next start under the same key, which inserts nothing.
-            let removed = batch.map(\.folder).filter { !spared.folders.contains($0) }
-            reaper.async { for folder in removed { removeTree(folder) } }
-            if !spared.jobs.isEmpty {
-                reaper.asyncAfter(deadline: .now() + Self.moveAsideAfter) { [self, spared] in moveAside(spared.jobs) }
-            }
+            let folders = batch.map(\.folder)
+            reaper.async { for folder in folders { removeTree(folder) } }
             return lock.withLock {
                 // Only this thread takes from the front: the batch is still the first `batch.count`.
                 pending.removeFirst(batch.count)
                 return !pending.isEmpty
             }
         }
-    }
-
-    /// Records the files of an inserted batch as the spares of their jobs: a file claimed for the cluster whose
-    /// inbox name is its own (not a folder handed over, nor a name kept in an attribute). If this node claims such a
-    /// job, the file is moved into place rather than freed here and written again there. Returns the jobs and their
-    /// files.
-    private func keepSpares(_ batch: [(folder: String, key: String, job: NewJob, spareable: Bool)],
-                            _ inserted: [InsertedJob]) -> (jobs: [String], folders: Set<String>) {
-        guard inserted.count == batch.count else { return ([], []) }
-        let now = monotonicSeconds()
-        return lock.withLock {
-            var kept: (jobs: [String], folders: Set<String>) = ([], [])
-            for (entry, row) in zip(batch, inserted) where entry.spareable && isValidIdentifier(row.id) && spares[row.id] == nil
-                && spares.count < _spareLimits.count {
-                spares[row.id] = .submission(entry.folder)
-                spareOrder.append((row.id, now))
-                kept.jobs.append(row.id)
-                kept.folders.insert(entry.folder)
-            }
-            return kept
-        }
-    }
-
-    /// On the reaper: the spares of `jobs` (those not claimed meanwhile) moved from active/.submissions to
-    /// active/.submitted, where a restart removes them rather than submitting them again; then those past their
-    /// time removed. No file is touched under the lock: a claim takes a spare from where the lock says it is, or,
-    /// while it moves, writes the job afresh.
-    private func moveAside(_ jobs: [String]) {
-        for job in jobs {
-            let from = lock.withLock { () -> String? in
-                guard case .submission(let path)? = spares[job] else { return nil }
-                spares[job] = .moving
-                return path
-            }
-            guard let from else { continue }
-            let moved = spool.keepSpare(from, job: job)
-            // Claimed meanwhile (the claim wrote the job afresh): the moved file is no one's.
-            let orphaned = lock.withLock { () -> Bool in
-                guard case .moving? = spares[job] else { return moved }
-                spares[job] = moved ? .aside(spool.sparesFolder + "/" + job) : nil
-                return false
-            }
-            if orphaned { removeTree(spool.sparesFolder + "/" + job) }
-        }
-        let now = monotonicSeconds()
-        var expired: [String] = []
-        let limits = lock.withLock {
-            // (Those claimed meanwhile leave the front too: claims take the oldest first.)
-            while let first = spareOrder.first, first.at < now - _spareLimits.seconds || spares[first.job] == nil {
-                spareOrder.removeFirst()
-                if let path = spares.removeValue(forKey: first.job)?.path { expired.append(path) }
-            }
-            return _spareLimits
-        }
-        for path in expired { removeTree(path) }
-        // Submissions may stop here: the last spares still go on time.
-        if !jobs.isEmpty {
-            reaper.asyncAfter(deadline: .now() + limits.seconds + 0.1) { [self] in moveAside([]) }
-        }
-    }
-
-    /// Holds the reaper's work back (tests: a claim that comes before the spares are moved aside).
-    func holdReaper(_ hold: Bool) {
-        if hold { reaper.suspend() } else { reaper.resume() }
-    }
-
-    /// Every spare removed (at shutdown: a stopped node leaves none).
-    private func dropSpares() {
-        let paths = lock.withLock { () -> [String] in
-            defer { spares.removeAll(); spareOrder.removeAll() }
-            return spares.values.compactMap(\.path)
-        }
-        for path in paths { removeTree(path) }
     }
 
     /// One claim round for the room the shell has, and the jobs' files written before they run.
@@ -814,12 +702,10 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
             let fromNode = row.fromNode.flatMap { isValidNodeName($0) ? $0 : nil }
             let origin = ClusterOrigin(fence: row.fence, submittedOn: submittedOn, fromNode: fromNode)
             let receivedAt = row.submittedAt.isFinite ? row.submittedAt : Date().timeIntervalSince1970
-            // This node's own submission: its file, kept as a spare, is moved in (see `moveAside`).
-            let spare = row.submittedOn == nodeName ? lock.withLock { spares.removeValue(forKey: row.id)?.path } : nil
             do {
                 try spool.materialise(job: row.id, manifest: row.manifest, manifestName: name, receivedAt: receivedAt,
                                       requestedJob: row.requestedID == row.id || !isValidIdentifier(row.requestedID) ? nil : row.requestedID,
-                                      origin: origin, spare: spare)
+                                      origin: origin)
                 let data = Data(row.manifest)
                 run.append(ClaimedJob(id: row.id, requestedJob: row.requestedID != row.id && isValidIdentifier(row.requestedID) ? row.requestedID : nil,
                                       manifestName: name, receivedAt: receivedAt, manifest: data, tree: ManifestTree(data), done: [:]))

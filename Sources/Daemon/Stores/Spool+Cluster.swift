@@ -8,11 +8,6 @@
 //                                the submission key: a crash anywhere before its removal (after the insert
 //                                committed) never submits it twice. Its claim id is the name with a leading '.',
 //                                never a job id. An inbox name too long to fit is kept in the job attribute.
-//   active/.submitted/<job>      a spare: the file of a submission whose insert committed, kept a short while (see
-//                                ClusterJobStore.spares) so that, if this node claims the job itself, the file is
-//                                moved into active/<job>/ rather than freed here and written again there. Never read
-//                                as a job; what is left of them goes at the next start (Spool.recover). A claim that
-//                                comes before the move takes the file from active/.submissions.
 //   active/.submissions/<job>/   the same for a job handed over from active/<job>/ (a claim made before the node
 //                                knew it was in a cluster); its job record moves with it.
 //   sharedOutbox/<job>/          (`cluster.sharedOutbox`) a published job, assembled as sharedOutbox/.tmp/<job>/
@@ -73,38 +68,6 @@ extension Spool {
         }
     }
 
-    var sparesFolder: String { active + "/.submitted" }
-
-    /// Moves a submission's file (inserted: the database holds the job) to active/.submitted/<job>, or removes it
-    /// when it cannot be moved. Returns whether it was moved.
-    func keepSpare(_ file: String, job: String) -> Bool {
-        let target = sparesFolder + "/" + job
-        if rename(file, target) == 0 { return true }
-        if errno == ENOENT && access(file, F_OK) == 0 && (try? makeFolder(sparesFolder)) != nil && rename(file, target) == 0 {
-            return true
-        }
-        removeTree(file)
-        return false
-    }
-
-    /// Moves the spare at `path` to `target` if it holds exactly `manifest` (what the database gave: the row is the
-    /// truth, a file changed since it was read is not). A spare that differs is removed. Returns whether it moved.
-    private func takeSpare(_ path: String, manifest: [UInt8], to target: String) -> Bool {
-        let fd = open(path, O_RDONLY | O_NOFOLLOW | O_CLOEXEC)
-        guard fd >= 0 else { return false }
-        var st = stat()
-        var same = fstat(fd, &st) == 0 && (st.st_mode & S_IFMT) == S_IFREG && st.st_nlink == 1 && Int(st.st_size) == manifest.count
-        if same {
-            var bytes = [UInt8](repeating: 0, count: manifest.count + 1)
-            let got = bytes.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
-            same = got == manifest.count && bytes.prefix(manifest.count).elementsEqual(manifest)
-        }
-        close(fd)
-        if same && rename(path, target) == 0 { return true }
-        _ = unlink(path)
-        return false
-    }
-
     /// A manifest claimed for the cluster that this node rejects: moved into active/<id>/ as an ordinary claim
     /// (the id unique here), to be published here like any rejected job.
     func promoteSubmission(_ job: ClaimedJob) throws -> ClaimOutcome {
@@ -161,8 +124,7 @@ extension Spool {
     }
 
     /// Writes a job claimed from the cluster into active/<job>/: its job record (with the origin), then the
-    /// manifest (`spare`, this node's own file of it, moved in when it holds the same bytes); durable at the next
-    /// `commit()`.
+    /// manifest; durable at the next `commit()`.
     ///
     /// Never replaces a folder that is there: active/<job>/ may be this node's own inbox claim of a manifest asking
     /// for the same id, on its way to active/.submissions (the cluster's ids are unique, a node's local claim names
@@ -170,7 +132,7 @@ extension Spool {
     /// the name is free. The job record says `claimedFrom = cluster`, so that recovery never takes a folder this
     /// wrote for an inbox claim (and submits it again) when its record does not decode.
     func materialise(job: String, manifest: [UInt8], manifestName: String, receivedAt: Double, requestedJob: String?,
-                     origin: ClusterOrigin, spare: String? = nil) throws {
+                     origin: ClusterOrigin) throws {
         let dir = active + "/" + job
         guard mkdir(dir, 0o750) == 0 else { throw SpoolError(operation: "mkdir", path: dir, errno: errno) }
         do {
@@ -179,9 +141,7 @@ extension Spool {
             if let requestedJob, requestedJob != job { record["requestedJob"] = .string(requestedJob) }
             if let from = origin.fromNode { record["fromNode"] = .string(from) }
             try writeJobRecord(record, on: dir)
-            if !(spare.map { takeSpare($0, manifest: manifest, to: dir + "/manifest.plist") } ?? false) {
-                try writeFile(Data(manifest), to: dir + "/manifest.plist")
-            }
+            try writeFile(Data(manifest), to: dir + "/manifest.plist")
         } catch {
             removeTree(dir)
             throw error

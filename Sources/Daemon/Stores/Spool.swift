@@ -348,8 +348,6 @@ public final class Spool: @unchecked Sendable {
     public func recover() throws -> (jobs: [ClaimedJob], problems: [String]) {
         var problems: [String] = []
         for name in (try? FileManager.default.contentsOfDirectory(atPath: tmp)) ?? [] { removeTree(tmp + "/" + name) }
-        // A cluster node's spares (Spool+Cluster.swift) never outlive its process.
-        removeTree(sparesFolder)
         let progress = readProgress()
         var jobs: [ClaimedJob] = []
         for id in ((try? FileManager.default.contentsOfDirectory(atPath: active)) ?? []).sorted() where !id.hasPrefix(".") {
