@@ -10,6 +10,11 @@
 #              kill -9 of the node running a job -> running on the other (bench/cluster/opqueued.py)
 #
 #   bench/cluster/run.sh [PARTS...]      PARTS: floor anchors opqueued (default: all three)
+#   BENCH_FS=journalled bench/cluster/run.sh     the server's data and every spool on a journalled ext4 (a 16 GB
+#              sparse image under .build-bench, loop-mounted for the run, removed after); by default both are under
+#              /tmp, on whatever file system that is (on the machines these figures come from: ext4 without a
+#              journal, where an inode allocation skips every inode of its group freed in the last minutes, which
+#              the cluster's end-to-end parts pay for and the spool alone does not: docs/cluster.md)
 #   JOBS=10000 SAMPLES=200 BIN=.build/release OPQUEUED_ARGS=--spool-alone bench/cluster/run.sh opqueued
 #   OPQUEUED_ARGS=--parts=2,pickup bench/cluster/run.sh opqueued     (spool, 1, 2, database, pickup, takeover;
 #              also limited: 2 nodes, every operation on a queue limited to 2 cluster-wide)
@@ -32,8 +37,29 @@ exec > >(tee "$OUT") 2>&1
 
 say() { printf '%s\n' "$*"; }
 
+# --- the file system -----------------------------------------------------------------------------------------------
+BASE_TMP=/tmp
+FS_MOUNT=
+if [ "${BENCH_FS:-}" = journalled ]; then
+  FS_IMAGE="$ROOT/.build-bench/journalled-ext4.img"
+  FS_MOUNT=$(mktemp -d /tmp/opq-bench-fs-XXXXXX)
+  rm -f "$FS_IMAGE"
+  truncate -s 16G "$FS_IMAGE"
+  mkfs.ext4 -q -F "$FS_IMAGE"
+  mount -o loop "$FS_IMAGE" "$FS_MOUNT"
+  chmod 1777 "$FS_MOUNT"
+  BASE_TMP=$FS_MOUNT
+  export TMPDIR=$FS_MOUNT
+elif [ -n "${BENCH_FS:-}" ]; then
+  say "BENCH_FS: journalled or unset"; exit 64
+fi
+unmount_fs() {
+  [ -n "$FS_MOUNT" ] || return 0
+  umount "$FS_MOUNT" && rmdir "$FS_MOUNT" && rm -f "$FS_IMAGE"
+}
+
 # --- the server ---------------------------------------------------------------------------------------------------
-DIR=$(mktemp -d /tmp/opq-bench-pg-XXXXXX)
+DIR=$(mktemp -d "$BASE_TMP/opq-bench-pg-XXXXXX")
 chown postgres: "$DIR"
 chmod 700 "$DIR"
 PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
@@ -43,6 +69,7 @@ chown postgres: "$DIR/pw"
 stop_server() {
   runuser -u postgres -- "$PGBIN/pg_ctl" -D "$DIR/data" -m fast -w stop >/dev/null 2>&1 || true
   rm -rf "$DIR"
+  unmount_fs
 }
 trap stop_server EXIT
 runuser -u postgres -- "$PGBIN/initdb" -D "$DIR/data" -U postgres --auth=scram-sha-256 --pwfile="$DIR/pw" \
@@ -51,7 +78,7 @@ runuser -u postgres -- "$PGBIN/pg_ctl" -D "$DIR/data" -l "$DIR/log" -w -t 60 \
   -o "-c listen_addresses=127.0.0.1 -c port=$PORT -c unix_socket_directories=$DIR -c max_connections=200" start >/dev/null
 export PGPASSWORD="$PW" PGHOST=127.0.0.1 PGPORT=$PORT PGUSER=postgres
 BASE="postgresql://postgres:$PW@127.0.0.1:$PORT"
-say "{\"server\": \"$("$PGBIN/postgres" --version)\", \"fsync\": \"$(psql -XAtq -d postgres -c 'SHOW fsync')\", \"cores\": $(nproc), \"load\": \"$(cut -d' ' -f1-3 /proc/loadavg)\"}"
+say "{\"server\": \"$("$PGBIN/postgres" --version)\", \"fsync\": \"$(psql -XAtq -d postgres -c 'SHOW fsync')\", \"cores\": $(nproc), \"load\": \"$(cut -d' ' -f1-3 /proc/loadavg)\", \"fileSystem\": \"$(findmnt -n -o FSTYPE,OPTIONS -T "$DIR")\", \"journal\": \"$(dumpe2fs -h "$(findmnt -n -o SOURCE -T "$DIR")" 2>/dev/null | grep -q has_journal && echo yes || echo no)\"}"
 
 commits() { psql -XAtq -d postgres -c "SELECT xact_commit FROM pg_stat_database WHERE datname = '$1'"; }
 
