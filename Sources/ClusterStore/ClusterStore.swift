@@ -101,6 +101,17 @@ public struct ClaimedJob: Sendable, Equatable {
 
 /// What one beat renewed: the database's time of the beat and the jobs the node still holds (job → fence).
 /// A job the node thinks it runs and that is missing here (or under another fence) is lost.
+/// The process holding a node's name.
+public struct NodeOwner: Sendable, Equatable {
+    public var info: String
+    public var secondsSinceBeat: Double
+
+    public init(info: String, secondsSinceBeat: Double) {
+        self.info = info
+        self.secondsSinceBeat = secondsSinceBeat
+    }
+}
+
 public struct Heartbeat: Sendable, Equatable {
     public var at: Double
     public var held: [String: Int64]
@@ -300,8 +311,15 @@ public protocol ClusterStore: Sendable {
     /// Refuses a schema newer than this code knows.
     func migrate() async throws -> Int
 
-    /// Records (or replaces) what the node declares, renews its lease, creates the slot rows of its cluster limits.
-    func registerNode(_ declaration: NodeDeclaration) async throws
+    /// Records (or replaces) what the node declares, renews its lease, creates the slot rows of its cluster limits —
+    /// unless another running process holds the name: a row whose `info` is neither the declaration's nor
+    /// `replacing`, beaten within the last `freeAfter` seconds. Returns false then, and changes nothing.
+    @discardableResult
+    func registerNode(_ declaration: NodeDeclaration, freeAfter: Double, replacing: String?) async throws -> Bool
+
+    /// Which process holds a node's name (the `info` it registered) and how many seconds ago it last beat; nil when
+    /// the name has no row.
+    func nodeOwner(_ node: String) async throws -> NodeOwner?
 
     /// Inserts every job in one transaction with one notification; ids made unique across the cluster.
     /// Nothing is inserted when it throws. A job whose `submissionKey` is already there is not inserted again:
@@ -312,8 +330,9 @@ public protocol ClusterStore: Sendable {
     /// node's, highest QoS, then priority, then submission order; each under a new fence.
     func claimJobs(node: String, limit: Int, queues: [String], commands: [String]) async throws -> [ClaimedJob]
 
-    /// One statement: renews the lease of the node on all its jobs and slots.
-    func heartbeat(node: String) async throws -> Heartbeat
+    /// One statement: renews the lease of the node on all its jobs and slots. With `info`, only while the name is
+    /// still that process's (`registered` false otherwise).
+    func heartbeat(node: String, info: String?) async throws -> Heartbeat
 
     /// Hands jobs the node holds under these fences back to waiting (it gave their leases up); returns those moved.
     func releaseJobs(node: String, _ jobs: [String: Int64]) async throws -> Set<String>
@@ -372,3 +391,16 @@ public protocol ClusterStore: Sendable {
 
 /// The daemon names its own spool's ClaimedJob the same way; this spelling reaches the store's from there.
 public typealias ClusterClaimedJob = ClaimedJob
+
+extension ClusterStore {
+    /// Registers whatever process held the name before (tests, tools).
+    @discardableResult
+    public func registerNode(_ declaration: NodeDeclaration) async throws -> Bool {
+        try await registerNode(declaration, freeAfter: -1, replacing: nil)
+    }
+
+    /// Renews the name's lease whichever process registered it last.
+    public func heartbeat(node: String) async throws -> Heartbeat {
+        try await heartbeat(node: node, info: nil)
+    }
+}

@@ -166,8 +166,9 @@ public final class PostgresClusterStore: ClusterStore {
 
     // MARK: nodes
 
-    public func registerNode(_ declaration: NodeDeclaration) async throws {
-        _ = try await transaction(doing: "registering node \(declaration.node)") { connection in
+    @discardableResult
+    public func registerNode(_ declaration: NodeDeclaration, freeAfter: Double, replacing: String?) async throws -> Bool {
+        try await transaction(doing: "registering node \(declaration.node)") { connection in
             var binds = PostgresBindings()
             binds.append(declaration.node)
             binds.append(declaration.queues)
@@ -175,7 +176,9 @@ public final class PostgresClusterStore: ClusterStore {
             binds.append(Int32(clamping: declaration.jobSlots))
             binds.append(declaration.info)
             binds.append(declaration.commandSignatures.sorted { $0.key < $1.key }.map { "\($0.key)\t\($0.value)" })
-            _ = try await self.execute(connection, Queries.registerNode, binds)
+            binds.append(freeAfter.isFinite ? freeAfter : 0)
+            binds.append(replacing ?? "")
+            if try await self.execute(connection, Queries.registerNode, binds).isEmpty { return false }
             for (queue, limit) in declaration.clusterLimits.sorted(by: { $0.key < $1.key }) where limit > 0 {
                 var binds = PostgresBindings()
                 binds.append(queue)
@@ -187,9 +190,19 @@ public final class PostgresClusterStore: ClusterStore {
         }
     }
 
-    public func heartbeat(node: String) async throws -> Heartbeat {
+    public func nodeOwner(_ node: String) async throws -> NodeOwner? {
         var binds = PostgresBindings()
         binds.append(node)
+        return try await query(Queries.nodeOwner, binds, doing: "reading who holds node \(node)").first.map { row in
+            let columns = row.makeRandomAccess()
+            return NodeOwner(info: try decode(columns[0], String.self), secondsSinceBeat: try decode(columns[1], Double.self))
+        }
+    }
+
+    public func heartbeat(node: String, info: String?) async throws -> Heartbeat {
+        var binds = PostgresBindings()
+        binds.append(node)
+        binds.append(info ?? "")
         let rows = try await query(Queries.heartbeat, binds, doing: "renewing the lease of node \(node)")
         var beat = Heartbeat(at: 0, held: [:], registered: !rows.isEmpty)
         for row in rows {

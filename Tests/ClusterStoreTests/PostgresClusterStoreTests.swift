@@ -40,6 +40,7 @@ struct PostgresConformanceTests {
     @Test func pinning() async throws { try await StoreConformance.pinning(postgresFactory) }
     @Test func concurrentClaims() async throws { try await StoreConformance.concurrentClaims(postgresFactory) }
     @Test func heartbeatAndTakeover() async throws { try await StoreConformance.heartbeatAndTakeover(postgresFactory) }
+    @Test func nodeNameHeldByOneProcess() async throws { try await StoreConformance.nodeNameHeldByOneProcess(postgresFactory) }
     @Test func staleFence() async throws { try await StoreConformance.staleFence(postgresFactory) }
     @Test func clusterSlots() async throws { try await StoreConformance.clusterSlots(postgresFactory) }
     @Test func slotPriority() async throws { try await StoreConformance.slotPriority(postgresFactory) }

@@ -200,6 +200,34 @@ enum StoreConformance {
         }
     }
 
+    /// A node's name belongs to the process that registered it (its `info`): another process's registration is
+    /// refused while the holder beat within `freeAfter` seconds, and allowed once it is silent that long, or when it
+    /// names the holder as the one it replaces (an earlier run of the node that is gone); a beat with `info` renews
+    /// only the holder's own row.
+    static func nodeNameHeldByOneProcess(_ factory: StoreFactory) async throws {
+        try await withStore(factory) { store in
+            var first = node("twin")
+            first.info = "process one"
+            var second = node("twin")
+            second.info = "process two"
+            #expect(try await store.registerNode(first, freeAfter: 5, replacing: nil))
+            #expect(try await store.nodeOwner("twin")?.info == "process one")
+            #expect(try await store.nodeOwner("nobody") == nil)
+            #expect(try await store.registerNode(second, freeAfter: 5, replacing: nil) == false, "the holder beat within 5 s")
+            #expect(try await store.registerNode(second, freeAfter: 5, replacing: "process three") == false)
+            #expect(try await store.nodeOwner("twin")?.info == "process one", "a refused registration changes nothing")
+            #expect(try await store.registerNode(first, freeAfter: 5, replacing: nil), "the holder registers again")
+            #expect(try await store.heartbeat(node: "twin", info: "process two").registered == false, "not its row")
+            #expect(try await store.heartbeat(node: "twin", info: "process one").registered)
+
+            try await Task.sleep(for: .milliseconds(600))
+            #expect(try await store.registerNode(second, freeAfter: 0.5, replacing: nil), "silent for freeAfter: free")
+            #expect(try await store.heartbeat(node: "twin", info: "process one").registered == false)
+            #expect(try await store.registerNode(first, freeAfter: 60, replacing: "process two"), "replacing a process that is gone")
+            #expect(try await store.nodeOwner("twin")?.info == "process one")
+        }
+    }
+
     /// A silent node's jobs go back after the lease, with from_node; the node beating is left alone; the lost
     /// node's completion records nothing; its next heartbeat shows what it lost.
     static func heartbeatAndTakeover(_ factory: StoreFactory) async throws {

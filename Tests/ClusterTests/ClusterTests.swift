@@ -446,6 +446,42 @@ struct ClusterTests {
         #expect(try harness.journal(node: 0).contains { $0["MESSAGE"]?.contains("the spool works again") == true })
     }
 
+
+    /// SPEC §8: node names are unique in the cluster. Two processes started under one name by mistake (a
+    /// configuration copied to a second machine) must not both run as it: each took the other's jobs for orphans
+    /// and handed them back, and 20 jobs ran 67 times. The second now waits — `disconnected`, saying why — every
+    /// job runs once, and when the first stops, the second joins after the lease and runs what it is given.
+    @Test func aSecondProcessUnderANodesNameWaitsInsteadOfRunningJobsTwice() throws {
+        let harness = try ClusterHarness(nodes: 2, clusterSettings: { _ in ["node": "twin"] }, start: false)
+        try harness[0].start()
+        try harness.waitRegistered(1)
+        try harness[1].start()
+        let refused = try pollUntil(20) {
+            try harness.journal(["OPQ_EVENT": "cluster", "OPQ_STATE": "disconnected"]).first { $0["MESSAGE"]?.contains("held by another running opqueued") == true }
+        }
+        #expect(refused?["MESSAGE"]?.contains("each node needs its own cluster.node") == true, "\(refused ?? [:])")
+        var jobs: Set<String> = []
+        for i in 0..<20 {
+            let job = uniqueJob("twin-\(i)")
+            jobs.insert(job)
+            try harness[0].drop(job + ".plist", sleepJob(job, 0.2))
+        }
+        #expect(harness.waitAll(jobs, timeout: 60).isEmpty)
+        for job in jobs {
+            #expect(try harness.journal(["OPQ_JOB": job, "OPQ_STATE": "executing"]).count == 1, "\(job) ran once")
+            #expect(harness.outboxes(holding: job) == [0])
+        }
+        #expect(try harness.journal(["OPQ_STATE": "lost"]).isEmpty)
+        let status = try harness[1].ctl(["status", "--json"]).stdout
+        #expect(status.contains("held by another running opqueued"), "status says why: \(status)")
+
+        // The first stops: the second joins once the name has been silent for the lease, and runs its inbox.
+        harness[0].stop()
+        let later = uniqueJob("later")
+        try harness[1].drop(later + ".plist", sleepJob(later, 0))
+        #expect(harness.waitResult(later, timeout: 30)?.node == 1)
+    }
+
     // MARK: 3. Claim order: QoS, then queuePriority, then submission order
 
     @Test func jobsAreClaimedByQoSThenPriorityThenSubmissionOrder() throws {

@@ -125,3 +125,31 @@ import Testing
         #expect(CommandSignature.decode("x", "not json") == nil && CommandSignature.decode("x", #"{"parameters": {"a": 5}}"#) == nil)
     }
 }
+
+/// Which process holds a node's name (SPEC §8: unique in the cluster): an earlier run of the node on this machine
+/// that is gone may be replaced at once; anything that may still run may not.
+@Suite("Node process identity")
+struct NodeProcessTests {
+    @Test func onlyAGoneProcessOfThisMachineIsReplacedAtOnce() throws {
+        let mine = NodeProcess.info.split(separator: " ").map(String.init)
+        #expect(mine.count == 7 && mine[0] == "opqueued" && mine[2] == String(getpid()))
+        func info(pid: pid_t, host: String = mine[4], boot: String = mine[6]) -> String { "opqueued pid \(pid) on \(host) boot \(boot)" }
+        // A child that has exited and been reaped: its pid is gone.
+        let child = Process()
+        child.executableURL = URL(fileURLWithPath: "/bin/true")
+        try child.run()
+        child.waitUntilExit()
+        #expect(NodeProcess.isGoneFromThisMachine(info(pid: child.processIdentifier)))
+        #expect(!NodeProcess.isGoneFromThisMachine(NodeProcess.info), "this very process")
+        #expect(!NodeProcess.isGoneFromThisMachine(info(pid: child.processIdentifier, host: mine[4] + "-elsewhere")), "another machine")
+        #expect(!NodeProcess.isGoneFromThisMachine(info(pid: child.processIdentifier, boot: "another-boot")), "an earlier boot is another machine's run, as far as the name goes")
+        #expect(!NodeProcess.isGoneFromThisMachine("opqueued pid \(child.processIdentifier)"), "the older format says no machine")
+        // A live process that is not an opqueued (the pid was given to another program): the node's run is gone.
+        let sleeper = Process()
+        sleeper.executableURL = URL(fileURLWithPath: "/bin/sleep")
+        sleeper.arguments = ["5"]
+        try sleeper.run()
+        defer { kill(sleeper.processIdentifier, SIGKILL); sleeper.waitUntilExit() }
+        #expect(NodeProcess.isGoneFromThisMachine(info(pid: sleeper.processIdentifier)))
+    }
+}

@@ -17,13 +17,22 @@ SELECT coalesce(max(version), 0)::integer AS version FROM opq_schema_version;
 INSERT INTO opq_schema_version (version) VALUES ($1);
 
 -- name: RegisterNode
--- $1 node, $2 queues, $3 commands, $4 job slots, $5 info, $6 command signatures ("name<TAB>signature").
--- Also renews the node's lease.
+-- $1 node, $2 queues, $3 commands, $4 job slots, $5 info (which process), $6 command signatures
+-- ("name<TAB>signature"), $7 seconds after which a silent node's name is free, $8 an info the caller may replace
+-- ('' for none: a process of this node on this machine that is gone). Also renews the node's lease. A name another
+-- running process holds (another info, beaten within $7 seconds) is left alone: no row returned.
 INSERT INTO opq_nodes (node, queues, commands, job_slots, info, command_signatures, last_heartbeat)
 VALUES ($1, $2, $3, $4, $5, $6, now())
 ON CONFLICT (node) DO UPDATE
 SET queues = EXCLUDED.queues, commands = EXCLUDED.commands, job_slots = EXCLUDED.job_slots,
-    info = EXCLUDED.info, command_signatures = EXCLUDED.command_signatures, last_heartbeat = now();
+    info = EXCLUDED.info, command_signatures = EXCLUDED.command_signatures, last_heartbeat = now()
+WHERE opq_nodes.info = EXCLUDED.info OR opq_nodes.info = $8
+   OR opq_nodes.last_heartbeat < now() - make_interval(secs => $7::float8)
+RETURNING node;
+
+-- name: NodeOwner
+-- $1 node: which process holds the name (its info) and how many seconds ago it last beat.
+SELECT info, extract(epoch FROM now() - last_heartbeat)::float8 FROM opq_nodes WHERE node = $1;
 
 -- name: EnsureQueueSlots
 -- $1 queue, $2 limit: rows 1..limit exist (never removed: a lower limit just leaves the upper rows unused).
@@ -101,9 +110,10 @@ FROM opq_claim_jobs($1, $2, $3::text[], $4::text[]);
 
 -- name: Heartbeat
 -- One statement per node per beat: renews the node's lease (and so those of all its jobs and slots) and
--- returns the jobs it still holds with their fences, so that it learns at once what it lost.
+-- returns the jobs it still holds with their fences, so that it learns at once what it lost. $2: the process's
+-- info ('' for any): a row another process registered since is not renewed (no row returned, as for no row).
 WITH beat AS (
-    UPDATE opq_nodes SET last_heartbeat = now() WHERE node = $1
+    UPDATE opq_nodes SET last_heartbeat = now() WHERE node = $1 AND ($2 = '' OR info = $2)
     RETURNING node, extract(epoch FROM last_heartbeat)::float8 AS at
 )
 SELECT beat.at, j.id, j.fence

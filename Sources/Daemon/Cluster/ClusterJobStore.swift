@@ -504,7 +504,19 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
     private func connect() throws {
         let declaration = lock.withLock { configuration.declaration(node: nodeName, jobSlots: settings.jobSlots) }
         _ = try waitBounded(Self.statementTimeout * 2, on: executor, doing: "migrating the cluster schema", { [store] in try await store.migrate() })
-        try waitBounded(Self.statementTimeout, on: executor, doing: "registering node \(nodeName)", { [store] in try await store.registerNode(declaration) })
+        // The name is this process's unless another running process holds it (NodeProcess): then it waits, retried
+        // as an outage is, and joins once that one has been silent for leaseSeconds.
+        let owner = try waitBounded(Self.statementTimeout, on: executor, doing: "reading who holds node \(nodeName)", { [store, nodeName] in
+            try await store.nodeOwner(nodeName)
+        })
+        let replacing = owner.flatMap { NodeProcess.isGoneFromThisMachine($0.info) ? $0.info : nil }
+        let registered = try waitBounded(Self.statementTimeout, on: executor, doing: "registering node \(nodeName)", { [store, settings] in
+            try await store.registerNode(declaration, freeAfter: settings.leaseSeconds, replacing: replacing)
+        })
+        guard registered else {
+            let holder = owner.map { "\($0.info), last heartbeat \(String(format: "%.1f", $0.secondsSinceBeat)) s ago" } ?? "another process"
+            throw ClusterUnavailable("node name \(nodeName) is held by another running opqueued (\(holder)); each node needs its own cluster.node. This one joins once that one has been silent for \(settings.leaseSeconds.formatted()) s")
+        }
         if !lock.withLock({ hasConnected }) {
             // Slots the node's name holds now were held by a process of it that is gone (no slot is taken before
             // the first beat): a restart within the lease keeps the lease alive, so no takeover would free them.
@@ -593,11 +605,11 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
     private func beat() throws {
         let sentAt = monotonicSeconds()
         let beat = try waitBounded(Self.statementTimeout, on: executor, doing: "renewing the lease of node \(nodeName)", { [store, nodeName] in
-            try await store.heartbeat(node: nodeName)
+            try await store.heartbeat(node: nodeName, info: NodeProcess.info)
         })
         if !beat.registered {
             lock.withLock { registerWanted = true }
-            throw ClusterUnavailable("node \(nodeName) has no row in the database (registered again)")
+            throw ClusterUnavailable("node \(nodeName) has no row of this process in the database (registered again)")
         }
         let lost = lock.withLock { () -> [String] in
             let result = state.beatSucceeded(sentAt: sentAt, held: beat.held)

@@ -192,7 +192,7 @@ extension Configuration {
         var signatures: [String: String] = [:]
         for name in runnable { if let spec = commands[name] { signatures[name] = CommandSignature.encode(spec) } }
         return NodeDeclaration(node: node, queues: queueNames, commands: runnable, jobSlots: jobSlots, clusterLimits: limits,
-                               info: "opqueued pid \(getpid())", commandSignatures: signatures)
+                               info: NodeProcess.info, commandSignatures: signatures)
     }
 }
 
@@ -236,5 +236,39 @@ final class ThreadSignal: @unchecked Sendable {
         if !signalled { _ = condition.wait(until: Date(timeIntervalSinceNow: max(0, seconds))) }
         signalled = false
         condition.unlock()
+    }
+}
+
+/// Which process holds a node's name. SPEC §8 names are unique in the cluster; two processes started under one name
+/// by mistake (a configuration copied to a second machine) must not both run as it — each would take the other's
+/// jobs for orphans and hand them back, and every job would run several times. A node registers with this `info`,
+/// beats only while the row is still its own, and waits while another running process holds the name.
+enum NodeProcess {
+    /// `opqueued pid P on HOST boot B` (B: the kernel's boot id).
+    static let info: String = {
+        var name = [CChar](repeating: 0, count: 256)
+        let host = gethostname(&name, name.count) == 0 ? String(decoding: name.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self) : "unknown"
+        return "opqueued pid \(getpid()) on \(host.isEmpty ? "unknown" : host) boot \(bootID)"
+    }()
+
+    private static let bootID: String = {
+        let text = (try? String(contentsOfFile: "/proc/sys/kernel/random/boot_id", encoding: .utf8)) ?? ""
+        let id = text.trimmingCharacters(in: .whitespacesAndNewlines)
+        return id.isEmpty ? "unknown" : id
+    }()
+
+    /// Whether `other` (a registered info) names a process of this machine, since this boot, that is gone: an
+    /// earlier run of this node (killed, crashed), whose name this process takes at once rather than after its
+    /// lease. Anything else — another machine, an older format, a live pid — is a process that may still run.
+    static func isGoneFromThisMachine(_ other: String) -> Bool {
+        let words = other.split(separator: " ", omittingEmptySubsequences: false)
+        let mine = info.split(separator: " ", omittingEmptySubsequences: false)
+        guard words.count == 7, mine.count == 7, words[0] == "opqueued", words[1] == "pid", words[3] == "on", words[5] == "boot",
+              words[4] == mine[4], words[6] == mine[6], words[6] != "unknown", let pid = pid_t(words[2]), pid > 0 else { return false }
+        if pid == getpid() { return false }
+        if kill(pid, 0) != 0 { return errno == ESRCH }
+        // The pid lives: gone only if it is no longer an opqueued (the number was given to another program).
+        let comm = (try? String(contentsOfFile: "/proc/\(pid)/comm", encoding: .utf8))?.trimmingCharacters(in: .whitespacesAndNewlines)
+        return comm != nil && comm != "opqueued"
     }
 }
