@@ -450,9 +450,10 @@ struct ClusterTests {
     /// SPEC §8: node names are unique in the cluster. Two processes started under one name by mistake (a
     /// configuration copied to a second machine) must not both run as it: each took the other's jobs for orphans
     /// and handed them back, and 20 jobs ran 67 times. The second now waits — `disconnected`, saying why — every
-    /// job runs once, and when the first stops, the second joins after the lease and runs what it is given.
+    /// job runs once; the first, killed and restarted, takes its name back at once; once it has stopped, the second
+    /// joins and runs what it is given.
     @Test func aSecondProcessUnderANodesNameWaitsInsteadOfRunningJobsTwice() throws {
-        let harness = try ClusterHarness(nodes: 2, clusterSettings: { _ in ["node": "twin"] }, start: false)
+        let harness = try ClusterHarness(nodes: 2, leaseSeconds: 8, clusterSettings: { _ in ["node": "twin"] }, start: false)
         try harness[0].start()
         try harness.waitRegistered(1)
         try harness[1].start()
@@ -475,8 +476,20 @@ struct ClusterTests {
         let status = try harness[1].ctl(["status", "--json"]).stdout
         #expect(status.contains("held by another running opqueued"), "status says why: \(status)")
 
-        // The first stops: the second joins once the name has been silent for the lease, and runs its inbox.
+        // The first is killed and restarted at once (the second stopped, so that it cannot take the name in between):
+        // an earlier run of the node on this machine, gone, so it takes its name back without waiting for the lease.
+        harness[1].stop()
+        harness[0].kill9()
+        try harness[0].start()
+        let back = uniqueJob("back")
+        let restarted = Date()
+        try harness[0].drop(back + ".plist", sleepJob(back, 0))
+        #expect(harness.waitResult(back, timeout: 30)?.node == 0)
+        #expect(Date().timeIntervalSince(restarted) < 6, "rejoined before the lease (8 s) ran out")
+
+        // The first stops and the second starts again: the name's holder is gone from this machine, so it joins.
         harness[0].stop()
+        try harness[1].start()
         let later = uniqueJob("later")
         try harness[1].drop(later + ".plist", sleepJob(later, 0))
         #expect(harness.waitResult(later, timeout: 30)?.node == 1)

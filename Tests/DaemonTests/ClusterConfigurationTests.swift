@@ -132,17 +132,21 @@ import Testing
 struct NodeProcessTests {
     @Test func onlyAGoneProcessOfThisMachineIsReplacedAtOnce() throws {
         let mine = NodeProcess.info.split(separator: " ").map(String.init)
-        #expect(mine.count == 7 && mine[0] == "opqueued" && mine[2] == String(getpid()))
-        func info(pid: pid_t, host: String = mine[4], boot: String = mine[6]) -> String { "opqueued pid \(pid) on \(host) boot \(boot)" }
+        #expect(mine.count == 11 && mine[0] == "opqueued" && mine[2] == String(getpid()) && mine[6] != "unknown" && mine[8] != "unknown")
+        func info(pid: pid_t, host: String = mine[4], boot: String = mine[6], namespace: String = mine[8], run: String = "1234") -> String {
+            "opqueued pid \(pid) on \(host) boot \(boot) pidns \(namespace) run \(run)"
+        }
         // A child that has exited and been reaped: its pid is gone.
         let child = Process()
         child.executableURL = URL(fileURLWithPath: "/bin/true")
         try child.run()
         child.waitUntilExit()
         #expect(NodeProcess.isGoneFromThisMachine(info(pid: child.processIdentifier)))
-        #expect(!NodeProcess.isGoneFromThisMachine(NodeProcess.info), "this very process")
+        #expect(!NodeProcess.isGoneFromThisMachine(NodeProcess.info), "this very run")
+        #expect(NodeProcess.isGoneFromThisMachine(info(pid: getpid(), run: mine[10] + "0")), "another run under this pid (a container restarted)")
         #expect(!NodeProcess.isGoneFromThisMachine(info(pid: child.processIdentifier, host: mine[4] + "-elsewhere")), "another machine")
-        #expect(!NodeProcess.isGoneFromThisMachine(info(pid: child.processIdentifier, boot: "another-boot")), "an earlier boot is another machine's run, as far as the name goes")
+        #expect(!NodeProcess.isGoneFromThisMachine(info(pid: child.processIdentifier, boot: "another-boot")), "another boot")
+        #expect(!NodeProcess.isGoneFromThisMachine(info(pid: child.processIdentifier, namespace: "pid:[1]")), "another pid namespace: its pids are not ours")
         #expect(!NodeProcess.isGoneFromThisMachine("opqueued pid \(child.processIdentifier)"), "the older format says no machine")
         // A live process that is not an opqueued (the pid was given to another program): the node's run is gone.
         let sleeper = Process()

@@ -244,28 +244,37 @@ final class ThreadSignal: @unchecked Sendable {
 /// jobs for orphans and hand them back, and every job would run several times. A node registers with this `info`,
 /// beats only while the row is still its own, and waits while another running process holds the name.
 enum NodeProcess {
-    /// `opqueued pid P on HOST boot B` (B: the kernel's boot id).
+    /// `opqueued pid P on HOST boot B pidns N run R`: B the kernel's boot id, N the pid namespace (a pid means
+    /// something only within one), R drawn at random for this run (a container restarted may reuse the pid).
     static let info: String = {
         var name = [CChar](repeating: 0, count: 256)
-        let host = gethostname(&name, name.count) == 0 ? String(decoding: name.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self) : "unknown"
-        return "opqueued pid \(getpid()) on \(host.isEmpty ? "unknown" : host) boot \(bootID)"
+        let host = gethostname(&name, name.count) == 0 ? String(decoding: name.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self) : ""
+        let namespace = (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/ns/pid")) ?? ""
+        return "opqueued pid \(getpid()) on \(word(host)) boot \(word(bootID)) pidns \(word(namespace)) run \(String(UInt64.random(in: 1...UInt64.max), radix: 16))"
     }()
 
     private static let bootID: String = {
-        let text = (try? String(contentsOfFile: "/proc/sys/kernel/random/boot_id", encoding: .utf8)) ?? ""
-        let id = text.trimmingCharacters(in: .whitespacesAndNewlines)
-        return id.isEmpty ? "unknown" : id
+        ((try? String(contentsOfFile: "/proc/sys/kernel/random/boot_id", encoding: .utf8)) ?? "").trimmingCharacters(in: .whitespacesAndNewlines)
     }()
 
-    /// Whether `other` (a registered info) names a process of this machine, since this boot, that is gone: an
-    /// earlier run of this node (killed, crashed), whose name this process takes at once rather than after its
-    /// lease. Anything else — another machine, an older format, a live pid — is a process that may still run.
+    /// One word of `info`: never empty, never a space.
+    private static func word(_ text: String) -> String {
+        let clean = text.filter { !$0.isWhitespace }
+        return clean.isEmpty ? "unknown" : clean
+    }
+
+    /// Whether `other` (a registered info) names a process of this machine, since this boot and in this pid
+    /// namespace, that is gone: an earlier run of this node (killed, crashed), whose name this process takes at once
+    /// rather than after its lease. Anything else — another machine or container, an older format, a live pid —
+    /// is a process that may still run.
     static func isGoneFromThisMachine(_ other: String) -> Bool {
         let words = other.split(separator: " ", omittingEmptySubsequences: false)
         let mine = info.split(separator: " ", omittingEmptySubsequences: false)
-        guard words.count == 7, mine.count == 7, words[0] == "opqueued", words[1] == "pid", words[3] == "on", words[5] == "boot",
-              words[4] == mine[4], words[6] == mine[6], words[6] != "unknown", let pid = pid_t(words[2]), pid > 0 else { return false }
-        if pid == getpid() { return false }
+        guard words.count == 11, mine.count == 11, words[0] == "opqueued", words[1] == "pid", words[3] == "on", words[5] == "boot",
+              words[7] == "pidns", words[9] == "run", words[4] == mine[4], words[6] == mine[6], words[8] == mine[8],
+              words[6] != "unknown", words[8] != "unknown", let pid = pid_t(words[2]), pid > 0 else { return false }
+        // Our own pid in our namespace: another run's, which cannot be alive (or this very run: not gone).
+        if pid == getpid() { return words[10] != mine[10] }
         if kill(pid, 0) != 0 { return errno == ESRCH }
         // The pid lives: gone only if it is no longer an opqueued (the number was given to another program).
         let comm = (try? String(contentsOfFile: "/proc/\(pid)/comm", encoding: .utf8))?.trimmingCharacters(in: .whitespacesAndNewlines)
