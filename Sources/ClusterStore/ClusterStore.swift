@@ -311,11 +311,12 @@ public protocol ClusterStore: Sendable {
     /// Refuses a schema newer than this code knows.
     func migrate() async throws -> Int
 
-    /// Records (or replaces) what the node declares, renews its lease, creates the slot rows of its cluster limits —
+    /// Records (or replaces) what the node declares and its `leaseSeconds` (others judge it lost after that much
+    /// silence; <= 0: none recorded, theirs applies), renews its lease, creates the slot rows of its cluster limits —
     /// unless another running process holds the name: a row whose `info` is neither the declaration's nor
-    /// `replacing`, beaten within the last `freeAfter` seconds. Returns false then, and changes nothing.
+    /// `replacing`, beaten within its lease. Returns false then, and changes nothing.
     @discardableResult
-    func registerNode(_ declaration: NodeDeclaration, freeAfter: Double, replacing: String?) async throws -> Bool
+    func registerNode(_ declaration: NodeDeclaration, leaseSeconds: Double, replacing: String?) async throws -> Bool
 
     /// Which process holds a node's name (the `info` it registered) and how many seconds ago it last beat; nil when
     /// the name has no row.
@@ -396,7 +397,7 @@ extension ClusterStore {
     /// Registers whatever process held the name before (tests, tools).
     @discardableResult
     public func registerNode(_ declaration: NodeDeclaration) async throws -> Bool {
-        try await registerNode(declaration, freeAfter: -1, replacing: nil)
+        try await registerNode(declaration, leaseSeconds: -1, replacing: nil)
     }
 
     /// Renews the name's lease whichever process registered it last.

@@ -167,7 +167,7 @@ public final class PostgresClusterStore: ClusterStore {
     // MARK: nodes
 
     @discardableResult
-    public func registerNode(_ declaration: NodeDeclaration, freeAfter: Double, replacing: String?) async throws -> Bool {
+    public func registerNode(_ declaration: NodeDeclaration, leaseSeconds: Double, replacing: String?) async throws -> Bool {
         try await transaction(doing: "registering node \(declaration.node)") { connection in
             var binds = PostgresBindings()
             binds.append(declaration.node)
@@ -176,7 +176,7 @@ public final class PostgresClusterStore: ClusterStore {
             binds.append(Int32(clamping: declaration.jobSlots))
             binds.append(declaration.info)
             binds.append(declaration.commandSignatures.sorted { $0.key < $1.key }.map { "\($0.key)\t\($0.value)" })
-            binds.append(freeAfter.isFinite ? freeAfter : 0)
+            binds.append(leaseSeconds.isFinite ? leaseSeconds : 0)
             binds.append(replacing ?? "")
             if try await self.execute(connection, Queries.registerNode, binds).isEmpty { return false }
             for (queue, limit) in declaration.clusterLimits.sorted(by: { $0.key < $1.key }) where limit > 0 {

@@ -23,17 +23,18 @@ enum Queries {
     """#
 
     /// $1 node, $2 queues, $3 commands, $4 job slots, $5 info (which process), $6 command signatures
-    /// ("name<TAB>signature"), $7 seconds after which a silent node's name is free, $8 an info the caller may replace
+    /// ("name<TAB>signature"), $7 the node's leaseSeconds (recorded; <= 0: none), $8 an info the caller may replace
     /// ('' for none: a process of this node on this machine that is gone). Also renews the node's lease. A name another
-    /// running process holds (another info, beaten within $7 seconds) is left alone: no row returned.
+    /// running process holds (another info, beaten within its lease) is left alone: no row returned.
     static let registerNode = #"""
-    INSERT INTO opq_nodes (node, queues, commands, job_slots, info, command_signatures, last_heartbeat)
-    VALUES ($1, $2, $3, $4, $5, $6, now())
+    INSERT INTO opq_nodes (node, queues, commands, job_slots, info, command_signatures, last_heartbeat, lease_seconds)
+    VALUES ($1, $2, $3, $4, $5, $6, now(), CASE WHEN $7::float8 > 0 THEN $7::float8 END)
     ON CONFLICT (node) DO UPDATE
     SET queues = EXCLUDED.queues, commands = EXCLUDED.commands, job_slots = EXCLUDED.job_slots,
-        info = EXCLUDED.info, command_signatures = EXCLUDED.command_signatures, last_heartbeat = now()
+        info = EXCLUDED.info, command_signatures = EXCLUDED.command_signatures, last_heartbeat = now(),
+        lease_seconds = EXCLUDED.lease_seconds
     WHERE opq_nodes.info = EXCLUDED.info OR opq_nodes.info = $8
-       OR opq_nodes.last_heartbeat < now() - make_interval(secs => $7::float8)
+       OR opq_nodes.last_heartbeat < now() - make_interval(secs => coalesce(opq_nodes.lease_seconds, $7::float8))
     RETURNING node
     """#
 
@@ -137,13 +138,14 @@ enum Queries {
     FROM beat LEFT JOIN opq_jobs AS j ON j.node = beat.node AND j.state = 'running'
     """#
 
-    /// Nodes silent for more than $1 seconds lose their jobs (back to waiting, from_node set), their cluster
+    /// Nodes silent for more than their own leaseSeconds ($1, the caller's, for a node that recorded none) lose
+    /// their jobs (back to waiting, from_node set), their cluster
     /// slots and their waits for slots (each kind of wake-up notified once when any moved). A node beating at this instant holds its row lock:
     /// it is skipped this round, never half taken.
     static let takeOverLost = #"""
     WITH lost AS (
         SELECT node FROM opq_nodes
-        WHERE last_heartbeat < now() - make_interval(secs => $1::float8)
+        WHERE last_heartbeat < now() - make_interval(secs => coalesce(lease_seconds, $1::float8))
         FOR UPDATE SKIP LOCKED
     ), freed AS (
         UPDATE opq_queue_slots AS s
@@ -189,7 +191,7 @@ enum Queries {
                         clock_timestamp()) AS since
     ), others AS (
         SELECT w.priority, w.since FROM opq_slot_waiters AS w JOIN opq_nodes AS n ON n.node = w.node
-        WHERE w.queue = $1 AND w.node <> $3 AND n.last_heartbeat >= now() - make_interval(secs => $5::float8)
+        WHERE w.queue = $1 AND w.node <> $3 AND n.last_heartbeat >= now() - make_interval(secs => coalesce(n.lease_seconds, $5::float8))
     ), ahead AS (
         SELECT 1 FROM others, mine
         WHERE others.priority > $6 OR (others.priority = $6 AND others.since < mine.since)
@@ -226,7 +228,7 @@ enum Queries {
     static let keepSlots = #"""
     WITH ahead AS (
         SELECT 1 FROM opq_slot_waiters AS w JOIN opq_nodes AS n ON n.node = w.node
-        WHERE w.queue = $1 AND w.node <> $3 AND n.last_heartbeat >= now() - make_interval(secs => $2::float8)
+        WHERE w.queue = $1 AND w.node <> $3 AND n.last_heartbeat >= now() - make_interval(secs => coalesce(n.lease_seconds, $2::float8))
           AND (w.priority > $6 OR (w.priority = $6 AND w.since < clock_timestamp() - interval '50 milliseconds'))
         LIMIT 1
     ), freed AS (
@@ -341,19 +343,20 @@ enum Queries {
     FROM opq_jobs WHERE id = $1
     """#
 
-    /// For status: every node, live when it beat within $1 seconds, with the jobs it runs now.
+    /// For status: every node, live when it beat within its lease ($1 seconds for one that recorded none), with the
+    /// jobs it runs now.
     static let nodes = #"""
     SELECT n.node, n.queues, n.commands, n.job_slots, extract(epoch FROM n.last_heartbeat)::float8,
-           n.last_heartbeat >= now() - make_interval(secs => $1::float8) AS live,
+           n.last_heartbeat >= now() - make_interval(secs => coalesce(n.lease_seconds, $1::float8)) AS live,
            (SELECT count(*) FROM opq_jobs AS j WHERE j.state = 'running' AND j.node = n.node)::integer AS jobs
     FROM opq_nodes AS n ORDER BY n.node
     """#
 
-    /// Waiting jobs that no live node (beat within $1 seconds) declares every queue and command of, with the
+    /// Waiting jobs that no live node (beat within its lease, else $1 seconds) declares every queue and command of, with the
     /// queues and commands that no live node declares at all (both empty: they are split across nodes).
     static let jobsNoLiveNodeCanRun = #"""
     WITH live AS (
-        SELECT queues, commands FROM opq_nodes WHERE last_heartbeat >= now() - make_interval(secs => $1::float8)
+        SELECT queues, commands FROM opq_nodes WHERE last_heartbeat >= now() - make_interval(secs => coalesce(lease_seconds, $1::float8))
     ), declared AS (
         SELECT coalesce((SELECT array_agg(DISTINCT q) FROM live, unnest(live.queues) AS q), '{}') AS queues,
                coalesce((SELECT array_agg(DISTINCT c) FROM live, unnest(live.commands) AS c), '{}') AS commands
@@ -593,6 +596,18 @@ enum Migrations {
             """#,
             #"""
             DELETE FROM opq_schema_version WHERE version = 4
+            """#,
+        ]),
+        Migration(version: 5, name: "node_lease", up: [
+            #"""
+            ALTER TABLE opq_nodes ADD COLUMN lease_seconds float8 CHECK (lease_seconds IS NULL OR lease_seconds > 0)
+            """#,
+        ], down: [
+            #"""
+            ALTER TABLE opq_nodes DROP COLUMN IF EXISTS lease_seconds
+            """#,
+            #"""
+            DELETE FROM opq_schema_version WHERE version = 5
             """#,
         ]),
     ]

@@ -201,7 +201,7 @@ enum StoreConformance {
     }
 
     /// A node's name belongs to the process that registered it (its `info`): another process's registration is
-    /// refused while the holder beat within `freeAfter` seconds, and allowed once it is silent that long, or when it
+    /// refused while the holder beat within its lease, and allowed once it is silent that long, or when it
     /// names the holder as the one it replaces (an earlier run of the node that is gone); a beat with `info` renews
     /// only the holder's own row.
     static func nodeNameHeldByOneProcess(_ factory: StoreFactory) async throws {
@@ -210,21 +210,40 @@ enum StoreConformance {
             first.info = "process one"
             var second = node("twin")
             second.info = "process two"
-            #expect(try await store.registerNode(first, freeAfter: 5, replacing: nil))
+            #expect(try await store.registerNode(first, leaseSeconds: 0.5, replacing: nil))
             #expect(try await store.nodeOwner("twin")?.info == "process one")
             #expect(try await store.nodeOwner("nobody") == nil)
-            #expect(try await store.registerNode(second, freeAfter: 5, replacing: nil) == false, "the holder beat within 5 s")
-            #expect(try await store.registerNode(second, freeAfter: 5, replacing: "process three") == false)
+            #expect(try await store.registerNode(second, leaseSeconds: 60, replacing: nil) == false, "the holder beat within its lease")
+            #expect(try await store.registerNode(second, leaseSeconds: 60, replacing: "process three") == false)
             #expect(try await store.nodeOwner("twin")?.info == "process one", "a refused registration changes nothing")
-            #expect(try await store.registerNode(first, freeAfter: 5, replacing: nil), "the holder registers again")
+            #expect(try await store.registerNode(first, leaseSeconds: 0.5, replacing: nil), "the holder registers again")
             #expect(try await store.heartbeat(node: "twin", info: "process two").registered == false, "not its row")
             #expect(try await store.heartbeat(node: "twin", info: "process one").registered)
 
-            try await Task.sleep(for: .milliseconds(600))
-            #expect(try await store.registerNode(second, freeAfter: 0.5, replacing: nil), "silent for freeAfter: free")
+            try await Task.sleep(for: .milliseconds(700))
+            #expect(try await store.registerNode(second, leaseSeconds: 60, replacing: nil), "silent for its own lease (0.5 s): free")
             #expect(try await store.heartbeat(node: "twin", info: "process one").registered == false)
-            #expect(try await store.registerNode(first, freeAfter: 60, replacing: "process two"), "replacing a process that is gone")
+            #expect(try await store.registerNode(first, leaseSeconds: 0.5, replacing: "process two"), "replacing a process that is gone")
             #expect(try await store.nodeOwner("twin")?.info == "process one")
+        }
+    }
+
+    /// Schema 5: a node is lost after its own leaseSeconds, whoever looks. A node with a long lease keeps its jobs
+    /// when a node with a short one looks after a short silence; a node with a short lease loses them to a looker
+    /// with a long one. Status and liveness judge the same way.
+    static func eachNodeIsLostAfterItsOwnLease(_ factory: StoreFactory) async throws {
+        try await withStore(factory) { store in
+            try await store.registerNode(node("patient"), leaseSeconds: 60, replacing: nil)
+            try await store.registerNode(node("hasty"), leaseSeconds: 0.5, replacing: nil)
+            _ = try await store.insertJobs([job("p1"), job("h1")])
+            #expect(try await store.claimJobs(node: "patient", limit: 1, queues: ["default"], commands: []).map(\.id) == ["p1"])
+            #expect(try await store.claimJobs(node: "hasty", limit: 1, queues: ["default"], commands: []).map(\.id) == ["h1"])
+            try await Task.sleep(for: .milliseconds(800))
+            let moved = try await store.takeOverLost(leaseSeconds: 0.5)
+            #expect(moved.jobs.map(\.id) == ["h1"], "patient's 60 s lease holds, whatever the looker's")
+            let nodes = try await store.nodes(leaseSeconds: 0.5)
+            #expect(nodes.first { $0.node == "patient" }?.connected == true && nodes.first { $0.node == "hasty" }?.connected == false)
+            #expect(try await store.job("p1")?.state == .running)
         }
     }
 

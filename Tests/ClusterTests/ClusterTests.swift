@@ -495,6 +495,20 @@ struct ClusterTests {
         #expect(harness.waitResult(later, timeout: 30)?.node == 1)
     }
 
+    /// Nodes configured with different leaseSeconds: a node is lost after its own lease, not the looker's. Node 0
+    /// (leaseSeconds 12) beats every 4 s; node 1 (leaseSeconds 2) used to take its jobs over between two beats,
+    /// again and again. A 6 s job pinned to node 0 now runs once, and no one logs `lost`.
+    @Test func eachNodeIsLostAfterItsOwnLeaseWhateverTheOthersSay() throws {
+        let harness = try ClusterHarness(nodes: 2, settings: { k in k == 0 ? ["queues": ["slow": ["maxConcurrentOperationCount": 1]]] : [:] },
+                                         clusterSettings: { k in ["leaseSeconds": k == 0 ? 12 : 2] })
+        let job = uniqueJob("patient")
+        try harness[1].drop(job + ".plist", sleepJob(job, 6, queue: "slow"))
+        let result = harness.waitResult(job, timeout: 60)
+        #expect(result?.node == 0 && result?.result["status"] as? String == "succeeded")
+        #expect(try harness.journal(["OPQ_JOB": job, "OPQ_STATE": "executing"]).count == 1, "ran once")
+        #expect(try harness.journal(["OPQ_STATE": "lost"]).isEmpty)
+    }
+
     // MARK: 3. Claim order: QoS, then queuePriority, then submission order
 
     @Test func jobsAreClaimedByQoSThenPriorityThenSubmissionOrder() throws {

@@ -511,7 +511,7 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
         })
         let replacing = owner.flatMap { NodeProcess.isGoneFromThisMachine($0.info) ? $0.info : nil }
         let registered = try waitBounded(Self.statementTimeout, on: executor, doing: "registering node \(nodeName)", { [store, settings] in
-            try await store.registerNode(declaration, freeAfter: settings.leaseSeconds, replacing: replacing)
+            try await store.registerNode(declaration, leaseSeconds: settings.leaseSeconds, replacing: replacing)
         })
         guard registered else {
             let holder = owner.map { "\($0.info), last heartbeat \(String(format: "%.1f", $0.secondsSinceBeat)) s ago" } ?? "another process"
