@@ -99,8 +99,6 @@ public struct ClaimedJob: Sendable, Equatable {
     }
 }
 
-/// What one beat renewed: the database's time of the beat and the jobs the node still holds (job → fence).
-/// A job the node thinks it runs and that is missing here (or under another fence) is lost.
 /// The process holding a node's name.
 public struct NodeOwner: Sendable, Equatable {
     public var info: String
@@ -112,6 +110,8 @@ public struct NodeOwner: Sendable, Equatable {
     }
 }
 
+/// What one beat renewed: the database's time of the beat and the jobs the node still holds (job → fence).
+/// A job the node thinks it runs and that is missing here (or under another fence) is lost.
 public struct Heartbeat: Sendable, Equatable {
     public var at: Double
     public var held: [String: Int64]

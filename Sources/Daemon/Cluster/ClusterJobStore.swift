@@ -605,10 +605,10 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
         }
     }
 
-    /// One heartbeat (one statement), then a takeover round.
     /// How often a node looks for lost nodes (`takeOver`): at most half a second after a lease ends.
     var takeoverSeconds: Double { min(settings.leaseSeconds / 3, 0.5) }
 
+    /// One heartbeat (one statement): renews this process's lease and learns which of its jobs it lost.
     private func beat() throws {
         let sentAt = monotonicSeconds()
         let beat = try waitBounded(Self.statementTimeout, on: executor, doing: "renewing the lease of node \(nodeName)", { [store, nodeName] in

@@ -247,8 +247,7 @@ enum NodeProcess {
     /// `opqueued pid P on HOST boot B pidns N run R`: B the kernel's boot id, N the pid namespace (a pid means
     /// something only within one), R drawn at random for this run (a container restarted may reuse the pid).
     static let info: String = {
-        var name = [CChar](repeating: 0, count: 256)
-        let host = gethostname(&name, name.count) == 0 ? String(decoding: name.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self) : ""
+        let host = defaultNodeName()
         let namespace = (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/ns/pid")) ?? ""
         return "opqueued pid \(getpid()) on \(word(host)) boot \(word(bootID)) pidns \(word(namespace)) run \(String(UInt64.random(in: 1...UInt64.max), radix: 16))"
     }()
