@@ -33,13 +33,16 @@ public enum MessageIDs {
         return hex.split(separator: "|").map { String(repeating: "0", count: 16 - $0.count) + $0 }.joined()
     }
 
-    static let table: [String: String] = Dictionary(uniqueKeysWithValues: pairs.map { ("\($0.event)/\($0.state)", id(event: $0.event, state: $0.state)) })
+    /// event → state → MESSAGE_ID (two lookups, no key to build per entry).
+    static let table: [String: [String: String]] = Dictionary(grouping: pairs, by: \.event).mapValues { pairs in
+        Dictionary(uniqueKeysWithValues: pairs.map { ($0.state, id(event: $0.event, state: $0.state)) })
+    }
 
     /// The MESSAGE_ID of an event's (OPQ_EVENT, OPQ_STATE) metadata, if it is one of the pairs: the journal and the
     /// console both take it from here, so the two targets never disagree.
     static func id(for metadata: Logger.Metadata) -> String? {
         guard case .string(let event)? = metadata["OPQ_EVENT"], case .string(let state)? = metadata["OPQ_STATE"] else { return nil }
-        return table["\(event)/\(state)"]
+        return table[event]?[state]
     }
 }
 
@@ -58,10 +61,22 @@ public enum Journal {
 
     /// The event's metadata merged over the handler's, with OPQ_NODE added when a node is set.
     static func fields(_ handler: Logger.Metadata, _ event: Logger.Metadata?) -> Logger.Metadata {
-        var all = handler
-        if let event { all.merge(event) { $1 } }
-        if all["OPQ_NODE"] == nil, let node { all["OPQ_NODE"] = .string(node) }
+        var (all, node) = parts(handler, event)
+        if let node { all["OPQ_NODE"] = .string(node) }
         return all
+    }
+
+    /// `fields` in two parts, for the handlers, which write every entry: the merged metadata (the event's own
+    /// dictionary when the handler has none, as for every daemon logger: no copy) and the node to add as
+    /// `OPQ_NODE`, nil when none is set or the metadata names one (adding it would copy the dictionary).
+    static func parts(_ handler: Logger.Metadata, _ event: Logger.Metadata?) -> (metadata: Logger.Metadata, node: String?) {
+        var all = event ?? [:]
+        if !handler.isEmpty {
+            all = handler
+            if let event { all.merge(event) { $1 } }
+        }
+        guard let node, all["OPQ_NODE"] == nil else { return (all, nil) }
+        return (all, node)
     }
 }
 
@@ -121,12 +136,13 @@ public struct JournalLogHandler: LogHandler {
             "CODE_LINE=\(event.line)",
             "CODE_FUNC=\(event.function)",
         ]
-        let all = Journal.fields(metadata, event.metadata)
+        let (all, node) = Journal.parts(metadata, event.metadata)
         if let id = MessageIDs.id(for: all) { fields.append("MESSAGE_ID=\(id)") }
         for (key, value) in all {
             guard let name = journalFieldName(key) else { continue }
             fields.append("\(name)=\(value)")
         }
+        if let node { fields.append("OPQ_NODE=\(node)") }
         Self.send(fields)
     }
 
@@ -170,7 +186,8 @@ public struct ConsoleLogHandler: LogHandler {
     }
 
     public func log(event: LogEvent) {
-        Self.write(Self.bytes(level: event.level, message: "\(event.message)", metadata: Journal.fields(metadata, event.metadata)))
+        let (all, node) = Journal.parts(metadata, event.metadata)
+        Self.write(Self.bytes(level: event.level, message: event.message.description, metadata: all, node: node))
     }
 
     /// The event's line: PRIORITY, MESSAGE_ID, the fields in name order, MESSAGE last.
@@ -178,8 +195,9 @@ public struct ConsoleLogHandler: LogHandler {
         String(decoding: bytes(level: level, message: message, metadata: all), as: UTF8.self)
     }
 
-    /// The line's bytes, built in one buffer (values quoted byte by byte: the line is written as it is built).
-    static func bytes(level: Logger.Level, message: String, metadata all: Logger.Metadata) -> [UInt8] {
+    /// The line's bytes, built in one buffer (values quoted byte by byte: the line is written as it is built);
+    /// `node`, if any, is one more field, `OPQ_NODE` (see `Journal.parts`).
+    static func bytes(level: Logger.Level, message: String, metadata all: Logger.Metadata, node: String? = nil) -> [UInt8] {
         var line: [UInt8] = []
         line.reserveCapacity(320)
         line += "PRIORITY=".utf8
@@ -188,7 +206,10 @@ public struct ConsoleLogHandler: LogHandler {
             line += " MESSAGE_ID=".utf8
             line += id.utf8
         }
-        for (key, value) in all.sorted(by: { $0.key < $1.key }) {
+        var fields = all.map { (key: $0.key, value: $0.value) }
+        if let node { fields.append((key: "OPQ_NODE", value: .string(node))) }
+        fields.sort { $0.key < $1.key }
+        for (key, value) in fields {
             guard let name = journalFieldName(key) else { continue }
             line.append(UInt8(ascii: " "))
             line += name.utf8

@@ -196,7 +196,7 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
             removeTree(spool.active + "/" + id)
             spool.discardDownloads(job: id)
             event(.warning, "job \(id): lost while this node was down; another node runs it (nothing published here)",
-                  ["OPQ_EVENT": "job", "OPQ_STATE": "lost", "OPQ_JOB": id, "OPQ_ERROR": "taken over while this node was down"])
+                  ["OPQ_EVENT": "job", "OPQ_STATE": "lost", "OPQ_JOB": .string(id), "OPQ_ERROR": "taken over while this node was down"])
         }
         lock.withLock {
             // Without an answer (database down at start) the jobs are kept, their lease counted from now.
@@ -601,7 +601,7 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
         }
         if news {
             event(.warning, "cluster: node \(nodeName) cannot reach the database: \(reason); retrying at most 5 s apart",
-                  ["OPQ_EVENT": "cluster", "OPQ_STATE": "disconnected", "OPQ_ERROR": reason])
+                  ["OPQ_EVENT": "cluster", "OPQ_STATE": "disconnected", "OPQ_ERROR": .string(reason)])
         }
     }
 
@@ -881,9 +881,7 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
         if let deadline { onLeaseDeadline(deadline) }
     }
 
-    private func event(_ level: Logger.Level, _ message: String, _ fields: [String: String]) {
-        var metadata: Logger.Metadata = [:]
-        for (k, v) in fields { metadata[k] = .string(v) }
-        logger.log(level: level, "\(message)", metadata: metadata)
+    private func event(_ level: Logger.Level, _ message: String, _ fields: Logger.Metadata) {
+        logger.log(level: level, Logger.Message(stringLiteral: message), metadata: fields)
     }
 }
