@@ -128,6 +128,23 @@ class Cluster:
         except FileNotFoundError:
             return []
 
+    def outbox_count(self, k):
+        """How many entries node k's outbox holds, from the folder's link count (each entry is a folder: 2 + one per
+        entry), so that polling costs the nodes measured nothing; listed when the count is unknown (ext4 sets 1 past
+        65,000 sub-folders)."""
+        try:
+            links = os.stat(self.nodes[k]["spool"] + "/outbox").st_nlink
+        except FileNotFoundError:
+            return 0
+        return links - 2 if links >= 2 else len(self.outbox(k))
+
+    def cpu(self):
+        """CPU seconds used so far by the nodes (in user space, in the kernel) and by the server's processes (every
+        postgres process)."""
+        nodes = [n["process"].pid for n in self.nodes if n["process"]]
+        server = sum(cpu_seconds(int(pid)) for pid in os.listdir("/proc") if pid.isdigit() and comm(pid) == "postgres")
+        return sum(cpu_seconds(p, "user") for p in nodes), sum(cpu_seconds(p, "system") for p in nodes), server
+
     def result(self, k, job):
         try:
             with open(f"{self.nodes[k]['spool']}/outbox/{job}/result.plist", "rb") as f:
@@ -155,6 +172,32 @@ class Cluster:
         psql(self.args.admin, "postgres", f"DROP ROLE IF EXISTS {self.role}")
 
 
+def cpu_seconds(pid, kind="both"):
+    """A process's CPU seconds so far: user, system or both."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        ticks = {"user": int(fields[11]), "system": int(fields[12])}
+        return (ticks["user"] + ticks["system"] if kind == "both" else ticks[kind]) / os.sysconf("SC_CLK_TCK")
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return 0.0
+
+
+def comm(pid):
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def cpu_per_job(before, after, done):
+    """ms of CPU per job over a part's measured span: the nodes' in user space and in the kernel (file system work,
+    which on a journal-less ext4 grows with the files removed in the last minutes), and the server's."""
+    per_job = [round(1000 * (a - b) / max(done, 1), 3) for a, b in zip(after, before)]
+    return {"nodeUserCpuMsPerJob": per_job[0], "nodeKernelCpuMsPerJob": per_job[1], "serverCpuMsPerJob": per_job[2]}
+
+
 def manifest(job, queue=None):
     operation = {"id": "a", "kind": "sleep", "seconds": 0}
     if queue:
@@ -164,13 +207,14 @@ def manifest(job, queue=None):
 
 def wait_for_outboxes(cluster, count, jobs, start):
     """Polls every node's outbox until `jobs` entries (or 600 s); returns how many and the seconds since `start`.
-    Every 0.2 s: listing outboxes of 10,000 entries more often took a tenth of a core from the nodes measured."""
+    Every 50 ms, by the outbox folders' link counts (a stat each: listing 10,000 entries as often would take a
+    tenth of a core from the nodes measured)."""
     done = 0
     while time.monotonic() < start + 600:
-        done = sum(len(cluster.outbox(k)) for k in range(count))
+        done = sum(cluster.outbox_count(k) for k in range(count))
         if done >= jobs:
             break
-        time.sleep(0.2)
+        time.sleep(0.05)
     return done, time.monotonic() - start
 
 
@@ -188,17 +232,19 @@ def throughput(args, count, with_cluster=True, limit=None):
                 f.write(manifest(name, "api" if limit else None))
         time.sleep(1.1)
         before = commits(args.admin, cluster.database) if with_cluster else 0
+        cpu_before = cluster.cpu()
         start = time.monotonic()
         for name in names:
             os.rename(f"{inbox}/.{name}.plist", f"{inbox}/{name}.plist")
         done, elapsed = wait_for_outboxes(cluster, count, args.jobs, start)
+        cpu = cpu_per_job(cpu_before, cluster.cpu(), done)
         time.sleep(1.1)
         after = commits(args.admin, cluster.database) if with_cluster else 0
         per_node = [len(cluster.outbox(k)) for k in range(count)]
         part = "opqueued-cluster-limit" if limit else "opqueued" if with_cluster else "opqueued-spool-alone"
         print(json.dumps({"part": part, "nodes": count, "limit": limit, "jobs": args.jobs, "ended": done, "perNode": per_node,
                           "seconds": round(elapsed, 3), "jobsPerSecond": round(done / elapsed, 1),
-                          "commitsPerJob": round((after - before) / max(done, 1), 3) if with_cluster else None,
+                          "commitsPerJob": round((after - before) / max(done, 1), 3) if with_cluster else None, **cpu,
                           "includes": ("inbox rename -> validate -> insert -> claim -> run -> publish, fsyncs on" if with_cluster
                                        else "inbox rename -> claim -> validate -> run -> publish, fsyncs on")}), flush=True)
     finally:
@@ -213,15 +259,17 @@ def already_in_database(args, count=2):
         time.sleep(3)  # migrated and registered
         body = plistlib.dumps({"operations": [{"id": "a", "kind": "sleep", "seconds": 0}]}).hex()
         before = commits(args.admin, cluster.database)
+        cpu_before = cluster.cpu()
         start = time.monotonic()
         psql(args.admin, cluster.database,
              "INSERT INTO opq_jobs (id, requested_id, manifest, manifest_name, submitted_on, qos_rank, priority_rank, queues, commands) "
              f"SELECT 'd' || g, 'd' || g, '\\x{body}'::bytea, 'd' || g || '.plist', 'bench', 2, 2, '{{default}}', '{{}}' "
              f"FROM generate_series(1, {args.jobs}) g; SELECT pg_notify('opqueued', 'jobs');")
         done, elapsed = wait_for_outboxes(cluster, count, args.jobs, start)
+        cpu = cpu_per_job(cpu_before, cluster.cpu(), done)
         time.sleep(1.1)
         after = commits(args.admin, cluster.database)
-        print(json.dumps({"part": "opqueued-already-in-database", "nodes": count, "jobs": args.jobs, "ended": done,
+        print(json.dumps({"part": "opqueued-already-in-database", "nodes": count, "jobs": args.jobs, "ended": done, **cpu,
                           "perNode": [len(cluster.outbox(k)) for k in range(count)],
                           "seconds": round(elapsed, 3), "jobsPerSecond": round(done / elapsed, 1),
                           "commitsPerJob": round((after - before - 1) / max(done, 1), 3),
