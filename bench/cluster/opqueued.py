@@ -352,6 +352,89 @@ def takeover(args, lease):
         cluster.close()
 
 
+def process_figures(pid):
+    """A node's resident memory (kB), open descriptors and threads, from /proc."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            status = dict(line.split(":", 1) for line in f if ":" in line)
+        return {"rssKiB": int(status["VmRSS"].split()[0]), "fds": len(os.listdir(f"/proc/{pid}/fd")),
+                "threads": int(status["Threads"])}
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+def endurance(args):
+    """Long-lived nodes under a steady load, for what a short run cannot show (memory, descriptors, threads or
+    connections that grow; a job that never ends): 2 nodes for args.minutes, args.rate single-`sleep 0`
+    manifests a second into the two inboxes in turn, a consumer that reads each outbox entry's result.plist and
+    removes the entry (as users do). Every minute one line: per node resident memory, descriptors and threads;
+    the server's connections to the database; jobs not yet finished in opq_jobs; jobs ended. At the end every
+    job is checked: ended exactly once, succeeded."""
+    cluster = Cluster(args, 2, settings=lambda k: {"maxActiveJobs": 64})
+    seen = {}
+    statuses = {}
+
+    def consume():
+        for k in range(2):
+            outbox = cluster.nodes[k]["spool"] + "/outbox"
+            for name in cluster.outbox(k):
+                result = cluster.result(k, name)
+                if result is None:
+                    continue  # not whole yet? entries arrive by rename, whole; try again next time
+                seen[name] = seen.get(name, 0) + 1
+                statuses[result.get("status")] = statuses.get(result.get("status"), 0) + 1
+                shutil.rmtree(f"{outbox}/{name}", ignore_errors=True)
+
+    def sample(minute, submitted):
+        nodes = [process_figures(n["process"].pid) for n in cluster.nodes]
+        connections = int(psql(args.admin, "postgres", f"SELECT count(*) FROM pg_stat_activity WHERE datname = '{cluster.database}'"))
+        unfinished = int(psql(args.admin, cluster.database, "SELECT count(*) FROM opq_jobs WHERE state <> 'finished'"))
+        print(json.dumps({"part": "opqueued-endurance", "minute": minute, "submitted": submitted, "ended": len(seen),
+                          "nodes": nodes, "serverConnections": connections, "unfinishedRows": unfinished}), flush=True)
+        return nodes
+
+    try:
+        start = time.monotonic()
+        end = start + 60 * args.minutes
+        submitted = 0
+        next_minute = start + 60
+        minute = 0
+        first = sample(0, 0)
+        while time.monotonic() < end:
+            tick = time.monotonic()
+            due = int((tick - start) * args.rate)
+            while submitted < due:
+                name = f"e{submitted:08d}"
+                inbox = cluster.nodes[submitted % 2]["spool"] + "/inbox"
+                with open(f"{inbox}/.{name}.plist", "wb") as f:
+                    f.write(manifest(name))
+                os.rename(f"{inbox}/.{name}.plist", f"{inbox}/{name}.plist")
+                submitted += 1
+            consume()
+            if time.monotonic() >= next_minute:
+                minute += 1
+                next_minute += 60
+                sample(minute, submitted)
+            time.sleep(max(0, 0.1 - (time.monotonic() - tick)))
+        deadline = time.monotonic() + 120
+        while len(seen) < submitted and time.monotonic() < deadline:
+            consume()
+            time.sleep(0.2)
+        last = sample(minute + 1, submitted)
+        missing = [f"e{i:08d}" for i in range(submitted) if f"e{i:08d}" not in seen]
+        twice = [name for name, n in seen.items() if n > 1]
+        print(json.dumps({"part": "opqueued-endurance-summary", "minutes": args.minutes, "rate": args.rate,
+                          "submitted": submitted, "ended": len(seen), "missing": len(missing), "endedTwice": len(twice),
+                          "statuses": statuses, "firstMissing": missing[:5],
+                          "rssKiB": [[f and f["rssKiB"] for f in first], [f and f["rssKiB"] for f in last]],
+                          "fds": [[f and f["fds"] for f in first], [f and f["fds"] for f in last]],
+                          "threads": [[f and f["threads"] for f in first], [f and f["threads"] for f in last]]}), flush=True)
+        if missing or twice or set(statuses) != {"succeeded"}:
+            raise SystemExit("endurance: not every job ended exactly once, succeeded")
+    finally:
+        cluster.close()
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--bin", required=True)
@@ -362,10 +445,13 @@ def main():
     parser.add_argument("--samples", type=int, default=200)
     parser.add_argument("--lease", type=int, default=5)
     parser.add_argument("--spool-alone", action="store_true", help="only the figure without a cluster")
+    parser.add_argument("--minutes", type=float, default=10, help="endurance: how long")
+    parser.add_argument("--rate", type=int, default=200, help="endurance: manifests a second")
     parser.add_argument("--parts", default="spool,1,2,database,pickup,takeover",
                         help="which figures, comma-separated: spool (alone), 1 and 2 (nodes end to end), database, pickup, "
                              "takeover; also limited (2 nodes end to end, every operation on a queue limited to 2 "
-                             "cluster-wide: the price of clusterMaxConcurrentOperationCount)")
+                             "cluster-wide: the price of clusterMaxConcurrentOperationCount); endurance (2 long-lived "
+                             "nodes under --rate manifests a second for --minutes: memory, descriptors, every job once)")
     args = parser.parse_args()
     if not os.path.exists(args.bin + "/opqueued"):
         raise SystemExit(f"no {args.bin}/opqueued: swift build -c release first")
@@ -394,6 +480,8 @@ def run_parts(args, parts):
             pickup(args)
         elif part == "takeover":
             takeover(args, args.lease)
+        elif part == "endurance":
+            endurance(args)
         else:
             raise SystemExit(f"unknown part {part}")
 
