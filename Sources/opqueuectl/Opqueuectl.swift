@@ -55,9 +55,10 @@ struct Opqueuectl: ParsableCommand {
         abstract: "Submits, inspects and controls opqueued jobs.",
         discussion: """
             opqueuectl works on the spool of an opqueued daemon (see opqueued(8)): submit and validate read manifest \
-            files (see opqueued.plist(5)); wait, show and graph read the outbox; status, show (for running jobs), \
-            cancel, suspend, resume and metrics talk to the daemon through the Unix socket SPOOL/opqueued.sock, \
-            and exit 3 when no daemon answers there. --spool and --config come before the command.
+            files (see opqueued.plist(5)); wait, show and graph read the outbox; status, show (for running jobs; \
+            on a cluster node, for every job the cluster knows), cancel, suspend, resume and metrics talk to the \
+            daemon through the Unix socket SPOOL/opqueued.sock, and exit 3 when no daemon answers there. --spool \
+            and --config come before the command.
 
             Exit statuses: 0 success; 1 invalid input, an unknown job, operation or queue, cancelling a job that \
             has already ended, or (wait) a job that did not succeed; 2 wait timed out; 3 no daemon; 64 usage error.
