@@ -78,6 +78,39 @@ public struct Configuration: Sendable {
     }
 
     /// Reads a configuration file; settings it does not give keep their defaults.
+    /// A reload refused whole: what the running daemon cannot take without a restart.
+    public struct ReloadRefused: Error, CustomStringConvertible {
+        public let description: String
+    }
+
+    /// What a reload (SIGHUP) applies of `new` while `running` is in effect. Whether there is a `cluster` is decided
+    /// at start (the job store is the spool's or the cluster's for the process's life): adding or removing it is
+    /// refused whole — half of it would, for instance, drop a node's cluster-wide limits while it still runs the
+    /// cluster's jobs. The cluster's connection settings keep the values the node started with (returned by name, for
+    /// a warning); `sharedOutbox`, read at each publication, takes the new value.
+    public static func reloaded(_ new: Configuration, running: Configuration) throws -> (configuration: Configuration, kept: [String]) {
+        switch (running.cluster, new.cluster) {
+        case (nil, nil):
+            return (new, [])
+        case (nil, _?):
+            throw ReloadRefused(description: "adding 'cluster' takes a restart (systemctl restart opqueued); nothing else was applied either")
+        case (_?, nil):
+            throw ReloadRefused(description: "removing 'cluster' takes a restart (systemctl restart opqueued); nothing else was applied either")
+        case (let started?, let wanted?):
+            var kept: [String] = []
+            if wanted.database != started.database { kept.append("cluster.database") }
+            if wanted.passwordFile != started.passwordFile { kept.append("cluster.passwordFile") }
+            if wanted.node != started.node { kept.append("cluster.node") }
+            if wanted.jobSlots != started.jobSlots { kept.append("cluster.jobSlots") }
+            if wanted.leaseSeconds != started.leaseSeconds { kept.append("cluster.leaseSeconds") }
+            if wanted.keepFinishedDays != started.keepFinishedDays { kept.append("cluster.keepFinishedDays") }
+            var applied = new
+            applied.cluster = started
+            applied.cluster?.sharedOutbox = wanted.sharedOutbox
+            return (applied, kept)
+        }
+    }
+
     public static func load(path: String) throws -> Configuration {
         let data: Data
         do {

@@ -1097,9 +1097,17 @@ public final class Daemon: @unchecked Sendable {
     public func reload() {
         event(.info, "reloading the configuration", ["OPQ_EVENT": "daemon", "OPQ_STATE": "reloading"])
         do {
-            let config = try configPath.map(Configuration.load(path:)) ?? .builtIn
+            let loaded = try configPath.map(Configuration.load(path:)) ?? .builtIn
             lock.lock()
             let previous = configuration
+            let config: Configuration
+            let kept: [String]
+            do {
+                (config, kept) = try Configuration.reloaded(loaded, running: previous)
+            } catch {
+                lock.unlock()
+                throw error
+            }
             configuration = config
             _ = lifecycle.handle(.configured(maxActiveJobs: config.maxActiveJobs, maxActiveOperations: config.maxActiveOperations))
             let shared = storeSuspended
@@ -1117,6 +1125,9 @@ public final class Daemon: @unchecked Sendable {
             }
             store.reload(config)
             permits?.configure(Self.limitedQueues(config, queueIDs))
+            if !kept.isEmpty {
+                logger.warning("\(kept.joined(separator: ", ")) changed: kept as this node started until it is restarted (the rest of the configuration is reloaded)")
+            }
         } catch {
             logger.error("the configuration was not reloaded: \(error)")
         }

@@ -47,6 +47,39 @@ import Testing
                                                 jobSlots: 8, leaseSeconds: 2, sharedOutbox: "/mnt/outbox", keepFinishedDays: 0.5))
     }
 
+    /// SIGHUP: whether there is a cluster is decided at start (adding or removing it is refused whole, nothing else
+    /// applied); the connection settings keep their start values and are named for the warning; `sharedOutbox` and
+    /// everything outside `cluster` take the new values.
+    @Test func reloadKeepsWhatIsReadAtStart() throws {
+        let spoolOnly = try Configuration.parse(plist(["queues": ["default": ["suspended": true]]]))
+        let started = try Configuration.parse(plist([
+            "cluster": ["database": Self.url, "node": "worker-1", "leaseSeconds": 6],
+            "queues": ["api": ["maxConcurrentOperationCount": 2, "clusterMaxConcurrentOperationCount": 4]],
+        ]))
+        #expect(throws: Configuration.ReloadRefused.self) { try Configuration.reloaded(started, running: spoolOnly) }
+        #expect(throws: Configuration.ReloadRefused.self) { try Configuration.reloaded(spoolOnly, running: started) }
+        do {
+            _ = try Configuration.reloaded(started, running: spoolOnly)
+        } catch {
+            #expect("\(error)" == "adding 'cluster' takes a restart (systemctl restart opqueued); nothing else was applied either")
+        }
+
+        let same = try Configuration.reloaded(spoolOnly, running: spoolOnly)
+        #expect(same.kept.isEmpty && same.configuration.queues["default"]?.suspended == true)
+
+        let edited = try Configuration.parse(plist([
+            "cluster": ["database": "postgresql://opq@db2.example/jobs", "node": "worker-9", "leaseSeconds": 30,
+                        "sharedOutbox": "/mnt/outbox"],
+            "queues": ["api": ["maxConcurrentOperationCount": 3, "clusterMaxConcurrentOperationCount": 5]],
+        ]))
+        let (applied, kept) = try Configuration.reloaded(edited, running: started)
+        #expect(kept == ["cluster.database", "cluster.node", "cluster.leaseSeconds"])
+        let cluster = try #require(applied.cluster)
+        #expect(cluster.database == Self.url && cluster.node == "worker-1" && cluster.leaseSeconds == 6)
+        #expect(cluster.sharedOutbox == "/mnt/outbox", "read at each publication: the new value")
+        #expect(applied.queues["api"]?.maxConcurrentOperationCount == 3 && applied.queues["api"]?.clusterMaxConcurrentOperationCount == 5)
+    }
+
     @Test func nodeDefaultsToTheHostName() throws {
         let host = defaultNodeName()
         if isValidNodeName(host) {

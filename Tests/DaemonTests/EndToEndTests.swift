@@ -442,6 +442,35 @@ func sleepOp(_ id: String, _ seconds: Double, deps: [String] = []) -> [String: A
         #expect(log.contains("OPQ_EVENT=queue OPQ_QUEUE=default OPQ_STATE=resumed"))
     }
 
+    /// A careless reload: `cluster` added to a running spool-only daemon's configuration (with a sharedOutbox and a
+    /// suspension beside it). The whole reload is refused and said so; the daemon goes on as it started: its jobs
+    /// run on the unsuspended queue and land in its own outbox, none in the shared one.
+    @Test func sighupThatAddsClusterIsRefusedWhole() throws {
+        let spool = TestSpool()
+        try spool.start(try spool.configure([:]))
+        let shared = spool.root + "-shared"
+        try FileManager.default.createDirectory(atPath: shared, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: shared) }
+        try spool.configure([
+            "cluster": ["database": "postgresql://opq@127.0.0.1:1/jobs?sslmode=disable", "node": "n1", "sharedOutbox": shared],
+            "queues": ["default": ["suspended": true]],
+        ])
+        spool.signal(SIGHUP)
+        // The reload is over (refused or applied) once a second `ready` follows it: only then is the job dropped.
+        let deadline = Date().addingTimeInterval(10)
+        while Date() < deadline,
+              ((try? String(contentsOfFile: spool.logPath, encoding: .utf8)) ?? "").components(separatedBy: "OPQ_STATE=ready").count < 3 {
+            usleep(20_000)
+        }
+        try spool.drop("after.plist", ["job": "after", "operations": [sleepOp("a", 0)]])
+        #expect(spool.result("after")?["status"] as? String == "succeeded", "the queue was not suspended: nothing was applied")
+        #expect((try? FileManager.default.contentsOfDirectory(atPath: shared))?.isEmpty == true)
+        let log = try String(contentsOfFile: spool.logPath, encoding: .utf8)
+        #expect(log.contains("the configuration was not reloaded: adding 'cluster' takes a restart"), "\(log)")
+        #expect(!log.contains("OPQ_STATE=suspended"))
+        #expect(spool.daemon?.isRunning == true)
+    }
+
     @Test func claimingPausesWhileTheActiveJobsHoldTheOperationBudget() throws {
         let spool = TestSpool()
         try spool.start(try spool.configure(["maxActiveOperations": 2]))
