@@ -538,7 +538,7 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
             return state.connectionSucceeded()
         }
         if news {
-            event(.notice, "cluster: node \(nodeName) connected to the database", ["OPQ_EVENT": "cluster", "OPQ_STATE": "connected"])
+            event(.info, "cluster: node \(nodeName) connected to the database", ["OPQ_EVENT": "cluster", "OPQ_STATE": "connected"])
         }
         wantStatus()
         wantSubmit()
