@@ -1098,16 +1098,10 @@ public final class Daemon: @unchecked Sendable {
         event(.info, "reloading the configuration", ["OPQ_EVENT": "daemon", "OPQ_STATE": "reloading"])
         do {
             let loaded = try configPath.map(Configuration.load(path:)) ?? .builtIn
+            // Only a reload replaces the configuration, and reloads come one at a time.
+            let previous = lock.withLock { configuration }
+            let (config, kept) = try Configuration.reloaded(loaded, running: previous)
             lock.lock()
-            let previous = configuration
-            let config: Configuration
-            let kept: [String]
-            do {
-                (config, kept) = try Configuration.reloaded(loaded, running: previous)
-            } catch {
-                lock.unlock()
-                throw error
-            }
             configuration = config
             _ = lifecycle.handle(.configured(maxActiveJobs: config.maxActiveJobs, maxActiveOperations: config.maxActiveOperations))
             let shared = storeSuspended
