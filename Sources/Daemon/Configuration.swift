@@ -77,7 +77,6 @@ public struct Configuration: Sendable {
         public var description: String { problems.map { "\(path): \($0)" }.joined(separator: "\n") }
     }
 
-    /// Reads a configuration file; settings it does not give keep their defaults.
     /// A reload refused whole: what the running daemon cannot take without a restart.
     public struct ReloadRefused: Error, CustomStringConvertible {
         public let description: String
@@ -111,6 +110,7 @@ public struct Configuration: Sendable {
         }
     }
 
+    /// Reads a configuration file; settings it does not give keep their defaults.
     public static func load(path: String) throws -> Configuration {
         let data: Data
         do {

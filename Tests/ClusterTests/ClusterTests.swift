@@ -446,7 +446,6 @@ struct ClusterTests {
         #expect(try harness.journal(node: 0).contains { $0["MESSAGE"]?.contains("the spool works again") == true })
     }
 
-
     /// SPEC §8: node names are unique in the cluster. Two processes started under one name by mistake (a
     /// configuration copied to a second machine) must not both run as it: each took the other's jobs for orphans
     /// and handed them back, and 20 jobs ran 67 times. The second now waits — `disconnected`, saying why — every

@@ -57,9 +57,8 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
     /// round that reaches it (then every node follows), newest per queue.
     private var pendingSuspensions: [String: Bool] = [:]
     private var registerWanted = false
-    /// Submissions waiting for their insert: folder under active/.submissions and the job.
-    /// Submissions set aside, not yet inserted, oldest first (appended by the shell's calls, taken by the
-    /// submission thread from the front).
+    /// Submissions set aside, not yet inserted (their folder under active/.submissions, key and row), oldest first:
+    /// appended by the shell's calls, taken by the submission thread from the front.
     private var pending = Deque<(folder: String, key: String, job: NewJob)>()
     private var slotReleases: [SlotLease] = []
     /// Slots dropped at the lease deadline, released (fence-checked) once the database's lease on them would have
