@@ -143,7 +143,8 @@ class Cluster:
         postgres process)."""
         nodes = [n["process"].pid for n in self.nodes if n["process"]]
         server = sum(cpu_seconds(int(pid)) for pid in os.listdir("/proc") if pid.isdigit() and comm(pid) == "postgres")
-        return sum(cpu_seconds(p, "user") for p in nodes), sum(cpu_seconds(p, "system") for p in nodes), server
+        return (sum(cpu_seconds(p, "user") for p in nodes), sum(cpu_seconds(p, "system") for p in nodes), server,
+                machine_ticks())
 
     def result(self, k, job):
         try:
@@ -191,11 +192,22 @@ def comm(pid):
         return ""
 
 
+def machine_ticks():
+    """The whole machine's busy and total clock ticks so far (/proc/stat's first line; iowait counts as idle)."""
+    with open("/proc/stat") as f:
+        ticks = [int(t) for t in f.readline().split()[1:9]]  # user … steal (guest time is inside user)
+    idle = ticks[3] + ticks[4]
+    return sum(ticks) - idle, sum(ticks)
+
+
 def cpu_per_job(before, after, done):
     """ms of CPU per job over a part's measured span: the nodes' in user space and in the kernel (file system work,
-    which on a journal-less ext4 grows with the files removed in the last minutes), and the server's."""
-    per_job = [round(1000 * (a - b) / max(done, 1), 3) for a, b in zip(after, before)]
-    return {"nodeUserCpuMsPerJob": per_job[0], "nodeKernelCpuMsPerJob": per_job[1], "serverCpuMsPerJob": per_job[2]}
+    which on a journal-less ext4 grows with the files removed in the last minutes), and the server's; and how busy
+    the whole machine was (1.0: every core all the time), which says whether a part was bound by CPU."""
+    per_job = [round(1000 * (a - b) / max(done, 1), 3) for a, b in zip(after[:3], before[:3])]
+    busy = (after[3][0] - before[3][0]) / max(after[3][1] - before[3][1], 1)
+    return {"nodeUserCpuMsPerJob": per_job[0], "nodeKernelCpuMsPerJob": per_job[1], "serverCpuMsPerJob": per_job[2],
+            "machineBusy": round(busy, 2)}
 
 
 def manifest(job, queue=None):
@@ -220,7 +232,7 @@ def wait_for_outboxes(cluster, count, jobs, start):
 
 def throughput(args, count, with_cluster=True, limit=None):
     """`limit`: every job's operation on queue `api`, limited to `limit` at once cluster-wide (and on each node)."""
-    settings = {"maxActiveJobs": 64}
+    settings = {"maxActiveJobs": args.active_jobs}
     if limit:
         settings["queues"] = {"api": {"maxConcurrentOperationCount": limit, "clusterMaxConcurrentOperationCount": limit}}
     cluster = Cluster(args, count, settings=lambda k: settings, cluster=with_cluster)
@@ -254,7 +266,7 @@ def throughput(args, count, with_cluster=True, limit=None):
 def already_in_database(args, count=2):
     """No-op jobs already in the database (as PGQueuer's and Procrastinate's figures are), run by `count` nodes:
     one INSERT of args.jobs rows and one NOTIFY, the clock from that commit to the last outbox entry."""
-    cluster = Cluster(args, count, settings=lambda k: {"maxActiveJobs": 64})
+    cluster = Cluster(args, count, settings=lambda k: {"maxActiveJobs": args.active_jobs})
     try:
         time.sleep(3)  # migrated and registered
         body = plistlib.dumps({"operations": [{"id": "a", "kind": "sleep", "seconds": 0}]}).hex()
@@ -444,6 +456,7 @@ def main():
     parser.add_argument("--jobs", type=int, default=10000)
     parser.add_argument("--samples", type=int, default=200)
     parser.add_argument("--lease", type=int, default=5)
+    parser.add_argument("--active-jobs", type=int, default=64, help="each node's maxActiveJobs (and so jobSlots)")
     parser.add_argument("--spool-alone", action="store_true", help="only the figure without a cluster")
     parser.add_argument("--minutes", type=float, default=10, help="endurance: how long")
     parser.add_argument("--rate", type=int, default=200, help="endurance: manifests a second")
