@@ -9,7 +9,9 @@
 // operations; the rest waits in the inbox (bounded memory: at most that budget plus one manifest's
 // operations, ManifestLimits.maxOperations, are ever in memory).
 // Durability is by group commit (see Spool): claims made together, progress lines of one event batch,
-// and publications waiting together each cost one commit, made before anything is announced.
+// and publications waiting together each cost one commit, made before anything is announced. The commits run
+// off `work`, on the committer's thread (Stores/GroupCommit.swift): a publication is staged on `work`, synced,
+// recorded by the store (`recorder`), placed on `work`, synced, and announced on `work`.
 
 import DequeModule
 import Foundation
@@ -17,6 +19,7 @@ import Logging
 import OperationEngine
 import PropertyList
 import CShims
+import Synchronization
 
 /// What the shell keeps of a job beside the lifecycle's record: its plan and the engine's view of it.
 final class RunningJob: @unchecked Sendable {
@@ -53,7 +56,7 @@ public final class Daemon: @unchecked Sendable {
     private(set) var configuration: Configuration
     let engine: Engine
     private let sink: EventSink
-    private let storeEvents = StoreEvents()
+    private let storeEvents: StoreEvents
     private let once: Bool
     /// Counters and histograms (SPEC §6); the gauges are read from `status()` when scraped.
     public let metrics = DaemonMetrics()
@@ -116,10 +119,13 @@ public final class Daemon: @unchecked Sendable {
         let records: [OperationRecord]
     }
 
-    /// Progress lines written / known committed (under `lock`), and whether a commit is scheduled.
-    private var progressWritten = 0
-    private var progressCommitted = 0
-    private var progressCommitScheduled = false
+    /// Progress lines written / known committed, and whether a commit is scheduled.
+    private let progress = ProgressMarks()
+    /// Every commit of the spool, made off `work` (see GroupCommit): claims, progress, publications.
+    private let commits: GroupCommit
+    /// Publication batches handed to the committer and not yet announced (or stalled) (under `lock`): a stop
+    /// waits for them.
+    private var publishing = 0
     /// Progress lines are committed with the next claim or publication commit, or after this delay at
     /// the latest: until then a crash only makes those operations run again (at least once, never lost).
     static let progressCommitDelay = 0.05
@@ -137,9 +143,20 @@ public final class Daemon: @unchecked Sendable {
 
     /// Claims and publications, in order.
     let work = DispatchQueue(label: "opqueued.spool")
-    /// Where a store that records ends elsewhere (a cluster's database) is asked to, one batch after another, so
-    /// that `work` stages the next batch meanwhile; the placing of each batch comes back to `work`.
-    private let recording = DispatchQueue(label: "opqueued.recording")
+    /// Where a store that records ends elsewhere (a cluster's database) is asked to: one round trip at a time for
+    /// every batch that waits (so that `work` stages the next batches meanwhile, and the store's round trips are
+    /// as few as the batches are many); the placing of each batch comes back to `work`.
+    private let recorder: BatchingStage<Recording>
+
+    /// A publication batch whose result.plist files are durable, for the store to record.
+    struct Recording: Sendable {
+        let batch: [Publication]
+        let staged: [(publication: Publication, firstStart: Double?)]
+        let ends: [JobEnd]
+        let ungated: Set<String>
+        let now: Double
+        let hook: CommandSpec?
+    }
 
     /// Where no read lease can be taken (see Spool.claim), a manifest file must be this old before a
     /// scan (rather than an inotify close/move event) claims it, so a file still being written in place
@@ -165,6 +182,14 @@ public final class Daemon: @unchecked Sendable {
         self.configPath = configPath
         self.logger = logger
         self.once = once
+        let events = StoreEvents()
+        storeEvents = events
+        recorder = BatchingStage(label: "opqueued.recording") { [events] waiting in events.daemon?.recordEnds(waiting) }
+        commits = GroupCommit(label: "opqueued.commit") { [spool, progress] in
+            let written = progress.written
+            try spool.commit()
+            progress.committed(upTo: written)
+        }
         lifecycle = JobLifecycle(maxActiveJobs: configuration.maxActiveJobs, maxActiveOperations: configuration.maxActiveOperations)
         hooks = JobHooks(spool: spool) { [logger] job, message in
             logger.error("job \(job): \(message)", metadata: ["OPQ_JOB": .string(job), "OPQ_ERROR": .string(message)])
@@ -763,28 +788,20 @@ public final class Daemon: @unchecked Sendable {
 
     /// Progress lines were written: make sure a commit covers them soon.
     private func progressWasRecorded(_ lines: Int) {
-        lock.lock()
-        progressWritten += lines
-        let schedule = !progressCommitScheduled
-        progressCommitScheduled = true
-        lock.unlock()
-        guard schedule else { return }
+        guard progress.wrote(lines) else { return }
         work.asyncAfter(deadline: .now() + Self.progressCommitDelay) { [self] in
-            lock.lock()
-            progressCommitScheduled = false
-            let pending = progressWritten > progressCommitted
-            lock.unlock()
-            if pending {
-                do { try commit() } catch { logger.error("committing progress failed: \(error); operations that succeeded may run again after a restart") }
+            guard progress.takeSchedule() else { return }
+            commits.after { [logger] outcome in
+                if case .failure(let error) = outcome {
+                    logger.error("committing progress failed: \(error); operations that succeeded may run again after a restart")
+                }
             }
         }
     }
 
-    /// One group commit of the spool; it also covers every progress line written before it.
+    /// Waits for one group commit of the spool (it also covers every progress line written before it).
     private func commit() throws {
-        let written = lock.withLock { progressWritten }
-        try spool.commit()
-        lock.withLock { progressCommitted = max(progressCommitted, written) }
+        try commits.now()
     }
 
     private func logTransition(_ t: Transition, job: RunningJob, operation: OperationPlan) -> Bool {
@@ -896,32 +913,53 @@ public final class Daemon: @unchecked Sendable {
                 stall(publication, error)
             }
         }
-        do {
-            try commit()
-        } catch {
-            // result.plist is not known to be durable: nothing moves yet.
-            for entry in staged { stall(entry.publication, error) }
-            return
+        // result.plist made durable off `work` (which stages the next batch meanwhile), then the ends recorded.
+        lock.withLock { publishing += 1 }
+        commits.after { [self, staged] outcome in
+            switch outcome {
+            case .success:
+                record(batch, staged, now: now, hook: hook)
+            case .failure(let error):
+                // result.plist is not known to be durable: nothing moves yet.
+                work.async { [self] in
+                    for entry in staged { stall(entry.publication, error) }
+                    publicationEnded()
+                }
+            }
         }
-        // The publication gate: only the ends the store recorded are placed; the others were lost. A manifest
-        // rejected at submission (it never reached a cluster store) is this node's to publish.
+    }
+
+    /// On the committer's thread, a batch's result.plist files durable: the store records the ends, then `place`
+    /// on `work`. The publication gate: only the ends the store recorded are placed; the others were lost. A
+    /// manifest rejected at submission (it never reached a cluster store) is this node's to publish.
+    private func record(_ batch: [Publication], _ staged: [(publication: Publication, firstStart: Double?)], now: Double, hook: CommandSpec?) {
         let allGated = store.inboxRunsHere
         let gated = staged.filter { allGated || $0.publication.job.fromStore }
         let ungated = Set(staged.lazy.filter { !(allGated || $0.publication.job.fromStore) }.map { $0.publication.job.id })
         let ends = gated.map { JobEnd(job: $0.publication.job.id, status: $0.publication.status, resultFile: spool.stagedResult(job: $0.publication.job.id)) }
-        if ends.isEmpty {
-            place(batch, staged, recorded: .success(ungated), now: now, hook: hook)
-        } else if allGated {
+        if ends.isEmpty || allGated {
             // The spool's own store records nothing elsewhere: at once.
-            place(batch, staged, recorded: Result { try store.complete(ends) }, now: now, hook: hook)
+            let recorded = ends.isEmpty ? .success(ungated) : Result { try store.complete(ends) }
+            work.async { [self] in place(batch, staged, recorded: recorded, now: now, hook: hook) }
         } else {
-            // A remote store: the round trip is made off `work`, which stages the next batch meanwhile (each
-            // job stays `finishing` until its batch is placed).
-            recording.async { [self, staged] in
-                let result = Result { try store.complete(ends).union(ungated) }
-                work.async { [self] in place(batch, staged, recorded: result, now: now, hook: hook) }
-            }
+            // A remote store: off the committer (which syncs the next batches meanwhile); each job stays
+            // `finishing` until its batch is placed.
+            recorder.add(Recording(batch: batch, staged: staged, ends: ends, ungated: ungated, now: now, hook: hook))
         }
+    }
+
+    /// On the recorder's queue: every batch that waited, recorded by the store in one round trip.
+    fileprivate func recordEnds(_ waiting: [Recording]) {
+        let result = Result { try store.complete(waiting.flatMap(\.ends)) }
+        for r in waiting {
+            let recorded = result.map { $0.union(r.ungated) }
+            work.async { [self] in place(r.batch, r.staged, recorded: recorded, now: r.now, hook: r.hook) }
+        }
+    }
+
+    /// On `work`: a publication batch handed to the committer was announced or stalled.
+    private func publicationEnded() {
+        lock.withLock { publishing -= 1 }
     }
 
     /// On `work`: the second half of a publication batch, once the store answered: the recorded ends are placed
@@ -935,6 +973,7 @@ public final class Daemon: @unchecked Sendable {
             // Not known whether the store recorded them: they wait, as in a spool fault, and are offered again.
             for entry in staged { stalled.append(entry.publication) }
             spoolFailed("recording \(staged.count) job ends in the job store", error)
+            publicationEnded()
             return
         }
         var placed: [(publication: Publication, firstStart: Double?)] = []
@@ -956,11 +995,22 @@ public final class Daemon: @unchecked Sendable {
                 stall(entry.publication, error)
             }
         }
-        do {
-            try commit()
+        // The renames made durable off `work`, then announced.
+        commits.after { [self, placed] outcome in
+            work.async { [self] in announce(batch, placed, committed: outcome, now: now, hook: hook) }
+        }
+    }
+
+    /// On `work`: the last step of a publication batch, its outbox renames committed (or not: then they stand,
+    /// whole, and only their durability is in doubt): each job finished is announced and leaves the lifecycle.
+    private func announce(_ batch: [Publication], _ placed: [(publication: Publication, firstStart: Double?)],
+                          committed: Result<Void, any Error>, now: Double, hook: CommandSpec?) {
+        defer { publicationEnded() }
+        switch committed {
+        case .success:
             // Every step of the batch worked (and nothing waits from an earlier one): a fault is over.
             if stalled.isEmpty { spoolWorked() }
-        } catch {
+        case .failure(let error):
             // The entries are in the outbox already (whole, by rename); only the renames' durability is in doubt,
             // and a rename the disk lost leaves the job in active/, published again at the next start.
             spoolFailed("committing \(placed.count) outbox entries (a crash before the disk recovers republishes them at the next start)", error)
@@ -1144,6 +1194,12 @@ public final class Daemon: @unchecked Sendable {
         // Let publications of jobs that finished during the grace complete.
         try? await Task.sleep(for: .milliseconds(50))
         work.sync { publishPending() }
+        // …and what is with the committer or the store: announced before the store goes (bounded by the store's
+        // own statement timeout, and a stalled batch counts as ended).
+        let published = Date().addingTimeInterval(2 * ClusterJobStore.statementTimeout)
+        while lock.withLock({ publishing > 0 }) && Date() < published {
+            try? await Task.sleep(for: .milliseconds(5))
+        }
         permitsTask?.cancel()
         await permitsTask?.value
         store.shutdown()
@@ -1418,4 +1474,37 @@ extension Daemon {
 final class EventSink: @unchecked Sendable {
     weak var daemon: Daemon?
     func deliver(_ events: [EngineEvent]) { daemon?.deliver(events) }
+}
+
+/// Progress lines written and known committed, and whether a commit of them is scheduled (Daemon.progressWasRecorded).
+private final class ProgressMarks: Sendable {
+    private struct Marks {
+        var written = 0
+        var committed = 0
+        var scheduled = false
+    }
+    private let marks = Mutex(Marks())
+
+    var written: Int { marks.withLock { $0.written } }
+
+    /// Counts `lines` written; true when no commit of them is scheduled yet (the caller schedules one).
+    func wrote(_ lines: Int) -> Bool {
+        marks.withLock { m in
+            m.written += lines
+            defer { m.scheduled = true }
+            return !m.scheduled
+        }
+    }
+
+    /// The scheduled commit is due: true when lines are written that no commit has covered yet.
+    func takeSchedule() -> Bool {
+        marks.withLock { m in
+            m.scheduled = false
+            return m.written > m.committed
+        }
+    }
+
+    func committed(upTo written: Int) {
+        marks.withLock { $0.committed = max($0.committed, written) }
+    }
 }
