@@ -91,6 +91,8 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
     /// Submissions held in memory at most: past it, manifests wait in the inbox (a flood of a million is not
     /// read into memory ahead of the inserts; with the database down, the inbox is where they wait).
     static let pendingLimit = 4096
+    /// Claimed jobs go to the shell by this many as they are written into active/, not all at the end of a claim.
+    static let handOverChunk = 16
 
     /// Builds the node's store; nothing is connected until `start`. Throws when the URL or the password file is
     /// unusable (a configuration error: the node does not start).
@@ -707,6 +709,7 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
         })
         if rows.isEmpty { return }
         var run: [ClaimedJob] = []
+        var handedOver = 0
         var refused: [JobCompletion] = []
         var failed: [String: Int64] = [:]
         var spoolError: (job: String, error: any Error)?
@@ -738,6 +741,13 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
                     origins[row.id] = origin
                     room = max(0, room - 1)
                 }
+                // The shell starts the first jobs of a big claim while the rest are written.
+                if run.count == Self.handOverChunk {
+                    reportDeadline()
+                    delegate?.run(run)
+                    handedOver += run.count
+                    run = []
+                }
             } catch let error as SpoolError where error.errno == EEXIST {
                 // This node's own inbox claim of a manifest asking for the same id, on its way to
                 // active/.submissions: left alone; the row is claimed again once the name is free.
@@ -764,13 +774,15 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
             let refused = refused
             _ = try? waitBounded(Self.statementTimeout, on: executor, doing: "recording rejected rows", { [store] in try await store.completeJobs(refused) })
         }
-        guard !run.isEmpty else { return }
+        guard handedOver > 0 || !run.isEmpty else { return }
         // No spool commit before they run: the database holds the job, not this copy. A crash that loses the copy
         // (or half of it: a folder without its origin record is taken for lost at recovery, never resubmitted)
         // leaves the row running under this node's fence; the restarted node hands it back at its first beat, or
         // another takes it over after the lease. The publication commits result.plist before the fenced completion.
-        reportDeadline()
-        delegate?.run(run)
+        if !run.isEmpty {
+            reportDeadline()
+            delegate?.run(run)
+        }
         // More may wait: look again at once while there is room.
         lock.withLock { if room > 0 && rows.count == limit { claimWanted = true } }
         if rows.count == limit { kick() }
