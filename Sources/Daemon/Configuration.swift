@@ -136,8 +136,7 @@ public struct Configuration: Sendable {
         } catch let error as ManifestProblems {
             throw Invalid(path: path, problems: error.problems)
         }
-        let known: Set<String> = ["queues", "defaultQueues", "maxActiveJobs", "maxActiveOperations", "shutdownGraceSeconds", "download", "image", "metrics", "commands", "jobFinished", "cluster"]
-        for key in top.keys.sorted() where !known.contains(key) { problems.append("unknown key '\(key)'") }
+        for key in top.keys.sorted() where !Self.keys["", default: []].contains(key) { problems.append("unknown key '\(key)'") }
         if let value = top["queues"] {
             if let queues = value.dictionary {
                 for name in queues.keys.sorted() {
@@ -145,7 +144,7 @@ public struct Configuration: Sendable {
                     guard let settings = queues[name]?.dictionary else { problems.append("queues.\(name): must be a dictionary"); continue }
                     var queue = config.queues[name] ?? QueueSettings(maxConcurrentOperationCount: -1, qualityOfService: .default, suspended: false)
                     for key in settings.keys.sorted() {
-                        guard let v = settings[key] else { continue }
+                        guard let v = settings[key], Self.isKnown(key, in: "queues.NAME", at: "queues.\(name)", &problems) else { continue }
                         switch key {
                         case "maxConcurrentOperationCount":
                             if let n = v.integer, n == -1 || n >= 1 { queue.maxConcurrentOperationCount = n }
@@ -161,7 +160,7 @@ public struct Configuration: Sendable {
                             } else if let n = v.integer, n >= 1, n <= 100_000 { queue.clusterMaxConcurrentOperationCount = n }
                             else { problems.append("queues.\(name).clusterMaxConcurrentOperationCount: must be a positive integer (at most 100000)") }
                         default:
-                            problems.append("queues.\(name): unknown key '\(key)'")
+                            break
                         }
                     }
                     if config.queues[name] == nil { config.queueNames.append(name) }
@@ -198,7 +197,7 @@ public struct Configuration: Sendable {
         if let value = top["download"] {
             if let download = value.dictionary {
                 for key in download.keys.sorted() {
-                    guard let v = download[key] else { continue }
+                    guard let v = download[key], Self.isKnown(key, in: "download", at: "download", &problems) else { continue }
                     switch key {
                     case "maxBytes":
                         if let n = v.integer, n >= 1 { config.downloadMaxBytes = n } else { problems.append("download.maxBytes: must be a positive integer") }
@@ -221,7 +220,7 @@ public struct Configuration: Sendable {
                         }
                         config.allowNetworks = networks
                     default:
-                        problems.append("download: unknown key '\(key)'")
+                        break
                     }
                 }
             } else {
@@ -232,8 +231,7 @@ public struct Configuration: Sendable {
             if let image = value.dictionary {
                 for key in image.keys.sorted() {
                     if key == "maxPixels", let n = image[key]?.integer, n >= 1 { config.maxPixels = n }
-                    else if key == "maxPixels" { problems.append("image.maxPixels: must be a positive integer") }
-                    else { problems.append("image: unknown key '\(key)'") }
+                    else if Self.isKnown(key, in: "image", at: "image", &problems) { problems.append("image.maxPixels: must be a positive integer") }
                 }
             } else {
                 problems.append("image: must be a dictionary")
@@ -243,8 +241,7 @@ public struct Configuration: Sendable {
             if let metrics = value.dictionary {
                 for key in metrics.keys.sorted() {
                     if key == "listen", let listen = metrics[key]?.string, splitListenAddress(listen) != nil { config.metricsListen = listen }
-                    else if key == "listen" { problems.append("metrics.listen: must be \"HOST:PORT\" (e.g. \"127.0.0.1:9464\", \"[::1]:9464\")") }
-                    else { problems.append("metrics: unknown key '\(key)'") }
+                    else if Self.isKnown(key, in: "metrics", at: "metrics", &problems) { problems.append("metrics.listen: must be \"HOST:PORT\" (e.g. \"127.0.0.1:9464\", \"[::1]:9464\")") }
                 }
             } else {
                 problems.append("metrics: must be a dictionary")
@@ -263,6 +260,26 @@ public struct Configuration: Sendable {
         return config
     }
 
+    /// Every key the parser takes, by section (SPEC §6, §8; "" is the top level, NAME a queue's or command's name):
+    /// the gate for "unknown key", and what opqueued.plist(5) must name (DocsTests checks it does).
+    static let keys: [String: Set<String>] = [
+        "": ["queues", "defaultQueues", "maxActiveJobs", "maxActiveOperations", "shutdownGraceSeconds", "download", "image", "metrics",
+             "commands", "jobFinished", "cluster"],
+        "queues.NAME": ["maxConcurrentOperationCount", "qualityOfService", "suspended", "clusterMaxConcurrentOperationCount"],
+        "download": ["maxBytes", "connectTimeoutSeconds", "timeoutSeconds", "fileRoots", "allowNetworks"],
+        "image": ["maxPixels"],
+        "metrics": ["listen"],
+        "commands.NAME": ["argv", "parameters", "output", "timeoutSeconds", "maxOutputBytes", "environment", "queue", "tempFailExitCodes"],
+        "cluster": ["database", "passwordFile", "node", "jobSlots", "leaseSeconds", "sharedOutbox", "keepFinishedDays"],
+    ]
+
+    /// Whether `key` is one of `section`'s; if not, says so (at `path`, the section as the file spells it).
+    static func isKnown(_ key: String, in section: String, at path: String, _ problems: inout [String]) -> Bool {
+        if keys[section, default: []].contains(key) { return true }
+        problems.append("\(path): unknown key '\(key)'")
+        return false
+    }
+
     /// The `cluster` dictionary; nil (with problems) when it is not usable.
     static func parseCluster(_ value: PlistValue, maxActiveJobs: Int, problems: inout [String]) -> ClusterSettings? {
         guard let cluster = value.dictionary else { problems.append("cluster: must be a dictionary"); return nil }
@@ -271,7 +288,7 @@ public struct Configuration: Sendable {
                                        leaseSeconds: ClusterSettings.defaultLeaseSeconds, sharedOutbox: nil,
                                        keepFinishedDays: ClusterSettings.defaultKeepFinishedDays)
         for key in cluster.keys.sorted() {
-            guard let v = cluster[key] else { continue }
+            guard let v = cluster[key], isKnown(key, in: "cluster", at: "cluster", &problems) else { continue }
             switch key {
             case "database":
                 guard let url = v.string else { problems.append("cluster.database: must be a postgresql:// URL string"); break }
@@ -303,7 +320,7 @@ public struct Configuration: Sendable {
             case "keepFinishedDays":
                 if let n = v.real, n >= 0, n <= 36_500 { settings.keepFinishedDays = n } else { problems.append("cluster.keepFinishedDays: must be 0 or more days") }
             default:
-                problems.append("cluster: unknown key '\(key)'")
+                break
             }
         }
         if cluster["database"] == nil { problems.append("cluster.database: missing (the postgresql:// URL of the cluster's database)") }

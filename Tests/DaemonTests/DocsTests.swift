@@ -4,6 +4,7 @@
 // starts (blocks preceded by `<!-- docs-test: skip (why) -->` are not run: building, systemd, the journal).
 
 import Foundation
+import PropertyList
 import Testing
 import TestSupport
 @testable import Daemon
@@ -48,6 +49,38 @@ func runnableShellBlocks(_ markdown: String) -> (run: [String], skipped: Int) {
             let rendered = try run("/usr/bin/mandoc", ["-T", "markdown", manFolder + "/" + page])
             #expect(rendered.status == 0 && rendered.stdout.contains("NAME"))
         }
+    }
+
+    /// Every key the configuration parser takes is named in opqueued.plist(5) (the page is written by hand: a key
+    /// added to the parser and not to the page fails here); and that list is the parser's own gate: each key in it
+    /// is taken (a bad value is a bad value, not an unknown key), a key beside them is refused as unknown.
+    @Test func configurationPageNamesEveryKey() throws {
+        let page = try String(contentsOfFile: manFolder + "/opqueued.plist.5", encoding: .utf8)
+        // mdoc names a key with Ic, alone or in a list (".Ic a , b"): a whole word on a line with the macro.
+        let named = Set(page.split(separator: "\n").filter { $0.split(separator: " ").contains { $0 == "Ic" || $0 == ".Ic" } }
+            .flatMap { $0.split(whereSeparator: { !($0.isLetter || $0.isNumber) }) }.map(String.init))
+        var keys = 0
+        for (section, sectionKeys) in Configuration.keys {
+            for key in sectionKeys.union(["notAKeyOf\(section.isEmpty ? "Top" : "Section")"]) {
+                keys += 1
+                let isKey = sectionKeys.contains(key)
+                if isKey { #expect(named.contains(key), "opqueued.plist(5) does not name \(section.isEmpty ? "" : section + ".")\(key)") }
+                // The key with a value no key takes, where the section puts it.
+                var value = PlistValue.dictionary(PlistDictionary([key: .array([.data([1])])]))
+                switch section {
+                case "": break
+                case "queues.NAME": value = .dictionary(PlistDictionary(["queues": .dictionary(PlistDictionary(["q": value]))]))
+                case "commands.NAME": value = .dictionary(PlistDictionary(["commands": .dictionary(PlistDictionary(["c": value]))]))
+                default: value = .dictionary(PlistDictionary([section: value]))
+                }
+                var problems: [String] = []
+                do { _ = try Configuration.parse(Data(PlistBinaryWriter.document(value))) } catch let error as Configuration.Invalid { problems = error.problems }
+                let unknown = problems.contains { $0.contains("unknown key '\(key)'") }
+                #expect(unknown != isKey, "\(section).\(key): \(problems)")
+                #expect(!problems.isEmpty, "\(section).\(key): an array of data taken as a value")
+            }
+        }
+        #expect(keys > 40)
     }
 
     /// Every subcommand and option the program's own parser knows appears in its generated page:

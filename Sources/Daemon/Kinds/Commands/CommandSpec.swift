@@ -114,7 +114,7 @@ public struct CommandSpec: Sendable, Equatable {
         let at = "commands.\(name)"
         var spec = CommandSpec(name: name, argv: [], parameters: [:], output: .none, timeoutSeconds: 600, maxOutputBytes: 10_485_760,
                                environment: [:], queue: nil, tempFailExitCodes: [75])
-        let known: Set<String> = ["argv", "parameters", "output", "timeoutSeconds", "maxOutputBytes", "environment", "queue", "tempFailExitCodes"]
+        let known = Configuration.keys["commands.NAME", default: []]
         for key in d.keys.sorted() where !known.contains(key) { problems.append("\(at): unknown key '\(clipped(key))'") }
         if let value = d["parameters"] {
             if let parameters = value.dictionary {
