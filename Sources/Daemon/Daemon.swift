@@ -888,6 +888,8 @@ public final class Daemon: @unchecked Sendable {
         }
         let now = Date().timeIntervalSince1970
         var staged: [(publication: Publication, firstStart: Double?)] = []
+        var results: [String: [UInt8]] = [:]
+        let keepsResults = !store.inboxRunsHere
         let hook = lock.withLock { configuration.jobFinished.flatMap { configuration.commands[$0] } }
         let node = store.node
         for publication in batch {
@@ -904,10 +906,16 @@ public final class Daemon: @unchecked Sendable {
             do {
                 var firstStart: Double?
                 let origin = store.origin(of: publication.job.id)
+                // A store that keeps the result gets the bytes as written (not read back from the file).
+                var kept: [UInt8]? = keepsResults && publication.job.fromStore ? [] : nil
                 try spool.stage(job: publication.job.id) { sink in
                     firstStart = try ResultWriter.write(job: publication.job, status: publication.status, error: publication.error,
-                                                        records: publication.records, now: now, origin: origin, node: node, to: sink)
+                                                        records: publication.records, now: now, origin: origin, node: node) { bytes in
+                        kept?.append(contentsOf: bytes)
+                        try sink(bytes)
+                    }
                 }
+                if let kept { results[publication.job.id] = kept }
                 staged.append((publication, firstStart))
             } catch {
                 stall(publication, error)
@@ -915,10 +923,10 @@ public final class Daemon: @unchecked Sendable {
         }
         // result.plist made durable off `work` (which stages the next batch meanwhile), then the ends recorded.
         lock.withLock { publishing += 1 }
-        commits.after { [self, staged] outcome in
+        commits.after { [self, staged, results] outcome in
             switch outcome {
             case .success:
-                record(batch, staged, now: now, hook: hook)
+                record(batch, staged, results: results, now: now, hook: hook)
             case .failure(let error):
                 // result.plist is not known to be durable: nothing moves yet.
                 work.async { [self] in
@@ -932,11 +940,15 @@ public final class Daemon: @unchecked Sendable {
     /// On the committer's thread, a batch's result.plist files durable: the store records the ends, then `place`
     /// on `work`. The publication gate: only the ends the store recorded are placed; the others were lost. A
     /// manifest rejected at submission (it never reached a cluster store) is this node's to publish.
-    private func record(_ batch: [Publication], _ staged: [(publication: Publication, firstStart: Double?)], now: Double, hook: CommandSpec?) {
+    private func record(_ batch: [Publication], _ staged: [(publication: Publication, firstStart: Double?)], results: [String: [UInt8]],
+                        now: Double, hook: CommandSpec?) {
         let allGated = store.inboxRunsHere
         let gated = staged.filter { allGated || $0.publication.job.fromStore }
         let ungated = Set(staged.lazy.filter { !(allGated || $0.publication.job.fromStore) }.map { $0.publication.job.id })
-        let ends = gated.map { JobEnd(job: $0.publication.job.id, status: $0.publication.status, resultFile: spool.stagedResult(job: $0.publication.job.id)) }
+        let ends = gated.map { entry in
+            let job = entry.publication.job.id
+            return JobEnd(job: job, status: entry.publication.status, resultFile: spool.stagedResult(job: job), result: results[job])
+        }
         if ends.isEmpty || allGated {
             // The spool's own store records nothing elsewhere: at once.
             let recorded = ends.isEmpty ? .success(ungated) : Result { try store.complete(ends) }

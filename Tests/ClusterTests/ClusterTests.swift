@@ -119,6 +119,10 @@ struct ClusterTests {
             #expect(result["status"] as? String == "succeeded")
             #expect(result["node"] as? String == harness[k].name, "result.plist names the node that ran it")
             #expect(result["submittedOn"] as? String == (job == submittedID ? harness[1].name : harness[0].name))
+            // The cluster's record of the end holds the very bytes of the outbox's result.plist.
+            let published = FileManager.default.contents(atPath: harness[k].spool + "/outbox/" + job + "/result.plist")
+            let recorded = try harness.sql("SELECT encode(result, 'hex') FROM opq_jobs WHERE id = '\(job)'")
+            #expect(published.map { $0.map { String(format: "%02x", $0) }.joined() } == recorded, "\(job): the database's result differs from result.plist")
             ranOn.insert(harness[k].name)
         }
         #expect(ranOn.count == 2, "both nodes ran jobs: \(ranOn)")

@@ -242,13 +242,14 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
         let (fences, already) = lock.withLock { (state.beginCompleting(ids), state.alreadyRecorded(ids)) }
         var completions: [JobCompletion] = []
         for end in ends where fences[end.job] != nil && !already.contains(end.job) {
-            let result: [UInt8]
-            switch readRegularFile(end.resultFile, limit: 64 << 20) {
-            case .success(let data): result = Array(data)
-            case .failure(let error):
-                logger.error("job \(end.job): its result.plist cannot be read for the cluster's record: \(error)",
-                             metadata: ["OPQ_JOB": .string(end.job), "OPQ_ERROR": .string(error.description)])
-                result = []
+            var result: [UInt8] = end.result ?? []
+            if end.result == nil {
+                switch readRegularFile(end.resultFile, limit: 64 << 20) {
+                case .success(let data): result = Array(data)
+                case .failure(let error):
+                    logger.error("job \(end.job): its result.plist cannot be read for the cluster's record: \(error)",
+                                 metadata: ["OPQ_JOB": .string(end.job), "OPQ_ERROR": .string(error.description)])
+                }
             }
             completions.append(JobCompletion(job: end.job, fence: fences[end.job] ?? 0, status: end.status, result: result))
         }

@@ -20,11 +20,14 @@ public struct JobEnd: Sendable, Equatable {
     public var status: String
     /// The staged result.plist (SPEC §5), for a store that keeps it (the cluster, for keepFinishedDays).
     public var resultFile: String
+    /// Its bytes, when the shell kept them as it wrote the file (then the store does not read it back).
+    public var result: [UInt8]?
 
-    public init(job: String, status: String, resultFile: String) {
+    public init(job: String, status: String, resultFile: String, result: [UInt8]? = nil) {
         self.job = job
         self.status = status
         self.resultFile = resultFile
+        self.result = result
     }
 }
 
