@@ -84,8 +84,12 @@ public struct ClaimedJob: Sendable, Equatable {
     public var fence: Int64
     /// Set when the job was taken over from a lost node (OPQ_FROM_NODE).
     public var fromNode: String?
+    /// The manifest's size in the row: more than `manifest.count` when the claim left it out (past the claim's
+    /// budget, or past the most a manifest may hold).
+    public var manifestBytes: Int
 
-    public init(id: String, requestedID: String, manifest: [UInt8], manifestName: String, submittedOn: String, submittedAt: Double, qosRank: Int, priorityRank: Int, fence: Int64, fromNode: String?) {
+    public init(id: String, requestedID: String, manifest: [UInt8], manifestName: String, submittedOn: String, submittedAt: Double, qosRank: Int, priorityRank: Int, fence: Int64, fromNode: String?,
+                manifestBytes: Int? = nil) {
         self.id = id
         self.requestedID = requestedID
         self.manifest = manifest
@@ -96,6 +100,7 @@ public struct ClaimedJob: Sendable, Equatable {
         self.priorityRank = priorityRank
         self.fence = fence
         self.fromNode = fromNode
+        self.manifestBytes = manifestBytes ?? manifest.count
     }
 }
 
@@ -328,8 +333,10 @@ public protocol ClusterStore: Sendable {
     func insertJobs(_ jobs: [NewJob]) async throws -> [InsertedJob]
 
     /// One claim round, one statement: up to `limit` waiting jobs whose queues and commands are all among the
-    /// node's, highest QoS, then priority, then submission order; each under a new fence.
-    func claimJobs(node: String, limit: Int, queues: [String], commands: [String]) async throws -> [ClaimedJob]
+    /// node's, highest QoS, then priority, then submission order; each under a new fence. A manifest comes back
+    /// only while those before it hold fewer than `budget` bytes (the first always does) and it holds at most
+    /// `maxManifestBytes`; the others come back empty, `manifestBytes` saying their size.
+    func claimJobs(node: String, limit: Int, queues: [String], commands: [String], budget: Int, maxManifestBytes: Int) async throws -> [ClaimedJob]
 
     /// One statement: renews the lease of the node on all its jobs and slots. With `info`, only while the name is
     /// still that process's (`registered` false otherwise).

@@ -352,13 +352,15 @@ public final class PostgresClusterStore: ClusterStore {
         throw ClusterStoreError(.server, "inserting job \(job.requestedID): no free id after 64 attempts")
     }
 
-    public func claimJobs(node: String, limit: Int, queues: [String], commands: [String]) async throws -> [ClaimedJob] {
+    public func claimJobs(node: String, limit: Int, queues: [String], commands: [String], budget: Int, maxManifestBytes: Int) async throws -> [ClaimedJob] {
         if limit <= 0 { return [] }
         var binds = PostgresBindings()
         binds.append(node)
         binds.append(limit)
         binds.append(queues)
         binds.append(commands)
+        binds.append(Int64(max(1, budget)))
+        binds.append(Int64(max(0, maxManifestBytes)))
         var claimed: [(seq: Int64, job: ClaimedJob)] = try await query(Queries.claimJobs, binds, doing: "claiming jobs for node \(node)").map { row in
             let c = row.makeRandomAccess()
             let job = ClaimedJob(
@@ -367,7 +369,7 @@ public final class PostgresClusterStore: ClusterStore {
                 manifestName: try decode(c[3], String.self), submittedOn: try decode(c[4], String.self),
                 submittedAt: try decode(c[5], Double.self), qosRank: Int(try decode(c[6], Int16.self)),
                 priorityRank: Int(try decode(c[7], Int16.self)), fence: try decode(c[9], Int64.self),
-                fromNode: try decode(c[10], String?.self))
+                fromNode: try decode(c[10], String?.self), manifestBytes: Int(try decode(c[11], Int64.self)))
             return (try decode(c[8], Int64.self), job)
         }
         // RETURNING keeps no order: put them back in claim order.

@@ -120,10 +120,20 @@ enum Queries {
     /// One claim round in one statement: up to $2 waiting jobs, in claim order, whose queues and commands are all
     /// among the node's ($3, $4); rows another claimer holds are skipped, never waited for. Each gets a new fence.
     /// $1 node, $2 limit, $3 node queues, $4 node commands. The statement is opq_claim_jobs (migration 3), which keeps
-    /// the planner on the claim-order index whatever the table's statistics say.
+    /// the planner on the claim-order index whatever the table's statistics say. Rows are input, and the node's memory
+    /// is bounded: a manifest comes back only while the manifests before it in claim order (those of at most $6 bytes)
+    /// hold fewer than $5 bytes (the first always does) and it holds at most $6; the others come back empty, with their
+    /// size (the node hands them back, or rejects one too big to be a manifest).
     static let claimJobs = #"""
-    SELECT id, requested_id, manifest, manifest_name, submitted_on, submitted_at, qos_rank, priority_rank, seq, fence, from_node
-    FROM opq_claim_jobs($1, $2, $3::text[], $4::text[])
+    SELECT id, requested_id,
+           CASE WHEN bytes <= $6::bigint AND coalesce(before, 0) < $5::bigint THEN manifest ELSE ''::bytea END,
+           manifest_name, submitted_on, submitted_at, qos_rank, priority_rank, seq, fence, from_node, bytes
+    FROM (
+        SELECT c.*, octet_length(c.manifest)::bigint AS bytes,
+               sum(CASE WHEN octet_length(c.manifest) <= $6::bigint THEN octet_length(c.manifest) ELSE 0 END)
+                   OVER (ORDER BY c.qos_rank DESC, c.priority_rank DESC, c.seq ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS before
+        FROM opq_claim_jobs($1, $2, $3::text[], $4::text[]) AS c
+    ) AS claimed
     """#
 
     /// One statement per node per beat: renews the node's lease (and so those of all its jobs and slots) and

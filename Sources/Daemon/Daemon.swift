@@ -306,12 +306,14 @@ public final class Daemon: @unchecked Sendable {
     /// there is room, again within a second.
     private func offerRoom() {
         guard !store.inboxRunsHere else { return }
-        let room: Int
+        let room: Int, budget: Int
         switch lock.withLock({ lifecycle.admission }) {
-        case .room(let jobs, _): room = jobs
+        case .room(let jobs, let operations): (room, budget) = (jobs, operations)
         case .full, .stopping, .paused: return
         }
-        store.want(room: room)
+        // The inbox's rule: a manifest of B bytes may hold B / minimumBytesPerOperation + 1 operations.
+        store.want(room: room, manifestBytes: budget.multipliedReportingOverflow(by: Self.minimumBytesPerOperation).overflow
+                   ? Int.max : budget * Self.minimumBytesPerOperation)
         guard !wantScheduled else { return }
         wantScheduled = true
         work.asyncAfter(deadline: .now() + 1) { [self] in

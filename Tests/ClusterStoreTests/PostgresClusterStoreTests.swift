@@ -37,6 +37,7 @@ struct PostgresConformanceTests {
     @Test func commandSignatures() async throws { try await StoreConformance.commandSignatures(postgresFactory) }
     @Test func releaseJobs() async throws { try await StoreConformance.releaseJobs(postgresFactory) }
     @Test func claimOrder() async throws { try await StoreConformance.claimOrder(postgresFactory) }
+    @Test func claimBudget() async throws { try await StoreConformance.claimBudget(postgresFactory) }
     @Test func pinning() async throws { try await StoreConformance.pinning(postgresFactory) }
     @Test func concurrentClaims() async throws { try await StoreConformance.concurrentClaims(postgresFactory) }
     @Test func heartbeatAndTakeover() async throws { try await StoreConformance.heartbeatAndTakeover(postgresFactory) }
@@ -159,7 +160,7 @@ struct PostgresClusterStoreTests {
         }
         var done = 0
         while done < jobs {
-            let claimed = try await measured.claimJobs(node: "n1", limit: 50, queues: ["default"], commands: [])
+            let claimed = try await measured.claimJobs(node: "n1", limit: 50, queues: ["default"], commands: [], budget: .max, maxManifestBytes: .max)
             if claimed.isEmpty { break }
             done += try await measured.completeJobs(claimed.map {
                 JobCompletion(job: $0.id, fence: $0.fence, status: "succeeded", result: [])
@@ -205,7 +206,7 @@ struct PostgresClusterStoreTests {
         try await store.registerNode(node("run", limits: ["api": 1]))
         let inserted = try await store.insertJobs([job("split-a"), job("split-b")])
         #expect(inserted.map(\.id) == ["split-a", "split-b"])
-        let claimed = try await store.claimJobs(node: "run", limit: 10, queues: ["default"], commands: [])
+        let claimed = try await store.claimJobs(node: "run", limit: 10, queues: ["default"], commands: [], budget: .max, maxManifestBytes: .max)
         #expect(claimed.map(\.id) == ["split-a", "split-b"])
         _ = try await store.heartbeat(node: "run")
         _ = try await store.takeOverLost(leaseSeconds: 60)
@@ -291,6 +292,8 @@ struct PostgresClusterStoreTests {
             binds.append(10)
             binds.append(["default"])
             binds.append([String]())
+            binds.append(Int64.max)
+            binds.append(Int64.max)
             let claimed = try await store.execute(connection, Queries.claimJobs, binds)
             let counted = try await store.execute(connection, "SELECT pg_stat_get_xact_tuples_returned('opq_jobs_claimable'::regclass)")
             return (claimed.count, try counted.first.map { try $0.decode(Int64.self) } ?? -1)

@@ -74,7 +74,8 @@ final class ClusterNode: @unchecked Sendable {
     let deadlines = Locked<[Double?]>([])
 
     init(_ name: String, server: PostgresServer, database: String, user: String = PostgresServer.role, password: String? = nil,
-         leaseSeconds: Double = 15, jobSlots: Int = 4, queues: [String: Any] = [:], spoolFolder: String? = nil, spool existing: Spool? = nil) throws {
+         leaseSeconds: Double = 15, jobSlots: Int = 4, queues: [String: Any] = [:], spoolFolder: String? = nil, spool existing: Spool? = nil,
+         maxManifestBytes: Int = ManifestLimits.maxBytes) throws {
         self.name = name
         folder = spoolFolder ?? NSTemporaryDirectory() + "opq-cluster-\(name)-\(UInt64.random(in: 1...UInt64.max))"
         spool = try existing ?? Spool(root: folder)
@@ -86,7 +87,7 @@ final class ClusterNode: @unchecked Sendable {
         let logger = Logger(label: "test.\(name)") { _ in CapturingLogHandler(sink: sink) }
         let deadlines = self.deadlines
         store = try ClusterJobStore(configuration: configuration, spool: spool, logger: logger,
-                                    onLeaseDeadline: { d in deadlines.withLock { $0.append(d) } })
+                                    onLeaseDeadline: { d in deadlines.withLock { $0.append(d) } }, maxManifestBytes: maxManifestBytes)
         store.delegate = shell
     }
 
@@ -614,6 +615,35 @@ struct ClusterJobStoreTests {
         // The store still works.
         _ = a.store.submit([try a.drop("after", sleepManifest("after"))])
         #expect(eventually { a.shell.ran.contains { $0.job.id == "after" } })
+    }
+
+    /// Rows are input, and a node's memory is bounded: a row whose manifest is bigger than a manifest may be is
+    /// recorded rejected without being read; rows past the claim's budget (the shell's operations at 16 bytes
+    /// each) come back empty and are handed back, then claimed when the shell has room for them.
+    @Test func aClaimReadsNoMoreThanItsBudgetNorAnOversizedManifest() throws {
+        let server = try PostgresServer.shared.get()
+        let database = try server.createDatabase()
+        let a = try ClusterNode("a", server: server, database: database, jobSlots: 8, maxManifestBytes: 5000)
+        defer { a.close() }
+        _ = a.store.recovered([])
+        #expect(eventually { a.store.snapshot()?.refreshedAt != nil })
+        let columns = "(id, requested_id, manifest, manifest_name, submitted_on, qos_rank, priority_rank, queues, commands)"
+        func row(_ id: String, _ bytes: Int) -> String {
+            "('\(id)', '\(id)', convert_to(repeat('x', \(bytes)), 'UTF8'), '\(id).plist', 'elsewhere', 2, 2, '{default}', '{}')"
+        }
+        try server.psql(database, "INSERT INTO opq_jobs \(columns) VALUES \(row("huge", 6000)), \(row("s1", 400)), \(row("s2", 400)), \(row("s3", 400))")
+        a.store.want(room: 8, manifestBytes: 500)
+        #expect(eventually { a.shell.ran.count == 2 })
+        #expect(a.shell.ran.map(\.job.id) == ["s1", "s2"])
+        #expect(eventually { (try? server.psql(database, "SELECT state FROM opq_jobs WHERE id = 's3'")).map(trimmed) == "waiting" },
+                "s3 is handed back")
+        #expect(trimmed(try server.psql(database, "SELECT state || ' ' || status FROM opq_jobs WHERE id = 'huge'")) == "finished rejected")
+        let why = trimmed(try server.psql(database, "SELECT convert_from(result, 'UTF8') FROM opq_jobs WHERE id = 'huge'"))
+        #expect(why.contains("6000 bytes, more than the 5000"), "\(why)")
+        // Room for more: s3 comes.
+        a.store.want(room: 6, manifestBytes: 1000)
+        #expect(eventually { a.shell.ran.count == 3 })
+        #expect(a.shell.ran.last?.job.id == "s3" && a.shell.ran.last?.job.manifest.count == 400)
     }
 
     /// Finished rows older than keepFinishedDays (7 by default) are pruned at the first connection; younger ones stay.

@@ -221,7 +221,7 @@ private final class FakeStore: JobStore, @unchecked Sendable {
     func submissionConfiguration(_ local: Configuration) -> Configuration { local }
     func recovered(_ jobs: [ClaimedJob]) -> [ClaimedJob] { jobs }
     func submit(_ jobs: [ClaimedJob]) -> [ClaimedJob] { jobs }
-    func want(room: Int) {}
+    func want(room: Int, manifestBytes: Int) {}
     func complete(_ ends: [JobEnd]) throws -> Set<String> {
         lock.withLock {
             completed += ends

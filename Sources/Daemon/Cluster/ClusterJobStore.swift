@@ -37,6 +37,8 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
     let store: any ClusterStore
     let logger: Logger
     let onLeaseDeadline: @Sendable (Double?) -> Void
+    /// A row whose manifest is bigger is rejected without being read (ManifestLimits.maxBytes; less in tests).
+    let maxManifestBytes: Int
 
     /// Everything below is guarded by `lock`. Each thread of the store has its wake-up: the loop, the status
     /// reader, the submitter.
@@ -49,6 +51,9 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
     private var state: ClusterNodeState
     private var origins: [String: ClusterOrigin] = [:]
     private var room = 0
+    /// The bytes the manifests of the next claim may hold (the shell's operation budget): past it, rows come back
+    /// without their manifest and are handed back.
+    private var manifestBudget = Int.max
     private var started = false
     private var stopped = false
     private var claimWanted = true
@@ -97,17 +102,20 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
     /// Builds the node's store; nothing is connected until `start`. Throws when the URL or the password file is
     /// unusable (a configuration error: the node does not start).
     public convenience init(configuration: Configuration, spool: Spool, logger: Logger,
-                            onLeaseDeadline: @escaping @Sendable (Double?) -> Void = { _ in }) throws {
+                            onLeaseDeadline: @escaping @Sendable (Double?) -> Void = { _ in },
+                            maxManifestBytes: Int = ManifestLimits.maxBytes) throws {
         guard let settings = configuration.cluster else { throw ClusterUnavailable("no cluster dictionary in the configuration") }
         let url = try DatabaseURL(settings.database, passwordFile: settings.passwordFile)
         let store = try PostgresClusterStore(url: url)
         self.init(configuration: configuration, spool: spool, logger: logger, store: store,
-                  run: { await store.run() }, onLeaseDeadline: onLeaseDeadline)
+                  run: { await store.run() }, onLeaseDeadline: onLeaseDeadline, maxManifestBytes: maxManifestBytes)
     }
 
     /// `run` keeps the store's connections (for PostgresClusterStore, its `run()`); cancelled at shutdown.
     public init(configuration: Configuration, spool: Spool, logger: Logger, store: any ClusterStore,
-                run: @escaping @Sendable () async -> Void, onLeaseDeadline: @escaping @Sendable (Double?) -> Void = { _ in }) {
+                run: @escaping @Sendable () async -> Void, onLeaseDeadline: @escaping @Sendable (Double?) -> Void = { _ in },
+                maxManifestBytes: Int = ManifestLimits.maxBytes) {
+        self.maxManifestBytes = maxManifestBytes
         let settings = configuration.cluster ?? ClusterSettings(database: "", passwordFile: nil, node: "node", jobSlots: configuration.maxActiveJobs,
                                                                  leaseSeconds: ClusterSettings.defaultLeaseSeconds, sharedOutbox: nil,
                                                                  keepFinishedDays: ClusterSettings.defaultKeepFinishedDays)
@@ -228,9 +236,10 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
         return []
     }
 
-    public func want(room: Int) {
+    public func want(room: Int, manifestBytes: Int) {
         lock.withLock {
             self.room = max(0, room)
+            self.manifestBudget = max(1, manifestBytes)
             if room > 0 { claimWanted = true }
         }
         kick()
@@ -699,18 +708,20 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
 
     /// One claim round for the room the shell has, and the jobs' files written before they run.
     private func claim() throws {
-        let (limit, declaration) = lock.withLock { () -> (Int, NodeDeclaration) in
+        let (limit, budget, declaration) = lock.withLock { () -> (Int, Int, NodeDeclaration) in
             let free = settings.jobSlots - state.held.count
             let may = state.mayTakeLeases(now: monotonicSeconds())
-            return (may ? min(room, free) : 0, configuration.declaration(node: nodeName, jobSlots: settings.jobSlots))
+            return (may ? min(room, free) : 0, manifestBudget, configuration.declaration(node: nodeName, jobSlots: settings.jobSlots))
         }
-        if limit <= 0 { return }
-        let rows = try waitBounded(Self.statementTimeout, on: executor, doing: "claiming jobs for node \(nodeName)", { [store, nodeName] in
-            try await store.claimJobs(node: nodeName, limit: limit, queues: declaration.queues, commands: declaration.commands)
+        if limit <= 0 || budget <= 0 { return }
+        let rows = try waitBounded(Self.statementTimeout, on: executor, doing: "claiming jobs for node \(nodeName)", { [store, nodeName, maxManifestBytes] in
+            try await store.claimJobs(node: nodeName, limit: limit, queues: declaration.queues, commands: declaration.commands,
+                                      budget: budget, maxManifestBytes: maxManifestBytes)
         })
         if rows.isEmpty { return }
         var run: [ClaimedJob] = []
         var handedOver = 0
+        var overBudget = false
         var refused: [JobCompletion] = []
         var failed: [String: Int64] = [:]
         var spoolError: (job: String, error: any Error)?
@@ -722,6 +733,17 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
             }
             guard isValidIdentifier(row.id) else {
                 refused.append(rejection(row, "its id is not a valid job id ([A-Za-z0-9._-]{1,128}, not starting with '.')"))
+                continue
+            }
+            guard row.manifestBytes <= maxManifestBytes else {
+                refused.append(rejection(row, "its manifest is \(row.manifestBytes) bytes, more than the \(maxManifestBytes) a manifest may hold"))
+                continue
+            }
+            guard row.manifest.count == row.manifestBytes else {
+                // Past this claim's budget (the manifests before it may hold the rest of the shell's operations):
+                // handed back, to be claimed when there is room, here or on another node.
+                failed[row.id] = row.fence
+                overBudget = true
                 continue
             }
             let name = row.manifestName.contains("/") || row.manifestName.utf8.count > 255 || row.manifestName.isEmpty
@@ -741,6 +763,7 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
                     state.hold(row.id, fence: row.fence)
                     origins[row.id] = origin
                     room = max(0, room - 1)
+                    manifestBudget -= row.manifestBytes
                 }
                 // The shell starts the first jobs of a big claim while the rest are written.
                 if run.count == Self.handOverChunk {
@@ -784,7 +807,9 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
             reportDeadline()
             delegate?.run(run)
         }
-        // More may wait: look again at once while there is room.
+        // More may wait: look again at once while there is room (not when the budget sent rows back: the shell
+        // offers more once its jobs have taken their operations).
+        guard !overBudget else { return }
         lock.withLock { if room > 0 && rows.count == limit { claimWanted = true } }
         if rows.count == limit { kick() }
     }

@@ -87,9 +87,11 @@ public protocol JobStore: AnyObject, Sendable {
     /// Jobs it could not insert yet (database down) stay in active/ and are retried; nothing is lost.
     func submit(_ jobs: [ClaimedJob]) -> [ClaimedJob]
 
-    /// The shell can run `room` more jobs now: a cluster store claims up to that many (answering by
-    /// `delegate.run`); the file spool does nothing (the shell claims from the inbox itself).
-    func want(room: Int)
+    /// The shell can run `room` more jobs now, whose manifests may hold `manifestBytes` in all (its operation
+    /// budget at the fewest bytes an operation takes): a cluster store claims up to that many (answering by
+    /// `delegate.run`), past the budget only the first; the file spool does nothing (the shell claims from the
+    /// inbox itself).
+    func want(room: Int, manifestBytes: Int)
 
     /// The publication gate, for one batch: returns the jobs this node may publish (the file spool: all). A
     /// cluster store records the ends under their fences in one statement; a job missing from the answer was
@@ -121,4 +123,9 @@ public enum StoreCancelOutcome: Sendable, Equatable {
     case alreadyEnded
     /// The store cannot answer now (database down).
     case unavailable(String)
+}
+
+extension JobStore {
+    /// `want(room:manifestBytes:)` without a byte budget.
+    public func want(room: Int) { want(room: room, manifestBytes: Int.max) }
 }

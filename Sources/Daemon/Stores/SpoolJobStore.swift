@@ -18,7 +18,7 @@ public final class SpoolJobStore: JobStore, @unchecked Sendable {
     public func submissionConfiguration(_ local: Configuration) -> Configuration { local }
     public func recovered(_ jobs: [ClaimedJob]) -> [ClaimedJob] { jobs }
     public func submit(_ jobs: [ClaimedJob]) -> [ClaimedJob] { jobs }
-    public func want(room: Int) {}
+    public func want(room: Int, manifestBytes: Int) {}
     public func complete(_ ends: [JobEnd]) throws -> Set<String> { Set(ends.map(\.job)) }
     public func origin(of job: String) -> JobOrigin? { nil }
 
