@@ -508,12 +508,21 @@ public final class Daemon: @unchecked Sendable {
     /// On `work`, for a store that places jobs itself: manifests claimed for submission (SPEC §8) are read against
     /// the store's submission configuration; the good ones go to the store (never registered here: they run
     /// wherever the store places them), one with problems is moved into active/ and rejected here like any other.
-    private func submitFromInbox(_ claimed: [ClaimedJob], configuration config: Configuration) {
+    private func submitFromInbox(_ claimed: [ClaimedJob], configuration: Configuration) {
         var submissions: [ClaimedJob] = []
+        var config = configuration, refreshed = false
         for var job in claimed {
             let tree = job.tree ?? ManifestTree(job.manifest)
             job.tree = nil
-            if Self.problems(tree, configuration: config).problems.isEmpty {
+            var problems = Self.problems(tree, configuration: config).problems
+            // What the cluster declares may have grown since the store last read it (a node that just joined):
+            // read once more, at most once per batch, before a manifest is rejected.
+            if !problems.isEmpty && !refreshed, let fresh = store.freshSubmissionConfiguration(lock.withLock({ self.configuration })) {
+                refreshed = true
+                config = fresh
+                problems = Self.problems(tree, configuration: config).problems
+            }
+            if problems.isEmpty {
                 // The store reads the job's placement from the same tree (it lets it go once the row is made).
                 job.tree = tree
                 let wanted = job.requestedJob ?? ""

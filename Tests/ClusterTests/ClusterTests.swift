@@ -378,6 +378,24 @@ struct ClusterTests {
 
     // MARK: 3. Pinning
 
+    /// A node that registered a moment ago (its row there, this node's last look at the declarations older) is
+    /// known before a manifest naming its queue is rejected: the declarations are read again first.
+    @Test func aQueueDeclaredAMomentAgoIsNotATypo() throws {
+        let harness = try ClusterHarness(nodes: 1)
+        usleep(300_000)  // the node's first look at what is declared is done
+        // A node row written without the notification RegisterNode sends: this node's status thread would see it
+        // only at its next round (leaseSeconds / 3 = 5 s).
+        try harness.sql("""
+            INSERT INTO opq_nodes (node, queues, commands, job_slots, info, last_heartbeat, lease_seconds)
+            VALUES ('ghost', '{late}', '{}', 1, 'elsewhere', now(), 600)
+            """)
+        let job = uniqueJob("late")
+        try harness[0].drop(job + ".plist", sleepJob(job, 0, queue: "late"))
+        #expect(pollUntil(5) { (try? harness.sql("SELECT state FROM opq_jobs WHERE requested_id = '\(job)'")) == "waiting" ? true : nil } == true,
+                "submitted to the cluster, waiting for the node that declares `late`")
+        #expect(harness.outboxes(holding: job).isEmpty, "not rejected as naming an unknown queue")
+    }
+
     @Test func queueDeclaredOnOneNodePinsItsJobsThereAndStatusNamesWhatNoLiveNodeHas() throws {
         let harness = try ClusterHarness(nodes: 2, settings: { k in k == 0 ? ["queues": ["gpu": ["maxConcurrentOperationCount": 1]]] : [:] })
         // Submitted on node 1, which does not declare `gpu`: accepted, and every one runs on node 0.

@@ -163,6 +163,19 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
         return local.widened(queues: d.queues, commands: d.commands, signatures: d.commandSignatures)
     }
 
+    /// What the cluster declares, read now (at most a second): a node that registered since the status thread's
+    /// last look is known before a manifest naming its queue is rejected here.
+    public func freshSubmissionConfiguration(_ local: Configuration) -> Configuration? {
+        guard let declared = try? waitBounded(1.0, on: executor, doing: "reading what nodes declare", { [store] in try await store.declared() }) else {
+            return nil
+        }
+        lock.withLock {
+            self.declared = declared
+            declaredKnown = true
+        }
+        return local.widened(queues: declared.queues, commands: declared.commands, signatures: declared.commandSignatures)
+    }
+
     public func recovered(_ jobs: [ClaimedJob]) -> [ClaimedJob] {
         var resume: [ClaimedJob] = []
         var candidates: [(ClaimedJob, ClusterOrigin)] = []

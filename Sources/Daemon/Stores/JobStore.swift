@@ -74,6 +74,9 @@ public protocol JobStore: AnyObject, Sendable {
     /// The configuration a manifest from this node's inbox is validated against: the local one, or (cluster) the
     /// local one widened to every queue and command some node of the cluster declares.
     func submissionConfiguration(_ local: Configuration) -> Configuration
+    /// The same, read afresh (a cluster asks the database what is declared now, bounded); nil when the store keeps
+    /// nothing to read again, or cannot now. Asked once before a manifest is rejected for what it names.
+    func freshSubmissionConfiguration(_ local: Configuration) -> Configuration?
     var delegate: (any JobStoreDelegate)? { get set }
 
     /// At start, before anything runs: the jobs found in active/ by `Spool.recover`. Returns those this node
@@ -126,6 +129,8 @@ public enum StoreCancelOutcome: Sendable, Equatable {
 }
 
 extension JobStore {
+    public func freshSubmissionConfiguration(_ local: Configuration) -> Configuration? { nil }
+
     /// `want(room:manifestBytes:)` without a byte budget.
     public func want(room: Int) { want(room: room, manifestBytes: Int.max) }
 }
