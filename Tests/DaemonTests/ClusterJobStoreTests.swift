@@ -182,8 +182,8 @@ struct ClusterJobStoreTests {
         let b = try ClusterNode("b", server: server, database: database)
         defer { a.close(); b.close() }
         #expect(a.store.recovered([]).isEmpty && b.store.recovered([]).isEmpty)
-        a.store.want(room: 0)
-        b.store.want(room: 4)
+        a.store.want(room: 0, manifestBytes: .max)
+        b.store.want(room: 4, manifestBytes: .max)
         #expect(eventually { a.store.snapshot()?.connected == true && b.store.snapshot()?.connected == true })
         // Let both settle into idleness, so that the claim below is woken, not polled.
         usleep(1_200_000)
@@ -223,7 +223,7 @@ struct ClusterJobStoreTests {
     @Test func aClaimedRowNeverTakesTheFolderOfAnInboxClaim() throws {
         let (_, _, a, b) = try startedPair()
         defer { a.close(); b.close() }
-        b.store.want(room: 0)
+        b.store.want(room: 0, manifestBytes: .max)
         #expect(eventually { a.store.snapshot()?.connected == true && b.store.snapshot()?.connected == true })
         // The row `twin`, submitted on a; b's inbox claim of another manifest asking for `twin` holds active/twin.
         #expect(a.store.submit([try a.drop("twin", sleepManifest("twin", seconds: 0))]).isEmpty)
@@ -231,7 +231,7 @@ struct ClusterJobStoreTests {
         let local = sleepManifest("twin", seconds: 1)
         let claimed = try b.drop("twin-local", local)
         #expect(claimed.id == "twin")
-        b.store.want(room: 4)
+        b.store.want(room: 4, manifestBytes: .max)
         #expect(eventually(3) { b.logs.all.contains { $0.message.contains("active/twin is in use here") } })
         #expect(b.shell.ran.isEmpty)
         #expect(try Data(contentsOf: URL(fileURLWithPath: b.spool.active + "/twin/manifest.plist")) == plist(local),
@@ -345,8 +345,8 @@ struct ClusterJobStoreTests {
         defer { a.close(); b.close() }
         _ = a.store.recovered([])
         _ = b.store.recovered([])
-        a.store.want(room: 0)
-        b.store.want(room: 0)
+        a.store.want(room: 0, manifestBytes: .max)
+        b.store.want(room: 0, manifestBytes: .max)
         var fillers: [String] = []
         while true {
             let path = folder + "/filler\(fillers.count)"
@@ -358,7 +358,7 @@ struct ClusterJobStoreTests {
         #expect(errno == ENOSPC && !fillers.isEmpty)
         _ = b.store.submit([try b.drop("full", sleepManifest("full"))])
         #expect(eventually { (try? b.store.job("full")) != nil })
-        a.store.want(room: 4)
+        a.store.want(room: 4, manifestBytes: .max)
         #expect(eventually { a.shell.spoolFailures.count == 1 })
         #expect(a.shell.spoolFailures.first?.contains("No space left") == true, "\(a.shell.spoolFailures)")
         #expect(eventually { (try? b.store.job("full"))?.state == .waiting }, "handed back")
@@ -369,7 +369,7 @@ struct ClusterJobStoreTests {
 
         // The spool works again; the shell offers room.
         for path in fillers { unlink(path) }
-        a.store.want(room: 4)
+        a.store.want(room: 4, manifestBytes: .max)
         #expect(eventually { a.shell.ran.count == 1 })
         #expect(FileManager.default.fileExists(atPath: a.spool.active + "/full/manifest.plist"))
     }
@@ -385,7 +385,7 @@ struct ClusterJobStoreTests {
         defer { try? FileManager.default.removeItem(atPath: folder) }
         let first = try ClusterNode("a", server: server, database: database, spoolFolder: folder, spool: spool)
         _ = first.store.recovered([])
-        first.store.want(room: 3)
+        first.store.want(room: 3, manifestBytes: .max)
         _ = first.store.submit(try ["keep", "gone", "done"].map { try first.drop($0, sleepManifest($0)) })
         #expect(eventually { first.shell.ran.count == 3 })
         let result = spool.active + "/done/result.plist"
@@ -417,7 +417,7 @@ struct ClusterJobStoreTests {
         let a = try ClusterNode("a", server: server, database: database, leaseSeconds: 2)
         defer { a.close() }
         _ = a.store.recovered([])
-        a.store.want(room: 1)
+        a.store.want(room: 1, manifestBytes: .max)
         _ = a.store.submit([try a.drop("steady", sleepManifest("steady", seconds: 60))])
         #expect(eventually { a.shell.ran.count == 1 })
         let blockers = ProcessInfo.processInfo.activeProcessorCount + 2
@@ -449,14 +449,14 @@ struct ClusterJobStoreTests {
         let leaseChanges = Locked<[Bool]>([])
         a.store.onLeaseChange = { good in leaseChanges.withLock { $0.append(good) } }
         _ = a.store.recovered([])
-        a.store.want(room: 4)
+        a.store.want(room: 4, manifestBytes: .max)
         #expect(eventually { a.store.snapshot()?.connected == true })
         _ = a.store.submit([try a.drop("long", sleepManifest("long", seconds: 60))])
         #expect(eventually { a.shell.ran.count == 1 })
         let firstFence = try #require(a.spool.readOrigin(job: "long")?.fence)
         #expect(a.store.leaseDeadline != nil)
         #expect(a.deadlines.withLock { $0.contains { $0 != nil } }, "the watchdog hook got a deadline")
-        b.store.want(room: 4)
+        b.store.want(room: 4, manifestBytes: .max)
 
         // Cut A off: no new logins for its role, its connections ended.
         let cutAt = monotonicSeconds()
@@ -499,7 +499,7 @@ struct ClusterJobStoreTests {
         let a = try ClusterNode("a", server: server, database: database)
         defer { a.close() }
         _ = a.store.recovered([])
-        a.store.want(room: 1)
+        a.store.want(room: 1, manifestBytes: .max)
         _ = a.store.submit([try a.drop("fenced", sleepManifest("fenced"))])
         #expect(eventually { a.shell.ran.count == 1 })
         // Another claim of the same job meanwhile (as after a takeover): a new fence.
@@ -515,7 +515,7 @@ struct ClusterJobStoreTests {
     @Test func cancelAndSuspendFromAReachB() throws {
         let (_, _, a, b) = try startedPair()
         defer { a.close(); b.close() }
-        b.store.want(room: 4)
+        b.store.want(room: 4, manifestBytes: .max)
         _ = a.store.submit([try a.drop("remote", sleepManifest("remote", seconds: 60))])
         #expect(eventually { b.shell.ran.count == 1 })
         #expect(eventually { b.shell.suspensions.count == 1 }, "the first read passes the (empty) set on")
@@ -600,7 +600,7 @@ struct ClusterJobStoreTests {
               ('garbage', '', '\\xdeadbeef', '', '', 2, 2, '{default}', '{}'),
               ('strange', 'strange', '\\x3c3f786d6c', 'a/b', 'x', 2, 2, '{}', '{}')
             """)
-        a.store.want(room: 8)
+        a.store.want(room: 8, manifestBytes: .max)
         #expect(eventually { a.shell.ran.count == 2 })
         #expect(Set(a.shell.ran.map(\.job.id)) == ["garbage", "strange"])
         #expect(a.shell.ran.first { $0.job.id == "strange" }?.job.manifestName == "strange.plist", "a name with '/' is not used")

@@ -98,7 +98,7 @@ final class JobStoreNode: @unchecked Sendable {
         try spool.commit()
         let before = shell.ran.count
         var run = store.submit(claimed)
-        store.want(room: 64)
+        store.want(room: 64, manifestBytes: .max)
         _ = eventually(seconds) { run.count + shell.ran.count - before >= count }
         run += shell.ran.dropFirst(before).map(\.job)
         return run

@@ -264,13 +264,16 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
         let (fences, already) = lock.withLock { (state.beginCompleting(ids), state.alreadyRecorded(ids)) }
         var completions: [JobCompletion] = []
         for end in ends where fences[end.job] != nil && !already.contains(end.job) {
-            var result: [UInt8] = end.result ?? []
-            if end.result == nil {
+            let result: [UInt8]
+            if let kept = end.result {
+                result = kept
+            } else {
                 switch readRegularFile(end.resultFile, limit: 64 << 20) {
                 case .success(let data): result = Array(data)
                 case .failure(let error):
                     logger.error("job \(end.job): its result.plist cannot be read for the cluster's record: \(error)",
                                  metadata: ["OPQ_JOB": .string(end.job), "OPQ_ERROR": .string(error.description)])
+                    result = []
                 }
             }
             completions.append(JobCompletion(job: end.job, fence: fences[end.job] ?? 0, status: end.status, result: result))

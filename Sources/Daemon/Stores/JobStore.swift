@@ -130,7 +130,4 @@ public enum StoreCancelOutcome: Sendable, Equatable {
 
 extension JobStore {
     public func freshSubmissionConfiguration(_ local: Configuration) -> Configuration? { nil }
-
-    /// `want(room:manifestBytes:)` without a byte budget.
-    public func want(room: Int) { want(room: room, manifestBytes: Int.max) }
 }
