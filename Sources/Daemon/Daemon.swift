@@ -407,7 +407,7 @@ public final class Daemon: @unchecked Sendable {
             let settled = hinted || onlyThese || (spool.age(of: name, now: now) ?? Self.settleSeconds) >= Self.settleSeconds
             do {
                 let changedAt = spool.changeTime(of: name)
-                let outcome = runsHere ? try spool.claim(name, now: Date().timeIntervalSince1970, settled: settled)
+                let outcome = runsHere ? try spool.claim(name, now: Date().timeIntervalSince1970, settled: settled, inUse: idInUse)
                     : try spool.claimForSubmission(name, now: Date().timeIntervalSince1970, settled: settled)
                 switch outcome {
                 case .claimed(let job):
@@ -458,6 +458,13 @@ public final class Daemon: @unchecked Sendable {
             receiveFromInbox(claimed)
         }
         checkOnceDone()
+    }
+
+    /// Whether a job id is still this node's though its folder may have left active/: publication renames a job into
+    /// outbox/ before its end is announced, and the user may take it from there at once. A claim never reuses such
+    /// an id (the new job would be taken for the one ending, and never answered).
+    func idInUse(_ id: String) -> Bool {
+        lock.withLock { runs[id] != nil || lifecycle.phase(of: id) != nil }
     }
 
     /// On `work`: manifests just claimed from the inbox. Each is read against the store's submission
@@ -532,7 +539,7 @@ public final class Daemon: @unchecked Sendable {
                 continue
             }
             do {
-                guard case .claimed(var local) = try spool.promoteSubmission(job) else { continue }
+                guard case .claimed(var local) = try spool.promoteSubmission(job, inUse: idInUse) else { continue }
                 local.tree = nil
                 _ = receive(local, .inbox(manifest: local.manifestName), tree: tree, configuration: config)
             } catch {
@@ -1423,6 +1430,7 @@ final class StoreEvents: JobStoreDelegate, @unchecked Sendable {
     func cancel(job: String, operation: String?) { daemon?.storeCancel(job: job, operation: operation) }
     func suspendedQueuesChanged(_ queues: Set<String>) { daemon?.storeSuspendedQueuesChanged(queues) }
     func spoolFailed(_ what: String, _ error: any Error) { daemon?.storeSpoolFailed(what, error) }
+    func holds(job: String) -> Bool { daemon?.idInUse(job) ?? false }
 }
 
 extension Daemon {

@@ -25,12 +25,19 @@ final class FakeShell: JobStoreDelegate, @unchecked Sendable {
     private var _cancels: [(job: String, operation: String?)] = []
     private var _suspended: [Set<String>] = []
     private var _spoolFailures: [String] = []
+    private var _held: Set<String> = []
 
     func run(_ jobs: [ClaimedJob]) { lock.withLock { _ran += jobs.map { ($0, monotonicSeconds()) } } }
     func lost(_ jobs: [String], reason: String) { lock.withLock { _lost += jobs.map { ($0, reason) } } }
     func cancel(job: String, operation: String?) { lock.withLock { _cancels.append((job, operation)) } }
     func suspendedQueuesChanged(_ queues: Set<String>) { lock.withLock { _suspended.append(queues) } }
     func spoolFailed(_ what: String, _ error: any Error) { lock.withLock { _spoolFailures.append("\(what): \(error)") } }
+    func holds(job: String) -> Bool { lock.withLock { _held.contains(job) } }
+    /// Ids the shell says it still holds (a job rejected here, ending).
+    var held: Set<String> {
+        get { lock.withLock { _held } }
+        set { lock.withLock { _held = newValue } }
+    }
 
     var ran: [(job: ClaimedJob, at: Double)] { lock.withLock { _ran } }
     var lostJobs: [(job: String, reason: String)] { lock.withLock { _lost } }
@@ -243,6 +250,28 @@ struct ClusterJobStoreTests {
         #expect(b.spool.isClusterClaim(job: "twin"))
         #expect(try Data(contentsOf: URL(fileURLWithPath: b.spool.active + "/twin/manifest.plist")) == plist(sleepManifest("twin", seconds: 0)))
         #expect(eventually { (try? a.store.job("twin.1")) != nil })
+    }
+
+    /// A row whose id the shell still holds (a job of the same id rejected on this node at submission, ending, its
+    /// folder already gone from active/) is handed back untouched, and claimed once the shell has let the id go.
+    @Test func aRowWhoseIdTheShellHoldsWaitsUntilItIsFree() throws {
+        let server = try PostgresServer.shared.get()
+        let database = try server.createDatabase()
+        let a = try ClusterNode("a", server: server, database: database)
+        defer { a.close() }
+        _ = a.store.recovered([])
+        #expect(eventually { a.store.snapshot()?.connected == true })
+        a.shell.held = ["twin"]
+        #expect(a.store.submit([try a.drop("twin", sleepManifest("twin", seconds: 0))]).isEmpty)
+        #expect(eventually { (try? a.store.job("twin")) != nil })
+        a.store.want(room: 4, manifestBytes: .max)
+        usleep(500_000)
+        #expect(a.shell.ran.isEmpty, "not run while the shell holds its id")
+        #expect(access(a.spool.active + "/twin", F_OK) != 0, "nothing written into active/")
+        a.shell.held = []
+        a.store.want(room: 4, manifestBytes: .max)
+        #expect(eventually { a.shell.ran.contains { $0.job.id == "twin" } })
+        #expect(a.spool.isClusterClaim(job: "twin"))
     }
 
     /// A crash after the insert committed and before the local copy was removed: the next start submits it again

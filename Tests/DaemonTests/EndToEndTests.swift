@@ -493,6 +493,45 @@ func sleepOp(_ id: String, _ seconds: Double, deps: [String] = []) -> [String: A
         for k in 1..<spans.count { #expect(spans[k].0 >= spans[k - 1].1, "job \(k) was claimed before the one before it ended") }
     }
 
+    /// A manifest asking for the id of a job that is ending (its folder already renamed into outbox/ and taken away
+    /// from there by the user, its end not yet announced) gets an id of its own and runs: it is never taken for the
+    /// job that is ending (it was, and got no answer at all).
+    @Test func aJobAskingForTheIdOfOneEndingRunsUnderItsOwnId() throws {
+        let spool = TestSpool()
+        try spool.start()
+        let count = 400
+        // A user who takes every answer away as soon as it is complete, as the fuzz campaign does.
+        final class Answers: @unchecked Sendable { var manifests: [String] = []; var done = false; let lock = NSLock() }
+        let answers = Answers()
+        let outbox = spool.root + "/outbox"
+        let reader = Thread {
+            while !answers.lock.withLock({ answers.done }) {
+                for entry in (try? FileManager.default.contentsOfDirectory(atPath: outbox)) ?? [] where !entry.hasPrefix(".") {
+                    guard let data = FileManager.default.contents(atPath: outbox + "/" + entry + "/result.plist"),
+                          let result = try? PropertyListSerialization.propertyList(from: data, format: nil) as? [String: Any],
+                          let manifest = result["manifest"] as? String else { continue }
+                    answers.lock.withLock { answers.manifests.append(manifest) }
+                    try? FileManager.default.removeItem(atPath: outbox + "/" + entry)
+                }
+                usleep(200)
+            }
+        }
+        reader.start()
+        defer { answers.lock.withLock { answers.done = true } }
+        for k in 0..<count {
+            let operations: [[String: Any]] = k % 2 == 0 ? [["id": "x", "kind": "teleport"]] : [sleepOp("a", 0)]
+            try spool.drop("t\(k).plist", ["job": "twin", "operations": operations])
+            usleep(UInt32.random(in: 0...2_000))
+        }
+        let deadline = Date().addingTimeInterval(60)
+        while answers.lock.withLock({ answers.manifests.count }) < count && Date() < deadline { usleep(50_000) }
+        usleep(200_000)
+        let got = answers.lock.withLock { answers.manifests }
+        #expect(got.count == count && Set(got) == Set((0..<count).map { "t\($0).plist" }),
+                "\(got.count) answers for \(count) manifests; left in active/: \(spool.list("active"))")
+        #expect(spool.list("active").isEmpty && spool.list("inbox").isEmpty)
+    }
+
     @Test func journalTellsEveryOperationsStoryInOrder() throws {
         try ensureJournald()
         let spool = TestSpool()

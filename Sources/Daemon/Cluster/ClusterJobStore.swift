@@ -768,6 +768,12 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
             let fromNode = row.fromNode.flatMap { isValidNodeName($0) ? $0 : nil }
             let origin = ClusterOrigin(fence: row.fence, submittedOn: submittedOn, fromNode: fromNode)
             let receivedAt = row.submittedAt.isFinite ? row.submittedAt : Date().timeIntervalSince1970
+            if delegate?.holds(job: row.id) == true {
+                // A job of this node's that was rejected here at submission under the same id is ending: the row
+                // waits until the id is free here (the shell would take one job for the other).
+                failed[row.id] = row.fence
+                continue
+            }
             do {
                 try spool.materialise(job: row.id, manifest: row.manifest, manifestName: name, receivedAt: receivedAt,
                                       requestedJob: row.requestedID == row.id || !isValidIdentifier(row.requestedID) ? nil : row.requestedID,

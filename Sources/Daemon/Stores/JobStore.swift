@@ -59,6 +59,9 @@ public protocol JobStoreDelegate: AnyObject, Sendable {
     /// handed it back and claims nothing more until `want(room:)` is called again. Claiming pauses as for any spool
     /// fault, and room is offered again once the spool works.
     func spoolFailed(_ what: String, _ error: any Error)
+    /// Whether the shell still holds a job of this id (one rejected here at submission may be ending under it, its
+    /// folder already out of active/): a row claimed under that id is handed back, to be claimed once it is free.
+    func holds(job: String) -> Bool
 }
 
 public protocol JobStore: AnyObject, Sendable {

@@ -70,8 +70,8 @@ extension Spool {
 
     /// A manifest claimed for the cluster that this node rejects: moved into active/<id>/ as an ordinary claim
     /// (the id unique here), to be published here like any rejected job.
-    func promoteSubmission(_ job: ClaimedJob) throws -> ClaimOutcome {
-        try placeClaim(job.manifestName, source: submissionsFolder + "/" + job.id.dropFirst(), data: job.manifest, now: job.receivedAt)
+    func promoteSubmission(_ job: ClaimedJob, inUse: (String) -> Bool) throws -> ClaimOutcome {
+        try placeClaim(job.manifestName, source: submissionsFolder + "/" + job.id.dropFirst(), data: job.manifest, now: job.receivedAt, inUse: inUse)
     }
 
     /// Moves active/<job>/ (just claimed from the inbox) to active/.submissions/<job>/ (a name not taken there).

@@ -259,8 +259,10 @@ public final class Spool: @unchecked Sendable {
         return wanted
     }
 
-    public func claim(_ name: String, now: Double, settled: Bool = true) throws -> ClaimOutcome {
-        try take(name, settled: settled) { _, source, data in try placeClaim(name, source: source, data: data, now: now) }
+    /// `inUse` says which ids the caller still holds though their folders have left active/: a job whose folder
+    /// is already in outbox/ (and may be taken away from there at once) but whose end is not yet announced.
+    public func claim(_ name: String, now: Double, settled: Bool = true, inUse: (String) -> Bool = { _ in false }) throws -> ClaimOutcome {
+        try take(name, settled: settled) { _, source, data in try placeClaim(name, source: source, data: data, now: now, inUse: inUse) }
     }
 
     /// The checked read every claim starts with: opens inbox/<name> without following links or blocking, refuses
@@ -305,15 +307,15 @@ public final class Spool: @unchecked Sendable {
         return try place(fd, source, data)
     }
 
-    /// A claim's second half: active/<id>/ made (the id unique in active/ and outbox/), the record written, the
-    /// manifest renamed in.
-    func placeClaim(_ name: String, source: String, data: Data, now: Double) throws -> ClaimOutcome {
+    /// A claim's second half: active/<id>/ made (the id unique in active/ and outbox/, and not `inUse`), the record
+    /// written, the manifest renamed in.
+    func placeClaim(_ name: String, source: String, data: Data, now: Double, inUse: (String) -> Bool) throws -> ClaimOutcome {
         let tree = ManifestTree(data)
         let wanted = Self.wantedID(name: name, tree: tree)
         var id = wanted
         var n = 0
         while true {
-            if access(outbox + "/" + id, F_OK) != 0 {
+            if !inUse(id) && access(outbox + "/" + id, F_OK) != 0 {
                 if mkdir(active + "/" + id, 0o750) == 0 { break }
                 if errno != EEXIST { throw SpoolError(operation: "mkdir", path: active + "/" + id, errno: errno) }
             }
