@@ -1006,7 +1006,7 @@ public final class Daemon: @unchecked Sendable {
             publicationEnded()
             return
         }
-        var placed: [(publication: Publication, firstStart: Double?)] = []
+        var placed: [(publication: Publication, firstStart: Double?, entry: String)] = []
         for entry in staged {
             guard recorded.contains(entry.publication.job.id) else {
                 perform(handle(.lost(job: entry.publication.job.id, reason: "the job store did not record its end (another node holds it)")))
@@ -1015,12 +1015,15 @@ public final class Daemon: @unchecked Sendable {
             }
             do {
                 // SPEC §8 sharedOutbox: assembled under sharedOutbox/.tmp/ and renamed into place there.
-                if let shared = lock.withLock({ configuration.cluster?.sharedOutbox }) {
-                    try spool.placeShared(job: entry.publication.job.id, in: shared)
-                } else {
-                    try spool.place(job: entry.publication.job.id)
+                let id = entry.publication.job.id
+                let shared = lock.withLock { configuration.cluster?.sharedOutbox }
+                let name = try shared.map { try spool.placeShared(job: id, in: $0) } ?? spool.place(job: id, inUse: idInUse)
+                let folder = shared ?? spool.outbox
+                if name != id {
+                    logger.warning("job \(id): \(folder)/\(id) was taken by something else after the job was claimed (left as it is); the job's entry is \(folder)/\(name)",
+                                   metadata: ["OPQ_JOB": .string(id)])
                 }
-                placed.append(entry)
+                placed.append((entry.publication, entry.firstStart, folder + "/" + name))
             } catch {
                 stall(entry.publication, error)
             }
@@ -1033,7 +1036,7 @@ public final class Daemon: @unchecked Sendable {
 
     /// On `work`: the last step of a publication batch, its outbox renames committed (or not: then they stand,
     /// whole, and only their durability is in doubt): each job finished is announced and leaves the lifecycle.
-    private func announce(_ batch: [Publication], _ placed: [(publication: Publication, firstStart: Double?)],
+    private func announce(_ batch: [Publication], _ placed: [(publication: Publication, firstStart: Double?, entry: String)],
                           committed: Result<Void, any Error>, now: Double, hook: CommandSpec?) {
         defer { publicationEnded() }
         switch committed {
@@ -1045,7 +1048,7 @@ public final class Daemon: @unchecked Sendable {
             // and a rename the disk lost leaves the job in active/, published again at the next start.
             spoolFailed("committing \(placed.count) outbox entries (a crash before the disk recovers republishes them at the next start)", error)
         }
-        for (publication, firstStart) in placed {
+        for (publication, firstStart, entry) in placed {
             let job = publication.job
             // Its downloads are no longer needed once the entry is out of active/ (a crash before this
             // leaves them to recovery, which removes the folders of jobs no longer active).
@@ -1063,7 +1066,7 @@ public final class Daemon: @unchecked Sendable {
                 return lifecycle.handle(.published(job: job.id))
             }
             perform(actions)
-            if let hook { hooks.run(hook, job: job.id, status: publication.status) }
+            if let hook { hooks.run(hook, job: job.id, status: publication.status, entry: entry) }
         }
         do {
             try spool.compactProgressIfLarge(active: lock.withLock { Set(runs.keys) })

@@ -532,6 +532,29 @@ func sleepOp(_ id: String, _ seconds: Double, deps: [String] = []) -> [String: A
         #expect(spool.list("active").isEmpty && spool.list("inbox").isEmpty)
     }
 
+    /// A user makes outbox/<job> while that job runs: it is left as it is, the job's entry becomes outbox/<job>.1
+    /// (said in the log), and the daemon goes on (it used to take the refused rename for a spool fault and pause
+    /// claiming for good).
+    @Test func anOutboxNameTakenWhileTheJobRunsIsLeftAloneAndTheJobPublishedBesideIt() throws {
+        let spool = TestSpool()
+        try spool.start()
+        try spool.drop("x.plist", ["job": "x", "operations": [sleepOp("a", 0.6)]])
+        let deadline = Date().addingTimeInterval(10)
+        while !spool.list("active").contains("x") && Date() < deadline { usleep(10_000) }
+        try FileManager.default.createDirectory(atPath: spool.root + "/outbox/x", withIntermediateDirectories: true)
+        try Data("mine".utf8).write(to: URL(fileURLWithPath: spool.root + "/outbox/x/notes.txt"))
+        let result = try #require(spool.result("x.1"))
+        #expect(result["job"] as? String == "x" && result["status"] as? String == "succeeded")
+        #expect(try String(contentsOfFile: spool.root + "/outbox/x/notes.txt", encoding: .utf8) == "mine")
+        #expect(spool.list("outbox/x") == ["notes.txt"])
+        try spool.drop("y.plist", ["job": "y", "operations": [sleepOp("a", 0)]])
+        #expect(spool.result("y")?["status"] as? String == "succeeded", "claiming goes on")
+        let status = try spool.ctl(["status"]).stdout
+        #expect(!status.contains("paused"), "\(status)")
+        let log = (try? String(contentsOfFile: spool.logPath, encoding: .utf8)) ?? ""
+        #expect(log.contains("outbox/x was taken by something else") && log.contains("the job's entry is \(spool.root)/outbox/x.1"))
+    }
+
     @Test func journalTellsEveryOperationsStoryInOrder() throws {
         try ensureJournald()
         let spool = TestSpool()

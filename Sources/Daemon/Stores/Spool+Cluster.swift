@@ -160,12 +160,23 @@ extension Spool {
 
     /// Publication under `cluster.sharedOutbox` (SPEC §8), in place of `place(job:)`: active/<job>/ is copied into
     /// `shared`/.tmp/<job>/, that file system synced, then renamed to `shared`/<job>/ and active/<job>/ removed.
-    /// Run again after a crash it finishes the work: an entry already in place is this job's (ids are unique across
-    /// the cluster), and a half-made copy in .tmp is made again.
-    public func placeShared(job: String, in shared: String) throws {
+    /// Run again after a crash it finishes the work: an entry in place holding this job's manifest is this job's,
+    /// and a half-made copy in .tmp is made again. An entry of that name holding another manifest (a manifest
+    /// rejected at submission on some node under the same id, a folder a user made) is left alone and the next of
+    /// <job>.1, <job>.2, … is taken, as `place(job:)` does. Returns the entry's name.
+    public func placeShared(job: String, in shared: String) throws -> String {
         let source = active + "/" + job
-        let target = shared + "/" + job
-        if access(target, F_OK) != 0 {
+        let manifest = readRegularFile(source + "/manifest.plist", limit: Int.max)
+        for name in Self.entryNames(job) {
+            let target = shared + "/" + name
+            if access(target, F_OK) == 0 {
+                if case .success(let ours) = manifest, case .success(let theirs) = readRegularFile(target + "/manifest.plist", limit: Int.max),
+                   ours == theirs {
+                    removeTree(source)
+                    return name
+                }
+                continue
+            }
             let staging = shared + "/.tmp"
             try makeFolder(staging)
             let assembled = staging + "/" + job
@@ -183,13 +194,16 @@ extension Spool {
             guard synced == 0 else { throw SpoolError(operation: "syncfs", path: shared, errno: -synced) }
             if rename(assembled, target) != 0 {
                 let e = errno
-                // Someone's entry of that name (this job's, placed meanwhile) wins; ours goes.
-                guard e == EEXIST || e == ENOTEMPTY else { throw SpoolError(operation: "rename to \(target)", path: assembled, errno: e) }
                 removeTree(assembled)
+                // Taken meanwhile (by another node's entry, or a user): looked at again, as above.
+                guard Self.nameTaken.contains(e) else { throw SpoolError(operation: "rename to \(target)", path: assembled, errno: e) }
+                continue
             }
             try syncDirectory(shared)
+            removeTree(source)
+            return name
         }
-        removeTree(source)
+        throw SpoolError(operation: "placing under \(shared) (every name from \(job) to \(job).9999 taken)", path: source, errno: EEXIST)
     }
 
     private func makeFolder(_ path: String) throws {

@@ -496,12 +496,30 @@ public final class Spool: @unchecked Sendable {
         CrashPoint.publishStaged.reached()
     }
 
-    /// Publication, step 2 (after a commit made result.plist durable): the whole folder moves to the outbox.
-    public func place(job: String) throws {
-        guard rename(active + "/" + job, outbox + "/" + job) == 0 else {
-            throw SpoolError(operation: "rename to outbox/\(job)", path: active + "/" + job, errno: errno)
+    /// Publication, step 2 (after a commit made result.plist durable): the whole folder moves to the outbox, as
+    /// outbox/<job>/. Returns the entry's name: `job`, unless something not the daemon's took outbox/<job> after
+    /// the claim (a folder a user made, or in a cluster another entry of that name); then the first of <job>.1,
+    /// <job>.2, … free in outbox/ and active/ and not `inUse` (the claim's rule), never replacing what is there.
+    public func place(job: String, inUse: (String) -> Bool = { _ in false }) throws -> String {
+        let source = active + "/" + job
+        for name in Self.entryNames(job) {
+            if name != job && (access(active + "/" + name, F_OK) == 0 || inUse(name)) { continue }
+            if rename(source, outbox + "/" + name) == 0 {
+                CrashPoint.publishPlaced.reached()
+                return name
+            }
+            let e = errno
+            guard Self.nameTaken.contains(e) else { throw SpoolError(operation: "rename to outbox/\(name)", path: source, errno: e) }
         }
-        CrashPoint.publishPlaced.reached()
+        throw SpoolError(operation: "rename to outbox/\(job).N (every name taken)", path: source, errno: EEXIST)
+    }
+
+    /// What rename(2) of a folder says when its target is taken by something not empty or not a folder.
+    static let nameTaken: Set<Int32> = [EEXIST, ENOTEMPTY, ENOTDIR, EISDIR]
+
+    /// The names an outbox entry for `job` may take, in order: `job`, then `job`.1 … `job`.9999.
+    static func entryNames(_ job: String) -> some Sequence<String> {
+        (0..<10_000).lazy.map { $0 == 0 ? job : "\(job).\($0)" }
     }
 
 }

@@ -33,10 +33,11 @@ final class JobHooks: @unchecked Sendable {
         try writeFile(Data(status.utf8), to: folder + "/" + job)
     }
 
-    /// Runs the hook for a published job; the marker goes once it has ended.
-    func run(_ spec: CommandSpec, job: String, status: String) {
+    /// Runs the hook for a published job (`entry`: the path of its outbox entry — under sharedOutbox when set, named
+    /// <job>.N when outbox/<job> was taken; nil: outbox/<job>); the marker goes once it has ended.
+    func run(_ spec: CommandSpec, job: String, status: String, entry: String? = nil) {
         let marker = folder + "/" + job
-        let argv = spec.expand(["job": job, "status": status, "outbox": CommandOperation.absolute(spool.outbox + "/" + job)])
+        let argv = spec.expand(["job": job, "status": status, "outbox": CommandOperation.absolute(entry ?? spool.outbox + "/" + job)])
         let timer = TimerBox()
         let started = ChildProcess.start(argv: argv, environment: spec.environment, directory: spool.tmp, stdoutFile: -1, stderrFile: -1,
                                          limit: 0) { [report] exit in
