@@ -7,6 +7,12 @@
 #   anchors.py latency SYSTEM --dsn DSN --samples N                enqueue -> start on an idle worker: p50/p99 ms
 #   anchors.py worker SYSTEM --dsn DSN --mode drain|latency --go FILE --out FILE   (internal: one worker process)
 #
+# `throughput pgqueuer --files DIR` runs jobs that do, each, the file work opqueued does for a job already in the
+# database, with the same durability: the manifest (its payload, the bench's trivial manifest) written into
+# DIR/active/<id>/, result.plist written and fsynced, the folder renamed into DIR/outbox/, that rename fsynced — in a
+# thread (asyncio.to_thread), so that the jobs of a batch overlap their syncs. opqueued groups its syncs (one syncfs
+# for every job that waits); a PGQueuer job cannot, as its completion is recorded after the job function returns.
+#
 # SYSTEM is pgqueuer or procrastinate. Each run gets a fresh database (dropped and created through --admin, the
 # throwaway server's superuser), the system's own schema installed, its defaults otherwise (one asyncpg connection and
 # batch_size 10 for PGQueuer; concurrency 1 and LISTEN/NOTIFY for Procrastinate). The clock starts when every worker
@@ -16,6 +22,7 @@ import argparse
 import asyncio
 import json
 import os
+import plistlib
 import statistics
 import subprocess
 import sys
@@ -54,14 +61,40 @@ async def pgqueuer_install(dsn):
     await connection.close()
 
 
-async def pgqueuer_enqueue(dsn, n, samples=0):
+# What each job carries with --files: the trivial manifest opqueued's benchmark submits (bench/cluster/opqueued.py).
+MANIFEST = plistlib.dumps({"job": "j", "operations": [{"id": "a", "kind": "sleep", "seconds": 0}]})
+RESULT = plistlib.dumps({"job": "j", "status": "succeeded", "operations": [{"id": "a", "state": "succeeded", "attempts": 1}]})
+
+
+def spool_work(root, job, manifest):
+    """One job's file work, as opqueued's: active/<job>/ with its manifest and a durable result.plist, then the
+    folder renamed into outbox/ and the rename made durable."""
+    folder = f"{root}/active/{job}"
+    os.mkdir(folder)
+    with open(f"{folder}/manifest.plist", "wb") as f:
+        f.write(manifest)
+    fd = os.open(f"{folder}/result.plist", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        os.write(fd, RESULT)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.rename(folder, f"{root}/outbox/{job}")
+    fd = os.open(f"{root}/outbox", os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+async def pgqueuer_enqueue(dsn, n, samples=0, payload=None):
     import asyncpg
     from pgqueuer import AsyncpgDriver, Queries
     connection = await asyncpg.connect(dsn)
     queries = Queries(AsyncpgDriver(connection))
     for start in range(0, n, 1000):
         k = min(1000, n - start)
-        await queries.enqueue(["noop"] * k, [None] * k, [0] * k)
+        await queries.enqueue(["noop"] * k, [payload] * k, [0] * k)
     # Latency samples: one job at a time on the open connection, stamped just before the insert.
     for _ in range(samples):
         await queries.enqueue("noop", str(time.time()).encode())
@@ -69,7 +102,7 @@ async def pgqueuer_enqueue(dsn, n, samples=0):
     await connection.close()
 
 
-async def pgqueuer_worker(dsn, mode, go, out):
+async def pgqueuer_worker(dsn, mode, go, out, files=None):
     import asyncpg
     from pgqueuer import AsyncpgDriver, Queries, QueueManager
     from pgqueuer.types import QueueExecutionMode
@@ -79,7 +112,9 @@ async def pgqueuer_worker(dsn, mode, go, out):
 
     @manager.entrypoint("noop")
     async def noop(job):
-        if mode == "latency" and job.payload:
+        if files:
+            await asyncio.to_thread(spool_work, files, job.id, job.payload)
+        elif mode == "latency" and job.payload:
             delays.append(time.time() - float(job.payload.decode()))
             with open(out, "a") as f:
                 f.write(f"{delays[-1]}\n")
@@ -155,8 +190,9 @@ def dsn_for(base, database):
     return f"{base}/{database}"
 
 
-def start_workers(system, dsn, mode, count, go, out):
-    procs = [subprocess.Popen([sys.executable, __file__, "worker", system, "--dsn", dsn, "--mode", mode, "--go", go, "--out", out],
+def start_workers(system, dsn, mode, count, go, out, files=None):
+    procs = [subprocess.Popen([sys.executable, __file__, "worker", system, "--dsn", dsn, "--mode", mode, "--go", go, "--out", out]
+                              + (["--files", files] if files else []),
                               stdout=subprocess.DEVNULL, stderr=open(go + ".err", "a")) for _ in range(count)]
     deadline = time.time() + 60
     while time.time() < deadline:
@@ -174,9 +210,16 @@ def start_workers(system, dsn, mode, count, go, out):
 def throughput(args):
     database = f"anchor_{args.system}"
     dsn, enqueue = fresh_install(args, database)
-    asyncio.run(enqueue(dsn, args.jobs))
+    if args.files:
+        if args.system != "pgqueuer":
+            raise SystemExit("--files: pgqueuer only")
+        for sub in ("active", "outbox"):
+            os.makedirs(f"{args.files}/{sub}", exist_ok=True)
+        asyncio.run(enqueue(dsn, args.jobs, payload=MANIFEST))
+    else:
+        asyncio.run(enqueue(dsn, args.jobs))
     go = f"{args.work}/go-{args.system}-{args.workers}"
-    procs = start_workers(args.system, dsn, "drain", args.workers, go, "/dev/null")
+    procs = start_workers(args.system, dsn, "drain", args.workers, go, "/dev/null", files=args.files)
     time.sleep(1.1)  # let the backends' statistics of the set-up reach pg_stat_database
     before = commits(args.admin, database)
     start = time.monotonic()
@@ -190,9 +233,15 @@ def throughput(args):
         left = c.execute(LEFT[args.system]).fetchone()[0]
     if left or any(p.returncode for p in procs):
         raise SystemExit(f"{args.system}: {left} jobs left, worker exits {[p.returncode for p in procs]}; see {go}.err")
+    if args.files:
+        placed = len(os.listdir(f"{args.files}/outbox"))
+        if placed != args.jobs:
+            raise SystemExit(f"{args.system}: {placed} outbox folders for {args.jobs} jobs; see {go}.err")
     print(json.dumps({"system": args.system, "workers": args.workers, "jobs": args.jobs, "seconds": round(elapsed, 3),
                       "jobsPerSecond": round(args.jobs / elapsed, 1),
-                      "commitsPerJob": round((after - before) / args.jobs, 3)}))
+                      "commitsPerJob": round((after - before) / args.jobs, 3),
+                      "includes": "claim -> active/ folder, manifest, result.plist fsynced -> outbox rename fsynced -> completion"
+                      if args.files else "claim -> no-op -> completion"}))
 
 
 def latency(args):
@@ -238,9 +287,13 @@ def main():
     parser.add_argument("--mode", default="drain")
     parser.add_argument("--go")
     parser.add_argument("--out")
+    parser.add_argument("--files", help="each job does opqueued's file work in this folder (pgqueuer only)")
     args = parser.parse_args()
     if args.action == "worker":
-        asyncio.run(SYSTEMS[args.system][2](args.dsn, args.mode, args.go, args.out))
+        if args.files:
+            asyncio.run(SYSTEMS[args.system][2](args.dsn, args.mode, args.go, args.out, files=args.files))
+        else:
+            asyncio.run(SYSTEMS[args.system][2](args.dsn, args.mode, args.go, args.out))
     elif args.action == "throughput":
         throughput(args)
     else:

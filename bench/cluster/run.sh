@@ -4,7 +4,8 @@
 #   floor      pgbench of the bare claim/complete statements (FOR UPDATE SKIP LOCKED on a partial index), every
 #              statement its own commit, then claims and completions by the hundred; 2 clients
 #   anchors    PGQueuer and Procrastinate (PyPI, in .build-bench/venv, made here): no-op jobs already in the
-#              database with 1 and 2 worker processes (jobs/s, commits per job), enqueue -> start on an idle worker
+#              database with 1 and 2 worker processes (jobs/s, commits per job), enqueue -> start on an idle worker;
+#              then PGQueuer's jobs each doing the file work opqueued does for a job (anchor-files: anchors.py --files)
 #   opqueued   1 and 2 nodes, JOBS single-`sleep 0` manifests dropped into node A's inbox: jobs/s end to end and
 #              commits per job; pickup latency from an idle cluster (rename into A's inbox -> executing on B);
 #              kill -9 of the node running a job -> running on the other (bench/cluster/opqueued.py)
@@ -139,6 +140,13 @@ anchors() {
     done
     "$VENV/bin/python" "$ROOT/bench/cluster/anchors.py" latency $system --base "$BASE" --admin "$BASE/postgres" \
       --work "$work" --samples "$SAMPLES" | sed 's/^{/{"part": "anchor-latency", /'
+  done
+  # PGQueuer again, each job doing the file work opqueued does for a job already in the database (anchors.py --files);
+  # the folders stay until the run ends (under $DIR), as the spools do: removing them would slow the next parts'
+  # file creation on ext4 without a journal (docs/cluster.md).
+  for workers in 1 2; do
+    "$VENV/bin/python" "$ROOT/bench/cluster/anchors.py" throughput pgqueuer --base "$BASE" --admin "$BASE/postgres" \
+      --work "$work" --jobs $JOBS --workers $workers --files "$DIR/anchor-files-$workers" | sed 's/^{/{"part": "anchor-files", /'
   done
   rm -rf "$work"
 }
