@@ -921,17 +921,34 @@ public final class Daemon: @unchecked Sendable {
             }
             // Commands' scratch and kept outputs are the daemon's, not part of the entry.
             if publication.job.mayHave(.command) { CommandOperation.removeScratch(spool.outputFolder(job: publication.job.id)) }
+            var publication = publication
             do {
                 var firstStart: Double?
                 let origin = store.origin(of: publication.job.id)
                 // A store that keeps the result gets the bytes as written (not read back from the file).
                 var kept: [UInt8]? = keepsResults && publication.job.fromStore ? [] : nil
-                try spool.stage(job: publication.job.id) { sink in
-                    firstStart = try ResultWriter.write(job: publication.job, status: publication.status, error: publication.error,
-                                                        records: publication.records, now: now, origin: origin, node: node) { bytes in
-                        kept?.append(contentsOf: bytes)
-                        try sink(bytes)
+                func stage(_ publication: Publication) throws {
+                    kept = kept.map { _ in [] }
+                    try spool.stage(job: publication.job.id) { sink in
+                        firstStart = try ResultWriter.write(job: publication.job, status: publication.status, error: publication.error,
+                                                            records: publication.records, now: now, origin: origin, node: node) { bytes in
+                            kept?.append(contentsOf: bytes)
+                            try sink(bytes)
+                        }
                     }
+                }
+                do {
+                    try stage(publication)
+                } catch let error as SpoolError where error.errno == ENOENT && !spool.hasFolder(job: publication.job.id) {
+                    // Someone removed active/<job> while the job ran: the manifest comes back from memory and the
+                    // job ends failed, saying so (what its operations wrote there is gone), instead of waiting for a
+                    // folder that will never come back.
+                    try spool.restoreFolder(job: publication.job.id, manifest: publication.job.claimed.manifest)
+                    let why = "active/\(publication.job.id) was removed while the job ran (not by the daemon): its manifest is restored, what its operations wrote there is lost"
+                    publication = Publication(job: publication.job, status: publication.status == "succeeded" ? "failed" : publication.status,
+                                              error: [publication.error, why].compactMap { $0 }.joined(separator: "\n"), records: publication.records)
+                    logger.error("job \(publication.job.id): \(why)", metadata: ["OPQ_JOB": .string(publication.job.id)])
+                    try stage(publication)
                 }
                 if let kept { results[publication.job.id] = kept }
                 staged.append((publication, firstStart))

@@ -555,6 +555,28 @@ func sleepOp(_ id: String, _ seconds: Double, deps: [String] = []) -> [String: A
         #expect(log.contains("outbox/x was taken by something else") && log.contains("the job's entry is \(spool.root)/outbox/x.1"))
     }
 
+    /// A user removes active/<job> while the job runs: the job ends `failed`, saying why, in an outbox entry holding
+    /// its manifest (from memory), and the daemon goes on (it used to wait for the folder for good, claiming paused).
+    @Test func aJobWhoseFolderIsRemovedWhileItRunsEndsFailedAndTheDaemonGoesOn() throws {
+        let spool = TestSpool()
+        try spool.start()
+        let manifest: [String: Any] = ["job": "gone", "operations": [sleepOp("a", 0.6)]]
+        try spool.drop("gone.plist", manifest)
+        let deadline = Date().addingTimeInterval(10)
+        while !spool.list("active").contains("gone") && Date() < deadline { usleep(10_000) }
+        usleep(100_000)
+        try FileManager.default.removeItem(atPath: spool.root + "/active/gone")
+        let result = try #require(spool.result("gone"))
+        #expect(result["status"] as? String == "failed")
+        #expect((result["error"] as? String ?? "").contains("active/gone was removed while the job ran"), "\(result)")
+        let bytes = plist(manifest)
+        #expect(FileManager.default.contents(atPath: spool.root + "/outbox/gone/manifest.plist") == bytes)
+        try spool.drop("next.plist", ["job": "next", "operations": [sleepOp("a", 0)]])
+        #expect(spool.result("next")?["status"] as? String == "succeeded", "claiming goes on")
+        let status = try spool.ctl(["status"]).stdout
+        #expect(!status.contains("paused"), "\(status)")
+    }
+
     @Test func journalTellsEveryOperationsStoryInOrder() throws {
         try ensureJournald()
         let spool = TestSpool()

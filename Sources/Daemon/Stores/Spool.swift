@@ -496,6 +496,17 @@ public final class Spool: @unchecked Sendable {
         CrashPoint.publishStaged.reached()
     }
 
+    /// Whether active/<job>/ is there.
+    public func hasFolder(job: String) -> Bool { access(active + "/" + job, F_OK) == 0 }
+
+    /// Makes active/<job>/ again with the manifest's bytes (someone removed the folder while the job ran); durable at
+    /// the next `commit()`.
+    public func restoreFolder(job: String, manifest: Data) throws {
+        let dir = active + "/" + job
+        if mkdir(dir, 0o750) != 0 && errno != EEXIST { throw SpoolError(operation: "mkdir", path: dir, errno: errno) }
+        try writeFile(manifest, to: dir + "/manifest.plist")
+    }
+
     /// Publication, step 2 (after a commit made result.plist durable): the whole folder moves to the outbox, as
     /// outbox/<job>/. Returns the entry's name: `job`, unless something not the daemon's took outbox/<job> after
     /// the claim (a folder a user made, or in a cluster another entry of that name); then the first of <job>.1,
