@@ -901,7 +901,11 @@ public final class Daemon: @unchecked Sendable {
         publications = []
         guard !batch.isEmpty else {
             // What waited was lost meanwhile: nothing is left to retry.
-            if stalled.isEmpty, fault != nil, (try? spool.probe()) != nil { spoolWorked(); claimMore() }
+            if stalled.isEmpty, fault != nil, let made = try? spool.probe() {
+                logRemade(made)
+                spoolWorked()
+                claimMore()
+            }
             return
         }
         let now = Date().timeIntervalSince1970
@@ -1155,7 +1159,7 @@ public final class Daemon: @unchecked Sendable {
             faultRetryScheduled = false
             guard fault != nil else { return }
             do {
-                try spool.probe()
+                logRemade(try spool.probe())
             } catch {
                 scheduleFaultRetry()
                 return
@@ -1170,6 +1174,13 @@ public final class Daemon: @unchecked Sendable {
                 stalled = []
                 publishPending()
             }
+        }
+    }
+
+    /// The spool's folders a fault's probe made again: someone removed them while the daemon ran.
+    private func logRemade(_ folders: [String]) {
+        for folder in folders {
+            logger.warning("\(folder) was missing from the spool (removed while the daemon ran): made again")
         }
     }
 

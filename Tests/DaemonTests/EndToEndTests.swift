@@ -577,6 +577,35 @@ func sleepOp(_ id: String, _ seconds: Double, deps: [String] = []) -> [String: A
         #expect(!status.contains("paused"), "\(status)")
     }
 
+    /// A user removes the outbox, then the inbox, while the daemon runs: each is made again (a warning says so), the
+    /// next manifests end in the outbox, and one dropped into the inbox made again is claimed (its watch added again).
+    @Test func spoolFoldersRemovedWhileTheDaemonRunsAreMadeAgain() throws {
+        let spool = TestSpool()
+        try spool.start()
+        try spool.drop("first.plist", ["job": "first", "operations": [sleepOp("a", 0)]])
+        #expect(spool.result("first") != nil)
+        try FileManager.default.removeItem(atPath: spool.root + "/outbox")
+        try spool.drop("second.plist", ["job": "second", "operations": [sleepOp("a", 0)]])
+        #expect(spool.result("second", timeout: 30)?["status"] as? String == "succeeded", "published once outbox/ is made again")
+
+        try FileManager.default.removeItem(atPath: spool.root + "/inbox")
+        let deadline = Date().addingTimeInterval(30)
+        while !FileManager.default.fileExists(atPath: spool.root + "/inbox") && Date() < deadline { usleep(50_000) }
+        #expect(FileManager.default.fileExists(atPath: spool.root + "/inbox"), "inbox/ made again")
+        usleep(2_500_000)  // past a timer tick of the watcher, which watches the new folder from then on
+        let dropped = Date()
+        try spool.drop("third.plist", ["job": "third", "operations": [sleepOp("a", 0)]])
+        let third = spool.result("third", timeout: 30)
+        #expect(third?["status"] as? String == "succeeded")
+        let claimedAfter = (third?["receivedAt"] as? Double ?? .infinity) - dropped.timeIntervalSince1970
+        #expect(claimedAfter < 0.8, "claimed \(claimedAfter) s after the drop: by the watch, not by the next rescan (2 s)")
+        let log = (try? String(contentsOfFile: spool.logPath, encoding: .utf8)) ?? ""
+        #expect(log.contains("outbox/ was missing from the spool (removed while the daemon ran): made again"))
+        #expect(log.contains("inbox/ was missing from the spool (removed while the daemon ran): made again"))
+        let status = try spool.ctl(["status"]).stdout
+        #expect(!status.contains("paused"), "\(status)")
+    }
+
     @Test func journalTellsEveryOperationsStoryInOrder() throws {
         try ensureJournald()
         let spool = TestSpool()

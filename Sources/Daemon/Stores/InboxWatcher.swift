@@ -28,7 +28,7 @@ public final class InboxWatcher: @unchecked Sendable {
     public func start() throws {
         fd = inotify_init1(Int32(IN_CLOEXEC | IN_NONBLOCK))
         guard fd >= 0 else { throw SpoolError(operation: "inotify_init1", path: path, errno: errno) }
-        guard inotify_add_watch(fd, path, UInt32(IN_CLOSE_WRITE | IN_MOVED_TO)) >= 0 else {
+        guard inotify_add_watch(fd, path, Self.events) >= 0 else {
             throw SpoolError(operation: "inotify_add_watch", path: path, errno: errno)
         }
         onChange([], false)
@@ -37,6 +37,8 @@ public final class InboxWatcher: @unchecked Sendable {
         thread.start()
     }
 
+    private static let events = UInt32(IN_CLOSE_WRITE | IN_MOVED_TO)
+
     public func stop() {
         stopLock.withLock { stopped = true }
     }
@@ -44,6 +46,9 @@ public final class InboxWatcher: @unchecked Sendable {
     private func run() {
         var buffer = [UInt8](repeating: 0, count: 64 * 1024)
         var lastScan = Date()
+        // The inbox folder was removed (IN_IGNORED: the watch went with it): the watch is added again at each
+        // timer tick until the folder is back (the daemon makes it again), then a whole read is asked for.
+        var watching = true
         while !stopLock.withLock({ stopped }) {
             var pfd = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
             let ready = poll(&pfd, 1, 200)
@@ -63,6 +68,7 @@ public final class InboxWatcher: @unchecked Sendable {
                         }
                         let nameStart = offset + MemoryLayout<inotify_event>.size
                         if mask & UInt32(IN_Q_OVERFLOW) != 0 { overflowed = true }
+                        if mask & UInt32(IN_IGNORED) != 0 { watching = false }
                         if length > 0, nameStart + length <= n, mask & UInt32(IN_Q_OVERFLOW) == 0 {
                             let bytes = buffer[nameStart ..< nameStart + length].prefix { $0 != 0 }
                             names.append(String(decoding: bytes, as: UTF8.self))
@@ -73,6 +79,10 @@ public final class InboxWatcher: @unchecked Sendable {
             }
             if changed || Date().timeIntervalSince(lastScan) >= rescanInterval {
                 lastScan = Date()
+                if !watching, inotify_add_watch(fd, path, Self.events) >= 0 {
+                    watching = true
+                    overflowed = true
+                }
                 onChange(names, changed && !overflowed)
             }
         }

@@ -89,11 +89,7 @@ public final class Spool: @unchecked Sendable {
         active = root + "/active"
         outbox = root + "/outbox"
         tmp = root + "/tmp"
-        for dir in [root, inbox, active, outbox, tmp] {
-            if mkdir(dir, 0o755) != 0 && errno != EEXIST { throw SpoolError(operation: "mkdir", path: dir, errno: errno) }
-            var st = stat()
-            guard stat(dir, &st) == 0, (st.st_mode & S_IFMT) == S_IFDIR else { throw SpoolError(operation: "stat", path: dir, errno: ENOTDIR) }
-        }
+        _ = try makeFolders()
         // Claims take read leases (released within the claim); a writer opening a file mid-claim breaks
         // the lease, and the kernel tells the holder with SIGIO, whose default action ends the process.
         opq_ignore_lease_breaks()
@@ -200,10 +196,31 @@ public final class Spool: @unchecked Sendable {
 
     /// Checks that the spool can be written (a file created, filled and removed in tmp/): the daemon's
     /// way to learn that a fault (full file system, no descriptors left, read-only mount) is over.
-    public func probe() throws {
+    /// Makes the spool's folders that are missing (at start, and when someone removed one while the daemon ran);
+    /// returns the names of those it made. A name taken by something that is not a folder is an error.
+    func makeFolders() throws -> [String] {
+        var made: [String] = []
+        for dir in [root, inbox, active, outbox, tmp] {
+            if mkdir(dir, 0o755) == 0 {
+                made.append(dir == root ? dir : String(dir.dropFirst(root.count + 1)) + "/")
+            } else if errno != EEXIST {
+                throw SpoolError(operation: "mkdir", path: dir, errno: errno)
+            }
+            var st = stat()
+            guard stat(dir, &st) == 0, (st.st_mode & S_IFMT) == S_IFDIR else { throw SpoolError(operation: "stat", path: dir, errno: ENOTDIR) }
+        }
+        return made
+    }
+
+    /// Whether the spool can be written again after a fault: its folders made again where missing (returned: those
+    /// made), a block written and removed in tmp/.
+    @discardableResult
+    public func probe() throws -> [String] {
+        let made = try makeFolders()
         let path = tmp + "/.probe"
         try writeFile(Data(count: 4096), to: path)
         unlink(path)
+        return made
     }
 
     /// Seconds since the file was last modified, or nil if it is not a regular file.
