@@ -200,12 +200,25 @@ func table(_ rows: [[String]]) -> String {
     }.joined(separator: "\n") + "\n"
 }
 
+/// A job's outbox entry, once it has ended: its folder and result. That is outbox/<job>, unless something else took
+/// that name while the job ran; then it is the outbox/<job>.N whose result.plist names the job (README).
+func outboxEntry(of job: String, _ common: Common) -> (folder: String, result: [String: Any])? {
+    for n in 0..<10_000 {
+        let folder = common.spool + "/outbox/" + (n == 0 ? job : "\(job).\(n)")
+        guard access(folder, F_OK) == 0 else { return nil }
+        if let data = FileManager.default.contents(atPath: folder + "/result.plist"),
+           let result = try? PropertyListSerialization.propertyList(from: data, format: nil) as? [String: Any],
+           result["job"] as? String == job {
+            return (folder, result)
+        }
+    }
+    return nil
+}
+
 /// A job's operations: from the outbox when it has ended, else from the daemon (which, in a cluster, answers for
 /// jobs on every node); `node` is where it runs or ran, when known (SPEC §8).
 func operations(of job: String, _ common: Common) throws -> (status: String, operations: [[String: Any]], node: String?) {
-    let result = common.spool + "/outbox/" + job + "/result.plist"
-    if let data = FileManager.default.contents(atPath: result),
-       let plist = try? PropertyListSerialization.propertyList(from: data, format: nil) as? [String: Any] {
+    if let plist = outboxEntry(of: job, common)?.result {
         return (plist["status"] as? String ?? "?", plist["operations"] as? [[String: Any]] ?? [], plist["node"] as? String)
     }
     let response = try common.request(["command": "show", "job": job])
@@ -246,12 +259,10 @@ struct Wait: ParsableCommand {
     func run() throws {
         let deadline = timeout.map { Date().addingTimeInterval($0) }
         let tty = isatty(STDERR_FILENO) == 1
-        let result = common.spool + "/outbox/" + job + "/result.plist"
         var spinner = 0
         var polls = 0
         while true {
-            if let data = FileManager.default.contents(atPath: result),
-               let plist = try? PropertyListSerialization.propertyList(from: data, format: nil) as? [String: Any] {
+            if let plist = outboxEntry(of: job, common)?.result {
                 let status = plist["status"] as? String ?? "?"
                 if tty { FileHandle.standardError.write(Data("\r\u{1B}[K".utf8)) }
                 print("\(job): \(status)")
@@ -346,7 +357,7 @@ struct Graph: ParsableCommand {
             // `show` gives each operation's kind, queue, dependencies and current state.
             let (_, ops, _) = try operations(of: target, common)
             for op in ops { if let id = op["id"] as? String { states[id] = op["state"] as? String } }
-            let manifest = common.spool + "/outbox/" + target + "/manifest.plist"
+            let manifest = (outboxEntry(of: target, common)?.folder ?? common.spool + "/outbox/" + target) + "/manifest.plist"
             if let data = FileManager.default.contents(atPath: manifest), case .success(let plan) = Manifest.parse(data, configuration: config) {
                 nodes = Self.nodes(plan)
             } else {

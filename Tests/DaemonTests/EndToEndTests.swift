@@ -547,6 +547,9 @@ func sleepOp(_ id: String, _ seconds: Double, deps: [String] = []) -> [String: A
         #expect(result["job"] as? String == "x" && result["status"] as? String == "succeeded")
         #expect(try String(contentsOfFile: spool.root + "/outbox/x/notes.txt", encoding: .utf8) == "mine")
         #expect(spool.list("outbox/x") == ["notes.txt"])
+        let wait = try spool.ctl(["wait", "x", "--timeout", "5"])
+        #expect(wait.status == 0 && wait.stdout == "x: succeeded\n", "\(wait)")
+        #expect(try spool.ctl(["show", "x"]).stdout.hasPrefix("job x: succeeded"))
         try spool.drop("y.plist", ["job": "y", "operations": [sleepOp("a", 0)]])
         #expect(spool.result("y")?["status"] as? String == "succeeded", "claiming goes on")
         let status = try spool.ctl(["status"]).stdout
