@@ -88,8 +88,17 @@ struct Validate: ParsableCommand {
 
 /// Reads and validates a manifest; prints every problem (`FILE: problem`) and returns nil when it is not valid.
 func validManifest(at file: String, _ config: Configuration) -> Data? {
+    var st = stat()
+    guard stat(file, &st) == 0 else {
+        print("\(file): cannot be read: \(String(cString: strerror(errno)))")
+        return nil
+    }
+    guard (st.st_mode & S_IFMT) == S_IFREG else {
+        print("\(file): cannot be read: \((st.st_mode & S_IFMT) == S_IFDIR ? "a directory" : "not a regular file"), not a manifest file")
+        return nil
+    }
     guard let data = FileManager.default.contents(atPath: file) else {
-        print("\(file): cannot be read")
+        print("\(file): cannot be read: \(access(file, R_OK) != 0 ? String(cString: strerror(errno)) : "read failed")")
         return nil
     }
     if case .failure(let problems) = Manifest.parse(data, configuration: config) {

@@ -247,6 +247,11 @@ func sleepOp(_ id: String, _ seconds: Double, deps: [String] = []) -> [String: A
         let invalid = try spool.ctl(["validate", manifest])
         #expect(invalid.status == 1)
         #expect(invalid.stdout == "\(manifest): operation 'x': kind is missing\n")
+        // A file that cannot be a manifest says why.
+        let strays = try spool.ctl(["submit", spool.root + "/inbox", spool.root + "/nosuch.plist"])
+        #expect(strays.status == 1)
+        #expect(strays.stdout == "\(spool.root)/inbox: cannot be read: a directory, not a manifest file\n\(spool.root)/nosuch.plist: cannot be read: No such file or directory\n",
+                "\(strays.stdout)")
 
         spool.signal(SIGTERM)
         #expect(spool.waitForExit() == 0)
