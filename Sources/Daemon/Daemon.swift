@@ -259,7 +259,10 @@ public final class Daemon: @unchecked Sendable {
             for problem in problems { logger.error("\(problem)") }
             let leftovers = CommandLedger.shared.open(spool.active + "/.commands")
             if !leftovers.isEmpty { logger.notice("killed \(leftovers.count) command process groups left running by the previous run: \(leftovers.map(String.init).joined(separator: ", "))") }
-            hooks.recover(lock.withLock { configuration.jobFinished.flatMap { configuration.commands[$0] } })
+            let (hook, outbox) = lock.withLock {
+                (configuration.jobFinished.flatMap { configuration.commands[$0] }, configuration.cluster?.sharedOutbox ?? spool.outbox)
+            }
+            hooks.recover(hook, outbox: outbox)
             for claimed in store.recovered(recovered) {
                 // Commands that were running at the crash start again in an empty scratch folder.
                 removeTree(CommandOperation.workFolder(spool.outputFolder(job: claimed.id)))

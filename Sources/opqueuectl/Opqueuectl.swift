@@ -209,19 +209,13 @@ func table(_ rows: [[String]]) -> String {
     }.joined(separator: "\n") + "\n"
 }
 
-/// A job's outbox entry, once it has ended: its folder and result. That is outbox/<job>, unless something else took
-/// that name while the job ran; then it is the outbox/<job>.N whose result.plist names the job (README).
+/// A job's outbox entry, once it has ended: its folder and result (outbox/<job>, or the outbox/<job>.N whose
+/// result names the job when that name was taken: `Spool.entry`).
 func outboxEntry(of job: String, _ common: Common) -> (folder: String, result: [String: Any])? {
-    for n in 0..<10_000 {
-        let folder = common.spool + "/outbox/" + (n == 0 ? job : "\(job).\(n)")
-        guard access(folder, F_OK) == 0 else { return nil }
-        if let data = FileManager.default.contents(atPath: folder + "/result.plist"),
-           let result = try? PropertyListSerialization.propertyList(from: data, format: nil) as? [String: Any],
-           result["job"] as? String == job {
-            return (folder, result)
-        }
-    }
-    return nil
+    guard let folder = Spool.entry(of: job, in: common.spool + "/outbox"),
+          let data = FileManager.default.contents(atPath: folder + "/result.plist"),
+          let result = try? PropertyListSerialization.propertyList(from: data, format: nil) as? [String: Any] else { return nil }
+    return (folder, result)
 }
 
 /// A job's operations: from the outbox when it has ended, else from the daemon (which, in a cluster, answers for

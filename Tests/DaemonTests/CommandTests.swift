@@ -270,9 +270,14 @@ private func launch(_ spool: TestSpool, _ arguments: [String], environment: [Str
             "jobFinished": "hook",
         ])
         try launch(spool, config, environment: ["OPQUEUED_CRASH_POINTS": "publish.placed:1"])
-        try spool.drop("h1.plist", ["job": "h1", "operations": [sleepOp("a", 0)]])
+        // h1's outbox name is taken while it runs (by a user's folder): its entry is outbox/h1.1, and the hook run
+        // after the crash is given that folder.
+        try spool.drop("h1.plist", ["job": "h1", "operations": [sleepOp("a", 0.5)]])
+        #expect(waitFor(10) { spool.list("active").contains("h1") })
+        try FileManager.default.createDirectory(atPath: spool.root + "/outbox/h1", withIntermediateDirectories: true)
+        try Data("mine".utf8).write(to: URL(fileURLWithPath: spool.root + "/outbox/h1/notes.txt"))
         #expect(spool.waitForExit(timeout: 20) != nil, "killed at the crash point")
-        #expect(spool.list("outbox") == ["h1"])
+        #expect(spool.list("outbox") == ["h1", "h1.1"])
         #expect(readText(log) == nil, "the hook had not run")
         try spool.start(config)
         try spool.drop("h2.plist", ["job": "h2", "operations": [["id": "f", "kind": "fail"]]])
@@ -280,7 +285,7 @@ private func launch(_ spool: TestSpool, _ arguments: [String], environment: [Str
         #expect(waitFor(10) { readText(log)?.split(separator: "\n").count == 2 })
         usleep(300_000)
         let lines = Set((readText(log) ?? "").split(separator: "\n").map(String.init))
-        #expect(lines == ["h1 succeeded \(outbox)/h1", "h2 failed \(outbox)/h2"])
+        #expect(lines == ["h1 succeeded \(outbox)/h1.1", "h2 failed \(outbox)/h2"])
         #expect(readText(log)?.split(separator: "\n").count == 2, "once each")
         #expect(waitFor(5) {
             (readText(spool.logPath) ?? "").split(separator: "\n").contains { $0.contains("OPQ_JOB=h2") && $0.contains("jobFinished command 'hook' failed: exit status 9") }

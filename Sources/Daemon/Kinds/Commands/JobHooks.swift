@@ -58,17 +58,18 @@ final class JobHooks: @unchecked Sendable {
         }
     }
 
-    /// At start: hooks due for jobs published before a crash run now; stale markers go.
-    func recover(_ spec: CommandSpec?) {
+    /// At start: hooks due for jobs published before a crash run now (the entry found in `outbox`: the spool's, or
+    /// sharedOutbox); stale markers go.
+    func recover(_ spec: CommandSpec?, outbox: String) {
         for job in ((try? FileManager.default.contentsOfDirectory(atPath: folder)) ?? []).sorted() {
             let marker = folder + "/" + job
             if access(spool.active + "/" + job, F_OK) == 0 { continue } // published again later, hook then
-            guard let spec, access(spool.outbox + "/" + job, F_OK) == 0,
+            guard let spec, let entry = Spool.entry(of: job, in: outbox),
                   case .success(let data) = readRegularFile(marker, limit: 64) else {
                 unlink(marker)
                 continue
             }
-            run(spec, job: job, status: String(decoding: data, as: UTF8.self))
+            run(spec, job: job, status: String(decoding: data, as: UTF8.self), entry: entry)
         }
     }
 }
