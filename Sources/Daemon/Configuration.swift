@@ -110,8 +110,24 @@ public struct Configuration: Sendable {
         }
     }
 
-    /// Reads a configuration file; settings it does not give keep their defaults.
-    public static func load(path: String) throws -> Configuration {
+    /// The largest configuration file read (a handful of kilobytes is usual).
+    static let maxBytes = 16 << 20
+
+    /// Reads a configuration file; settings it does not give keep their defaults. At start a pipe or FIFO is read
+    /// too (`--config <(…)`); at a reload (`regularOnly`) only a regular file is, opened without blocking: a FIFO
+    /// with no writer would hold the reload, and with it every signal after it (SIGTERM included), for good.
+    public static func load(path: String, regularOnly: Bool = false) throws -> Configuration {
+        if regularOnly {
+            switch readRegularFile(path, limit: maxBytes + 1) {
+            case .failure(let e) where e.errno == EINVAL:
+                throw Invalid(path: path, problems: ["cannot be read at a reload: not a regular file (a pipe or FIFO is read only at start)"])
+            case .failure(let e):
+                throw Invalid(path: path, problems: ["cannot be read: \(String(cString: strerror(e.errno)))"])
+            case .success(let data):
+                guard data.count <= maxBytes else { throw Invalid(path: path, problems: ["larger than \(maxBytes) bytes"]) }
+                return try parse(data, path: path)
+            }
+        }
         let data: Data
         do {
             // Read to its end rather than by its size: a pipe or FIFO (`--config <(…)`, /dev/stdin) works too.

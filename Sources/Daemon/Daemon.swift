@@ -1211,7 +1211,7 @@ public final class Daemon: @unchecked Sendable {
     public func reload() {
         event(.info, "reloading the configuration", ["OPQ_EVENT": "daemon", "OPQ_STATE": "reloading"])
         do {
-            let loaded = try configPath.map(Configuration.load(path:)) ?? .builtIn
+            let loaded = try configPath.map { try Configuration.load(path: $0, regularOnly: true) } ?? .builtIn
             // Only a reload replaces the configuration, and reloads come one at a time.
             let previous = lock.withLock { configuration }
             let (config, kept) = try Configuration.reloaded(loaded, running: previous)

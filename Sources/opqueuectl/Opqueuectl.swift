@@ -20,7 +20,7 @@ struct Common: ParsableArguments {
 
     func configuration() throws -> Configuration {
         do {
-            return try config.map(Configuration.load(path:)) ?? .builtIn
+            return try config.map { try Configuration.load(path: $0) } ?? .builtIn
         } catch {
             FileHandle.standardError.write(Data("\(error)\n".utf8))
             throw ExitCode(1)

@@ -94,7 +94,7 @@ struct Opqueued: AsyncParsableCommand {
 
         let configuration: Configuration
         do {
-            configuration = try config.map(Configuration.load(path:)) ?? .builtIn
+            configuration = try config.map { try Configuration.load(path: $0) } ?? .builtIn
         } catch {
             logger.critical("\(error)")
             throw ExitCode(1)

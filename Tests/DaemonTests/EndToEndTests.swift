@@ -447,6 +447,25 @@ func sleepOp(_ id: String, _ seconds: Double, deps: [String] = []) -> [String: A
         #expect(log.contains("OPQ_EVENT=queue OPQ_QUEUE=default OPQ_STATE=resumed"))
     }
 
+    /// A reload of a configuration file replaced by a FIFO no one writes (or by a directory): refused at once, said
+    /// why; the next reload and SIGTERM still work (the FIFO's open used to block the reload, and every signal after
+    /// it, for good).
+    @Test func sighupOfAConfigurationThatIsAFIFOIsRefusedAndSignalsStillWork() throws {
+        let spool = TestSpool()
+        try spool.start(try spool.configure([:]))
+        unlink(spool.configPath)
+        #expect(mkfifo(spool.configPath, 0o600) == 0)
+        spool.signal(SIGHUP)
+        let log = { (try? String(contentsOfFile: spool.logPath, encoding: .utf8)) ?? "" }
+        #expect(eventually(10) { log().contains("not a regular file (a pipe or FIFO is read only at start)") })
+        unlink(spool.configPath)
+        try spool.configure(["queues": ["default": ["suspended": true]]])
+        spool.signal(SIGHUP)
+        #expect(eventually(10) { log().contains("OPQ_EVENT=queue OPQ_QUEUE=default OPQ_STATE=suspended") })
+        spool.signal(SIGTERM)
+        #expect(spool.waitForExit(timeout: 20) == 0)
+    }
+
     /// A careless reload: `cluster` added to a running spool-only daemon's configuration (with a sharedOutbox and a
     /// suspension beside it). The whole reload is refused and said so; the daemon goes on as it started: its jobs
     /// run on the unsuspended queue and land in its own outbox, none in the shared one.
