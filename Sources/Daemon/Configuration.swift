@@ -133,10 +133,14 @@ public struct Configuration: Sendable {
             // Read to its end rather than by its size: a pipe or FIFO (`--config <(…)`, /dev/stdin) works too.
             let file = try FileHandle(forReadingFrom: URL(fileURLWithPath: path))
             defer { try? file.close() }
-            data = try file.readToEnd() ?? Data()
+            // Bounded: `--config /dev/zero` is refused, not read until memory runs out.
+            var read = Data()
+            while read.count <= maxBytes, let chunk = try file.read(upToCount: 1 << 20), !chunk.isEmpty { read.append(chunk) }
+            data = read
         } catch {
             throw Invalid(path: path, problems: ["cannot be read: \(describe(error))"])
         }
+        guard data.count <= maxBytes else { throw Invalid(path: path, problems: ["larger than \(maxBytes) bytes"]) }
         return try parse(data, path: path)
     }
 

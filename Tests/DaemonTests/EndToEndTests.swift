@@ -464,6 +464,9 @@ func sleepOp(_ id: String, _ seconds: Double, deps: [String] = []) -> [String: A
         #expect(eventually(10) { log().contains("OPQ_EVENT=queue OPQ_QUEUE=default OPQ_STATE=suspended") })
         spool.signal(SIGTERM)
         #expect(spool.waitForExit(timeout: 20) == 0)
+        // An endless configuration is refused at start, not read until memory runs out.
+        let endless = try run("opqueued", ["--spool", spool.root, "--config", "/dev/zero", "--log-target", "console"])
+        #expect(endless.status == 1 && (endless.stdout + endless.stderr).contains("/dev/zero: larger than 16777216 bytes"), "\(endless)")
     }
 
     /// A careless reload: `cluster` added to a running spool-only daemon's configuration (with a sharedOutbox and a
