@@ -177,7 +177,18 @@ struct SpoolService: Service {
             logger.info("ready", metadata: ["OPQ_EVENT": "daemon", "OPQ_STATE": "ready"])
             SystemdNotifier.notify("READY=1\nSTATUS=ready")
         }
+        // The control socket, removed while the daemon runs (a careless clean-up), is made again within 2 s.
+        let keeper = Task { [control, logger] in
+            while !Task.isCancelled {
+                try? await Task.sleep(for: .seconds(2))
+                if !Task.isCancelled, await control.restoreIfMissing() {
+                    logger.warning("\(control.path) was removed or replaced while the daemon ran: listening on it again")
+                }
+            }
+        }
         try? await gracefulShutdown()
+        keeper.cancel()
+        _ = await keeper.result
         SystemdNotifier.notify("STOPPING=1")
         watcher.stop()
         metricsServer?.stop()

@@ -636,6 +636,25 @@ func sleepOp(_ id: String, _ seconds: Double, deps: [String] = []) -> [String: A
         #expect(!status.contains("paused"), "\(status)")
     }
 
+    /// A careless clean-up removes the control socket, then puts a file in its place: the daemon listens again
+    /// within seconds, each time, and says so (it used to go on unreachable: opqueuectl said no daemon ran).
+    @Test func aControlSocketRemovedWhileTheDaemonRunsIsMadeAgain() throws {
+        let spool = TestSpool()
+        try spool.start()
+        let socket = spool.root + "/opqueued.sock"
+        unlink(socket)
+        #expect(try spool.ctl(["status"]).status == 3)
+        #expect(eventually(10) { (try? spool.ctl(["status"]).status) == 0 }, "listening again")
+        unlink(socket)
+        try Data("x".utf8).write(to: URL(fileURLWithPath: socket))
+        #expect(eventually(10) { (try? spool.ctl(["status"]).status) == 0 }, "a file in its place is replaced")
+        let log = (try? String(contentsOfFile: spool.logPath, encoding: .utf8)) ?? ""
+        #expect(log.components(separatedBy: "opqueued.sock was removed or replaced while the daemon ran: listening on it again").count == 3, "\(log)")
+        spool.signal(SIGTERM)
+        #expect(spool.waitForExit(timeout: 20) == 0)
+        #expect(!FileManager.default.fileExists(atPath: socket), "removed at stop")
+    }
+
     @Test func journalTellsEveryOperationsStoryInOrder() throws {
         try ensureJournald()
         let spool = TestSpool()

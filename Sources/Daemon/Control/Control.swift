@@ -43,7 +43,7 @@ public struct ControlLimits: Sendable {
 
 public final class ControlServer: Sendable {
     public typealias Handler = @Sendable ([String: Any]) -> [String: Any]
-    let path: String
+    public let path: String
     let handler: Handler
     let limits: ControlLimits
     let admission: Mutex<ControlAdmission<any Channel>>
@@ -61,12 +61,28 @@ public final class ControlServer: Sendable {
         let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
         let pool = NIOThreadPool(numberOfThreads: limits.handlerThreads)
         pool.start()
-        // Bound under a temporary name, restricted to owner and group, listening, and only then renamed
-        // into place: the socket is never reachable with a wider mode, and answers as soon as it is seen.
-        let fresh = path + ".new"
         reserve.retake()
         do {
-            let channel = try await ServerBootstrap(group: group)
+            let channel = try await listen(group: group, pool: pool)
+            running.withLock { $0 = (group, pool, channel) }
+        } catch {
+            try? await pool.shutdownGracefully()
+            try? await group.shutdownGracefully()
+            reserve.close()
+            throw error
+        }
+    }
+
+    /// The socket file the listener was renamed to (its inode), to see whether someone removed or replaced it.
+    private let placed = Mutex<ino_t>(0)
+
+    /// Binds a listener under a temporary name, restricted to owner and group, listening, and only then renamed into
+    /// place: the socket is never reachable with a wider mode, and answers as soon as it is seen.
+    private func listen(group: MultiThreadedEventLoopGroup, pool: NIOThreadPool) async throws -> Channel {
+        let fresh = path + ".new"
+        let channel: Channel
+        do {
+            channel = try await ServerBootstrap(group: group)
                 .serverChannelOption(ChannelOptions.backlog, value: 256)
                 .serverChannelInitializer { [reserve] channel in
                     channel.eventLoop.makeCompletedFuture {
@@ -78,24 +94,47 @@ public final class ControlServer: Sendable {
                     channel.eventLoop.makeCompletedFuture { try admit(channel, pool: pool) }
                 }
                 .bind(unixDomainSocketPath: fresh, cleanupExistingSocketFile: true).get()
-            running.withLock { $0 = (group, pool, channel) }
         } catch {
-            try? await pool.shutdownGracefully()
-            try? await group.shutdownGracefully()
-            reserve.close()
             throw ControlError("cannot listen on \(fresh): \(error)")
         }
         var failure: SpoolError?
+        var st = stat()
         if chmod(fresh, 0o660) != 0 {
             failure = SpoolError(operation: "chmod", path: fresh, errno: errno)
+        } else if stat(fresh, &st) != 0 {
+            failure = SpoolError(operation: "stat", path: fresh, errno: errno)
         } else if rename(fresh, path) != 0 {
             failure = SpoolError(operation: "rename", path: fresh, errno: errno)
         }
         if let failure {
             unlink(fresh)
-            await shutdown()
+            try? await channel.close()
             throw failure
         }
+        placed.withLock { $0 = st.st_ino }
+        return channel
+    }
+
+    /// When the socket file is gone or is no longer this listener's (someone removed or replaced it while the daemon
+    /// ran — the spool's lock says no other daemon runs here): listens again on a new one and closes the old
+    /// listener (connections under way go on). Returns whether it did.
+    public func restoreIfMissing() async -> Bool {
+        guard let current = running.withLock({ $0 }) else { return false }
+        var st = stat()
+        if stat(path, &st) == 0 && st.st_ino == placed.withLock({ $0 }) { return false }
+        guard let channel = try? await listen(group: current.group, pool: current.pool) else { return false }
+        let old: Channel? = running.withLock { r in
+            guard let r0 = r else { return nil }
+            r = (r0.group, r0.pool, channel)
+            return r0.channel
+        }
+        guard let old else {
+            // Stopped meanwhile.
+            try? await channel.close()
+            return false
+        }
+        try? await old.close()
+        return true
     }
 
     /// Removes the socket, closes every connection and ends the loop and the handler threads; nothing to do if
