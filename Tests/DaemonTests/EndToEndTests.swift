@@ -655,6 +655,18 @@ func sleepOp(_ id: String, _ seconds: Double, deps: [String] = []) -> [String: A
         #expect(!FileManager.default.fileExists(atPath: socket), "removed at stop")
     }
 
+    /// One daemon per spool: a second one exits 1 saying so — also after a careless clean-up removed the lock file.
+    @Test func aSecondDaemonOnTheSameSpoolIsRefusedEvenWithoutTheLockFile() throws {
+        let spool = TestSpool()
+        try spool.start()
+        let second = try run("opqueued", ["--spool", spool.root, "--log-target", "console"], timeout: 20)
+        #expect(second.status == 1 && (second.stdout + second.stderr).contains("another opqueued holds the lock on"), "\(second)")
+        unlink(spool.root + "/opqueued.lock")
+        let third = try run("opqueued", ["--spool", spool.root, "--log-target", "console"], timeout: 20)
+        #expect(third.status == 1 && (third.stdout + third.stderr).contains("another opqueued holds the lock on \(spool.root)"), "\(third)")
+        #expect(try spool.ctl(["status"]).status == 0, "the first one goes on")
+    }
+
     @Test func journalTellsEveryOperationsStoryInOrder() throws {
         try ensureJournald()
         let spool = TestSpool()

@@ -102,6 +102,13 @@ public final class Spool: @unchecked Sendable {
         }
         rootFD = open(root, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
         guard rootFD >= 0 else { throw SpoolError(operation: "open", path: root, errno: errno) }
+        // The spool folder itself is locked too: a lock file removed by a careless clean-up would otherwise let a
+        // second daemon in.
+        guard flock(rootFD, LOCK_EX | LOCK_NB) == 0 else {
+            close(lockFD)
+            close(rootFD)
+            throw SpoolError(operation: "another opqueued holds the lock on", path: root, errno: EWOULDBLOCK)
+        }
     }
 
     /// Makes everything written to the spool so far durable (one syncfs of its file system).
