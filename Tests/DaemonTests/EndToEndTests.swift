@@ -667,6 +667,24 @@ func sleepOp(_ id: String, _ seconds: Double, deps: [String] = []) -> [String: A
         #expect(try spool.ctl(["status"]).status == 0, "the first one goes on")
     }
 
+    /// An inbox that is a link to another file system: refused at start, saying which folders and why (every claim
+    /// used to fail with EXDEV, pausing and resuming claims every few seconds for good).
+    @Test func aSpoolSpreadOverTwoMountsIsRefusedAtStart() throws {
+        let spool = TestSpool()
+        let elsewhere = "/dev/shm/opq-test-inbox-\(UInt64.random(in: 1...UInt64.max))"
+        try FileManager.default.createDirectory(atPath: elsewhere, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: elsewhere) }
+        try FileManager.default.removeItem(atPath: spool.root + "/inbox")
+        #expect(symlink(elsewhere, spool.root + "/inbox") == 0)
+        var a = stat(), b = stat()
+        #expect(stat(elsewhere, &a) == 0 && stat(spool.root, &b) == 0 && a.st_dev != b.st_dev, "/dev/shm is another file system here")
+        let r = try run("opqueued", ["--spool", spool.root, "--log-target", "console"], timeout: 20)
+        #expect(r.status == 1)
+        #expect((r.stdout + r.stderr).contains("inbox/ and active/ are on different mounts (a rename between them fails: Invalid cross-device link); the whole spool must be on one mount"),
+                "\(r)")
+        #expect(((try? FileManager.default.contentsOfDirectory(atPath: elsewhere)) ?? ["?"]).isEmpty, "the check leaves nothing behind")
+    }
+
     @Test func journalTellsEveryOperationsStoryInOrder() throws {
         try ensureJournald()
         let spool = TestSpool()

@@ -109,6 +109,25 @@ public final class Spool: @unchecked Sendable {
             close(rootFD)
             throw SpoolError(operation: "another opqueued holds the lock on", path: root, errno: EWOULDBLOCK)
         }
+        try checkOneMount()
+    }
+
+    /// Claims and publications rename between inbox/, active/, outbox/ and tmp/: one of them on another mount (a
+    /// symbolic link to another file system, a bind mount) would fail each claim or publication with EXDEV, again
+    /// and again. A hidden file is renamed through them once at start; the daemon refuses to start if that fails.
+    private func checkOneMount() throws {
+        let name = "/.opqueued-mount-check-\(getpid())"
+        let path = [inbox, active, outbox, tmp].map { $0 + name }
+        try writeFile(Data(), to: path[0])
+        defer { for p in path { unlink(p) } }
+        for (from, to) in zip(path, path.dropFirst()) where rename(from, to) != 0 {
+            let e = errno
+            let folder = { (p: String) in String(p.dropFirst(self.root.count + 1).prefix { $0 != "/" }) + "/" }
+            if e == EXDEV {
+                throw SpoolMountError(description: "\(folder(from)) and \(folder(to)) are on different mounts (a rename between them fails: \(String(cString: strerror(e)))); the whole spool must be on one mount")
+            }
+            throw SpoolError(operation: "rename to \(to)", path: from, errno: e)
+        }
     }
 
     /// Makes everything written to the spool so far durable (one syncfs of its file system).
@@ -574,6 +593,11 @@ public final class Spool: @unchecked Sendable {
 }
 
 // MARK: File helpers (each error says what was done to which path)
+
+/// The spool's folders are not all on one mount.
+struct SpoolMountError: Error, CustomStringConvertible {
+    let description: String
+}
 
 /// Removes hidden `.NAME.part` files (interrupted writes) in a job folder and its sub-folders.
 func removeParts(_ folder: String) {
