@@ -685,6 +685,23 @@ func sleepOp(_ id: String, _ seconds: Double, deps: [String] = []) -> [String: A
         #expect(((try? FileManager.default.contentsOfDirectory(atPath: elsewhere)) ?? ["?"]).isEmpty, "the check leaves nothing behind")
     }
 
+    /// A stopped daemon is told apart from none: the client says no daemon answers (connected, no answer), not that
+    /// none runs; once continued it answers.
+    @Test func aStoppedDaemonIsNotCalledAbsent() throws {
+        let spool = TestSpool()
+        try spool.start()
+        spool.signal(SIGSTOP)
+        defer { spool.signal(SIGCONT) }
+        let socket = spool.root + "/opqueued.sock"
+        #expect {
+            _ = try ControlClient.request(socket, ["command": "status"], timeout: 1)
+        } throws: { error in
+            "\(error)" == "no daemon answers on \(socket) (connected, but no answer within 1 s: is it stopped (SIGSTOP) or hung?)"
+        }
+        spool.signal(SIGCONT)
+        #expect((try? ControlClient.request(socket, ["command": "status"], timeout: 5)) != nil)
+    }
+
     @Test func journalTellsEveryOperationsStoryInOrder() throws {
         try ensureJournald()
         let spool = TestSpool()

@@ -141,7 +141,10 @@ public final class ControlServer: Sendable {
     /// it was never started.
     public func stop() async {
         guard running.withLock({ $0 != nil }) else { return }
-        unlink(path)
+        // Only this listener's socket file: one put in its place since (another daemon's, on a spool made again
+        // under the same path) stays.
+        var st = stat()
+        if stat(path, &st) == 0 && st.st_ino == placed.withLock({ $0 }) { unlink(path) }
         await shutdown()
     }
 
@@ -449,7 +452,9 @@ public enum ControlClient {
     public struct NoDaemon: Error, CustomStringConvertible {
         public let path: String
         public let reason: String
-        public var description: String { "no daemon is running on \(path) (\(reason))" }
+        /// Something listens but did not answer (a stopped or hung daemon), rather than nothing listening.
+        public var silent = false
+        public var description: String { silent ? "no daemon answers on \(path) (\(reason))" : "no daemon is running on \(path) (\(reason))" }
     }
 
     /// Connects to the control socket; throws `NoDaemon` when nothing listens on it.
@@ -479,7 +484,7 @@ public enum ControlClient {
         }
         guard let line = readLine(fd, limit: 64 << 20),
               let response = (try? JSONSerialization.jsonObject(with: line)) as? [String: Any] else {
-            throw NoDaemon(path: path, reason: "no answer")
+            throw NoDaemon(path: path, reason: "connected, but no answer within \(timeout) s: is it stopped (SIGSTOP) or hung?", silent: true)
         }
         return response
     }
