@@ -24,6 +24,9 @@ let package = Package(
     targets: [
         // Thread priority, SCHED_IDLE and I/O priority: `syscall` is variadic, Swift cannot call it.
         .target(name: "CShims"),
+        // opqueued only: notes SIGTERM, SIGINT and SIGHUP before main (a constructor), so that a signal while starting
+        // does not end the process with its default action.
+        .target(name: "COpqueuedStart", dependencies: ["CShims"]),
         // libjpeg-turbo and libpng behind functions that return codes: setjmp stays in C.
         .target(name: "CCodecs", linkerSettings: [.linkedLibrary("jpeg"), .linkedLibrary("png16")]),
         // libcurl's multi interface with typed option setters (curl_easy_setopt is variadic).
@@ -80,6 +83,7 @@ let package = Package(
         .executableTarget(
             name: "opqueued",
             dependencies: [
+                "COpqueuedStart",
                 "Daemon",
                 "ClusterStore",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),

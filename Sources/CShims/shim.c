@@ -66,6 +66,10 @@ static volatile sig_atomic_t opq_noted_signal = 0;
 
 static void opq_note_signal(int signal) { opq_noted_signal = signal; }
 
+static volatile sig_atomic_t opq_noted_hangup_flag = 0;
+
+static void opq_note_hangup(int signal) { (void)signal; opq_noted_hangup_flag = 1; }
+
 void opq_note_termination_signals(void) {
     struct sigaction action;
     memset(&action, 0, sizeof action);
@@ -74,9 +78,25 @@ void opq_note_termination_signals(void) {
     action.sa_flags = SA_RESTART;
     sigaction(SIGTERM, &action, NULL);
     sigaction(SIGINT, &action, NULL);
+    struct sigaction hangup;
+    memset(&hangup, 0, sizeof hangup);
+    hangup.sa_handler = opq_note_hangup;
+    sigemptyset(&hangup.sa_mask);
+    hangup.sa_flags = SA_RESTART;
+    sigaction(SIGHUP, &hangup, NULL);
 }
 
 int opq_noted_termination_signal(void) { return opq_noted_signal; }
+
+int opq_noted_hangup(void) { return opq_noted_hangup_flag; }
+
+void opq_default_termination_signals(void) {
+    signal(SIGTERM, SIG_DFL);
+    signal(SIGINT, SIG_DFL);
+    signal(SIGHUP, SIG_DFL);
+    if (opq_noted_signal) raise(opq_noted_signal);
+    if (opq_noted_hangup_flag) raise(SIGHUP);
+}
 
 int64_t opq_copy_file(int in, int out, int64_t limit) {
     int64_t copied = 0;

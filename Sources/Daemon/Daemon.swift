@@ -1424,6 +1424,12 @@ public final class Daemon: @unchecked Sendable {
     /// The signal noted since `noteTerminationSignals`, or 0.
     public static var notedTerminationSignal: Int32 { opq_noted_termination_signal() }
 
+    /// `--once`: SIGTERM, SIGINT and SIGHUP get their default actions back (what came meanwhile is raised again).
+    public static func defaultTerminationSignals() { opq_default_termination_signals() }
+
+    /// Whether a SIGHUP came while starting (noted, not the end of the process; the reload service reloads once).
+    public static var notedHangup: Bool { opq_noted_hangup() != 0 }
+
     /// Bytes the allocator has handed out and not had back (a diagnostic: when this stays flat while RSS
     /// grows, the allocator is keeping freed memory; when it grows, something is held). It walks the
     /// allocator's free lists, so status computes it only when asked.

@@ -7,6 +7,7 @@
 // What it trusts: nothing in the spool; its own configuration file.
 
 import ArgumentParser
+import COpqueuedStart
 import ClusterStore
 import Daemon
 import Foundation
@@ -68,6 +69,12 @@ struct Opqueued: AsyncParsableCommand {
     var version = false
 
     func run() async throws {
+        // A stop or a reload asked for while starting (loading, reading the configuration, recovering active/) has
+        // been noted since before main (COpqueuedStart) and is handed to the service group once it has the signals
+        // (see SpoolService, ReloadService): their default actions would end the process. `--once` has no service
+        // group: there they get their default actions back. (The command watchdog forked below sets its own.)
+        opq_start_linked()
+        if once { Daemon.defaultTerminationSignals() }
         // A client of the control socket that hangs up makes the next write to it fail with EPIPE; SIGPIPE's
         // default action would end the daemon instead. Ignored here, first, for every mode (`--once` too), not
         // only under systemd's IgnoreSIGPIPE=yes.
@@ -80,10 +87,6 @@ struct Opqueued: AsyncParsableCommand {
         // The command watchdog (docs: kills commands' process groups when this process dies, kill -9 included),
         // first, while the process is small: the fork copies its address space as it is now.
         let watchdog = CommandWatchdog.start()
-        // A stop asked for while starting (reading the configuration, recovering active/) is kept and
-        // handed to the service group once it has the signals (see SpoolService). `--once` has no service
-        // group: there SIGTERM keeps its default action.
-        if !once { Daemon.noteTerminationSignals() }
         Daemon.tuneAllocator()
         let useJournal = logTarget == .journal || (logTarget == .auto && (ProcessInfo.processInfo.environment["JOURNAL_STREAM"] != nil || journalIsListening()))
         LoggingSystem.bootstrap { _ in useJournal ? JournalLogHandler() as any LogHandler : ConsoleLogHandler() }
@@ -203,16 +206,21 @@ struct ReloadService: Service {
 
     func run() async throws {
         let signals = await UnixSignalsSequence(trapping: .sighup)
+        // A SIGHUP that came while starting was only noted (its default action would have ended the process): the
+        // configuration may have changed since it was read, so it is read again now.
+        if Daemon.notedHangup { reload() }
         await cancelWhenGracefulShutdown {
-            for await _ in signals {
-                var ts = timespec()
-                clock_gettime(CLOCK_MONOTONIC, &ts)
-                let usec = UInt64(ts.tv_sec) * 1_000_000 + UInt64(ts.tv_nsec) / 1_000
-                SystemdNotifier.notify("RELOADING=1\nMONOTONIC_USEC=\(usec)")
-                daemon.reload()
-                SystemdNotifier.notify("READY=1")
-            }
+            for await _ in signals { reload() }
         }
+    }
+
+    private func reload() {
+        var ts = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &ts)
+        let usec = UInt64(ts.tv_sec) * 1_000_000 + UInt64(ts.tv_nsec) / 1_000
+        SystemdNotifier.notify("RELOADING=1\nMONOTONIC_USEC=\(usec)")
+        daemon.reload()
+        SystemdNotifier.notify("READY=1")
     }
 }
 

@@ -433,6 +433,30 @@ func sleepOp(_ id: String, _ seconds: Double, deps: [String] = []) -> [String: A
         #expect(log.components(separatedBy: "OPQ_STATE=stopping").count == 2, "one stopping event")
     }
 
+    /// A SIGHUP while the daemon starts (held by a FIFO configuration, as above) is noted, not the end of the
+    /// process (its default action, before): the daemon becomes ready and reloads once.
+    @Test func sighupWhileStartingIsAReloadNotTheEnd() throws {
+        let spool = TestSpool()
+        let fifo = spool.root + ".config"
+        unlink(fifo)
+        #expect(mkfifo(fifo, 0o600) == 0)
+        defer { unlink(fifo) }
+        try spool.launch(["--config", fifo])
+        let writer = open(fifo, O_WRONLY)
+        #expect(writer >= 0)
+        spool.signal(SIGHUP)
+        usleep(100_000)
+        let config = plist(["shutdownGraceSeconds": 1])
+        if spool.daemon?.isRunning == true { _ = config.withUnsafeBytes { write(writer, $0.baseAddress, $0.count) } }
+        close(writer)
+        let log = { (try? String(contentsOfFile: spool.logPath, encoding: .utf8)) ?? "" }
+        #expect(eventually(20) { log().contains("OPQ_STATE=ready") && log().contains("OPQ_STATE=reloading") }, "\(log())")
+        #expect(spool.daemon?.isRunning == true, "not ended by the signal")
+        #expect(log().components(separatedBy: "OPQ_STATE=reloading").count == 2, "one reload")
+        spool.signal(SIGTERM)
+        #expect(spool.waitForExit(timeout: 20) == 0)
+    }
+
     @Test func sighupReloadsQueueSettingsForRunningWork() throws {
         let spool = TestSpool()
         try spool.start(try spool.configure(["queues": ["default": ["suspended": true]]]))

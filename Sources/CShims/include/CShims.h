@@ -63,6 +63,14 @@ void opq_note_termination_signals(void);
 /// The signal noted since `opq_note_termination_signals`, or 0.
 int opq_noted_termination_signal(void);
 
+/// Whether a SIGHUP came since `opq_note_termination_signals` (which also notes SIGHUP rather than letting its
+/// default action end the process while it starts).
+int opq_noted_hangup(void);
+
+/// Gives SIGTERM, SIGINT and SIGHUP back their default actions, then raises what was noted meanwhile (`--once`, which
+/// has no service group to hand them to, ends as it would have).
+void opq_default_termination_signals(void);
+
 /// Copies from `in` to `out` (each at its current offset) until the end of `in` or `limit` bytes:
 /// copy_file_range (no bytes through user space; shared extents where the file system can), falling
 /// back to read/write where it cannot. Returns the bytes copied or -errno.

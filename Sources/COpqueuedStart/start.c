@@ -1,0 +1,7 @@
+// opqueued's first code: see COpqueuedStart.h.
+#include "COpqueuedStart.h"
+#include "CShims.h"
+
+__attribute__((constructor)) static void opq_note_signals_before_main(void) { opq_note_termination_signals(); }
+
+void opq_start_linked(void) {}
