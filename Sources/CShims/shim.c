@@ -70,20 +70,19 @@ static volatile sig_atomic_t opq_noted_hangup_flag = 0;
 
 static void opq_note_hangup(int signal) { (void)signal; opq_noted_hangup_flag = 1; }
 
-void opq_note_termination_signals(void) {
+static void opq_handle(int signal, void (*handler)(int)) {
     struct sigaction action;
     memset(&action, 0, sizeof action);
-    action.sa_handler = opq_note_signal;
+    action.sa_handler = handler;
     sigemptyset(&action.sa_mask);
     action.sa_flags = SA_RESTART;
-    sigaction(SIGTERM, &action, NULL);
-    sigaction(SIGINT, &action, NULL);
-    struct sigaction hangup;
-    memset(&hangup, 0, sizeof hangup);
-    hangup.sa_handler = opq_note_hangup;
-    sigemptyset(&hangup.sa_mask);
-    hangup.sa_flags = SA_RESTART;
-    sigaction(SIGHUP, &hangup, NULL);
+    sigaction(signal, &action, NULL);
+}
+
+void opq_note_termination_signals(void) {
+    opq_handle(SIGTERM, opq_note_signal);
+    opq_handle(SIGINT, opq_note_signal);
+    opq_handle(SIGHUP, opq_note_hangup);
 }
 
 int opq_noted_termination_signal(void) { return opq_noted_signal; }

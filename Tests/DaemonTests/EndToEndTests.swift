@@ -405,11 +405,9 @@ func sleepOp(_ id: String, _ seconds: Double, deps: [String] = []) -> [String: A
         }
     }
 
-    @Test func sigtermWhileStartingIsAGracefulStop() throws {
-        // The configuration is a FIFO: the daemon is held inside its start, before the service group exists,
-        // until the test writes it. A SIGTERM sent then is noted and honoured once the group has the signal:
-        // exit 0 without announcing readiness, never the signal's default action.
-        let spool = TestSpool()
+    /// Starts the daemon held inside its start by a FIFO configuration, sends `signal` then, and lets the start go
+    /// on (the FIFO is the configuration path only while starting; removed after).
+    private func signalWhileStarting(_ spool: TestSpool, _ signal: Int32) throws {
         let fifo = spool.root + ".config"
         unlink(fifo)
         #expect(mkfifo(fifo, 0o600) == 0)
@@ -418,12 +416,20 @@ func sleepOp(_ id: String, _ seconds: Double, deps: [String] = []) -> [String: A
         // open(2) for writing returns once the daemon has opened the FIFO for reading: it is starting.
         let writer = open(fifo, O_WRONLY)
         #expect(writer >= 0)
-        spool.signal(SIGTERM)
+        spool.signal(signal)
         usleep(100_000)
         let config = plist(["shutdownGraceSeconds": 1])
         // (A daemon the signal ended has no reader left: writing would raise SIGPIPE here.)
         if spool.daemon?.isRunning == true { _ = config.withUnsafeBytes { write(writer, $0.baseAddress, $0.count) } }
         close(writer)
+    }
+
+    @Test func sigtermWhileStartingIsAGracefulStop() throws {
+        // The configuration is a FIFO: the daemon is held inside its start, before the service group exists,
+        // until the test writes it. A SIGTERM sent then is noted and honoured once the group has the signal:
+        // exit 0 without announcing readiness, never the signal's default action.
+        let spool = TestSpool()
+        try signalWhileStarting(spool, SIGTERM)
         let status = spool.waitForExit(timeout: 30)
         let log = (try? String(contentsOfFile: spool.logPath, encoding: .utf8)) ?? ""
         #expect(spool.daemon?.terminationReason == .exit, "ended by signal \(status.map(String.init) ?? "?")")
@@ -437,18 +443,7 @@ func sleepOp(_ id: String, _ seconds: Double, deps: [String] = []) -> [String: A
     /// process (its default action, before): the daemon becomes ready and reloads once.
     @Test func sighupWhileStartingIsAReloadNotTheEnd() throws {
         let spool = TestSpool()
-        let fifo = spool.root + ".config"
-        unlink(fifo)
-        #expect(mkfifo(fifo, 0o600) == 0)
-        defer { unlink(fifo) }
-        try spool.launch(["--config", fifo])
-        let writer = open(fifo, O_WRONLY)
-        #expect(writer >= 0)
-        spool.signal(SIGHUP)
-        usleep(100_000)
-        let config = plist(["shutdownGraceSeconds": 1])
-        if spool.daemon?.isRunning == true { _ = config.withUnsafeBytes { write(writer, $0.baseAddress, $0.count) } }
-        close(writer)
+        try signalWhileStarting(spool, SIGHUP)
         let log = { (try? String(contentsOfFile: spool.logPath, encoding: .utf8)) ?? "" }
         #expect(eventually(20) { log().contains("OPQ_STATE=ready") && log().contains("OPQ_STATE=reloading") }, "\(log())")
         #expect(spool.daemon?.isRunning == true, "not ended by the signal")
