@@ -124,7 +124,7 @@ fuzz-manifest: deps
 	  Sources/OperationEngine/QualityOfService.swift
 	$(SWIFTC) -O -sanitize=fuzzer,address -use-ld=lld -parse-as-library -module-name ManifestFuzz -I $(FUZZ_MANIFEST) -L $(FUZZ_MANIFEST) \
 	  -lPropertyList -lOperationEngine Sources/Daemon/Lifecycle/Manifest.swift Sources/Daemon/Configuration.swift Sources/Daemon/Kinds/Commands/CommandSpec.swift \
-	  Sources/Daemon/Kinds/Networks.swift Tests/Fuzz/manifest_fuzzer.swift \
+	  Sources/Daemon/Kinds/Networks.swift Sources/Daemon/Stores/RegularFile.swift Tests/Fuzz/manifest_fuzzer.swift \
 	  -o $(FUZZ_MANIFEST)/manifest_fuzzer
 	SWIFT_BACKTRACE=enable=no $(FUZZ_MANIFEST)/manifest_fuzzer -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 -print_final_stats=1 \
 	  -artifact_prefix=$(FUZZ_MANIFEST)/ $(FUZZ_MANIFEST)/corpus
