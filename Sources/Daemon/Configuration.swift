@@ -117,28 +117,27 @@ public struct Configuration: Sendable {
     /// too (`--config <(…)`); at a reload (`regularOnly`) only a regular file is, opened without blocking: a FIFO
     /// with no writer would hold the reload, and with it every signal after it (SIGTERM included), for good.
     public static func load(path: String, regularOnly: Bool = false) throws -> Configuration {
+        let data: Data
         if regularOnly {
             switch readRegularFile(path, limit: maxBytes + 1) {
+            case .success(let d): data = d
             case .failure(let e) where e.errno == EINVAL:
                 throw Invalid(path: path, problems: ["cannot be read at a reload: not a regular file (a pipe or FIFO is read only at start)"])
             case .failure(let e):
                 throw Invalid(path: path, problems: ["cannot be read: \(String(cString: strerror(e.errno)))"])
-            case .success(let data):
-                guard data.count <= maxBytes else { throw Invalid(path: path, problems: ["larger than \(maxBytes) bytes"]) }
-                return try parse(data, path: path)
             }
-        }
-        let data: Data
-        do {
-            // Read to its end rather than by its size: a pipe or FIFO (`--config <(…)`, /dev/stdin) works too.
-            let file = try FileHandle(forReadingFrom: URL(fileURLWithPath: path))
-            defer { try? file.close() }
-            // Bounded: `--config /dev/zero` is refused, not read until memory runs out.
-            var read = Data()
-            while read.count <= maxBytes, let chunk = try file.read(upToCount: 1 << 20), !chunk.isEmpty { read.append(chunk) }
-            data = read
-        } catch {
-            throw Invalid(path: path, problems: ["cannot be read: \(describe(error))"])
+        } else {
+            do {
+                // Read to its end rather than by its size: a pipe or FIFO (`--config <(…)`, /dev/stdin) works too;
+                // bounded: `--config /dev/zero` is refused, not read until memory runs out.
+                let file = try FileHandle(forReadingFrom: URL(fileURLWithPath: path))
+                defer { try? file.close() }
+                var read = Data()
+                while read.count <= maxBytes, let chunk = try file.read(upToCount: 1 << 20), !chunk.isEmpty { read.append(chunk) }
+                data = read
+            } catch {
+                throw Invalid(path: path, problems: ["cannot be read: \(describe(error))"])
+            }
         }
         guard data.count <= maxBytes else { throw Invalid(path: path, problems: ["larger than \(maxBytes) bytes"]) }
         return try parse(data, path: path)

@@ -1417,11 +1417,7 @@ public final class Daemon: @unchecked Sendable {
         _ = setrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit)
     }
 
-    /// Until the service group takes them, SIGTERM and SIGINT are noted rather than ending the process
-    /// (see `opq_note_termination_signals`); call first thing.
-    public static func noteTerminationSignals() { opq_note_termination_signals() }
-
-    /// The signal noted since `noteTerminationSignals`, or 0.
+    /// The SIGTERM or SIGINT noted while starting (opqueued notes them from before main: COpqueuedStart), or 0.
     public static var notedTerminationSignal: Int32 { opq_noted_termination_signal() }
 
     /// `--once`: SIGTERM, SIGINT and SIGHUP get their default actions back (what came meanwhile is raised again).

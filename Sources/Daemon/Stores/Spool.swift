@@ -213,8 +213,6 @@ public final class Spool: @unchecked Sendable {
         return nil
     }
 
-    /// Checks that the spool can be written (a file created, filled and removed in tmp/): the daemon's
-    /// way to learn that a fault (full file system, no descriptors left, read-only mount) is over.
     /// Makes the spool's folders that are missing (at start, and when someone removed one while the daemon ran);
     /// returns the names of those it made. A name taken by something that is not a folder is an error.
     func makeFolders() throws -> [String] {
@@ -231,8 +229,9 @@ public final class Spool: @unchecked Sendable {
         return made
     }
 
-    /// Whether the spool can be written again after a fault: its folders made again where missing (returned: those
-    /// made), a block written and removed in tmp/.
+    /// Checks that the spool can be written (a file created, filled and removed in tmp/): the daemon's way to learn
+    /// that a fault (full file system, no descriptors left, read-only mount, a folder removed) is over. Its folders
+    /// are made again where missing first; returns those it made.
     @discardableResult
     public func probe() throws -> [String] {
         let made = try makeFolders()
