@@ -169,6 +169,13 @@ public final class Daemon: @unchecked Sendable {
     private var awaitingStoreSuspensions = false
     /// Whether a claim round waits for the store to accept submissions (on `work`).
     private var submissionRetryScheduled = false
+    /// Whether the next submission round is queued on `work` (on `work`).
+    private var submissionRoundPosted = false
+    /// Names inotify reported since the last `scan` round began, whether they are all that arrived, and whether
+    /// that round is queued (under `lock`).
+    private var hintsWaiting: [String] = []
+    private var hintsAreAll = true
+    private var scanPosted = false
     /// Cluster slots of queues with clusterMaxConcurrentOperationCount (nil without a cluster).
     private let permits: ClusterPermits?
     private var permitsTask: Task<Void, Never>?
@@ -281,7 +288,25 @@ public final class Daemon: @unchecked Sendable {
     /// (claimable at once, without reading the folder). `complete` says they are all that arrived (an event
     /// batch without overflow); otherwise (start, overflow, the watcher's timer) the folder is read whole now.
     public func scan(hints: [String] = [], complete: Bool = false) {
+        // Reports that come while one waits its turn on `work` join it: a flood's inotify reads queue one round,
+        // not one each (each would claim a batch ahead of the jobs the store hands over meanwhile).
+        let post = lock.withLock { () -> Bool in
+            if complete && hintsWaiting.count + hints.count <= Self.scanBatch {
+                hintsWaiting.append(contentsOf: hints)
+            } else {
+                // Too many to hold, or not all that arrived: the inbox is read whole instead.
+                hintsWaiting.removeAll()
+                hintsAreAll = false
+            }
+            defer { scanPosted = true }
+            return !scanPosted
+        }
+        guard post else { return }
         work.async { [self] in
+            let (hints, complete) = lock.withLock { () -> ([String], Bool) in
+                defer { hintsWaiting = []; hintsAreAll = true; scanPosted = false }
+                return (hintsWaiting, hintsAreAll)
+            }
             // Only names a scan would offer are kept (a hidden file written and renamed in is not).
             let names = hints.filter(Spool.isManifestName)
             lock.withLock { closedHints.formUnion(names) }
@@ -460,6 +485,16 @@ public final class Daemon: @unchecked Sendable {
             lock.withLock { waiting = max(0, waiting - claimed.count) }
             receiveFromInbox(claimed)
         }
+        // Manifests for the store are claimed a round at a time, each queued behind what came meanwhile (the jobs
+        // the store hands over to run here, publications): a flood into this node's inbox does not hold up the
+        // jobs this node runs.
+        if !runsHere, !claimed.isEmpty, !inboxQueue.isEmpty || scanLeftSome, !submissionRoundPosted {
+            submissionRoundPosted = true
+            work.async { [self] in
+                submissionRoundPosted = false
+                claimMore()
+            }
+        }
         checkOnceDone()
     }
 
@@ -524,17 +559,17 @@ public final class Daemon: @unchecked Sendable {
         for var job in claimed {
             let tree = job.tree ?? ManifestTree(job.manifest)
             job.tree = nil
-            var problems = Self.problems(tree, configuration: config).problems
+            var (problems, plan) = Self.problems(tree, configuration: config)
             // What the cluster declares may have grown since the store last read it (a node that just joined):
             // read once more, at most once per batch, before a manifest is rejected.
             if !problems.isEmpty && !refreshed, let fresh = store.freshSubmissionConfiguration(lock.withLock({ self.configuration })) {
                 refreshed = true
                 config = fresh
-                problems = Self.problems(tree, configuration: config).problems
+                (problems, plan) = Self.problems(tree, configuration: config)
             }
             if problems.isEmpty {
-                // The store reads the job's placement from the same tree (it lets it go once the row is made).
-                job.tree = tree
+                // The store reads the job's placement from this plan (it lets it go once the row is made).
+                job.plan = plan
                 let wanted = job.requestedJob ?? ""
                 event(.info, "job \(wanted) received from inbox/\(job.manifestName); submitted to the cluster",
                       ["OPQ_EVENT": "job", "OPQ_STATE": "received", "OPQ_JOB": .string(wanted)])

@@ -162,6 +162,32 @@ struct ClusterTests {
         }
     }
 
+    /// A flood into one node's inbox is submitted a round at a time, each behind the jobs the cluster handed this
+    /// node meanwhile: the node starts running jobs while most of the flood still waits in its inbox, rather than
+    /// holding the jobs it claimed (under its lease, unrun) until the whole inbox is in the database.
+    @Test func aFloodIntoANodesInboxDoesNotHoldUpTheJobsItRuns() throws {
+        let harness = try ClusterHarness(nodes: 1)
+        let count = 2_000
+        let tag = uniqueJob("flood")
+        let inbox = harness[0].spool + "/inbox/"
+        for i in 0..<count {
+            try propertyListData(sleepJob("\(tag)-\(i)", 0)).write(to: URL(fileURLWithPath: inbox + ".\(i).plist"))
+        }
+        // All at once, as fast as renames go.
+        for i in 0..<count where rename(inbox + ".\(i).plist", inbox + "\(i).plist") != 0 {
+            throw SupportFailure("rename: \(String(cString: strerror(errno)))")
+        }
+        let jobs = Set((0..<count).map { "\(tag)-\($0)" })
+        #expect(harness.waitAll(jobs, timeout: 120).isEmpty)
+        // The node's story in order: how many manifests it had received when it accepted its first job to run.
+        let states = try harness.journal(node: 0, ["OPQ_EVENT": "job"]).compactMap { $0["OPQ_STATE"] }
+        #expect(states.filter { $0 == "received" }.count == count)
+        let firstAccepted = try #require(states.firstIndex(of: "accepted"))
+        let receivedBefore = states[..<firstAccepted].filter { $0 == "received" }.count
+        print("ClusterTests: \(receivedBefore) of \(count) manifests received before the first job was accepted to run")
+        #expect(receivedBefore <= count / 2, "\(receivedBefore) of \(count) manifests were taken from the inbox before any job ran")
+    }
+
     // MARK: 7. sharedOutbox
 
     @Test func sharedOutboxHoldsEveryResultOnce() throws {

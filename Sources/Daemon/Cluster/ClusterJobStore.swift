@@ -427,8 +427,11 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
     private func enqueue(_ job: ClaimedJob, folder: String) {
         let config = submissionConfiguration(lock.withLock { configuration })
         var placement = (qos: 2, priority: 2, queues: [String](), commands: [String]())
-        // The tree the shell read at claim when it hands one over (not parsed from the bytes again).
-        if case .success(let plan) = Manifest.parse(job.tree ?? ManifestTree(job.manifest), configuration: config) {
+        // The plan the shell made of a manifest from the inbox (not parsed again); a folder handed over from
+        // active/, or one a previous run left to submit, is read here.
+        if let plan = job.plan {
+            placement = plan.clusterPlacement(config)
+        } else if case .success(let plan) = Manifest.parse(job.tree ?? ManifestTree(job.manifest), configuration: config) {
             placement = plan.clusterPlacement(config)
         }
         // The key survives a restart: the node and which inbox file it was (a file claimed for the cluster), or the

@@ -48,6 +48,9 @@ public struct ClaimedJob: Sendable {
     /// The manifest as read at claim, until the job is accepted (not kept with the running job: a big
     /// manifest's tree is several times the plan made of it). Nil for jobs recovered from active/.
     public var tree: ManifestTree?
+    /// The plan made of `tree` when the shell read it for a store that places jobs itself (the store reads the
+    /// job's placement from it rather than parse the manifest again).
+    public var plan: JobPlan? = nil
     /// Operations that succeeded before a restart: id → (startedAt, finishedAt, attempts).
     public var done: [String: DoneRecord]
 }
