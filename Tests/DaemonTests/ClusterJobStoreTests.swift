@@ -356,6 +356,56 @@ struct ClusterJobStoreTests {
         #expect(later.manifestName == long)
     }
 
+    /// A node that claims a row of its own submission while it still holds the manifest file it inserted takes that
+    /// file into active/<job>/ (renamed: the very inode that came into the inbox, not written again); a row another
+    /// node claims gets the bytes from the database there, and the submitting node's file goes `reapDelay` later.
+    @Test func aNodeClaimingItsOwnSubmissionTakesTheFileItHolds() throws {
+        let (_, _, a, b) = try startedPair()
+        defer { a.close(); b.close() }
+        #expect(eventually { a.store.snapshot()?.connected == true && b.store.snapshot()?.connected == true })
+        func submit(_ node: ClusterNode, _ job: String) throws -> (inode: UInt64, manifest: Data) {
+            let manifest = plist(sleepManifest(job))
+            let path = node.spool.inbox + "/" + job + ".plist"
+            try manifest.write(to: URL(fileURLWithPath: path))
+            var st = stat()
+            guard stat(path, &st) == 0,
+                  case .claimed(let claimed) = try node.spool.claimForSubmission(job + ".plist", now: Date().timeIntervalSince1970, settled: true) else {
+                throw SupportFailure("inbox/\(job).plist was not claimed")
+            }
+            #expect(node.store.submit([claimed]).isEmpty)
+            return (UInt64(st.st_ino), manifest)
+        }
+        func inode(_ path: String) -> UInt64? {
+            var st = stat()
+            return stat(path, &st) == 0 ? UInt64(st.st_ino) : nil
+        }
+        func submissions(_ node: ClusterNode) -> [String] {
+            (try? FileManager.default.contentsOfDirectory(atPath: node.spool.active + "/.submissions")) ?? []
+        }
+
+        // Only a has room: its own row, its own file.
+        b.store.want(room: 0, manifestBytes: .max)
+        a.store.want(room: 4, manifestBytes: .max)
+        let own = try submit(a, "own")
+        #expect(eventually { a.shell.ran.contains { $0.job.id == "own" } })
+        let ownManifest = a.spool.active + "/own/manifest.plist"
+        #expect(inode(ownManifest) == own.inode, "the inbox file itself, renamed in")
+        #expect(try Data(contentsOf: URL(fileURLWithPath: ownManifest)) == own.manifest)
+        #expect(a.spool.readOrigin(job: "own")?.submittedOn == "a")
+        #expect(submissions(a).isEmpty)
+
+        // Only b has room: b writes the bytes it claimed; a's copy goes after reapDelay.
+        a.store.want(room: 0, manifestBytes: .max)
+        b.store.want(room: 4, manifestBytes: .max)
+        let other = try submit(a, "other")
+        #expect(eventually { b.shell.ran.contains { $0.job.id == "other" } })
+        let otherManifest = b.spool.active + "/other/manifest.plist"
+        #expect(try Data(contentsOf: URL(fileURLWithPath: otherManifest)) == other.manifest)
+        #expect(eventually(ClusterJobStore.reapDelay + 3) { submissions(a).isEmpty }, "a's local copy removed")
+        #expect(!a.shell.ran.contains { $0.job.id == "other" })
+        #expect(a.shell.spoolFailures.isEmpty && b.shell.spoolFailures.isEmpty)
+    }
+
     /// A node whose spool cannot take a claimed job (its file system out of inodes: a real ENOSPC) hands the row
     /// back and stops claiming, telling the shell (a spool fault), instead of claiming it again at once in a loop
     /// of claims and hand-backs; once the shell offers room again, the job is claimed and runs.

@@ -64,7 +64,14 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
     private var registerWanted = false
     /// Submissions set aside, not yet inserted (their folder under active/.submissions, key and row), oldest first:
     /// appended by the shell's calls, taken by the submission thread from the front.
-    private var pending = Deque<(folder: String, key: String, job: NewJob)>()
+    private var pending = Deque<(folder: String, isFile: Bool, key: String, job: NewJob)>()
+    /// Manifest files of this node's submissions, inserted and not yet removed, by job id: a row of them this
+    /// node claims before the reaper gets to it has its file renamed into active/<job>/ rather than written again
+    /// (whoever takes the entry out owns the file).
+    private var adoptable: [String: String] = [:]
+    /// When the files in `adoptable` are due for removal (`reapDelay` after the insert, or at shutdown), oldest
+    /// first.
+    private var reaps = Deque<(due: Double, job: String)>()
     private var slotReleases: [SlotLease] = []
     /// Slots dropped at the lease deadline, released (fence-checked) once the database's lease on them would have
     /// run out too: a node that renews before the takeover sees them keeps its name on them otherwise.
@@ -96,6 +103,8 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
     /// Submissions held in memory at most: past it, manifests wait in the inbox (a flood of a million is not
     /// read into memory ahead of the inserts; with the database down, the inbox is where they wait).
     static let pendingLimit = 4096
+    /// How long an inserted submission's file stays for this node to claim it without writing it again.
+    static let reapDelay = 1.0
     /// Claimed jobs go to the shell by this many as they are written into active/, not all at the end of a claim.
     static let handOverChunk = 16
 
@@ -350,7 +359,7 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
         wantStatus()
         wantSubmit()
         _ = finished.wait(timeout: .now() + Self.statementTimeout + 2)
-        reaper.sync {}
+        reaper.sync { reap(until: .infinity) }
         runner?.cancel()
         listener?.cancel()
     }
@@ -440,7 +449,7 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
         let new = NewJob(requestedID: job.requestedJob ?? job.id, manifest: Array(job.manifest), manifestName: job.manifestName,
                          submittedOn: nodeName, qosRank: placement.qos, priorityRank: placement.priority,
                          queues: placement.queues, commands: placement.commands, submissionKey: key)
-        lock.withLock { pending.append((folder, key, new)) }
+        lock.withLock { pending.append((folder, job.id.hasPrefix("."), key, new)) }
     }
 
     // MARK: the loop
@@ -712,16 +721,45 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
             for row in inserted {
                 logger.debug("job \(row.id): submitted to the cluster", metadata: ["OPQ_JOB": .string(row.id)])
             }
-            // The local copies go off this thread: an unlink frees the file's blocks at once (0.5 ms each here, with
-            // online discard), and the next batch need not wait for that. One left by a crash meanwhile is submitted
-            // again at the next start under the same key, which inserts nothing.
-            let folders = batch.map(\.folder)
-            reaper.async { for folder in folders { removeTree(folder) } }
+            // The local copies go a little later, off this thread: a row this node claims meanwhile takes its file
+            // (see `adoptable`), and an unlink frees the file's blocks at once (0.5 ms each here, with online
+            // discard), which the next batch need not wait for. One left by a crash meanwhile is submitted again at
+            // the next start under the same key, which inserts nothing.
+            let due = monotonicSeconds() + Self.reapDelay
+            var folders: [String] = []
+            lock.withLock {
+                for (i, entry) in batch.enumerated() {
+                    // A file (a manifest claimed from the inbox; answers come in batch order) waits to be adopted;
+                    // a folder handed over from active/ goes at once.
+                    if inserted.count == batch.count && entry.isFile {
+                        adoptable[inserted[i].id] = entry.folder
+                        reaps.append((due, inserted[i].id))
+                    } else {
+                        folders.append(entry.folder)
+                    }
+                }
+            }
+            if !folders.isEmpty { reaper.async { [folders] in for folder in folders { removeTree(folder) } } }
+            reaper.asyncAfter(deadline: .now() + Self.reapDelay) { [self] in reap(until: monotonicSeconds()) }
             return lock.withLock {
                 // Only this thread takes from the front: the batch is still the first `batch.count`.
                 pending.removeFirst(batch.count)
                 return !pending.isEmpty
             }
+        }
+    }
+
+    /// On `reaper`: removes the local copies of submissions due by `until` (those a claim has not taken).
+    private func reap(until: Double) {
+        while true {
+            let next = lock.withLock { () -> String?? in
+                guard let first = reaps.first, first.due <= until else { return nil }
+                reaps.removeFirst()
+                // nil: claimed here meanwhile, the file taken.
+                return .some(adoptable.removeValue(forKey: first.job))
+            }
+            guard let next else { return }
+            if let file = next { removeTree(file) }
         }
     }
 
@@ -777,10 +815,12 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
                 failed[row.id] = row.fence
                 continue
             }
+            // One of this node's own submissions whose file is still here: renamed in, not written again.
+            let file = lock.withLock { adoptable.removeValue(forKey: row.id) }
             do {
                 try spool.materialise(job: row.id, manifest: row.manifest, manifestName: name, receivedAt: receivedAt,
                                       requestedJob: row.requestedID == row.id || !isValidIdentifier(row.requestedID) ? nil : row.requestedID,
-                                      origin: origin)
+                                      origin: origin, manifestFile: file)
                 let data = Data(row.manifest)
                 run.append(ClaimedJob(id: row.id, requestedJob: row.requestedID != row.id && isValidIdentifier(row.requestedID) ? row.requestedID : nil,
                                       manifestName: name, receivedAt: receivedAt, manifest: data, tree: ManifestTree(data), done: [:]))

@@ -124,7 +124,8 @@ extension Spool {
     }
 
     /// Writes a job claimed from the cluster into active/<job>/: its job record (with the origin), then the
-    /// manifest; durable at the next `commit()`.
+    /// manifest; durable at the next `commit()`. `manifestFile`, a file holding the same bytes, is renamed in
+    /// when it can be (and removed when not).
     ///
     /// Never replaces a folder that is there: active/<job>/ may be this node's own inbox claim of a manifest asking
     /// for the same id, on its way to active/.submissions (the cluster's ids are unique, a node's local claim names
@@ -132,8 +133,10 @@ extension Spool {
     /// the name is free. The job record says `claimedFrom = cluster`, so that recovery never takes a folder this
     /// wrote for an inbox claim (and submits it again) when its record does not decode.
     func materialise(job: String, manifest: [UInt8], manifestName: String, receivedAt: Double, requestedJob: String?,
-                     origin: ClusterOrigin) throws {
+                     origin: ClusterOrigin, manifestFile: String? = nil) throws {
         let dir = active + "/" + job
+        var renamed = false
+        defer { if let manifestFile, !renamed { removeTree(manifestFile) } }
         guard mkdir(dir, 0o750) == 0 else { throw SpoolError(operation: "mkdir", path: dir, errno: errno) }
         do {
             var record = PlistDictionary(["manifest": .string(manifestName), "receivedAt": .real(receivedAt), "claimedFrom": .string("cluster"),
@@ -141,7 +144,8 @@ extension Spool {
             if let requestedJob, requestedJob != job { record["requestedJob"] = .string(requestedJob) }
             if let from = origin.fromNode { record["fromNode"] = .string(from) }
             try writeJobRecord(record, on: dir)
-            try writeFile(Data(manifest), to: dir + "/manifest.plist")
+            renamed = manifestFile.map { rename($0, dir + "/manifest.plist") == 0 } ?? false
+            if !renamed { try writeFile(Data(manifest), to: dir + "/manifest.plist") }
         } catch {
             removeTree(dir)
             throw error
