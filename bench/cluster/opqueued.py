@@ -217,15 +217,33 @@ def manifest(job, queue=None):
     return plistlib.dumps({"job": job, "operations": [operation]})
 
 
+def timeline(cluster, count, elapsed):
+    """TIMELINE=1: where the jobs are, for finding what holds a part up (it lists node 0's inbox and asks the
+    server, which costs the nodes measured: never with figures meant to be kept)."""
+    def entries(folder):
+        try:
+            return len(os.listdir(cluster.nodes[0]["spool"] + folder))
+        except FileNotFoundError:
+            return 0
+    rows = psql(cluster.args.admin, cluster.database, "SELECT string_agg(state || '=' || n, ' ' ORDER BY state) FROM "
+                "(SELECT state, count(*) AS n FROM opq_jobs GROUP BY state) AS s") if cluster.cluster else ""
+    print(f"t={elapsed:.2f} s: node 0 inbox {entries('/inbox')}, active/.submissions {entries('/active/.submissions')}; "
+          f"rows {rows or '-'}; outboxes {[cluster.outbox_count(k) for k in range(count)]}", flush=True)
+
+
 def wait_for_outboxes(cluster, count, jobs, start):
     """Polls every node's outbox until `jobs` entries (or 600 s); returns how many and the seconds since `start`.
     Every 50 ms, by the outbox folders' link counts (a stat each: listing 10,000 entries as often would take a
     tenth of a core from the nodes measured)."""
     done = 0
+    shown = 0
     while time.monotonic() < start + 600:
         done = sum(cluster.outbox_count(k) for k in range(count))
         if done >= jobs:
             break
+        if os.environ.get("TIMELINE") and time.monotonic() - shown >= 0.25:
+            shown = time.monotonic()
+            timeline(cluster, count, shown - start)
         time.sleep(0.05)
     return done, time.monotonic() - start
 

@@ -19,6 +19,8 @@
 #   JOBS=10000 SAMPLES=200 BIN=.build/release OPQUEUED_ARGS=--spool-alone bench/cluster/run.sh opqueued
 #   OPQUEUED_ARGS=--parts=2,pickup bench/cluster/run.sh opqueued     (spool, 1, 2, database, pickup, takeover;
 #              also limited: 2 nodes, every operation on a queue limited to 2 cluster-wide)
+#   TIMELINE=1 OPQUEUED_ARGS=--parts=2 bench/cluster/run.sh opqueued   every 0.25 s of an end-to-end part: node 0's
+#              inbox and active/.submissions, the rows by state, each outbox (for diagnosis: it slows the part)
 #
 # Prints one JSON line per figure; the whole output is also kept in .build-bench/cluster-<time>.txt. Needs root
 # (initdb runs as the `postgres` user) and Debian's postgresql (make deps).
