@@ -66,36 +66,50 @@ example:
 # Bounded reliability campaigns (issue 5) after the tests; `make campaigns` runs them at full size.
 CAMPAIGN = .build/debug/opqueue-campaign
 
+# The fuzzers are built first: each compiles a hand-picked set of sources, and a file of that set that starts to use
+# something outside it breaks the build in the first minutes, not after the tests.
 test: deps
+	$(MAKE) fuzzers
 	$(SWIFT) build --build-tests
 	$(SWIFT) test
 	$(CAMPAIGN) crash --jobs 300 --kills 40
 	$(CAMPAIGN) faults --jobs 30
 	$(CAMPAIGN) fuzz --manifests 400 --images 200
 	$(CAMPAIGN) load --manifests 3000 --operations 50000
-	$(MAKE) fuzz-codecs FUZZ_SECONDS=30
-	$(MAKE) fuzz-plist FUZZ_SECONDS=30
-	$(MAKE) fuzz-manifest FUZZ_SECONDS=30
+	$(MAKE) run-fuzz-codecs run-fuzz-plist run-fuzz-manifest FUZZ_SECONDS=30
+
+.PHONY: fuzzers build-fuzz-codecs build-fuzz-plist build-fuzz-manifest run-fuzz-codecs run-fuzz-plist run-fuzz-manifest
+fuzzers: build-fuzz-codecs build-fuzz-plist build-fuzz-manifest
+fuzz-codecs: build-fuzz-codecs
+	$(MAKE) run-fuzz-codecs
+fuzz-plist: build-fuzz-plist
+	$(MAKE) run-fuzz-plist
+fuzz-manifest: build-fuzz-manifest
+	$(MAKE) run-fuzz-manifest
 
 # libFuzzer + AddressSanitizer on the C codec shim, seeded with the example photos and the test PNGs.
 CLANG ?= $(dir $(realpath $(shell command -v $(SWIFT))))clang
 FUZZ_SECONDS ?= 600
-fuzz-codecs: deps
+build-fuzz-codecs: deps
+	mkdir -p .build/fuzz
+	$(CLANG) -g -O1 -fuse-ld=lld -fsanitize=fuzzer,address -I Sources/CCodecs/include Sources/CCodecs/codecs.c \
+	  Tests/Fuzz/codecs_fuzzer.c -ljpeg -lpng16 -o .build/fuzz/codecs_fuzzer
+run-fuzz-codecs:
 	mkdir -p .build/fuzz/corpus
 	cp spool/examples/images/*.jpg .build/fuzz/corpus/
 	python3 Tests/Support/make_pngs.py .build/fuzz/corpus
-	$(CLANG) -g -O1 -fuse-ld=lld -fsanitize=fuzzer,address -I Sources/CCodecs/include Sources/CCodecs/codecs.c \
-	  Tests/Fuzz/codecs_fuzzer.c -ljpeg -lpng16 -o .build/fuzz/codecs_fuzzer
 	.build/fuzz/codecs_fuzzer -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix=.build/fuzz/ .build/fuzz/corpus
 
 # libFuzzer + AddressSanitizer on the property-list reader and writer (Sources/PropertyList, no Foundation).
 SWIFTC ?= $(dir $(realpath $(shell command -v $(SWIFT))))swiftc
-fuzz-plist: deps
+build-fuzz-plist: deps
+	mkdir -p .build/fuzz
+	$(SWIFTC) -O -sanitize=fuzzer,address -use-ld=lld -parse-as-library -module-name PropertyList \
+	  Sources/PropertyList/*.swift Tests/Fuzz/plist_fuzzer.swift -o .build/fuzz/plist_fuzzer
+run-fuzz-plist:
 	mkdir -p .build/fuzz/plist-corpus
 	python3 Tests/Fuzz/make_plists.py .build/fuzz/plist-corpus
 	cp spool/examples/photos.plist.in .build/fuzz/plist-corpus/
-	$(SWIFTC) -O -sanitize=fuzzer,address -use-ld=lld -parse-as-library -module-name PropertyList \
-	  Sources/PropertyList/*.swift Tests/Fuzz/plist_fuzzer.swift -o .build/fuzz/plist_fuzzer
 	SWIFT_BACKTRACE=enable=no .build/fuzz/plist_fuzzer -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 -print_final_stats=1 \
 	  -artifact_prefix=.build/fuzz/ .build/fuzz/plist-corpus
 
@@ -113,10 +127,8 @@ campaigns: release
 # built over the property-list reader and the engine's QoS types (the Daemon target itself links libcurl,
 # libjpeg and libsystemd, which are not built with the sanitizer).
 FUZZ_MANIFEST = .build/fuzz/manifest
-fuzz-manifest: deps
-	mkdir -p $(FUZZ_MANIFEST)/corpus
-	python3 Tests/Fuzz/make_manifests.py $(FUZZ_MANIFEST)/corpus
-	cp spool/examples/hello.plist $(FUZZ_MANIFEST)/corpus/
+build-fuzz-manifest: deps
+	mkdir -p $(FUZZ_MANIFEST)
 	$(SWIFTC) -O -sanitize=fuzzer,address -parse-as-library -module-name PropertyList -emit-library -static \
 	  -emit-module -emit-module-path $(FUZZ_MANIFEST)/PropertyList.swiftmodule -o $(FUZZ_MANIFEST)/libPropertyList.a Sources/PropertyList/*.swift
 	$(SWIFTC) -O -sanitize=fuzzer,address -parse-as-library -module-name OperationEngine -emit-library -static \
@@ -126,6 +138,10 @@ fuzz-manifest: deps
 	  -lPropertyList -lOperationEngine Sources/Daemon/Lifecycle/Manifest.swift Sources/Daemon/Configuration.swift Sources/Daemon/Kinds/Commands/CommandSpec.swift \
 	  Sources/Daemon/Kinds/Networks.swift Sources/Daemon/Stores/RegularFile.swift Tests/Fuzz/manifest_fuzzer.swift \
 	  -o $(FUZZ_MANIFEST)/manifest_fuzzer
+run-fuzz-manifest:
+	mkdir -p $(FUZZ_MANIFEST)/corpus
+	python3 Tests/Fuzz/make_manifests.py $(FUZZ_MANIFEST)/corpus
+	cp spool/examples/hello.plist $(FUZZ_MANIFEST)/corpus/
 	SWIFT_BACKTRACE=enable=no $(FUZZ_MANIFEST)/manifest_fuzzer -max_total_time=$(FUZZ_SECONDS) -rss_limit_mb=2048 -print_final_stats=1 \
 	  -artifact_prefix=$(FUZZ_MANIFEST)/ $(FUZZ_MANIFEST)/corpus
 
