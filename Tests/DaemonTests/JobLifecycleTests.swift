@@ -203,7 +203,7 @@ private typealias Machine = JobLifecycle<Int>
     }
 }
 
-// MARK: The shell (Daemon.swift) against a store that is not the file spool
+// MARK: The shell (Shell/Daemon.swift) against a store that is not the file spool
 
 import Foundation
 import Logging

@@ -6,7 +6,7 @@
 // it out of the table. A manifest with problems goes received → rejected → published; a job the store says this
 // node no longer holds is lost: it leaves the table at once, nothing is published for it.
 //
-// No I/O, no locks, no clock: the shell (Daemon.swift) keeps one value of this type under its lock, feeds it what
+// No I/O, no locks, no clock: the shell (Shell/Daemon.swift) keeps one value of this type under its lock, feeds it what
 // happened and performs the actions it returns, in order (journal entries, submissions, cancels, publications,
 // group releases, hooks, discards). The operations themselves are the engine's; here they are only counted, and a
 // cancel of one operation is routed (the engine, which holds the operation's state, may still answer that it

@@ -1,5 +1,5 @@
 // JobStore: where the daemon's jobs come from and where their ends are recorded — the boundary between the
-// shell (Daemon.swift, which runs jobs on the engine out of the local spool's active/ folder) and the store
+// shell (Shell/, which runs jobs on the engine out of the local spool's active/ folder) and the store
 // that decides which jobs this node runs.
 //
 // Two stores: the file spool alone (`SpoolJobStore`: a manifest claimed from this node's inbox runs here, its end is

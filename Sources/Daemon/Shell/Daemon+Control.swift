@@ -1,0 +1,244 @@
+// The shell's operator side (see Daemon.swift): reload, stop, suspend and resume, cancel, status, metrics, show.
+
+import Foundation
+import Logging
+import OperationEngine
+import CShims
+
+extension Daemon {
+    // MARK: Reload and stop
+
+    /// SIGHUP: re-reads the configuration and applies queue settings to running work.
+    public func reload() {
+        event(.info, "reloading the configuration", ["OPQ_EVENT": "daemon", "OPQ_STATE": "reloading"])
+        do {
+            let loaded = try configPath.map { try Configuration.load(path: $0, regularOnly: true) } ?? .builtIn
+            // Only a reload replaces the configuration, and reloads come one at a time.
+            let previous = lock.withLock { configuration }
+            let (config, kept) = try Configuration.reloaded(loaded, running: previous)
+            lock.lock()
+            configuration = config
+            _ = lifecycle.handle(.configured(maxActiveJobs: config.maxActiveJobs, maxActiveOperations: config.maxActiveOperations))
+            let shared = storeSuspended
+            let held = awaitingStoreSuspensions
+            lock.unlock()
+            for name in config.queueNames {
+                guard let q = config.queues[name] else { continue }
+                let suspended = q.suspended || shared.contains(name) || held
+                if let id = queueIDs[name] {
+                    engine.updateQueue(id, maxConcurrentOperationCount: q.maxConcurrentOperationCount, qualityOfService: q.qualityOfService, isSuspended: suspended)
+                } else {
+                    queueIDs[name] = engine.addQueue(named: name, maxConcurrentOperationCount: q.maxConcurrentOperationCount, qualityOfService: q.qualityOfService, isSuspended: suspended)
+                }
+                if previous.queues[name]?.suspended != q.suspended { logQueue(name, suspended: q.suspended) }
+            }
+            store.reload(config)
+            permits?.configure(Self.limitedQueues(config, queueIDs))
+            if !kept.isEmpty {
+                logger.warning("\(kept.joined(separator: ", ")) changed: kept as this node started until it is restarted (the rest of the configuration is reloaded)")
+            }
+        } catch {
+            logger.error("the configuration was not reloaded: \(error)")
+        }
+        event(.info, "ready", ["OPQ_EVENT": "daemon", "OPQ_STATE": "ready"])
+        scan()
+    }
+
+    /// SIGTERM: claims nothing more and starts nothing new; executing operations get `grace` seconds;
+    /// unfinished jobs stay in active/ and resume at the next start.
+    public func stop(grace: Double) async {
+        _ = handle(.stopping)
+        event(.info, "stopping", ["OPQ_EVENT": "daemon", "OPQ_STATE": "stopping"])
+        for id in queueIDs.values { engine.updateQueue(id, isSuspended: true) }
+        let deadline = Date().addingTimeInterval(grace)
+        while engine.executingCount > 0 && Date() < deadline {
+            try? await Task.sleep(for: .milliseconds(20))
+        }
+        // Commands still running after the grace would outlive the daemon and run beside their own re-run.
+        ChildProcess.killAll()
+        // Let publications of jobs that finished during the grace complete.
+        try? await Task.sleep(for: .milliseconds(50))
+        work.sync { publishPending() }
+        // …and what is with the committer or the store: announced before the store goes (bounded by the store's
+        // own statement timeout, and a stalled batch counts as ended).
+        let published = Date().addingTimeInterval(2 * ClusterJobStore.statementTimeout)
+        while lock.withLock({ publishing > 0 }) && Date() < published {
+            try? await Task.sleep(for: .milliseconds(5))
+        }
+        permitsTask?.cancel()
+        await permitsTask?.value
+        store.shutdown()
+    }
+
+    /// `suspend`/`resume` from a client: the store's when it keeps them (a cluster: every node follows), else here.
+    public func suspend(queue name: String, _ suspended: Bool) -> Bool {
+        guard let id = queueIDs[name] else { return false }
+        if store.setSuspended(name, suspended) {
+            lock.withLock { localSuspensions[name] = nil }
+            return true
+        }
+        // Here only (the file spool), or until the store can record it (a cluster whose database is away): it holds
+        // on this node whatever the store says meanwhile.
+        lock.withLock { localSuspensions[name] = suspended }
+        engine.updateQueue(id, isSuspended: suspended)
+        logQueue(name, suspended: suspended)
+        return true
+    }
+
+    func logQueue(_ name: String, suspended: Bool) {
+        event(.info, "queue \(name) \(suspended ? "suspended" : "resumed")", ["OPQ_EVENT": "queue", "OPQ_STATE": suspended ? "suspended" : "resumed", "OPQ_QUEUE": .string(name)])
+    }
+
+    // MARK: Control
+
+    public enum CancelOutcome: Equatable {
+        case cancelled, unknownJob, unknownOperation, alreadyEnded
+        /// Not running here, and the job store that would know cannot answer now (the cluster's database is
+        /// down): the client may try again; it is not told the job is unknown.
+        case unavailable(String)
+    }
+
+    /// `cancel` from a client: a job running here is cancelled here; any other is the store's to answer.
+    public func cancel(job id: String, operation: String?) -> CancelOutcome {
+        switch cancelHere(job: id, operation: operation) {
+        case .some(let outcome):
+            return outcome
+        case .none:
+            switch store.requestCancel(job: id, operation: operation) {
+            case .requested: return .cancelled
+            case .unknownJob: return .unknownJob
+            case .alreadyEnded: return .alreadyEnded
+            case .unavailable(let reason):
+                logger.warning("cancel of job \(id): the job store cannot answer now: \(reason)")
+                return .unavailable(reason)
+            }
+        }
+    }
+
+    /// Cancels a job in the lifecycle's table; nil when it is not there.
+    func cancelHere(job id: String, operation: String?) -> CancelOutcome? {
+        let actions = lock.withLock {
+            // The operation index is complete once the plan is read (phase accepted or later); before, unknown.
+            let phase = lifecycle.phase(of: id)
+            let known = phase != nil && phase != .received && operation.map { runs[id]?.operationIndex[$0] != nil } ?? true
+            return lifecycle.handle(.cancel(job: id, operation: operation, knownOperation: known))
+        }
+        var outcome: CancelOutcome?
+        for action in actions {
+            switch action {
+            case .cancelGroup(let group):
+                engine.cancel(group, reason: "cancelled by request")
+            case .cancelOperation(let job, let group, let operation):
+                outcome = cancel(job: job, group: group, operation: operation)
+            case .answer(.notHere):
+                return nil
+            case .answer(.cancelled):
+                outcome = outcome ?? .cancelled
+            case .answer(.unknownOperation):
+                outcome = .unknownOperation
+            case .answer(.alreadyEnded):
+                outcome = .alreadyEnded
+            default:
+                perform([action])
+            }
+        }
+        return outcome ?? .cancelled
+    }
+
+    /// Cancels one operation of a submitted group (the engine knows whether it has already ended).
+    func cancel(job: String, group: GroupID, operation: String) -> CancelOutcome {
+        guard let index = lock.withLock({ runs[job]?.operationIndex[operation] }) else { return .unknownOperation }
+        if engine.record(group, operation: index)?.state.isFinished == true { return .alreadyEnded }
+        engine.cancel(group, operation: index, reason: "cancelled by request")
+        return .cancelled
+    }
+
+    public struct Status: Sendable {
+        public var activeJobs: [String]
+        public var waiting: Int
+        public var executing: Int
+        /// Operations of the active jobs, and the budget above which claiming pauses.
+        public var operations: Int
+        public var maxActiveOperations: Int
+        public var queues: [QueueSnapshot]
+        /// The spool fault claiming waits on, if any.
+        public var fault: String?
+        /// Each active job's progress, by id.
+        public var jobs: [JobProgress] = []
+    }
+
+    public struct JobProgress: Sendable {
+        public var job: String
+        /// Operations in its plan (0 while it is being read, and for a rejected job).
+        public var operations: Int
+        /// Operations that have ended, however (succeeded before a restart included).
+        public var ended: Int
+    }
+
+    public func status() -> Status {
+        lock.lock()
+        let active = lifecycle.jobs.keys.sorted()
+        let waitingNow = waiting
+        let fault = lifecycle.fault
+        let operations = lifecycle.activeOperations, budget = configuration.maxActiveOperations
+        let progress = lifecycle.jobs.map { id, job in JobProgress(job: id, operations: job.operations, ended: job.ended + job.recovered) }
+        lock.unlock()
+        let overview = engine.overview()
+        return Status(activeJobs: active, waiting: waitingNow, executing: overview.executing, operations: operations,
+                      maxActiveOperations: budget, queues: overview.queues, fault: fault, jobs: progress.sorted { $0.job < $1.job })
+    }
+
+
+    /// The metrics in the Prometheus text format, the gauges read now (`opqueuectl metrics`, GET /metrics).
+    public func metricsText() -> String {
+        // The engine resolves -1 to the online CPUs, as here.
+        metrics.text(status(), processorCount: max(1, Int(sysconf(Int32(_SC_NPROCESSORS_ONLN)))))
+    }
+
+    /// Sets the allocator's thresholds for a long-running process (see `opq_tune_allocator`); call once,
+    /// first thing.
+    public static func tuneAllocator() { opq_tune_allocator() }
+
+    /// Raises the soft limit of open files to the hard one (at most 65,536) when it is lower: each control
+    /// connection costs a descriptor, and a burst of idle clients must not leave none for the spool's own
+    /// files. Call once, first thing.
+    public static func raiseFileLimit() {
+        var limit = rlimit()
+        guard getrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit) == 0 else { return }
+        let wanted = min(limit.rlim_max, 65_536)
+        guard limit.rlim_cur < wanted else { return }
+        limit.rlim_cur = wanted
+        _ = setrlimit(Int32(RLIMIT_NOFILE.rawValue), &limit)
+    }
+
+    /// The SIGTERM or SIGINT noted while starting (opqueued notes them from before main: COpqueuedStart), or 0.
+    public static var notedTerminationSignal: Int32 { opq_noted_termination_signal() }
+
+    /// `--once`: SIGTERM, SIGINT and SIGHUP get their default actions back (what came meanwhile is raised again).
+    public static func defaultTerminationSignals() { opq_default_termination_signals() }
+
+    /// Whether a SIGHUP came while starting (noted, not the end of the process; the reload service reloads once).
+    public static var notedHangup: Bool { opq_noted_hangup() != 0 }
+
+    /// Bytes the allocator has handed out and not had back (a diagnostic: when this stays flat while RSS
+    /// grows, the allocator is keeping freed memory; when it grows, something is held). It walks the
+    /// allocator's free lists, so status computes it only when asked.
+    public var heapBytesInUse: Int { Int(clamping: opq_heap_bytes_in_use()) }
+
+    /// An active job's operations, for `show`.
+    public func show(job id: String) -> [[String: Any]]? {
+        lock.lock()
+        let job = runs[id]
+        let group = lifecycle.group(of: id)
+        lock.unlock()
+        guard let job, let plan = job.plan, let group, let records = engine.records(group) else { return nil }
+        return zip(plan.operations, records).map { op, r in
+            var entry: [String: Any] = ["id": op.id, "kind": op.kind.rawValue, "queue": op.queue, "state": r.state.name, "attempts": r.attempts,
+                                        "dependencies": op.dependencies]
+            if let s = r.startedAt { entry["startedAt"] = s }
+            if let f = r.finishedAt { entry["finishedAt"] = f }
+            if let e = r.error { entry["error"] = e }
+            return entry
+        }
+    }
+}

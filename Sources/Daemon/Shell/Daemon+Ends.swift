@@ -1,0 +1,352 @@
+// The shell's ends (see Daemon.swift): a finished job's result staged, made durable, recorded by the store (the
+// publication gate), placed in the outbox, made durable and announced, in batches; spool faults (claiming paused,
+// publications held, the spool probed until it works again); `--once`.
+
+import Foundation
+import Logging
+import OperationEngine
+import CShims
+
+extension Daemon {
+    // MARK: Ends
+
+    /// On `work`: a group has finished; its job's outbox entry is published with the next batch (a lost job's
+    /// group is released and its folder discarded instead).
+    func finish(_ group: GroupID) {
+        let run = lock.withLock { lifecycle.job(of: group).flatMap { runs[$0] } }
+        guard let run else {
+            perform(handle(.groupFinished(group: group, status: "cancelled", error: nil)))
+            return
+        }
+        guard let records = engine.records(group) else { return }
+        var status = "succeeded"
+        var errors: [String] = []
+        for (i, r) in records.enumerated() where !run.recovered.contains(i) || r.state != .succeeded {
+            if r.state == .failed { status = "failed" }
+            if r.state != .succeeded { errors.append("\(r.name): \(r.error ?? r.state.name)") }
+        }
+        if status != "failed" && records.contains(where: { $0.state == .cancelled }) { status = "cancelled" }
+        perform(handle(.groupFinished(group: group, status: status, error: errors.isEmpty ? nil : errors.joined(separator: "\n"))),
+                for: run, records: records)
+    }
+
+    /// On `work`: the first publication of a batch schedules the batch; later ones join it.
+    func enqueuePublication(_ publication: Publication) {
+        publications.append(publication)
+        if publications.count == 1 { work.async { [self] in publishPending() } }
+    }
+
+    /// On `work`: write every pending result.plist, commit, have the store record the ends, move the entries
+    /// it recorded to the outbox, commit, then announce them.
+    func publishPending() {
+        // A job lost while its publication waited is no longer in the table: nothing is published for it.
+        let batch = lock.withLock {
+            publications.filter { publication in
+                let phase = lifecycle.phase(of: publication.job.id)
+                return runs[publication.job.id] === publication.job && (phase == .finishing || phase == .rejected)
+            }
+        }
+        publications = []
+        guard !batch.isEmpty else {
+            // What waited was lost meanwhile: nothing is left to retry.
+            if stalled.isEmpty, fault != nil, let made = try? spool.probe() {
+                logRemade(made)
+                spoolWorked()
+                claimMore()
+            }
+            return
+        }
+        let now = Date().timeIntervalSince1970
+        var staged: [(publication: Publication, firstStart: Double?)] = []
+        var results: [String: [UInt8]] = [:]
+        let keepsResults = !store.inboxRunsHere
+        let hook = lock.withLock { configuration.jobFinished.flatMap { configuration.commands[$0] } }
+        let node = store.node
+        for publication in batch {
+            if hook != nil {
+                do {
+                    try hooks.markDue(job: publication.job.id, status: publication.status)
+                } catch {
+                    // The hook still runs after publication; only a crash before it would lose it.
+                    logger.error("job \(publication.job.id): the jobFinished marker could not be written: \(error)")
+                }
+            }
+            // Commands' scratch and kept outputs are the daemon's, not part of the entry.
+            if publication.job.mayHave(.command) { CommandOperation.removeScratch(spool.outputFolder(job: publication.job.id)) }
+            var publication = publication
+            do {
+                var firstStart: Double?
+                let origin = store.origin(of: publication.job.id)
+                // A store that keeps the result gets the bytes as written (not read back from the file).
+                var kept: [UInt8]? = keepsResults && publication.job.fromStore ? [] : nil
+                func stage(_ publication: Publication) throws {
+                    kept = kept.map { _ in [] }
+                    try spool.stage(job: publication.job.id) { sink in
+                        firstStart = try ResultWriter.write(job: publication.job, status: publication.status, error: publication.error,
+                                                            records: publication.records, now: now, origin: origin, node: node) { bytes in
+                            kept?.append(contentsOf: bytes)
+                            try sink(bytes)
+                        }
+                    }
+                }
+                do {
+                    try stage(publication)
+                } catch let error as SpoolError where error.errno == ENOENT && !spool.hasFolder(job: publication.job.id) {
+                    // Someone removed active/<job> while the job ran: the manifest comes back from memory and the
+                    // job ends failed, saying so (what its operations wrote there is gone), instead of waiting for a
+                    // folder that will never come back.
+                    try spool.restoreFolder(job: publication.job.id, manifest: publication.job.claimed.manifest)
+                    let why = "active/\(publication.job.id) was removed while the job ran (not by the daemon): its manifest is restored, what its operations wrote there is lost"
+                    publication = Publication(job: publication.job, status: publication.status == "succeeded" ? "failed" : publication.status,
+                                              error: [publication.error, why].compactMap { $0 }.joined(separator: "\n"), records: publication.records)
+                    logger.error("job \(publication.job.id): \(why)", metadata: ["OPQ_JOB": .string(publication.job.id)])
+                    try stage(publication)
+                }
+                if let kept { results[publication.job.id] = kept }
+                staged.append((publication, firstStart))
+            } catch {
+                stall(publication, error)
+            }
+        }
+        // result.plist made durable off `work` (which stages the next batch meanwhile), then the ends recorded.
+        lock.withLock { publishing += 1 }
+        commits.after { [self, staged, results] outcome in
+            switch outcome {
+            case .success:
+                record(batch, staged, results: results, now: now, hook: hook)
+            case .failure(let error):
+                // result.plist is not known to be durable: nothing moves yet.
+                work.async { [self] in
+                    for entry in staged { stall(entry.publication, error) }
+                    publicationEnded()
+                }
+            }
+        }
+    }
+
+    /// On the committer's thread, a batch's result.plist files durable: the store records the ends, then `place`
+    /// on `work`. The publication gate: only the ends the store recorded are placed; the others were lost. A
+    /// manifest rejected at submission (it never reached a cluster store) is this node's to publish.
+    func record(_ batch: [Publication], _ staged: [(publication: Publication, firstStart: Double?)], results: [String: [UInt8]],
+                        now: Double, hook: CommandSpec?) {
+        let allGated = store.inboxRunsHere
+        let gated = staged.filter { allGated || $0.publication.job.fromStore }
+        let ungated = Set(staged.lazy.filter { !(allGated || $0.publication.job.fromStore) }.map { $0.publication.job.id })
+        let ends = gated.map { entry in
+            let job = entry.publication.job.id
+            return JobEnd(job: job, status: entry.publication.status, resultFile: spool.stagedResult(job: job), result: results[job])
+        }
+        if ends.isEmpty || allGated {
+            // The spool's own store records nothing elsewhere: at once.
+            let recorded = ends.isEmpty ? .success(ungated) : Result { try store.complete(ends) }
+            work.async { [self] in place(batch, staged, recorded: recorded, now: now, hook: hook) }
+        } else {
+            // A remote store: off the committer (which syncs the next batches meanwhile); each job stays
+            // `finishing` until its batch is placed.
+            recorder.add(Recording(batch: batch, staged: staged, ends: ends, ungated: ungated, now: now, hook: hook))
+        }
+    }
+
+    /// On the recorder's queue: every batch that waited, recorded by the store in one round trip.
+    func recordEnds(_ waiting: [Recording]) {
+        let result = Result { try store.complete(waiting.flatMap(\.ends)) }
+        for r in waiting {
+            let recorded = result.map { $0.union(r.ungated) }
+            work.async { [self] in place(r.batch, r.staged, recorded: recorded, now: r.now, hook: r.hook) }
+        }
+    }
+
+    /// On `work`: a publication batch handed to the committer was announced or stalled.
+    func publicationEnded() {
+        lock.withLock { publishing -= 1 }
+    }
+
+    /// On `work`: the second half of a publication batch, once the store answered: the recorded ends are placed
+    /// in the outbox and committed, the others were lost; a store that could not answer stalls the batch.
+    func place(_ batch: [Publication], _ staged: [(publication: Publication, firstStart: Double?)],
+                       recorded answer: Result<Set<String>, any Error>, now: Double, hook: CommandSpec?) {
+        let recorded: Set<String>
+        switch answer {
+        case .success(let ids): recorded = ids
+        case .failure(let error):
+            // Not known whether the store recorded them: they wait, as in a spool fault, and are offered again.
+            for entry in staged { stalled.append(entry.publication) }
+            spoolFailed("recording \(staged.count) job ends in the job store", error)
+            publicationEnded()
+            return
+        }
+        var placed: [(publication: Publication, firstStart: Double?, entry: String)] = []
+        for entry in staged {
+            guard recorded.contains(entry.publication.job.id) else {
+                perform(handle(.lost(job: entry.publication.job.id, reason: "the job store did not record its end (another node holds it)")))
+                lock.withLock { runs[entry.publication.job.id] = nil }
+                continue
+            }
+            do {
+                // SPEC §8 sharedOutbox: assembled under sharedOutbox/.tmp/ and renamed into place there.
+                let id = entry.publication.job.id
+                let shared = lock.withLock { configuration.cluster?.sharedOutbox }
+                let name = try shared.map { try spool.placeShared(job: id, in: $0) } ?? spool.place(job: id, inUse: idInUse)
+                let folder = shared ?? spool.outbox
+                if name != id {
+                    logger.warning("job \(id): \(folder)/\(id) was taken by something else after the job was claimed (left as it is); the job's entry is \(folder)/\(name)",
+                                   metadata: ["OPQ_JOB": .string(id)])
+                }
+                placed.append((entry.publication, entry.firstStart, folder + "/" + name))
+            } catch {
+                stall(entry.publication, error)
+            }
+        }
+        // The renames made durable off `work`, then announced.
+        commits.after { [self, placed] outcome in
+            work.async { [self] in announce(batch, placed, committed: outcome, now: now, hook: hook) }
+        }
+    }
+
+    /// On `work`: the last step of a publication batch, its outbox renames committed (or not: then they stand,
+    /// whole, and only their durability is in doubt): each job finished is announced and leaves the lifecycle.
+    func announce(_ batch: [Publication], _ placed: [(publication: Publication, firstStart: Double?, entry: String)],
+                          committed: Result<Void, any Error>, now: Double, hook: CommandSpec?) {
+        defer { publicationEnded() }
+        switch committed {
+        case .success:
+            // Every step of the batch worked (and nothing waits from an earlier one): a fault is over.
+            if stalled.isEmpty { spoolWorked() }
+        case .failure(let error):
+            // The entries are in the outbox already (whole, by rename); only the renames' durability is in doubt,
+            // and a rename the disk lost leaves the job in active/, published again at the next start.
+            spoolFailed("committing \(placed.count) outbox entries (a crash before the disk recovers republishes them at the next start)", error)
+        }
+        for (publication, firstStart, entry) in placed {
+            let job = publication.job
+            // Its downloads are no longer needed once the entry is out of active/ (a crash before this
+            // leaves them to recovery, which removes the folders of jobs no longer active).
+            if job.mayHave(.download) { spool.discardDownloads(job: job.id) }
+            var fields: Logger.Metadata = ["OPQ_EVENT": "job", "OPQ_STATE": "finished", "OPQ_JOB": .string(job.id), "OPQ_STATUS": .string(publication.status)]
+            if let firstStart { fields["OPQ_DURATION_USEC"] = .string(String(Int64(((now - firstStart) * 1e6).rounded()))) }
+            if let error = publication.error { fields["OPQ_ERROR"] = .string(error) }
+            metrics.jobEnded(status: publication.status)
+            if publication.status != "rejected" {
+                event(publication.status == "succeeded" ? .info : publication.status == "failed" ? .error : .warning,
+                      "job \(job.id) finished: \(publication.status)", fields)
+            }
+            let actions = lock.withLock {
+                runs[job.id] = nil
+                return lifecycle.handle(.published(job: job.id))
+            }
+            perform(actions)
+            if let hook { hooks.run(hook, job: job.id, status: publication.status, entry: entry) }
+        }
+        do {
+            try spool.compactProgressIfLarge(active: lock.withLock { Set(runs.keys) })
+        } catch {
+            logger.error("rewriting the progress log failed: \(error); it keeps growing until the next start")
+        }
+        checkOnceDone()
+        claimMore()
+        offerRoom()
+        releaseMemoryIfIdle(released: batch.reduce(0) { $0 + ($1.job.plan?.operations.count ?? 0) })
+    }
+
+    /// On `work`: once nothing is active, memory freed by the jobs that ended (a big manifest's tree, plan
+    /// and records) goes back to the system — glibc keeps freed pages otherwise, and RSS would stay at
+    /// the high-water mark. At most every 5 s, or sooner after 10,000 operations; an idle moment that
+    /// comes sooner is followed by a trim once the 5 s are up, if still idle then.
+    func releaseMemoryIfIdle(released: Int) {
+        releasedSinceTrim += released
+        guard lock.withLock({ lifecycle.isEmpty }) else { return }
+        let now = Date().timeIntervalSince1970
+        if releasedSinceTrim >= 10_000 || now - lastTrim >= 5 {
+            releasedSinceTrim = 0
+            lastTrim = now
+            opq_release_free_memory()
+        } else if !trimScheduled {
+            trimScheduled = true
+            work.asyncAfter(deadline: .now() + max(0.1, 5 - (now - lastTrim))) { [self] in
+                trimScheduled = false
+                releaseMemoryIfIdle(released: 0)
+            }
+        }
+    }
+
+    // MARK: Spool faults
+
+    /// On `work`: a publication could not be completed; it waits in active/ and is retried.
+    func stall(_ publication: Publication, _ error: any Error) {
+        stalled.append(publication)
+        spoolFailed("publishing outbox/\(publication.job.id)", error)
+    }
+
+    /// On `work`: a spool operation failed. The first failure of a fault is logged, claiming pauses,
+    /// and a retry is scheduled; nothing is lost (claimed jobs stay in active/, the rest in the inbox).
+    func spoolFailed(_ what: String, _ error: any Error) {
+        if fault == nil {
+            fault = (what, Date().timeIntervalSince1970)
+            _ = handle(.fault("\(what) failed: \(error)"))
+            logger.error("\(what) failed: \(error); claiming is paused and publication waits until the spool works again (retried every few seconds)")
+        }
+        scheduleFaultRetry()
+    }
+
+    /// On `work`: the spool worked; if a fault was on, it is over.
+    func spoolWorked() {
+        guard let fault else { return }
+        self.fault = nil
+        faultRetries = 0
+        _ = handle(.fault(nil))
+        let seconds = String(format: "%.1f", Date().timeIntervalSince1970 - fault.since)
+        logger.notice("the spool works again after \(seconds) s (\(fault.what) had failed); claiming resumes")
+    }
+
+    func scheduleFaultRetry() {
+        guard !faultRetryScheduled else { return }
+        faultRetryScheduled = true
+        let delay = Self.faultRetryDelays[min(faultRetries, Self.faultRetryDelays.count - 1)]
+        faultRetries += 1
+        work.asyncAfter(deadline: .now() + delay) { [self] in
+            faultRetryScheduled = false
+            guard fault != nil else { return }
+            do {
+                logRemade(try spool.probe())
+            } catch {
+                scheduleFaultRetry()
+                return
+            }
+            if stalled.isEmpty {
+                spoolWorked()
+                claimMore()
+                offerRoom()
+            } else {
+                // Publication retried first; success there ends the fault (and claims more).
+                publications = stalled + publications
+                stalled = []
+                publishPending()
+            }
+        }
+    }
+
+    /// The spool's folders a fault's probe made again: someone removed them while the daemon ran.
+    func logRemade(_ folders: [String]) {
+        for folder in folders {
+            logger.warning("\(folder) was missing from the spool (removed while the daemon ran): made again")
+        }
+    }
+
+    func checkOnceDone() {
+        guard once else { return }
+        lock.lock()
+        let idle = lifecycle.onceDone
+        let waiters = idle ? finishedWaiters : []
+        if idle { finishedWaiters = [] }
+        lock.unlock()
+        for waiter in waiters { waiter() }
+    }
+
+    /// For `--once`: returns when every job claimed at start (and recovered) has ended.
+    public func runOnce() async {
+        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
+            lock.withLock { finishedWaiters.append { continuation.resume() } }
+            scan()
+        }
+    }
+}

@@ -1,0 +1,364 @@
+// The shell's intake (see Daemon.swift): the inbox read (inotify's reports joined into one round at a time, rescans),
+// manifests claimed while the lifecycle admits more — run here, or (a store that places jobs itself) checked and
+// handed to the store a round at a time between the jobs it hands back — and room offered to such a store.
+
+import DequeModule
+import Foundation
+import Logging
+import OperationEngine
+
+extension Daemon {
+    // MARK: Start, scan, claim
+
+    /// Resumes what a previous run left in active/ (those the store says this node still holds), then claims.
+    public func start() {
+        work.sync {
+            let recovered: [ClaimedJob], problems: [String]
+            do {
+                (recovered, problems) = try spool.recover()
+            } catch {
+                // Without a progress log, successes could not be recorded: say so; jobs still run.
+                logger.error("the progress log cannot be written: \(error); operations that succeed may run again after a restart")
+                (recovered, problems) = ([], [])
+            }
+            for problem in problems { logger.error("\(problem)") }
+            let leftovers = CommandLedger.shared.open(spool.active + "/.commands")
+            if !leftovers.isEmpty { logger.notice("killed \(leftovers.count) command process groups left running by the previous run: \(leftovers.map(String.init).joined(separator: ", "))") }
+            let (hook, outbox) = lock.withLock {
+                (configuration.jobFinished.flatMap { configuration.commands[$0] }, configuration.cluster?.sharedOutbox ?? spool.outbox)
+            }
+            hooks.recover(hook, outbox: outbox)
+            for claimed in store.recovered(recovered) {
+                // Commands that were running at the crash start again in an empty scratch folder.
+                removeTree(CommandOperation.workFolder(spool.outputFolder(job: claimed.id)))
+                accept(claimed, .resumed, configuration: lock.withLock { configuration })
+            }
+            if once {
+                // Only what is there now; a file that cannot be claimed is not waited for.
+                let names = (try? spool.scanInbox(limit: Int.max).manifests) ?? []
+                _ = handle(.once(names: Set(names.filter { spool.age(of: $0, now: 0) != nil })))
+            }
+            offerRoom()
+        }
+    }
+
+    /// Looks at the inbox. `hints` are names inotify reported closed or moved in: each is tried at once
+    /// (claimable at once, without reading the folder). `complete` says they are all that arrived (an event
+    /// batch without overflow); otherwise (start, overflow, the watcher's timer) the folder is read whole now.
+    public func scan(hints: [String] = [], complete: Bool = false) {
+        // Reports that come while one waits its turn on `work` join it: a flood's inotify reads queue one round,
+        // not one each (each would claim a batch ahead of the jobs the store hands over meanwhile).
+        let post = lock.withLock { () -> Bool in
+            if complete && hintsWaiting.count + hints.count <= Self.scanBatch {
+                hintsWaiting.append(contentsOf: hints)
+            } else {
+                // Too many to hold, or not all that arrived: the inbox is read whole instead.
+                hintsWaiting.removeAll()
+                hintsAreAll = false
+            }
+            defer { scanPosted = true }
+            return !scanPosted
+        }
+        guard post else { return }
+        work.async { [self] in
+            let (hints, complete) = lock.withLock { () -> ([String], Bool) in
+                defer { hintsWaiting = []; hintsAreAll = true; scanPosted = false }
+                return (hintsWaiting, hintsAreAll)
+            }
+            // Only names a scan would offer are kept (a hidden file written and renamed in is not).
+            let names = hints.filter(Spool.isManifestName)
+            lock.withLock { closedHints.formUnion(names) }
+            for name in names {
+                // A file found open for writing is tried again as soon as it is closed, before the others.
+                if busy.remove(name) != nil { queueName(name, first: true) } else { queueName(name) }
+            }
+            if complete { rescanRequested = true } else { rescanNow = true }
+            claimMore()
+        }
+    }
+
+    /// On `work`: adds an inbox name to try, unless it is already waiting its turn. Past `scanBatch` names a
+    /// reported name is left to the scan that reads the rest (a flood's names are not all held in memory).
+    func queueName(_ name: String, first: Bool = false) {
+        guard queuedNames.count < Self.scanBatch || first else {
+            scanLeftSome = true
+            return
+        }
+        guard queuedNames.insert(name).inserted else { return }
+        if first { inboxQueue.prepend(name) } else { inboxQueue.append(name) }
+    }
+
+    /// On `work`: tells the store how many more jobs could run here (a cluster store claims that many); while
+    /// there is room, again within a second.
+    func offerRoom() {
+        guard !store.inboxRunsHere else { return }
+        let room: Int, budget: Int
+        switch lock.withLock({ lifecycle.admission }) {
+        case .room(let jobs, let operations): (room, budget) = (jobs, operations)
+        case .full, .stopping, .paused: return
+        }
+        // The inbox's rule: a manifest of B bytes may hold B / minimumBytesPerOperation + 1 operations.
+        store.want(room: room, manifestBytes: budget.multipliedReportingOverflow(by: Self.minimumBytesPerOperation).overflow
+                   ? Int.max : budget * Self.minimumBytesPerOperation)
+        guard !wantScheduled else { return }
+        wantScheduled = true
+        work.asyncAfter(deadline: .now() + 1) { [self] in
+            wantScheduled = false
+            offerRoom()
+        }
+    }
+
+    /// On `work`: reads the inbox again, keeping the oldest names.
+    func refill() throws {
+        let scan = try spool.scanInbox(limit: Self.scanBatch)
+        inboxQueue = Deque(scan.manifests)
+        queuedNames = Set(scan.manifests)
+        lastRefill = Date().timeIntervalSince1970
+        rescanNow = false
+        rescanRequested = false
+        scanLeftSome = scan.waiting > scan.manifests.count
+        lock.lock()
+        waiting = scan.waiting
+        if scan.manifests.count == scan.waiting {
+            // The whole inbox was read: what is remembered of names no longer there is let go, so
+            // names that come and go cannot grow these sets.
+            let present = Set(scan.manifests).union(scan.strangers)
+            closedHints.formIntersection(present)
+            strangersLogged.formIntersection(present)
+        }
+        let fresh = scan.strangers.filter { strangersLogged.insert($0).inserted }
+        lock.unlock()
+        for stranger in fresh { logger.notice("inbox/\(stranger) is not a manifest (*.plist) and is left alone") }
+        for (from, to) in scan.renamed { logger.notice("inbox/\(from) was renamed inbox/\(to): its name is not UTF-8") }
+    }
+
+    /// On `work`: claims while the lifecycle admits more, then commits the claims together and accepts them
+    /// (or, when the store places jobs itself, hands them to it).
+    func claimMore() {
+        let runsHere = store.inboxRunsHere
+        var room: Int, budget: Int
+        switch lock.withLock({ lifecycle.admission }) {
+        case .room(let jobs, let operations): (room, budget) = (jobs, operations)
+        case .full: (room, budget) = (0, 0)
+        case .stopping, .paused: return
+        }
+        // Manifests that go to the store do not wait for room here; they wait in the inbox until the store can
+        // validate them (a cluster node that has not yet learnt what the cluster declares), tried again shortly.
+        if !runsHere {
+            guard store.acceptsSubmissions else {
+                if !submissionRetryScheduled {
+                    submissionRetryScheduled = true
+                    work.asyncAfter(deadline: .now() + 0.5) { [self] in
+                        submissionRetryScheduled = false
+                        claimMore()
+                    }
+                }
+                return
+            }
+            (room, budget) = (Self.handOverBatch, Int.max)
+        }
+        guard room > 0, budget > 0 else { return }
+        // Operations the claimed manifests may hold, before they are parsed: no operation takes fewer
+        // than this many bytes in either format.
+        var mayHold = 0
+        let now = Date().timeIntervalSince1970
+        // An empty queue alone is no reason to read the inbox: every job's end asks for more, and reading a
+        // folder that once held a flood costs all its blocks (a directory never shrinks) even when it is empty.
+        if rescanNow || (inboxQueue.isEmpty && scanLeftSome) || (rescanRequested && now - lastRefill >= Self.rescanInterval) {
+            do {
+                try refill()
+            } catch {
+                spoolFailed("reading the inbox", error)
+                return
+            }
+        }
+        let onlyThese = once
+        var claimed: [ClaimedJob] = []
+        var settling: [String] = []
+        while claimed.count < room, mayHold < budget, let name = inboxQueue.popFirst() {
+            queuedNames.remove(name)
+            if onlyThese {
+                let allowed = lock.withLock {
+                    guard lifecycle.onceAllows(name) else { return false }
+                    _ = lifecycle.handle(.onceTried(name: name))
+                    return true
+                }
+                guard allowed else { continue }
+            }
+            lock.lock()
+            let hinted = closedHints.remove(name) != nil
+            lock.unlock()
+            // Used only where no lease can be had: not announced by inotify and still fresh, it may be
+            // being written in place. (Not a regular file: `claim` says why it is left alone.)
+            let settled = hinted || onlyThese || (spool.age(of: name, now: now) ?? Self.settleSeconds) >= Self.settleSeconds
+            do {
+                let changedAt = spool.changeTime(of: name)
+                let outcome = runsHere ? try spool.claim(name, now: Date().timeIntervalSince1970, settled: settled, inUse: idInUse)
+                    : try spool.claimForSubmission(name, now: Date().timeIntervalSince1970, settled: settled)
+                switch outcome {
+                case .claimed(let job):
+                    busy.remove(name)
+                    if let changedAt { metrics.pickedUp(after: job.receivedAt - changedAt) }
+                    claimed.append(job)
+                    mayHold += job.manifest.count / Self.minimumBytesPerOperation + 1
+                case .busy:
+                    busy.insert(name)
+                case .unsettled:
+                    settling.append(name)
+                case .vanished:
+                    busy.remove(name)
+                    continue
+                case .skipped(let reason):
+                    lock.lock()
+                    let fresh = strangersLogged.insert(name).inserted
+                    lock.unlock()
+                    if fresh { logger.warning("inbox/\(name) cannot be claimed: \(reason)") }
+                }
+            } catch {
+                queueName(name, first: true)
+                spoolFailed("claiming inbox/\(name)", error)
+                break
+            }
+            if !leaseFallbackLogged, let reason = spool.leaseRefused {
+                leaseFallbackLogged = true
+                logger.notice("no read lease could be taken on \(reason); a manifest still open for writing is told apart by inotify's close events and \(Self.settleSeconds) s without change instead (logged once)")
+            }
+        }
+        if !settling.isEmpty {
+            work.asyncAfter(deadline: .now() + Self.settleSeconds) { [self, settling] in
+                for name in settling { queueName(name) }
+                claimMore()
+            }
+        }
+        if !claimed.isEmpty {
+            // Claims for the cluster need no commit: the insert is made durable by the database, and a claim the
+            // disk lost leaves the same inbox file to be claimed under the same submission key.
+            if runsHere {
+                do {
+                    try commit()
+                } catch {
+                    spoolFailed("committing \(claimed.count) claims (they run, and are recovered from active/ after a restart if the disk kept them)", error)
+                }
+            }
+            lock.withLock { waiting = max(0, waiting - claimed.count) }
+            receiveFromInbox(claimed)
+        }
+        // Manifests for the store are claimed a round at a time, each queued behind what came meanwhile (the jobs
+        // the store hands over to run here, publications): a flood into this node's inbox does not hold up the
+        // jobs this node runs.
+        if !runsHere, !claimed.isEmpty, !inboxQueue.isEmpty || scanLeftSome, !submissionRoundPosted {
+            submissionRoundPosted = true
+            work.async { [self] in
+                submissionRoundPosted = false
+                claimMore()
+            }
+        }
+        checkOnceDone()
+    }
+
+    /// Whether a job id is still this node's though its folder may have left active/: publication renames a job into
+    /// outbox/ before its end is announced, and the user may take it from there at once. A claim never reuses such
+    /// an id (the new job would be taken for the one ending, and never answered).
+    func idInUse(_ id: String) -> Bool {
+        lock.withLock { runs[id] != nil || lifecycle.phase(of: id) != nil }
+    }
+
+    /// On `work`: manifests just claimed from the inbox. Each is read against the store's submission
+    /// configuration; one with problems is rejected here (published locally); the others go to the store,
+    /// and those it returns run here with the plans just made.
+    func receiveFromInbox(_ claimed: [ClaimedJob]) {
+        let config = store.submissionConfiguration(lock.withLock { configuration })
+        if !store.inboxRunsHere {
+            submitFromInbox(claimed, configuration: config)
+            return
+        }
+        var accepted: [ClaimedJob] = []
+        var plans: [String: (RunningJob, JobPlan)] = [:]
+        for var job in claimed {
+            // Each tree read at claim is let go as its job is read.
+            let tree = job.tree ?? ManifestTree(job.manifest)
+            job.tree = nil
+            guard let (run, plan) = receive(job, .inbox(manifest: job.manifestName), tree: tree, configuration: config) else { continue }
+            plans[job.id] = (run, plan)
+            accepted.append(job)
+        }
+        guard !accepted.isEmpty else { return }
+        let runHere = store.submit(accepted)
+        var handedOver = Set(plans.keys)
+        for job in runHere {
+            guard let (run, plan) = plans[job.id] else { continue }
+            handedOver.remove(job.id)
+            start(run, plan, configuration: config)
+        }
+        for id in handedOver {
+            lock.withLock {
+                runs[id] = nil
+                _ = lifecycle.handle(.handedOver(job: id))
+            }
+        }
+    }
+
+    /// On `work`: a job resumed from active/ or claimed for this node by the store: read against the local
+    /// configuration and run, or rejected.
+    func accept(_ claimed: ClaimedJob, _ arrival: JobLifecycle<GroupID>.Arrival, configuration config: Configuration) {
+        var claimed = claimed
+        let tree = claimed.tree ?? ManifestTree(claimed.manifest)
+        claimed.tree = nil
+        guard let (run, plan) = receive(claimed, arrival, tree: tree, configuration: config) else { return }
+        start(run, plan, configuration: config)
+    }
+
+    /// On `work`, for a store that places jobs itself: manifests claimed for submission (SPEC §8) are read against
+    /// the store's submission configuration; the good ones go to the store (never registered here: they run
+    /// wherever the store places them), one with problems is moved into active/ and rejected here like any other.
+    func submitFromInbox(_ claimed: [ClaimedJob], configuration: Configuration) {
+        var submissions: [ClaimedJob] = []
+        var config = configuration, refreshed = false
+        for var job in claimed {
+            let tree = job.tree ?? ManifestTree(job.manifest)
+            job.tree = nil
+            var (problems, plan) = Self.problems(tree, configuration: config)
+            // What the cluster declares may have grown since the store last read it (a node that just joined):
+            // read once more, at most once per batch, before a manifest is rejected.
+            if !problems.isEmpty && !refreshed, let fresh = store.freshSubmissionConfiguration(lock.withLock({ self.configuration })) {
+                refreshed = true
+                config = fresh
+                (problems, plan) = Self.problems(tree, configuration: config)
+            }
+            if problems.isEmpty {
+                // The store reads the job's placement from this plan (it lets it go once the row is made).
+                job.plan = plan
+                let wanted = job.requestedJob ?? ""
+                event(.info, "job \(wanted) received from inbox/\(job.manifestName); submitted to the cluster",
+                      ["OPQ_EVENT": "job", "OPQ_STATE": "received", "OPQ_JOB": .string(wanted)])
+                submissions.append(job)
+                continue
+            }
+            do {
+                guard case .claimed(var local) = try spool.promoteSubmission(job, inUse: idInUse) else { continue }
+                local.tree = nil
+                _ = receive(local, .inbox(manifest: local.manifestName), tree: tree, configuration: config)
+            } catch {
+                // Left in active/.submissions: the cluster gets it, and the node that claims it rejects it there.
+                logger.error("inbox/\(job.manifestName) is rejected but cannot be moved into active/ to be published here: \(error); it goes to the cluster, where the node that claims it rejects it",
+                             metadata: ["OPQ_ERROR": .string("\(error)")])
+                submissions.append(job)
+            }
+        }
+        if !submissions.isEmpty { _ = store.submit(submissions) }
+    }
+
+    /// What is wrong with a manifest under `config` (empty: nothing), and its plan when nothing is.
+    static func problems(_ tree: ManifestTree, configuration config: Configuration) -> (problems: [String], plan: JobPlan?) {
+        var problems: [String] = []
+        var parsed: JobPlan?
+        switch Manifest.parse(tree, configuration: config) {
+        case .failure(let p): problems = p.problems
+        case .success(let plan): parsed = plan
+        }
+        if !problems.isEmpty, let asked = tree.requestedJob, !isValidIdentifier(asked), !problems.contains(where: { $0.hasPrefix("job:") }) {
+            problems.append("job: '\(clipped(asked))' is not a valid job id")
+        }
+        return (problems, parsed)
+    }
+}

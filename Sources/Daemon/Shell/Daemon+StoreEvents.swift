@@ -1,0 +1,85 @@
+// The shell as the job store's delegate (see Daemon.swift and Stores/JobStore.swift).
+
+import Logging
+
+// MARK: The store's calls (any thread; each hops onto `work`)
+
+/// The shell as the store's delegate (its own object: the delegate's `cancel(job:operation:)` would collide with
+/// the control plane's). Weak, like `EventSink`: the daemon owns the store.
+final class StoreEvents: JobStoreDelegate, @unchecked Sendable {
+    weak var daemon: Daemon?
+    func run(_ jobs: [ClaimedJob]) { daemon?.storeRun(jobs) }
+    func lost(_ jobs: [String], reason: String) { daemon?.storeLost(jobs, reason: reason) }
+    func cancel(job: String, operation: String?) { daemon?.storeCancel(job: job, operation: operation) }
+    func suspendedQueuesChanged(_ queues: Set<String>) { daemon?.storeSuspendedQueuesChanged(queues) }
+    func spoolFailed(_ what: String, _ error: any Error) { daemon?.storeSpoolFailed(what, error) }
+    func holds(job: String) -> Bool { daemon?.idInUse(job) ?? false }
+}
+
+extension Daemon {
+    func storeRun(_ jobs: [ClaimedJob]) {
+        work.async { [self] in
+            // Rows are input: each is read against this node's configuration, a bad one ends `rejected` here.
+            let config = lock.withLock { configuration }
+            for job in jobs {
+                accept(job, .claimed(fromNode: store.origin(of: job.id)?.fromNode), configuration: config)
+            }
+        }
+    }
+
+    func storeLost(_ jobs: [String], reason: String) {
+        work.async { [self] in
+            for job in jobs {
+                let actions = lock.withLock {
+                    runs[job] = nil
+                    return lifecycle.handle(.lost(job: job, reason: reason))
+                }
+                perform(actions)
+            }
+            checkOnceDone()
+            claimMore()
+            offerRoom()
+        }
+    }
+
+    func storeSpoolFailed(_ what: String, _ error: any Error) {
+        work.async { [self] in spoolFailed(what, error) }
+    }
+
+    func storeCancel(job: String, operation: String?) {
+        work.async { [self] in _ = cancelHere(job: job, operation: operation) }
+    }
+
+    func storeSuspendedQueuesChanged(_ queues: Set<String>) {
+        work.async { [self] in
+            let (config, previous, first, stopping, local) = lock.withLock {
+                defer { storeSuspended = queues; awaitingStoreSuspensions = false }
+                let stopping: Bool
+                if case .stopping = lifecycle.admission { stopping = true } else { stopping = false }
+                // A local suspension or resumption the store now agrees with is the store's again.
+                for (name, asked) in localSuspensions where queues.contains(name) == asked { localSuspensions[name] = nil }
+                return (configuration, storeSuspended, awaitingStoreSuspensions, stopping, localSuspensions)
+            }
+            // Draining (SIGTERM): every queue stays suspended.
+            if stopping { return }
+            if first {
+                // The queues held at start are let go, but for those suspended here or cluster-wide.
+                if config.queues["default"] == nil { engine.updateQueue(defaultQueue, isSuspended: queues.contains("default")) }
+                for name in config.queueNames {
+                    guard let id = queueIDs[name], let q = config.queues[name] else { continue }
+                    let suspended = q.suspended || (local[name] ?? queues.contains(name))
+                    engine.updateQueue(id, isSuspended: suspended)
+                    if suspended && !q.suspended { logQueue(name, suspended: true) }
+                }
+                return
+            }
+            // A queue suspended in this node's configuration stays suspended; one acted on here while the store was
+            // away keeps that until the store agrees.
+            for name in config.queueNames where previous.contains(name) != queues.contains(name) && local[name] == nil {
+                guard let id = queueIDs[name], let q = config.queues[name] else { continue }
+                engine.updateQueue(id, isSuspended: q.suspended || queues.contains(name))
+                logQueue(name, suspended: queues.contains(name))
+            }
+        }
+    }
+}

@@ -1,0 +1,599 @@
+// Daemon: the shell that wires the spool, the job store, the engine and the journal around the job lifecycle.
+//
+// Strategy: what happens to a job is decided by `JobLifecycle` (Lifecycle/JobLifecycle.swift, a pure state
+// machine kept under `lock`); the shell performs its actions. This file holds the shell's state, a job's start on
+// the engine and the engine's events; Daemon+Intake.swift the inbox and claims, Daemon+Ends.swift publication and
+// spool faults, Daemon+Control.swift the operator's commands, Daemon+StoreEvents.swift the job store's calls. The
+// actions: spool changes (claims, publications) on one serial
+// dispatch queue, `work`, in order; operations on the engine's threads; the engine's event batches (one delivery
+// thread) turned into journal entries and progress records. Which jobs this node runs, and whether an end may be
+// published, is the `JobStore`'s to say (Stores/JobStore.swift: the file spool alone, or a cluster).
+// At most `maxActiveJobs` jobs are claimed at once, and none while they hold `maxActiveOperations`
+// operations; the rest waits in the inbox (bounded memory: at most that budget plus one manifest's
+// operations, ManifestLimits.maxOperations, are ever in memory).
+// Durability is by group commit (see Spool): claims made together, progress lines of one event batch,
+// and publications waiting together each cost one commit, made before anything is announced. The commits run
+// off `work`, on the committer's thread (Stores/GroupCommit.swift): a publication is staged on `work`, synced,
+// recorded by the store (`recorder`), placed on `work`, synced, and announced on `work`.
+
+import DequeModule
+import Foundation
+import Logging
+import OperationEngine
+import Synchronization
+
+/// What the shell keeps of a job beside the lifecycle's record: its plan and the engine's view of it.
+final class RunningJob: @unchecked Sendable {
+    let claimed: ClaimedJob
+    /// Set on `work` before the lifecycle hears `planned`; grown (photo lists) under the daemon's lock.
+    var plan: JobPlan?
+    /// Operation id → index in the group; complete once the lifecycle has heard `planned`.
+    var operationIndex: [String: Int] = [:]
+    /// Operations that had succeeded before a restart: not run (or, in `recomputed`, run again for
+    /// their output), not logged again.
+    var recovered: Set<Int> = []
+    /// Filters that had succeeded before a restart and are computed again (their output was in memory):
+    /// only a failure is logged.
+    var recomputed: Set<Int> = []
+    /// The job came from the store (claimed for this node, or resumed as held): its end goes through the store's
+    /// publication gate. A manifest rejected at submission never reached the store and is published as is.
+    var fromStore = false
+
+    init(claimed: ClaimedJob) { self.claimed = claimed }
+    var id: String { claimed.id }
+
+    /// Whether an operation of the job is of `kind` (or its plan is unknown, so that it may be): only then can the
+    /// job have left what that kind leaves behind (a download's folder, a command's scratch) for publication to
+    /// remove — three failed unlinks per job otherwise, a few percent of a node's CPU on trivial jobs.
+    func mayHave(_ kind: Kind) -> Bool { plan.map { $0.operations.contains { $0.kind == kind } } ?? true }
+}
+
+public final class Daemon: @unchecked Sendable {
+    public let spool: Spool
+    /// Which jobs this node runs and whether their ends may be published (SpoolJobStore: all of them).
+    public let store: any JobStore
+    let logger: Logger
+    let configPath: String?
+    var configuration: Configuration
+    let engine: Engine
+    let sink: EventSink
+    let storeEvents: StoreEvents
+    let once: Bool
+    /// Counters and histograms (SPEC §6); the gauges are read from `status()` when scraped.
+    public let metrics = DaemonMetrics()
+    /// Ready and executing times per operation, for the wait and run histograms (delivery thread only).
+    let operationClock = OperationClock()
+    /// `jobFinished` runs and their markers in the spool.
+    let hooks: JobHooks
+
+    let lock = NSLock()
+    /// Held while a group is submitted and registered with the lifecycle; `deliver` passes through it first,
+    /// so a batch holding the group's first events waits for its registration. (`lock` itself is not
+    /// held across a submission: `status` would wait for a million-operation graph to be adopted.)
+    let registering = NSLock()
+    /// The jobs' lifecycle (under `lock`): phases, cancels, operation counts, admission.
+    var lifecycle: JobLifecycle<GroupID>
+    /// The shell's side of each job in the lifecycle's table (under `lock`).
+    var runs: [String: RunningJob] = [:]
+    /// Operations released since memory was last given back (`releaseMemoryIfIdle`, on `work`).
+    var releasedSinceTrim = 0
+    var lastTrim = 0.0
+    var trimScheduled = false
+    var queueIDs: [String: QueueID] = [:]
+    let defaultQueue: QueueID
+    var closedHints: Set<String> = []
+    var strangersLogged: Set<String> = []
+    var finishedWaiters: [@Sendable () -> Void] = []
+    /// Inbox names to try, oldest first: the last scan's, and names inotify reported since (on `work`).
+    var inboxQueue = Deque<String>()
+    /// The names in `inboxQueue`, so that a name both scanned and reported is tried once.
+    var queuedNames = Set<String>()
+    var lastRefill = 0.0
+    /// The inbox is to be read whole at once: at start, after an inotify overflow, on the watcher's timer, on
+    /// reload — whenever names may have arrived unreported.
+    var rescanNow = true
+    /// Names were reported since the last scan: the inbox is read whole again within `rescanInterval` (inotify
+    /// is a hint; the reported names themselves are tried at once, without reading the folder).
+    var rescanRequested = false
+    /// The last scan kept only the oldest `scanBatch` names: the rest are read when those are gone.
+    var scanLeftSome = false
+    /// Manifests waiting in the inbox at the last scan, less those claimed since (for status).
+    var waiting = 0
+    /// Jobs whose outbox entries are to be published together (on `work`).
+    var publications: [Publication] = []
+    /// A spool fault (file system full, no descriptors left, read-only folder, I/O error) or the job store
+    /// unavailable: while it lasts nothing is claimed and publications wait in `stalled`; both are retried
+    /// until the spool (and store) work again. On `work`; the lifecycle holds its reason for admission and status.
+    var fault: (what: String, since: Double)?
+    var stalled: [Publication] = []
+    var faultRetryScheduled = false
+    /// Retries while the spool is faulty back off from the first to the last of these delays.
+    static let faultRetryDelays = [0.25, 0.5, 1, 2]
+    var faultRetries = 0
+    /// Whether the 1 s `store.want(room:)` timer is scheduled (on `work`).
+    var wantScheduled = false
+
+    struct Publication {
+        let job: RunningJob
+        let status: String
+        let error: String?
+        let records: [OperationRecord]
+    }
+
+    /// Progress lines written / known committed, and whether a commit is scheduled.
+    let progress = ProgressMarks()
+    /// Every commit of the spool, made off `work` (see GroupCommit): claims, progress, publications.
+    let commits: GroupCommit
+    /// Publication batches handed to the committer and not yet announced (or stalled) (under `lock`): a stop
+    /// waits for them.
+    var publishing = 0
+    /// Progress lines are committed with the next claim or publication commit, or after this delay at
+    /// the latest: until then a crash only makes those operations run again (at least once, never lost).
+    static let progressCommitDelay = 0.05
+
+    /// The fewest bytes an operation takes in a manifest (binary, one-letter id and kind): claims in one
+    /// batch stop once the manifests may hold the rest of the operation budget.
+    static let minimumBytesPerOperation = 16
+
+    /// At most this many names are kept from one inbox scan; the rest is read at the next.
+    static let scanBatch = 4096
+    /// While jobs keep the daemon busy, the inbox is read again at most this often.
+    static let rescanInterval = 2.0
+    /// When the inbox's manifests go to the store rather than run here (a cluster), at most this many per round.
+    static let handOverBatch = 256
+
+    /// Claims and publications, in order.
+    let work = DispatchQueue(label: "opqueued.spool")
+    /// Where a store that records ends elsewhere (a cluster's database) is asked to: one round trip at a time for
+    /// every batch that waits (so that `work` stages the next batches meanwhile, and the store's round trips are
+    /// as few as the batches are many); the placing of each batch comes back to `work`.
+    let recorder: BatchingStage<Recording>
+
+    /// A publication batch whose result.plist files are durable, for the store to record.
+    struct Recording: Sendable {
+        let batch: [Publication]
+        let staged: [(publication: Publication, firstStart: Double?)]
+        let ends: [JobEnd]
+        let ungated: Set<String>
+        let now: Double
+        let hook: CommandSpec?
+    }
+
+    /// Where no read lease can be taken (see Spool.claim), a manifest file must be this old before a
+    /// scan (rather than an inotify close/move event) claims it, so a file still being written in place
+    /// is not claimed half-written.
+    static let settleSeconds = 1.0
+    /// Names a lease found open for writing (on `work`): tried again at once when inotify says closed.
+    var busy: Set<String> = []
+    var leaseFallbackLogged = false
+    /// True until a store that keeps suspensions has said which queues are suspended (under `lock`).
+    var awaitingStoreSuspensions = false
+    /// Whether a claim round waits for the store to accept submissions (on `work`).
+    var submissionRetryScheduled = false
+    /// Whether the next submission round is queued on `work` (on `work`).
+    var submissionRoundPosted = false
+    /// Names inotify reported since the last `scan` round began, whether they are all that arrived, and whether
+    /// that round is queued (under `lock`).
+    var hintsWaiting: [String] = []
+    var hintsAreAll = true
+    var scanPosted = false
+    /// `suspend`/`resume` acted on here while the store could not record them (under `lock`); each goes once the
+    /// store's set agrees with it.
+    var localSuspensions: [String: Bool] = [:]
+
+    /// The queues the store says are suspended cluster-wide (under `lock`).
+    var storeSuspended: Set<String> = []
+
+    /// Cluster slots of queues with clusterMaxConcurrentOperationCount (nil without a cluster).
+    let permits: ClusterPermits?
+    var permitsTask: Task<Void, Never>?
+
+    /// `store`: where jobs come from and where their ends are recorded; the file spool alone by default.
+    public init(spool: Spool, configuration: Configuration, configPath: String?, logger: Logger, once: Bool = false,
+                store: (any JobStore)? = nil) {
+        self.spool = spool
+        self.store = store ?? SpoolJobStore(spool: spool)
+        self.configuration = configuration
+        self.configPath = configPath
+        self.logger = logger
+        self.once = once
+        let events = StoreEvents()
+        storeEvents = events
+        recorder = BatchingStage(label: "opqueued.recording") { [events] waiting in events.daemon?.recordEnds(waiting) }
+        commits = GroupCommit(label: "opqueued.commit") { [spool, progress] in
+            let written = progress.written
+            try spool.commit()
+            progress.committed(upTo: written)
+        }
+        lifecycle = JobLifecycle(maxActiveJobs: configuration.maxActiveJobs, maxActiveOperations: configuration.maxActiveOperations)
+        hooks = JobHooks(spool: spool) { [logger] job, message in
+            logger.error("job \(job): \(message)", metadata: ["OPQ_JOB": .string(job), "OPQ_ERROR": .string(message)])
+        }
+        let sink = EventSink()
+        self.sink = sink
+        engine = Engine(observer: { sink.deliver($0) })
+        // A store that keeps suspensions (a cluster) has not said yet which queues are suspended: nothing starts
+        // until it has (a job resumed at start must not run on a queue suspended cluster-wide).
+        let holdQueues = !self.store.inboxRunsHere
+        awaitingStoreSuspensions = holdQueues
+        defaultQueue = engine.addQueue(named: "default", isSuspended: holdQueues)
+        var ids: [String: QueueID] = [:]
+        for name in configuration.queueNames {
+            guard let q = configuration.queues[name] else { continue }
+            ids[name] = engine.addQueue(named: name, maxConcurrentOperationCount: q.maxConcurrentOperationCount,
+                                        qualityOfService: q.qualityOfService, isSuspended: q.suspended || holdQueues)
+        }
+        queueIDs = ids
+        // clusterMaxConcurrentOperationCount (SPEC §8): the engine runs a limited queue's operations only on
+        // cluster slots this node holds.
+        if let cluster = self.store as? ClusterJobStore, let node = cluster.node {
+            let permits = ClusterPermits(store: cluster.store, node: node, leaseSeconds: cluster.settings.leaseSeconds,
+                                         engine: engine, logger: logger)
+            cluster.attach(permits: permits)
+            permits.configure(Self.limitedQueues(configuration, ids))
+            self.permits = permits
+        } else {
+            permits = nil
+        }
+        sink.daemon = self
+        storeEvents.daemon = self
+        self.store.delegate = storeEvents
+        // On the cluster store's own executor: a blocked cooperative pool must not stall the slots either.
+        if let permits, let cluster = self.store as? ClusterJobStore {
+            permitsTask = Task(executorPreference: cluster.executor) { await permits.run() }
+        }
+    }
+
+    /// The queues with a cluster-wide limit, for ClusterPermits.
+    static func limitedQueues(_ config: Configuration, _ ids: [String: QueueID]) -> [String: ClusterPermits.Limited] {
+        var limited: [String: ClusterPermits.Limited] = [:]
+        for (name, q) in config.queues {
+            if let limit = q.clusterMaxConcurrentOperationCount, let id = ids[name] { limited[name] = .init(queue: id, limit: limit) }
+        }
+        return limited
+    }
+
+    /// Feeds the lifecycle one event (under `lock`).
+    func handle(_ event: JobLifecycle<GroupID>.Event) -> [JobLifecycle<GroupID>.Action] {
+        lock.withLock { lifecycle.handle(event) }
+    }
+
+    /// On `work`: enters a job into the lifecycle and reads its manifest; returns its plan, or nil when it was
+    /// rejected (its result is then queued for publication).
+    func receive(_ claimed: ClaimedJob, _ arrival: JobLifecycle<GroupID>.Arrival, tree: ManifestTree,
+                         configuration config: Configuration) -> (RunningJob, JobPlan)? {
+        let run = RunningJob(claimed: claimed)
+        if case .inbox = arrival {} else { run.fromStore = true }
+        let actions = lock.withLock {
+            runs[claimed.id] = run
+            return lifecycle.handle(.received(job: claimed.id, arrival))
+        }
+        perform(actions)
+        let (problems, parsed) = Self.problems(tree, configuration: config)
+        guard problems.isEmpty, let plan = parsed else {
+            perform(handle(.rejected(job: claimed.id, problems: problems, error: problems.joined(separator: "\n"))), for: run)
+            return nil
+        }
+        return (run, plan)
+    }
+
+    /// On `work`: builds a read job's graph and submits it to the engine.
+    func start(_ run: RunningJob, _ plan: JobPlan, configuration config: Configuration) {
+        let claimed = run.claimed
+        run.plan = plan
+        let graph = buildGraph(run, plan.operations, base: 0, configuration: config)
+        let actions = handle(.planned(job: claimed.id, operations: plan.operations.count, recovered: run.recovered.count))
+        perform(actions)
+        guard actions.contains(.submit(job: claimed.id)) else { return }
+        // Registered before events can be delivered for the group (see `registering`).
+        registering.lock()
+        do {
+            let deadline = plan.timeoutSeconds.map { max(0.001, $0 - (Date().timeIntervalSince1970 - claimed.receivedAt)) }
+            let group = try engine.submit(graph, qualityOfService: plan.qualityOfService, deadline: deadline, keepOutputs: false)
+            let early = handle(.submitted(job: claimed.id, group: group))
+            registering.unlock()
+            perform(early)
+        } catch {
+            registering.unlock()
+            perform(handle(.rejected(job: claimed.id, problems: error.problems, error: error.description)), for: run)
+        }
+    }
+
+
+    /// The engine's operations for `operations`, numbered from `base` in the job's group.
+    /// Called with the job registered (`operationIndex` is updated here).
+    func buildGraph(_ job: RunningJob, _ operations: [OperationPlan], base: Int, configuration config: Configuration) -> GraphBuilder {
+        let claimed = job.claimed
+        var graph = GraphBuilder(base: base)
+        graph.reserveCapacity(operations: operations.count, dependencies: operations.count)
+        for (i, op) in operations.enumerated() { job.operationIndex[op.id] = base + i }
+        let environment = KindEnvironment(
+            jobFolder: spool.outputFolder(job: claimed.id), downloads: spool.downloadsFolder(job: claimed.id),
+            limits: DownloadLimits(maxBytes: config.downloadMaxBytes, connectTimeoutSeconds: config.downloadConnectTimeoutSeconds,
+                                   timeoutSeconds: config.downloadTimeoutSeconds, fileRoots: config.fileRoots, allowNetworks: config.allowNetworks),
+            maxPixels: config.maxPixels, metrics: metrics, commands: config.commands)
+        func hasDownload(_ operation: String) -> Bool { access(environment.downloads + "/" + operation, F_OK) == 0 }
+        // Chains of image operations ending in a write run as one strip pipeline in their last operation
+        // (issue 15); each operation keeps its own record and journal transitions.
+        let fused = ImageFusion.fusedOperations(operations)
+        let queueOf = Dictionary(operations.map { ($0.id, $0.queue) }, uniquingKeysWith: { a, _ in a })
+        for (offset, op) in operations.enumerated() {
+            let i = base + offset
+            // What succeeded before a restart is not run again when its output was kept: a download (its
+            // file), a written file (mapped for dependents) or no output at all. Filters kept theirs in
+            // memory only: they are computed again, silently (`recomputed`: not logged, not recorded; the
+            // result keeps the first run's record).
+            let succeeded = claimed.done[op.id] != nil
+            var recovered: OperationBody?
+            var recompute = false
+            if succeeded {
+                switch op.parameters {
+                case .sleep, .spin, .fail: recovered = .sync { _ in nil }
+                // (A download recorded by a version that kept it in memory has no file: it runs again.)
+                case .download where hasDownload(op.id):
+                    recovered = Kinds.restoredDownload(name: op.id, environment: environment) { $0 }
+                case .download: break
+                case .write(let path, _, _):
+                    let file = environment.jobFolder + "/" + path
+                    recovered = .sync { _ in try DownloadedFile(path: file) }
+                case .sepia, .grayscale, .blur, .resize, .vignette, .thumbnail: recompute = true
+                case .command(let name, _):
+                    recovered = config.commands[name].map { CommandOperation.recovered($0, operation: op.id, folder: environment.jobFolder) }
+                }
+            }
+            // §3.5: once the list has arrived, its graph joins the running job (before `photos` ends,
+            // so the job cannot finish in between). After a restart, the list is read from its file.
+            let photosURL = base == 0 && op.id == "photos" ? job.plan?.photosURL : nil
+            let expandList: @Sendable (DownloadedFile) throws -> OperationOutput? = { [weak self, weak job] file in
+                let photos = try Manifest.photoList(from: file.bytes, url: photosURL ?? "")
+                guard let self, let job else { return nil }
+                try self.expand(job, with: Manifest.photoListOperations(photos, configuration: config), configuration: config)
+                return nil
+            }
+            if photosURL != nil && succeeded && hasDownload(op.id) { recovered = Kinds.restoredDownload(name: op.id, environment: environment, then: expandList) }
+            if recovered != nil || recompute { job.recovered.insert(i) }
+            if recompute { job.recomputed.insert(i) }
+            var queueName = op.queue
+            // A write that ends a fused chain does the chain's pixel work: on the default write queue it runs on
+            // the queue (and so at the QoS) of the image operation it ends, as that work ran before.
+            if case .write = op.parameters, op.dependencies.count == 1, let producer = op.dependencies.first, fused.contains(producer),
+               op.queue == (config.defaultQueues[Kind.write.family] ?? "default"), let chainQueue = queueOf[producer] {
+                queueName = chainQueue
+            }
+            let queue = queueIDs[queueName] ?? defaultQueue
+            let body: OperationBody
+            if let recovered {
+                body = recovered
+            } else if let photosURL {
+                body = Kinds.download(photosURL, maxBytes: nil, name: op.id, environment: environment, then: expandList)
+            } else {
+                body = Kinds.body(for: op.parameters, operation: op.id, environment: environment, fused: fused.contains(op.id))
+            }
+            let deps = op.dependencies.compactMap { job.operationIndex[$0] }
+            var timeout = op.timeoutSeconds
+            // A command's own limit holds unless the operation asks for less.
+            if case .command(let name, _) = op.parameters, let limit = config.commands[name]?.timeoutSeconds { timeout = min(timeout ?? limit, limit) }
+            graph.add(OperationSpec(
+                name: op.id, queue: queue, qualityOfService: op.qualityOfService, queuePriority: op.queuePriority ?? job.plan?.queuePriority ?? .normal,
+                timeout: recovered != nil ? nil : timeout, retries: recovered != nil ? 0 : op.retries, retryDelay: op.retryDelaySeconds,
+                runsAfterFailure: op.runsAfterFailure, input: op.input.flatMap { job.operationIndex[$0] }, body: body), dependencies: deps)
+        }
+        return graph
+    }
+
+
+    /// Adds operations to a running job (the photo list of `photosURL`); they are logged like the others.
+    func expand(_ job: RunningJob, with operations: [OperationPlan], configuration: Configuration) throws {
+        lock.lock()
+        defer { lock.unlock() }
+        guard lifecycle.phase(of: job.id) == .running, runs[job.id] === job, let group = lifecycle.group(of: job.id), var plan = job.plan else {
+            throw KindFailure(description: "the job has ended")
+        }
+        let base = plan.operations.count
+        let recoveredBefore = job.recovered.count
+        let graph = buildGraph(job, operations, base: base, configuration: configuration)
+        plan.operations += operations
+        job.plan = plan
+        _ = lifecycle.handle(.extended(job: job.id, operations: operations.count, recovered: job.recovered.count - recoveredBefore))
+        try engine.extend(group, with: graph)
+    }
+
+    // MARK: Performing the lifecycle's actions
+
+    /// Performs `actions` in order (outside `lock`). `run` and `records` are the job a publication is for and its
+    /// engine records, when the caller has them; `submit` and `answer` are the caller's to act on.
+    func perform(_ actions: [JobLifecycle<GroupID>.Action], for run: RunningJob? = nil, records: [OperationRecord] = []) {
+        for action in actions {
+            switch action {
+            case .journal(let entry):
+                log(entry)
+            case .submit, .answer:
+                break
+            case .cancelGroup(let group):
+                engine.cancel(group, reason: "cancelled by request")
+            case .cancelOperation(let job, let group, let operation):
+                // Only a cancel asked before the group existed comes here: its answer was given then.
+                if cancel(job: job, group: group, operation: operation) == .unknownOperation {
+                    logger.warning("job \(job): cancel of operation '\(clipped(operation))' ignored: the job has no such operation")
+                }
+            case .publish(let job, let status, let error):
+                guard let run = run ?? lock.withLock({ runs[job] }) else { continue }
+                enqueuePublication(Publication(job: run, status: status, error: error, records: records))
+            case .releaseGroup(let group):
+                engine.release(group)
+            case .discard(let job):
+                spool.discard(job: job)
+            }
+        }
+    }
+
+    func log(_ entry: JobLifecycle<GroupID>.JournalEntry) {
+        switch entry {
+        case .received(let job, let manifest):
+            event(.info, "job \(job) received from inbox/\(manifest)", ["OPQ_EVENT": "job", "OPQ_STATE": "received", "OPQ_JOB": .string(job)])
+        case .claimed(let job, let fromNode):
+            var fields: Logger.Metadata = ["OPQ_EVENT": "job", "OPQ_STATE": "claimed", "OPQ_JOB": .string(job)]
+            if let fromNode { fields["OPQ_FROM_NODE"] = .string(fromNode) }
+            event(.info, "job \(job) claimed\(fromNode.map { " (taken over from node \($0))" } ?? "")", fields)
+        case .accepted(let job, let operations):
+            event(.info, "job \(job) accepted: \(operations) operations", ["OPQ_EVENT": "job", "OPQ_STATE": "accepted", "OPQ_JOB": .string(job)])
+        case .rejected(let job, let problems, let error):
+            event(.error, "job \(job) rejected: \(problems.joined(separator: "; "))",
+                  ["OPQ_EVENT": "job", "OPQ_STATE": "rejected", "OPQ_JOB": .string(job), "OPQ_STATUS": "rejected", "OPQ_ERROR": .string(error)])
+        case .lost(let job, let reason):
+            event(.warning, "job \(job) lost: \(reason); it is stopped here and nothing is published for it",
+                  ["OPQ_EVENT": "job", "OPQ_STATE": "lost", "OPQ_JOB": .string(job), "OPQ_ERROR": .string(reason)])
+        }
+    }
+
+    // MARK: Engine events
+
+    /// On the engine's delivery thread: journal entries, durable progress, job ends.
+    func deliver(_ events: [EngineEvent]) {
+        // A submission under way may have put its group's first events in this batch.
+        registering.withLock {}
+        var progressRecorded = 0
+        defer { if progressRecorded > 0 { progressWasRecorded(progressRecorded) } }
+        for engineEvent in events {
+            switch engineEvent {
+            case .transition(let t):
+                lock.lock()
+                let job = lifecycle.job(of: t.group).flatMap { runs[$0] }
+                let plan = job?.plan
+                let recovered = job?.recovered.contains(t.operation) ?? true
+                let recomputedFailure = t.state == .failed && job?.recomputed.contains(t.operation) == true
+                if job != nil, !recovered, t.state == .succeeded || t.state == .failed || t.state == .cancelled {
+                    _ = lifecycle.handle(.operationEnded(group: t.group))
+                }
+                lock.unlock()
+                if let permits, let plan, t.operation < plan.operations.count { permits.transition(queue: plan.operations[t.operation].queue, state: t.state) }
+                guard let job, let plan, t.operation < plan.operations.count, !recovered || recomputedFailure else { continue }
+                if !recovered { measure(t, plan.operations[t.operation]) }
+                if logTransition(t, job: job, operation: plan.operations[t.operation]) { progressRecorded += 1 }
+            case .groupFinished(let group):
+                work.async { [self] in finish(group) }
+            }
+        }
+    }
+
+
+    /// On the delivery thread: the metrics an operation's transition moves.
+    func measure(_ t: Transition, _ operation: OperationPlan) {
+        switch t.state {
+        case .ready:
+            _ = operationClock.mark(t.group, t.operation, at: t.time, executing: false)
+        case .executing:
+            if let ready = operationClock.mark(t.group, t.operation, at: t.time, executing: true), !ready.executing {
+                metrics.waited(queue: operation.queue, seconds: t.time - ready.time)
+            }
+        case .retrying, .succeeded, .failed, .cancelled:
+            // Only an attempt that was executing ran (a cancel of a ready operation ends it from `ready`).
+            if let last = operationClock.end(t.group, t.operation), last.executing { metrics.ran(kind: operation.kind.rawValue, seconds: t.time - last.time) }
+            guard t.state != .retrying else { break }
+            metrics.operationEnded(kind: operation.kind.rawValue, queue: operation.queue, state: t.state.name)
+        default:
+            break
+        }
+    }
+
+    /// Progress lines were written: make sure a commit covers them soon.
+    func progressWasRecorded(_ lines: Int) {
+        guard progress.wrote(lines) else { return }
+        work.asyncAfter(deadline: .now() + Self.progressCommitDelay) { [self] in
+            guard progress.takeSchedule() else { return }
+            commits.after { [logger] outcome in
+                if case .failure(let error) = outcome {
+                    logger.error("committing progress failed: \(error); operations that succeeded may run again after a restart")
+                }
+            }
+        }
+    }
+
+    /// Waits for one group commit of the spool (it also covers every progress line written before it).
+    func commit() throws {
+        try commits.now()
+    }
+
+    func logTransition(_ t: Transition, job: RunningJob, operation: OperationPlan) -> Bool {
+        var recorded = false
+        var fields: Logger.Metadata = [
+            "OPQ_EVENT": "operation", "OPQ_STATE": .string(t.state.name), "OPQ_JOB": .string(job.id), "OPQ_OPERATION": .string(operation.id),
+            "OPQ_KIND": .string(operation.kind.rawValue), "OPQ_QUEUE": .string(operation.queue), "OPQ_QOS": .string(t.qualityOfService.name),
+            "OPQ_QUEUE_PRIORITY": .string((operation.queuePriority ?? job.plan?.queuePriority ?? .normal).name),
+        ]
+        if t.attempt > 0 { fields["OPQ_ATTEMPT"] = .string(String(t.attempt)) }
+        if let error = t.error { fields["OPQ_ERROR"] = .string(error) }
+        var level = Logger.Level.info
+        var message = "operation \(job.id)/\(operation.id) \(t.state.name)"
+        switch t.state {
+        case .succeeded, .failed, .cancelled:
+            if let record = engine.record(t.group, operation: t.operation) {
+                if let started = record.startedAt { fields["OPQ_DURATION_USEC"] = .string(String(Int64(((t.time - started) * 1e6).rounded()))) }
+                if t.state == .succeeded, let started = record.startedAt {
+                    do {
+                        try spool.recordSuccess(job: job.id, operation: operation.id, record: DoneRecord(startedAt: started, finishedAt: t.time, attempts: record.attempts))
+                        recorded = true
+                    } catch {
+                        // Until the fault is over, operations that succeed may run again after a restart.
+                        work.async { [self] in spoolFailed("recording the success of \(job.id)/\(operation.id)", error) }
+                    }
+                }
+            }
+            if t.state == .failed { level = .error }
+            if t.state == .cancelled { level = .warning }
+        case .retrying:
+            level = .warning
+        default:
+            break
+        }
+        if let error = t.error { message += ": \(error)" }
+        event(level, message, fields)
+        return recorded
+    }
+
+
+    // MARK: Journal
+
+    func event(_ level: Logger.Level, _ message: String, _ fields: Logger.Metadata, file: String = #fileID, function: String = #function, line: UInt = #line) {
+        logger.log(level: level, Logger.Message(stringLiteral: message), metadata: fields, file: file, function: function, line: line)
+    }
+}
+
+/// Breaks the reference cycle engine → observer → daemon → engine.
+final class EventSink: @unchecked Sendable {
+    weak var daemon: Daemon?
+    func deliver(_ events: [EngineEvent]) { daemon?.deliver(events) }
+}
+
+/// Progress lines written and known committed, and whether a commit of them is scheduled (Daemon.progressWasRecorded).
+final class ProgressMarks: Sendable {
+    struct Marks {
+        var written = 0
+        var committed = 0
+        var scheduled = false
+    }
+    let marks = Mutex(Marks())
+
+    var written: Int { marks.withLock { $0.written } }
+
+    /// Counts `lines` written; true when no commit of them is scheduled yet (the caller schedules one).
+    func wrote(_ lines: Int) -> Bool {
+        marks.withLock { m in
+            m.written += lines
+            defer { m.scheduled = true }
+            return !m.scheduled
+        }
+    }
+
+    /// The scheduled commit is due: true when lines are written that no commit has covered yet.
+    func takeSchedule() -> Bool {
+        marks.withLock { m in
+            m.scheduled = false
+            return m.written > m.committed
+        }
+    }
+
+    func committed(upTo written: Int) {
+        marks.withLock { $0.committed = max($0.committed, written) }
+    }
+}
