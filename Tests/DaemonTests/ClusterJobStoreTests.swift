@@ -403,6 +403,17 @@ struct ClusterJobStoreTests {
         #expect(try Data(contentsOf: URL(fileURLWithPath: otherManifest)) == other.manifest)
         #expect(eventually(ClusterJobStore.reapDelay + 3) { submissions(a).isEmpty }, "a's local copy removed")
         #expect(!a.shell.ran.contains { $0.job.id == "other" })
+
+        // The copy gone before a claims its row (someone cleaning active/.submissions by hand): the claim writes the
+        // database's bytes instead, and the job runs.
+        b.store.want(room: 0, manifestBytes: .max)
+        let gone = try submit(a, "gone")
+        #expect(eventually { (try? a.store.job("gone")) != nil })
+        for name in submissions(a) { try FileManager.default.removeItem(atPath: a.spool.active + "/.submissions/" + name) }
+        a.store.want(room: 4, manifestBytes: .max)
+        #expect(eventually { a.shell.ran.contains { $0.job.id == "gone" } })
+        let goneManifest = a.spool.active + "/gone/manifest.plist"
+        #expect(try Data(contentsOf: URL(fileURLWithPath: goneManifest)) == gone.manifest)
         #expect(a.shell.spoolFailures.isEmpty && b.shell.spoolFailures.isEmpty)
     }
 
