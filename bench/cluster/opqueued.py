@@ -200,6 +200,15 @@ def machine_ticks():
     return sum(ticks) - idle, sum(ticks)
 
 
+def busy_while_idle(seconds):
+    """How busy the machine is over `seconds` while the nodes wait for a part to begin (they are idle then): near 0 on
+    a quiet machine; more says something else ran beside the part's set-up, and its figures may be disturbed."""
+    before = machine_ticks()
+    time.sleep(seconds)
+    after = machine_ticks()
+    return round((after[0] - before[0]) / max(after[1] - before[1], 1), 2)
+
+
 def cpu_per_job(before, after, done):
     """ms of CPU per job over a part's measured span: the nodes' in user space and in the kernel (file system work,
     which on a journal-less ext4 grows with the files removed in the last minutes), and the server's; and how busy
@@ -260,7 +269,8 @@ def throughput(args, count, with_cluster=True, limit=None):
         for name in names:
             with open(f"{inbox}/.{name}.plist", "wb") as f:
                 f.write(manifest(name, "api" if limit else None))
-        time.sleep(1.1)
+        time.sleep(0.6)
+        quiet = busy_while_idle(0.5)
         before = commits(args.admin, cluster.database) if with_cluster else 0
         cpu_before = cluster.cpu()
         start = time.monotonic()
@@ -275,6 +285,7 @@ def throughput(args, count, with_cluster=True, limit=None):
         print(json.dumps({"part": part, "nodes": count, "limit": limit, "jobs": args.jobs, "ended": done, "perNode": per_node,
                           "seconds": round(elapsed, 3), "jobsPerSecond": round(done / elapsed, 1),
                           "commitsPerJob": round((after - before) / max(done, 1), 3) if with_cluster else None, **cpu,
+                          "busyBefore": quiet,
                           "includes": ("inbox rename -> validate -> insert -> claim -> run -> publish, fsyncs on" if with_cluster
                                        else "inbox rename -> claim -> validate -> run -> publish, fsyncs on")}), flush=True)
     finally:
@@ -286,7 +297,8 @@ def already_in_database(args, count=2):
     one INSERT of args.jobs rows and one NOTIFY, the clock from that commit to the last outbox entry."""
     cluster = Cluster(args, count, settings=lambda k: {"maxActiveJobs": args.active_jobs})
     try:
-        time.sleep(3)  # migrated and registered
+        time.sleep(2.5)  # migrated and registered
+        quiet = busy_while_idle(0.5)
         body = plistlib.dumps({"operations": [{"id": "a", "kind": "sleep", "seconds": 0}]}).hex()
         before = commits(args.admin, cluster.database)
         cpu_before = cluster.cpu()
@@ -300,6 +312,7 @@ def already_in_database(args, count=2):
         time.sleep(1.1)
         after = commits(args.admin, cluster.database)
         print(json.dumps({"part": "opqueued-already-in-database", "nodes": count, "jobs": args.jobs, "ended": done, **cpu,
+                          "busyBefore": quiet,
                           "perNode": [len(cluster.outbox(k)) for k in range(count)],
                           "seconds": round(elapsed, 3), "jobsPerSecond": round(done / elapsed, 1),
                           "commitsPerJob": round((after - before - 1) / max(done, 1), 3),

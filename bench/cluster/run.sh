@@ -22,7 +22,9 @@
 #   TIMELINE=1 OPQUEUED_ARGS=--parts=2 bench/cluster/run.sh opqueued   every 0.25 s of an end-to-end part: node 0's
 #              inbox and active/.submissions, the rows by state, each outbox (for diagnosis: it slows the part)
 #
-# Prints one JSON line per figure; the whole output is also kept in .build-bench/cluster-<time>.txt. Needs root
+# Prints one JSON line per figure; the whole output is also kept in .build-bench/cluster-<time>.txt. The throughput
+# parts also give `busyBefore`: how busy the machine was in the half second before the part while its nodes were
+# idle (near 0 on a quiet machine; more marks a run whose figures something else disturbed). Needs root
 # (initdb runs as the `postgres` user) and Debian's postgresql (make deps).
 
 set -euo pipefail
