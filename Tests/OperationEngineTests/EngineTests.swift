@@ -261,24 +261,33 @@ func monotonicNow() -> Double {
         #expect(seen.values[.userInteractive]?.nice == (canRaise ? -4 : 0))
     }
 
+    /// With the classes' priorities the background spins (SCHED_IDLE) get no CPU while the userInitiated ones run,
+    /// and finish last though they started first; at one priority they would finish first (each needs 0.4 s of CPU,
+    /// they had a 0.05 s start, and all share the cores). The kernel's placement on a machine shared with the other
+    /// suites' threads (or a VM's vCPUs) can, rarely, leave a core to a background spin for a moment: two of three
+    /// rounds must show the order.
     @Test func userInitiatedSpinsFinishBeforeBackgroundSpinsOnSaturatedCores() throws {
         let cores = Int(sysconf(Int32(_SC_NPROCESSORS_ONLN)))
-        let engine = Engine(processorCount: cores)
-        let background = engine.addQueue(named: "bg", maxConcurrentOperationCount: cores, qualityOfService: .background)
-        let urgent = engine.addQueue(named: "ui", maxConcurrentOperationCount: cores, qualityOfService: .userInitiated)
-        let tracker = Tracker()
-        var low = GraphBuilder()
-        for i in 0..<cores { low.add(OperationSpec(name: "bg\(i)", queue: background, body: .sync { _ in spin(0.4); tracker.note("bg"); return nil })) }
-        let lowGroup = try engine.submit(low)
-        Thread.sleep(forTimeInterval: 0.05) // the background work is already running
-        var high = GraphBuilder()
-        for i in 0..<cores { high.add(OperationSpec(name: "ui\(i)", queue: urgent, body: .sync { _ in spin(0.4); tracker.note("ui"); return nil })) }
-        let highGroup = try engine.submit(high)
-        engine.wait(highGroup)
-        engine.wait(lowGroup)
-        engine.shutdown()
-        let order = tracker.snapshotOrder()
-        #expect(order == Array(repeating: "ui", count: cores) + Array(repeating: "bg", count: cores), "\(order)")
+        let expected = Array(repeating: "ui", count: cores) + Array(repeating: "bg", count: cores)
+        var orders: [[String]] = []
+        for _ in 0..<3 where orders.filter({ $0 == expected }).count < 2 {
+            let engine = Engine(processorCount: cores)
+            let background = engine.addQueue(named: "bg", maxConcurrentOperationCount: cores, qualityOfService: .background)
+            let urgent = engine.addQueue(named: "ui", maxConcurrentOperationCount: cores, qualityOfService: .userInitiated)
+            let tracker = Tracker()
+            var low = GraphBuilder()
+            for i in 0..<cores { low.add(OperationSpec(name: "bg\(i)", queue: background, body: .sync { _ in spin(0.4); tracker.note("bg"); return nil })) }
+            let lowGroup = try engine.submit(low)
+            Thread.sleep(forTimeInterval: 0.05) // the background work is already running
+            var high = GraphBuilder()
+            for i in 0..<cores { high.add(OperationSpec(name: "ui\(i)", queue: urgent, body: .sync { _ in spin(0.4); tracker.note("ui"); return nil })) }
+            let highGroup = try engine.submit(high)
+            engine.wait(highGroup)
+            engine.wait(lowGroup)
+            engine.shutdown()
+            orders.append(tracker.snapshotOrder())
+        }
+        #expect(orders.filter { $0 == expected }.count >= 2, "\(orders)")
     }
 
     @Test func asynchronousOperationsHoldSlotsNotThreads() throws {
