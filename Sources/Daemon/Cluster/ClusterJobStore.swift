@@ -66,12 +66,9 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
     /// appended by the shell's calls, taken by the submission thread from the front.
     private var pending = Deque<(folder: String, isFile: Bool, key: String, job: NewJob)>()
     /// Manifest files of this node's submissions, inserted and not yet removed, by job id: a row of them this
-    /// node claims before the reaper gets to it has its file renamed into active/<job>/ rather than written again
-    /// (whoever takes the entry out owns the file).
+    /// node claims before the reaper gets to it (`reapDelay` after the insert, or at shutdown) has its file renamed
+    /// into active/<job>/ rather than written again. Whoever takes the entry out owns the file.
     private var adoptable: [String: String] = [:]
-    /// When the files in `adoptable` are due for removal (`reapDelay` after the insert, or at shutdown), oldest
-    /// first.
-    private var reaps = Deque<(due: Double, job: String)>()
     private var slotReleases: [SlotLease] = []
     /// Slots dropped at the lease deadline, released (fence-checked) once the database's lease on them would have
     /// run out too: a node that renews before the takeover sees them keeps its name on them otherwise.
@@ -359,7 +356,7 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
         wantStatus()
         wantSubmit()
         _ = finished.wait(timeout: .now() + Self.statementTimeout + 2)
-        reaper.sync { reap(until: .infinity) }
+        reaper.sync { [self] in reap(lock.withLock { Array(adoptable.keys) }) }
         runner?.cancel()
         listener?.cancel()
     }
@@ -725,22 +722,21 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
             // (see `adoptable`), and an unlink frees the file's blocks at once (0.5 ms each here, with online
             // discard), which the next batch need not wait for. One left by a crash meanwhile is submitted again at
             // the next start under the same key, which inserts nothing.
-            let due = monotonicSeconds() + Self.reapDelay
-            var folders: [String] = []
+            var files: [String] = [], folders: [String] = []
             lock.withLock {
                 for (i, entry) in batch.enumerated() {
                     // A file (a manifest claimed from the inbox; answers come in batch order) waits to be adopted;
                     // a folder handed over from active/ goes at once.
                     if inserted.count == batch.count && entry.isFile {
                         adoptable[inserted[i].id] = entry.folder
-                        reaps.append((due, inserted[i].id))
+                        files.append(inserted[i].id)
                     } else {
                         folders.append(entry.folder)
                     }
                 }
             }
             if !folders.isEmpty { reaper.async { [folders] in for folder in folders { removeTree(folder) } } }
-            reaper.asyncAfter(deadline: .now() + Self.reapDelay) { [self] in reap(until: monotonicSeconds()) }
+            if !files.isEmpty { reaper.asyncAfter(deadline: .now() + Self.reapDelay) { [self, files] in reap(files) } }
             return lock.withLock {
                 // Only this thread takes from the front: the batch is still the first `batch.count`.
                 pending.removeFirst(batch.count)
@@ -749,17 +745,10 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
         }
     }
 
-    /// On `reaper`: removes the local copies of submissions due by `until` (those a claim has not taken).
-    private func reap(until: Double) {
-        while true {
-            let next = lock.withLock { () -> String?? in
-                guard let first = reaps.first, first.due <= until else { return nil }
-                reaps.removeFirst()
-                // nil: claimed here meanwhile, the file taken.
-                return .some(adoptable.removeValue(forKey: first.job))
-            }
-            guard let next else { return }
-            if let file = next { removeTree(file) }
+    /// On `reaper`: removes the local copies of these submissions that no claim here has taken.
+    private func reap(_ jobs: [String]) {
+        for job in jobs {
+            if let file = lock.withLock({ adoptable.removeValue(forKey: job) }) { removeTree(file) }
         }
     }
 

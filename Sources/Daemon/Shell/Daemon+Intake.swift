@@ -56,8 +56,9 @@ extension Daemon {
                 hintsWaiting.removeAll()
                 hintsAreAll = false
             }
-            defer { scanPosted = true }
-            return !scanPosted
+            let post = !scanPosted
+            scanPosted = true
+            return post
         }
         guard post else { return }
         work.async { [self] in
