@@ -659,7 +659,8 @@ struct ClusterJobStoreTests {
         #expect(eventually(8) { a.logs.states("cluster") == ["disconnected", "connected"] }, "retried at most 5 s apart")
         #expect(eventually { (try? a.store.job("waits")) != nil }, "the waiting submission went in")
         server.stop()
-        #expect(eventually(20) { a.logs.states("cluster") == ["disconnected", "connected", "disconnected"] })
+        #expect(eventually(20) { a.logs.states("cluster") == ["disconnected", "connected", "disconnected"] },
+                "\(a.logs.all.filter { $0.metadata["OPQ_EVENT"] == "cluster" }.map { "\($0.metadata["OPQ_STATE"] ?? "-"): \($0.message)" })")
         #expect(throws: (any Error).self) { try a.store.job("waits", timeout: 1) }
         try server.start()
         #expect(eventually(8) { a.logs.states("cluster").last == "connected" })
@@ -762,6 +763,45 @@ struct ClusterJobStoreTests {
         _ = again.store.recovered([])
         #expect(eventually { trimmed((try? server.psql(database, "SELECT string_agg(id, ',') FROM opq_jobs")) ?? "") == "young" })
         #expect(again.logs.all.contains { $0.message.contains("pruned 1 finished job(s)") })
+    }
+
+    /// A prune that waits — here on a lock another session holds on an old row for 5 s — holds back neither the
+    /// heartbeat nor the lease: beats go on every leaseSeconds/3 meanwhile, and the row goes once the lock is let go.
+    @Test func aPruneThatWaitsHoldsBackNoHeartbeat() throws {
+        let server = try PostgresServer.shared.get()
+        let database = try server.createDatabase()
+        let first = try ClusterNode("a", server: server, database: database)
+        _ = first.store.recovered([])
+        #expect(eventually { first.store.snapshot()?.connected == true })
+        first.close()
+        try server.psql(database, """
+            INSERT INTO opq_jobs (id, requested_id, manifest, manifest_name, submitted_on, qos_rank, priority_rank, queues, commands, state, node, fence, status, finished_at)
+            VALUES ('old', 'old', '\\x00', 'old.plist', 'a', 2, 2, '{}', '{}', 'finished', 'a', 1, 'succeeded', now() - interval '8 days')
+            """)
+        let released = DispatchSemaphore(value: 0)
+        DispatchQueue.global().async {
+            _ = try? server.psql(database, "BEGIN; SELECT id FROM opq_jobs WHERE id = 'old' FOR UPDATE; SELECT pg_sleep(5); COMMIT;")
+            released.signal()
+        }
+        func count(_ sql: String) -> String { trimmed((try? server.psql(database, sql)) ?? "") }
+        #expect(eventually { count("SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND query LIKE '%pg_sleep(5)%' AND pid <> pg_backend_pid()") == "1" })
+        usleep(200_000)
+
+        let a = try ClusterNode("a", server: server, database: database, leaseSeconds: 2)
+        defer { a.close() }
+        _ = a.store.recovered([])
+        #expect(eventually { count("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'DELETE FROM opq_jobs%'") == "1" },
+                "the prune waits on the lock")
+        var oldest = 0.0
+        for _ in 0..<12 {
+            oldest = max(oldest, Double(count("SELECT extract(epoch FROM now() - last_heartbeat) FROM opq_nodes WHERE node = 'a'")) ?? 99)
+            usleep(250_000)
+        }
+        #expect(oldest < 1.5, "beats every 0.67 s while the prune waits; the oldest seen was \(oldest) s")
+        #expect(a.store.snapshot()?.connected == true)
+        #expect(!a.logs.all.contains { $0.message.contains("ran out") }, "the lease held")
+        released.wait()
+        #expect(eventually { count("SELECT count(*) FROM opq_jobs WHERE id = 'old'") == "0" }, "pruned once the lock is let go")
     }
 
     /// A reload declares the node again: a queue added to the configuration is in the database, and submission

@@ -46,6 +46,7 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
     private let loopWake = ThreadSignal()
     private let statusWake = ThreadSignal()
     private let submitWake = ThreadSignal()
+    private let pruneWake = ThreadSignal()
     private weak var _delegate: (any JobStoreDelegate)?
     private var configuration: Configuration
     private var state: ClusterNodeState
@@ -147,6 +148,7 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
         spawn("opqueued-lease") { $0.watchDeadline() }
         spawn("opqueued-cluster-status") { $0.statusLoop() }
         spawn("opqueued-cluster-submit") { $0.submitLoop() }
+        spawn("opqueued-cluster-prune") { $0.pruneLoop() }
     }
 
     /// A thread of the store's own, waited for at shutdown (`finished`).
@@ -355,6 +357,7 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
         kick()
         wantStatus()
         wantSubmit()
+        pruneWake.signal()
         _ = finished.wait(timeout: .now() + Self.statementTimeout + 2)
         reaper.sync { [self] in reap(lock.withLock { Array(adoptable.keys) }) }
         runner?.cancel()
@@ -492,7 +495,7 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
     private func loop() {
         var backoff = 0.1
         var connected = false
-        var nextBeat = 0.0, nextPoll = 0.0, nextPrune = 0.0, nextTakeover = 0.0
+        var nextBeat = 0.0, nextPoll = 0.0, nextTakeover = 0.0
         while !lock.withLock({ stopped }) {
             // After a freeze (SIGSTOP), what the lease no longer covers stops before anything else is done.
             checkDeadline()
@@ -523,10 +526,6 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
                 if now >= nextPoll { nextPoll = now + Self.pollSeconds }
                 if isStarted && wantsClaim { try claim() }
                 if isStarted && wantsControl { try control() }
-                if now >= nextPrune {
-                    nextPrune = now + Self.pruneEverySeconds
-                    try prune()
-                }
                 let next = min(nextBeat, nextPoll, nextTakeover)
                 sleep(upTo: max(0, next - monotonicSeconds()))
             } catch {
@@ -915,6 +914,29 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
             snapshotValue.queues = Dictionary(counts.map { ($0.queue, ClusterSnapshot.QueueCounts(waiting: $0.waiting, running: $0.running)) },
                                               uniquingKeysWith: { first, _ in first })
             snapshotValue.refreshedAt = monotonicSeconds()
+        }
+    }
+
+    // MARK: the prune thread
+
+    /// Every pruneEverySeconds, the first soon after the first connection: the finished history older than
+    /// keepFinishedDays goes, in batches (SPEC §8). On a thread of its own: pruning a long history, or waiting on a
+    /// lock someone holds on an old row, holds back neither the heartbeat nor claims. A failed round (the database
+    /// away) is tried again a minute later.
+    private func pruneLoop() {
+        var next = 0.0
+        while !lock.withLock({ stopped }) {
+            let connected = lock.withLock { hasConnected }
+            if connected && monotonicSeconds() >= next {
+                do {
+                    try prune()
+                    next = monotonicSeconds() + Self.pruneEverySeconds
+                } catch {
+                    logger.debug("cluster: finished jobs were not pruned now: \(error)")
+                    next = monotonicSeconds() + 60
+                }
+            }
+            pruneWake.wait(upTo: connected ? max(0.05, next - monotonicSeconds()) : 1)
         }
     }
 
