@@ -311,6 +311,19 @@ struct ClusterTests {
         }
         #expect(harness[0].isReady && harness[1].isReady, "nodes keep serving their sockets")
         usleep(6_000_000)
+        // What waits for the database, in the inbox or set aside in active/.submissions, is what `status` and the
+        // metrics call waiting: the ten dropped meanwhile, and any of the first forty not inserted before the stop.
+        var waiting = 0
+        for k in 0..<2 {
+            let onDisk = harness[k].list("inbox").count + harness[k].list("active/.submissions").count
+            let status = try harness[k].statusJSON()["waiting"] as? Int
+            #expect(status == onDisk, "node \(k): status says \(status ?? -1) waiting, \(onDisk) manifests wait on disk")
+            let metrics = try harness[k].ctl(["metrics"]).stdout.split(separator: "\n")
+            let gauge = metrics.first { $0.hasPrefix("opqueued_inbox_files ") }.flatMap { Double($0.split(separator: " ").last ?? "") }
+            #expect(gauge == Double(onDisk), "node \(k): opqueued_inbox_files \(gauge ?? -1), \(onDisk) on disk")
+            waiting += onDisk
+        }
+        #expect(waiting >= 10)
         let restartedAt = Date()
         try harness.startDatabase()
         for k in 0..<2 {

@@ -166,6 +166,8 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
 
     public var acceptsSubmissions: Bool { lock.withLock { declaredKnown && pending.count < Self.pendingLimit } }
 
+    public var awaitingSubmission: Int { lock.withLock { pending.count } }
+
     public func submissionConfiguration(_ local: Configuration) -> Configuration {
         let d = lock.withLock { declared }
         return local.widened(queues: d.queues, commands: d.commands, signatures: d.commandSignatures)

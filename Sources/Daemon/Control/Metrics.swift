@@ -35,7 +35,7 @@ public final class DaemonMetrics: Sendable {
         "opqueued_queue_suspended": ("1 if the queue is suspended, else 0.", nil),
         "opqueued_operations_total": ("Operations ended, by kind, queue and final state.", nil),
         "opqueued_jobs_total": ("Jobs published to the outbox, by status.", nil),
-        "opqueued_inbox_files": ("Manifests waiting in the inbox at the last scan.", nil),
+        "opqueued_inbox_files": ("Manifests waiting in the inbox at the last scan, with those a cluster node holds until the database takes them.", nil),
         "opqueued_active_jobs": ("Jobs claimed and not yet published.", nil),
         "opqueued_active_operations": ("Operations of the active jobs (claiming pauses at maxActiveOperations).", nil),
         "opqueued_claiming_paused": ("1 while a spool fault (disk full, no descriptors, read-only) pauses claiming.", nil),

@@ -155,6 +155,8 @@ extension Daemon {
 
     public struct Status: Sendable {
         public var activeJobs: [String]
+        /// Manifests waiting in the inbox at the last scan, and those the store holds until it takes them (a
+        /// cluster node's submissions while the database is away).
         public var waiting: Int
         public var executing: Int
         /// Operations of the active jobs, and the budget above which claiming pauses.
@@ -184,7 +186,8 @@ extension Daemon {
         let progress = lifecycle.jobs.map { id, job in JobProgress(job: id, operations: job.operations, ended: job.ended + job.recovered) }
         lock.unlock()
         let overview = engine.overview()
-        return Status(activeJobs: active, waiting: waitingNow, executing: overview.executing, operations: operations,
+        // Manifests the store holds for submission still wait, as far as the user can tell (read outside the lock).
+        return Status(activeJobs: active, waiting: waitingNow + store.awaitingSubmission, executing: overview.executing, operations: operations,
                       maxActiveOperations: budget, queues: overview.queues, fault: fault, jobs: progress.sorted { $0.job < $1.job })
     }
 

@@ -74,6 +74,10 @@ public protocol JobStore: AnyObject, Sendable {
     /// cluster declares), or while the store already holds as many submissions as it takes at once: they wait in
     /// the inbox.
     var acceptsSubmissions: Bool { get }
+    /// Manifests taken from this node's inbox that the store has not yet made jobs of (the cluster: set aside in
+    /// active/.submissions until their insert commits — all of them while the database is down). To the user they
+    /// still wait in the inbox: `status`'s waiting and `opqueued_inbox_files` count them.
+    var awaitingSubmission: Int { get }
     /// The configuration a manifest from this node's inbox is validated against: the local one, or (cluster) the
     /// local one widened to every queue and command some node of the cluster declares.
     func submissionConfiguration(_ local: Configuration) -> Configuration
@@ -133,4 +137,5 @@ public enum StoreCancelOutcome: Sendable, Equatable {
 
 extension JobStore {
     public func freshSubmissionConfiguration(_ local: Configuration) -> Configuration? { nil }
+    public var awaitingSubmission: Int { 0 }
 }
