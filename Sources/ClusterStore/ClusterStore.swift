@@ -312,6 +312,10 @@ public enum Wakeup: Sendable, Equatable {
 
 /// Every database action the cluster needs. One method is one transaction unless it says otherwise.
 public protocol ClusterStore: Sendable {
+    /// After an outage, once the server answers again: statements go through fresh connections from now on, not
+    /// through a pool that may still be waiting out a backoff of its own (SPEC §8: retried at most 5 s apart).
+    func reconnect()
+
     /// Creates or upgrades the schema (one migrator at a time); returns the version now applied.
     /// Refuses a schema newer than this code knows.
     func migrate() async throws -> Int

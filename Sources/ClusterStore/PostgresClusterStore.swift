@@ -11,7 +11,8 @@ import PostgresNIO
 
 public final class PostgresClusterStore: ClusterStore {
     public let url: DatabaseURL
-    let client: PostgresClient
+    /// The statements' pool (renewed after an outage: `reconnect`).
+    let pool: RenewablePool
     let logger: Logger
     public let wakeups: AsyncStream<Wakeup>
     let wakeupContinuation: AsyncStream<Wakeup>.Continuation
@@ -30,24 +31,27 @@ public final class PostgresClusterStore: ClusterStore {
     public init(url: DatabaseURL, logger: Logger = PostgresClusterStore.quietLogger) throws {
         self.url = url
         self.logger = logger
-        self.client = PostgresClient(configuration: try url.clientConfiguration(), backgroundLogger: logger)
+        self.pool = RenewablePool(configuration: try url.clientConfiguration(), logger: logger)
         (wakeups, wakeupContinuation) = AsyncStream.makeStream(of: Wakeup.self, bufferingPolicy: .bufferingNewest(64))
     }
 
     /// Runs the pool and the listening connection until the calling task is cancelled.
     public func run() async {
         await withDiscardingTaskGroup { group in
-            group.addTask { await self.client.run() }
+            group.addTask { await self.pool.run() }
             group.addTask { await self.listen() }
         }
         wakeupContinuation.finish()
     }
 
+    /// Statements go through fresh connections from now on (see RenewablePool).
+    public func reconnect() { pool.renew() }
+
     // MARK: statements
 
     func query(_ sql: String, _ binds: PostgresBindings = PostgresBindings(), doing: String) async throws -> [PostgresRow] {
         do {
-            return try await client.query(PostgresQuery(unsafeSQL: sql, binds: binds), logger: logger).collect()
+            return try await pool.client.query(PostgresQuery(unsafeSQL: sql, binds: binds), logger: logger).collect()
         } catch {
             throw ClusterStoreError.wrapping(error, doing: doing)
         }
@@ -60,7 +64,7 @@ public final class PostgresClusterStore: ClusterStore {
         while true {
             attempt += 1
             do {
-                return try await client.withConnection { connection in
+                return try await pool.client.withConnection { connection in
                     try await connection.withTransaction(logger: logger) { connection in
                         try await body(connection)
                     }

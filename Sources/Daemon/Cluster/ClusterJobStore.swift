@@ -547,9 +547,16 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
         _ = try waitBounded(Self.statementTimeout * 2, on: executor, doing: "migrating the cluster schema", { [store] in try await store.migrate() })
         // The name is this process's unless another running process holds it (NodeProcess): then it waits, retried
         // as an outage is, and joins once that one has been silent for leaseSeconds.
-        let owner = try waitBounded(Self.statementTimeout, on: executor, doing: "reading who holds node \(nodeName)", { [store, nodeName] in
-            try await store.nodeOwner(nodeName)
-        })
+        // The server answered on a connection of migrate's own. The pool may still be waiting out a backoff of
+        // postgres-nio's from the outage (up to a minute; see RenewablePool): a second for it, else a fresh pool.
+        let readOwner: @Sendable () async throws -> NodeOwner? = { [store, nodeName] in try await store.nodeOwner(nodeName) }
+        let owner: NodeOwner?
+        do {
+            owner = try waitBounded(1, on: executor, doing: "reading who holds node \(nodeName)", readOwner)
+        } catch {
+            store.reconnect()
+            owner = try waitBounded(Self.statementTimeout, on: executor, doing: "reading who holds node \(nodeName)", readOwner)
+        }
         let replacing = owner.flatMap { NodeProcess.isGoneFromThisMachine($0.info) ? $0.info : nil }
         let registered = try waitBounded(Self.statementTimeout, on: executor, doing: "registering node \(nodeName)", { [store, settings] in
             try await store.registerNode(declaration, leaseSeconds: settings.leaseSeconds, replacing: replacing)
