@@ -244,7 +244,9 @@ struct ClusterTests {
         let victim = first.node, survivor = 1 - victim
         harness[victim].kill9()
         let killedAt = Date()
-        let second = try #require(try harness.waitClaimed(job, excluding: [victim], timeout: Double(harness.leaseSeconds) + 15))
+        let claimedAgain = try harness.waitClaimed(job, excluding: [victim], timeout: Double(harness.leaseSeconds) + 15)
+        if claimedAgain == nil { Issue.record("not taken over:\n\(harness.diagnosis(job))") }
+        let second = try #require(claimedAgain)
         #expect(second.node == survivor)
         #expect(second.entry["OPQ_FROM_NODE"] == harness[victim].name)
         #expect(Date().timeIntervalSince(killedAt) <= Double(harness.leaseSeconds) + 8, "taken over after the lease, not much later")

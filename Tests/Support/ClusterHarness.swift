@@ -346,6 +346,15 @@ public final class ClusterHarness: @unchecked Sendable {
         try server.psql(database, statement).trimmingCharacters(in: .whitespacesAndNewlines)
     }
 
+    /// What a failed expectation about `job` should show: its row, the nodes' rows (heartbeat ages by the database's
+    /// clock) and the tail of every node's log.
+    public func diagnosis(_ job: String) -> String {
+        var text = "row: " + ((try? sql("SELECT state, node, fence, extract(epoch FROM now() - submitted_at) FROM opq_jobs WHERE id = '\(job)'")) ?? "?")
+        text += "\nnodes: " + ((try? sql("SELECT node, extract(epoch FROM now() - last_heartbeat) FROM opq_nodes ORDER BY node")) ?? "?")
+        for (k, node) in nodes.enumerated() { text += "\n--- node \(k) (\(node.name)):\n" + node.logTail(40) }
+        return text
+    }
+
     /// Commits counted in the nodes' database (pg_stat_database.xact_commit; reported by backends at most once a
     /// second).
     public func commits() throws -> Int { try server.commits(database) }
