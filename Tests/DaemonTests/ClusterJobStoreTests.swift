@@ -768,20 +768,28 @@ struct ClusterJobStoreTests {
         #expect(a.shell.ran.last?.job.id == "s3" && a.shell.ran.last?.job.manifest.count == 400)
     }
 
-    /// Finished rows older than keepFinishedDays (7 by default) are pruned at the first connection; younger ones stay.
-    @Test func finishedHistoryIsPrunedAfterKeepFinishedDays() throws {
+    /// A database with the schema (made by a node of name `a`, closed again) and these finished jobs of node `a`,
+    /// each ended the given number of days ago.
+    private func databaseWithFinishedJobs(_ daysAgo: [String: Int]) throws -> (PostgresServer, String) {
         let server = try PostgresServer.shared.get()
         let database = try server.createDatabase()
         let first = try ClusterNode("a", server: server, database: database)
         _ = first.store.recovered([])
         #expect(eventually { first.store.snapshot()?.connected == true })
         first.close()
-        let columns = "(id, requested_id, manifest, manifest_name, submitted_on, qos_rank, priority_rank, queues, commands, state, node, fence, status, finished_at)"
+        let rows = daysAgo.sorted { $0.key < $1.key }.enumerated().map { i, job in
+            "('\(job.key)', '\(job.key)', '\\x00', '\(job.key).plist', 'a', 2, 2, '{}', '{}', 'finished', 'a', \(i + 1), 'succeeded', now() - interval '\(job.value) days')"
+        }
         try server.psql(database, """
-            INSERT INTO opq_jobs \(columns) VALUES
-              ('old', 'old', '\\x00', 'old.plist', 'a', 2, 2, '{}', '{}', 'finished', 'a', 1, 'succeeded', now() - interval '8 days'),
-              ('young', 'young', '\\x00', 'young.plist', 'a', 2, 2, '{}', '{}', 'finished', 'a', 2, 'succeeded', now() - interval '6 days')
+            INSERT INTO opq_jobs (id, requested_id, manifest, manifest_name, submitted_on, qos_rank, priority_rank, queues, commands, state, node, fence, status, finished_at)
+            VALUES \(rows.joined(separator: ", "))
             """)
+        return (server, database)
+    }
+
+    /// Finished rows older than keepFinishedDays (7 by default) are pruned at the first connection; younger ones stay.
+    @Test func finishedHistoryIsPrunedAfterKeepFinishedDays() throws {
+        let (server, database) = try databaseWithFinishedJobs(["old": 8, "young": 6])
         let again = try ClusterNode("a", server: server, database: database)
         defer { again.close() }
         _ = again.store.recovered([])
@@ -792,16 +800,7 @@ struct ClusterJobStoreTests {
     /// A prune that waits — here on a lock another session holds on an old row for 5 s — holds back neither the
     /// heartbeat nor the lease: beats go on every leaseSeconds/3 meanwhile, and the row goes once the lock is let go.
     @Test func aPruneThatWaitsHoldsBackNoHeartbeat() throws {
-        let server = try PostgresServer.shared.get()
-        let database = try server.createDatabase()
-        let first = try ClusterNode("a", server: server, database: database)
-        _ = first.store.recovered([])
-        #expect(eventually { first.store.snapshot()?.connected == true })
-        first.close()
-        try server.psql(database, """
-            INSERT INTO opq_jobs (id, requested_id, manifest, manifest_name, submitted_on, qos_rank, priority_rank, queues, commands, state, node, fence, status, finished_at)
-            VALUES ('old', 'old', '\\x00', 'old.plist', 'a', 2, 2, '{}', '{}', 'finished', 'a', 1, 'succeeded', now() - interval '8 days')
-            """)
+        let (server, database) = try databaseWithFinishedJobs(["old": 8])
         let released = DispatchSemaphore(value: 0)
         DispatchQueue.global().async {
             _ = try? server.psql(database, "BEGIN; SELECT id FROM opq_jobs WHERE id = 'old' FOR UPDATE; SELECT pg_sleep(5); COMMIT;")
