@@ -112,20 +112,35 @@ public struct DatabaseURL: Sendable, CustomStringConvertible {
         }
     }
 
-    static func readPassword(_ path: String) throws -> String {
-        guard let file = fopen(path, "rb") else {
-            throw ClusterStoreError(.configuration, "cluster.passwordFile \(path): \(String(cString: strerror(errno)))")
+    /// Opens a file the configuration names for reading: a regular file only (a FIFO, a device or a directory is
+    /// refused at once, never blocked on or read without end). Symbolic links are followed: systemd's credentials
+    /// and secrets managers hand files over that way.
+    static func openRegularFile(_ path: String, what: String) throws -> Int32 {
+        let fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC)
+        guard fd >= 0 else { throw ClusterStoreError(.configuration, "\(what) \(path): \(String(cString: strerror(errno)))") }
+        var st = stat()
+        guard fstat(fd, &st) == 0, (st.st_mode & S_IFMT) == S_IFREG else {
+            close(fd)
+            throw ClusterStoreError(.configuration, "\(what) \(path): not a regular file")
         }
-        defer { fclose(file) }
+        return fd
+    }
+
+    static func readPassword(_ path: String) throws -> String {
+        let fd = try openRegularFile(path, what: "cluster.passwordFile")
+        defer { close(fd) }
         var bytes: [UInt8] = []
         var buffer = [UInt8](repeating: 0, count: 4096)
         while true {
-            let n = fread(&buffer, 1, buffer.count, file)
-            if n > 0 { bytes.append(contentsOf: buffer[0..<n]) }
-            if n < buffer.count { break }
+            let n = read(fd, &buffer, buffer.count)
+            if n < 0 {
+                if errno == EINTR { continue }
+                throw ClusterStoreError(.configuration, "cluster.passwordFile \(path): cannot be read (\(String(cString: strerror(errno))))")
+            }
+            if n == 0 { break }
+            bytes.append(contentsOf: buffer[0..<n])
             if bytes.count > 65536 { throw ClusterStoreError(.configuration, "cluster.passwordFile \(path): larger than 64 KiB") }
         }
-        if ferror(file) != 0 { throw ClusterStoreError(.configuration, "cluster.passwordFile \(path): cannot be read") }
         if bytes.last == 0x0A { bytes.removeLast() }
         guard let text = String(validating: bytes, as: UTF8.self) else {
             throw ClusterStoreError(.configuration, "cluster.passwordFile \(path): not UTF-8 text")
@@ -175,9 +190,7 @@ public struct DatabaseURL: Sendable, CustomStringConvertible {
             var tls = TLSConfiguration.makeClientConfiguration()
             tls.certificateVerification = .fullVerification
             if let sslRootCert {
-                guard access(sslRootCert, R_OK) == 0 else {
-                    throw ClusterStoreError(.configuration, "cluster.database: sslrootcert \(sslRootCert): \(String(cString: strerror(errno)))")
-                }
+                close(try Self.openRegularFile(sslRootCert, what: "cluster.database: sslrootcert"))
                 tls.trustRoots = .file(sslRootCert)
             }
             return tls

@@ -334,5 +334,18 @@ struct PostgresClusterStoreTests {
         // One trailing newline is ignored, not two.
         #expect(try DatabaseURL("postgresql://u:other@h/d", passwordFile: file).password == "s3cret\n")
         #expect(throws: ClusterStoreError.self) { try DatabaseURL("postgresql://u@h/d", passwordFile: "/nonexistent/pw") }
+        // A FIFO (no writer: opening it for reading would wait for one), a device without end, a folder: refused at
+        // once, each saying so; the same for sslrootcert.
+        let fifo = NSTemporaryDirectory() + "opq-pw-fifo-\(getpid())"
+        #expect(mkfifo(fifo, 0o600) == 0)
+        defer { unlink(fifo) }
+        for path in [fifo, "/dev/zero", NSTemporaryDirectory()] {
+            let started = Date()
+            #expect { try DatabaseURL("postgresql://u@h/d", passwordFile: path) } throws: { "\($0)".contains("not a regular file") }
+            #expect { try DatabaseURL("postgresql://u@h/d?sslmode=verify-full&sslrootcert=\(path)").tlsConfiguration() } throws: {
+                "\($0)".contains("sslrootcert \(path): not a regular file")
+            }
+            #expect(Date().timeIntervalSince(started) < 2)
+        }
     }
 }
