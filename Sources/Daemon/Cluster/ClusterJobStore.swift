@@ -503,7 +503,7 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
             checkDeadline()
             do {
                 if !connected || lock.withLock({ registerWanted }) {
-                    try connect()
+                    try connect(afterOutage: !connected)
                     connected = true
                     nextBeat = 0
                 }
@@ -542,21 +542,23 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
     /// Waits until kicked or `seconds` passed.
     private func sleep(upTo seconds: Double) { loopWake.wait(upTo: seconds) }
 
-    private func connect() throws {
+    /// Migrates, registers and says `connected`: at start, after an outage, and when asked to register again.
+    private func connect(afterOutage: Bool) throws {
         let declaration = lock.withLock { configuration.declaration(node: nodeName, jobSlots: settings.jobSlots) }
         _ = try waitBounded(Self.statementTimeout * 2, on: executor, doing: "migrating the cluster schema", { [store] in try await store.migrate() })
-        // The name is this process's unless another running process holds it (NodeProcess): then it waits, retried
-        // as an outage is, and joins once that one has been silent for leaseSeconds.
-        // The server answered on a connection of migrate's own. The pool may still be waiting out a backoff of
-        // postgres-nio's from the outage (up to a minute; see RenewablePool): a second for it, else a fresh pool.
+        // The server answered on a connection of migrate's own. After an outage the pool may still be waiting out a
+        // backoff of postgres-nio's (up to a minute; see RenewablePool): a second for it, else a fresh pool. (Not
+        // when only registering again: statements of other threads in flight on a working pool would fail.)
         let readOwner: @Sendable () async throws -> NodeOwner? = { [store, nodeName] in try await store.nodeOwner(nodeName) }
         let owner: NodeOwner?
         do {
-            owner = try waitBounded(1, on: executor, doing: "reading who holds node \(nodeName)", readOwner)
-        } catch {
+            owner = try waitBounded(afterOutage ? 1 : Self.statementTimeout, on: executor, doing: "reading who holds node \(nodeName)", readOwner)
+        } catch where afterOutage {
             store.reconnect()
             owner = try waitBounded(Self.statementTimeout, on: executor, doing: "reading who holds node \(nodeName)", readOwner)
         }
+        // The name is this process's unless another running process holds it (NodeProcess): then it waits, retried
+        // as an outage is, and joins once that one has been silent for leaseSeconds.
         let replacing = owner.flatMap { NodeProcess.isGoneFromThisMachine($0.info) ? $0.info : nil }
         let registered = try waitBounded(Self.statementTimeout, on: executor, doing: "registering node \(nodeName)", { [store, settings] in
             try await store.registerNode(declaration, leaseSeconds: settings.leaseSeconds, replacing: replacing)
