@@ -320,9 +320,8 @@ struct ClusterTests {
             let onDisk = harness[k].list("inbox").count + harness[k].list("active/.submissions").count
             let status = try harness[k].statusJSON()["waiting"] as? Int
             #expect(status == onDisk, "node \(k): status says \(status ?? -1) waiting, \(onDisk) manifests wait on disk")
-            let metrics = try harness[k].ctl(["metrics"]).stdout.split(separator: "\n")
-            let gauge = metrics.first { $0.hasPrefix("opqueued_inbox_files ") }.flatMap { Double($0.split(separator: " ").last ?? "") }
-            #expect(gauge == Double(onDisk), "node \(k): opqueued_inbox_files \(gauge ?? -1), \(onDisk) on disk")
+            let gauge = try Scrape.parse(harness[k].ctl(["metrics"]).stdout).value("opqueued_inbox_files")
+            #expect(gauge == Double(onDisk), "node \(k): opqueued_inbox_files \(gauge), \(onDisk) on disk")
             waiting += onDisk
         }
         #expect(waiting >= 10)

@@ -7,47 +7,7 @@ import Testing
 import TestSupport
 @testable import Daemon
 
-/// The parser runs under Debian's Python, where `make deps` installs python3-prometheus-client.
-let systemPython = "/usr/bin/python3"
-
-struct Scrape {
-    let samples: [(name: String, labels: [String: String], value: Double)]
-    let types: [String: String]
-    let contentType: String?
-
-    init(json: String) throws {
-        guard let object = try JSONSerialization.jsonObject(with: Data(json.utf8)) as? [String: Any] else { throw SupportFailure("not JSON: \(json)") }
-        samples = (object["samples"] as? [[String: Any]] ?? []).map {
-            ($0["name"] as? String ?? "", $0["labels"] as? [String: String] ?? [:], ($0["value"] as? NSNumber)?.doubleValue ?? .nan)
-        }
-        types = object["types"] as? [String: String] ?? [:]
-        contentType = object["contentType"] as? String
-    }
-
-    /// The sample's value; 0 when the series does not exist yet (a counter before its first event).
-    func value(_ name: String, _ labels: [String: String] = [:]) -> Double {
-        samples.first { $0.name == name && $0.labels == labels }?.value ?? 0
-    }
-
-    /// Parses text with the real parser.
-    static func parse(_ text: String) throws -> Scrape {
-        let input = Pipe(), output = Pipe(), errors = Pipe()
-        let process = Process()
-        process.executableURL = URL(fileURLWithPath: systemPython)
-        process.arguments = [supportFolder + "/metrics_client.py", "parse"]
-        process.standardInput = input
-        process.standardOutput = output
-        process.standardError = errors
-        try process.run()
-        input.fileHandleForWriting.write(Data(text.utf8))
-        try input.fileHandleForWriting.close()
-        let out = output.fileHandleForReading.readDataToEndOfFile()
-        let err = errors.fileHandleForReading.readDataToEndOfFile()
-        process.waitUntilExit()
-        guard process.terminationStatus == 0 else { throw SupportFailure("the parser refused the text: \(String(decoding: err, as: UTF8.self))") }
-        return try Scrape(json: String(decoding: out, as: UTF8.self))
-    }
-
+extension Scrape {
     static func fromCtl(_ spool: TestSpool) throws -> Scrape {
         let r = try spool.ctl(["metrics"])
         guard r.status == 0 else { throw SupportFailure("opqueuectl metrics: \(r.status) \(r.stderr)") }
