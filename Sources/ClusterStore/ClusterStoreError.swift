@@ -37,8 +37,11 @@ public struct ClusterStoreError: Error, CustomStringConvertible, Sendable {
         if let error = error as? PSQLError {
             if let info = error.serverInfo, let message = info[.message] {
                 // The detail is left out: it may quote a row (a manifest's bytes).
-                let text = "\(doing): the server said: \(message)"
+                var text = "\(doing): the server said: \(message)"
                 let state = info[.sqlState]
+                // 42501 insufficient_privilege, 3F000 invalid_schema_name ("no schema has been selected to create
+                // in"): the role lacks a GRANT, which the server's message alone does not say.
+                if state == "42501" || state == "3F000" { text += " (\(privilegesHint))" }
                 // Class 28 is "invalid authorization", 08 "connection exception", 3D "invalid catalog name".
                 let kind: Kind = state.map { $0.hasPrefix("28") || $0.hasPrefix("08") || $0 == "3D000" } == true
                     ? .connection : .server
@@ -53,6 +56,10 @@ public struct ClusterStoreError: Error, CustomStringConvertible, Sendable {
         }
         return ClusterStoreError(.connection, "\(doing): \(error)")
     }
+
+    /// What the role must be given, for errors that come from a missing GRANT (README, "The cluster").
+    static let privilegesHint = "the role needs CONNECT on the database and USAGE, CREATE on its schema, and every node "
+        + "must log in as the role that created the tables or a member of it: README, The cluster"
 
     private static func describe(_ code: PSQLError.Code) -> String {
         switch code {

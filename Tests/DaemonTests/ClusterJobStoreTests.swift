@@ -705,6 +705,41 @@ struct ClusterJobStoreTests {
         #expect(!line.message.contains("wrong-password-xyz"))
     }
 
+    /// A role without the README's GRANTs is told which privileges it lacks, not only the server's words: first a
+    /// role that may connect but not create in the schema, then one that may use the schema but is not the tables'
+    /// owner (nor a member of the role that is). Each waits `disconnected`, retrying, and crashes nothing.
+    @Test func aRoleWithoutItsGrantsIsToldWhatItLacks() throws {
+        let server = try PostgresServer.shared.get()
+        let database = try server.createDatabase()
+        let suffix = UInt32.random(in: 1...UInt32.max)
+        let (bare, stranger) = ("opqbare\(suffix)", "opqstranger\(suffix)")
+        try server.psql("postgres", "CREATE ROLE \(bare) LOGIN PASSWORD 'bare-pw'; CREATE ROLE \(stranger) LOGIN PASSWORD 'stranger-pw'")
+        try server.psql("postgres", "GRANT CONNECT ON DATABASE \(database) TO \(bare), \(stranger)")
+        try server.psql(database, "REVOKE ALL ON SCHEMA public FROM PUBLIC; GRANT USAGE ON SCHEMA public TO \(stranger)")
+
+        func disconnectedLine(user: String, password: String) throws -> String {
+            let node = try ClusterNode("g\(user.suffix(4))", server: server, database: database, user: user, password: password)
+            defer { node.close() }
+            _ = node.store.recovered([])
+            #expect(eventually { node.logs.all.contains { $0.metadata["OPQ_STATE"] == "disconnected" } })
+            return node.logs.all.first { $0.metadata["OPQ_STATE"] == "disconnected" }?.message ?? "(none)"
+        }
+
+        // No CREATE on the schema: the tables cannot be made.
+        let first = try disconnectedLine(user: bare, password: "bare-pw")
+        #expect(first.contains("migrating the cluster schema"), "\(first)")
+        #expect(first.contains("USAGE, CREATE on its schema"), "\(first)")
+
+        // The tables made by the node role; another role that is no member of it may not touch them.
+        let owner = try ClusterNode("owner", server: server, database: database)
+        _ = owner.store.recovered([])
+        #expect(eventually { owner.logs.states("cluster").contains("connected") })
+        owner.close()
+        let second = try disconnectedLine(user: stranger, password: "stranger-pw")
+        #expect(second.contains("permission denied"), "\(second)")
+        #expect(second.contains("a member of it"), "\(second)")
+    }
+
     /// Rows are input: a hand-inserted row with an id that would escape the spool, and one whose manifest is not a
     /// property list, crash nothing; the first is recorded rejected without touching the spool, the second is
     /// handed to the shell (which validates it against its own configuration and rejects it).
