@@ -314,6 +314,7 @@ public enum Wakeup: Sendable, Equatable {
 public protocol ClusterStore: Sendable {
     /// After an outage, once the server answers again: statements go through fresh connections from now on, not
     /// through a pool that may still be waiting out a backoff of its own (SPEC §8: retried at most 5 s apart).
+    /// May block for up to a second, until the fresh connections can be used: call it from a thread, not a task.
     func reconnect()
 
     /// Creates or upgrades the schema (one migrator at a time); returns the version now applied.

@@ -5,6 +5,7 @@
 // and the pool still does not answer, `renew` puts a fresh pool in its place, whose first request connects at once.
 // Statements in flight on the old pool fail (it is shut down) and are retried like any failed statement.
 
+import Dispatch
 import Logging
 import PostgresNIO
 import Synchronization
@@ -15,46 +16,71 @@ final class RenewablePool: Sendable {
         var retire: AsyncStream<Void>.Continuation
     }
 
+    /// A pool handed to `run`: `begin` (once, just before its run() starts) makes it the one statements use.
+    private struct Pool: Sendable {
+        let client: PostgresClient
+        let retired: AsyncStream<Void>
+        let begin: @Sendable () -> Void
+    }
+
     private let configuration: PostgresClient.Configuration
     private let logger: Logger
     private let current: Mutex<Current>
     /// Every pool to run, in order: `run` runs each until it is retired (or `run` is cancelled).
-    private let pools: AsyncStream<(PostgresClient, AsyncStream<Void>)>
-    private let poolsContinuation: AsyncStream<(PostgresClient, AsyncStream<Void>)>.Continuation
+    private let pools: AsyncStream<Pool>
+    private let poolsContinuation: AsyncStream<Pool>.Continuation
 
     init(configuration: PostgresClient.Configuration, logger: Logger) {
         self.configuration = configuration
         self.logger = logger
-        (pools, poolsContinuation) = AsyncStream.makeStream(of: (PostgresClient, AsyncStream<Void>).self)
+        (pools, poolsContinuation) = AsyncStream.makeStream(of: Pool.self)
         let client = PostgresClient(configuration: configuration, backgroundLogger: logger)
         let (retired, retire) = AsyncStream.makeStream(of: Void.self)
         current = Mutex(Current(client: client, retire: retire))
-        poolsContinuation.yield((client, retired))
+        poolsContinuation.yield(Pool(client: client, retired: retired, begin: {}))
     }
 
     /// The pool statements go through now.
     var client: PostgresClient { current.withLock { $0.client } }
 
-    /// A fresh pool from now on; the old one is shut down.
-    func renew() {
+    /// A fresh pool from now on; the old one is shut down. The fresh pool becomes the one statements use when its
+    /// run() starts, never before (postgres-nio warns of a pool used before it runs): returns then, or after
+    /// `wait` seconds (a cooperative pool too busy to start it: the old pool serves until it does). Blocks: call it
+    /// from a thread of its own (the node's loop), not from a task.
+    func renew(wait: Double = 1) {
         let fresh = PostgresClient(configuration: configuration, backgroundLogger: logger)
         let (retired, retire) = AsyncStream.makeStream(of: Void.self)
-        let old = current.withLock { current in
-            defer { current = Current(client: fresh, retire: retire) }
-            return current.retire
+        let running = DispatchSemaphore(value: 0)
+        let begin: @Sendable () -> Void = { [weak self] in
+            let old = self?.current.withLock { current in
+                defer { current = Current(client: fresh, retire: retire) }
+                return current.retire
+            }
+            // The old pool is shut down, and the caller let go, a moment later: by then this thread has long
+            // entered the fresh pool's run() (called right after this returns), whose first step marks it running;
+            // done at once, the woken caller's statement could reach the pool in between.
+            DispatchQueue.global().asyncAfter(deadline: .now() + .milliseconds(5)) {
+                old?.finish()
+                running.signal()
+            }
         }
-        poolsContinuation.yield((fresh, retired))
-        old.finish()
+        poolsContinuation.yield(Pool(client: fresh, retired: retired, begin: begin))
+        _ = running.wait(timeout: .now() + wait)
     }
 
     /// Runs each pool until it is retired; returns when the calling task is cancelled.
     func run() async {
         await withDiscardingTaskGroup { group in
-            for await (client, retired) in pools {
+            for await pool in pools {
                 group.addTask {
                     await withTaskGroup(of: Void.self) { one in
-                        one.addTask { await client.run() }
-                        one.addTask { for await _ in retired {} }
+                        one.addTask {
+                            // Made current on this thread, then run() at once: its first step marks the pool
+                            // running, before any statement can have found it.
+                            pool.begin()
+                            await pool.client.run()
+                        }
+                        one.addTask { for await _ in pool.retired {} }
                         _ = await one.next()
                         one.cancelAll()
                     }
