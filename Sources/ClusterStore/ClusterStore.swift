@@ -397,6 +397,9 @@ public protocol ClusterStore: Sendable {
 
     /// Deletes finished jobs older than `olderThanSeconds` in batches of `batchSize`, each its own short transaction.
     func prune(olderThanSeconds: Double, batchSize: Int) async throws -> PruneReport
+    /// Forgets the nodes silent for more than `silentForSeconds` that hold nothing (no running job, no cluster slot,
+    /// no wait for one): their rows go, with the queues and commands they declared. Returns their names.
+    func forgetNodes(silentForSeconds: Double) async throws -> [String]
 
     /// Wake-ups for the node's loops (one consumer).
     var wakeups: AsyncStream<Wakeup> { get }

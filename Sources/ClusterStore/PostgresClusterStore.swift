@@ -446,6 +446,14 @@ public final class PostgresClusterStore: ClusterStore {
         }
     }
 
+    public func forgetNodes(silentForSeconds: Double) async throws -> [String] {
+        var binds = PostgresBindings()
+        binds.append(silentForSeconds)
+        return try await query(Queries.pruneNodes, binds, doing: "forgetting nodes long silent").map { row in
+            try decode(row.makeRandomAccess()[0], String.self)
+        }
+    }
+
     // MARK: cluster slots
 
     public func acquireSlots(queue: String, limit: Int, node: String, count: Int, priority: Int,

@@ -173,6 +173,37 @@ struct PostgresClusterStoreTests {
         #expect(!said.contains { $0.contains("run()") }, "\(said)")
     }
 
+    /// Nodes silent longer than asked and holding nothing are forgotten, with their declarations; a node that still
+    /// runs a job, holds a cluster slot or waits for one is kept however long silent, and so is one that beat since.
+    /// One that comes back registers again.
+    @Test func forgetNodesTakesOnlyTheLongSilentThatHoldNothing() async throws {
+        let server = try PostgresServer.shared.get()
+        let (store, under) = try await makePostgresStore()
+        _ = try await store.migrate()
+        let database = store.url.database
+        for name in ["idle", "busy", "slot", "waiter", "recent"] {
+            try await store.registerNode(node(name, queues: ["default", "q-\(name)"], limits: ["api": 2]))
+        }
+        _ = try await store.insertJobs([job("held")])
+        #expect(try await store.claimJobs(node: "busy", limit: 1, queues: ["default"], commands: [], budget: .max, maxManifestBytes: .max).count == 1)
+        #expect(try await store.acquireSlots(queue: "api", limit: 2, node: "slot", count: 1, priority: 2, leaseSeconds: 60).count == 1)
+        try await store.waitForSlot(queue: "api", node: "waiter", priority: 2)
+        try server.psql(database, "UPDATE opq_nodes SET last_heartbeat = now() - interval '3 days' WHERE node <> 'recent'")
+        try server.psql(database, "UPDATE opq_nodes SET last_heartbeat = now() - interval '1 day' WHERE node = 'recent'")
+
+        #expect(try await store.forgetNodes(silentForSeconds: 2 * 86_400) == ["idle"])
+        #expect(try await store.forgetNodes(silentForSeconds: 2 * 86_400) == [], "nothing more")
+        let declared = try await store.declared()
+        #expect(!declared.queues.contains("q-idle"))
+        #expect(declared.queues.isSuperset(of: ["q-busy", "q-slot", "q-waiter", "q-recent"]))
+        #expect(try await store.nodes(leaseSeconds: 15).map(\.node).sorted() == ["busy", "recent", "slot", "waiter"])
+        // Back after all: its beat finds no row, and it registers again.
+        #expect(try await store.heartbeat(node: "idle").registered == false)
+        try await store.registerNode(node("idle"))
+        #expect(try await store.heartbeat(node: "idle").registered)
+        await under.close()
+    }
+
     /// Commits per job for batches of inserts, claims and completions, from pg_stat_database.xact_commit.
     @Test func commitsPerJob() async throws {
         let server = try PostgresServer.shared.get()
@@ -252,6 +283,7 @@ struct PostgresClusterStoreTests {
         let done = try await store.completeJobs(claimed.map { JobCompletion(job: $0.id, fence: $0.fence, status: "succeeded", result: [0]) })
         #expect(done == ["split-a", "split-b"])
         _ = try await store.prune(olderThanSeconds: 0, batchSize: 10)
+        #expect(try await store.forgetNodes(silentForSeconds: 0) == ["run"], "a node row may be deleted")
         #expect(try server.psql(database, "SELECT tableowner FROM pg_tables WHERE tablename = 'opq_jobs'").contains(PostgresServer.role),
                 "the tables stay the owner's")
         runner.cancel()

@@ -815,6 +815,7 @@ struct ClusterJobStoreTests {
         let rows = daysAgo.sorted { $0.key < $1.key }.enumerated().map { i, job in
             "('\(job.key)', '\(job.key)', '\\x00', '\(job.key).plist', 'a', 2, 2, '{}', '{}', 'finished', 'a', \(i + 1), 'succeeded', now() - interval '\(job.value) days')"
         }
+        if rows.isEmpty { return (server, database) }
         try server.psql(database, """
             INSERT INTO opq_jobs (id, requested_id, manifest, manifest_name, submitted_on, qos_rank, priority_rank, queues, commands, state, node, fence, status, finished_at)
             VALUES \(rows.joined(separator: ", "))
@@ -830,6 +831,22 @@ struct ClusterJobStoreTests {
         _ = again.store.recovered([])
         #expect(eventually { trimmed((try? server.psql(database, "SELECT string_agg(id, ',') FROM opq_jobs")) ?? "") == "young" })
         #expect(again.logs.all.contains { $0.message.contains("pruned 1 finished job(s)") })
+    }
+
+    /// With the history: a node silent for longer than keepFinishedDays (7 by default), holding nothing, is forgotten
+    /// (`status` no longer lists it, its queues are no longer accepted); one silent for 3 days is down, not gone.
+    @Test func nodesGoneLongerThanTheHistoryAreForgotten() throws {
+        let (server, database) = try databaseWithFinishedJobs([:])
+        try server.psql(database, """
+            INSERT INTO opq_nodes (node, queues, commands, job_slots, last_heartbeat)
+            VALUES ('gone', '{default,gpu}', '{}', 4, now() - interval '8 days'), ('away', '{default,tape}', '{}', 4, now() - interval '3 days')
+            """)
+        let a = try ClusterNode("a", server: server, database: database)
+        defer { a.close() }
+        _ = a.store.recovered([])
+        #expect(eventually { trimmed((try? server.psql(database, "SELECT string_agg(node, ',' ORDER BY node) FROM opq_nodes")) ?? "") == "a,away" })
+        #expect(a.logs.all.contains { $0.message.contains("node gone forgotten: silent for more than 7 days") })
+        #expect(eventually { a.store.snapshot()?.nodes.map(\.node).sorted() == ["a", "away"] })
     }
 
     /// A prune that waits — here on a lock another session holds on an old row for 5 s — holds back neither the

@@ -363,6 +363,21 @@ WHERE ctid IN (
 )
 RETURNING id;
 
+-- name: PruneNodes
+-- Nodes silent for more than $1 seconds that hold nothing (no running job, no cluster slot, no wait for one; a takeover
+-- took them long ago): their rows go, and with them the queues and commands they declared, which submissions stop
+-- accepting on their account. A node that comes back registers again. A node beating at this instant keeps its row
+-- (the DELETE re-reads a row updated meanwhile). Notifies 'nodes' when any went.
+WITH gone AS (
+    DELETE FROM opq_nodes AS n
+    WHERE n.last_heartbeat < now() - make_interval(secs => $1::float8)
+      AND NOT EXISTS (SELECT 1 FROM opq_jobs AS j WHERE j.state = 'running' AND j.node = n.node)
+      AND NOT EXISTS (SELECT 1 FROM opq_queue_slots AS s WHERE s.holder = n.node)
+      AND NOT EXISTS (SELECT 1 FROM opq_slot_waiters AS w WHERE w.node = n.node)
+    RETURNING n.node
+)
+SELECT node, (SELECT pg_notify('opqueued', 'nodes') FROM (SELECT 1 FROM gone LIMIT 1) AS g) FROM gone;
+
 -- name: QueueCounts
 -- For status: per queue, the jobs of the cluster that use it, waiting and running (a job counts once in each of
 -- its queues). Reads the two small partial indexes' rows, never the finished history.

@@ -98,6 +98,9 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
     static let pollSeconds = 1.0
     static let pruneEverySeconds = 3600.0
     static let pruneBatch = 500
+    /// A node silent this many days (or keepFinishedDays, if more) and holding nothing is forgotten: never a node
+    /// that is merely down for a while, whatever keepFinishedDays says.
+    static let forgetNodesAfterDaysAtLeast = 1.0
     /// Submissions held in memory at most: past it, manifests wait in the inbox (a flood of a million is not
     /// read into memory ahead of the inserts; with the database down, the inbox is where they wait).
     static let pendingLimit = 4096
@@ -959,6 +962,16 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
         if report.deleted > 0 {
             logger.info("cluster: pruned \(report.deleted) finished job(s) older than \(formatSeconds(settings.keepFinishedDays)) days in \(report.batches) batch(es)")
         }
+        // Nodes gone for good (renamed, replaced, scaled away): their rows would be listed by `status` forever and
+        // their queues and commands accepted at submission though no node will come to run them.
+        let days = max(settings.keepFinishedDays, Self.forgetNodesAfterDaysAtLeast)
+        let forgotten = try waitBounded(Self.statementTimeout, on: executor, doing: "forgetting nodes long silent", { [store] in
+            try await store.forgetNodes(silentForSeconds: days * 86_400)
+        })
+        for node in forgotten {
+            logger.notice("cluster: node \(node) forgotten: silent for more than \(formatSeconds(days)) days and holding nothing; the queues and commands only it declared are no longer accepted (it registers again if it comes back)")
+        }
+        if !forgotten.isEmpty { wantStatus() }
     }
 
     // MARK: the lease deadline
