@@ -511,14 +511,16 @@ struct ClusterJobStoreTests {
     @Test func heartbeatsGoOnWhileTheCooperativePoolIsBlocked() throws {
         let server = try PostgresServer.shared.get()
         let database = try server.createDatabase()
-        let a = try ClusterNode("a", server: server, database: database, leaseSeconds: 2)
+        // A lease of 4 s (beats every 1.3 s, the deadline 3.2 s after the last) blocked for 6 s: a machine busy with
+        // the rest of the suite may hold a beat back a second or more, never the 6 s the block lasts.
+        let a = try ClusterNode("a", server: server, database: database, leaseSeconds: 4)
         defer { a.close() }
         _ = a.store.recovered([])
         a.store.want(room: 1, manifestBytes: .max)
         _ = a.store.submit([try a.drop("steady", sleepManifest("steady", seconds: 60))])
         #expect(eventually { a.shell.ran.count == 1 })
         let blockers = ProcessInfo.processInfo.activeProcessorCount + 2
-        let blockedUntil = monotonicSeconds() + 3
+        let blockedUntil = monotonicSeconds() + 6
         for _ in 0..<blockers {
             Task.detached { while monotonicSeconds() < blockedUntil { usleep(10_000) } }
         }
