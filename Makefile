@@ -18,6 +18,9 @@ SPOOL ?= ./spool
 # binaries (initdb, pg_ctl, psql) of the cluster tests' throwaway servers, Tests/Support/PostgresServer.swift;
 # the package's own cluster is never used.)
 APT_PACKAGES = pkg-config libpng-dev libjpeg-dev libcurl4-openssl-dev libsystemd-dev systemd mandoc python3-prometheus-client postgresql
+# Only the tests': PgBouncer, run by a test in front of its throwaway server (Tests/Support/PgBouncer.swift); the
+# package's own service is never used.
+TEST_APT_PACKAGES = pgbouncer
 
 .PHONY: sql run example test campaigns fuzz-codecs fuzz-plist fuzz-manifest deps build release bench install install-files man clean
 
@@ -36,7 +39,7 @@ sql:
 	python3 Sources/ClusterStore/SQL/generate.py
 
 deps:
-	@missing=""; for p in $(APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	@missing=""; for p in $(APT_PACKAGES) $(EXTRA_APT_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing:$$missing"; \
 	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
@@ -68,7 +71,8 @@ CAMPAIGN = .build/debug/opqueue-campaign
 
 # The fuzzers are built first: each compiles a hand-picked set of sources, and a file of that set that starts to use
 # something outside it breaks the build in the first minutes, not after the tests.
-test: deps
+test:
+	$(MAKE) deps EXTRA_APT_PACKAGES="$(TEST_APT_PACKAGES)"
 	$(MAKE) fuzzers
 	$(SWIFT) build --build-tests
 	$(SWIFT) test

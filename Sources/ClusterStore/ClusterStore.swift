@@ -308,6 +308,8 @@ public enum Wakeup: Sendable, Equatable {
     case connected
     /// The listening connection is down; it reconnects on its own.
     case disconnected(String)
+    /// A node's probe (`probeWakeups`) came back: wake-ups reach this listener.
+    case probe(String)
 }
 
 /// Every database action the cluster needs. One method is one transaction unless it says otherwise.
@@ -400,6 +402,8 @@ public protocol ClusterStore: Sendable {
     /// Forgets the nodes silent for more than `silentForSeconds` that hold nothing (no running job, no cluster slot,
     /// no wait for one): their rows go, with the queues and commands they declared. Returns their names.
     func forgetNodes(silentForSeconds: Double) async throws -> [String]
+    /// Notifies a probe carrying `token` (heard back as `Wakeup.probe(token)` by every listener it reaches).
+    func probeWakeups(_ token: String) async throws
 
     /// Wake-ups for the node's loops (one consumer).
     var wakeups: AsyncStream<Wakeup> { get }

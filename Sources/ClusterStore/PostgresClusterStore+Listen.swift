@@ -24,6 +24,8 @@ extension PostgresClusterStore {
                             case "control": wakeupContinuation.yield(.control)
                             case "slots": wakeupContinuation.yield(.slots)
                             case "nodes": wakeupContinuation.yield(.nodes)
+                            case let payload where payload.hasPrefix("probe "):
+                                wakeupContinuation.yield(.probe(String(payload.dropFirst("probe ".count))))
                             default: break  // a newer node's wake-up: the poll covers it
                             }
                         }

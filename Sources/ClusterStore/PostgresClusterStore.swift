@@ -454,6 +454,12 @@ public final class PostgresClusterStore: ClusterStore {
         }
     }
 
+    public func probeWakeups(_ token: String) async throws {
+        var binds = PostgresBindings()
+        binds.append(token)
+        _ = try await query(Queries.notifyProbe, binds, doing: "probing wake-ups")
+    }
+
     // MARK: cluster slots
 
     public func acquireSlots(queue: String, limit: Int, node: String, count: Int, priority: Int,

@@ -117,6 +117,12 @@ enum Queries {
     SELECT pg_notify('opqueued', 'nodes')
     """#
 
+    /// A node's probe of its own wake-ups: its listener must hear 'probe <token>' (behind a pooler in transaction mode it
+    /// never does). $1 the token.
+    static let notifyProbe = #"""
+    SELECT pg_notify('opqueued', 'probe ' || $1::text)
+    """#
+
     /// One claim round in one statement: up to $2 waiting jobs, in claim order, whose queues and commands are all
     /// among the node's ($3, $4); rows another claimer holds are skipped, never waited for. Each gets a new fence.
     /// $1 node, $2 limit, $3 node queues, $4 node commands. The statement is opq_claim_jobs (migration 3), which keeps

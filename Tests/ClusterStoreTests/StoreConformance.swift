@@ -511,7 +511,7 @@ enum StoreConformance {
         }
     }
 
-    /// Wake-ups: the listener connects, then an insert and a suspend each wake it.
+    /// Wake-ups: the listener connects, then an insert, a suspend and a probe each wake it (the probe with its token).
     static func wakeups(_ factory: StoreFactory) async throws {
         try await withStore(factory) { store in
             let seen = Locked<[Wakeup]>([])
@@ -524,6 +524,8 @@ enum StoreConformance {
             #expect(try await eventually(within: 5) { seen.withLock { $0.contains(.jobs) } })
             try await store.setSuspended("io", true)
             #expect(try await eventually(within: 5) { seen.withLock { $0.contains(.control) } })
+            try await store.probeWakeups("n1/42")
+            #expect(try await eventually(within: 5) { seen.withLock { $0.contains(.probe("n1/42")) } })
         }
     }
 }

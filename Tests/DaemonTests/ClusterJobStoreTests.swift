@@ -82,11 +82,11 @@ final class ClusterNode: @unchecked Sendable {
 
     init(_ name: String, server: PostgresServer, database: String, user: String = PostgresServer.role, password: String? = nil,
          leaseSeconds: Double = 15, jobSlots: Int = 4, queues: [String: Any] = [:], spoolFolder: String? = nil, spool existing: Spool? = nil,
-         maxManifestBytes: Int = ManifestLimits.maxBytes) throws {
+         maxManifestBytes: Int = ManifestLimits.maxBytes, url: String? = nil) throws {
         self.name = name
         folder = spoolFolder ?? NSTemporaryDirectory() + "opq-cluster-\(name)-\(UInt64.random(in: 1...UInt64.max))"
         spool = try existing ?? Spool(root: folder)
-        var top: [String: Any] = ["cluster": ["database": server.url(database, user: user), "passwordFile": try server.passwordFile(password),
+        var top: [String: Any] = ["cluster": ["database": url ?? server.url(database, user: user), "passwordFile": try server.passwordFile(password),
                                               "node": name, "leaseSeconds": leaseSeconds, "jobSlots": jobSlots]]
         if !queues.isEmpty { top["queues"] = queues }
         let configuration = try Configuration.parse(plist(top))
@@ -707,6 +707,34 @@ struct ClusterJobStoreTests {
         #expect(!line.message.contains("wrong-password-xyz"))
     }
 
+    /// Behind PgBouncer in transaction mode a node works (by its poll) and says, once, that wake-ups do not reach it:
+    /// LISTEN succeeds there and nothing ever arrives, silently everywhere else. A node beside it that talks to
+    /// PostgreSQL itself hears its probes and says nothing. A job pinned to the pooled node, submitted on the other,
+    /// still runs there.
+    @Test func behindATransactionPoolerANodeSaysWakeupsDoNotReachIt() throws {
+        let server = try PostgresServer.shared.get()
+        let database = try server.createDatabase()
+        let bouncer = try PgBouncer(server: server, database: database)
+        defer { bouncer.stop() }
+        let direct = try ClusterNode("direct", server: server, database: database, leaseSeconds: 3)
+        let pooled = try ClusterNode("pooled", server: server, database: database, leaseSeconds: 3,
+                                     queues: ["pooled-only": ["maxConcurrentOperationCount": 1]], url: bouncer.url(database))
+        defer { direct.close(); pooled.close() }
+        _ = direct.store.recovered([])
+        _ = pooled.store.recovered([])
+        let warning = "wake-ups do not reach node pooled"
+        #expect(eventually(30) { pooled.logs.all.contains { $0.message.contains(warning) } })
+        #expect(!pooled.store.wakeupsArrive)
+        #expect(direct.store.wakeupProbesHeard >= 1, "the direct node heard its own probe")
+        #expect(direct.store.wakeupsArrive && !direct.logs.all.contains { $0.message.contains("wake-ups do not reach") })
+        #expect(pooled.logs.all.filter { $0.message.contains(warning) }.count == 1, "said once")
+
+        // Jobs still reach it, by its poll.
+        pooled.store.want(room: 4, manifestBytes: .max)
+        #expect(direct.store.submit([try direct.drop("pinned", sleepManifest("pinned", queue: "pooled-only"))]).isEmpty)
+        #expect(eventually(10) { pooled.shell.ran.contains { $0.job.id == "pinned" } })
+    }
+
     /// A role without the README's GRANTs is told which privileges it lacks, not only the server's words: first a
     /// role that may connect but not create in the schema, then one that may use the schema but is not the tables'
     /// owner (nor a member of the role that is). Each waits `disconnected`, retrying, and crashes nothing.
@@ -1028,6 +1056,45 @@ struct ClusterJobStoreTests {
         #expect(s.suspendedRead(["io"]) == ["io"])
         let lines = [s.connectionFailed(), s.connectionFailed(), s.connectionSucceeded(), s.connectionSucceeded(), s.connectionFailed()]
         #expect(lines == [true, false, true, false, true])
+    }
+
+    /// The wake-up probe as pure state: a probe heard keeps wake-ups `arriving` and sets the next a minute later;
+    /// one missed is tried again at once, two missed in a row say `notArriving` once; a probe heard later says
+    /// `arriving` again. Another node's token, or a probe lost with a listener that reconnected, judges nothing.
+    @Test func wakeupProbeSaysOnceWhenWakeupsStopAndWhenTheyCome() {
+        var p = WakeupProbe()
+        #expect(!p.due(now: 0), "nothing before the listener is up")
+        p.listenerConnected(now: 10)
+        #expect(p.due(now: 10))
+        p.sent("t1", now: 10)
+        #expect(!p.due(now: 10) && p.nextEvent() == 10 + WakeupProbe.wait)
+        #expect(p.heard("another node's", now: 10.1) == nil)
+        #expect(p.heard("t1", now: 10.2) == nil, "arriving was assumed: nothing to say")
+        #expect(p.heardCount == 1 && p.nextEvent() == 10.2 + WakeupProbe.every)
+        #expect(!p.due(now: 60) && p.due(now: 70.2))
+
+        p.sent("t2", now: 71)
+        #expect(p.check(now: 73) == nil, "not yet waited long enough")
+        #expect(p.check(now: 74) == nil, "one miss: tried again at once")
+        #expect(p.due(now: 74))
+        p.sent("t3", now: 74)
+        #expect(p.check(now: 77) == .notArriving)
+        #expect(p.verdict == .notArriving && !p.due(now: 100) && p.due(now: 137))
+        p.sent("t4", now: 137)
+        #expect(p.check(now: 140) == nil, "said once")
+        p.sent("t5", now: 140)
+        #expect(p.heard("t5", now: 140.5) == .arriving)
+
+        // A probe in flight when the listener dropped is not a miss.
+        p.sent("t6", now: 300)
+        p.listenerDisconnected()
+        #expect(p.check(now: 400) == nil && !p.due(now: 400) && p.nextEvent() == nil)
+        p.listenerConnected(now: 401)
+        #expect(p.heard("t6", now: 401) == nil && p.due(now: 401))
+        // A probe that could not be sent is not a miss either; another goes `wait` later.
+        p.sent("t7", now: 401)
+        p.notSent(now: 401)
+        #expect(p.check(now: 410) == nil && p.verdict == .arriving && p.due(now: 401 + WakeupProbe.wait))
     }
 
     @Test func slotsDroppedAtTheDeadline() {

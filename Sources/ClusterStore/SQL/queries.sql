@@ -101,6 +101,11 @@ SELECT pg_notify('opqueued', 'slots');
 -- A node registered: the others read what the cluster declares again (submissions validate against it).
 SELECT pg_notify('opqueued', 'nodes');
 
+-- name: NotifyProbe
+-- A node's probe of its own wake-ups: its listener must hear 'probe <token>' (behind a pooler in transaction mode it
+-- never does). $1 the token.
+SELECT pg_notify('opqueued', 'probe ' || $1::text);
+
 -- name: ClaimJobs
 -- One claim round in one statement: up to $2 waiting jobs, in claim order, whose queues and commands are all
 -- among the node's ($3, $4); rows another claimer holds are skipped, never waited for. Each gets a new fence.

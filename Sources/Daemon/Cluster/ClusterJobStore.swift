@@ -87,6 +87,8 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
     /// The loop has connected (migrated, registered, freed what an earlier process of the node held) once: before,
     /// the status thread has nothing to read.
     private var hasConnected = false
+    /// Whether wake-ups reach this node (driven by the status thread and the listener).
+    private var probe = WakeupProbe()
     private var listener: Task<Void, Never>?
     private let finished = DispatchGroup()
     let executor = ClusterExecutor(label: "opqueued-cluster-executor")
@@ -491,8 +493,19 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
         case .nodes:
             wantStatus()
             return
-        case .connected: lock.withLock { claimWanted = true; controlWanted = true }
-        case .disconnected: return
+        case .connected:
+            lock.withLock {
+                claimWanted = true
+                controlWanted = true
+                probe.listenerConnected(now: monotonicSeconds())
+            }
+            wantStatus()
+        case .disconnected:
+            lock.withLock { probe.listenerDisconnected() }
+            return
+        case .probe(let token):
+            report(lock.withLock { probe.heard(token, now: monotonicSeconds()) })
+            return
         }
         kick()
     }
@@ -629,18 +642,65 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
     private func wantStatus() { statusWake.signal() }
 
     /// Reads the snapshot every leaseSeconds/3, and at once when asked (a node registered, this one connected);
-    /// a failed read is tried again at the next period (the loop reports the connection's state).
+    /// a failed read is tried again at the next period (the loop reports the connection's state). Between reads it
+    /// sends and judges the wake-up probes (`WakeupProbe`).
     private func statusLoop() {
         let period = max(0.2, settings.leaseSeconds / 3)
+        var nextRefresh = 0.0
         while !lock.withLock({ stopped }) {
-            do {
-                if lock.withLock({ hasConnected }) { try refreshSnapshot() }
-            } catch {
-                logger.debug("cluster: the status snapshot was not refreshed: \(error)")
+            guard lock.withLock({ hasConnected }) else {
+                statusWake.wait(upTo: period)
+                continue
             }
-            statusWake.wait(upTo: period)
+            if monotonicSeconds() >= nextRefresh {
+                do {
+                    try refreshSnapshot()
+                } catch {
+                    logger.debug("cluster: the status snapshot was not refreshed: \(error)")
+                }
+                nextRefresh = monotonicSeconds() + period
+            }
+            probeWakeups()
+            let next = min(nextRefresh, lock.withLock { probe.nextEvent() } ?? .infinity)
+            // Asked (wantStatus) or not, a refresh at least every period.
+            if statusWake.wait(upTo: max(0.02, next - monotonicSeconds())) { nextRefresh = 0 }
         }
     }
+
+    /// On the status thread: judges the last probe, and sends the next one when it is due (WakeupProbe).
+    private func probeWakeups() {
+        report(lock.withLock { probe.check(now: monotonicSeconds()) })
+        let token = "\(nodeName)/\(UInt64.random(in: 1...UInt64.max))"
+        // Recorded before it goes: the listener may hear it before the statement returns.
+        let due = lock.withLock { () -> Bool in
+            let now = monotonicSeconds()
+            guard probe.due(now: now) else { return false }
+            probe.sent(token, now: now)
+            return true
+        }
+        guard due else { return }
+        do {
+            try waitBounded(Self.statementTimeout, on: executor, doing: "probing wake-ups", { [store] in try await store.probeWakeups(token) })
+        } catch {
+            lock.withLock { probe.notSent(now: monotonicSeconds()) }
+        }
+    }
+
+    private func report(_ verdict: WakeupProbe.Verdict?) {
+        switch verdict {
+        case .notArriving?:
+            logger.warning("cluster: wake-ups do not reach node \(nodeName): its listening connection did not hear the notifications it sent itself (\(WakeupProbe.misses) in a row, \(formatSeconds(WakeupProbe.wait)) s each). Is a connection pooler in transaction or statement mode (PgBouncer's usual setting) between the node and PostgreSQL? Jobs, cancels and suspensions now reach this node by its poll, about a second late, instead of within 100 ms: point cluster.database at PostgreSQL itself or at a pool in session mode")
+        case .arriving?:
+            logger.notice("cluster: wake-ups reach node \(nodeName) again")
+        case nil:
+            break
+        }
+    }
+
+    /// Whether wake-ups (LISTEN/NOTIFY) are known to reach this node: false once two probes in a row went unheard.
+    var wakeupsArrive: Bool { lock.withLock { probe.verdict == .arriving } }
+    /// How many of this node's probes came back to it.
+    var wakeupProbesHeard: Int { lock.withLock { probe.heardCount } }
 
     private func disconnected(_ error: any Error) {
         let reason = "\(error)"

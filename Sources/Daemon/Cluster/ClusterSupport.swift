@@ -231,11 +231,15 @@ final class ThreadSignal: @unchecked Sendable {
     }
 
     /// Waits until signalled or `seconds` passed; the signal is consumed either way.
-    func wait(upTo seconds: Double) {
+    /// Returns whether it was signalled (rather than timed out).
+    @discardableResult
+    func wait(upTo seconds: Double) -> Bool {
         condition.lock()
         if !signalled { _ = condition.wait(until: Date(timeIntervalSinceNow: max(0, seconds))) }
+        let was = signalled
         signalled = false
         condition.unlock()
+        return was
     }
 }
 
