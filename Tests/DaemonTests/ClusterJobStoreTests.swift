@@ -511,16 +511,17 @@ struct ClusterJobStoreTests {
     @Test func heartbeatsGoOnWhileTheCooperativePoolIsBlocked() throws {
         let server = try PostgresServer.shared.get()
         let database = try server.createDatabase()
-        // A lease of 4 s (beats every 1.3 s, the deadline 3.2 s after the last) blocked for 6 s: a machine busy with
-        // the rest of the suite may hold a beat back a second or more, never the 6 s the block lasts.
-        let a = try ClusterNode("a", server: server, database: database, leaseSeconds: 4)
+        // A lease of 3 s (beats every second, the deadline 2.4 s after the last) blocked for 4 s: a machine busy with
+        // the rest of the suite may hold a beat back a second or more, never the 4 s the block lasts. Not longer:
+        // the block stops every test running beside this one on the shared pool (ClusterPermitsTests' leases).
+        let a = try ClusterNode("a", server: server, database: database, leaseSeconds: 3)
         defer { a.close() }
         _ = a.store.recovered([])
         a.store.want(room: 1, manifestBytes: .max)
         _ = a.store.submit([try a.drop("steady", sleepManifest("steady", seconds: 60))])
         #expect(eventually { a.shell.ran.count == 1 })
         let blockers = ProcessInfo.processInfo.activeProcessorCount + 2
-        let blockedUntil = monotonicSeconds() + 6
+        let blockedUntil = monotonicSeconds() + 4
         for _ in 0..<blockers {
             Task.detached { while monotonicSeconds() < blockedUntil { usleep(10_000) } }
         }
@@ -709,24 +710,28 @@ struct ClusterJobStoreTests {
 
     /// Behind PgBouncer in transaction mode a node works (by its poll) and says, once, that wake-ups do not reach it:
     /// LISTEN succeeds there and nothing ever arrives, silently everywhere else. A node beside it that talks to
-    /// PostgreSQL itself hears its probes and says nothing. A job pinned to the pooled node, submitted on the other,
-    /// still runs there.
+    /// PostgreSQL itself, and one behind PgBouncer in session mode, hear their probes and say nothing. A job pinned to
+    /// the pooled node, submitted on another, still runs there.
     @Test func behindATransactionPoolerANodeSaysWakeupsDoNotReachIt() throws {
         let server = try PostgresServer.shared.get()
         let database = try server.createDatabase()
         let bouncer = try PgBouncer(server: server, database: database)
         defer { bouncer.stop() }
+        let sessions = try PgBouncer(server: server, database: database, poolMode: "session")
+        defer { sessions.stop() }
         let direct = try ClusterNode("direct", server: server, database: database, leaseSeconds: 3)
         let pooled = try ClusterNode("pooled", server: server, database: database, leaseSeconds: 3,
                                      queues: ["pooled-only": ["maxConcurrentOperationCount": 1]], url: bouncer.url(database))
-        defer { direct.close(); pooled.close() }
-        _ = direct.store.recovered([])
-        _ = pooled.store.recovered([])
+        let session = try ClusterNode("session", server: server, database: database, leaseSeconds: 3, url: sessions.url(database))
+        defer { direct.close(); pooled.close(); session.close() }
+        for node in [direct, pooled, session] { _ = node.store.recovered([]) }
         let warning = "wake-ups do not reach node pooled"
         #expect(eventually(30) { pooled.logs.all.contains { $0.message.contains(warning) } })
         #expect(!pooled.store.wakeupsArrive)
-        #expect(direct.store.wakeupProbesHeard >= 1, "the direct node heard its own probe")
-        #expect(direct.store.wakeupsArrive && !direct.logs.all.contains { $0.message.contains("wake-ups do not reach") })
+        for node in [direct, session] {
+            #expect(node.store.wakeupProbesHeard >= 1, "node \(node.name) heard its own probe")
+            #expect(node.store.wakeupsArrive && !node.logs.all.contains { $0.message.contains("wake-ups do not reach") })
+        }
         #expect(pooled.logs.all.filter { $0.message.contains(warning) }.count == 1, "said once")
 
         // Jobs still reach it, by its poll.

@@ -32,7 +32,9 @@ struct ClusterPermitsTests {
                 for case .transition(let t) in events where t.state.isFinished { box.withLock { $0 }?.operationEnded(queue: "api") }
             })
             let api = engine.addQueue(named: "api", maxConcurrentOperationCount: 3)
-            let p = ClusterPermits(store: store, node: node, leaseSeconds: 5, engine: engine, logger: Logger(label: "test"))
+            // A long lease: these permits run on the shared cooperative pool, which another test blocks on purpose
+            // for seconds (heartbeatsGoOnWhileTheCooperativePoolIsBlocked); the daemon's run on the store's executor.
+            let p = ClusterPermits(store: store, node: node, leaseSeconds: 15, engine: engine, logger: Logger(label: "test"))
             box.withLock { $0 = p }
             runners.append(Task { for await wakeup in store.wakeups where wakeup == .slots { p.nudge() } })
             p.configure(["api": .init(queue: api, limit: limit)])
@@ -90,7 +92,9 @@ struct ClusterPermitsTests {
                     for case .transition(let t) in events { box.withLock { $0 }?.transition(queue: "api", state: t.state) }
                 })
                 let api = engine.addQueue(named: "api", maxConcurrentOperationCount: 1)
-                let p = ClusterPermits(store: store, node: node, leaseSeconds: 5, engine: engine, logger: Logger(label: "test"))
+                // A long lease: these permits run on the shared cooperative pool, which another test blocks on purpose
+            // for seconds (heartbeatsGoOnWhileTheCooperativePoolIsBlocked); the daemon's run on the store's executor.
+            let p = ClusterPermits(store: store, node: node, leaseSeconds: 15, engine: engine, logger: Logger(label: "test"))
                 box.withLock { $0 = p }
                 runners.append(Task { for await wakeup in store.wakeups where wakeup == .slots { p.nudge() } })
                 p.configure(["api": .init(queue: api, limit: 1)])
