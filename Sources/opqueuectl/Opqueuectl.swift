@@ -183,6 +183,9 @@ func statusReport(_ response: [String: Any]) -> String {
     }
     if let cluster = response["cluster"] as? [String: Any] {
         if let state = cluster["state"] as? String { out += "\ncluster: \(state)\(cluster["reason"].map { " (\($0))" } ?? "")\n" }
+        if cluster["wakeupsArrive"] as? Bool == false {
+            out += "wake-ups do not reach this node (a connection pooler in transaction mode?): jobs start by the 1 s poll\n"
+        }
         for stuck in cluster["unrunnable"] as? [[String: Any]] ?? [] {
             out += "waiting: \(stuck["job"] as? String ?? "?"): \(stuck["reason"] as? String ?? "no live node can run it")\n"
         }

@@ -266,6 +266,7 @@ func handle(_ request: [String: Any], _ daemon: Daemon) -> [String: Any] {
             }
             var summary: [String: Any] = ["node": cluster.node, "state": cluster.connected ? "connected" : "disconnected"]
             if let error = cluster.lastError, !cluster.connected { summary["reason"] = error }
+            summary["wakeupsArrive"] = cluster.wakeupsArrive
             summary["unrunnable"] = cluster.unrunnable.map { ["job": $0.job, "reason": $0.reason] }
             summary["queues"] = Dictionary(uniqueKeysWithValues: cluster.queues.map { ($0.key, ["waiting": $0.value.waiting, "running": $0.value.running]) })
             response["cluster"] = summary

@@ -322,8 +322,11 @@ struct ClusterTests {
             let onDisk = harness[k].list("inbox").count + harness[k].list("active/.submissions").count
             let status = try harness[k].statusJSON()["waiting"] as? Int
             #expect(status == onDisk, "node \(k): status says \(status ?? -1) waiting, \(onDisk) manifests wait on disk")
-            let gauge = try Scrape.parse(harness[k].ctl(["metrics"]).stdout).value("opqueued_inbox_files")
+            let scrape = try Scrape.parse(harness[k].ctl(["metrics"]).stdout)
+            let gauge = scrape.value("opqueued_inbox_files")
             #expect(gauge == Double(onDisk), "node \(k): opqueued_inbox_files \(gauge), \(onDisk) on disk")
+            #expect(scrape.types["opqueued_cluster_connected"] == "gauge" && scrape.value("opqueued_cluster_connected") == 0,
+                    "node \(k): an alert on the gauge sees the outage")
             waiting += onDisk
         }
         #expect(waiting >= 10)
@@ -341,6 +344,43 @@ struct ClusterTests {
         let outboxes = harness.outboxJobs()
         for job in jobs { #expect(outboxes[job]?.count == 1, "\(job): \(outboxes[job] ?? [])") }
         #expect(try harness.sql("SELECT count(*) FROM opq_jobs WHERE state <> 'finished'") == "0")
+        for k in 0..<2 {
+            let scrape = try Scrape.parse(harness[k].ctl(["metrics"]).stdout)
+            #expect(scrape.value("opqueued_cluster_connected") == 1, "node \(k)")
+            #expect(scrape.value("opqueued_cluster_wakeups_arriving") == 1, "node \(k)")
+            let live = try pollUntil(10) { try Scrape.parse(harness[k].ctl(["metrics"]).stdout).value("opqueued_cluster_nodes_connected") == 2 ? true : nil }
+            #expect(live != nil, "node \(k) counts both nodes connected")
+        }
+    }
+
+    /// Through the real binaries: a node behind PgBouncer in transaction mode runs the jobs dropped into its inbox
+    /// (by the poll) and says, in the journal, in `status` (text and JSON) and in its metrics, that wake-ups do not
+    /// reach it; a node beside it on the database itself says they do.
+    @Test func aNodeBehindATransactionPoolerSaysSoEverywhereAnOperatorLooks() throws {
+        let harness = try ClusterHarness(nodes: 2, start: false)
+        let bouncer = try PgBouncer(server: harness.server, database: harness.database, role: harness.role, password: harness.rolePassword)
+        defer { bouncer.stop() }
+        var section = try #require(harness[0].settings["cluster"] as? [String: Any])
+        section["database"] = bouncer.url(harness.database)
+        harness[0].settings["cluster"] = section
+        try harness.startAll()
+        try harness.waitRegistered(2)
+
+        let warned = try pollUntil(30) {
+            try harness.journal(node: 0, ["PRIORITY": "4"]).first { $0["MESSAGE"]?.contains("wake-ups do not reach node") == true }
+        }
+        #expect(warned != nil, "the pooled node warns in the journal")
+        #expect((try harness[0].statusJSON()["cluster"] as? [String: Any])?["wakeupsArrive"] as? Bool == false)
+        #expect(try harness[0].ctl(["status"]).stdout.contains("wake-ups do not reach this node"))
+        let pooled = try Scrape.parse(harness[0].ctl(["metrics"]).stdout)
+        #expect(pooled.types["opqueued_cluster_wakeups_arriving"] == "gauge" && pooled.value("opqueued_cluster_wakeups_arriving") == 0)
+        #expect((try harness[1].statusJSON()["cluster"] as? [String: Any])?["wakeupsArrive"] as? Bool == true)
+        #expect(try Scrape.parse(harness[1].ctl(["metrics"]).stdout).value("opqueued_cluster_wakeups_arriving") == 1)
+        #expect(try harness.journal(node: 1).allSatisfy { $0["MESSAGE"]?.contains("wake-ups do not reach") != true })
+
+        let job = uniqueJob("pooled")
+        try harness[0].drop(job + ".plist", sleepJob(job, 0.1))
+        #expect(harness.waitAll([job], timeout: 30).isEmpty, "jobs still run through the pooler")
     }
 
     // MARK: 2. A node started while the database is down

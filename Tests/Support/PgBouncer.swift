@@ -1,7 +1,8 @@
 // PgBouncer in front of a test PostgresServer, in transaction pooling mode (its usual production setting, where a
-// server connection is a client's only for one transaction: LISTEN succeeds and nothing ever arrives). For the
-// node role and one database; listening on 127.0.0.1 at a free port, SCRAM to the client and to the server. Runs as
-// the `postgres` user (PgBouncer refuses root); stopped by pid. Debian's pgbouncer (`make deps` installs it).
+// server connection is a client's only for one transaction: LISTEN succeeds and nothing ever arrives). For one role
+// (the node role unless told) and one database; listening on 127.0.0.1 at a free port, SCRAM to the client and to
+// the server. Runs as the `postgres` user (PgBouncer refuses root); stopped by pid. Debian's pgbouncer (`make test`
+// installs it).
 
 import Foundation
 
@@ -15,7 +16,12 @@ public final class PgBouncer: @unchecked Sendable {
     let folder: String
     private var pid: Int32?
 
-    public init(server: PostgresServer, database: String, poolMode: String = "transaction") throws {
+    /// The role the pooler lets in and logs in as (default: the test server's node role).
+    public let role: String
+
+    public init(server: PostgresServer, database: String, role: String = PostgresServer.role, password: String? = nil,
+                poolMode: String = "transaction") throws {
+        self.role = role
         var template = Array("/tmp/opq-pgbouncer-XXXXXX".utf8CString)
         guard let made = mkdtemp(&template) else { throw SupportFailure("mkdtemp: \(String(cString: strerror(errno)))") }
         folder = String(cString: made)
@@ -36,7 +42,7 @@ public final class PgBouncer: @unchecked Sendable {
             logfile = \(folder)/pgbouncer.log
             """
         try ini.write(toFile: folder + "/pgbouncer.ini", atomically: true, encoding: .utf8)
-        try "\"\(PostgresServer.role)\" \"\(server.rolePassword)\"\n".write(toFile: folder + "/userlist.txt", atomically: true, encoding: .utf8)
+        try "\"\(role)\" \"\(password ?? server.rolePassword)\"\n".write(toFile: folder + "/userlist.txt", atomically: true, encoding: .utf8)
         for path in [folder, folder + "/pgbouncer.ini", folder + "/userlist.txt"] {
             chown(path, postgres.pointee.pw_uid, postgres.pointee.pw_gid)
         }
@@ -59,7 +65,7 @@ public final class PgBouncer: @unchecked Sendable {
 
     /// The URL a node uses to reach `database` through this pooler, as the node role.
     public func url(_ database: String) -> String {
-        "postgresql://\(PostgresServer.role)@127.0.0.1:\(port)/\(database)?sslmode=disable"
+        "postgresql://\(role)@127.0.0.1:\(port)/\(database)?sslmode=disable"
     }
 
     public func stop() {

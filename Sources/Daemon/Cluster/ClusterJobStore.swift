@@ -388,6 +388,7 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
             var s = snapshotValue
             s.connected = state.connected == true
             s.lastError = lastError
+            s.wakeupsArrive = probe.verdict == .arriving
             return s
         }
     }

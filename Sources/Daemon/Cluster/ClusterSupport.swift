@@ -104,6 +104,8 @@ public struct ClusterSnapshot: Sendable, Equatable {
     public var queues: [String: QueueCounts]
     /// Monotonic seconds of the refresh; nil: never refreshed (the database was never reached).
     public var refreshedAt: Double?
+    /// Whether the database's wake-ups reach this node (false once its probes went unheard: WakeupProbe).
+    public var wakeupsArrive = true
 }
 
 extension ClusterSnapshot.Waiting {

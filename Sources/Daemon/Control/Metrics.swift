@@ -47,6 +47,9 @@ public final class DaemonMetrics: Sendable {
                                            [0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 300, 900, 3600]),
         "opqueued_download_bytes_total": ("Bytes downloaded by download operations (http, https and file URLs).", nil),
         "opqueued_download_errors_total": ("Download attempts that failed (not counting cancellations).", nil),
+        "opqueued_cluster_connected": ("1 while this cluster node reaches the database, else 0.", nil),
+        "opqueued_cluster_nodes_connected": ("Nodes of the cluster that beat within their lease, as of this node's last look.", nil),
+        "opqueued_cluster_wakeups_arriving": ("1 while the database's wake-ups (LISTEN/NOTIFY) reach this node; 0 once its probes went unheard.", nil),
     ]
 
     public init() {
@@ -102,7 +105,7 @@ public final class DaemonMetrics: Sendable {
     // MARK: Scrape
 
     /// The text exposition (Prometheus 0.0.4), with the gauges read now.
-    public func text(_ status: Daemon.Status, processorCount: Int) -> String {
+    public func text(_ status: Daemon.Status, cluster: ClusterSnapshot? = nil, processorCount: Int) -> String {
         for q in status.queues {
             let label = [("queue", q.name)]
             gauge("opqueued_queue_pending", label, Double(q.pending))
@@ -114,6 +117,12 @@ public final class DaemonMetrics: Sendable {
         gauge("opqueued_active_jobs", [], Double(status.activeJobs.count))
         gauge("opqueued_active_operations", [], Double(status.operations))
         gauge("opqueued_claiming_paused", [], status.fault == nil ? 0 : 1)
+        // Only on a cluster node (SPEC §8): what an alert on a node or the database going away needs.
+        if let cluster {
+            gauge("opqueued_cluster_connected", [], cluster.connected ? 1 : 0)
+            gauge("opqueued_cluster_nodes_connected", [], Double(cluster.nodes.filter(\.connected).count))
+            gauge("opqueued_cluster_wakeups_arriving", [], cluster.wakeupsArrive ? 1 : 0)
+        }
         return registry.emitToString()
     }
 

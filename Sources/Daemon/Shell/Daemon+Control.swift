@@ -195,7 +195,7 @@ extension Daemon {
     /// The metrics in the Prometheus text format, the gauges read now (`opqueuectl metrics`, GET /metrics).
     public func metricsText() -> String {
         // The engine resolves -1 to the online CPUs, as here.
-        metrics.text(status(), processorCount: max(1, Int(sysconf(Int32(_SC_NPROCESSORS_ONLN)))))
+        metrics.text(status(), cluster: (store as? ClusterJobStore)?.snapshot(), processorCount: max(1, Int(sysconf(Int32(_SC_NPROCESSORS_ONLN)))))
     }
 
     /// Sets the allocator's thresholds for a long-running process (see `opq_tune_allocator`); call once,
