@@ -23,7 +23,10 @@ struct ClusterPermitsTests {
         var engines: [(Engine, GroupID)] = []
         for node in ["a", "b"] {
             let store = try PostgresClusterStore(url: DatabaseURL(server.url(database), passwordFile: server.passwordFile()))
-            runners.append(Task { await store.run() })
+            // As the daemon runs them: the store and the permits on an executor of their own, never on the shared
+            // cooperative pool, which the suite's synchronous tests (and one on purpose) hold for seconds at a time.
+            let executor = ClusterExecutor(label: "test-permits-\(node)")
+            runners.append(Task(executorPreference: executor) { await store.run() })
             _ = try await store.migrate()
             try await store.registerNode(NodeDeclaration(node: node, queues: ["api"], commands: [], jobSlots: 4, clusterLimits: ["api": limit]))
             // As the daemon does: a transition of a limited queue and a slot freed elsewhere nudge the permits.
@@ -32,13 +35,11 @@ struct ClusterPermitsTests {
                 for case .transition(let t) in events where t.state.isFinished { box.withLock { $0 }?.operationEnded(queue: "api") }
             })
             let api = engine.addQueue(named: "api", maxConcurrentOperationCount: 3)
-            // A long lease: these permits run on the shared cooperative pool, which another test blocks on purpose
-            // for seconds (heartbeatsGoOnWhileTheCooperativePoolIsBlocked); the daemon's run on the store's executor.
-            let p = ClusterPermits(store: store, node: node, leaseSeconds: 15, engine: engine, logger: Logger(label: "test"))
+            let p = ClusterPermits(store: store, node: node, leaseSeconds: 5, engine: engine, logger: Logger(label: "test"))
             box.withLock { $0 = p }
-            runners.append(Task { for await wakeup in store.wakeups where wakeup == .slots { p.nudge() } })
+            runners.append(Task(executorPreference: executor) { for await wakeup in store.wakeups where wakeup == .slots { p.nudge() } })
             p.configure(["api": .init(queue: api, limit: limit)])
-            runners.append(Task { await p.run() })
+            runners.append(Task(executorPreference: executor) { await p.run() })
             permits.append(p)
             var graph = GraphBuilder()
             for i in 0..<6 {
@@ -83,7 +84,8 @@ struct ClusterPermitsTests {
             database = try server.createDatabase()
             for node in ["a", "b"] {
                 let store = try PostgresClusterStore(url: DatabaseURL(server.url(database), passwordFile: server.passwordFile()))
-                runners.append(Task { await store.run() })
+                let executor = ClusterExecutor(label: "test-permits-\(node)")  // as in the first test
+                runners.append(Task(executorPreference: executor) { await store.run() })
                 _ = try await store.migrate()
                 try await store.registerNode(NodeDeclaration(node: node, queues: ["api"], commands: [], jobSlots: 4, clusterLimits: ["api": 1]))
                 // Every transition of a limited queue, and a slot freed elsewhere, nudge the permits.
@@ -92,13 +94,11 @@ struct ClusterPermitsTests {
                     for case .transition(let t) in events { box.withLock { $0 }?.transition(queue: "api", state: t.state) }
                 })
                 let api = engine.addQueue(named: "api", maxConcurrentOperationCount: 1)
-                // A long lease: these permits run on the shared cooperative pool, which another test blocks on purpose
-            // for seconds (heartbeatsGoOnWhileTheCooperativePoolIsBlocked); the daemon's run on the store's executor.
-            let p = ClusterPermits(store: store, node: node, leaseSeconds: 15, engine: engine, logger: Logger(label: "test"))
+                let p = ClusterPermits(store: store, node: node, leaseSeconds: 5, engine: engine, logger: Logger(label: "test"))
                 box.withLock { $0 = p }
-                runners.append(Task { for await wakeup in store.wakeups where wakeup == .slots { p.nudge() } })
+                runners.append(Task(executorPreference: executor) { for await wakeup in store.wakeups where wakeup == .slots { p.nudge() } })
                 p.configure(["api": .init(queue: api, limit: 1)])
-                runners.append(Task { await p.run() })
+                runners.append(Task(executorPreference: executor) { await p.run() })
                 nodes.append((engine, api, p))
             }
         }
