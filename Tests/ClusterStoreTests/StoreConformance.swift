@@ -226,27 +226,28 @@ enum StoreConformance {
     /// A node's name belongs to the process that registered it (its `info`): another process's registration is
     /// refused while the holder beat within its lease, and allowed once it is silent that long, or when it
     /// names the holder as the one it replaces (an earlier run of the node that is gone); a beat with `info` renews
-    /// only the holder's own row.
+    /// only the holder's own row. (A 3 s lease: with 0.5 s, a test process busy elsewhere let it run out between two
+    /// statements that expected it to hold.)
     static func nodeNameHeldByOneProcess(_ factory: StoreFactory) async throws {
         try await withStore(factory) { store in
             var first = node("twin")
             first.info = "process one"
             var second = node("twin")
             second.info = "process two"
-            #expect(try await store.registerNode(first, leaseSeconds: 0.5, replacing: nil))
+            #expect(try await store.registerNode(first, leaseSeconds: 3, replacing: nil))
             #expect(try await store.nodeOwner("twin")?.info == "process one")
             #expect(try await store.nodeOwner("nobody") == nil)
             #expect(try await store.registerNode(second, leaseSeconds: 60, replacing: nil) == false, "the holder beat within its lease")
             #expect(try await store.registerNode(second, leaseSeconds: 60, replacing: "process three") == false)
             #expect(try await store.nodeOwner("twin")?.info == "process one", "a refused registration changes nothing")
-            #expect(try await store.registerNode(first, leaseSeconds: 0.5, replacing: nil), "the holder registers again")
+            #expect(try await store.registerNode(first, leaseSeconds: 3, replacing: nil), "the holder registers again")
             #expect(try await store.heartbeat(node: "twin", info: "process two").registered == false, "not its row")
             #expect(try await store.heartbeat(node: "twin", info: "process one").registered)
 
-            try await Task.sleep(for: .milliseconds(700))
-            #expect(try await store.registerNode(second, leaseSeconds: 60, replacing: nil), "silent for its own lease (0.5 s): free")
+            try await Task.sleep(for: .milliseconds(3_300))
+            #expect(try await store.registerNode(second, leaseSeconds: 60, replacing: nil), "silent for its own lease (3 s): free")
             #expect(try await store.heartbeat(node: "twin", info: "process one").registered == false)
-            #expect(try await store.registerNode(first, leaseSeconds: 0.5, replacing: "process two"), "replacing a process that is gone")
+            #expect(try await store.registerNode(first, leaseSeconds: 3, replacing: "process two"), "replacing a process that is gone")
             #expect(try await store.nodeOwner("twin")?.info == "process one")
         }
     }
