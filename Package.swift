@@ -113,7 +113,7 @@ let package = Package(
         // Shared by the tests, the campaigns and the benchmarks.
         .target(
             name: "TestSupport",
-            dependencies: ["Daemon"],
+            dependencies: ["Daemon", .product(name: "Logging", package: "swift-log")],
             path: "Tests/Support",
             exclude: ["http_server.py", "make_pngs.py", "metrics_client.py"]
         ),

@@ -151,8 +151,8 @@ struct PostgresClusterStoreTests {
         let server = try PostgresServer.shared.get()
         let name = try server.createDatabase()
         let url = try DatabaseURL(server.url(name), passwordFile: try server.passwordFile())
-        let lines = Lines()
-        let logger = Logger(label: "opqueued.cluster") { _ in LineCapture(lines: lines) }
+        let log = CapturedLog()
+        let logger = log.logger(label: "opqueued.cluster", level: .warning)
         let store = try PostgresClusterStore(url: url, logger: logger)
         let runner = Task { await store.run() }
         defer { runner.cancel() }
@@ -169,7 +169,7 @@ struct PostgresClusterStoreTests {
             async let second = store.nodeOwner("n\(round)")
             _ = try await (first, second)
         }
-        let said = lines.all.withLock { $0 }
+        let said = log.all.map { "\($0.level): \($0.message)" }
         #expect(!said.contains { $0.contains("run()") }, "\(said)")
     }
 
@@ -410,23 +410,5 @@ struct PostgresClusterStoreTests {
             }
             #expect(Date().timeIntervalSince(started) < 2)
         }
-    }
-}
-
-/// Every message a logger is given at warning or above, as text.
-final class Lines: Sendable {
-    let all = Mutex<[String]>([])
-}
-
-struct LineCapture: LogHandler {
-    let lines: Lines
-    var metadata: Logger.Metadata = [:]
-    var logLevel: Logger.Level = .warning
-    subscript(metadataKey key: String) -> Logger.Metadata.Value? {
-        get { metadata[key] }
-        set { metadata[key] = newValue }
-    }
-    func log(event: LogEvent) {
-        lines.all.withLock { $0.append("\(event.level): \(event.message)") }
     }
 }

@@ -208,6 +208,7 @@ private typealias Machine = JobLifecycle<Int>
 import Foundation
 import Logging
 import Synchronization
+import TestSupport
 
 /// A JobStore the test steers: ends it refuses are lost, every job has an origin, cancels are noted.
 private final class FakeStore: JobStore, @unchecked Sendable {
@@ -239,26 +240,11 @@ private final class FakeStore: JobStore, @unchecked Sendable {
     func shutdown() {}
 }
 
-/// Keeps each entry's OPQ_STATE and OPQ_JOB (and OPQ_FROM_NODE) for the test to read.
-private struct Captured: LogHandler {
-    let log: Log
-    var metadata: Logger.Metadata = [:]
-    var logLevel: Logger.Level = .trace
-    subscript(metadataKey key: String) -> Logger.Metadata.Value? {
-        get { metadata[key] }
-        set { metadata[key] = newValue }
-    }
-    func log(event: LogEvent) {
-        var fields: [String: String] = [:]
-        for (k, v) in event.metadata ?? [:] { fields[k] = "\(v)" }
-        log.entries.withLock { $0.append(fields) }
-    }
-}
-
+/// Each entry's OPQ_STATE and OPQ_JOB (and OPQ_FROM_NODE), for the test to read.
 private final class Log: Sendable {
-    let entries = Mutex<[[String: String]]>([])
+    let captured = CapturedLog()
     func has(_ state: String, _ job: String) -> [String: String]? {
-        entries.withLock { $0.first { $0["OPQ_STATE"] == state && $0["OPQ_JOB"] == job } }
+        captured.all.first { $0.fields["OPQ_STATE"] == state && $0.fields["OPQ_JOB"] == job }?.fields
     }
 }
 
@@ -277,7 +263,7 @@ private func eventually(_ seconds: Double = 20, _ condition: () -> Bool) -> Bool
         defer { try? FileManager.default.removeItem(atPath: root) }
         let spool = try Spool(root: root)
         let log = Log()
-        let logger = Logger(label: "test") { _ in Captured(log: log) }
+        let logger = log.captured.logger(label: "test")
         let store = FakeStore()
         let daemon = Daemon(spool: spool, configuration: .builtIn, configPath: nil, logger: logger, store: store)
         #expect(store.delegate != nil, "the shell is the store's delegate")
