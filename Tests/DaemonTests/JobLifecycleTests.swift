@@ -331,6 +331,59 @@ private func eventually(_ seconds: Double = 20, _ condition: () -> Bool) -> Bool
     }
 }
 
+@Suite struct PublicationSlotTests {
+    /// A job's slot is free once its folder is in the outbox: the next job is claimed while the commit that makes
+    /// the rename durable (a syncfs: 7–40 ms on a journalled disk) is under way, and each job is announced
+    /// `finished` only after it. Before, every job held its slot through that commit (measured: a third of the
+    /// jobs per second of a node at the default maxActiveJobs).
+    @Test func theNextJobIsClaimedWhileTheLastOnesOutboxEntryIsMadeDurable() async throws {
+        let root = NSTemporaryDirectory() + "opq-slot-\(getpid())-\(UInt32.random(in: 0...UInt32.max))"
+        defer { try? FileManager.default.removeItem(atPath: root) }
+        let spool = try Spool(root: root)
+        let log = Log()
+        var configuration = Configuration.builtIn
+        configuration.maxActiveJobs = 1
+        func exists(_ path: String) -> Bool { FileManager.default.fileExists(atPath: root + "/" + path) }
+        // 0: not yet; 1: holding the commit that covers a's rename into the outbox; 2: let go.
+        let gate = Mutex(0)
+        let release = DispatchSemaphore(value: 0)
+        let daemon = Daemon(spool: spool, configuration: configuration, configPath: nil, logger: log.captured.logger(label: "test"),
+                            beforeCommit: {
+            let hold = gate.withLock { state in
+                guard state == 0, FileManager.default.fileExists(atPath: root + "/outbox/a") else { return false }
+                state = 1
+                return true
+            }
+            if hold { release.wait() }
+        })
+        daemon.start()
+        func drop(_ job: String, seconds: Double) {
+            let data = plist(["job": job, "operations": [["id": "x", "kind": "sleep", "seconds": seconds]]])
+            _ = FileManager.default.createFile(atPath: root + "/inbox/." + job, contents: data)
+            rename(root + "/inbox/." + job, root + "/inbox/" + job + ".plist")
+            daemon.scan(hints: [job + ".plist"])
+        }
+
+        drop("a", seconds: 0)
+        #expect(eventually { gate.withLock { $0 } == 1 }, "a reaches the outbox and the commit after it is held")
+        drop("b", seconds: 30)
+        // a holds no slot while its rename is made durable: b, the one job maxActiveJobs allows, is claimed (it
+        // starts once that same commit has made its claim durable too).
+        #expect(eventually(10) { exists("active/b/manifest.plist") }, "b is claimed while a's outbox entry is not yet durable")
+        #expect(!exists("inbox/b.plist"))
+        #expect(log.has("finished", "a") == nil, "a is announced only once its entry is durable")
+        gate.withLock { $0 = 2 }
+        release.signal()
+        #expect(eventually { log.has("finished", "a") != nil })
+        #expect(eventually { daemon.status().executing == 1 })
+        #expect(daemon.status().activeJobs == ["b"])
+        #expect(daemon.cancel(job: "b", operation: nil) == .cancelled)
+        #expect(eventually { log.has("finished", "b")?["OPQ_STATUS"] == "cancelled" })
+        #expect(exists("outbox/a/result.plist") && exists("outbox/b/result.plist"))
+        await daemon.stop(grace: 1)
+    }
+}
+
 @Suite struct InboxHintTests {
     /// Names inotify reports are claimed without reading the inbox again; a job's end is no reason to read it
     /// either. The inbox here also holds 2,000 hidden files (a writer's temporaries): each read costs them all.

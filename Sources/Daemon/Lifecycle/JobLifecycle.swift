@@ -2,9 +2,10 @@
 //
 // A job is received (claimed from the inbox, resumed from active/, or claimed for this node by the store),
 // accepted (its plan read: its operations count against `maxActiveOperations` from then on), running (its group
-// submitted to the engine), finishing (its group ended, its publication queued) and then published, which takes
-// it out of the table. A manifest with problems goes received → rejected → published; a job the store says this
-// node no longer holds is lost: it leaves the table at once, nothing is published for it.
+// submitted to the engine), finishing (its group ended, its publication queued) and then published (its folder
+// placed in the outbox), which takes it out of the table: its slot takes the next claim while the shell makes the
+// placement durable and announces it. A manifest with problems goes received → rejected → published; a job the
+// store says this node no longer holds is lost: it leaves the table at once, nothing is published for it.
 //
 // No I/O, no locks, no clock: the shell (Shell/Daemon.swift) keeps one value of this type under its lock, feeds it what
 // happened and performs the actions it returns, in order (journal entries, submissions, cancels, publications,

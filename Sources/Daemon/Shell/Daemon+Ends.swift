@@ -197,6 +197,16 @@ extension Daemon {
                 stall(entry.publication, error)
             }
         }
+        // Out of active/, the placed jobs leave the lifecycle now: their slots take the next claims while the renames
+        // are made durable (each id stays in `runs` until it is announced: no claim reuses it, and the progress
+        // log keeps its lines, in case a crash loses the rename and the job is found in active/ again).
+        if !placed.isEmpty {
+            for entry in placed {
+                perform(lock.withLock { lifecycle.handle(.published(job: entry.publication.job.id)) })
+            }
+            claimMore()
+            offerRoom()
+        }
         // The renames made durable off `work`, then announced.
         commits.after { [self, placed] outcome in
             work.async { [self] in announce(batch, placed, committed: outcome, now: now, hook: hook) }
@@ -204,7 +214,7 @@ extension Daemon {
     }
 
     /// On `work`: the last step of a publication batch, its outbox renames committed (or not: then they stand,
-    /// whole, and only their durability is in doubt): each job finished is announced and leaves the lifecycle.
+    /// whole, and only their durability is in doubt): each job finished is announced and its id let go.
     func announce(_ batch: [Publication], _ placed: [(publication: Publication, firstStart: Double?, entry: String)],
                           committed: Result<Void, any Error>, now: Double, hook: CommandSpec?) {
         defer { publicationEnded() }
@@ -230,11 +240,7 @@ extension Daemon {
                 event(publication.status == "succeeded" ? .info : publication.status == "failed" ? .error : .warning,
                       "job \(job.id) finished: \(publication.status)", fields)
             }
-            let actions = lock.withLock {
-                runs[job.id] = nil
-                return lifecycle.handle(.published(job: job.id))
-            }
-            perform(actions)
+            lock.withLock { runs[job.id] = nil }
             if let hook { hooks.run(hook, job: job.id, status: publication.status, entry: entry) }
         }
         do {
@@ -335,7 +341,8 @@ extension Daemon {
     func checkOnceDone() {
         guard once else { return }
         lock.lock()
-        let idle = lifecycle.onceDone
+        // Placed jobs have left the lifecycle; each is done once announced.
+        let idle = lifecycle.onceDone && runs.isEmpty
         let waiters = idle ? finishedWaiters : []
         if idle { finishedWaiters = [] }
         lock.unlock()

@@ -189,8 +189,9 @@ public final class Daemon: @unchecked Sendable {
     var permitsTask: Task<Void, Never>?
 
     /// `store`: where jobs come from and where their ends are recorded; the file spool alone by default.
+    /// `beforeCommit` (tests): called on the committer's thread before each commit, which it may hold.
     public init(spool: Spool, configuration: Configuration, configPath: String?, logger: Logger, once: Bool = false,
-                store: (any JobStore)? = nil) {
+                store: (any JobStore)? = nil, beforeCommit: (@Sendable () -> Void)? = nil) {
         self.spool = spool
         self.store = store ?? SpoolJobStore(spool: spool)
         self.configuration = configuration
@@ -201,6 +202,7 @@ public final class Daemon: @unchecked Sendable {
         storeEvents = events
         recorder = BatchingStage(label: "opqueued.recording") { [events] waiting in events.daemon?.recordEnds(waiting) }
         commits = GroupCommit(label: "opqueued.commit") { [spool, progress] in
+            beforeCommit?()
             let written = progress.written
             try spool.commit()
             progress.committed(upTo: written)
