@@ -248,6 +248,14 @@ private final class Log: Sendable {
     }
 }
 
+/// A one-operation `sleep` job placed in the inbox the way submitters should (a hidden name, renamed) and reported.
+private func dropSleepJob(_ job: String, seconds: Double, root: String, daemon: Daemon) {
+    let data = plist(["job": job, "operations": [["id": "a", "kind": "sleep", "seconds": seconds]]])
+    _ = FileManager.default.createFile(atPath: root + "/inbox/." + job, contents: data)
+    rename(root + "/inbox/." + job, root + "/inbox/" + job + ".plist")
+    daemon.scan(hints: [job + ".plist"])
+}
+
 private func eventually(_ seconds: Double = 20, _ condition: () -> Bool) -> Bool {
     let deadline = Date().addingTimeInterval(seconds)
     while Date() < deadline {
@@ -268,12 +276,7 @@ private func eventually(_ seconds: Double = 20, _ condition: () -> Bool) -> Bool
         let daemon = Daemon(spool: spool, configuration: .builtIn, configPath: nil, logger: logger, store: store)
         #expect(store.delegate != nil, "the shell is the store's delegate")
         daemon.start()
-        func drop(_ job: String, seconds: Double) {
-            let data = plist(["job": job, "operations": [["id": "a", "kind": "sleep", "seconds": seconds]]])
-            _ = FileManager.default.createFile(atPath: root + "/inbox/." + job, contents: data)
-            rename(root + "/inbox/." + job, root + "/inbox/" + job + ".plist")
-            daemon.scan(hints: [job + ".plist"])
-        }
+        func drop(_ job: String, seconds: Double) { dropSleepJob(job, seconds: seconds, root: root, daemon: daemon) }
         func exists(_ path: String) -> Bool { FileManager.default.fileExists(atPath: root + "/" + path) }
 
         // Recorded by the store: published, with the node and where it was submitted.
@@ -357,12 +360,7 @@ private func eventually(_ seconds: Double = 20, _ condition: () -> Bool) -> Bool
             if hold { release.wait() }
         })
         daemon.start()
-        func drop(_ job: String, seconds: Double) {
-            let data = plist(["job": job, "operations": [["id": "x", "kind": "sleep", "seconds": seconds]]])
-            _ = FileManager.default.createFile(atPath: root + "/inbox/." + job, contents: data)
-            rename(root + "/inbox/." + job, root + "/inbox/" + job + ".plist")
-            daemon.scan(hints: [job + ".plist"])
-        }
+        func drop(_ job: String, seconds: Double) { dropSleepJob(job, seconds: seconds, root: root, daemon: daemon) }
 
         drop("a", seconds: 0)
         #expect(eventually { gate.withLock { $0 } == 1 }, "a reaches the outbox and the commit after it is held")
