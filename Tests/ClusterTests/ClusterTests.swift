@@ -294,6 +294,66 @@ struct ClusterTests {
         #expect(harness[frozen].isReady, "the woken node goes on serving")
     }
 
+    // MARK: 4. Leases: a node whose file system hangs
+
+    /// A node's file system frozen (fsfreeze, as a snapshot tool does it; a dead NFS server looks the same): every
+    /// write waits, none fails, and the node's heartbeats, made on threads of their own, would keep its jobs from
+    /// every other node for as long as the freeze lasts. The node lets its lease go once its spool has kept it
+    /// waiting for a whole lease (at least 5 s); the other node runs the job; thawed, the node logs `lost`, publishes
+    /// nothing for it and goes on serving.
+    @Test func aNodeWhoseFileSystemFreezesLetsItsJobRunElsewhere() throws {
+        let harness = try ClusterHarness(nodes: 2, leaseSeconds: 3, start: false)
+        // Node 0's spool on a file system of its own, which the test can freeze.
+        let spool = harness[0].spool, image = harness.folder + "/n0.img"
+        try FileManager.default.createDirectory(atPath: spool, withIntermediateDirectories: true)
+        for (program, arguments) in [("/usr/bin/truncate", ["-s", "64M", image]), ("/sbin/mkfs.ext4", ["-q", "-F", image]),
+                                     ("/bin/mount", ["-o", "loop", image, spool])] {
+            let run = try runProgram(program, arguments)
+            try #require(run.status == 0, "\(program): \(run.stderr)")
+        }
+        var frozen = false
+        defer {
+            if frozen { _ = try? runProgram("/usr/sbin/fsfreeze", ["-u", spool]) }
+            harness[0].kill9()
+            _ = try? runProgram("/bin/umount", ["-l", spool])
+        }
+        try harness[0].start()
+        try harness.waitRegistered(1)
+        let job = uniqueJob("hung")
+        try harness[0].drop(job + ".plist", sleepJob(job, 8))
+        #expect(try harness.waitClaimed(job)?.node == 0)
+        #expect(try harness.waitJournal(["OPQ_JOB": job, "OPQ_STATE": "executing"]) != nil)
+        try harness[1].start()
+        try harness.waitRegistered(2)
+
+        let freeze = try runProgram("/usr/sbin/fsfreeze", ["-f", spool])
+        try #require(freeze.status == 0, "fsfreeze: \(freeze.stderr)")
+        frozen = true
+        let frozenAt = Date()
+        let taken = try harness.waitClaimed(job, excluding: [0], timeout: 5 + Double(harness.leaseSeconds) + 15)
+        if taken == nil { Issue.record("not taken over:\n\(harness.diagnosis(job))") }
+        let second = try #require(taken)
+        #expect(second.node == 1)
+        #expect(second.entry["OPQ_FROM_NODE"] == harness[0].name)
+        #expect(Date().timeIntervalSince(frozenAt) <= 5 + Double(harness.leaseSeconds) + 8, "within the bound, a lease and a takeover")
+        let warning = try harness.journal(node: 0, ["OPQ_EVENT": "cluster"]).first { ($0["MESSAGE"] ?? "").contains("stops renewing its lease") }
+        #expect(warning?["MESSAGE"]?.contains("the spool has kept node \(harness[0].name) waiting") == true)
+
+        let thaw = try runProgram("/usr/sbin/fsfreeze", ["-u", spool])
+        #expect(thaw.status == 0, "fsfreeze -u: \(thaw.stderr)")
+        frozen = false
+        #expect(try harness.waitJournal(["OPQ_JOB": job, "OPQ_STATE": "lost", "OPQ_NODE": harness[0].name], timeout: 15) != nil)
+        let result = try #require(harness.waitResult(job, timeout: 30))
+        #expect(result.node == 1)
+        #expect(result.result["status"] as? String == "succeeded")
+        usleep(2_000_000)
+        #expect(harness.outboxes(holding: job) == [1], "exactly one outbox folder cluster-wide")
+        #expect(!harness[0].list("active").contains(job))
+        #expect(try harness.journal(["OPQ_JOB": job, "OPQ_STATE": "finished", "OPQ_NODE": harness[0].name]).isEmpty)
+        #expect(pollUntil(10) { (try? harness.journal(node: 0, ["OPQ_EVENT": "cluster"]))?.contains { ($0["MESSAGE"] ?? "").contains("answers again") } == true ? true : nil } != nil)
+        #expect(harness[0].isReady, "the thawed node goes on serving")
+    }
+
     // MARK: 2, 4. The database stopped and started under load
 
     @Test func databaseRestartUnderLoadLosesNothing() throws {

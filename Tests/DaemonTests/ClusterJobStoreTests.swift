@@ -26,6 +26,7 @@ final class FakeShell: JobStoreDelegate, @unchecked Sendable {
     private var _suspended: [Set<String>] = []
     private var _spoolFailures: [String] = []
     private var _held: Set<String> = []
+    private var _stalled = 0.0
 
     func run(_ jobs: [ClaimedJob]) { lock.withLock { _ran += jobs.map { ($0, monotonicSeconds()) } } }
     func lost(_ jobs: [String], reason: String) { lock.withLock { _lost += jobs.map { ($0, reason) } } }
@@ -33,6 +34,12 @@ final class FakeShell: JobStoreDelegate, @unchecked Sendable {
     func suspendedQueuesChanged(_ queues: Set<String>) { lock.withLock { _suspended.append(queues) } }
     func spoolFailed(_ what: String, _ error: any Error) { lock.withLock { _spoolFailures.append("\(what): \(error)") } }
     func holds(job: String) -> Bool { lock.withLock { _held.contains(job) } }
+    func spoolStalledSeconds() -> Double { lock.withLock { _stalled } }
+    /// What `spoolStalledSeconds` answers (a spool that hangs).
+    var stalled: Double {
+        get { lock.withLock { _stalled } }
+        set { lock.withLock { _stalled = newValue } }
+    }
     /// Ids the shell says it still holds (a job rejected here, ending).
     var held: Set<String> {
         get { lock.withLock { _held } }
@@ -591,6 +598,42 @@ struct ClusterJobStoreTests {
         #expect(try b.store.complete([JobEnd(job: "long", status: "cancelled", resultFile: bResult)]) == ["long"])
         let record = try #require(try b.store.job("long"))
         #expect(record.node == "b" && record.status == "cancelled" && record.fromNode == "a")
+    }
+
+    /// A node whose spool hangs (its file system frozen: every write waits, none fails) goes on beating from its own
+    /// thread, and its jobs would never run anywhere. Once the spool has kept it waiting for a whole lease (at least
+    /// 5 s) it renews nothing more: its job stops there when the lease runs out (`lease ran out`) and the other node
+    /// takes it over; when the spool answers again the node renews its lease, and says both.
+    @Test func aNodeWhoseSpoolHangsLetsItsLeaseGo() throws {
+        let server = try PostgresServer.shared.get()
+        let database = try server.createDatabase()
+        let a = try ClusterNode("a", server: server, database: database, leaseSeconds: 2)
+        let b = try ClusterNode("b", server: server, database: database, leaseSeconds: 2)
+        defer { a.close(); b.close() }
+        _ = a.store.recovered([])
+        _ = b.store.recovered([])
+        a.store.want(room: 4, manifestBytes: .max)
+        _ = a.store.submit([try a.drop("stuck", sleepManifest("stuck", seconds: 60))])
+        #expect(eventually { a.shell.ran.count == 1 })
+        b.store.want(room: 4, manifestBytes: .max)
+
+        // Kept waiting for less than the bound (a slow sync): the node keeps its lease and its job.
+        a.shell.stalled = 3
+        usleep(3_000_000)
+        #expect(a.shell.lostJobs.isEmpty)
+        #expect(b.shell.ran.isEmpty)
+        #expect(a.store.leaseIsGood)
+
+        a.shell.stalled = 6
+        #expect(eventually(10) { a.shell.lostJobs.contains { $0.job == "stuck" && $0.reason == "lease ran out" } })
+        #expect(eventually(10) { b.shell.ran.contains { $0.job.id == "stuck" } })
+        #expect(b.store.origin(of: "stuck")?.fromNode == "a")
+        #expect(a.logs.all.contains { $0.message.contains("the spool has kept node a waiting for") && $0.message.contains("stops renewing its lease") })
+
+        a.shell.stalled = 0
+        #expect(eventually(5) { a.store.leaseIsGood }, "renewed once the spool answers")
+        #expect(a.logs.all.contains { $0.message.contains("the spool of node a answers again") })
+        #expect(trimmed(try server.psql(database, "SELECT node FROM opq_jobs WHERE id = 'stuck'")) == "b")
     }
 
     /// Fencing at the store's gate: a job the database gave to another node meanwhile is not recorded, and is

@@ -515,9 +515,21 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
         var backoff = 0.1
         var connected = false
         var nextBeat = 0.0, nextPoll = 0.0, nextTakeover = 0.0
+        var spoolHung = false
         while !lock.withLock({ stopped }) {
             // After a freeze (SIGSTOP), what the lease no longer covers stops before anything else is done.
             checkDeadline()
+            // A spool that has hung for a whole lease (SpoolWatch): nothing is renewed, claimed or registered until it
+            // answers, so that the jobs this node can neither finish nor publish run elsewhere after the lease.
+            let stalled = delegate?.spoolStalledSeconds() ?? 0
+            if (stalled >= spoolStallBound) != spoolHung {
+                spoolHung.toggle()
+                spoolHungChanged(spoolHung, stalledSeconds: stalled)
+            }
+            if spoolHung {
+                sleep(upTo: 0.25)
+                continue
+            }
             do {
                 if !connected || lock.withLock({ registerWanted }) {
                     try connect(afterOutage: !connected)
@@ -558,6 +570,22 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
 
     /// Waits until kicked or `seconds` passed.
     private func sleep(upTo seconds: Double) { loopWake.wait(upTo: seconds) }
+
+    /// How long the spool may keep a step waiting before the node lets its lease go: a whole lease, at least 5 s
+    /// (a sync of much written data on a slow disk is not a hang).
+    var spoolStallBound: Double { max(5, settings.leaseSeconds) }
+
+    private func spoolHungChanged(_ hung: Bool, stalledSeconds: Double) {
+        let seconds = String(format: "%.1f", stalledSeconds)
+        if hung {
+            let held = lock.withLock { state.held.count }
+            logger.warning("cluster: the spool has kept node \(nodeName) waiting for \(seconds) s (its file system hung or frozen?); the node stops renewing its lease, so that the \(held) job(s) it holds run elsewhere once the lease (\(settings.leaseSeconds.formatted()) s) has run out",
+                           metadata: ["OPQ_EVENT": "cluster", "OPQ_ERROR": .string("the spool has not answered for \(seconds) s")])
+        } else {
+            logger.notice("cluster: the spool of node \(nodeName) answers again; the node renews its lease (jobs taken over meanwhile are logged lost)",
+                          metadata: ["OPQ_EVENT": "cluster"])
+        }
+    }
 
     /// Migrates, registers and says `connected`: at start, after an outage, and when asked to register again.
     private func connect(afterOutage: Bool) throws {

@@ -68,6 +68,7 @@ extension Daemon {
         permitsTask?.cancel()
         await permitsTask?.value
         store.shutdown()
+        spoolWatch.stop()
     }
 
     /// `suspend`/`resume` from a client: the store's when it keeps them (a cluster: every node follows), else here.

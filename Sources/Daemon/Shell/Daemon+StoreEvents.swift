@@ -14,6 +14,7 @@ final class StoreEvents: JobStoreDelegate, @unchecked Sendable {
     func suspendedQueuesChanged(_ queues: Set<String>) { daemon?.storeSuspendedQueuesChanged(queues) }
     func spoolFailed(_ what: String, _ error: any Error) { daemon?.storeSpoolFailed(what, error) }
     func holds(job: String) -> Bool { daemon?.idInUse(job) ?? false }
+    func spoolStalledSeconds() -> Double { daemon?.spoolWatch.stalledSeconds() ?? 0 }
 }
 
 extension Daemon {

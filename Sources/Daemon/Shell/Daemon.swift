@@ -124,6 +124,8 @@ public final class Daemon: @unchecked Sendable {
     let progress = ProgressMarks()
     /// Every commit of the spool, made off `work` (see GroupCommit): claims, progress, publications.
     let commits: GroupCommit
+    /// How long the spool has kept a step waiting (a cluster store stops renewing its lease past a bound).
+    let spoolWatch: SpoolWatch
     /// Publication batches handed to the committer and not yet announced (or stalled) (under `lock`): a stop
     /// waits for them.
     var publishing = 0
@@ -201,7 +203,11 @@ public final class Daemon: @unchecked Sendable {
         let events = StoreEvents()
         storeEvents = events
         recorder = BatchingStage(label: "opqueued.recording") { [events] waiting in events.daemon?.recordEnds(waiting) }
+        let spoolWatch = SpoolWatch(spool: spool)
+        self.spoolWatch = spoolWatch
         commits = GroupCommit(label: "opqueued.commit") { [spool, progress] in
+            spoolWatch.commitBegan()
+            defer { spoolWatch.commitEnded() }
             beforeCommit?()
             let written = progress.written
             try spool.commit()
@@ -240,6 +246,8 @@ public final class Daemon: @unchecked Sendable {
         sink.daemon = self
         storeEvents.daemon = self
         self.store.delegate = storeEvents
+        // A store that leases jobs must know when the spool hangs (the file spool alone just waits for it).
+        if !self.store.inboxRunsHere { spoolWatch.startProbing() }
         // On the cluster store's own executor: a blocked cooperative pool must not stall the slots either.
         if let permits, let cluster = self.store as? ClusterJobStore {
             permitsTask = Task(executorPreference: cluster.executor) { await permits.run() }

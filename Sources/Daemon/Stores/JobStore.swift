@@ -62,6 +62,9 @@ public protocol JobStoreDelegate: AnyObject, Sendable {
     /// Whether the shell still holds a job of this id (one rejected here at submission may be ending under it, its
     /// folder already out of active/): a row claimed under that id is handed back, to be claimed once it is free.
     func holds(job: String) -> Bool
+    /// How long the spool has kept a step waiting, in seconds (0: none waits): a file system that hangs answers
+    /// no error. A store that leases jobs stops renewing past a bound, so that they run elsewhere (SpoolWatch).
+    func spoolStalledSeconds() -> Double
 }
 
 public protocol JobStore: AnyObject, Sendable {
