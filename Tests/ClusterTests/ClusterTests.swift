@@ -319,10 +319,13 @@ struct ClusterTests {
         }
         try harness[0].start()
         try harness.waitRegistered(1)
+        usleep(1_500_000)
+        #expect(!FileManager.default.fileExists(atPath: spool + "/tmp/.alive"), "an idle node does not probe its spool")
         let job = uniqueJob("hung")
         try harness[0].drop(job + ".plist", sleepJob(job, 8))
         #expect(try harness.waitClaimed(job)?.node == 0)
         #expect(try harness.waitJournal(["OPQ_JOB": job, "OPQ_STATE": "executing"]) != nil)
+        #expect(pollUntil(5) { FileManager.default.fileExists(atPath: spool + "/tmp/.alive") ? true : nil } != nil, "probed while it has a job")
         try harness[1].start()
         try harness.waitRegistered(2)
 

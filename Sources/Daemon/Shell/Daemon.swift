@@ -247,7 +247,9 @@ public final class Daemon: @unchecked Sendable {
         storeEvents.daemon = self
         self.store.delegate = storeEvents
         // A store that leases jobs must know when the spool hangs (the file spool alone just waits for it).
-        if !self.store.inboxRunsHere { spoolWatch.startProbing() }
+        if !self.store.inboxRunsHere {
+            spoolWatch.startProbing { [weak self] in self.map { daemon in daemon.lock.withLock { !daemon.lifecycle.isEmpty } } ?? false }
+        }
         // On the cluster store's own executor: a blocked cooperative pool must not stall the slots either.
         if let permits, let cluster = self.store as? ClusterJobStore {
             permitsTask = Task(executorPreference: cluster.executor) { await permits.run() }

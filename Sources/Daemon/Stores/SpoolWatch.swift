@@ -4,9 +4,10 @@
 // no error: every write and every sync just waits. For one node alone that is a pause. A cluster node would go on
 // renewing its lease from its own thread for jobs it can neither finish nor publish, and no other node would ever
 // take them. So the spool's waits are watched: the committer says when each syncfs starts and ends, and a probe on
-// a thread of its own rewrites one byte of tmp/.alive every second. `stalledSeconds` is how long the oldest of the
-// two still under way has waited (0 when neither is); past a bound a cluster node stops renewing its lease
-// (ClusterJobStore), so that its jobs run elsewhere and it records nothing for them when its spool comes back.
+// a thread of its own rewrites one byte of tmp/.alive every second while the node has jobs (an idle node writes
+// nothing). `stalledSeconds` is how long the oldest of the two still under way has waited (0 when neither is); past
+// a bound a cluster node stops renewing its lease (ClusterJobStore), so that its jobs run elsewhere and it records
+// nothing for them when its spool comes back.
 //
 // An error is an answer: a full or read-only file system is a spool fault, met where it happens (Daemon+Ends).
 
@@ -41,9 +42,9 @@ final class SpoolWatch: Sendable {
         return state.withLock { s in [s.commitSince, s.probeSince].compactMap { $0.map { now - $0 } }.max() ?? 0 }
     }
 
-    /// Starts the probe's thread (once). A probe stuck in the kernel stays there until the file system answers; the
-    /// thread ends at the first look after `stop`.
-    func startProbing(every interval: Double = 1) {
+    /// Starts the probe's thread (once): every `interval` while `wanted()` (an idle node writes nothing). A probe
+    /// stuck in the kernel stays there until the file system answers; the thread ends at the first look after `stop`.
+    func startProbing(every interval: Double = 1, while wanted: @escaping @Sendable () -> Bool) {
         let start = state.withLock { s -> Bool in
             defer { s.probing = true }
             return !s.probing && !s.stopped
@@ -51,9 +52,11 @@ final class SpoolWatch: Sendable {
         guard start else { return }
         let thread = Thread { [self] in
             while !state.withLock({ $0.stopped }) {
-                state.withLock { $0.probeSince = monotonicSeconds() }
-                touch()
-                state.withLock { $0.probeSince = nil }
+                if wanted() {
+                    state.withLock { $0.probeSince = monotonicSeconds() }
+                    touch()
+                    state.withLock { $0.probeSince = nil }
+                }
                 Thread.sleep(forTimeInterval: interval)
             }
         }
