@@ -339,8 +339,15 @@ struct ClusterTests {
         #expect(second.node == 1)
         #expect(second.entry["OPQ_FROM_NODE"] == harness[0].name)
         #expect(Date().timeIntervalSince(frozenAt) <= 5 + Double(harness.leaseSeconds) + 8, "within the bound, a lease and a takeover")
-        let warning = try harness.journal(node: 0, ["OPQ_EVENT": "cluster"]).first { ($0["MESSAGE"] ?? "").contains("stops renewing its lease") }
-        #expect(warning?["MESSAGE"]?.contains("the spool has kept node \(harness[0].name) waiting") == true)
+        // The node says it has left the cluster, as for an outage: in the journal, and in its status.
+        let left = try harness.journal(node: 0, ["OPQ_EVENT": "cluster", "OPQ_STATE": "disconnected"]).last
+        #expect(left?["MESSAGE"]?.contains("leaves the cluster until its spool answers") == true)
+        #expect(left?["OPQ_ERROR"]?.hasPrefix("the spool has not answered for") == true)
+        #expect(left?["MESSAGE_ID"] != nil)
+        let cluster = try harness[0].statusJSON()["cluster"] as? [String: Any]
+        #expect(cluster?["state"] as? String == "disconnected")
+        #expect((cluster?["reason"] as? String)?.hasPrefix("the spool has not answered for") == true)
+        #expect(try Scrape.parse(harness[0].ctl(["metrics"]).stdout).value("opqueued_cluster_connected") == 0, "an alert on the gauge sees it")
 
         let thaw = try runProgram("/usr/sbin/fsfreeze", ["-u", spool])
         #expect(thaw.status == 0, "fsfreeze -u: \(thaw.stderr)")
@@ -354,6 +361,8 @@ struct ClusterTests {
         #expect(!harness[0].list("active").contains(job))
         #expect(try harness.journal(["OPQ_JOB": job, "OPQ_STATE": "finished", "OPQ_NODE": harness[0].name]).isEmpty)
         #expect(pollUntil(10) { (try? harness.journal(node: 0, ["OPQ_EVENT": "cluster"]))?.contains { ($0["MESSAGE"] ?? "").contains("answers again") } == true ? true : nil } != nil)
+        #expect(pollUntil(10) { (try? harness.journal(node: 0, ["OPQ_EVENT": "cluster"]))?.last?["OPQ_STATE"] == "connected" ? true : nil } != nil,
+                "joins again")
         #expect(harness[0].isReady, "the thawed node goes on serving")
     }
 

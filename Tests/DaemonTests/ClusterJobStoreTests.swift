@@ -628,11 +628,18 @@ struct ClusterJobStoreTests {
         #expect(eventually(10) { a.shell.lostJobs.contains { $0.job == "stuck" && $0.reason == "lease ran out" } })
         #expect(eventually(10) { b.shell.ran.contains { $0.job.id == "stuck" } })
         #expect(b.store.origin(of: "stuck")?.fromNode == "a")
-        #expect(a.logs.all.contains { $0.message.contains("the spool has kept node a waiting for") && $0.message.contains("stops renewing its lease") })
+        // Said as the node leaving the cluster: `disconnected`, with the reason, in the log and in status.
+        let left = a.logs.all.first { $0.metadata["OPQ_STATE"] == "disconnected" }
+        #expect(left?.message.contains("node a leaves the cluster until its spool answers") == true)
+        #expect(left?.metadata["OPQ_ERROR"]?.hasPrefix("the spool has not answered for") == true)
+        #expect(a.store.snapshot()?.connected == false)
+        #expect(a.store.snapshot()?.lastError?.hasPrefix("the spool has not answered for") == true)
 
         a.shell.stalled = 0
         #expect(eventually(5) { a.store.leaseIsGood }, "renewed once the spool answers")
         #expect(a.logs.all.contains { $0.message.contains("the spool of node a answers again") })
+        #expect(a.logs.states("cluster").suffix(2) == ["disconnected", "connected"], "\(a.logs.states("cluster"))")
+        #expect(a.store.snapshot()?.connected == true)
         #expect(trimmed(try server.psql(database, "SELECT node FROM opq_jobs WHERE id = 'stuck'")) == "b")
     }
 

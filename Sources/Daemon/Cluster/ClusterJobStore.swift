@@ -519,11 +519,13 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
         while !lock.withLock({ stopped }) {
             // After a freeze (SIGSTOP), what the lease no longer covers stops before anything else is done.
             checkDeadline()
-            // A spool that has hung for a whole lease (SpoolWatch): nothing is renewed, claimed or registered until it
-            // answers, so that the jobs this node can neither finish nor publish run elsewhere after the lease.
+            // A spool that has hung for a whole lease (SpoolWatch): the node leaves the cluster as in an outage —
+            // nothing is renewed, claimed or registered until it answers, so that the jobs it can neither finish nor
+            // publish run elsewhere after the lease — and joins again (connects) once it answers.
             let stalled = delegate?.spoolStalledSeconds() ?? 0
             if (stalled >= spoolStallBound) != spoolHung {
                 spoolHung.toggle()
+                if spoolHung { connected = false }
                 spoolHungChanged(spoolHung, stalledSeconds: stalled)
             }
             if spoolHung {
@@ -575,12 +577,22 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
     /// (a sync of much written data on a slow disk is not a hang).
     var spoolStallBound: Double { max(5, settings.leaseSeconds) }
 
+    /// A hang is logged as the node's `disconnected` (once, as an outage is; a node already disconnected only warns);
+    /// its end as a notice, before the `connected` of the node joining again.
     private func spoolHungChanged(_ hung: Bool, stalledSeconds: Double) {
         let seconds = String(format: "%.1f", stalledSeconds)
         if hung {
-            let held = lock.withLock { state.held.count }
-            logger.warning("cluster: the spool has kept node \(nodeName) waiting for \(seconds) s (its file system hung or frozen?); the node stops renewing its lease, so that the \(held) job(s) it holds run elsewhere once the lease (\(settings.leaseSeconds.formatted()) s) has run out",
-                           metadata: ["OPQ_EVENT": "cluster", "OPQ_ERROR": .string("the spool has not answered for \(seconds) s")])
+            let reason = "the spool has not answered for \(seconds) s"
+            let (held, news) = lock.withLock { () -> (Int, Bool) in
+                lastError = reason
+                return (state.held.count, state.connectionFailed())
+            }
+            let message = "cluster: node \(nodeName) leaves the cluster until its spool answers: the spool has kept it waiting for \(seconds) s (its file system hung or frozen?); it renews nothing, so that the \(held) job(s) it holds run elsewhere once its lease (\(settings.leaseSeconds.formatted()) s) has run out"
+            if news {
+                event(.warning, message, ["OPQ_EVENT": "cluster", "OPQ_STATE": "disconnected", "OPQ_ERROR": .string(reason)])
+            } else {
+                logger.warning("\(message)", metadata: ["OPQ_EVENT": "cluster", "OPQ_ERROR": .string(reason)])
+            }
         } else {
             logger.notice("cluster: the spool of node \(nodeName) answers again; the node renews its lease (jobs taken over meanwhile are logged lost)",
                           metadata: ["OPQ_EVENT": "cluster"])
