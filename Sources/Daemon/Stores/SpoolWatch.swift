@@ -67,8 +67,10 @@ final class SpoolWatch: Sendable {
     func stop() { state.withLock { $0.stopped = true } }
 
     /// One byte rewritten: a write the file system must accept (no sync: the committer's syncfs is watched itself).
+    /// Never a wait of its own: not through a symlink, and a FIFO put there fails to open (ENXIO) instead of
+    /// blocking for a reader.
     private func touch() {
-        let fd = open(probePath, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0o600)
+        let fd = open(probePath, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0o600)
         guard fd >= 0 else { return }
         var byte: UInt8 = 0x0a
         _ = write(fd, &byte, 1)
