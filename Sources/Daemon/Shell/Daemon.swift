@@ -14,7 +14,8 @@
 // Durability is by group commit (see Spool): claims made together, progress lines of one event batch,
 // and publications waiting together each cost one commit, made before anything is announced. The commits run
 // off `work`, on the committer's thread (Stores/GroupCommit.swift): a publication is staged on `work`, synced,
-// recorded by the store (`recorder`), placed on `work`, synced, and announced on `work`.
+// recorded by the store (`recorder`), placed on `work` (the job's place is free from then on), synced, and announced
+// on `work`. How long the spool keeps these waiting is watched (Stores/SpoolWatch.swift) for a store that leases jobs.
 
 import DequeModule
 import Foundation
