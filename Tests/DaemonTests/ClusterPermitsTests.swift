@@ -152,7 +152,9 @@ struct ClusterPermitsTests {
     @Test func aBetterWaiterElsewhereGetsTheSlotAtTheNextOperationsEnd() async throws {
         let c = try await TwoNodes()
         let lows = (1...5).map { "low\($0)" }, highs = (1...3).map { "high\($0)" }
-        let low = try c.submit(1, lows, .veryLow, seconds: 0.3)
+        // Each long enough that a's wait row, which lives until b's running operation ends, is seen by a poll that
+        // starts a psql each time (0.3 s was missed once under a full CI run: the row came and went between polls).
+        let low = try c.submit(1, lows, .veryLow, seconds: 1)
         try await c.waitFor { c.order == ["low1"] }
         let high = try c.submit(0, highs, .veryHigh, seconds: 0.03)
         let before = try #require(try await c.waitRecorded("a"), "a's wait was recorded")
