@@ -53,29 +53,11 @@ final class FakeShell: JobStoreDelegate, @unchecked Sendable {
     var spoolFailures: [String] { lock.withLock { _spoolFailures } }
 }
 
-/// Log lines, kept for the connection checks.
-final class LogLines: @unchecked Sendable {
-    private let lock = NSLock()
-    private var lines: [(message: String, metadata: [String: String])] = []
-    func add(_ message: String, _ metadata: [String: String]) { lock.withLock { lines.append((message, metadata)) } }
-    var all: [(message: String, metadata: [String: String])] { lock.withLock { lines } }
+/// Log lines, kept for the connection checks (on TestSupport's CapturedLog).
+final class LogLines: Sendable {
+    let captured = CapturedLog()
+    var all: [(message: String, metadata: [String: String])] { captured.all.map { ($0.message, $0.fields) } }
     func states(_ event: String) -> [String] { all.filter { $0.metadata["OPQ_EVENT"] == event }.compactMap { $0.metadata["OPQ_STATE"] } }
-}
-
-struct CapturingLogHandler: LogHandler {
-    let sink: LogLines
-    var metadata: Logger.Metadata = [:]
-    var logLevel: Logger.Level = .debug
-    var metadataProvider: Logger.MetadataProvider?
-    subscript(metadataKey key: String) -> Logger.Metadata.Value? {
-        get { metadata[key] }
-        set { metadata[key] = newValue }
-    }
-    func log(event: LogEvent) {
-        var fields: [String: String] = [:]
-        for (k, v) in metadata.merging(event.metadata ?? [:], uniquingKeysWith: { $1 }) { fields[k] = "\(v)" }
-        sink.add("\(event.message)", fields)
-    }
 }
 
 final class ClusterNode: @unchecked Sendable {
@@ -97,8 +79,7 @@ final class ClusterNode: @unchecked Sendable {
                                               "node": name, "leaseSeconds": leaseSeconds, "jobSlots": jobSlots]]
         if !queues.isEmpty { top["queues"] = queues }
         let configuration = try Configuration.parse(plist(top))
-        let sink = logs
-        let logger = Logger(label: "test.\(name)") { _ in CapturingLogHandler(sink: sink) }
+        let logger = logs.captured.logger(label: "test.\(name)", level: .debug)
         let deadlines = self.deadlines
         store = try ClusterJobStore(configuration: configuration, spool: spool, logger: logger,
                                     onLeaseDeadline: { d in deadlines.withLock { $0.append(d) } }, maxManifestBytes: maxManifestBytes)
