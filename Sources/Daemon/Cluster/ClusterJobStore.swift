@@ -583,14 +583,9 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
         let seconds = String(format: "%.1f", stalledSeconds)
         if hung {
             let reason = "the spool has not answered for \(seconds) s"
-            let (held, news) = lock.withLock { () -> (Int, Bool) in
-                lastError = reason
-                return (state.held.count, state.connectionFailed())
-            }
+            let held = lock.withLock { state.held.count }
             let message = "cluster: node \(nodeName) leaves the cluster until its spool answers: the spool has kept it waiting for \(seconds) s (its file system hung or frozen?); it renews nothing, so that the \(held) job(s) it holds run elsewhere once its lease (\(settings.leaseSeconds.formatted()) s) has run out"
-            if news {
-                event(.warning, message, ["OPQ_EVENT": "cluster", "OPQ_STATE": "disconnected", "OPQ_ERROR": .string(reason)])
-            } else {
+            if !disconnected(reason: reason, saying: message) {
                 logger.warning("\(message)", metadata: ["OPQ_EVENT": "cluster", "OPQ_ERROR": .string(reason)])
             }
         } else {
@@ -745,14 +740,19 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
 
     private func disconnected(_ error: any Error) {
         let reason = "\(error)"
+        disconnected(reason: reason, saying: "cluster: node \(nodeName) cannot reach the database: \(reason); retrying at most 5 s apart")
+    }
+
+    /// The node is out of the cluster for `reason` (status' reason from now on): `disconnected` is logged once per
+    /// outage, with `message`. Returns whether it was news.
+    @discardableResult
+    private func disconnected(reason: String, saying message: String) -> Bool {
         let news = lock.withLock {
             lastError = reason
             return state.connectionFailed()
         }
-        if news {
-            event(.warning, "cluster: node \(nodeName) cannot reach the database: \(reason); retrying at most 5 s apart",
-                  ["OPQ_EVENT": "cluster", "OPQ_STATE": "disconnected", "OPQ_ERROR": .string(reason)])
-        }
+        if news { event(.warning, message, ["OPQ_EVENT": "cluster", "OPQ_STATE": "disconnected", "OPQ_ERROR": .string(reason)]) }
+        return news
     }
 
     /// How often a node looks for lost nodes (`takeOver`): at most half a second after a lease ends.
