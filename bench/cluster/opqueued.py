@@ -11,6 +11,8 @@
 #
 # Nodes log in as a role with only the README's GRANTs (CONNECT; USAGE, CREATE on public), through a password
 # file, with full durability (the server's fsync on, the spool's own fsyncs). Prints one JSON line per figure.
+# They log to a file each (`--log-target console`); `--log-target journal` sends their entries to journald, as a
+# node under systemd does (journald must be listening; its CPU then counts in machineBusy, not in the nodes').
 
 import argparse
 import json
@@ -96,7 +98,7 @@ class Cluster:
         node = self.nodes[k]
         log = open(node["log"], "a")
         node["process"] = subprocess.Popen([self.args.bin + "/opqueued", "--spool", node["spool"], "--config", node["config"],
-                                            "--log-target", "console"], stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+                                            "--log-target", self.args.log_target], stdin=subprocess.DEVNULL, stdout=log, stderr=log)
 
     def wait_ready(self, k, timeout=60):
         node = self.nodes[k]
@@ -487,6 +489,9 @@ def main():
     parser.add_argument("--jobs", type=int, default=10000)
     parser.add_argument("--samples", type=int, default=200)
     parser.add_argument("--lease", type=int, default=5)
+    parser.add_argument("--log-target", default="console", choices=["console", "journal"],
+                        help="where the nodes log: console (a file per node, the default) or journal (journald, as in "
+                             "production; it must be listening)")
     parser.add_argument("--active-jobs", type=int, default=64, help="each node's maxActiveJobs (and so jobSlots)")
     parser.add_argument("--spool-alone", action="store_true", help="only the figure without a cluster")
     parser.add_argument("--minutes", type=float, default=10, help="endurance: how long")

@@ -19,6 +19,9 @@
 #   JOBS=10000 SAMPLES=200 BIN=.build/release OPQUEUED_ARGS=--spool-alone bench/cluster/run.sh opqueued
 #   OPQUEUED_ARGS=--parts=2,pickup bench/cluster/run.sh opqueued     (spool, 1, 2, database, pickup, takeover;
 #              also limited: 2 nodes, every operation on a queue limited to 2 cluster-wide)
+#   OPQUEUED_ARGS="--log-target=journal --parts=spool,2" bench/cluster/run.sh opqueued   the nodes log to journald as
+#              under systemd, not to a file each (journald must be listening: without systemd, as root,
+#              `mkdir -p /run/systemd/journal && /lib/systemd/systemd-journald &`)
 #   TIMELINE=1 OPQUEUED_ARGS=--parts=2 bench/cluster/run.sh opqueued   every 0.25 s of an end-to-end part: node 0's
 #              inbox and active/.submissions, the rows by state, each outbox (for diagnosis: it slows the part)
 #
