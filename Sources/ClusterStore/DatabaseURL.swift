@@ -1,6 +1,11 @@
 // The cluster's database address (SPEC §8): `postgresql://user[:password]@host[:port]/db?sslmode=…&sslrootcert=…`
 // and the optional passwordFile, turned into postgres-nio configurations.
 //
+// The password file is read again for every configuration made, that is for every new connection or pool: a
+// password rotated by writing the new one into the file (a secrets agent does that) is used from the next
+// connection on, as libpq reads ~/.pgpass at each connection. A file that cannot be read then fails that
+// connection with the file's error, which the node reports as the reason it is disconnected.
+//
 // Trusts nothing in the URL: every part is checked and an error names the part, never the password (the URL is
 // only ever described without it).
 
@@ -23,8 +28,10 @@ public struct DatabaseURL: Sendable, CustomStringConvertible {
     public var database: String
     public var sslMode: SSLMode
     public var sslRootCert: String?
-    /// From the URL or the password file; never printed.
+    /// From the URL or the password file (as read at start); never printed.
     var password: String?
+    /// Read again for each new connection (`currentPassword`).
+    var passwordFile: String?
 
     /// The URL without its password: safe for logs and status.
     public var description: String {
@@ -109,7 +116,13 @@ public struct DatabaseURL: Sendable, CustomStringConvertible {
         }
         if let passwordFile {
             password = try Self.readPassword(passwordFile)
+            self.passwordFile = passwordFile
         }
+    }
+
+    /// The password a new connection uses: the password file's content now, else the URL's.
+    func currentPassword() throws -> String? {
+        try passwordFile.map(Self.readPassword) ?? password
     }
 
     /// Opens a file the configuration names for reading: a regular file only (a FIFO, a device or a directory is
@@ -205,7 +218,7 @@ public struct DatabaseURL: Sendable, CustomStringConvertible {
         case (.prefer, let config?): tls = .prefer(config)
         case (_, let config?): tls = .require(config)
         }
-        var configuration = PostgresClient.Configuration(host: host, port: port, username: user, password: password,
+        var configuration = PostgresClient.Configuration(host: host, port: port, username: user, password: try currentPassword(),
                                                          database: database, tls: tls)
         configuration.options.connectTimeout = .seconds(5)
         // No tlsServerName: postgres-nio sends the host name for SNI and certificate checks, and for an IP address
@@ -222,7 +235,7 @@ public struct DatabaseURL: Sendable, CustomStringConvertible {
         case (.prefer, let config?): tls = .prefer(try NIOSSLContext(configuration: config))
         case (_, let config?): tls = .require(try NIOSSLContext(configuration: config))
         }
-        var configuration = PostgresConnection.Configuration(host: host, port: port, username: user, password: password,
+        var configuration = PostgresConnection.Configuration(host: host, port: port, username: user, password: try currentPassword(),
                                                              database: database, tls: tls)
         configuration.options.connectTimeout = .seconds(5)
         // No tlsServerName: postgres-nio sends the host name for SNI and certificate checks, and for an IP address

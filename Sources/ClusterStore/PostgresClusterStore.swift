@@ -31,7 +31,7 @@ public final class PostgresClusterStore: ClusterStore {
     public init(url: DatabaseURL, logger: Logger = PostgresClusterStore.quietLogger) throws {
         self.url = url
         self.logger = logger
-        self.pool = RenewablePool(configuration: try url.clientConfiguration(), logger: logger)
+        self.pool = try RenewablePool(makeConfiguration: { try url.clientConfiguration() }, logger: logger)
         (wakeups, wakeupContinuation) = AsyncStream.makeStream(of: Wakeup.self, bufferingPolicy: .bufferingNewest(64))
     }
 

@@ -23,15 +23,19 @@ final class RenewablePool: Sendable {
         let begin: @Sendable () -> Void
     }
 
-    private let configuration: PostgresClient.Configuration
+    /// Makes a fresh pool's configuration (the password file read again); when it throws, the last one serves.
+    private let makeConfiguration: @Sendable () throws -> PostgresClient.Configuration
+    private let lastConfiguration: Mutex<PostgresClient.Configuration>
     private let logger: Logger
     private let current: Mutex<Current>
     /// Every pool to run, in order: `run` runs each until it is retired (or `run` is cancelled).
     private let pools: AsyncStream<Pool>
     private let poolsContinuation: AsyncStream<Pool>.Continuation
 
-    init(configuration: PostgresClient.Configuration, logger: Logger) {
-        self.configuration = configuration
+    init(makeConfiguration: @escaping @Sendable () throws -> PostgresClient.Configuration, logger: Logger) throws {
+        let configuration = try makeConfiguration()
+        self.makeConfiguration = makeConfiguration
+        lastConfiguration = Mutex(configuration)
         self.logger = logger
         (pools, poolsContinuation) = AsyncStream.makeStream(of: Pool.self)
         let client = PostgresClient(configuration: configuration, backgroundLogger: logger)
@@ -48,6 +52,10 @@ final class RenewablePool: Sendable {
     /// `wait` seconds (a cooperative pool too busy to start it: the old pool serves until it does). Blocks: call it
     /// from a thread of its own (the node's loop), not from a task.
     func renew(wait: Double = 1) {
+        let configuration = lastConfiguration.withLock { last in
+            if let fresh = try? makeConfiguration() { last = fresh }
+            return last
+        }
         let fresh = PostgresClient(configuration: configuration, backgroundLogger: logger)
         let (retired, retire) = AsyncStream.makeStream(of: Void.self)
         let running = DispatchSemaphore(value: 0)

@@ -143,6 +143,51 @@ struct PostgresClusterStoreTests {
         }
     }
 
+    /// A password rotated by writing it into the password file (as a secrets agent does) is used from the next
+    /// connection on, pools renewed included, with no restart; a file gone meanwhile fails that connection naming
+    /// the file, and the store works again once it is back.
+    @Test func aPasswordRotatedInItsFileIsUsedFromTheNextConnection() async throws {
+        let server = try PostgresServer.shared.get()
+        let database = try server.createDatabase()
+        let role = "opqrot_\(UInt32.random(in: 1...UInt32.max))"
+        let first = "first-\(UInt64.random(in: 1...UInt64.max))"
+        try server.psql("postgres", "CREATE ROLE \(role) LOGIN PASSWORD '\(first)'")
+        try server.psql("postgres", "GRANT CONNECT ON DATABASE \(database) TO \(role)")
+        try server.psql(database, "GRANT USAGE, CREATE ON SCHEMA public TO \(role)")
+        let file = try server.passwordFile(first)
+        let store = try PostgresClusterStore(url: DatabaseURL(server.url(database, user: role), passwordFile: file))
+        let runner = Task { await store.run() }
+        defer { runner.cancel() }
+        #expect(try await store.migrate() == Migrations.newest)
+        try await store.registerNode(node("rot"))
+
+        // Rotated on the server first: the file still holds the old one, and a new connection says so.
+        let second = "second-\(UInt64.random(in: 1...UInt64.max))"
+        try server.psql("postgres", "ALTER ROLE \(role) PASSWORD '\(second)'")
+        await #expect(throws: ClusterStoreError.self) { try await store.checkConnection() }
+        // Then the file, replaced whole as agents do; the role's sessions cut as a network blip would.
+        try (second + "\n").write(toFile: file, atomically: true, encoding: .utf8)
+        try await store.checkConnection()
+        _ = try server.psql("postgres", "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '\(role)'")
+        store.reconnect()
+        let beat = try await store.heartbeat(node: "rot")
+        #expect(beat.registered, "the renewed pool logs in with the new password")
+
+        // The file gone: the next connection fails naming it (never the password); back, it works again.
+        try FileManager.default.removeItem(atPath: file)
+        do {
+            try await store.checkConnection()
+            Issue.record("connected without a password file")
+        } catch {
+            #expect("\(error)".contains("cluster.passwordFile \(file)"), "\(error)")
+            #expect(!"\(error)".contains(second) && !"\(error)".contains(first))
+        }
+        try (second + "\n").write(toFile: file, atomically: true, encoding: .utf8)
+        try await store.checkConnection()
+        runner.cancel()
+        await runner.value
+    }
+
     /// A renewed pool (ClusterStore.reconnect) answers the very next statement, and postgres-nio never warns that a
     /// pool was used before it ran: the statement that follows a renewal at once is common (the node's loop), so the
     /// renewal must have the new pool running before statements reach it. Twenty renewals, each followed at once by

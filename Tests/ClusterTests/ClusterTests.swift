@@ -852,6 +852,34 @@ struct ClusterTests {
         #expect(!(errors.stdout + errors.stderr).contains(wrong))
     }
 
+    /// Password rotation without a restart: the role's password changed and the new one written into the node's
+    /// passwordFile (replaced whole, as a secrets agent does); when the node's sessions are cut it logs in again
+    /// with the new one, and jobs run. A node that kept the password read at start would stay disconnected
+    /// ("password authentication failed") until restarted.
+    @Test func aPasswordRotatedInTheFileIsUsedWhenTheNodeConnectsAgain() throws {
+        let harness = try ClusterHarness(nodes: 1)
+        let before = uniqueJob("rot-before")
+        try harness[0].drop(before + ".plist", sleepJob(before, 0))
+        #expect(harness.waitResult(before, timeout: 20) != nil)
+        let rotated = "rotated-\(UInt64.random(in: 1...UInt64.max))-secret"
+        try harness.server.psql("postgres", "ALTER ROLE \(harness.role) PASSWORD '\(rotated)'")
+        try (rotated + "\n").write(toFile: harness.passwordFile, atomically: true, encoding: .utf8)
+        let cutAt = Date()
+        _ = try harness.server.psql("postgres", "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '\(harness.role)'")
+        let after = uniqueJob("rot-after")
+        try harness[0].drop(after + ".plist", sleepJob(after, 0))
+        #expect(harness.waitResult(after, timeout: 30) != nil, "a job dropped after the rotation runs")
+        let back = try pollUntil(15) {
+            try harness.journal(node: 0, ["OPQ_EVENT": "cluster", "OPQ_STATE": "connected"]).contains {
+                ($0["__REALTIME_TIMESTAMP"].flatMap { Double($0) } ?? 0) / 1e6 >= cutAt.timeIntervalSince1970
+            } ? true : nil
+        }
+        #expect(back != nil, "the node logged connected again after its sessions were cut")
+        let connected = try pollUntil(10) { try harness[0].statusJSON()["cluster"].flatMap { ($0 as? [String: Any])?["state"] as? String } == "connected" ? true : nil }
+        #expect(connected != nil, "status says connected")
+        #expect(!(try harness.everythingShown(by: 0)).contains(rotated), "the new password is shown nowhere")
+    }
+
     // MARK: The bounded campaign: random kill -9 of random nodes, one database restart, every job exactly once
 
     @Test func campaignEveryJobExactlyOnce() throws {
