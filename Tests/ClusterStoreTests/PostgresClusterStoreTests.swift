@@ -169,9 +169,21 @@ struct PostgresClusterStoreTests {
         try (second + "\n").write(toFile: file, atomically: true, encoding: .utf8)
         try await store.checkConnection()
         _ = try server.psql("postgres", "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '\(role)'")
-        store.reconnect()
-        let beat = try await store.heartbeat(node: "rot")
-        #expect(beat.registered, "the renewed pool logs in with the new password")
+        // From a thread of its own, as the node's loop calls it (it blocks until the fresh pool runs, at most 1 s).
+        await withCheckedContinuation { (done: CheckedContinuation<Void, Never>) in
+            Thread {
+                store.reconnect()
+                done.resume()
+            }.start()
+        }
+        // A statement that met the old pool as it was shut down fails; the node's loop retries it, and so does this.
+        var beat: Heartbeat?
+        let until = Date().addingTimeInterval(10)
+        while beat == nil && Date() < until {
+            beat = try? await store.heartbeat(node: "rot")
+            if beat == nil { try await Task.sleep(for: .milliseconds(100)) }
+        }
+        #expect(beat?.registered == true, "the renewed pool logs in with the new password")
 
         // The file gone: the next connection fails naming it (never the password); back, it works again.
         try FileManager.default.removeItem(atPath: file)
