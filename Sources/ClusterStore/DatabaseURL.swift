@@ -42,7 +42,7 @@ public struct DatabaseURL: Sendable, CustomStringConvertible {
 
     public var hasPassword: Bool { password != nil }
 
-    /// `passwordFile`, when given, wins over a password in the URL; one trailing newline is ignored.
+    /// `passwordFile`, when given, wins over a password in the URL; one trailing line ending (\n or \r\n) is ignored.
     public init(_ url: String, passwordFile: String? = nil) throws {
         func bad(_ what: String) -> ClusterStoreError {
             ClusterStoreError(.configuration, "cluster.database: \(what) (expected postgresql://user@host:port/database?sslmode=disable|require|verify-full)")
@@ -154,7 +154,11 @@ public struct DatabaseURL: Sendable, CustomStringConvertible {
             bytes.append(contentsOf: buffer[0..<n])
             if bytes.count > 65536 { throw ClusterStoreError(.configuration, "cluster.passwordFile \(path): larger than 64 KiB") }
         }
-        if bytes.last == 0x0A { bytes.removeLast() }
+        // One line ending: "\n", or "\r\n" from a file written on Windows (libpq's .pgpass strips both too).
+        if bytes.last == 0x0A {
+            bytes.removeLast()
+            if bytes.last == 0x0D { bytes.removeLast() }
+        }
         guard let text = String(validating: bytes, as: UTF8.self) else {
             throw ClusterStoreError(.configuration, "cluster.passwordFile \(path): not UTF-8 text")
         }

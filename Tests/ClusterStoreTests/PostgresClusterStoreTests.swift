@@ -453,6 +453,11 @@ struct PostgresClusterStoreTests {
         defer { unlink(file) }
         // One trailing newline is ignored, not two.
         #expect(try DatabaseURL("postgresql://u:other@h/d", passwordFile: file).password == "s3cret\n")
+        // A line ending written on Windows is one too (else the login fails for a \r nobody can see).
+        try "s3cret\r\n".write(toFile: file, atomically: true, encoding: .utf8)
+        #expect(try DatabaseURL("postgresql://u@h/d", passwordFile: file).password == "s3cret")
+        try "s3cret\r".write(toFile: file, atomically: true, encoding: .utf8)
+        #expect(try DatabaseURL("postgresql://u@h/d", passwordFile: file).password == "s3cret\r", "a lone \r is the password's")
         #expect(throws: ClusterStoreError.self) { try DatabaseURL("postgresql://u@h/d", passwordFile: "/nonexistent/pw") }
         // A FIFO (no writer: opening it for reading would wait for one), a device without end, a folder: refused at
         // once, each saying so; the same for sslrootcert.
