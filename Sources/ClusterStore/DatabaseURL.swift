@@ -120,6 +120,16 @@ public struct DatabaseURL: Sendable, CustomStringConvertible {
         }
     }
 
+    /// What is wrong with how the password file is kept, if anything: readable by the file's group or by everyone
+    /// (libpq refuses such a ~/.pgpass; a node warns, and goes on). nil without a password file.
+    public func passwordFileExposure() -> String? {
+        guard let passwordFile else { return nil }
+        var st = stat()
+        guard stat(passwordFile, &st) == 0, st.st_mode & 0o077 != 0 else { return nil }
+        let mode = String(st.st_mode & 0o777, radix: 8)
+        return "cluster.passwordFile \(passwordFile) is readable by \(st.st_mode & 0o007 != 0 ? "every user of this machine" : "its group") (mode \(mode)): chmod 600 it, or hand it over with systemd's LoadCredential="
+    }
+
     /// The password a new connection uses: the password file's content now, else the URL's.
     func currentPassword() throws -> String? {
         try passwordFile.map(Self.readPassword) ?? password

@@ -453,6 +453,15 @@ struct PostgresClusterStoreTests {
         defer { unlink(file) }
         // One trailing newline is ignored, not two.
         #expect(try DatabaseURL("postgresql://u:other@h/d", passwordFile: file).password == "s3cret\n")
+        // Kept where others may read it: said (never refused: libpq refuses such a .pgpass, a node warns).
+        chmod(file, 0o644)
+        let exposed = try DatabaseURL("postgresql://u@h/d", passwordFile: file).passwordFileExposure()
+        #expect(exposed?.contains("readable by every user of this machine (mode 644)") == true, "\(exposed ?? "nil")")
+        chmod(file, 0o640)
+        #expect(try DatabaseURL("postgresql://u@h/d", passwordFile: file).passwordFileExposure()?.contains("readable by its group (mode 640)") == true)
+        chmod(file, 0o600)
+        #expect(try DatabaseURL("postgresql://u@h/d", passwordFile: file).passwordFileExposure() == nil)
+        #expect(try DatabaseURL("postgresql://u:pw@h/d").passwordFileExposure() == nil)
         // A line ending written on Windows is one too (else the login fails for a \r nobody can see).
         try "s3cret\r\n".write(toFile: file, atomically: true, encoding: .utf8)
         #expect(try DatabaseURL("postgresql://u@h/d", passwordFile: file).password == "s3cret")

@@ -834,9 +834,17 @@ struct ClusterTests {
         // Node 1 has a wrong password: its login is refused, and the server's own message says so.
         let wrong = "wrong-\(UInt64.random(in: 1...UInt64.max))-secret"
         var section = harness[1].settings["cluster"] as? [String: Any] ?? [:]
-        section["passwordFile"] = try harness.server.passwordFile(wrong)
+        let wrongFile = try harness.server.passwordFile(wrong)
+        // Left readable by everyone, as a careless `echo pw > file` leaves it: the node says so at start.
+        chmod(wrongFile, 0o644)
+        section["passwordFile"] = wrongFile
         harness[1].settings["cluster"] = section
         try harness.startAll()
+        let exposed = try harness.waitJournal(["OPQ_NODE": harness[1].name, "OPQ_EVENT": "cluster", "PRIORITY": "4"])
+        #expect(exposed?["MESSAGE"]?.contains("\(wrongFile) is readable by every user of this machine (mode 644)") == true,
+                "\(exposed?["MESSAGE"] ?? "no warning")")
+        #expect(try harness.journal(node: 0, ["OPQ_EVENT": "cluster"]).allSatisfy { !($0["MESSAGE"] ?? "").contains("is readable by") },
+                "node 0's file is 0600: no warning")
         let refused = try #require(try harness.waitJournal(["OPQ_NODE": harness[1].name, "OPQ_EVENT": "cluster", "OPQ_STATE": "disconnected"]))
         #expect(((refused["MESSAGE"] ?? "") + (refused["OPQ_ERROR"] ?? "")).contains("password authentication failed"))
         let job = uniqueJob("secret")

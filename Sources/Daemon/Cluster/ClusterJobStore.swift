@@ -118,6 +118,7 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
                             maxManifestBytes: Int = ManifestLimits.maxBytes) throws {
         guard let settings = configuration.cluster else { throw ClusterUnavailable("no cluster dictionary in the configuration") }
         let url = try DatabaseURL(settings.database, passwordFile: settings.passwordFile)
+        if let exposure = url.passwordFileExposure() { logger.warning("\(exposure)", metadata: ["OPQ_EVENT": "cluster"]) }
         let store = try PostgresClusterStore(url: url)
         self.init(configuration: configuration, spool: spool, logger: logger, store: store,
                   run: { await store.run() }, onLeaseDeadline: onLeaseDeadline, maxManifestBytes: maxManifestBytes)
