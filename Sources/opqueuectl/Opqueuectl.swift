@@ -246,9 +246,13 @@ struct Show: ParsableCommand {
             print(String(decoding: data, as: UTF8.self))
             return
         }
-        print("job \(job): \(status)\(node.map { " (node \($0))" } ?? "")")
+        // A job running on another node: its operations' states are known only there (SPEC §8: no protocol
+        // between nodes); the daemon says `unknown` for them.
+        let elsewhere = ops.contains { $0["state"] as? String == "unknown" }
+        print("job \(job): \(status)\(node.map { elsewhere ? " on node \($0) (its operations' states are known there: opqueuectl show on that node)" : " (node \($0))" } ?? "")")
         for op in ops {
-            var line = "  \(op["id"] ?? "?")  \(op["kind"] ?? "")  queue=\(op["queue"] ?? "")  \(op["state"] ?? "")  attempts=\(op["attempts"] ?? 0)"
+            var line = "  \(op["id"] ?? "?")  \(op["kind"] ?? "")  queue=\(op["queue"] ?? "")  \(op["state"] ?? "")"
+            if let attempts = op["attempts"] { line += "  attempts=\(attempts)" }
             if let s = op["startedAt"] as? Double, let f = op["finishedAt"] as? Double { line += String(format: "  %.3fs", f - s) }
             if let e = op["error"] as? String { line += "  error: \(e)" }
             print(line)

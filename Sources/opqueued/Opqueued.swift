@@ -306,7 +306,9 @@ func handle(_ request: [String: Any], _ daemon: Daemon) -> [String: Any] {
 }
 
 /// `show` of a job the cluster knows and this node does not run (SPEC §8): waiting, running elsewhere or ended;
-/// an ended one's operations come from the result.plist the database keeps.
+/// an ended one's operations come from the result.plist the database keeps. The states of a job's operations
+/// while it runs on another node are that node's alone (nodes never talk to each other, and the database holds no
+/// per-operation progress): they are `unknown` here, never a `pending` that may be false.
 func clusterShow(_ record: JobRecord) -> [String: Any] {
     var answer: [String: Any] = ["exit": 0, "job": record.id, "submittedOn": record.submittedOn]
     if let node = record.node { answer["node"] = node }
@@ -325,7 +327,8 @@ func clusterShow(_ record: JobRecord) -> [String: Any] {
     let manifest = (try? PropertyListSerialization.propertyList(from: Data(record.manifest), format: nil)) as? [String: Any]
     for op in manifest?["operations"] as? [[String: Any]] ?? [] {
         guard let id = op["id"] as? String else { continue }
-        var entry = ended.removeValue(forKey: id) ?? ["id": id, "state": "pending", "attempts": 0]
+        var entry = ended.removeValue(forKey: id)
+            ?? (record.state == .running ? ["id": id, "state": "unknown"] : ["id": id, "state": "pending", "attempts": 0])
         entry["dependencies"] = op["dependencies"] as? [String] ?? []
         if entry["kind"] == nil, let kind = op["kind"] as? String { entry["kind"] = kind }
         if entry["queue"] == nil { entry["queue"] = op["queue"] as? String ?? "" }

@@ -563,6 +563,22 @@ struct ClusterTests {
         }
         #expect(harness.waitAll(jobs, timeout: 40).isEmpty)
         for job in jobs { #expect(harness.outboxes(holding: job) == [0]) }
+        // `show` on node 1 of a job node 0 is running: where it runs, and its operations' states `unknown` (they are
+        // node 0's alone), never a `pending` that is false while node 0 executes it.
+        let long = uniqueJob("long")
+        try harness[1].drop(long + ".plist", sleepJob(long, 30, queue: "gpu"))
+        let executing = try pollUntil(20) { () -> Bool? in
+            try harness[0].ctl(["show", long]).stdout.contains("executing") ? true : nil
+        }
+        #expect(executing != nil, "node 0 executes it")
+        let elsewhere = try JSONSerialization.jsonObject(with: Data(harness[1].ctl(["show", long, "--json"]).stdout.utf8)) as? [String: Any]
+        #expect(elsewhere?["status"] as? String == "running" && elsewhere?["node"] as? String == harness[0].name)
+        let states = (elsewhere?["operations"] as? [[String: Any]] ?? []).map { "\($0["state"] ?? "-")/\($0["attempts"] ?? "-")" }
+        #expect(states == ["unknown/-"], "\(states)")
+        let text = try harness[1].ctl(["show", long]).stdout
+        #expect(text.contains("on node \(harness[0].name)") && text.contains("known there") && !text.contains("pending"), "\(text)")
+        #expect(try harness[1].ctl(["cancel", long]).status == 0)
+        #expect(harness.waitResult(long, timeout: 20)?.result["status"] as? String == "cancelled")
         // A queue no node declares is a typo: rejected where it was dropped.
         let typo = uniqueJob("typo")
         try harness[1].drop(typo + ".plist", sleepJob(typo, 0, queue: "gpuu"))
