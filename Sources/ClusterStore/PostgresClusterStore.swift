@@ -51,7 +51,7 @@ public final class PostgresClusterStore: ClusterStore {
 
     func query(_ sql: String, _ binds: PostgresBindings = PostgresBindings(), doing: String) async throws -> [PostgresRow] {
         do {
-            return try await pool.client.query(PostgresQuery(unsafeSQL: sql, binds: binds), logger: logger).collect()
+            return try await pool.client().query(PostgresQuery(unsafeSQL: sql, binds: binds), logger: logger).collect()
         } catch {
             throw ClusterStoreError.wrapping(error, doing: doing)
         }
@@ -64,7 +64,7 @@ public final class PostgresClusterStore: ClusterStore {
         while true {
             attempt += 1
             do {
-                return try await pool.client.withConnection { connection in
+                return try await pool.client().withConnection { connection in
                     try await connection.withTransaction(logger: logger) { connection in
                         try await body(connection)
                     }

@@ -28,6 +28,8 @@ final class RenewablePool: Sendable {
     private let lastConfiguration: Mutex<PostgresClient.Configuration>
     private let logger: Logger
     private let current: Mutex<Current>
+    /// Set once the first pool's run() is about to start: statements wait for it (see `client()`).
+    private let firstRunning = RunningFlag()
     /// Every pool to run, in order: `run` runs each until it is retired (or `run` is cancelled).
     private let pools: AsyncStream<Pool>
     private let poolsContinuation: AsyncStream<Pool>.Continuation
@@ -41,11 +43,21 @@ final class RenewablePool: Sendable {
         let client = PostgresClient(configuration: configuration, backgroundLogger: logger)
         let (retired, retire) = AsyncStream.makeStream(of: Void.self)
         current = Mutex(Current(client: client, retire: retire))
-        poolsContinuation.yield(Pool(client: client, retired: retired, begin: {}))
+        poolsContinuation.yield(Pool(client: client, retired: retired, begin: { [firstRunning] in firstRunning.set() }))
     }
 
-    /// The pool statements go through now.
-    var client: PostgresClient { current.withLock { $0.client } }
+    /// The pool statements go through now, once the first pool runs: a statement made before its run() started
+    /// (the node's loop may ask before the task running the pools has been scheduled) would have postgres-nio warn
+    /// in the journal that run() "hasn't been called yet". Waits at most a second for that, then goes on (the
+    /// statement then waits in the pool as before).
+    func client() async -> PostgresClient {
+        var waited = 0
+        while !firstRunning.isSet && waited < 1000 {
+            try? await Task.sleep(for: .milliseconds(1))
+            waited += 1
+        }
+        return current.withLock { $0.client }
+    }
 
     /// A fresh pool from now on; the old one is shut down. The fresh pool becomes the one statements use when its
     /// run() starts, never before (postgres-nio warns of a pool used before it runs): returns then, or after
@@ -96,4 +108,11 @@ final class RenewablePool: Sendable {
             }
         }
     }
+}
+
+/// A flag set once, read from any thread.
+private final class RunningFlag: Sendable {
+    private let value = Atomic<Bool>(false)
+    func set() { value.store(true, ordering: .releasing) }
+    var isSet: Bool { value.load(ordering: .acquiring) }
 }

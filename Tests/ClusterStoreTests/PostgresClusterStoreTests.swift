@@ -230,6 +230,26 @@ struct PostgresClusterStoreTests {
         #expect(!said.contains { $0.contains("run()") }, "\(said)")
     }
 
+    /// A statement asked before the task running the pool has started (a node's loop can be that quick at start)
+    /// waits for it: answered, and no postgres-nio warning that run() "hasn't been called yet" in the journal.
+    @Test func aStatementBeforeThePoolRunsWaitsForItAndWarnsOfNothing() async throws {
+        let server = try PostgresServer.shared.get()
+        let name = try server.createDatabase()
+        let url = try DatabaseURL(server.url(name), passwordFile: try server.passwordFile())
+        let log = CapturedLog()
+        let store = try PostgresClusterStore(url: url, logger: log.logger(label: "opqueued.cluster", level: .warning))
+        _ = try await store.migrate()  // on a connection of its own, as a node's first step is
+        async let asked = store.suspendedQueues()
+        try await Task.sleep(for: .milliseconds(200))
+        let runner = Task { await store.run() }
+        defer { runner.cancel() }
+        #expect(try await asked == [], "answered once the pool runs")
+        let said = log.all.map { "\($0.level): \($0.message)" }
+        #expect(!said.contains { $0.contains("run()") }, "\(said)")
+        runner.cancel()
+        await runner.value
+    }
+
     /// Nodes silent longer than asked and holding nothing are forgotten, with their declarations; a node that still
     /// runs a job, holds a cluster slot or waits for one is kept however long silent, and so is one that beat since.
     /// One that comes back registers again.
