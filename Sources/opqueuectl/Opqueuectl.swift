@@ -172,6 +172,11 @@ func statusReport(_ response: [String: Any]) -> String {
     out += "\n" + table(queues)
     // A cluster node (SPEC §8) speaks for the whole cluster: its nodes, and the jobs none of the live ones can run.
     if let nodes = response["nodes"] as? [[String: Any]] {
+        // Read from the database: while this node cannot reach it, the table is the last one it read.
+        let state = (response["cluster"] as? [String: Any])?["state"] as? String
+        if let state, state != "connected" {
+            out += "\nthe nodes as this node last read them from the database (it is \(state) now: CONNECTED may be out of date):"
+        }
         var rows = [["NODE", "CONNECTED", "LAST HEARTBEAT", "JOBS", "FREE SLOTS"]]
         let now = Date().timeIntervalSince1970
         for n in nodes {
