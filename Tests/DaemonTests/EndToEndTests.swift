@@ -376,6 +376,33 @@ func sleepOp(_ id: String, _ seconds: Double, deps: [String] = []) -> [String: A
         #expect(spool.waitForExit() == 0)
     }
 
+    /// Files far bigger than a manifest may be (sparse: 2 GiB each, costing no disk) are rejected by their size,
+    /// which the error gives, without being read: eight of them at once leave the daemon's peak memory where it
+    /// was (it read 256 MiB of each, and held several at once: 1.6 GB).
+    @Test func anInboxOfHugeFilesIsRejectedWithoutReadingThem() throws {
+        let spool = TestSpool()
+        try spool.start()
+        let pid = try #require(spool.daemon?.processIdentifier)
+        let inbox = spool.root + "/inbox/"
+        for i in 0..<8 {
+            let hidden = inbox + ".huge\(i).plist"
+            let fd = creat(hidden, 0o644)
+            #expect(fd >= 0 && ftruncate(fd, 2 << 30) == 0)
+            close(fd)  // a file still open for writing is left for its writer to finish
+            #expect(rename(hidden, inbox + "huge\(i).plist") == 0)
+        }
+        for i in 0..<8 {
+            let result = spool.result("huge\(i)", timeout: 20)
+            #expect(result?["status"] as? String == "rejected")
+            #expect((result?["error"] as? String)?.contains("the manifest is 2147483648 bytes; the limit is 268435456 bytes (256 MiB)") == true,
+                    "\(result?["error"] ?? "no result")")
+        }
+        let peak = processMemoryMB(pid)
+        #expect(peak > 0 && peak < 150, "peak RSS \(peak) MB")
+        spool.signal(SIGTERM)
+        #expect(spool.waitForExit() == 0)
+    }
+
     @Test func sigtermDrainsAndUnfinishedJobsResume() throws {
         let spool = TestSpool()
         let config = try spool.configure(["shutdownGraceSeconds": 0.3])

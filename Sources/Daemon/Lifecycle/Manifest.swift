@@ -98,10 +98,17 @@ public struct ManifestTree: Sendable {
 
     public init(_ data: Data) {
         guard data.count <= ManifestLimits.maxBytes else {
-            value = .failure(ManifestProblems(["the manifest is \(data.count) bytes; the limit is \(ManifestLimits.maxBytes)"]))
+            // A reader stops just past the limit: the file's whole size is not known here.
+            value = .failure(ManifestProblems(["the manifest is larger than the limit of \(ManifestLimits.maxBytes) bytes (256 MiB)"]))
             return
         }
         value = Result { () throws(ManifestProblems) -> PlistValue in try Manifest.read(data) }
+    }
+
+    /// A file whose size alone (from fstat) says it is no manifest: rejected without its bytes ever read, so that
+    /// an inbox full of huge files costs no memory.
+    public init(tooLarge size: Int) {
+        value = .failure(ManifestProblems(["the manifest is \(size) bytes; the limit is \(ManifestLimits.maxBytes) bytes (256 MiB)"]))
     }
 
     /// The `job` key if present and a string (valid or not), for naming the job before validation.

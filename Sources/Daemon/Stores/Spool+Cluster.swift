@@ -42,7 +42,7 @@ extension Spool {
     /// Claims inbox/<name> for the cluster: renamed to active/.submissions/<key>-<name> (see the top of this file),
     /// the id `.<key>-<name>`, the id it asks for in `requestedJob`.
     func claimForSubmission(_ name: String, now: Double, settled: Bool) throws -> ClaimOutcome {
-        try take(name, settled: settled) { fd, source, data in
+        try take(name, settled: settled) { fd, source, data, tooLarge in
             var st = stat()
             guard fstat(fd, &st) == 0 else { throw SpoolError(operation: "fstat", path: source, errno: errno) }
             let key = "\(st.st_ino).\(st.st_ctim.tv_sec).\(st.st_ctim.tv_nsec)"
@@ -62,7 +62,7 @@ extension Spool {
                 // Without the attribute the name reads back as <key>.plist: only the result's `manifest` differs.
                 _ = setJobAttribute(PlistBinaryWriter.document(.dictionary(PlistDictionary(["manifest": .string(name)]))), on: target)
             }
-            let tree = ManifestTree(data)
+            let tree = tooLarge.map(ManifestTree.init(tooLarge:)) ?? ManifestTree(data)
             return .claimed(ClaimedJob(id: "." + file, requestedJob: Self.wantedID(name: name, tree: tree), manifestName: name,
                                        receivedAt: now, manifest: data, tree: tree, done: [:]))
         }
@@ -71,7 +71,7 @@ extension Spool {
     /// A manifest claimed for the cluster that this node rejects: moved into active/<id>/ as an ordinary claim
     /// (the id unique here), to be published here like any rejected job.
     func promoteSubmission(_ job: ClaimedJob, inUse: (String) -> Bool) throws -> ClaimOutcome {
-        try placeClaim(job.manifestName, source: submissionsFolder + "/" + job.id.dropFirst(), data: job.manifest, now: job.receivedAt, inUse: inUse)
+        try placeClaim(job.manifestName, source: submissionsFolder + "/" + job.id.dropFirst(), data: job.manifest, tree: job.tree, now: job.receivedAt, inUse: inUse)
     }
 
     /// Moves active/<job>/ (just claimed from the inbox) to active/.submissions/<job>/ (a name not taken there).
