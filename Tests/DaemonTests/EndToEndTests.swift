@@ -361,6 +361,9 @@ func sleepOp(_ id: String, _ seconds: Double, deps: [String] = []) -> [String: A
             #expect(log.contains("inbox/\(name) cannot be claimed"), "\(name) is logged")
         }
         #expect(log.contains("2 hard links"))
+        // None of them waits for anything: status does not count them as waiting.
+        let waiting = try ControlClient.request(spool.root + "/opqueued.sock", ["command": "status"], timeout: 2)["waiting"] as? Int
+        #expect(waiting == 0, "status counts \(waiting ?? -1) waiting for \(inboxNow)")
 
         // The socket: mode 0660; another user is refused, a member of its group is answered.
         var st = stat()

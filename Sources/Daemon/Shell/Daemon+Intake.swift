@@ -119,7 +119,9 @@ extension Daemon {
         rescanRequested = false
         scanLeftSome = scan.waiting > scan.manifests.count
         lock.lock()
-        waiting = scan.waiting
+        // Names already found unclaimable (a folder, a link, a FIFO named *.plist: logged once, tried again at each
+        // scan) wait for nothing: not counted as waiting.
+        waiting = scan.waiting - scan.manifests.reduce(0) { strangersLogged.contains($1) ? $0 + 1 : $0 }
         if scan.manifests.count == scan.waiting {
             // The whole inbox was read: what is remembered of names no longer there is let go, so
             // names that come and go cannot grow these sets.
@@ -212,6 +214,7 @@ extension Daemon {
                 case .skipped(let reason):
                     lock.lock()
                     let fresh = strangersLogged.insert(name).inserted
+                    if fresh { waiting = max(0, waiting - 1) }
                     lock.unlock()
                     if fresh { logger.warning("inbox/\(name) cannot be claimed: \(reason)") }
                 }
