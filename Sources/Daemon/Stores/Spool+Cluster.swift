@@ -42,7 +42,7 @@ extension Spool {
     /// Claims inbox/<name> for the cluster: renamed to active/.submissions/<key>-<name> (see the top of this file),
     /// the id `.<key>-<name>`, the id it asks for in `requestedJob`.
     func claimForSubmission(_ name: String, now: Double, settled: Bool) throws -> ClaimOutcome {
-        try take(name, settled: settled) { fd, source, data, tooLarge in
+        try take(name, settled: settled) { fd, source, data, tree in
             var st = stat()
             guard fstat(fd, &st) == 0 else { throw SpoolError(operation: "fstat", path: source, errno: errno) }
             let key = "\(st.st_ino).\(st.st_ctim.tv_sec).\(st.st_ctim.tv_nsec)"
@@ -62,7 +62,6 @@ extension Spool {
                 // Without the attribute the name reads back as <key>.plist: only the result's `manifest` differs.
                 _ = setJobAttribute(PlistBinaryWriter.document(.dictionary(PlistDictionary(["manifest": .string(name)]))), on: target)
             }
-            let tree = tooLarge.map(ManifestTree.init(tooLarge:)) ?? ManifestTree(data)
             return .claimed(ClaimedJob(id: "." + file, requestedJob: Self.wantedID(name: name, tree: tree), manifestName: name,
                                        receivedAt: now, manifest: data, tree: tree, done: [:]))
         }

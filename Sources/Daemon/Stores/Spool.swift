@@ -300,15 +300,14 @@ public final class Spool: @unchecked Sendable {
     /// `inUse` says which ids the caller still holds though their folders have left active/: a job whose folder
     /// is already in outbox/ (and may be taken away from there at once) but whose end is not yet announced.
     public func claim(_ name: String, now: Double, settled: Bool = true, inUse: (String) -> Bool = { _ in false }) throws -> ClaimOutcome {
-        try take(name, settled: settled) { _, source, data, tooLarge in
-            try placeClaim(name, source: source, data: data, tree: tooLarge.map(ManifestTree.init(tooLarge:)), now: now, inUse: inUse)
-        }
+        try take(name, settled: settled) { _, source, data, tree in try placeClaim(name, source: source, data: data, tree: tree, now: now, inUse: inUse) }
     }
 
     /// The checked read every claim starts with: opens inbox/<name> without following links or blocking, refuses
     /// what is not a regular file of its own, takes the read lease (or trusts `settled`), reads the manifest, and
-    /// calls `place` with the descriptor, the path and the bytes while the lease is held.
-    func take(_ name: String, settled: Bool, _ place: (Int32, String, Data, Int?) throws -> ClaimOutcome) throws -> ClaimOutcome {
+    /// calls `place` with the descriptor, the path, the bytes and their tree while the lease is held. A file bigger
+    /// than a manifest may be is not read: its bytes are empty and its tree says its size.
+    func take(_ name: String, settled: Bool, _ place: (Int32, String, Data, ManifestTree) throws -> ClaimOutcome) throws -> ClaimOutcome {
         let source = inbox + "/" + name
         let fd = open(source, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC)
         guard fd >= 0 else {
@@ -339,7 +338,9 @@ public final class Spool: @unchecked Sendable {
         defer { if leased { _ = opq_lease(fd, 1) } }
         // Bigger than a manifest may be: claimed (to be rejected, saying its size) without reading a byte of it.
         var st = stat()
-        if fstat(fd, &st) == 0, Int(st.st_size) > ManifestLimits.maxBytes { return try place(fd, source, Data(), Int(st.st_size)) }
+        if fstat(fd, &st) == 0, Int(st.st_size) > ManifestLimits.maxBytes {
+            return try place(fd, source, Data(), ManifestTree(tooLarge: Int(st.st_size)))
+        }
         let data: Data
         switch readRegularFile(fd, path: source, singleLink: true) {
         case .success(let d): data = d
@@ -347,12 +348,12 @@ public final class Spool: @unchecked Sendable {
             if Self.resourceErrors.contains(e.errno) { throw e }
             return .skipped(e.description)
         }
-        return try place(fd, source, data, nil)
+        return try place(fd, source, data, ManifestTree(data))
     }
 
     /// A claim's second half: active/<id>/ made (the id unique in active/ and outbox/, and not `inUse`), the record
     /// written, the manifest renamed in. `tree`: the manifest's, when the caller has it (for a file too large to
-    /// read, the only word on it).
+    /// read, the only word on it); else made from `data`.
     func placeClaim(_ name: String, source: String, data: Data, tree known: ManifestTree? = nil, now: Double, inUse: (String) -> Bool) throws -> ClaimOutcome {
         let tree = known ?? ManifestTree(data)
         let wanted = Self.wantedID(name: name, tree: tree)
