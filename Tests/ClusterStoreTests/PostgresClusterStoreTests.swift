@@ -149,10 +149,8 @@ struct PostgresClusterStoreTests {
     @Test func aPasswordRotatedInItsFileIsUsedFromTheNextConnection() async throws {
         let server = try PostgresServer.shared.get()
         let database = try server.createDatabase()
-        let role = "opqrot_\(UInt32.random(in: 1...UInt32.max))"
         let first = "first-\(UInt64.random(in: 1...UInt64.max))"
-        try server.psql("postgres", "CREATE ROLE \(role) LOGIN PASSWORD '\(first)'")
-        try server.psql("postgres", "GRANT CONNECT ON DATABASE \(database) TO \(role)")
+        let role = try server.createRole("opqrot_", password: first, connectingTo: database)
         try server.psql(database, "GRANT USAGE, CREATE ON SCHEMA public TO \(role)")
         let file = try server.passwordFile(first)
         let store = try PostgresClusterStore(url: DatabaseURL(server.url(database, user: role), passwordFile: file))
@@ -330,10 +328,8 @@ struct PostgresClusterStoreTests {
         #expect(try await owner.migrate() == Migrations.newest)
         await ownerUnder.close()
         let database = owner.url.database
-        let runtime = "opqrun_\(UInt32.random(in: 1...UInt32.max))"
         let password = "run-\(UInt64.random(in: 1...UInt64.max))"
-        try server.psql("postgres", "CREATE ROLE \(runtime) LOGIN PASSWORD '\(password)'")
-        try server.psql("postgres", "GRANT CONNECT ON DATABASE \(database) TO \(runtime)")
+        let runtime = try server.createRole("opqrun_", password: password, connectingTo: database)
         try server.psql(database, "GRANT USAGE ON SCHEMA public TO \(runtime)")
         try server.psql(database, "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO \(runtime)")
         try server.psql(database, "GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO \(runtime)")

@@ -526,10 +526,8 @@ struct ClusterJobStoreTests {
     @Test func leaseRunsOutOnACutOffNodeAndTheOtherTakesOver() throws {
         let server = try PostgresServer.shared.get()
         let database = try server.createDatabase()
-        let role = "opqcut\(UInt32.random(in: 1...UInt32.max))"
         let password = "cut-\(UInt64.random(in: 1...UInt64.max))"
-        try server.psql("postgres", "CREATE ROLE \(role) LOGIN PASSWORD '\(password)' IN ROLE \(PostgresServer.role)")
-        try server.psql("postgres", "GRANT CONNECT ON DATABASE \(database) TO \(role)")
+        let role = try server.createRole("opqcut", password: password, connectingTo: database, memberOf: PostgresServer.role)
         // B first: the schema belongs to the role that created it.
         let b = try ClusterNode("b", server: server, database: database, leaseSeconds: 2)
         _ = b.store.recovered([])

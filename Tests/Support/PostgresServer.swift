@@ -120,6 +120,15 @@ public final class PostgresServer: @unchecked Sendable {
         return name
     }
 
+    /// A new login role named `prefix` and a random number, with `password`, allowed to CONNECT to `database`
+    /// (and a member of `memberOf`, when given); each test grants what else it needs. Returns its name.
+    public func createRole(_ prefix: String, password: String, connectingTo database: String, memberOf: String? = nil) throws -> String {
+        let role = "\(prefix)\(UInt32.random(in: 1...UInt32.max))"
+        try psql("postgres", "CREATE ROLE \(role) LOGIN PASSWORD '\(password)'" + (memberOf.map { " IN ROLE \($0)" } ?? ""))
+        try psql("postgres", "GRANT CONNECT ON DATABASE \(database) TO \(role)")
+        return role
+    }
+
     /// The URL a store uses for `database` as the node role (the password goes in a password file).
     public func url(_ database: String, user: String = PostgresServer.role) -> String {
         "postgresql://\(user)@127.0.0.1:\(port)/\(database)?sslmode=disable"
