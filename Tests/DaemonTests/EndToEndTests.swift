@@ -406,6 +406,39 @@ func sleepOp(_ id: String, _ seconds: Double, deps: [String] = []) -> [String: A
         #expect(spool.waitForExit() == 0)
     }
 
+    /// The same files left in active/ by a crash between their claim and their rejection (what a kill -9 at that
+    /// moment leaves: the folder, its record, the file renamed in) are rejected at recovery by their size, unread:
+    /// recovery read 256 MiB of each and held them all at once (2 GB for these eight).
+    @Test func hugeFilesLeftInActiveByACrashAreRejectedUnreadAtRecovery() throws {
+        let spool = TestSpool()
+        try spool.start()
+        spool.signal(SIGTERM)
+        #expect(spool.waitForExit() == 0)
+        for i in 0..<8 {
+            let dir = spool.root + "/active/huge\(i)"
+            try FileManager.default.createDirectory(atPath: dir, withIntermediateDirectories: false)
+            let record = try PropertyListSerialization.data(fromPropertyList: ["manifest": "huge\(i).plist", "receivedAt": 1.0e9],
+                                                            format: .xml, options: 0)
+            try record.write(to: URL(fileURLWithPath: dir + "/job.plist"))
+            let fd = creat(dir + "/manifest.plist", 0o644)
+            #expect(fd >= 0 && ftruncate(fd, 2 << 30) == 0)
+            close(fd)
+        }
+        try spool.start()
+        let pid = try #require(spool.daemon?.processIdentifier)
+        for i in 0..<8 {
+            let result = spool.result("huge\(i)", timeout: 20)
+            #expect(result?["status"] as? String == "rejected")
+            #expect((result?["error"] as? String)?.contains("the manifest is 2147483648 bytes; the limit is 268435456 bytes (256 MiB)") == true,
+                    "\(result?["error"] ?? "no result")")
+        }
+        let peak = processMemoryMB(pid)
+        #expect(peak > 0 && peak < 150, "peak RSS \(peak) MB")
+        #expect(spool.list("active").isEmpty)
+        spool.signal(SIGTERM)
+        #expect(spool.waitForExit() == 0)
+    }
+
     @Test func sigtermDrainsAndUnfinishedJobsResume() throws {
         let spool = TestSpool()
         let config = try spool.configure(["shutdownGraceSeconds": 0.3])

@@ -99,20 +99,20 @@ extension Spool {
             var st = stat()
             guard lstat(dir, &st) == 0 else { continue }
             if (st.st_mode & S_IFMT) == S_IFREG {
-                guard case .success(let manifest) = readRegularFile(dir) else { continue }
+                guard case .success(let manifest) = Self.readHeldManifest(dir) else { continue }
                 let key = name.prefix { $0 != "-" }
                 var inboxName = String(name.dropFirst(key.count + 1))
                 if let recorded = readJobRecord(dir).name { inboxName = recorded }
                 if inboxName.isEmpty { inboxName = key + ".plist" }
-                let tree = ManifestTree(manifest)
+                let tree = manifest.tree ?? ManifestTree(manifest.data)
                 found.append((dir, ClaimedJob(id: "." + name, requestedJob: Self.wantedID(name: inboxName, tree: tree), manifestName: inboxName,
-                                              receivedAt: Date().timeIntervalSince1970, manifest: manifest, tree: nil, done: [:])))
+                                              receivedAt: Date().timeIntervalSince1970, manifest: manifest.data, tree: manifest.tree, done: [:])))
                 continue
             }
-            guard case .success(let manifest) = readRegularFile(dir + "/manifest.plist") else { removeTree(dir); continue }
+            guard case .success(let manifest) = Self.readHeldManifest(dir + "/manifest.plist") else { removeTree(dir); continue }
             let record = readJobRecord(dir)
             found.append((dir, ClaimedJob(id: name, requestedJob: record.requested, manifestName: record.name ?? name + ".plist",
-                                          receivedAt: record.receivedAt ?? 0, manifest: manifest, tree: nil, done: [:])))
+                                          receivedAt: record.receivedAt ?? 0, manifest: manifest.data, tree: manifest.tree, done: [:])))
         }
         return found
     }

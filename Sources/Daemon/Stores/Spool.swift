@@ -402,14 +402,14 @@ public final class Spool: @unchecked Sendable {
             guard access(dir + "/manifest.plist", F_OK) == 0 else { removeTree(dir); continue }
             // A `write` interrupted before its rename leaves a hidden .part file: it runs again.
             removeParts(dir)
-            guard case .success(let manifest) = readRegularFile(dir + "/manifest.plist") else {
+            guard case .success(let manifest) = Self.readHeldManifest(dir + "/manifest.plist") else {
                 problems.append("active/\(id)/manifest.plist cannot be read; left in place")
                 continue
             }
             let record = readJobRecord(dir)
             jobs.append(ClaimedJob(id: id, requestedJob: record.requested, manifestName: record.name ?? id + ".plist",
-                                   receivedAt: record.receivedAt ?? Date().timeIntervalSince1970, manifest: manifest,
-                                   tree: nil, done: progress[id] ?? [:]))
+                                   receivedAt: record.receivedAt ?? Date().timeIntervalSince1970, manifest: manifest.data,
+                                   tree: manifest.tree, done: progress[id] ?? [:]))
         }
         // Downloads: those of jobs that resume stay (a download that succeeded is restored from its file),
         // less partial files of interrupted ones; those of jobs published or never claimed go.
@@ -419,6 +419,20 @@ public final class Spool: @unchecked Sendable {
         }
         try rewriteProgress(keeping: resuming)
         return (jobs, problems)
+    }
+
+    /// A manifest the spool already holds (in active/ or active/.submissions/), read again at recovery: its bytes,
+    /// or, when its size alone says it is no manifest, none and a tree saying its size. A crash between the claim of
+    /// a huge inbox file and its rejection leaves it in active/, and recovery must not read it either.
+    static func readHeldManifest(_ path: String) -> Result<(data: Data, tree: ManifestTree?), SpoolError> {
+        let fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC)
+        guard fd >= 0 else { return .failure(SpoolError(operation: "open", path: path, errno: errno)) }
+        defer { close(fd) }
+        var st = stat()
+        if fstat(fd, &st) == 0, (st.st_mode & S_IFMT) == S_IFREG, Int(st.st_size) > ManifestLimits.maxBytes {
+            return .success((Data(), ManifestTree(tooLarge: Int(st.st_size))))
+        }
+        return readRegularFile(fd, path: path).map { ($0, nil) }
     }
 
     /// The progress log: job → operation → record. A torn last line (a crash mid-append) is ignored.
