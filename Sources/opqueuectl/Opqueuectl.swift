@@ -266,7 +266,13 @@ struct Show: ParsableCommand {
 }
 
 struct Wait: ParsableCommand {
-    static let configuration = CommandConfiguration(abstract: "Waits for the job's outbox entry: 0 succeeded, 1 not, 2 timeout.")
+    static let configuration = CommandConfiguration(
+        abstract: "Waits for the job's outbox entry: 0 succeeded, 1 not, 2 timeout.",
+        discussion: """
+            An id not seen yet is waited for (its manifest may be dropped later). On a terminal, and at a timeout, \
+            wait says why such a job is not seen: its manifest waits in the inbox to be claimed, the daemon knows no \
+            job of that id (a job's id is its manifest's job key, else its file's name), or no daemon answers.
+            """)
     @OptionGroup var common: Common
     @Argument(help: "A job id.", completion: .custom(completeJobs)) var job: String
     @Option(help: "Give up after this many seconds (exit 2).") var timeout: Double?
@@ -295,22 +301,60 @@ struct Wait: ParsableCommand {
             }
             if let deadline, Date() >= deadline {
                 if tty { FileHandle.standardError.write(Data("\r\u{1B}[K".utf8)) }
-                throw fail("\(job): still not ended after \(timeout ?? 0) s", 2)
+                let why: String
+                switch look(timeout: 2) {
+                case .unseen(let reason): why = " (\(reason))"
+                case .running, .unknowable: why = ""
+                }
+                throw fail("\(job): still not ended after \(timeout ?? 0) s\(why)", 2)
             }
             if tty { progress(&spinner) }
             usleep(50_000)
         }
     }
 
+    /// What the daemon says of a job not in the outbox yet.
+    enum Look {
+        /// It knows the job: its operations (empty when it runs on another node of a cluster).
+        case running([[String: Any]])
+        /// Not seen: why, as far as can be told from here (a typo in the id waits as long as a job not yet dropped).
+        case unseen(String)
+        /// The daemon answered something else (a cluster that cannot be asked now).
+        case unknowable
+    }
+
+    func look(timeout: Int) -> Look {
+        let response: [String: Any]
+        do {
+            response = try ControlClient.request(common.socket, ["command": "show", "job": job], timeout: timeout)
+        } catch {
+            return .unseen("no daemon answers at \(common.socket)")
+        }
+        switch response["exit"] as? Int ?? 0 {
+        case 0: return .running(response["operations"] as? [[String: Any]] ?? [])
+        case 1:
+            if FileManager.default.fileExists(atPath: common.spool + "/inbox/" + job + ".plist") {
+                return .unseen("not seen yet: inbox/\(job).plist waits to be claimed")
+            }
+            return .unseen("not seen yet: the daemon knows no job '\(job)'; a job's id is its manifest's `job`, else its file's name")
+        default: return .unknowable
+        }
+    }
+
     private func progress(_ spinner: inout Int) {
         spinner += 1
-        guard spinner % 4 == 0, let response = try? ControlClient.request(common.socket, ["command": "show", "job": job], timeout: 1),
-              let ops = response["operations"] as? [[String: Any]], !ops.isEmpty else { return }
-        let done = ops.filter { ["succeeded", "failed", "cancelled"].contains($0["state"] as? String ?? "") }.count
-        let width = 30
-        let filled = width * done / ops.count
-        let bar = String(repeating: "#", count: filled) + String(repeating: "-", count: width - filled)
-        FileHandle.standardError.write(Data("\r[\(bar)] \(done)/\(ops.count) \(job)".utf8))
+        guard spinner % 4 == 0 else { return }
+        let line: String
+        switch look(timeout: 1) {
+        case .running(let ops) where !ops.isEmpty:
+            let done = ops.filter { ["succeeded", "failed", "cancelled"].contains($0["state"] as? String ?? "") }.count
+            let width = 30
+            let filled = width * done / ops.count
+            line = "[" + String(repeating: "#", count: filled) + String(repeating: "-", count: width - filled) + "] \(done)/\(ops.count) \(job)"
+        case .unseen(let reason): line = "\(job): \(reason)"
+        default: return
+        }
+        FileHandle.standardError.write(Data("\r\u{1B}[K\(line)".utf8))
     }
 }
 

@@ -218,7 +218,20 @@ func sleepOp(_ id: String, _ seconds: Double, deps: [String] = []) -> [String: A
         let spool = TestSpool()
         try spool.start()
         try spool.drop("long.plist", ["job": "long", "operations": [sleepOp("a", 30), sleepOp("b", 0, deps: ["a"])]])
-        #expect(try spool.ctl(["wait", "long", "--timeout", "0.3"]).status == 2)
+        let running = try spool.ctl(["wait", "long", "--timeout", "0.3"])
+        #expect(running.status == 2)
+        #expect(running.stderr == "opqueuectl: long: still not ended after 0.3 s\n")
+        // An id nobody has seen is waited for too (it may be dropped later), but the timeout says it was never seen.
+        let typo = try spool.ctl(["wait", "lnog", "--timeout", "0.3"])
+        #expect(typo.status == 2)
+        #expect(typo.stderr.contains("lnog: still not ended after 0.3 s (not seen yet: the daemon knows no job 'lnog'"), "\(typo.stderr)")
+        // A manifest still being written is not claimed: the wait names the file it waits for.
+        let writing = open(spool.root + "/inbox/later.plist", O_WRONLY | O_CREAT | O_CLOEXEC, 0o644)
+        #expect(writing >= 0)
+        let later = try spool.ctl(["wait", "later", "--timeout", "0.3"])
+        #expect(later.stderr.contains("(not seen yet: inbox/later.plist waits to be claimed)"), "\(later.stderr)")
+        close(writing)
+        unlink(spool.root + "/inbox/later.plist")
         let status = try spool.ctl(["status", "--json"])
         #expect(status.status == 0)
         #expect(status.stdout.contains("\"long\""))
@@ -257,6 +270,9 @@ func sleepOp(_ id: String, _ seconds: Double, deps: [String] = []) -> [String: A
         #expect(spool.waitForExit() == 0)
         #expect(try spool.ctl(["status"]).status == 3, "no daemon")
         #expect(try spool.ctl(["frobnicate"]).status == 64, "usage errors whether or not a daemon runs")
+        let alone = try spool.ctl(["wait", "lnog", "--timeout", "0.3"])
+        #expect(alone.status == 2, "wait reads the outbox, with or without a daemon")
+        #expect(alone.stderr.contains("(no daemon answers at \(spool.root)/opqueued.sock)"), "\(alone.stderr)")
     }
 
     @Test func killNineResumesWithoutRerunningWhatSucceeded() throws {
