@@ -164,19 +164,26 @@ func statusReport(_ response: [String: Any]) -> String {
     }
     if let heap = response["heapBytes"] as? Int { out += "heap in use: \(heap / 1024) KiB\n" }
     var queues = [["QUEUE", "LIMIT", "QOS", "EXECUTING", "PENDING", "SUSPENDED"]]
+    var held = false
     for q in response["queues"] as? [[String: Any]] ?? [] {
         let limit = q["maxConcurrentOperationCount"] as? Int ?? 0
+        let suspended = (q["held"] as? Bool) == true ? "held" : (q["suspended"] as? Bool) == true ? "yes" : "no"
+        held = held || suspended == "held"
         queues.append([q["name"] as? String ?? "?", limit < 0 ? "per-core" : String(limit), q["qualityOfService"] as? String ?? "",
-                       String(q["executing"] as? Int ?? 0), String(q["pending"] as? Int ?? 0), (q["suspended"] as? Bool) == true ? "yes" : "no"])
+                       String(q["executing"] as? Int ?? 0), String(q["pending"] as? Int ?? 0), suspended])
     }
     out += "\n" + table(queues)
+    if held {
+        out += "held: no operation starts on these queues until this node has read from the database which queues are suspended cluster-wide\n"
+    }
     // A cluster node (SPEC §8) speaks for the whole cluster: its nodes, and the jobs none of the live ones can run.
     if let nodes = response["nodes"] as? [[String: Any]] {
         // Read from the database: while this node cannot reach it, the table is the last one it read.
         let state = (response["cluster"] as? [String: Any])?["state"] as? String
-        if let state, state != "connected" {
+        if let state, state != "connected", !nodes.isEmpty {
             out += "\nthe nodes as this node last read them from the database (it is \(state) now: CONNECTED may be out of date):"
         }
+        if nodes.isEmpty { out += "\nthe nodes: not read from the database yet\n" }
         var rows = [["NODE", "CONNECTED", "LAST HEARTBEAT", "JOBS", "FREE SLOTS"]]
         let now = Date().timeIntervalSince1970
         for n in nodes {
@@ -184,7 +191,7 @@ func statusReport(_ response: [String: Any]) -> String {
             rows.append([n["node"] as? String ?? "?", (n["connected"] as? Bool) == true ? "yes" : "no", beat,
                          String(n["jobs"] as? Int ?? 0), String(n["freeSlots"] as? Int ?? 0)])
         }
-        out += "\n" + table(rows)
+        if !nodes.isEmpty { out += "\n" + table(rows) }
     }
     if let cluster = response["cluster"] as? [String: Any] {
         if let state = cluster["state"] as? String { out += "\ncluster: \(state)\(cluster["reason"].map { " (\($0))" } ?? "")\n" }

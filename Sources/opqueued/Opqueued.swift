@@ -254,8 +254,12 @@ func handle(_ request: [String: Any], _ daemon: Daemon) -> [String: Any] {
             "exit": 0, "state": "running", "activeJobs": status.activeJobs, "waiting": status.waiting, "executing": status.executing,
             "operations": status.operations, "maxActiveOperations": status.maxActiveOperations,
             "queues": status.queues.map { q in
-                ["name": q.name, "maxConcurrentOperationCount": q.maxConcurrentOperationCount, "qualityOfService": q.qualityOfService.name,
-                 "suspended": q.isSuspended, "pending": q.pending, "executing": q.executing] as [String: Any]
+                var queue: [String: Any] = ["name": q.name, "maxConcurrentOperationCount": q.maxConcurrentOperationCount,
+                                            "qualityOfService": q.qualityOfService.name, "suspended": q.isSuspended,
+                                            "pending": q.pending, "executing": q.executing]
+                // Suspended only until this node has read the cluster's suspensions.
+                if q.isSuspended && status.held.contains(q.name) { queue["held"] = true }
+                return queue
             },
         ]
         if let fault = status.fault { response["fault"] = fault }

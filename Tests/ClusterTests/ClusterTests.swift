@@ -474,6 +474,16 @@ struct ClusterTests {
         let waitingCopies = harness[0].list("inbox") + harness[0].list("active") + harness[0].list("active/.submissions")
         #expect(!waitingCopies.isEmpty, "the manifest waits on the node")
         #expect(harness[0].result(job) == nil)
+        // Every queue is held until the node has read which are suspended cluster-wide, and status says so (not "yes",
+        // as for a queue someone suspended); it has read no node yet.
+        let before = try harness[0].ctl(["status"]).stdout
+        let queueLines = before.split(separator: "\n").filter { $0.hasPrefix("default ") || $0.hasPrefix("io ") }
+        #expect(queueLines.count == 2 && queueLines.allSatisfy { $0.hasSuffix("  held") }, "\(before)")
+        #expect(before.contains("held: no operation starts on these queues until this node has read from the database"), "\(before)")
+        #expect(before.contains("the nodes: not read from the database yet") && !before.contains("\nNODE "), "\(before)")
+        let json = try #require(try JSONSerialization.jsonObject(with: Data(harness[0].ctl(["status", "--json"]).stdout.utf8)) as? [String: Any])
+        let queues = json["queues"] as? [[String: Any]] ?? []
+        #expect(!queues.isEmpty && queues.allSatisfy { $0["suspended"] as? Bool == true && $0["held"] as? Bool == true }, "\(queues)")
         // A job this node does not run cannot be looked up now: "try again" (exit 3), never "unknown job" (exit 1).
         for command in [["cancel", "elsewhere-job"], ["show", "elsewhere-job"]] {
             let answer = try harness[0].ctl(command)
@@ -483,6 +493,8 @@ struct ClusterTests {
         try harness.startDatabase()
         #expect(try harness.waitJournal(["OPQ_NODE": harness[0].name, "OPQ_EVENT": "cluster", "OPQ_STATE": "connected"], timeout: 15) != nil)
         #expect(harness.waitResult(job, timeout: 30)?.result["status"] as? String == "succeeded")
+        let after = try harness[0].ctl(["status"]).stdout
+        #expect(!after.contains("held") && after.contains("\nNODE ") && after.contains(harness[0].name + "  yes"), "\(after)")
         // With the database back, the same questions have their answers.
         #expect(try harness[0].ctl(["cancel", "elsewhere-job"]).status == 1)
         #expect(try harness[0].ctl(["cancel", job]).stderr.contains("already ended"))

@@ -168,6 +168,9 @@ extension Daemon {
         public var fault: String?
         /// Each active job's progress, by id.
         public var jobs: [JobProgress] = []
+        /// Queues suspended only because this node has not yet read the cluster's suspensions (it holds every queue
+        /// from its start until it has): none once it has, and none without a cluster.
+        public var held: Set<String> = []
     }
 
     public struct JobProgress: Sendable {
@@ -185,11 +188,19 @@ extension Daemon {
         let fault = lifecycle.fault
         let operations = lifecycle.activeOperations, budget = configuration.maxActiveOperations
         let progress = lifecycle.jobs.map { id, job in JobProgress(job: id, operations: job.operations, ended: job.ended + job.recovered) }
+        var held: Set<String> = []
+        if awaitingStoreSuspensions {
+            let config = configuration
+            held = Set((["default"] + config.queueNames).filter { name in
+                config.queues[name]?.suspended != true && localSuspensions[name] != true
+            })
+        }
         lock.unlock()
         let overview = engine.overview()
         // Manifests the store holds for submission still wait, as far as the user can tell (read outside the lock).
         return Status(activeJobs: active, waiting: waitingNow + store.awaitingSubmission, executing: overview.executing, operations: operations,
-                      maxActiveOperations: budget, queues: overview.queues, fault: fault, jobs: progress.sorted { $0.job < $1.job })
+                      maxActiveOperations: budget, queues: overview.queues, fault: fault, jobs: progress.sorted { $0.job < $1.job },
+                      held: held)
     }
 
 
