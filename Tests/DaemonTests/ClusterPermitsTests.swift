@@ -88,6 +88,15 @@ struct ClusterPermitsTests {
                 runners.append(Task(executorPreference: executor) { await store.run() })
                 _ = try await store.migrate()
                 try await store.registerNode(NodeDeclaration(node: node, queues: ["api"], commands: [], jobSlots: 4, clusterLimits: ["api": 1]))
+                // A beat a second, as a node's loop makes: a waiter counts only while its node is live (lease 5 s), and
+                // on a loaded machine the operations may come more than 5 s after the registration's beat (b then kept
+                // the slot from a, whose wait no longer counted: a CI run saw all five lows before the highs).
+                runners.append(Task(executorPreference: executor) {
+                    while !Task.isCancelled {
+                        _ = try? await store.heartbeat(node: node)
+                        try? await Task.sleep(for: .seconds(1))
+                    }
+                })
                 // Every transition of a limited queue, and a slot freed elsewhere, nudge the permits.
                 let box = Mutex<ClusterPermits?>(nil)
                 let engine = Engine(observer: { events in
