@@ -163,13 +163,25 @@ public final class Engine: @unchecked Sendable, ContextHost {
     /// `keepOutputs` false: each output is dropped once every dependent has ended (memory stays bounded by
     /// what is in flight, as a daemon running image pipelines needs); `output(_:operation:)` then answers
     /// only for outputs still awaited. Operations added later by `extend` see only outputs still kept.
+    /// `cancelled`: cancels asked before the group existed, made before any of its operations can start (an operation
+    /// that has not started never starts): nil for the whole group, else an operation's index in `graph`.
     public func submit(_ graph: consuming GraphBuilder, qualityOfService: QualityOfService? = nil, deadline: Double? = nil,
-                       keepOutputs: Bool = true) throws(SubmissionError) -> GroupID {
+                       keepOutputs: Bool = true, cancelled: [Int?] = [], cancelReason: String = "cancelled") throws(SubmissionError) -> GroupID {
         let prepared = Scheduler.prepare(graph, queueCount: lock.withLock { scheduler.queues.count })
         lock.lock()
         let result: Result<GroupID, SubmissionError>
         do throws(SubmissionError) {
-            result = .success(try scheduler.submit(prepared, qualityOfService: qualityOfService, deadline: deadline, keepOutputs: keepOutputs, now: wallClock()))
+            let now = wallClock()
+            let group = try scheduler.submit(prepared, qualityOfService: qualityOfService, deadline: deadline, keepOutputs: keepOutputs, now: now)
+            for cancel in cancelled {
+                if let operation = cancel {
+                    guard operation >= 0, operation < scheduler.operationCount(group) else { continue }
+                    scheduler.cancel(NodeRef(group: group.slot, index: Int32(operation)), reason: cancelReason, now: now)
+                } else {
+                    scheduler.cancel(group: group, reason: cancelReason, now: now)
+                }
+            }
+            result = .success(group)
         } catch {
             result = .failure(error)
         }

@@ -3,6 +3,7 @@
 import CShims
 import Dispatch
 import Foundation
+import Synchronization
 import Testing
 @testable import OperationEngine
 
@@ -425,6 +426,35 @@ func monotonicNow() -> Double {
         engine.wait(group)
         #expect(monotonicNow() - start < 0.5)
         #expect(engine.records(group)?.map(\.state) == [.cancelled, .cancelled])
+        engine.shutdown()
+    }
+
+    /// Cancels asked before a group exists go in with it: a cancelled operation never starts, not even for the moment
+    /// between the submission and a cancel made after it (SPEC §3.4). Many rounds, on idle workers ready to start.
+    @Test func cancelsMadeWithTheSubmissionStartNothingTheyCancel() throws {
+        let engine = Engine()
+        let q = engine.addQueue(named: "q")
+        let started = Mutex<[String]>([])
+        for round in 0..<200 {
+            var builder = GraphBuilder()
+            for name in ["a", "b", "c"] {
+                builder.add(OperationSpec(name: name, queue: q, body: .sync { _ in started.withLock { $0.append("\(round)\(name)") }; return nil }))
+            }
+            let whole = try engine.submit(builder, cancelled: [nil], cancelReason: "cancelled by request")
+            engine.wait(whole)
+            #expect(engine.records(whole)?.map(\.state) == [.cancelled, .cancelled, .cancelled])
+            #expect(engine.records(whole)?.map(\.attempts) == [0, 0, 0])
+            #expect(engine.records(whole)?.first?.error == "cancelled by request")
+            var second = GraphBuilder()
+            second.add(OperationSpec(name: "a", queue: q, body: .sync { _ in started.withLock { $0.append("\(round)a") }; return nil }))
+            second.add(OperationSpec(name: "b", queue: q, body: .sync { _ in started.withLock { $0.append("\(round)b") }; return nil }))
+            second.add(OperationSpec(name: "c", queue: q, body: .sync { _ in started.withLock { $0.append("\(round)c") }; return nil }),
+                       dependencies: [1])
+            let one = try engine.submit(second, cancelled: [1, 7])   // 7 is out of range: ignored
+            engine.wait(one)
+            #expect(engine.records(one)?.map(\.state) == [.succeeded, .cancelled, .cancelled])
+        }
+        #expect(started.withLock { $0 } == (0..<200).map { "\($0)a" }, "only the operations not cancelled started")
         engine.shutdown()
     }
 

@@ -171,6 +171,16 @@ struct JobLifecycle<Group: Hashable & Sendable>: Sendable {
 
     // MARK: Events
 
+    /// The cancels asked for an accepted job before its group exists, taken (so that `submitted` returns only those
+    /// asked after): the shell hands them to the engine with the group, before any operation can start.
+    mutating func takeEarlyCancels(job id: String) -> [String?] {
+        guard var job = jobs[id], job.phase == .accepted else { return [] }
+        let early = job.cancelsBeforeGroup
+        job.cancelsBeforeGroup = []
+        jobs[id] = job
+        return early
+    }
+
     mutating func handle(_ event: Event) -> [Action] {
         switch event {
         case .received(let id, let arrival):
