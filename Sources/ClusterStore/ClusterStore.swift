@@ -87,9 +87,12 @@ public struct ClaimedJob: Sendable, Equatable {
     /// The manifest's size in the row: more than `manifest.count` when the claim left it out (past the claim's
     /// budget, or past the most a manifest may hold).
     public var manifestBytes: Int
+    /// Cancels asked while the job waited, in order: nil for the whole job, else an operation's id.
+    public var cancels: [String?]
 
     public init(id: String, requestedID: String, manifest: [UInt8], manifestName: String, submittedOn: String, submittedAt: Double, qosRank: Int, priorityRank: Int, fence: Int64, fromNode: String?,
-                manifestBytes: Int? = nil) {
+                manifestBytes: Int? = nil, cancels: [String?] = []) {
+        self.cancels = cancels
         self.id = id
         self.requestedID = requestedID
         self.manifest = manifest
@@ -385,6 +388,9 @@ public protocol ClusterStore: Sendable {
     func suspendedQueues() async throws -> Set<String>
 
     func requestCancel(job: String, operation: String?) async throws -> CancelOutcome
+    /// A waiting job whose whole-job cancel is recorded, claimed for `node` whatever it declares (it runs nothing:
+    /// its claim brings the cancel). Nil when it no longer waits or another claim holds it now.
+    func claimCancelled(job: String, node: String, maxManifestBytes: Int) async throws -> ClaimedJob?
     /// The cancels for jobs the node runs now (repeated until the job ends: the node dedups).
     func pendingCancels(node: String) async throws -> [CancelRequest]
 

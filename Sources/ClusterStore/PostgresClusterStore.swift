@@ -365,17 +365,7 @@ public final class PostgresClusterStore: ClusterStore {
         binds.append(commands)
         binds.append(Int64(max(1, budget)))
         binds.append(Int64(max(0, maxManifestBytes)))
-        var claimed: [(seq: Int64, job: ClaimedJob)] = try await query(Queries.claimJobs, binds, doing: "claiming jobs for node \(node)").map { row in
-            let c = row.makeRandomAccess()
-            let job = ClaimedJob(
-                id: try decode(c[0], String.self), requestedID: try decode(c[1], String.self),
-                manifest: Array(try decode(c[2], ByteBuffer.self).readableBytesView),
-                manifestName: try decode(c[3], String.self), submittedOn: try decode(c[4], String.self),
-                submittedAt: try decode(c[5], Double.self), qosRank: Int(try decode(c[6], Int16.self)),
-                priorityRank: Int(try decode(c[7], Int16.self)), fence: try decode(c[9], Int64.self),
-                fromNode: try decode(c[10], String?.self), manifestBytes: Int(try decode(c[11], Int64.self)))
-            return (try decode(c[8], Int64.self), job)
-        }
+        var claimed = try await query(Queries.claimJobs, binds, doing: "claiming jobs for node \(node)").map(claimedJob)
         // RETURNING keeps no order: put them back in claim order.
         claimed.sort { a, b in
             if a.job.qosRank != b.job.qosRank { return a.job.qosRank > b.job.qosRank }
@@ -383,6 +373,28 @@ public final class PostgresClusterStore: ClusterStore {
             return a.seq < b.seq
         }
         return claimed.map(\.job)
+    }
+
+    public func claimCancelled(job: String, node: String, maxManifestBytes: Int) async throws -> ClaimedJob? {
+        var binds = PostgresBindings()
+        binds.append(job)
+        binds.append(node)
+        binds.append(Int64(max(0, maxManifestBytes)))
+        return try await query(Queries.claimCancelledJob, binds, doing: "claiming the cancelled job \(job) for node \(node)").first.map(claimedJob)?.job
+    }
+
+    /// A row of ClaimJobs or ClaimCancelledJob, with its claim-order sequence.
+    private func claimedJob(_ row: PostgresRow) throws -> (seq: Int64, job: ClaimedJob) {
+        let c = row.makeRandomAccess()
+        let job = ClaimedJob(
+            id: try decode(c[0], String.self), requestedID: try decode(c[1], String.self),
+            manifest: Array(try decode(c[2], ByteBuffer.self).readableBytesView),
+            manifestName: try decode(c[3], String.self), submittedOn: try decode(c[4], String.self),
+            submittedAt: try decode(c[5], Double.self), qosRank: Int(try decode(c[6], Int16.self)),
+            priorityRank: Int(try decode(c[7], Int16.self)), fence: try decode(c[9], Int64.self),
+            fromNode: try decode(c[10], String?.self), manifestBytes: Int(try decode(c[11], Int64.self)),
+            cancels: try decode(c[12], [String].self).map { $0.isEmpty ? nil : $0 })
+        return (try decode(c[8], Int64.self), job)
     }
 
     public func complete(job: String, fence: Int64, status: String, result: [UInt8]) async throws -> Bool {

@@ -487,12 +487,28 @@ enum StoreConformance {
             #expect(try await store.pendingCancels(node: "n1").isEmpty, "not running on n1 yet")
             let claimed = try await store.claimJobs(node: "n1", limit: 10, queues: ["default"], commands: [], budget: .max, maxManifestBytes: .max)
             let k = try #require(claimed.first { $0.id == "k" })
+            // The claim brings the cancels asked while the job waited, in order (nil: the whole job).
+            #expect(k.cancels == [nil, "op2"])
+            #expect(claimed.first { $0.id == "other" }?.cancels == [])
             let pending = try await store.pendingCancels(node: "n1")
             #expect(pending == [CancelRequest(job: "k", operation: nil, fence: k.fence),
                                 CancelRequest(job: "k", operation: "op2", fence: k.fence)])
             #expect(try await store.complete(job: "k", fence: k.fence, status: "cancelled", result: []))
             #expect(try await store.pendingCancels(node: "n1").isEmpty)
             #expect(try await store.requestCancel(job: "k", operation: nil) == .alreadyEnded)
+            // A waiting job cancelled as a whole is claimed for the node that asks, whatever that node declares (n2
+            // declares nothing `gpu` needs); once, and never a job with no whole-job cancel or one already claimed.
+            try await store.registerNode(node("n2", queues: ["default"]))
+            _ = try await store.insertJobs([job("g", queues: ["gpu"]), job("h", queues: ["gpu"])])
+            #expect(try await store.claimCancelled(job: "g", node: "n2", maxManifestBytes: .max) == nil, "no cancel asked")
+            #expect(try await store.requestCancel(job: "g", operation: "op1") == .requested)
+            #expect(try await store.claimCancelled(job: "g", node: "n2", maxManifestBytes: .max) == nil, "one operation's cancel")
+            #expect(try await store.requestCancel(job: "g", operation: nil) == .requested)
+            let g = try #require(try await store.claimCancelled(job: "g", node: "n2", maxManifestBytes: .max))
+            #expect(g.id == "g" && g.cancels == ["op1", nil] && !g.manifest.isEmpty)
+            #expect(try await store.claimCancelled(job: "g", node: "n1", maxManifestBytes: .max) == nil, "claimed already")
+            #expect(try await store.complete(job: "g", fence: g.fence, status: "cancelled", result: []))
+            #expect(try await store.claimCancelled(job: "nope", node: "n2", maxManifestBytes: .max) == nil)
         }
     }
 

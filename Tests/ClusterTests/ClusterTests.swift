@@ -522,6 +522,39 @@ struct ClusterTests {
         #expect(try harness[other].ctl(["cancel", uniqueJob("nosuch")]).status == 1)
     }
 
+    /// SPEC §3.4 in a cluster: an operation that has not started never starts, also when its job was cancelled while it
+    /// waited in the database. The cancels come with the claim and go into the engine with the job's group; they were
+    /// made at the node's next control round, and the operation had started by then (attempts 1, or even succeeded).
+    @Test func aJobCancelledWhileItWaitsNeverStartsItsOperations() throws {
+        let harness = try ClusterHarness(nodes: 1, settings: { _ in ["maxActiveJobs": 1] })
+        let blocker = uniqueJob("blocker")
+        try harness[0].drop(blocker + ".plist", sleepJob(blocker, 60))
+        #expect(try harness.waitJournal(["OPQ_JOB": blocker, "OPQ_OPERATION": "a", "OPQ_STATE": "executing"]) != nil)
+        let whole = uniqueJob("whole"), one = uniqueJob("one")
+        try harness[0].drop(whole + ".plist", ["job": whole, "operations": [sleepOperation("a", 2), sleepOperation("b", 0, dependencies: ["a"])]])
+        try harness[0].drop(one + ".plist", ["job": one, "operations": [sleepOperation("a", 2), sleepOperation("b", 0)]])
+        let waiting = try pollUntil(20) { () -> Bool? in
+            try harness.sql("SELECT count(*) FROM opq_jobs WHERE id IN ('\(whole)', '\(one)') AND state = 'waiting'") == "2" ? true : nil
+        }
+        #expect(waiting == true, "both wait in the database behind the blocker")
+        #expect(try harness[0].ctl(["cancel", whole]).status == 0)
+        #expect(try harness[0].ctl(["cancel", one, "a"]).status == 0)
+        #expect(try harness[0].ctl(["cancel", blocker]).status == 0)
+        let cancelled = try #require(harness.waitResult(whole, timeout: 20)).result
+        #expect(cancelled["status"] as? String == "cancelled")
+        let operations = cancelled["operations"] as? [[String: Any]] ?? []
+        #expect(operations.count == 2 && operations.allSatisfy {
+            $0["state"] as? String == "cancelled" && $0["attempts"] as? Int == 0 && $0["startedAt"] == nil
+        }, "\(operations)")
+        let partly = try #require(harness.waitResult(one, timeout: 20)).result
+        let states = (partly["operations"] as? [[String: Any]] ?? []).map { "\($0["id"] ?? "?")=\($0["state"] ?? "?")/\($0["attempts"] ?? "?")" }
+        #expect(states == ["a=cancelled/0", "b=succeeded/1"], "\(states)")
+        #expect(partly["status"] as? String == "cancelled")
+        for job in [whole, one] {
+            #expect(try harness.journal(["OPQ_JOB": job, "OPQ_OPERATION": "a", "OPQ_STATE": "executing"]).isEmpty, "\(job)/a never executed")
+        }
+    }
+
     @Test func suspendFromAnotherNodeHoldsTheQueueEverywhereAndIsKept() throws {
         let queues: [String: Any] = ["queues": ["api": ["maxConcurrentOperationCount": 2]]]
         let harness = try ClusterHarness(nodes: 2, settings: { _ in queues })
@@ -612,6 +645,17 @@ struct ClusterTests {
         }
         #expect(named != nil, "status names the waiting job and the queue no live node declares")
         #expect(harness[1].result(waiting) == nil)
+        // Cancelled while no live node can run it: it ends at once, cancelled, published by the node that asked, its
+        // operations never started — rather than wait for a node that may never come back.
+        let stuck = uniqueJob("stuck")
+        try harness[1].drop(stuck + ".plist", sleepJob(stuck, 0, queue: "gpu"))
+        #expect(pollUntil(20) { (try? harness.sql("SELECT state FROM opq_jobs WHERE id = '\(stuck)'")) == "waiting" ? true : nil } == true)
+        #expect(try harness[1].ctl(["cancel", stuck]).status == 0)
+        let ended = try #require(harness.waitResult(stuck, timeout: 10))
+        #expect(ended.node == 1 && ended.result["status"] as? String == "cancelled")
+        let stuckOps = (ended.result["operations"] as? [[String: Any]] ?? []).map { "\($0["queue"] ?? "?") \($0["state"] ?? "?")/\($0["attempts"] ?? "?")" }
+        #expect(stuckOps == ["gpu cancelled/0"], "\(stuckOps)")
+        #expect(try harness[1].ctl(["cancel", stuck]).status == 1, "it has ended")
         try harness[0].start()
         #expect(harness.waitResult(waiting, timeout: 20)?.node == 0)
     }

@@ -113,10 +113,12 @@ SELECT pg_notify('opqueued', 'probe ' || $1::text);
 -- the planner on the claim-order index whatever the table's statistics say. Rows are input, and the node's memory
 -- is bounded: a manifest comes back only while the manifests before it in claim order (those of at most $6 bytes)
 -- hold fewer than $5 bytes (the first always does) and it holds at most $6; the others come back empty, with their
--- size (the node hands them back, or rejects one too big to be a manifest).
+-- size (the node hands them back, or rejects one too big to be a manifest). Each comes with the cancels asked for it
+-- while it waited, in order ('' for the whole job), which the node makes before any of its operations starts.
 SELECT id, requested_id,
        CASE WHEN bytes <= $6::bigint AND coalesce(before, 0) < $5::bigint THEN manifest ELSE ''::bytea END,
-       manifest_name, submitted_on, submitted_at, qos_rank, priority_rank, seq, fence, from_node, bytes
+       manifest_name, submitted_on, submitted_at, qos_rank, priority_rank, seq, fence, from_node, bytes,
+       ARRAY(SELECT coalesce(r.operation, '') FROM opq_cancel_requests AS r WHERE r.job = claimed.id ORDER BY r.id) AS cancels
 FROM (
     SELECT c.*, octet_length(c.manifest)::bigint AS bytes,
            sum(CASE WHEN octet_length(c.manifest) <= $6::bigint THEN octet_length(c.manifest) ELSE 0 END)
@@ -308,6 +310,31 @@ WITH target AS (
 )
 SELECT coalesce((SELECT state FROM target), '') AS state, (SELECT count(*) FROM recorded)::integer AS recorded,
        (SELECT pg_notify('opqueued', 'control') FROM recorded LIMIT 1) AS notified;
+
+-- name: ClaimCancelledJob
+-- A waiting job whose whole-job cancel is recorded, claimed by the node that asked for it ($2) whatever the queues
+-- and commands it needs: it runs nothing (the claim brings its cancels, made before any operation could start), so
+-- it ends at once, published by that node, even when no live node could run it. No row when it no longer waits (its
+-- claimer cancels it) or a claim under way holds it. $3: the most a manifest may hold (a bigger one comes back
+-- empty, with its size, to be rejected). The columns are ClaimJobs'.
+WITH picked AS (
+    SELECT j.id FROM opq_jobs AS j
+    WHERE j.id = $1 AND j.state = 'waiting'
+      AND EXISTS (SELECT 1 FROM opq_cancel_requests AS r WHERE r.job = j.id AND r.operation IS NULL)
+    FOR UPDATE SKIP LOCKED
+), claimed AS (
+    UPDATE opq_jobs AS j
+    SET state = 'running', node = $2, fence = nextval('opq_fence'), claimed_at = now()
+    FROM picked
+    WHERE j.id = picked.id
+    RETURNING j.id, j.requested_id, j.manifest, j.manifest_name, j.submitted_on,
+              extract(epoch FROM j.submitted_at)::float8 AS submitted_at, j.qos_rank, j.priority_rank, j.seq, j.fence,
+              j.from_node, octet_length(j.manifest)::bigint AS bytes
+)
+SELECT id, requested_id, CASE WHEN bytes <= $3::bigint THEN manifest ELSE ''::bytea END,
+       manifest_name, submitted_on, submitted_at, qos_rank, priority_rank, seq, fence, from_node, bytes,
+       ARRAY(SELECT coalesce(r.operation, '') FROM opq_cancel_requests AS r WHERE r.job = claimed.id ORDER BY r.id) AS cancels
+FROM claimed;
 
 -- name: PendingCancels
 -- Cancels for the jobs node $1 runs now.

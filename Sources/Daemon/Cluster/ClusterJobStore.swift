@@ -58,6 +58,8 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
     private var started = false
     private var stopped = false
     private var claimWanted = true
+    /// Cancelled jobs claimed for this node by `requestCancel`, taken in by the loop's next claim round.
+    private var cancelledClaims: [ClusterClaimedJob] = []
     private var controlWanted = true
     /// Suspensions and resumptions asked while the database could not record them: written at the next control
     /// round that reaches it (then every node follows), newest per queue.
@@ -328,7 +330,19 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
             switch try waitBounded(Self.statementTimeout, on: executor, doing: "cancelling job \(job)", { [store] in
                 try await store.requestCancel(job: job, operation: operation)
             }) {
-            case .requested: return .requested
+            case .requested:
+                // A whole job that still waits is taken here and ends at once, cancelled, without a node that could
+                // run it (there may be none). Failing that, it ends wherever it is claimed or runs.
+                if operation == nil, let row = try? waitBounded(Self.statementTimeout, on: executor, doing: "claiming the cancelled job \(job)", { [store, nodeName, maxManifestBytes] in
+                    try await store.claimCancelled(job: job, node: nodeName, maxManifestBytes: maxManifestBytes)
+                }) ?? nil {
+                    lock.withLock {
+                        cancelledClaims.append(row)
+                        claimWanted = true
+                    }
+                    kick()
+                }
+                return .requested
             case .unknownJob: return .unknownJob
             case .alreadyEnded: return .alreadyEnded
             }
@@ -869,6 +883,12 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
 
     /// One claim round for the room the shell has, and the jobs' files written before they run.
     private func claim() throws {
+        // Cancelled jobs `requestCancel` claimed here: taken in whatever the room (they run nothing).
+        let cancelled = lock.withLock { () -> [ClusterClaimedJob] in
+            defer { cancelledClaims = [] }
+            return cancelledClaims
+        }
+        if !cancelled.isEmpty { take(cancelled, limit: nil) }
         let (limit, budget, declaration) = lock.withLock { () -> (Int, Int, NodeDeclaration) in
             let free = settings.jobSlots - state.held.count
             let may = state.mayTakeLeases(now: monotonicSeconds())
@@ -879,6 +899,12 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
             try await store.claimJobs(node: nodeName, limit: limit, queues: declaration.queues, commands: declaration.commands,
                                       budget: budget, maxManifestBytes: maxManifestBytes)
         })
+        take(rows, limit: limit)
+    }
+
+    /// Makes claimed rows jobs of this node (its spool's copy, then the shell's), or hands them back. `limit`: the claim
+    /// round's, when they are its rows (a full round looks again at once).
+    private func take(_ rows: [ClusterClaimedJob], limit: Int?) {
         if rows.isEmpty { return }
         var run: [ClaimedJob] = []
         var handedOver = 0
@@ -927,9 +953,11 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
                                       origin: origin, manifestFile: file)
                 let data = Data(row.manifest)
                 run.append(ClaimedJob(id: row.id, requestedJob: row.requestedID != row.id && isValidIdentifier(row.requestedID) ? row.requestedID : nil,
-                                      manifestName: name, receivedAt: receivedAt, manifest: data, tree: ManifestTree(data), done: [:]))
+                                      manifestName: name, receivedAt: receivedAt, manifest: data, tree: ManifestTree(data), done: [:],
+                                      cancels: row.cancels))
                 lock.withLock {
                     state.hold(row.id, fence: row.fence)
+                    state.claimedWithCancels(row.id, row.cancels)
                     origins[row.id] = origin
                     room = max(0, room - 1)
                     manifestBudget -= row.manifestBytes
@@ -978,7 +1006,7 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
         }
         // More may wait: look again at once while there is room (not when the budget sent rows back: the shell
         // offers more once its jobs have taken their operations).
-        guard !overBudget else { return }
+        guard !overBudget, let limit else { return }
         lock.withLock { if room > 0 && rows.count == limit { claimWanted = true } }
         if rows.count == limit { kick() }
     }

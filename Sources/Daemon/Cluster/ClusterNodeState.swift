@@ -147,6 +147,11 @@ struct ClusterNodeState: Sendable {
 
     // MARK: control
 
+    /// Cancels that came with a claimed job (made as it starts): not passed on again when the control round reads them.
+    mutating func claimedWithCancels(_ job: String, _ operations: [String?]) {
+        for operation in operations { delivered.insert(job + "\u{0}" + (operation.map { "op:" + $0 } ?? "*")) }
+    }
+
     /// Cancels from the database for jobs this node runs under the same fence, each passed on once.
     mutating func newCancels(_ requests: [(job: String, operation: String?, fence: Int64)]) -> [(job: String, operation: String?)] {
         var out: [(job: String, operation: String?)] = []

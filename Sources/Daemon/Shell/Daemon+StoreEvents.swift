@@ -23,7 +23,11 @@ extension Daemon {
             // Rows are input: each is read against this node's configuration, a bad one ends `rejected` here.
             let config = lock.withLock { configuration }
             for job in jobs {
-                accept(job, .claimed(fromNode: store.origin(of: job.id)?.fromNode), configuration: config)
+                // A job cancelled as a whole before it came here runs nothing: read as its submitter read it (against
+                // what the cluster declares), it ends cancelled here even when this node lacks one of its queues or
+                // commands (an operation's queue unknown here stands for it: none of them starts).
+                let read = job.cancels.contains(where: { $0 == nil }) ? store.submissionConfiguration(config) : config
+                accept(job, .claimed(fromNode: store.origin(of: job.id)?.fromNode), configuration: read)
             }
         }
     }

@@ -279,7 +279,10 @@ public final class Daemon: @unchecked Sendable {
         if case .inbox = arrival {} else { run.fromStore = true }
         let actions = lock.withLock {
             runs[claimed.id] = run
-            return lifecycle.handle(.received(job: claimed.id, arrival))
+            let received = lifecycle.handle(.received(job: claimed.id, arrival))
+            // Held until the group exists, and made with it (`start`).
+            for operation in claimed.cancels { _ = lifecycle.handle(.cancel(job: claimed.id, operation: operation, knownOperation: false)) }
+            return received
         }
         perform(actions)
         let (problems, parsed) = Self.problems(tree, configuration: config)

@@ -53,6 +53,9 @@ public struct ClaimedJob: Sendable {
     public var plan: JobPlan? = nil
     /// Operations that succeeded before a restart: id → (startedAt, finishedAt, attempts).
     public var done: [String: DoneRecord]
+    /// Cancels asked before the job came here (in a cluster, while it waited), in order: nil for the whole job,
+    /// else an operation's id. Made before any of its operations starts.
+    public var cancels: [String?] = []
 }
 
 public struct DoneRecord: Sendable, Equatable {
