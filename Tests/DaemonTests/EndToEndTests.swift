@@ -395,6 +395,18 @@ func sleepOp(_ id: String, _ seconds: Double, deps: [String] = []) -> [String: A
         #expect(spool.waitForExit() == 0)
     }
 
+    /// huge0 … huge7 (2 GiB each) rejected by their size, and the daemon's peak memory where it was.
+    func expectHugeFilesRejectedUnread(_ spool: TestSpool, pid: Int32) {
+        for i in 0..<8 {
+            let result = spool.result("huge\(i)", timeout: 20)
+            #expect(result?["status"] as? String == "rejected")
+            #expect((result?["error"] as? String)?.contains("the manifest is 2147483648 bytes; the limit is 268435456 bytes (256 MiB)") == true,
+                    "\(result?["error"] ?? "no result")")
+        }
+        let peak = processMemoryMB(pid)
+        #expect(peak > 0 && peak < 150, "peak RSS \(peak) MB")
+    }
+
     /// Files far bigger than a manifest may be (sparse: 2 GiB each, costing no disk) are rejected by their size,
     /// which the error gives, without being read: eight of them at once leave the daemon's peak memory where it
     /// was (it read 256 MiB of each, and held several at once: 1.6 GB).
@@ -410,21 +422,14 @@ func sleepOp(_ id: String, _ seconds: Double, deps: [String] = []) -> [String: A
             close(fd)  // a file still open for writing is left for its writer to finish
             #expect(rename(hidden, inbox + "huge\(i).plist") == 0)
         }
-        for i in 0..<8 {
-            let result = spool.result("huge\(i)", timeout: 20)
-            #expect(result?["status"] as? String == "rejected")
-            #expect((result?["error"] as? String)?.contains("the manifest is 2147483648 bytes; the limit is 268435456 bytes (256 MiB)") == true,
-                    "\(result?["error"] ?? "no result")")
-        }
-        let peak = processMemoryMB(pid)
-        #expect(peak > 0 && peak < 150, "peak RSS \(peak) MB")
+        expectHugeFilesRejectedUnread(spool, pid: pid)
         spool.signal(SIGTERM)
         #expect(spool.waitForExit() == 0)
     }
 
     /// The same files left in active/ by a crash between their claim and their rejection (what a kill -9 at that
     /// moment leaves: the folder, its record, the file renamed in) are rejected at recovery by their size, unread:
-    /// recovery read 256 MiB of each and held them all at once (2 GB for these eight).
+    /// recovery read 256 MiB of each and held them all at once.
     @Test func hugeFilesLeftInActiveByACrashAreRejectedUnreadAtRecovery() throws {
         let spool = TestSpool()
         try spool.start()
@@ -442,14 +447,7 @@ func sleepOp(_ id: String, _ seconds: Double, deps: [String] = []) -> [String: A
         }
         try spool.start()
         let pid = try #require(spool.daemon?.processIdentifier)
-        for i in 0..<8 {
-            let result = spool.result("huge\(i)", timeout: 20)
-            #expect(result?["status"] as? String == "rejected")
-            #expect((result?["error"] as? String)?.contains("the manifest is 2147483648 bytes; the limit is 268435456 bytes (256 MiB)") == true,
-                    "\(result?["error"] ?? "no result")")
-        }
-        let peak = processMemoryMB(pid)
-        #expect(peak > 0 && peak < 150, "peak RSS \(peak) MB")
+        expectHugeFilesRejectedUnread(spool, pid: pid)
         #expect(spool.list("active").isEmpty)
         spool.signal(SIGTERM)
         #expect(spool.waitForExit() == 0)
