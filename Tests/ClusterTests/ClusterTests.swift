@@ -539,6 +539,9 @@ struct ClusterTests {
         #expect(waiting == true, "both wait in the database behind the blocker")
         #expect(try harness[0].ctl(["cancel", whole]).status == 0)
         #expect(try harness[0].ctl(["cancel", one, "a"]).status == 0)
+        // An operation the waiting job does not have is refused, as for a job running here (it was recorded, exit 0).
+        let typo = try harness[0].ctl(["cancel", one, "nosuch"])
+        #expect(typo.status == 1 && typo.stderr.contains("job '\(one)' has no operation 'nosuch'"), "\(typo.stderr)")
         #expect(try harness[0].ctl(["cancel", blocker]).status == 0)
         let cancelled = try #require(harness.waitResult(whole, timeout: 20)).result
         #expect(cancelled["status"] as? String == "cancelled")

@@ -327,6 +327,15 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
 
     public func requestCancel(job: String, operation: String?) -> StoreCancelOutcome {
         do {
+            // An operation its job does not have is refused (exit 1), as on the node running the job, rather than
+            // recorded and ignored when the job is claimed. Read from the manifest (as its submitter read it); a
+            // photo list's operations come with the list, so any id may yet be one of them.
+            if let operation, let record = try self.job(job), record.state != .finished,
+               case .success(let plan) = Manifest.parse(ManifestTree(Data(record.manifest)),
+                                                       configuration: submissionConfiguration(lock.withLock { configuration })),
+               plan.photosURL == nil, !plan.operations.contains(where: { $0.id == operation }) {
+                return .unknownOperation
+            }
             switch try waitBounded(Self.statementTimeout, on: executor, doing: "cancelling job \(job)", { [store] in
                 try await store.requestCancel(job: job, operation: operation)
             }) {

@@ -108,6 +108,7 @@ extension Daemon {
             switch store.requestCancel(job: id, operation: operation) {
             case .requested: return .cancelled
             case .unknownJob: return .unknownJob
+            case .unknownOperation: return .unknownOperation
             case .alreadyEnded: return .alreadyEnded
             case .unavailable(let reason):
                 logger.warning("cancel of job \(id): the job store cannot answer now: \(reason)")

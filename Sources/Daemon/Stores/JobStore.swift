@@ -133,6 +133,8 @@ public protocol JobStore: AnyObject, Sendable {
 public enum StoreCancelOutcome: Sendable, Equatable {
     case requested
     case unknownJob
+    /// The job has no operation of that id (a cluster job not on this node: read from its manifest).
+    case unknownOperation
     case alreadyEnded
     /// The store cannot answer now (database down).
     case unavailable(String)
