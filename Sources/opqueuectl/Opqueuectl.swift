@@ -109,12 +109,24 @@ func validManifest(at file: String, _ config: Configuration) -> Data? {
 }
 
 struct Submit: ParsableCommand {
-    static let configuration = CommandConfiguration(abstract: "Validate, then place manifests atomically in the inbox; prints each job id.")
+    static let configuration = CommandConfiguration(
+        abstract: "Validate, then place manifests atomically in the inbox; prints each job id.",
+        discussion: """
+            Queues and commands are checked against --config (else the built-ins) and, when the daemon answers, \
+            against what it takes: its own, and on a cluster node those any node of the cluster declares.
+            """)
     @OptionGroup var common: Common
     @Argument(help: "Manifest files.", completion: .file(extensions: ["plist"])) var files: [String]
 
     func run() throws {
-        let config = try common.configuration()
+        var config = try common.configuration()
+        // Validated as the daemon will: besides --config (or the built-ins), the queues and commands the running daemon
+        // takes — its own, and on a cluster node those any node declares (SPEC §8: a queue only another node has is no
+        // typo). Without a daemon answering, --config alone.
+        if let answer = try? ControlClient.request(common.socket, ["command": "declared"], timeout: 2), answer["exit"] as? Int == 0 {
+            let signatures = answer["commands"] as? [String: String] ?? [:]
+            config = config.widened(queues: Set(answer["queues"] as? [String] ?? []), commands: Set(signatures.keys), signatures: signatures)
+        }
         var ok = true
         for file in files {
             guard let data = validManifest(at: file, config) else { ok = false; continue }

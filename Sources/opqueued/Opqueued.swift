@@ -278,6 +278,9 @@ func handle(_ request: [String: Any], _ daemon: Daemon) -> [String: Any] {
         response["jobs"] = status.jobs.map { ["job": $0.job, "operations": $0.operations, "ended": $0.ended] as [String: Any] }
         if request["memory"] as? Bool == true { response["heapBytes"] = daemon.heapBytesInUse }
         return response
+    case "declared":
+        let names = daemon.submissionNames()
+        return ["exit": 0, "queues": names.queues, "commands": names.commands]
     case "show":
         guard let job = request["job"] as? String else { return ["exit": 64, "error": "show needs a job"] }
         if let operations = daemon.show(job: job) { return ["exit": 0, "job": job, "status": "running", "operations": operations] }

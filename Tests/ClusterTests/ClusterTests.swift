@@ -630,6 +630,18 @@ struct ClusterTests {
         #expect(text.contains("on node \(harness[0].name)") && text.contains("known there") && !text.contains("pending"), "\(text)")
         #expect(try harness[1].ctl(["cancel", long]).status == 0)
         #expect(harness.waitResult(long, timeout: 20)?.result["status"] as? String == "cancelled")
+        // `opqueuectl submit` on node 1 validates as node 1's inbox does (SPEC §8): a `gpu` job is taken, a typo refused.
+        let submitted = uniqueJob("submitted")
+        let file = harness[1].spool + ".manifest.plist"
+        try PropertyListSerialization.data(fromPropertyList: sleepJob(submitted, 0, queue: "gpu"), format: .xml, options: 0)
+            .write(to: URL(fileURLWithPath: file))
+        let taken = try harness[1].ctl(["submit", file])
+        #expect(taken.status == 0 && taken.stdout == submitted + "\n", "\(taken.stdout)\(taken.stderr)")
+        #expect(harness.waitResult(submitted, timeout: 20)?.node == 0)
+        try PropertyListSerialization.data(fromPropertyList: sleepJob(uniqueJob("refused"), 0, queue: "gpuu"), format: .xml, options: 0)
+            .write(to: URL(fileURLWithPath: file))
+        let refused = try harness[1].ctl(["submit", file])
+        #expect(refused.status == 1 && refused.stdout.contains("unknown queue 'gpuu'"), "\(refused.stdout)\(refused.stderr)")
         // A queue no node declares is a typo: rejected where it was dropped.
         let typo = uniqueJob("typo")
         try harness[1].drop(typo + ".plist", sleepJob(typo, 0, queue: "gpuu"))

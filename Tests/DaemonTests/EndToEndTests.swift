@@ -214,6 +214,29 @@ func sleepOp(_ id: String, _ seconds: Double, deps: [String] = []) -> [String: A
         #expect(ops.allSatisfy { $0["state"] as? String == "cancelled" })
     }
 
+    /// `opqueuectl submit` validates as the daemon will: a queue of the daemon's configuration is no typo though the
+    /// command names no --config (it was refused as unknown); without a daemon, --config or the built-ins alone.
+    @Test func submitValidatesAgainstWhatTheRunningDaemonTakes() throws {
+        let spool = TestSpool()
+        try spool.start(try spool.configure(["queues": ["procs": ["maxConcurrentOperationCount": 2]]]))
+        let manifest = spool.root + "/m.plist"
+        func write(_ job: String, queue: String) throws {
+            try plist(["job": job, "operations": [["id": "a", "kind": "sleep", "seconds": 0, "queue": queue]]]).write(to: URL(fileURLWithPath: manifest))
+        }
+        try write("mine", queue: "procs")
+        let submitted = try spool.ctl(["submit", manifest])
+        #expect(submitted.status == 0 && submitted.stdout == "mine\n", "\(submitted.stdout)\(submitted.stderr)")
+        #expect(try spool.ctl(["wait", "mine", "--timeout", "10"]).status == 0)
+        try write("typo", queue: "prcs")
+        let typo = try spool.ctl(["submit", manifest])
+        #expect(typo.status == 1 && typo.stdout.contains("unknown queue 'prcs'"), "\(typo.stdout)")
+        spool.signal(SIGTERM)
+        #expect(spool.waitForExit() == 0)
+        try write("alone", queue: "procs")
+        let alone = try spool.ctl(["submit", manifest])
+        #expect(alone.status == 1 && alone.stdout.contains("unknown queue 'procs'"), "no daemon, no --config: the built-ins: \(alone.stdout)")
+    }
+
     @Test func daemonControlAndExitCodes() throws {
         let spool = TestSpool()
         try spool.start()

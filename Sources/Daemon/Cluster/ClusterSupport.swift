@@ -171,7 +171,9 @@ extension Configuration {
     /// SPEC §8: the local configuration widened to every queue and command some node declares, for validating
     /// manifests from this node's inbox. A queue only others declare gets default settings (its settings do not
     /// matter here: it never runs here); a command only others declare checks its arguments by its signature.
-    func widened(queues: Set<String>, commands: Set<String>, signatures: [String: String]) -> Configuration {
+    /// This configuration with the queues and commands (by their signatures) it lacks of `queues` and `commands`:
+    /// what a submission is validated against in a cluster, and by `opqueuectl submit` beside a running daemon.
+    public func widened(queues: Set<String>, commands: Set<String>, signatures: [String: String]) -> Configuration {
         var config = self
         for queue in queues.sorted() where config.queues[queue] == nil && isValidIdentifier(queue) {
             config.queueNames.append(queue)

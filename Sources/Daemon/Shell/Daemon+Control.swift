@@ -71,6 +71,15 @@ extension Daemon {
         spoolWatch.stop()
     }
 
+    /// What a manifest submitted here may name, as the daemon validates it (`opqueuectl submit` asks): this node's
+    /// queues and commands (each with its signature), and in a cluster those any node declares (SPEC §8).
+    public func submissionNames() -> (queues: [String], commands: [String: String]) {
+        let config = store.submissionConfiguration(lock.withLock { configuration })
+        var commands: [String: String] = [:]
+        for (name, spec) in config.commands where !spec.isHookOnly { commands[name] = CommandSignature.encode(spec) }
+        return (config.queueNames, commands)
+    }
+
     /// `suspend`/`resume` from a client: the store's when it keeps them (a cluster: every node follows), else here.
     public func suspend(queue name: String, _ suspended: Bool) -> Bool {
         guard let id = queueIDs[name] else { return false }
