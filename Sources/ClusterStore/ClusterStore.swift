@@ -192,9 +192,10 @@ public struct CancelRequest: Sendable, Equatable {
     public var job: String
     /// nil: the whole job.
     public var operation: String?
-    public var fence: Int64
+    /// The fence the node runs the job under; nil for a waiting job cancelled as a whole that no node has taken.
+    public var fence: Int64?
 
-    public init(job: String, operation: String?, fence: Int64) {
+    public init(job: String, operation: String?, fence: Int64?) {
         self.job = job
         self.operation = operation
         self.fence = fence
@@ -391,7 +392,8 @@ public protocol ClusterStore: Sendable {
     /// A waiting job whose whole-job cancel is recorded, claimed for `node` whatever it declares (it runs nothing:
     /// its claim brings the cancel). Nil when it no longer waits or another claim holds it now.
     func claimCancelled(job: String, node: String, maxManifestBytes: Int) async throws -> ClaimedJob?
-    /// The cancels for jobs the node runs now (repeated until the job ends: the node dedups).
+    /// The cancels for jobs the node runs now (repeated until the job ends: the node dedups), then waiting jobs
+    /// cancelled as a whole that no node has taken (fence nil), for `claimCancelled`.
     func pendingCancels(node: String) async throws -> [CancelRequest]
 
     func jobsNoLiveNodeCanRun(leaseSeconds: Double, limit: Int) async throws -> [UnrunnableJob]

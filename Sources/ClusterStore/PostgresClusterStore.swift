@@ -582,7 +582,7 @@ public final class PostgresClusterStore: ClusterStore {
         return try await query(Queries.pendingCancels, binds, doing: "reading the cancels for node \(node)").map { row in
             let c = row.makeRandomAccess()
             return CancelRequest(job: try decode(c[0], String.self), operation: try decode(c[1], String?.self),
-                                 fence: try decode(c[2], Int64.self))
+                                 fence: try decode(c[2], Int64?.self))
         }
     }
 

@@ -369,12 +369,19 @@ enum Queries {
     FROM claimed
     """#
 
-    /// Cancels for the jobs node $1 runs now.
+    /// Cancels for the jobs node $1 runs now; then, without a fence, up to 64 waiting jobs cancelled as a whole that no
+    /// node has taken (the node that asked died before it could, or lost the database between the two statements): any
+    /// node takes them (ClaimCancelledJob), so that none waits for a node that may never come.
     static let pendingCancels = #"""
-    SELECT c.job, c.operation, j.fence
-    FROM opq_cancel_requests AS c JOIN opq_jobs AS j ON j.id = c.job
-    WHERE j.state = 'running' AND j.node = $1
-    ORDER BY c.id
+    (SELECT c.job, c.operation, j.fence, c.id
+     FROM opq_cancel_requests AS c JOIN opq_jobs AS j ON j.id = c.job
+     WHERE j.state = 'running' AND j.node = $1)
+    UNION ALL
+    (SELECT c.job, c.operation, NULL, c.id
+     FROM opq_cancel_requests AS c JOIN opq_jobs AS j ON j.id = c.job
+     WHERE j.state = 'waiting' AND c.operation IS NULL
+     ORDER BY c.id LIMIT 64)
+    ORDER BY 4
     """#
 
     static let pendingCancelsForJob = #"""

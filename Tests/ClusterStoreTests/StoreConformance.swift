@@ -484,7 +484,8 @@ enum StoreConformance {
             _ = try await store.insertJobs([job("k"), job("other")])
             #expect(try await store.requestCancel(job: "k", operation: nil) == .requested)
             #expect(try await store.requestCancel(job: "k", operation: "op2") == .requested)
-            #expect(try await store.pendingCancels(node: "n1").isEmpty, "not running on n1 yet")
+            // Not running on n1 yet: only the whole-job cancel of a job that waits, without a fence (any node takes it).
+            #expect(try await store.pendingCancels(node: "n1") == [CancelRequest(job: "k", operation: nil, fence: nil)])
             let claimed = try await store.claimJobs(node: "n1", limit: 10, queues: ["default"], commands: [], budget: .max, maxManifestBytes: .max)
             let k = try #require(claimed.first { $0.id == "k" })
             // The claim brings the cancels asked while the job waited, in order (nil: the whole job).
@@ -507,6 +508,7 @@ enum StoreConformance {
             let g = try #require(try await store.claimCancelled(job: "g", node: "n2", maxManifestBytes: .max))
             #expect(g.id == "g" && g.cancels == ["op1", nil] && !g.manifest.isEmpty)
             #expect(try await store.claimCancelled(job: "g", node: "n1", maxManifestBytes: .max) == nil, "claimed already")
+            #expect(try await store.pendingCancels(node: "n1").isEmpty, "g is n2's now, and h has no cancel")
             #expect(try await store.complete(job: "g", fence: g.fence, status: "cancelled", result: []))
             #expect(try await store.claimCancelled(job: "nope", node: "n2", maxManifestBytes: .max) == nil)
         }

@@ -558,6 +558,26 @@ struct ClusterTests {
         }
     }
 
+    /// A whole-job cancel recorded for a waiting job that no node took (the node that asked died between its two
+    /// statements, or lost the database there) is taken by any node's next control round and ends cancelled — here a
+    /// job whose only queue is declared by a node long gone, which nobody would ever claim to run.
+    @Test func aCancelledJobLeftWaitingIsEndedByAnyNode() throws {
+        let harness = try ClusterHarness(nodes: 1)
+        let job = uniqueJob("orphan")
+        let manifest = String(decoding: try PropertyListSerialization.data(fromPropertyList: sleepJob(job, 0, queue: "gpu"), format: .xml, options: 0), as: UTF8.self)
+        try harness.sql("""
+            INSERT INTO opq_nodes (node, queues, commands, job_slots, info, last_heartbeat, lease_seconds)
+            VALUES ('ghost', '{gpu}', '{}', 1, 'elsewhere', now() - interval '1 day', 5);
+            INSERT INTO opq_jobs (id, requested_id, manifest, manifest_name, submitted_on, qos_rank, priority_rank, queues, commands)
+            VALUES ('\(job)', '\(job)', convert_to($m$\(manifest)$m$, 'UTF8'), '\(job).plist', 'ghost', 2, 2, '{gpu}', '{}');
+            INSERT INTO opq_cancel_requests (job, operation) VALUES ('\(job)', NULL);
+            """)
+        let ended = try #require(harness.waitResult(job, timeout: 15))
+        #expect(ended.node == 0 && ended.result["status"] as? String == "cancelled")
+        let operations = (ended.result["operations"] as? [[String: Any]] ?? []).map { "\($0["queue"] ?? "?") \($0["state"] ?? "?")/\($0["attempts"] ?? "?")" }
+        #expect(operations == ["gpu cancelled/0"], "\(operations)")
+    }
+
     @Test func suspendFromAnotherNodeHoldsTheQueueEverywhereAndIsKept() throws {
         let queues: [String: Any] = ["queues": ["api": ["maxConcurrentOperationCount": 2]]]
         let harness = try ClusterHarness(nodes: 2, settings: { _ in queues })

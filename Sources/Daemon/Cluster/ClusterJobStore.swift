@@ -1041,7 +1041,21 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
         let requests = try waitBounded(Self.statementTimeout, on: executor, doing: "reading the cancels for node \(nodeName)", { [store, nodeName] in
             try await store.pendingCancels(node: nodeName)
         })
-        let cancels = lock.withLock { state.newCancels(requests.map { (job: $0.job, operation: $0.operation, fence: $0.fence) }) }
+        let cancels = lock.withLock {
+            state.newCancels(requests.compactMap { r in r.fence.map { (job: r.job, operation: r.operation, fence: $0) } })
+        }
+        // Waiting jobs cancelled as a whole that nobody took: taken here (they run nothing), whatever this node declares.
+        for orphan in requests where orphan.fence == nil {
+            if let row = try waitBounded(Self.statementTimeout, on: executor, doing: "claiming the cancelled job \(orphan.job)", { [store, nodeName, maxManifestBytes] in
+                try await store.claimCancelled(job: orphan.job, node: nodeName, maxManifestBytes: maxManifestBytes)
+            }) {
+                lock.withLock {
+                    cancelledClaims.append(row)
+                    claimWanted = true
+                }
+                kick()
+            }
+        }
         let suspended = try waitBounded(Self.statementTimeout, on: executor, doing: "reading the suspended queues", { [store] in
             try await store.suspendedQueues()
         })

@@ -26,7 +26,15 @@ extension Daemon {
                 // A job cancelled as a whole before it came here runs nothing: read as its submitter read it (against
                 // what the cluster declares), it ends cancelled here even when this node lacks one of its queues or
                 // commands (an operation's queue unknown here stands for it: none of them starts).
-                let read = job.cancels.contains(where: { $0 == nil }) ? store.submissionConfiguration(config) : config
+                var read = config
+                if job.cancels.contains(where: { $0 == nil }) {
+                    read = store.submissionConfiguration(config)
+                    // What the cluster declares may have grown since the store last read it.
+                    if case .failure = Manifest.parse(job.tree ?? ManifestTree(job.manifest), configuration: read),
+                       let fresh = store.freshSubmissionConfiguration(config) {
+                        read = fresh
+                    }
+                }
                 accept(job, .claimed(fromNode: store.origin(of: job.id)?.fromNode), configuration: read)
             }
         }
