@@ -342,15 +342,7 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
             case .requested:
                 // A whole job that still waits is taken here and ends at once, cancelled, without a node that could
                 // run it (there may be none). Failing that, it ends wherever it is claimed or runs.
-                if operation == nil, let row = try? waitBounded(Self.statementTimeout, on: executor, doing: "claiming the cancelled job \(job)", { [store, nodeName, maxManifestBytes] in
-                    try await store.claimCancelled(job: job, node: nodeName, maxManifestBytes: maxManifestBytes)
-                }) ?? nil {
-                    lock.withLock {
-                        cancelledClaims.append(row)
-                        claimWanted = true
-                    }
-                    kick()
-                }
+                if operation == nil { try? takeCancelled(job) }
                 return .requested
             case .unknownJob: return .unknownJob
             case .alreadyEnded: return .alreadyEnded
@@ -890,6 +882,20 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
         }
     }
 
+    /// Claims a waiting job cancelled as a whole for this node (whatever it declares: it runs nothing), for the loop's
+    /// next claim round to take in; nothing when it no longer waits or another node is taking it.
+    private func takeCancelled(_ job: String) throws {
+        let row = try waitBounded(Self.statementTimeout, on: executor, doing: "claiming the cancelled job \(job)", { [store, nodeName, maxManifestBytes] in
+            try await store.claimCancelled(job: job, node: nodeName, maxManifestBytes: maxManifestBytes)
+        })
+        guard let row else { return }
+        lock.withLock {
+            cancelledClaims.append(row)
+            claimWanted = true
+        }
+        kick()
+    }
+
     /// One claim round for the room the shell has, and the jobs' files written before they run.
     private func claim() throws {
         // Cancelled jobs `requestCancel` claimed here: taken in whatever the room (they run nothing).
@@ -1045,17 +1051,7 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
             state.newCancels(requests.compactMap { r in r.fence.map { (job: r.job, operation: r.operation, fence: $0) } })
         }
         // Waiting jobs cancelled as a whole that nobody took: taken here (they run nothing), whatever this node declares.
-        for orphan in requests where orphan.fence == nil {
-            if let row = try waitBounded(Self.statementTimeout, on: executor, doing: "claiming the cancelled job \(orphan.job)", { [store, nodeName, maxManifestBytes] in
-                try await store.claimCancelled(job: orphan.job, node: nodeName, maxManifestBytes: maxManifestBytes)
-            }) {
-                lock.withLock {
-                    cancelledClaims.append(row)
-                    claimWanted = true
-                }
-                kick()
-            }
-        }
+        for orphan in requests where orphan.fence == nil { try takeCancelled(orphan.job) }
         let suspended = try waitBounded(Self.statementTimeout, on: executor, doing: "reading the suspended queues", { [store] in
             try await store.suspendedQueues()
         })

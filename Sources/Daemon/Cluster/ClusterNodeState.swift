@@ -147,16 +147,21 @@ struct ClusterNodeState: Sendable {
 
     // MARK: control
 
+    /// A cancel passed on to the shell: its job (the prefix `forget` drops) and the operation, or `*` for the whole job.
+    private static func cancelKey(_ job: String, _ operation: String?) -> String {
+        job + "\u{0}" + (operation.map { "op:" + $0 } ?? "*")
+    }
+
     /// Cancels that came with a claimed job (made as it starts): not passed on again when the control round reads them.
     mutating func claimedWithCancels(_ job: String, _ operations: [String?]) {
-        for operation in operations { delivered.insert(job + "\u{0}" + (operation.map { "op:" + $0 } ?? "*")) }
+        for operation in operations { delivered.insert(Self.cancelKey(job, operation)) }
     }
 
     /// Cancels from the database for jobs this node runs under the same fence, each passed on once.
     mutating func newCancels(_ requests: [(job: String, operation: String?, fence: Int64)]) -> [(job: String, operation: String?)] {
         var out: [(job: String, operation: String?)] = []
         for request in requests where held[request.job]?.fence == request.fence {
-            let key = request.job + "\u{0}" + (request.operation.map { "op:" + $0 } ?? "*")
+            let key = Self.cancelKey(request.job, request.operation)
             if delivered.insert(key).inserted { out.append((request.job, request.operation)) }
         }
         return out

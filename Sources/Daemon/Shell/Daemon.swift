@@ -307,9 +307,13 @@ public final class Daemon: @unchecked Sendable {
             let deadline = plan.timeoutSeconds.map { max(0.001, $0 - (Date().timeIntervalSince1970 - claimed.receivedAt)) }
             // Cancels asked before now (while the job was read, or in the cluster before it was claimed) go in with
             // the group: none of its operations starts first. An operation the plan does not have is ignored.
-            let asked = lock.withLock { lifecycle.takeEarlyCancels(job: claimed.id) }.compactMap { name -> Int?? in
-                guard let name else { return .some(nil) }
-                return run.operationIndex[name].map { .some($0) }
+            var asked: [Int?] = []
+            for name in lock.withLock({ lifecycle.takeEarlyCancels(job: claimed.id) }) {
+                if let name {
+                    if let index = run.operationIndex[name] { asked.append(index) }
+                } else {
+                    asked.append(nil)
+                }
             }
             let group = try engine.submit(graph, qualityOfService: plan.qualityOfService, deadline: deadline, keepOutputs: false,
                                           cancelled: asked, cancelReason: "cancelled by request")

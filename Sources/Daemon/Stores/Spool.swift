@@ -340,10 +340,7 @@ public final class Spool: @unchecked Sendable {
         }
         defer { if leased { _ = opq_lease(fd, 1) } }
         // Bigger than a manifest may be: claimed (to be rejected, saying its size) without reading a byte of it.
-        var st = stat()
-        if fstat(fd, &st) == 0, Int(st.st_size) > ManifestLimits.maxBytes {
-            return try place(fd, source, Data(), ManifestTree(tooLarge: Int(st.st_size)))
-        }
+        if let tooLarge = Self.tooLargeToRead(fd) { return try place(fd, source, Data(), tooLarge) }
         let data: Data
         switch readRegularFile(fd, path: source, singleLink: true) {
         case .success(let d): data = d
@@ -431,11 +428,16 @@ public final class Spool: @unchecked Sendable {
         let fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC)
         guard fd >= 0 else { return .failure(SpoolError(operation: "open", path: path, errno: errno)) }
         defer { close(fd) }
-        var st = stat()
-        if fstat(fd, &st) == 0, (st.st_mode & S_IFMT) == S_IFREG, Int(st.st_size) > ManifestLimits.maxBytes {
-            return .success((Data(), ManifestTree(tooLarge: Int(st.st_size))))
-        }
+        if let tooLarge = tooLargeToRead(fd) { return .success((Data(), tooLarge)) }
         return readRegularFile(fd, path: path).map { ($0, nil) }
+    }
+
+    /// The tree of a regular file whose size alone (fstat) says it is no manifest — rejected without a byte of it
+    /// read; nil for any other file (read, and judged by its bytes).
+    static func tooLargeToRead(_ fd: Int32) -> ManifestTree? {
+        var st = stat()
+        guard fstat(fd, &st) == 0, (st.st_mode & S_IFMT) == S_IFREG, Int(st.st_size) > ManifestLimits.maxBytes else { return nil }
+        return ManifestTree(tooLarge: Int(st.st_size))
     }
 
     /// The progress log: job → operation → record. A torn last line (a crash mid-append) is ignored.
