@@ -1,6 +1,11 @@
 // The cluster's database address (SPEC §8): `postgresql://user[:password]@host[:port]/db?sslmode=…&sslrootcert=…`
 // and the optional passwordFile, turned into postgres-nio configurations.
 //
+// As libpq reads it, a host that is an absolute path (`%2Frun%2Fpostgresql`, or `host=/run/postgresql` among the
+// parameters) is the folder of the server's Unix-domain socket, `<folder>/.s.PGSQL.<port>`: a node on the database's
+// own machine, with peer authentication needing no password at all. TLS never applies to such a socket (libpq never
+// tries it there either): `sslmode` is ignored. Without a user, the user this process runs as (libpq's default).
+//
 // The password file is read again for every configuration made, that is for every new connection or pool: a
 // password rotated by writing the new one into the file (a secrets agent does that) is used from the next
 // connection on, as libpq reads ~/.pgpass at each connection. A file that cannot be read then fails that
@@ -23,6 +28,7 @@ public struct DatabaseURL: Sendable, CustomStringConvertible {
     }
 
     public var user: String
+    /// A host name or address, or (an absolute path) the folder of the server's Unix-domain socket.
     public var host: String
     public var port: Int
     public var database: String
@@ -35,9 +41,15 @@ public struct DatabaseURL: Sendable, CustomStringConvertible {
 
     /// The URL without its password: safe for logs and status.
     public var description: String {
+        if let socketPath { return "postgresql://\(user)@:\(port)/\(database)?host=\(host) (the socket \(socketPath))" }
         var text = "postgresql://\(user)@\(host.contains(":") ? "[\(host)]" : host):\(port)/\(database)?sslmode=\(sslMode.rawValue)"
         if let sslRootCert { text += "&sslrootcert=\(sslRootCert)" }
         return text
+    }
+
+    /// The server's Unix-domain socket when the host is its folder (an absolute path), else nil.
+    public var socketPath: String? {
+        host.hasPrefix("/") ? (host.hasSuffix("/") ? host : host + "/") + ".s.PGSQL.\(port)" : nil
     }
 
     public var hasPassword: Bool { password != nil }
@@ -56,9 +68,9 @@ public struct DatabaseURL: Sendable, CustomStringConvertible {
         if let q = rest.firstIndex(of: "?") { query = rest[rest.index(after: q)...]; rest = rest[..<q] }
         var path = Substring("")
         if let slash = rest.firstIndex(of: "/") { path = rest[rest.index(after: slash)...]; rest = rest[..<slash] }
-        guard let at = rest.lastIndex(of: "@") else { throw bad("no user (user@host)") }
-        let userInfo = rest[..<at]
-        var hostPort = rest[rest.index(after: at)...]
+        let at = rest.lastIndex(of: "@")
+        let userInfo = at.map { rest[..<$0] } ?? ""
+        var hostPort = at.map { rest[rest.index(after: $0)...] } ?? rest
 
         if let colon = userInfo.firstIndex(of: ":") {
             guard let user = Self.percentDecoded(userInfo[..<colon]),
@@ -72,9 +84,13 @@ public struct DatabaseURL: Sendable, CustomStringConvertible {
             self.user = user
             self.password = nil
         }
-        if user.isEmpty { throw bad("no user (user@host)") }
+        if user.isEmpty {
+            guard let me = Self.processUser() else { throw bad("no user (user@host), and this process's user has no name") }
+            user = me
+        }
 
         var port = 5432
+        var host = ""
         if hostPort.hasPrefix("[") {
             guard let close = hostPort.firstIndex(of: "]") else { throw bad("unclosed [ in the host") }
             let after = hostPort[hostPort.index(after: close)...]
@@ -91,10 +107,9 @@ public struct DatabaseURL: Sendable, CustomStringConvertible {
                 port = p
                 hostPort = hostPort[..<colon]
             }
-            host = String(hostPort)
+            guard let decoded = Self.percentDecoded(hostPort) else { throw bad("the host is not valid percent-encoding") }
+            host = decoded
         }
-        if host.isEmpty { throw bad("no host") }
-        self.port = port
         guard let database = Self.percentDecoded(path), !database.isEmpty else { throw bad("no database name") }
         self.database = database
 
@@ -110,10 +125,20 @@ public struct DatabaseURL: Sendable, CustomStringConvertible {
                 sslMode = mode
             case "sslrootcert":
                 sslRootCert = value
+            case "host":
+                // libpq's: the parameter wins over the host before the path.
+                host = value
+            case "port":
+                guard let p = Int(value), (1...65535).contains(p) else { throw bad("the port is not 1-65535") }
+                port = p
             default:
                 throw bad("unknown parameter \(key)")
             }
         }
+        if host.isEmpty { throw bad("no host (a name, an address, or the folder of the server's socket such as host=/run/postgresql)") }
+        if host.contains("/") && !host.hasPrefix("/") { throw bad("the socket folder \(host) is not an absolute path") }
+        self.host = host
+        self.port = port
         if let passwordFile {
             password = try Self.readPassword(passwordFile)
             self.passwordFile = passwordFile
@@ -224,8 +249,21 @@ public struct DatabaseURL: Sendable, CustomStringConvertible {
         }
     }
 
+    /// The name of the user this process runs as (libpq's default user), nil if it has none.
+    static func processUser() -> String? {
+        guard let entry = getpwuid(geteuid()), let name = entry.pointee.pw_name else { return nil }
+        let text = String(cString: name)
+        return text.isEmpty ? nil : text
+    }
+
     /// The pool's configuration.
     func clientConfiguration() throws -> PostgresClient.Configuration {
+        if let socketPath {
+            var configuration = PostgresClient.Configuration(unixSocketPath: socketPath, username: user, password: try currentPassword(),
+                                                             database: database)
+            configuration.options.connectTimeout = .seconds(5)
+            return configuration
+        }
         let tls: PostgresClient.Configuration.TLS
         switch (sslMode, try tlsConfiguration()) {
         case (.disable, _), (_, nil): tls = .disable
@@ -243,6 +281,12 @@ public struct DatabaseURL: Sendable, CustomStringConvertible {
 
     /// The dedicated LISTEN connection's configuration.
     func connectionConfiguration() throws -> PostgresConnection.Configuration {
+        if let socketPath {
+            var configuration = PostgresConnection.Configuration(unixSocketPath: socketPath, username: user, password: try currentPassword(),
+                                                                 database: database)
+            configuration.options.connectTimeout = .seconds(5)
+            return configuration
+        }
         let tls: PostgresConnection.Configuration.TLS
         switch (sslMode, try tlsConfiguration()) {
         case (.disable, _), (_, nil): tls = .disable

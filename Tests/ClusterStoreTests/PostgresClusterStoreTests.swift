@@ -461,7 +461,21 @@ struct PostgresClusterStoreTests {
         #expect(url.sslMode == .verifyFull && url.sslRootCert == "/etc/ca.pem" && !url.hasPassword)
         #expect(try DatabaseURL("postgresql://u@[::1]/d").host == "::1")
         #expect(try DatabaseURL("postgresql://u@h/d").sslMode == .prefer)
-        for bad in ["mysql://u@h/d", "postgresql://h/d", "postgresql://u@h:99999/d", "postgresql://u@h/", "postgresql://u@h/d?sslmode=allow", "postgresql://u@h/d?x=1"] {
+        #expect(try DatabaseURL("postgresql://u@h/d").socketPath == nil)
+        // libpq's: no user is the user this process runs as.
+        let me = try #require(getpwuid(geteuid())).pointee.pw_name.map { String(cString: $0) }
+        #expect(try DatabaseURL("postgresql://h/d").user == me)
+        // The folder of the server's Unix-domain socket, percent-encoded as the host or as `host=` (which wins), and
+        // the port in the socket's name; the description says which socket, never a password.
+        let encoded = try DatabaseURL("postgresql://op:pw@%2Frun%2Fpostgresql:5433/jobs")
+        #expect(encoded.host == "/run/postgresql" && encoded.socketPath == "/run/postgresql/.s.PGSQL.5433" && encoded.user == "op")
+        #expect(encoded.description.contains("/run/postgresql/.s.PGSQL.5433") && !encoded.description.contains("pw"))
+        let parameter = try DatabaseURL("postgresql:///jobs?host=/var/run/postgresql/&port=6000&sslmode=verify-full")
+        #expect(parameter.socketPath == "/var/run/postgresql/.s.PGSQL.6000" && parameter.user == me && parameter.database == "jobs")
+        #expect(try DatabaseURL("postgresql://u@db.example/d?host=/tmp/pg").socketPath == "/tmp/pg/.s.PGSQL.5432")
+        #expect(try DatabaseURL("postgresql://u@/d?host=db.example&port=7").host == "db.example")
+        for bad in ["mysql://u@h/d", "postgresql://u@h:99999/d", "postgresql://u@h/", "postgresql://u@h/d?sslmode=allow", "postgresql://u@h/d?x=1",
+                    "postgresql:///d", "postgresql://u@/d", "postgresql://u@h/d?host=run/pg", "postgresql://u@h/d?port=0", "postgresql://u@%2/d"] {
             #expect(throws: ClusterStoreError.self, "\(bad)") { try DatabaseURL(bad) }
         }
         let file = NSTemporaryDirectory() + "opq-pw-\(getpid())"

@@ -235,6 +235,39 @@ struct ClusterTests {
         #expect(try harness.sql("SELECT count(*) FROM pg_stat_activity WHERE usename = '\(harness.role)'") == "0")
     }
 
+    /// A node on the database's own machine reaches it through the server's Unix-domain socket, as libpq's URLs
+    /// say (`host=` a folder), with peer authentication: the system says who connects, no password anywhere. The
+    /// other node comes over TCP with its password; jobs dropped on either run, and the socket node's session is
+    /// one the server sees without an address.
+    @Test func aNodeOnTheDatabasesMachineConnectsThroughTheSocketWithoutAPassword() throws {
+        let harness = try ClusterHarness(nodes: 2, start: false)
+        // The operating system's user this test runs as logs in as the node role, by the server's peer check.
+        let me = try #require(getpwuid(geteuid())).pointee.pw_name.map { String(cString: $0) } ?? "root"
+        let data = harness.server.folder + "/data"
+        let hba = try String(contentsOfFile: data + "/pg_hba.conf", encoding: .utf8)
+        try ("local \(harness.database) \(harness.role) peer map=opq\n" + hba).write(toFile: data + "/pg_hba.conf", atomically: false, encoding: .utf8)
+        try "opq \(me) \(harness.role)\n".write(toFile: data + "/pg_ident.conf", atomically: false, encoding: .utf8)
+        try harness.server.psql("postgres", "SELECT pg_reload_conf()")
+        var section = harness[1].settings["cluster"] as? [String: Any] ?? [:]
+        section["database"] = "postgresql://\(harness.role)@/\(harness.database)?host=\(harness.server.folder)&port=\(harness.server.port)"
+        section["passwordFile"] = nil
+        harness[1].settings["cluster"] = section
+        try harness.startAll()
+        try harness.waitRegistered(2)
+        #expect(try harness.waitJournal(["OPQ_NODE": harness[1].name, "OPQ_EVENT": "cluster", "OPQ_STATE": "connected"]) != nil,
+                "\(harness[1].logTail())")
+
+        let jobs = [uniqueJob("sock-a"), uniqueJob("sock-b")]
+        try harness[0].drop(jobs[0] + ".plist", sleepJob(jobs[0], 0))
+        try harness[1].drop(jobs[1] + ".plist", sleepJob(jobs[1], 0))
+        #expect(harness.waitAll(Set(jobs), timeout: 30).isEmpty, "\(harness.diagnosis(jobs[1]))")
+        #expect(jobs.allSatisfy { harness.outboxes(holding: $0).count == 1 })
+        let overSocket = try harness.sql("SELECT count(*) FROM pg_stat_activity WHERE usename = '\(harness.role)' AND client_addr IS NULL AND client_port = -1")
+        #expect((Int(overSocket) ?? 0) > 0, "no session of the node role came through the socket")
+        let status = try harness[1].ctl(["status"])
+        #expect(status.status == 0 && status.stdout.contains(harness[1].name), "\(status.stderr)")
+    }
+
     // MARK: 4. Leases: kill -9
 
     @Test func killedNodesJobRunsElsewhereAndTheNodeDiscardsItWhenBack() throws {
