@@ -91,6 +91,10 @@ public struct DatabaseURL: Sendable, CustomStringConvertible {
 
         var port = 5432
         var host = ""
+        if hostPort.contains(",") {
+            // libpq's list of hosts tried in turn: one pool has one server here.
+            throw bad("several hosts (\(hostPort)) are not supported: name one, such as a name or address that always leads to the primary")
+        }
         if hostPort.hasPrefix("[") {
             guard let close = hostPort.firstIndex(of: "]") else { throw bad("unclosed [ in the host") }
             let after = hostPort[hostPort.index(after: close)...]
@@ -127,6 +131,7 @@ public struct DatabaseURL: Sendable, CustomStringConvertible {
                 sslRootCert = value
             case "host":
                 // libpq's: the parameter wins over the host before the path.
+                if value.contains(",") { throw bad("several hosts (\(value)) are not supported: name one, such as a name or address that always leads to the primary") }
                 host = value
             case "port":
                 guard let p = Int(value), (1...65535).contains(p) else { throw bad("the port is not 1-65535") }
