@@ -269,8 +269,12 @@ public struct JobRecord: Sendable, Equatable {
     public var status: String?
     public var result: [UInt8]?
     public var finishedAt: Double?
+    /// While it runs: what its node's last heartbeat sent as its progress (opaque here; nil if none), and when.
+    public var nodeProgress: [UInt8]?
+    public var nodeProgressAt: Double?
 
-    public init(id: String, requestedID: String, manifest: [UInt8], manifestName: String, submittedOn: String, submittedAt: Double, state: JobState, node: String?, fence: Int64?, fromNode: String?, status: String?, result: [UInt8]?, finishedAt: Double?) {
+    public init(id: String, requestedID: String, manifest: [UInt8], manifestName: String, submittedOn: String, submittedAt: Double, state: JobState, node: String?, fence: Int64?, fromNode: String?, status: String?, result: [UInt8]?, finishedAt: Double?,
+                nodeProgress: [UInt8]? = nil, nodeProgressAt: Double? = nil) {
         self.id = id
         self.requestedID = requestedID
         self.manifest = manifest
@@ -284,6 +288,8 @@ public struct JobRecord: Sendable, Equatable {
         self.status = status
         self.result = result
         self.finishedAt = finishedAt
+        self.nodeProgress = nodeProgress
+        self.nodeProgressAt = nodeProgressAt
     }
 }
 
@@ -350,8 +356,9 @@ public protocol ClusterStore: Sendable {
     func claimJobs(node: String, limit: Int, queues: [String], commands: [String], budget: Int, maxManifestBytes: Int) async throws -> [ClaimedJob]
 
     /// One statement: renews the lease of the node on all its jobs and slots. With `info`, only while the name is
-    /// still that process's (`registered` false otherwise).
-    func heartbeat(node: String, info: String?) async throws -> Heartbeat
+    /// still that process's (`registered` false otherwise). `progress`, opaque here, replaces what the node's last
+    /// beat left for `job(_:)` to hand out with its running jobs (nil: none).
+    func heartbeat(node: String, info: String?, progress: [UInt8]?) async throws -> Heartbeat
 
     /// Hands jobs the node holds under these fences back to waiting (it gave their leases up); returns those moved.
     func releaseJobs(node: String, _ jobs: [String: Int64]) async throws -> Set<String>
@@ -429,6 +436,11 @@ extension ClusterStore {
 
     /// Renews the name's lease whichever process registered it last.
     public func heartbeat(node: String) async throws -> Heartbeat {
-        try await heartbeat(node: node, info: nil)
+        try await heartbeat(node: node, info: nil, progress: nil)
+    }
+
+    /// Renews the lease while the name is still `info`'s, sending no progress.
+    public func heartbeat(node: String, info: String?) async throws -> Heartbeat {
+        try await heartbeat(node: node, info: info, progress: nil)
     }
 }

@@ -203,10 +203,11 @@ public final class PostgresClusterStore: ClusterStore {
         }
     }
 
-    public func heartbeat(node: String, info: String?) async throws -> Heartbeat {
+    public func heartbeat(node: String, info: String?, progress: [UInt8]?) async throws -> Heartbeat {
         var binds = PostgresBindings()
         binds.append(node)
         binds.append(info ?? "")
+        binds.append(progress.map { ByteBuffer(bytes: $0) })
         let rows = try await query(Queries.heartbeat, binds, doing: "renewing the lease of node \(node)")
         var beat = Heartbeat(at: 0, held: [:], registered: !rows.isEmpty)
         for row in rows {
@@ -430,7 +431,9 @@ public final class PostgresClusterStore: ClusterStore {
             fence: try decode(c[8], Int64?.self), fromNode: try decode(c[9], String?.self),
             status: try decode(c[10], String?.self),
             result: try decode(c[11], ByteBuffer?.self).map { Array($0.readableBytesView) },
-            finishedAt: try decode(c[12], Double?.self))
+            finishedAt: try decode(c[12], Double?.self),
+            nodeProgress: try decode(c[13], ByteBuffer?.self).map { Array($0.readableBytesView) },
+            nodeProgressAt: try decode(c[14], Double?.self))
     }
 
     public func jobsNoLiveNodeCanRun(leaseSeconds: Double, limit: Int) async throws -> [UnrunnableJob] {

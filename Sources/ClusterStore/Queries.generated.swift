@@ -147,9 +147,10 @@ enum Queries {
     /// One statement per node per beat: renews the node's lease (and so those of all its jobs and slots) and
     /// returns the jobs it still holds with their fences, so that it learns at once what it lost. $2: the process's
     /// info ('' for any): a row another process registered since is not renewed (no row returned, as for no row).
+    /// $3: the node's progress on the jobs it runs (migration 6; NULL for none), for `show` on other nodes.
     static let heartbeat = #"""
     WITH beat AS (
-        UPDATE opq_nodes SET last_heartbeat = now() WHERE node = $1 AND ($2 = '' OR info = $2)
+        UPDATE opq_nodes SET last_heartbeat = now(), progress = $3 WHERE node = $1 AND ($2 = '' OR info = $2)
         RETURNING node, extract(epoch FROM last_heartbeat)::float8 AS at
     )
     SELECT beat.at, j.id, j.fence
@@ -388,10 +389,13 @@ enum Queries {
     SELECT operation FROM opq_cancel_requests WHERE job = $1 ORDER BY id
     """#
 
+    /// One job, and while it runs the progress its node sent with its last beat (and that beat's time).
     static let lookupJob = #"""
-    SELECT id, requested_id, manifest, manifest_name, submitted_on, extract(epoch FROM submitted_at)::float8,
-           state, node, fence, from_node, status, result, extract(epoch FROM finished_at)::float8
-    FROM opq_jobs WHERE id = $1
+    SELECT j.id, j.requested_id, j.manifest, j.manifest_name, j.submitted_on, extract(epoch FROM j.submitted_at)::float8,
+           j.state, j.node, j.fence, j.from_node, j.status, j.result, extract(epoch FROM j.finished_at)::float8,
+           n.progress, extract(epoch FROM n.last_heartbeat)::float8
+    FROM opq_jobs AS j LEFT JOIN opq_nodes AS n ON j.state = 'running' AND n.node = j.node
+    WHERE j.id = $1
     """#
 
     /// For status: every node, live when it beat within its lease ($1 seconds for one that recorded none), with the
@@ -675,6 +679,18 @@ enum Migrations {
             """#,
             #"""
             DELETE FROM opq_schema_version WHERE version = 5
+            """#,
+        ]),
+        Migration(version: 6, name: "node_progress", up: [
+            #"""
+            ALTER TABLE opq_nodes ADD COLUMN progress bytea
+            """#,
+        ], down: [
+            #"""
+            ALTER TABLE opq_nodes DROP COLUMN IF EXISTS progress
+            """#,
+            #"""
+            DELETE FROM opq_schema_version WHERE version = 6
             """#,
         ]),
     ]

@@ -247,12 +247,14 @@ func outboxEntry(of job: String, _ common: Common) -> (folder: String, result: [
 
 /// A job's operations: from the outbox when it has ended, else from the daemon (which, in a cluster, answers for
 /// jobs on every node); `node` is where it runs or ran, when known (SPEC §8).
-func operations(of job: String, _ common: Common) throws -> (status: String, operations: [[String: Any]], node: String?) {
+/// `progressAt`: for a job running on another node, when that node's heartbeat sent the states shown.
+func operations(of job: String, _ common: Common) throws -> (status: String, operations: [[String: Any]], node: String?, progressAt: Double?) {
     if let plist = outboxEntry(of: job, common)?.result {
-        return (plist["status"] as? String ?? "?", plist["operations"] as? [[String: Any]] ?? [], plist["node"] as? String)
+        return (plist["status"] as? String ?? "?", plist["operations"] as? [[String: Any]] ?? [], plist["node"] as? String, nil)
     }
     let response = try common.request(["command": "show", "job": job])
-    return (response["status"] as? String ?? "running", response["operations"] as? [[String: Any]] ?? [], response["node"] as? String)
+    return (response["status"] as? String ?? "running", response["operations"] as? [[String: Any]] ?? [], response["node"] as? String,
+            response["progressAt"] as? Double)
 }
 
 struct Show: ParsableCommand {
@@ -262,18 +264,30 @@ struct Show: ParsableCommand {
     @Flag(help: "JSON output.") var json = false
 
     func run() throws {
-        let (status, ops, node) = try operations(of: job, common)
+        let (status, ops, node, progressAt) = try operations(of: job, common)
         if json {
             var object: [String: Any] = ["job": job, "status": status, "operations": ops]
             if let node { object["node"] = node }
+            if let progressAt { object["progressAt"] = progressAt }
             let data = try JSONSerialization.data(withJSONObject: object, options: [.prettyPrinted, .sortedKeys])
             print(String(decoding: data, as: UTF8.self))
             return
         }
-        // A job running on another node: its operations' states are known only there (SPEC §8: no protocol
-        // between nodes); the daemon says `unknown` for them.
+        // A job running on another node: its operations' states as that node's last heartbeat sent them, or
+        // `unknown` for those it did not send (SPEC §8: no protocol between nodes).
         let elsewhere = ops.contains { $0["state"] as? String == "unknown" }
-        print("job \(job): \(status)\(node.map { elsewhere ? " on node \($0) (its operations' states are known there: opqueuectl show on that node)" : " (node \($0))" } ?? "")")
+        var place = ""
+        if let node {
+            if let progressAt {
+                let age = max(0, Date().timeIntervalSince1970 - progressAt)
+                place = " on node \(node) (states as of its heartbeat \(String(format: "%.1f", age)) s ago)"
+            } else if elsewhere {
+                place = " on node \(node) (its operations' states are known there: opqueuectl show on that node)"
+            } else {
+                place = " (node \(node))"
+            }
+        }
+        print("job \(job): \(status)\(place)")
         for op in ops {
             var line = "  \(op["id"] ?? "?")  \(op["kind"] ?? "")  queue=\(op["queue"] ?? "")  \(op["state"] ?? "")"
             if let attempts = op["attempts"] { line += "  attempts=\(attempts)" }
@@ -433,7 +447,7 @@ struct Graph: ParsableCommand {
         } else {
             // An ended job: its manifest in the outbox, states from its result. A running one: the daemon's
             // `show` gives each operation's kind, queue, dependencies and current state.
-            let (_, ops, _) = try operations(of: target, common)
+            let (_, ops, _, _) = try operations(of: target, common)
             for op in ops { if let id = op["id"] as? String { states[id] = op["state"] as? String } }
             let manifest = (outboxEntry(of: target, common)?.folder ?? common.spool + "/outbox/" + target) + "/manifest.plist"
             if let data = FileManager.default.contents(atPath: manifest), case .success(let plan) = Manifest.parse(data, configuration: config) {

@@ -313,12 +313,18 @@ func handle(_ request: [String: Any], _ daemon: Daemon) -> [String: Any] {
 }
 
 /// `show` of a job the cluster knows and this node does not run (SPEC §8): waiting, running elsewhere or ended;
-/// an ended one's operations come from the result.plist the database keeps. The states of a job's operations
-/// while it runs on another node are that node's alone (nodes never talk to each other, and the database holds no
-/// per-operation progress): they are `unknown` here, never a `pending` that may be false.
+/// an ended one's operations come from the result.plist the database keeps. While it runs on another node, its
+/// operations' states are those that node's last heartbeat sent (ClusterProgress; `progressAt` says when): an
+/// operation it did not send (the job left out of a full beat, or not started at that beat) is `unknown`, never a
+/// `pending` that may be false.
 func clusterShow(_ record: JobRecord) -> [String: Any] {
     var answer: [String: Any] = ["exit": 0, "job": record.id, "submittedOn": record.submittedOn]
     if let node = record.node { answer["node"] = node }
+    var progress: [String: (state: String, attempts: Int)] = [:]
+    if record.state == .running, let bytes = record.nodeProgress, let sent = ClusterProgress.decode(bytes, job: record.id) {
+        progress = sent
+        if let at = record.nodeProgressAt { answer["progressAt"] = at }
+    }
     switch record.state {
     case .waiting: answer["status"] = "waiting"
     case .running: answer["status"] = "running"
@@ -335,14 +341,16 @@ func clusterShow(_ record: JobRecord) -> [String: Any] {
     for op in manifest?["operations"] as? [[String: Any]] ?? [] {
         guard let id = op["id"] as? String else { continue }
         var entry = ended.removeValue(forKey: id)
+            ?? progress.removeValue(forKey: id).map { ["id": id, "state": $0.state, "attempts": $0.attempts] }
             ?? (record.state == .running ? ["id": id, "state": "unknown"] : ["id": id, "state": "pending", "attempts": 0])
         entry["dependencies"] = op["dependencies"] as? [String] ?? []
         if entry["kind"] == nil, let kind = op["kind"] as? String { entry["kind"] = kind }
         if entry["queue"] == nil { entry["queue"] = op["queue"] as? String ?? "" }
         operations.append(entry)
     }
-    // Operations only the result knows (a photo list's, SPEC §3.5), in its order.
+    // Operations only the result or the progress knows (a photo list's, SPEC §3.5), in id order.
     operations += ended.values.sorted { ($0["id"] as? String ?? "") < ($1["id"] as? String ?? "") }
+    operations += progress.sorted { $0.key < $1.key }.map { ["id": $0.key, "state": $0.value.state, "attempts": $0.value.attempts] as [String: Any] }
     answer["operations"] = operations
     return answer
 }

@@ -63,7 +63,7 @@ struct PostgresClusterStoreTests {
         #expect(try server.psql(database, "SELECT to_regclass('opq_jobs') IS NULL").trimmingCharacters(in: .whitespacesAndNewlines) == "t")
         #expect(try await store.migrate() == Migrations.newest)
         #expect(try await store.migrate() == Migrations.newest, "a second migrate finds nothing to do")
-        #expect(try server.psql(database, "SELECT string_agg(version::text, ',') FROM opq_schema_version").trimmingCharacters(in: .whitespacesAndNewlines) == "1,2,3,4,5")
+        #expect(try server.psql(database, "SELECT string_agg(version::text, ',') FROM opq_schema_version").trimmingCharacters(in: .whitespacesAndNewlines) == "1,2,3,4,5,6")
         #expect(try server.psql(database, "SELECT tableowner FROM pg_tables WHERE tablename = 'opq_jobs'").contains(PostgresServer.role))
         try await store.migrateDown(to: 0)
         #expect(try server.psql(database, "SELECT count(*) FROM pg_tables WHERE tablename LIKE 'opq\\_%'").trimmingCharacters(in: .whitespacesAndNewlines) == "0")

@@ -283,6 +283,16 @@ enum StoreConformance {
             #expect(beat.registered && beat.held == Dictionary(uniqueKeysWithValues: claimedByA.map { ($0.id, $0.fence) }))
             #expect(try await store.heartbeat(node: "nobody").registered == false)
 
+            // The progress a beat sends comes with each job the node runs, with the beat's time; never with a job
+            // that waits; the next beat replaces it.
+            let sent: [UInt8] = [1, 2, 3, 0, 255]
+            let progressBeat = try await store.heartbeat(node: "A", info: nil, progress: sent)
+            let running = try #require(try await store.job(claimedByA[0].id))
+            #expect(running.nodeProgress == sent && running.nodeProgressAt.map { abs($0 - progressBeat.at) < 0.001 } == true)
+            #expect(try await store.job("t3").map { $0.nodeProgress == nil && $0.nodeProgressAt == nil } == true)
+            _ = try await store.heartbeat(node: "A", info: nil, progress: [9])
+            #expect(try await store.job(claimedByA[1].id)?.nodeProgress == [9])
+
             // Within the lease: nothing moves.
             #expect(try await store.takeOverLost(leaseSeconds: 60).jobs.isEmpty)
             try await Task.sleep(for: .milliseconds(700))
@@ -290,7 +300,7 @@ enum StoreConformance {
             let moved = try await store.takeOverLost(leaseSeconds: 0.5)
             #expect(Set(moved.jobs.map(\.id)) == Set(claimedByA.map(\.id)))
             #expect(moved.jobs.allSatisfy { $0.fromNode == "A" })
-            #expect(try await store.job(claimedByA[0].id)?.state == .waiting)
+            #expect(try await store.job(claimedByA[0].id).map { $0.state == .waiting && $0.nodeProgress == nil } == true)
 
             let claimedByB = try await store.claimJobs(node: "B", limit: 10, queues: ["default"], commands: [], budget: .max, maxManifestBytes: .max)
             #expect(Set(claimedByB.map(\.id)) == Set(claimedByA.map(\.id) + ["t3"]))

@@ -667,20 +667,29 @@ struct ClusterTests {
         }
         #expect(harness.waitAll(jobs, timeout: 40).isEmpty)
         for job in jobs { #expect(harness.outboxes(holding: job) == [0]) }
-        // `show` on node 1 of a job node 0 is running: where it runs, and its operations' states `unknown` (they are
-        // node 0's alone), never a `pending` that is false while node 0 executes it.
+        // `show` on node 1 of a job node 0 is running: where it runs, and its operations' states as node 0's last
+        // heartbeat sent them (nodes never talk to each other: through the database, in the beat it sends anyway),
+        // never a `pending` that is false while node 0 executes it.
         let long = uniqueJob("long")
-        try harness[1].drop(long + ".plist", sleepJob(long, 30, queue: "gpu"))
+        try harness[1].drop(long + ".plist", ["job": long, "operations": [sleepOperation("a", 0, queue: "gpu"),
+                                                                          sleepOperation("b", 30, queue: "gpu", dependencies: ["a"])]])
         let executing = try pollUntil(20) { () -> Bool? in
             try harness[0].ctl(["show", long]).stdout.contains("executing") ? true : nil
         }
         #expect(executing != nil, "node 0 executes it")
-        let elsewhere = try JSONSerialization.jsonObject(with: Data(harness[1].ctl(["show", long, "--json"]).stdout.utf8)) as? [String: Any]
+        var elsewhere: [String: Any]?
+        var states: [String] = []
+        _ = try pollUntil(10) { () -> Bool? in
+            elsewhere = try JSONSerialization.jsonObject(with: Data(harness[1].ctl(["show", long, "--json"]).stdout.utf8)) as? [String: Any]
+            states = (elsewhere?["operations"] as? [[String: Any]] ?? []).map { "\($0["id"] ?? "?")=\($0["state"] ?? "-")/\($0["attempts"] ?? "-")" }
+            return states == ["a=succeeded/1", "b=executing/1"] ? true : nil
+        }
+        #expect(states == ["a=succeeded/1", "b=executing/1"], "as node 0's beats (every second here) said: \(states)")
         #expect(elsewhere?["status"] as? String == "running" && elsewhere?["node"] as? String == harness[0].name)
-        let states = (elsewhere?["operations"] as? [[String: Any]] ?? []).map { "\($0["state"] ?? "-")/\($0["attempts"] ?? "-")" }
-        #expect(states == ["unknown/-"], "\(states)")
+        #expect((elsewhere?["progressAt"] as? Double).map { abs($0 - epochNow()) < 5 } == true, "\(elsewhere ?? [:])")
         let text = try harness[1].ctl(["show", long]).stdout
-        #expect(text.contains("on node \(harness[0].name)") && text.contains("known there") && !text.contains("pending"), "\(text)")
+        #expect(text.contains("on node \(harness[0].name) (states as of its heartbeat") && text.contains("executing")
+                && !text.contains("pending") && !text.contains("unknown"), "\(text)")
         #expect(try harness[1].ctl(["cancel", long]).status == 0)
         #expect(harness.waitResult(long, timeout: 20)?.result["status"] as? String == "cancelled")
         // `opqueuectl submit` on node 1 validates as node 1's inbox does (SPEC §8): a `gpu` job is taken, a typo refused.

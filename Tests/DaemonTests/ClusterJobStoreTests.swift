@@ -12,6 +12,8 @@ import Synchronization
 import Testing
 import TestSupport
 @testable import Daemon
+import OperationEngine
+import PropertyList
 
 #if canImport(Glibc)
 import Glibc
@@ -1142,5 +1144,31 @@ struct ClusterJobStoreTests {
         #expect(s.checkDeadline(now: 12.5).slots.count == 1)
         let removed = s.removeSlot(.init(queue: "api", slot: 1, fence: 9))
         #expect(!removed)
+    }
+}
+
+/// What a node's heartbeat says of the jobs it runs (for `show` on other nodes): read back as sent, bounded (a job
+/// that does not fit is left out whole, the others still sent), and anything else in its place ignored.
+@Suite("Cluster progress")
+struct ClusterProgressTests {
+    @Test func progressRoundTripsWithinItsBudgetAndGarbageIsIgnored() throws {
+        let small = [(id: "a", state: OperationState.succeeded, attempts: 1), (id: "b", state: .executing, attempts: 2),
+                     (id: "c", state: .pending, attempts: 0)]
+        let huge = (0..<20_000).map { (id: "op\($0)", state: OperationState.ready, attempts: 0) }
+        let bytes = ClusterProgress.encode([("small", small), ("huge", huge), ("other", [(id: "x", state: .cancelled, attempts: 0)])])
+        #expect(bytes.count <= ClusterProgress.budget)
+        let read = try #require(ClusterProgress.decode(bytes, job: "small"))
+        #expect(read.mapValues { "\($0.state)/\($0.attempts)" } == ["a": "succeeded/1", "b": "executing/2", "c": "pending/0"])
+        #expect(ClusterProgress.decode(bytes, job: "huge") == nil, "left out whole: its operations show unknown")
+        #expect(ClusterProgress.decode(bytes, job: "other")?["x"]?.state == "cancelled")
+        #expect(ClusterProgress.decode(bytes, job: "nosuch") == nil)
+        for garbage: [UInt8] in [[], [0, 1, 2], Array("bplist00".utf8), Array("<plist><string>x</string></plist>".utf8)] {
+            #expect(ClusterProgress.decode(garbage, job: "small") == nil)
+        }
+        // Entries of the wrong shape are dropped one by one, the rest kept.
+        let odd = PlistBinaryWriter.document(.dictionary(PlistDictionary(["j": .dictionary(PlistDictionary([
+            "ok": .array([.integer(4), .integer(1)]), "state99": .array([.integer(99), .integer(1)]),
+            "negative": .array([.integer(2), .integer(-1)]), "short": .array([.integer(2)]), "text": .string("x")]))])))
+        #expect(ClusterProgress.decode(odd, job: "j").map { Array($0.keys) } == ["ok"])
     }
 }

@@ -776,9 +776,10 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
 
     /// One heartbeat (one statement): renews this process's lease and learns which of its jobs it lost.
     private func beat() throws {
+        let progress = delegate?.progress()
         let sentAt = monotonicSeconds()
         let beat = try waitBounded(Self.statementTimeout, on: executor, doing: "renewing the lease of node \(nodeName)", { [store, nodeName] in
-            try await store.heartbeat(node: nodeName, info: NodeProcess.info)
+            try await store.heartbeat(node: nodeName, info: NodeProcess.info, progress: progress)
         })
         if !beat.registered {
             lock.withLock { registerWanted = true }

@@ -15,6 +15,7 @@ final class StoreEvents: JobStoreDelegate, @unchecked Sendable {
     func spoolFailed(_ what: String, _ error: any Error) { daemon?.storeSpoolFailed(what, error) }
     func holds(job: String) -> Bool { daemon?.idInUse(job) ?? false }
     func spoolStalledSeconds() -> Double { daemon?.spoolWatch.stalledSeconds() ?? 0 }
+    func progress() -> [UInt8]? { daemon?.clusterProgress() }
 }
 
 extension Daemon {

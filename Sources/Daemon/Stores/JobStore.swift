@@ -65,6 +65,12 @@ public protocol JobStoreDelegate: AnyObject, Sendable {
     /// How long the spool has kept a step waiting, in seconds (0: none waits): a file system that hangs answers
     /// no error. A store that leases jobs stops renewing past a bound, so that they run elsewhere (SpoolWatch).
     func spoolStalledSeconds() -> Double
+    /// What this node's heartbeat says of the jobs it runs, for `show` on other nodes (ClusterProgress); nil: nothing.
+    func progress() -> [UInt8]?
+}
+
+extension JobStoreDelegate {
+    public func progress() -> [UInt8]? { nil }
 }
 
 public protocol JobStore: AnyObject, Sendable {
