@@ -100,8 +100,13 @@ public final class PostgresClusterStore: ClusterStore {
                 _ = try await self.execute(connection, Queries.advisoryLockMigrations)
                 let current = try await self.schemaVersion(connection)
                 if current > Migrations.newest {
-                    throw ClusterStoreError(.schemaTooNew,
-                        "the cluster schema in \(self.url.database) is version \(current), newer than the \(Migrations.newest) this opqueued knows: upgrade this node")
+                    // Newer than this code: it runs only if every newer version says code of this version may.
+                    if let needed = try await self.newerSchemaNeeds(connection) {
+                        throw ClusterStoreError(.schemaTooNew,
+                            "the cluster schema in \(self.url.database) is version \(current), newer than the \(Migrations.newest) this opqueued knows\(needed): upgrade this node")
+                    }
+                    _ = try await self.execute(connection, "COMMIT")
+                    return current
                 }
                 for migration in Migrations.all where migration.version > current {
                     for statement in migration.up { _ = try await self.execute(connection, statement) }
@@ -116,6 +121,22 @@ public final class PostgresClusterStore: ClusterStore {
                 throw error
             }
         }
+    }
+
+    /// Why this code may not run against the schema versions applied that are newer than it knows (what they need,
+    /// or "" when one of them does not say), or nil when each of them says this code may (opq_schema_readers,
+    /// migration 6).
+    func newerSchemaNeeds(_ connection: PostgresConnection) async throws -> String? {
+        guard try await execute(connection, Queries.schemaReadersExist).first.map({ try decode($0.makeRandomAccess()[0], Bool.self) }) == true else {
+            return ""
+        }
+        var binds = PostgresBindings()
+        binds.append(Int32(Migrations.newest))
+        guard let row = try await execute(connection, Queries.newerSchemaReaders, binds).first else { return "" }
+        let columns = row.makeRandomAccess()
+        let silent = try decode(columns[0], Int.self), oldest = try decode(columns[1], Int.self)
+        if silent > 0 { return "" }
+        return oldest <= Migrations.newest ? nil : " (which needs an opqueued that knows schema \(oldest) at least)"
     }
 
     /// The applied schema version, 0 for an empty database.

@@ -18,6 +18,19 @@ enum Queries {
     SELECT coalesce(max(version), 0)::integer AS version FROM opq_schema_version
     """#
 
+    /// Whether the table of who may run against each version exists (migration 6).
+    static let schemaReadersExist = #"""
+    SELECT to_regclass('opq_schema_readers') IS NOT NULL
+    """#
+
+    /// Of the applied versions newer than $1 (the newest this code knows): how many do not say who may still run against
+    /// them, and the highest bound the others set. This code may run when none is silent and no bound is above $1.
+    static let newerSchemaReaders = #"""
+    SELECT (count(*) FILTER (WHERE r.version IS NULL))::integer, coalesce(max(r.oldest_reader), 0)::integer
+    FROM opq_schema_version AS v LEFT JOIN opq_schema_readers AS r ON r.version = v.version
+    WHERE v.version > $1
+    """#
+
     static let recordSchemaVersion = #"""
     INSERT INTO opq_schema_version (version) VALUES ($1)
     """#
@@ -681,11 +694,23 @@ enum Migrations {
             DELETE FROM opq_schema_version WHERE version = 5
             """#,
         ]),
-        Migration(version: 6, name: "node_progress", up: [
+        Migration(version: 6, name: "progress_and_readers", up: [
             #"""
             ALTER TABLE opq_nodes ADD COLUMN progress bytea
             """#,
+            #"""
+            CREATE TABLE opq_schema_readers (
+                version       integer PRIMARY KEY,
+                oldest_reader integer NOT NULL CHECK (oldest_reader >= 6 AND oldest_reader <= version)
+            )
+            """#,
+            #"""
+            INSERT INTO opq_schema_readers (version, oldest_reader) VALUES (6, 6)
+            """#,
         ], down: [
+            #"""
+            DROP TABLE IF EXISTS opq_schema_readers
+            """#,
             #"""
             ALTER TABLE opq_nodes DROP COLUMN IF EXISTS progress
             """#,

@@ -64,6 +64,9 @@ struct PostgresClusterStoreTests {
         #expect(try await store.migrate() == Migrations.newest)
         #expect(try await store.migrate() == Migrations.newest, "a second migrate finds nothing to do")
         #expect(try server.psql(database, "SELECT string_agg(version::text, ',') FROM opq_schema_version").trimmingCharacters(in: .whitespacesAndNewlines) == "1,2,3,4,5,6")
+        // Every migration from 6 on says which code may still run against it (what lets nodes be upgraded one by one).
+        let readers = try server.psql(database, "SELECT string_agg(version::text, ',' ORDER BY version) FROM opq_schema_readers WHERE oldest_reader <= version")
+        #expect(readers.trimmingCharacters(in: .whitespacesAndNewlines) == (6...Migrations.newest).map(String.init).joined(separator: ","))
         #expect(try server.psql(database, "SELECT tableowner FROM pg_tables WHERE tablename = 'opq_jobs'").contains(PostgresServer.role))
         try await store.migrateDown(to: 0)
         #expect(try server.psql(database, "SELECT count(*) FROM pg_tables WHERE tablename LIKE 'opq\\_%'").trimmingCharacters(in: .whitespacesAndNewlines) == "0")
@@ -98,6 +101,23 @@ struct PostgresClusterStoreTests {
             #expect(error.kind == .schemaTooNew)
             #expect(error.description.contains("version \(Migrations.newest + 98)"), "\(error)")
         }
+        // Newer versions that say code of this version may still run against them (added only what it never
+        // touches) are accepted, and changed nothing; one that needs newer code is refused, naming what it needs.
+        let newer = Migrations.newest + 1
+        try server.psql(store.url.database, "DELETE FROM opq_schema_version WHERE version > \(Migrations.newest); "
+                        + "INSERT INTO opq_schema_version (version) VALUES (\(newer)), (\(newer + 1)); "
+                        + "INSERT INTO opq_schema_readers VALUES (\(newer), \(Migrations.newest)), (\(newer + 1), \(Migrations.newest))")
+        #expect(try await store.migrate() == newer + 1)
+        #expect(try server.psql(store.url.database, "SELECT max(version) FROM opq_schema_version").trimmingCharacters(in: .whitespacesAndNewlines) == "\(newer + 1)")
+        try await store.registerNode(node("compatible"))
+        #expect(try await store.heartbeat(node: "compatible").registered)
+        try server.psql(store.url.database, "UPDATE opq_schema_readers SET oldest_reader = \(newer + 1) WHERE version = \(newer + 1)")
+        await #expect { _ = try await store.migrate() } throws: {
+            "\($0)".contains("needs an opqueued that knows schema \(newer + 1)") && ($0 as? ClusterStoreError)?.kind == .schemaTooNew
+        }
+        // A newer version that does not say (a row missing) is refused as before.
+        try server.psql(store.url.database, "DELETE FROM opq_schema_readers WHERE version = \(newer + 1)")
+        await #expect(throws: ClusterStoreError.self) { _ = try await store.migrate() }
         await under.close()
     }
 

@@ -6,7 +6,8 @@
 // What these tests assume of the daemon, besides SPEC §8's words: `status --json` has a top-level `nodes` array and
 // each queue's `suspended` in `queues`; a job no live node can run is named, with the missing queue, somewhere in
 // `status` (text and JSON); the schema version is in `opq_schema_version(version)` and the jobs in `opq_jobs` (the
-// store's migration 0001, Sources/ClusterStore/SQL).
+// store's migration 0001, Sources/ClusterStore/SQL); which code may run against each newer version in
+// `opq_schema_readers(version, oldest_reader)` (migration 0006).
 
 import Foundation
 import Testing
@@ -80,7 +81,20 @@ struct ClusterTests {
             #expect(try harness.journal(node: 1, ["OPQ_EVENT": "cluster", "OPQ_STATE": "connected"]).filter(since).isEmpty)
         } else {
             #expect(harness[1].process?.terminationStatus != 0)
+            try harness[1].launch()
         }
+        // The newer version says code of the node's version may still run against it (it only added what that code
+        // never touches: how nodes are upgraded one by one): the node joins at its next retry, says it should be
+        // upgraded, and runs jobs.
+        try harness.sql("INSERT INTO opq_schema_readers SELECT 9999, max(version) FROM opq_schema_readers")
+        let joined = try pollUntil(30) { () -> Bool? in
+            try harness.journal(node: 1, ["OPQ_EVENT": "cluster", "OPQ_STATE": "connected"]).contains { $0["_PID"] == harness[1].process.map { String($0.processIdentifier) } } ? true : nil
+        }
+        #expect(joined == true, "\(harness[1].logTail())")
+        #expect(try harness.journal(node: 1).contains { ($0["MESSAGE"] ?? "").contains("version 9999, newer than") && ($0["MESSAGE"] ?? "").contains("upgrade node") })
+        let job = uniqueJob("newer-schema")
+        try harness[1].drop(job + ".plist", sleepJob(job, 0))
+        #expect(harness.waitResult(job, timeout: 30)?.result["status"] as? String == "succeeded")
     }
 
     // MARK: 2, 3, 7. Submission on one node, placement on both, results

@@ -13,6 +13,17 @@ SELECT to_regclass('opq_schema_version') IS NOT NULL;
 -- The newest applied version.
 SELECT coalesce(max(version), 0)::integer AS version FROM opq_schema_version;
 
+-- name: SchemaReadersExist
+-- Whether the table of who may run against each version exists (migration 6).
+SELECT to_regclass('opq_schema_readers') IS NOT NULL;
+
+-- name: NewerSchemaReaders
+-- Of the applied versions newer than $1 (the newest this code knows): how many do not say who may still run against
+-- them, and the highest bound the others set. This code may run when none is silent and no bound is above $1.
+SELECT (count(*) FILTER (WHERE r.version IS NULL))::integer, coalesce(max(r.oldest_reader), 0)::integer
+FROM opq_schema_version AS v LEFT JOIN opq_schema_readers AS r ON r.version = v.version
+WHERE v.version > $1;
+
 -- name: RecordSchemaVersion
 INSERT INTO opq_schema_version (version) VALUES ($1);
 

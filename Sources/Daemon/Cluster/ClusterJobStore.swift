@@ -613,7 +613,10 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
     /// Migrates, registers and says `connected`: at start, after an outage, and when asked to register again.
     private func connect(afterOutage: Bool) throws {
         let declaration = lock.withLock { configuration.declaration(node: nodeName, jobSlots: settings.jobSlots) }
-        _ = try waitBounded(Self.statementTimeout * 2, on: executor, doing: "migrating the cluster schema", { [store] in try await store.migrate() })
+        let schema = try waitBounded(Self.statementTimeout * 2, on: executor, doing: "migrating the cluster schema", { [store] in try await store.migrate() })
+        if schema > ClusterSchema.newest {
+            logger.warning("cluster: the schema is version \(schema), newer than the \(ClusterSchema.newest) this opqueued knows; it says this opqueued may still run against it: upgrade node \(nodeName) when you can")
+        }
         // The server answered on a connection of migrate's own. After an outage the pool may still be waiting out a
         // backoff of postgres-nio's (up to a minute; see RenewablePool): a second for it, else a fresh pool. (Not
         // when only registering again: statements of other threads in flight on a working pool would fail.)

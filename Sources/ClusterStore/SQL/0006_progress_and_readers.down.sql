@@ -1,3 +1,4 @@
--- Undoes 0006_node_progress.up.sql.
+-- Undoes 0006_progress_and_readers.up.sql.
+DROP TABLE IF EXISTS opq_schema_readers;
 ALTER TABLE opq_nodes DROP COLUMN IF EXISTS progress;
 DELETE FROM opq_schema_version WHERE version = 6;
