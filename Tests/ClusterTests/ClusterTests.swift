@@ -282,6 +282,40 @@ struct ClusterTests {
         #expect(status.status == 0 && status.stdout.contains(harness[1].name), "\(status.stderr)")
     }
 
+    /// A node stopped gracefully (SIGTERM: `systemctl stop`) hands back at once the jobs none of whose operations had
+    /// started: the other node runs them within seconds, not once the stopped node's lease has run out. The job it
+    /// was executing stays its own in the database (resumed at its restart, or run elsewhere after the lease).
+    @Test func aStoppedNodeHandsBackTheJobsItHadNotStarted() throws {
+        let harness = try ClusterHarness(nodes: 2, leaseSeconds: 20,
+                                         settings: { _ in ["shutdownGraceSeconds": 1, "queues": ["default": ["maxConcurrentOperationCount": 1]]] },
+                                         clusterSettings: { _ in ["jobSlots": 4] }, start: false)
+        try harness[0].start()
+        try harness.waitRegistered(1)
+        let busy = uniqueJob("busy")
+        try harness[0].drop(busy + ".plist", sleepJob(busy, 120))
+        #expect(try harness.waitJournal(["OPQ_JOB": busy, "OPQ_OPERATION": "a", "OPQ_STATE": "executing"]) != nil)
+        let unstarted = (0..<3).map { uniqueJob("unstarted-\($0)") }
+        for job in unstarted { try harness[0].drop(job + ".plist", sleepJob(job, 0)) }
+        // All four are node 0's: one executing, three claimed behind it on a queue of one.
+        let held = pollUntil(20) { (try? harness.sql("SELECT count(*) FROM opq_jobs WHERE state = 'running' AND node = '\(harness[0].name)'")) == "4" ? true : nil }
+        #expect(held == true, "\(harness.diagnosis(unstarted[0]))")
+        try harness[1].start()
+        try harness.waitRegistered(2)
+        let stopping = epochNow()
+        #expect(harness[0].stop() == 0)
+        for job in unstarted {
+            let ran = harness.waitResult(job, timeout: 40)
+            #expect(ran?.node == 1 && ran?.result["status"] as? String == "succeeded", "\(job): \(harness.diagnosis(job))")
+            // Well within the 20 s lease the other node would otherwise have waited out.
+            #expect(((ran?.result["finishedAt"] as? Double) ?? .infinity) - stopping < 10, "\(job) ran only after the lease")
+            let lost = try harness.journal(node: 0, ["OPQ_JOB": job, "OPQ_STATE": "lost"])
+            #expect(lost.first?["OPQ_ERROR"]?.contains("handed back") == true, "\(lost)")
+            #expect(try harness.journal(node: 0, ["OPQ_JOB": job, "OPQ_STATE": "executing"]).isEmpty)
+        }
+        #expect(!harness[0].list("active").contains { unstarted.contains($0) }, "\(harness[0].list("active"))")
+        #expect(try harness.sql("SELECT state || ' ' || node FROM opq_jobs WHERE id = '\(busy)'") == "running \(harness[0].name)")
+    }
+
     // MARK: 4. Leases: kill -9
 
     @Test func killedNodesJobRunsElsewhereAndTheNodeDiscardsItWhenBack() throws {

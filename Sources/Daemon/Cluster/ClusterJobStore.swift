@@ -389,6 +389,24 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
 
     // MARK: beyond JobStore (the integrator's)
 
+    /// At a graceful stop: hands `jobs` (none of whose operations started here) back to waiting at once, so that
+    /// other nodes run them now rather than once this node's lease has run out; returns those handed back. None
+    /// while the database cannot be asked (the lease frees them then, as before); never a job whose end is being
+    /// or was recorded.
+    public func handBack(_ jobs: [String]) -> Set<String> {
+        let fences = lock.withLock { () -> [String: Int64] in
+            var fences: [String: Int64] = [:]
+            for id in jobs { if let held = state.held[id], !held.completing, !held.recorded { fences[id] = held.fence } }
+            return fences
+        }
+        if fences.isEmpty { return [] }
+        guard let released = try? waitBounded(Self.statementTimeout, on: executor, doing: "handing \(fences.count) job(s) back", { [store, nodeName] in
+            try await store.releaseJobs(node: nodeName, fences)
+        }) else { return [] }
+        lock.withLock { for id in released { state.forget(id); origins[id] = nil } }
+        return released
+    }
+
     /// Reloaded configuration (SIGHUP): declared again to the cluster (migrate + registerNode) by the loop.
     public func reload(_ configuration: Configuration) {
         lock.withLock {

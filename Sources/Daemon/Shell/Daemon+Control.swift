@@ -45,11 +45,14 @@ extension Daemon {
     }
 
     /// SIGTERM: claims nothing more and starts nothing new; executing operations get `grace` seconds;
-    /// unfinished jobs stay in active/ and resume at the next start.
+    /// unfinished jobs stay in active/ and resume at the next start. A cluster node first hands back the jobs none
+    /// of whose operations started, so that other nodes run them now (the rest resume here at a restart, or run
+    /// elsewhere once the lease has run out).
     public func stop(grace: Double) async {
         _ = handle(.stopping)
         event(.info, "stopping", ["OPQ_EVENT": "daemon", "OPQ_STATE": "stopping"])
         for id in queueIDs.values { engine.updateQueue(id, isSuspended: true) }
+        if let cluster = store as? ClusterJobStore { handBackUnstarted(to: cluster) }
         let deadline = Date().addingTimeInterval(grace)
         while engine.executingCount > 0 && Date() < deadline {
             try? await Task.sleep(for: .milliseconds(20))
@@ -69,6 +72,24 @@ extension Daemon {
         await permitsTask?.value
         store.shutdown()
         spoolWatch.stop()
+    }
+
+    /// The jobs none of whose operations has started (every queue is suspended by now: none will) go back to the
+    /// cluster; here they are lost (`lost`, nothing published, their folders removed).
+    private func handBackUnstarted(to cluster: ClusterJobStore) {
+        let candidates = work.sync { () -> [String] in
+            let running = lock.withLock { runs.keys.map { ($0, lifecycle.group(of: $0)) } }
+            return running.compactMap { id, group in
+                guard let group, let records = engine.records(group), !records.isEmpty,
+                      records.allSatisfy({ $0.attempts == 0 && !$0.state.isFinished }) else { return nil }
+                return id
+            }
+        }
+        let released = cluster.handBack(candidates)
+        if released.isEmpty { return }
+        logger.notice("cluster: \(released.count) job(s) none of whose operations had started handed back to the cluster at stop")
+        storeLost(released.sorted(), reason: "handed back to the cluster at stop, none of its operations started")
+        work.sync {}
     }
 
     /// What a manifest submitted here may name, as the daemon validates it (`opqueuectl submit` asks): this node's
