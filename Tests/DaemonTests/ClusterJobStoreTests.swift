@@ -1171,4 +1171,23 @@ struct ClusterProgressTests {
             "negative": .array([.integer(2), .integer(-1)]), "short": .array([.integer(2)]), "text": .string("x")]))])))
         #expect(ClusterProgress.decode(odd, job: "j").map { Array($0.keys) } == ["ok"])
     }
+
+    /// A heartbeat never waits for a slow sample (the engine's lock held by a huge submission): it sends the last one
+    /// made, and one sample runs at a time.
+    @Test func aSlowSampleNeverHoldsTheBeatUp() throws {
+        let sampler = ProgressSampler(patience: 0.05)
+        let release = DispatchSemaphore(value: 0)
+        let made = Mutex(0)
+        let slow: @Sendable () -> [UInt8] = {
+            made.withLock { $0 += 1 }
+            release.wait()
+            return [7]
+        }
+        #expect(sampler.sample(slow) == nil, "nothing made yet: the beat goes without")
+        #expect(sampler.sample(slow) == nil, "still sampling: no second sample started")
+        #expect(made.withLock { $0 } == 1)
+        release.signal()
+        #expect(pollUntil(10) { sampler.sample { [8] } == [8] ? true : nil } == true)
+        #expect(sampler.sample { [9] } == [9], "a quick sample is sent at once")
+    }
 }

@@ -7,8 +7,10 @@
 // operations then show `unknown`, as before). Read back from the database, it is input like any row: anything that
 // does not decode as this shape is ignored, never trusted further.
 
+import Dispatch
 import OperationEngine
 import PropertyList
+import Synchronization
 
 public enum ClusterProgress {
     /// At most this many bytes per beat (a job of a million operations is left out, not sent each beat).
@@ -46,5 +48,34 @@ public enum ClusterProgress {
             answer[entry.key] = (state.name, attempts)
         }
         return answer
+    }
+}
+
+/// The progress a heartbeat sends, sampled without ever holding the beat up long: the beat is the node's lease, and
+/// reading the engine waits for its lock, which a huge submission may hold for a while. A sample that takes longer
+/// than `patience` goes on in the background and the beat sends the last one made (nil before any).
+final class ProgressSampler: Sendable {
+    private let queue = DispatchQueue(label: "opqueued.progress")
+    private let state = Mutex<(latest: [UInt8]?, sampling: Bool)>((nil, false))
+    let patience: Double
+
+    init(patience: Double = 0.05) { self.patience = patience }
+
+    func sample(_ make: @escaping @Sendable () -> [UInt8]) -> [UInt8]? {
+        let start = state.withLock { s -> Bool in
+            if s.sampling { return false }
+            s.sampling = true
+            return true
+        }
+        if start {
+            let done = DispatchSemaphore(value: 0)
+            queue.async { [self] in
+                let bytes = make()
+                state.withLock { $0 = (bytes, false) }
+                done.signal()
+            }
+            _ = done.wait(timeout: .now() + patience)
+        }
+        return state.withLock { $0.latest }
     }
 }

@@ -15,7 +15,10 @@ final class StoreEvents: JobStoreDelegate, @unchecked Sendable {
     func spoolFailed(_ what: String, _ error: any Error) { daemon?.storeSpoolFailed(what, error) }
     func holds(job: String) -> Bool { daemon?.idInUse(job) ?? false }
     func spoolStalledSeconds() -> Double { daemon?.spoolWatch.stalledSeconds() ?? 0 }
-    func progress() -> [UInt8]? { daemon?.clusterProgress() }
+    func progress() -> [UInt8]? {
+        guard let daemon else { return nil }
+        return daemon.progressSampler.sample { [weak daemon] in daemon?.clusterProgress() ?? [] }
+    }
 }
 
 extension Daemon {

@@ -127,6 +127,8 @@ public final class Daemon: @unchecked Sendable {
     let commits: GroupCommit
     /// How long the spool has kept a step waiting (a cluster store stops renewing its lease past a bound).
     let spoolWatch: SpoolWatch
+    /// What a cluster node's heartbeats say of its running jobs (`clusterProgress`), never holding a beat up.
+    let progressSampler = ProgressSampler()
     /// Publication batches handed to the committer and not yet announced (or stalled) (under `lock`): a stop
     /// waits for them.
     var publishing = 0
