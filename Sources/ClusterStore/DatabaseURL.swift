@@ -144,6 +144,10 @@ public struct DatabaseURL: Sendable, CustomStringConvertible {
         if host.contains("/") && !host.hasPrefix("/") { throw bad("the socket folder \(host) is not an absolute path") }
         self.host = host
         self.port = port
+        // A Unix-domain socket's address holds at most 107 bytes of path (sun_path, with its NUL).
+        if let socketPath, socketPath.utf8.count > 107 {
+            throw bad("the socket path \(socketPath) is longer than the 107 bytes a Unix-domain socket address holds")
+        }
         if let passwordFile {
             password = try Self.readPassword(passwordFile)
             self.passwordFile = passwordFile

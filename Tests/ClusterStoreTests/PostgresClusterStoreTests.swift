@@ -498,6 +498,8 @@ struct PostgresClusterStoreTests {
                     "postgresql:///d", "postgresql://u@/d", "postgresql://u@h/d?host=run/pg", "postgresql://u@h/d?port=0", "postgresql://u@%2/d"] {
             #expect(throws: ClusterStoreError.self, "\(bad)") { try DatabaseURL(bad) }
         }
+        let deep = "/" + String(repeating: "d", count: 100)
+        #expect { try DatabaseURL("postgresql://u@/d?host=\(deep)") } throws: { "\($0)".contains("longer than the 107 bytes") }
         // libpq's several hosts: refused by name, not tried as one odd host name or a bad port.
         for several in ["postgresql://u@db1:5432,db2:5432/d", "postgresql://u@db1,db2/d", "postgresql://u@/d?host=db1,db2"] {
             #expect { try DatabaseURL(several) } throws: { "\($0)".contains("several hosts") }
