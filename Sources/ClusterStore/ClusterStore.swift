@@ -225,9 +225,12 @@ public struct NodeStatus: Sendable, Equatable {
     /// Beat within the lease.
     public var connected: Bool
     public var jobs: Int
+    /// The newest schema version the node's code knows (nil: registered by an opqueued from before version 6).
+    public var schema: Int?
     public var freeSlots: Int { max(0, jobSlots - jobs) }
 
-    public init(node: String, queues: [String], commands: [String], jobSlots: Int, lastHeartbeat: Double, connected: Bool, jobs: Int) {
+    public init(node: String, queues: [String], commands: [String], jobSlots: Int, lastHeartbeat: Double, connected: Bool, jobs: Int,
+                schema: Int? = nil) {
         self.node = node
         self.queues = queues
         self.commands = commands
@@ -235,6 +238,7 @@ public struct NodeStatus: Sendable, Equatable {
         self.lastHeartbeat = lastHeartbeat
         self.connected = connected
         self.jobs = jobs
+        self.schema = schema
     }
 }
 

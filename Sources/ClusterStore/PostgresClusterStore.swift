@@ -203,6 +203,7 @@ public final class PostgresClusterStore: ClusterStore {
             binds.append(declaration.commandSignatures.sorted { $0.key < $1.key }.map { "\($0.key)\t\($0.value)" })
             binds.append(leaseSeconds.isFinite ? leaseSeconds : 0)
             binds.append(replacing ?? "")
+            binds.append(Int32(Migrations.newest))
             if try await self.execute(connection, Queries.registerNode, binds).isEmpty { return false }
             for (queue, limit) in declaration.clusterLimits.sorted(by: { $0.key < $1.key }) where limit > 0 {
                 var binds = PostgresBindings()
@@ -279,7 +280,7 @@ public final class PostgresClusterStore: ClusterStore {
             return NodeStatus(node: try decode(c[0], String.self), queues: try decode(c[1], [String].self),
                               commands: try decode(c[2], [String].self), jobSlots: try decode(c[3], Int.self),
                               lastHeartbeat: try decode(c[4], Double.self), connected: try decode(c[5], Bool.self),
-                              jobs: try decode(c[6], Int.self))
+                              jobs: try decode(c[6], Int.self), schema: try decode(c[7], Int?.self))
         }
     }
 

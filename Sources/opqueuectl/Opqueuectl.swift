@@ -196,14 +196,20 @@ func statusReport(_ response: [String: Any]) -> String {
             out += "\nthe nodes as this node last read them from the database (it is \(state) now: CONNECTED may be out of date):"
         }
         if nodes.isEmpty { out += "\nthe nodes: not read from the database yet\n" }
-        var rows = [["NODE", "CONNECTED", "LAST HEARTBEAT", "JOBS", "FREE SLOTS"]]
+        var rows = [["NODE", "CONNECTED", "LAST HEARTBEAT", "JOBS", "FREE SLOTS", "SCHEMA"]]
         let now = Date().timeIntervalSince1970
         for n in nodes {
             let beat = (n["lastHeartbeat"] as? Double).map { String(format: "%.1f s ago", max(0, now - $0)) } ?? "never"
             rows.append([n["node"] as? String ?? "?", (n["connected"] as? Bool) == true ? "yes" : "no", beat,
-                         String(n["jobs"] as? Int ?? 0), String(n["freeSlots"] as? Int ?? 0)])
+                         String(n["jobs"] as? Int ?? 0), String(n["freeSlots"] as? Int ?? 0), (n["schema"] as? Int).map(String.init) ?? "<6"])
         }
         if !nodes.isEmpty { out += "\n" + table(rows) }
+        // Nodes being upgraded one by one: which are left.
+        let schemas = Set(nodes.compactMap { $0["schema"] as? Int ?? 5 })
+        if schemas.count > 1, let newest = schemas.max() {
+            let behind = nodes.filter { ($0["schema"] as? Int ?? 5) < newest }.compactMap { $0["node"] as? String }
+            out += "nodes whose opqueued knows an older schema than \(newest) (upgrade them): \(behind.joined(separator: ", "))\n"
+        }
     }
     if let cluster = response["cluster"] as? [String: Any] {
         if let state = cluster["state"] as? String { out += "\ncluster: \(state)\(cluster["reason"].map { " (\($0))" } ?? "")\n" }

@@ -266,7 +266,9 @@ func handle(_ request: [String: Any], _ daemon: Daemon) -> [String: Any] {
         // SPEC §8: a node speaks for the whole cluster (as of its last heartbeat; never waiting on the database).
         if let cluster = (daemon.store as? ClusterJobStore)?.snapshot() {
             response["nodes"] = cluster.nodes.map { n in
-                ["node": n.node, "connected": n.connected, "lastHeartbeat": n.lastHeartbeat, "jobs": n.jobs, "freeSlots": n.freeSlots] as [String: Any]
+                var node: [String: Any] = ["node": n.node, "connected": n.connected, "lastHeartbeat": n.lastHeartbeat, "jobs": n.jobs, "freeSlots": n.freeSlots]
+                if let schema = n.schema { node["schema"] = schema }
+                return node
             }
             var summary: [String: Any] = ["node": cluster.node, "state": cluster.connected ? "connected" : "disconnected"]
             if let error = cluster.lastError, !cluster.connected { summary["reason"] = error }

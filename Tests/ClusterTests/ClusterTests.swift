@@ -58,6 +58,21 @@ struct ClusterTests {
         // Both nodes registered.
         let nodes = try harness.sql("SELECT string_agg(node, ',' ORDER BY node) FROM opq_nodes")
         #expect(nodes == "\(harness[0].name),\(harness[1].name)")
+        // Each node's row says the schema its code knows; status shows it, and names the nodes left behind (here one
+        // made to look registered by an opqueued from before schema 6).
+        let newest = try harness.sql("SELECT max(version) FROM opq_schema_version")
+        let schemas = try pollUntil(20) { () -> [String]? in
+            let json = try JSONSerialization.jsonObject(with: Data(harness[1].ctl(["status", "--json"]).stdout.utf8)) as? [String: Any]
+            let listed = (json?["nodes"] as? [[String: Any]] ?? []).map { "\($0["schema"] ?? "-")" }
+            return listed.count == 2 ? listed : nil
+        }
+        #expect(schemas == [newest, newest])
+        try harness.sql("UPDATE opq_nodes SET schema = NULL WHERE node = '\(harness[0].name)'")
+        let behind = try pollUntil(20) { () -> String? in
+            let text = try harness[1].ctl(["status"]).stdout
+            return text.contains("older schema than \(newest) (upgrade them): \(harness[0].name)\n") ? text : nil
+        }
+        #expect(behind?.contains("<6") == true, "\(behind ?? "status never named the node left behind")")
         // A schema newer than the node knows: it refuses to start, saying so. Either it exits non-zero, or (SPEC §8:
         // a node that cannot use the database still starts) it stays up unconnected, never logging `connected`.
         try harness.sql("INSERT INTO opq_schema_version (version) VALUES (9999)")

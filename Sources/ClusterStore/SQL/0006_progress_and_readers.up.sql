@@ -7,6 +7,10 @@
 -- statement more, one row per node, never a row per job. NULL: nothing sent (a node of an older opqueued).
 ALTER TABLE opq_nodes ADD COLUMN progress bytea;
 
+-- The newest schema version each node's code knows, written when it registers: `status` shows it, so that an operator
+-- upgrading node by node sees which are left (NULL: a node registered by an opqueued from before this version).
+ALTER TABLE opq_nodes ADD COLUMN schema integer;
+
 -- Until version 5 a node refused any schema newer than it knew: every upgrade stopped the whole cluster. From here on
 -- each migration also says the oldest schema version whose code may still run against it (itself when it changes
 -- what older code reads or writes; an older one when it only adds what older code never touches): a node that knows

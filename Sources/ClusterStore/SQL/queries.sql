@@ -30,14 +30,15 @@ INSERT INTO opq_schema_version (version) VALUES ($1);
 -- name: RegisterNode
 -- $1 node, $2 queues, $3 commands, $4 job slots, $5 info (which process), $6 command signatures
 -- ("name<TAB>signature"), $7 the node's leaseSeconds (recorded; <= 0: none), $8 an info the caller may replace
--- ('' for none: a process of this node on this machine that is gone). Also renews the node's lease. A name another
--- running process holds (another info, beaten within its lease) is left alone: no row returned.
-INSERT INTO opq_nodes (node, queues, commands, job_slots, info, command_signatures, last_heartbeat, lease_seconds)
-VALUES ($1, $2, $3, $4, $5, $6, now(), CASE WHEN $7::float8 > 0 THEN $7::float8 END)
+-- ('' for none: a process of this node on this machine that is gone), $9 the newest schema version its code knows.
+-- Also renews the node's lease. A name another running process holds (another info, beaten within its lease) is
+-- left alone: no row returned.
+INSERT INTO opq_nodes (node, queues, commands, job_slots, info, command_signatures, last_heartbeat, lease_seconds, schema)
+VALUES ($1, $2, $3, $4, $5, $6, now(), CASE WHEN $7::float8 > 0 THEN $7::float8 END, $9)
 ON CONFLICT (node) DO UPDATE
 SET queues = EXCLUDED.queues, commands = EXCLUDED.commands, job_slots = EXCLUDED.job_slots,
     info = EXCLUDED.info, command_signatures = EXCLUDED.command_signatures, last_heartbeat = now(),
-    lease_seconds = EXCLUDED.lease_seconds
+    lease_seconds = EXCLUDED.lease_seconds, schema = EXCLUDED.schema
 WHERE opq_nodes.info = EXCLUDED.info OR opq_nodes.info = $8
    OR opq_nodes.last_heartbeat < now() - make_interval(secs => coalesce(opq_nodes.lease_seconds, $7::float8))
 RETURNING node;
@@ -375,10 +376,11 @@ WHERE j.id = $1;
 
 -- name: Nodes
 -- For status: every node, live when it beat within its lease ($1 seconds for one that recorded none), with the
--- jobs it runs now.
+-- jobs it runs now and the schema version its code knows (NULL: from before migration 6).
 SELECT n.node, n.queues, n.commands, n.job_slots, extract(epoch FROM n.last_heartbeat)::float8,
        n.last_heartbeat >= now() - make_interval(secs => coalesce(n.lease_seconds, $1::float8)) AS live,
-       (SELECT count(*) FROM opq_jobs AS j WHERE j.state = 'running' AND j.node = n.node)::integer AS jobs
+       (SELECT count(*) FROM opq_jobs AS j WHERE j.state = 'running' AND j.node = n.node)::integer AS jobs,
+       n.schema
 FROM opq_nodes AS n ORDER BY n.node;
 
 -- name: JobsNoLiveNodeCanRun

@@ -1094,7 +1094,7 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
         lock.withLock {
             self.declared = declared
             declaredKnown = true
-            snapshotValue.nodes = nodes.map { .init(node: $0.node, connected: $0.connected, lastHeartbeat: $0.lastHeartbeat, jobs: $0.jobs, freeSlots: $0.freeSlots) }
+            snapshotValue.nodes = nodes.map { .init(node: $0.node, connected: $0.connected, lastHeartbeat: $0.lastHeartbeat, jobs: $0.jobs, freeSlots: $0.freeSlots, schema: $0.schema) }
             snapshotValue.unrunnable = unrunnable.map(ClusterSnapshot.Waiting.init)
             snapshotValue.queues = Dictionary(counts.map { ($0.queue, ClusterSnapshot.QueueCounts(waiting: $0.waiting, running: $0.running)) },
                                               uniquingKeysWith: { first, _ in first })

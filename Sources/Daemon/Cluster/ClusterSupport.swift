@@ -79,6 +79,8 @@ public struct ClusterSnapshot: Sendable, Equatable {
         public var lastHeartbeat: Double
         public var jobs: Int
         public var freeSlots: Int
+        /// The newest schema version its opqueued knows (nil: one from before schema 6).
+        public var schema: Int?
     }
 
     public struct Waiting: Sendable, Equatable {
