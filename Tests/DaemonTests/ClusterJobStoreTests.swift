@@ -1162,6 +1162,10 @@ struct ClusterProgressTests {
         #expect(ClusterProgress.decode(bytes, job: "huge") == nil, "left out whole: its operations show unknown")
         #expect(ClusterProgress.decode(bytes, job: "other")?["x"]?.state == "cancelled")
         #expect(ClusterProgress.decode(bytes, job: "nosuch") == nil)
+        // The bound holds whatever the ids: jobs just under the estimate, with long operation ids.
+        let long = (0..<12).map { j in ("job\(j)", (0..<400).map { (id: String(repeating: "x", count: 40) + "\($0)", state: OperationState.pending, attempts: 0) }) }
+        let full = ClusterProgress.encode(long, budget: 64 * 1024)
+        #expect(full.count <= 64 * 1024 && full.count > 32 * 1024, "\(full.count)")
         for garbage: [UInt8] in [[], [0, 1, 2], Array("bplist00".utf8), Array("<plist><string>x</string></plist>".utf8)] {
             #expect(ClusterProgress.decode(garbage, job: "small") == nil)
         }

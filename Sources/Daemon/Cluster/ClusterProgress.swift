@@ -33,7 +33,15 @@ public enum ClusterProgress {
             }
             entries.append(PlistDictionary.Entry(key: job.job, value: .dictionary(PlistDictionary(operations))))
         }
-        return PlistBinaryWriter.document(.dictionary(PlistDictionary(entries)))
+        // The estimate is close, not exact (the writer's offsets widen with the object count): the bound is kept by
+        // leaving out the largest job until the document fits.
+        var document = PlistBinaryWriter.document(.dictionary(PlistDictionary(entries)))
+        while document.count > budget, !entries.isEmpty {
+            let largest = entries.indices.max { (entries[$0].value.dictionary?.entries.count ?? 0) < (entries[$1].value.dictionary?.entries.count ?? 0) }
+            if let largest { entries.remove(at: largest) }
+            document = PlistBinaryWriter.document(.dictionary(PlistDictionary(entries)))
+        }
+        return document
     }
 
     /// `job`'s operations from a node's progress: operation id → (state name, attempts); nil when the document
