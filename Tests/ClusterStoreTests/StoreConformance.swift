@@ -292,6 +292,9 @@ enum StoreConformance {
             #expect(try await store.job("t3").map { $0.nodeProgress == nil && $0.nodeProgressAt == nil } == true)
             _ = try await store.heartbeat(node: "A", info: nil, progress: [9])
             #expect(try await store.job(claimedByA[1].id)?.nodeProgress == [9])
+            // More than any node sends is not handed out (rows are input).
+            _ = try await store.heartbeat(node: "A", info: nil, progress: [UInt8](repeating: 1, count: 65_537))
+            #expect(try await store.job(claimedByA[1].id).map { $0.state == .running && $0.nodeProgress == nil } == true)
 
             // Within the lease: nothing moves.
             #expect(try await store.takeOverLost(leaseSeconds: 60).jobs.isEmpty)

@@ -367,10 +367,11 @@ ORDER BY 4;
 SELECT operation FROM opq_cancel_requests WHERE job = $1 ORDER BY id;
 
 -- name: LookupJob
--- One job, and while it runs the progress its node sent with its last beat (and that beat's time).
+-- One job, and while it runs the progress its node sent with its last beat (and that beat's time); a progress
+-- larger than any node writes (64 KiB) is someone else's and not read.
 SELECT j.id, j.requested_id, j.manifest, j.manifest_name, j.submitted_on, extract(epoch FROM j.submitted_at)::float8,
        j.state, j.node, j.fence, j.from_node, j.status, j.result, extract(epoch FROM j.finished_at)::float8,
-       n.progress, extract(epoch FROM n.last_heartbeat)::float8
+       CASE WHEN octet_length(n.progress) <= 65536 THEN n.progress END, extract(epoch FROM n.last_heartbeat)::float8
 FROM opq_jobs AS j LEFT JOIN opq_nodes AS n ON j.state = 'running' AND n.node = j.node
 WHERE j.id = $1;
 
