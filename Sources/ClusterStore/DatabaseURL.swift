@@ -141,6 +141,11 @@ public struct DatabaseURL: Sendable, CustomStringConvertible {
             }
         }
         if host.isEmpty { throw bad("no host (a name, an address, or the folder of the server's socket such as host=/run/postgresql)") }
+        // A NUL would end the name early in the protocol's startup message (or add parameters of its own there).
+        for (part, text) in [("host", host), ("user", user), ("database name", database)]
+        where text.unicodeScalars.contains(where: { $0.value < 0x20 || $0.value == 0x7F }) {
+            throw bad("the \(part) holds a control character")
+        }
         if host.contains("/") && !host.hasPrefix("/") { throw bad("the socket folder \(host) is not an absolute path") }
         self.host = host
         self.port = port

@@ -495,7 +495,8 @@ struct PostgresClusterStoreTests {
         #expect(try DatabaseURL("postgresql://u@db.example/d?host=/tmp/pg").socketPath == "/tmp/pg/.s.PGSQL.5432")
         #expect(try DatabaseURL("postgresql://u@/d?host=db.example&port=7").host == "db.example")
         for bad in ["mysql://u@h/d", "postgresql://u@h:99999/d", "postgresql://u@h/", "postgresql://u@h/d?sslmode=allow", "postgresql://u@h/d?x=1",
-                    "postgresql:///d", "postgresql://u@/d", "postgresql://u@h/d?host=run/pg", "postgresql://u@h/d?port=0", "postgresql://u@%2/d"] {
+                    "postgresql:///d", "postgresql://u@/d", "postgresql://u@h/d?host=run/pg", "postgresql://u@h/d?port=0", "postgresql://u@%2/d",
+                    "postgresql://u@/d?host=/tmp%00/x", "postgresql://u@db%0Aexample/d", "postgresql://u%00database%00x@h/d", "postgresql://u@h/d%00x"] {
             #expect(throws: ClusterStoreError.self, "\(bad)") { try DatabaseURL(bad) }
         }
         let deep = "/" + String(repeating: "d", count: 100)
