@@ -394,7 +394,9 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
     /// while the database cannot be asked (the lease frees them then, as before); never a job whose end is being
     /// or was recorded.
     public func handBack(_ jobs: [String]) -> Set<String> {
+        // Not while disconnected: the stop would wait a statement's timeout for nothing.
         let fences = lock.withLock { () -> [String: Int64] in
+            guard state.connected == true else { return [:] }
             var fences: [String: Int64] = [:]
             for id in jobs { if let held = state.held[id], !held.completing, !held.recorded { fences[id] = held.fence } }
             return fences
