@@ -9,6 +9,7 @@
 import Daemon
 import Foundation
 import Testing
+import TestSupport
 
 /// A systemd booted in a namespace; commands run inside it through nsenter.
 final class BootedSystemd {
@@ -157,6 +158,70 @@ final class BootedSystemd {
         #expect(try exposure(systemd.run("systemd-analyze", "security", unit).stdout).map { $0 <= 1.5 } == true)
         let offline = try systemd.run("systemd-analyze", "security", "--offline=true", "/etc/systemd/system/\(unit)")
         #expect(exposure(offline.stdout).map { $0 <= 1.5 } == true, "\(offline.stdout.suffix(200))")
+    }
+
+    /// The installed unit as a cluster node (SPEC §8) on a PostgreSQL of the same machine, reached as the README's
+    /// Cluster chapter says: through the server's Unix-domain socket, peer authentication for the unit's own
+    /// `opqueued` user, no password anywhere — inside the unit's sandbox (ProtectSystem=strict, PrivateTmp, the
+    /// address families it keeps). It connects, runs a job whose result names the node, and stops cleanly.
+    @Test func installedServiceJoinsAClusterThroughThePostgresSocket() throws {
+        let systemd = try BootedSystemd()
+        defer { systemd.shutdown() }
+        let unit = "opqueued.service"
+        let install = try systemd.run("make", "install-files", "BINARIES=.build/debug", timeout: 120)
+        try #require(install.status == 0, "make install: \(install.stderr)")
+
+        // The server's socket also in a folder the namespace sees (its /tmp and /run are its own).
+        let sockets = "/var/lib/opq-test-pg-\(UInt32.random(in: 1...UInt32.max))"
+        try FileManager.default.createDirectory(atPath: sockets, withIntermediateDirectories: false)
+        defer { try? FileManager.default.removeItem(atPath: sockets) }
+        guard let postgres = getpwnam("postgres") else { throw TestFailure("no postgres user: make deps") }
+        chown(sockets, postgres.pointee.pw_uid, postgres.pointee.pw_gid)
+        chmod(sockets, 0o755)
+        let server = try PostgresServer(extraSocketFolder: sockets)
+        let database = "opqueued_sd\(UInt32.random(in: 1...UInt32.max))"
+        try server.psql("postgres", "CREATE ROLE opqueued LOGIN NOSUPERUSER")
+        try server.psql("postgres", "CREATE DATABASE \(database)")
+        for grant in ClusterHarness.grants(database: database, role: "opqueued") { try server.psql(grant.database, grant.sql) }
+        let hba = server.folder + "/data/pg_hba.conf"
+        try ("local \(database) opqueued peer\n" + String(contentsOfFile: hba, encoding: .utf8)).write(toFile: hba, atomically: false, encoding: .utf8)
+        try server.psql("postgres", "SELECT pg_reload_conf()")
+
+        // The configuration and the ExecStart naming it, in the namespace's own /run.
+        let node = "sd-\(UInt32.random(in: 1...UInt32.max))"
+        let configuration: [String: Any] = ["cluster": ["database": "postgresql:///\(database)?host=\(sockets)&port=\(server.port)",
+                                                        "node": node, "leaseSeconds": 5]]
+        let root = "/proc/\(systemd.pid)/root"
+        try PropertyListSerialization.data(fromPropertyList: configuration, format: .xml, options: 0)
+            .write(to: URL(fileURLWithPath: root + "/run/opq-cluster.plist"))
+        chmod(root + "/run/opq-cluster.plist", 0o644)
+        let installed = try String(contentsOfFile: "/etc/systemd/system/\(unit)", encoding: .utf8)
+        let execStart = try #require(installed.split(separator: "\n").first { $0.hasPrefix("ExecStart=") })
+        try systemd.run("mkdir", "-p", "/run/systemd/system/\(unit).d")
+        try Data("[Service]\nExecStart=\n\(execStart) --config /run/opq-cluster.plist\n".utf8)
+            .write(to: URL(fileURLWithPath: root + "/run/systemd/system/\(unit).d/cluster.conf"))
+        try systemd.run("systemctl", "daemon-reload")
+        let start = try systemd.run("systemctl", "start", unit)
+        let startLog = start.status == 0 ? "" : try systemd.run("journalctl", "-u", unit, "--no-pager").stdout
+        try #require(start.status == 0, "systemctl start: \(start.stderr)\n\(startLog)")
+        let connected = systemd.eventually(20) {
+            (try? systemd.run("journalctl", "-u", unit, "OPQ_EVENT=cluster", "OPQ_STATE=connected", "--no-pager", "-q").stdout.contains(node)) == true
+        }
+        let journal = connected ? "" : try systemd.run("journalctl", "-u", unit, "--no-pager", "-n", "30").stdout
+        #expect(connected, "\(journal)")
+
+        let job = "sd-cluster-" + UUID().uuidString.prefix(8).lowercased()
+        try plist(["job": job, "operations": [sleepOp("a", 0)]]).write(to: URL(fileURLWithPath: "\(Self.spool)/inbox/.\(job).plist"))
+        #expect(rename("\(Self.spool)/inbox/.\(job).plist", "\(Self.spool)/inbox/\(job).plist") == 0)
+        let resultPath = "\(Self.spool)/outbox/\(job)/result.plist"
+        #expect(systemd.eventually(30) { FileManager.default.fileExists(atPath: resultPath) }, "the job reached the outbox")
+        let result = try? PropertyListSerialization.propertyList(from: Data(contentsOf: URL(fileURLWithPath: resultPath)), format: nil) as? [String: Any]
+        #expect(result?["status"] as? String == "succeeded" && result?["node"] as? String == node && result?["submittedOn"] as? String == node)
+        // The server saw the unit's user come through the socket.
+        let sessions = try server.psql(database, "SELECT count(*) FROM pg_stat_activity WHERE usename = 'opqueued' AND client_port = -1")
+        #expect((Int(sessions.trimmingCharacters(in: .whitespacesAndNewlines)) ?? 0) > 0)
+        #expect(try systemd.run("systemctl", "stop", unit).status == 0)
+        #expect(try systemd.property(unit, "Result") == "success")
     }
 
     /// "→ Overall exposure level for opqueued.service: 1.2 OK"

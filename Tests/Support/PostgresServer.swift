@@ -41,7 +41,11 @@ public final class PostgresServer: @unchecked Sendable {
 
     /// `tls`: the server also takes TLS connections, with a certificate for 127.0.0.1 and localhost signed by a
     /// CA of its own (`tlsCA`); plain connections are still accepted (the URL's sslmode decides).
-    public init(tls: Bool = false) throws {
+    /// Another folder the server's socket is made in (besides `folder`), e.g. one a namespace with its own /tmp sees.
+    public let extraSocketFolder: String?
+
+    public init(tls: Bool = false, extraSocketFolder: String? = nil) throws {
+        self.extraSocketFolder = extraSocketFolder
         var template = Array("/tmp/opq-pg-XXXXXX".utf8CString)
         guard let made = mkdtemp(&template) else { throw SupportFailure("mkdtemp: \(String(cString: strerror(errno)))") }
         folder = String(cString: made)
@@ -87,7 +91,8 @@ public final class PostgresServer: @unchecked Sendable {
     }
 
     public func start() throws {
-        let options = "-c listen_addresses=127.0.0.1 -c port=\(port) -c unix_socket_directories=\(folder) -c max_connections=200"
+        let sockets = [folder] + (extraSocketFolder.map { [$0] } ?? [])
+        let options = "-c listen_addresses=127.0.0.1 -c port=\(port) -c unix_socket_directories=\(sockets.joined(separator: ",")) -c max_connections=200"
         // The postmaster inherits pg_ctl's output: pipes there would never reach end of file, so none.
         try Self.runAsPostgres([Self.binaries + "/pg_ctl", "-D", folder + "/data", "-l", folder + "/log", "-w",
                                 "-t", "60", "-o", options, "start"], quiet: true)
