@@ -322,7 +322,7 @@ func handle(_ request: [String: Any], _ daemon: Daemon) -> [String: Any] {
 func clusterShow(_ record: JobRecord) -> [String: Any] {
     var answer: [String: Any] = ["exit": 0, "job": record.id, "submittedOn": record.submittedOn]
     if let node = record.node { answer["node"] = node }
-    var progress: [String: (state: String, attempts: Int)] = [:]
+    var progress: [String: (state: String, attempts: Int, queue: String)] = [:]
     if record.state == .running, let bytes = record.nodeProgress, let sent = ClusterProgress.decode(bytes, job: record.id) {
         progress = sent
         if let at = record.nodeProgressAt { answer["progressAt"] = at }
@@ -343,7 +343,7 @@ func clusterShow(_ record: JobRecord) -> [String: Any] {
     for op in manifest?["operations"] as? [[String: Any]] ?? [] {
         guard let id = op["id"] as? String else { continue }
         var entry = ended.removeValue(forKey: id)
-            ?? progress.removeValue(forKey: id).map { ["id": id, "state": $0.state, "attempts": $0.attempts] }
+            ?? progress.removeValue(forKey: id).map { ["id": id, "state": $0.state, "attempts": $0.attempts, "queue": $0.queue] }
             ?? (record.state == .running ? ["id": id, "state": "unknown"] : ["id": id, "state": "pending", "attempts": 0])
         entry["dependencies"] = op["dependencies"] as? [String] ?? []
         if entry["kind"] == nil, let kind = op["kind"] as? String { entry["kind"] = kind }
@@ -352,7 +352,7 @@ func clusterShow(_ record: JobRecord) -> [String: Any] {
     }
     // Operations only the result or the progress knows (a photo list's, SPEC §3.5), in id order.
     operations += ended.values.sorted { ($0["id"] as? String ?? "") < ($1["id"] as? String ?? "") }
-    operations += progress.sorted { $0.key < $1.key }.map { ["id": $0.key, "state": $0.value.state, "attempts": $0.value.attempts] as [String: Any] }
+    operations += progress.sorted { $0.key < $1.key }.map { ["id": $0.key, "state": $0.value.state, "attempts": $0.value.attempts, "queue": $0.value.queue] as [String: Any] }
     answer["operations"] = operations
     return answer
 }

@@ -744,10 +744,12 @@ struct ClusterTests {
         var states: [String] = []
         _ = try pollUntil(10) { () -> Bool? in
             elsewhere = try JSONSerialization.jsonObject(with: Data(harness[1].ctl(["show", long, "--json"]).stdout.utf8)) as? [String: Any]
-            states = (elsewhere?["operations"] as? [[String: Any]] ?? []).map { "\($0["id"] ?? "?")=\($0["state"] ?? "-")/\($0["attempts"] ?? "-")" }
-            return states == ["a=succeeded/1", "b=executing/1"] ? true : nil
+            states = (elsewhere?["operations"] as? [[String: Any]] ?? []).map {
+                "\($0["id"] ?? "?")=\($0["state"] ?? "-")/\($0["attempts"] ?? "-")/\($0["queue"] ?? "-")"
+            }
+            return states == ["a=succeeded/1/gpu", "b=executing/1/gpu"] ? true : nil
         }
-        #expect(states == ["a=succeeded/1", "b=executing/1"], "as node 0's beats (every second here) said: \(states)")
+        #expect(states == ["a=succeeded/1/gpu", "b=executing/1/gpu"], "as node 0's beats (every second here) said: \(states)")
         #expect(elsewhere?["status"] as? String == "running" && elsewhere?["node"] as? String == harness[0].name)
         #expect((elsewhere?["progressAt"] as? Double).map { abs($0 - epochNow()) < 5 } == true, "\(elsewhere ?? [:])")
         let text = try harness[1].ctl(["show", long]).stdout

@@ -2,7 +2,8 @@
 // can give each operation's state (SPEC §8: `show` answers for every job the cluster knows; nodes never talk to each
 // other, so it goes through the database, in the beat the node sends anyway — no statement more).
 //
-// A binary property list: job id → operation id → [state, attempts] (state: OperationState's raw value). Bounded
+// A binary property list: job id → operation id → [state, attempts, queue] (state: OperationState's raw value; the
+// queue it runs on there, which a manifest may leave to the running node's `defaultQueues`). Bounded
 // by `budget` bytes: jobs are taken in id order while they fit, and a job that does not fit is left out whole (its
 // operations then show `unknown`, as before). Read back from the database, it is input like any row: anything that
 // does not decode as this shape is ignored, never trusted further.
@@ -16,20 +17,20 @@ public enum ClusterProgress {
     /// At most this many bytes per beat (a job of a million operations is left out, not sent each beat).
     static let budget = 64 * 1024
 
-    /// What one operation's entry costs in the document, at most: its id, its two small integers, offsets.
-    static func estimate(operations: Int, idBytes: Int) -> Int { idBytes + operations * 12 }
+    /// What one operation's entry costs in the document, about: its id, its two small integers, its queue's name, offsets.
+    static func estimate(operations: Int, idBytes: Int) -> Int { idBytes + operations * 24 }
 
-    /// `jobs`: each running job's operations, id, state and attempts, in any order.
-    static func encode(_ jobs: [(job: String, operations: [(id: String, state: OperationState, attempts: Int)])],
+    /// `jobs`: each running job's operations, id, state, attempts and queue, in any order.
+    static func encode(_ jobs: [(job: String, operations: [(id: String, state: OperationState, attempts: Int, queue: String)])],
                        budget: Int = budget) -> [UInt8] {
         var entries: [PlistDictionary.Entry] = []
         var used = 64
         for job in jobs.sorted(by: { $0.job < $1.job }) {
-            let cost = job.job.utf8.count + job.operations.reduce(0) { $0 + estimate(operations: 1, idBytes: $1.id.utf8.count) }
+            let cost = job.job.utf8.count + job.operations.reduce(0) { $0 + estimate(operations: 1, idBytes: $1.id.utf8.count + $1.queue.utf8.count) }
             if used + cost > budget { continue }
             used += cost
             let operations = job.operations.map {
-                PlistDictionary.Entry(key: $0.id, value: .array([.integer(Int($0.state.rawValue)), .integer($0.attempts)]))
+                PlistDictionary.Entry(key: $0.id, value: .array([.integer(Int($0.state.rawValue)), .integer($0.attempts), .string($0.queue)]))
             }
             entries.append(PlistDictionary.Entry(key: job.job, value: .dictionary(PlistDictionary(operations))))
         }
@@ -44,16 +45,17 @@ public enum ClusterProgress {
         return document
     }
 
-    /// `job`'s operations from a node's progress: operation id → (state name, attempts); nil when the document
-    /// does not hold the job (left out, or sent before the job started) or does not decode.
-    public static func decode(_ bytes: [UInt8], job: String) -> [String: (state: String, attempts: Int)]? {
+    /// `job`'s operations from a node's progress: operation id → (state name, attempts, queue); nil when the
+    /// document does not hold the job (left out, or sent before the job started) or does not decode.
+    public static func decode(_ bytes: [UInt8], job: String) -> [String: (state: String, attempts: Int, queue: String)]? {
         guard let document = try? PropertyList.parse(bytes), let jobs = document.dictionary,
               let operations = jobs[job]?.dictionary else { return nil }
-        var answer: [String: (state: String, attempts: Int)] = [:]
+        var answer: [String: (state: String, attempts: Int, queue: String)] = [:]
         for entry in operations.entries {
-            guard let pair = entry.value.array, pair.count == 2, let code = pair[0].integer, let attempts = pair[1].integer,
-                  let raw = UInt8(exactly: code), let state = OperationState(rawValue: raw), attempts >= 0 else { continue }
-            answer[entry.key] = (state.name, attempts)
+            guard let fields = entry.value.array, fields.count == 3, let code = fields[0].integer, let attempts = fields[1].integer,
+                  let queue = fields[2].string, let raw = UInt8(exactly: code), let state = OperationState(rawValue: raw),
+                  attempts >= 0 else { continue }
+            answer[entry.key] = (state.name, attempts, queue)
         }
         return answer
     }

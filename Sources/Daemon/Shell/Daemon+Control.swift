@@ -275,14 +275,14 @@ extension Daemon {
     func clusterProgress() -> [UInt8] {
         // The plans copied under the lock (a photo list's grows under it).
         let running = lock.withLock { runs.map { ($0.key, $0.value.plan, lifecycle.group(of: $0.key)) } }
-        var jobs: [(job: String, operations: [(id: String, state: OperationState, attempts: Int)])] = []
+        var jobs: [(job: String, operations: [(id: String, state: OperationState, attempts: Int, queue: String)])] = []
         var left = ClusterProgress.budget
         for (id, plan, group) in running {
             guard let plan, let group else { continue }
             // Too big for what is left: not even read from the engine.
             if ClusterProgress.estimate(operations: plan.operations.count, idBytes: 0) > left { continue }
             guard let records = engine.records(group) else { continue }
-            let operations = zip(plan.operations, records).map { (id: $0.id, state: $1.state, attempts: $1.attempts) }
+            let operations = zip(plan.operations, records).map { (id: $0.id, state: $1.state, attempts: $1.attempts, queue: $0.queue) }
             left -= ClusterProgress.estimate(operations: operations.count, idBytes: id.utf8.count)
             jobs.append((id, operations))
         }
