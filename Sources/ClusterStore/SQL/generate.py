@@ -5,6 +5,11 @@ Installed binaries cannot count on SwiftPM resource bundles, so the schema migra
 are compiled in. `--stdout` prints the file instead of writing it (the staleness test compares the two).
 Migrations are split into statements at lines ending in ';' (the extended query protocol runs one at a time);
 dollar quoting is refused, since such a body could hold a ';' line of its own.
+
+Every migration from 0006 on also inserts its row into opq_schema_readers (version, oldest_reader): the oldest
+schema version whose code may still run against it — its own version when it changes anything older code reads or
+writes, an older one only when it adds what older code never touches. That is what lets nodes be upgraded one by
+one (docs/cluster.md, "Schema version 6"); migrationFromEmptyAndBackDown checks the row is there.
 """
 import os
 import re
