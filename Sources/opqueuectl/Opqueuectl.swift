@@ -354,7 +354,8 @@ struct Wait: ParsableCommand {
 
     /// What the daemon says of a job not in the outbox yet.
     enum Look {
-        /// It knows the job: its operations (empty when it runs on another node of a cluster).
+        /// It knows the job: its operations (on another node of a cluster, as that node's last heartbeat sent them:
+        /// the progress bar counts those ended there).
         case running([[String: Any]])
         /// Not seen: why, as far as can be told from here (a typo in the id waits as long as a job not yet dropped).
         case unseen(String)
