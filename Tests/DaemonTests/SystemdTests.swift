@@ -50,6 +50,12 @@ final class BootedSystemd {
         try DaemonTests.run("/usr/bin/nsenter", ["-t", "\(pid)", "-m", "-p", "--wd=\(repositoryRoot)", command] + arguments, timeout: timeout)
     }
 
+    /// Installs opqueued inside with the project's own `make install` (from the debug build the tests already have).
+    func installProject() throws {
+        let install = try run("make", "install-files", "BINARIES=.build/debug", timeout: 120)
+        guard install.status == 0 else { throw TestFailure("make install: \(install.stderr)") }
+    }
+
     func property(_ unit: String, _ name: String) throws -> String {
         try run("systemctl", "show", "-P", name, unit).stdout.trimmingCharacters(in: .whitespacesAndNewlines)
     }
@@ -73,15 +79,13 @@ final class BootedSystemd {
 
 @Suite(.serialized) struct SystemdTests {
     static let spool = "/var/spool/opqueued"
+    static let unit = "opqueued.service"
 
     @Test func installedServiceBehavesAsAWellMadeDaemon() throws {
         let systemd = try BootedSystemd()
         defer { systemd.shutdown() }
-        let unit = "opqueued.service"
-
-        // Installed with the project's own `make install` (from the debug build the tests already have).
-        let install = try systemd.run("make", "install-files", "BINARIES=.build/debug", timeout: 120)
-        try #require(install.status == 0, "make install: \(install.stderr)")
+        let unit = Self.unit
+        try systemd.installProject()
         #expect(try systemd.run("getent", "passwd", "opqueued").status == 0, "sysusers made the opqueued user")
         let inbox = try FileManager.default.attributesOfItem(atPath: Self.spool + "/inbox")
         #expect((inbox[.posixPermissions] as? Int) == 0o1770, "tmpfiles made the inbox sticky and group-writable")
@@ -167,9 +171,8 @@ final class BootedSystemd {
     @Test func installedServiceJoinsAClusterThroughThePostgresSocket() throws {
         let systemd = try BootedSystemd()
         defer { systemd.shutdown() }
-        let unit = "opqueued.service"
-        let install = try systemd.run("make", "install-files", "BINARIES=.build/debug", timeout: 120)
-        try #require(install.status == 0, "make install: \(install.stderr)")
+        let unit = Self.unit
+        try systemd.installProject()
 
         // The server's socket also in a folder the namespace sees (its /tmp and /run are its own).
         let sockets = "/var/lib/opq-test-pg-\(UInt32.random(in: 1...UInt32.max))"
