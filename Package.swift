@@ -101,7 +101,7 @@ let package = Package(
         ),
         .executableTarget(
             name: "opqueue-bench",
-            dependencies: ["OperationEngine", "Daemon", "TestSupport"],
+            dependencies: ["OperationEngine", "Daemon", "ClusterStore", "TestSupport"],
             path: "Benchmarks/opqueue-bench"
         ),
         // The reliability campaigns (issue 5): run by `make test` at a bounded size, by `make campaigns` in full.

@@ -229,6 +229,8 @@ case "spool":
     SpoolBench.run(Array(arguments.dropFirst()))
 case "control":
     ControlBench.run(Array(arguments.dropFirst()))
+case "store":
+    StoreBench.run(Array(arguments.dropFirst()))
 case "commands":
     CommandBench.run(Array(arguments.dropFirst()))
 case "images":
@@ -254,6 +256,7 @@ default:
            opqueue-bench control [--samples N]
            opqueue-bench images [--count N]
            opqueue-bench commands [N]
+           opqueue-bench store --database URL [--password-file F] [--jobs N] [--workers W] [--batch B]
            opqueue-bench corpus FOLDER [--count N]
     """)
     exit(64)

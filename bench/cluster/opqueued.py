@@ -5,6 +5,9 @@
 #               (the clock starts at the first rename and stops when the last outbox entry appears on any node);
 #               commits per job from pg_stat_database.xact_commit over the same span (inserts, claims,
 #               heartbeats, completions: everything the nodes did)
+#   store       opqueued's database part alone (opqueue-bench store): the ClaimJobs and CompleteJobs statements a
+#               node sends for jobs already in the database, from 1 and 2 workers, nothing between claim and
+#               completion: what PGQueuer's and Procrastinate's no-op figures measure
 #   pickup      an idle 2-node cluster, a queue declared on node B only: manifest renamed into node A's inbox ->
 #               its operation's startedAt in B's result.plist; SAMPLES samples, p50/p99
 #   takeover    kill -9 of the node running a 4 s job -> the operation's startedAt on the other node
@@ -324,6 +327,33 @@ def already_in_database(args, count=2):
         cluster.close()
 
 
+def store_only(args, workers):
+    """opqueue-bench store: the node's claim and completion statements alone, JOBS jobs inserted first (the drain is
+    timed by the program; the commits around it are read here)."""
+    cluster = Cluster(args, 0)
+    try:
+        url = f"postgresql://{cluster.role}@127.0.0.1:{cluster.port}/{cluster.database}?sslmode=disable"
+        bench = subprocess.Popen([args.bin + "/opqueue-bench", "store", "--database", url, "--password-file", cluster.password_file,
+                                  "--jobs", str(args.jobs), "--workers", str(workers), "--batch", str(args.active_jobs)],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        if bench.stdout.readline().strip() != "ready":
+            raise SystemExit(f"opqueue-bench store: no ready line (exit {bench.wait()})")
+        psql(args.admin, "postgres", "CHECKPOINT")
+        before = commits(args.admin, cluster.database)
+        bench.stdin.write("go\n")
+        bench.stdin.flush()
+        line = bench.stdout.readline()
+        if bench.wait() != 0 or not line:
+            raise SystemExit(f"opqueue-bench store failed (exit {bench.returncode})")
+        time.sleep(1.1)
+        after = commits(args.admin, cluster.database)
+        figures = json.loads(line)
+        figures["commitsPerJob"] = round((after - before) / max(figures["ended"], 1), 3)
+        print(json.dumps(figures), flush=True)
+    finally:
+        cluster.close()
+
+
 def pickup(args):
     cluster = Cluster(args, 2, settings=lambda k: {"queues": {"pinned": {"maxConcurrentOperationCount": 4}}} if k == 1 else {})
     try:
@@ -496,8 +526,9 @@ def main():
     parser.add_argument("--spool-alone", action="store_true", help="only the figure without a cluster")
     parser.add_argument("--minutes", type=float, default=10, help="endurance: how long")
     parser.add_argument("--rate", type=int, default=200, help="endurance: manifests a second")
-    parser.add_argument("--parts", default="spool,1,2,database,pickup,takeover",
-                        help="which figures, comma-separated: spool (alone), 1 and 2 (nodes end to end), database, pickup, "
+    parser.add_argument("--parts", default="spool,1,2,database,store,pickup,takeover",
+                        help="which figures, comma-separated: spool (alone), 1 and 2 (nodes end to end), database, store "
+                             "(the database part alone, 1 and 2 workers), pickup, "
                              "takeover; also limited (2 nodes end to end, every operation on a queue limited to 2 "
                              "cluster-wide: the price of clusterMaxConcurrentOperationCount); endurance (2 long-lived "
                              "nodes under --rate manifests a second for --minutes: memory, descriptors, every job once)")
@@ -525,6 +556,9 @@ def run_parts(args, parts):
             throughput(args, 2, limit=2)
         elif part == "database":
             already_in_database(args, 2)
+        elif part == "store":
+            store_only(args, 1)
+            store_only(args, 2)
         elif part == "pickup":
             pickup(args)
         elif part == "takeover":

@@ -8,7 +8,9 @@
 #              then PGQueuer's jobs each doing the file work opqueued does for a job (anchor-files: anchors.py --files)
 #   opqueued   1 and 2 nodes, JOBS single-`sleep 0` manifests dropped into node A's inbox: jobs/s end to end and
 #              commits per job; pickup latency from an idle cluster (rename into A's inbox -> executing on B);
-#              kill -9 of the node running a job -> running on the other (bench/cluster/opqueued.py)
+#              kill -9 of the node running a job -> running on the other (bench/cluster/opqueued.py); and the
+#              database part alone (opqueue-bench store: the nodes' claim and completion statements, no-op, 1 and 2
+#              workers), the figure of the same kind as the anchors' no-op ones
 #
 #   bench/cluster/run.sh [PARTS...]      PARTS: floor anchors opqueued (default: all three)
 #   BENCH_FS=journalled bench/cluster/run.sh     the server's data and every spool on a journalled ext4 (a 16 GB
@@ -17,7 +19,7 @@
 #              journal, where an inode allocation skips every inode of its group freed in the last minutes, which
 #              the cluster's end-to-end parts pay for and the spool alone does not: docs/cluster.md)
 #   JOBS=10000 SAMPLES=200 BIN=.build/release OPQUEUED_ARGS=--spool-alone bench/cluster/run.sh opqueued
-#   OPQUEUED_ARGS=--parts=2,pickup bench/cluster/run.sh opqueued     (spool, 1, 2, database, pickup, takeover;
+#   OPQUEUED_ARGS=--parts=2,pickup bench/cluster/run.sh opqueued     (spool, 1, 2, database, store, pickup, takeover;
 #              also limited: 2 nodes, every operation on a queue limited to 2 cluster-wide)
 #   OPQUEUED_ARGS="--log-target=journal --parts=spool,2" bench/cluster/run.sh opqueued   the nodes log to journald as
 #              under systemd, not to a file each (journald must be listening: without systemd, as root,
