@@ -27,6 +27,18 @@ struct Common: ParsableArguments {
         }
     }
 
+    /// What a manifest is checked against, by submit and validate alike, as the daemon will check it: besides --config
+    /// (or the built-ins), the queues and commands the running daemon takes — its own, and on a cluster node those any
+    /// node declares (SPEC §8: a queue only another node has is no typo). Without a daemon answering, --config alone.
+    func submissionConfiguration() throws -> Configuration {
+        let config = try configuration()
+        guard let answer = try? ControlClient.request(socket, ["command": "declared"], timeout: 2), answer["exit"] as? Int == 0 else {
+            return config
+        }
+        let signatures = answer["commands"] as? [String: String] ?? [:]
+        return config.widened(queues: Set(answer["queues"] as? [String] ?? []), commands: Set(signatures.keys), signatures: signatures)
+    }
+
     /// Sends a request to the daemon; exits 3 when there is none, and with the answer's `exit` (its `error`
     /// on stderr) when that is not 0.
     func request(_ body: [String: Any]) throws -> [String: Any] {
@@ -75,12 +87,17 @@ struct Opqueuectl: ParsableCommand {
 }
 
 struct Validate: ParsableCommand {
-    static let configuration = CommandConfiguration(abstract: "Exit 0 if every manifest is valid; else print every problem.")
+    static let configuration = CommandConfiguration(
+        abstract: "Exit 0 if every manifest is valid; else print every problem.",
+        discussion: """
+            Checked as submit checks them: queues and commands against --config (else the built-ins) and, when the \
+            daemon answers, against what it takes: its own, and on a cluster node those any node of the cluster declares.
+            """)
     @OptionGroup var common: Common
     @Argument(help: "Manifest files.", completion: .file(extensions: ["plist"])) var files: [String]
 
     func run() throws {
-        let config = try common.configuration()
+        let config = try common.submissionConfiguration()
         let valid = files.map { validManifest(at: $0, config) != nil }
         if valid.contains(false) { throw ExitCode(1) }
     }
@@ -119,14 +136,7 @@ struct Submit: ParsableCommand {
     @Argument(help: "Manifest files.", completion: .file(extensions: ["plist"])) var files: [String]
 
     func run() throws {
-        var config = try common.configuration()
-        // Validated as the daemon will: besides --config (or the built-ins), the queues and commands the running daemon
-        // takes — its own, and on a cluster node those any node declares (SPEC §8: a queue only another node has is no
-        // typo). Without a daemon answering, --config alone.
-        if let answer = try? ControlClient.request(common.socket, ["command": "declared"], timeout: 2), answer["exit"] as? Int == 0 {
-            let signatures = answer["commands"] as? [String: String] ?? [:]
-            config = config.widened(queues: Set(answer["queues"] as? [String] ?? []), commands: Set(signatures.keys), signatures: signatures)
-        }
+        let config = try common.submissionConfiguration()
         var ok = true
         for file in files {
             guard let data = validManifest(at: file, config) else { ok = false; continue }

@@ -765,10 +765,18 @@ struct ClusterTests {
         let taken = try harness[1].ctl(["submit", file])
         #expect(taken.status == 0 && taken.stdout == submitted + "\n", "\(taken.stdout)\(taken.stderr)")
         #expect(harness.waitResult(submitted, timeout: 20)?.node == 0)
+        // `validate` checks as `submit` does: with node 1's daemon answering, `gpu` is no typo; with none (another spool),
+        // node 1's configuration alone knows no `gpu`.
+        let checked = try harness[1].ctl(["validate", file])
+        #expect(checked.status == 0 && checked.stdout.isEmpty, "\(checked.stdout)\(checked.stderr)")
+        let offline = try runProgram("opqueuectl", ["--spool", harness[1].spool + ".nodaemon", "--config", harness[1].configPath, "validate", file])
+        #expect(offline.status == 1 && offline.stdout.contains("unknown queue 'gpu'"), "\(offline.stdout)\(offline.stderr)")
         try PropertyListSerialization.data(fromPropertyList: sleepJob(uniqueJob("refused"), 0, queue: "gpuu"), format: .xml, options: 0)
             .write(to: URL(fileURLWithPath: file))
         let refused = try harness[1].ctl(["submit", file])
         #expect(refused.status == 1 && refused.stdout.contains("unknown queue 'gpuu'"), "\(refused.stdout)\(refused.stderr)")
+        let typoChecked = try harness[1].ctl(["validate", file])
+        #expect(typoChecked.status == 1 && typoChecked.stdout.contains("unknown queue 'gpuu'"), "\(typoChecked.stdout)\(typoChecked.stderr)")
         // A queue no node declares is a typo: rejected where it was dropped.
         let typo = uniqueJob("typo")
         try harness[1].drop(typo + ".plist", sleepJob(typo, 0, queue: "gpuu"))

@@ -106,6 +106,9 @@ func runnableShellBlocks(_ markdown: String) -> (run: [String], skipped: Int) {
             for sub in command["subcommands"] as? [[String: Any]] ?? [] where sub["commandName"] as? String != "help" {
                 let name = sub["commandName"] as? String ?? ""
                 #expect(text.contains(".It Em \(name)"), "\(page) lacks the subcommand \(name)")
+                if let discussion = sub["discussion"] as? String, !discussion.isEmpty {
+                    #expect(text.contains(discussion.prefix(40)), "\(page) lacks what \(name)'s help says: '\(discussion)'")
+                }
                 checked += 1
                 check(sub)
             }
