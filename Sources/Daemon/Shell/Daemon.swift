@@ -463,7 +463,7 @@ public final class Daemon: @unchecked Sendable {
         case .claimed(let job, let fromNode):
             var fields: Logger.Metadata = ["OPQ_EVENT": "job", "OPQ_STATE": "claimed", "OPQ_JOB": .string(job)]
             if let fromNode { fields["OPQ_FROM_NODE"] = .string(fromNode) }
-            event(.info, "job \(job) claimed\(fromNode.map { " (taken over from node \($0))" } ?? "")", fields)
+            event(.info, "job \(job) claimed\(fromNode.map { " from node \($0)" } ?? "")", fields)
         case .accepted(let job, let operations):
             event(.info, "job \(job) accepted: \(operations) operations", ["OPQ_EVENT": "job", "OPQ_STATE": "accepted", "OPQ_JOB": .string(job)])
         case .rejected(let job, let problems, let error):
