@@ -298,11 +298,13 @@ struct ClusterTests {
     }
 
     /// A node stopped gracefully (SIGTERM: `systemctl stop`) hands back at once the jobs none of whose operations had
-    /// started: the other node runs them within seconds, not once the stopped node's lease has run out. The job it
-    /// was executing stays its own in the database (resumed at its restart, or run elsewhere after the lease).
+    /// started: another node runs them within seconds, not once the stopped node's lease has run out. The job it
+    /// was executing stays its own in the database (resumed at its restart, or run elsewhere after the lease). While it
+    /// waits out its grace it claims nothing more, not even what it handed back (it hears that NOTIFY too, and has
+    /// room again): here no other node is up until it has exited, so a re-claim would hold them for the whole lease.
     @Test func aStoppedNodeHandsBackTheJobsItHadNotStarted() throws {
         let harness = try ClusterHarness(nodes: 2, leaseSeconds: 20,
-                                         settings: { _ in ["shutdownGraceSeconds": 1, "queues": ["default": ["maxConcurrentOperationCount": 1]]] },
+                                         settings: { _ in ["shutdownGraceSeconds": 3, "queues": ["default": ["maxConcurrentOperationCount": 1]]] },
                                          clusterSettings: { _ in ["jobSlots": 4] }, start: false)
         try harness[0].start()
         try harness.waitRegistered(1)
@@ -314,10 +316,9 @@ struct ClusterTests {
         // All four are node 0's: one executing, three claimed behind it on a queue of one.
         let held = pollUntil(20) { (try? harness.sql("SELECT count(*) FROM opq_jobs WHERE state = 'running' AND node = '\(harness[0].name)'")) == "4" ? true : nil }
         #expect(held == true, "\(harness.diagnosis(unstarted[0]))")
-        try harness[1].start()
-        try harness.waitRegistered(2)
         let stopping = epochNow()
         #expect(harness[0].stop() == 0)
+        try harness[1].start()
         for job in unstarted {
             let ran = harness.waitResult(job, timeout: 40)
             #expect(ran?.node == 1 && ran?.result["status"] as? String == "succeeded", "\(job): \(harness.diagnosis(job))")
@@ -326,6 +327,7 @@ struct ClusterTests {
             let lost = try harness.journal(node: 0, ["OPQ_JOB": job, "OPQ_STATE": "lost"])
             #expect(lost.first?["OPQ_ERROR"]?.contains("handed back") == true, "\(lost)")
             #expect(try harness.journal(node: 0, ["OPQ_JOB": job, "OPQ_STATE": "executing"]).isEmpty)
+            #expect(try harness.journal(node: 0, ["OPQ_JOB": job, "OPQ_STATE": "claimed"]).count == 1, "claimed again by the node that stopped")
         }
         #expect(!harness[0].list("active").contains { unstarted.contains($0) }, "\(harness[0].list("active"))")
         #expect(try harness.sql("SELECT state || ' ' || node FROM opq_jobs WHERE id = '\(busy)'") == "running \(harness[0].name)")

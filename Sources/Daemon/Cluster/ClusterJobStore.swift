@@ -58,6 +58,10 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
     private var started = false
     private var stopped = false
     private var claimWanted = true
+    /// Set at a graceful stop (`stopClaiming`): no claim round starts any more.
+    private var claimsStopped = false
+    /// A claim round is under way: from its decision to claim until its jobs are with the shell.
+    private var claimInFlight = false
     /// Cancelled jobs claimed for this node by `requestCancel`, taken in by the loop's next claim round.
     private var cancelledClaims: [ClusterClaimedJob] = []
     private var controlWanted = true
@@ -388,6 +392,16 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
     }
 
     // MARK: beyond JobStore (the integrator's)
+
+    /// At a graceful stop, before `handBack`: no claim round starts from now on, and when this returns the one under
+    /// way (if any) has given its jobs to the shell (`run`), so that the shell's list of unstarted jobs taken after it
+    /// is whole. Otherwise the jobs handed back would be claimed again at once by this very node — it has room for
+    /// them again, and it hears the NOTIFY of their release — and held, unstarted, until its lease ran out.
+    public func stopClaiming() {
+        lock.withLock { claimsStopped = true }
+        let deadline = monotonicSeconds() + Self.statementTimeout + 1
+        while lock.withLock({ claimInFlight }) && monotonicSeconds() < deadline { usleep(1_000) }
+    }
 
     /// At a graceful stop: hands `jobs` (none of whose operations started here) back to waiting at once, so that
     /// other nodes run them now rather than once this node's lease has run out; returns those handed back. None
@@ -930,10 +944,13 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
         if !cancelled.isEmpty { take(cancelled, limit: nil) }
         let (limit, budget, declaration) = lock.withLock { () -> (Int, Int, NodeDeclaration) in
             let free = settings.jobSlots - state.held.count
-            let may = state.mayTakeLeases(now: monotonicSeconds())
-            return (may ? min(room, free) : 0, manifestBudget, configuration.declaration(node: nodeName, jobSlots: settings.jobSlots))
+            let may = state.mayTakeLeases(now: monotonicSeconds()) && !claimsStopped
+            let limit = may && manifestBudget > 0 ? min(room, free) : 0
+            claimInFlight = limit > 0
+            return (limit, manifestBudget, configuration.declaration(node: nodeName, jobSlots: settings.jobSlots))
         }
-        if limit <= 0 || budget <= 0 { return }
+        if limit <= 0 { return }
+        defer { lock.withLock { claimInFlight = false } }
         let rows = try waitBounded(Self.statementTimeout, on: executor, doing: "claiming jobs for node \(nodeName)", { [store, nodeName, maxManifestBytes] in
             try await store.claimJobs(node: nodeName, limit: limit, queues: declaration.queues, commands: declaration.commands,
                                       budget: budget, maxManifestBytes: maxManifestBytes)

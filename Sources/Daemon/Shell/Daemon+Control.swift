@@ -77,6 +77,9 @@ extension Daemon {
     /// The jobs none of whose operations has started (every queue is suspended by now: none will) go back to the
     /// cluster; here they are lost (`lost`, nothing published, their folders removed).
     private func handBackUnstarted(to cluster: ClusterJobStore) {
+        // No claim after this (a claim under way has given its jobs to `work` when it returns): the list below is whole,
+        // and what is handed back is not claimed again here.
+        cluster.stopClaiming()
         let candidates = work.sync { () -> [String] in
             let running = lock.withLock { runs.keys.map { ($0, lifecycle.group(of: $0)) } }
             return running.compactMap { id, group in
