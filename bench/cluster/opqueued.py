@@ -545,8 +545,11 @@ def main():
 
 def run_parts(args, parts):
     for part in parts:
-        # Each part from a quiet server: the previous part's dirty pages written first (see run.sh's settle).
+        # Each part from a quiet machine: the server's dirty pages written first (see run.sh's settle), and every file
+        # system's (the previous part's, or the anchors' files: left to the kernel's writeback, they would be written
+        # while the next part runs).
         psql(args.admin, "postgres", "CHECKPOINT")
+        os.sync()
         time.sleep(1)
         if part == "spool":
             throughput(args, 1, with_cluster=False)
