@@ -320,9 +320,13 @@ func handle(_ request: [String: Any], _ daemon: Daemon) -> [String: Any] {
 /// operation it did not send (the job left out of a full beat, or not started at that beat) is `unknown`, never a
 /// `pending` that may be false.
 func clusterShow(_ record: JobRecord) -> [String: Any] {
+    /// An operation as the running node's last heartbeat sent it.
+    func sent(_ id: String, _ operation: ClusterProgress.Sent) -> [String: Any] {
+        ["id": id, "state": operation.state, "attempts": operation.attempts, "queue": operation.queue]
+    }
     var answer: [String: Any] = ["exit": 0, "job": record.id, "submittedOn": record.submittedOn]
     if let node = record.node { answer["node"] = node }
-    var progress: [String: (state: String, attempts: Int, queue: String)] = [:]
+    var progress: [String: ClusterProgress.Sent] = [:]
     if record.state == .running, let bytes = record.nodeProgress, let sent = ClusterProgress.decode(bytes, job: record.id) {
         progress = sent
         if let at = record.nodeProgressAt { answer["progressAt"] = at }
@@ -343,7 +347,7 @@ func clusterShow(_ record: JobRecord) -> [String: Any] {
     for op in manifest?["operations"] as? [[String: Any]] ?? [] {
         guard let id = op["id"] as? String else { continue }
         var entry = ended.removeValue(forKey: id)
-            ?? progress.removeValue(forKey: id).map { ["id": id, "state": $0.state, "attempts": $0.attempts, "queue": $0.queue] }
+            ?? progress.removeValue(forKey: id).map { sent(id, $0) }
             ?? (record.state == .running ? ["id": id, "state": "unknown"] : ["id": id, "state": "pending", "attempts": 0])
         entry["dependencies"] = op["dependencies"] as? [String] ?? []
         if entry["kind"] == nil, let kind = op["kind"] as? String { entry["kind"] = kind }
@@ -352,7 +356,7 @@ func clusterShow(_ record: JobRecord) -> [String: Any] {
     }
     // Operations only the result or the progress knows (a photo list's, SPEC §3.5), in id order.
     operations += ended.values.sorted { ($0["id"] as? String ?? "") < ($1["id"] as? String ?? "") }
-    operations += progress.sorted { $0.key < $1.key }.map { ["id": $0.key, "state": $0.value.state, "attempts": $0.value.attempts, "queue": $0.value.queue] as [String: Any] }
+    operations += progress.sorted { $0.key < $1.key }.map { sent($0.key, $0.value) }
     answer["operations"] = operations
     return answer
 }

@@ -60,8 +60,10 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
     private var claimWanted = true
     /// Set at a graceful stop (`stopClaiming`): no claim round starts any more.
     private var claimsStopped = false
-    /// A claim round is under way: from its decision to claim until its jobs are with the shell.
+    /// A claim round is under way: from its decision to claim until its jobs are with the shell; `claimEnded` is
+    /// signalled when it is over.
     private var claimInFlight = false
+    private let claimEnded = ThreadSignal()
     /// Cancelled jobs claimed for this node by `requestCancel`, taken in by the loop's next claim round.
     private var cancelledClaims: [ClusterClaimedJob] = []
     private var controlWanted = true
@@ -400,7 +402,9 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
     public func stopClaiming() {
         lock.withLock { claimsStopped = true }
         let deadline = monotonicSeconds() + Self.statementTimeout + 1
-        while lock.withLock({ claimInFlight }) && monotonicSeconds() < deadline { usleep(1_000) }
+        while lock.withLock({ claimInFlight }) && monotonicSeconds() < deadline {
+            claimEnded.wait(upTo: deadline - monotonicSeconds())
+        }
     }
 
     /// At a graceful stop: hands `jobs` (none of whose operations started here) back to waiting at once, so that
@@ -950,7 +954,10 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
             return (limit, manifestBudget, configuration.declaration(node: nodeName, jobSlots: settings.jobSlots))
         }
         if limit <= 0 { return }
-        defer { lock.withLock { claimInFlight = false } }
+        defer {
+            lock.withLock { claimInFlight = false }
+            claimEnded.signal()
+        }
         let rows = try waitBounded(Self.statementTimeout, on: executor, doing: "claiming jobs for node \(nodeName)", { [store, nodeName, maxManifestBytes] in
             try await store.claimJobs(node: nodeName, limit: limit, queues: declaration.queues, commands: declaration.commands,
                                       budget: budget, maxManifestBytes: maxManifestBytes)

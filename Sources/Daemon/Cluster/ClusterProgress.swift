@@ -14,6 +14,11 @@ import PropertyList
 import Synchronization
 
 public enum ClusterProgress {
+    /// One operation as a node sends it.
+    typealias Operation = (id: String, state: OperationState, attempts: Int, queue: String)
+    /// One operation as read back: its state by name, as `show` gives it.
+    public typealias Sent = (state: String, attempts: Int, queue: String)
+
     /// At most this many bytes per beat (a job of a million operations is left out, not sent each beat).
     static let budget = 64 * 1024
 
@@ -21,7 +26,7 @@ public enum ClusterProgress {
     static func estimate(operations: Int, idBytes: Int) -> Int { idBytes + operations * 24 }
 
     /// `jobs`: each running job's operations, id, state, attempts and queue, in any order.
-    static func encode(_ jobs: [(job: String, operations: [(id: String, state: OperationState, attempts: Int, queue: String)])],
+    static func encode(_ jobs: [(job: String, operations: [Operation])],
                        budget: Int = budget) -> [UInt8] {
         var entries: [PlistDictionary.Entry] = []
         var used = 64
@@ -47,10 +52,10 @@ public enum ClusterProgress {
 
     /// `job`'s operations from a node's progress: operation id → (state name, attempts, queue); nil when the
     /// document does not hold the job (left out, or sent before the job started) or does not decode.
-    public static func decode(_ bytes: [UInt8], job: String) -> [String: (state: String, attempts: Int, queue: String)]? {
+    public static func decode(_ bytes: [UInt8], job: String) -> [String: Sent]? {
         guard let document = try? PropertyList.parse(bytes), let jobs = document.dictionary,
               let operations = jobs[job]?.dictionary else { return nil }
-        var answer: [String: (state: String, attempts: Int, queue: String)] = [:]
+        var answer: [String: Sent] = [:]
         for entry in operations.entries {
             guard let fields = entry.value.array, fields.count == 3, let code = fields[0].integer, let attempts = fields[1].integer,
                   let queue = fields[2].string, let raw = UInt8(exactly: code), let state = OperationState(rawValue: raw),

@@ -278,7 +278,7 @@ extension Daemon {
     func clusterProgress() -> [UInt8] {
         // The plans copied under the lock (a photo list's grows under it).
         let running = lock.withLock { runs.map { ($0.key, $0.value.plan, lifecycle.group(of: $0.key)) } }
-        var jobs: [(job: String, operations: [(id: String, state: OperationState, attempts: Int, queue: String)])] = []
+        var jobs: [(job: String, operations: [ClusterProgress.Operation])] = []
         var left = ClusterProgress.budget
         for (id, plan, group) in running {
             guard let plan, let group else { continue }
