@@ -9,7 +9,7 @@
 #include <dirent.h>
 #include <spawn.h>
 #include <sys/types.h>
-#include <sys/xattr.h>  /* setxattr/getxattr for Swift: the spool keeps job records as attributes */
+#include <sys/xattr.h>  /* setxattr/getxattr for Swift: the spool keeps claim records as attributes */
 
 /// The calling thread's kernel id.
 pid_t opq_gettid(void);

@@ -1,5 +1,5 @@
 // Reading a file the daemon does not trust to be what it is named: no link followed, no FIFO blocked on, a bound on
-// what is read. Used by the spool (manifests, job records, results) and by the configuration at a reload; a file of
+// what is read. Used by the spool (manifests, claim records, results) and by the configuration at a reload; a file of
 // its own so that the manifest fuzzer (Makefile: fuzz-manifest), which builds Configuration.swift without the rest
 // of the daemon, has it too.
 

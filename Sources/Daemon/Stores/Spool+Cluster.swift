@@ -9,12 +9,12 @@
 //                                committed) never submits it twice. Its claim id is the name with a leading '.',
 //                                never a job id. An inbox name too long to fit is kept in the job attribute.
 //   active/.submissions/<job>/   the same for a job handed over from active/<job>/ (a claim made before the node
-//                                knew it was in a cluster); its job record moves with it.
+//                                knew it was in a cluster); its claim record moves with it.
 //   sharedOutbox/<job>/          (`cluster.sharedOutbox`) a published job, assembled as sharedOutbox/.tmp/<job>/
 //                                (a copy: the shared folder is another file system), made durable, then renamed
 //                                into place; active/<job>/ goes after that.
-//   active/<job>/                a job claimed from the database: its job record (the attribute, or job.plist
-//                                where the file system has none) also says `claimedFrom = cluster` and holds the
+//   active/<job>/                a job claimed from the database: its claim record (the attribute, or job.plist
+//                                where the file system has none) is marked a cluster claim and holds the
 //                                origin: fence, submittedOn, fromNode. One attribute, written before the manifest;
 //                                it goes wherever the folder goes (lost: removed; published: into the outbox).
 //
@@ -60,7 +60,7 @@ extension Spool {
             }
             if !fits {
                 // Without the attribute the name reads back as <key>.plist: only the result's `manifest` differs.
-                _ = setJobAttribute(PlistBinaryWriter.document(.dictionary(PlistDictionary(["manifest": .string(name)]))), on: target)
+                _ = setJobAttribute(ClaimRecord(manifest: name).encoded, on: target)
             }
             return .claimed(ClaimedJob(id: "." + file, requestedJob: Self.wantedID(name: name, tree: tree), manifestName: name,
                                        receivedAt: now, manifest: data, tree: tree, done: [:]))
@@ -102,7 +102,7 @@ extension Spool {
                 guard case .success(let manifest) = Self.readHeldManifest(dir) else { continue }
                 let key = name.prefix { $0 != "-" }
                 var inboxName = String(name.dropFirst(key.count + 1))
-                if let recorded = readJobRecord(dir).name { inboxName = recorded }
+                if let recorded = readClaimRecord(dir)?.manifest { inboxName = recorded }
                 if inboxName.isEmpty { inboxName = key + ".plist" }
                 let tree = manifest.tree ?? ManifestTree(manifest.data)
                 found.append((dir, ClaimedJob(id: "." + name, requestedJob: Self.wantedID(name: inboxName, tree: tree), manifestName: inboxName,
@@ -110,27 +110,27 @@ extension Spool {
                 continue
             }
             guard case .success(let manifest) = Self.readHeldManifest(dir + "/manifest.plist") else { removeTree(dir); continue }
-            let record = readJobRecord(dir)
-            found.append((dir, ClaimedJob(id: name, requestedJob: record.requested, manifestName: record.name ?? name + ".plist",
-                                          receivedAt: record.receivedAt ?? 0, manifest: manifest.data, tree: manifest.tree, done: [:])))
+            let record = readClaimRecord(dir)
+            found.append((dir, ClaimedJob(id: name, requestedJob: record?.requestedJob, manifestName: record?.manifest ?? name + ".plist",
+                                          receivedAt: record?.receivedAt ?? 0, manifest: manifest.data, tree: manifest.tree, done: [:])))
         }
         return found
     }
 
     /// Whether active/<job>/ was written by `materialise` (a job claimed from the cluster), not by an inbox claim.
     func isClusterClaim(job: String) -> Bool {
-        jobRecord(active + "/" + job)?["claimedFrom"]?.string == "cluster"
+        readClaimRecord(active + "/" + job)?.claimedFromCluster == true
     }
 
-    /// Writes a job claimed from the cluster into active/<job>/: its job record (with the origin), then the
+    /// Writes a job claimed from the cluster into active/<job>/: its claim record (with the origin), then the
     /// manifest; durable at the next `commit()`. `manifestFile`, a file holding the same bytes, is renamed in
     /// when it can be (and removed when not).
     ///
     /// Never replaces a folder that is there: active/<job>/ may be this node's own inbox claim of a manifest asking
     /// for the same id, on its way to active/.submissions (the cluster's ids are unique, a node's local claim names
     /// are not). Then this throws EEXIST and the caller hands the row back to the cluster, to be claimed again once
-    /// the name is free. The job record says `claimedFrom = cluster`, so that recovery never takes a folder this
-    /// wrote for an inbox claim (and submits it again) when its record does not decode.
+    /// the name is free. The claim record is marked a cluster claim (by its fence), so that recovery never takes a
+    /// folder this wrote for an inbox claim (and submits it again) when its origin does not decode.
     func materialise(job: String, manifest: [UInt8], manifestName: String, receivedAt: Double, requestedJob: String?,
                      origin: ClusterOrigin, manifestFile: String? = nil) throws {
         let dir = active + "/" + job
@@ -138,11 +138,8 @@ extension Spool {
         defer { if let manifestFile, !renamed { removeTree(manifestFile) } }
         guard mkdir(dir, 0o750) == 0 else { throw SpoolError(operation: "mkdir", path: dir, errno: errno) }
         do {
-            var record = PlistDictionary(["manifest": .string(manifestName), "receivedAt": .real(receivedAt), "claimedFrom": .string("cluster"),
-                                          "fence": .integer(Int(origin.fence)), "submittedOn": .string(origin.submittedOn)])
-            if let requestedJob, requestedJob != job { record["requestedJob"] = .string(requestedJob) }
-            if let from = origin.fromNode { record["fromNode"] = .string(from) }
-            try writeJobRecord(record, on: dir)
+            try writeClaimRecord(ClaimRecord(manifest: manifestName, receivedAt: receivedAt, requestedJob: requestedJob == job ? nil : requestedJob,
+                                         origin: origin), on: dir)
             renamed = manifestFile.map { rename($0, dir + "/manifest.plist") == 0 } ?? false
             if !renamed { try writeFile(Data(manifest), to: dir + "/manifest.plist") }
         } catch {
@@ -151,14 +148,10 @@ extension Spool {
         }
     }
 
-    /// The origin of a job claimed from the cluster, from its job record in active/<job>/ (nil for an inbox claim,
+    /// The origin of a job claimed from the cluster, from its claim record in active/<job>/ (nil for an inbox claim,
     /// or a record that does not decode).
     func readOrigin(job: String) -> ClusterOrigin? {
-        guard let record = jobRecord(active + "/" + job), record["claimedFrom"]?.string == "cluster",
-              case .integer(let fence)? = record["fence"], let submittedOn = record["submittedOn"]?.string else {
-            return nil
-        }
-        return ClusterOrigin(fence: Int64(fence), submittedOn: submittedOn, fromNode: record["fromNode"]?.string)
+        readClaimRecord(active + "/" + job)?.origin
     }
 
     /// Publication under `cluster.sharedOutbox` (SPEC §8), in place of `place(job:)`: active/<job>/ is copied into

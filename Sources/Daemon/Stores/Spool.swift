@@ -368,10 +368,8 @@ public final class Spool: @unchecked Sendable {
             id = "\(wanted).\(n)"
         }
         let dir = active + "/" + id
-        var record = PlistDictionary(["manifest": .string(name), "receivedAt": .real(now)])
-        if id != wanted { record["requestedJob"] = .string(wanted) }
         do {
-            try writeJobRecord(record, on: dir)
+            try writeClaimRecord(ClaimRecord(manifest: name, receivedAt: now, requestedJob: id != wanted ? wanted : nil), on: dir)
         } catch {
             removeTree(dir)
             throw error
@@ -406,9 +404,9 @@ public final class Spool: @unchecked Sendable {
                 problems.append("active/\(id)/manifest.plist cannot be read; left in place")
                 continue
             }
-            let record = readJobRecord(dir)
-            jobs.append(ClaimedJob(id: id, requestedJob: record.requested, manifestName: record.name ?? id + ".plist",
-                                   receivedAt: record.receivedAt ?? Date().timeIntervalSince1970, manifest: manifest.data,
+            let record = readClaimRecord(dir)
+            jobs.append(ClaimedJob(id: id, requestedJob: record?.requestedJob, manifestName: record?.manifest ?? id + ".plist",
+                                   receivedAt: record?.receivedAt ?? Date().timeIntervalSince1970, manifest: manifest.data,
                                    tree: manifest.tree, done: progress[id] ?? [:]))
         }
         // Downloads: those of jobs that resume stay (a download that succeeded is restored from its file),
@@ -524,15 +522,9 @@ public final class Spool: @unchecked Sendable {
     /// Writes a job folder's record (inbox name, reception time, …): a small binary property list kept as the
     /// folder's `user.opqueued.job` attribute, or as job.plist where the file system takes no attributes. An
     /// attribute costs no inode: creating and deleting many small files is what ext4 does slowest.
-    func writeJobRecord(_ record: PlistDictionary, on dir: String) throws {
-        let bytes = PlistBinaryWriter.document(.dictionary(record))
+    func writeClaimRecord(_ record: ClaimRecord, on dir: String) throws {
+        let bytes = record.encoded
         if !setJobAttribute(bytes, on: dir) { try writeFile(Data(bytes), to: dir + "/job.plist") }
-    }
-
-    /// The job record a claim wrote on a job folder: inbox name, reception time, requested id.
-    func readJobRecord(_ dir: String) -> (name: String?, receivedAt: Double?, requested: String?) {
-        guard let record = jobRecord(dir) else { return (nil, nil, nil) }
-        return (record["manifest"]?.string, record["receivedAt"]?.real, record["requestedJob"]?.string)
     }
 
     /// Sets `path`'s job attribute to `bytes`; whether the file system took it.
@@ -540,11 +532,10 @@ public final class Spool: @unchecked Sendable {
         bytes.withUnsafeBytes { setxattr(path, Self.jobAttribute, $0.baseAddress, $0.count, 0) } == 0
     }
 
-    /// A job folder's record, or nil if it has none that decodes as a dictionary (never trusted further: each
-    /// reader checks the types of the keys it uses).
-    func jobRecord(_ dir: String) -> PlistDictionary? {
-        guard let data = readAttribute(dir, Self.jobAttribute) ?? (try? readRegularFile(dir + "/job.plist").get()) else { return nil }
-        return (try? PropertyList.parse([UInt8](data)))?.dictionary
+    /// A job folder's (or a held submission's) record, or nil if it has none that decodes (ClaimRecord.swift).
+    func readClaimRecord(_ path: String) -> ClaimRecord? {
+        guard let data = readAttribute(path, Self.jobAttribute) ?? (try? readRegularFile(path + "/job.plist").get()) else { return nil }
+        return ClaimRecord(decoding: [UInt8](data))
     }
 
     // MARK: Publication
