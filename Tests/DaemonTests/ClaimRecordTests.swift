@@ -24,6 +24,11 @@ struct ClaimRecordTests {
         #expect(read == cluster)
         #expect(read.origin == origin)
         #expect(read.receivedAt == 0.1, "the reception time exactly, not rounded")
+        // The job.plist form (where the file system takes no user attributes) is a property list, and reads back too.
+        for record in [inbox, cluster] {
+            #expect((try? PropertyList.parse(record.propertyList))?.dictionary != nil)
+            #expect(ClaimRecord(decoding: record.propertyList) == record)
+        }
     }
 
     /// ext4's 256-byte inodes keep 60 bytes of this attribute's value; a record of usual names must fit, else each

@@ -1,8 +1,8 @@
 // The claim record: what a claim writes on active/<job>/ beside the manifest (inbox name, reception time, the id asked
 // for, and for a job claimed from the cluster its origin), kept as the folder's `user.opqueued.job` attribute, or as
-// a job.plist file in it where the file system takes no user attributes.
+// a job.plist file in it where the file system takes no user attributes (a property list, as its name says).
 //
-// Written compact: `key=value` entries separated by NUL bytes, one-letter keys —
+// The attribute is written compact: `key=value` entries separated by NUL bytes, one-letter keys —
 //   m  the inbox name            r  the reception time (seconds since 1970, shortest exact decimal)
 //   q  the id asked for, when a collision renamed the job
 //   f  the fence of a job claimed from the cluster (the key marks such a claim even when its value is unreadable)
@@ -68,6 +68,20 @@ struct ClaimRecord: Equatable {
             bytes.append(contentsOf: value.utf8.prefix { $0 != 0 })
         }
         return bytes
+    }
+
+    /// The property-list form (binary), for a job.plist file: where the record is a file, its size does not matter,
+    /// and a file of that name holds what its name says.
+    var propertyList: [UInt8] {
+        var dictionary = PlistDictionary([:])
+        if let manifest { dictionary["manifest"] = .string(manifest) }
+        if let receivedAt { dictionary["receivedAt"] = .real(receivedAt) }
+        if let requestedJob { dictionary["requestedJob"] = .string(requestedJob) }
+        if claimedFromCluster { dictionary["claimedFrom"] = .string("cluster") }
+        if let fence { dictionary["fence"] = .integer(Int(fence)) }
+        if let submittedOn { dictionary["submittedOn"] = .string(submittedOn) }
+        if let fromNode { dictionary["fromNode"] = .string(fromNode) }
+        return PlistBinaryWriter.document(.dictionary(dictionary))
     }
 
     /// A record read back, in either form; nil if it decodes as neither.

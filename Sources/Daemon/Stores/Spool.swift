@@ -523,8 +523,7 @@ public final class Spool: @unchecked Sendable {
     /// folder's `user.opqueued.job` attribute, or as job.plist where the file system takes no attributes. An
     /// attribute costs no inode: creating and deleting many small files is what ext4 does slowest.
     func writeClaimRecord(_ record: ClaimRecord, on dir: String) throws {
-        let bytes = record.encoded
-        if !setJobAttribute(bytes, on: dir) { try writeFile(Data(bytes), to: dir + "/job.plist") }
+        if !setJobAttribute(record.encoded, on: dir) { try writeFile(Data(record.propertyList), to: dir + "/job.plist") }
     }
 
     /// Sets `path`'s job attribute to `bytes`; whether the file system took it.
