@@ -12,6 +12,7 @@ import Synchronization
 import Testing
 import TestSupport
 @testable import Daemon
+import CShims
 import OperationEngine
 import PropertyList
 
@@ -496,6 +497,51 @@ struct ClusterJobStoreTests {
         #expect(try second.store.complete([JobEnd(job: "done", status: "succeeded", resultFile: result)]) == ["done"],
                 "recorded before the crash: published without the database")
         #expect(trimmed(try server.psql(database, "SELECT state FROM opq_jobs WHERE id = 'keep'")) == "running")
+    }
+
+    /// A spool copied without its extended attributes (`cp -r`, `rsync -a` without -X) has lost every claim record.
+    /// A job claimed from the cluster is then recognised from the database (same id, same manifest, claimed by this
+    /// node): resumed if still this node's, its record written again; removed as lost if another node took it over
+    /// meanwhile — never submitted again, which would run it twice. A folder the database knows nothing of stays an
+    /// inbox claim and is submitted.
+    @Test func claimsWhoseRecordsWereLostAreRecognisedFromTheDatabase() throws {
+        let server = try PostgresServer.shared.get()
+        let database = try server.createDatabase()
+        let folder = NSTemporaryDirectory() + "opq-cluster-unrecorded-\(UInt64.random(in: 1...UInt64.max))"
+        let spool = try Spool(root: folder)
+        defer { try? FileManager.default.removeItem(atPath: folder) }
+        let first = try ClusterNode("a", server: server, database: database, spoolFolder: folder, spool: spool)
+        _ = first.store.recovered([])
+        first.store.want(room: 2, manifestBytes: .max)
+        _ = first.store.submit(try ["kept", "taken"].map { try first.drop($0, sleepManifest($0)) })
+        #expect(eventually { first.shell.ran.count == 2 })
+        let fence = try #require(spool.readOrigin(job: "kept")?.fence)
+        let submittedAt = try #require(first.store.job("kept")?.submittedAt)
+        first.store.shutdown()
+        // While the node was down: `taken` taken over by another node (after the lease).
+        try server.psql(database, "UPDATE opq_jobs SET node = 'other', from_node = 'a', fence = nextval('opq_fence') WHERE id = 'taken'")
+        // An inbox claim the database does not know, then the copy that loses every record.
+        _ = try first.drop("local", sleepManifest("local"))
+        for job in ["kept", "taken", "local"] {
+            #expect(removexattr(spool.active + "/" + job, Spool.jobAttribute) == 0)
+            #expect(spool.readClaimRecord(spool.active + "/" + job) == nil)
+        }
+
+        let recovered = try spool.recover().jobs
+        #expect(recovered.map(\.id) == ["kept", "local", "taken"])
+        let second = try ClusterNode("a", server: server, database: database, spoolFolder: folder, spool: spool)
+        defer { second.store.shutdown() }
+        let resumed = second.store.recovered(recovered)
+        #expect(resumed.map(\.id) == ["kept"])
+        #expect(resumed.first?.receivedAt == submittedAt, "its reception time from the database, not the restart's")
+        #expect(spool.readOrigin(job: "kept")?.fence == fence, "its record written again")
+        #expect(!FileManager.default.fileExists(atPath: spool.active + "/taken"))
+        #expect(second.logs.all.contains { $0.metadata["OPQ_STATE"] == "lost" && $0.metadata["OPQ_JOB"] == "taken" })
+        // `local` is submitted; `kept` and `taken` are not submitted again (no kept.1, taken.1).
+        #expect(eventually { (try? second.store.job("local")) != nil })
+        #expect(eventually { ((try? FileManager.default.contentsOfDirectory(atPath: spool.active + "/.submissions")) ?? []).isEmpty })
+        #expect(trimmed(try server.psql(database, "SELECT string_agg(id, ' ' ORDER BY id) FROM opq_jobs")) == "kept local taken")
+        #expect(trimmed(try server.psql(database, "SELECT node || ' ' || fence FROM opq_jobs WHERE id = 'kept'")) == "a \(fence)")
     }
 
     /// The store's async work runs on its own executor: with every thread of the shared cooperative pool blocked

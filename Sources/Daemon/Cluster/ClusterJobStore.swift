@@ -206,12 +206,15 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
         var resubmit: [ClaimedJob] = []
         var orphaned: [String] = []
         for job in jobs {
-            if let origin = spool.readOrigin(job: job.id) {
+            let record = spool.readClaimRecord(spool.active + "/" + job.id)
+            if let origin = record?.origin {
                 candidates.append((job, origin))
-            } else if spool.isClusterClaim(job: job.id) {
+            } else if record?.claimedFromCluster == true {
                 // Claimed from the cluster, its origin (fence) unreadable: it cannot be resumed under any lease;
                 // the database gives it to a node again. Never submitted again as if from the inbox.
                 orphaned.append(job.id)
+            } else if record == nil, let recognised = recognised(job) {
+                candidates.append(recognised)
             } else {
                 resubmit.append(job)
             }
@@ -265,6 +268,43 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
         kick()
         wantSubmit()
         return resume
+    }
+
+    /// A folder in active/ with no claim record at all: an inbox claim, or a claim from the cluster whose record is
+    /// gone (the spool copied without its extended attributes: `cp -r`, `rsync -a` without `-X`, `tar` without
+    /// `--xattrs`). Submitting the latter again would run it twice. It is taken for a claim from the cluster when
+    /// the database has a job of that id with the very same manifest that this node claimed (it holds it, or it was
+    /// taken from it): its record is written again from the row, and it goes on as any such claim (resumed if still
+    /// this node's under that fence, published if its end was recorded, else lost). Nil — an inbox claim, as before —
+    /// when no such row is found, or the database does not answer.
+    private func recognised(_ job: ClaimedJob) -> (ClaimedJob, ClusterOrigin)? {
+        guard let row = try? waitBounded(Self.statementTimeout, on: executor, doing: "looking up job \(job.id)", { [store] in try await store.job(job.id) }),
+              row.node == nodeName || row.fromNode == nodeName, row.manifest.elementsEqual(job.manifest) else {
+            return nil
+        }
+        // A row handed back has no fence: -1, which no lease has, makes it lost here.
+        let kept = Self.kept(id: row.id, manifestName: row.manifestName, requestedID: row.requestedID, submittedOn: row.submittedOn,
+                             submittedAt: row.submittedAt, fromNode: row.fromNode, fence: row.fence ?? -1)
+        var claimed = job
+        claimed.manifestName = kept.name
+        claimed.requestedJob = kept.requested
+        claimed.receivedAt = kept.receivedAt
+        try? spool.writeClaimRecord(ClaimRecord(manifest: kept.name, receivedAt: kept.receivedAt, requestedJob: kept.requested, origin: kept.origin),
+                                    on: spool.active + "/" + job.id)
+        event(.warning, "job \(job.id): active/\(job.id) had lost its claim record (a copy without extended attributes?); the database says this node claimed it",
+              ["OPQ_JOB": .string(job.id)])
+        return (claimed, kept.origin)
+    }
+
+    /// What a row says of a job, as this node keeps it: its inbox name if a spool can hold it (else the id's), the
+    /// id it asked for if valid, node names checked, a reception time that is a time.
+    private static func kept(id: String, manifestName: String, requestedID: String, submittedOn: String, submittedAt: Double,
+                             fromNode: String?, fence: Int64) -> (name: String, requested: String?, receivedAt: Double, origin: ClusterOrigin) {
+        let name = manifestName.contains("/") || manifestName.utf8.count > 255 || manifestName.isEmpty ? id + ".plist" : manifestName
+        let origin = ClusterOrigin(fence: fence, submittedOn: isValidNodeName(submittedOn) ? submittedOn : "unknown",
+                                   fromNode: fromNode.flatMap { isValidNodeName($0) ? $0 : nil })
+        return (name, requestedID != id && isValidIdentifier(requestedID) ? requestedID : nil,
+                submittedAt.isFinite ? submittedAt : Date().timeIntervalSince1970, origin)
     }
 
     public func submit(_ jobs: [ClaimedJob]) -> [ClaimedJob] {
@@ -996,12 +1036,9 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
                 overBudget = true
                 continue
             }
-            let name = row.manifestName.contains("/") || row.manifestName.utf8.count > 255 || row.manifestName.isEmpty
-                ? row.id + ".plist" : row.manifestName
-            let submittedOn = isValidNodeName(row.submittedOn) ? row.submittedOn : "unknown"
-            let fromNode = row.fromNode.flatMap { isValidNodeName($0) ? $0 : nil }
-            let origin = ClusterOrigin(fence: row.fence, submittedOn: submittedOn, fromNode: fromNode)
-            let receivedAt = row.submittedAt.isFinite ? row.submittedAt : Date().timeIntervalSince1970
+            let (name, requested, receivedAt, origin) = Self.kept(id: row.id, manifestName: row.manifestName, requestedID: row.requestedID,
+                                                                  submittedOn: row.submittedOn, submittedAt: row.submittedAt,
+                                                                  fromNode: row.fromNode, fence: row.fence)
             if delegate?.holds(job: row.id) == true {
                 // A job of this node's that was rejected here at submission under the same id is ending: the row
                 // waits until the id is free here (the shell would take one job for the other).
@@ -1012,11 +1049,9 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
             let file = lock.withLock { adoptable.removeValue(forKey: row.id) }
             do {
                 try spool.materialise(job: row.id, manifest: row.manifest, manifestName: name, receivedAt: receivedAt,
-                                      requestedJob: row.requestedID == row.id || !isValidIdentifier(row.requestedID) ? nil : row.requestedID,
-                                      origin: origin, manifestFile: file)
+                                      requestedJob: requested, origin: origin, manifestFile: file)
                 let data = Data(row.manifest)
-                run.append(ClaimedJob(id: row.id, requestedJob: row.requestedID != row.id && isValidIdentifier(row.requestedID) ? row.requestedID : nil,
-                                      manifestName: name, receivedAt: receivedAt, manifest: data, tree: ManifestTree(data), done: [:],
+                run.append(ClaimedJob(id: row.id, requestedJob: requested, manifestName: name, receivedAt: receivedAt, manifest: data, tree: ManifestTree(data), done: [:],
                                       cancels: row.cancels))
                 lock.withLock {
                     state.hold(row.id, fence: row.fence)
@@ -1060,7 +1095,7 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
         }
         guard handedOver > 0 || !run.isEmpty else { return }
         // No spool commit before they run: the database holds the job, not this copy. A crash that loses the copy
-        // (or half of it: a folder without its origin record is taken for lost at recovery, never resubmitted)
+        // (or half of it: a folder whose record is gone is recognised from the database at recovery, `recognised`)
         // leaves the row running under this node's fence; the restarted node hands it back at its first beat, or
         // another takes it over after the lease. The publication commits result.plist before the fenced completion.
         if !run.isEmpty {
