@@ -544,6 +544,44 @@ struct ClusterJobStoreTests {
         #expect(trimmed(try server.psql(database, "SELECT node || ' ' || fence FROM opq_jobs WHERE id = 'kept'")) == "a \(fence)")
     }
 
+    /// The same folders when the database does not answer at start (a server that takes the connection and never
+    /// speaks): one lookup waits out its timeout, the others are not tried; the folders are inbox claims, set aside
+    /// for submission; the node starts rather than waiting a timeout per folder.
+    @Test func foldersWithoutRecordsDoNotHoldUpAStartWhileTheDatabaseIsSilent() throws {
+        let server = try PostgresServer.shared.get()
+        let listener = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        #expect(listener >= 0)
+        defer { close(listener) }
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        let bound = withUnsafeMutablePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(listener, $0, length) == 0 && getsockname(listener, $0, &length) == 0 }
+        }
+        #expect(bound && listen(listener, 64) == 0, "never accepted: the kernel completes the handshakes, no one answers")
+        let port = UInt16(bigEndian: address.sin_port)
+        let folder = NSTemporaryDirectory() + "opq-cluster-silent-\(UInt64.random(in: 1...UInt64.max))"
+        let spool = try Spool(root: folder)
+        defer { try? FileManager.default.removeItem(atPath: folder) }
+        let jobs = ["one", "two", "three", "four", "five"]
+        for job in jobs {
+            #expect(mkdir(spool.active + "/" + job, 0o750) == 0)
+            try plist(sleepManifest(job)).write(to: URL(fileURLWithPath: spool.active + "/" + job + "/manifest.plist"))
+        }
+        let node = try ClusterNode("a", server: server, database: "silent", spoolFolder: folder, spool: spool,
+                                   url: "postgresql://\(PostgresServer.role)@127.0.0.1:\(port)/silent?sslmode=disable")
+        defer { node.store.shutdown() }
+        let recovered = try spool.recover().jobs
+        #expect(recovered.count == 5)
+        let started = monotonicSeconds()
+        #expect(node.store.recovered(recovered).isEmpty)
+        let seconds = monotonicSeconds() - started
+        #expect(seconds < ClusterJobStore.statementTimeout * 2, "one lookup's timeout, not one per folder: \(seconds) s")
+        #expect(Set((try? FileManager.default.contentsOfDirectory(atPath: spool.active + "/.submissions")) ?? []) == Set(jobs),
+                "set aside for submission, as inbox claims")
+    }
+
     /// The store's async work runs on its own executor: with every thread of the shared cooperative pool blocked
     /// for longer than the lease, the node still beats and keeps its job (on the shared pool it would lose it).
     @Test func heartbeatsGoOnWhileTheCooperativePoolIsBlocked() throws {

@@ -205,6 +205,9 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
         var candidates: [(ClaimedJob, ClusterOrigin)] = []
         var resubmit: [ClaimedJob] = []
         var orphaned: [String] = []
+        // Whether the database answers the lookups of folders without a record (`recognised`): after one that it
+        // did not, none is tried again (each would wait out its timeout, and the node is to start without it).
+        var answering = true
         for job in jobs {
             let record = spool.readClaimRecord(spool.active + "/" + job.id)
             if let origin = record?.origin {
@@ -213,7 +216,7 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
                 // Claimed from the cluster, its origin (fence) unreadable: it cannot be resumed under any lease;
                 // the database gives it to a node again. Never submitted again as if from the inbox.
                 orphaned.append(job.id)
-            } else if record == nil, let recognised = recognised(job) {
+            } else if record == nil, let recognised = recognised(job, answering: &answering) {
                 candidates.append(recognised)
             } else {
                 resubmit.append(job)
@@ -276,12 +279,17 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
     /// the database has a job of that id with the very same manifest that this node claimed (it holds it, or it was
     /// taken from it): its record is written again from the row, and it goes on as any such claim (resumed if still
     /// this node's under that fence, published if its end was recorded, else lost). Nil — an inbox claim, as before —
-    /// when no such row is found, or the database does not answer.
-    private func recognised(_ job: ClaimedJob) -> (ClaimedJob, ClusterOrigin)? {
-        guard let row = try? waitBounded(Self.statementTimeout, on: executor, doing: "looking up job \(job.id)", { [store] in try await store.job(job.id) }),
-              row.node == nodeName || row.fromNode == nodeName, row.manifest.elementsEqual(job.manifest) else {
+    /// when no such row is found, or the database does not answer (`answering` false then, and not asked again).
+    private func recognised(_ job: ClaimedJob, answering: inout Bool) -> (ClaimedJob, ClusterOrigin)? {
+        guard answering else { return nil }
+        let found: JobRecord?
+        do {
+            found = try waitBounded(Self.statementTimeout, on: executor, doing: "looking up job \(job.id)", { [store] in try await store.job(job.id) })
+        } catch {
+            answering = false
             return nil
         }
+        guard let row = found, row.node == nodeName || row.fromNode == nodeName, row.manifest.elementsEqual(job.manifest) else { return nil }
         // A row handed back has no fence: -1, which no lease has, makes it lost here.
         let kept = Self.kept(id: row.id, manifestName: row.manifestName, requestedID: row.requestedID, submittedOn: row.submittedOn,
                              submittedAt: row.submittedAt, fromNode: row.fromNode, fence: row.fence ?? -1)

@@ -519,7 +519,7 @@ public final class Spool: @unchecked Sendable {
 
     // MARK: Job records
 
-    /// Writes a job folder's record (inbox name, reception time, …): a small binary property list kept as the
+    /// Writes a job folder's claim record (inbox name, reception time, …; ClaimRecord.swift): compact, as the
     /// folder's `user.opqueued.job` attribute, or as job.plist where the file system takes no attributes. An
     /// attribute costs no inode: creating and deleting many small files is what ext4 does slowest.
     func writeClaimRecord(_ record: ClaimRecord, on dir: String) throws {
