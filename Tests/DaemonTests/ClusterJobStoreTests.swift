@@ -545,8 +545,8 @@ struct ClusterJobStoreTests {
     }
 
     /// The same folders when the database does not answer at start (a server that takes the connection and never
-    /// speaks): one lookup waits out its timeout, the others are not tried; the folders are inbox claims, set aside
-    /// for submission; the node starts rather than waiting a timeout per folder.
+    /// speaks): one lookup waits out its timeout, the others are not tried; the folders wait in active/ for the
+    /// database to answer (next test); the node starts rather than waiting a timeout per folder.
     @Test func foldersWithoutRecordsDoNotHoldUpAStartWhileTheDatabaseIsSilent() throws {
         let server = try PostgresServer.shared.get()
         let listener = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
@@ -578,8 +578,55 @@ struct ClusterJobStoreTests {
         #expect(node.store.recovered(recovered).isEmpty)
         let seconds = monotonicSeconds() - started
         #expect(seconds < ClusterJobStore.statementTimeout * 2, "one lookup's timeout, not one per folder: \(seconds) s")
-        #expect(Set((try? FileManager.default.contentsOfDirectory(atPath: spool.active + "/.submissions")) ?? []) == Set(jobs),
-                "set aside for submission, as inbox claims")
+        #expect(Set(try FileManager.default.contentsOfDirectory(atPath: spool.active).filter { !$0.hasPrefix(".") }) == Set(jobs),
+                "waiting in active/, none submitted")
+        #expect(((try? FileManager.default.contentsOfDirectory(atPath: spool.active + "/.submissions")) ?? []).isEmpty)
+    }
+
+    /// Folders without records met while the database is down at start wait in active/ until it answers, then are
+    /// looked up: one whose end this node recorded is published here; one the database holds as this node's is not
+    /// run from the copy (the copy goes, `lost`; the row is handed back to run again from the database); one it does
+    /// not know is submitted. Nothing is submitted twice.
+    @Test func foldersWithoutRecordsWaitForTheDatabaseToAnswer() throws {
+        let server = try PostgresServer()
+        defer { server.stop(); try? FileManager.default.removeItem(atPath: server.folder) }
+        let database = try server.createDatabase()
+        let folder = NSTemporaryDirectory() + "opq-cluster-unverified-\(UInt64.random(in: 1...UInt64.max))"
+        let spool = try Spool(root: folder)
+        defer { try? FileManager.default.removeItem(atPath: folder) }
+        let first = try ClusterNode("a", server: server, database: database, spoolFolder: folder, spool: spool)
+        _ = first.store.recovered([])
+        first.store.want(room: 2, manifestBytes: .max)
+        _ = first.store.submit(try ["held", "done"].map { try first.drop($0, sleepManifest($0)) })
+        #expect(eventually { first.shell.ran.count == 2 })
+        let result = spool.active + "/done/result.plist"
+        try plist(["job": "done"]).write(to: URL(fileURLWithPath: result))
+        #expect(try first.store.complete([JobEnd(job: "done", status: "succeeded", resultFile: result)]) == ["done"])
+        first.store.shutdown()
+        _ = try first.drop("local", sleepManifest("local"))
+        for job in ["held", "done", "local"] { #expect(removexattr(spool.active + "/" + job, Spool.jobAttribute) == 0) }
+        server.stop()
+
+        let recovered = try spool.recover().jobs
+        let second = try ClusterNode("a", server: server, database: database, spoolFolder: folder, spool: spool)
+        defer { second.store.shutdown() }
+        #expect(second.store.recovered(recovered).isEmpty)
+        usleep(1_500_000)
+        #expect(Set(try FileManager.default.contentsOfDirectory(atPath: spool.active).filter { !$0.hasPrefix(".") }) == ["held", "done", "local"],
+                "left where they are while the database is down")
+
+        try server.start()
+        #expect(eventually(15) { second.shell.ran.contains { $0.job.id == "done" } }, "its end recorded: published here")
+        #expect(try second.store.complete([JobEnd(job: "done", status: "succeeded", resultFile: result)]) == ["done"],
+                "without recording again")
+        #expect(eventually { !FileManager.default.fileExists(atPath: spool.active + "/held") })
+        #expect(second.logs.all.contains { $0.metadata["OPQ_STATE"] == "lost" && $0.metadata["OPQ_JOB"] == "held" })
+        #expect(eventually(10) { trimmed((try? server.psql(database, "SELECT state || ' ' || coalesce(node, '-') FROM opq_jobs WHERE id = 'held'")) ?? "") == "waiting -" },
+                "handed back, to run again from the database")
+        #expect(eventually { (try? second.store.job("local")) != nil })
+        #expect(eventually { ((try? FileManager.default.contentsOfDirectory(atPath: spool.active + "/.submissions")) ?? []).isEmpty })
+        #expect(trimmed(try server.psql(database, "SELECT string_agg(id, ' ' ORDER BY id) FROM opq_jobs")) == "done held local")
+        #expect(!second.shell.ran.contains { $0.job.id == "held" })
     }
 
     /// The store's async work runs on its own executor: with every thread of the shared cooperative pool blocked

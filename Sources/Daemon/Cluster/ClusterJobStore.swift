@@ -78,6 +78,9 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
     /// node claims before the reaper gets to it (`reapDelay` after the insert, or at shutdown) has its file renamed
     /// into active/<job>/ rather than written again. Whoever takes the entry out owns the file.
     private var adoptable: [String: String] = [:]
+    /// Folders in active/ without any claim record that recovery could not look up (the database did not answer at
+    /// start): left where they are until the submission thread can (`verifyUnrecorded`).
+    private var unverified: [ClaimedJob] = []
     private var slotReleases: [SlotLease] = []
     /// Slots dropped at the lease deadline, released (fence-checked) once the database's lease on them would have
     /// run out too: a node that renews before the takeover sees them keeps its name on them otherwise.
@@ -205,6 +208,7 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
         var candidates: [(ClaimedJob, ClusterOrigin)] = []
         var resubmit: [ClaimedJob] = []
         var orphaned: [String] = []
+        var unverified: [ClaimedJob] = []
         // Whether the database answers the lookups of folders without a record (`recognised`): after one that it
         // did not, none is tried again (each would wait out its timeout, and the node is to start without it).
         var answering = true
@@ -216,11 +220,21 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
                 // Claimed from the cluster, its origin (fence) unreadable: it cannot be resumed under any lease;
                 // the database gives it to a node again. Never submitted again as if from the inbox.
                 orphaned.append(job.id)
-            } else if record == nil, let recognised = recognised(job, answering: &answering) {
-                candidates.append(recognised)
+            } else if record == nil {
+                if let recognised = recognised(job, answering: &answering) {
+                    candidates.append(recognised)
+                } else if answering {
+                    resubmit.append(job)
+                } else {
+                    unverified.append(job)
+                }
             } else {
                 resubmit.append(job)
             }
+        }
+        if !unverified.isEmpty {
+            let unverified = unverified
+            lock.withLock { self.unverified = unverified }
         }
         // Which the database still gives this node, under the same fence (one beat); a job whose end was recorded
         // under its fence before the restart is published without recording again.
@@ -278,8 +292,9 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
     /// `--xattrs`). Submitting the latter again would run it twice. It is taken for a claim from the cluster when
     /// the database has a job of that id with the very same manifest that this node claimed (it holds it, or it was
     /// taken from it): its record is written again from the row, and it goes on as any such claim (resumed if still
-    /// this node's under that fence, published if its end was recorded, else lost). Nil — an inbox claim, as before —
-    /// when no such row is found, or the database does not answer (`answering` false then, and not asked again).
+    /// this node's under that fence, published if its end was recorded, else lost). Nil — an inbox claim — when no
+    /// such row is found; nil and `answering` false when the database does not answer (it is not asked again: the
+    /// folder waits for `verifyUnrecorded`).
     private func recognised(_ job: ClaimedJob, answering: inout Bool) -> (ClaimedJob, ClusterOrigin)? {
         guard answering else { return nil }
         let found: JobRecord?
@@ -927,7 +942,47 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
 
     /// Inserts one batch of what waits (up to 256, one transaction); the local copies go only after the commit.
     /// Returns whether more wait.
+    /// The folders without a record that recovery could not look up (`recognised`), now that the database answers,
+    /// before anything is submitted. One whose end this node recorded is published (resumed as recovery would have);
+    /// one the database knows otherwise as this node's claim, or one taken from it, is not run from this copy: the
+    /// copy goes (`lost` here), and a row still this node's is handed back at the next beat (it runs here nowhere),
+    /// to run again from the database. Any other is an inbox claim, submitted. A lookup that fails throws: retried
+    /// after the thread's backoff.
+    private func verifyUnrecorded() throws {
+        while let job = lock.withLock({ unverified.first }) {
+            let row = try waitBounded(Self.statementTimeout, on: executor, doing: "looking up job \(job.id)", { [store] in try await store.job(job.id) })
+            lock.withLock { _ = unverified.removeFirst() }
+            guard let row, row.node == nodeName || row.fromNode == nodeName, row.manifest.elementsEqual(job.manifest) else {
+                enqueueSubmission(job)
+                continue
+            }
+            let kept = Self.kept(id: row.id, manifestName: row.manifestName, requestedID: row.requestedID, submittedOn: row.submittedOn,
+                                 submittedAt: row.submittedAt, fromNode: row.fromNode, fence: row.fence ?? -1)
+            if row.state == .finished, row.node == nodeName, let fence = row.fence {
+                var claimed = job
+                claimed.manifestName = kept.name
+                claimed.requestedJob = kept.requested
+                claimed.receivedAt = kept.receivedAt
+                try? spool.writeClaimRecord(ClaimRecord(manifest: kept.name, receivedAt: kept.receivedAt, requestedJob: kept.requested,
+                                                        origin: kept.origin), on: spool.active + "/" + job.id)
+                lock.withLock {
+                    state.hold(job.id, fence: fence, recorded: true)
+                    origins[job.id] = kept.origin
+                }
+                event(.warning, "job \(job.id): active/\(job.id) had lost its claim record (a copy without extended attributes?); its end is recorded: published here",
+                      ["OPQ_JOB": .string(job.id)])
+                delegate?.run([claimed])
+                continue
+            }
+            removeTree(spool.active + "/" + job.id)
+            spool.discardDownloads(job: job.id)
+            event(.warning, "job \(job.id): active/\(job.id) had lost its claim record (a copy without extended attributes?); the database holds the job: it runs again from there",
+                  ["OPQ_EVENT": "job", "OPQ_STATE": "lost", "OPQ_JOB": .string(job.id), "OPQ_ERROR": "its copy here had lost its claim record"])
+        }
+    }
+
     private func submitPending() throws -> Bool {
+        try verifyUnrecorded()
         do {
             let batch = lock.withLock { Array(pending.prefix(256)) }
             if batch.isEmpty { return false }
