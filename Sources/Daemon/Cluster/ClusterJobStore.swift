@@ -304,8 +304,21 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
             answering = false
             return nil
         }
-        guard let row = found, row.node == nodeName || row.fromNode == nodeName, row.manifest.elementsEqual(job.manifest) else { return nil }
-        // A row handed back has no fence: -1, which no lease has, makes it lost here.
+        guard let row = found, isThisNodesClaim(row, of: job) else { return nil }
+        event(.warning, "job \(job.id): active/\(job.id) had lost its claim record (a copy without extended attributes?); the database says this node claimed it",
+              ["OPQ_JOB": .string(job.id)])
+        return recordAgain(job, from: row)
+    }
+
+    /// Whether `row` is the database's side of `job`, a folder without a record: the same manifest, claimed by this
+    /// node (it holds it, or it was taken from it).
+    private func isThisNodesClaim(_ row: JobRecord, of job: ClaimedJob) -> Bool {
+        (row.node == nodeName || row.fromNode == nodeName) && row.manifest.elementsEqual(job.manifest)
+    }
+
+    /// `job`'s claim record written again from its row, and the job as the row says it (name, requested id,
+    /// reception time) with its origin. A row handed back has no fence: -1, which no lease has, makes it lost here.
+    private func recordAgain(_ job: ClaimedJob, from row: JobRecord) -> (ClaimedJob, ClusterOrigin) {
         let kept = Self.kept(id: row.id, manifestName: row.manifestName, requestedID: row.requestedID, submittedOn: row.submittedOn,
                              submittedAt: row.submittedAt, fromNode: row.fromNode, fence: row.fence ?? -1)
         var claimed = job
@@ -314,8 +327,6 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
         claimed.receivedAt = kept.receivedAt
         try? spool.writeClaimRecord(ClaimRecord(manifest: kept.name, receivedAt: kept.receivedAt, requestedJob: kept.requested, origin: kept.origin),
                                     on: spool.active + "/" + job.id)
-        event(.warning, "job \(job.id): active/\(job.id) had lost its claim record (a copy without extended attributes?); the database says this node claimed it",
-              ["OPQ_JOB": .string(job.id)])
         return (claimed, kept.origin)
     }
 
@@ -952,22 +963,15 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
         while let job = lock.withLock({ unverified.first }) {
             let row = try waitBounded(Self.statementTimeout, on: executor, doing: "looking up job \(job.id)", { [store] in try await store.job(job.id) })
             lock.withLock { _ = unverified.removeFirst() }
-            guard let row, row.node == nodeName || row.fromNode == nodeName, row.manifest.elementsEqual(job.manifest) else {
+            guard let row, isThisNodesClaim(row, of: job) else {
                 enqueueSubmission(job)
                 continue
             }
-            let kept = Self.kept(id: row.id, manifestName: row.manifestName, requestedID: row.requestedID, submittedOn: row.submittedOn,
-                                 submittedAt: row.submittedAt, fromNode: row.fromNode, fence: row.fence ?? -1)
             if row.state == .finished, row.node == nodeName, let fence = row.fence {
-                var claimed = job
-                claimed.manifestName = kept.name
-                claimed.requestedJob = kept.requested
-                claimed.receivedAt = kept.receivedAt
-                try? spool.writeClaimRecord(ClaimRecord(manifest: kept.name, receivedAt: kept.receivedAt, requestedJob: kept.requested,
-                                                        origin: kept.origin), on: spool.active + "/" + job.id)
+                let (claimed, origin) = recordAgain(job, from: row)
                 lock.withLock {
                     state.hold(job.id, fence: fence, recorded: true)
-                    origins[job.id] = kept.origin
+                    origins[job.id] = origin
                 }
                 event(.warning, "job \(job.id): active/\(job.id) had lost its claim record (a copy without extended attributes?); its end is recorded: published here",
                       ["OPQ_JOB": .string(job.id)])
