@@ -83,6 +83,28 @@ struct ClaimRecordTests {
         #expect(job.id == "older" && job.manifestName == "photo shoot.plist" && job.receivedAt == 1.7e9)
     }
 
+    /// A folder whose record is gone (copied without attributes) is dated by its modification time, the same at
+    /// every start — in active/ and in active/.submissions/ alike — so that a cluster node submitting it keeps one
+    /// submission key across a crash (a key with the restart's time inserted it once more).
+    @Test func aFolderWithoutARecordIsDatedByTheFolder() throws {
+        let spool = try Spool(root: folder)
+        defer { try? FileManager.default.removeItem(atPath: folder) }
+        let manifest = Data("<plist><dict><key>operations</key><array/></dict></plist>".utf8)
+        let dated = 1_700_000_000.25
+        var times = [timeval(tv_sec: 1_700_000_000, tv_usec: 250_000), timeval(tv_sec: 1_700_000_000, tv_usec: 250_000)]
+        for dir in [spool.active + "/bare", spool.active + "/.submissions/moved"] {
+            #expect(mkdir(spool.active + "/.submissions", 0o750) == 0 || errno == EEXIST)
+            #expect(mkdir(dir, 0o750) == 0)
+            try manifest.write(to: URL(fileURLWithPath: dir + "/manifest.plist"))
+            #expect(utimes(dir, &times) == 0)
+        }
+        let recovered = try #require(try spool.recover().jobs.first)
+        #expect(recovered.id == "bare" && recovered.receivedAt == dated)
+        let pending = try #require(spool.pendingSubmissions().first)
+        #expect(pending.job.id == "moved" && pending.job.receivedAt == dated)
+        #expect(spool.pendingSubmissions().first?.job.receivedAt == dated, "the same at the next start")
+    }
+
     /// What a careless hand or a torn write leaves: never a crash; a record that does not decode reads as absent.
     @Test func garbageReadsAsAbsentAndAFenceMarksAClusterClaimEvenUnreadable() {
         for bytes: [UInt8] in [[], Array("plain text".utf8), [0x6d, 0x3d, 0xff, 0xfe], Array("m=a\0\0r=1".utf8), Array("bplist00junk".utf8),

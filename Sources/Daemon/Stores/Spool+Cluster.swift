@@ -112,7 +112,7 @@ extension Spool {
             guard case .success(let manifest) = Self.readHeldManifest(dir + "/manifest.plist") else { removeTree(dir); continue }
             let record = readClaimRecord(dir)
             found.append((dir, ClaimedJob(id: name, requestedJob: record?.requestedJob, manifestName: record?.manifest ?? name + ".plist",
-                                          receivedAt: record?.receivedAt ?? 0, manifest: manifest.data, tree: manifest.tree, done: [:])))
+                                          receivedAt: record?.receivedAt ?? Self.claimTime(dir), manifest: manifest.data, tree: manifest.tree, done: [:])))
         }
         return found
     }

@@ -406,7 +406,7 @@ public final class Spool: @unchecked Sendable {
             }
             let record = readClaimRecord(dir)
             jobs.append(ClaimedJob(id: id, requestedJob: record?.requestedJob, manifestName: record?.manifest ?? id + ".plist",
-                                   receivedAt: record?.receivedAt ?? Date().timeIntervalSince1970, manifest: manifest.data,
+                                   receivedAt: record?.receivedAt ?? Self.claimTime(dir), manifest: manifest.data,
                                    tree: manifest.tree, done: progress[id] ?? [:]))
         }
         // Downloads: those of jobs that resume stay (a download that succeeded is restored from its file),
@@ -529,6 +529,15 @@ public final class Spool: @unchecked Sendable {
     /// Sets `path`'s job attribute to `bytes`; whether the file system took it.
     func setJobAttribute(_ bytes: [UInt8], on path: String) -> Bool {
         bytes.withUnsafeBytes { setxattr(path, Self.jobAttribute, $0.baseAddress, $0.count, 0) } == 0
+    }
+
+    /// When a job folder without a record was claimed, as near as the folder says: its modification time (its last
+    /// change is the manifest's arrival; the folder keeps it when it moves), else now. The same answer at every
+    /// start, so that such a folder submitted to a cluster keeps one submission key across a crash.
+    static func claimTime(_ dir: String) -> Double {
+        var st = stat()
+        guard lstat(dir, &st) == 0 else { return Date().timeIntervalSince1970 }
+        return Double(st.st_mtim.tv_sec) + Double(st.st_mtim.tv_nsec) / 1e9
     }
 
     /// A job folder's (or a held submission's) record, or nil if it has none that decodes (ClaimRecord.swift).
