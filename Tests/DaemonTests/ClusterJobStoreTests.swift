@@ -142,6 +142,17 @@ func startedPair(queues: [String: Any] = [:]) throws -> (server: PostgresServer,
     return (server, database, a, b)
 }
 
+/// Node `a` on `spool`, started with nothing to recover, that has submitted `jobs` (a `sleep 0` each) and been given
+/// them to run.
+func nodeThatRan(_ jobs: [String], server: PostgresServer, database: String, spool: Spool) throws -> ClusterNode {
+    let node = try ClusterNode("a", server: server, database: database, spoolFolder: spool.root, spool: spool)
+    _ = node.store.recovered([])
+    node.store.want(room: jobs.count, manifestBytes: .max)
+    _ = node.store.submit(try jobs.map { try node.drop($0, sleepManifest($0)) })
+    #expect(eventually { node.shell.ran.count == jobs.count })
+    return node
+}
+
 /// Polls `condition` every 10 ms for at most `seconds`.
 func eventually(_ seconds: Double = 10, _ condition: () throws -> Bool) rethrows -> Bool {
     let end = monotonicSeconds() + seconds
@@ -473,11 +484,7 @@ struct ClusterJobStoreTests {
         let folder = NSTemporaryDirectory() + "opq-cluster-restart-\(UInt64.random(in: 1...UInt64.max))"
         let spool = try Spool(root: folder)
         defer { try? FileManager.default.removeItem(atPath: folder) }
-        let first = try ClusterNode("a", server: server, database: database, spoolFolder: folder, spool: spool)
-        _ = first.store.recovered([])
-        first.store.want(room: 3, manifestBytes: .max)
-        _ = first.store.submit(try ["keep", "gone", "done"].map { try first.drop($0, sleepManifest($0)) })
-        #expect(eventually { first.shell.ran.count == 3 })
+        let first = try nodeThatRan(["keep", "gone", "done"], server: server, database: database, spool: spool)
         let result = spool.active + "/done/result.plist"
         try plist(["job": "done"]).write(to: URL(fileURLWithPath: result))
         #expect(try first.store.complete([JobEnd(job: "done", status: "succeeded", resultFile: result)]) == ["done"])
@@ -510,11 +517,7 @@ struct ClusterJobStoreTests {
         let folder = NSTemporaryDirectory() + "opq-cluster-unrecorded-\(UInt64.random(in: 1...UInt64.max))"
         let spool = try Spool(root: folder)
         defer { try? FileManager.default.removeItem(atPath: folder) }
-        let first = try ClusterNode("a", server: server, database: database, spoolFolder: folder, spool: spool)
-        _ = first.store.recovered([])
-        first.store.want(room: 2, manifestBytes: .max)
-        _ = first.store.submit(try ["kept", "taken"].map { try first.drop($0, sleepManifest($0)) })
-        #expect(eventually { first.shell.ran.count == 2 })
+        let first = try nodeThatRan(["kept", "taken"], server: server, database: database, spool: spool)
         let fence = try #require(spool.readOrigin(job: "kept")?.fence)
         let submittedAt = try #require(first.store.job("kept")?.submittedAt)
         first.store.shutdown()
@@ -594,11 +597,7 @@ struct ClusterJobStoreTests {
         let folder = NSTemporaryDirectory() + "opq-cluster-unverified-\(UInt64.random(in: 1...UInt64.max))"
         let spool = try Spool(root: folder)
         defer { try? FileManager.default.removeItem(atPath: folder) }
-        let first = try ClusterNode("a", server: server, database: database, spoolFolder: folder, spool: spool)
-        _ = first.store.recovered([])
-        first.store.want(room: 2, manifestBytes: .max)
-        _ = first.store.submit(try ["held", "done"].map { try first.drop($0, sleepManifest($0)) })
-        #expect(eventually { first.shell.ran.count == 2 })
+        let first = try nodeThatRan(["held", "done"], server: server, database: database, spool: spool)
         let result = spool.active + "/done/result.plist"
         try plist(["job": "done"]).write(to: URL(fileURLWithPath: result))
         #expect(try first.store.complete([JobEnd(job: "done", status: "succeeded", resultFile: result)]) == ["done"])
