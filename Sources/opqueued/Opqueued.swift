@@ -109,6 +109,9 @@ struct Opqueued: AsyncParsableCommand {
             logger.critical("the spool \(spool) cannot be used: \(error)")
             throw ExitCode(1)
         }
+        if let newer = spoolFolder.formatTakenOver {
+            logger.notice("\(spoolFolder.active)/ was left by a newer opqueued (\(newer > 0 ? "spool format \(newer)" : "a format this build cannot read")) but holds no job: this build takes it over in its own format \(Spool.format)")
+        }
         // SPEC §8: with `cluster`, the jobs this node runs come from PostgreSQL; every entry names the node, and the
         // command watchdog kills commands whose lease ran out even if this process is frozen.
         var store: (any JobStore)?

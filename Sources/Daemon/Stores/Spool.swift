@@ -79,6 +79,9 @@ public final class Spool: @unchecked Sendable {
     var progressPath: String { active + "/.progress.log" }
     /// The progress log is rewritten (keeping only active jobs' lines) once it is this large.
     static let progressCompactionBytes = 32 << 20
+    /// The format active/.format named when it was newer than this build's and active/ held no job (taken over; 0
+    /// when it named none), for the journal.
+    public private(set) var formatTakenOver: Int?
     /// How many times the inbox was read whole (`scanInbox`), for tests.
     let inboxReads = Mutex(0)
 
@@ -109,6 +112,7 @@ public final class Spool: @unchecked Sendable {
             throw SpoolError(operation: "another opqueued holds the lock on", path: root, errno: EWOULDBLOCK)
         }
         try checkOneMount()
+        formatTakenOver = try adoptFormat()
     }
 
     /// Claims and publications rename between inbox/, active/, outbox/ and tmp/: one of them on another mount (a

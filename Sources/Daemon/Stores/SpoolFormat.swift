@@ -1,0 +1,77 @@
+// The spool's format: which build's records active/ holds.
+//
+// What is in active/ (the claim records on job folders, .progress.log, .submissions, .hooks, .commands) is the daemon's
+// own, read back only by the daemon at its next start. When a build changes how it writes them, a build from
+// before the change cannot read what the newer one left there: for a cluster claim whose record it cannot read, it
+// would submit the job again. active/.format names the format, and a build refuses active/ in a format newer than
+// it knows while active/ holds a job:
+//
+//   1  claim records as binary property lists (builds before the compact record; they wrote no .format)
+//   2  compact claim records (ClaimRecord.swift): NUL-separated k=value entries
+//
+// A build reads every older format, so a start rewrites the file to its own. Formats only concern active/: the
+// inbox is the users', the outbox is SPEC's (result.plist, manifest.plist), tmp/ is emptied at every start.
+
+#if canImport(Glibc)
+import Glibc
+#endif
+import Foundation
+
+extension Spool {
+    /// The format this build writes (and the newest it reads).
+    public static let format = 2
+    var formatPath: String { active + "/.format" }
+
+    /// Reads active/.format; refuses a newer format while active/ holds a job; writes this build's format.
+    /// Returns the format found when it was newer (active/ was empty, and is taken over), for the journal.
+    func adoptFormat() throws -> Int? {
+        let found = readFormat()
+        var tookOver: Int?
+        switch found {
+        case .some(let format) where format == Self.format:
+            return nil
+        case .some(let format) where format < Self.format:
+            break
+        case nil where !exists(formatPath):
+            break  // a new spool, or one of a build that wrote no .format (format 1)
+        default:
+            // Newer, or not a format at all (which a newer build may have written as well).
+            let jobs = jobsInActive()
+            guard jobs.isEmpty else {
+                let shown = found.map { "format \($0)" } ?? "a format this build cannot read"
+                throw SpoolFormatError(description: "\(active)/ holds \(jobs.count) job\(jobs.count == 1 ? "" : "s") (\(jobs.prefix(3).joined(separator: ", "))\(jobs.count > 3 ? ", …" : "")) written in \(shown) (\(formatPath)), newer than this build's format \(Self.format): let the newer opqueued run them to the end (for instance with --once), then start this one")
+            }
+            tookOver = found ?? 0
+        }
+        let temporary = active + "/.format.new"
+        try writeDurably(Data("\(Self.format)\n".utf8), to: temporary, syncFolder: false)
+        guard rename(temporary, formatPath) == 0 else { throw SpoolError(operation: "rename to \(formatPath)", path: temporary, errno: errno) }
+        try syncDirectory(active)
+        return tookOver
+    }
+
+    private func exists(_ path: String) -> Bool {
+        var st = stat()
+        return lstat(path, &st) == 0
+    }
+
+    /// The number active/.format holds, nil if it is missing or not a number.
+    private func readFormat() -> Int? {
+        guard case .success(let data) = readRegularFile(formatPath, limit: 64) else { return nil }
+        return Int(String(decoding: data, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines))
+    }
+
+    /// Names in active/ that hold a job: its visible folders, what waits in active/.submissions, and the hooks due for
+    /// published jobs (active/.hooks).
+    private func jobsInActive() -> [String] {
+        let visible = { (folder: String) in
+            ((try? FileManager.default.contentsOfDirectory(atPath: folder)) ?? []).filter { !$0.hasPrefix(".") }.sorted()
+        }
+        return visible(active) + visible(submissionsFolder).map { ".submissions/" + $0 } + visible(active + "/.hooks").map { ".hooks/" + $0 }
+    }
+}
+
+/// active/ in a format newer than this build reads, with jobs in it.
+struct SpoolFormatError: Error, CustomStringConvertible {
+    let description: String
+}
