@@ -1,0 +1,465 @@
+// ClusterJobStore's loop thread: connect (migrate, register), heartbeat and takeover, hand-backs, claims and the
+// jobs' files, cancels and suspensions — one round trip at a time, so that a beat's answer never crosses a claim.
+
+import ClusterStore
+import Foundation
+import Logging
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+extension ClusterJobStore {
+    func kick() { loopWake.signal() }
+
+    /// clusterMaxConcurrentOperationCount (SPEC §8): the shell's ClusterPermits take slots only while this node's
+    /// lease is good, record them here so that the lease deadline covers them, lose them at the deadline, and
+    /// hear when another node frees one.
+    func attach(permits: ClusterPermits) {
+        lock.withLock { self.permits = permits }
+        permits.attach(.init(
+            mayAcquire: { [weak self] in
+                guard let self else { return false }
+                return self.lock.withLock { self.state.mayTakeLeases(now: monotonicSeconds()) }
+            },
+            holding: { [weak self] lease, held in
+                guard let self else { return }
+                let key = ClusterNodeState.SlotKey(queue: lease.queue, slot: lease.slot, fence: lease.fence)
+                self.lock.withLock {
+                    if held { self.state.addSlot(key) } else { _ = self.state.removeSlot(key) }
+                }
+                self.reportDeadline()
+            }))
+    }
+
+    func heard(_ wakeup: Wakeup) {
+        switch wakeup {
+        case .jobs: lock.withLock { claimWanted = true }
+        case .control: lock.withLock { controlWanted = true }
+        case .slots:
+            lock.withLock { permits }?.nudge()
+            return
+        case .nodes:
+            wantStatus()
+            return
+        case .connected:
+            lock.withLock {
+                claimWanted = true
+                controlWanted = true
+                probe.listenerConnected(now: monotonicSeconds())
+            }
+            wantStatus()
+        case .disconnected:
+            lock.withLock { probe.listenerDisconnected() }
+            return
+        case .probe(let token):
+            report(lock.withLock { probe.heard(token, now: monotonicSeconds()) })
+            return
+        }
+        kick()
+    }
+
+    func loop() {
+        var backoff = 0.1
+        var connected = false
+        var nextBeat = 0.0, nextPoll = 0.0, nextTakeover = 0.0
+        var spoolHung = false
+        while !lock.withLock({ stopped }) {
+            // After a freeze (SIGSTOP), what the lease no longer covers stops before anything else is done.
+            checkDeadline()
+            // A spool that has hung for a whole lease (SpoolWatch): the node leaves the cluster as in an outage —
+            // nothing is renewed, claimed or registered until it answers, so that the jobs it can neither finish nor
+            // publish run elsewhere after the lease — and joins again (connects) once it answers.
+            let stalled = delegate?.spoolStalledSeconds() ?? 0
+            if (stalled >= spoolStallBound) != spoolHung {
+                spoolHung.toggle()
+                if spoolHung { connected = false }
+                spoolHungChanged(spoolHung, stalledSeconds: stalled)
+            }
+            if spoolHung {
+                sleep(upTo: 0.25)
+                continue
+            }
+            do {
+                if !connected || lock.withLock({ registerWanted }) {
+                    try connect(afterOutage: !connected)
+                    connected = true
+                    nextBeat = 0
+                }
+                let now = monotonicSeconds()
+                if now >= nextBeat {
+                    try beat()
+                    // Only a whole round (connected and beaten) ends an outage's backoff: a server that accepts
+                    // logins and fails statements is retried as slowly as one that refuses them.
+                    backoff = 0.1
+                    nextBeat = monotonicSeconds() + settings.leaseSeconds / 3
+                }
+                if now >= nextTakeover {
+                    try takeOver()
+                    nextTakeover = monotonicSeconds() + takeoverSeconds
+                }
+                try releaseWhatWasGivenUp()
+                let (wantsClaim, wantsControl, isStarted) = lock.withLock { () -> (Bool, Bool, Bool) in
+                    let polled = now >= nextPoll
+                    defer { claimWanted = false; controlWanted = false }
+                    return (claimWanted || polled, controlWanted || polled, started)
+                }
+                if now >= nextPoll { nextPoll = now + Self.pollSeconds }
+                if isStarted && wantsClaim { try claim() }
+                if isStarted && wantsControl { try control() }
+                let next = min(nextBeat, nextPoll, nextTakeover)
+                sleep(upTo: max(0, next - monotonicSeconds()))
+            } catch {
+                connected = false
+                disconnected(error)
+                sleep(upTo: backoff)
+                backoff = min(backoff * 2, 5)
+            }
+        }
+    }
+
+    /// Waits until kicked or `seconds` passed.
+    private func sleep(upTo seconds: Double) { loopWake.wait(upTo: seconds) }
+
+    /// How long the spool may keep a step waiting before the node lets its lease go: a whole lease, at least 5 s
+    /// (a sync of much written data on a slow disk is not a hang).
+    var spoolStallBound: Double { max(5, settings.leaseSeconds) }
+
+    /// A hang is logged as the node's `disconnected` (once, as an outage is; a node already disconnected only warns);
+    /// its end as a notice, before the `connected` of the node joining again.
+    private func spoolHungChanged(_ hung: Bool, stalledSeconds: Double) {
+        let seconds = String(format: "%.1f", stalledSeconds)
+        if hung {
+            let reason = "the spool has not answered for \(seconds) s"
+            let held = lock.withLock { state.held.count }
+            let message = "cluster: node \(nodeName) leaves the cluster until its spool answers: the spool has kept it waiting for \(seconds) s (its file system hung or frozen?); it renews nothing, so that the \(held) job(s) it holds run elsewhere once its lease (\(settings.leaseSeconds.formatted()) s) has run out"
+            if !disconnected(reason: reason, saying: message) {
+                logger.warning("\(message)", metadata: ["OPQ_EVENT": "cluster", "OPQ_ERROR": .string(reason)])
+            }
+        } else {
+            logger.notice("cluster: the spool of node \(nodeName) answers again; the node renews its lease (jobs taken over meanwhile are logged lost)",
+                          metadata: ["OPQ_EVENT": "cluster"])
+        }
+    }
+
+    /// Migrates, registers and says `connected`: at start, after an outage, and when asked to register again.
+    private func connect(afterOutage: Bool) throws {
+        let declaration = lock.withLock { configuration.declaration(node: nodeName, jobSlots: settings.jobSlots) }
+        let schema = try waitBounded(Self.statementTimeout * 2, on: executor, doing: "migrating the cluster schema", { [store] in try await store.migrate() })
+        if schema > ClusterSchema.newest {
+            logger.warning("cluster: the schema is version \(schema), newer than the \(ClusterSchema.newest) this opqueued knows; it says this opqueued may still run against it: upgrade node \(nodeName) when you can")
+        }
+        // The server answered on a connection of migrate's own. After an outage the pool may still be waiting out a
+        // backoff of postgres-nio's (up to a minute; see RenewablePool): a second for it, else a fresh pool. (Not
+        // when only registering again: statements of other threads in flight on a working pool would fail.)
+        let readOwner: @Sendable () async throws -> NodeOwner? = { [store, nodeName] in try await store.nodeOwner(nodeName) }
+        let owner: NodeOwner?
+        do {
+            owner = try waitBounded(afterOutage ? 1 : Self.statementTimeout, on: executor, doing: "reading who holds node \(nodeName)", readOwner)
+        } catch where afterOutage {
+            store.reconnect()
+            owner = try waitBounded(Self.statementTimeout, on: executor, doing: "reading who holds node \(nodeName)", readOwner)
+        }
+        // The name is this process's unless another running process holds it (NodeProcess): then it waits, retried
+        // as an outage is, and joins once that one has been silent for leaseSeconds.
+        let replacing = owner.flatMap { NodeProcess.isGoneFromThisMachine($0.info) ? $0.info : nil }
+        let registered = try waitBounded(Self.statementTimeout, on: executor, doing: "registering node \(nodeName)", { [store, settings] in
+            try await store.registerNode(declaration, leaseSeconds: settings.leaseSeconds, replacing: replacing)
+        })
+        guard registered else {
+            let holder = owner.map { "\($0.info), last heartbeat \(String(format: "%.1f", $0.secondsSinceBeat)) s ago" } ?? "another process"
+            throw ClusterUnavailable("node name \(nodeName) is held by another running opqueued (\(holder)); each node needs its own cluster.node. This one joins once that one has been silent for \(settings.leaseSeconds.formatted()) s")
+        }
+        if !lock.withLock({ hasConnected }) {
+            // Slots the node's name holds now were held by a process of it that is gone (no slot is taken before
+            // the first beat): a restart within the lease keeps the lease alive, so no takeover would free them.
+            let freed = try waitBounded(Self.statementTimeout, on: executor, doing: "freeing the cluster slots node \(nodeName) held before", { [store, nodeName] in
+                try await store.freeNodeSlots(node: nodeName)
+            })
+            if !freed.isEmpty { logger.notice("cluster: freed \(freed.count) cluster slot(s) an earlier process of node \(nodeName) held") }
+        }
+        let news = lock.withLock {
+            hasConnected = true
+            registerWanted = false
+            claimWanted = true
+            controlWanted = true
+            lastError = nil
+            return state.connectionSucceeded()
+        }
+        if news {
+            event(.info, "cluster: node \(nodeName) connected to the database", ["OPQ_EVENT": "cluster", "OPQ_STATE": "connected"])
+        }
+        wantStatus()
+        wantSubmit()
+    }
+
+    // MARK: the connection's state
+
+    func disconnected(_ error: any Error) {
+        let reason = "\(error)"
+        disconnected(reason: reason, saying: "cluster: node \(nodeName) cannot reach the database: \(reason); retrying at most 5 s apart")
+    }
+
+    /// The node is out of the cluster for `reason` (status' reason from now on): `disconnected` is logged once per
+    /// outage, with `message`. Returns whether it was news.
+    @discardableResult
+    func disconnected(reason: String, saying message: String) -> Bool {
+        let news = lock.withLock {
+            lastError = reason
+            return state.connectionFailed()
+        }
+        if news { event(.warning, message, ["OPQ_EVENT": "cluster", "OPQ_STATE": "disconnected", "OPQ_ERROR": .string(reason)]) }
+        return news
+    }
+
+    // MARK: leases
+
+    /// How often a node looks for lost nodes (`takeOver`): at most half a second after a lease ends.
+    var takeoverSeconds: Double { min(settings.leaseSeconds / 3, 0.5) }
+
+    /// One heartbeat (one statement): renews this process's lease and learns which of its jobs it lost.
+    private func beat() throws {
+        let progress = delegate?.progress()
+        let sentAt = monotonicSeconds()
+        let beat = try waitBounded(Self.statementTimeout, on: executor, doing: "renewing the lease of node \(nodeName)", { [store, nodeName] in
+            try await store.heartbeat(node: nodeName, info: NodeProcess.info, progress: progress)
+        })
+        if !beat.registered {
+            lock.withLock { registerWanted = true }
+            throw ClusterUnavailable("node \(nodeName) has no row of this process in the database (registered again)")
+        }
+        let lost = lock.withLock { () -> [String] in
+            let result = state.beatSucceeded(sentAt: sentAt, held: beat.held)
+            for id in result.lost { origins[id] = nil }
+            // Jobs the database gives this node that it does not run go back to waiting; but before recovery said
+            // which jobs resume, every one of them may be one of those.
+            if started { jobReleases.merge(result.orphans) { $1 } }
+            return result.lost
+        }
+        reportDeadline()
+        leaseChanged(true)
+        if !lost.isEmpty { delegate?.lost(lost, reason: "taken over by another node") }
+    }
+
+    /// A takeover round: the jobs and slots of nodes silent past their leases go back (any node does it; one
+    /// statement). Run every `takeoverSeconds`, not only at this node's beats (every leaseSeconds/3), so that a lost
+    /// node's jobs run elsewhere within a fraction of a second of its lease's end, not up to a third of a lease later.
+    private func takeOver() throws {
+        let takeover = try waitBounded(Self.statementTimeout, on: executor, doing: "taking over the jobs of lost nodes", { [store, settings] in
+            try await store.takeOverLost(leaseSeconds: settings.leaseSeconds)
+        })
+        if !takeover.jobs.isEmpty {
+            lock.withLock { claimWanted = true }
+            logger.notice("cluster: took \(takeover.jobs.count) job(s) back from lost node(s) \(Set(takeover.jobs.map { $0.fromNode }).sorted().joined(separator: ", "))")
+        }
+        if !takeover.freedSlotQueues.isEmpty {
+            // Its NOTIFY reaches every node, this one too; the permits here need not wait for it.
+            lock.withLock { permits }?.nudge()
+        }
+    }
+
+    private func releaseWhatWasGivenUp() throws {
+        let (jobs, slots) = lock.withLock { () -> ([String: Int64], [SlotLease]) in
+            let now = monotonicSeconds()
+            slotReleases += droppedSlots.filter { $0.due <= now }.map(\.lease)
+            droppedSlots.removeAll { $0.due <= now }
+            return (jobReleases, slotReleases)
+        }
+        if !jobs.isEmpty {
+            _ = try waitBounded(Self.statementTimeout, on: executor, doing: "handing jobs back", { [store, nodeName] in
+                try await store.releaseJobs(node: nodeName, jobs)
+            })
+            lock.withLock { for (id, fence) in jobs where jobReleases[id] == fence { jobReleases[id] = nil } }
+        }
+        for lease in slots {
+            _ = try waitBounded(Self.statementTimeout, on: executor, doing: "releasing a cluster slot of queue \(lease.queue)", { [store] in
+                try await store.releaseSlot(lease)
+            })
+            lock.withLock { slotReleases.removeAll { $0 == lease } }
+        }
+    }
+
+    // MARK: claims
+
+    /// Claims a waiting job cancelled as a whole for this node (whatever it declares: it runs nothing), for the loop's
+    /// next claim round to take in; nothing when it no longer waits or another node is taking it.
+    func takeCancelled(_ job: String) throws {
+        let row = try waitBounded(Self.statementTimeout, on: executor, doing: "claiming the cancelled job \(job)", { [store, nodeName, maxManifestBytes] in
+            try await store.claimCancelled(job: job, node: nodeName, maxManifestBytes: maxManifestBytes)
+        })
+        guard let row else { return }
+        lock.withLock {
+            cancelledClaims.append(row)
+            claimWanted = true
+        }
+        kick()
+    }
+
+    /// One claim round for the room the shell has, and the jobs' files written before they run.
+    private func claim() throws {
+        // Cancelled jobs `requestCancel` claimed here: taken in whatever the room (they run nothing).
+        let cancelled = lock.withLock { () -> [ClusterClaimedJob] in
+            defer { cancelledClaims = [] }
+            return cancelledClaims
+        }
+        if !cancelled.isEmpty { take(cancelled, limit: nil) }
+        let (limit, budget, declaration) = lock.withLock { () -> (Int, Int, NodeDeclaration) in
+            let free = settings.jobSlots - state.held.count
+            let may = state.mayTakeLeases(now: monotonicSeconds()) && !claimsStopped
+            let limit = may && manifestBudget > 0 ? min(room, free) : 0
+            claimInFlight = limit > 0
+            return (limit, manifestBudget, configuration.declaration(node: nodeName, jobSlots: settings.jobSlots))
+        }
+        if limit <= 0 { return }
+        defer {
+            lock.withLock { claimInFlight = false }
+            claimEnded.signal()
+        }
+        let rows = try waitBounded(Self.statementTimeout, on: executor, doing: "claiming jobs for node \(nodeName)", { [store, nodeName, maxManifestBytes] in
+            try await store.claimJobs(node: nodeName, limit: limit, queues: declaration.queues, commands: declaration.commands,
+                                      budget: budget, maxManifestBytes: maxManifestBytes)
+        })
+        take(rows, limit: limit)
+    }
+
+    /// Makes claimed rows jobs of this node (its spool's copy, then the shell's), or hands them back. `limit`: the claim
+    /// round's, when they are its rows (a full round looks again at once).
+    private func take(_ rows: [ClusterClaimedJob], limit: Int?) {
+        if rows.isEmpty { return }
+        var run: [ClaimedJob] = []
+        var handedOver = 0
+        var overBudget = false
+        var refused: [JobCompletion] = []
+        var failed: [String: Int64] = [:]
+        var spoolError: (job: String, error: any Error)?
+        for row in rows {
+            // The spool cannot take jobs now (disk full, …): the rest goes back untried.
+            if spoolError != nil {
+                failed[row.id] = row.fence
+                continue
+            }
+            guard isValidIdentifier(row.id) else {
+                refused.append(rejection(row, "its id is not a valid job id ([A-Za-z0-9._-]{1,128}, not starting with '.')"))
+                continue
+            }
+            guard row.manifestBytes <= maxManifestBytes else {
+                refused.append(rejection(row, "its manifest is \(row.manifestBytes) bytes, more than the \(maxManifestBytes) a manifest may hold"))
+                continue
+            }
+            guard row.manifest.count == row.manifestBytes else {
+                // Past this claim's budget (the manifests before it may hold the rest of the shell's operations):
+                // handed back, to be claimed when there is room, here or on another node.
+                failed[row.id] = row.fence
+                overBudget = true
+                continue
+            }
+            let (name, requested, receivedAt, origin) = Self.kept(id: row.id, manifestName: row.manifestName, requestedID: row.requestedID,
+                                                                  submittedOn: row.submittedOn, submittedAt: row.submittedAt,
+                                                                  fromNode: row.fromNode, fence: row.fence)
+            if delegate?.holds(job: row.id) == true {
+                // A job of this node's that was rejected here at submission under the same id is ending: the row
+                // waits until the id is free here (the shell would take one job for the other).
+                failed[row.id] = row.fence
+                continue
+            }
+            // One of this node's own submissions whose file is still here: renamed in, not written again.
+            let file = lock.withLock { adoptable.removeValue(forKey: row.id) }
+            do {
+                try spool.materialise(job: row.id, manifest: row.manifest, manifestName: name, receivedAt: receivedAt,
+                                      requestedJob: requested, origin: origin, manifestFile: file)
+                let data = Data(row.manifest)
+                run.append(ClaimedJob(id: row.id, requestedJob: requested, manifestName: name, receivedAt: receivedAt, manifest: data, tree: ManifestTree(data), done: [:],
+                                      cancels: row.cancels))
+                lock.withLock {
+                    state.hold(row.id, fence: row.fence)
+                    state.claimedWithCancels(row.id, row.cancels)
+                    origins[row.id] = origin
+                    room = max(0, room - 1)
+                    manifestBudget -= row.manifestBytes
+                }
+                // The shell starts the first jobs of a big claim while the rest are written.
+                if run.count == Self.handOverChunk {
+                    reportDeadline()
+                    delegate?.run(run)
+                    handedOver += run.count
+                    run = []
+                }
+            } catch let error as SpoolError where error.errno == EEXIST {
+                // This node's own inbox claim of a manifest asking for the same id, on its way to
+                // active/.submissions: left alone; the row is claimed again once the name is free.
+                logger.debug("job \(row.id): active/\(row.id) is in use here for a moment; handed back to the cluster",
+                             metadata: ["OPQ_JOB": .string(row.id)])
+                failed[row.id] = row.fence
+            } catch {
+                // `materialise` removed what it wrote. Claiming stops here (no room until the shell offers it again,
+                // once the spool works): claimed again at once, the row would fail again, in a loop of claims and
+                // hand-backs.
+                logger.error("job \(row.id): claimed but cannot be written to the spool: \(error); handed back to the cluster",
+                             metadata: ["OPQ_JOB": .string(row.id), "OPQ_ERROR": .string("\(error)")])
+                failed[row.id] = row.fence
+                spoolError = (row.id, error)
+                lock.withLock {
+                    room = 0
+                    claimWanted = false
+                }
+            }
+        }
+        if !failed.isEmpty { lock.withLock { jobReleases.merge(failed) { $1 } } }
+        if let spoolError { delegate?.spoolFailed("writing the claimed job active/\(spoolError.job)", spoolError.error) }
+        if !refused.isEmpty {
+            let refused = refused
+            _ = try? waitBounded(Self.statementTimeout, on: executor, doing: "recording rejected rows", { [store] in try await store.completeJobs(refused) })
+        }
+        guard handedOver > 0 || !run.isEmpty else { return }
+        // No spool commit before they run: the database holds the job, not this copy. A crash that loses the copy
+        // (or half of it: a folder whose record is gone is recognised from the database at recovery, `recognised`)
+        // leaves the row running under this node's fence; the restarted node hands it back at its first beat, or
+        // another takes it over after the lease. The publication commits result.plist before the fenced completion.
+        if !run.isEmpty {
+            reportDeadline()
+            delegate?.run(run)
+        }
+        // More may wait: look again at once while there is room (not when the budget sent rows back: the shell
+        // offers more once its jobs have taken their operations).
+        guard !overBudget, let limit else { return }
+        lock.withLock { if room > 0 && rows.count == limit { claimWanted = true } }
+        if rows.count == limit { kick() }
+    }
+
+    /// A row that cannot become a job here: recorded `rejected` with a result saying why (it never runs).
+    private func rejection(_ row: ClusterClaimedJob, _ why: String) -> JobCompletion {
+        let message = "the cluster's row for this job is unusable: \(why)"
+        logger.error("cluster: a claimed row is unusable (\(why)); recorded rejected",
+                     metadata: ["OPQ_EVENT": "job", "OPQ_STATE": "rejected", "OPQ_ERROR": .string(message)])
+        let result: [String: Any] = ["job": row.id, "status": "rejected", "error": message, "node": nodeName,
+                                     "submittedOn": row.submittedOn, "operations": [Any]()]
+        let bytes = (try? PropertyListSerialization.data(fromPropertyList: result, format: .xml, options: 0)) ?? Data()
+        return JobCompletion(job: row.id, fence: row.fence, status: "rejected", result: Array(bytes))
+    }
+
+    // MARK: cancels and suspensions
+
+    private func control() throws {
+        for (queue, suspended) in lock.withLock({ pendingSuspensions }) {
+            try waitBounded(Self.statementTimeout, on: executor, doing: "\(suspended ? "suspending" : "resuming") queue \(queue)", { [store] in
+                try await store.setSuspended(queue, suspended)
+            })
+            lock.withLock { if pendingSuspensions[queue] == suspended { pendingSuspensions[queue] = nil } }
+        }
+        let requests = try waitBounded(Self.statementTimeout, on: executor, doing: "reading the cancels for node \(nodeName)", { [store, nodeName] in
+            try await store.pendingCancels(node: nodeName)
+        })
+        let cancels = lock.withLock {
+            state.newCancels(requests.compactMap { r in r.fence.map { (job: r.job, operation: r.operation, fence: $0) } })
+        }
+        // Waiting jobs cancelled as a whole that nobody took: taken here (they run nothing), whatever this node declares.
+        for orphan in requests where orphan.fence == nil { try takeCancelled(orphan.job) }
+        let suspended = try waitBounded(Self.statementTimeout, on: executor, doing: "reading the suspended queues", { [store] in
+            try await store.suspendedQueues()
+        })
+        let changed = lock.withLock { state.suspendedRead(suspended) }
+        let delegate = self.delegate
+        for cancel in cancels { delegate?.cancel(job: cancel.job, operation: cancel.operation) }
+        if let changed { delegate?.suspendedQueuesChanged(changed) }
+    }
+}

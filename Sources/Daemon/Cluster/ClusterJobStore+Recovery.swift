@@ -1,0 +1,183 @@
+// ClusterJobStore at a node's start: what recovery found in active/ — resumed under its lease, published because its
+// end was recorded, lost because another node took it, or submitted (an inbox claim) — and the folders without a
+// claim record, recognised from the database now or, when it does not answer at start, once it does.
+
+import ClusterStore
+import Foundation
+import Logging
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+extension ClusterJobStore {
+    public func recovered(_ jobs: [ClaimedJob]) -> [ClaimedJob] {
+        var resume: [ClaimedJob] = []
+        var candidates: [(ClaimedJob, ClusterOrigin)] = []
+        var resubmit: [ClaimedJob] = []
+        var orphaned: [String] = []
+        var unverified: [ClaimedJob] = []
+        // Whether the database answers the lookups of folders without a record (`recognised`): after one that it
+        // did not, none is tried again (each would wait out its timeout, and the node is to start without it).
+        var answering = true
+        for job in jobs {
+            let record = spool.readClaimRecord(spool.active + "/" + job.id)
+            if let origin = record?.origin {
+                candidates.append((job, origin))
+            } else if record?.claimedFromCluster == true {
+                // Claimed from the cluster, its origin (fence) unreadable: it cannot be resumed under any lease;
+                // the database gives it to a node again. Never submitted again as if from the inbox.
+                orphaned.append(job.id)
+            } else if record == nil {
+                if let recognised = recognised(job, answering: &answering) {
+                    candidates.append(recognised)
+                } else if answering {
+                    resubmit.append(job)
+                } else {
+                    unverified.append(job)
+                }
+            } else {
+                resubmit.append(job)
+            }
+        }
+        if !unverified.isEmpty {
+            let unverified = unverified
+            lock.withLock { self.unverified = unverified }
+        }
+        // Which the database still gives this node, under the same fence (one beat); a job whose end was recorded
+        // under its fence before the restart is published without recording again.
+        var kept = candidates
+        var lost: [String] = orphaned
+        var recorded: Set<String> = []
+        let sentAt = monotonicSeconds()
+        if !candidates.isEmpty, let beat = try? waitBounded(Self.statementTimeout, on: executor, doing: "renewing the lease of node \(nodeName)", { [store, nodeName] in
+            try await store.heartbeat(node: nodeName)
+        }), beat.registered {
+            kept = []
+            for (job, origin) in candidates {
+                if beat.held[job.id] == origin.fence { kept.append((job, origin)); continue }
+                let record = try? waitBounded(Self.statementTimeout, on: executor, doing: "looking up job \(job.id)", { [store] in try await store.job(job.id) })
+                if let record, record.state == .finished, record.node == nodeName, record.fence == origin.fence {
+                    kept.append((job, origin))
+                    recorded.insert(job.id)
+                } else {
+                    lost.append(job.id)
+                }
+            }
+            lock.withLock { _ = state.beatSucceeded(sentAt: sentAt, held: [:]) }
+        }
+        for id in lost {
+            removeTree(spool.active + "/" + id)
+            spool.discardDownloads(job: id)
+            event(.warning, "job \(id): lost while this node was down; another node runs it (nothing published here)",
+                  ["OPQ_EVENT": "job", "OPQ_STATE": "lost", "OPQ_JOB": .string(id), "OPQ_ERROR": "taken over while this node was down"])
+        }
+        lock.withLock {
+            // Without an answer (database down at start) the jobs are kept, their lease counted from now.
+            if !kept.isEmpty { state.assumeRenewed(at: sentAt) }
+            for (job, origin) in kept {
+                state.hold(job.id, fence: origin.fence, recorded: recorded.contains(job.id))
+                origins[job.id] = origin
+                resume.append(job)
+            }
+        }
+        // Those set aside before the restart first: a resubmitted one is set aside now, and must be queued once.
+        for (folder, job) in spool.pendingSubmissions() { enqueue(job, folder: folder) }
+        for job in resubmit { enqueueSubmission(job) }
+        lock.withLock {
+            started = true
+            claimWanted = true
+            controlWanted = true
+        }
+        reportDeadline()
+        kick()
+        wantSubmit()
+        return resume
+    }
+
+    /// A folder in active/ with no claim record at all: an inbox claim, or a claim from the cluster whose record is
+    /// gone (the spool copied without its extended attributes: `cp -r`, `rsync -a` without `-X`, `tar` without
+    /// `--xattrs`). Submitting the latter again would run it twice. It is taken for a claim from the cluster when
+    /// the database has a job of that id with the very same manifest that this node claimed (it holds it, or it was
+    /// taken from it): its record is written again from the row, and it goes on as any such claim (resumed if still
+    /// this node's under that fence, published if its end was recorded, else lost). Nil — an inbox claim — when no
+    /// such row is found; nil and `answering` false when the database does not answer (it is not asked again: the
+    /// folder waits for `verifyUnrecorded`).
+    private func recognised(_ job: ClaimedJob, answering: inout Bool) -> (ClaimedJob, ClusterOrigin)? {
+        guard answering else { return nil }
+        let found: JobRecord?
+        do {
+            found = try waitBounded(Self.statementTimeout, on: executor, doing: "looking up job \(job.id)", { [store] in try await store.job(job.id) })
+        } catch {
+            answering = false
+            return nil
+        }
+        guard let row = found, isThisNodesClaim(row, of: job) else { return nil }
+        event(.warning, "job \(job.id): active/\(job.id) had lost its claim record (a copy without extended attributes?); the database says this node claimed it",
+              ["OPQ_JOB": .string(job.id)])
+        return recordAgain(job, from: row)
+    }
+
+    /// Whether `row` is the database's side of `job`, a folder without a record: the same manifest, claimed by this
+    /// node (it holds it, or it was taken from it).
+    private func isThisNodesClaim(_ row: JobRecord, of job: ClaimedJob) -> Bool {
+        (row.node == nodeName || row.fromNode == nodeName) && row.manifest.elementsEqual(job.manifest)
+    }
+
+    /// `job`'s claim record written again from its row, and the job as the row says it (name, requested id,
+    /// reception time) with its origin. A row handed back has no fence: -1, which no lease has, makes it lost here.
+    private func recordAgain(_ job: ClaimedJob, from row: JobRecord) -> (ClaimedJob, ClusterOrigin) {
+        let kept = Self.kept(id: row.id, manifestName: row.manifestName, requestedID: row.requestedID, submittedOn: row.submittedOn,
+                             submittedAt: row.submittedAt, fromNode: row.fromNode, fence: row.fence ?? -1)
+        var claimed = job
+        claimed.manifestName = kept.name
+        claimed.requestedJob = kept.requested
+        claimed.receivedAt = kept.receivedAt
+        try? spool.writeClaimRecord(ClaimRecord(manifest: kept.name, receivedAt: kept.receivedAt, requestedJob: kept.requested, origin: kept.origin),
+                                    on: spool.active + "/" + job.id)
+        return (claimed, kept.origin)
+    }
+
+    /// What a row says of a job, as this node keeps it: its inbox name if a spool can hold it (else the id's), the
+    /// id it asked for if valid, node names checked, a reception time that is a time.
+    static func kept(id: String, manifestName: String, requestedID: String, submittedOn: String, submittedAt: Double,
+                             fromNode: String?, fence: Int64) -> (name: String, requested: String?, receivedAt: Double, origin: ClusterOrigin) {
+        let name = manifestName.contains("/") || manifestName.utf8.count > 255 || manifestName.isEmpty ? id + ".plist" : manifestName
+        let origin = ClusterOrigin(fence: fence, submittedOn: isValidNodeName(submittedOn) ? submittedOn : "unknown",
+                                   fromNode: fromNode.flatMap { isValidNodeName($0) ? $0 : nil })
+        return (name, requestedID != id && isValidIdentifier(requestedID) ? requestedID : nil,
+                submittedAt.isFinite ? submittedAt : Date().timeIntervalSince1970, origin)
+    }
+
+    /// The folders without a record that recovery could not look up (`recognised`), now that the database answers,
+    /// before anything is submitted. One whose end this node recorded is published (resumed as recovery would have);
+    /// one the database knows otherwise as this node's claim, or one taken from it, is not run from this copy: the
+    /// copy goes (`lost` here), and a row still this node's is handed back at the next beat (it runs here nowhere),
+    /// to run again from the database. Any other is an inbox claim, submitted. A lookup that fails throws: retried
+    /// after the thread's backoff.
+    func verifyUnrecorded() throws {
+        while let job = lock.withLock({ unverified.first }) {
+            let row = try waitBounded(Self.statementTimeout, on: executor, doing: "looking up job \(job.id)", { [store] in try await store.job(job.id) })
+            lock.withLock { _ = unverified.removeFirst() }
+            guard let row, isThisNodesClaim(row, of: job) else {
+                enqueueSubmission(job)
+                continue
+            }
+            if row.state == .finished, row.node == nodeName, let fence = row.fence {
+                let (claimed, origin) = recordAgain(job, from: row)
+                lock.withLock {
+                    state.hold(job.id, fence: fence, recorded: true)
+                    origins[job.id] = origin
+                }
+                event(.warning, "job \(job.id): active/\(job.id) had lost its claim record (a copy without extended attributes?); its end is recorded: published here",
+                      ["OPQ_JOB": .string(job.id)])
+                delegate?.run([claimed])
+                continue
+            }
+            removeTree(spool.active + "/" + job.id)
+            spool.discardDownloads(job: job.id)
+            event(.warning, "job \(job.id): active/\(job.id) had lost its claim record (a copy without extended attributes?); the database holds the job: it runs again from there",
+                  ["OPQ_EVENT": "job", "OPQ_STATE": "lost", "OPQ_JOB": .string(job.id), "OPQ_ERROR": "its copy here had lost its claim record"])
+        }
+    }
+}
