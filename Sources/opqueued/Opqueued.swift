@@ -105,6 +105,7 @@ struct Opqueued: AsyncParsableCommand {
         let spoolFolder: Spool
         do {
             spoolFolder = try Spool(root: spool)
+            if configuration.cluster == nil { try spoolFolder.refuseClusterHoldings() }
         } catch {
             logger.critical("the spool \(spool) cannot be used: \(error)")
             throw ExitCode(1)

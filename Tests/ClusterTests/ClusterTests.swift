@@ -598,6 +598,61 @@ struct ClusterTests {
         #expect(try harness[0].ctl(["cancel", job]).stderr.contains("already ended"))
     }
 
+    /// A node restarted without `cluster` (taken out by an edit of its configuration) would run alone what it had set
+    /// aside for the cluster or claimed from it, while the cluster runs them too. It refuses to start, naming them and
+    /// what to do, and touches nothing; started with its cluster configuration again, it runs each once; then, with
+    /// nothing of the cluster's left in active/, it starts alone.
+    @Test func aNodeRestartedWithoutClusterRefusesTheClustersJobs() throws {
+        let harness = try ClusterHarness(nodes: 1, leaseSeconds: 3, logTarget: "console")
+        let node = harness[0]
+        let clusterSettings = node.settings
+        func startAlone() throws -> (status: Int32?, log: String) {
+            node.settings["cluster"] = nil
+            let before = (try? String(contentsOfFile: node.logPath, encoding: .utf8))?.count ?? 0
+            try node.launch()
+            let status = node.waitExit(timeout: 20)
+            let log = String(((try? String(contentsOfFile: node.logPath, encoding: .utf8)) ?? "").dropFirst(before))
+            node.settings = clusterSettings
+            return (status, log)
+        }
+
+        // A manifest set aside while the database is away.
+        let waiting = uniqueJob("waiting")
+        harness.stopDatabase()
+        try node.drop(waiting + ".plist", sleepJob(waiting, 0))
+        #expect(pollUntil(10) { node.list("active/.submissions").count == 1 ? true : nil } != nil, "set aside: \(node.list("inbox"))")
+        #expect(node.stop() == 0)
+        let first = try startAlone()
+        #expect(first.status == 1)
+        #expect(first.log.contains("active/ holds 1 manifest set aside for it (active/.submissions/: ") && first.log.contains("the configuration has no cluster"),
+                "\(first.log)")
+        #expect(node.list("active/.submissions").count == 1 && node.list("outbox").isEmpty, "untouched")
+
+        // Back in the cluster, it runs; then a job claimed from the database, left by a kill -9.
+        try harness.startDatabase()
+        try node.start()
+        #expect(harness.waitResult(waiting, timeout: 30)?.result["status"] as? String == "succeeded")
+        let claimed = uniqueJob("claimed")
+        try node.drop(claimed + ".plist", sleepJob(claimed, 4))
+        #expect(pollUntil(15) { node.list("active").contains(claimed) ? true : nil } != nil)
+        node.kill9()
+        let second = try startAlone()
+        #expect(second.status == 1)
+        #expect(second.log.contains("active/ holds 1 job claimed from the cluster's database (active/: \(claimed)), and the configuration has no cluster"), "\(second.log)")
+        let once = try runProgram(binariesFolder + "/opqueued", ["--spool", node.spool, "--once", "--log-target", "console"])
+        #expect(once.status == 1 && once.stderr.contains("job claimed from the cluster's database"), "--once: \(once.stderr)")
+        #expect(node.list("active").contains(claimed) && node.result(claimed) == nil, "untouched")
+
+        try node.start()
+        #expect(harness.waitResult(claimed, timeout: 40)?.result["status"] as? String == "succeeded")
+        #expect(node.stop() == 0)
+        node.settings["cluster"] = nil
+        try node.start()
+        #expect(node.isReady, "runs alone now")
+        #expect(harness.outboxes(holding: waiting) == [0] && harness.outboxes(holding: claimed) == [0])
+        node.stop()
+    }
+
     // MARK: 6. Cancel and suspend from another node
 
     @Test func cancelFromAnotherNodeReachesTheRunningOne() throws {

@@ -94,7 +94,7 @@ extension Spool {
     /// a folder's: the folder's name).
     func pendingSubmissions() -> [(folder: String, job: ClaimedJob)] {
         var found: [(folder: String, job: ClaimedJob)] = []
-        for name in ((try? FileManager.default.contentsOfDirectory(atPath: submissionsFolder)) ?? []).sorted() where !name.hasPrefix(".") {
+        for name in visibleNames(in: submissionsFolder) {
             let dir = submissionsFolder + "/" + name
             var st = stat()
             guard lstat(dir, &st) == 0 else { continue }
@@ -115,6 +115,23 @@ extension Spool {
                                           receivedAt: record?.receivedAt ?? Self.claimTime(dir), manifest: manifest.data, tree: manifest.tree, done: [:])))
         }
         return found
+    }
+
+    /// A node started without `cluster` refuses a spool whose active/ holds what it took from a cluster (jobs claimed
+    /// from the database) or set aside for one (manifests in active/.submissions, perhaps inserted already): run
+    /// alone it would run them beside the cluster, which runs them too — twice. Nothing is touched.
+    public func refuseClusterHoldings() throws {
+        let claims = visibleNames(in: active).filter { isClusterClaim(job: $0) }
+        let submissions = visibleNames(in: submissionsFolder)
+        if claims.isEmpty && submissions.isEmpty { return }
+        var held: [String] = []
+        if !claims.isEmpty {
+            held.append("\(claims.count) job\(claims.count == 1 ? "" : "s") claimed from the cluster's database (active/: \(firstNames(claims)))")
+        }
+        if !submissions.isEmpty {
+            held.append("\(submissions.count) manifest\(submissions.count == 1 ? "" : "s") set aside for it (active/.submissions/: \(firstNames(submissions)))")
+        }
+        throw SpoolClusterHoldingsError(description: "active/ holds \(held.joined(separator: " and ")), and the configuration has no cluster: run alone, this node would run them while the cluster runs them too. Start it with its cluster configuration until they are gone (a graceful stop hands back jobs not started), or take them out of active/ yourself (a manifest moved into the inbox runs here as a new job)")
     }
 
     /// Whether active/<job>/ was written by `materialise` (a job claimed from the cluster), not by an inbox claim.
@@ -205,4 +222,9 @@ extension Spool {
     private func makeFolder(_ path: String) throws {
         if mkdir(path, 0o750) != 0 && errno != EEXIST { throw SpoolError(operation: "mkdir", path: path, errno: errno) }
     }
+}
+
+/// A spool holding a cluster's jobs, opened by a node without `cluster` (`refuseClusterHoldings`).
+struct SpoolClusterHoldingsError: Error, CustomStringConvertible {
+    let description: String
 }

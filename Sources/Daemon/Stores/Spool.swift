@@ -133,10 +133,16 @@ public final class Spool: @unchecked Sendable {
         }
     }
 
-    /// Makes everything written to the spool so far durable (one syncfs of its file system).
+    /// The names in `folder` that are not hidden (job ids in active/, submissions in active/.submissions), sorted;
+    /// none if it cannot be read.
+    func visibleNames(in folder: String) -> [String] {
+        ((try? FileManager.default.contentsOfDirectory(atPath: folder)) ?? []).filter { !$0.hasPrefix(".") }.sorted()
+    }
+
     /// Where a claimed job's inbox name and reception time are kept: an extended attribute of active/<job>/.
     static let jobAttribute = "user.opqueued.job"
 
+    /// Makes everything written to the spool so far durable (one syncfs of its file system).
     public func commit() throws {
         let result = opq_syncfs(rootFD)
         guard result == 0 else { throw SpoolError(operation: "syncfs", path: root, errno: -result) }
@@ -399,7 +405,7 @@ public final class Spool: @unchecked Sendable {
         for name in (try? FileManager.default.contentsOfDirectory(atPath: tmp)) ?? [] { removeTree(tmp + "/" + name) }
         let progress = readProgress()
         var jobs: [ClaimedJob] = []
-        for id in ((try? FileManager.default.contentsOfDirectory(atPath: active)) ?? []).sorted() where !id.hasPrefix(".") {
+        for id in visibleNames(in: active) {
             let dir = active + "/" + id
             guard access(dir + "/manifest.plist", F_OK) == 0 else { removeTree(dir); continue }
             // A `write` interrupted before its rename leaves a hidden .part file: it runs again.

@@ -39,7 +39,7 @@ extension Spool {
             let jobs = jobsInActive()
             guard jobs.isEmpty else {
                 let shown = found.map { "format \($0)" } ?? "a format this build cannot read"
-                throw SpoolFormatError(description: "\(active)/ holds \(jobs.count) job\(jobs.count == 1 ? "" : "s") (\(jobs.prefix(3).joined(separator: ", "))\(jobs.count > 3 ? ", …" : "")) written in \(shown) (\(formatPath)), newer than this build's format \(Self.format): let the newer opqueued run them to the end (for instance with --once), then start this one")
+                throw SpoolFormatError(description: "\(active)/ holds \(jobs.count) job\(jobs.count == 1 ? "" : "s") (\(firstNames(jobs))) written in \(shown) (\(formatPath)), newer than this build's format \(Self.format): let the newer opqueued run them to the end (for instance with --once), then start this one")
             }
             tookOver = found ?? 0
         }
@@ -64,14 +64,17 @@ extension Spool {
     /// Names in active/ that hold a job: its visible folders, what waits in active/.submissions, and the hooks due for
     /// published jobs (active/.hooks).
     private func jobsInActive() -> [String] {
-        let visible = { (folder: String) in
-            ((try? FileManager.default.contentsOfDirectory(atPath: folder)) ?? []).filter { !$0.hasPrefix(".") }.sorted()
-        }
-        return visible(active) + visible(submissionsFolder).map { ".submissions/" + $0 } + visible(active + "/.hooks").map { ".hooks/" + $0 }
+        visibleNames(in: active) + visibleNames(in: submissionsFolder).map { ".submissions/" + $0 }
+            + visibleNames(in: active + "/.hooks").map { ".hooks/" + $0 }
     }
 }
 
 /// active/ in a format newer than this build reads, with jobs in it.
 struct SpoolFormatError: Error, CustomStringConvertible {
     let description: String
+}
+
+/// The first three names, and "…" when there are more: enough to find the rest in a message.
+func firstNames(_ names: [String]) -> String {
+    names.prefix(3).joined(separator: ", ") + (names.count > 3 ? ", …" : "")
 }
