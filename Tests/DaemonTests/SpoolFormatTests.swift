@@ -50,6 +50,23 @@ struct SpoolFormatTests {
         #expect(format(spool) == "\(Spool.format)\n")
     }
 
+    /// A newer build whose change this build's format reads says so ("3 2"): its jobs run here, and the spool is this
+    /// build's again. A second number that makes no sense is a file this build cannot read.
+    @Test func aNewerFormatSaidToBeReadByThisBuildIsTakenUp() throws {
+        let spool = TestSpool()
+        try FileManager.default.createDirectory(atPath: spool.root + "/active", withIntermediateDirectories: true)
+        try leave("compatible", in: spool, record: ClaimRecord(manifest: "compatible.plist", receivedAt: 1.8e9).encoded)
+        let newer = Spool.format + 1
+        try Data("\(newer) 99\n".utf8).write(to: URL(fileURLWithPath: spool.root + "/active/.format"))
+        let refused = try run("opqueued", ["--spool", spool.root, "--once", "--log-target", "console"])
+        #expect(refused.status == 1 && refused.stderr.contains("written in a format this build cannot read"), "\(refused)")
+        try Data("\(newer) \(Spool.format)\n".utf8).write(to: URL(fileURLWithPath: spool.root + "/active/.format"))
+        let r = try run("opqueued", ["--spool", spool.root, "--once", "--log-target", "console"])
+        #expect(r.status == 0, "\(r)")
+        #expect(spool.result("compatible", timeout: 1)?["status"] as? String == "succeeded")
+        #expect(format(spool) == "\(Spool.format)\n")
+    }
+
     /// Jobs in a newer format (or one this build cannot read) are not touched: the daemon exits 1 saying which and what
     /// to do. Once the newer build has run them (active/ holds no job), this build takes the spool over, saying so.
     @Test func activeOfANewerBuildIsRefusedWhileItHoldsJobs() throws {

@@ -9,8 +9,11 @@
 //   1  claim records as binary property lists (builds before the compact record; they wrote no .format)
 //   2  compact claim records (ClaimRecord.swift): NUL-separated k=value entries
 //
-// A build reads every older format, so a start rewrites the file to its own. Formats only concern active/: the
-// inbox is the users', the outbox is SPEC's (result.plist, manifest.plist), tmp/ is emptied at every start.
+// The file holds the format, and optionally, after a space, the oldest format whose builds read it too ("3 2": a
+// change that builds of format 2 read correctly, so that they need not refuse it); as the database's schema keeps
+// opq_schema_readers. A build reads every older format, so a start rewrites the file to its own. Formats only concern
+// active/: the inbox is the users', the outbox is SPEC's (result.plist, manifest.plist), tmp/ is emptied at every
+// start.
 
 #if canImport(Glibc)
 import Glibc
@@ -28,20 +31,20 @@ extension Spool {
         let found = readFormat()
         var tookOver: Int?
         switch found {
-        case .some(let format) where format == Self.format:
+        case .some(let found) where found.format == Self.format:
             return nil
-        case .some(let format) where format < Self.format:
-            break
+        case .some(let found) where found.format < Self.format || found.readFrom <= Self.format:
+            break  // older, or newer and said to be read by this build's format
         case nil where !exists(formatPath):
             break  // a new spool, or one of a build that wrote no .format (format 1)
         default:
             // Newer, or not a format at all (which a newer build may have written as well).
             let jobs = jobsInActive()
             guard jobs.isEmpty else {
-                let shown = found.map { "format \($0)" } ?? "a format this build cannot read"
+                let shown = found.map { "format \($0.format)" } ?? "a format this build cannot read"
                 throw SpoolFormatError(description: "\(active)/ holds \(jobs.count) job\(jobs.count == 1 ? "" : "s") (\(firstNames(jobs))) written in \(shown) (\(formatPath)), newer than this build's format \(Self.format): let the newer opqueued run them to the end (for instance with --once), then start this one")
             }
-            tookOver = found ?? 0
+            tookOver = found?.format ?? 0
         }
         let temporary = active + "/.format.new"
         try writeDurably(Data("\(Self.format)\n".utf8), to: temporary, syncFolder: false)
@@ -55,10 +58,15 @@ extension Spool {
         return lstat(path, &st) == 0
     }
 
-    /// The number active/.format holds, nil if it is missing or not a number.
-    private func readFormat() -> Int? {
+    /// What active/.format holds: the format, and the oldest format that reads it (the format itself unless said);
+    /// nil if it is missing or not that.
+    private func readFormat() -> (format: Int, readFrom: Int)? {
         guard case .success(let data) = readRegularFile(formatPath, limit: 64) else { return nil }
-        return Int(String(decoding: data, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines))
+        let fields = String(decoding: data, as: UTF8.self).split(whereSeparator: \.isWhitespace).map { Int($0) }
+        guard fields.count == 1 || fields.count == 2, let format = fields[0], format > 0 else { return nil }
+        guard fields.count == 2 else { return (format, format) }
+        guard let readFrom = fields[1], readFrom > 0, readFrom <= format else { return nil }
+        return (format, readFrom)
     }
 
     /// Names in active/ that hold a job: its visible folders, what waits in active/.submissions, and the hooks due for
