@@ -547,6 +547,35 @@ struct ClusterJobStoreTests {
         #expect(trimmed(try server.psql(database, "SELECT node || ' ' || fence FROM opq_jobs WHERE id = 'kept'")) == "a \(fence)")
     }
 
+    /// The database restored from a backup older than a job this node holds has no row for it: the job is submitted
+    /// again from the node's copy (dropped, it would run nowhere). A folder last written more than keepFinishedDays
+    /// ago may have lost its row to pruning after the job ran elsewhere: lost, as before.
+    @Test func aClaimWhoseRowTheDatabaseLostIsSubmittedAgain() throws {
+        let server = try PostgresServer.shared.get()
+        let database = try server.createDatabase()
+        let folder = NSTemporaryDirectory() + "opq-cluster-rowless-\(UInt64.random(in: 1...UInt64.max))"
+        let spool = try Spool(root: folder)
+        defer { try? FileManager.default.removeItem(atPath: folder) }
+        let first = try nodeThatRan(["fresh", "old"], server: server, database: database, spool: spool)
+        first.store.shutdown()
+        try server.psql(database, "DELETE FROM opq_jobs WHERE id IN ('fresh', 'old')")
+        let longAgo = Date().timeIntervalSince1970 - (ClusterSettings.defaultKeepFinishedDays + 1) * 86_400
+        var times = [timespec(tv_sec: Int(longAgo), tv_nsec: 0), timespec(tv_sec: Int(longAgo), tv_nsec: 0)]
+        #expect(utimensat(AT_FDCWD, spool.active + "/old", &times, 0) == 0)
+
+        let recovered = try spool.recover().jobs
+        #expect(recovered.map(\.id) == ["fresh", "old"])
+        let second = try ClusterNode("a", server: server, database: database, spoolFolder: folder, spool: spool)
+        defer { second.store.shutdown() }
+        #expect(second.store.recovered(recovered).isEmpty)
+        #expect(!FileManager.default.fileExists(atPath: spool.active + "/old"))
+        #expect(second.logs.all.contains { $0.metadata["OPQ_STATE"] == "lost" && $0.metadata["OPQ_JOB"] == "old" })
+        #expect(second.logs.all.contains { $0.message.contains("the database has no row for this job") && $0.metadata["OPQ_JOB"] == "fresh" })
+        #expect(eventually { (try? second.store.job("fresh"))?.state == .waiting })
+        #expect(eventually { ((try? FileManager.default.contentsOfDirectory(atPath: spool.active + "/.submissions")) ?? []).isEmpty })
+        #expect(trimmed(try server.psql(database, "SELECT string_agg(id || ' ' || state, ',' ORDER BY id) FROM opq_jobs")) == "fresh waiting")
+    }
+
     /// The same folders when the database does not answer at start (a server that takes the connection and never
     /// speaks): one lookup waits out its timeout, the others are not tried; the folders wait in active/ for the
     /// database to answer (next test); the node starts rather than waiting a timeout per folder.

@@ -56,10 +56,20 @@ extension ClusterJobStore {
             kept = []
             for (job, origin) in candidates {
                 if beat.held[job.id] == origin.fence { kept.append((job, origin)); continue }
-                let record = try? waitBounded(Self.statementTimeout, on: executor, doing: "looking up job \(job.id)", { [store] in try await store.job(job.id) })
+                let record: JobRecord?
+                do {
+                    record = try waitBounded(Self.statementTimeout, on: executor, doing: "looking up job \(job.id)", { [store] in try await store.job(job.id) })
+                } catch {
+                    lost.append(job.id)
+                    continue
+                }
                 if let record, record.state == .finished, record.node == nodeName, record.fence == origin.fence {
                     kept.append((job, origin))
                     recorded.insert(job.id)
+                } else if record == nil, !rowMayHaveBeenPruned(job) {
+                    event(.warning, "job \(job.id): the database has no row for this job that node \(nodeName) claimed (restored from a backup older than the job, or another database?); submitted again from the copy here",
+                          ["OPQ_JOB": .string(job.id)])
+                    resubmit.append(job)
                 } else {
                     lost.append(job.id)
                 }
@@ -93,6 +103,16 @@ extension ClusterJobStore {
         kick()
         wantSubmit()
         return resume
+    }
+
+    /// Whether the row of `job`, a claim of this node's that the database no longer has, may have been pruned: its
+    /// folder was last written less than an hour before keepFinishedDays ago, or earlier. Otherwise nobody ended the
+    /// job long enough ago (another node takes a job over only once this node has stopped writing its folder —
+    /// within moments of its lease's end — and finishes it after that), so the row is not gone by pruning: the
+    /// database lost it, and the job runs nowhere unless it is submitted again.
+    private func rowMayHaveBeenPruned(_ job: ClaimedJob) -> Bool {
+        let age = Date().timeIntervalSince1970 - Spool.claimTime(spool.active + "/" + job.id)
+        return age >= settings.keepFinishedDays * 86_400 - 3_600
     }
 
     /// A folder in active/ with no claim record at all: an inbox claim, or a claim from the cluster whose record is
