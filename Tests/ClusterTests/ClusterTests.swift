@@ -653,6 +653,24 @@ struct ClusterTests {
         node.stop()
     }
 
+    /// The database restored, while a node was down, from a backup older than a job the node held: no row for it.
+    /// The node submits it again from its copy as it starts, and it runs once.
+    @Test func aJobTheRestoredDatabaseForgotRunsFromTheNodesCopy() throws {
+        let harness = try ClusterHarness(nodes: 1, leaseSeconds: 3)
+        let node = harness[0]
+        let job = uniqueJob("forgotten")
+        try node.drop(job + ".plist", sleepJob(job, 5))
+        #expect(try harness.waitJournal(["OPQ_JOB": job, "OPQ_STATE": "executing"]) != nil)
+        node.kill9()
+        #expect(try harness.sql("WITH gone AS (DELETE FROM opq_jobs WHERE id = '\(job)' RETURNING id) SELECT count(*) FROM gone") == "1")
+        try node.start()
+        #expect(try harness.waitJournal(["OPQ_JOB": job, "OPQ_NODE": node.name, "PRIORITY": "4"], timeout: 20)?["MESSAGE"]?
+            .contains("the database has no row for this job") == true)
+        #expect(harness.waitResult(job, timeout: 40)?.result["status"] as? String == "succeeded")
+        #expect(harness.outboxes(holding: job) == [0])
+        #expect(try harness.sql("SELECT state FROM opq_jobs WHERE id = '\(job)'") == "finished")
+    }
+
     // MARK: 6. Cancel and suspend from another node
 
     @Test func cancelFromAnotherNodeReachesTheRunningOne() throws {
