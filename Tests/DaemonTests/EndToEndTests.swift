@@ -774,6 +774,28 @@ func sleepOp(_ id: String, _ seconds: Double, deps: [String] = []) -> [String: A
         #expect(!FileManager.default.fileExists(atPath: socket), "removed at stop")
     }
 
+    /// active/ is the daemon's, but what someone put there by hand is not deleted at recovery: a manifest file (it
+    /// belongs in inbox/) and a folder of someone's files without a manifest stay, each named in an error; the
+    /// leftovers of a claim a crash interrupted (an empty folder, or one holding only its job.plist record) go.
+    @Test func whatSomeoneLeftInActiveIsNotDeleted() throws {
+        let spool = TestSpool()
+        let active = spool.root + "/active"
+        try FileManager.default.createDirectory(atPath: active + "/notes", withIntermediateDirectories: true)
+        try FileManager.default.createDirectory(atPath: active + "/interrupted", withIntermediateDirectories: true)
+        try FileManager.default.createDirectory(atPath: active + "/recorded", withIntermediateDirectories: true)
+        try plist(["job": "misplaced", "operations": [sleepOp("a", 0)]]).write(to: URL(fileURLWithPath: active + "/misplaced.plist"))
+        try Data("mine".utf8).write(to: URL(fileURLWithPath: active + "/notes/todo.txt"))
+        try plist(["manifest": "recorded.plist", "receivedAt": 1.7e9]).write(to: URL(fileURLWithPath: active + "/recorded/job.plist"))
+        let r = try run("opqueued", ["--spool", spool.root, "--once", "--log-target", "console"])
+        #expect(r.status == 0, "\(r)")
+        #expect(r.stderr.contains("active/misplaced.plist is not a job folder (the daemon's are folders); left in place — manifests go into inbox/"), "\(r.stderr)")
+        #expect(r.stderr.contains("active/notes/ has no manifest.plist but holds todo.txt: not a job the daemon claimed; left in place"), "\(r.stderr)")
+        #expect(FileManager.default.fileExists(atPath: active + "/misplaced.plist"))
+        #expect((try? String(contentsOfFile: active + "/notes/todo.txt", encoding: .utf8)) == "mine")
+        #expect(!FileManager.default.fileExists(atPath: active + "/interrupted") && !FileManager.default.fileExists(atPath: active + "/recorded"))
+        #expect(spool.list("outbox").isEmpty, "none of them was taken for a job")
+    }
+
     /// One daemon per spool: a second one exits 1 saying so — also after a careless clean-up removed the lock file.
     @Test func aSecondDaemonOnTheSameSpoolIsRefusedEvenWithoutTheLockFile() throws {
         let spool = TestSpool()

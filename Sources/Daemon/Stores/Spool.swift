@@ -8,8 +8,10 @@
 //             shared by all jobs; rewritten with only the active jobs' lines at start and when it grows large
 //   publish   active/<job>/ is assembled into the outbox entry: result.plist is written beside the manifest
 //             and the outputs → commit → rename active/<job> → outbox/<job> → commit
-//   recover   active/<job>/ without a manifest: never claimed, removed (the inbox file is still there);
-//             otherwise resumed, skipping the operations the progress log lists. tmp/ is emptied.
+//   recover   active/<job>/ without a manifest: never claimed, removed (the inbox file is still there) when it
+//             holds nothing but its record, else left with an error (someone's files), as is anything in active/
+//             that is not a folder; otherwise resumed, skipping the operations the progress log lists. tmp/ is
+//             emptied.
 //   downloads active/.downloads/<job>/<operation>, written by the operations (Downloads.swift); removed
 //             after publication, and at recovery for jobs no longer active (partial files too).
 //
@@ -407,7 +409,23 @@ public final class Spool: @unchecked Sendable {
         var jobs: [ClaimedJob] = []
         for id in visibleNames(in: active) {
             let dir = active + "/" + id
-            guard access(dir + "/manifest.plist", F_OK) == 0 else { removeTree(dir); continue }
+            var st = stat()
+            guard lstat(dir, &st) == 0, (st.st_mode & S_IFMT) == S_IFDIR else {
+                // Not a folder: never the daemon's (a manifest put here by hand belongs in inbox/).
+                problems.append("active/\(id) is not a job folder (the daemon's are folders); left in place — manifests go into inbox/")
+                continue
+            }
+            guard access(dir + "/manifest.plist", F_OK) == 0 else {
+                // A claim interrupted before its rename leaves the folder empty, or holding its record (job.plist); the
+                // inbox file is still there. Anything else in it was put there by someone: left alone.
+                let names = ((try? FileManager.default.contentsOfDirectory(atPath: dir)) ?? []).sorted()
+                if names.allSatisfy({ $0 == "job.plist" }) {
+                    removeTree(dir)
+                } else {
+                    problems.append("active/\(id)/ has no manifest.plist but holds \(firstNames(names)): not a job the daemon claimed; left in place")
+                }
+                continue
+            }
             // A `write` interrupted before its rename leaves a hidden .part file: it runs again.
             removeParts(dir)
             guard case .success(let manifest) = Self.readHeldManifest(dir + "/manifest.plist") else {
