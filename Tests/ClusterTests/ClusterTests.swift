@@ -653,22 +653,48 @@ struct ClusterTests {
         node.stop()
     }
 
-    /// The database restored, while a node was down, from a backup older than a job the node held: no row for it.
-    /// The node submits it again from its copy as it starts, and it runs once.
-    @Test func aJobTheRestoredDatabaseForgotRunsFromTheNodesCopy() throws {
+    /// One node of a fresh cluster executing `job`, a sleep of `seconds`.
+    private func oneNodeExecuting(_ prefix: String, seconds: Double) throws -> (harness: ClusterHarness, job: String) {
         let harness = try ClusterHarness(nodes: 1, leaseSeconds: 3)
-        let node = harness[0]
-        let job = uniqueJob("forgotten")
-        try node.drop(job + ".plist", sleepJob(job, 5))
+        let job = uniqueJob(prefix)
+        try harness[0].drop(job + ".plist", sleepJob(job, seconds))
         #expect(try harness.waitJournal(["OPQ_JOB": job, "OPQ_STATE": "executing"]) != nil)
-        node.kill9()
+        return (harness, job)
+    }
+
+    /// Deletes `job`'s row, as restoring the database from a backup older than the job does.
+    private func forgetRow(_ job: String, in harness: ClusterHarness) throws {
         #expect(try harness.sql("WITH gone AS (DELETE FROM opq_jobs WHERE id = '\(job)' RETURNING id) SELECT count(*) FROM gone") == "1")
-        try node.start()
-        #expect(try harness.waitJournal(["OPQ_JOB": job, "OPQ_NODE": node.name, "PRIORITY": "4"], timeout: 20)?["MESSAGE"]?
-            .contains("the database has no row for this job") == true)
+    }
+
+    /// `job` ran to its end once, on node 0, and its row says so.
+    private func expectEndedOnce(_ job: String, in harness: ClusterHarness) throws {
         #expect(harness.waitResult(job, timeout: 40)?.result["status"] as? String == "succeeded")
         #expect(harness.outboxes(holding: job) == [0])
         #expect(try harness.sql("SELECT state FROM opq_jobs WHERE id = '\(job)'") == "finished")
+    }
+
+    /// The database restored, while a node was down, from a backup older than a job the node held: no row for it.
+    /// The node submits it again from its copy as it starts, and it runs once.
+    @Test func aJobTheRestoredDatabaseForgotRunsFromTheNodesCopy() throws {
+        let (harness, job) = try oneNodeExecuting("forgotten", seconds: 5)
+        harness[0].kill9()
+        try forgetRow(job, in: harness)
+        try harness[0].start()
+        #expect(try harness.waitJournal(["OPQ_JOB": job, "OPQ_NODE": harness[0].name, "PRIORITY": "4"], timeout: 20)?["MESSAGE"]?
+            .contains("the database has no row for this job") == true)
+        try expectEndedOnce(job, in: harness)
+    }
+
+    /// The same while the node runs the job (a restore under a running node): at its next beat it stops the job,
+    /// logs `lost` saying why, and submits it again; it runs once to the end.
+    @Test func aJobTheDatabaseForgetsWhileItRunsIsSubmittedAgain() throws {
+        let (harness, job) = try oneNodeExecuting("forgotten-running", seconds: 6)
+        try forgetRow(job, in: harness)
+        let lost = try harness.waitJournal(["OPQ_JOB": job, "OPQ_STATE": "lost"], timeout: 15)
+        #expect(lost?["OPQ_ERROR"]?.contains("the database has no row for this job any more") == true, "\(String(describing: lost))")
+        try expectEndedOnce(job, in: harness)
+        #expect(try harness.journal(["OPQ_JOB": job, "OPQ_STATE": "claimed"]).count == 2, "claimed, then claimed again")
     }
 
     // MARK: 6. Cancel and suspend from another node

@@ -25,6 +25,7 @@ final class FakeShell: JobStoreDelegate, @unchecked Sendable {
     private let lock = NSLock()
     private var _ran: [(job: ClaimedJob, at: Double)] = []
     private var _lost: [(job: String, reason: String)] = []
+    private var _forgotten: [String] = []
     private var _cancels: [(job: String, operation: String?)] = []
     private var _suspended: [Set<String>] = []
     private var _spoolFailures: [String] = []
@@ -33,6 +34,7 @@ final class FakeShell: JobStoreDelegate, @unchecked Sendable {
 
     func run(_ jobs: [ClaimedJob]) { lock.withLock { _ran += jobs.map { ($0, monotonicSeconds()) } } }
     func lost(_ jobs: [String], reason: String) { lock.withLock { _lost += jobs.map { ($0, reason) } } }
+    func forgotten(_ jobs: [String], reason: String) { lock.withLock { _forgotten += jobs } }
     func cancel(job: String, operation: String?) { lock.withLock { _cancels.append((job, operation)) } }
     func suspendedQueuesChanged(_ queues: Set<String>) { lock.withLock { _suspended.append(queues) } }
     func spoolFailed(_ what: String, _ error: any Error) { lock.withLock { _spoolFailures.append("\(what): \(error)") } }
@@ -51,6 +53,7 @@ final class FakeShell: JobStoreDelegate, @unchecked Sendable {
 
     var ran: [(job: ClaimedJob, at: Double)] { lock.withLock { _ran } }
     var lostJobs: [(job: String, reason: String)] { lock.withLock { _lost } }
+    var forgottenJobs: [String] { lock.withLock { _forgotten } }
     var cancels: [(job: String, operation: String?)] { lock.withLock { _cancels } }
     var suspensions: [Set<String>] { lock.withLock { _suspended } }
     var spoolFailures: [String] { lock.withLock { _spoolFailures } }
@@ -574,6 +577,24 @@ struct ClusterJobStoreTests {
         #expect(eventually { (try? second.store.job("fresh"))?.state == .waiting })
         #expect(eventually { ((try? FileManager.default.contentsOfDirectory(atPath: spool.active + "/.submissions")) ?? []).isEmpty })
         #expect(trimmed(try server.psql(database, "SELECT string_agg(id || ' ' || state, ',' ORDER BY id) FROM opq_jobs")) == "fresh waiting")
+    }
+
+    /// A running node whose database forgets a job it holds (restored from an older backup under it) hears so at its
+    /// next beat: that job is given back to the shell to submit again, not dropped; one taken over by another node is
+    /// lost as ever.
+    @Test func aRunningNodeHearsWhichOfItsJobsTheDatabaseForgot() throws {
+        let server = try PostgresServer.shared.get()
+        let database = try server.createDatabase()
+        let node = try ClusterNode("a", server: server, database: database, leaseSeconds: 3)
+        defer { node.close() }
+        _ = node.store.recovered([])
+        node.store.want(room: 2, manifestBytes: .max)
+        _ = node.store.submit(try ["forgotten", "taken"].map { try node.drop($0, sleepManifest($0)) })
+        #expect(eventually { node.shell.ran.count == 2 })
+        try server.psql(database, "DELETE FROM opq_jobs WHERE id = 'forgotten'")
+        try server.psql(database, "UPDATE opq_jobs SET node = 'other', fence = nextval('opq_fence') WHERE id = 'taken'")
+        #expect(eventually(10) { node.shell.forgottenJobs == ["forgotten"] && node.shell.lostJobs.map(\.job) == ["taken"] },
+                "forgotten \(node.shell.forgottenJobs), lost \(node.shell.lostJobs)")
     }
 
     /// The same folders when the database does not answer at start (a server that takes the connection and never

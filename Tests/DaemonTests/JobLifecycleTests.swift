@@ -125,6 +125,21 @@ private typealias Machine = JobLifecycle<Int>
         #expect(m.handle(.lost(job: "a", reason: "again")) == [], "lost twice: logged once")
     }
 
+    /// A job the store has no record of any more (its database restored from an older backup) is stopped as a lost
+    /// one is, and its folder then given back to the store to be submitted again instead of removed.
+    @Test func aJobTheStoreForgotIsStoppedThenSubmittedAgain() {
+        var m = machine()
+        running(&m, "a", operations: 3, group: 7)
+        #expect(m.handle(.lost(job: "a", reason: "no row", resubmit: true)) == [.journal(.lost(job: "a", reason: "no row")), .cancelGroup(7)])
+        #expect(m.activeOperations == 0)
+        #expect(m.handle(.groupFinished(group: 7, status: "cancelled", error: nil)) == [.releaseGroup(7), .resubmit(job: "a")])
+        #expect(m.isEmpty)
+        // Not yet running: at once.
+        _ = m.handle(.received(job: "b", .claimed(fromNode: nil)))
+        _ = m.handle(.planned(job: "b", operations: 1, recovered: 0))
+        #expect(m.handle(.lost(job: "b", reason: "no row", resubmit: true)) == [.journal(.lost(job: "b", reason: "no row")), .resubmit(job: "b")])
+    }
+
     @Test func aJobLostWhileFinishingIsDiscardedAtOnce() {
         var m = machine()
         running(&m, "a", group: 2)

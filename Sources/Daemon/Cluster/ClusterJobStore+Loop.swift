@@ -238,7 +238,22 @@ extension ClusterJobStore {
         }
         reportDeadline()
         leaseChanged(true)
-        if !lost.isEmpty { delegate?.lost(lost, reason: "taken over by another node") }
+        if lost.isEmpty { return }
+        let forgotten = lost.filter(hasNoRow)
+        let taken = lost.filter { !forgotten.contains($0) }
+        if !taken.isEmpty { delegate?.lost(taken, reason: "taken over by another node") }
+        if !forgotten.isEmpty {
+            delegate?.forgotten(forgotten, reason: "the database has no row for this job any more (restored from a backup older than the job?): submitted again once stopped here")
+        }
+    }
+
+    /// Whether the database has no row at all for `job`, which this node held: not taken over but forgotten (its
+    /// database restored from an older backup), so that dropped it would run nowhere. Not when the row may have been
+    /// pruned (`rowMayHaveBeenPruned`), nor when the lookup fails.
+    private func hasNoRow(_ job: String) -> Bool {
+        let row = Result { try waitBounded(Self.statementTimeout, on: executor, doing: "looking up job \(job)", { [store] in try await store.job(job) }) }
+        guard case .success(nil) = row else { return false }
+        return !rowMayHaveBeenPruned(job)
     }
 
     /// A takeover round: the jobs and slots of nodes silent past their leases go back (any node does it; one

@@ -66,7 +66,7 @@ extension ClusterJobStore {
                 if let record, record.state == .finished, record.node == nodeName, record.fence == origin.fence {
                     kept.append((job, origin))
                     recorded.insert(job.id)
-                } else if record == nil, !rowMayHaveBeenPruned(job) {
+                } else if record == nil, !rowMayHaveBeenPruned(job.id) {
                     event(.warning, "job \(job.id): the database has no row for this job that node \(nodeName) claimed (restored from a backup older than the job, or another database?); submitted again from the copy here",
                           ["OPQ_JOB": .string(job.id)])
                     resubmit.append(job)
@@ -110,8 +110,8 @@ extension ClusterJobStore {
     /// job long enough ago (another node takes a job over only once this node has stopped writing its folder —
     /// within moments of its lease's end — and finishes it after that), so the row is not gone by pruning: the
     /// database lost it, and the job runs nowhere unless it is submitted again.
-    private func rowMayHaveBeenPruned(_ job: ClaimedJob) -> Bool {
-        let age = Date().timeIntervalSince1970 - Spool.claimTime(spool.active + "/" + job.id)
+    func rowMayHaveBeenPruned(_ job: String) -> Bool {
+        let age = Date().timeIntervalSince1970 - Spool.claimTime(spool.active + "/" + job)
         return age >= settings.keepFinishedDays * 86_400 - 3_600
     }
 

@@ -5,7 +5,8 @@
 // submitted to the engine), finishing (its group ended, its publication queued) and then published (its folder
 // placed in the outbox), which takes it out of the table: its slot takes the next claim while the shell makes the
 // placement durable and announces it. A manifest with problems goes received → rejected → published; a job the
-// store says this node no longer holds is lost: it leaves the table at once, nothing is published for it.
+// store says this node no longer holds is lost: it leaves the table at once, nothing is published for it (its folder
+// is discarded, or — a job the store has no record of at all — given back to the store to be submitted again).
 //
 // No I/O, no locks, no clock: the shell (Shell/Daemon.swift) keeps one value of this type under its lock, feeds it what
 // happened and performs the actions it returns, in order (journal entries, submissions, cancels, publications,
@@ -74,8 +75,10 @@ struct JobLifecycle<Group: Hashable & Sendable>: Sendable {
         case groupFinished(group: Group, status: String, error: String?)
         /// The job's outbox entry is placed (or, rejected, its result): it leaves the table.
         case published(job: String)
-        /// The store says this node no longer holds the job.
-        case lost(job: String, reason: String)
+        /// The store says this node no longer holds the job. `resubmit`: the store has no record of it at all (its
+        /// database restored from an older backup): once nothing runs in it, its folder goes back to the store to be
+        /// submitted again, rather than removed.
+        case lost(job: String, reason: String, resubmit: Bool = false)
         case stopping
         /// A spool fault or an unavailable store pauses claiming (nil: over).
         case fault(String?)
@@ -99,6 +102,8 @@ struct JobLifecycle<Group: Hashable & Sendable>: Sendable {
         case releaseGroup(Group)
         /// Remove active/<job> and its downloads: nothing is published for it.
         case discard(job: String)
+        /// Give active/<job> back to the store to be submitted again (its downloads go): nothing is published for it.
+        case resubmit(job: String)
         /// Answer to a cancel.
         case answer(CancelAnswer)
     }
@@ -117,8 +122,9 @@ struct JobLifecycle<Group: Hashable & Sendable>: Sendable {
 
     private(set) var jobs: [String: Job] = [:]
     private var byGroup: [Group: String] = [:]
-    /// Groups of lost jobs still running (cancelled): released, and their jobs' folders discarded, when they end.
-    private var lostGroups: [Group: String] = [:]
+    /// Groups of lost jobs still running (cancelled): released, and their jobs' folders discarded (or submitted
+    /// again), when they end.
+    private var lostGroups: [Group: (job: String, end: Action)] = [:]
     /// Operations of the jobs in the table, against `maxActiveOperations`.
     private(set) var activeOperations = 0
     private(set) var maxActiveJobs: Int
@@ -217,7 +223,7 @@ struct JobLifecycle<Group: Hashable & Sendable>: Sendable {
         case .submitted(let id, let group):
             guard var job = jobs[id], job.phase == .accepted else {
                 // Not expected (both happen on the shell's serial queue); stopped and dropped like a lost job's.
-                lostGroups[group] = id
+                lostGroups[group] = (id, .discard(job: id))
                 return [.cancelGroup(group)]
             }
             job.phase = .running
@@ -263,7 +269,7 @@ struct JobLifecycle<Group: Hashable & Sendable>: Sendable {
             }
 
         case .groupFinished(let group, let status, let error):
-            if let id = lostGroups.removeValue(forKey: group) { return [.releaseGroup(group), .discard(job: id)] }
+            if let lost = lostGroups.removeValue(forKey: group) { return [.releaseGroup(group), lost.end] }
             guard let id = byGroup[group], var job = jobs[id], job.phase == .running else { return [] }
             job.phase = .finishing
             jobs[id] = job
@@ -280,21 +286,22 @@ struct JobLifecycle<Group: Hashable & Sendable>: Sendable {
             }
             return actions
 
-        case .lost(let id, let reason):
+        case .lost(let id, let reason, let resubmit):
             guard let job = jobs.removeValue(forKey: id) else { return [] }
             activeOperations -= job.operations
             var actions: [Action] = [.journal(.lost(job: id, reason: reason))]
+            let end: Action = resubmit ? .resubmit(job: id) : .discard(job: id)
             if let group = job.group {
                 byGroup[group] = nil
                 if job.phase == .running {
                     // Its commands die with the cancel; its folder goes once nothing runs in it.
-                    lostGroups[group] = id
+                    lostGroups[group] = (id, end)
                     actions.append(.cancelGroup(group))
                 } else {
-                    actions += [.releaseGroup(group), .discard(job: id)]
+                    actions += [.releaseGroup(group), end]
                 }
             } else {
-                actions.append(.discard(job: id))
+                actions.append(end)
             }
             return actions
 

@@ -10,6 +10,7 @@ final class StoreEvents: JobStoreDelegate, @unchecked Sendable {
     weak var daemon: Daemon?
     func run(_ jobs: [ClaimedJob]) { daemon?.storeRun(jobs) }
     func lost(_ jobs: [String], reason: String) { daemon?.storeLost(jobs, reason: reason) }
+    func forgotten(_ jobs: [String], reason: String) { daemon?.storeLost(jobs, reason: reason, resubmit: true) }
     func cancel(job: String, operation: String?) { daemon?.storeCancel(job: job, operation: operation) }
     func suspendedQueuesChanged(_ queues: Set<String>) { daemon?.storeSuspendedQueuesChanged(queues) }
     func spoolFailed(_ what: String, _ error: any Error) { daemon?.storeSpoolFailed(what, error) }
@@ -44,12 +45,12 @@ extension Daemon {
         }
     }
 
-    func storeLost(_ jobs: [String], reason: String) {
+    func storeLost(_ jobs: [String], reason: String, resubmit: Bool = false) {
         work.async { [self] in
             for job in jobs {
                 let actions = lock.withLock {
                     runs[job] = nil
-                    return lifecycle.handle(.lost(job: job, reason: reason))
+                    return lifecycle.handle(.lost(job: job, reason: reason, resubmit: resubmit))
                 }
                 perform(actions)
             }

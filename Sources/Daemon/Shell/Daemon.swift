@@ -452,6 +452,17 @@ public final class Daemon: @unchecked Sendable {
                 engine.release(group)
             case .discard(let job):
                 spool.discard(job: job)
+            case .resubmit(let job):
+                // The store makes it a submission again (moved to its waiting folder; only a store that places jobs
+                // itself forgets one, so nothing comes back to run here); a folder that cannot be read back as a job
+                // is discarded.
+                spool.discardDownloads(job: job)
+                switch spool.heldJob(job) {
+                case .success(let claimed): _ = store.submit([claimed])
+                case .failure(let error):
+                    logger.error("job \(job): cannot be submitted again (\(error)); discarded", metadata: ["OPQ_JOB": .string(job)])
+                    spool.discard(job: job)
+                }
             }
         }
     }

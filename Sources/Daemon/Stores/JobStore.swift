@@ -51,6 +51,10 @@ public protocol JobStoreDelegate: AnyObject, Sendable {
     /// Jobs this node no longer holds (taken over, or its lease ran out): stop them now, publish and record
     /// nothing for them, log `lost`, remove them from active/.
     func lost(_ jobs: [String], reason: String)
+    /// Jobs this node holds that the store has no record of at all (its database restored from a backup older than
+    /// them): stop them now, publish nothing, log `lost`, and give their folders back to the store (`submit`) once
+    /// nothing runs in them, to run again — dropped, they would run nowhere.
+    func forgotten(_ jobs: [String], reason: String)
     /// A cancel asked on any node for a job this node runs (nil operation: the whole job). May repeat.
     func cancel(job: String, operation: String?)
     /// The cluster-wide suspended set changed (SPEC §8: kept in the database, acting on every node).
@@ -71,6 +75,7 @@ public protocol JobStoreDelegate: AnyObject, Sendable {
 
 extension JobStoreDelegate {
     public func progress() -> [UInt8]? { nil }
+    public func forgotten(_ jobs: [String], reason: String) { lost(jobs, reason: reason) }
 }
 
 public protocol JobStore: AnyObject, Sendable {

@@ -428,14 +428,12 @@ public final class Spool: @unchecked Sendable {
             }
             // A `write` interrupted before its rename leaves a hidden .part file: it runs again.
             removeParts(dir)
-            guard case .success(let manifest) = Self.readHeldManifest(dir + "/manifest.plist") else {
+            guard case .success(var job) = heldJob(id) else {
                 problems.append("active/\(id)/manifest.plist cannot be read; left in place")
                 continue
             }
-            let record = readClaimRecord(dir)
-            jobs.append(ClaimedJob(id: id, requestedJob: record?.requestedJob, manifestName: record?.manifest ?? id + ".plist",
-                                   receivedAt: record?.receivedAt ?? Self.claimTime(dir), manifest: manifest.data,
-                                   tree: manifest.tree, done: progress[id] ?? [:]))
+            job.done = progress[id] ?? [:]
+            jobs.append(job)
         }
         // Downloads: those of jobs that resume stay (a download that succeeded is restored from its file),
         // less partial files of interrupted ones; those of jobs published or never claimed go.
@@ -445,6 +443,20 @@ public final class Spool: @unchecked Sendable {
         }
         try rewriteProgress(keeping: resuming)
         return (jobs, problems)
+    }
+
+    /// active/<id>/ read back as a job: its manifest, and what its claim record says (a folder without one is named
+    /// after itself and dated by its modification time).
+    func heldJob(_ id: String) -> Result<ClaimedJob, SpoolError> {
+        let dir = active + "/" + id
+        switch Self.readHeldManifest(dir + "/manifest.plist") {
+        case .failure(let error): return .failure(error)
+        case .success(let manifest):
+            let record = readClaimRecord(dir)
+            return .success(ClaimedJob(id: id, requestedJob: record?.requestedJob, manifestName: record?.manifest ?? id + ".plist",
+                                       receivedAt: record?.receivedAt ?? Self.claimTime(dir), manifest: manifest.data,
+                                       tree: manifest.tree, done: [:]))
+        }
     }
 
     /// A manifest the spool already holds (in active/ or active/.submissions/), read again at recovery: its bytes,
