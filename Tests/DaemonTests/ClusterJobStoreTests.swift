@@ -597,6 +597,29 @@ struct ClusterJobStoreTests {
                 "forgotten \(node.shell.forgottenJobs), lost \(node.shell.lostJobs)")
     }
 
+    /// A job whose row is gone when its end is to be recorded (the database restored under the node between its last
+    /// beat and the completion) ran here, and no other node holds it: published here (answered as recorded), not
+    /// dropped as lost.
+    @Test func aJobTheDatabaseForgotBeforeItsEndIsPublishedWhereItRan() throws {
+        let server = try PostgresServer.shared.get()
+        let database = try server.createDatabase()
+        let folder = NSTemporaryDirectory() + "opq-cluster-forgotten-end-\(UInt64.random(in: 1...UInt64.max))"
+        let spool = try Spool(root: folder)
+        defer { try? FileManager.default.removeItem(atPath: folder) }
+        let node = try nodeThatRan(["ended", "taken"], server: server, database: database, spool: spool)
+        defer { node.store.shutdown() }
+        try server.psql(database, "DELETE FROM opq_jobs WHERE id = 'ended'")
+        try server.psql(database, "UPDATE opq_jobs SET node = 'other', fence = nextval('opq_fence') WHERE id = 'taken'")
+        let ends = try ["ended", "taken"].map { job in
+            let result = spool.active + "/" + job + "/result.plist"
+            try plist(["job": job]).write(to: URL(fileURLWithPath: result))
+            return JobEnd(job: job, status: "succeeded", resultFile: result)
+        }
+        #expect(try node.store.complete(ends) == ["ended"])
+        #expect(node.shell.lostJobs.map(\.job) == ["taken"])
+        #expect(node.logs.all.contains { $0.message.contains("published here, where it ran") && $0.metadata["OPQ_JOB"] == "ended" })
+    }
+
     /// The same folders when the database does not answer at start (a server that takes the connection and never
     /// speaks): one lookup waits out its timeout, the others are not tried; the folders wait in active/ for the
     /// database to answer (next test); the node starts rather than waiting a timeout per folder.

@@ -250,7 +250,7 @@ extension ClusterJobStore {
     /// Whether the database has no row at all for `job`, which this node held: not taken over but forgotten (its
     /// database restored from an older backup), so that dropped it would run nowhere. Not when the row may have been
     /// pruned (`rowMayHaveBeenPruned`), nor when the lookup fails.
-    private func hasNoRow(_ job: String) -> Bool {
+    func hasNoRow(_ job: String) -> Bool {
         let row = Result { try waitBounded(Self.statementTimeout, on: executor, doing: "looking up job \(job)", { [store] in try await store.job(job) }) }
         guard case .success(nil) = row else { return false }
         return !rowMayHaveBeenPruned(job)

@@ -252,8 +252,15 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
             lock.withLock { _ = state.endCompleting(ids, recorded: nil) }
             throw error
         }
+        // A job the database has no row for any more (restored from a backup older than the job) is this node's to
+        // publish: no other node holds it, and dropped it would have run for nothing, and run nowhere again.
+        let forgotten = Set(asked.filter { !recorded.contains($0) && hasNoRow($0) })
+        for job in forgotten.sorted() {
+            event(.warning, "job \(job): the database has no row for this job any more (restored from a backup older than the job?); published here, where it ran, without a record in the database",
+                  ["OPQ_JOB": .string(job)])
+        }
         let lost = lock.withLock {
-            let lost = state.endCompleting(asked, recorded: recorded)
+            let lost = state.endCompleting(asked, recorded: recorded.union(forgotten))
             _ = state.endCompleting(Array(already), recorded: already)
             for id in ids where fences[id] != nil { origins[id] = nil }
             return lost
@@ -262,7 +269,7 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
         // active/ finds it still ours (recorded under its fence) and publishes it, never submits it again.
         if !lost.isEmpty { delegate?.lost(lost, reason: "taken over by another node before its end was recorded") }
         reportDeadline()
-        return recorded.union(already)
+        return recorded.union(already).union(forgotten)
     }
 
     public func origin(of job: String) -> JobOrigin? {
