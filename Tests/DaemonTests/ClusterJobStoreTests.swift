@@ -692,7 +692,8 @@ struct ClusterJobStoreTests {
         #expect(try second.store.complete([JobEnd(job: "done", status: "succeeded", resultFile: result)]) == ["done"],
                 "without recording again")
         #expect(eventually { !FileManager.default.fileExists(atPath: spool.active + "/held") })
-        #expect(second.logs.all.contains { $0.metadata["OPQ_STATE"] == "lost" && $0.metadata["OPQ_JOB"] == "held" })
+        // Logged once the copy is gone (on the submission thread): waited for, not read at the instant of removal.
+        #expect(eventually { second.logs.all.contains { $0.metadata["OPQ_STATE"] == "lost" && $0.metadata["OPQ_JOB"] == "held" } })
         #expect(eventually(10) { trimmed((try? server.psql(database, "SELECT state || ' ' || coalesce(node, '-') FROM opq_jobs WHERE id = 'held'")) ?? "") == "waiting -" },
                 "handed back, to run again from the database")
         #expect(eventually { (try? second.store.job("local")) != nil })
