@@ -147,8 +147,9 @@ func startedPair(queues: [String: Any] = [:]) throws -> (server: PostgresServer,
 
 /// Node `a` on `spool`, started with nothing to recover, that has submitted `jobs` (a `sleep 0` each) and been given
 /// them to run.
-func nodeThatRan(_ jobs: [String], server: PostgresServer, database: String, spool: Spool) throws -> ClusterNode {
-    let node = try ClusterNode("a", server: server, database: database, spoolFolder: spool.root, spool: spool)
+func nodeThatRan(_ jobs: [String], server: PostgresServer, database: String, spool: Spool,
+                 leaseSeconds: Double = 15) throws -> ClusterNode {
+    let node = try ClusterNode("a", server: server, database: database, leaseSeconds: leaseSeconds, spoolFolder: spool.root, spool: spool)
     _ = node.store.recovered([])
     node.store.want(room: jobs.count, manifestBytes: .max)
     _ = node.store.submit(try jobs.map { try node.drop($0, sleepManifest($0)) })
@@ -585,12 +586,10 @@ struct ClusterJobStoreTests {
     @Test func aRunningNodeHearsWhichOfItsJobsTheDatabaseForgot() throws {
         let server = try PostgresServer.shared.get()
         let database = try server.createDatabase()
-        let node = try ClusterNode("a", server: server, database: database, leaseSeconds: 3)
+        let folder = NSTemporaryDirectory() + "opq-cluster-forgotten-\(UInt64.random(in: 1...UInt64.max))"
+        let spool = try Spool(root: folder)
+        let node = try nodeThatRan(["forgotten", "taken"], server: server, database: database, spool: spool, leaseSeconds: 3)
         defer { node.close() }
-        _ = node.store.recovered([])
-        node.store.want(room: 2, manifestBytes: .max)
-        _ = node.store.submit(try ["forgotten", "taken"].map { try node.drop($0, sleepManifest($0)) })
-        #expect(eventually { node.shell.ran.count == 2 })
         try server.psql(database, "DELETE FROM opq_jobs WHERE id = 'forgotten'")
         try server.psql(database, "UPDATE opq_jobs SET node = 'other', fence = nextval('opq_fence') WHERE id = 'taken'")
         #expect(eventually(10) { node.shell.forgottenJobs == ["forgotten"] && node.shell.lostJobs.map(\.job) == ["taken"] },

@@ -503,11 +503,7 @@ public final class Spool: @unchecked Sendable {
             for (job, operations) in readProgress() where keeping.contains(job) {
                 for (operation, record) in operations { text += Self.progressLine(job: job, operation: operation, record: record) }
             }
-            let fresh = progressPath + ".new"
-            try writeDurably(Data(text.utf8), to: fresh, syncFolder: false)
-            CrashPoint.progressRewritten.reached()
-            guard rename(fresh, progressPath) == 0 else { throw SpoolError(operation: "rename", path: fresh, errno: errno) }
-            try syncDirectory(active)
+            try replaceDurably(Data(text.utf8), at: progressPath, beforeRename: { CrashPoint.progressRewritten.reached() })
             if progressFD >= 0 { close(progressFD) }
             progressFD = open(progressPath, O_WRONLY | O_APPEND | O_CLOEXEC)
             guard progressFD >= 0 else { throw SpoolError(operation: "open", path: progressPath, errno: errno) }
@@ -716,6 +712,16 @@ func writeFile(to path: String, _ fill: (Int32, String) throws -> Void) throws {
 /// Writes a file and fsyncs it (and, by default, its folder).
 public func writeDurably(_ data: Data, to path: String, syncFolder: Bool = true) throws {
     try writeDurably(to: path, syncFolder: syncFolder) { fd, path in try writeAll(fd, data, path: path) }
+}
+
+/// Replaces the file at `path` whole: `data` is written beside it (`path`.new) and fsynced, renamed over it, and the
+/// folder fsynced — a crash leaves the old file or the new one, never half of either.
+func replaceDurably(_ data: Data, at path: String, beforeRename: () -> Void = {}) throws {
+    let fresh = path + ".new"
+    try writeDurably(data, to: fresh, syncFolder: false)
+    beforeRename()
+    guard rename(fresh, path) == 0 else { throw SpoolError(operation: "rename to \(path)", path: fresh, errno: errno) }
+    try syncDirectory((path as NSString).deletingLastPathComponent)
 }
 
 /// Creates a file, has `fill` write it (given the descriptor and the path), and fsyncs it (and, by

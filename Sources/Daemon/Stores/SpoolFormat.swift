@@ -46,10 +46,7 @@ extension Spool {
             }
             tookOver = found?.format ?? 0
         }
-        let temporary = active + "/.format.new"
-        try writeDurably(Data("\(Self.format)\n".utf8), to: temporary, syncFolder: false)
-        guard rename(temporary, formatPath) == 0 else { throw SpoolError(operation: "rename to \(formatPath)", path: temporary, errno: errno) }
-        try syncDirectory(active)
+        try replaceDurably(Data("\(Self.format)\n".utf8), at: formatPath)
         return tookOver
     }
 
