@@ -727,5 +727,23 @@ enum Migrations {
             DELETE FROM opq_schema_version WHERE version = 6
             """#,
         ]),
+        Migration(version: 7, name: "claim_plan", up: [
+            #"""
+            ALTER FUNCTION opq_claim_jobs(text, bigint, text[], text[]) SET enable_seqscan = off
+            """#,
+            #"""
+            INSERT INTO opq_schema_readers (version, oldest_reader) VALUES (7, 6)
+            """#,
+        ], down: [
+            #"""
+            ALTER FUNCTION opq_claim_jobs(text, bigint, text[], text[]) RESET enable_seqscan
+            """#,
+            #"""
+            DELETE FROM opq_schema_readers WHERE version = 7
+            """#,
+            #"""
+            DELETE FROM opq_schema_version WHERE version = 7
+            """#,
+        ]),
     ]
 }
