@@ -479,11 +479,13 @@ enum Queries {
     """#
 
     /// For status: per queue, the jobs of the cluster that use it, waiting and running (a job counts once in each of
-    /// its queues). Reads the two small partial indexes' rows, never the finished history.
+    /// its queues). Reads the two small partial indexes' rows, never the finished history: each branch names exactly
+    /// one index's predicate (`state IN (...)` matches neither, and every node's status round read the whole table).
     static let queueCounts = #"""
     SELECT q, count(*) FILTER (WHERE j.state = 'waiting')::integer, count(*) FILTER (WHERE j.state = 'running')::integer
-    FROM opq_jobs AS j, unnest(j.queues) AS q
-    WHERE j.state IN ('waiting', 'running')
+    FROM (SELECT state, queues FROM opq_jobs WHERE state = 'waiting'
+          UNION ALL
+          SELECT state, queues FROM opq_jobs WHERE state = 'running') AS j, unnest(j.queues) AS q
     GROUP BY q ORDER BY q
     """#
 

@@ -467,6 +467,41 @@ struct PostgresClusterStoreTests {
         await under.close()
     }
 
+    /// `status` on every node counts the waiting and running jobs per queue each round: over a finished history of
+    /// 30,000 rows (what `keepFinishedDays` keeps), analysed, the count reads the two partial indexes and no table
+    /// scan (with `state IN ('waiting', 'running')` it read the whole table each time, history and all).
+    @Test func queueCountsReadNoFinishedHistory() async throws {
+        let server = try PostgresServer.shared.get()
+        let (store, under) = try await makePostgresStore()
+        defer { Task { await under.close() } }
+        #expect(try await store.migrate() == Migrations.newest)
+        let database = store.url.database
+        try server.psql(database, "ALTER TABLE opq_jobs SET (autovacuum_enabled = false)")
+        try server.psql(database, """
+            INSERT INTO opq_jobs (id, requested_id, manifest, manifest_name, submitted_on, qos_rank, priority_rank, queues, commands,
+                                  state, node, fence, finished_at)
+            SELECT 'f' || g, 'f' || g, '\\x00'::bytea, 'f.plist', 'elsewhere', 2, 2, '{a}', '{}', 'finished', 'gone', g, now()
+            FROM generate_series(1, 30000) AS g;
+            INSERT INTO opq_jobs (id, requested_id, manifest, manifest_name, submitted_on, qos_rank, priority_rank, queues, commands)
+            SELECT 'w' || g, 'w' || g, '\\x00'::bytea, 'w.plist', 'elsewhere', 2, 2, '{a,b}', '{}' FROM generate_series(1, 3) AS g;
+            INSERT INTO opq_jobs (id, requested_id, manifest, manifest_name, submitted_on, qos_rank, priority_rank, queues, commands,
+                                  state, node, fence)
+            VALUES ('r1', 'r1', '\\x00'::bytea, 'r.plist', 'elsewhere', 2, 2, '{b}', '{}', 'running', 'there', 1);
+            ANALYZE opq_jobs;
+            """)
+        let read: (counts: [String], tableScans: Int64) = try await store.transaction(doing: "counting") { connection in
+            let counts = try await store.execute(connection, Queries.queueCounts).map { row in
+                let c = row.makeRandomAccess()
+                return "\(try c[0].decode(String.self)) \(try c[1].decode(Int.self)) \(try c[2].decode(Int.self))"
+            }
+            let scans = try await store.execute(connection, "SELECT pg_stat_get_xact_numscans('opq_jobs'::regclass)")
+            return (counts, try scans.first.map { try $0.decode(Int64.self) } ?? -1)
+        }
+        #expect(read.counts == ["a 3 0", "b 3 1"])
+        #expect(read.tableScans == 0, "sequential scans of the whole table for one count: \(read.tableScans)")
+        await under.close()
+    }
+
     @Test func generatedSQLIsFresh() throws {
         let sqlFolder = URL(fileURLWithPath: #filePath).deletingLastPathComponent()
             .appendingPathComponent("../../Sources/ClusterStore/SQL").standardized.path
