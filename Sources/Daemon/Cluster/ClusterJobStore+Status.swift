@@ -11,9 +11,10 @@ extension ClusterJobStore {
 
     func wantStatus() { statusWake.signal() }
 
-    /// Reads the snapshot every leaseSeconds/3, and at once when asked (a node registered, this one connected);
-    /// a failed read is tried again at the next period (the loop reports the connection's state). Between reads it
-    /// sends and judges the wake-up probes (`WakeupProbe`).
+    /// Reads the snapshot every leaseSeconds/3 — less often while its reads of the waiting jobs take long
+    /// (`statusPeriod`) — and at once when asked (a node registered, this one connected); a failed read is tried
+    /// again at the next period (the loop reports the connection's state). Between reads it sends and judges the
+    /// wake-up probes (`WakeupProbe`).
     func statusLoop() {
         let period = max(0.2, settings.leaseSeconds / 3)
         var nextRefresh = 0.0
@@ -23,12 +24,13 @@ extension ClusterJobStore {
                 continue
             }
             if monotonicSeconds() >= nextRefresh {
+                var took = 0.0
                 do {
-                    try refreshSnapshot()
+                    took = try refreshSnapshot()
                 } catch {
                     logger.debug("cluster: the status snapshot was not refreshed: \(error)")
                 }
-                nextRefresh = monotonicSeconds() + period
+                nextRefresh = monotonicSeconds() + Self.statusPeriod(period, backlogReadsTook: took)
             }
             probeWakeups()
             let next = min(nextRefresh, lock.withLock { probe.nextEvent() } ?? .infinity)
@@ -73,23 +75,40 @@ extension ClusterJobStore {
     /// How many of this node's probes came back to it.
     var wakeupProbesHeard: Int { lock.withLock { probe.heardCount } }
 
-    private func refreshSnapshot() throws {
+    /// How long until the next status read, `period` (leaseSeconds/3) at least: the reads of what waits in the
+    /// database (the jobs no live node can run, the counts per queue) go through every waiting row, so a backlog of
+    /// a million jobs makes them take 0.6–0.7 s (2 cores); each node then reads at most a twentieth of the time
+    /// (`status` shows the cluster's queues as of a read up to that much older), keeping every node's share of the
+    /// server's work bounded however long the backlog.
+    static func statusPeriod(_ period: Double, backlogReadsTook took: Double) -> Double {
+        max(period, took * 20)
+    }
+
+    /// Reads what `status` shows and what submissions check against. The nodes and what they declare first, kept
+    /// even when the reads of the waiting jobs after them fail (a statement timeout on a huge backlog); returns
+    /// how long those took.
+    private func refreshSnapshot() throws -> Double {
         let lease = settings.leaseSeconds
         let nodes = try waitBounded(Self.statementTimeout, on: executor, doing: "listing the cluster's nodes", { [store] in try await store.nodes(leaseSeconds: lease) })
-        let unrunnable = try waitBounded(Self.statementTimeout, on: executor, doing: "finding jobs no live node can run", { [store] in
-            try await store.jobsNoLiveNodeCanRun(leaseSeconds: lease, limit: 100)
-        })
-        let counts = try waitBounded(Self.statementTimeout, on: executor, doing: "counting the cluster's jobs", { [store] in try await store.queueCounts() })
         let declared = try waitBounded(Self.statementTimeout, on: executor, doing: "reading what nodes declare", { [store] in try await store.declared() })
         lock.withLock {
             self.declared = declared
             declaredKnown = true
             snapshotValue.nodes = nodes.map { .init(node: $0.node, connected: $0.connected, lastHeartbeat: $0.lastHeartbeat, jobs: $0.jobs, freeSlots: $0.freeSlots, schema: $0.schema) }
+        }
+        let started = monotonicSeconds()
+        let unrunnable = try waitBounded(Self.statementTimeout, on: executor, doing: "finding jobs no live node can run", { [store] in
+            try await store.jobsNoLiveNodeCanRun(leaseSeconds: lease, limit: 100)
+        })
+        let counts = try waitBounded(Self.statementTimeout, on: executor, doing: "counting the cluster's jobs", { [store] in try await store.queueCounts() })
+        let took = monotonicSeconds() - started
+        lock.withLock {
             snapshotValue.unrunnable = unrunnable.map(ClusterSnapshot.Waiting.init)
             snapshotValue.queues = Dictionary(counts.map { ($0.queue, ClusterSnapshot.QueueCounts(waiting: $0.waiting, running: $0.running)) },
                                               uniquingKeysWith: { first, _ in first })
             snapshotValue.refreshedAt = monotonicSeconds()
         }
+        return took
     }
 
     // MARK: the prune thread
