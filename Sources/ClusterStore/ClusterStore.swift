@@ -375,6 +375,9 @@ public protocol ClusterStore: Sendable {
     func complete(job: String, fence: Int64, status: String, result: [UInt8]) async throws -> Bool
     /// The same for many jobs in one statement; returns the jobs whose end was recorded.
     func completeJobs(_ completions: [JobCompletion]) async throws -> Set<String>
+    /// Records as finished on `node`, under `id`, a job the database has no row for (it ran to its end there while
+    /// the database was restored from an older backup). False when the id is taken: nothing recorded.
+    func recordFinished(_ job: NewJob, id: String, node: String, status: String, result: [UInt8]) async throws -> Bool
 
     /// Up to `count` slots of the queue's cluster-wide limit for `node`, whose best waiting operation has
     /// `priority` (none when `limit` are held), unless another node that beat within `leaseSeconds` waits for one

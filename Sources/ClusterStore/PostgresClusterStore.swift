@@ -436,6 +436,23 @@ public final class PostgresClusterStore: ClusterStore {
         })
     }
 
+    public func recordFinished(_ job: NewJob, id: String, node: String, status: String, result: [UInt8]) async throws -> Bool {
+        var binds = PostgresBindings()
+        binds.append(id)
+        binds.append(job.requestedID)
+        binds.append(ByteBuffer(bytes: job.manifest))
+        binds.append(job.manifestName)
+        binds.append(job.submittedOn)
+        binds.append(Int16(clamping: job.qosRank))
+        binds.append(Int16(clamping: job.priorityRank))
+        binds.append(job.queues)
+        binds.append(job.commands)
+        binds.append(node)
+        binds.append(status)
+        binds.append(ByteBuffer(bytes: result))
+        return try await !query(Queries.insertFinishedJob, binds, doing: "recording job \(id) as finished").isEmpty
+    }
+
     public func job(_ id: String) async throws -> JobRecord? {
         var binds = PostgresBindings()
         binds.append(id)

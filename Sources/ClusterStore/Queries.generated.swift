@@ -213,6 +213,19 @@ enum Queries {
     RETURNING j.id
     """#
 
+    /// A job that ran to its end on the caller's node while the database had no row for it any more (restored from a
+    /// backup older than the job): recorded as finished there, under its id, so that show and wait on every node know
+    /// it and no later submission takes its id. No row returned when the id is taken meanwhile.
+    /// $1 id, $2 requested id, $3 manifest, $4 manifest name, $5 submitted on, $6 qos rank, $7 priority rank,
+    /// $8 queues, $9 commands, $10 node, $11 status, $12 result.plist bytes.
+    static let insertFinishedJob = #"""
+    INSERT INTO opq_jobs (id, requested_id, manifest, manifest_name, submitted_on, qos_rank, priority_rank, queues, commands,
+                          state, node, fence, status, result, finished_at)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'finished', $10, nextval('opq_fence'), $11, $12, now())
+    ON CONFLICT DO NOTHING
+    RETURNING id
+    """#
+
     /// Up to $4 free slots of queue $1 among 1..$2 for node $3, whose best waiting operation has priority $6 — unless
     /// another node that beat within $5 seconds waits for one ahead of it (opq_slot_waiters: a higher priority, or the
     /// same one since longer than $3 has waited at it, which without a recorded wait is from now). None when all are

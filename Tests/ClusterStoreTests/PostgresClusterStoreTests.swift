@@ -375,6 +375,9 @@ struct PostgresClusterStoreTests {
         #expect(try await store.requestCancel(job: "split-b", operation: nil) == .requested)
         let done = try await store.completeJobs(claimed.map { JobCompletion(job: $0.id, fence: $0.fence, status: "succeeded", result: [0]) })
         #expect(done == ["split-a", "split-b"])
+        #expect(try await store.recordFinished(job("split-c"), id: "split-c", node: "run", status: "succeeded", result: [0]))
+        #expect(try await store.job("split-c")?.state == .finished)
+        #expect(try await !store.recordFinished(job("split-c"), id: "split-a", node: "run", status: "failed", result: [0]), "an id taken")
         _ = try await store.prune(olderThanSeconds: 0, batchSize: 10)
         #expect(try await store.forgetNodes(silentForSeconds: 0) == ["run"], "a node row may be deleted")
         #expect(try server.psql(database, "SELECT tableowner FROM pg_tables WHERE tablename = 'opq_jobs'").contains(PostgresServer.role),

@@ -616,7 +616,12 @@ struct ClusterJobStoreTests {
         }
         #expect(try node.store.complete(ends) == ["ended"])
         #expect(node.shell.lostJobs.map(\.job) == ["taken"])
-        #expect(node.logs.all.contains { $0.message.contains("published here, where it ran") && $0.metadata["OPQ_JOB"] == "ended" })
+        #expect(node.logs.all.contains { $0.message.contains("published here, where it ran, recorded in the database again as finished here") && $0.metadata["OPQ_JOB"] == "ended" })
+        // Recorded again, as finished here: show and wait on every node know it, and its id stays taken.
+        let record = try #require(try node.store.job("ended"))
+        #expect(record.state == .finished && record.node == "a" && record.status == "succeeded")
+        #expect(try server.psql(database, "SELECT submitted_on || ' ' || manifest_name || ' ' || array_to_string(queues, ',') FROM opq_jobs WHERE id = 'ended'")
+                    .trimmingCharacters(in: .whitespacesAndNewlines) == "a ended.plist default")
     }
 
     /// The same folders when the database does not answer at start (a server that takes the connection and never

@@ -24,6 +24,15 @@ extension ClusterJobStore {
     }
 
     func enqueue(_ job: ClaimedJob, folder: String) {
+        // The key survives a restart: the node and which inbox file it was (a file claimed for the cluster), or the
+        // inbox name and the reception time recorded at claim (a folder handed over from active/).
+        let key = job.id.hasPrefix(".") ? "\(nodeName)/\(job.id.dropFirst())" : "\(nodeName)/\(job.manifestName)/\(job.receivedAt)"
+        let new = row(for: job, submittedOn: nodeName, key: key)
+        lock.withLock { pending.append((folder, job.id.hasPrefix("."), key, new)) }
+    }
+
+    /// What the database keeps of a job this node holds: its manifest and where it may run.
+    func row(for job: ClaimedJob, submittedOn: String, key: String?) -> NewJob {
         let config = submissionConfiguration(lock.withLock { configuration })
         var placement = (qos: 2, priority: 2, queues: [String](), commands: [String]())
         // The plan the shell made of a manifest from the inbox (not parsed again); a folder handed over from
@@ -33,13 +42,9 @@ extension ClusterJobStore {
         } else if case .success(let plan) = Manifest.parse(job.tree ?? ManifestTree(job.manifest), configuration: config) {
             placement = plan.clusterPlacement(config)
         }
-        // The key survives a restart: the node and which inbox file it was (a file claimed for the cluster), or the
-        // inbox name and the reception time recorded at claim (a folder handed over from active/).
-        let key = job.id.hasPrefix(".") ? "\(nodeName)/\(job.id.dropFirst())" : "\(nodeName)/\(job.manifestName)/\(job.receivedAt)"
-        let new = NewJob(requestedID: job.requestedJob ?? job.id, manifest: Array(job.manifest), manifestName: job.manifestName,
-                         submittedOn: nodeName, qosRank: placement.qos, priorityRank: placement.priority,
-                         queues: placement.queues, commands: placement.commands, submissionKey: key)
-        lock.withLock { pending.append((folder, job.id.hasPrefix("."), key, new)) }
+        return NewJob(requestedID: job.requestedJob ?? job.id, manifest: Array(job.manifest), manifestName: job.manifestName,
+                      submittedOn: submittedOn, qosRank: placement.qos, priorityRank: placement.priority,
+                      queues: placement.queues, commands: placement.commands, submissionKey: key)
     }
 
     func wantSubmit() { submitWake.signal() }

@@ -255,9 +255,8 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
         // A job the database has no row for any more (restored from a backup older than the job) is this node's to
         // publish: no other node holds it, and dropped it would have run for nothing, and run nowhere again.
         let forgotten = Set(asked.filter { !recorded.contains($0) && hasNoRow($0) })
-        for job in forgotten.sorted() {
-            event(.warning, "job \(job): the database has no row for this job any more (restored from a backup older than the job?); published here, where it ran, without a record in the database",
-                  ["OPQ_JOB": .string(job)])
+        for completion in completions where forgotten.contains(completion.job) {
+            recordForgotten(completion)
         }
         let lost = lock.withLock {
             let lost = state.endCompleting(asked, recorded: recorded.union(forgotten))
@@ -270,6 +269,30 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
         if !lost.isEmpty { delegate?.lost(lost, reason: "taken over by another node before its end was recorded") }
         reportDeadline()
         return recorded.union(already).union(forgotten)
+    }
+
+    /// A job that ran to its end here while the database lost its row (restored from an older backup) is published
+    /// here, and recorded in the database again as finished on this node, from its folder: `show` and `wait` on every
+    /// node then know it, and no later submission takes its id. Not recorded (it is published all the same) when
+    /// its folder cannot be read, the database does not answer, or a submission took the id meanwhile.
+    private func recordForgotten(_ completion: JobCompletion) {
+        let job = completion.job
+        var recorded = "without a record in the database"
+        switch spool.heldJob(job) {
+        case .success(let held):
+            let row = row(for: held, submittedOn: origin(of: job)?.submittedOn ?? nodeName, key: nil)
+            switch Result(catching: { try waitBounded(Self.statementTimeout, on: executor, doing: "recording job \(job) as finished", { [store, nodeName] in
+                try await store.recordFinished(row, id: job, node: nodeName, status: completion.status, result: completion.result)
+            }) }) {
+            case .success(true): recorded = "recorded in the database again as finished here"
+            case .success(false): recorded = "not recorded in the database: another job took its id meanwhile"
+            case .failure(let error): recorded = "without a record in the database (\(error))"
+            }
+        case .failure(let error):
+            recorded = "without a record in the database (its folder cannot be read: \(error))"
+        }
+        event(.warning, "job \(job): the database has no row for this job any more (restored from a backup older than the job?); published here, where it ran, \(recorded)",
+              ["OPQ_JOB": .string(job)])
     }
 
     public func origin(of job: String) -> JobOrigin? {
