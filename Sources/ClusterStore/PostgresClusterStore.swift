@@ -352,15 +352,7 @@ public final class PostgresClusterStore: ClusterStore {
     /// InsertJob for one job: its requested id if free, else id.N; or, when its submission key is already there,
     /// the id that submission got.
     private func insertOne(_ job: NewJob, _ connection: PostgresConnection) async throws -> String {
-        var binds = PostgresBindings()
-        binds.append(job.requestedID)
-        binds.append(ByteBuffer(bytes: job.manifest))
-        binds.append(job.manifestName)
-        binds.append(job.submittedOn)
-        binds.append(Int16(clamping: job.qosRank))
-        binds.append(Int16(clamping: job.priorityRank))
-        binds.append(job.queues)
-        binds.append(job.commands)
+        var binds = rowBindings(job)
         binds.append(job.submissionKey)
         // No row: a concurrent inserter took the candidate id first (look again with a fresh snapshot), or
         // the submission key is already there (a repeated submission: its row's id is the answer).
@@ -436,9 +428,9 @@ public final class PostgresClusterStore: ClusterStore {
         })
     }
 
-    public func recordFinished(_ job: NewJob, id: String, node: String, status: String, result: [UInt8]) async throws -> Bool {
+    /// The first eight parameters of InsertJob and InsertFinishedJob: what a row keeps of its manifest.
+    private func rowBindings(_ job: NewJob) -> PostgresBindings {
         var binds = PostgresBindings()
-        binds.append(id)
         binds.append(job.requestedID)
         binds.append(ByteBuffer(bytes: job.manifest))
         binds.append(job.manifestName)
@@ -447,6 +439,12 @@ public final class PostgresClusterStore: ClusterStore {
         binds.append(Int16(clamping: job.priorityRank))
         binds.append(job.queues)
         binds.append(job.commands)
+        return binds
+    }
+
+    public func recordFinished(_ job: NewJob, id: String, node: String, status: String, result: [UInt8]) async throws -> Bool {
+        var binds = rowBindings(job)
+        binds.append(id)
         binds.append(node)
         binds.append(status)
         binds.append(ByteBuffer(bytes: result))

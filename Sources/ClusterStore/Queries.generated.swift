@@ -216,10 +216,10 @@ enum Queries {
     /// A job that ran to its end on the caller's node while the database had no row for it any more (restored from a
     /// backup older than the job): recorded as finished there, under its id, so that show and wait on every node know
     /// it and no later submission takes its id. No row returned when the id is taken meanwhile.
-    /// $1 id, $2 requested id, $3 manifest, $4 manifest name, $5 submitted on, $6 qos rank, $7 priority rank,
-    /// $8 queues, $9 commands, $10 node, $11 status, $12 result.plist bytes.
+    /// $1 requested id, $2 manifest, $3 manifest name, $4 submitted on, $5 qos rank, $6 priority rank, $7 queues,
+    /// $8 commands (as InsertJob's), $9 id, $10 node, $11 status, $12 result.plist bytes.
     static let insertFinishedJob = #"""
-    INSERT INTO opq_jobs (id, requested_id, manifest, manifest_name, submitted_on, qos_rank, priority_rank, queues, commands,
+    INSERT INTO opq_jobs (requested_id, manifest, manifest_name, submitted_on, qos_rank, priority_rank, queues, commands, id,
                           state, node, fence, status, result, finished_at)
     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'finished', $10, nextval('opq_fence'), $11, $12, now())
     ON CONFLICT DO NOTHING

@@ -427,6 +427,17 @@ struct PostgresClusterStoreTests {
         try await required.checkConnection()
     }
 
+    /// A migrated store whose opq_jobs holds what `rows` inserts, and which autovacuum leaves alone (nothing
+    /// analyses it during the test but the test itself).
+    private func storeHoldingRows(_ rows: String) async throws -> (PostgresServer, PostgresClusterStore, StoreUnderTest) {
+        let server = try PostgresServer.shared.get()
+        let (store, under) = try await makePostgresStore()
+        #expect(try await store.migrate() == Migrations.newest)
+        try server.psql(store.url.database, "ALTER TABLE opq_jobs SET (autovacuum_enabled = false)")
+        try server.psql(store.url.database, rows)
+        return (server, store, under)
+    }
+
     /// A backlog of 30,000 waiting rows: a claim of 10 reads the claim-order index in order and stops, whatever the
     /// planner knows of the table. Never analysed (inserted at once), the bare statement's plan read every waiting
     /// row through a bitmap and sorted them (schema 3 turned bitmaps off); analysed, the planner guesses from the
@@ -435,17 +446,12 @@ struct PostgresClusterStoreTests {
     /// for 20 jobs at 20,000 waiting. Counted by the server for this transaction alone.
     @Test(arguments: [false, true])
     func aClaimReadsOnlyWhatItTakesWhateverTheStatistics(analysed: Bool) async throws {
-        let server = try PostgresServer.shared.get()
-        let (store, under) = try await makePostgresStore()
-        defer { Task { await under.close() } }
-        #expect(try await store.migrate() == Migrations.newest)
-        let database = store.url.database
-        // Autovacuum kept off this table, so that nothing analyses it during the test but the test itself.
-        try server.psql(database, "ALTER TABLE opq_jobs SET (autovacuum_enabled = false)")
-        try server.psql(database, """
+        let (server, store, under) = try await storeHoldingRows("""
             INSERT INTO opq_jobs (id, requested_id, manifest, manifest_name, submitted_on, qos_rank, priority_rank, queues, commands)
             SELECT 'b' || g, 'b' || g, '\\x00'::bytea, 'b.plist', 'elsewhere', 2, 2, '{default}', '{}' FROM generate_series(1, 30000) AS g
             """)
+        defer { Task { await under.close() } }
+        let database = store.url.database
         if analysed { try server.psql(database, "ANALYZE opq_jobs") }
         #expect(try server.psql(database, "SELECT count(*) > 0 FROM pg_stats WHERE tablename = 'opq_jobs'").trimmingCharacters(in: .whitespacesAndNewlines) == (analysed ? "t" : "f"),
                 "the table is \(analysed ? "" : "not ")analysed (else this test shows nothing)")
@@ -474,13 +480,7 @@ struct PostgresClusterStoreTests {
     /// 30,000 rows (what `keepFinishedDays` keeps), analysed, the count reads the two partial indexes and no table
     /// scan (with `state IN ('waiting', 'running')` it read the whole table each time, history and all).
     @Test func queueCountsReadNoFinishedHistory() async throws {
-        let server = try PostgresServer.shared.get()
-        let (store, under) = try await makePostgresStore()
-        defer { Task { await under.close() } }
-        #expect(try await store.migrate() == Migrations.newest)
-        let database = store.url.database
-        try server.psql(database, "ALTER TABLE opq_jobs SET (autovacuum_enabled = false)")
-        try server.psql(database, """
+        let (_, store, under) = try await storeHoldingRows("""
             INSERT INTO opq_jobs (id, requested_id, manifest, manifest_name, submitted_on, qos_rank, priority_rank, queues, commands,
                                   state, node, fence, finished_at)
             SELECT 'f' || g, 'f' || g, '\\x00'::bytea, 'f.plist', 'elsewhere', 2, 2, '{a}', '{}', 'finished', 'gone', g, now()
@@ -492,6 +492,7 @@ struct PostgresClusterStoreTests {
             VALUES ('r1', 'r1', '\\x00'::bytea, 'r.plist', 'elsewhere', 2, 2, '{b}', '{}', 'running', 'there', 1);
             ANALYZE opq_jobs;
             """)
+        defer { Task { await under.close() } }
         let read: (counts: [String], tableScans: Int64) = try await store.transaction(doing: "counting") { connection in
             let counts = try await store.execute(connection, Queries.queueCounts).map { row in
                 let c = row.makeRandomAccess()
