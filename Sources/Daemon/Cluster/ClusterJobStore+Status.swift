@@ -86,7 +86,7 @@ extension ClusterJobStore {
 
     /// Reads what `status` shows and what submissions check against. The nodes and what they declare first, kept
     /// even when the reads of the waiting jobs after them fail (a statement timeout on a huge backlog); returns
-    /// how long those took.
+    /// how long those took, failed or not (a read given up on may still run on the server).
     private func refreshSnapshot() throws -> Double {
         let lease = settings.leaseSeconds
         let nodes = try waitBounded(Self.statementTimeout, on: executor, doing: "listing the cluster's nodes", { [store] in try await store.nodes(leaseSeconds: lease) })
@@ -97,18 +97,21 @@ extension ClusterJobStore {
             snapshotValue.nodes = nodes.map { .init(node: $0.node, connected: $0.connected, lastHeartbeat: $0.lastHeartbeat, jobs: $0.jobs, freeSlots: $0.freeSlots, schema: $0.schema) }
         }
         let started = monotonicSeconds()
-        let unrunnable = try waitBounded(Self.statementTimeout, on: executor, doing: "finding jobs no live node can run", { [store] in
-            try await store.jobsNoLiveNodeCanRun(leaseSeconds: lease, limit: 100)
-        })
-        let counts = try waitBounded(Self.statementTimeout, on: executor, doing: "counting the cluster's jobs", { [store] in try await store.queueCounts() })
-        let took = monotonicSeconds() - started
-        lock.withLock {
-            snapshotValue.unrunnable = unrunnable.map(ClusterSnapshot.Waiting.init)
-            snapshotValue.queues = Dictionary(counts.map { ($0.queue, ClusterSnapshot.QueueCounts(waiting: $0.waiting, running: $0.running)) },
-                                              uniquingKeysWith: { first, _ in first })
-            snapshotValue.refreshedAt = monotonicSeconds()
+        do {
+            let unrunnable = try waitBounded(Self.statementTimeout, on: executor, doing: "finding jobs no live node can run", { [store] in
+                try await store.jobsNoLiveNodeCanRun(leaseSeconds: lease, limit: 100)
+            })
+            let counts = try waitBounded(Self.statementTimeout, on: executor, doing: "counting the cluster's jobs", { [store] in try await store.queueCounts() })
+            lock.withLock {
+                snapshotValue.unrunnable = unrunnable.map(ClusterSnapshot.Waiting.init)
+                snapshotValue.queues = Dictionary(counts.map { ($0.queue, ClusterSnapshot.QueueCounts(waiting: $0.waiting, running: $0.running)) },
+                                                  uniquingKeysWith: { first, _ in first })
+                snapshotValue.refreshedAt = monotonicSeconds()
+            }
+        } catch {
+            logger.debug("cluster: the waiting jobs were not read for status: \(error)")
         }
-        return took
+        return monotonicSeconds() - started
     }
 
     // MARK: the prune thread

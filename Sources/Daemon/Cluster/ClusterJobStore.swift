@@ -277,7 +277,7 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
     /// its folder cannot be read, the database does not answer, or a submission took the id meanwhile.
     private func recordForgotten(_ completion: JobCompletion) {
         let job = completion.job
-        var recorded = "without a record in the database"
+        let recorded: String
         switch spool.heldJob(job) {
         case .success(let held):
             let row = row(for: held, submittedOn: origin(of: job)?.submittedOn ?? nodeName, key: nil)
