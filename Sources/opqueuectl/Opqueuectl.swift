@@ -229,6 +229,19 @@ func statusReport(_ response: [String: Any]) -> String {
         for stuck in cluster["unrunnable"] as? [[String: Any]] ?? [] {
             out += "waiting: \(stuck["job"] as? String ?? "?"): \(stuck["reason"] as? String ?? "no live node can run it")\n"
         }
+        // SPEC §8: each queue's cluster-wide counts, as this node last read them.
+        if let read = cluster["queuesReadAt"] as? Double, let counts = cluster["queues"] as? [String: [String: Any]] {
+            let ago = String(format: "%.1f", max(0, Date().timeIntervalSince1970 - read))
+            if counts.isEmpty {
+                out += "the cluster's queues: no job waits or runs (read from the database \(ago) s ago)\n"
+            } else {
+                var rows = [["QUEUE", "WAITING", "RUNNING"]]
+                for name in counts.keys.sorted() {
+                    rows.append([name, String(counts[name]?["waiting"] as? Int ?? 0), String(counts[name]?["running"] as? Int ?? 0)])
+                }
+                out += "\nthe cluster's jobs per queue (read from the database \(ago) s ago; a job counts in each of its queues):\n" + table(rows)
+            }
+        }
     }
     // `jobs` (with progress) comes from daemons that know it; `activeJobs` alone from older ones.
     let progress = response["jobs"] as? [[String: Any]] ?? active.map { ["job": $0] }

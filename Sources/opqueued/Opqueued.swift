@@ -279,6 +279,8 @@ func handle(_ request: [String: Any], _ daemon: Daemon) -> [String: Any] {
             summary["wakeupsArrive"] = cluster.wakeupsArrive
             summary["unrunnable"] = cluster.unrunnable.map { ["job": $0.job, "reason": $0.reason] }
             summary["queues"] = Dictionary(uniqueKeysWithValues: cluster.queues.map { ($0.key, ["waiting": $0.value.waiting, "running": $0.value.running]) })
+            // When those counts were read (seconds since the epoch): a node reads them less often under a huge backlog.
+            if let read = cluster.refreshedAt { summary["queuesReadAt"] = Date().timeIntervalSince1970 - (monotonicSeconds() - read) }
             response["cluster"] = summary
         }
         response["jobs"] = status.jobs.map { ["job": $0.job, "operations": $0.operations, "ended": $0.ended] as [String: Any] }

@@ -895,6 +895,16 @@ struct ClusterTests {
             return (text.contains(waiting) || json.contains(waiting)) && text.contains("gpu") && json.contains("gpu") ? true : nil
         }
         #expect(named != nil, "status names the waiting job and the queue no live node declares")
+        // And each queue's cluster-wide counts (SPEC §8), in text and JSON, with when they were read.
+        let counted = try pollUntil(20) { () -> String? in
+            let text = try harness[1].ctl(["status"]).stdout
+            return text.split(separator: "\n").contains { $0.split(separator: " ") == ["gpu", "1", "0"] } ? text : nil
+        }
+        #expect(counted?.contains("the cluster's jobs per queue (read from the database") == true, "\(counted ?? "no row gpu 1 0")")
+        let json = try JSONSerialization.jsonObject(with: Data(harness[1].ctl(["status", "--json"]).stdout.utf8)) as? [String: Any]
+        let summary = json?["cluster"] as? [String: Any]
+        #expect(((summary?["queues"] as? [String: Any])?["gpu"] as? [String: Any])?["waiting"] as? Int == 1, "\(summary ?? [:])")
+        #expect((summary?["queuesReadAt"] as? Double).map { abs($0 - epochNow()) < 10 } == true, "\(summary ?? [:])")
         #expect(harness[1].result(waiting) == nil)
         // Cancelled while no live node can run it: it ends at once, cancelled, published by the node that asked, its
         // operations never started — rather than wait for a node that may never come back.
