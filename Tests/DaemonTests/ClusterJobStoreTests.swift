@@ -1016,6 +1016,60 @@ struct ClusterJobStoreTests {
         #expect(second.contains("a member of it"), "\(second)")
     }
 
+    /// A careless user's port typo: `cluster.database` aimed at a loopback server that is not PostgreSQL — a web
+    /// server answering 400 and hanging up, one answering random bytes, one announcing a 1 GiB message and then
+    /// nothing. The node says `disconnected` with the address and what went wrong, keeps retrying, keeps the
+    /// manifest submitted meanwhile set aside in active/.submissions, and crashes nothing.
+    @Test(arguments: ["http", "random", "huge"])
+    func aDatabaseURLAimedAtSomethingElseLosesNothing(_ speaks: String) throws {
+        let server = try PostgresServer.shared.get()
+        let listener = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+        #expect(listener >= 0)
+        var address = sockaddr_in()
+        address.sin_family = sa_family_t(AF_INET)
+        address.sin_addr.s_addr = inet_addr("127.0.0.1")
+        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+        let bound = withUnsafeMutablePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(listener, $0, length) == 0 && getsockname(listener, $0, &length) == 0 }
+        }
+        #expect(bound && listen(listener, 64) == 0)
+        let port = UInt16(bigEndian: address.sin_port)
+        let accepted = Locked(0)
+        let impostor = Thread {
+            var open: [Int32] = []
+            while true {
+                let connection = accept(listener, nil, nil)
+                if connection < 0 { break }
+                accepted.withLock { $0 += 1 }
+                var buffer = [UInt8](repeating: 0, count: 4096)
+                _ = read(connection, &buffer, buffer.count)
+                let answer: [UInt8]
+                switch speaks {
+                case "http": answer = Array("HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".utf8)
+                case "random": answer = (0..<65_536).map { _ in UInt8.random(in: 0...255) }
+                default: answer = [UInt8(ascii: "R"), 0x40, 0, 0, 0] + [UInt8](repeating: 0, count: 64)
+                }
+                _ = answer.withUnsafeBytes { send(connection, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
+                if speaks == "http" { close(connection) } else { open.append(connection) }
+            }
+            for connection in open { close(connection) }
+        }
+        impostor.start()
+        defer { shutdown(listener, Int32(SHUT_RDWR)); close(listener) }
+        let node = try ClusterNode("typo", server: server, database: "typo",
+                                   url: "postgresql://\(PostgresServer.role)@127.0.0.1:\(port)/typo?sslmode=disable")
+        defer { node.close() }
+        _ = node.store.recovered([])
+        try plist(sleepManifest("kept")).write(to: URL(fileURLWithPath: node.spool.inbox + "/kept.plist"))
+        _ = node.store.submit([try claimForSubmission(node.spool, "kept.plist")])
+        #expect(eventually(15) { node.logs.all.contains { $0.metadata["OPQ_STATE"] == "disconnected" } })
+        let line = node.logs.all.first { $0.metadata["OPQ_STATE"] == "disconnected" }?.metadata["OPQ_ERROR"] ?? "(none)"
+        #expect(line.contains("127.0.0.1:\(port)"), "\(line)")
+        #expect(eventually(15) { accepted.withLock { $0 } >= 2 }, "it tries again")
+        #expect(((try? FileManager.default.contentsOfDirectory(atPath: node.spool.active + "/.submissions")) ?? []).count == 1,
+                "the manifest waits, set aside for the database")
+    }
+
     /// Rows are input: a hand-inserted row with an id that would escape the spool, and one whose manifest is not a
     /// property list, crash nothing; the first is recorded rejected without touching the spool, the second is
     /// handed to the shell (which validates it against its own configuration and rejects it).
