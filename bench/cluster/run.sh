@@ -24,6 +24,9 @@
 #   OPQUEUED_ARGS="--log-target=journal --parts=spool,2" bench/cluster/run.sh opqueued   the nodes log to journald as
 #              under systemd, not to a file each (journald must be listening: without systemd, as root,
 #              `mkdir -p /run/systemd/journal && /lib/systemd/systemd-journald &`)
+#   PG_STATEMENTS=1 OPQUEUED_ARGS=--parts=2 bench/cluster/run.sh opqueued   the server loads pg_stat_statements, and
+#              at the end prints, per statement, its calls, rows and milliseconds of execution over the whole run
+#              (nested statements too: the claim function's own): where the server's time goes
 #   TIMELINE=1 OPQUEUED_ARGS=--parts=2 bench/cluster/run.sh opqueued   every 0.25 s of an end-to-end part: node 0's
 #              inbox and active/.submissions, the rows by state, each outbox (for diagnosis: it slows the part)
 #
@@ -85,7 +88,7 @@ trap stop_server EXIT
 runuser -u postgres -- "$PGBIN/initdb" -D "$DIR/data" -U postgres --auth=scram-sha-256 --pwfile="$DIR/pw" \
   --encoding=UTF8 --locale=C --no-instructions >/dev/null
 runuser -u postgres -- "$PGBIN/pg_ctl" -D "$DIR/data" -l "$DIR/log" -w -t 60 \
-  -o "-c listen_addresses=127.0.0.1 -c port=$PORT -c unix_socket_directories=$DIR -c max_connections=200" start >/dev/null
+  -o "-c listen_addresses=127.0.0.1 -c port=$PORT -c unix_socket_directories=$DIR -c max_connections=200${PG_STATEMENTS:+ -c shared_preload_libraries=pg_stat_statements -c pg_stat_statements.track=all}" start >/dev/null
 export PGPASSWORD="$PW" PGHOST=127.0.0.1 PGPORT=$PORT PGUSER=postgres
 BASE="postgresql://postgres:$PW@127.0.0.1:$PORT"
 say "{\"server\": \"$("$PGBIN/postgres" --version)\", \"fsync\": \"$(psql -XAtq -d postgres -c 'SHOW fsync')\", \"cores\": $(nproc), \"load\": \"$(cut -d' ' -f1-3 /proc/loadavg)\", \"fileSystem\": \"$(findmnt -n -o FSTYPE,OPTIONS -T "$DIR")\", \"journal\": \"$(dumpe2fs -h "$(findmnt -n -o SOURCE -T "$DIR")" 2>/dev/null | grep -q has_journal && echo yes || echo no)\"}"
@@ -186,4 +189,10 @@ for part in $PARTS; do
     *) say "unknown part $part (floor, anchors, opqueued)"; exit 64 ;;
   esac
 done
+if [ -n "${PG_STATEMENTS:-}" ]; then
+  say "statements over the whole run (calls | rows | ms executing | statement):"
+  psql -XAtq -d postgres -c "CREATE EXTENSION IF NOT EXISTS pg_stat_statements" \
+    -c "SELECT calls, rows, round(total_exec_time::numeric, 1), left(regexp_replace(query, '[[:space:]]+', ' ', 'g'), 100)
+        FROM pg_stat_statements WHERE calls >= 10 ORDER BY total_exec_time DESC LIMIT 20"
+fi
 say "{\"kept\": \"$OUT\"}"
