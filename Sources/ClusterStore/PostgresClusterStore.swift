@@ -177,7 +177,13 @@ public final class PostgresClusterStore: ClusterStore {
         do {
             connection = try await PostgresConnection.connect(configuration: try url.connectionConfiguration(), id: 0, logger: logger)
         } catch {
-            throw ClusterStoreError.wrapping(error, doing: "connecting to \(url)")
+            let wrapped = ClusterStoreError.wrapping(error, doing: "connecting to \(url)")
+            // No word from a PostgreSQL server (refused, timed out, hung up, or answered in another protocol: a port
+            // typo aimed at a web server): the address itself may be wrong.
+            if let psql = error as? PSQLError, psql.serverInfo == nil, wrapped.kind == .connection {
+                throw ClusterStoreError(.connection, wrapped.description + " (is PostgreSQL listening where cluster.database points?)")
+            }
+            throw wrapped
         }
         do {
             let result = try await body(connection)

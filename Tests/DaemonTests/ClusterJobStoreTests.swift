@@ -1064,7 +1064,7 @@ struct ClusterJobStoreTests {
         _ = node.store.submit([try claimForSubmission(node.spool, "kept.plist")])
         #expect(eventually(15) { node.logs.all.contains { $0.metadata["OPQ_STATE"] == "disconnected" } })
         let line = node.logs.all.first { $0.metadata["OPQ_STATE"] == "disconnected" }?.metadata["OPQ_ERROR"] ?? "(none)"
-        #expect(line.contains("127.0.0.1:\(port)"), "\(line)")
+        #expect(line.contains("127.0.0.1:\(port)") && line.contains("is PostgreSQL listening where cluster.database points?"), "\(line)")
         #expect(eventually(15) { accepted.withLock { $0 } >= 2 }, "it tries again")
         #expect(((try? FileManager.default.contentsOfDirectory(atPath: node.spool.active + "/.submissions")) ?? []).count == 1,
                 "the manifest waits, set aside for the database")
