@@ -236,8 +236,8 @@ func statusReport(_ response: [String: Any]) -> String {
                 out += "the cluster's queues: no job waits or runs (read from the database \(ago) s ago)\n"
             } else {
                 var rows = [["QUEUE", "WAITING", "RUNNING"]]
-                for name in counts.keys.sorted() {
-                    rows.append([name, String(counts[name]?["waiting"] as? Int ?? 0), String(counts[name]?["running"] as? Int ?? 0)])
+                for (name, count) in counts.sorted(by: { $0.key < $1.key }) {
+                    rows.append([name, String(count["waiting"] as? Int ?? 0), String(count["running"] as? Int ?? 0)])
                 }
                 out += "\nthe cluster's jobs per queue (read from the database \(ago) s ago; a job counts in each of its queues):\n" + table(rows)
             }

@@ -157,6 +157,38 @@ func nodeThatRan(_ jobs: [String], server: PostgresServer, database: String, spo
     return node
 }
 
+/// A node (in a spool of its own, removed by `close`) that claimed `forgotten` and `givenAway`, after which its
+/// database changed under it: `forgotten`'s row deleted (restored from an older backup), `givenAway`'s given to
+/// another node under a new fence.
+func nodeWhoseDatabaseChanged(forgetting forgotten: String, givingAway givenAway: String,
+                              leaseSeconds: Double = 15) throws -> (ClusterNode, PostgresServer, String) {
+    let server = try PostgresServer.shared.get()
+    let database = try server.createDatabase()
+    let spool = try Spool(root: NSTemporaryDirectory() + "opq-cluster-changed-\(UInt64.random(in: 1...UInt64.max))")
+    let node = try nodeThatRan([forgotten, givenAway], server: server, database: database, spool: spool, leaseSeconds: leaseSeconds)
+    try server.psql(database, "DELETE FROM opq_jobs WHERE id = '\(forgotten)'")
+    try server.psql(database, "UPDATE opq_jobs SET node = 'other', fence = nextval('opq_fence') WHERE id = '\(givenAway)'")
+    return (node, server, database)
+}
+
+/// A TCP socket listening on 127.0.0.1 at a port the kernel chose (a backlog of 64), and that port.
+func loopbackListener() throws -> (Int32, UInt16) {
+    let listener = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
+    guard listener >= 0 else { throw SupportFailure("socket: errno \(errno)") }
+    var address = sockaddr_in()
+    address.sin_family = sa_family_t(AF_INET)
+    address.sin_addr.s_addr = inet_addr("127.0.0.1")
+    var length = socklen_t(MemoryLayout<sockaddr_in>.size)
+    let bound = withUnsafeMutablePointer(to: &address) {
+        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(listener, $0, length) == 0 && getsockname(listener, $0, &length) == 0 }
+    }
+    guard bound, listen(listener, 64) == 0 else {
+        close(listener)
+        throw SupportFailure("listening on 127.0.0.1: errno \(errno)")
+    }
+    return (listener, UInt16(bigEndian: address.sin_port))
+}
+
 /// Polls `condition` every 10 ms for at most `seconds`.
 func eventually(_ seconds: Double = 10, _ condition: () throws -> Bool) rethrows -> Bool {
     let end = monotonicSeconds() + seconds
@@ -584,14 +616,8 @@ struct ClusterJobStoreTests {
     /// next beat: that job is given back to the shell to submit again, not dropped; one taken over by another node is
     /// lost as ever.
     @Test func aRunningNodeHearsWhichOfItsJobsTheDatabaseForgot() throws {
-        let server = try PostgresServer.shared.get()
-        let database = try server.createDatabase()
-        let folder = NSTemporaryDirectory() + "opq-cluster-forgotten-\(UInt64.random(in: 1...UInt64.max))"
-        let spool = try Spool(root: folder)
-        let node = try nodeThatRan(["forgotten", "taken"], server: server, database: database, spool: spool, leaseSeconds: 3)
+        let (node, _, _) = try nodeWhoseDatabaseChanged(forgetting: "forgotten", givingAway: "taken", leaseSeconds: 3)
         defer { node.close() }
-        try server.psql(database, "DELETE FROM opq_jobs WHERE id = 'forgotten'")
-        try server.psql(database, "UPDATE opq_jobs SET node = 'other', fence = nextval('opq_fence') WHERE id = 'taken'")
         #expect(eventually(10) { node.shell.forgottenJobs == ["forgotten"] && node.shell.lostJobs.map(\.job) == ["taken"] },
                 "forgotten \(node.shell.forgottenJobs), lost \(node.shell.lostJobs)")
     }
@@ -600,15 +626,9 @@ struct ClusterJobStoreTests {
     /// beat and the completion) ran here, and no other node holds it: published here (answered as recorded), not
     /// dropped as lost.
     @Test func aJobTheDatabaseForgotBeforeItsEndIsPublishedWhereItRan() throws {
-        let server = try PostgresServer.shared.get()
-        let database = try server.createDatabase()
-        let folder = NSTemporaryDirectory() + "opq-cluster-forgotten-end-\(UInt64.random(in: 1...UInt64.max))"
-        let spool = try Spool(root: folder)
-        defer { try? FileManager.default.removeItem(atPath: folder) }
-        let node = try nodeThatRan(["ended", "taken"], server: server, database: database, spool: spool)
-        defer { node.store.shutdown() }
-        try server.psql(database, "DELETE FROM opq_jobs WHERE id = 'ended'")
-        try server.psql(database, "UPDATE opq_jobs SET node = 'other', fence = nextval('opq_fence') WHERE id = 'taken'")
+        let (node, server, database) = try nodeWhoseDatabaseChanged(forgetting: "ended", givingAway: "taken")
+        defer { node.close() }
+        let spool = node.spool
         let ends = try ["ended", "taken"].map { job in
             let result = spool.active + "/" + job + "/result.plist"
             try plist(["job": job]).write(to: URL(fileURLWithPath: result))
@@ -629,18 +649,9 @@ struct ClusterJobStoreTests {
     /// database to answer (next test); the node starts rather than waiting a timeout per folder.
     @Test func foldersWithoutRecordsDoNotHoldUpAStartWhileTheDatabaseIsSilent() throws {
         let server = try PostgresServer.shared.get()
-        let listener = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        #expect(listener >= 0)
+        // Never accepted: the kernel completes the handshakes, no one answers.
+        let (listener, port) = try loopbackListener()
         defer { close(listener) }
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-        let bound = withUnsafeMutablePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(listener, $0, length) == 0 && getsockname(listener, $0, &length) == 0 }
-        }
-        #expect(bound && listen(listener, 64) == 0, "never accepted: the kernel completes the handshakes, no one answers")
-        let port = UInt16(bigEndian: address.sin_port)
         let folder = NSTemporaryDirectory() + "opq-cluster-silent-\(UInt64.random(in: 1...UInt64.max))"
         let spool = try Spool(root: folder)
         defer { try? FileManager.default.removeItem(atPath: folder) }
@@ -1023,17 +1034,7 @@ struct ClusterJobStoreTests {
     @Test(arguments: ["http", "random", "huge"])
     func aDatabaseURLAimedAtSomethingElseLosesNothing(_ speaks: String) throws {
         let server = try PostgresServer.shared.get()
-        let listener = socket(AF_INET, Int32(SOCK_STREAM.rawValue), 0)
-        #expect(listener >= 0)
-        var address = sockaddr_in()
-        address.sin_family = sa_family_t(AF_INET)
-        address.sin_addr.s_addr = inet_addr("127.0.0.1")
-        var length = socklen_t(MemoryLayout<sockaddr_in>.size)
-        let bound = withUnsafeMutablePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(listener, $0, length) == 0 && getsockname(listener, $0, &length) == 0 }
-        }
-        #expect(bound && listen(listener, 64) == 0)
-        let port = UInt16(bigEndian: address.sin_port)
+        let (listener, port) = try loopbackListener()
         let accepted = Locked(0)
         let impostor = Thread {
             var open: [Int32] = []
