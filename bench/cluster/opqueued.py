@@ -64,11 +64,12 @@ class Cluster:
         self.database = f"bench_{tag}"
         self.role = f"bench_{tag}"
         self.nodes = []
+        apart = [f for f in os.environ.get("BENCH_NODE_FOLDERS", "").split(":") if f]
         if cluster:
             self.make_database(tag)
         for k in range(count):
             name = f"{tag}-n{k}"
-            spool = os.path.join(self.folder, name)
+            spool = os.path.join(self.folder if k >= len(apart) else tempfile.mkdtemp(prefix="opq-bench-node-", dir=apart[k]), name)
             os.makedirs(spool + "/inbox")
             configuration = dict(settings(k))
             if cluster:
@@ -172,6 +173,7 @@ class Cluster:
             print(f"kept {self.folder} (OPQ_KEEP)", file=sys.stderr)
         else:
             SPENT.append(self.folder)
+            SPENT.extend(os.path.dirname(n["spool"]) for n in self.nodes if os.path.dirname(n["spool"]) != self.folder)
         if not self.cluster:
             return
         psql(self.args.admin, "postgres", f"DROP DATABASE IF EXISTS {self.database} WITH (FORCE)")

@@ -18,6 +18,9 @@
 #              /tmp, on whatever file system that is (on the machines these figures come from: ext4 without a
 #              journal, where an inode allocation skips every inode of its group freed in the last minutes, which
 #              the cluster's end-to-end parts pay for and the spool alone does not: docs/cluster.md)
+#   BENCH_FS=apart bench/cluster/run.sh     as on separate hosts: the server's data on one journalled ext4 and each
+#              node's spool on one of its own (three images): a node's syncfs writes out only what that node wrote,
+#              not the other node's files or the server's pages
 #   JOBS=10000 SAMPLES=200 BIN=.build/release OPQUEUED_ARGS=--spool-alone bench/cluster/run.sh opqueued
 #   OPQUEUED_ARGS=--parts=2,pickup bench/cluster/run.sh opqueued     (spool, 1, 2, database, store, pickup, takeover;
 #              also limited: 2 nodes, every operation on a queue limited to 2 cluster-wide)
@@ -52,23 +55,37 @@ say() { printf '%s\n' "$*"; }
 
 # --- the file system -----------------------------------------------------------------------------------------------
 BASE_TMP=/tmp
-FS_MOUNT=
-if [ "${BENCH_FS:-}" = journalled ]; then
-  FS_IMAGE="$ROOT/.build-bench/journalled-ext4.img"
-  FS_MOUNT=$(mktemp -d /tmp/opq-bench-fs-XXXXXX)
-  rm -f "$FS_IMAGE"
-  truncate -s 16G "$FS_IMAGE"
-  mkfs.ext4 -q -F "$FS_IMAGE"
-  mount -o loop "$FS_IMAGE" "$FS_MOUNT"
-  chmod 1777 "$FS_MOUNT"
-  BASE_TMP=$FS_MOUNT
-  export TMPDIR=$FS_MOUNT
-elif [ -n "${BENCH_FS:-}" ]; then
-  say "BENCH_FS: journalled or unset"; exit 64
-fi
+FS_MOUNTS=()
+mount_journalled() {   # a new journalled ext4 image under .build-bench, loop-mounted; prints where
+  local image mount
+  image="$ROOT/.build-bench/journalled-ext4-${#FS_MOUNTS[@]}.img"
+  mount=$(mktemp -d /tmp/opq-bench-fs-XXXXXX)
+  rm -f "$image"
+  truncate -s 16G "$image"
+  mkfs.ext4 -q -F "$image"
+  mount -o loop "$image" "$mount"
+  chmod 1777 "$mount"
+  FS_MOUNTS+=("$mount:$image")
+}
+case "${BENCH_FS:-}" in
+  journalled)
+    mount_journalled
+    BASE_TMP=${FS_MOUNTS[0]%%:*}
+    export TMPDIR=$BASE_TMP ;;
+  apart)
+    # As on separate hosts: the server's data on one journalled ext4, each node's spool on another of its own
+    # (a node's syncfs then writes out only what that node wrote).
+    mount_journalled; mount_journalled; mount_journalled
+    BASE_TMP=${FS_MOUNTS[0]%%:*}
+    export TMPDIR=$BASE_TMP BENCH_NODE_FOLDERS="${FS_MOUNTS[1]%%:*}:${FS_MOUNTS[2]%%:*}" ;;
+  "") ;;
+  *) say "BENCH_FS: journalled, apart or unset"; exit 64 ;;
+esac
 unmount_fs() {
-  [ -n "$FS_MOUNT" ] || return 0
-  umount "$FS_MOUNT" && rmdir "$FS_MOUNT" && rm -f "$FS_IMAGE"
+  local entry
+  for entry in "${FS_MOUNTS[@]}"; do
+    umount "${entry%%:*}" && rmdir "${entry%%:*}" && rm -f "${entry#*:}"
+  done
 }
 
 # --- the server ---------------------------------------------------------------------------------------------------
@@ -91,7 +108,7 @@ runuser -u postgres -- "$PGBIN/pg_ctl" -D "$DIR/data" -l "$DIR/log" -w -t 60 \
   -o "-c listen_addresses=127.0.0.1 -c port=$PORT -c unix_socket_directories=$DIR -c max_connections=200${PG_STATEMENTS:+ -c shared_preload_libraries=pg_stat_statements -c pg_stat_statements.track=all}" start >/dev/null
 export PGPASSWORD="$PW" PGHOST=127.0.0.1 PGPORT=$PORT PGUSER=postgres
 BASE="postgresql://postgres:$PW@127.0.0.1:$PORT"
-say "{\"server\": \"$("$PGBIN/postgres" --version)\", \"fsync\": \"$(psql -XAtq -d postgres -c 'SHOW fsync')\", \"cores\": $(nproc), \"load\": \"$(cut -d' ' -f1-3 /proc/loadavg)\", \"fileSystem\": \"$(findmnt -n -o FSTYPE,OPTIONS -T "$DIR")\", \"journal\": \"$(dumpe2fs -h "$(findmnt -n -o SOURCE -T "$DIR")" 2>/dev/null | grep -q has_journal && echo yes || echo no)\"}"
+say "{\"server\": \"$("$PGBIN/postgres" --version)\", \"fsync\": \"$(psql -XAtq -d postgres -c 'SHOW fsync')\", \"cores\": $(nproc), \"load\": \"$(cut -d' ' -f1-3 /proc/loadavg)\", \"fileSystem\": \"$(findmnt -n -o FSTYPE,OPTIONS -T "$DIR")\", \"journal\": \"$(dumpe2fs -h "$(findmnt -n -o SOURCE -T "$DIR")" 2>/dev/null | grep -q has_journal && echo yes || echo no)\", \"spools\": \"$([ -n "${BENCH_NODE_FOLDERS:-}" ] && echo "each node's on a journalled ext4 of its own" || echo "beside the server's data")\"}"
 
 commits() { psql -XAtq -d postgres -c "SELECT xact_commit FROM pg_stat_database WHERE datname = '$1'"; }
 
