@@ -295,6 +295,7 @@ def throughput(args, count, with_cluster=True, limit=None):
                           "busyBefore": quiet,
                           "includes": ("inbox rename -> validate -> insert -> claim -> run -> publish, fsyncs on" if with_cluster
                                        else "inbox rename -> claim -> validate -> run -> publish, fsyncs on")}), flush=True)
+        return done / elapsed
     finally:
         cluster.close()
 
@@ -545,7 +546,26 @@ def main():
             shutil.rmtree(folder, ignore_errors=True)
 
 
+def ratios(figures):
+    """After parts repeated in turn (`--parts=spool,2,spool,2,...`): each end-to-end figure over the spool alone's of
+    the same round (the i-th of each), and their median: one figure that a single disturbed part does not make."""
+    for nodes in ("1", "2"):
+        pairs = [round(c / s, 2) for s, c in zip(figures["spool"], figures[nodes])]
+        if pairs:
+            print(json.dumps({"part": "ratio", "nodes": int(nodes), "of": f"{nodes} node{'s' if nodes == '2' else ''} "
+                              "end to end / the spool alone, round by round", "rounds": pairs,
+                              "median": statistics.median(pairs)}), flush=True)
+
+
 def run_parts(args, parts):
+    figures = {"spool": [], "1": [], "2": []}
+    try:
+        run_each(args, parts, figures)
+    finally:
+        ratios(figures)
+
+
+def run_each(args, parts, figures):
     for part in parts:
         # Each part from a quiet machine: the server's dirty pages written first (see run.sh's settle), and every file
         # system's (the previous part's, or the anchors' files: left to the kernel's writeback, they would be written
@@ -554,9 +574,9 @@ def run_parts(args, parts):
         os.sync()
         time.sleep(1)
         if part == "spool":
-            throughput(args, 1, with_cluster=False)
+            figures["spool"].append(throughput(args, 1, with_cluster=False))
         elif part in ("1", "2"):
-            throughput(args, int(part))
+            figures[part].append(throughput(args, int(part)))
         elif part == "limited":
             throughput(args, 2, limit=2)
         elif part == "database":
