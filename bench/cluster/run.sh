@@ -22,6 +22,8 @@
 #              node's spool on one of its own (three images): a node's syncfs writes out only what that node wrote,
 #              not the other node's files or the server's pages
 #   JOBS=10000 SAMPLES=200 BIN=.build/release OPQUEUED_ARGS=--spool-alone bench/cluster/run.sh opqueued
+#   OPQUEUED_ARGS=--parts=spool,2,spool,2,spool,2 bench/cluster/run.sh opqueued   rounds in turn; the run ends with a
+#              `ratio` line: each round's 2-node figure over its spool-alone figure, and their median
 #   OPQUEUED_ARGS=--parts=2,pickup bench/cluster/run.sh opqueued     (spool, 1, 2, database, store, pickup, takeover;
 #              also limited: 2 nodes, every operation on a queue limited to 2 cluster-wide)
 #   OPQUEUED_ARGS="--log-target=journal --parts=spool,2" bench/cluster/run.sh opqueued   the nodes log to journald as
