@@ -42,6 +42,9 @@ public struct ClusterStoreError: Error, CustomStringConvertible, Sendable {
                 // 42501 insufficient_privilege, 3F000 invalid_schema_name ("no schema has been selected to create
                 // in"): the role lacks a GRANT, which the server's message alone does not say.
                 if state == "42501" || state == "3F000" { text += " (\(privilegesHint))" }
+                // 25006 read_only_sql_transaction: a standby (a failover that left the URL behind) or
+                // default_transaction_read_only; the node waits for writes as for a connection.
+                if state == "25006" { text += " (\(readOnlyHint))" }
                 // Class 28 is "invalid authorization", 08 "connection exception", 3D "invalid catalog name".
                 let kind: Kind = state.map { $0.hasPrefix("28") || $0.hasPrefix("08") || $0 == "3D000" } == true
                     ? .connection : .server
@@ -56,6 +59,9 @@ public struct ClusterStoreError: Error, CustomStringConvertible, Sendable {
         }
         return ClusterStoreError(.connection, "\(doing): \(error)")
     }
+
+    /// What a refused write means (SQLSTATE 25006).
+    static let readOnlyHint = "the database takes no writes: is cluster.database a standby, or default_transaction_read_only on?"
 
     /// What the role must be given, for errors that come from a missing GRANT (README, "The cluster").
     static let privilegesHint = "the role needs CONNECT on the database and USAGE, CREATE on its schema, and every node "

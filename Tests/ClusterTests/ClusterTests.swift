@@ -528,6 +528,54 @@ struct ClusterTests {
         }
     }
 
+    /// A failover that leaves `cluster.database` on a standby, or an operator's `default_transaction_read_only`:
+    /// the database answers but takes no write. The nodes say so (not just "cannot reach"), keep serving, run
+    /// nothing they cannot record, keep what is dropped meanwhile, and once writes are taken again run every job
+    /// exactly once.
+    @Test func aDatabaseThatTakesNoWritesLosesNothingAndSaysWhy() throws {
+        let harness = try ClusterHarness(nodes: 2, leaseSeconds: 4)
+        var before: Set<String> = []
+        for i in 0..<6 {
+            let job = uniqueJob("rw-\(i)")
+            before.insert(job)
+            try harness[i % 2].drop(job + ".plist", sleepJob(job, 0))
+        }
+        #expect(harness.waitAll(before, timeout: 30).isEmpty)
+        let disconnectedBefore = try (0..<2).map { try harness.journal(node: $0, ["OPQ_EVENT": "cluster", "OPQ_STATE": "disconnected"]).count }
+        // Read-only from the next session on; the nodes' sessions are ended, as a failover ends them.
+        _ = try harness.sql("ALTER DATABASE \(harness.database) SET default_transaction_read_only = on")
+        _ = try harness.sql("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")
+        var during: Set<String> = []
+        for i in 0..<8 {
+            let job = uniqueJob("ro-\(i)")
+            during.insert(job)
+            try harness[i % 2].drop(job + ".plist", sleepJob(job, 0))
+        }
+        for k in 0..<2 {
+            let said = try pollUntil(20) { () -> [String: String]? in
+                let entries = try harness.journal(node: k, ["OPQ_EVENT": "cluster", "OPQ_STATE": "disconnected"])
+                return entries.count > disconnectedBefore[k] ? entries.last : nil
+            }
+            let reason = said?["OPQ_ERROR"] ?? ""
+            #expect(reason.contains("read-only transaction") && reason.contains("takes no writes"), "node \(k): \(said ?? [:])\n\(harness[k].logTail())")
+            #expect(harness[k].isReady, "node \(k) keeps serving its socket")
+        }
+        usleep(2_000_000)
+        let outboxes = harness.outboxJobs()
+        for job in during { #expect(outboxes[job] == nil, "\(job) ran while no end could be recorded") }
+        let waiting = (0..<2).map { harness[$0].list("inbox").count + harness[$0].list("active/.submissions").count }.reduce(0, +)
+        #expect(waiting == during.count, "every manifest dropped meanwhile waits on disk: \(waiting)")
+        let text = try harness[0].ctl(["status"]).stdout
+        #expect(text.contains("read-only transaction"), "status says why: \(text)")
+
+        _ = try harness.sql("BEGIN READ WRITE; ALTER DATABASE \(harness.database) RESET default_transaction_read_only; COMMIT")
+        _ = try harness.sql("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")
+        #expect(harness.waitAll(during, timeout: 60).isEmpty)
+        let after = harness.outboxJobs()
+        for job in before.union(during) { #expect(after[job]?.count == 1, "\(job): \(after[job] ?? [])") }
+        #expect(try harness.sql("SELECT count(*) FROM opq_jobs WHERE state <> 'finished'") == "0")
+    }
+
     /// Through the real binaries: a node behind PgBouncer in transaction mode runs the jobs dropped into its inbox
     /// (by the poll) and says, in the journal, in `status` (text and JSON) and in its metrics, that wake-ups do not
     /// reach it; a node beside it on the database itself says they do.

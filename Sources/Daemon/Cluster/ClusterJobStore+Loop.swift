@@ -197,7 +197,7 @@ extension ClusterJobStore {
 
     func disconnected(_ error: any Error) {
         let reason = "\(error)"
-        disconnected(reason: reason, saying: "cluster: node \(nodeName) cannot reach the database: \(reason); retrying at most 5 s apart")
+        disconnected(reason: reason, saying: "cluster: node \(nodeName) cannot use the database: \(reason); retrying at most 5 s apart")
     }
 
     /// The node is out of the cluster for `reason` (status' reason from now on): `disconnected` is logged once per
