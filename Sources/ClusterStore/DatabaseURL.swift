@@ -270,49 +270,44 @@ public struct DatabaseURL: Sendable, CustomStringConvertible {
         return text.isEmpty ? nil : text
     }
 
+    /// TLS as `sslmode` asks for it: nil for none, else the configuration and whether the connection must use it.
+    /// No tlsServerName is ever set: postgres-nio sends the host name for SNI and certificate checks, and for an IP
+    /// address (never valid in SNI; setting it made verify-full fail for every IP host) checks the certificate's IP
+    /// entries against the address it connected to.
+    private func tlsChoice() throws -> (configuration: TLSConfiguration, required: Bool)? {
+        switch (sslMode, try tlsConfiguration()) {
+        case (.disable, _), (_, nil): return nil
+        case (.prefer, let config?): return (config, false)
+        case (_, let config?): return (config, true)
+        }
+    }
+
     /// The pool's configuration.
     func clientConfiguration() throws -> PostgresClient.Configuration {
+        var configuration: PostgresClient.Configuration
         if let socketPath {
-            var configuration = PostgresClient.Configuration(unixSocketPath: socketPath, username: user, password: try currentPassword(),
-                                                             database: database)
-            configuration.options.connectTimeout = .seconds(5)
-            return configuration
+            configuration = .init(unixSocketPath: socketPath, username: user, password: try currentPassword(), database: database)
+        } else {
+            let tls: PostgresClient.Configuration.TLS = try tlsChoice().map { $0.required ? .require($0.configuration) : .prefer($0.configuration) } ?? .disable
+            configuration = .init(host: host, port: port, username: user, password: try currentPassword(), database: database, tls: tls)
         }
-        let tls: PostgresClient.Configuration.TLS
-        switch (sslMode, try tlsConfiguration()) {
-        case (.disable, _), (_, nil): tls = .disable
-        case (.prefer, let config?): tls = .prefer(config)
-        case (_, let config?): tls = .require(config)
-        }
-        var configuration = PostgresClient.Configuration(host: host, port: port, username: user, password: try currentPassword(),
-                                                         database: database, tls: tls)
         configuration.options.connectTimeout = .seconds(5)
-        // No tlsServerName: postgres-nio sends the host name for SNI and certificate checks, and for an IP address
-        // (never valid in SNI; setting it made verify-full fail for every IP host) checks the certificate's IP
-        // entries against the address it connected to.
         return configuration
     }
 
     /// The dedicated LISTEN connection's configuration.
     func connectionConfiguration() throws -> PostgresConnection.Configuration {
+        var configuration: PostgresConnection.Configuration
         if let socketPath {
-            var configuration = PostgresConnection.Configuration(unixSocketPath: socketPath, username: user, password: try currentPassword(),
-                                                                 database: database)
-            configuration.options.connectTimeout = .seconds(5)
-            return configuration
+            configuration = .init(unixSocketPath: socketPath, username: user, password: try currentPassword(), database: database)
+        } else {
+            let tls: PostgresConnection.Configuration.TLS = try tlsChoice().map {
+                let context = try NIOSSLContext(configuration: $0.configuration)
+                return $0.required ? .require(context) : .prefer(context)
+            } ?? .disable
+            configuration = .init(host: host, port: port, username: user, password: try currentPassword(), database: database, tls: tls)
         }
-        let tls: PostgresConnection.Configuration.TLS
-        switch (sslMode, try tlsConfiguration()) {
-        case (.disable, _), (_, nil): tls = .disable
-        case (.prefer, let config?): tls = .prefer(try NIOSSLContext(configuration: config))
-        case (_, let config?): tls = .require(try NIOSSLContext(configuration: config))
-        }
-        var configuration = PostgresConnection.Configuration(host: host, port: port, username: user, password: try currentPassword(),
-                                                             database: database, tls: tls)
         configuration.options.connectTimeout = .seconds(5)
-        // No tlsServerName: postgres-nio sends the host name for SNI and certificate checks, and for an IP address
-        // (never valid in SNI; setting it made verify-full fail for every IP host) checks the certificate's IP
-        // entries against the address it connected to.
         return configuration
     }
 }
