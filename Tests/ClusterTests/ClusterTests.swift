@@ -25,6 +25,19 @@ func sleepJob(_ job: String, _ seconds: Double, queue: String? = nil) -> [String
     ["job": job, "operations": [sleepOperation("a", seconds, queue: queue)]]
 }
 
+/// Drops a one-operation sleep job for each of `range` (ids `prefix-i-…`), job i into the inbox of node `node(i)` (by
+/// default the nodes in turn); returns their ids.
+func dropSleepJobs(_ harness: ClusterHarness, _ prefix: String, _ range: Range<Int>, seconds: Double, queue: String? = nil,
+                   node: ((Int) -> Int)? = nil) throws -> Set<String> {
+    var jobs: Set<String> = []
+    for i in range {
+        let job = uniqueJob("\(prefix)-\(i)")
+        jobs.insert(job)
+        _ = try harness[node?(i) ?? i % harness.nodes.count].drop(job + ".plist", sleepJob(job, seconds, queue: queue))
+    }
+    return jobs
+}
+
 /// Real seconds since the epoch, as result.plist has them.
 func epochNow() -> Double { Date().timeIntervalSince1970 }
 
@@ -116,12 +129,7 @@ struct ClusterTests {
 
     @Test func twoNodesRunJobsSubmittedOnOne() throws {
         let harness = try ClusterHarness(nodes: 2, clusterSettings: { _ in ["jobSlots": 2] })
-        var jobs: Set<String> = []
-        for i in 0..<16 {
-            let job = uniqueJob("both-\(i)")
-            jobs.insert(job)
-            try harness[0].drop(job + ".plist", sleepJob(job, 0.4))
-        }
+        var jobs = try dropSleepJobs(harness, "both", 0..<16, seconds: 0.4, node: { _ in 0 })
         // And one through `opqueuectl submit` on the other node.
         let file = harness.folder + "/submitted.plist"
         let submitted = uniqueJob("ctl")
@@ -226,12 +234,7 @@ struct ClusterTests {
         try FileManager.default.createDirectory(atPath: shared, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(atPath: shared) }
         let harness = try ClusterHarness(nodes: 2, clusterSettings: { _ in ["sharedOutbox": shared] })
-        var jobs: Set<String> = []
-        for i in 0..<8 {
-            let job = uniqueJob("shared-\(i)")
-            jobs.insert(job)
-            try harness[i % 2].drop(job + ".plist", sleepJob(job, 0.2))
-        }
+        var jobs = try dropSleepJobs(harness, "shared", 0..<8, seconds: 0.2)
         let rejected = uniqueJob("shared-rejected")
         try harness[1].drop(rejected + ".plist", ["job": rejected, "operations": [["id": "x", "kind": "teleport"]]])
         jobs.insert(rejected)
@@ -468,20 +471,11 @@ struct ClusterTests {
 
     @Test func databaseRestartUnderLoadLosesNothing() throws {
         let harness = try ClusterHarness(nodes: 2, leaseSeconds: 4)
-        var jobs: Set<String> = []
-        for i in 0..<40 {
-            let job = uniqueJob("db-\(i)")
-            jobs.insert(job)
-            try harness[i % 2].drop(job + ".plist", sleepJob(job, 0.3))
-        }
+        var jobs = try dropSleepJobs(harness, "db", 0..<40, seconds: 0.3)
         usleep(1_000_000)
         harness.stopDatabase()
         // Dropped while the database is down: they wait in the inbox.
-        for i in 40..<50 {
-            let job = uniqueJob("db-\(i)")
-            jobs.insert(job)
-            try harness[i % 2].drop(job + ".plist", sleepJob(job, 0.1))
-        }
+        jobs.formUnion(try dropSleepJobs(harness, "db", 40..<50, seconds: 0.1))
         for k in 0..<2 {
             #expect(try harness.waitJournal(["OPQ_NODE": harness[k].name, "OPQ_EVENT": "cluster", "OPQ_STATE": "disconnected"], timeout: 15) != nil)
         }
@@ -534,23 +528,13 @@ struct ClusterTests {
     /// exactly once.
     @Test func aDatabaseThatTakesNoWritesLosesNothingAndSaysWhy() throws {
         let harness = try ClusterHarness(nodes: 2, leaseSeconds: 4)
-        var before: Set<String> = []
-        for i in 0..<6 {
-            let job = uniqueJob("rw-\(i)")
-            before.insert(job)
-            try harness[i % 2].drop(job + ".plist", sleepJob(job, 0))
-        }
+        let before = try dropSleepJobs(harness, "rw", 0..<6, seconds: 0)
         #expect(harness.waitAll(before, timeout: 30).isEmpty)
         let disconnectedBefore = try (0..<2).map { try harness.journal(node: $0, ["OPQ_EVENT": "cluster", "OPQ_STATE": "disconnected"]).count }
         // Read-only from the next session on; the nodes' sessions are ended, as a failover ends them.
         _ = try harness.sql("ALTER DATABASE \(harness.database) SET default_transaction_read_only = on")
         _ = try harness.sql("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")
-        var during: Set<String> = []
-        for i in 0..<8 {
-            let job = uniqueJob("ro-\(i)")
-            during.insert(job)
-            try harness[i % 2].drop(job + ".plist", sleepJob(job, 0))
-        }
+        let during = try dropSleepJobs(harness, "ro", 0..<8, seconds: 0)
         for k in 0..<2 {
             let said = try pollUntil(20) { () -> [String: String]? in
                 let entries = try harness.journal(node: k, ["OPQ_EVENT": "cluster", "OPQ_STATE": "disconnected"])
@@ -871,12 +855,7 @@ struct ClusterTests {
     @Test func queueDeclaredOnOneNodePinsItsJobsThereAndStatusNamesWhatNoLiveNodeHas() throws {
         let harness = try ClusterHarness(nodes: 2, settings: { k in k == 0 ? ["queues": ["gpu": ["maxConcurrentOperationCount": 1]]] : [:] })
         // Submitted on node 1, which does not declare `gpu`: accepted, and every one runs on node 0.
-        var jobs: Set<String> = []
-        for i in 0..<6 {
-            let job = uniqueJob("pinned-\(i)")
-            jobs.insert(job)
-            try harness[1].drop(job + ".plist", sleepJob(job, 0.1, queue: "gpu"))
-        }
+        let jobs = try dropSleepJobs(harness, "pinned", 0..<6, seconds: 0.1, queue: "gpu", node: { _ in 1 })
         #expect(harness.waitAll(jobs, timeout: 40).isEmpty)
         for job in jobs { #expect(harness.outboxes(holding: job) == [0]) }
         // `show` on node 1 of a job node 0 is running: where it runs, and its operations' states as node 0's last
@@ -1022,12 +1001,7 @@ struct ClusterTests {
             try harness.journal(["OPQ_EVENT": "cluster", "OPQ_STATE": "disconnected"]).first { $0["MESSAGE"]?.contains("held by another running opqueued") == true }
         }
         #expect(refused?["MESSAGE"]?.contains("each node needs its own cluster.node") == true, "\(refused ?? [:])")
-        var jobs: Set<String> = []
-        for i in 0..<20 {
-            let job = uniqueJob("twin-\(i)")
-            jobs.insert(job)
-            try harness[0].drop(job + ".plist", sleepJob(job, 0.2))
-        }
+        let jobs = try dropSleepJobs(harness, "twin", 0..<20, seconds: 0.2, node: { _ in 0 })
         #expect(harness.waitAll(jobs, timeout: 60).isEmpty)
         for job in jobs {
             #expect(try harness.journal(["OPQ_JOB": job, "OPQ_STATE": "executing"]).count == 1, "\(job) ran once")
@@ -1104,12 +1078,7 @@ struct ClusterTests {
     @Test func clusterLimitIsNeverExceeded() throws {
         let settings: [String: Any] = ["queues": ["api": ["maxConcurrentOperationCount": 2, "clusterMaxConcurrentOperationCount": 2]]]
         let harness = try ClusterHarness(nodes: 3, settings: { _ in settings }, clusterSettings: { _ in ["jobSlots": 4] })
-        var jobs: Set<String> = []
-        for i in 0..<18 {
-            let job = uniqueJob("limit-\(i)")
-            jobs.insert(job)
-            try harness[i % 3].drop(job + ".plist", sleepJob(job, 0.5, queue: "api"))
-        }
+        let jobs = try dropSleepJobs(harness, "limit", 0..<18, seconds: 0.5, queue: "api")
         // One node killed while it holds a slot and restarted within its lease: the new process keeps the node's
         // lease alive, so no takeover frees what the dead one held — the new process must (else the queue stalls).
         let holding = try pollUntil(30) { () -> Bool? in
