@@ -395,6 +395,37 @@ struct ClusterTests {
         #expect(harness[frozen].isReady, "the woken node goes on serving")
     }
 
+    // MARK: 4. Leases: the jobs table locked by hand
+
+    /// An operator's `VACUUM FULL opq_jobs` (or `CLUSTER`, an `ALTER TABLE`, a `LOCK TABLE`) held past the lease:
+    /// no heartbeat gets through it, so each node takes it for an outage — the running job is stopped before its
+    /// lease would end and logged `lost` — and once the lock is let go the job runs again; it ends exactly once.
+    @Test func theJobsTableLockedPastTheLeaseIsAnOutageAndTheJobEndsOnce() throws {
+        let harness = try ClusterHarness(nodes: 2, leaseSeconds: 3)
+        let job = uniqueJob("locked")
+        try harness[0].drop(job + ".plist", sleepJob(job, 8))
+        let first = try #require(try harness.waitClaimed(job))
+        #expect(try harness.waitJournal(["OPQ_JOB": job, "OPQ_STATE": "executing"]) != nil)
+        let released = DispatchSemaphore(value: 0)
+        let lockedAt = Date()
+        DispatchQueue.global().async {
+            _ = try? harness.sql("BEGIN; LOCK TABLE opq_jobs IN ACCESS EXCLUSIVE MODE; SELECT pg_sleep(7); COMMIT")
+            released.signal()
+        }
+        let lost = try harness.waitJournal(["OPQ_JOB": job, "OPQ_STATE": "lost", "OPQ_NODE": harness[first.node].name], timeout: 15)
+        #expect(lost != nil, "the running job is stopped when its lease cannot be renewed:\n\(harness.diagnosis(job))")
+        #expect(Date().timeIntervalSince(lockedAt) < 6.5, "stopped before the lock is let go (lease 3 s)")
+        #expect(try harness.waitJournal(["OPQ_NODE": harness[first.node].name, "OPQ_EVENT": "cluster", "OPQ_STATE": "disconnected"], timeout: 5) != nil)
+        #expect(released.wait(timeout: .now() + 20) == .success)
+        let result = try #require(harness.waitResult(job, timeout: 40), "\(harness.diagnosis(job))")
+        #expect(result.result["status"] as? String == "succeeded")
+        let operation = (result.result["operations"] as? [[String: Any]])?.first
+        #expect((operation?["startedAt"] as? Double).map { $0 >= lockedAt.timeIntervalSince1970 } == true, "run again from the start")
+        usleep(1_000_000)
+        #expect(harness.outboxes(holding: job).count == 1, "exactly one outbox folder cluster-wide")
+        #expect(try harness.journal(["OPQ_JOB": job, "OPQ_STATE": "finished"]).count == 1)
+    }
+
     // MARK: 4. Leases: a node whose file system hangs
 
     /// A node's file system frozen (fsfreeze, as a snapshot tool does it; a dead NFS server looks the same): every
