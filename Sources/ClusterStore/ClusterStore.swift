@@ -133,19 +133,36 @@ public struct Heartbeat: Sendable, Equatable {
     }
 }
 
-/// What a takeover round moved: jobs back to waiting (with the node they came from) and the queues of freed slots.
+/// A node's last beat as read from the database: `beat` is a token that changes with every beat (the database's
+/// clock in microseconds, compared only for a change), `leaseSeconds` the node's own lease (nil: the reader's).
+public struct NodeBeat: Sendable, Equatable {
+    public var node: String
+    public var beat: Int64
+    public var leaseSeconds: Double?
+
+    public init(node: String, beat: Int64, leaseSeconds: Double?) {
+        self.node = node
+        self.beat = beat
+        self.leaseSeconds = leaseSeconds
+    }
+}
+
+/// What a takeover round moved: jobs back to waiting (with the node they came from), the queues of freed slots,
+/// and the nodes taken over.
 public struct TakeOver: Sendable, Equatable {
     public var jobs: [(id: String, fromNode: String)]
     public var freedSlotQueues: [String]
+    public var nodes: [String]
 
     public static func == (a: TakeOver, b: TakeOver) -> Bool {
         a.jobs.map { "\($0.id)\u{0}\($0.fromNode)" } == b.jobs.map { "\($0.id)\u{0}\($0.fromNode)" }
-            && a.freedSlotQueues == b.freedSlotQueues
+            && a.freedSlotQueues == b.freedSlotQueues && a.nodes == b.nodes
     }
 
-    public init(jobs: [(id: String, fromNode: String)], freedSlotQueues: [String]) {
+    public init(jobs: [(id: String, fromNode: String)], freedSlotQueues: [String], nodes: [String] = []) {
         self.jobs = jobs
         self.freedSlotQueues = freedSlotQueues
+        self.nodes = nodes
     }
 }
 
@@ -367,8 +384,12 @@ public protocol ClusterStore: Sendable {
     /// Hands jobs the node holds under these fences back to waiting (it gave their leases up); returns those moved.
     func releaseJobs(node: String, _ jobs: [String: Int64]) async throws -> Set<String>
 
-    /// Moves the jobs and slots of nodes silent for more than `leaseSeconds` (the database's clock) back.
-    func takeOverLost(leaseSeconds: Double) async throws -> TakeOver
+    /// Every node's last beat (its row), for the caller to judge silence by its own clock.
+    func nodeBeats() async throws -> [NodeBeat]
+
+    /// Moves back the jobs and slots of the nodes of `silent` that have not beaten since (their beat still the one
+    /// given): the caller judged them silent past their leases. Returns what moved and which nodes were taken.
+    func takeOverSilent(_ silent: [NodeBeat]) async throws -> TakeOver
 
     /// Records the job's end while `fence` still holds it. False: the node no longer holds the job and
     /// nothing was recorded.

@@ -260,19 +260,28 @@ public final class PostgresClusterStore: ClusterStore {
         })
     }
 
-    public func takeOverLost(leaseSeconds: Double) async throws -> TakeOver {
+    public func nodeBeats() async throws -> [NodeBeat] {
+        try await query(Queries.nodeBeats, PostgresBindings(), doing: "reading the nodes' beats").map { row in
+            let c = row.makeRandomAccess()
+            return NodeBeat(node: try decode(c[0], String.self), beat: try decode(c[1], Int64.self), leaseSeconds: try decode(c[2], Double?.self))
+        }
+    }
+
+    public func takeOverSilent(_ silent: [NodeBeat]) async throws -> TakeOver {
         var binds = PostgresBindings()
-        binds.append(leaseSeconds)
-        let rows = try await query(Queries.takeOverLost, binds, doing: "taking over the jobs of lost nodes")
+        binds.append(silent.map(\.node))
+        binds.append(silent.map(\.beat))
+        let rows = try await query(Queries.takeOverSilent, binds, doing: "taking over the jobs of silent nodes")
         var result = TakeOver(jobs: [], freedSlotQueues: [])
         for row in rows {
             let columns = row.makeRandomAccess()
             let kind = try decode(columns[0], String.self)
             let id = try decode(columns[1], String.self)
-            if kind == "job" {
-                result.jobs.append((id: id, fromNode: try decode(columns[2], String?.self) ?? ""))
-            } else if kind == "slot" {
-                result.freedSlotQueues.append(id)
+            switch kind {
+            case "job": result.jobs.append((id: id, fromNode: try decode(columns[2], String?.self) ?? ""))
+            case "slot": result.freedSlotQueues.append(id)
+            case "node": result.nodes.append(id)
+            default: break
             }
         }
         return result

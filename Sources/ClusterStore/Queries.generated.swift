@@ -171,15 +171,23 @@ enum Queries {
     FROM beat LEFT JOIN opq_jobs AS j ON j.node = beat.node AND j.state = 'running'
     """#
 
-    /// Nodes silent for more than their own leaseSeconds ($1, the caller's, for a node that recorded none) lose
-    /// their jobs (back to waiting, from_node set), their cluster
-    /// slots and their waits for slots (each kind of wake-up notified once when any moved). A node beating at this instant holds its row lock:
-    /// it is skipped this round, never half taken.
-    static let takeOverLost = #"""
+    /// Every node's last beat as an exact token (microseconds of the database's clock, only ever compared for a change,
+    /// never read as a time) and its own leaseSeconds (NULL: the reader's): what a node watches to judge, by its own
+    /// monotonic clock, which nodes have gone silent (TakeOverSilent).
+    static let nodeBeats = #"""
+    SELECT node, (extract(epoch FROM last_heartbeat) * 1000000)::bigint AS beat, lease_seconds FROM opq_nodes ORDER BY node
+    """#
+
+    /// The nodes of $1 whose last beat is still exactly $2's (parallel arrays: none has beaten since the caller judged it
+    /// silent) lose their jobs (back to waiting, from_node set), their cluster slots and their waits for slots (each kind
+    /// of wake-up notified once when any moved); returns the nodes taken over too. A node beating at this instant holds
+    /// its row lock: it is skipped, never half taken, and its new beat no longer matches.
+    static let takeOverSilent = #"""
     WITH lost AS (
-        SELECT node FROM opq_nodes
-        WHERE last_heartbeat < now() - make_interval(secs => coalesce(lease_seconds, $1::float8))
-        FOR UPDATE SKIP LOCKED
+        SELECT n.node FROM opq_nodes AS n
+        JOIN unnest($1::text[], $2::bigint[]) AS s (node, beat)
+          ON n.node = s.node AND (extract(epoch FROM n.last_heartbeat) * 1000000)::bigint = s.beat
+        FOR UPDATE OF n SKIP LOCKED
     ), freed AS (
         UPDATE opq_queue_slots AS s
         SET holder = NULL, job = NULL, operation = NULL, fence = NULL, acquired_at = NULL
@@ -196,6 +204,8 @@ enum Queries {
     SELECT 'job' AS kind, id, from_node FROM moved
     UNION ALL
     SELECT 'slot', queue, NULL FROM freed
+    UNION ALL
+    SELECT 'node', node, NULL FROM lost
     UNION ALL
     SELECT 'notify', '', NULL FROM (SELECT pg_notify('opqueued', 'jobs') FROM (SELECT 1 FROM moved LIMIT 1) AS m) AS n
     UNION ALL

@@ -252,22 +252,18 @@ enum StoreConformance {
         }
     }
 
-    /// Schema 5: a node is lost after its own leaseSeconds, whoever looks. A node with a long lease keeps its jobs
-    /// when a node with a short one looks after a short silence; a node with a short lease loses them to a looker
-    /// with a long one. Status and liveness judge the same way.
+    /// Schema 5: a node is lost after its own leaseSeconds, whoever looks. The store hands each node's own lease out
+    /// with its beat (the watcher judges by it: SilenceWatchTests); status and liveness judge the same way.
     static func eachNodeIsLostAfterItsOwnLease(_ factory: StoreFactory) async throws {
         try await withStore(factory) { store in
             try await store.registerNode(node("patient"), leaseSeconds: 60, replacing: nil)
             try await store.registerNode(node("hasty"), leaseSeconds: 0.5, replacing: nil)
-            _ = try await store.insertJobs([job("p1"), job("h1")])
-            #expect(try await store.claimJobs(node: "patient", limit: 1, queues: ["default"], commands: [], budget: .max, maxManifestBytes: .max).map(\.id) == ["p1"])
-            #expect(try await store.claimJobs(node: "hasty", limit: 1, queues: ["default"], commands: [], budget: .max, maxManifestBytes: .max).map(\.id) == ["h1"])
+            let beats = try await store.nodeBeats()
+            #expect(beats.map(\.node) == ["hasty", "patient"])
+            #expect(beats.map(\.leaseSeconds) == [0.5, 60])
             try await Task.sleep(for: .milliseconds(800))
-            let moved = try await store.takeOverLost(leaseSeconds: 0.5)
-            #expect(moved.jobs.map(\.id) == ["h1"], "patient's 60 s lease holds, whatever the looker's")
             let nodes = try await store.nodes(leaseSeconds: 0.5)
             #expect(nodes.first { $0.node == "patient" }?.connected == true && nodes.first { $0.node == "hasty" }?.connected == false)
-            #expect(try await store.job("p1")?.state == .running)
         }
     }
 
@@ -296,11 +292,18 @@ enum StoreConformance {
             _ = try await store.heartbeat(node: "A", info: nil, progress: [UInt8](repeating: 1, count: 65_537))
             #expect(try await store.job(claimedByA[1].id).map { $0.state == .running && $0.nodeProgress == nil } == true)
 
-            // Within the lease: nothing moves.
-            #expect(try await store.takeOverLost(leaseSeconds: 60).jobs.isEmpty)
-            try await Task.sleep(for: .milliseconds(700))
+            // Each beat changes the node's token; a node judged silent at a beat it has moved past keeps its jobs.
+            let early = try await store.nodeBeats()
+            let seen = try await store.nodeBeats()
+            #expect(early == seen, "nothing beat between two reads")
+            _ = try await store.heartbeat(node: "A")
+            #expect(try await store.takeOverSilent(early.filter { $0.node == "A" }).jobs.isEmpty, "A beat since")
+            // Judged silent at the beat it is still at: its jobs go back; B, which beat since, is left alone.
+            let judged = try await store.nodeBeats()
+            #expect(judged.first { $0.node == "A" }?.beat != early.first { $0.node == "A" }?.beat)
             _ = try await store.heartbeat(node: "B")
-            let moved = try await store.takeOverLost(leaseSeconds: 0.5)
+            let moved = try await store.takeOverSilent(judged)
+            #expect(moved.nodes == ["A"])
             #expect(Set(moved.jobs.map(\.id)) == Set(claimedByA.map(\.id)))
             #expect(moved.jobs.allSatisfy { $0.fromNode == "A" })
             #expect(try await store.job(claimedByA[0].id).map { $0.state == .waiting && $0.nodeProgress == nil } == true)
@@ -341,7 +344,7 @@ enum StoreConformance {
     }
 
     /// clusterMaxConcurrentOperationCount: never more than N holders under concurrent acquirers; a lost node's
-    /// slots are freed only after the lease; a stale release does nothing.
+    /// slots are freed only by a takeover at the beat it is still at; a stale release does nothing.
     static func clusterSlots(_ factory: StoreFactory) async throws {
         try await withStore(factory) { store in
             let limit = 3
@@ -380,12 +383,15 @@ enum StoreConformance {
             // A lower limit on another node's configuration: fewer slots for it, never more in total.
             #expect(try await store.acquireSlots(queue: "api", limit: 1, node: "s", count: 1, priority: 2, leaseSeconds: 60).isEmpty)
 
-            // Node s goes silent: within the lease its slots stay held; after it they are freed.
+            // Node s judged silent at a beat it has moved past keeps its slots; at the beat it is still at, they are freed.
             try await store.registerNode(node("t"))
-            #expect(try await store.takeOverLost(leaseSeconds: 60).freedSlotQueues.isEmpty)
-            try await Task.sleep(for: .milliseconds(700))
+            let early = try await store.nodeBeats().filter { $0.node == "s" }
+            _ = try await store.heartbeat(node: "s")
+            #expect(try await store.takeOverSilent(early).freedSlotQueues.isEmpty)
+            let judged = try await store.nodeBeats().filter { $0.node == "s" || $0.node == "t" }
             _ = try await store.heartbeat(node: "t")
-            let takeover = try await store.takeOverLost(leaseSeconds: 0.5)
+            let takeover = try await store.takeOverSilent(judged)
+            #expect(takeover.nodes == ["s"])
             #expect(takeover.freedSlotQueues == Array(repeating: "api", count: limit))
             #expect(try await store.slotHolders(queue: "api").isEmpty)
             let stale = try #require(leases.first)
@@ -472,7 +478,7 @@ enum StoreConformance {
             for n in ["lo", "mid", "quiet"] { _ = try await store.heartbeat(node: n) }
             let late = try #require(try await take("lo", 1, leaseSeconds: 0.5), "hi has not beaten within the lease")
             #expect(try await store.releaseSlot(late))
-            _ = try await store.takeOverLost(leaseSeconds: 0.5)
+            _ = try await store.takeOverSilent(try await store.nodeBeats().filter { $0.node == "hi" })
             #expect(try await take("lo", 1) != nil, "hi's wait went with the takeover")
         }
     }

@@ -395,6 +395,45 @@ struct ClusterTests {
         #expect(harness[frozen].isReady, "the woken node goes on serving")
     }
 
+    // MARK: 4. Leases: a step of the database server's clock
+
+    /// A step of the database server's clock (NTP stepping, a VM moved or resumed) is neither a beat nor a silence:
+    /// each node judges the others' leases by its own monotonic clock, the database's clock only telling it that a
+    /// beat happened. Simulated by moving a node's last beat an hour back (what a step forward does to it) and an hour
+    /// ahead (a step back).
+    @Test func aStepOfTheDatabasesClockNeitherTakesALiveNodesJobNorHidesADeadOnes() throws {
+        let harness = try ClusterHarness(nodes: 2, leaseSeconds: 3)
+        let job = uniqueJob("clock")
+        try harness[0].drop(job + ".plist", sleepJob(job, 5))
+        let first = try #require(try harness.waitClaimed(job))
+        #expect(try harness.waitJournal(["OPQ_JOB": job, "OPQ_STATE": "executing"]) != nil)
+        // For longer than the lease, the running node's last beat looks an hour old by the database's clock.
+        let runner = harness[first.node].name
+        let until = Date().addingTimeInterval(4)
+        while Date() < until {
+            _ = try harness.sql("UPDATE opq_nodes SET last_heartbeat = last_heartbeat - interval '1 hour' WHERE node = '\(runner)'")
+            usleep(100_000)
+        }
+        let result = try #require(harness.waitResult(job, timeout: 30), "\(harness.diagnosis(job))")
+        #expect(result.node == first.node, "run once, where it started")
+        #expect(try harness.journal(["OPQ_JOB": job, "OPQ_STATE": "lost"]).isEmpty, "never taken from the live node")
+        #expect(try harness.journal(["OPQ_JOB": job, "OPQ_STATE": "claimed"]).count == 1)
+
+        // The node running the next job is killed, and its last beat moved an hour ahead: taken over after the
+        // lease all the same, not an hour later.
+        let next = uniqueJob("clock-back")
+        try harness[0].drop(next + ".plist", sleepJob(next, 20))
+        let claimed = try #require(try harness.waitClaimed(next))
+        #expect(try harness.waitJournal(["OPQ_JOB": next, "OPQ_STATE": "executing"]) != nil)
+        let victim = claimed.node
+        harness[victim].kill9()
+        _ = try harness.sql("UPDATE opq_nodes SET last_heartbeat = last_heartbeat + interval '1 hour' WHERE node = '\(harness[victim].name)'")
+        let killedAt = Date()
+        let again = try harness.waitClaimed(next, excluding: [victim], timeout: Double(harness.leaseSeconds) + 10)
+        #expect(again != nil, "taken over after the lease, not after the hour:\n\(harness.diagnosis(next))")
+        #expect(Date().timeIntervalSince(killedAt) <= Double(harness.leaseSeconds) + 6)
+    }
+
     // MARK: 4. Leases: the jobs table locked by hand
 
     /// An operator's `VACUUM FULL opq_jobs` (or `CLUSTER`, an `ALTER TABLE`, a `LOCK TABLE`) held past the lease:

@@ -256,13 +256,20 @@ extension ClusterJobStore {
         return !rowMayHaveBeenPruned(job)
     }
 
-    /// A takeover round: the jobs and slots of nodes silent past their leases go back (any node does it; one
-    /// statement). Run every `takeoverSeconds`, not only at this node's beats (every leaseSeconds/3), so that a lost
-    /// node's jobs run elsewhere within a fraction of a second of its lease's end, not up to a third of a lease later.
+    /// A takeover round: every node's beat is read, and the jobs and slots of nodes silent past their leases by this
+    /// node's own clock (`SilenceWatch`) go back (any node does it; one statement more only when some node is
+    /// silent). Run every `takeoverSeconds`, not only at this node's beats (every leaseSeconds/3), so that a lost
+    /// node's jobs run elsewhere within a second of its lease's end, not up to a third of a lease later.
     private func takeOver() throws {
-        let takeover = try waitBounded(Self.statementTimeout, on: executor, doing: "taking over the jobs of lost nodes", { [store, settings] in
-            try await store.takeOverLost(leaseSeconds: settings.leaseSeconds)
+        let beats = try waitBounded(Self.statementTimeout, on: executor, doing: "reading the nodes' beats", { [store] in try await store.nodeBeats() })
+        let silent = lock.withLock {
+            silenceWatch.silent(in: beats, now: monotonicSeconds(), defaultLease: settings.leaseSeconds, except: nodeName)
+        }
+        if silent.isEmpty { return }
+        let takeover = try waitBounded(Self.statementTimeout, on: executor, doing: "taking over the jobs of silent nodes", { [store] in
+            try await store.takeOverSilent(silent)
         })
+        lock.withLock { silenceWatch.tookOver(takeover.nodes) }
         if !takeover.jobs.isEmpty {
             lock.withLock { claimWanted = true }
             logger.notice("cluster: took \(takeover.jobs.count) job(s) back from lost node(s) \(Set(takeover.jobs.map { $0.fromNode }).sorted().joined(separator: ", "))")

@@ -89,6 +89,8 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
     /// run out too: a node that renews before the takeover sees them keeps its name on them otherwise.
     var droppedSlots: [(lease: SlotLease, due: Double)] = []
     var jobReleases: [String: Int64] = [:]
+    /// Which other nodes are silent, by this node's clock (the loop's takeover rounds).
+    var silenceWatch = SilenceWatch()
     var lastError: String?
     var declared: (queues: Set<String>, commands: Set<String>, commandSignatures: [String: String]) = ([], [], [:])
     /// What the cluster declares has been read once: manifests from the inbox can be validated (until then they wait).
