@@ -256,6 +256,8 @@ public final class ClusterHarness: @unchecked Sendable {
     /// Where the nodes' spools are.
     public let folder: String
     public private(set) var nodes: [ClusterNode] = []
+    /// The `cluster.node` names the nodes are configured with (a test may give two nodes one name).
+    private var clusterNodeNames: [String] = []
     public let cluster: Bool
     public let leaseSeconds: Int
     /// When the harness started (journal reads begin here).
@@ -303,6 +305,7 @@ public final class ClusterHarness: @unchecked Sendable {
                                               "leaseSeconds": leaseSeconds]
                 section.merge(clusterSettings(k)) { $1 }
                 configuration["cluster"] = section
+                if let node = section["node"] as? String, !clusterNodeNames.contains(node) { clusterNodeNames.append(node) }
             }
             nodes.append(ClusterNode(index: k, name: name, spool: folder + "/" + name, settings: configuration, logTarget: logTarget))
         }
@@ -396,11 +399,14 @@ public final class ClusterHarness: @unchecked Sendable {
     // MARK: the journal
 
     /// Journal entries since the harness started, in order, with every given field matched (OPQ_NODE, OPQ_JOB,
-    /// OPQ_STATE, OPQ_EVENT…). Values that journald gives as arrays or bytes are left out.
+    /// OPQ_STATE, OPQ_EVENT…). Values that journald gives as arrays or bytes are left out. In a cluster, only this
+    /// harness's nodes' entries (the journal is the machine's: other tests' nodes log into it at the same time).
     public func journal(_ match: [String: String]) throws -> [[String: String]] {
         let since = "@" + String(Int(started.timeIntervalSince1970) - 1)
-        let arguments = ["-t", "opqueued", "--since", since, "-o", "json", "--no-pager", "-q"]
+        var arguments = ["-t", "opqueued", "--since", since, "-o", "json", "--no-pager", "-q"]
             + match.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }
+        // journalctl ORs matches of one field and ANDs different fields.
+        if match["OPQ_NODE"] == nil { arguments += clusterNodeNames.map { "OPQ_NODE=\($0)" } }
         let out = try runProgram("/usr/bin/journalctl", arguments).stdout
         return out.split(separator: "\n").compactMap { line in
             guard let object = try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any] else { return nil }
