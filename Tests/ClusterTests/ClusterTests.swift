@@ -38,6 +38,17 @@ func dropSleepJobs(_ harness: ClusterHarness, _ prefix: String, _ range: Range<I
     return jobs
 }
 
+/// Drops a one-operation sleep job (`prefix-…`, `seconds` long) into node `k`'s inbox and waits until a node has
+/// claimed it and its operation executes; returns its id and the node that claimed it.
+func startSleepJob(_ harness: ClusterHarness, _ prefix: String, seconds: Double, on k: Int,
+                   sourceLocation: SourceLocation = #_sourceLocation) throws -> (job: String, node: Int) {
+    let job = uniqueJob(prefix)
+    _ = try harness[k].drop(job + ".plist", sleepJob(job, seconds))
+    let claimed = try #require(try harness.waitClaimed(job), "\(job) not claimed", sourceLocation: sourceLocation)
+    #expect(try harness.waitJournal(["OPQ_JOB": job, "OPQ_STATE": "executing"]) != nil, "\(job) not executing", sourceLocation: sourceLocation)
+    return (job, claimed.node)
+}
+
 /// Real seconds since the epoch, as result.plist has them.
 func epochNow() -> Double { Date().timeIntervalSince1970 }
 
@@ -340,13 +351,10 @@ struct ClusterTests {
 
     @Test func killedNodesJobRunsElsewhereAndTheNodeDiscardsItWhenBack() throws {
         let harness = try ClusterHarness(nodes: 2, leaseSeconds: 3)
-        let job = uniqueJob("kill")
         // Long enough to be still running when the kill comes however slowly the journal is read on a busy machine
         // (with 6 s, once the job had ended before it).
-        try harness[0].drop(job + ".plist", sleepJob(job, 15))
-        let first = try #require(try harness.waitClaimed(job))
-        #expect(try harness.waitJournal(["OPQ_JOB": job, "OPQ_STATE": "executing"]) != nil)
-        let victim = first.node, survivor = 1 - victim
+        let (job, victim) = try startSleepJob(harness, "kill", seconds: 15, on: 0)
+        let survivor = 1 - victim
         harness[victim].kill9()
         let killedAt = Date()
         let claimedAgain = try harness.waitClaimed(job, excluding: [victim], timeout: Double(harness.leaseSeconds) + 15)
@@ -374,11 +382,8 @@ struct ClusterTests {
 
     @Test func frozenNodePublishesNothingForWhatItLost() throws {
         let harness = try ClusterHarness(nodes: 2, leaseSeconds: 3)
-        let job = uniqueJob("frozen")
-        try harness[1].drop(job + ".plist", sleepJob(job, 10))
-        let first = try #require(try harness.waitClaimed(job))
-        #expect(try harness.waitJournal(["OPQ_JOB": job, "OPQ_STATE": "executing"]) != nil)
-        let frozen = first.node, other = 1 - frozen
+        let (job, frozen) = try startSleepJob(harness, "frozen", seconds: 10, on: 1)
+        let other = 1 - frozen
         harness[frozen].freeze()
         let second = try #require(try harness.waitClaimed(job, excluding: [frozen], timeout: Double(harness.leaseSeconds) + 15))
         #expect(second.node == other)
@@ -403,29 +408,22 @@ struct ClusterTests {
     /// ahead (a step back).
     @Test func aStepOfTheDatabasesClockNeitherTakesALiveNodesJobNorHidesADeadOnes() throws {
         let harness = try ClusterHarness(nodes: 2, leaseSeconds: 3)
-        let job = uniqueJob("clock")
-        try harness[0].drop(job + ".plist", sleepJob(job, 5))
-        let first = try #require(try harness.waitClaimed(job))
-        #expect(try harness.waitJournal(["OPQ_JOB": job, "OPQ_STATE": "executing"]) != nil)
+        let (job, firstNode) = try startSleepJob(harness, "clock", seconds: 5, on: 0)
         // For longer than the lease, the running node's last beat looks an hour old by the database's clock.
-        let runner = harness[first.node].name
+        let runner = harness[firstNode].name
         let until = Date().addingTimeInterval(4)
         while Date() < until {
             _ = try harness.sql("UPDATE opq_nodes SET last_heartbeat = last_heartbeat - interval '1 hour' WHERE node = '\(runner)'")
             usleep(100_000)
         }
         let result = try #require(harness.waitResult(job, timeout: 30), "\(harness.diagnosis(job))")
-        #expect(result.node == first.node, "run once, where it started")
+        #expect(result.node == firstNode, "run once, where it started")
         #expect(try harness.journal(["OPQ_JOB": job, "OPQ_STATE": "lost"]).isEmpty, "never taken from the live node")
         #expect(try harness.journal(["OPQ_JOB": job, "OPQ_STATE": "claimed"]).count == 1)
 
         // The node running the next job is killed, and its last beat moved an hour ahead: taken over after the
         // lease all the same, not an hour later.
-        let next = uniqueJob("clock-back")
-        try harness[0].drop(next + ".plist", sleepJob(next, 20))
-        let claimed = try #require(try harness.waitClaimed(next))
-        #expect(try harness.waitJournal(["OPQ_JOB": next, "OPQ_STATE": "executing"]) != nil)
-        let victim = claimed.node
+        let (next, victim) = try startSleepJob(harness, "clock-back", seconds: 20, on: 0)
         harness[victim].kill9()
         _ = try harness.sql("UPDATE opq_nodes SET last_heartbeat = last_heartbeat + interval '1 hour' WHERE node = '\(harness[victim].name)'")
         let killedAt = Date()
@@ -441,20 +439,17 @@ struct ClusterTests {
     /// lease would end and logged `lost` — and once the lock is let go the job runs again; it ends exactly once.
     @Test func theJobsTableLockedPastTheLeaseIsAnOutageAndTheJobEndsOnce() throws {
         let harness = try ClusterHarness(nodes: 2, leaseSeconds: 3)
-        let job = uniqueJob("locked")
-        try harness[0].drop(job + ".plist", sleepJob(job, 8))
-        let first = try #require(try harness.waitClaimed(job))
-        #expect(try harness.waitJournal(["OPQ_JOB": job, "OPQ_STATE": "executing"]) != nil)
+        let (job, firstNode) = try startSleepJob(harness, "locked", seconds: 8, on: 0)
         let released = DispatchSemaphore(value: 0)
         let lockedAt = Date()
         DispatchQueue.global().async {
             _ = try? harness.sql("BEGIN; LOCK TABLE opq_jobs IN ACCESS EXCLUSIVE MODE; SELECT pg_sleep(7); COMMIT")
             released.signal()
         }
-        let lost = try harness.waitJournal(["OPQ_JOB": job, "OPQ_STATE": "lost", "OPQ_NODE": harness[first.node].name], timeout: 15)
+        let lost = try harness.waitJournal(["OPQ_JOB": job, "OPQ_STATE": "lost", "OPQ_NODE": harness[firstNode].name], timeout: 15)
         #expect(lost != nil, "the running job is stopped when its lease cannot be renewed:\n\(harness.diagnosis(job))")
         #expect(Date().timeIntervalSince(lockedAt) < 6.5, "stopped before the lock is let go (lease 3 s)")
-        #expect(try harness.waitJournal(["OPQ_NODE": harness[first.node].name, "OPQ_EVENT": "cluster", "OPQ_STATE": "disconnected"], timeout: 5) != nil)
+        #expect(try harness.waitJournal(["OPQ_NODE": harness[firstNode].name, "OPQ_EVENT": "cluster", "OPQ_STATE": "disconnected"], timeout: 5) != nil)
         #expect(released.wait(timeout: .now() + 20) == .success)
         let result = try #require(harness.waitResult(job, timeout: 40), "\(harness.diagnosis(job))")
         #expect(result.result["status"] as? String == "succeeded")
@@ -492,10 +487,8 @@ struct ClusterTests {
         try harness.waitRegistered(1)
         usleep(1_500_000)
         #expect(!FileManager.default.fileExists(atPath: spool + "/tmp/.alive"), "an idle node does not probe its spool")
-        let job = uniqueJob("hung")
-        try harness[0].drop(job + ".plist", sleepJob(job, 8))
-        #expect(try harness.waitClaimed(job)?.node == 0)
-        #expect(try harness.waitJournal(["OPQ_JOB": job, "OPQ_STATE": "executing"]) != nil)
+        let (job, claimedOn) = try startSleepJob(harness, "hung", seconds: 8, on: 0)
+        #expect(claimedOn == 0)
         #expect(pollUntil(5) { FileManager.default.fileExists(atPath: spool + "/tmp/.alive") ? true : nil } != nil, "probed while it has a job")
         try harness[1].start()
         try harness.waitRegistered(2)

@@ -69,7 +69,9 @@ class Cluster:
             self.make_database(tag)
         for k in range(count):
             name = f"{tag}-n{k}"
-            spool = os.path.join(self.folder if k >= len(apart) else tempfile.mkdtemp(prefix="opq-bench-node-", dir=apart[k]), name)
+            # BENCH_FS=apart: node k's spool on file system k of its own.
+            holder = tempfile.mkdtemp(prefix="opq-bench-node-", dir=apart[k]) if k < len(apart) else self.folder
+            spool = os.path.join(holder, name)
             os.makedirs(spool + "/inbox")
             configuration = dict(settings(k))
             if cluster:
