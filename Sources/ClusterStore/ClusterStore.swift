@@ -110,11 +110,16 @@ public struct ClaimedJob: Sendable, Equatable {
 /// The process holding a node's name.
 public struct NodeOwner: Sendable, Equatable {
     public var info: String
+    /// By the database's clock: for messages only.
     public var secondsSinceBeat: Double
+    /// The holder's last beat as NodeBeats gives it: what a registering process watches, by its own clock, before it
+    /// takes the name from a holder that may still run (RegisterNode's `silentAt`).
+    public var beat: NodeBeat
 
-    public init(info: String, secondsSinceBeat: Double) {
+    public init(info: String, secondsSinceBeat: Double, beat: NodeBeat) {
         self.info = info
         self.secondsSinceBeat = secondsSinceBeat
+        self.beat = beat
     }
 }
 
@@ -356,13 +361,15 @@ public protocol ClusterStore: Sendable {
 
     /// Records (or replaces) what the node declares and its `leaseSeconds` (others judge it lost after that much
     /// silence; <= 0: none recorded, theirs applies), renews its lease, creates the slot rows of its cluster limits —
-    /// unless another running process holds the name: a row whose `info` is neither the declaration's nor
-    /// `replacing`, beaten within its lease. Returns false then, and changes nothing.
+    /// unless another process holds the name: a row whose `info` is neither the declaration's nor `replacing` (a
+    /// process the caller knows is gone), and whose beat is not `silentAt` (the holder's beat as `nodeOwner` gave it,
+    /// which the caller has seen unchanged for the holder's lease by its own clock: never the database's). Returns
+    /// false then, and changes nothing.
     @discardableResult
-    func registerNode(_ declaration: NodeDeclaration, leaseSeconds: Double, replacing: String?) async throws -> Bool
+    func registerNode(_ declaration: NodeDeclaration, leaseSeconds: Double, replacing: String?, silentAt: Int64?) async throws -> Bool
 
-    /// Which process holds a node's name (the `info` it registered) and how many seconds ago it last beat; nil when
-    /// the name has no row.
+    /// Which process holds a node's name (the `info` it registered), how many seconds ago it last beat by the
+    /// database's clock, and that beat as a token; nil when the name has no row.
     func nodeOwner(_ node: String) async throws -> NodeOwner?
 
     /// Inserts every job in one transaction with one notification; ids made unique across the cluster.
@@ -459,7 +466,7 @@ extension ClusterStore {
     /// Registers whatever process held the name before (tests, tools).
     @discardableResult
     public func registerNode(_ declaration: NodeDeclaration) async throws -> Bool {
-        try await registerNode(declaration, leaseSeconds: -1, replacing: nil)
+        try await registerNode(declaration, leaseSeconds: -1, replacing: nil, silentAt: nil)
     }
 
     /// Renews the name's lease whichever process registered it last.

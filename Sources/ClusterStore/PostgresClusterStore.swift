@@ -198,7 +198,7 @@ public final class PostgresClusterStore: ClusterStore {
     // MARK: nodes
 
     @discardableResult
-    public func registerNode(_ declaration: NodeDeclaration, leaseSeconds: Double, replacing: String?) async throws -> Bool {
+    public func registerNode(_ declaration: NodeDeclaration, leaseSeconds: Double, replacing: String?, silentAt: Int64?) async throws -> Bool {
         try await transaction(doing: "registering node \(declaration.node)") { connection in
             var binds = PostgresBindings()
             binds.append(declaration.node)
@@ -210,6 +210,7 @@ public final class PostgresClusterStore: ClusterStore {
             binds.append(leaseSeconds.isFinite ? leaseSeconds : 0)
             binds.append(replacing ?? "")
             binds.append(Int32(Migrations.newest))
+            binds.append(silentAt)
             if try await self.execute(connection, Queries.registerNode, binds).isEmpty { return false }
             for (queue, limit) in declaration.clusterLimits.sorted(by: { $0.key < $1.key }) where limit > 0 {
                 var binds = PostgresBindings()
@@ -227,7 +228,8 @@ public final class PostgresClusterStore: ClusterStore {
         binds.append(node)
         return try await query(Queries.nodeOwner, binds, doing: "reading who holds node \(node)").first.map { row in
             let columns = row.makeRandomAccess()
-            return NodeOwner(info: try decode(columns[0], String.self), secondsSinceBeat: try decode(columns[1], Double.self))
+            return NodeOwner(info: try decode(columns[0], String.self), secondsSinceBeat: try decode(columns[1], Double.self),
+                             beat: NodeBeat(node: node, beat: try decode(columns[2], Int64.self), leaseSeconds: try decode(columns[3], Double?.self)))
         }
     }
 

@@ -37,9 +37,11 @@ enum Queries {
 
     /// $1 node, $2 queues, $3 commands, $4 job slots, $5 info (which process), $6 command signatures
     /// ("name<TAB>signature"), $7 the node's leaseSeconds (recorded; <= 0: none), $8 an info the caller may replace
-    /// ('' for none: a process of this node on this machine that is gone), $9 the newest schema version its code knows.
-    /// Also renews the node's lease. A name another running process holds (another info, beaten within its lease) is
-    /// left alone: no row returned.
+    /// ('' for none: a process of this node on this machine that is gone), $9 the newest schema version its code knows,
+    /// $10 the holder's beat (NodeOwner's token) that the caller has seen unchanged for the holder's lease by its own
+    /// clock (NULL for none). Also renews the node's lease. A name another process holds (another info, not $8) is left
+    /// alone unless it has not beaten since $10 (no row returned): whether it lives is never judged by the database's
+    /// clock, which a step (NTP, a VM moved) would make call a beating holder silent.
     static let registerNode = #"""
     INSERT INTO opq_nodes (node, queues, commands, job_slots, info, command_signatures, last_heartbeat, lease_seconds, schema)
     VALUES ($1, $2, $3, $4, $5, $6, now(), CASE WHEN $7::float8 > 0 THEN $7::float8 END, $9)
@@ -48,13 +50,16 @@ enum Queries {
         info = EXCLUDED.info, command_signatures = EXCLUDED.command_signatures, last_heartbeat = now(),
         lease_seconds = EXCLUDED.lease_seconds, schema = EXCLUDED.schema
     WHERE opq_nodes.info = EXCLUDED.info OR opq_nodes.info = $8
-       OR opq_nodes.last_heartbeat < now() - make_interval(secs => coalesce(opq_nodes.lease_seconds, $7::float8))
+       OR (extract(epoch FROM opq_nodes.last_heartbeat) * 1000000)::bigint = $10::bigint
     RETURNING node
     """#
 
-    /// $1 node: which process holds the name (its info) and how many seconds ago it last beat.
+    /// $1 node: which process holds the name (its info), how many seconds ago it last beat (by the database's clock: for
+    /// messages only), and that beat as NodeBeats' token with the holder's leaseSeconds (NULL: none recorded).
     static let nodeOwner = #"""
-    SELECT info, extract(epoch FROM now() - last_heartbeat)::float8 FROM opq_nodes WHERE node = $1
+    SELECT info, extract(epoch FROM now() - last_heartbeat)::float8, (extract(epoch FROM last_heartbeat) * 1000000)::bigint,
+           lease_seconds
+    FROM opq_nodes WHERE node = $1
     """#
 
     /// $1 queue, $2 limit: rows 1..limit exist (never removed: a lower limit just leaves the upper rows unused).

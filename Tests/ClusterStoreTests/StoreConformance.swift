@@ -224,30 +224,36 @@ enum StoreConformance {
     }
 
     /// A node's name belongs to the process that registered it (its `info`): another process's registration is
-    /// refused while the holder beat within its lease, and allowed once it is silent that long, or when it
-    /// names the holder as the one it replaces (an earlier run of the node that is gone); a beat with `info` renews
-    /// only the holder's own row. (A 3 s lease: with 0.5 s, a test process busy elsewhere let it run out between two
-    /// statements that expected it to hold.)
+    /// refused — however long ago the holder beat by the database's clock — unless it names the holder's beat it
+    /// has watched go unchanged for the holder's lease (by its own clock: SilenceWatch), and that is still the
+    /// holder's last beat, or names the holder as the one it replaces (an earlier run of the node that is gone); a
+    /// beat with `info` renews only the holder's own row.
     static func nodeNameHeldByOneProcess(_ factory: StoreFactory) async throws {
         try await withStore(factory) { store in
             var first = node("twin")
             first.info = "process one"
             var second = node("twin")
             second.info = "process two"
-            #expect(try await store.registerNode(first, leaseSeconds: 3, replacing: nil))
-            #expect(try await store.nodeOwner("twin")?.info == "process one")
+            #expect(try await store.registerNode(first, leaseSeconds: 3, replacing: nil, silentAt: nil))
+            let seen = try #require(try await store.nodeOwner("twin"))
+            #expect(seen.info == "process one" && seen.beat.node == "twin" && seen.beat.leaseSeconds == 3)
             #expect(try await store.nodeOwner("nobody") == nil)
-            #expect(try await store.registerNode(second, leaseSeconds: 60, replacing: nil) == false, "the holder beat within its lease")
-            #expect(try await store.registerNode(second, leaseSeconds: 60, replacing: "process three") == false)
+            #expect(try await store.registerNode(second, leaseSeconds: 60, replacing: nil, silentAt: nil) == false, "the holder may still run")
+            #expect(try await store.registerNode(second, leaseSeconds: 60, replacing: "process three", silentAt: nil) == false)
             #expect(try await store.nodeOwner("twin")?.info == "process one", "a refused registration changes nothing")
-            #expect(try await store.registerNode(first, leaseSeconds: 3, replacing: nil), "the holder registers again")
+            #expect(try await store.registerNode(first, leaseSeconds: 3, replacing: nil, silentAt: nil), "the holder registers again")
             #expect(try await store.heartbeat(node: "twin", info: "process two").registered == false, "not its row")
             #expect(try await store.heartbeat(node: "twin", info: "process one").registered)
+            let now = try #require(try await store.nodeOwner("twin")).beat
+            #expect(now.beat != seen.beat.beat, "each beat a new token")
+            #expect(try await store.registerNode(second, leaseSeconds: 60, replacing: nil, silentAt: seen.beat.beat) == false,
+                    "judged silent at a beat the holder has moved past")
+            #expect(try await store.nodeOwner("twin")?.info == "process one")
 
-            try await Task.sleep(for: .milliseconds(3_300))
-            #expect(try await store.registerNode(second, leaseSeconds: 60, replacing: nil), "silent for its own lease (3 s): free")
+            #expect(try await store.registerNode(second, leaseSeconds: 60, replacing: nil, silentAt: now.beat), "silent since the beat watched: free")
+            #expect(try await store.nodeOwner("twin")?.info == "process two")
             #expect(try await store.heartbeat(node: "twin", info: "process one").registered == false)
-            #expect(try await store.registerNode(first, leaseSeconds: 3, replacing: "process two"), "replacing a process that is gone")
+            #expect(try await store.registerNode(first, leaseSeconds: 3, replacing: "process two", silentAt: nil), "replacing a process that is gone")
             #expect(try await store.nodeOwner("twin")?.info == "process one")
         }
     }
@@ -256,8 +262,8 @@ enum StoreConformance {
     /// with its beat (the watcher judges by it: SilenceWatchTests); status and liveness judge the same way.
     static func eachNodeIsLostAfterItsOwnLease(_ factory: StoreFactory) async throws {
         try await withStore(factory) { store in
-            try await store.registerNode(node("patient"), leaseSeconds: 60, replacing: nil)
-            try await store.registerNode(node("hasty"), leaseSeconds: 0.5, replacing: nil)
+            try await store.registerNode(node("patient"), leaseSeconds: 60, replacing: nil, silentAt: nil)
+            try await store.registerNode(node("hasty"), leaseSeconds: 0.5, replacing: nil, silentAt: nil)
             let beats = try await store.nodeBeats()
             #expect(beats.map(\.node) == ["hasty", "patient"])
             #expect(beats.map(\.leaseSeconds) == [0.5, 60])

@@ -1093,6 +1093,55 @@ struct ClusterTests {
         #expect(harness.waitResult(later, timeout: 30)?.node == 1)
     }
 
+    /// Who may take a node's name from a process that holds it is judged by the taker's own clock, never the
+    /// database's: with the holder's last beat moved an hour back every 100 ms (what a step of the database
+    /// server's clock forward looks like), a second process under its name used to register at once, and the two
+    /// took the name from each other in turn. Now the second waits, saying why, for as long as the holder beats;
+    /// every job runs once. Once the holder is gone — its row saying another machine's process, so that nothing
+    /// tells the second it is dead — the second takes the name after the lease by its own clock, not before, and runs
+    /// what it is given.
+    @Test func aNodesNameIsFreedByTheTakersClockNotTheDatabases() throws {
+        let harness = try ClusterHarness(nodes: 2, leaseSeconds: 3, clusterSettings: { _ in ["node": "twin"] }, start: false)
+        try harness[0].start()
+        try harness.waitRegistered(1)
+        let holder = try #require(harness[0].pid)
+        let stepped = DispatchSemaphore(value: 0)
+        let stepUntil = Date().addingTimeInterval(9)
+        DispatchQueue.global().async {
+            while Date() < stepUntil {
+                _ = try? harness.sql("UPDATE opq_nodes SET last_heartbeat = last_heartbeat - interval '1 hour' WHERE node = 'twin'")
+                usleep(100_000)
+            }
+            stepped.signal()
+        }
+        try harness[1].start()
+        let second = try #require(harness[1].pid)
+        let jobs = try dropSleepJobs(harness, "twin-clock", 0..<5, seconds: 0.2, node: { _ in 0 })
+        #expect(stepped.wait(timeout: .now() + 20) == .success)
+        #expect(harness.waitAll(jobs, timeout: 60).isEmpty)
+        func entries(_ pid: Int32, _ state: String) throws -> [[String: String]] {
+            try harness.journal(["OPQ_EVENT": "cluster", "OPQ_STATE": state]).filter { $0["_PID"] == String(pid) }
+        }
+        #expect(try entries(second, "connected").isEmpty, "never took the name from the beating holder")
+        #expect(try entries(second, "disconnected").contains { $0["MESSAGE"]?.contains("held by another running opqueued") == true })
+        #expect(try entries(holder, "disconnected").isEmpty, "the holder kept its name")
+        for job in jobs {
+            #expect(try harness.journal(["OPQ_JOB": job, "OPQ_STATE": "executing"]).count == 1, "\(job) ran once")
+        }
+        #expect(try harness.journal(["OPQ_STATE": "lost"]).isEmpty)
+
+        // The holder dies, and its row says a process of another machine: nothing tells the second it is gone.
+        harness[0].kill9()
+        _ = try harness.sql("UPDATE opq_nodes SET info = 'opqueued pid 1 on elsewhere boot x pidns y run 1', last_heartbeat = now() - interval '1 hour' WHERE node = 'twin'")
+        let rewritten = Date()
+        let joined = try pollUntil(Double(harness.leaseSeconds) + 15) { try entries(second, "connected").first }
+        #expect(joined != nil, "took the name once the holder had been silent for its lease")
+        #expect(Date().timeIntervalSince(rewritten) >= Double(harness.leaseSeconds) - 0.1, "not before the lease by its own clock")
+        let later = uniqueJob("twin-later")
+        try harness[1].drop(later + ".plist", sleepJob(later, 0))
+        #expect(harness.waitResult(later, timeout: 30)?.node == 1)
+    }
+
     /// Nodes configured with different leaseSeconds: a node is lost after its own lease, not the looker's. Node 0
     /// (leaseSeconds 12) beats every 4 s; node 1 (leaseSeconds 2) used to take its jobs over between two beats,
     /// again and again. A 6 s job pinned to node 0 now runs once, and no one logs `lost`.

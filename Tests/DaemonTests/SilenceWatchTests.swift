@@ -48,6 +48,16 @@ import Testing
         #expect(watch.silent(in: beats, now: 61, defaultLease: 5, except: "me").map(\.node) == ["hasty", "patient", "plain"])
     }
 
+    /// The holder of this node's own name, watched before the name is taken from it: as any node, by its lease.
+    @Test func theHolderOfThisNodesNameIsWatchedAsAnyNode() {
+        var watch = SilenceWatch()
+        let reads = [(beat("me", 1, lease: 3), 0.0), (beat("me", 1, lease: 3), 2.9), (beat("me", 1, lease: 3), 3.1),
+                     (beat("me", 2, lease: 3), 3.2), (beat("me", 2), 8.1), (beat("me", 2), 8.3)]
+        let silent = reads.map { watch.isSilent($0.0, now: $0.1, defaultLease: 5) }
+        // Silent after its lease (3 s); not once it beat; without a lease recorded, after the watcher's (5 s).
+        #expect(silent == [false, false, true, false, false, true])
+    }
+
     /// Taken over at a beat: not reported again (no takeover statement every round for a node that stays dead) until
     /// it beats again; one the takeover skipped (beating at that instant) is reported again.
     @Test func aNodeTakenOverIsReportedAgainOnlyAfterItBeatsAgain() {

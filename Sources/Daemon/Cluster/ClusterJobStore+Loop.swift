@@ -160,11 +160,17 @@ extension ClusterJobStore {
             store.reconnect()
             owner = try waitBounded(Self.statementTimeout, on: executor, doing: "reading who holds node \(nodeName)", readOwner)
         }
-        // The name is this process's unless another running process holds it (NodeProcess): then it waits, retried
-        // as an outage is, and joins once that one has been silent for leaseSeconds.
+        // The name is this process's unless another process that may still run holds it (NodeProcess): then this
+        // one waits, retried as an outage is, and joins once that one's beat has not changed for its lease by this
+        // node's clock (a step of the database's clock makes no beating holder look silent), or at once when the
+        // holder is an earlier run of this node on this machine, gone.
         let replacing = owner.flatMap { NodeProcess.isGoneFromThisMachine($0.info) ? $0.info : nil }
+        let silentAt = owner.flatMap { owner -> Int64? in
+            if replacing != nil || owner.info == NodeProcess.info { return nil }
+            return lock.withLock { nameWatch.isSilent(owner.beat, now: monotonicSeconds(), defaultLease: settings.leaseSeconds) } ? owner.beat.beat : nil
+        }
         let registered = try waitBounded(Self.statementTimeout, on: executor, doing: "registering node \(nodeName)", { [store, settings] in
-            try await store.registerNode(declaration, leaseSeconds: settings.leaseSeconds, replacing: replacing)
+            try await store.registerNode(declaration, leaseSeconds: settings.leaseSeconds, replacing: replacing, silentAt: silentAt)
         })
         guard registered else {
             let holder = owner.map { "\($0.info), last heartbeat \(String(format: "%.1f", $0.secondsSinceBeat)) s ago" } ?? "another process"

@@ -91,6 +91,8 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
     var jobReleases: [String: Int64] = [:]
     /// Which other nodes are silent, by this node's clock (the loop's takeover rounds).
     var silenceWatch = SilenceWatch()
+    /// Whether another process holding this node's name is silent, by this node's clock (`connect`, while it waits).
+    var nameWatch = SilenceWatch()
     var lastError: String?
     var declared: (queues: Set<String>, commands: Set<String>, commandSignatures: [String: String]) = ([], [], [:])
     /// What the cluster declares has been read once: manifests from the inbox can be validated (until then they wait).

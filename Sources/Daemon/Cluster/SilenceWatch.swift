@@ -39,6 +39,13 @@ struct SilenceWatch {
         return silent
     }
 
+    /// Takes a fresh read of one node's beat (the holder of a name this node would register): whether it has not
+    /// changed for longer than its lease (`defaultLease` when it recorded none), counted as `silent(in:)` does. Other
+    /// nodes read before are forgotten.
+    mutating func isSilent(_ beat: NodeBeat, now: Double, defaultLease: Double) -> Bool {
+        !silent(in: [beat], now: now, defaultLease: defaultLease, except: "").isEmpty
+    }
+
     /// These nodes were taken over (at the beats last read): not reported again until they beat again.
     mutating func tookOver(_ nodes: [String]) {
         for node in nodes { seen[node]?.takenOver = true }
