@@ -359,6 +359,10 @@ public protocol ClusterStore: Sendable {
     /// Refuses a schema newer than this code knows.
     func migrate() async throws -> Int
 
+    /// What the operator should know of how the store reaches its server, learnt by connecting (`migrate`): nil
+    /// while nothing is to be said. (PostgresClusterStore: a server or pooler refused the statement_timeout asked.)
+    var connectionAdvice: String? { get }
+
     /// Records (or replaces) what the node declares and its `leaseSeconds` (others judge it lost after that much
     /// silence; <= 0: none recorded, theirs applies), renews its lease, creates the slot rows of its cluster limits —
     /// unless another process holds the name: a row whose `info` is neither the declaration's nor `replacing` (a
@@ -464,6 +468,8 @@ public typealias ClusterClaimedJob = ClaimedJob
 
 extension ClusterStore {
     /// Registers whatever process held the name before (tests, tools).
+    public var connectionAdvice: String? { nil }
+
     @discardableResult
     public func registerNode(_ declaration: NodeDeclaration) async throws -> Bool {
         try await registerNode(declaration, leaseSeconds: -1, replacing: nil, silentAt: nil)

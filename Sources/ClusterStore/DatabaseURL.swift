@@ -282,8 +282,9 @@ public struct DatabaseURL: Sendable, CustomStringConvertible {
         }
     }
 
-    /// The pool's configuration.
-    func clientConfiguration() throws -> PostgresClient.Configuration {
+    /// The pool's configuration. `statementTimeout` (milliseconds; nil: none asked): sent as the startup parameter
+    /// statement_timeout, so that the server itself ends a statement the node has stopped waiting for.
+    func clientConfiguration(statementTimeout: Int? = nil) throws -> PostgresClient.Configuration {
         var configuration: PostgresClient.Configuration
         if let socketPath {
             configuration = .init(unixSocketPath: socketPath, username: user, password: try currentPassword(), database: database)
@@ -292,11 +293,12 @@ public struct DatabaseURL: Sendable, CustomStringConvertible {
             configuration = .init(host: host, port: port, username: user, password: try currentPassword(), database: database, tls: tls)
         }
         configuration.options.connectTimeout = .seconds(5)
+        if let statementTimeout { configuration.options.additionalStartupParameters = [("statement_timeout", String(statementTimeout))] }
         return configuration
     }
 
-    /// The dedicated LISTEN connection's configuration.
-    func connectionConfiguration() throws -> PostgresConnection.Configuration {
+    /// A dedicated connection's configuration (LISTEN's, the migration's), with `statementTimeout` as the pool's.
+    func connectionConfiguration(statementTimeout: Int? = nil) throws -> PostgresConnection.Configuration {
         var configuration: PostgresConnection.Configuration
         if let socketPath {
             configuration = .init(unixSocketPath: socketPath, username: user, password: try currentPassword(), database: database)
@@ -308,6 +310,7 @@ public struct DatabaseURL: Sendable, CustomStringConvertible {
             configuration = .init(host: host, port: port, username: user, password: try currentPassword(), database: database, tls: tls)
         }
         configuration.options.connectTimeout = .seconds(5)
+        if let statementTimeout { configuration.options.additionalStartupParameters = [("statement_timeout", String(statementTimeout))] }
         return configuration
     }
 }

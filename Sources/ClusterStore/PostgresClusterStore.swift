@@ -8,11 +8,14 @@
 import Logging
 import NIOCore
 import PostgresNIO
+import Synchronization
 
 public final class PostgresClusterStore: ClusterStore {
     public let url: DatabaseURL
     /// The statements' pool (renewed after an outage: `reconnect`).
     let pool: RenewablePool
+    /// The statement_timeout the pool's connections ask of the server (see `init`).
+    let serverTimeout: ServerTimeout
     let logger: Logger
     public let wakeups: AsyncStream<Wakeup>
     let wakeupContinuation: AsyncStream<Wakeup>.Continuation
@@ -28,10 +31,17 @@ public final class PostgresClusterStore: ClusterStore {
 
     /// `logger` also receives postgres-nio's background messages (a failed reconnect is `info` there); the
     /// default keeps only warnings and errors, since the store reports connection changes itself (Wakeup).
-    public init(url: DatabaseURL, logger: Logger = PostgresClusterStore.quietLogger) throws {
+    /// `abandonAfter`: the longest the caller waits for a pooled statement, in seconds (nil: not said). The server is
+    /// asked (statement_timeout, a startup parameter) to end a statement a little after that, so that what the caller
+    /// gave up on — stuck behind a lock an operator holds, say — does not wait on, holding a connection, while the
+    /// caller's retries through fresh connections pile more up (a node added two a second until every connection
+    /// the server allows was taken). A server or pooler that refuses the parameter is connected to without it.
+    public init(url: DatabaseURL, logger: Logger = PostgresClusterStore.quietLogger, abandonAfter: Double? = nil) throws {
         self.url = url
         self.logger = logger
-        self.pool = try RenewablePool(makeConfiguration: { try url.clientConfiguration() }, logger: logger)
+        let serverTimeout = ServerTimeout(milliseconds: abandonAfter.map { Int(($0 * 1000).rounded(.up)) + 1000 })
+        self.serverTimeout = serverTimeout
+        self.pool = try RenewablePool(makeConfiguration: { try url.clientConfiguration(statementTimeout: serverTimeout.milliseconds) }, logger: logger)
         (wakeups, wakeupContinuation) = AsyncStream.makeStream(of: Wakeup.self, bufferingPolicy: .bufferingNewest(64))
     }
 
@@ -46,6 +56,8 @@ public final class PostgresClusterStore: ClusterStore {
 
     /// Statements go through fresh connections from now on (see RenewablePool).
     public func reconnect() { pool.renew() }
+
+    public var connectionAdvice: String? { serverTimeout.advice }
 
     // MARK: statements
 
@@ -94,9 +106,11 @@ public final class PostgresClusterStore: ClusterStore {
     /// message), in one transaction holding the migration advisory lock: concurrent migrators run one after the
     /// other and the later ones find nothing to do.
     public func migrate() async throws -> Int {
-        try await withDedicatedConnection(doing: "migrating the cluster schema") { connection in
+        try await withDedicatedConnection(doing: "migrating the cluster schema", statementTimeout: true) { connection in
             _ = try await self.execute(connection, "BEGIN")
             do {
+                // Asked on this connection only to learn whether the server takes it; a migration is never cut short.
+                _ = try await self.execute(connection, "SET LOCAL statement_timeout = 0")
                 _ = try await self.execute(connection, Queries.advisoryLockMigrations)
                 let current = try await self.schemaVersion(connection)
                 if current > Migrations.newest {
@@ -172,10 +186,21 @@ public final class PostgresClusterStore: ClusterStore {
         }
     }
 
-    func withDedicatedConnection<T: Sendable>(doing: String, _ body: @Sendable (PostgresConnection) async throws -> T) async throws -> T {
+    /// `statementTimeout`: connects asking for the pool's statement_timeout, to learn whether the server (or a pooler
+    /// in front of it) takes it; when refused, the pool stops asking (a fresh pool from now on), this says so once,
+    /// and connects without it.
+    func withDedicatedConnection<T: Sendable>(doing: String, statementTimeout: Bool = false,
+                                              _ body: @Sendable (PostgresConnection) async throws -> T) async throws -> T {
         let connection: PostgresConnection
         do {
-            connection = try await PostgresConnection.connect(configuration: try url.connectionConfiguration(), id: 0, logger: logger)
+            let asked = statementTimeout ? serverTimeout.milliseconds : nil
+            do {
+                connection = try await PostgresConnection.connect(configuration: try url.connectionConfiguration(statementTimeout: asked), id: 0, logger: logger)
+            } catch let error as PSQLError where asked != nil && Self.refusesStartupParameter(error) {
+                serverTimeout.refused(advice: "\(url) refuses the startup parameter statement_timeout (a connection pooler such as PgBouncer in front of PostgreSQL?): a statement this node stops waiting for (one stuck behind a lock, say) runs on to its end on the server, holding a connection. To bound it, set it for the node's role: ALTER ROLE \(url.user) SET statement_timeout = '\(asked ?? 0)ms'")
+                pool.renew(wait: 0)
+                connection = try await PostgresConnection.connect(configuration: try url.connectionConfiguration(), id: 0, logger: logger)
+            }
         } catch {
             let wrapped = ClusterStoreError.wrapping(error, doing: "connecting to \(url)")
             // No word from a PostgreSQL server (refused, timed out, hung up, or answered in another protocol: a port
@@ -193,6 +218,12 @@ public final class PostgresClusterStore: ClusterStore {
             try? await connection.close()
             throw ClusterStoreError.wrapping(error, doing: doing)
         }
+    }
+
+    /// PgBouncer: FATAL 08P01 "unsupported startup parameter: statement_timeout".
+    static func refusesStartupParameter(_ error: PSQLError) -> Bool {
+        guard let info = error.serverInfo, let message = info[.message] else { return false }
+        return message.contains("startup parameter") && message.contains("statement_timeout")
     }
 
     // MARK: nodes
@@ -673,4 +704,17 @@ func jsonArray(_ strings: [String]) -> String {
         out += "\""
     }
     return out + "]"
+}
+
+/// The statement_timeout (milliseconds) the pool asks of the server; none once the server refused it, and then what
+/// the operator can do instead.
+final class ServerTimeout: Sendable {
+    private let value: Mutex<(milliseconds: Int?, advice: String?)>
+
+    init(milliseconds: Int?) { value = Mutex((milliseconds, nil)) }
+
+    var milliseconds: Int? { value.withLock { $0.milliseconds } }
+    var advice: String? { value.withLock { $0.advice } }
+
+    func refused(advice: String) { value.withLock { $0 = (nil, advice) } }
 }

@@ -460,6 +460,46 @@ struct ClusterTests {
         #expect(try harness.journal(["OPQ_JOB": job, "OPQ_STATE": "finished"]).count == 1)
     }
 
+    /// The same lock held for 30 s. Each node's statements stuck behind it used to wait on at the server after the
+    /// node gave up on them, and the node's retries through fresh connections added more: two nodes took two more
+    /// of the server's connections every 5 s, until none was left for anyone. The server now ends what a node stopped
+    /// waiting for (statement_timeout, asked at connection), so the count levels off; and a node that can register
+    /// but not beat is one outage — one `disconnected`, no `connected` until the lock is let go.
+    @Test func aLockHeldLongIsOneOutageAndTakesNoMoreConnections() throws {
+        let harness = try ClusterHarness(nodes: 2, leaseSeconds: 3)
+        func backends() throws -> Int { Int(try harness.sql("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()")) ?? -1 }
+        let before = try backends()
+        let released = DispatchSemaphore(value: 0)
+        let lockedAt = Date()
+        DispatchQueue.global().async {
+            _ = try? harness.sql("BEGIN; LOCK TABLE opq_jobs IN ACCESS EXCLUSIVE MODE; SELECT pg_sleep(30); COMMIT")
+            released.signal()
+        }
+        var most = before
+        while released.wait(timeout: .now() + 1) == .timedOut {
+            most = max(most, try backends())
+        }
+        let releasedAt = Date()
+        #expect(most - before <= 14, "connections during the lock: \(before) before, at most \(most)")
+        for k in 0..<2 {
+            func at(_ entry: [String: String]) -> Double { (Double(entry["__REALTIME_TIMESTAMP"] ?? "") ?? 0) / 1_000_000 }
+            let during = { (state: String) throws -> Int in
+                try harness.journal(node: k, ["OPQ_EVENT": "cluster", "OPQ_STATE": state]).filter {
+                    at($0) > lockedAt.timeIntervalSince1970 && at($0) < releasedAt.timeIntervalSince1970
+                }.count
+            }
+            #expect(try during("disconnected") == 1, "node \(k): one outage")
+            #expect(try during("connected") == 0, "node \(k): never `connected` while it cannot beat")
+            let back = try pollUntil(15) {
+                try harness.journal(node: k, ["OPQ_EVENT": "cluster", "OPQ_STATE": "connected"]).first { at($0) >= releasedAt.timeIntervalSince1970 - 1 }
+            }
+            #expect(back != nil, "node \(k) connected again once the lock was let go")
+        }
+        let job = uniqueJob("after-lock")
+        try harness[1].drop(job + ".plist", sleepJob(job, 0))
+        #expect(harness.waitResult(job, timeout: 30)?.result["status"] as? String == "succeeded")
+    }
+
     // MARK: 4. Leases: a node whose file system hangs
 
     /// A node's file system frozen (fsfreeze, as a snapshot tool does it; a dead NFS server looks the same): every

@@ -985,6 +985,13 @@ struct ClusterJobStoreTests {
             #expect(node.store.wakeupsArrive && !node.logs.all.contains { $0.message.contains("wake-ups do not reach") })
         }
         #expect(pooled.logs.all.filter { $0.message.contains(warning) }.count == 1, "said once")
+        // PgBouncer refuses the startup parameter statement_timeout, in either mode: the nodes behind it connect
+        // without it and say, once, how to bound abandoned statements instead; the node talking to PostgreSQL does not.
+        let refused = "refuses the startup parameter statement_timeout"
+        for node in [pooled, session] {
+            #expect(node.logs.all.filter { $0.message.contains(refused) && $0.message.contains("ALTER ROLE") }.count == 1, "node \(node.name)")
+        }
+        #expect(!direct.logs.all.contains { $0.message.contains(refused) })
 
         // Jobs still reach it, by its poll.
         pooled.store.want(room: 4, manifestBytes: .max)

@@ -64,6 +64,10 @@ extension ClusterJobStore {
         var connected = false
         var nextBeat = 0.0, nextPoll = 0.0, nextTakeover = 0.0
         var spoolHung = false
+        // Connected and registered, not yet beaten: `connected` is logged after the first beat, so that a database
+        // that takes logins and registrations but holds the jobs table locked is one outage, not a `connected` and a
+        // `disconnected` every few seconds.
+        var joining = false
         while !lock.withLock({ stopped }) {
             // After a freeze (SIGSTOP), what the lease no longer covers stops before anything else is done.
             checkDeadline()
@@ -84,6 +88,7 @@ extension ClusterJobStore {
                 if !connected || lock.withLock({ registerWanted }) {
                     try connect(afterOutage: !connected)
                     connected = true
+                    joining = true
                     nextBeat = 0
                 }
                 let now = monotonicSeconds()
@@ -93,6 +98,10 @@ extension ClusterJobStore {
                     // logins and fails statements is retried as slowly as one that refuses them.
                     backoff = 0.1
                     nextBeat = monotonicSeconds() + settings.leaseSeconds / 3
+                    if joining {
+                        joining = false
+                        joined()
+                    }
                 }
                 if now >= nextTakeover {
                     try takeOver()
@@ -146,6 +155,9 @@ extension ClusterJobStore {
     private func connect(afterOutage: Bool) throws {
         let declaration = lock.withLock { configuration.declaration(node: nodeName, jobSlots: settings.jobSlots) }
         let schema = try waitBounded(Self.statementTimeout * 2, on: executor, doing: "migrating the cluster schema", { [store] in try await store.migrate() })
+        if let advice = store.connectionAdvice, lock.withLock({ adviceGiven.insert(advice).inserted }) {
+            logger.warning("cluster: \(advice)", metadata: ["OPQ_EVENT": "cluster"])
+        }
         if schema > ClusterSchema.newest {
             logger.warning("cluster: the schema is version \(schema), newer than the \(ClusterSchema.newest) this opqueued knows; it says this opqueued may still run against it: upgrade node \(nodeName) when you can")
         }
@@ -184,11 +196,19 @@ extension ClusterJobStore {
             })
             if !freed.isEmpty { logger.notice("cluster: freed \(freed.count) cluster slot(s) an earlier process of node \(nodeName) held") }
         }
-        let news = lock.withLock {
+        lock.withLock {
             hasConnected = true
             registerWanted = false
             claimWanted = true
             controlWanted = true
+        }
+        wantStatus()
+        wantSubmit()
+    }
+
+    /// The first beat after `connect` went through: the outage (or the start) is over.
+    private func joined() {
+        let news = lock.withLock {
             lastError = nil
             return state.connectionSucceeded()
         }
@@ -196,7 +216,6 @@ extension ClusterJobStore {
             event(.info, "cluster: node \(nodeName) connected to the database", ["OPQ_EVENT": "cluster", "OPQ_STATE": "connected"])
         }
         wantStatus()
-        wantSubmit()
     }
 
     // MARK: the connection's state

@@ -93,6 +93,8 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
     var silenceWatch = SilenceWatch()
     /// Whether another process holding this node's name is silent, by this node's clock (`connect`, while it waits).
     var nameWatch = SilenceWatch()
+    /// The store's advice already logged (once per process).
+    var adviceGiven: Set<String> = []
     var lastError: String?
     var declared: (queues: Set<String>, commands: Set<String>, commandSignatures: [String: String]) = ([], [], [:])
     /// What the cluster declares has been read once: manifests from the inbox can be validated (until then they wait).
@@ -137,7 +139,8 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
         guard let settings = configuration.cluster else { throw ClusterUnavailable("no cluster dictionary in the configuration") }
         let url = try DatabaseURL(settings.database, passwordFile: settings.passwordFile)
         if let exposure = url.passwordFileExposure() { logger.warning("\(exposure)", metadata: ["OPQ_EVENT": "cluster"]) }
-        let store = try PostgresClusterStore(url: url)
+        // The longest this node waits for one pooled statement (an insert's); the server ends it a second after.
+        let store = try PostgresClusterStore(url: url, abandonAfter: Self.statementTimeout * 2)
         self.init(configuration: configuration, spool: spool, logger: logger, store: store,
                   run: { await store.run() }, onLeaseDeadline: onLeaseDeadline, maxManifestBytes: maxManifestBytes)
     }

@@ -61,7 +61,7 @@ struct ClusterNodeState: Sendable {
         return connected != false
     }
 
-    /// Connected (migrated and registered): true when that is news (log `connected`, also the first time).
+    /// Connected (migrated, registered and beaten once): true when that is news (log `connected`, also the first time).
     mutating func connectionSucceeded() -> Bool {
         defer { connected = true }
         return connected != true
