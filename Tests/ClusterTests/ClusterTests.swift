@@ -467,19 +467,32 @@ struct ClusterTests {
     /// but not beat is one outage — one `disconnected`, no `connected` until the lock is let go.
     @Test func aLockHeldLongIsOneOutageAndTakesNoMoreConnections() throws {
         let harness = try ClusterHarness(nodes: 2, leaseSeconds: 3)
+        for k in 0..<2 {
+            #expect(try harness.waitJournal(["OPQ_NODE": harness[k].name, "OPQ_EVENT": "cluster", "OPQ_STATE": "connected"]) != nil)
+        }
         func backends() throws -> Int { Int(try harness.sql("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()")) ?? -1 }
         let before = try backends()
         let released = DispatchSemaphore(value: 0)
-        let lockedAt = Date()
+        final class Moment: @unchecked Sendable { var date = Date.distantFuture }
+        let letGo = Moment()
         DispatchQueue.global().async {
             _ = try? harness.sql("BEGIN; LOCK TABLE opq_jobs IN ACCESS EXCLUSIVE MODE; SELECT pg_sleep(30); COMMIT")
+            letGo.date = Date()
             released.signal()
         }
+        // From when the lock is held (a beat that got in just before it may log a `connected` after this line ran).
+        let held = try pollUntil(10) { () -> Bool? in
+            try harness.sql("SELECT count(*) FROM pg_locks WHERE relation = 'opq_jobs'::regclass AND mode = 'AccessExclusiveLock' AND granted") == "1" ? true : nil
+        }
+        #expect(held != nil)
+        let lockedAt = Date()
         var most = before
         while released.wait(timeout: .now() + 1) == .timedOut {
             most = max(most, try backends())
         }
-        let releasedAt = Date()
+        // A beat that waited behind the lock goes through the instant it is let go, before the locker hears its
+        // COMMIT's answer: what is logged in the last second counts as after.
+        let releasedAt = letGo.date.addingTimeInterval(-1)
         #expect(most - before <= 14, "connections during the lock: \(before) before, at most \(most)")
         for k in 0..<2 {
             func at(_ entry: [String: String]) -> Double { (Double(entry["__REALTIME_TIMESTAMP"] ?? "") ?? 0) / 1_000_000 }
@@ -498,6 +511,41 @@ struct ClusterTests {
         let job = uniqueJob("after-lock")
         try harness[1].drop(job + ".plist", sleepJob(job, 0))
         #expect(harness.waitResult(job, timeout: 30)?.result["status"] as? String == "succeeded")
+    }
+
+    /// The database server stops answering and closes nothing (its machine paused, a network that drops every
+    /// packet): statements hang, connections stay open, new ones are never answered. The node running a job stops it
+    /// before its lease ends (`lost`), every node says `disconnected` once; when the server answers again the nodes
+    /// come back by themselves and the job runs again and ends exactly once.
+    @Test func aDatabaseThatStopsAnsweringIsAnOutageAndTheJobEndsOnce() throws {
+        let harness = try ClusterHarness(nodes: 2, leaseSeconds: 3)
+        let (job, firstNode) = try startSleepJob(harness, "frozen", seconds: 5, on: 0)
+        harness.server.freeze()
+        let frozenAt = Date()
+        let lost = try harness.waitJournal(["OPQ_JOB": job, "OPQ_STATE": "lost", "OPQ_NODE": harness[firstNode].name], timeout: 15)
+        let stoppedAfter = Date().timeIntervalSince(frozenAt)
+        while Date().timeIntervalSince(frozenAt) < 12 { usleep(100_000) }
+        harness.server.thaw()
+        let thawedAt = Date()
+        #expect(lost != nil, "the running job is stopped when its lease cannot be renewed")
+        #expect(stoppedAfter < 6.5, "stopped before the server answered again (lease 3 s): after \(stoppedAfter) s")
+        let result = try #require(harness.waitResult(job, timeout: 60), "\(harness.diagnosis(job))")
+        #expect(result.result["status"] as? String == "succeeded")
+        usleep(1_000_000)
+        #expect(harness.outboxes(holding: job).count == 1, "exactly one outbox folder cluster-wide")
+        #expect(try harness.journal(["OPQ_JOB": job, "OPQ_STATE": "finished"]).count == 1)
+        func at(_ entry: [String: String]) -> Double { (Double(entry["__REALTIME_TIMESTAMP"] ?? "") ?? 0) / 1_000_000 }
+        for k in 0..<2 {
+            let outage = try harness.journal(node: k, ["OPQ_EVENT": "cluster", "OPQ_STATE": "disconnected"]).filter { at($0) > frozenAt.timeIntervalSince1970 }
+            #expect(outage.count == 1, "node \(k): one outage, said once")
+            let back = try pollUntil(20) {
+                try harness.journal(node: k, ["OPQ_EVENT": "cluster", "OPQ_STATE": "connected"]).first { at($0) > thawedAt.timeIntervalSince1970 - 0.5 }
+            }
+            #expect(back != nil, "node \(k) connected again by itself")
+        }
+        let next = uniqueJob("thawed")
+        try harness[1].drop(next + ".plist", sleepJob(next, 0))
+        #expect(harness.waitResult(next, timeout: 30)?.result["status"] as? String == "succeeded")
     }
 
     // MARK: 4. Leases: a node whose file system hangs

@@ -109,7 +109,29 @@ public final class PostgresServer: @unchecked Sendable {
         }
     }
 
+    /// SIGSTOP to the postmaster and every process it started: the server stops answering and closes nothing, as
+    /// when its machine is paused or the network drops every packet (connections stay open; new ones are accepted by
+    /// the kernel and never answered). `thaw()` sends SIGCONT.
+    public func freeze() { signalServer(SIGSTOP) }
+    public func thaw() { signalServer(SIGCONT) }
+
+    private func signalServer(_ signal: Int32) {
+        guard let text = try? String(contentsOfFile: folder + "/data/postmaster.pid", encoding: .utf8),
+              let postmaster = pid_t(text.split(separator: "\n").first ?? "") else { return }
+        if signal == SIGSTOP { kill(postmaster, signal) }
+        for entry in (try? FileManager.default.contentsOfDirectory(atPath: "/proc")) ?? [] {
+            guard let pid = pid_t(entry),
+                  let stat = try? String(contentsOfFile: "/proc/\(entry)/stat", encoding: .utf8),
+                  let close = stat.lastIndex(of: ")") else { continue }
+            // Fields after the command's closing parenthesis: state, ppid, …
+            let fields = stat[stat.index(after: close)...].split(separator: " ")
+            if fields.count > 1, pid_t(fields[1]) == postmaster { kill(pid, signal) }
+        }
+        if signal != SIGSTOP { kill(postmaster, signal) }
+    }
+
     deinit {
+        thaw()
         stop()
         try? FileManager.default.removeItem(atPath: folder)
     }
