@@ -352,9 +352,10 @@ struct Wait: ParsableCommand {
                 if status != "succeeded" { throw ExitCode(1) }
                 return
             }
-            // In a cluster (SPEC §8) the job may end on another node: the daemon answers for it from the database.
+            // In a cluster (SPEC §8) the job may end on another node: the daemon answers for it from the database
+            // (never waited for past the deadline).
             polls += 1
-            if polls % 10 == 1, let response = try? ControlClient.request(common.socket, ["command": "show", "job": job], timeout: 2),
+            if polls % 10 == 1, let response = try? ControlClient.request(common.socket, ["command": "show", "job": job], timeout: within(2, deadline)),
                let status = response["status"] as? String, ["succeeded", "failed", "cancelled", "rejected"].contains(status) {
                 if tty { FileHandle.standardError.write(Data("\r\u{1B}[K".utf8)) }
                 print("\(job): \(status)\(response["node"].map { " (on \($0))" } ?? "")")
@@ -364,9 +365,9 @@ struct Wait: ParsableCommand {
             if let deadline, Date() >= deadline {
                 if tty { FileHandle.standardError.write(Data("\r\u{1B}[K".utf8)) }
                 let why: String
-                switch look(timeout: 2) {
-                case .unseen(let reason): why = " (\(reason))"
-                case .running, .unknowable: why = ""
+                switch look(timeout: 1) {
+                case .unseen(let reason), .unknowable(let reason?): why = " (\(reason))"
+                case .running, .unknowable(nil): why = ""
                 }
                 throw fail("\(job): still not ended after \(timeout ?? 0) s\(why)", 2)
             }
@@ -382,14 +383,22 @@ struct Wait: ParsableCommand {
         case running([[String: Any]])
         /// Not seen: why, as far as can be told from here (a typo in the id waits as long as a job not yet dropped).
         case unseen(String)
-        /// The daemon answered something else (a cluster that cannot be asked now).
-        case unknowable
+        /// The daemon answered something else (a cluster that cannot be asked now: what it said), or did not answer
+        /// in time.
+        case unknowable(String?)
     }
 
-    func look(timeout: Int) -> Look {
+    /// At most `seconds`, and no later than `deadline` (a tenth of a second at least).
+    func within(_ seconds: Double, _ deadline: Date?) -> Double {
+        deadline.map { max(0.1, min(seconds, $0.timeIntervalSinceNow)) } ?? seconds
+    }
+
+    func look(timeout: Double) -> Look {
         let response: [String: Any]
         do {
             response = try ControlClient.request(common.socket, ["command": "show", "job": job], timeout: timeout)
+        } catch let error as ControlClient.NoDaemon where error.silent {
+            return .unknowable("the daemon at \(common.socket) did not answer within \(timeout.formatted()) s")
         } catch {
             return .unseen("no daemon answers at \(common.socket)")
         }
@@ -400,7 +409,7 @@ struct Wait: ParsableCommand {
                 return .unseen("not seen yet: inbox/\(job).plist waits to be claimed")
             }
             return .unseen("not seen yet: the daemon knows no job '\(job)'; a job's id is its manifest's `job`, else its file's name")
-        default: return .unknowable
+        default: return .unknowable(response["error"] as? String)
         }
     }
 

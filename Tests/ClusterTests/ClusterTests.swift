@@ -524,6 +524,26 @@ struct ClusterTests {
         let frozenAt = Date()
         let lost = try harness.waitJournal(["OPQ_JOB": job, "OPQ_STATE": "lost", "OPQ_NODE": harness[firstNode].name], timeout: 15)
         let stoppedAfter = Date().timeIntervalSince(frozenAt)
+        // The other node's control plane answers meanwhile, at once, and says why, rather than hanging with the
+        // database (show and cancel used to take 5 s each; `wait --timeout 1` 4 s, blaming a daemon that was running).
+        let other = 1 - firstNode
+        func timed(_ arguments: [String]) throws -> (run: ProgramResult, seconds: Double) {
+            let asked = Date()
+            let run = try harness[other].ctl(arguments, timeout: 20)
+            return (run, Date().timeIntervalSince(asked))
+        }
+        let status = try timed(["status", "--json"])
+        let cluster = (try? JSONSerialization.jsonObject(with: Data(status.run.stdout.utf8)) as? [String: Any])?["cluster"] as? [String: Any]
+        #expect(status.seconds < 2 && cluster?["state"] as? String == "disconnected", "\(status.run.stdout.prefix(600))")
+        #expect((cluster?["reason"] as? String)?.isEmpty == false, "says why")
+        for arguments in [["show", job], ["cancel", job]] {
+            let asked = try timed(arguments)
+            #expect(asked.seconds < 2.5 && asked.run.status == 3, "\(arguments): \(asked.seconds) s, exit \(asked.run.status)")
+            #expect(asked.run.stderr.contains("the cluster cannot be asked now"), "\(asked.run.stderr)")
+        }
+        let waited = try timed(["wait", job, "--timeout", "1"])
+        #expect(waited.run.status == 2 && waited.seconds < 3, "wait --timeout 1: \(waited.seconds) s, exit \(waited.run.status)")
+        #expect(waited.run.stderr.contains("the cluster cannot be asked now") && !waited.run.stderr.contains("no daemon"), "\(waited.run.stderr)")
         while Date().timeIntervalSince(frozenAt) < 12 { usleep(100_000) }
         harness.server.thaw()
         let thawedAt = Date()

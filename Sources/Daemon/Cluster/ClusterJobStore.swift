@@ -318,7 +318,7 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
                plan.photosURL == nil, !plan.operations.contains(where: { $0.id == operation }) {
                 return .unknownOperation
             }
-            switch try waitBounded(Self.statementTimeout, on: executor, doing: "cancelling job \(job)", { [store] in
+            switch try waitBounded(controlWait, on: executor, doing: "cancelling job \(job)", { [store] in
                 try await store.requestCancel(job: job, operation: operation)
             }) {
             case .requested:
@@ -336,7 +336,7 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
 
     public func setSuspended(_ queue: String, _ suspended: Bool) -> Bool {
         do {
-            try waitBounded(Self.statementTimeout, on: executor, doing: "\(suspended ? "suspending" : "resuming") queue \(queue)", { [store] in
+            try waitBounded(controlWait, on: executor, doing: "\(suspended ? "suspending" : "resuming") queue \(queue)", { [store] in
                 try await store.setSuspended(queue, suspended)
             })
             lock.withLock {
@@ -416,17 +416,30 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
     public func snapshot() -> ClusterSnapshot? {
         lock.withLock {
             var s = snapshotValue
-            s.connected = state.connected == true
+            // Connected while a beat's lease has time left: a database that stopped answering shows here as soon as
+            // the lease runs out, before the hung statement's time is up.
+            let now = monotonicSeconds()
+            s.connected = state.mayTakeLeases(now: now)
             s.lastError = lastError
+            if state.connected == true, !s.connected, let sent = state.lastBeatSent {
+                s.lastError = "no heartbeat has gone through for \(formatSeconds((now - sent).rounded())) s: its lease (\(formatSeconds(settings.leaseSeconds)) s) has run out"
+            }
             s.wakeupsArrive = probe.verdict == .arriving
             return s
         }
     }
 
-    /// A job the cluster knows (show, wait, graph), waiting for the database at most `timeout` seconds.
-    public func job(_ id: String, timeout: Double = ClusterJobStore.statementTimeout) throws -> JobRecord? {
-        try waitBounded(timeout, on: executor, doing: "looking up job \(id)", { [store] in try await store.job(id) })
+    /// A job the cluster knows (show, wait, graph), waiting for the database at most `timeout` seconds (nil: as
+    /// long as a control request may, `controlWait`).
+    public func job(_ id: String, timeout: Double? = nil) throws -> JobRecord? {
+        try waitBounded(timeout ?? controlWait, on: executor, doing: "looking up job \(id)", { [store] in try await store.job(id) })
     }
+
+    /// How long a control request (show, wait, cancel, suspend, resume) waits for the database: a statement's time
+    /// while the node is connected; a second during an outage it knows of (its loop retries the database at most 5 s
+    /// apart) or once its lease has run out without a beat going through (a database that stopped answering), so
+    /// that opqueuectl answers at once and says why instead of hanging with the database.
+    var controlWait: Double { lock.withLock { state.mayTakeLeases(now: monotonicSeconds()) } ? Self.statementTimeout : 1 }
 
     /// The current lease deadline (monotonic seconds) while the node holds something; nil otherwise.
     public var leaseDeadline: Double? { lock.withLock { state.watchdogDeadline } }

@@ -471,10 +471,11 @@ public enum ControlClient {
     }
 
     /// Sends one request; throws `NoDaemon` when nothing listens on the socket or it does not answer.
-    public static func request(_ path: String, _ request: [String: Any], timeout: Int = 30) throws -> [String: Any] {
+    public static func request(_ path: String, _ request: [String: Any], timeout: Double = 30) throws -> [String: Any] {
         let fd = try connect(path)
         defer { close(fd) }
-        var tv = timeval(tv_sec: timeout, tv_usec: 0)
+        let whole = max(0, timeout.rounded(.down))
+        var tv = timeval(tv_sec: Int(whole), tv_usec: Int((max(0, timeout) - whole) * 1_000_000))
         setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, socklen_t(MemoryLayout<timeval>.size))
         let data = try JSONSerialization.data(withJSONObject: request)
         do {
@@ -484,7 +485,7 @@ public enum ControlClient {
         }
         guard let line = readLine(fd, limit: 64 << 20),
               let response = (try? JSONSerialization.jsonObject(with: line)) as? [String: Any] else {
-            throw NoDaemon(path: path, reason: "connected, but no answer within \(timeout) s: is it stopped (SIGSTOP) or hung?", silent: true)
+            throw NoDaemon(path: path, reason: "connected, but no answer within \(formatSeconds(timeout)) s: is it stopped (SIGSTOP) or hung?", silent: true)
         }
         return response
     }
