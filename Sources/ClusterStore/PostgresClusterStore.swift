@@ -34,8 +34,8 @@ public final class PostgresClusterStore: ClusterStore {
     /// `abandonAfter`: the longest the caller waits for a pooled statement, in seconds (nil: not said). The server is
     /// asked (statement_timeout, a startup parameter) to end a statement a little after that, so that what the caller
     /// gave up on — stuck behind a lock an operator holds, say — does not wait on, holding a connection, while the
-    /// caller's retries through fresh connections pile more up (a node added two a second until every connection
-    /// the server allows was taken). A server or pooler that refuses the parameter is connected to without it.
+    /// caller's retries through fresh connections pile more up (behind a long lock, two nodes took four more of the
+    /// server's connections every 5 s, until none would be left). A server or pooler that refuses the parameter is connected to without it.
     public init(url: DatabaseURL, logger: Logger = PostgresClusterStore.quietLogger, abandonAfter: Double? = nil) throws {
         self.url = url
         self.logger = logger
