@@ -52,6 +52,9 @@ func startSleepJob(_ harness: ClusterHarness, _ prefix: String, seconds: Double,
 /// Real seconds since the epoch, as result.plist has them.
 func epochNow() -> Double { Date().timeIntervalSince1970 }
 
+/// When journald received a journal entry, in seconds since the epoch (0 when it does not say).
+func loggedAt(_ entry: [String: String]) -> Double { (entry["__REALTIME_TIMESTAMP"].flatMap { Double($0) } ?? 0) / 1e6 }
+
 /// The greatest number of [start, end) intervals open at one instant.
 func maxOverlap(_ intervals: [(start: Double, end: Double)]) -> Int {
     var events: [(time: Double, step: Int)] = []
@@ -106,7 +109,7 @@ struct ClusterTests {
         // Entries of the relaunched process only (by pid: journald's reception time can lag the old process's lines).
         let pid = harness[1].process.map { String($0.processIdentifier) } ?? "?"
         let since = { (entry: [String: String]) in
-            entry["_PID"] == pid && (entry["__REALTIME_TIMESTAMP"].flatMap { Double($0) } ?? 0) / 1e6 >= relaunched - 0.5
+            entry["_PID"] == pid && loggedAt(entry) >= relaunched - 0.5
         }
         let refused = try pollUntil(30) { () -> String? in
             if !harness[1].isRunning { return harness[1].logTail(50) }
@@ -495,16 +498,15 @@ struct ClusterTests {
         let releasedAt = letGo.date.addingTimeInterval(-1)
         #expect(most - before <= 14, "connections during the lock: \(before) before, at most \(most)")
         for k in 0..<2 {
-            func at(_ entry: [String: String]) -> Double { (Double(entry["__REALTIME_TIMESTAMP"] ?? "") ?? 0) / 1_000_000 }
             let during = { (state: String) throws -> Int in
                 try harness.journal(node: k, ["OPQ_EVENT": "cluster", "OPQ_STATE": state]).filter {
-                    at($0) > lockedAt.timeIntervalSince1970 && at($0) < releasedAt.timeIntervalSince1970
+                    loggedAt($0) > lockedAt.timeIntervalSince1970 && loggedAt($0) < releasedAt.timeIntervalSince1970
                 }.count
             }
             #expect(try during("disconnected") == 1, "node \(k): one outage")
             #expect(try during("connected") == 0, "node \(k): never `connected` while it cannot beat")
             let back = try pollUntil(15) {
-                try harness.journal(node: k, ["OPQ_EVENT": "cluster", "OPQ_STATE": "connected"]).first { at($0) >= releasedAt.timeIntervalSince1970 - 1 }
+                try harness.journal(node: k, ["OPQ_EVENT": "cluster", "OPQ_STATE": "connected"]).first { loggedAt($0) >= releasedAt.timeIntervalSince1970 - 1 }
             }
             #expect(back != nil, "node \(k) connected again once the lock was let go")
         }
@@ -554,12 +556,11 @@ struct ClusterTests {
         usleep(1_000_000)
         #expect(harness.outboxes(holding: job).count == 1, "exactly one outbox folder cluster-wide")
         #expect(try harness.journal(["OPQ_JOB": job, "OPQ_STATE": "finished"]).count == 1)
-        func at(_ entry: [String: String]) -> Double { (Double(entry["__REALTIME_TIMESTAMP"] ?? "") ?? 0) / 1_000_000 }
         for k in 0..<2 {
-            let outage = try harness.journal(node: k, ["OPQ_EVENT": "cluster", "OPQ_STATE": "disconnected"]).filter { at($0) > frozenAt.timeIntervalSince1970 }
+            let outage = try harness.journal(node: k, ["OPQ_EVENT": "cluster", "OPQ_STATE": "disconnected"]).filter { loggedAt($0) > frozenAt.timeIntervalSince1970 }
             #expect(outage.count == 1, "node \(k): one outage, said once")
             let back = try pollUntil(20) {
-                try harness.journal(node: k, ["OPQ_EVENT": "cluster", "OPQ_STATE": "connected"]).first { at($0) > thawedAt.timeIntervalSince1970 - 0.5 }
+                try harness.journal(node: k, ["OPQ_EVENT": "cluster", "OPQ_STATE": "connected"]).first { loggedAt($0) > thawedAt.timeIntervalSince1970 - 0.5 }
             }
             #expect(back != nil, "node \(k) connected again by itself")
         }
@@ -675,7 +676,7 @@ struct ClusterTests {
         for k in 0..<2 {
             let reconnected = try pollUntil(15) {
                 try harness.journal(node: k, ["OPQ_EVENT": "cluster", "OPQ_STATE": "connected"]).contains {
-                    ($0["__REALTIME_TIMESTAMP"].flatMap { Double($0) } ?? 0) / 1e6 >= restartedAt.timeIntervalSince1970 - 1
+                    loggedAt($0) >= restartedAt.timeIntervalSince1970 - 1
                 } ? true : nil
             }
             #expect(reconnected != nil, "node \(k) logged connected after the restart (retries at most 5 s apart)")
@@ -1452,7 +1453,7 @@ struct ClusterTests {
         #expect(harness.waitResult(after, timeout: 30) != nil, "a job dropped after the rotation runs")
         let back = try pollUntil(15) {
             try harness.journal(node: 0, ["OPQ_EVENT": "cluster", "OPQ_STATE": "connected"]).contains {
-                ($0["__REALTIME_TIMESTAMP"].flatMap { Double($0) } ?? 0) / 1e6 >= cutAt.timeIntervalSince1970
+                loggedAt($0) >= cutAt.timeIntervalSince1970
             } ? true : nil
         }
         #expect(back != nil, "the node logged connected again after its sessions were cut")
