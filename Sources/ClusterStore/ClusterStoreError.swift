@@ -24,11 +24,15 @@ public struct ClusterStoreError: Error, CustomStringConvertible, Sendable {
     public let description: String
     /// The server's SQLSTATE when it sent one (e.g. 28P01 for a failed password).
     public let sqlState: String?
+    /// What went wrong without what was being done: the SQLSTATE, or the driver's failure (e.g. "cannot connect to
+    /// the database"). Two errors with the same cause are the same trouble met by two statements.
+    public let cause: String
 
-    public init(_ kind: Kind, _ description: String, sqlState: String? = nil) {
+    public init(_ kind: Kind, _ description: String, sqlState: String? = nil, cause: String? = nil) {
         self.kind = kind
         self.description = description
         self.sqlState = sqlState
+        self.cause = sqlState ?? cause ?? description
     }
 
     /// `error` met while `doing`, as a store error that is safe to log.
@@ -51,13 +55,21 @@ public struct ClusterStoreError: Error, CustomStringConvertible, Sendable {
                 return ClusterStoreError(kind, text, sqlState: state)
             }
             var text = "\(doing): \(describe(error.code))"
-            if let underlying = error.underlying { text += ": \(underlying)" }
-            return ClusterStoreError(.connection, text)
+            // An underlying PSQLError would print only its generic description: the server's message (a session
+            // ended by a shutdown or pg_terminate_backend says so) or its code says what it was.
+            switch error.underlying {
+            case let inner as PSQLError:
+                if let message = inner.serverInfo?[.message] { text += ": the server said: \(message)" }
+                else if inner.code != error.code { text += ": \(describe(inner.code))" }
+            case nil: break
+            case let underlying?: text += ": \(underlying)"
+            }
+            return ClusterStoreError(.connection, text, cause: describe(error.code))
         }
         if let error = error as? PostgresDecodingError {
             return ClusterStoreError(.badRow, "\(doing): column \(error.columnName) is not a \(error.targetType)")
         }
-        return ClusterStoreError(.connection, "\(doing): \(error)")
+        return ClusterStoreError(.connection, "\(doing): \(error)", cause: "\(error)")
     }
 
     /// What a refused write means (SQLSTATE 25006).

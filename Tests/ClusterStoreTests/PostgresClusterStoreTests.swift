@@ -218,6 +218,34 @@ struct PostgresClusterStoreTests {
         await runner.value
     }
 
+    /// A session the server ended under a statement (a failover, a restart, `pg_terminate_backend`) fails that
+    /// statement with what the server said, never with postgres-nio's generic "PSQLError – Generic description…",
+    /// and with a cause that names no statement (the node logs each cause once per outage).
+    @Test func anEndedSessionSaysWhatEndedIt() async throws {
+        let server = try PostgresServer.shared.get()
+        let database = try server.createDatabase()
+        let (store, under) = try await makePostgresStore(database: database)
+        let waiting = Task { try await store.query("SELECT pg_sleep(30)", doing: "waiting on purpose") }
+        var activity = ""
+        let until = Date().addingTimeInterval(5)
+        while !activity.contains("active|SELECT pg_sleep") && Date() < until {
+            try await Task.sleep(for: .milliseconds(25))
+            activity = try server.psql("postgres", "SELECT state || '|' || query FROM pg_stat_activity WHERE datname = '\(database)'")
+        }
+        #expect(activity.contains("active|SELECT pg_sleep"), "\(activity)")
+        _ = try server.psql("postgres", "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = '\(database)'")
+        do {
+            _ = try await waiting.value
+            Issue.record("a statement on an ended session returned")
+        } catch let error as ClusterStoreError {
+            #expect(error.description.hasPrefix("waiting on purpose: "), "\(error)")
+            #expect(error.description.contains("terminating connection due to administrator command"), "\(error)")
+            #expect(!error.description.contains("Generic description") && !error.description.contains("PSQLError"), "\(error)")
+            #expect(!error.cause.contains("waiting on purpose"), "the cause names no statement: \(error.cause)")
+        }
+        await under.close()
+    }
+
     /// A renewed pool (ClusterStore.reconnect) answers the very next statement, and postgres-nio never warns that a
     /// pool was used before it ran: the statement that follows a renewal at once is common (the node's loop), so the
     /// renewal must have the new pool running before statements reach it. Twenty renewals, each followed at once by

@@ -703,20 +703,35 @@ struct ClusterTests {
         let before = try dropSleepJobs(harness, "rw", 0..<6, seconds: 0)
         #expect(harness.waitAll(before, timeout: 30).isEmpty)
         let disconnectedBefore = try (0..<2).map { try harness.journal(node: $0, ["OPQ_EVENT": "cluster", "OPQ_STATE": "disconnected"]).count }
-        // Read-only from the next session on; the nodes' sessions are ended, as a failover ends them.
+        // As a failover: the primary goes away (the outage begins with a connection that fails), and what answers
+        // at the URL afterwards takes no writes (read-only from the next session on).
         _ = try harness.sql("ALTER DATABASE \(harness.database) SET default_transaction_read_only = on")
-        _ = try harness.sql("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")
+        harness.stopDatabase()
+        for k in 0..<2 {
+            let out = try pollUntil(20) { try harness.journal(node: k, ["OPQ_EVENT": "cluster", "OPQ_STATE": "disconnected"]).count > disconnectedBefore[k] ? true : nil }
+            #expect(out != nil, "node \(k) logged disconnected while the server was down\n\(harness[k].logTail())")
+        }
+        try harness.startDatabase()
         let during = try dropSleepJobs(harness, "ro", 0..<8, seconds: 0)
         for k in 0..<2 {
-            let said = try pollUntil(20) { () -> [String: String]? in
-                let entries = try harness.journal(node: k, ["OPQ_EVENT": "cluster", "OPQ_STATE": "disconnected"])
-                return entries.count > disconnectedBefore[k] ? entries.last : nil
+            let said = try harness.journal(node: k, ["OPQ_EVENT": "cluster", "OPQ_STATE": "disconnected"]).last
+            #expect(said?["OPQ_ERROR"]?.contains("read-only") == false, "node \(k): the outage began without the server: \(said ?? [:])")
+            // The outage's first error is the lost server; the node then says, once, what it meets next.
+            let since = said.map(loggedAt) ?? 0
+            let why = try pollUntil(10) { () -> [[String: String]]? in
+                let saying = try harness.journal(node: k, ["OPQ_EVENT": "cluster"]).filter {
+                    loggedAt($0) >= since && ($0["OPQ_ERROR"] ?? "").contains("read-only transaction")
+                }
+                return saying.isEmpty ? nil : saying
             }
-            let reason = said?["OPQ_ERROR"] ?? ""
-            #expect(reason.contains("read-only transaction") && reason.contains("takes no writes"), "node \(k): \(said ?? [:])\n\(harness[k].logTail())")
+            #expect(why?.first?["OPQ_ERROR"]?.contains("takes no writes") == true, "node \(k): \(why ?? [])\n\(harness[k].logTail())")
             #expect(harness[k].isReady, "node \(k) keeps serving its socket")
         }
         usleep(2_000_000)
+        for k in 0..<2 {
+            let saying = try harness.journal(node: k, ["OPQ_EVENT": "cluster"]).filter { ($0["OPQ_ERROR"] ?? "").contains("read-only transaction") }
+            #expect(saying.count == 1, "node \(k) said it once, though it retries every few seconds: \(saying.map { $0["MESSAGE"] ?? "" })")
+        }
         let outboxes = harness.outboxJobs()
         for job in during { #expect(outboxes[job] == nil, "\(job) ran while no end could be recorded") }
         let waiting = (0..<2).map { harness[$0].list("inbox").count + harness[$0].list("active/.submissions").count }.reduce(0, +)

@@ -142,7 +142,7 @@ extension ClusterJobStore {
             let reason = "the spool has not answered for \(seconds) s"
             let held = lock.withLock { state.held.count }
             let message = "cluster: node \(nodeName) leaves the cluster until its spool answers: the spool has kept it waiting for \(seconds) s (its file system hung or frozen?); it renews nothing, so that the \(held) job(s) it holds run elsewhere once its lease (\(settings.leaseSeconds.formatted()) s) has run out"
-            if !disconnected(reason: reason, saying: message) {
+            if disconnected(reason: reason, cause: "the spool hangs", saying: message) != .began {
                 logger.warning("\(message)", metadata: ["OPQ_EVENT": "cluster", "OPQ_ERROR": .string(reason)])
             }
         } else {
@@ -222,18 +222,31 @@ extension ClusterJobStore {
 
     func disconnected(_ error: any Error) {
         let reason = "\(error)"
-        disconnected(reason: reason, saying: "cluster: node \(nodeName) cannot use the database: \(reason); retrying at most 5 s apart")
+        let cause = (error as? ClusterStoreError)?.cause ?? (error as? ClusterUnavailable)?.cause ?? reason
+        let news = disconnected(reason: reason, cause: cause, saying: "cluster: node \(nodeName) cannot use the database: \(reason); retrying at most 5 s apart")
+        // An outage whose cause changes says so once per cause: a failover's first error is the closed connection,
+        // what follows (a standby that takes no writes, a password no longer accepted) is what the operator must fix.
+        if news == .newCause {
+            logger.warning("cluster: node \(nodeName) still cannot use the database, now: \(reason); retrying at most 5 s apart",
+                           metadata: ["OPQ_EVENT": "cluster", "OPQ_ERROR": .string(reason)])
+        }
     }
 
+    enum OutageNews { case began, newCause, known }
+
     /// The node is out of the cluster for `reason` (status' reason from now on): `disconnected` is logged once per
-    /// outage, with `message`. Returns whether it was news.
+    /// outage, with `message`. Returns whether the outage began here, or its cause is new to it, or neither.
     @discardableResult
-    func disconnected(reason: String, saying message: String) -> Bool {
-        let news = lock.withLock {
+    func disconnected(reason: String, cause: String, saying message: String) -> OutageNews {
+        let news = lock.withLock { () -> OutageNews in
             lastError = reason
-            return state.connectionFailed()
+            if state.connectionFailed() {
+                outageCauses = [cause]
+                return .began
+            }
+            return outageCauses.insert(cause).inserted ? .newCause : .known
         }
-        if news { event(.warning, message, ["OPQ_EVENT": "cluster", "OPQ_STATE": "disconnected", "OPQ_ERROR": .string(reason)]) }
+        if news == .began { event(.warning, message, ["OPQ_EVENT": "cluster", "OPQ_STATE": "disconnected", "OPQ_ERROR": .string(reason)]) }
         return news
     }
 

@@ -96,6 +96,8 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
     /// The store's advice already logged (once per process).
     var adviceGiven: Set<String> = []
     var lastError: String?
+    /// The causes of this outage already logged (`disconnected`): each is said once.
+    var outageCauses: Set<String> = []
     var declared: (queues: Set<String>, commands: Set<String>, commandSignatures: [String: String]) = ([], [], [:])
     /// What the cluster declares has been read once: manifests from the inbox can be validated (until then they wait).
     var declaredKnown = false

@@ -21,7 +21,12 @@ public func monotonicSeconds() -> Double {
 /// The database did not answer in time, or refused: what was being done and why.
 public struct ClusterUnavailable: Error, CustomStringConvertible, Sendable {
     public let description: String
-    public init(_ description: String) { self.description = description }
+    /// What went wrong without what was being done (see `ClusterStoreError.cause`).
+    public let cause: String
+    public init(_ description: String, cause: String? = nil) {
+        self.description = description
+        self.cause = cause ?? description
+    }
 }
 
 /// The cluster store's own executor: its async work (the database driver's continuations, the wake-up stream) runs
@@ -53,7 +58,7 @@ func waitBounded<T: Sendable>(_ seconds: Double, on executor: ClusterExecutor, d
     }
     guard done.wait(timeout: .now() + seconds) == .success else {
         task.cancel()
-        throw ClusterUnavailable("\(doing): no answer from the database within \(formatSeconds(seconds)) s")
+        throw ClusterUnavailable("\(doing): no answer from the database within \(formatSeconds(seconds)) s", cause: "no answer")
     }
     guard let result = box.get() else { throw ClusterUnavailable("\(doing): no answer") }
     return try result.get()
