@@ -835,7 +835,8 @@ struct ClusterTests {
             return (status, log)
         }
 
-        // A manifest set aside while the database is away.
+        // A manifest set aside while the database is away (the node has joined once: it knows what the cluster runs).
+        #expect(node.waitConnected())
         let waiting = uniqueJob("waiting")
         harness.stopDatabase()
         try node.drop(waiting + ".plist", sleepJob(waiting, 0))

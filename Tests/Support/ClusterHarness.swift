@@ -147,6 +147,17 @@ public final class ClusterNode: @unchecked Sendable {
         }
     }
 
+    /// Waits until the node says (its gauges) that it has joined the cluster and read its nodes once: ready is
+    /// earlier (a node serves its socket before it reaches the database), and until it knows what the cluster's
+    /// nodes declare, manifests wait in its inbox rather than being set aside for the cluster.
+    public func waitConnected(timeout: Double = 30) -> Bool {
+        (try? pollUntil(timeout) { () -> Bool? in
+            let metrics = try ctl(["metrics"])
+            guard metrics.status == 0, let scrape = try? Scrape.parse(metrics.stdout) else { return nil }
+            return scrape.value("opqueued_cluster_connected") == 1 && scrape.value("opqueued_cluster_nodes_connected") >= 1 ? true : nil
+        }) != nil
+    }
+
     /// kill -9: nothing runs on, nothing is cleaned up (the spool's socket and lock stay, as after a crash).
     public func kill9() {
         guard let process, process.isRunning else { return }
