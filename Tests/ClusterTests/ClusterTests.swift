@@ -1198,6 +1198,11 @@ struct ClusterTests {
         #expect(try harness.journal(["OPQ_STATE": "lost"]).isEmpty)
         let status = try harness[1].ctl(["status", "--json"]).stdout
         #expect(status.contains("held by another running opqueued"), "status says why: \(status)")
+        let second = try #require(harness[1].pid)
+        let saidHeld = try harness.journal(["OPQ_EVENT": "cluster"]).filter {
+            $0["_PID"] == String(second) && ($0["MESSAGE"] ?? "").contains("held by another running opqueued")
+        }
+        #expect(saidHeld.count == 1, "said once, though it asked again every few seconds: \(saidHeld.map { $0["MESSAGE"] ?? "" })")
 
         // The first is killed and restarted at once (the second stopped, so that it cannot take the name in between):
         // an earlier run of the node on this machine, gone, so it takes its name back without waiting for the lease.

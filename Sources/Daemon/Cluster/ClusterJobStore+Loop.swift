@@ -186,7 +186,7 @@ extension ClusterJobStore {
         })
         guard registered else {
             let holder = owner.map { "\($0.info), last heartbeat \(String(format: "%.1f", $0.secondsSinceBeat)) s ago" } ?? "another process"
-            throw ClusterUnavailable("node name \(nodeName) is held by another running opqueued (\(holder)); each node needs its own cluster.node. This one joins once that one has been silent for \(settings.leaseSeconds.formatted()) s")
+            throw ClusterUnavailable("node name \(nodeName) is held by another running opqueued (\(holder)); each node needs its own cluster.node. This one joins once that one has been silent for \(settings.leaseSeconds.formatted()) s", cause: "the node's name is held by another process")
         }
         if !lock.withLock({ hasConnected }) {
             // Slots the node's name holds now were held by a process of it that is gone (no slot is taken before

@@ -60,7 +60,7 @@ func waitBounded<T: Sendable>(_ seconds: Double, on executor: ClusterExecutor, d
         task.cancel()
         throw ClusterUnavailable("\(doing): no answer from the database within \(formatSeconds(seconds)) s", cause: "no answer")
     }
-    guard let result = box.get() else { throw ClusterUnavailable("\(doing): no answer") }
+    guard let result = box.get() else { throw ClusterUnavailable("\(doing): no answer", cause: "no answer") }
     return try result.get()
 }
 
