@@ -14,6 +14,8 @@ public final class PostgresClusterStore: ClusterStore {
     public let url: DatabaseURL
     /// The statements' pool (renewed after an outage: `reconnect`).
     let pool: RenewablePool
+    /// Every statement runs under it: none waits forever on a connection that closed (ClosedConnectionGuard.swift).
+    let inFlight: InFlightStatements
     /// The statement_timeout the pool's connections ask of the server (see `init`).
     let serverTimeout: ServerTimeout
     let logger: Logger
@@ -36,9 +38,12 @@ public final class PostgresClusterStore: ClusterStore {
     /// gave up on — stuck behind a lock an operator holds, say — does not wait on, holding a connection, while the
     /// caller's retries through fresh connections pile more up (behind a long lock, two nodes took four more of the
     /// server's connections every 5 s, until none would be left). A server or pooler that refuses the parameter is connected to without it.
-    public init(url: DatabaseURL, logger: Logger = PostgresClusterStore.quietLogger, abandonAfter: Double? = nil) throws {
+    /// `executor`: where statements run (the node's, so that one queue serves it; else one of the store's own).
+    public init(url: DatabaseURL, logger: Logger = PostgresClusterStore.quietLogger, abandonAfter: Double? = nil,
+                executor: ClusterExecutor? = nil) throws {
         self.url = url
         self.logger = logger
+        self.inFlight = InFlightStatements(executor: executor ?? ClusterExecutor(label: "opqueued-cluster-store"))
         let serverTimeout = ServerTimeout(milliseconds: abandonAfter.map { Int(($0 * 1000).rounded(.up)) + 1000 })
         self.serverTimeout = serverTimeout
         self.pool = try RenewablePool(makeConfiguration: { try url.clientConfiguration(statementTimeout: serverTimeout.milliseconds) }, logger: logger)
@@ -63,7 +68,11 @@ public final class PostgresClusterStore: ClusterStore {
 
     func query(_ sql: String, _ binds: PostgresBindings = PostgresBindings(), doing: String) async throws -> [PostgresRow] {
         do {
-            return try await pool.client().query(PostgresQuery(unsafeSQL: sql, binds: binds), logger: logger).collect()
+            return try await pool.client().withConnection { [inFlight, logger] connection in
+                try await inFlight.run(on: connection) {
+                    try await connection.query(PostgresQuery(unsafeSQL: sql, binds: binds), logger: logger).collect()
+                }
+            }
         } catch {
             throw ClusterStoreError.wrapping(error, doing: doing)
         }
@@ -71,14 +80,16 @@ public final class PostgresClusterStore: ClusterStore {
 
     /// One transaction on a pooled connection; retried whole (at most 3 times) when the server aborts it for a
     /// deadlock or a serialization failure, which concurrent inserters of crossing ids can meet.
-    func transaction<T: Sendable>(doing: String, _ body: (PostgresConnection) async throws -> T) async throws -> T {
+    func transaction<T: Sendable>(doing: String, _ body: @escaping @Sendable (PostgresConnection) async throws -> T) async throws -> T {
         var attempt = 0
         while true {
             attempt += 1
             do {
-                return try await pool.client().withConnection { connection in
-                    try await connection.withTransaction(logger: logger) { connection in
-                        try await body(connection)
+                return try await pool.client().withConnection { [inFlight, logger] connection in
+                    try await inFlight.run(on: connection) {
+                        try await connection.withTransaction(logger: logger) { connection in
+                            try await body(connection)
+                        }
                     }
                 }
             } catch {
@@ -190,7 +201,7 @@ public final class PostgresClusterStore: ClusterStore {
     /// in front of it) takes it; when refused, the pool stops asking (a fresh pool from now on), this says so once,
     /// and connects without it.
     func withDedicatedConnection<T: Sendable>(doing: String, statementTimeout: Bool = false,
-                                              _ body: @Sendable (PostgresConnection) async throws -> T) async throws -> T {
+                                              _ body: @escaping @Sendable (PostgresConnection) async throws -> T) async throws -> T {
         let connection: PostgresConnection
         do {
             let asked = statementTimeout ? serverTimeout.milliseconds : nil
@@ -206,12 +217,12 @@ public final class PostgresClusterStore: ClusterStore {
             // No word from a PostgreSQL server (refused, timed out, hung up, or answered in another protocol: a port
             // typo aimed at a web server): the address itself may be wrong.
             if let psql = error as? PSQLError, psql.serverInfo == nil, wrapped.kind == .connection {
-                throw ClusterStoreError(.connection, wrapped.description + " (is PostgreSQL listening where cluster.database points?)")
+                throw ClusterStoreError(.connection, wrapped.description + " (is PostgreSQL listening where cluster.database points?)", cause: wrapped.cause)
             }
             throw wrapped
         }
         do {
-            let result = try await body(connection)
+            let result = try await inFlight.run(on: connection) { try await body(connection) }
             try? await connection.close()
             return result
         } catch {

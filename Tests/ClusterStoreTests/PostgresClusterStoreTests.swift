@@ -246,6 +246,38 @@ struct PostgresClusterStoreTests {
         await under.close()
     }
 
+    /// Every statement returns, though the server ends the sessions under it: postgres-nio 1.33.2 drops a statement
+    /// written to a pooled connection that has just closed, and nothing ever completed it (4 statements at once
+    /// after each `pg_terminate_backend`: some never returned within 3–5 rounds). Now each fails (or succeeds) at
+    /// once, and the store forgets the connections that closed.
+    @Test func statementsOnSessionsTheServerEndsAllReturn() async throws {
+        let server = try PostgresServer.shared.get()
+        let database = try server.createDatabase()
+        let (store, under) = try await makePostgresStore(database: database)
+        #expect(try await store.migrate() == Migrations.newest)
+        try await store.registerNode(node("ended"))
+        var hung = 0, failed = 0
+        for _ in 0..<40 {
+            _ = try server.psql("postgres", "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = '\(database)'")
+            // Unstructured, each bounded: a statement that never returns must not hang the test with it.
+            let outcomes = (0..<4).map { _ in
+                let box = Outcome()
+                Task {
+                    do { _ = try await store.heartbeat(node: "ended"); box.set(true) } catch { box.set(false) }
+                }
+                return box
+            }
+            let until = Date().addingTimeInterval(3)
+            while outcomes.contains(where: { $0.value == nil }) && Date() < until { try await Task.sleep(for: .milliseconds(5)) }
+            hung += outcomes.filter { $0.value == nil }.count
+            failed += outcomes.filter { $0.value == false }.count
+        }
+        #expect(hung == 0, "\(hung) of 160 statements never returned (\(failed) failed)")
+        try await Task.sleep(for: .milliseconds(300))
+        #expect(store.inFlight.watchedConnections <= 4, "closed connections are forgotten: \(store.inFlight.watchedConnections) watched")
+        await under.close()
+    }
+
     /// A renewed pool (ClusterStore.reconnect) answers the very next statement, and postgres-nio never warns that a
     /// pool was used before it ran: the statement that follows a renewal at once is common (the node's loop), so the
     /// renewal must have the new pool running before statements reach it. Twenty renewals, each followed at once by
@@ -615,4 +647,11 @@ struct PostgresClusterStoreTests {
             #expect(Date().timeIntervalSince(started) < 2)
         }
     }
+}
+
+/// What an unstructured statement came to: nil while it runs.
+final class Outcome: Sendable {
+    private let state = Mutex<Bool?>(nil)
+    func set(_ value: Bool) { state.withLock { $0 = value } }
+    var value: Bool? { state.withLock { $0 } }
 }

@@ -113,7 +113,7 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
     var probe = WakeupProbe()
     private var listener: Task<Void, Never>?
     private let finished = DispatchGroup()
-    let executor = ClusterExecutor(label: "opqueued-cluster-executor")
+    let executor: ClusterExecutor
     /// Removes the local copies of submissions the database holds.
     let reaper = DispatchQueue(label: "opqueued-cluster-reaper", qos: .utility)
 
@@ -142,16 +142,19 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
         let url = try DatabaseURL(settings.database, passwordFile: settings.passwordFile)
         if let exposure = url.passwordFileExposure() { logger.warning("\(exposure)", metadata: ["OPQ_EVENT": "cluster"]) }
         // The longest this node waits for one pooled statement (an insert's); the server ends it a second after.
-        let store = try PostgresClusterStore(url: url, abandonAfter: Self.statementTimeout * 2)
-        self.init(configuration: configuration, spool: spool, logger: logger, store: store,
+        let executor = ClusterExecutor(label: "opqueued-cluster-executor")
+        let store = try PostgresClusterStore(url: url, abandonAfter: Self.statementTimeout * 2, executor: executor)
+        self.init(configuration: configuration, spool: spool, logger: logger, store: store, executor: executor,
                   run: { await store.run() }, onLeaseDeadline: onLeaseDeadline, maxManifestBytes: maxManifestBytes)
     }
 
-    /// `run` keeps the store's connections (for PostgresClusterStore, its `run()`); cancelled at shutdown.
-    public init(configuration: Configuration, spool: Spool, logger: Logger, store: any ClusterStore,
+    /// `run` keeps the store's connections (for PostgresClusterStore, its `run()`); cancelled at shutdown. `executor`: the
+    /// queue the node waits for the store on (give the store the same one).
+    public init(configuration: Configuration, spool: Spool, logger: Logger, store: any ClusterStore, executor: ClusterExecutor? = nil,
                 run: @escaping @Sendable () async -> Void, onLeaseDeadline: @escaping @Sendable (Double?) -> Void = { _ in },
                 maxManifestBytes: Int = ManifestLimits.maxBytes) {
         self.maxManifestBytes = maxManifestBytes
+        self.executor = executor ?? ClusterExecutor(label: "opqueued-cluster-executor")
         let settings = configuration.cluster ?? ClusterSettings(database: "", passwordFile: nil, node: "node", jobSlots: configuration.maxActiveJobs,
                                                                  leaseSeconds: ClusterSettings.defaultLeaseSeconds, sharedOutbox: nil,
                                                                  keepFinishedDays: ClusterSettings.defaultKeepFinishedDays)

@@ -29,23 +29,6 @@ public struct ClusterUnavailable: Error, CustomStringConvertible, Sendable {
     }
 }
 
-/// The cluster store's own executor: its async work (the database driver's continuations, the wake-up stream) runs
-/// on a serial queue of its own rather than on the shared cooperative pool, so that threads blocked elsewhere in the
-/// process (the pool has one thread per core) can never starve the lease's heartbeats. Every job it runs is short:
-/// nothing here blocks.
-final class ClusterExecutor: TaskExecutor, @unchecked Sendable {
-    private let queue: DispatchQueue
-
-    init(label: String) {
-        queue = DispatchQueue(label: label)
-    }
-
-    func enqueue(_ job: consuming ExecutorJob) {
-        let job = UnownedJob(job)
-        queue.async { job.runSynchronously(on: self.asUnownedTaskExecutor()) }
-    }
-}
-
 /// Runs `body` on `executor` and waits for it at most `seconds` from a thread that is not one of the executor's
 /// (the shell's `work` queue, the store's own threads). On time-out the call is cancelled and abandoned.
 func waitBounded<T: Sendable>(_ seconds: Double, on executor: ClusterExecutor, doing: String,
