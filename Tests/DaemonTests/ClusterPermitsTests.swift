@@ -184,7 +184,10 @@ struct ClusterPermitsTests {
     /// any `veryLow`, then a gets the slot.
     @Test func theHolderKeepsTheSlotForItsOwnBetterOperations() async throws {
         let c = try await TwoNodes()
-        let hold = try c.submit(1, ["hold"], .normal, seconds: 3)
+        // Long enough that a's wait is recorded while it runs: under a full CI run (every suite at once, the shared
+        // cooperative pool held by synchronous tests) the permits' round trips have taken 50 times as long as alone,
+        // and 3 s was once over before a's wait was recorded.
+        let hold = try c.submit(1, ["hold"], .normal, seconds: 8)
         try await c.waitFor { c.order == ["hold"] }
         let low = try c.submit(0, (1...5).map { "low\($0)" }, .veryLow, seconds: 0.03)
         #expect(try await c.waitRecorded("a") == ["hold"], "a's operations wait: b holds the only slot")
