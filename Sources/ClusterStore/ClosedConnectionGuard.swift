@@ -28,8 +28,14 @@ struct StatementLostOnClosedConnection: Error, CustomStringConvertible {
 final class InFlightStatements: Sendable {
     /// Where the statements run: never the cooperative pool, which threads blocked elsewhere may hold.
     private let executor: ClusterExecutor
-    /// Per connection (while it is open): each statement in flight on it, as the way to fail it.
-    private let state = Mutex<(next: UInt64, connections: [ObjectIdentifier: [UInt64: @Sendable () -> Void]])>((0, [:]))
+    /// Per connection watched (until its close watcher has run): the connection itself, held so that no other can
+    /// take its address and with it its key while its entry lives, and each statement in flight on it, as the way
+    /// to fail it.
+    private struct Watched {
+        let connection: PostgresConnection
+        var statements: [UInt64: @Sendable () -> Void] = [:]
+    }
+    private let state = Mutex<(next: UInt64, connections: [ObjectIdentifier: Watched])>((0, [:]))
 
     init(executor: ClusterExecutor) { self.executor = executor }
 
@@ -47,20 +53,20 @@ final class InFlightStatements: Sendable {
             let (id, watch) = state.withLock { state -> (UInt64, Bool) in
                 state.next += 1
                 let watch = state.connections[key] == nil
-                state.connections[key, default: [:]][state.next] = fail
+                state.connections[key, default: Watched(connection: connection)].statements[state.next] = fail
                 return (state.next, watch)
             }
             once.attach(Task(executorPreference: executor) {
                 let result: Result<T, any Error>
                 do { result = .success(try await body()) } catch { result = .failure(error) }
-                self.state.withLock { _ = $0.connections[key]?.removeValue(forKey: id) }
+                self.state.withLock { _ = $0.connections[key]?.statements.removeValue(forKey: id) }
                 once.resume(result)
             })
             // Registered once per connection; on a connection already closed it runs at once.
             if watch {
                 connection.closeFuture.whenComplete { [self] _ in
                     connection.eventLoop.scheduleTask(in: Self.grace) {
-                        let lost = self.state.withLock { $0.connections.removeValue(forKey: key) } ?? [:]
+                        let lost = self.state.withLock { $0.connections.removeValue(forKey: key) }?.statements ?? [:]
                         for fail in lost.values { fail() }
                     }
                 }
