@@ -68,13 +68,18 @@ public final class PostgresClusterStore: ClusterStore {
 
     func query(_ sql: String, _ binds: PostgresBindings = PostgresBindings(), doing: String) async throws -> [PostgresRow] {
         do {
-            return try await pool.client().withConnection { [inFlight, logger] connection in
-                try await inFlight.run(on: connection) {
-                    try await connection.query(PostgresQuery(unsafeSQL: sql, binds: binds), logger: logger).collect()
-                }
+            return try await onPooledConnection { [logger] connection in
+                try await connection.query(PostgresQuery(unsafeSQL: sql, binds: binds), logger: logger).collect()
             }
         } catch {
             throw ClusterStoreError.wrapping(error, doing: doing)
+        }
+    }
+
+    /// `body` on a connection leased from the pool, watched by its close (`InFlightStatements`).
+    private func onPooledConnection<T: Sendable>(_ body: @escaping @Sendable (PostgresConnection) async throws -> T) async throws -> T {
+        try await pool.client().withConnection { [inFlight] connection in
+            try await inFlight.run(on: connection) { try await body(connection) }
         }
     }
 
@@ -85,11 +90,9 @@ public final class PostgresClusterStore: ClusterStore {
         while true {
             attempt += 1
             do {
-                return try await pool.client().withConnection { [inFlight, logger] connection in
-                    try await inFlight.run(on: connection) {
-                        try await connection.withTransaction(logger: logger) { connection in
-                            try await body(connection)
-                        }
+                return try await onPooledConnection { [logger] connection in
+                    try await connection.withTransaction(logger: logger) { connection in
+                        try await body(connection)
                     }
                 }
             } catch {
