@@ -140,6 +140,9 @@ final class ClusterPermits: Sendable {
     /// Slots held now, by queue (status).
     var held: [String: Int] { state.withLock { s in s.held.mapValues(\.count) } }
 
+    /// The waits for slots recorded in the store now (committed), by queue, with the priority recorded.
+    var recordedWaits: [String: QueuePriority] { state.withLock { $0.waiting } }
+
     /// The rebalancing loop; returns when the task is cancelled (it then gives back every slot it holds).
     func run() async {
         await withTaskGroup(of: Void.self) { group in
