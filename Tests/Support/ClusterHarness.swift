@@ -105,8 +105,12 @@ public final class ClusterNode: @unchecked Sendable {
     public var pid: Int32? { process.map { $0.processIdentifier } }
     public var isRunning: Bool { process?.isRunning ?? false }
 
-    /// Starts the daemon without waiting for it.
+    /// Starts the daemon without waiting for it. Refused while the node's last process still runs: its handle would
+    /// be lost, and with it the process (nothing would stop it when the harness ends).
     public func launch() throws {
+        if let process, process.isRunning {
+            throw SupportFailure("node \(name) is launched again while its process \(process.processIdentifier) still runs")
+        }
         try FileManager.default.createDirectory(atPath: spool + "/inbox", withIntermediateDirectories: true)
         try propertyListData(settings).write(to: URL(fileURLWithPath: configPath))
         if !FileManager.default.fileExists(atPath: logPath) { _ = FileManager.default.createFile(atPath: logPath, contents: nil) }
