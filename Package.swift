@@ -117,10 +117,12 @@ let package = Package(
             path: "Tests/Support",
             exclude: ["http_server.py", "make_pngs.py", "metrics_client.py"]
         ),
+        // Test traits (swift-testing), for the test targets only.
+        .target(name: "TestTraits", dependencies: ["ClusterStore"], path: "Tests/Traits"),
         .testTarget(name: "OperationEngineTests", dependencies: ["OperationEngine"]),
-        .testTarget(name: "DaemonTests", dependencies: ["Daemon", "TestSupport"]),
+        .testTarget(name: "DaemonTests", dependencies: ["Daemon", "TestSupport", "TestTraits"]),
         .testTarget(name: "PropertyListTests", dependencies: ["PropertyList", "TestSupport"]),
-        .testTarget(name: "ClusterStoreTests", dependencies: ["ClusterStore", "TestSupport",
+        .testTarget(name: "ClusterStoreTests", dependencies: ["ClusterStore", "TestSupport", "TestTraits",
                                                               .product(name: "PostgresNIO", package: "postgres-nio")]),
         // SPEC §8 from outside: real nodes on one throwaway PostgreSQL (Tests/Support/ClusterHarness.swift).
         .testTarget(name: "ClusterTests", dependencies: ["TestSupport"]),

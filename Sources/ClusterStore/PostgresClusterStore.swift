@@ -16,6 +16,8 @@ public final class PostgresClusterStore: ClusterStore {
     let pool: RenewablePool
     /// Every statement runs under it: none waits forever on a connection that closed (ClosedConnectionGuard.swift).
     let inFlight: InFlightStatements
+    /// Where its statements and its connections' work run: never the shared cooperative pool.
+    public let executor: ClusterExecutor
     /// The statement_timeout the pool's connections ask of the server (see `init`).
     let serverTimeout: ServerTimeout
     let logger: Logger
@@ -43,18 +45,23 @@ public final class PostgresClusterStore: ClusterStore {
                 executor: ClusterExecutor? = nil) throws {
         self.url = url
         self.logger = logger
-        self.inFlight = InFlightStatements(executor: executor ?? ClusterExecutor(label: "opqueued-cluster-store"))
+        let executor = executor ?? ClusterExecutor(label: "opqueued-cluster-store")
+        self.executor = executor
+        self.inFlight = InFlightStatements(executor: executor)
         let serverTimeout = ServerTimeout(milliseconds: abandonAfter.map { Int(($0 * 1000).rounded(.up)) + 1000 })
         self.serverTimeout = serverTimeout
         self.pool = try RenewablePool(makeConfiguration: { try url.clientConfiguration(statementTimeout: serverTimeout.milliseconds) }, logger: logger)
         (wakeups, wakeupContinuation) = AsyncStream.makeStream(of: Wakeup.self, bufferingPolicy: .bufferingNewest(64))
     }
 
-    /// Runs the pool and the listening connection until the calling task is cancelled.
+    /// Runs the pool and the listening connection until the calling task is cancelled, on the store's executor
+    /// whatever the caller's.
     public func run() async {
-        await withDiscardingTaskGroup { group in
-            group.addTask { await self.pool.run() }
-            group.addTask { await self.listen() }
+        await withTaskExecutorPreference(executor) {
+            await withDiscardingTaskGroup { group in
+                group.addTask { await self.pool.run() }
+                group.addTask { await self.listen() }
+            }
         }
         wakeupContinuation.finish()
     }

@@ -10,6 +10,7 @@ import PostgresNIO
 import Synchronization
 import Testing
 import TestSupport
+import TestTraits
 
 func makePostgresStore(database: String? = nil, password: String? = nil) async throws -> (PostgresClusterStore, StoreUnderTest) {
     let server = try PostgresServer.shared.get()
@@ -31,7 +32,7 @@ let postgresFactory: StoreFactory = {
     return under
 }
 
-@Suite("PostgresClusterStore conformance", .serialized)
+@Suite("PostgresClusterStore conformance", .serialized, .onItsOwnExecutor)
 struct PostgresConformanceTests {
     @Test func insertRenames() async throws { try await StoreConformance.insertRenames(postgresFactory) }
     @Test func idempotentSubmission() async throws { try await StoreConformance.idempotentSubmission(postgresFactory) }
@@ -53,7 +54,7 @@ struct PostgresConformanceTests {
     @Test func wakeups() async throws { try await StoreConformance.wakeups(postgresFactory) }
 }
 
-@Suite("PostgresClusterStore", .serialized)
+@Suite("PostgresClusterStore", .serialized, .onItsOwnExecutor)
 struct PostgresClusterStoreTests {
     @Test func migrationFromEmptyAndBackDown() async throws {
         let server = try PostgresServer.shared.get()

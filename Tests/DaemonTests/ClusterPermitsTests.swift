@@ -10,20 +10,9 @@ import OperationEngine
 import Synchronization
 import Testing
 import TestSupport
+import TestTraits
 
-/// Each test's body runs on a serial executor of its own, as the permits and the store do: under a full run the
-/// shared cooperative pool (one thread per core, two in CI) is held for seconds at a time by the synchronous tests
-/// running beside this suite, and a body awaiting on it — its polls, its `waitFor`s — saw nothing for 20 s while
-/// the nodes had long done what it waited for.
-struct OnItsOwnExecutor: SuiteTrait, TestTrait, TestScoping {
-    var isRecursive: Bool { true }
-
-    func provideScope(for test: Test, testCase: Test.Case?, performing function: @Sendable () async throws -> Void) async throws {
-        try await withTaskExecutorPreference(ClusterExecutor(label: "test-permits-body")) { try await function() }
-    }
-}
-
-@Suite("ClusterPermits", .serialized, OnItsOwnExecutor())
+@Suite("ClusterPermits", .serialized, .onItsOwnExecutor)
 struct ClusterPermitsTests {
     @Test func clusterLimitHoldsAcrossTwoNodesAtEveryInstant() async throws {
         let server = try PostgresServer.shared.get()
