@@ -344,6 +344,9 @@ struct Wait: ParsableCommand {
         let tty = isatty(STDERR_FILENO) == 1
         var spinner = 0
         var polls = 0
+        // What the daemon last said of the job (the loop asks every half second), for the message at the deadline:
+        // asking again then could take the daemon's answer time past it.
+        var lastLook: Look?
         while true {
             if let plist = outboxEntry(of: job, common)?.result {
                 let status = plist["status"] as? String ?? "?"
@@ -355,8 +358,14 @@ struct Wait: ParsableCommand {
             // In a cluster (SPEC §8) the job may end on another node: the daemon answers for it from the database
             // (never waited for past the deadline).
             polls += 1
-            if polls % 10 == 1, let response = try? ControlClient.request(common.socket, ["command": "show", "job": job], timeout: within(2, deadline)),
-               let status = response["status"] as? String, ["succeeded", "failed", "cancelled", "rejected"].contains(status) {
+            if polls % 10 == 1 {
+                // An answer that did not come in the time left does not hide what the daemon said before.
+                switch (look(timeout: within(2, deadline)), lastLook) {
+                case (.silent, _?): break
+                case (let fresh, _): lastLook = fresh
+                }
+            }
+            if polls % 10 == 1, case .ended(let response) = lastLook, let status = response["status"] as? String {
                 if tty { FileHandle.standardError.write(Data("\r\u{1B}[K".utf8)) }
                 print("\(job): \(status)\(response["node"].map { " (on \($0))" } ?? "")")
                 if status != "succeeded" { throw ExitCode(1) }
@@ -365,9 +374,9 @@ struct Wait: ParsableCommand {
             if let deadline, Date() >= deadline {
                 if tty { FileHandle.standardError.write(Data("\r\u{1B}[K".utf8)) }
                 let why: String
-                switch look(timeout: 1) {
-                case .unseen(let reason), .unknowable(let reason?): why = " (\(reason))"
-                case .running, .unknowable(nil): why = ""
+                switch lastLook ?? look(timeout: 1) {
+                case .unseen(let reason), .unknowable(let reason?), .silent(let reason): why = " (\(reason))"
+                case .running, .ended, .unknowable(nil): why = ""
                 }
                 throw fail("\(job): still not ended after \(timeout ?? 0) s\(why)", 2)
             }
@@ -381,11 +390,14 @@ struct Wait: ParsableCommand {
         /// It knows the job: its operations (on another node of a cluster, as that node's last heartbeat sent them:
         /// the progress bar counts those ended there).
         case running([[String: Any]])
+        /// It ended on another node of a cluster: the daemon's answer (`status`, `node`).
+        case ended([String: Any])
         /// Not seen: why, as far as can be told from here (a typo in the id waits as long as a job not yet dropped).
         case unseen(String)
-        /// The daemon answered something else (a cluster that cannot be asked now: what it said), or did not answer
-        /// in time.
+        /// The daemon answered something else (a cluster that cannot be asked now: what it said).
         case unknowable(String?)
+        /// The daemon did not answer in time.
+        case silent(String)
     }
 
     /// At most `seconds`, and no later than `deadline` (a tenth of a second at least).
@@ -398,12 +410,16 @@ struct Wait: ParsableCommand {
         do {
             response = try ControlClient.request(common.socket, ["command": "show", "job": job], timeout: timeout)
         } catch let error as ControlClient.NoDaemon where error.silent {
-            return .unknowable("the daemon at \(common.socket) did not answer within \(timeout.formatted()) s")
+            return .silent("the daemon at \(common.socket) did not answer within \(String(format: "%.1f", timeout)) s")
         } catch {
             return .unseen("no daemon answers at \(common.socket)")
         }
         switch response["exit"] as? Int ?? 0 {
-        case 0: return .running(response["operations"] as? [[String: Any]] ?? [])
+        case 0:
+            if let status = response["status"] as? String, ["succeeded", "failed", "cancelled", "rejected"].contains(status) {
+                return .ended(response)
+            }
+            return .running(response["operations"] as? [[String: Any]] ?? [])
         case 1:
             if FileManager.default.fileExists(atPath: common.spool + "/inbox/" + job + ".plist") {
                 return .unseen("not seen yet: inbox/\(job).plist waits to be claimed")
