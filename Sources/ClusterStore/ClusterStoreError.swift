@@ -62,7 +62,7 @@ public struct ClusterStoreError: Error, CustomStringConvertible, Sendable {
                 if let message = inner.serverInfo?[.message] { text += ": the server said: \(message)" }
                 else if inner.code != error.code { text += ": \(describe(inner.code))" }
             case nil: break
-            case let underlying?: text += ": \(underlying)"
+            case let underlying?: text += ": \(describe(underlying: underlying))"
             }
             return ClusterStoreError(.connection, text, cause: describe(error.code))
         }
@@ -83,6 +83,26 @@ public struct ClusterStoreError: Error, CustomStringConvertible, Sendable {
     /// What the role must be given, for errors that come from a missing GRANT (README, "The cluster").
     static let privilegesHint = "the role needs CONNECT on the database and USAGE, CREATE on its schema, and every node "
         + "must log in as the role that created the tables or a member of it: README, The cluster"
+
+    /// A failure under the driver's: a TLS handshake's (swift-nio-ssl prints BoringSSL's error stack, with the source
+    /// file of each entry) by the reasons BoringSSL gave and what the common ones mean; anything else as it prints.
+    static func describe(underlying error: any Error) -> String {
+        let text = "\(error)"
+        guard text.contains("handshakeFailed") || text.contains("BoringSSL") else { return text }
+        // Entries read "error:100000f7:SSL routines:OPENSSL_internal:WRONG_VERSION_NUMBER at /…/tls_record.cc:127".
+        var reasons: [String] = []
+        for entry in text.split(separator: "OPENSSL_internal:").dropFirst() {
+            let reason = String(entry.prefix { $0.isUppercase || $0.isNumber || $0 == "_" })
+            if !reason.isEmpty && !reasons.contains(reason) { reasons.append(reason) }
+        }
+        var said = "the TLS handshake failed" + (reasons.isEmpty ? "" : ": " + reasons.joined(separator: ", "))
+        if reasons.contains("WRONG_VERSION_NUMBER") || reasons.contains("PACKET_LENGTH_TOO_LONG") {
+            said += " (what answered does not speak TLS)"
+        } else if reasons.contains("CERTIFICATE_VERIFY_FAILED") {
+            said += " (the server's certificate is not signed by sslrootcert's authority, or does not name the URL's host)"
+        }
+        return said
+    }
 
     private static func describe(_ code: PSQLError.Code) -> String {
         switch code {

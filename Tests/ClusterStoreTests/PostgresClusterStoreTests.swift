@@ -17,7 +17,7 @@ func makePostgresStore(database: String? = nil, password: String? = nil) async t
     let name = try database ?? server.createDatabase()
     let url = try DatabaseURL(server.url(name), passwordFile: try server.passwordFile(password))
     let store = try PostgresClusterStore(url: url)
-    let runner = Task { await store.run() }
+    let runner = Task(executorPreference: store.executor) { await store.run() }
     return (store, StoreUnderTest(store: store, close: { runner.cancel(); await runner.value }))
 }
 
@@ -175,7 +175,7 @@ struct PostgresClusterStoreTests {
         try server.psql(database, "GRANT USAGE, CREATE ON SCHEMA public TO \(role)")
         let file = try server.passwordFile(first)
         let store = try PostgresClusterStore(url: DatabaseURL(server.url(database, user: role), passwordFile: file))
-        let runner = Task { await store.run() }
+        let runner = Task(executorPreference: store.executor) { await store.run() }
         defer { runner.cancel() }
         #expect(try await store.migrate() == Migrations.newest)
         try await store.registerNode(node("rot"))
@@ -226,7 +226,7 @@ struct PostgresClusterStoreTests {
         let server = try PostgresServer.shared.get()
         let database = try server.createDatabase()
         let (store, under) = try await makePostgresStore(database: database)
-        let waiting = Task { try await store.query("SELECT pg_sleep(60)", doing: "waiting on purpose") }
+        let waiting = Task(executorPreference: store.executor) { try await store.query("SELECT pg_sleep(60)", doing: "waiting on purpose") }
         var activity = ""
         let until = Date().addingTimeInterval(30)
         while !activity.contains("active|SELECT pg_sleep") && Date() < until {
@@ -263,7 +263,7 @@ struct PostgresClusterStoreTests {
             // Unstructured, each bounded: a statement that never returns must not hang the test with it.
             let outcomes = (0..<4).map { _ in
                 let box = Outcome()
-                Task {
+                Task(executorPreference: store.executor) {
                     do { _ = try await store.heartbeat(node: "ended"); box.set(true) } catch { box.set(false) }
                 }
                 return box
@@ -310,7 +310,7 @@ struct PostgresClusterStoreTests {
         let log = CapturedLog()
         let logger = log.logger(label: "opqueued.cluster", level: .warning)
         let store = try PostgresClusterStore(url: url, logger: logger)
-        let runner = Task { await store.run() }
+        let runner = Task(executorPreference: store.executor) { await store.run() }
         defer { runner.cancel() }
         _ = try await store.migrate()
         for round in 0..<20 {
@@ -340,7 +340,7 @@ struct PostgresClusterStoreTests {
         _ = try await store.migrate()  // on a connection of its own, as a node's first step is
         async let asked = store.suspendedQueues()
         try await Task.sleep(for: .milliseconds(200))
-        let runner = Task { await store.run() }
+        let runner = Task(executorPreference: store.executor) { await store.run() }
         defer { runner.cancel() }
         #expect(try await asked == [], "answered once the pool runs")
         let said = log.all.map { "\($0.level): \($0.message)" }
@@ -436,7 +436,7 @@ struct PostgresClusterStoreTests {
         try server.psql(database, "GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO \(runtime)")
         let url = try DatabaseURL(server.url(database, user: runtime), passwordFile: try server.passwordFile(password))
         let store = try PostgresClusterStore(url: url)
-        let runner = Task { await store.run() }
+        let runner = Task(executorPreference: store.executor) { await store.run() }
         defer { runner.cancel() }
         #expect(try await store.migrate() == Migrations.newest, "nothing to migrate, and allowed to look")
         try await store.registerNode(node("run", limits: ["api": 1]))
@@ -487,7 +487,7 @@ struct PostgresClusterStoreTests {
         }
 
         let verified = try store("sslmode=verify-full&sslrootcert=" + ca)
-        let runner = Task { await verified.run() }
+        let runner = Task(executorPreference: verified.executor) { await verified.run() }
         #expect(try await verified.migrate() == Migrations.newest)
         try await verified.registerNode(node("tls"))
         let overTLS = try connectedOverTLS()
@@ -500,8 +500,9 @@ struct PostgresClusterStoreTests {
             try await wrong.checkConnection()
             Issue.record("connected with a CA that did not sign the server's certificate")
         } catch {
-            let text = "\(error)".lowercased()
-            #expect(text.contains("certificate") || text.contains("tls") || text.contains("ssl"), "\(error)")
+            let text = "\(error)"
+            #expect(text.contains("the TLS handshake failed") && text.contains("certificate"), "\(error)")
+            #expect(!text.contains(".cc:"), "no source file of the TLS library in the message: \(error)")
         }
         #expect(try connectedOverTLS().isEmpty, "nothing of the role stays connected")
 
@@ -602,6 +603,35 @@ struct PostgresClusterStoreTests {
         #expect(process.terminationStatus == 0)
         let committed = try Data(contentsOf: URL(fileURLWithPath: sqlFolder + "/../Queries.generated.swift"))
         #expect(generated == committed, "Queries.generated.swift is stale: run `make sql`")
+    }
+
+    /// cluster.database pointing at something that is not PostgreSQL (a web server, a service that sends bytes that
+    /// mean nothing, one that says yes to TLS and then is not TLS): a connection error that says what it met, and
+    /// never the TLS library's source files; nothing stays connected.
+    @Test func whatAnswersAtTheURLIsNotPostgreSQL() async throws {
+        var random = SplitMix(state: 17)
+        let noise = (0..<4096).map { _ in UInt8.random(in: 0...255, using: &random) }
+        let impostors: [(what: String, sslmode: String, replies: [[UInt8]], says: String)] = [
+            ("a web server", "disable", [Array("HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n".utf8)], "connecting to"),
+            ("random bytes", "disable", [noise], "connecting to"),
+            ("an authentication request, then nonsense", "disable", [[0x52, 0, 0, 0, 8, 0, 0, 0, 0, 0x5A, 0, 0, 0, 5, 0x49] + noise], "connecting to"),
+            ("yes to TLS, then not TLS", "require", [Array("S".utf8), noise], "WRONG_VERSION_NUMBER (what answered does not speak TLS)"),
+        ]
+        for impostor in impostors {
+            let server = try ImpostorServer(replies: impostor.replies)
+            let store = try PostgresClusterStore(url: DatabaseURL("postgresql://opq@127.0.0.1:\(server.port)/opq?sslmode=\(impostor.sslmode)"))
+            let runner = Task(executorPreference: store.executor) { await store.run() }
+            do {
+                try await store.checkConnection()
+                Issue.record("\(impostor.what): connected")
+            } catch let error as ClusterStoreError {
+                #expect(error.kind == .connection, "\(impostor.what): \(error)")
+                #expect(error.description.contains(impostor.says), "\(impostor.what): \(error)")
+                #expect(!error.description.contains(".cc:") && !error.description.contains("/Sources/"), "\(impostor.what): \(error)")
+            }
+            runner.cancel()
+            await runner.value
+        }
     }
 
     @Test func databaseURLs() throws {

@@ -573,7 +573,8 @@ enum StoreConformance {
     static func wakeups(_ factory: StoreFactory) async throws {
         try await withStore(factory) { store in
             let seen = Locked<[Wakeup]>([])
-            let reader = Task {
+            // Off the shared cooperative pool, as everything of the store's (OnItsOwnExecutor).
+            let reader = Task(executorPreference: ClusterExecutor(label: "test-wakeups")) {
                 for await wakeup in store.wakeups { seen.withLock { $0.append(wakeup) } }
             }
             defer { reader.cancel() }
