@@ -359,17 +359,18 @@ struct Wait: ParsableCommand {
             // (never waited for past the deadline).
             polls += 1
             if polls % 10 == 1 {
-                // An answer that did not come in the time left does not hide what the daemon said before.
                 switch (look(timeout: within(2, deadline)), lastLook) {
-                case (.silent, _?): break
-                case (let fresh, _): lastLook = fresh
+                case (.ended(let response), _):
+                    let status = response["status"] as? String ?? "?"
+                    if tty { FileHandle.standardError.write(Data("\r\u{1B}[K".utf8)) }
+                    print("\(job): \(status)\(response["node"].map { " (on \($0))" } ?? "")")
+                    if status != "succeeded" { throw ExitCode(1) }
+                    return
+                case (.silent, _?):
+                    break  // an answer that did not come in the time left does not hide what the daemon said before
+                case (let fresh, _):
+                    lastLook = fresh
                 }
-            }
-            if polls % 10 == 1, case .ended(let response) = lastLook, let status = response["status"] as? String {
-                if tty { FileHandle.standardError.write(Data("\r\u{1B}[K".utf8)) }
-                print("\(job): \(status)\(response["node"].map { " (on \($0))" } ?? "")")
-                if status != "succeeded" { throw ExitCode(1) }
-                return
             }
             if let deadline, Date() >= deadline {
                 if tty { FileHandle.standardError.write(Data("\r\u{1B}[K".utf8)) }

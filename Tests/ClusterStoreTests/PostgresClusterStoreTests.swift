@@ -607,35 +607,6 @@ struct PostgresClusterStoreTests {
         #expect(generated == committed, "Queries.generated.swift is stale: run `make sql`")
     }
 
-    /// cluster.database pointing at something that is not PostgreSQL (a web server, a service that sends bytes that
-    /// mean nothing, one that says yes to TLS and then is not TLS): a connection error that says what it met, and
-    /// never the TLS library's source files; nothing stays connected.
-    @Test func whatAnswersAtTheURLIsNotPostgreSQL() async throws {
-        var random = SplitMix(state: 17)
-        let noise = (0..<4096).map { _ in UInt8.random(in: 0...255, using: &random) }
-        let impostors: [(what: String, sslmode: String, replies: [[UInt8]], says: String)] = [
-            ("a web server", "disable", [Array("HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n".utf8)], "connecting to"),
-            ("random bytes", "disable", [noise], "connecting to"),
-            ("an authentication request, then nonsense", "disable", [[0x52, 0, 0, 0, 8, 0, 0, 0, 0, 0x5A, 0, 0, 0, 5, 0x49] + noise], "connecting to"),
-            ("yes to TLS, then not TLS", "require", [Array("S".utf8), noise], "WRONG_VERSION_NUMBER (what answered does not speak TLS)"),
-        ]
-        for impostor in impostors {
-            let server = try ImpostorServer(replies: impostor.replies)
-            let store = try PostgresClusterStore(url: DatabaseURL("postgresql://opq@127.0.0.1:\(server.port)/opq?sslmode=\(impostor.sslmode)"))
-            let runner = Task(executorPreference: store.executor) { await store.run() }
-            do {
-                try await store.checkConnection()
-                Issue.record("\(impostor.what): connected")
-            } catch let error as ClusterStoreError {
-                #expect(error.kind == .connection, "\(impostor.what): \(error)")
-                #expect(error.description.contains(impostor.says), "\(impostor.what): \(error)")
-                #expect(!error.description.contains(".cc:") && !error.description.contains("/Sources/"), "\(impostor.what): \(error)")
-            }
-            runner.cancel()
-            await runner.value
-        }
-    }
-
     @Test func databaseURLs() throws {
         let url = try DatabaseURL("postgresql://op%40q@db.example:6543/jobs?sslmode=verify-full&sslrootcert=/etc/ca.pem")
         #expect(url.user == "op@q" && url.host == "db.example" && url.port == 6543 && url.database == "jobs")

@@ -194,7 +194,8 @@ struct ClusterTests {
         let ranElsewhere = try #require(jobs.first { outboxes[$0]?.first == 0 })
         let show = try harness[1].ctl(["show", ranElsewhere])
         #expect(show.status == 0 && show.stdout.contains(harness[0].name), "\(show.stdout)\(show.stderr)")
-        #expect(try harness[1].ctl(["wait", ranElsewhere, "--timeout", "5"]).status == 0)
+        let waited = try harness[1].ctl(["wait", ranElsewhere, "--timeout", "5"])
+        #expect(waited.status == 0 && waited.stdout == "\(ranElsewhere): succeeded (on \(harness[0].name))\n", "\(waited)")
         #expect(try harness[1].ctl(["graph", ranElsewhere]).stdout.contains("digraph"))
 
         // The journal: each job claimed once, by a node that says who it is.

@@ -1036,9 +1036,10 @@ struct ClusterJobStoreTests {
 
     /// A careless user's port typo: `cluster.database` aimed at a loopback server that is not PostgreSQL — a web
     /// server answering 400 and hanging up, one answering random bytes, one announcing a 1 GiB message and then
-    /// nothing. The node says `disconnected` with the address and what went wrong, keeps retrying, keeps the
-    /// manifest submitted meanwhile set aside in active/.submissions, and crashes nothing.
-    @Test(arguments: ["http", "random", "huge"])
+    /// nothing, one that says yes to TLS (`sslmode=require`) and then sends bytes that are not TLS. The node says
+    /// `disconnected` with the address and what went wrong (never the TLS library's source files), keeps retrying,
+    /// keeps the manifest submitted meanwhile set aside in active/.submissions, and crashes nothing.
+    @Test(arguments: ["http", "random", "huge", "tls"])
     func aDatabaseURLAimedAtSomethingElseLosesNothing(_ speaks: String) throws {
         let server = try PostgresServer.shared.get()
         let (listener, port) = try loopbackListener()
@@ -1055,6 +1056,11 @@ struct ClusterJobStoreTests {
                 switch speaks {
                 case "http": answer = Array("HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\nConnection: close\r\n\r\n".utf8)
                 case "random": answer = (0..<65_536).map { _ in UInt8.random(in: 0...255) }
+                case "tls":
+                    // "S" to the SSLRequest, then noise for the ClientHello.
+                    _ = send(connection, "S", 1, Int32(MSG_NOSIGNAL))
+                    _ = read(connection, &buffer, buffer.count)
+                    answer = (0..<4096).map { _ in UInt8.random(in: 0...255) }
                 default: answer = [UInt8(ascii: "R"), 0x40, 0, 0, 0] + [UInt8](repeating: 0, count: 64)
                 }
                 _ = answer.withUnsafeBytes { send(connection, $0.baseAddress, $0.count, Int32(MSG_NOSIGNAL)) }
@@ -1065,7 +1071,7 @@ struct ClusterJobStoreTests {
         impostor.start()
         defer { shutdown(listener, Int32(SHUT_RDWR)); close(listener) }
         let node = try ClusterNode("typo", server: server, database: "typo",
-                                   url: "postgresql://\(PostgresServer.role)@127.0.0.1:\(port)/typo?sslmode=disable")
+                                   url: "postgresql://\(PostgresServer.role)@127.0.0.1:\(port)/typo?sslmode=\(speaks == "tls" ? "require" : "disable")")
         defer { node.close() }
         _ = node.store.recovered([])
         try plist(sleepManifest("kept")).write(to: URL(fileURLWithPath: node.spool.inbox + "/kept.plist"))
@@ -1073,6 +1079,10 @@ struct ClusterJobStoreTests {
         #expect(eventually(15) { node.logs.all.contains { $0.metadata["OPQ_STATE"] == "disconnected" } })
         let line = node.logs.all.first { $0.metadata["OPQ_STATE"] == "disconnected" }?.metadata["OPQ_ERROR"] ?? "(none)"
         #expect(line.contains("127.0.0.1:\(port)") && line.contains("is PostgreSQL listening where cluster.database points?"), "\(line)")
+        #expect(!line.contains(".cc:") && !line.contains("/Sources/"), "no source file of a library: \(line)")
+        if speaks == "tls" {
+            #expect(line.contains("the TLS handshake failed: WRONG_VERSION_NUMBER (what answered does not speak TLS)"), "\(line)")
+        }
         #expect(eventually(15) { accepted.withLock { $0 } >= 2 }, "it tries again")
         #expect(((try? FileManager.default.contentsOfDirectory(atPath: node.spool.active + "/.submissions")) ?? []).count == 1,
                 "the manifest waits, set aside for the database")
