@@ -12,12 +12,18 @@ import Testing
 import TestSupport
 import TestTraits
 
+/// The store's `run()` in a task of its own, started on the store's executor (an unstructured task on the shared
+/// pool may wait there for seconds under a full run before `run()` moves it).
+func running(_ store: PostgresClusterStore) -> Task<Void, Never> {
+    Task(executorPreference: store.executor) { await store.run() }
+}
+
 func makePostgresStore(database: String? = nil, password: String? = nil) async throws -> (PostgresClusterStore, StoreUnderTest) {
     let server = try PostgresServer.shared.get()
     let name = try database ?? server.createDatabase()
     let url = try DatabaseURL(server.url(name), passwordFile: try server.passwordFile(password))
     let store = try PostgresClusterStore(url: url)
-    let runner = Task(executorPreference: store.executor) { await store.run() }
+    let runner = running(store)
     return (store, StoreUnderTest(store: store, close: { runner.cancel(); await runner.value }))
 }
 
@@ -175,7 +181,7 @@ struct PostgresClusterStoreTests {
         try server.psql(database, "GRANT USAGE, CREATE ON SCHEMA public TO \(role)")
         let file = try server.passwordFile(first)
         let store = try PostgresClusterStore(url: DatabaseURL(server.url(database, user: role), passwordFile: file))
-        let runner = Task(executorPreference: store.executor) { await store.run() }
+        let runner = running(store)
         defer { runner.cancel() }
         #expect(try await store.migrate() == Migrations.newest)
         try await store.registerNode(node("rot"))
@@ -261,17 +267,20 @@ struct PostgresClusterStoreTests {
         for _ in 0..<40 {
             _ = try server.psql("postgres", "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = '\(database)'")
             // Unstructured, each bounded: a statement that never returns must not hang the test with it.
+            // What each came to: nil while it runs.
             let outcomes = (0..<4).map { _ in
-                let box = Outcome()
+                let outcome = Locked<Bool?>(nil)
                 Task(executorPreference: store.executor) {
-                    do { _ = try await store.heartbeat(node: "ended"); box.set(true) } catch { box.set(false) }
+                    let returned = (try? await store.heartbeat(node: "ended")) != nil
+                    outcome.withLock { $0 = returned }
                 }
-                return box
+                return outcome
             }
+            func count(_ value: Bool?) -> Int { outcomes.filter { $0.withLock { $0 } == value }.count }
             let until = Date().addingTimeInterval(3)
-            while outcomes.contains(where: { $0.value == nil }) && Date() < until { try await Task.sleep(for: .milliseconds(5)) }
-            hung += outcomes.filter { $0.value == nil }.count
-            failed += outcomes.filter { $0.value == false }.count
+            while count(nil) > 0 && Date() < until { try await Task.sleep(for: .milliseconds(5)) }
+            hung += count(nil)
+            failed += count(false)
         }
         #expect(hung == 0, "\(hung) of 160 statements never returned (\(failed) failed)")
         try await Task.sleep(for: .milliseconds(300))
@@ -312,7 +321,7 @@ struct PostgresClusterStoreTests {
         let log = CapturedLog()
         let logger = log.logger(label: "opqueued.cluster", level: .warning)
         let store = try PostgresClusterStore(url: url, logger: logger)
-        let runner = Task(executorPreference: store.executor) { await store.run() }
+        let runner = running(store)
         defer { runner.cancel() }
         _ = try await store.migrate()
         for round in 0..<20 {
@@ -342,7 +351,7 @@ struct PostgresClusterStoreTests {
         _ = try await store.migrate()  // on a connection of its own, as a node's first step is
         async let asked = store.suspendedQueues()
         try await Task.sleep(for: .milliseconds(200))
-        let runner = Task(executorPreference: store.executor) { await store.run() }
+        let runner = running(store)
         defer { runner.cancel() }
         #expect(try await asked == [], "answered once the pool runs")
         let said = log.all.map { "\($0.level): \($0.message)" }
@@ -438,7 +447,7 @@ struct PostgresClusterStoreTests {
         try server.psql(database, "GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO \(runtime)")
         let url = try DatabaseURL(server.url(database, user: runtime), passwordFile: try server.passwordFile(password))
         let store = try PostgresClusterStore(url: url)
-        let runner = Task(executorPreference: store.executor) { await store.run() }
+        let runner = running(store)
         defer { runner.cancel() }
         #expect(try await store.migrate() == Migrations.newest, "nothing to migrate, and allowed to look")
         try await store.registerNode(node("run", limits: ["api": 1]))
@@ -489,7 +498,7 @@ struct PostgresClusterStoreTests {
         }
 
         let verified = try store("sslmode=verify-full&sslrootcert=" + ca)
-        let runner = Task(executorPreference: verified.executor) { await verified.run() }
+        let runner = running(verified)
         #expect(try await verified.migrate() == Migrations.newest)
         try await verified.registerNode(node("tls"))
         let overTLS = try connectedOverTLS()
@@ -671,11 +680,4 @@ struct PostgresClusterStoreTests {
             #expect(Date().timeIntervalSince(started) < 2)
         }
     }
-}
-
-/// What an unstructured statement came to: nil while it runs.
-final class Outcome: Sendable {
-    private let state = Mutex<Bool?>(nil)
-    func set(_ value: Bool) { state.withLock { $0 = value } }
-    var value: Bool? { state.withLock { $0 } }
 }

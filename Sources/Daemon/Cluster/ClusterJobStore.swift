@@ -142,9 +142,9 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
         let url = try DatabaseURL(settings.database, passwordFile: settings.passwordFile)
         if let exposure = url.passwordFileExposure() { logger.warning("\(exposure)", metadata: ["OPQ_EVENT": "cluster"]) }
         // The longest this node waits for one pooled statement (an insert's); the server ends it a second after.
-        let executor = ClusterExecutor(label: "opqueued-cluster-executor")
-        let store = try PostgresClusterStore(url: url, abandonAfter: Self.statementTimeout * 2, executor: executor)
-        self.init(configuration: configuration, spool: spool, logger: logger, store: store, executor: executor,
+        let store = try PostgresClusterStore(url: url, abandonAfter: Self.statementTimeout * 2,
+                                             executor: ClusterExecutor(label: "opqueued-cluster-executor"))
+        self.init(configuration: configuration, spool: spool, logger: logger, store: store, executor: store.executor,
                   run: { await store.run() }, onLeaseDeadline: onLeaseDeadline, maxManifestBytes: maxManifestBytes)
     }
 
