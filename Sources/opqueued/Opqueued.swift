@@ -88,6 +88,7 @@ struct Opqueued: AsyncParsableCommand {
         // first, while the process is small: the fork copies its address space as it is now.
         let watchdog = CommandWatchdog.start()
         Daemon.tuneAllocator()
+        await Daemon.openTimerClocks()
         let useJournal = logTarget == .journal || (logTarget == .auto && (ProcessInfo.processInfo.environment["JOURNAL_STREAM"] != nil || journalIsListening()))
         LoggingSystem.bootstrap { _ in useJournal ? JournalLogHandler() as any LogHandler : ConsoleLogHandler() }
         let logger = Logger(label: "opqueued")

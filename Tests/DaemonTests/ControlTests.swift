@@ -205,8 +205,12 @@ extension TestSpool {
         try spool.start(spool.configure(["metrics": ["listen": "127.0.0.1:0"]]))
         let metrics = try #require(metricsAddress(spool))
         let pid = try #require(spool.daemon?.processIdentifier)
+        // libdispatch's timer descriptors, one per clock it has, are open from the start: none opened later can take
+        // the place a reserve gives up for a client (nor fail for want of one, leaving that clock's timers unarmed).
+        #expect(timerClocks(pid).isSuperset(of: [0, 1, 7]), "timerfd clocks of the ready daemon: \(timerClocks(pid).sorted())")
         // The soft limit set to the daemon's lowest free descriptor number: no descriptor is left.
         let held = steadyLowestFreeDescriptor(pid)
+        let table = descriptorTable(pid)
         // util-linux's prlimit (Glibc's prlimit(2) wrapper is a GNU extension Swift does not see); the soft limit only.
         let original = try run("/usr/bin/prlimit", ["--pid", "\(pid)", "--nofile", "--raw", "--noheadings", "--output=SOFT"])
         let soft = try #require(Int(original.stdout.trimmingCharacters(in: .whitespacesAndNewlines)), "prlimit: \(original)")
@@ -229,7 +233,8 @@ extension TestSpool {
         var head = [UInt8](repeating: 0, count: 64)
         let got = recv(scrape, &head, head.count, 0)
         let status = String(decoding: head.prefix(max(0, got)), as: UTF8.self)
-        #expect(status.hasPrefix("HTTP/1.1 200") || status.hasPrefix("HTTP/1.0 200"), "a scrape with no descriptor left: \(status.debugDescription)")
+        #expect(status.hasPrefix("HTTP/1.1 200") || status.hasPrefix("HTTP/1.0 200"),
+                "a scrape with no descriptor left: \(status.debugDescription); descriptors since the limit was set: \(descriptorChanges(from: table, to: descriptorTable(pid)))")
         let spent = Self.cpuSeconds(pid) - before
         #expect(spent < 0.5, "the daemon used \(spent) s of CPU answering with no descriptor left")
         #expect(try setSoft(soft) == 0)

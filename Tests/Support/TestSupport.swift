@@ -109,6 +109,37 @@ public func lowestFreeDescriptor(_ pid: Int32) -> Int {
     return n
 }
 
+/// A process's open descriptors and what each refers to (`/proc/PID/fd`), for a failure's message.
+public func descriptorTable(_ pid: Int32) -> [Int: String] {
+    let names = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/fd")) ?? []
+    var table: [Int: String] = [:]
+    for name in names {
+        guard let fd = Int(name) else { continue }
+        table[fd] = (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/\(pid)/fd/\(name)")) ?? "?"
+    }
+    return table
+}
+
+/// What changed between two descriptor tables, one line per descriptor opened, closed or replaced.
+public func descriptorChanges(from before: [Int: String], to after: [Int: String]) -> String {
+    Set(before.keys).union(after.keys).sorted().compactMap { fd -> String? in
+        guard before[fd] != after[fd] else { return nil }
+        return "\(fd): \(before[fd] ?? "-") -> \(after[fd] ?? "-")"
+    }.joined(separator: "; ")
+}
+
+/// The clocks (`clockid` in `/proc/PID/fdinfo`: 0 realtime, 1 monotonic, 7 boot time) of a process's timerfds.
+public func timerClocks(_ pid: Int32) -> Set<Int> {
+    var clocks: Set<Int> = []
+    for (fd, target) in descriptorTable(pid) where target.contains("timerfd") {
+        guard let info = try? String(contentsOfFile: "/proc/\(pid)/fdinfo/\(fd)", encoding: .utf8),
+              let line = info.split(separator: "\n").first(where: { $0.hasPrefix("clockid:") }),
+              let clock = Int(line.dropFirst("clockid:".count).trimmingCharacters(in: .whitespaces)) else { continue }
+        clocks.insert(clock)
+    }
+    return clocks
+}
+
 /// The lowest free descriptor number seen most often in six looks 50 ms apart. As a soft RLIMIT_NOFILE it leaves
 /// the process no descriptor: every number below it is taken (a count of descriptors would leave the holes below a
 /// high one free), and a file reopened or a connection open at one look does not move it.

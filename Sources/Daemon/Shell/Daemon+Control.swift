@@ -248,6 +248,26 @@ extension Daemon {
     /// first thing.
     public static func tuneAllocator() { opq_tune_allocator() }
 
+    /// Makes libdispatch open its timer descriptors now, one for each of its clocks (the uptime clock of
+    /// `DispatchTime`, the monotonic one of `ContinuousClock` sleeps, the wall clock of `DispatchWallTime`): it
+    /// opens a clock's timerfd the first time a timer on that clock is armed and keeps it for the life of the
+    /// process. Left to chance, that first time can come when no descriptor is free — the open fails, and timers on
+    /// that clock are silently never armed (`Task.sleep` would not return: no status line, no watchdog ping) — or
+    /// in the instant a listener has given up its reserve descriptor for a waiting client, which the timer then
+    /// takes for good, leaving the client unanswered and the listener retrying accept. Call once at start, before
+    /// the servers; returns once all three timers have fired.
+    public static func openTimerClocks() async {
+        await withCheckedContinuation { (fired: CheckedContinuation<Void, Never>) in
+            let timers = DispatchGroup()
+            timers.enter()
+            DispatchQueue.global().asyncAfter(deadline: .now() + .milliseconds(1)) { timers.leave() }
+            timers.enter()
+            DispatchQueue.global().asyncAfter(wallDeadline: .now() + .milliseconds(1)) { timers.leave() }
+            timers.notify(queue: .global()) { fired.resume() }
+        }
+        try? await Task.sleep(for: .milliseconds(1))
+    }
+
     /// Raises the soft limit of open files to the hard one (at most 65,536) when it is lower: each control
     /// connection costs a descriptor, and a burst of idle clients must not leave none for the spool's own
     /// files. Call once, first thing.
