@@ -792,6 +792,11 @@ struct ClusterTests {
         let waitingCopies = harness[0].list("inbox") + harness[0].list("active") + harness[0].list("active/.submissions")
         #expect(!waitingCopies.isEmpty, "the manifest waits on the node")
         #expect(harness[0].result(job) == nil)
+        // …and is counted as waiting: the node reads its inbox though it cannot submit yet.
+        let counted = try pollUntil(5) {
+            try harness[0].statusJSON()["waiting"] as? Int == 1 && Scrape.parse(harness[0].ctl(["metrics"]).stdout).value("opqueued_inbox_files") == 1 ? true : nil
+        }
+        #expect(counted != nil, "status: \(String(describing: try? harness[0].statusJSON()["waiting"])) waiting, one manifest in the inbox")
         // Every queue is held until the node has read which are suspended cluster-wide, and status says so (not "yes",
         // as for a queue someone suspended); it has read no node yet.
         let before = try harness[0].ctl(["status"]).stdout

@@ -241,6 +241,35 @@ extension TestSpool {
         try spool.expectServing("after running out of descriptors")
     }
 
+    /// A daemon with no room left claims nothing more, but what piles up in its inbox is what an operator watches
+    /// (status's `waiting`, `opqueued_inbox_files`): it is counted within the rescan interval, not left at what the
+    /// inbox held when the daemon filled up.
+    @Test func aFullDaemonCountsWhatPilesUpInItsInbox() throws {
+        let spool = TestSpool()
+        try spool.start(spool.configure(["maxActiveJobs": 1]))
+        func waiting() -> Int? { (try? ControlClient.request(spool.socketPath, ["command": "status"], timeout: 5))?["waiting"] as? Int }
+        func inboxFiles() -> Double? { try? Scrape.parse(spool.ctl(["metrics"]).stdout).value("opqueued_inbox_files") }
+        try spool.drop("first.plist", ["job": "first", "operations": [sleepOp("a", 60)]])
+        var active = false
+        for _ in 0..<200 where !active {
+            active = (try? ControlClient.request(spool.socketPath, ["command": "status"], timeout: 5))?["activeJobs"] as? [String] == ["first"]
+            if !active { usleep(25_000) }
+        }
+        try #require(active, "the first job runs")
+        for i in 0..<3 { try spool.drop("later\(i).plist", ["job": "later\(i)", "operations": [sleepOp("a", 0)]]) }
+        var counted: (Int?, Double?) = (nil, nil)
+        for _ in 0..<100 {
+            counted = (waiting(), inboxFiles())
+            if counted.0 == 3 && counted.1 == 3 { break }
+            usleep(50_000)
+        }
+        #expect(counted.0 == 3 && counted.1 == 3, "status waiting \(String(describing: counted.0)), opqueued_inbox_files \(String(describing: counted.1)); 3 in the inbox")
+        #expect(Set(spool.list("inbox")) == ["later0.plist", "later1.plist", "later2.plist"], "nothing more is claimed: \(spool.list("inbox"))")
+        #expect(try spool.ctl(["cancel", "first"]).status == 0)
+        for i in 0..<3 { #expect(spool.result("later\(i)")?["status"] as? String == "succeeded") }
+        #expect(waiting() == 0)
+    }
+
     @Test func graphOfARunningJobDrawsItsLiveStates() throws {
         let spool = TestSpool()
         try spool.start()

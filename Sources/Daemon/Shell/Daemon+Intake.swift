@@ -145,6 +145,22 @@ extension Daemon {
         case .full: (room, budget) = (0, 0)
         case .stopping, .paused: return
         }
+        let now = Date().timeIntervalSince1970
+        // An empty queue alone is no reason to read the inbox: every job's end asks for more, and reading a
+        // folder that once held a flood costs all its blocks (a directory never shrinks) even when it is empty.
+        // With nothing to take now (no room; a cluster node that cannot submit yet) it is still read when due, at
+        // most every `rescanInterval`: what waits there is counted all the same (status's `waiting`,
+        // `opqueued_inbox_files`), not left at what the last read before the node filled up saw.
+        let due = rescanNow || (inboxQueue.isEmpty && scanLeftSome) || (rescanRequested && now - lastRefill >= Self.rescanInterval)
+        let takes = runsHere ? room > 0 && budget > 0 : store.acceptsSubmissions
+        if due && (takes || now - lastRefill >= Self.rescanInterval) {
+            do {
+                try refill()
+            } catch {
+                spoolFailed("reading the inbox", error)
+                return
+            }
+        }
         // Manifests that go to the store do not wait for room here; they wait in the inbox until the store can
         // validate them (a cluster node that has not yet learnt what the cluster declares), tried again shortly.
         if !runsHere {
@@ -164,17 +180,6 @@ extension Daemon {
         // Operations the claimed manifests may hold, before they are parsed: no operation takes fewer
         // than this many bytes in either format.
         var mayHold = 0
-        let now = Date().timeIntervalSince1970
-        // An empty queue alone is no reason to read the inbox: every job's end asks for more, and reading a
-        // folder that once held a flood costs all its blocks (a directory never shrinks) even when it is empty.
-        if rescanNow || (inboxQueue.isEmpty && scanLeftSome) || (rescanRequested && now - lastRefill >= Self.rescanInterval) {
-            do {
-                try refill()
-            } catch {
-                spoolFailed("reading the inbox", error)
-                return
-            }
-        }
         let onlyThese = once
         var claimed: [ClaimedJob] = []
         var settling: [String] = []
