@@ -198,6 +198,14 @@ func statusReport(_ response: [String: Any]) -> String {
     if held {
         out += "held: no operation starts on these queues until this node has read from the database which queues are suspended cluster-wide\n"
     }
+    // clusterMaxConcurrentOperationCount: an operation executes only while its node holds one of the queue's slots.
+    for q in response["queues"] as? [[String: Any]] ?? [] {
+        guard let limit = q["clusterMaxConcurrentOperationCount"] as? Int else { continue }
+        let heldHere = q["clusterSlotsHeld"] as? Int ?? 0
+        out += "\(q["name"] as? String ?? "?"): at most \(limit) executing across the cluster; this node holds \(heldHere) of its slots"
+        if let priority = q["clusterSlotWait"] as? String { out += " and waits for more (its wait recorded at priority \(priority))" }
+        out += "\n"
+    }
     // A cluster node (SPEC §8) speaks for the whole cluster: its nodes, and the jobs none of the live ones can run.
     if let nodes = response["nodes"] as? [[String: Any]] {
         // Read from the database: while this node cannot reach it, the table is the last one it read.

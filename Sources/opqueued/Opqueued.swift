@@ -264,6 +264,12 @@ func handle(_ request: [String: Any], _ daemon: Daemon) -> [String: Any] {
                                             "pending": q.pending, "executing": q.executing]
                 // Suspended only until this node has read the cluster's suspensions.
                 if q.isSuspended && status.held.contains(q.name) { queue["held"] = true }
+                // A cluster-wide limit: the slots this node holds, and its wait for more, if it waits.
+                if let slots = status.clusterSlots[q.name] {
+                    queue["clusterMaxConcurrentOperationCount"] = slots.limit
+                    queue["clusterSlotsHeld"] = slots.held
+                    if let priority = slots.waitingAt { queue["clusterSlotWait"] = priority.name }
+                }
                 return queue
             },
         ]

@@ -1404,6 +1404,45 @@ struct ClusterTests {
                 "node 1's veryHigh operations took the slot at the end of node 0's running one (\(before) started when the wait was recorded): \(order)")
     }
 
+    /// What an operator asking why a limited queue does not start sees: each node's status and metrics say how many
+    /// of the queue's cluster slots it holds and whether (at which priority) it waits for one. `api` has one slot;
+    /// node 0 holds it for a long operation, node 1 waits for it with a `high` one, until node 0's job is cancelled.
+    @Test func statusShowsTheClusterSlotsANodeHoldsAndWaitsFor() throws {
+        let api: [String: Any] = ["maxConcurrentOperationCount": 1, "clusterMaxConcurrentOperationCount": 1]
+        let harness = try ClusterHarness(nodes: 2, settings: { k in
+            ["queues": ["api": api, (k == 0 ? "low" : "high"): ["maxConcurrentOperationCount": 1]]]
+        })
+        func job(_ name: String, pin: String, priority: String, seconds: Double) -> [String: Any] {
+            var operation = sleepOperation("call", seconds, queue: "api", dependencies: ["pin"])
+            operation["queuePriority"] = priority
+            return ["job": name, "operations": [sleepOperation("pin", 0, queue: pin), operation]]
+        }
+        func apiQueue(_ k: Int) throws -> [String: Any]? {
+            (try harness[k].statusJSON()["queues"] as? [[String: Any]])?.first { $0["name"] as? String == "api" }
+        }
+        let long = uniqueJob("slot-holder")
+        let waiter = uniqueJob("slot-waiter")
+        try harness[0].drop(long + ".plist", job(long, pin: "low", priority: "normal", seconds: 60))
+        let holding = try pollUntil(20) { try apiQueue(0)?["clusterSlotsHeld"] as? Int == 1 ? true : nil }
+        #expect(holding != nil, "node 0 says it holds api's slot: \(String(describing: try? apiQueue(0)))")
+        try harness[1].drop(waiter + ".plist", job(waiter, pin: "high", priority: "high", seconds: 0))
+        let waiting = try pollUntil(20) { try apiQueue(1)?["clusterSlotWait"] as? String == "high" ? true : nil }
+        #expect(waiting != nil, "node 1 says it waits for a slot at priority high: \(String(describing: try? apiQueue(1)))")
+        let queue1 = try #require(try apiQueue(1))
+        #expect(queue1["clusterMaxConcurrentOperationCount"] as? Int == 1 && queue1["clusterSlotsHeld"] as? Int == 0, "\(queue1)")
+        let text = try harness[1].ctl(["status"]).stdout
+        #expect(text.contains("api: at most 1 executing across the cluster; this node holds 0 of its slots and waits for more (its wait recorded at priority high)"), "\(text)")
+        let scrape = try Scrape.parse(harness[1].ctl(["metrics"]).stdout)
+        #expect(scrape.value("opqueued_cluster_slot_waiting", ["queue": "api"]) == 1 && scrape.value("opqueued_cluster_slots_held", ["queue": "api"]) == 0,
+                "node 1's gauges")
+        #expect(try Scrape.parse(harness[0].ctl(["metrics"]).stdout).value("opqueued_cluster_slots_held", ["queue": "api"]) == 1, "node 0's gauge")
+        #expect(try apiQueue(0)?["clusterSlotWait"] == nil, "node 0 waits for nothing")
+        #expect(try harness[0].ctl(["cancel", long]).status == 0)
+        #expect(harness.waitResult(waiter, timeout: 30)?.result["status"] as? String == "succeeded")
+        let done = try pollUntil(10) { try apiQueue(1)?["clusterSlotWait"] == nil ? true : nil }
+        #expect(done != nil, "node 1 no longer waits once its operation ran: \(String(describing: try? apiQueue(1)))")
+    }
+
     // MARK: 3. A hand-inserted bad row
 
     @Test func handInsertedBadRowEndsRejected() throws {

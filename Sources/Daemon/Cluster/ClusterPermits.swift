@@ -143,6 +143,18 @@ final class ClusterPermits: Sendable {
     /// The waits for slots recorded in the store now (committed), by queue, with the priority recorded.
     var recordedWaits: [String: QueuePriority] { state.withLock { $0.waiting } }
 
+    /// Each queue with a cluster-wide limit: the limit, the slots this node holds, and the priority of its wait
+    /// recorded in the store, if it waits (status, metrics).
+    var slots: [String: Daemon.ClusterSlots] {
+        state.withLock { s in
+            var slots: [String: Daemon.ClusterSlots] = [:]
+            for (name, limited) in s.limited {
+                slots[name] = Daemon.ClusterSlots(limit: limited.limit, held: s.held[name]?.count ?? 0, waitingAt: s.waiting[name])
+            }
+            return slots
+        }
+    }
+
     /// The rebalancing loop; returns when the task is cancelled (it then gives back every slot it holds).
     func run() async {
         await withTaskGroup(of: Void.self) { group in

@@ -49,6 +49,8 @@ public final class DaemonMetrics: Sendable {
         "opqueued_download_errors_total": ("Download attempts that failed (not counting cancellations).", nil),
         "opqueued_cluster_connected": ("1 while this cluster node reaches the database, else 0.", nil),
         "opqueued_cluster_nodes_connected": ("Nodes of the cluster that beat within their lease, as of this node's last look.", nil),
+        "opqueued_cluster_slots_held": ("Slots of the queue's clusterMaxConcurrentOperationCount this node holds (as many of its operations may execute here).", nil),
+        "opqueued_cluster_slot_waiting": ("1 while this node's wait for more of the queue's cluster slots is recorded in the database, else 0.", nil),
         "opqueued_cluster_wakeups_arriving": ("1 while the database's wake-ups (LISTEN/NOTIFY) reach this node; 0 once its probes went unheard.", nil),
     ]
 
@@ -122,6 +124,10 @@ public final class DaemonMetrics: Sendable {
             gauge("opqueued_cluster_connected", [], cluster.connected ? 1 : 0)
             gauge("opqueued_cluster_nodes_connected", [], Double(cluster.nodes.filter(\.connected).count))
             gauge("opqueued_cluster_wakeups_arriving", [], cluster.wakeupsArrive ? 1 : 0)
+        }
+        for (name, slots) in status.clusterSlots {
+            gauge("opqueued_cluster_slots_held", [("queue", name)], Double(slots.held))
+            gauge("opqueued_cluster_slot_waiting", [("queue", name)], slots.waitingAt == nil ? 0 : 1)
         }
         return registry.emitToString()
     }

@@ -205,6 +205,18 @@ extension Daemon {
         /// Queues suspended only because this node has not yet read the cluster's suspensions (it holds every queue
         /// from its start until it has): none once it has, and none without a cluster.
         public var held: Set<String> = []
+        /// Queues with `clusterMaxConcurrentOperationCount`, by name: none without a cluster.
+        public var clusterSlots: [String: ClusterSlots] = [:]
+    }
+
+    /// A queue's cluster-wide slots as this node sees them.
+    public struct ClusterSlots: Sendable, Equatable {
+        /// `clusterMaxConcurrentOperationCount`.
+        public var limit: Int
+        /// Slots this node holds now: at most this many of the queue's operations execute here.
+        public var held: Int
+        /// The priority this node's wait for a slot is recorded at, while it waits (it wants more than it holds).
+        public var waitingAt: QueuePriority? = nil
     }
 
     public struct JobProgress: Sendable {
@@ -234,7 +246,7 @@ extension Daemon {
         // Manifests the store holds for submission still wait, as far as the user can tell (read outside the lock).
         return Status(activeJobs: active, waiting: waitingNow + store.awaitingSubmission, executing: overview.executing, operations: operations,
                       maxActiveOperations: budget, queues: overview.queues, fault: fault, jobs: progress.sorted { $0.job < $1.job },
-                      held: held)
+                      held: held, clusterSlots: permits?.slots ?? [:])
     }
 
 
