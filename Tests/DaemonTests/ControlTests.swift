@@ -24,9 +24,7 @@ func raiseOwnFileLimit(to wanted: rlim_t) -> Bool {
 
 /// Waits at most `seconds` for one line on a connected socket.
 func readAnswer(_ fd: Int32, seconds: Int = 5) -> [String: Any]? {
-    var tv = timeval(tv_sec: seconds, tv_usec: 0)
-    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, socklen_t(MemoryLayout<timeval>.size))
-    guard let line = readLine(fd, limit: 1 << 20) else { return nil }
+    guard case .line(let line) = readLine(fd, limit: 1 << 20, deadline: monotonicSeconds() + Double(seconds)) else { return nil }
     return (try? JSONSerialization.jsonObject(with: line)) as? [String: Any]
 }
 

@@ -849,6 +849,57 @@ func sleepOp(_ id: String, _ seconds: Double, deps: [String] = []) -> [String: A
         #expect((try? ControlClient.request(socket, ["command": "status"], timeout: 5)) != nil)
     }
 
+    /// Something else on the control socket (a stale path reused by another program, a hung or hostile peer): the
+    /// client says what it met, within its deadline, whatever the peer sends or withholds: silence, a trickle of
+    /// bytes that never ends a line, 65 MiB without a newline, a line that is not JSON, an immediate hang-up.
+    @Test func aClientFacingSomethingElseOnTheSocketSaysWhatAndKeepsItsDeadline() throws {
+        let spool = TestSpool()
+        let socket = spool.root + "/opqueued.sock"
+        enum Peer: CaseIterable { case silent, trickle, endless, garbage, hangUp }
+        for peer in Peer.allCases {
+            unlink(socket)
+            let listener = try Impostor(path: socket) { fd in
+                switch peer {
+                case .silent: usleep(3_000_000)
+                case .trickle: for _ in 0..<30 where send(fd, "x", 1, Int32(MSG_NOSIGNAL)) == 1 { usleep(100_000) }
+                case .endless:
+                    let block = [UInt8](repeating: UInt8(ascii: "{"), count: 1 << 20)
+                    for _ in 0..<65 { try? sendAll(fd, block, path: socket) }
+                    usleep(3_000_000)
+                case .garbage: try? sendAll(fd, Array("\u{0}\u{FF}HTTP/1.1 400 Bad Request\r\n\n".utf8), path: socket)
+                case .hangUp: break
+                }
+            }
+            defer { listener.stop() }
+            let asked = Date()
+            var said = ""
+            do {
+                // 64 MiB take a debug build's client longer than a second to read: its limit is checked with more time.
+                _ = try ControlClient.request(socket, ["command": "status"], timeout: peer == .endless ? 20 : 1)
+                said = "an answer"
+            } catch {
+                said = "\(error)"
+            }
+            let seconds = Date().timeIntervalSince(asked)
+            #expect(seconds < (peer == .endless ? 21 : 2.5), "\(peer): the client took \(seconds) s, past its deadline")
+            let expected: String
+            switch peer {
+            case .silent: expected = "no daemon answers on \(socket) (connected, but no answer within 1 s: is it stopped (SIGSTOP) or hung?)"
+            case .trickle: expected = "its answer did not end within 1 s"
+            case .endless: expected = "what answers on \(socket) is not an opqueued daemon (its answer goes on past 64 MiB without ending)"
+            case .garbage: expected = "what answers on \(socket) is not an opqueued daemon (its answer is not a JSON object: "
+            case .hangUp: expected = "no daemon answers on \(socket) (connected, but the connection"
+            }
+            #expect(said.contains(expected), "\(peer): \(said)")
+        }
+        // opqueuectl says the same and exits 3.
+        unlink(socket)
+        let listener = try Impostor(path: socket) { fd in try? sendAll(fd, Array("not json\n".utf8), path: socket) }
+        defer { listener.stop() }
+        let status = try spool.ctl(["status"])
+        #expect(status.status == 3 && status.stderr.contains("is not an opqueued daemon (its answer is not a JSON object: \"not json\")"), "\(status)")
+    }
+
     @Test func journalTellsEveryOperationsStoryInOrder() throws {
         try ensureJournald()
         let spool = TestSpool()
@@ -885,4 +936,45 @@ func sleepOp(_ id: String, _ seconds: Double, deps: [String] = []) -> [String: A
 struct TestFailure: Error, CustomStringConvertible {
     let description: String
     init(_ description: String) { self.description = description }
+}
+
+
+/// A Unix-socket server that is not opqueued: each connection is handed to `serve` on a thread of its own, then closed.
+final class Impostor: @unchecked Sendable {
+    private let fd: Int32
+    private let lock = NSLock()
+    private var stopped = false
+
+    init(path: String, serve: @escaping @Sendable (Int32) -> Void) throws {
+        fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
+        var address = sockaddr_un()
+        address.sun_family = sa_family_t(AF_UNIX)
+        let bytes = Array(path.utf8)
+        guard fd >= 0, bytes.count < MemoryLayout.size(ofValue: address.sun_path) else { throw POSIXError(.EINVAL) }
+        withUnsafeMutableBytes(of: &address.sun_path) { raw in
+            for (i, byte) in bytes.enumerated() { raw[i] = byte }
+        }
+        let bound = withUnsafePointer(to: &address) {
+            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
+        }
+        guard bound == 0, listen(fd, 8) == 0 else { close(fd); throw POSIXError(.EADDRINUSE) }
+        let listening = fd
+        Thread.detachNewThread { [self] in
+            while true {
+                let client = accept(listening, nil, nil)
+                guard client >= 0 else { return }
+                if lock.withLock({ stopped }) { close(client); return }
+                Thread.detachNewThread {
+                    serve(client)
+                    close(client)
+                }
+            }
+        }
+    }
+
+    func stop() {
+        lock.withLock { stopped = true }
+        shutdown(fd, Int32(SHUT_RDWR))
+        close(fd)
+    }
 }

@@ -419,17 +419,52 @@ func withUnixAddress(_ path: String, _ body: (UnsafePointer<sockaddr>, socklen_t
     }
 }
 
-func readLine(_ fd: Int32, limit: Int) -> Data? {
+/// What reading one line from a socket found.
+enum LineRead: Equatable {
+    /// The line, without its newline.
+    case line(Data)
+    /// The peer closed the connection after this many bytes and no newline.
+    case closed(partial: Int)
+    /// The deadline passed after this many bytes and no newline.
+    case timedOut(partial: Int)
+    /// More than the limit's bytes came and no newline.
+    case tooLong
+    /// A read failed (errno).
+    case failed(Int32)
+}
+
+/// Reads one line from a connected socket before `deadline` (monotonic seconds), whatever the peer does: a line
+/// of up to `limit` bytes, never more read than that and a chunk, each chunk looked at once (a peer that sends
+/// megabytes without a newline costs their reading, not a search of all of them per chunk), and no later than
+/// the deadline (a peer that trickles a byte at a time does not hold the reader past it).
+func readLine(_ fd: Int32, limit: Int, deadline: Double) -> LineRead {
     var data = Data()
-    var byte = [UInt8](repeating: 0, count: 4096)
-    while data.count < limit {
-        let n = byte.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
-        if n < 0 && errno == EINTR { continue }
-        if n <= 0 { break }
-        data.append(contentsOf: byte[0..<n])
-        if let newline = data.firstIndex(of: 0x0A) { return data[..<newline] }
+    var chunk = [UInt8](repeating: 0, count: 65_536)
+    while true {
+        let remaining = deadline - monotonicSeconds()
+        guard remaining > 0 else { return .timedOut(partial: data.count) }
+        var watched = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
+        let ready = poll(&watched, 1, Int32(min(remaining * 1000, 3_600_000).rounded(.up)))
+        if ready < 0 {
+            if errno == EINTR { continue }
+            return .failed(errno)
+        }
+        if ready == 0 { continue }
+        let n = chunk.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
+        if n < 0 {
+            if errno == EINTR || errno == EAGAIN { continue }
+            // A peer that closes with our request unread resets the connection: a hang-up all the same.
+            if errno == ECONNRESET { return .closed(partial: data.count) }
+            return .failed(errno)
+        }
+        if n == 0 { return .closed(partial: data.count) }
+        let end = chunk[0 ..< n].firstIndex(of: 0x0A)
+        chunk.withUnsafeBytes { raw in
+            if let base = raw.baseAddress { data.append(base.assumingMemoryBound(to: UInt8.self), count: end ?? n) }
+        }
+        if end != nil { return data.count <= limit ? .line(data) : .tooLong }
+        if data.count > limit { return .tooLong }
     }
-    return data.isEmpty ? nil : data
 }
 
 /// Writes all of `bytes` to a connected socket with MSG_NOSIGNAL: a peer that has gone away is an error (EPIPE)
@@ -450,11 +485,28 @@ public func sendAll(_ fd: Int32, _ bytes: [UInt8], path: String) throws {
 
 public enum ControlClient {
     public struct NoDaemon: Error, CustomStringConvertible {
+        public enum Kind: Sendable {
+            /// Nothing listens on the socket.
+            case absent
+            /// Something listens but did not answer in time (a stopped or hung daemon).
+            case silent
+            /// Something listens but closed the connection or failed before answering.
+            case hungUp
+            /// Something answered, but not as a daemon does (not one JSON object on one line).
+            case foreign
+        }
         public let path: String
         public let reason: String
-        /// Something listens but did not answer (a stopped or hung daemon), rather than nothing listening.
-        public var silent = false
-        public var description: String { silent ? "no daemon answers on \(path) (\(reason))" : "no daemon is running on \(path) (\(reason))" }
+        public var kind: Kind = .absent
+        /// Something listens but did not answer in time, rather than nothing listening.
+        public var silent: Bool { kind == .silent }
+        public var description: String {
+            switch kind {
+            case .absent: "no daemon is running on \(path) (\(reason))"
+            case .silent, .hungUp: "no daemon answers on \(path) (\(reason))"
+            case .foreign: "what answers on \(path) is not an opqueued daemon (\(reason))"
+            }
+        }
     }
 
     /// Connects to the control socket; throws `NoDaemon` when nothing listens on it.
@@ -472,21 +524,43 @@ public enum ControlClient {
 
     /// Sends one request; throws `NoDaemon` when nothing listens on the socket or it does not answer.
     public static func request(_ path: String, _ request: [String: Any], timeout: Double = 30) throws -> [String: Any] {
+        let deadline = monotonicSeconds() + max(0, timeout)
         let fd = try connect(path)
         defer { close(fd) }
-        let whole = max(0, timeout.rounded(.down))
-        var tv = timeval(tv_sec: Int(whole), tv_usec: Int((max(0, timeout) - whole) * 1_000_000))
-        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, socklen_t(MemoryLayout<timeval>.size))
         let data = try JSONSerialization.data(withJSONObject: request)
+        var unsent: (any Error)?
         do {
             try sendAll(fd, Array(data) + [0x0A], path: path)
         } catch {
-            throw NoDaemon(path: path, reason: "\(error)")
+            // What the peer said before it hung up is still read: it tells a daemon from something else.
+            unsent = error
         }
-        guard let line = readLine(fd, limit: 64 << 20),
-              let response = (try? JSONSerialization.jsonObject(with: line)) as? [String: Any] else {
-            throw NoDaemon(path: path, reason: "connected, but no answer within \(formatSeconds(timeout)) s: is it stopped (SIGSTOP) or hung?", silent: true)
+        let seconds = formatSeconds(timeout)
+        let read = readLine(fd, limit: maxAnswerBytes, deadline: deadline)
+        if let unsent, read == .closed(partial: 0) || read == .timedOut(partial: 0) {
+            throw NoDaemon(path: path, reason: "connected, but the connection ended before the request was sent: \(unsent)", kind: .hungUp)
         }
-        return response
+        switch read {
+        case .line(let line):
+            guard let response = (try? JSONSerialization.jsonObject(with: line)) as? [String: Any] else {
+                throw NoDaemon(path: path, reason: "its answer is not a JSON object: \(String(decoding: line.prefix(40), as: UTF8.self).debugDescription)", kind: .foreign)
+            }
+            return response
+        case .timedOut(0):
+            throw NoDaemon(path: path, reason: "connected, but no answer within \(seconds) s: is it stopped (SIGSTOP) or hung?", kind: .silent)
+        case .timedOut(let partial):
+            throw NoDaemon(path: path, reason: "its answer did not end within \(seconds) s (\(partial) bytes came): is it stopped (SIGSTOP) or hung?", kind: .silent)
+        case .closed(0):
+            throw NoDaemon(path: path, reason: "connected, but the connection was closed without an answer", kind: .hungUp)
+        case .closed(let partial):
+            throw NoDaemon(path: path, reason: "the connection was closed after \(partial) bytes of an answer that did not end", kind: .hungUp)
+        case .tooLong:
+            throw NoDaemon(path: path, reason: "its answer goes on past \(maxAnswerBytes >> 20) MiB without ending", kind: .foreign)
+        case .failed(let error):
+            throw NoDaemon(path: path, reason: "reading the answer: \(String(cString: strerror(error)))", kind: .hungUp)
+        }
     }
+
+    /// The longest answer line taken (a `show` of the largest job a daemon takes is far shorter).
+    static let maxAnswerBytes = 64 << 20
 }
