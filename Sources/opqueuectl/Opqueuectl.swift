@@ -104,22 +104,24 @@ struct Validate: ParsableCommand {
 }
 
 /// Reads and validates a manifest; prints every problem (`FILE: problem`) and returns nil when it is not valid.
-func validManifest(at file: String, _ config: Configuration) -> Data? {
+/// The manifest in `file` if it is valid; else nil, each problem said through `report` (validate's output is its
+/// problems; submit's is the job ids, its problems go to stderr).
+func validManifest(at file: String, _ config: Configuration, report: (String) -> Void = { print($0) }) -> Data? {
     var st = stat()
     guard stat(file, &st) == 0 else {
-        print("\(file): cannot be read: \(String(cString: strerror(errno)))")
+        report("\(file): cannot be read: \(String(cString: strerror(errno)))")
         return nil
     }
     guard (st.st_mode & S_IFMT) == S_IFREG else {
-        print("\(file): cannot be read: \((st.st_mode & S_IFMT) == S_IFDIR ? "a directory" : "not a regular file"), not a manifest file")
+        report("\(file): cannot be read: \((st.st_mode & S_IFMT) == S_IFDIR ? "a directory" : "not a regular file"), not a manifest file")
         return nil
     }
     guard let data = FileManager.default.contents(atPath: file) else {
-        print("\(file): cannot be read: \(access(file, R_OK) != 0 ? String(cString: strerror(errno)) : "read failed")")
+        report("\(file): cannot be read: \(access(file, R_OK) != 0 ? String(cString: strerror(errno)) : "read failed")")
         return nil
     }
     if case .failure(let problems) = Manifest.parse(data, configuration: config) {
-        for problem in problems.problems { print("\(file): \(problem)") }
+        for problem in problems.problems { report("\(file): \(problem)") }
         return nil
     }
     return data
@@ -139,7 +141,11 @@ struct Submit: ParsableCommand {
         let config = try common.submissionConfiguration()
         var ok = true
         for file in files {
-            guard let data = validManifest(at: file, config) else { ok = false; continue }
+            // Stdout holds the job ids only (`ids=$(opqueuectl submit *.plist)`): a manifest's problems go to stderr.
+            guard let data = validManifest(at: file, config, report: { FileHandle.standardError.write(Data("\($0)\n".utf8)) }) else {
+                ok = false
+                continue
+            }
             let base = ((file as NSString).lastPathComponent as NSString).deletingPathExtension
             let job = Manifest.requestedJob(in: data) ?? sanitizedIdentifier(base)
             let name = "\(job).\(UUID().uuidString.prefix(8)).plist"

@@ -1097,7 +1097,7 @@ struct ClusterTests {
         try PropertyListSerialization.data(fromPropertyList: sleepJob(uniqueJob("refused"), 0, queue: "gpuu"), format: .xml, options: 0)
             .write(to: URL(fileURLWithPath: file))
         let refused = try harness[1].ctl(["submit", file])
-        #expect(refused.status == 1 && refused.stdout.contains("unknown queue 'gpuu'"), "\(refused.stdout)\(refused.stderr)")
+        #expect(refused.status == 1 && refused.stderr.contains("unknown queue 'gpuu'"), "\(refused.stdout)\(refused.stderr)")
         let typoChecked = try harness[1].ctl(["validate", file])
         #expect(typoChecked.status == 1 && typoChecked.stdout.contains("unknown queue 'gpuu'"), "\(typoChecked.stdout)\(typoChecked.stderr)")
         // A queue no node declares is a typo: rejected where it was dropped.
