@@ -374,8 +374,8 @@ func splitListenAddress(_ listen: String) -> (host: String, port: Int)? {
 let qosNames = OperationEngine.QualityOfService.allCases.reversed().map(\.name).joined(separator: ", ")
 let priorityNames = QueuePriority.allCases.map(\.name).joined(separator: ", ")
 
-/// `[A-Za-z0-9._-]{1,128}`, not starting with `.`.
-func isValidIdentifier(_ s: String) -> Bool {
+/// `[A-Za-z0-9._-]{1,128}`, not starting with `.`: a job's id, an operation's.
+public func isValidIdentifier(_ s: String) -> Bool {
     let utf8 = s.utf8
     guard (1...128).contains(utf8.count), utf8.first != UInt8(ascii: ".") else { return false }
     return utf8.allSatisfy(isIdentifierByte)

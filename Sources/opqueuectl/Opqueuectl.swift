@@ -331,6 +331,7 @@ struct Show: ParsableCommand {
             }
         }
         print("job \(job): \(status)\(place)")
+        if ops.isEmpty && status == "running" { print("  (claimed a moment ago: its manifest is being read)") }
         for op in ops {
             var line = "  \(op["id"] ?? "?")  \(op["kind"] ?? "")  queue=\(op["queue"] ?? "")  \(op["state"] ?? "")"
             if let attempts = op["attempts"] { line += "  attempts=\(attempts)" }
@@ -354,6 +355,10 @@ struct Wait: ParsableCommand {
     @Option(help: "Give up after this many seconds (exit 2).") var timeout: Double?
 
     func run() throws {
+        // An id no job can have is never seen: waiting for it (for ever, without --timeout) helps no one.
+        guard isValidIdentifier(job) else {
+            throw fail("'\(job)' cannot be a job's id: an id is 1 to 128 of A-Z a-z 0-9 . _ -, not starting with '.' (a manifest's `job`, else its file's name)")
+        }
         let deadline = timeout.map { Date().addingTimeInterval($0) }
         let tty = isatty(STDERR_FILENO) == 1
         var spinner = 0

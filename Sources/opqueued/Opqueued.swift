@@ -299,6 +299,8 @@ func handle(_ request: [String: Any], _ daemon: Daemon) -> [String: Any] {
     case "show":
         guard let job = request["job"] as? String else { return ["exit": 64, "error": "show needs a job"] }
         if let operations = daemon.show(job: job) { return ["exit": 0, "job": job, "status": "running", "operations": operations] }
+        // Claimed a moment ago, its manifest being read: not an unknown job.
+        if daemon.isStarting(job: job) { return ["exit": 0, "job": job, "status": "running", "starting": true, "operations": [[String: Any]]()] }
         if let cluster = daemon.store as? ClusterJobStore {
             do {
                 if let record = try cluster.job(job) { return clusterShow(record) }

@@ -300,6 +300,11 @@ func sleepOp(_ id: String, _ seconds: Double, deps: [String] = []) -> [String: A
         let alone = try spool.ctl(["wait", "lnog", "--timeout", "0.3"])
         #expect(alone.status == 2, "wait reads the outbox, with or without a daemon")
         #expect(alone.stderr.contains("(no daemon answers at \(spool.root)/opqueued.sock)"), "\(alone.stderr)")
+        // An id no job can have is refused at once (without --timeout it was waited for for ever).
+        for impossible in ["", "../../etc", "a b", ".hidden", String(repeating: "x", count: 129)] {
+            let never = try spool.ctl(["wait", impossible])
+            #expect(never.status == 1 && never.stderr.contains("cannot be a job's id"), "\(impossible.debugDescription): \(never)")
+        }
     }
 
     @Test func killNineResumesWithoutRerunningWhatSucceeded() throws {
@@ -851,6 +856,35 @@ func sleepOp(_ id: String, _ seconds: Double, deps: [String] = []) -> [String: A
         }
         spool.signal(SIGCONT)
         #expect((try? ControlClient.request(socket, ["command": "status"], timeout: 5)) != nil)
+    }
+
+    /// From the moment its manifest leaves the inbox to its end, `show` knows the job: while the daemon reads a big
+    /// manifest (its claim's commit and the reading of its batch come first) it says the job runs and has no
+    /// operation yet, never "unknown job" (`wait` right after a drop said "the daemon knows no job").
+    @Test func aClaimedJobIsNeverUnknownWhileItsManifestIsRead() throws {
+        let spool = TestSpool()
+        try spool.start()
+        try spool.drop("big.plist", ["job": "big", "operations": (0..<20_000).map { sleepOp("o\($0)", 0) }])
+        var unknown: [String] = []
+        var starting = false
+        let deadline = Date().addingTimeInterval(120)
+        while Date() < deadline {
+            let inInbox = FileManager.default.fileExists(atPath: spool.root + "/inbox/big.plist")
+            let answer = try? ControlClient.request(spool.socketPath, ["command": "show", "job": "big"], timeout: 10)
+            let published = FileManager.default.fileExists(atPath: spool.root + "/outbox/big/result.plist")
+            if published { break }
+            if !inInbox, answer?["exit"] as? Int != 0 { unknown.append("\(String(describing: answer))") }
+            if answer?["starting"] as? Bool == true {
+                starting = true
+                #expect(answer?["status"] as? String == "running" && (answer?["operations"] as? [Any])?.isEmpty == true, "\(String(describing: answer))")
+            }
+            usleep(2_000)
+        }
+        #expect(spool.result("big")?["status"] as? String == "succeeded")
+        #expect(unknown.count == 0, "after its claim the job was called unknown \(unknown.count) times: \(unknown.prefix(2))")
+        #expect(starting, "the manifest's reading was seen (20,000 operations)")
+        let shown = try spool.ctl(["show", "big"])
+        #expect(shown.status == 0 && shown.stdout.hasPrefix("job big: succeeded"), "\(shown.stdout.prefix(200))")
     }
 
     /// Something else on the control socket (a stale path reused by another program, a hung or hostile peer): the

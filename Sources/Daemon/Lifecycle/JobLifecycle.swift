@@ -161,6 +161,8 @@ struct JobLifecycle<Group: Hashable & Sendable>: Sendable {
     func phase(of job: String) -> Phase? { jobs[job]?.phase }
     func job(of group: Group) -> String? { byGroup[group] }
     func group(of job: String) -> Group? { jobs[job]?.group }
+    /// Received, its group not yet made (its manifest being read, or a plan waiting for the engine).
+    func isStarting(_ job: String) -> Bool { jobs[job].map { $0.group == nil } ?? false }
     var count: Int { jobs.count }
     var isEmpty: Bool { jobs.isEmpty }
 

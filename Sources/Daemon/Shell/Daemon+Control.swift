@@ -325,6 +325,17 @@ extension Daemon {
     }
 
     /// An active job's operations, for `show`.
+    /// Whether this node has the job but not yet its operations (`show` says it runs, with no operation yet):
+    /// received and its plan not yet made into a group, or claimed and not yet received — its folder in active/ is
+    /// made before its manifest leaves the inbox, and the claims' commit and the reading of the batch's manifests
+    /// come before it is received.
+    public func isStarting(job id: String) -> Bool {
+        if lock.withLock({ lifecycle.isStarting(id) }) { return true }
+        guard isValidIdentifier(id), lock.withLock({ lifecycle.group(of: id) == nil }) else { return false }
+        var st = stat()
+        return lstat(spool.active + "/" + id, &st) == 0 && (st.st_mode & S_IFMT) == S_IFDIR
+    }
+
     public func show(job id: String) -> [[String: Any]]? {
         lock.lock()
         let job = runs[id]
