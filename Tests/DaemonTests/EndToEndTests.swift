@@ -241,6 +241,8 @@ func sleepOp(_ id: String, _ seconds: Double, deps: [String] = []) -> [String: A
         let spool = TestSpool()
         try spool.start()
         try spool.drop("long.plist", ["job": "long", "operations": [sleepOp("a", 30), sleepOp("b", 0, deps: ["a"])]])
+        // Claimed first: a look while the manifest is still in the inbox would say so at the timeout.
+        #expect(eventually(10) { (try? ControlClient.request(spool.socketPath, ["command": "show", "job": "long"], timeout: 5))?["exit"] as? Int == 0 })
         let running = try spool.ctl(["wait", "long", "--timeout", "0.3"])
         #expect(running.status == 2)
         #expect(running.stderr == "opqueuectl: long: still not ended after 0.3 s\n")
