@@ -887,6 +887,23 @@ func sleepOp(_ id: String, _ seconds: Double, deps: [String] = []) -> [String: A
         #expect(starting, "the manifest's reading was seen (20,000 operations)")
         let shown = try spool.ctl(["show", "big"])
         #expect(shown.status == 0 && shown.stdout.hasPrefix("job big: succeeded"), "\(shown.stdout.prefix(200))")
+        // A cancel in that moment is not "unknown job": it is applied as the job is received, and none of its
+        // operations starts.
+        try spool.drop("big2.plist", ["job": "big2", "operations": (0..<20_000).map { sleepOp("o\($0)", 0) }])
+        var cancel: [String: Any]?
+        while Date() < deadline, spool.result("big2", timeout: 0) == nil {
+            let inInbox = FileManager.default.fileExists(atPath: spool.root + "/inbox/big2.plist")
+            if !inInbox {
+                cancel = try? ControlClient.request(spool.socketPath, ["command": "cancel", "job": "big2"], timeout: 10)
+                break
+            }
+            usleep(1_000)
+        }
+        #expect(cancel?["exit"] as? Int == 0, "cancel right after the claim: \(String(describing: cancel))")
+        let result = spool.result("big2", timeout: 60)
+        #expect(result?["status"] as? String == "cancelled", "\(String(describing: result?["status"]))")
+        let started = (result?["operations"] as? [[String: Any]] ?? []).filter { $0["startedAt"] != nil }.count
+        #expect(started == 0, "\(started) operations started")
     }
 
     /// Something else on the control socket (a stale path reused by another program, a hung or hostile peer): the

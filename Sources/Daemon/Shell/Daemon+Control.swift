@@ -152,7 +152,14 @@ extension Daemon {
 
     /// Cancels a job in the lifecycle's table; nil when it is not there.
     func cancelHere(job id: String, operation: String?) -> CancelOutcome? {
-        let actions = lock.withLock {
+        let actions = lock.withLock { () -> [JobLifecycle<GroupID>.Action] in
+            // Claimed from the inbox and not yet received (its manifest being read): kept and applied as it is
+            // received, as a cancel that comes before its group is (an operation's id is checked then). A cluster
+            // node's cancel of a job not in its table goes to the database, which reaches the job wherever it is.
+            if store.inboxRunsHere && lifecycle.phase(of: id) == nil && claimedNotReceived(id) {
+                cancelsBeforeReceipt[id, default: []].append(operation)
+                return [.answer(.cancelled)]
+            }
             // The operation index is complete once the plan is read (phase accepted or later); before, unknown.
             let phase = lifecycle.phase(of: id)
             let known = phase != nil && phase != .received && operation.map { runs[id]?.operationIndex[$0] != nil } ?? true
@@ -330,8 +337,14 @@ extension Daemon {
     /// made before its manifest leaves the inbox, and the claims' commit and the reading of the batch's manifests
     /// come before it is received.
     public func isStarting(job id: String) -> Bool {
-        if lock.withLock({ lifecycle.isStarting(id) }) { return true }
-        guard isValidIdentifier(id), lock.withLock({ lifecycle.group(of: id) == nil }) else { return false }
+        lock.withLock { lifecycle.isStarting(id) || (lifecycle.phase(of: id) == nil && claimedNotReceived(id)) }
+    }
+
+    /// Whether active/<id> is a folder: a job this node has claimed (a folder is made before its manifest leaves
+    /// the inbox, or before a cluster job's copy is written) — for one not (or no longer) in the lifecycle's table,
+    /// claimed and not yet received. Under `lock`, so that a job's receipt cannot come between the look and its use.
+    private func claimedNotReceived(_ id: String) -> Bool {
+        guard isValidIdentifier(id) else { return false }
         var st = stat()
         return lstat(spool.active + "/" + id, &st) == 0 && (st.st_mode & S_IFMT) == S_IFDIR
     }

@@ -100,6 +100,8 @@ public final class Daemon: @unchecked Sendable {
     var scanLeftSome = false
     /// Manifests waiting in the inbox at the last scan, less those claimed since (for status).
     var waiting = 0
+    /// Cancels asked for jobs claimed and not yet received (`cancelHere`), applied as each is received.
+    var cancelsBeforeReceipt: [String: [String?]] = [:]
     /// Jobs whose outbox entries are to be published together (on `work`).
     var publications: [Publication] = []
     /// A spool fault (file system full, no descriptors left, read-only folder, I/O error) or the job store
@@ -283,7 +285,9 @@ public final class Daemon: @unchecked Sendable {
             runs[claimed.id] = run
             let received = lifecycle.handle(.received(job: claimed.id, arrival))
             // Held until the group exists, and made with it (`start`).
-            for operation in claimed.cancels { _ = lifecycle.handle(.cancel(job: claimed.id, operation: operation, knownOperation: false)) }
+            for operation in claimed.cancels + (cancelsBeforeReceipt.removeValue(forKey: claimed.id) ?? []) {
+                _ = lifecycle.handle(.cancel(job: claimed.id, operation: operation, knownOperation: false))
+            }
             return received
         }
         perform(actions)
