@@ -152,11 +152,12 @@ extension Daemon {
 
     /// Cancels a job in the lifecycle's table; nil when it is not there.
     func cancelHere(job id: String, operation: String?) -> CancelOutcome? {
+        // Claimed from the inbox and not yet received (its manifest being read): kept and applied as it is
+        // received, as a cancel that comes before its group is (an operation's id is checked then). A cluster
+        // node's cancel of a job not in its table goes to the database, which reaches the job wherever it is.
+        let claimed = store.inboxRunsHere && lock.withLock({ lifecycle.phase(of: id) == nil }) && hasActiveFolder(id)
         let actions = lock.withLock { () -> [JobLifecycle<GroupID>.Action] in
-            // Claimed from the inbox and not yet received (its manifest being read): kept and applied as it is
-            // received, as a cancel that comes before its group is (an operation's id is checked then). A cluster
-            // node's cancel of a job not in its table goes to the database, which reaches the job wherever it is.
-            if store.inboxRunsHere && lifecycle.phase(of: id) == nil && claimedNotReceived(id) {
+            if claimed && lifecycle.phase(of: id) == nil {
                 cancelsBeforeReceipt[id, default: []].append(operation)
                 return [.answer(.cancelled)]
             }
@@ -164,6 +165,12 @@ extension Daemon {
             let phase = lifecycle.phase(of: id)
             let known = phase != nil && phase != .received && operation.map { runs[id]?.operationIndex[$0] != nil } ?? true
             return lifecycle.handle(.cancel(job: id, operation: operation, knownOperation: known))
+        }
+        if actions == [.answer(.cancelled)] && claimed {
+            // Kept for its receipt, unless the job came and went between the looks (received, run and published:
+            // its folder gone, the cancel not taken): then it is not here.
+            if !hasActiveFolder(id), lock.withLock({ cancelsBeforeReceipt.removeValue(forKey: id) != nil }) { return nil }
+            return .cancelled
         }
         var outcome: CancelOutcome?
         for action in actions {
@@ -337,13 +344,16 @@ extension Daemon {
     /// made before its manifest leaves the inbox, and the claims' commit and the reading of the batch's manifests
     /// come before it is received.
     public func isStarting(job id: String) -> Bool {
-        lock.withLock { lifecycle.isStarting(id) || (lifecycle.phase(of: id) == nil && claimedNotReceived(id)) }
+        if lock.withLock({ lifecycle.isStarting(id) }) { return true }
+        // The file system is looked at outside the lock: a frozen spool must not stop the daemon's other answers.
+        guard hasActiveFolder(id) else { return false }
+        return lock.withLock { lifecycle.isStarting(id) || lifecycle.phase(of: id) == nil }
     }
 
-    /// Whether active/<id> is a folder: a job this node has claimed (a folder is made before its manifest leaves
-    /// the inbox, or before a cluster job's copy is written) — for one not (or no longer) in the lifecycle's table,
-    /// claimed and not yet received. Under `lock`, so that a job's receipt cannot come between the look and its use.
-    private func claimedNotReceived(_ id: String) -> Bool {
+    /// Whether active/<id> is a folder: for a job not (or no longer) in the lifecycle's table, one this node has
+    /// claimed and not yet received (the folder is made before its manifest leaves the inbox, or before a cluster
+    /// job's copy is written). Never called under `lock`.
+    private func hasActiveFolder(_ id: String) -> Bool {
         guard isValidIdentifier(id) else { return false }
         var st = stat()
         return lstat(spool.active + "/" + id, &st) == 0 && (st.st_mode & S_IFMT) == S_IFDIR
