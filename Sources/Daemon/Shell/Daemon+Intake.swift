@@ -111,7 +111,9 @@ extension Daemon {
 
     /// On `work`: reads the inbox again, keeping the oldest names.
     func refill() throws {
+        let began = monotonicSeconds()
         let scan = try spool.scanInbox(limit: Self.scanBatch)
+        lastRefillSeconds = monotonicSeconds() - began
         inboxQueue = Deque(scan.manifests)
         queuedNames = Set(scan.manifests)
         lastRefill = Date().timeIntervalSince1970
@@ -149,11 +151,12 @@ extension Daemon {
         // An empty queue alone is no reason to read the inbox: every job's end asks for more, and reading a
         // folder that once held a flood costs all its blocks (a directory never shrinks) even when it is empty.
         // With nothing to take now (no room; a cluster node that cannot submit yet) it is still read when due, at
-        // most every `rescanInterval`: what waits there is counted all the same (status's `waiting`,
-        // `opqueued_inbox_files`), not left at what the last read before the node filled up saw.
+        // most every `rescanInterval` (and every twenty times a read's own time, for a huge backlog): what waits
+        // there is counted all the same (status's `waiting`, `opqueued_inbox_files`), not left at what the last
+        // read before the node filled up saw.
         let due = rescanNow || (inboxQueue.isEmpty && scanLeftSome) || (rescanRequested && now - lastRefill >= Self.rescanInterval)
         let takes = runsHere ? room > 0 && budget > 0 : store.acceptsSubmissions
-        if due && (takes || now - lastRefill >= Self.rescanInterval) {
+        if due && (takes || now - lastRefill >= max(Self.rescanInterval, 20 * lastRefillSeconds)) {
             do {
                 try refill()
             } catch {

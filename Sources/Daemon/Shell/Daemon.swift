@@ -90,6 +90,9 @@ public final class Daemon: @unchecked Sendable {
     /// The names in `inboxQueue`, so that a name both scanned and reported is tried once.
     var queuedNames = Set<String>()
     var lastRefill = 0.0
+    /// How long the last read of the inbox took (seconds): a daemon with nothing to take reads it at most once per
+    /// twenty of those, so that counting a huge backlog costs it at most a twentieth of a core.
+    var lastRefillSeconds = 0.0
     /// The inbox is to be read whole at once: at start, after an inotify overflow, on the watcher's timer, on
     /// reload — whenever names may have arrived unreported.
     var rescanNow = true
