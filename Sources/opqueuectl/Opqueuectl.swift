@@ -103,9 +103,8 @@ struct Validate: ParsableCommand {
     }
 }
 
-/// Reads and validates a manifest; prints every problem (`FILE: problem`) and returns nil when it is not valid.
-/// The manifest in `file` if it is valid; else nil, each problem said through `report` (validate's output is its
-/// problems; submit's is the job ids, its problems go to stderr).
+/// Reads and validates a manifest: the manifest in `file` if it is valid; else nil, each problem (`FILE: problem`)
+/// said through `report` (validate's output is its problems; submit's is the job ids, its problems go to stderr).
 func validManifest(at file: String, _ config: Configuration, report: (String) -> Void = { print($0) }) -> Data? {
     var st = stat()
     guard stat(file, &st) == 0 else {

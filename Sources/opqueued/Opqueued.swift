@@ -298,10 +298,12 @@ func handle(_ request: [String: Any], _ daemon: Daemon) -> [String: Any] {
         return ["exit": 0, "queues": names.queues, "commands": names.commands]
     case "show":
         guard let job = request["job"] as? String else { return ["exit": 64, "error": "show needs a job"] }
-        if let operations = daemon.show(job: job) { return ["exit": 0, "job": job, "status": "running", "operations": operations] }
-        // Claimed a moment ago, its manifest being read: not an unknown job (nor one whose group was made meanwhile).
-        if daemon.isStarting(job: job) { return ["exit": 0, "job": job, "status": "running", "starting": true, "operations": [[String: Any]]()] }
-        if let operations = daemon.show(job: job) { return ["exit": 0, "job": job, "status": "running", "operations": operations] }
+        switch daemon.show(job: job) {
+        case .operations(let operations)?: return ["exit": 0, "job": job, "status": "running", "operations": operations]
+        // Claimed a moment ago, its manifest being read: not an unknown job.
+        case .starting?: return ["exit": 0, "job": job, "status": "running", "starting": true, "operations": [[String: Any]]()]
+        case nil: break
+        }
         if let cluster = daemon.store as? ClusterJobStore {
             do {
                 if let record = try cluster.job(job) { return clusterShow(record) }

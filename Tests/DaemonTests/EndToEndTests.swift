@@ -1004,16 +1004,8 @@ final class Impostor: @unchecked Sendable {
 
     init(path: String, serve: @escaping @Sendable (Int32) -> Void) throws {
         fd = socket(AF_UNIX, Int32(SOCK_STREAM.rawValue) | Int32(SOCK_CLOEXEC.rawValue), 0)
-        var address = sockaddr_un()
-        address.sun_family = sa_family_t(AF_UNIX)
-        let bytes = Array(path.utf8)
-        guard fd >= 0, bytes.count < MemoryLayout.size(ofValue: address.sun_path) else { throw POSIXError(.EINVAL) }
-        withUnsafeMutableBytes(of: &address.sun_path) { raw in
-            for (i, byte) in bytes.enumerated() { raw[i] = byte }
-        }
-        let bound = withUnsafePointer(to: &address) {
-            $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { bind(fd, $0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
-        }
+        guard fd >= 0 else { throw POSIXError(.EMFILE) }
+        let bound = try withUnixAddress(path) { [fd] in bind(fd, $0, $1) }
         guard bound == 0, listen(fd, 8) == 0 else { close(fd); throw POSIXError(.EADDRINUSE) }
         let listening = fd
         Thread.detachNewThread { [self] in

@@ -150,27 +150,14 @@ extension Daemon {
         }
     }
 
-    /// Cancels a job in the lifecycle's table; nil when it is not there.
+    /// Cancels a job in the lifecycle's table, or one claimed and not yet received; nil when it is not there.
     func cancelHere(job id: String, operation: String?) -> CancelOutcome? {
-        // Claimed from the inbox and not yet received (its manifest being read): kept and applied as it is
-        // received, as a cancel that comes before its group is (an operation's id is checked then). A cluster
-        // node's cancel of a job not in its table goes to the database, which reaches the job wherever it is.
-        let claimed = store.inboxRunsHere && lock.withLock({ lifecycle.phase(of: id) == nil }) && hasActiveFolder(id)
-        let actions = lock.withLock { () -> [JobLifecycle<GroupID>.Action] in
-            if claimed && lifecycle.phase(of: id) == nil {
-                cancelsBeforeReceipt[id, default: []].append(operation)
-                return [.answer(.cancelled)]
-            }
+        if let kept = cancelBeforeReceipt(job: id, operation: operation) { return kept }
+        let actions = lock.withLock {
             // The operation index is complete once the plan is read (phase accepted or later); before, unknown.
             let phase = lifecycle.phase(of: id)
             let known = phase != nil && phase != .received && operation.map { runs[id]?.operationIndex[$0] != nil } ?? true
             return lifecycle.handle(.cancel(job: id, operation: operation, knownOperation: known))
-        }
-        if actions == [.answer(.cancelled)] && claimed {
-            // Kept for its receipt, unless the job came and went between the looks (received, run and published:
-            // its folder gone, the cancel not taken): then it is not here.
-            if !hasActiveFolder(id), lock.withLock({ cancelsBeforeReceipt.removeValue(forKey: id) != nil }) { return nil }
-            return .cancelled
         }
         var outcome: CancelOutcome?
         for action in actions {
@@ -192,6 +179,24 @@ extension Daemon {
             }
         }
         return outcome ?? .cancelled
+    }
+
+    /// A job claimed from the inbox and not yet received (its manifest being read): the cancel is kept and applied
+    /// as it is received, as one that comes before its group is (an operation's id is checked then). Nil when the
+    /// job is not such a one: in the lifecycle's table (received meanwhile), not here, or on a cluster node, whose
+    /// cancel of a job not in its table goes to the database, which reaches the job wherever it is.
+    private func cancelBeforeReceipt(job id: String, operation: String?) -> CancelOutcome? {
+        guard store.inboxRunsHere, lock.withLock({ lifecycle.phase(of: id) == nil }), hasActiveFolder(id) else { return nil }
+        let kept = lock.withLock { () -> Bool in
+            guard lifecycle.phase(of: id) == nil else { return false }
+            cancelsBeforeReceipt[id, default: []].append(operation)
+            return true
+        }
+        guard kept else { return nil }
+        // Unless the job came and went between the looks (received, run and published: its folder gone, the cancel
+        // not taken).
+        if !hasActiveFolder(id), lock.withLock({ cancelsBeforeReceipt.removeValue(forKey: id) != nil }) { return nil }
+        return .cancelled
     }
 
     /// Cancels one operation of a submitted group (the engine knows whether it has already ended).
@@ -338,12 +343,26 @@ extension Daemon {
         return ClusterProgress.encode(jobs)
     }
 
-    /// An active job's operations, for `show`.
-    /// Whether this node has the job but not yet its operations (`show` says it runs, with no operation yet):
-    /// received and its plan not yet made into a group, or claimed and not yet received — its folder in active/ is
-    /// made before its manifest leaves the inbox, and the claims' commit and the reading of the batch's manifests
-    /// come before it is received.
-    public func isStarting(job id: String) -> Bool {
+    /// What `show` says of a job this node has.
+    public enum Shown {
+        /// Its operations, in manifest order.
+        case operations([[String: Any]])
+        /// Claimed, its operations not known yet (its manifest being read).
+        case starting
+    }
+
+    /// A job this node has, for `show`; nil when it has no such job.
+    public func show(job id: String) -> Shown? {
+        if let operations = operations(of: id) { return .operations(operations) }
+        if isStarting(id) { return .starting }
+        // Its group made between the two looks.
+        return operations(of: id).map(Shown.operations)
+    }
+
+    /// Whether this node has the job but not yet its operations: received and its plan not yet made into a group,
+    /// or claimed and not yet received — its folder in active/ is made before its manifest leaves the inbox, and
+    /// the claims' commit and the reading of the batch's manifests come before it is received.
+    private func isStarting(_ id: String) -> Bool {
         if lock.withLock({ lifecycle.isStarting(id) }) { return true }
         // The file system is looked at outside the lock: a frozen spool must not stop the daemon's other answers.
         guard hasActiveFolder(id) else { return false }
@@ -359,7 +378,8 @@ extension Daemon {
         return lstat(spool.active + "/" + id, &st) == 0 && (st.st_mode & S_IFMT) == S_IFDIR
     }
 
-    public func show(job id: String) -> [[String: Any]]? {
+    /// An active job's operations, once its plan is a group.
+    private func operations(of id: String) -> [[String: Any]]? {
         lock.lock()
         let job = runs[id]
         let group = lifecycle.group(of: id)
