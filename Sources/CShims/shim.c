@@ -70,6 +70,13 @@ static volatile sig_atomic_t opq_noted_hangup_flag = 0;
 
 static void opq_note_hangup(int signal) { (void)signal; opq_noted_hangup_flag = 1; }
 
+static volatile sig_atomic_t opq_noted_usr1 = 0, opq_noted_usr2 = 0;
+
+static void opq_note_user(int signal) {
+    if (signal == SIGUSR1) opq_noted_usr1 = 1;
+    else opq_noted_usr2 = 1;
+}
+
 static void opq_handle(int signal, void (*handler)(int)) {
     struct sigaction action;
     memset(&action, 0, sizeof action);
@@ -83,18 +90,26 @@ void opq_note_termination_signals(void) {
     opq_handle(SIGTERM, opq_note_signal);
     opq_handle(SIGINT, opq_note_signal);
     opq_handle(SIGHUP, opq_note_hangup);
+    opq_handle(SIGUSR1, opq_note_user);
+    opq_handle(SIGUSR2, opq_note_user);
 }
 
 int opq_noted_termination_signal(void) { return opq_noted_signal; }
 
 int opq_noted_hangup(void) { return opq_noted_hangup_flag; }
 
+int opq_noted_user_signals(void) { return (opq_noted_usr1 ? 1 : 0) | (opq_noted_usr2 ? 2 : 0); }
+
 void opq_default_termination_signals(void) {
     signal(SIGTERM, SIG_DFL);
     signal(SIGINT, SIG_DFL);
     signal(SIGHUP, SIG_DFL);
+    signal(SIGUSR1, SIG_DFL);
+    signal(SIGUSR2, SIG_DFL);
     if (opq_noted_signal) raise(opq_noted_signal);
     if (opq_noted_hangup_flag) raise(SIGHUP);
+    if (opq_noted_usr1) raise(SIGUSR1);
+    if (opq_noted_usr2) raise(SIGUSR2);
 }
 
 int64_t opq_copy_file(int in, int out, int64_t limit) {

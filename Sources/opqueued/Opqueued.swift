@@ -40,7 +40,9 @@ struct Opqueued: AsyncParsableCommand {
 
             Signals: SIGHUP reloads the configuration (queue limits, quality of service, suspension) without \
             restarting work. SIGTERM and SIGINT stop gracefully: nothing new is claimed, executing operations get \
-            shutdownGraceSeconds to finish, unfinished jobs stay in SPOOL/active and resume at the next start.
+            shutdownGraceSeconds to finish, unfinished jobs stay in SPOOL/active and resume at the next start. \
+            SIGUSR1 and SIGUSR2 mean nothing to opqueued: each is logged and ignored (with --once they keep their \
+            default actions).
 
             Under systemd (Type=notify) it sends READY=1 once recovery is done, STATUS= lines with live counts, \
             RELOADING=1 around a reload, STOPPING=1, and WATCHDOG=1 when WATCHDOG_USEC is set.
@@ -71,7 +73,7 @@ struct Opqueued: AsyncParsableCommand {
     func run() async throws {
         // A stop or a reload asked for while starting (loading, reading the configuration, recovering active/) has
         // been noted since before main (COpqueuedStart) and is handed to the service group once it has the signals
-        // (see SpoolService, ReloadService): their default actions would end the process. `--once` has no service
+        // (see SpoolService, SignalService): their default actions would end the process. `--once` has no service
         // group: there they get their default actions back. (The command watchdog forked below sets its own.)
         opq_start_linked()
         if once { Daemon.defaultTerminationSignals() }
@@ -139,7 +141,7 @@ struct Opqueued: AsyncParsableCommand {
             services: [
                 .init(service: SpoolService(daemon: daemon, control: control, watcher: watcher, metricsListen: configuration.metricsListen,
                                             grace: configuration.shutdownGraceSeconds, logger: logger)),
-                .init(service: ReloadService(daemon: daemon)),
+                .init(service: SignalService(daemon: daemon, logger: logger)),
                 .init(service: StatusService(daemon: daemon)),
             ],
             gracefulShutdownSignals: [.sigterm, .sigint],
@@ -205,18 +207,28 @@ struct SpoolService: Service {
     }
 }
 
-/// SIGHUP reloads the configuration.
-struct ReloadService: Service {
+/// SIGHUP reloads the configuration. SIGUSR1 and SIGUSR2 mean nothing to opqueued: each is logged and ignored, where
+/// its default action would end the daemon (a log-rotation habit from another daemon, `kill -USR1`, must not stop
+/// this one and the commands it runs).
+struct SignalService: Service {
     let daemon: Daemon
+    let logger: Logger
 
     func run() async throws {
-        let signals = await UnixSignalsSequence(trapping: .sighup)
-        // A SIGHUP that came while starting was only noted (its default action would have ended the process): the
+        let signals = await UnixSignalsSequence(trapping: .sighup, .sigusr1, .sigusr2)
+        // A signal that came while starting was only noted (its default action would have ended the process): the
         // configuration may have changed since it was read, so it is read again now.
         if Daemon.notedHangup { reload() }
+        for signal in Daemon.notedUserSignals { ignored(signal == SIGUSR1 ? "SIGUSR1" : "SIGUSR2") }
         await cancelWhenGracefulShutdown {
-            for await _ in signals { reload() }
+            for await signal in signals {
+                if signal == .sighup { reload() } else { ignored(signal.description) }
+            }
         }
+    }
+
+    private func ignored(_ name: String) {
+        logger.notice("\(name) means nothing to opqueued and is ignored (SIGHUP reloads the configuration, SIGTERM stops the daemon)")
     }
 
     private func reload() {

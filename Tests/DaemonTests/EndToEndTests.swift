@@ -563,6 +563,31 @@ func sleepOp(_ id: String, _ seconds: Double, deps: [String] = []) -> [String: A
         #expect(spool.waitForExit(timeout: 20) == 0)
     }
 
+    /// SIGUSR1 and SIGUSR2 (`kill -USR1`, a log-rotation habit from other daemons) mean nothing to opqueued: logged
+    /// and ignored, while starting and while work runs. Their default action ended the daemon at once, without a word.
+    @Test func sigusr1AndSigusr2AreLoggedAndIgnored() throws {
+        let spool = TestSpool()
+        try signalWhileStarting(spool, SIGUSR1)
+        let log = { (try? String(contentsOfFile: spool.logPath, encoding: .utf8)) ?? "" }
+        #expect(eventually(20) { log().contains("OPQ_STATE=ready") && log().contains("SIGUSR1 means nothing to opqueued and is ignored") },
+                "\(log())")
+        #expect(spool.daemon?.isRunning == true, "not ended by SIGUSR1 while starting")
+
+        try spool.drop("held.plist", ["job": "held", "operations": [sleepOp("a", 30)]])
+        #expect(eventually(10) { (try? spool.ctl(["show", "held"]).stdout.contains("executing")) == true })
+        for _ in 0..<50 {
+            spool.signal(SIGUSR2)
+            spool.signal(SIGUSR1)
+        }
+        #expect(eventually(10) { log().contains("SIGUSR2 means nothing to opqueued and is ignored") }, "\(log())")
+        #expect(spool.daemon?.isRunning == true, "not ended by SIGUSR1 or SIGUSR2")
+        #expect(try spool.ctl(["show", "held"]).stdout.contains("executing"), "the job runs on")
+        #expect(try spool.ctl(["cancel", "held"]).status == 0)
+        #expect(spool.result("held")?["status"] as? String == "cancelled")
+        spool.signal(SIGTERM)
+        #expect(spool.waitForExit(timeout: 20) == 0)
+    }
+
     @Test func sighupReloadsQueueSettingsForRunningWork() throws {
         let spool = TestSpool()
         try spool.start(try spool.configure(["queues": ["default": ["suspended": true]]]))

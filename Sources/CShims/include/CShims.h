@@ -57,7 +57,8 @@ unsigned long long opq_heap_bytes_in_use(void);
 
 /// Until something else takes them, SIGTERM and SIGINT are noted instead of ending the process: the
 /// daemon calls this first thing, and hands a noted signal to its service group once that has taken
-/// them (a stop that comes while the daemon starts is then as graceful as a later one).
+/// them (a stop that comes while the daemon starts is then as graceful as a later one). SIGHUP, SIGUSR1
+/// and SIGUSR2 are noted too (their default actions would end the process as well).
 void opq_note_termination_signals(void);
 
 /// The signal noted since `opq_note_termination_signals`, or 0.
@@ -67,7 +68,10 @@ int opq_noted_termination_signal(void);
 /// default action end the process while it starts).
 int opq_noted_hangup(void);
 
-/// Gives SIGTERM, SIGINT and SIGHUP back their default actions, then raises what was noted meanwhile (`--once`, which
+/// Which of SIGUSR1 (1) and SIGUSR2 (2) came since `opq_note_termination_signals`.
+int opq_noted_user_signals(void);
+
+/// Gives SIGTERM, SIGINT, SIGHUP, SIGUSR1 and SIGUSR2 back their default actions, then raises what was noted meanwhile (`--once`, which
 /// has no service group to hand them to, ends as it would have).
 void opq_default_termination_signals(void);
 

@@ -314,11 +314,17 @@ extension Daemon {
     /// The SIGTERM or SIGINT noted while starting (opqueued notes them from before main: COpqueuedStart), or 0.
     public static var notedTerminationSignal: Int32 { opq_noted_termination_signal() }
 
-    /// `--once`: SIGTERM, SIGINT and SIGHUP get their default actions back (what came meanwhile is raised again).
+    /// `--once`: SIGTERM, SIGINT, SIGHUP, SIGUSR1 and SIGUSR2 get their default actions back (what came meanwhile is raised again).
     public static func defaultTerminationSignals() { opq_default_termination_signals() }
 
     /// Whether a SIGHUP came while starting (noted, not the end of the process; the reload service reloads once).
     public static var notedHangup: Bool { opq_noted_hangup() != 0 }
+
+    /// The signal numbers of SIGUSR1 and SIGUSR2 if they came while starting (noted, as SIGHUP is).
+    public static var notedUserSignals: [Int32] {
+        let noted = opq_noted_user_signals()
+        return [(1, SIGUSR1), (2, SIGUSR2)].filter { noted & $0.0 != 0 }.map(\.1)
+    }
 
     /// Bytes the allocator has handed out and not had back (a diagnostic: when this stays flat while RSS
     /// grows, the allocator is keeping freed memory; when it grows, something is held). It walks the
