@@ -127,6 +127,47 @@ func metricsAddress(_ spool: TestSpool) -> String? {
         #expect(try spool.ctl(["status"]).status == 0)
     }
 
+    /// A queue a reload removes leaves `status` and the exposition once none of its operations remain (its gauges
+    /// kept their last value, and status listed it, for as long as the daemon ran); the counters it had stay, as
+    /// counters do; a queue a reload adds appears.
+    @Test func aQueueRemovedByAReloadLeavesStatusAndTheGauges() throws {
+        let spool = TestSpool()
+        let queues = { (names: [String]) in Dictionary(uniqueKeysWithValues: names.map { ($0, ["maxConcurrentOperationCount": 3]) }) }
+        let config = try spool.configure(["metrics": ["listen": "127.0.0.1:0"], "queues": queues(["default", "batch"])])
+        try spool.start(config)
+        let address = try #require(metricsAddress(spool))
+        try spool.drop("one.plist", ["job": "one", "operations": [sleepOperation("a", 0, queue: "batch")]])
+        #expect(spool.result("one")?["status"] as? String == "succeeded")
+        try spool.drop("long.plist", ["job": "long", "operations": [sleepOperation("b", 3, queue: "batch")]])
+        #expect(eventually(10) { (try? Scrape.fromHTTP(address))?.value("opqueued_queue_executing", ["queue": "batch"]) == 1 })
+        func series(_ scrape: Scrape, queue: String) -> Set<String> {
+            Set(scrape.samples.filter { $0.labels["queue"] == queue }.map(\.name))
+        }
+        let gauges: Set = ["opqueued_queue_pending", "opqueued_queue_executing", "opqueued_queue_limit", "opqueued_queue_suspended"]
+
+        try spool.configure(["metrics": ["listen": "127.0.0.1:0"], "queues": queues(["default", "fresh"])])
+        spool.signal(SIGHUP)
+        var after: Scrape?
+        #expect(eventually(10) {
+            after = try? Scrape.fromHTTP(address)
+            return after.map { series($0, queue: "fresh").isSuperset(of: gauges) } == true
+        }, "the added queue shows after the reload")
+        // Its operation still executing, the removed queue is still shown.
+        #expect(after?.value("opqueued_queue_executing", ["queue": "batch"]) == 1)
+        #expect(try spool.ctl(["status"]).stdout.range(of: #"\nbatch +3 "#, options: .regularExpression) != nil)
+
+        #expect(spool.result("long")?["status"] as? String == "succeeded")
+        #expect(eventually(10) { (try? Scrape.fromHTTP(address)).map { series($0, queue: "batch").isDisjoint(with: gauges) } == true },
+                "the removed queue's gauges go once its operations have ended")
+        for scrape in [try Scrape.fromHTTP(address), try Scrape.fromCtl(spool)] {
+            #expect(series(scrape, queue: "batch").contains("opqueued_operations_total"), "its counter stays")
+            #expect(scrape.value("opqueued_queue_limit", ["queue": "default"]) == 3)
+        }
+        let status = try spool.ctl(["status"]).stdout
+        #expect(status.range(of: #"\nbatch "#, options: .regularExpression) == nil, "\(status)")
+        #expect(status.range(of: #"\nfresh +3 "#, options: .regularExpression) != nil, "\(status)")
+    }
+
     @Test func listenIsCheckedInTheConfiguration() throws {
         for bad in ["9464", "localhost", "127.0.0.1:99999", ":80", "127.0.0.1:x"] {
             #expect(throws: Configuration.Invalid.self) { try Configuration.parse(plist(["metrics": ["listen": bad]])) }

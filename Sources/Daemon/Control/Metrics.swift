@@ -22,6 +22,11 @@ public final class DaemonMetrics: Sendable {
     /// (five times per trivial job, about a percent of a node's CPU).
     private let series = Mutex<[SeriesKey: AnyObject]>([:])
 
+    /// The gauges the last scrape set, read from the status at scrape time: one the next scrape no longer sets (a
+    /// queue a reload removed, a cluster limit taken away) is unregistered, so that it leaves the exposition instead
+    /// of showing its last value for as long as the daemon runs. Held across a whole scrape (scrapes are rare).
+    private let scraped = Mutex<[SeriesKey: Prometheus.Gauge]>([:])
+
     private struct SeriesKey: Hashable {
         let name: String
         let labels: [String]
@@ -82,10 +87,6 @@ public final class DaemonMetrics: Sendable {
         cached(name, labels) { CoreMetrics.Timer(label: name, dimensions: labels, factory: factory) }.recordSeconds(max(0, seconds))
     }
 
-    private func gauge(_ name: String, _ labels: [(String, String)], _ value: Double) {
-        CoreMetrics.Gauge(label: name, dimensions: labels, factory: factory).record(value)
-    }
-
     // MARK: Events
 
     func operationEnded(kind: String, queue: String, state: String) {
@@ -108,28 +109,40 @@ public final class DaemonMetrics: Sendable {
 
     /// The text exposition (Prometheus 0.0.4), with the gauges read now.
     public func text(_ status: Daemon.Status, cluster: ClusterSnapshot? = nil, processorCount: Int) -> String {
-        for q in status.queues {
-            let label = [("queue", q.name)]
-            gauge("opqueued_queue_pending", label, Double(q.pending))
-            gauge("opqueued_queue_executing", label, Double(q.executing))
-            gauge("opqueued_queue_limit", label, Double(q.maxConcurrentOperationCount < 0 ? processorCount : q.maxConcurrentOperationCount))
-            gauge("opqueued_queue_suspended", label, q.isSuspended ? 1 : 0)
+        scraped.withLock { previous in
+            var set: [SeriesKey: Prometheus.Gauge] = [:]
+            func gauge(_ name: String, _ labels: [(String, String)], _ value: Double) {
+                let key = SeriesKey(name: name, labels: labels.flatMap { [$0.0, $0.1] })
+                let made = previous[key] ?? registry.makeGauge(
+                    descriptor: MetricNameDescriptor(metricName: name, unitName: "", helpText: Self.families[name]?.help ?? ""), labels: labels)
+                made.set(value)
+                set[key] = made
+            }
+            for q in status.queues {
+                let label = [("queue", q.name)]
+                gauge("opqueued_queue_pending", label, Double(q.pending))
+                gauge("opqueued_queue_executing", label, Double(q.executing))
+                gauge("opqueued_queue_limit", label, Double(q.maxConcurrentOperationCount < 0 ? processorCount : q.maxConcurrentOperationCount))
+                gauge("opqueued_queue_suspended", label, q.isSuspended ? 1 : 0)
+            }
+            gauge("opqueued_inbox_files", [], Double(status.waiting))
+            gauge("opqueued_active_jobs", [], Double(status.activeJobs.count))
+            gauge("opqueued_active_operations", [], Double(status.operations))
+            gauge("opqueued_claiming_paused", [], status.fault == nil ? 0 : 1)
+            // Only on a cluster node (SPEC §8): what an alert on a node or the database going away needs.
+            if let cluster {
+                gauge("opqueued_cluster_connected", [], cluster.connected ? 1 : 0)
+                gauge("opqueued_cluster_nodes_connected", [], Double(cluster.nodes.filter(\.connected).count))
+                gauge("opqueued_cluster_wakeups_arriving", [], cluster.wakeupsArrive ? 1 : 0)
+            }
+            for (name, slots) in status.clusterSlots {
+                gauge("opqueued_cluster_slots_held", [("queue", name)], Double(slots.held))
+                gauge("opqueued_cluster_slot_waiting", [("queue", name)], slots.waitingAt == nil ? 0 : 1)
+            }
+            for (key, gone) in previous where set[key] == nil { registry.unregisterGauge(gone) }
+            previous = set
+            return registry.emitToString()
         }
-        gauge("opqueued_inbox_files", [], Double(status.waiting))
-        gauge("opqueued_active_jobs", [], Double(status.activeJobs.count))
-        gauge("opqueued_active_operations", [], Double(status.operations))
-        gauge("opqueued_claiming_paused", [], status.fault == nil ? 0 : 1)
-        // Only on a cluster node (SPEC §8): what an alert on a node or the database going away needs.
-        if let cluster {
-            gauge("opqueued_cluster_connected", [], cluster.connected ? 1 : 0)
-            gauge("opqueued_cluster_nodes_connected", [], Double(cluster.nodes.filter(\.connected).count))
-            gauge("opqueued_cluster_wakeups_arriving", [], cluster.wakeupsArrive ? 1 : 0)
-        }
-        for (name, slots) in status.clusterSlots {
-            gauge("opqueued_cluster_slots_held", [("queue", name)], Double(slots.held))
-            gauge("opqueued_cluster_slot_waiting", [("queue", name)], slots.waitingAt == nil ? 0 : 1)
-        }
-        return registry.emitToString()
     }
 
     /// CoreMetrics' factory over the registry: every family with its HELP text and buckets.

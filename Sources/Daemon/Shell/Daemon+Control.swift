@@ -253,6 +253,7 @@ extension Daemon {
         let fault = lifecycle.fault
         let operations = lifecycle.activeOperations, budget = configuration.maxActiveOperations
         let progress = lifecycle.jobs.map { id, job in JobProgress(job: id, operations: job.operations, ended: job.ended + job.recovered) }
+        let configured = Set(["default"] + configuration.queueNames)
         var held: Set<String> = []
         if awaitingStoreSuspensions {
             let config = configuration
@@ -262,9 +263,12 @@ extension Daemon {
         }
         lock.unlock()
         let overview = engine.overview()
+        // A queue a reload removed stays in the engine (a re-added one takes its place again): shown while operations
+        // of it remain, then no longer (in status and the metrics' gauges).
+        let queues = overview.queues.filter { configured.contains($0.name) || $0.pending + $0.executing > 0 }
         // Manifests the store holds for submission still wait, as far as the user can tell (read outside the lock).
         return Status(activeJobs: active, waiting: waitingNow + store.awaitingSubmission, executing: overview.executing, operations: operations,
-                      maxActiveOperations: budget, queues: overview.queues, fault: fault, jobs: progress.sorted { $0.job < $1.job },
+                      maxActiveOperations: budget, queues: queues, fault: fault, jobs: progress.sorted { $0.job < $1.job },
                       held: held, clusterSlots: permits?.slots ?? [:])
     }
 
