@@ -86,6 +86,18 @@ static void opq_handle(int signal, void (*handler)(int)) {
     sigaction(signal, &action, NULL);
 }
 
+void opq_open_standard_descriptors(void) {
+    for (int fd = 0; fd <= 2; fd++) {
+        if (fcntl(fd, F_GETFD) != -1 || errno != EBADF) continue;
+        // The lowest free descriptor is this one: the lower ones are open (or were just opened here).
+        int null = open("/dev/null", fd == 0 ? O_RDONLY : O_WRONLY);
+        if (null >= 0 && null != fd) {
+            dup2(null, fd);
+            close(null);
+        }
+    }
+}
+
 void opq_note_termination_signals(void) {
     opq_handle(SIGTERM, opq_note_signal);
     opq_handle(SIGINT, opq_note_signal);

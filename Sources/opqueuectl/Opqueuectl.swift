@@ -62,6 +62,13 @@ func fail(_ message: String, _ code: Int32 = 1) -> ExitCode {
 
 @main
 struct Opqueuectl: ParsableCommand {
+    /// Run with standard output closed (`opqueuectl status >&-`), the control socket would take descriptor 1 and
+    /// the answer be written back into it: /dev/null first takes any closed one of 0, 1 and 2.
+    static func main() {
+        Daemon.openStandardDescriptors()
+        main(nil)
+    }
+
     static let configuration = CommandConfiguration(
         commandName: "opqueuectl",
         abstract: "Submits, inspects and controls opqueued jobs.",

@@ -588,6 +588,49 @@ func sleepOp(_ id: String, _ seconds: Double, deps: [String] = []) -> [String: A
         #expect(spool.waitForExit(timeout: 20) == 0)
     }
 
+    /// Started with standard input, output and error closed (`opqueued … <&- >&- 2>&-`, a careless supervisor), the
+    /// daemon's descriptors 0-2 are /dev/null: before, they were the runtime's epoll, eventfd and timerfd, and what
+    /// opened next in their place (the spool lock, the progress log, the control socket) would have received log
+    /// lines. The same for opqueuectl, whose control connection would have taken descriptor 1 and had its answer
+    /// printed back into it.
+    @Test func closedStandardDescriptorsAreDevNullNotTheNextFileOpened() throws {
+        let spool = TestSpool()
+        let shell = Process()
+        shell.executableURL = URL(fileURLWithPath: "/bin/sh")
+        shell.arguments = ["-c", "exec \"$0\" --spool \"$1\" --log-target console <&- >&- 2>&-", binaries + "/opqueued", spool.root]
+        try shell.run()
+        spool.daemon = shell
+        #expect(eventually(20) { (try? spool.ctl(["status"]).status) == 0 })
+        func standard(_ pid: Int32) -> [String] {
+            (0...2).map { fd in
+                var buffer = [CChar](repeating: 0, count: 256)
+                let n = readlink("/proc/\(pid)/fd/\(fd)", &buffer, 255)
+                return n < 0 ? "closed" : String(decoding: buffer[..<n].map { UInt8(bitPattern: $0) }, as: UTF8.self)
+            }
+        }
+        #expect(standard(shell.processIdentifier) == ["/dev/null", "/dev/null", "/dev/null"])
+        try spool.drop("one.plist", ["job": "one", "operations": [sleepOp("a", 0)]])
+        #expect(spool.result("one")?["status"] as? String == "succeeded")
+        for file in ["opqueued.lock", "active/.progress.log"] {
+            let text = (try? String(contentsOfFile: spool.root + "/" + file, encoding: .utf8)) ?? ""
+            #expect(!text.contains("PRIORITY="), "no log line in \(file)")
+        }
+
+        let waiting = Process()
+        waiting.executableURL = URL(fileURLWithPath: "/bin/sh")
+        waiting.arguments = ["-c", "exec \"$0\" --spool \"$1\" wait never --timeout 5 <&- >&- 2>&-", binaries + "/opqueuectl", spool.root]
+        try waiting.run()
+        var seen: [String] = []
+        #expect(eventually(4) {
+            seen = standard(waiting.processIdentifier)
+            return seen == ["/dev/null", "/dev/null", "/dev/null"]
+        }, "opqueuectl's descriptors 0-2: \(seen)")
+        waiting.waitUntilExit()
+        #expect(waiting.terminationStatus == 2, "wait --timeout ran out, as it says")
+        spool.signal(SIGTERM)
+        #expect(spool.waitForExit(timeout: 20) == 0)
+    }
+
     @Test func sighupReloadsQueueSettingsForRunningWork() throws {
         let spool = TestSpool()
         try spool.start(try spool.configure(["queues": ["default": ["suspended": true]]]))

@@ -55,6 +55,12 @@ void opq_tune_allocator(void);
 /// blocks): what the program holds, as against RSS, which also counts freed memory the allocator kept.
 unsigned long long opq_heap_bytes_in_use(void);
 
+/// Opens /dev/null on whichever of descriptors 0, 1 and 2 is closed (a program started with `>&-`, or by a careless
+/// supervisor): otherwise the next descriptors opened — the runtime's epoll and timer descriptors, the spool's lock
+/// or progress log, the control socket — would take those numbers, and what is written to standard output or
+/// standard error (log lines, a command's report) would go into them. Called before anything else opens one.
+void opq_open_standard_descriptors(void);
+
 /// Until something else takes them, SIGTERM and SIGINT are noted instead of ending the process: the
 /// daemon calls this first thing, and hands a noted signal to its service group once that has taken
 /// them (a stop that comes while the daemon starts is then as graceful as a later one). SIGHUP, SIGUSR1

@@ -318,6 +318,10 @@ extension Daemon {
     /// The SIGTERM or SIGINT noted while starting (opqueued notes them from before main: COpqueuedStart), or 0.
     public static var notedTerminationSignal: Int32 { opq_noted_termination_signal() }
 
+    /// /dev/null on whichever of descriptors 0, 1 and 2 is closed, before anything else opens one (see CShims.h):
+    /// opqueuectl's first step (opqueued's constructor does it before main).
+    public static func openStandardDescriptors() { opq_open_standard_descriptors() }
+
     /// `--once`: SIGTERM, SIGINT, SIGHUP, SIGUSR1 and SIGUSR2 get their default actions back (what came meanwhile is raised again).
     public static func defaultTerminationSignals() { opq_default_termination_signals() }
 
