@@ -136,6 +136,15 @@ final class BootedSystemd {
             try systemd.run("journalctl", "-u", unit, "OPQ_EVENT=daemon", "OPQ_STATE=reloading", "--no-pager", "-q").stdout.contains("reload")
         })
 
+        // `systemctl kill -s USR1` (a log-rotation habit): logged and ignored, the same process goes on.
+        #expect(try systemd.run("systemctl", "kill", "-s", "USR1", unit).status == 0)
+        #expect(try systemd.eventually {
+            try systemd.run("journalctl", "-u", unit, "--no-pager", "-q").stdout.contains("SIGUSR1 means nothing to opqueued and is ignored")
+        })
+        #expect(try systemd.property(unit, "ActiveState") == "active")
+        #expect(try systemd.property(unit, "MainPID") == pidBefore)
+        #expect(try systemd.property(unit, "NRestarts") == "0")
+
         // SIGKILL: Restart=on-failure brings it back as a new process, ready again.
         #expect(try systemd.run("systemctl", "kill", "-s", "KILL", unit).status == 0)
         #expect(try systemd.eventually {
