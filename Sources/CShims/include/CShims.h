@@ -77,8 +77,8 @@ int opq_noted_hangup(void);
 /// Which of SIGUSR1 (1) and SIGUSR2 (2) came since `opq_note_termination_signals`.
 int opq_noted_user_signals(void);
 
-/// Gives SIGTERM, SIGINT, SIGHUP, SIGUSR1 and SIGUSR2 back their default actions, then raises what was noted meanwhile (`--once`, which
-/// has no service group to hand them to, ends as it would have).
+/// Gives SIGTERM, SIGINT, SIGHUP, SIGUSR1 and SIGUSR2 back their default actions, then raises what was noted
+/// meanwhile (`--once`, which has no service group to hand them to, ends as it would have).
 void opq_default_termination_signals(void);
 
 /// Copies from `in` to `out` (each at its current offset) until the end of `in` or `limit` bytes:

@@ -1,10 +1,11 @@
 // The daemon's metrics (SPEC §6), in the Prometheus text format.
 //
-// Events are recorded through swift-metrics (CoreMetrics' Counter, Timer and Gauge) into one
-// swift-prometheus collector registry per daemon, with a factory that gives every family its HELP text
-// and its histogram buckets. Counters and histograms move where events already flow (the engine's
-// transitions, claims, publications, downloads); the queue and spool gauges are read at scrape time
-// from the engine's overview and the daemon's status, so they cost nothing between scrapes.
+// Events are recorded through swift-metrics (CoreMetrics' Counter and Timer) into one swift-prometheus
+// collector registry per daemon, with a factory that gives every family its HELP text and its histogram
+// buckets. Counters and histograms move where events already flow (the engine's transitions, claims,
+// publications, downloads); the queue and spool gauges are set on the registry at scrape time from the
+// engine's overview and the daemon's status, so they cost nothing between scrapes, and one a scrape no
+// longer sets (a queue removed) leaves the exposition.
 // What it trusts: label values are queue names (checked identifiers, from the configuration), kinds
 // and states (fixed spellings); nothing a manifest says becomes a label.
 

@@ -322,7 +322,8 @@ extension Daemon {
     /// opqueuectl's first step (opqueued's constructor does it before main).
     public static func openStandardDescriptors() { opq_open_standard_descriptors() }
 
-    /// `--once`: SIGTERM, SIGINT, SIGHUP, SIGUSR1 and SIGUSR2 get their default actions back (what came meanwhile is raised again).
+    /// `--once`: SIGTERM, SIGINT, SIGHUP, SIGUSR1 and SIGUSR2 get their default actions back (what came meanwhile is
+    /// raised again).
     public static func defaultTerminationSignals() { opq_default_termination_signals() }
 
     /// Whether a SIGHUP came while starting (noted, not the end of the process; the reload service reloads once).
