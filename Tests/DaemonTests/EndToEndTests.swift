@@ -297,7 +297,16 @@ func sleepOp(_ id: String, _ seconds: Double, deps: [String] = []) -> [String: A
 
         spool.signal(SIGTERM)
         #expect(spool.waitForExit() == 0)
-        #expect(try spool.ctl(["status"]).status == 3, "no daemon")
+        let stopped = try spool.ctl(["status"])
+        #expect(stopped.status == 3 && stopped.stderr == "opqueuectl: no daemon is running on \(spool.root)/opqueued.sock (no socket)\n",
+                "no daemon: \(stopped)")
+        // A mistyped --spool says so, with the same exit status.
+        for (wrong, why) in [(spool.root + "-typo", "there is no folder \(spool.root)-typo"), ("/etc/passwd", "there is no folder /etc/passwd"),
+                             (spool.root + "/inbox", "\(spool.root)/inbox is not a spool: it has no inbox/")] {
+            let mistyped = try run("opqueuectl", ["--spool", wrong, "status"])
+            #expect(mistyped.status == 3 && mistyped.stderr.contains("(no socket\(why.hasPrefix("there") ? ": " : ", and ")\(why); is --spool right?)"),
+                    "\(wrong): \(mistyped)")
+        }
         #expect(try spool.ctl(["frobnicate"]).status == 64, "usage errors whether or not a daemon runs")
         let alone = try spool.ctl(["wait", "lnog", "--timeout", "0.3"])
         #expect(alone.status == 2, "wait reads the outbox, with or without a daemon")

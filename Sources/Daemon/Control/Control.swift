@@ -515,11 +515,25 @@ public enum ControlClient {
         guard fd >= 0 else { throw NoDaemon(path: path, reason: String(cString: strerror(errno))) }
         let connected = try withUnixAddress(path) { Glibc.connect(fd, $0, $1) }
         guard connected == 0 else {
-            let reason = errno == ENOENT ? "no socket" : errno == ECONNREFUSED ? "stale socket" : String(cString: strerror(errno))
+            let failure = errno
             close(fd)
+            let reason = failure == ENOENT || failure == ENOTDIR ? missingSocket(path) : failure == ECONNREFUSED ? "stale socket" : String(cString: strerror(failure))
             throw NoDaemon(path: path, reason: reason)
         }
         return fd
+    }
+
+    /// Why there is no socket at `path`, for a mistyped `--spool`: its folder is missing, or is no spool.
+    static func missingSocket(_ path: String) -> String {
+        let folder = path.lastIndex(of: "/").map { String(path[..<$0]) } ?? "."
+        var st = stat()
+        if stat(folder.isEmpty ? "/" : folder, &st) != 0 || (st.st_mode & S_IFMT) != S_IFDIR {
+            return "no socket: there is no folder \(folder); is --spool right?"
+        }
+        if stat(folder + "/inbox", &st) != 0 {
+            return "no socket, and \(folder) is not a spool: it has no inbox/; is --spool right?"
+        }
+        return "no socket"
     }
 
     /// Sends one request; throws `NoDaemon` when nothing listens on the socket or it does not answer.
