@@ -3,7 +3,8 @@
 // What it does: watches <spool>/inbox for property-list manifests, runs each as a graph of operations on
 // named queues, and publishes the results in <spool>/outbox (SPEC.md §1, §2). This file parses the command
 // line, picks the log target and runs the daemon as services (swift-service-lifecycle): the spool service,
-// the reload service (SIGHUP) and the systemd status/watchdog service. Everything else is in `Daemon`.
+// the signal service (SIGHUP reloads; SIGUSR1/2 are logged) and the systemd status/watchdog service.
+// Everything else is in `Daemon`.
 // What it trusts: nothing in the spool; its own configuration file.
 
 import ArgumentParser

@@ -326,7 +326,7 @@ extension Daemon {
     /// raised again).
     public static func defaultTerminationSignals() { opq_default_termination_signals() }
 
-    /// Whether a SIGHUP came while starting (noted, not the end of the process; the reload service reloads once).
+    /// Whether a SIGHUP came while starting (noted, not the end of the process; the signal service reloads once).
     public static var notedHangup: Bool { opq_noted_hangup() != 0 }
 
     /// The signal numbers of SIGUSR1 and SIGUSR2 if they came while starting (noted, as SIGHUP is).
