@@ -354,7 +354,9 @@ struct Wait: ParsableCommand {
         discussion: """
             An id not seen yet is waited for (its manifest may be dropped later). On a terminal, and at a timeout, \
             wait says why such a job is not seen: its manifest waits in the inbox to be claimed, the daemon knows no \
-            job of that id (a job's id is its manifest's job key, else its file's name), or no daemon answers.
+            job of that id (a job's id is its manifest's job key, else its file's name without .plist, each character \
+            outside A-Z a-z 0-9 . _ - made _), or no daemon answers; given a manifest's file name, it says the id such \
+            a file gets.
             """)
     @OptionGroup var common: Common
     @Argument(help: "A job id.", completion: .custom(completeJobs)) var job: String
@@ -363,7 +365,7 @@ struct Wait: ParsableCommand {
     func run() throws {
         // An id no job can have is never seen: waiting for it (for ever, without --timeout) helps no one.
         guard isValidIdentifier(job) else {
-            throw fail("'\(job)' cannot be a job's id: an id is 1 to 128 of A-Z a-z 0-9 . _ -, not starting with '.' (a manifest's `job`, else its file's name)")
+            throw fail("'\(job)' cannot be a job's id: an id is 1 to 128 of A-Z a-z 0-9 . _ -, not starting with '.' (a manifest's `job`, else its file's name)\(fileHint)")
         }
         let deadline = timeout.map { Date().addingTimeInterval($0) }
         let tty = isatty(STDERR_FILENO) == 1
@@ -404,11 +406,25 @@ struct Wait: ParsableCommand {
                 case .unseen(let reason), .unknowable(let reason?), .silent(let reason): why = " (\(reason))"
                 case .running, .ended, .unknowable(nil): why = ""
                 }
-                throw fail("\(job): still not ended after \(timeout ?? 0) s\(why)", 2)
+                throw fail("\(job): still not ended after \(timeout ?? 0) s\(why)\(fileHint)", 2)
             }
             if tty { progress(&spinner) }
             usleep(50_000)
         }
+    }
+
+    /// For an argument that looks like a manifest's file name (`photo 1.plist`, `inbox/hello.plist`): the id such a
+    /// file gets when its manifest has no `job` key (the daemon's rule: the name without `.plist`, each character
+    /// outside A-Z a-z 0-9 . _ - made `_`), as a hint; "" when that is the argument itself or no id.
+    var fileHint: String {
+        // A path is a file's only when it names a manifest; a hidden name is never claimed.
+        if job.contains("/") && !job.hasSuffix(".plist") { return "" }
+        var name = job.split(separator: "/", omittingEmptySubsequences: false).last.map(String.init) ?? job
+        if name.hasSuffix(".plist") { name.removeLast(".plist".count) }
+        guard !name.isEmpty, !name.hasPrefix(".") else { return "" }
+        let id = sanitizedIdentifier(name)
+        guard isValidIdentifier(id), id != job else { return "" }
+        return "; a manifest file \(name).plist without `job` gets the id '\(id)'"
     }
 
     /// What the daemon says of a job not in the outbox yet.

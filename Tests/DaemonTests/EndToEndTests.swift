@@ -315,7 +315,13 @@ func sleepOp(_ id: String, _ seconds: Double, deps: [String] = []) -> [String: A
         for impossible in ["", "../../etc", "a b", ".hidden", String(repeating: "x", count: 129)] {
             let never = try spool.ctl(["wait", impossible])
             #expect(never.status == 1 && never.stderr.contains("cannot be a job's id"), "\(impossible.debugDescription): \(never)")
+            #expect(never.stderr.contains("gets the id") == (impossible == "a b" || impossible.count == 129), "\(impossible.debugDescription): \(never)")
         }
+        // A manifest's file name given for its id: what id such a file gets, from the daemon's own rule.
+        let named = try spool.ctl(["wait", "photo 1.plist"])
+        #expect(named.status == 1 && named.stderr.hasSuffix("; a manifest file photo 1.plist without `job` gets the id 'photo_1'\n"), "\(named)")
+        let plain = try spool.ctl(["wait", "inbox.plist", "--timeout", "0.2"])
+        #expect(plain.status == 2 && plain.stderr.hasSuffix("; a manifest file inbox.plist without `job` gets the id 'inbox'\n"), "\(plain)")
     }
 
     @Test func killNineResumesWithoutRerunningWhatSucceeded() throws {
