@@ -95,6 +95,7 @@ let package = Package(
         .executableTarget(
             name: "opqueuectl",
             dependencies: [
+                "CShims",
                 "Daemon",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]

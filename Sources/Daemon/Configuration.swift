@@ -385,6 +385,15 @@ func isIdentifierByte(_ b: UInt8) -> Bool {
     (b >= 0x30 && b <= 0x39) || (b >= 0x41 && b <= 0x5A) || (b >= 0x61 && b <= 0x7A) || b == 0x2E || b == 0x5F || b == 0x2D
 }
 
+/// The id a manifest file named `fileName` gets when its manifest has no valid `job` key (SPEC §2): the name without
+/// `.plist`, each character outside `[A-Za-z0-9._-]` made `_`, cut to 128, a leading `.` made `_`. The daemon's
+/// rule, and opqueuectl's for what submit prints and what wait hints.
+public func jobID(ofManifestFile fileName: String) -> String {
+    var id = sanitizedIdentifier(fileName.hasSuffix(".plist") ? String(fileName.dropLast(".plist".count)) : fileName)
+    if id.hasPrefix(".") { id = "_" + id.dropFirst() }
+    return id
+}
+
 /// Replaces each character outside `[A-Za-z0-9._-]` by `_` and cuts to 128 characters.
 public func sanitizedIdentifier(_ s: String) -> String {
     var out = ""

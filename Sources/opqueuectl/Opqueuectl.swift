@@ -6,6 +6,7 @@
 // 2 wait timed out; 3 no daemon; 64 usage error.
 
 import ArgumentParser
+import CShims
 import Daemon
 import Foundation
 
@@ -152,21 +153,47 @@ struct Submit: ParsableCommand {
                 ok = false
                 continue
             }
-            let base = ((file as NSString).lastPathComponent as NSString).deletingPathExtension
-            let job = Manifest.requestedJob(in: data) ?? sanitizedIdentifier(base)
-            let name = "\(job).\(UUID().uuidString.prefix(8)).plist"
-            let hidden = common.spool + "/inbox/." + name
+            let requested = Manifest.requestedJob(in: data)
             do {
-                try writeDurably(data, to: hidden)
-                guard rename(hidden, common.spool + "/inbox/" + name) == 0 else {
-                    throw fail("\(file): cannot rename into \(common.spool)/inbox: \(String(cString: strerror(errno)))")
-                }
+                print(try place(data, requested: requested, stem: requested ?? jobID(ofManifestFile: ((file as NSString).lastPathComponent as NSString).deletingPathExtension)))
+            } catch let exit as ExitCode {
+                throw exit
             } catch {
                 throw fail("\(file): \(error)")
             }
-            print(job)
         }
         if !ok { throw ExitCode(1) }
+    }
+
+    /// Writes the manifest hidden in the inbox, synced, then renames it to `STEM.plist` — or, when that name is taken
+    /// in the inbox (never replaced) or, for a manifest without `job`, its id in active/ or outbox/, to
+    /// `STEM.XXXXXXXX.plist` — and syncs the inbox. Returns the job's id: its `job`, else the one its file name gives
+    /// (what the daemon derives from the name placed, so that `ids=$(opqueuectl submit …)` can be waited for).
+    func place(_ data: Data, requested: String?, stem: String) throws -> String {
+        let inbox = common.spool + "/inbox"
+        let unique = UUID().uuidString.prefix(8)
+        let hidden = ".\(stem).\(unique).plist"
+        try writeDurably(data, to: inbox + "/" + hidden, syncFolder: false)
+        let folder = open(inbox, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        guard folder >= 0 else { throw fail("cannot open \(inbox): \(String(cString: strerror(errno)))") }
+        defer { close(folder) }
+        for name in ["\(stem).plist", "\(stem).\(unique).plist"] {
+            let id = requested ?? jobID(ofManifestFile: name)
+            if requested == nil, access(common.spool + "/active/" + id, F_OK) == 0 || access(common.spool + "/outbox/" + id, F_OK) == 0 {
+                continue
+            }
+            let renamed = opq_rename_noreplace(folder, hidden, name)
+            if renamed == -EEXIST { continue }
+            guard renamed == 0 else {
+                unlinkat(folder, hidden, 0)
+                throw fail("cannot rename into \(inbox): \(String(cString: strerror(-renamed)))")
+            }
+            // The rename is durable before the id is printed: a crash never leaves the manifest hidden, unclaimed.
+            guard fsync(folder) == 0 else { throw fail("fsync \(inbox): \(String(cString: strerror(errno)))") }
+            return id
+        }
+        unlinkat(folder, hidden, 0)
+        throw fail("no free name in \(inbox) for \(stem)")
     }
 }
 
@@ -420,11 +447,11 @@ struct Wait: ParsableCommand {
         // A path is a file's only when it names a manifest; a hidden name is never claimed.
         if job.contains("/") && !job.hasSuffix(".plist") { return "" }
         var name = job.split(separator: "/", omittingEmptySubsequences: false).last.map(String.init) ?? job
-        if name.hasSuffix(".plist") { name.removeLast(".plist".count) }
-        guard !name.isEmpty, !name.hasPrefix(".") else { return "" }
-        let id = sanitizedIdentifier(name)
+        if !name.hasSuffix(".plist") { name += ".plist" }
+        guard name != ".plist", !name.hasPrefix(".") else { return "" }
+        let id = jobID(ofManifestFile: name)
         guard isValidIdentifier(id), id != job else { return "" }
-        return "; a manifest file \(name).plist without `job` gets the id '\(id)'"
+        return "; a manifest file \(name) without `job` gets the id '\(id)'"
     }
 
     /// What the daemon says of a job not in the outbox yet.

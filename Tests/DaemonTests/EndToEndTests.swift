@@ -294,6 +294,20 @@ func sleepOp(_ id: String, _ seconds: Double, deps: [String] = []) -> [String: A
         #expect(strays.stderr == "\(spool.root)/inbox: cannot be read: a directory, not a manifest file\n\(spool.root)/nosuch.plist: cannot be read: No such file or directory\n",
                 "\(strays.stderr)")
         #expect(try spool.ctl(["wait", "amidstrays", "--timeout", "10"]).status == 0)
+        // A manifest without `job` gets the id its file's name gives, and submit prints that id (it printed the name
+        // while the daemon, given `NAME.XXXXXXXX.plist`, made the id `NAME.XXXXXXXX`): wait finds each. Submitted
+        // again while the first is still known, it gets a name of its own.
+        let keyless = spool.root + "-no key.plist"
+        try plist(["operations": [sleepOp("a", 0)]]).write(to: URL(fileURLWithPath: keyless))
+        defer { unlink(keyless) }
+        let keylessID = (keyless as NSString).lastPathComponent.replacingOccurrences(of: " ", with: "_").replacingOccurrences(of: ".plist", with: "")
+        let first = try spool.ctl(["submit", keyless])
+        #expect(first.status == 0 && first.stdout == keylessID + "\n", "\(first)")
+        #expect(try spool.ctl(["wait", keylessID, "--timeout", "10"]).status == 0)
+        let second = try spool.ctl(["submit", keyless])
+        let again = second.stdout.trimmingCharacters(in: .newlines)
+        #expect(second.status == 0 && again.hasPrefix(keylessID + ".") && again != keylessID, "\(second)")
+        #expect(try spool.ctl(["wait", again, "--timeout", "10"]).status == 0, "\(again)")
 
         spool.signal(SIGTERM)
         #expect(spool.waitForExit() == 0)

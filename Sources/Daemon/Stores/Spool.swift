@@ -306,10 +306,8 @@ public final class Spool: @unchecked Sendable {
     /// `settled` (the caller's guess: inotify saw it closed, or it has not changed for a while) decides.
     /// The id a manifest asks for: its `job` key if valid, else its file name made an identifier (never hidden).
     static func wantedID(name: String, tree: ManifestTree) -> String {
-        var wanted = sanitizedIdentifier(String(name.dropLast(".plist".count)))
-        if let asked = tree.requestedJob, isValidIdentifier(asked) { wanted = asked }
-        if wanted.hasPrefix(".") { wanted = "_" + wanted.dropFirst() }
-        return wanted
+        if let asked = tree.requestedJob, isValidIdentifier(asked) { return asked }
+        return jobID(ofManifestFile: name)
     }
 
     /// `inUse` says which ids the caller still holds though their folders have left active/: a job whose folder
