@@ -114,13 +114,20 @@ import TestSupport
             ["id": "dotdot", "kind": "download", "url": s.url("../" + (outside as NSString).lastPathComponent)],
             ["id": "symlink", "kind": "download", "url": s.url("link.png")],
             ["id": "absolute", "kind": "download", "url": "file:///etc/passwd"],
+            ["id": "fifo", "kind": "download", "url": s.url("pipe.png")],
+            ["id": "folder", "kind": "download", "url": s.url("folder.png")],
         ]
+        #expect(mkfifo(s.images + "/pipe.png", 0o644) == 0)
+        #expect(mkdir(s.images + "/folder.png", 0o755) == 0)
         let (_, byID) = try s.run(["job": "files", "operations": ops])
         #expect(byID["inside"]?["state"] as? String == "succeeded")
         for id in ["dotdot", "symlink", "absolute"] {
             #expect(byID[id]?["state"] as? String == "failed", "\(id)")
             #expect((byID[id]?["error"] as? String)?.contains("is not under a configured file root") == true, "\(id): \(byID[id]?["error"] ?? "")")
         }
+        // Inside a root, what is not a regular file is named for what it is (a FIFO is never waited on).
+        #expect((byID["fifo"]?["error"] as? String)?.hasSuffix("/pipe.png: a FIFO (named pipe), not a regular file") == true, "\(byID["fifo"] ?? [:])")
+        #expect((byID["folder"]?["error"] as? String)?.hasSuffix("/folder.png: a folder, not a regular file") == true, "\(byID["folder"] ?? [:])")
     }
 }
 

@@ -261,9 +261,14 @@ public final class Downloader: @unchecked Sendable {
         let source = open(real, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC)
         guard source >= 0 else { throw SpoolError(operation: "open", path: real, errno: errno) }
         var st = stat()
-        guard fstat(source, &st) == 0, (st.st_mode & S_IFMT) == S_IFREG else {
+        guard fstat(source, &st) == 0 else {
+            let e = errno
             close(source)
-            throw SpoolError(operation: "open (not a regular file)", path: real, errno: EINVAL)
+            throw SpoolError(operation: "fstat", path: real, errno: e)
+        }
+        guard (st.st_mode & S_IFMT) == S_IFREG else {
+            close(source)
+            throw SpoolError.notRegular(real, mode: st.st_mode)
         }
         if Int(st.st_size) > maxBytes {
             close(source)

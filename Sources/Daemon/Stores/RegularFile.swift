@@ -13,14 +13,52 @@ public struct SpoolError: Error, CustomStringConvertible {
     public let operation: String
     public let path: String
     public let errno: Int32
-    public var description: String { "\(operation) \(path): \(String(cString: strerror(errno)))" }
+    /// What was wrong, in words, where the errno's own (strerror) would mislead: "Too many levels of symbolic
+    /// links" for a link O_NOFOLLOW refused, "Invalid argument" for a FIFO.
+    public var reason: String?
+
+    public init(operation: String, path: String, errno: Int32, reason: String? = nil) {
+        self.operation = operation
+        self.path = path
+        self.errno = errno
+        self.reason = reason
+    }
+
+    public var description: String {
+        if let reason { return "\(path): \(reason)" }
+        return "\(operation) \(path): \(String(cString: strerror(errno)))"
+    }
+
+    /// The error of an open(2) with O_NOFOLLOW of `path`: ELOOP there means that the name is a symbolic link.
+    static func opening(_ path: String, errno e: Int32) -> SpoolError {
+        var st = stat()
+        if e == ELOOP, lstat(path, &st) == 0, (st.st_mode & S_IFMT) == S_IFLNK {
+            return SpoolError(operation: "open", path: path, errno: e,
+                              reason: "a symbolic link, which is not followed (move or copy the file itself here)")
+        }
+        return SpoolError(operation: "open", path: path, errno: e)
+    }
+
+    /// What a file of this mode is, for one that is not a regular file.
+    static func notRegular(_ path: String, mode: mode_t) -> SpoolError {
+        let kind = switch mode & S_IFMT {
+        case S_IFDIR: "a folder"
+        case S_IFIFO: "a FIFO (named pipe)"
+        case S_IFSOCK: "a socket"
+        case S_IFCHR: "a character device"
+        case S_IFBLK: "a block device"
+        default: "not a regular file"
+        }
+        return SpoolError(operation: "open", path: path, errno: EINVAL,
+                          reason: kind == "not a regular file" ? kind : kind + ", not a regular file")
+    }
 }
 
 /// Reads a regular file, never following a symlink nor blocking on a FIFO. `singleLink` refuses a file
 /// with other hard links (an inbox entry linked to a file elsewhere is not the submitter's to hand over).
 func readRegularFile(_ path: String, limit: Int = ManifestLimits.maxBytes + 1, singleLink: Bool = false) -> Result<Data, SpoolError> {
     let fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC)
-    guard fd >= 0 else { return .failure(SpoolError(operation: "open", path: path, errno: errno)) }
+    guard fd >= 0 else { return .failure(SpoolError.opening(path, errno: errno)) }
     defer { close(fd) }
     return readRegularFile(fd, path: path, limit: limit, singleLink: singleLink)
 }
@@ -30,9 +68,10 @@ func readRegularFile(_ path: String, limit: Int = ManifestLimits.maxBytes + 1, s
 func readRegularFile(_ fd: Int32, path: String, limit: Int = ManifestLimits.maxBytes + 1, singleLink: Bool = false, check: Bool = false) -> Result<Data, SpoolError> {
     var st = stat()
     guard fstat(fd, &st) == 0 else { return .failure(SpoolError(operation: "fstat", path: path, errno: errno)) }
-    guard (st.st_mode & S_IFMT) == S_IFREG else { return .failure(SpoolError(operation: "open (not a regular file)", path: path, errno: EINVAL)) }
+    guard (st.st_mode & S_IFMT) == S_IFREG else { return .failure(SpoolError.notRegular(path, mode: st.st_mode)) }
     guard !singleLink || st.st_nlink == 1 else {
-        return .failure(SpoolError(operation: "open (the file has \(st.st_nlink) hard links)", path: path, errno: EPERM))
+        return .failure(SpoolError(operation: "open", path: path, errno: EPERM,
+                                   reason: "the file has \(st.st_nlink) hard links: one linked elsewhere is not handed over (move it here, or copy it)"))
     }
     if check { return .success(Data()) }
     var data = Data()

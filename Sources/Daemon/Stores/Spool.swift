@@ -324,7 +324,7 @@ public final class Spool: @unchecked Sendable {
         let source = inbox + "/" + name
         let fd = open(source, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC)
         guard fd >= 0 else {
-            let e = SpoolError(operation: "open", path: source, errno: errno)
+            let e = SpoolError.opening(source, errno: errno)
             if e.errno == ENOENT { return .vanished }
             // Someone holds a write lease on it (and is writing, or about to): like a writer.
             if e.errno == EWOULDBLOCK { return .busy }
