@@ -102,7 +102,7 @@ struct Validate: ParsableCommand {
             daemon answers, against what it takes: its own, and on a cluster node those any node of the cluster declares.
             """)
     @OptionGroup var common: Common
-    @Argument(help: "Manifest files.", completion: .file(extensions: ["plist"])) var files: [String]
+    @Argument(help: "Manifest files (- reads one from standard input).", completion: .file(extensions: ["plist"])) var files: [String]
 
     func run() throws {
         let config = try common.submissionConfiguration()
@@ -111,20 +111,54 @@ struct Validate: ParsableCommand {
     }
 }
 
-/// Reads and validates a manifest: the manifest in `file` if it is valid; else nil, each problem (`FILE: problem`)
-/// said through `report` (validate's output is its problems; submit's is the job ids, its problems go to stderr).
+/// The bytes of a manifest named on the command line: `-` is standard input (read once: a second `-` finds it
+/// taken); a regular file, a pipe or a device (`<(generate)`, /dev/stdin) is read; a folder is not. At most one byte
+/// past the manifest limit is read, so that /dev/zero ends as a manifest too large, not as a full memory.
+func readManifestArgument(_ file: String) -> Result<Data, ManifestArgumentError> {
+    var fd: Int32 = 0
+    if file == "-" {
+        if standardInputRead { return .failure(.init("standard input was read already (- may be named once)")) }
+        standardInputRead = true
+    } else {
+        var st = stat()
+        guard stat(file, &st) == 0 else { return .failure(.init(String(cString: strerror(errno)))) }
+        if (st.st_mode & S_IFMT) == S_IFDIR { return .failure(.init("a directory, not a manifest file")) }
+        fd = open(file, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { return .failure(.init(String(cString: strerror(errno)))) }
+    }
+    defer { if fd != 0 { close(fd) } }
+    var data = Data()
+    var buffer = [UInt8](repeating: 0, count: 65_536)
+    while data.count <= ManifestLimits.maxBytes {
+        let n = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, min($0.count, ManifestLimits.maxBytes + 1 - data.count)) }
+        if n < 0 {
+            if errno == EINTR { continue }
+            return .failure(.init(String(cString: strerror(errno))))
+        }
+        if n == 0 { break }
+        data.append(contentsOf: buffer[0..<n])
+    }
+    return .success(data)
+}
+
+/// Whether a `-` argument took standard input (opqueuectl reads its arguments on one thread).
+nonisolated(unsafe) private var standardInputRead = false
+
+/// Why a manifest named on the command line could not be read.
+struct ManifestArgumentError: Error, CustomStringConvertible {
+    let description: String
+    init(_ description: String) { self.description = description }
+}
+
+/// Reads and validates a manifest: the manifest in `file` (`-`: standard input) if it is valid; else nil, each
+/// problem (`FILE: problem`) said through `report` (validate's output is its problems; submit's is the job ids, its
+/// problems go to stderr).
 func validManifest(at file: String, _ config: Configuration, report: (String) -> Void = { print($0) }) -> Data? {
-    var st = stat()
-    guard stat(file, &st) == 0 else {
-        report("\(file): cannot be read: \(String(cString: strerror(errno)))")
-        return nil
-    }
-    guard (st.st_mode & S_IFMT) == S_IFREG else {
-        report("\(file): cannot be read: \((st.st_mode & S_IFMT) == S_IFDIR ? "a directory" : "not a regular file"), not a manifest file")
-        return nil
-    }
-    guard let data = FileManager.default.contents(atPath: file) else {
-        report("\(file): cannot be read: \(access(file, R_OK) != 0 ? String(cString: strerror(errno)) : "read failed")")
+    let data: Data
+    switch readManifestArgument(file) {
+    case .success(let read): data = read
+    case .failure(let error):
+        report("\(file): cannot be read: \(error)")
         return nil
     }
     if case .failure(let problems) = Manifest.parse(data, configuration: config) {
@@ -142,7 +176,7 @@ struct Submit: ParsableCommand {
             against what it takes: its own, and on a cluster node those any node of the cluster declares.
             """)
     @OptionGroup var common: Common
-    @Argument(help: "Manifest files.", completion: .file(extensions: ["plist"])) var files: [String]
+    @Argument(help: "Manifest files (- reads one from standard input).", completion: .file(extensions: ["plist"])) var files: [String]
 
     func run() throws {
         let config = try common.submissionConfiguration()
@@ -155,7 +189,9 @@ struct Submit: ParsableCommand {
             }
             let requested = Manifest.requestedJob(in: data)
             do {
-                print(try place(data, requested: requested, stem: requested ?? jobID(ofManifestFile: ((file as NSString).lastPathComponent as NSString).deletingPathExtension)))
+                // Standard input has no name: a manifest read from it without `job` is placed as stdin.plist.
+                let name = file == "-" ? "stdin" : ((file as NSString).lastPathComponent as NSString).deletingPathExtension
+                print(try place(data, requested: requested, stem: requested ?? jobID(ofManifestFile: name)))
             } catch let exit as ExitCode {
                 throw exit
             } catch {
@@ -549,7 +585,7 @@ func toggle(_ common: Common, _ queue: String, _ command: String) throws {
 struct Graph: ParsableCommand {
     static let configuration = CommandConfiguration(abstract: "The operation graph in Graphviz DOT, states as colours.")
     @OptionGroup var common: Common
-    @Argument(help: "A job id or a manifest file.") var target: String
+    @Argument(help: "A job id or a manifest file (- reads one from standard input).") var target: String
 
     /// What the drawing needs of an operation: from a manifest, or from the daemon's `show` of a running job.
     struct Node {
@@ -561,7 +597,13 @@ struct Graph: ParsableCommand {
         var nodes: [Node]
         var name = target
         let config = try common.configuration()
-        if FileManager.default.fileExists(atPath: target), let data = FileManager.default.contents(atPath: target) {
+        var isFolder: ObjCBool = false
+        if target == "-" || (FileManager.default.fileExists(atPath: target, isDirectory: &isFolder) && !isFolder.boolValue) {
+            let data: Data
+            switch readManifestArgument(target) {
+            case .success(let read): data = read
+            case .failure(let error): throw fail("\(target): cannot be read: \(error)")
+            }
             switch Manifest.parse(data, configuration: config) {
             case .success(let plan):
                 nodes = Self.nodes(plan)
@@ -586,13 +628,19 @@ struct Graph: ParsableCommand {
         }
         let colours = ["pending": "gray80", "ready": "lightyellow", "executing": "lightblue", "retrying": "orange",
                        "succeeded": "palegreen", "failed": "salmon", "cancelled": "gray60"]
-        var dot = "digraph \"\(name)\" {\n  rankdir=LR;\n  node [shape=box, style=filled];\n"
+        // Every name is quoted for DOT: a file's path (the graph's name when the manifest has no `job`) may hold
+        // quotes or backslashes.
+        func q(_ text: String) -> String {
+            "\"" + text.replacingOccurrences(of: "\\", with: "\\\\").replacingOccurrences(of: "\"", with: "\\\"")
+                .replacingOccurrences(of: "\n", with: "\\n") + "\""
+        }
+        var dot = "digraph \(q(name)) {\n  rankdir=LR;\n  node [shape=box, style=filled];\n"
         for node in nodes {
             let state = states[node.id] ?? "pending"
-            dot += "  \"\(node.id)\" [label=\"\(node.id)\\n\(node.kind) · \(node.queue)\\n\(state)\", fillcolor=\(colours[state] ?? "white")];\n"
+            dot += "  \(q(node.id)) [label=\(q("\(node.id)\n\(node.kind) · \(node.queue)\n\(state)")), fillcolor=\(colours[state] ?? "white")];\n"
         }
         for node in nodes {
-            for dep in node.dependencies { dot += "  \"\(dep)\" -> \"\(node.id)\";\n" }
+            for dep in node.dependencies { dot += "  \(q(dep)) -> \(q(node.id));\n" }
         }
         print(dot + "}")
     }

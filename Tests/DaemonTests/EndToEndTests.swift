@@ -15,16 +15,25 @@ struct Run {
     let stderr: String
 }
 
-/// Runs a program to its end (at most `timeout` seconds).
+/// Runs a program to its end (at most `timeout` seconds); `input`, when given, is its standard input.
 @discardableResult
-func run(_ program: String, _ arguments: [String], timeout: Double = 30) throws -> Run {
+func run(_ program: String, _ arguments: [String], input: Data? = nil, timeout: Double = 30) throws -> Run {
     let process = Process()
     process.executableURL = URL(fileURLWithPath: program.hasPrefix("/") ? program : binaries + "/" + program)
     process.arguments = arguments
     let out = Pipe(), err = Pipe()
     process.standardOutput = out
     process.standardError = err
+    let stdin = input.map { _ in Pipe() }
+    if let stdin { process.standardInput = stdin }
     try process.run()
+    if let input, let stdin {
+        // From another thread: a program that answers before it has read everything must not block this one.
+        Thread.detachNewThread {
+            stdin.fileHandleForWriting.write(input)
+            try? stdin.fileHandleForWriting.close()
+        }
+    }
     let deadline = Date().addingTimeInterval(timeout)
     let outData = out.fileHandleForReading.readDataToEndOfFile()
     let errData = err.fileHandleForReading.readDataToEndOfFile()
@@ -119,7 +128,7 @@ final class TestSpool: @unchecked Sendable {
         return nil
     }
 
-    func ctl(_ arguments: [String]) throws -> Run { try run("opqueuectl", ["--spool", root] + arguments) }
+    func ctl(_ arguments: [String], input: Data? = nil) throws -> Run { try run("opqueuectl", ["--spool", root] + arguments, input: input) }
 
     func list(_ folder: String) -> [String] { ((try? FileManager.default.contentsOfDirectory(atPath: root + "/" + folder)) ?? []).filter { !$0.hasPrefix(".") }.sorted() }
 }
@@ -308,6 +317,26 @@ func sleepOp(_ id: String, _ seconds: Double, deps: [String] = []) -> [String: A
         let again = second.stdout.trimmingCharacters(in: .newlines)
         #expect(second.status == 0 && again.hasPrefix(keylessID + ".") && again != keylessID, "\(second)")
         #expect(try spool.ctl(["wait", again, "--timeout", "10"]).status == 0, "\(again)")
+        // `-` is standard input (`generate | opqueuectl submit -`): read once; a manifest from it without `job` is
+        // placed as stdin.plist. A pipe or device named by path is read too, never past the manifest limit.
+        let piped = try spool.ctl(["submit", "-"], input: plist(["job": "piped", "operations": [sleepOp("a", 0)]]))
+        #expect(piped.status == 0 && piped.stdout == "piped\n", "\(piped)")
+        #expect(try spool.ctl(["wait", "piped", "--timeout", "10"]).status == 0)
+        let unnamed = try spool.ctl(["submit", "-", "-"], input: plist(["operations": [sleepOp("a", 0)]]))
+        #expect(unnamed.status == 1 && unnamed.stdout == "stdin\n", "\(unnamed)")
+        #expect(unnamed.stderr == "-: cannot be read: standard input was read already (- may be named once)\n", "\(unnamed)")
+        #expect(try spool.ctl(["wait", "stdin", "--timeout", "10"]).status == 0)
+        let checked = try spool.ctl(["validate", "-"], input: plist(["operations": [["id": "x"]]]))
+        #expect(checked.status == 1 && checked.stdout == "-: operation 'x': kind is missing\n", "\(checked)")
+        let endless = try spool.ctl(["validate", "/dev/zero"])
+        #expect(endless.status == 1 && endless.stdout.hasPrefix("/dev/zero: the manifest is larger than the limit"), "\(endless)")
+        let drawn = try spool.ctl(["graph", "-"], input: plist(["job": "drawn", "operations": [sleepOp("a", 0), sleepOp("b", 0, deps: ["a"])]]))
+        #expect(drawn.status == 0 && drawn.stdout.hasPrefix("digraph \"drawn\" {") && drawn.stdout.contains("\"a\" -> \"b\";"), "\(drawn)")
+        // A keyless manifest's graph is named by its path, quoted for DOT whatever the path holds.
+        let quoted = spool.root + "/say \"hi\".plist"
+        try plist(["operations": [sleepOp("a", 0)]]).write(to: URL(fileURLWithPath: quoted))
+        let quotedGraph = try spool.ctl(["graph", quoted])
+        #expect(quotedGraph.status == 0 && quotedGraph.stdout.hasPrefix("digraph \"\(spool.root)/say \\\"hi\\\".plist\" {"), "\(quotedGraph)")
 
         spool.signal(SIGTERM)
         #expect(spool.waitForExit() == 0)
