@@ -899,6 +899,39 @@ func sleepOp(_ id: String, _ seconds: Double, deps: [String] = []) -> [String: A
         #expect(!status.contains("paused"), "\(status)")
     }
 
+    /// A user replaces the inbox while the daemon runs — `mv inbox inbox.old; mkdir inbox`, or `rm -rf inbox; mkdir
+    /// inbox` — and the new folder is watched at once: each manifest dropped into it is claimed by its inotify event,
+    /// not by the next rescan (the watch stayed on the old folder, or on none, so every pickup waited up to 2 s, for
+    /// as long as the daemon ran). What is dropped into the folder moved away is not the inbox's: never claimed.
+    @Test func anInboxReplacedWhileTheDaemonRunsIsWatchedAtOnce() throws {
+        let spool = TestSpool()
+        try spool.start()
+        try spool.drop("first.plist", ["job": "first", "operations": [sleepOp("a", 0)]])
+        #expect(spool.result("first") != nil)
+        let inbox = spool.root + "/inbox"
+        // Seconds from each drop to its claim, three drops in turn (a rescan every 2 s could catch one by chance,
+        // not three: after a claim by a rescan, the next drop waits for the next).
+        func pickups(_ tag: String) throws -> [Double] {
+            try (0..<3).map { i in
+                let job = "\(tag)\(i)"
+                let dropped = Date().timeIntervalSince1970
+                try spool.drop(job + ".plist", ["job": job, "operations": [sleepOp("a", 0)]])
+                return (spool.result(job, timeout: 10)?["receivedAt"] as? Double ?? .infinity) - dropped
+            }
+        }
+        #expect(rename(inbox, spool.root + "/inbox.old") == 0 && mkdir(inbox, 0o755) == 0)
+        let moved = try pickups("moved")
+        #expect(moved.allSatisfy { $0 < 0.8 }, "claimed \(moved) s after each drop into the inbox made after the old one was moved away")
+        try FileManager.default.removeItem(atPath: inbox)
+        #expect(mkdir(inbox, 0o755) == 0)
+        let remade = try pickups("remade")
+        #expect(remade.allSatisfy { $0 < 0.8 }, "claimed \(remade) s after each drop into the inbox removed and made again")
+        try plist(["job": "stray", "operations": [sleepOp("a", 0)]]).write(to: URL(fileURLWithPath: spool.root + "/inbox.old/stray.plist"))
+        usleep(2_500_000)  // past a rescan
+        #expect(!FileManager.default.fileExists(atPath: spool.root + "/outbox/stray"))
+        #expect(FileManager.default.fileExists(atPath: spool.root + "/inbox.old/stray.plist"))
+    }
+
     /// A careless clean-up removes the control socket, then puts a file in its place: the daemon listens again
     /// within seconds, each time, and says so (it used to go on unreachable: opqueuectl said no daemon ran).
     @Test func aControlSocketRemovedWhileTheDaemonRunsIsMadeAgain() throws {
