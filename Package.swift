@@ -116,7 +116,7 @@ let package = Package(
             name: "TestSupport",
             dependencies: ["Daemon", .product(name: "Logging", package: "swift-log")],
             path: "Tests/Support",
-            exclude: ["http_server.py", "make_pngs.py", "metrics_client.py"]
+            exclude: ["http_server.py", "make_pngs.py", "make_cmyk_jpegs.c", "metrics_client.py"]
         ),
         // Test traits (swift-testing), for the test targets only.
         .target(name: "TestTraits", dependencies: ["ClusterStore"], path: "Tests/Traits"),

@@ -246,6 +246,8 @@ struct opq_reader {
     int next_row;
     uint8_t *whole;                   // a materialised image (EXIF rotation or flip, interlaced PNG)
     png_bytep *rows;                  // row pointers while an interlaced PNG is read whole
+    uint8_t *ink;                     // a CMYK or YCCK JPEG: one row as the library gives it (4 inks), made RGB
+    int ink_inverted;                 // its inks stored inverted (an Adobe marker: Photoshop's and most others')
     struct jpeg_decompress_struct jpeg;
     struct jpeg_failure failure;
     int jpeg_created;
@@ -277,7 +279,27 @@ void opq_reader_close(opq_reader *r) {
     if (r->jpeg_created) jpeg_destroy_decompress(&r->jpeg);
     free(r->whole);
     free(r->rows);
+    free(r->ink);
     free(r);
+}
+
+/// One JPEG row into `rgb`. A CMYK or YCCK JPEG (print work, as Photoshop saves it) comes from the library as four
+/// inks, which libjpeg-turbo does not turn into RGB: here each channel is the paper left by its ink and black's,
+/// (255 − C)(255 − K)/255 — what libvips and ImageMagick give such a file without a colour profile.
+static void read_jpeg_row(opq_reader *r, uint8_t *rgb) {
+    JSAMPROW row = r->ink ? r->ink : rgb;
+    // The memory source never suspends: no row means the library gave up.
+    if (jpeg_read_scanlines(&r->jpeg, &row, 1) != 1) ERREXIT(&r->jpeg, JERR_INPUT_EMPTY);
+    if (!r->ink) return;
+    for (int x = 0; x < r->width; x++) {
+        const uint8_t *p = r->ink + 4 * (size_t)x;
+        unsigned c = p[0], m = p[1], y = p[2], k = p[3];
+        if (!r->ink_inverted) { c = 255 - c; m = 255 - m; y = 255 - y; k = 255 - k; }
+        // c, m, y, k are now what each ink leaves of the paper (255: no ink).
+        rgb[3 * (size_t)x] = (uint8_t)((c * k + 127) / 255);
+        rgb[3 * (size_t)x + 1] = (uint8_t)((m * k + 127) / 255);
+        rgb[3 * (size_t)x + 2] = (uint8_t)((y * k + 127) / 255);
+    }
 }
 
 int opq_reader_open(const uint8_t *data, size_t size, uint64_t max_pixels, opq_reader **out, int *width, int *height,
@@ -388,7 +410,8 @@ int opq_reader_start(opq_reader *r, int min_width, int min_height, int min_side,
             png_error(png, "unsupported PNG pixel layout");
         whole = passes > 1; // Adam7 hands out every row seven times: only a whole image can take them
     } else {
-        r->jpeg.out_color_space = JCS_RGB;
+        int inks = r->jpeg.jpeg_color_space == JCS_CMYK || r->jpeg.jpeg_color_space == JCS_YCCK;
+        r->jpeg.out_color_space = inks ? JCS_CMYK : JCS_RGB;
         if (min_width > 0 || min_height > 0 || min_side > 0) {
             // The minimums are for the image as displayed; a 90° orientation swaps the sides.
             int mw = r->orientation >= 5 ? min_height : min_width, mh = r->orientation >= 5 ? min_width : min_height;
@@ -399,6 +422,13 @@ int opq_reader_start(opq_reader *r, int min_width, int min_height, int min_side,
         r->width = (int)r->jpeg.output_width;
         r->height = (int)r->jpeg.output_height;
         r->channels = r->jpeg.output_components;
+        if (inks) {
+            if (r->channels != 4) ERREXIT(&r->jpeg, JERR_CONVERSION_NOTIMPL);
+            r->ink = malloc((size_t)r->width * 4);
+            if (!r->ink) ERREXIT1(&r->jpeg, JERR_OUT_OF_MEMORY, 0);
+            r->ink_inverted = r->jpeg.saw_Adobe_marker;
+            r->channels = 3;
+        }
         whole = r->orientation > 1; // every EXIF transform but "as stored" reorders rows or columns
     }
     if (whole) {
@@ -416,10 +446,7 @@ int opq_reader_start(opq_reader *r, int min_width, int min_height, int min_side,
             png_read_image(r->png, r->rows);
             png_read_end(r->png, NULL);
         } else {
-            while (r->jpeg.output_scanline < r->jpeg.output_height) {
-                JSAMPROW row = r->whole + stride * r->jpeg.output_scanline;
-                if (jpeg_read_scanlines(&r->jpeg, &row, 1) != 1) ERREXIT(&r->jpeg, JERR_INPUT_EMPTY);
-            }
+            while (r->jpeg.output_scanline < r->jpeg.output_height) read_jpeg_row(r, r->whole + stride * r->jpeg.output_scanline);
             jpeg_finish_decompress(&r->jpeg);
         }
         r->finished = 1;
@@ -458,9 +485,7 @@ int opq_reader_read(opq_reader *r, uint8_t *pixels, int count, char *message, si
         if (r->is_png) {
             png_read_row(r->png, row, NULL);
         } else {
-            JSAMPROW p = row;
-            // The memory source never suspends: no row means the library gave up.
-            if (jpeg_read_scanlines(&r->jpeg, &p, 1) != 1) ERREXIT(&r->jpeg, JERR_INPUT_EMPTY);
+            read_jpeg_row(r, row);
         }
         r->next_row++;
     }

@@ -183,6 +183,38 @@ func chain(_ id: String, from source: String, _ filter: [String: Any], write pat
                 "\(byID["g-huge"]?["error"] ?? "")")
     }
 
+    /// A CMYK JPEG (print work, as Photoshop saves it; libjpeg-turbo gives its four inks and no RGB) is read as
+    /// libvips and ImageMagick read one without a colour profile, whether its inks are stored inverted under an Adobe
+    /// marker or not, in full and at a reduced DCT scale. It failed with "Unsupported color conversion request".
+    @Test func cmykJPEGsAreConvertedToRGB() throws {
+        let s = try ImageSpool()
+        let tool = s.images + "/make_cmyk_jpegs"
+        let built = try DaemonTests.run("/usr/bin/cc", ["-O1", "-o", tool, supportFolder + "/make_cmyk_jpegs.c", "-ljpeg"])
+        try #require(built.status == 0, "\(built.stderr)")
+        let made = try DaemonTests.run(tool, [s.images])
+        try #require(made.status == 0, "\(made.stderr)")
+        var ops: [[String: Any]] = []
+        for name in ["cmyk", "cmyk-adobe"] {
+            ops.append(["id": name, "kind": "download", "url": s.url(name + ".jpg")])
+            ops += chain("full-" + name, from: name, ["kind": "sepia", "intensity": 0], write: name + ".png")
+            ops += chain("half-" + name, from: name, ["kind": "resize", "width": 32, "height": 24, "mode": "stretch"], write: name + "-half.png")
+        }
+        let (result, byID) = try s.run(["job": "cmyk", "operations": ops])
+        #expect(result["status"] as? String == "succeeded", "\(byID.values.compactMap { $0["error"] })")
+        // Bands from the left: cyan ink, magenta and yellow, half black, none.
+        let bands: [[Double]] = [[0, 255, 255], [255, 0, 0], [127, 127, 127], [255, 255, 255]]
+        for name in ["cmyk", "cmyk-adobe"] {
+            for (file, scale) in [(name + ".png", 1), (name + "-half.png", 2)] {
+                let image = try s.output("cmyk", file)
+                #expect(image.width == 64 / scale && image.height == 48 / scale, "\(file)")
+                for (band, rgb) in bands.enumerated() {
+                    let x = (band * 16 + 8) / scale
+                    for c in 0..<3 { #expect(abs(Double(pixel(image, x, 20 / scale, c)) - rgb[c]) <= 6, "\(file): band \(band), channel \(c)") }
+                }
+            }
+        }
+    }
+
     @Test func exifOrientationIsApplied() throws {
         let s = try ImageSpool()
         // 40×20, left half red, right half blue; EXIF 6 (rotate 90° clockwise to display).
