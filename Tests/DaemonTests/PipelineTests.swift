@@ -39,11 +39,24 @@ func noCancel() throws {}
         ("vignette", .vignette(strength: 0.7), { try Filters.vignette($0, strength: 0.7, check: noCancel) }),
         ("blur", .blur(radius: 3), { try Filters.blur($0, radius: 3, check: noCancel) }),
         ("blur-wide", .blur(radius: 20), { try Filters.blur($0, radius: 20, check: noCancel) }),
+        // Windows taller than the image (361 and 703 taps over 117 rows): the ring holds the image's rows, not taps.
+        ("blur-taller", .blur(radius: 60), { try Filters.blur($0, radius: 60, check: noCancel) }),
+        ("squash", .resize(width: 203, height: 1, mode: "stretch"), { try Filters.resize($0, width: 203, height: 1, mode: "stretch", check: noCancel) }),
         ("fit-down", .resize(width: 61, height: 61, mode: "fit"), { try Filters.resize($0, width: 61, height: 61, mode: "fit", check: noCancel) }),
         ("fill", .resize(width: 50, height: 90, mode: "fill"), { try Filters.resize($0, width: 50, height: 90, mode: "fill", check: noCancel) }),
         ("stretch-up", .resize(width: 400, height: 150, mode: "stretch"), { try Filters.resize($0, width: 400, height: 150, mode: "stretch", check: noCancel) }),
         ("thumbnail", .thumbnail(size: 40), { try Filters.thumbnail($0, size: 40, check: noCancel) }),
     ] }
+
+    /// A blur's weights are one row of taps, whatever the image's size: radius 1000 on a 100,000-pixel-wide image
+    /// made a table of 100,000 × 6,001 Floats (2.4 GB) for a 290 kB PNG.
+    @Test func aBlursKernelDoesNotGrowWithTheImage() {
+        let kernel = Filters.gaussianKernel(size: 100_000, sigma: 1000)
+        #expect(kernel.taps == 6001 && kernel.weights.count == 6001 && kernel.weightStride == 0)
+        #expect(abs(kernel.weights.reduce(0, +) - 1) < 1e-4)
+        let resize = Filters.lanczosKernel(source: 100, target: 10)
+        #expect(resize.weightStride == resize.taps && resize.weights.count == 10 * resize.taps)
+    }
 
     /// Every filter, from PNG (RGB and RGBA) and JPEG bytes and from an image in memory: the strips give the
     /// reference's pixels exactly (203×117: strips of 32 rows do not divide it; blur-wide spans several strips).

@@ -182,11 +182,15 @@ enum Filters {
 
     // MARK: Separable passes
 
-    /// For each output position: the first source index and the weights (summing to 1) it reads.
+    /// For each output position: the first source index and the weights (summing to 1) it reads. Position i's
+    /// weights start at `weights[i * weightStride]`: a resize's differ at each position (stride `taps`); a blur's are
+    /// the same everywhere (stride 0, one row of `taps`), so that a wide image and a large radius never make a table
+    /// of width × taps (100,000 × 6,001 Floats, 2.4 GB, for radius 1000 on a 100,000-pixel-wide image).
     struct Kernel {
         var starts: [Int32]
         var taps: Int
         var weights: [Float]
+        var weightStride: Int
     }
 
     /// Gaussian with standard deviation `sigma` (CSS/Core Image `radius` semantics), edges clamped.
@@ -200,9 +204,7 @@ enum Filters {
         }
         let total = base.reduce(0, +)
         base = base.map { $0 / total }
-        var weights = [Float](repeating: 0, count: size * taps)
-        for i in 0..<size { for k in 0..<taps { weights[i * taps + k] = base[k] } }
-        return Kernel(starts: (0..<size).map { Int32($0 - half) }, taps: taps, weights: weights)
+        return Kernel(starts: (0..<size).map { Int32($0 - half) }, taps: taps, weights: base, weightStride: 0)
     }
 
     /// Lanczos-3 resampling from `source` to `target` samples; widened by the reduction when shrinking
@@ -233,19 +235,19 @@ enum Filters {
             }
             for k in 0..<taps { weights[i * taps + k] = Float(row[k] / (total == 0 ? 1 : total)) }
         }
-        return Kernel(starts: starts, taps: taps, weights: weights)
+        return Kernel(starts: starts, taps: taps, weights: weights, weightStride: taps)
     }
 
     /// The horizontal pass of one row: `sourceWidth` pixels of `s` into `width` Float pixels of `m`.
     @inline(__always)
     static func horizontalRow(_ s: UnsafePointer<UInt8>, sourceWidth: Int, _ m: UnsafeMutablePointer<Float>, width: Int, channels c: Int,
-                              starts: UnsafePointer<Int32>, weights hw: UnsafePointer<Float>, taps: Int) {
+                              starts: UnsafePointer<Int32>, weights hw: UnsafePointer<Float>, taps: Int, weightStride: Int) {
         let lastX = sourceWidth - 1
         for x in 0..<width {
             let first = Int(starts[x])
             var acc = (Float(0), Float(0), Float(0), Float(0))
             for k in 0..<taps {
-                let w = hw[x * taps + k]
+                let w = hw[x * weightStride + k]
                 let sx = min(lastX, max(0, first + k)) * c
                 acc.0 += w * Float(s[sx])
                 acc.1 += w * Float(s[sx + 1])
@@ -263,12 +265,12 @@ enum Filters {
     /// The vertical pass of output row `y`: `row(i)` gives horizontally filtered source row i (already clamped).
     @inline(__always)
     static func verticalRow(_ y: Int, _ d: UnsafeMutablePointer<UInt8>, rowLength: Int, accumulator acc: UnsafeMutablePointer<Float>,
-                            lastY: Int, starts: UnsafePointer<Int32>, weights vw: UnsafePointer<Float>, taps: Int,
+                            lastY: Int, starts: UnsafePointer<Int32>, weights vw: UnsafePointer<Float>, taps: Int, weightStride: Int,
                             row: (Int) -> UnsafePointer<Float>) {
         let first = Int(starts[y])
         for i in 0..<rowLength { acc[i] = 0 }
         for k in 0..<taps {
-            let w = vw[y * taps + k]
+            let w = vw[y * weightStride + k]
             if w == 0 { continue }
             let m = row(min(lastY, max(0, first + k)))
             for i in 0..<rowLength { acc[i] += w * m[i] }
@@ -289,7 +291,7 @@ enum Filters {
                     for y in 0..<source.height {
                         if y % band == 0 { try check() }
                         horizontalRow(source.pixels + y * source.stride, sourceWidth: source.width, mid + y * rowLength, width: width, channels: c,
-                                      starts: hs.baseAddress!, weights: hw.baseAddress!, taps: horizontal.taps)
+                                      starts: hs.baseAddress!, weights: hw.baseAddress!, taps: horizontal.taps, weightStride: horizontal.weightStride)
                     }
                 }
             }
@@ -300,7 +302,7 @@ enum Filters {
                         for y in 0..<height {
                             if y % band == 0 { try check() }
                             verticalRow(y, out.pixels + y * rowLength, rowLength: rowLength, accumulator: acc.baseAddress!, lastY: source.height - 1,
-                                        starts: vs.baseAddress!, weights: vw.baseAddress!, taps: vertical.taps) { UnsafePointer(mid + $0 * rowLength) }
+                                        starts: vs.baseAddress!, weights: vw.baseAddress!, taps: vertical.taps, weightStride: vertical.weightStride) { UnsafePointer(mid + $0 * rowLength) }
                         }
                     }
                 }

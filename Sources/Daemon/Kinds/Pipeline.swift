@@ -335,8 +335,9 @@ final class VignetteRows: RowSource {
     func drain() throws { try upstream.drain() }
 }
 
-/// Blur and resize: the horizontal pass of each source row goes into a ring of `taps` Float rows (the most a
-/// vertical window spans; windows only move down), and each output row is the vertical pass over the ring.
+/// Blur and resize: the horizontal pass of each source row goes into a ring of Float rows, as many as a vertical
+/// window spans (its taps, or the source's height when that is less: edge rows are clamped, never held twice;
+/// windows only move down), and each output row is the vertical pass over the ring.
 final class SeparableRows: RowSource {
     private let upstream: any RowSource
     let width: Int, height: Int
@@ -344,6 +345,8 @@ final class SeparableRows: RowSource {
     private let horizontal: Filters.Kernel, vertical: Filters.Kernel
     private let check: CancellationCheck
     private let ring: UnsafeMutablePointer<Float>
+    /// Rows the ring holds: source row r is in slot r % ringRows.
+    private let ringRows: Int
     private let accumulator: UnsafeMutablePointer<Float>
     private let strip: RowBuffer
     private let stripHeight: Int
@@ -359,7 +362,8 @@ final class SeparableRows: RowSource {
         self.vertical = vertical
         self.check = check
         let rowLength = width * upstream.channels
-        ring = .allocate(capacity: max(1, vertical.taps * rowLength))
+        ringRows = max(1, min(vertical.taps, upstream.height))
+        ring = .allocate(capacity: max(1, ringRows * rowLength))
         accumulator = .allocate(capacity: max(1, rowLength))
         stripHeight = stripRows(upstream.stride)
         strip = try RowBuffer(rows: stripHeight, of: upstream)
@@ -381,13 +385,13 @@ final class SeparableRows: RowSource {
                 pulled += n
                 (stripFilled, stripNext) = (n, 0)
             }
-            let target = ring + (produced % vertical.taps) * rowLength
+            let target = ring + (produced % ringRows) * rowLength
             let source = strip.pixels + stripNext * sourceStride
             let sourceWidth = upstream.width, w = width, c = channels
             horizontal.starts.withUnsafeBufferPointer { hs in
                 horizontal.weights.withUnsafeBufferPointer { hw in
                     Filters.horizontalRow(source, sourceWidth: sourceWidth, target, width: w, channels: c,
-                                          starts: hs.baseAddress!, weights: hw.baseAddress!, taps: horizontal.taps)
+                                          starts: hs.baseAddress!, weights: hw.baseAddress!, taps: horizontal.taps, weightStride: horizontal.weightStride)
                 }
             }
             stripNext += 1
@@ -396,7 +400,7 @@ final class SeparableRows: RowSource {
     }
 
     func read(_ count: Int, into out: UnsafeMutablePointer<UInt8>) throws {
-        let rowLength = width * channels, lastY = upstream.height - 1, taps = vertical.taps
+        let rowLength = width * channels, lastY = upstream.height - 1, taps = vertical.taps, ringRows = self.ringRows
         for i in 0..<count {
             let y = next + i
             try produce(through: min(lastY, max(0, Int(vertical.starts[y]) + taps - 1)))
@@ -404,7 +408,8 @@ final class SeparableRows: RowSource {
             vertical.starts.withUnsafeBufferPointer { vs in
                 vertical.weights.withUnsafeBufferPointer { vw in
                     Filters.verticalRow(y, out + i * rowLength, rowLength: rowLength, accumulator: accumulator, lastY: lastY,
-                                        starts: vs.baseAddress!, weights: vw.baseAddress!, taps: taps) { UnsafePointer(ring + ($0 % taps) * rowLength) }
+                                        starts: vs.baseAddress!, weights: vw.baseAddress!, taps: taps,
+                                        weightStride: vertical.weightStride) { UnsafePointer(ring + ($0 % ringRows) * rowLength) }
                 }
             }
         }
