@@ -215,6 +215,29 @@ func chain(_ id: String, from source: String, _ filter: [String: Any], write pat
         }
     }
 
+    /// A resize or thumbnail that would make more pixels than image.maxPixels fails as a decoded image that large
+    /// does, before a pixel is made: `fit` into 1,000,000×1,000,000 made a 10×10 PNG into 10¹² pixels, streamed into
+    /// the outbox for days, or asked for terabytes where the image is held whole.
+    @Test func anUpscalePastMaxPixelsFailsBeforeAnyPixel() throws {
+        let s = try ImageSpool()
+        try s.put("small.png", Codecs.encode(try makeImage(width: 10, height: 10), format: "png", quality: 90))
+        let fit: [String: Any] = ["kind": "resize", "width": 1_000_000, "height": 1_000_000]
+        var ops: [[String: Any]] = [["id": "small", "kind": "download", "url": s.url("small.png")]]
+        ops += chain("streamed", from: "small", fit, write: "streamed.png")
+        // Read by two operations, it is held whole.
+        ops.append(fit.merging(["id": "held", "dependencies": ["small"]]) { $1 })
+        ops.append(["id": "held-a", "kind": "write", "path": "a.png", "dependencies": ["held"]])
+        ops.append(["id": "held-b", "kind": "write", "path": "b.png", "dependencies": ["held"]])
+        let started = Date()
+        let (result, byID) = try s.run(["job": "upscale", "operations": ops])
+        #expect(result["status"] as? String == "failed")
+        #expect(Date().timeIntervalSince(started) < 20, "failed at once, not after making pixels")
+        let message = "resize to 1000000×1000000 pixels makes an image of more than image.maxPixels (100000000)"
+        #expect((byID["w-streamed"]?["error"] as? String)?.hasPrefix(message) == true, "\(byID["w-streamed"] ?? [:])")
+        #expect(byID["held"]?["error"] as? String == message, "\(byID["held"] ?? [:])")
+        #expect(!FileManager.default.fileExists(atPath: s.spool.root + "/outbox/upscale/streamed.png"))
+    }
+
     @Test func exifOrientationIsApplied() throws {
         let s = try ImageSpool()
         // 40×20, left half red, right half blue; EXIF 6 (rotate 90° clockwise to display).

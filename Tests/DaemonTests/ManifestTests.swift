@@ -87,6 +87,18 @@ func problems(_ object: Any) -> [String] {
         #expect(problems(["operations": [op.merging(["retryDelaySeconds": 1e20]) { $1 }]]).first?.contains("retryDelaySeconds") == true)
     }
 
+    /// A resize that must make more pixels than an image may have is rejected before anything runs; `fit`, whose
+    /// result depends on the input, is checked when it runs (ImageTests).
+    @Test func absurdSizesAreRejected() {
+        let resize: [String: Any] = ["id": "r", "kind": "resize", "width": 1_000_000, "height": 1_000_000]
+        #expect(problems(["operations": [resize.merging(["mode": "stretch"]) { $1 }]])
+            == ["operation 'r': 1000000×1000000 is more pixels than image.maxPixels (100000000)"])
+        #expect(problems(["operations": [resize.merging(["mode": "fill"]) { $1 }]]).count == 1)
+        #expect(problems(["operations": [resize.merging(["mode": "stretch", "width": 10_000]) { $1 }]]).isEmpty == false)
+        #expect(problems(["operations": [resize.merging(["mode": "stretch", "width": 100]) { $1 }]]).isEmpty, "10⁸ pixels is the limit itself")
+        #expect(problems(["operations": [resize]]).isEmpty, "fit")
+    }
+
     @Test func cyclesNameTheOperationsAlongThem() {
         let found = problems(["operations": [
             ["id": "a", "kind": "sleep", "seconds": 0, "dependencies": ["c"]],

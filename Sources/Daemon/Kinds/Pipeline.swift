@@ -107,13 +107,13 @@ struct ImagePipeline: Sendable {
         switch source {
         case .image(let image):
             let first = ImageRows(image)
-            return try consume(stages(over: first, logical: (first.width, first.height), check: check))
+            return try consume(stages(over: first, logical: (first.width, first.height), maxPixels: maxPixels, check: check))
         case .bytes(let data):
             return try data.withUnsafeBytes { raw in
                 let decoder = try DecoderRows(raw, maxPixels: maxPixels)
                 let logical = (decoder.width, decoder.height)
                 try decoder.start(shrinkOnLoad(width: logical.0, height: logical.1))
-                return try consume(stages(over: decoder, logical: logical, check: check))
+                return try consume(stages(over: decoder, logical: logical, maxPixels: maxPixels, check: check))
             }
         }
     }
@@ -138,8 +138,10 @@ struct ImagePipeline: Sendable {
 
     /// The stages of the steps over `first`. `logical` is the size the image would have had without
     /// shrink-on-load: `resize` computes its target from it (so the output size does not depend on the
-    /// DCT scale); `thumbnail` from the rows it gets, as the whole-image thumbnail always did.
-    private func stages(over first: any RowSource, logical: (Int, Int), check: @escaping CancellationCheck) throws -> any RowSource {
+    /// DCT scale); `thumbnail` from the rows it gets, as the whole-image thumbnail always did. An image a step would
+    /// make is held to `maxPixels` as a decoded one is: `resize` to 1,000,000×1,000,000 of a 10×10 PNG would stream
+    /// 10¹² pixels into the outbox for days, or ask for terabytes where it is held whole.
+    private func stages(over first: any RowSource, logical: (Int, Int), maxPixels: Int, check: @escaping CancellationCheck) throws -> any RowSource {
         var current = first
         var logical = logical
         for step in steps {
@@ -157,16 +159,24 @@ struct ImagePipeline: Sendable {
                                             vertical: Filters.gaussianKernel(size: current.height, sigma: radius), check: check)
             case .resize(let w, let h, let mode):
                 guard let plan = Filters.resizePlan(width: logical.0, height: logical.1, to: w, h, mode: mode) else { continue }
+                try Self.limit(plan.scaled.width, plan.scaled.height, maxPixels, "resize")
                 current = try Self.scaled(current, plan.scaled.width, plan.scaled.height, check: check)
                 if let c = plan.crop { current = try CropRows(current, x: c.x, y: c.y, width: c.width, height: c.height) }
                 logical = (current.width, current.height)
             case .thumbnail(let size):
                 guard let t = Filters.thumbnailSize(width: current.width, height: current.height, size: size) else { continue }
+                try Self.limit(t.width, t.height, maxPixels, "thumbnail")
                 current = try Self.scaled(current, t.width, t.height, check: check)
                 logical = (current.width, current.height)
             }
         }
         return current
+    }
+
+    private static func limit(_ width: Int, _ height: Int, _ maxPixels: Int, _ step: String) throws {
+        let (pixels, overflow) = width.multipliedReportingOverflow(by: height)
+        guard overflow || pixels > maxPixels else { return }
+        throw KindFailure(description: "\(step) to \(width)×\(height) pixels makes an image of more than image.maxPixels (\(maxPixels))")
     }
 
     private static func scaled(_ rows: any RowSource, _ width: Int, _ height: Int, check: @escaping CancellationCheck) throws -> any RowSource {

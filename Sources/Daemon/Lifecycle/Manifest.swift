@@ -390,6 +390,11 @@ public struct Manifest {
             let mode = string("mode") ?? "fit"
             if !["fit", "fill", "stretch"].contains(mode) { problems.append("\(label): mode must be fit, fill or stretch") }
             if mode != "fit" && (d["width"] == nil || d["height"] == nil) { problems.append("\(label): mode '\(mode)' needs both width and height") }
+            // stretch and fill make at least width × height pixels whatever the input: more than an image may have is
+            // known now (fit's result depends on the input's shape: checked when it runs).
+            if mode != "fit", let width, let height, width * height > configuration.maxPixels {
+                problems.append("\(label): \(width)×\(height) is more pixels than image.maxPixels (\(configuration.maxPixels))")
+            }
             result = .resize(width: width, height: height, mode: mode)
         case .thumbnail: result = integer("size", required: true, range: 1...100_000).map { .thumbnail(size: $0) }
         case .vignette: result = real("strength", default: 0.5, range: 0...1).map { .vignette(strength: $0) }
