@@ -565,7 +565,13 @@ struct Cancel: ParsableCommand {
 }
 
 struct Suspend: ParsableCommand {
-    static let configuration = CommandConfiguration(abstract: "Suspend a queue: executing operations go on, no new ones start.")
+    static let configuration = CommandConfiguration(
+        abstract: "Suspend a queue: executing operations go on, no new ones start.",
+        discussion: """
+            On a daemon alone it stands until the daemon restarts, or until a reload changes the queue's suspended \
+            in the configuration (the newer word wins); a reload for anything else leaves it. On a cluster node it is \
+            kept in the database and holds on every node.
+            """)
     @OptionGroup var common: Common
     @Argument(help: "A queue name.", completion: .custom(completeQueues)) var queue: String
     func run() throws { try toggle(common, queue, "suspend") }

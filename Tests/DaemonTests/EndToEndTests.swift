@@ -710,6 +710,44 @@ func sleepOp(_ id: String, _ seconds: Double, deps: [String] = []) -> [String: A
         #expect(log.contains("OPQ_EVENT=queue OPQ_QUEUE=default OPQ_STATE=resumed"))
     }
 
+    /// An operator's `suspend` (a queue stopped for maintenance) or `resume` stands through a reload made for another
+    /// reason — a reload resumed the queue, without a word in the journal — until the configuration changes that
+    /// queue's `suspended`, which then wins and is logged.
+    @Test func anOperatorsSuspensionStandsThroughAReloadForAnotherReason() throws {
+        let spool = TestSpool()
+        try spool.start(try spool.configure(["queues": ["io": ["maxConcurrentOperationCount": 2], "default": ["suspended": true]]]))
+        let log = { (try? String(contentsOfFile: spool.logPath, encoding: .utf8)) ?? "" }
+        let reloads = { log().components(separatedBy: "OPQ_EVENT=daemon OPQ_STATE=ready").count - 1 }
+        func reload(_ settings: [String: Any]) throws {
+            let before = reloads()
+            try spool.configure(settings)
+            spool.signal(SIGHUP)
+            #expect(eventually(10) { reloads() > before }, "reloaded")
+        }
+        func suspended(_ queue: String) throws -> Bool? {
+            let status = try spool.ctl(["status", "--json"]).stdout
+            let queues = (try JSONSerialization.jsonObject(with: Data(status.utf8)) as? [String: Any])?["queues"] as? [[String: Any]]
+            return queues?.first { $0["name"] as? String == queue }?["suspended"] as? Bool
+        }
+        #expect(try spool.ctl(["suspend", "io"]).status == 0)
+        #expect(try spool.ctl(["resume", "default"]).status == 0)
+        // Another setting changes: both stand, and nothing is logged for either.
+        try reload(["queues": ["io": ["maxConcurrentOperationCount": 3], "default": ["suspended": true]]])
+        #expect(try suspended("io") == true, "a reload for a limit resumed the queue suspended by hand")
+        #expect(try suspended("default") == false, "a reload for a limit suspended again the queue resumed by hand")
+        #expect(log().components(separatedBy: "OPQ_QUEUE=io OPQ_STATE=resumed").count == 1)
+        // The configuration says otherwise for a queue: it wins, and the change is logged.
+        try reload(["queues": ["io": ["maxConcurrentOperationCount": 3, "suspended": true], "default": ["suspended": false]]])
+        #expect(try suspended("io") == true && suspended("default") == false)
+        try reload(["queues": ["io": ["maxConcurrentOperationCount": 3, "suspended": false], "default": ["suspended": false]]])
+        #expect(try suspended("io") == false)
+        #expect(eventually(5) { log().contains("OPQ_EVENT=queue OPQ_QUEUE=io OPQ_STATE=resumed") })
+        try spool.drop("after.plist", ["job": "after", "operations": [sleepOp("a", 0)]])
+        #expect(spool.result("after")?["status"] as? String == "succeeded")
+        spool.signal(SIGTERM)
+        #expect(spool.waitForExit(timeout: 20) == 0)
+    }
+
     /// A reload of a configuration file replaced by a FIFO no one writes (or by a directory): refused at once, said
     /// why; the next reload and SIGTERM still work (the FIFO's open used to block the reload, and every signal after
     /// it, for good).

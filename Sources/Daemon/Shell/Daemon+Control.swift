@@ -21,17 +21,29 @@ extension Daemon {
             _ = lifecycle.handle(.configured(maxActiveJobs: config.maxActiveJobs, maxActiveOperations: config.maxActiveOperations))
             let shared = storeSuspended
             let held = awaitingStoreSuspensions
+            // An operator's `suspend` or `resume` here stands until the configuration changes that queue's
+            // `suspended` (the newer word wins) or the daemon restarts: a reload for another reason (a limit, a
+            // command) must not resume a queue suspended for maintenance, nor suspend one resumed by hand.
+            var changes: [(String, Bool)] = []
+            for name in config.queueNames {
+                guard let q = config.queues[name] else { continue }
+                let was = localSuspensions[name] ?? previous.queues[name]?.suspended ?? false
+                if previous.queues[name]?.suspended != q.suspended { localSuspensions[name] = nil }
+                let now = localSuspensions[name] ?? q.suspended
+                if now != was { changes.append((name, now)) }
+            }
+            let local = localSuspensions
             lock.unlock()
             for name in config.queueNames {
                 guard let q = config.queues[name] else { continue }
-                let suspended = q.suspended || shared.contains(name) || held
+                let suspended = (local[name] ?? q.suspended) || shared.contains(name) || held
                 if let id = queueIDs[name] {
                     engine.updateQueue(id, maxConcurrentOperationCount: q.maxConcurrentOperationCount, qualityOfService: q.qualityOfService, isSuspended: suspended)
                 } else {
                     queueIDs[name] = engine.addQueue(named: name, maxConcurrentOperationCount: q.maxConcurrentOperationCount, qualityOfService: q.qualityOfService, isSuspended: suspended)
                 }
-                if previous.queues[name]?.suspended != q.suspended { logQueue(name, suspended: q.suspended) }
             }
+            for (name, suspended) in changes { logQueue(name, suspended: suspended) }
             store.reload(config)
             permits?.configure(Self.limitedQueues(config, queueIDs))
             if !kept.isEmpty {

@@ -187,8 +187,9 @@ public final class Daemon: @unchecked Sendable {
     var hintsWaiting: [String] = []
     var hintsAreAll = true
     var scanPosted = false
-    /// `suspend`/`resume` acted on here while the store could not record them (under `lock`); each goes once the
-    /// store's set agrees with it.
+    /// `suspend`/`resume` acted on here (under `lock`): on the file spool, which keeps none, for as long as the
+    /// daemon runs or until a reload changes that queue's `suspended`; on a cluster node while the store could not
+    /// record them, each going once the store's set agrees with it.
     var localSuspensions: [String: Bool] = [:]
 
     /// The queues the store says are suspended cluster-wide (under `lock`).
