@@ -31,13 +31,18 @@ struct Common: ParsableArguments {
     /// What a manifest is checked against, by submit and validate alike, as the daemon will check it: besides --config
     /// (or the built-ins), the queues and commands the running daemon takes — its own, and on a cluster node those any
     /// node declares (SPEC §8: a queue only another node has is no typo). Without a daemon answering, --config alone.
-    func submissionConfiguration() throws -> Configuration {
+    func submissionConfiguration() throws -> Configuration { try submissionContext().configuration }
+
+    /// What a manifest is checked against (see `submissionConfiguration`), and what the daemon is: nil when none
+    /// answers, else whether it is a cluster node.
+    func submissionContext() throws -> (configuration: Configuration, cluster: Bool?) {
         let config = try configuration()
         guard let answer = try? ControlClient.request(socket, ["command": "declared"], timeout: 2), answer["exit"] as? Int == 0 else {
-            return config
+            return (config, nil)
         }
         let signatures = answer["commands"] as? [String: String] ?? [:]
-        return config.widened(queues: Set(answer["queues"] as? [String] ?? []), commands: Set(signatures.keys), signatures: signatures)
+        return (config.widened(queues: Set(answer["queues"] as? [String] ?? []), commands: Set(signatures.keys), signatures: signatures),
+                answer["cluster"] as? Bool ?? false)
     }
 
     /// Sends a request to the daemon; exits 3 when there is none, and with the answer's `exit` (its `error`
@@ -174,12 +179,17 @@ struct Submit: ParsableCommand {
         discussion: """
             Queues and commands are checked against --config (else the built-ins) and, when the daemon answers, \
             against what it takes: its own, and on a cluster node those any node of the cluster declares.
+
+            The id printed is the one the job gets: a manifest's job, else the one its file's name gives. When the \
+            id a manifest asks for is taken here (in active/ or outbox/), or on a cluster node (where any node may \
+            hold it), the daemon gives another (job.1, ...): submit then waits, at most 10 s, for the daemon to take \
+            the file and prints the id it gave, else the id asked for with a word on stderr.
             """)
     @OptionGroup var common: Common
     @Argument(help: "Manifest files (- reads one from standard input).", completion: .file(extensions: ["plist"])) var files: [String]
 
     func run() throws {
-        let config = try common.submissionConfiguration()
+        let (config, cluster) = try common.submissionContext()
         var ok = true
         for file in files {
             // Stdout holds the job ids only (`ids=$(opqueuectl submit *.plist)`): a manifest's problems go to stderr.
@@ -191,7 +201,16 @@ struct Submit: ParsableCommand {
             do {
                 // Standard input has no name: a manifest read from it without `job` is placed as stdin.plist.
                 let name = file == "-" ? "stdin" : ((file as NSString).lastPathComponent as NSString).deletingPathExtension
-                print(try place(data, requested: requested, stem: requested ?? jobID(ofManifestFile: name)))
+                let stem = requested ?? jobID(ofManifestFile: name)
+                // Asked for by the manifest and taken here, its id will be another (`job.1`, …); on a cluster node any
+                // id may be taken on another node. Then the daemon says which it gave, once it has taken the file.
+                let taken = requested.map { access(common.spool + "/active/" + $0, F_OK) == 0 || access(common.spool + "/outbox/" + $0, F_OK) == 0 } ?? false
+                let placed = try place(data, requested: requested, stem: stem)
+                guard let cluster, cluster || taken else {
+                    print(placed.id)
+                    continue
+                }
+                print(given(placed))
             } catch let exit as ExitCode {
                 throw exit
             } catch {
@@ -205,11 +224,13 @@ struct Submit: ParsableCommand {
     /// in the inbox (never replaced) or, for a manifest without `job`, its id in active/ or outbox/, to
     /// `STEM.XXXXXXXX.plist` — and syncs the inbox. Returns the job's id: its `job`, else the one its file name gives
     /// (what the daemon derives from the name placed, so that `ids=$(opqueuectl submit …)` can be waited for).
-    func place(_ data: Data, requested: String?, stem: String) throws -> String {
+    func place(_ data: Data, requested: String?, stem: String) throws -> (id: String, name: String, inode: UInt64?) {
         let inbox = common.spool + "/inbox"
         let unique = UUID().uuidString.prefix(8)
         let hidden = ".\(stem).\(unique).plist"
         try writeDurably(data, to: inbox + "/" + hidden, syncFolder: false)
+        var st = stat()
+        let inode = stat(inbox + "/" + hidden, &st) == 0 ? UInt64(st.st_ino) : nil
         let folder = open(inbox, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
         guard folder >= 0 else { throw fail("cannot open \(inbox): \(String(cString: strerror(errno)))") }
         defer { close(folder) }
@@ -226,10 +247,28 @@ struct Submit: ParsableCommand {
             }
             // The rename is durable before the id is printed: a crash never leaves the manifest hidden, unclaimed.
             guard fsync(folder) == 0 else { throw fail("fsync \(inbox): \(String(cString: strerror(errno)))") }
-            return id
+            return (id, name, inode)
         }
         unlinkat(folder, hidden, 0)
         throw fail("no free name in \(inbox) for \(stem)")
+    }
+
+    /// The id the running daemon gave the manifest placed as inbox/`placed.name`, once it has taken it (at most
+    /// 10 s: a daemon whose claiming is paused, or a cluster node whose database is away, may take longer); else the
+    /// id it asks for, said to be a guess.
+    func given(_ placed: (id: String, name: String, inode: UInt64?)) -> String {
+        var request: [String: Any] = ["command": "submitted", "manifest": placed.name]
+        if let inode = placed.inode, let exact = Int(exactly: inode) { request["inode"] = exact }
+        let deadline = monotonicSeconds() + 10
+        var pause = 0.002
+        while monotonicSeconds() < deadline {
+            guard let answer = try? ControlClient.request(common.socket, request, timeout: 2), answer["exit"] as? Int == 0 else { break }
+            if let job = answer["job"] as? String { return job }
+            Thread.sleep(forTimeInterval: pause)
+            pause = min(pause * 2, 0.05)
+        }
+        FileHandle.standardError.write(Data("opqueuectl: inbox/\(placed.name) is not taken by the daemon yet: its job id is printed as it asks for it, '\(placed.id)'; the daemon gives it another if that is taken when it takes the file (its result.plist says which)\n".utf8))
+        return placed.id
     }
 }
 

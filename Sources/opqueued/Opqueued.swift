@@ -308,7 +308,13 @@ func handle(_ request: [String: Any], _ daemon: Daemon) -> [String: Any] {
         return response
     case "declared":
         let names = daemon.submissionNames()
-        return ["exit": 0, "queues": names.queues, "commands": names.commands]
+        return ["exit": 0, "queues": names.queues, "commands": names.commands, "cluster": daemon.store is ClusterJobStore]
+    case "submitted":
+        guard let manifest = request["manifest"] as? String else { return ["exit": 64, "error": "submitted needs a manifest"] }
+        // Not yet: still in the inbox, being read, or (a cluster) not yet inserted.
+        let inode = (request["inode"] as? Int).flatMap { UInt64(exactly: $0) }
+        guard let job = daemon.submittedJob(manifest: manifest, inode: inode) else { return ["exit": 0] }
+        return ["exit": 0, "job": job]
     case "show":
         guard let job = request["job"] as? String else { return ["exit": 64, "error": "show needs a job"] }
         switch daemon.show(job: job) {

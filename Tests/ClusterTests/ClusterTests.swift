@@ -153,6 +153,11 @@ struct ClusterTests {
         let submittedID = submit.stdout.trimmingCharacters(in: .whitespacesAndNewlines)
         #expect(submittedID == submitted)
         jobs.insert(submittedID)
+        // Submitted again on the other node, the id it asks for is taken in the cluster: submit prints the one the
+        // cluster gave it.
+        let again = try harness[0].ctl(["submit", file])
+        #expect(again.status == 0 && again.stdout == submitted + ".1\n", "\(again.stdout)\(again.stderr)")
+        jobs.insert(submitted + ".1")
 
         // The same requested id on both nodes: ids are unique across the cluster (SPEC §2's `.1` rule).
         let twin = uniqueJob("twin")

@@ -290,6 +290,11 @@ func sleepOp(_ id: String, _ seconds: Double, deps: [String] = []) -> [String: A
         let submitted = try spool.ctl(["submit", manifest])
         #expect(submitted.stdout == "viactl\n")
         #expect(try spool.ctl(["wait", "viactl", "--timeout", "10"]).status == 0)
+        // Submitted again, the id it asks for is taken (outbox/viactl): submit prints the one the daemon gave, not the
+        // one asked for (`wait viactl` answered at once, for the first job, while the second still ran).
+        let resubmitted = try spool.ctl(["submit", manifest])
+        #expect(resubmitted.status == 0 && resubmitted.stdout == "viactl.1\n", "\(resubmitted)")
+        #expect(try spool.ctl(["wait", "viactl.1", "--timeout", "10"]).status == 0)
         try plist(["operations": [["id": "x"]]]).write(to: URL(fileURLWithPath: manifest))
         let invalid = try spool.ctl(["validate", manifest])
         #expect(invalid.status == 1)

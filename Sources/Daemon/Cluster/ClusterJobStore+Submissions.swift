@@ -90,6 +90,12 @@ extension ClusterJobStore {
             for row in inserted {
                 logger.debug("job \(row.id): submitted to the cluster", metadata: ["OPQ_JOB": .string(row.id)])
             }
+            // Answers come in batch order; a batch answered short says nothing of which is which.
+            if inserted.count == batch.count {
+                delegate?.submitted(zip(batch, inserted).map { entry, row in
+                    (entry.job.manifestName, entry.isFile ? Spool.inboxInode(ofSubmission: entry.folder) : nil, row.id)
+                })
+            }
             // The local copies go a little later, off this thread: a row this node claims meanwhile takes its file
             // (see `adoptable`), and an unlink frees the file's blocks at once (0.5 ms each here, with online
             // discard), which the next batch need not wait for. One left by a crash meanwhile is submitted again at

@@ -284,6 +284,8 @@ extension Daemon {
             submitFromInbox(claimed, configuration: config)
             return
         }
+        // Here a claim gives the job its id, accepted or not.
+        recordSubmitted(claimed.map { ($0.manifestName, $0.inboxInode, $0.id) })
         var accepted: [ClaimedJob] = []
         var plans: [String: (RunningJob, JobPlan)] = [:]
         for var job in claimed {
@@ -348,6 +350,7 @@ extension Daemon {
             }
             do {
                 guard case .claimed(var local) = try spool.promoteSubmission(job, inUse: idInUse) else { continue }
+                recordSubmitted([(local.manifestName, local.inboxInode, local.id)])
                 local.tree = nil
                 _ = receive(local, .inbox(manifest: local.manifestName), tree: tree, configuration: config)
             } catch {
@@ -372,5 +375,41 @@ extension Daemon {
             problems.append("job: '\(clipped(asked))' is not a valid job id")
         }
         return (problems, parsed)
+    }
+
+    /// Notes the ids manifests from the inbox got (see `recentSubmissions`).
+    func recordSubmitted(_ ids: [(manifest: String, inode: UInt64?, job: String)]) {
+        lock.withLock { for (manifest, inode, job) in ids { recentSubmissions.record(manifest, (inode, job)) } }
+    }
+
+    /// The id the manifest this daemon took lately from inbox/`manifest` got, if it has one yet; with `inode`, only
+    /// if that was the file (a name comes again: an earlier file's id is not this one's).
+    public func submittedJob(manifest: String, inode: UInt64?) -> String? {
+        guard let (recorded, job) = lock.withLock({ recentSubmissions[manifest] }) else { return nil }
+        if let inode, let recorded, inode != recorded { return nil }
+        return job
+    }
+}
+
+/// The last `capacity` names recorded, each with its latest value; the oldest name goes first.
+struct RecentNames {
+    private var values: [String: (inode: UInt64?, job: String)] = [:]
+    private var order: [String] = []
+    private var oldest = 0
+    let capacity: Int
+
+    init(capacity: Int) { self.capacity = max(1, capacity) }
+
+    subscript(name: String) -> (inode: UInt64?, job: String)? { values[name] }
+
+    mutating func record(_ name: String, _ value: (inode: UInt64?, job: String)) {
+        if values.updateValue(value, forKey: name) != nil { return }
+        if order.count < capacity {
+            order.append(name)
+        } else {
+            values[order[oldest]] = nil
+            order[oldest] = name
+            oldest = (oldest + 1) % capacity
+        }
     }
 }

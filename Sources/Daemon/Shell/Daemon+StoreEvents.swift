@@ -16,6 +16,7 @@ final class StoreEvents: JobStoreDelegate, @unchecked Sendable {
     func spoolFailed(_ what: String, _ error: any Error) { daemon?.storeSpoolFailed(what, error) }
     func holds(job: String) -> Bool { daemon?.idInUse(job) ?? false }
     func spoolStalledSeconds() -> Double { daemon?.spoolWatch.stalledSeconds() ?? 0 }
+    func submitted(_ ids: [(manifest: String, inode: UInt64?, job: String)]) { daemon?.recordSubmitted(ids) }
     func progress() -> [UInt8]? {
         guard let daemon else { return nil }
         return daemon.progressSampler.sample { [weak daemon] in daemon?.clusterProgress() ?? [] }

@@ -192,6 +192,10 @@ public final class Daemon: @unchecked Sendable {
     /// record them, each going once the store's set agrees with it.
     var localSuspensions: [String: Bool] = [:]
 
+    /// The ids the daemon gave the manifests it took from its inbox lately, by inbox name (under `lock`): what
+    /// `opqueuectl submit` asks for, to print the id a job got when the one its manifest asks for was taken.
+    var recentSubmissions = RecentNames(capacity: 4096)
+
     /// The queues the store says are suspended cluster-wide (under `lock`).
     var storeSuspended: Set<String> = []
 

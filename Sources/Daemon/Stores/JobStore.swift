@@ -71,10 +71,14 @@ public protocol JobStoreDelegate: AnyObject, Sendable {
     func spoolStalledSeconds() -> Double
     /// What this node's heartbeat says of the jobs it runs, for `show` on other nodes (ClusterProgress); nil: nothing.
     func progress() -> [UInt8]?
+    /// Manifests from this node's inbox that now have their job ids (a cluster's: once inserted), by inbox name, for
+    /// `opqueuectl submit` to print the id a job got.
+    func submitted(_ ids: [(manifest: String, inode: UInt64?, job: String)])
 }
 
 extension JobStoreDelegate {
     public func progress() -> [UInt8]? { nil }
+    public func submitted(_ ids: [(manifest: String, inode: UInt64?, job: String)]) {}
     public func forgotten(_ jobs: [String], reason: String) { lost(jobs, reason: reason) }
 }
 

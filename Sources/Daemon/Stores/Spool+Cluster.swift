@@ -63,14 +63,23 @@ extension Spool {
                 _ = setJobAttribute(ClaimRecord(manifest: name).encoded, on: target)
             }
             return .claimed(ClaimedJob(id: "." + file, requestedJob: Self.wantedID(name: name, tree: tree), manifestName: name,
-                                       receivedAt: now, manifest: data, tree: tree, done: [:]))
+                                       receivedAt: now, manifest: data, tree: tree, done: [:], inboxInode: UInt64(st.st_ino)))
         }
     }
 
     /// A manifest claimed for the cluster that this node rejects: moved into active/<id>/ as an ordinary claim
     /// (the id unique here), to be published here like any rejected job.
     func promoteSubmission(_ job: ClaimedJob, inUse: (String) -> Bool) throws -> ClaimOutcome {
-        try placeClaim(job.manifestName, source: submissionsFolder + "/" + job.id.dropFirst(), data: job.manifest, tree: job.tree, now: job.receivedAt, inUse: inUse)
+        let outcome = try placeClaim(job.manifestName, source: submissionsFolder + "/" + job.id.dropFirst(), data: job.manifest, tree: job.tree,
+                                     now: job.receivedAt, inUse: inUse)
+        guard case .claimed(var local) = outcome else { return outcome }
+        local.inboxInode = job.inboxInode
+        return .claimed(local)
+    }
+
+    /// The inbox inode a held submission's name records (`<ino>.<sec>.<nsec>-<name>`), if it is one.
+    static func inboxInode(ofSubmission folder: String) -> UInt64? {
+        UInt64((folder as NSString).lastPathComponent.prefix { $0 != "." })
     }
 
     /// Moves active/<job>/ (just claimed from the inbox) to active/.submissions/<job>/ (a name not taken there).

@@ -58,6 +58,9 @@ public struct ClaimedJob: Sendable {
     /// Cancels asked before the job came here (in a cluster, while it waited), in order: nil for the whole job,
     /// else an operation's id. Made before any of its operations starts.
     public var cancels: [String?] = []
+    /// The inbox file's inode, for a job claimed from the inbox: with its name, which file it was (a name is used
+    /// again; `opqueuectl submit` asks which id the file it placed got).
+    public var inboxInode: UInt64? = nil
 }
 
 public struct DoneRecord: Sendable, Equatable {
@@ -313,7 +316,14 @@ public final class Spool: @unchecked Sendable {
     /// `inUse` says which ids the caller still holds though their folders have left active/: a job whose folder
     /// is already in outbox/ (and may be taken away from there at once) but whose end is not yet announced.
     public func claim(_ name: String, now: Double, settled: Bool = true, inUse: (String) -> Bool = { _ in false }) throws -> ClaimOutcome {
-        try take(name, settled: settled) { _, source, data, tree in try placeClaim(name, source: source, data: data, tree: tree, now: now, inUse: inUse) }
+        try take(name, settled: settled) { fd, source, data, tree in
+            var st = stat()
+            let inode = fstat(fd, &st) == 0 ? UInt64(st.st_ino) : nil
+            let outcome = try placeClaim(name, source: source, data: data, tree: tree, now: now, inUse: inUse)
+            guard case .claimed(var job) = outcome else { return outcome }
+            job.inboxInode = inode
+            return .claimed(job)
+        }
     }
 
     /// The checked read every claim starts with: opens inbox/<name> without following links or blocking, refuses
