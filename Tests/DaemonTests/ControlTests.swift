@@ -372,3 +372,19 @@ extension TestSpool {
         #expect(admission.open == 3)
     }
 }
+
+/// What `submitted` answers from: the last names recorded, each with its latest id, the oldest name going first.
+@Suite struct RecentNamesTests {
+    @Test func theOldestNameGoesFirstAndANameRecordedAgainKeepsItsPlace() {
+        var names = RecentNames(capacity: 2)
+        names.record("a.plist", (1, "a"))
+        names.record("b.plist", (2, "b"))
+        names.record("a.plist", (3, "a.1"))
+        #expect(names["a.plist"]?.job == "a.1" && names["a.plist"]?.inode == 3)
+        names.record("c.plist", (4, "c"))
+        #expect(names["a.plist"] == nil, "the oldest name went")
+        #expect(names["b.plist"]?.job == "b" && names["c.plist"]?.job == "c")
+        names.record("d.plist", (nil, "d"))
+        #expect(names["b.plist"] == nil && names["c.plist"]?.job == "c" && names["d.plist"]?.job == "d")
+    }
+}
