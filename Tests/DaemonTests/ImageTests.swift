@@ -228,6 +228,8 @@ func chain(_ id: String, from source: String, _ filter: [String: Any], write pat
         ops.append(fit.merging(["id": "held", "dependencies": ["small"]]) { $1 })
         ops.append(["id": "held-a", "kind": "write", "path": "a.png", "dependencies": ["held"]])
         ops.append(["id": "held-b", "kind": "write", "path": "b.png", "dependencies": ["held"]])
+        // A fill to 20,000×100 of a square scales it to 20,000×20,000 before its crop.
+        ops += chain("filled", from: "small", ["kind": "resize", "width": 20_000, "height": 100, "mode": "fill"], write: "filled.png")
         let started = Date()
         let (result, byID) = try s.run(["job": "upscale", "operations": ops])
         #expect(result["status"] as? String == "failed")
@@ -235,6 +237,8 @@ func chain(_ id: String, from source: String, _ filter: [String: Any], write pat
         let message = "resize to 1000000×1000000 pixels makes an image of more than image.maxPixels (100000000)"
         #expect((byID["w-streamed"]?["error"] as? String)?.hasPrefix(message) == true, "\(byID["w-streamed"] ?? [:])")
         #expect(byID["held"]?["error"] as? String == message, "\(byID["held"] ?? [:])")
+        #expect((byID["w-filled"]?["error"] as? String)?.hasPrefix("resize (fill, before its crop) to 20000×20000 pixels makes an image of more than image.maxPixels") == true,
+                "\(byID["w-filled"] ?? [:])")
         #expect(!FileManager.default.fileExists(atPath: s.spool.root + "/outbox/upscale/streamed.png"))
     }
 

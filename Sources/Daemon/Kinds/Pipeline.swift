@@ -159,7 +159,8 @@ struct ImagePipeline: Sendable {
                                             vertical: Filters.gaussianKernel(size: current.height, sigma: radius), check: check)
             case .resize(let w, let h, let mode):
                 guard let plan = Filters.resizePlan(width: logical.0, height: logical.1, to: w, h, mode: mode) else { continue }
-                try Self.limit(plan.scaled.width, plan.scaled.height, maxPixels, "resize")
+                // A fill scales past its target, then crops: what it scales to is made (row by row) all the same.
+                try Self.limit(plan.scaled.width, plan.scaled.height, maxPixels, plan.crop == nil ? "resize" : "resize (fill, before its crop)")
                 current = try Self.scaled(current, plan.scaled.width, plan.scaled.height, check: check)
                 if let c = plan.crop { current = try CropRows(current, x: c.x, y: c.y, width: c.width, height: c.height) }
                 logical = (current.width, current.height)
