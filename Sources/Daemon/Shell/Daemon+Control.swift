@@ -297,22 +297,48 @@ extension Daemon {
 
     /// Makes libdispatch open its timer descriptors now, one for each of its clocks (the uptime clock of
     /// `DispatchTime`, the monotonic one of `ContinuousClock` sleeps, the wall clock of `DispatchWallTime`): it
-    /// opens a clock's timerfd the first time a timer on that clock is armed and keeps it for the life of the
+    /// opens a clock's timerfd the first time a timer on that clock is programmed and keeps it for the life of the
     /// process. Left to chance, that first time can come when no descriptor is free — the open fails, and timers on
     /// that clock are silently never armed (`Task.sleep` would not return: no status line, no watchdog ping) — or
     /// in the instant a listener has given up its reserve descriptor for a waiting client, which the timer then
     /// takes for good, leaving the client unanswered and the listener retrying accept. Call once at start, before
-    /// the servers; returns once all three timers have fired.
+    /// the servers.
+    ///
+    /// Timers far in the future are armed on the two dispatch clocks and kept until this process's descriptor
+    /// table shows a timerfd on every clock (at most 2 s), then cancelled: a timer due at once is not always
+    /// programmed at all — on a loaded machine its deadline has passed by the time libdispatch looks, and it fires
+    /// without a timerfd (seen in CI: the wall clock's was missing).
     public static func openTimerClocks() async {
-        await withCheckedContinuation { (fired: CheckedContinuation<Void, Never>) in
-            let timers = DispatchGroup()
-            timers.enter()
-            DispatchQueue.global().asyncAfter(deadline: .now() + .milliseconds(1)) { timers.leave() }
-            timers.enter()
-            DispatchQueue.global().asyncAfter(wallDeadline: .now() + .milliseconds(1)) { timers.leave() }
-            timers.notify(queue: .global()) { fired.resume() }
+        let far = DispatchTimeInterval.seconds(3600)
+        let uptime = DispatchSource.makeTimerSource(queue: .global())
+        uptime.schedule(deadline: .now() + far)
+        uptime.setEventHandler {}
+        uptime.activate()
+        let wall = DispatchSource.makeTimerSource(queue: .global())
+        wall.schedule(wallDeadline: .now() + far)
+        wall.setEventHandler {}
+        wall.activate()
+        // The continuous clock's, through a sleep (a short one is programmed: the sleeping task waits on it).
+        let deadline = monotonicSeconds() + 2
+        repeat {
+            try? await Task.sleep(for: .milliseconds(1))
+        } while !timerClocksOpen().isSuperset(of: [CLOCK_REALTIME, CLOCK_MONOTONIC, CLOCK_BOOTTIME].map(Int.init)) && monotonicSeconds() < deadline
+        uptime.cancel()
+        wall.cancel()
+    }
+
+    /// The clocks of this process's open timerfds (from /proc/self/fdinfo).
+    static func timerClocksOpen() -> Set<Int> {
+        var clocks: Set<Int> = []
+        guard let names = try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/fd") else { return clocks }
+        for name in names {
+            guard let target = try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/fd/" + name), target.contains("timerfd"),
+                  case .success(let info) = readRegularFile("/proc/self/fdinfo/" + name, limit: 4096),
+                  let line = String(decoding: info, as: UTF8.self).split(separator: "\n").first(where: { $0.hasPrefix("clockid:") }),
+                  let clock = Int(line.dropFirst("clockid:".count).trimmingCharacters(in: .whitespaces)) else { continue }
+            clocks.insert(clock)
         }
-        try? await Task.sleep(for: .milliseconds(1))
+        return clocks
     }
 
     /// Raises the soft limit of open files to the hard one (at most 65,536) when it is lower: each control
