@@ -117,8 +117,8 @@ struct Validate: ParsableCommand {
 }
 
 /// The bytes of a manifest named on the command line: `-` is standard input (read once: a second `-` finds it
-/// taken); a regular file, a pipe or a device (`<(generate)`, /dev/stdin) is read; a folder is not. At most one byte
-/// past the manifest limit is read, so that /dev/zero ends as a manifest too large, not as a full memory.
+/// taken); a regular file, a pipe or a device (`<(generate)`, /dev/stdin) is read; a folder is not. Reading stops
+/// once past the manifest limit, so that /dev/zero ends as a manifest too large, not as a full memory.
 func readManifestArgument(_ file: String) -> Result<Data, ManifestArgumentError> {
     var fd: Int32 = 0
     if file == "-" {
@@ -132,18 +132,7 @@ func readManifestArgument(_ file: String) -> Result<Data, ManifestArgumentError>
         guard fd >= 0 else { return .failure(.init(String(cString: strerror(errno)))) }
     }
     defer { if fd != 0 { close(fd) } }
-    var data = Data()
-    var buffer = [UInt8](repeating: 0, count: 65_536)
-    while data.count <= ManifestLimits.maxBytes {
-        let n = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, min($0.count, ManifestLimits.maxBytes + 1 - data.count)) }
-        if n < 0 {
-            if errno == EINTR { continue }
-            return .failure(.init(String(cString: strerror(errno))))
-        }
-        if n == 0 { break }
-        data.append(contentsOf: buffer[0..<n])
-    }
-    return .success(data)
+    return readBounded(fd, limit: ManifestLimits.maxBytes + 1).mapError { .init($0.description) }
 }
 
 /// Whether a `-` argument took standard input (opqueuectl reads its arguments on one thread).
@@ -204,7 +193,7 @@ struct Submit: ParsableCommand {
                 let stem = requested ?? jobID(ofManifestFile: name)
                 // Asked for by the manifest and taken here, its id will be another (`job.1`, …); on a cluster node any
                 // id may be taken on another node. Then the daemon says which it gave, once it has taken the file.
-                let taken = requested.map { access(common.spool + "/active/" + $0, F_OK) == 0 || access(common.spool + "/outbox/" + $0, F_OK) == 0 } ?? false
+                let taken = requested.map(heldHere) ?? false
                 let placed = try place(data, requested: requested, stem: stem)
                 guard let cluster, cluster || taken else {
                     print(placed.id)
@@ -236,9 +225,7 @@ struct Submit: ParsableCommand {
         defer { close(folder) }
         for name in ["\(stem).plist", "\(stem).\(unique).plist"] {
             let id = requested ?? jobID(ofManifestFile: name)
-            if requested == nil, access(common.spool + "/active/" + id, F_OK) == 0 || access(common.spool + "/outbox/" + id, F_OK) == 0 {
-                continue
-            }
+            if requested == nil, heldHere(id) { continue }
             let renamed = opq_rename_noreplace(folder, hidden, name)
             if renamed == -EEXIST { continue }
             guard renamed == 0 else {
@@ -251,6 +238,12 @@ struct Submit: ParsableCommand {
         }
         unlinkat(folder, hidden, 0)
         throw fail("no free name in \(inbox) for \(stem)")
+    }
+
+    /// Whether this spool holds a job of that id (in active/ or outbox/): the daemon gives a manifest asking for it
+    /// another (SPEC §2).
+    func heldHere(_ id: String) -> Bool {
+        access(common.spool + "/active/" + id, F_OK) == 0 || access(common.spool + "/outbox/" + id, F_OK) == 0
     }
 
     /// The id the running daemon gave the manifest placed as inbox/`placed.name`, once it has taken it (at most

@@ -128,17 +128,8 @@ public func descriptorChanges(from before: [Int: String], to after: [Int: String
     }.joined(separator: "; ")
 }
 
-/// The clocks (`clockid` in `/proc/PID/fdinfo`: 0 realtime, 1 monotonic, 7 boot time) of a process's timerfds.
-public func timerClocks(_ pid: Int32) -> Set<Int> {
-    var clocks: Set<Int> = []
-    for (fd, target) in descriptorTable(pid) where target.contains("timerfd") {
-        guard let info = try? String(contentsOfFile: "/proc/\(pid)/fdinfo/\(fd)", encoding: .utf8),
-              let line = info.split(separator: "\n").first(where: { $0.hasPrefix("clockid:") }),
-              let clock = Int(line.dropFirst("clockid:".count).trimmingCharacters(in: .whitespaces)) else { continue }
-        clocks.insert(clock)
-    }
-    return clocks
-}
+/// The clocks of a process's timerfds (the daemon's own look at itself, `Daemon.timerClocks`).
+public func timerClocks(_ pid: Int32) -> Set<Int> { Daemon.timerClocks(process: "\(pid)") }
 
 /// The lowest free descriptor number seen most often in six looks 50 ms apart. As a soft RLIMIT_NOFILE it leaves
 /// the process no descriptor: every number below it is taken (a count of descriptors would leave the holes below a

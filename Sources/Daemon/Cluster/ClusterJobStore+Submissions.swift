@@ -28,7 +28,7 @@ extension ClusterJobStore {
         // inbox name and the reception time recorded at claim (a folder handed over from active/).
         let key = job.id.hasPrefix(".") ? "\(nodeName)/\(job.id.dropFirst())" : "\(nodeName)/\(job.manifestName)/\(job.receivedAt)"
         let new = row(for: job, submittedOn: nodeName, key: key)
-        lock.withLock { pending.append((folder, job.id.hasPrefix("."), key, new)) }
+        lock.withLock { pending.append((folder, job.id.hasPrefix("."), key, new, job.inboxInode)) }
     }
 
     /// What the database keeps of a job this node holds: its manifest and where it may run.
@@ -92,9 +92,7 @@ extension ClusterJobStore {
             }
             // Answers come in batch order; a batch answered short says nothing of which is which.
             if inserted.count == batch.count {
-                delegate?.submitted(zip(batch, inserted).map { entry, row in
-                    (entry.job.manifestName, entry.isFile ? Spool.inboxInode(ofSubmission: entry.folder) : nil, row.id)
-                })
+                delegate?.submitted(zip(batch, inserted).map { ($0.job.manifestName, $0.inode, $1.id) })
             }
             // The local copies go a little later, off this thread: a row this node claims meanwhile takes its file
             // (see `adoptable`), and an unlink frees the file's blocks at once (0.5 ms each here, with online

@@ -74,9 +74,10 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
     /// round that reaches it (then every node follows), newest per queue.
     var pendingSuspensions: [String: Bool] = [:]
     var registerWanted = false
-    /// Submissions set aside, not yet inserted (their folder under active/.submissions, key and row), oldest first:
+    /// Submissions set aside, not yet inserted (their folder under active/.submissions, key, row and, for a file from
+    /// the inbox, its inode), oldest first:
     /// appended by the shell's calls, taken by the submission thread from the front.
-    var pending = Deque<(folder: String, isFile: Bool, key: String, job: NewJob)>()
+    var pending = Deque<(folder: String, isFile: Bool, key: String, job: NewJob, inode: UInt64?)>()
     /// Manifest files of this node's submissions, inserted and not yet removed, by job id: a row of them this
     /// node claims before the reaper gets to it (`reapDelay` after the insert, or at shutdown) has its file renamed
     /// into active/<job>/ rather than written again. Whoever takes the entry out owns the file.

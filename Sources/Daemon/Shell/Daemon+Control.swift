@@ -322,18 +322,20 @@ extension Daemon {
         let deadline = monotonicSeconds() + 2
         repeat {
             try? await Task.sleep(for: .milliseconds(1))
-        } while !timerClocksOpen().isSuperset(of: [CLOCK_REALTIME, CLOCK_MONOTONIC, CLOCK_BOOTTIME].map(Int.init)) && monotonicSeconds() < deadline
+        } while !timerClocks().isSuperset(of: [CLOCK_REALTIME, CLOCK_MONOTONIC, CLOCK_BOOTTIME].map(Int.init)) && monotonicSeconds() < deadline
         uptime.cancel()
         wall.cancel()
     }
 
-    /// The clocks of this process's open timerfds (from /proc/self/fdinfo).
-    static func timerClocksOpen() -> Set<Int> {
+    /// The clocks (`clockid` in /proc/PROCESS/fdinfo: 0 realtime, 1 monotonic, 7 boot time) of a process's open
+    /// timerfds; `process` a pid, or "self".
+    public static func timerClocks(process: String = "self") -> Set<Int> {
         var clocks: Set<Int> = []
-        guard let names = try? FileManager.default.contentsOfDirectory(atPath: "/proc/self/fd") else { return clocks }
+        let proc = "/proc/" + process
+        guard let names = try? FileManager.default.contentsOfDirectory(atPath: proc + "/fd") else { return clocks }
         for name in names {
-            guard let target = try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/fd/" + name), target.contains("timerfd"),
-                  case .success(let info) = readRegularFile("/proc/self/fdinfo/" + name, limit: 4096),
+            guard let target = try? FileManager.default.destinationOfSymbolicLink(atPath: proc + "/fd/" + name), target.contains("timerfd"),
+                  case .success(let info) = readRegularFile(proc + "/fdinfo/" + name, limit: 4096),
                   let line = String(decoding: info, as: UTF8.self).split(separator: "\n").first(where: { $0.hasPrefix("clockid:") }),
                   let clock = Int(line.dropFirst("clockid:".count).trimmingCharacters(in: .whitespaces)) else { continue }
             clocks.insert(clock)

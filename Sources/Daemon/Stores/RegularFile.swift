@@ -74,16 +74,29 @@ func readRegularFile(_ fd: Int32, path: String, limit: Int = ManifestLimits.maxB
                                    reason: "the file has \(st.st_nlink) hard links: one linked elsewhere is not handed over (move it here, or copy it)"))
     }
     if check { return .success(Data()) }
+    return readBounded(fd, limit: limit).mapError { SpoolError(operation: "read", path: path, errno: $0.code) }
+}
+
+/// What `fd` holds from its current offset to its end, or its first `limit` bytes and a few more (a read stops
+/// at the first buffer that reaches `limit`): whatever the descriptor is, a file, a pipe or /dev/zero, memory is
+/// bounded.
+public func readBounded(_ fd: Int32, limit: Int) -> Result<Data, ReadFailure> {
     var data = Data()
     var buffer = [UInt8](repeating: 0, count: 65_536)
     while data.count < limit {
         let n = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
         if n < 0 {
             if errno == EINTR { continue }
-            return .failure(SpoolError(operation: "read", path: path, errno: errno))
+            return .failure(ReadFailure(code: errno))
         }
         if n == 0 { break }
         data.append(contentsOf: buffer[0..<n])
     }
     return .success(data)
+}
+
+/// A read(2) that failed, with its errno.
+public struct ReadFailure: Error, CustomStringConvertible {
+    public let code: Int32
+    public var description: String { String(cString: strerror(code)) }
 }

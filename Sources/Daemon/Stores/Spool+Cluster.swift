@@ -63,7 +63,7 @@ extension Spool {
                 _ = setJobAttribute(ClaimRecord(manifest: name).encoded, on: target)
             }
             return .claimed(ClaimedJob(id: "." + file, requestedJob: Self.wantedID(name: name, tree: tree), manifestName: name,
-                                       receivedAt: now, manifest: data, tree: tree, done: [:], inboxInode: UInt64(st.st_ino)))
+                                       receivedAt: now, manifest: data, tree: tree, done: [:]))
         }
     }
 
@@ -75,11 +75,6 @@ extension Spool {
         guard case .claimed(var local) = outcome else { return outcome }
         local.inboxInode = job.inboxInode
         return .claimed(local)
-    }
-
-    /// The inbox inode a held submission's name records (`<ino>.<sec>.<nsec>-<name>`), if it is one.
-    static func inboxInode(ofSubmission folder: String) -> UInt64? {
-        UInt64((folder as NSString).lastPathComponent.prefix { $0 != "." })
     }
 
     /// Moves active/<job>/ (just claimed from the inbox) to active/.submissions/<job>/ (a name not taken there).

@@ -316,20 +316,14 @@ public final class Spool: @unchecked Sendable {
     /// `inUse` says which ids the caller still holds though their folders have left active/: a job whose folder
     /// is already in outbox/ (and may be taken away from there at once) but whose end is not yet announced.
     public func claim(_ name: String, now: Double, settled: Bool = true, inUse: (String) -> Bool = { _ in false }) throws -> ClaimOutcome {
-        try take(name, settled: settled) { fd, source, data, tree in
-            var st = stat()
-            let inode = fstat(fd, &st) == 0 ? UInt64(st.st_ino) : nil
-            let outcome = try placeClaim(name, source: source, data: data, tree: tree, now: now, inUse: inUse)
-            guard case .claimed(var job) = outcome else { return outcome }
-            job.inboxInode = inode
-            return .claimed(job)
-        }
+        try take(name, settled: settled) { _, source, data, tree in try placeClaim(name, source: source, data: data, tree: tree, now: now, inUse: inUse) }
     }
 
     /// The checked read every claim starts with: opens inbox/<name> without following links or blocking, refuses
     /// what is not a regular file of its own, takes the read lease (or trusts `settled`), reads the manifest, and
     /// calls `place` with the descriptor, the path, the bytes and their tree while the lease is held. A file bigger
-    /// than a manifest may be is not read: its bytes are empty and its tree says its size.
+    /// than a manifest may be is not read: its bytes are empty and its tree says its size. A job claimed carries the
+    /// file's inode (`inboxInode`).
     func take(_ name: String, settled: Bool, _ place: (Int32, String, Data, ManifestTree) throws -> ClaimOutcome) throws -> ClaimOutcome {
         let source = inbox + "/" + name
         let fd = open(source, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC)
@@ -359,8 +353,15 @@ public final class Spool: @unchecked Sendable {
             leased = lease == 0
         }
         defer { if leased { _ = opq_lease(fd, 1) } }
+        func placed(_ data: Data, _ tree: ManifestTree) throws -> ClaimOutcome {
+            let outcome = try place(fd, source, data, tree)
+            var st = stat()
+            guard case .claimed(var job) = outcome, fstat(fd, &st) == 0 else { return outcome }
+            job.inboxInode = UInt64(st.st_ino)
+            return .claimed(job)
+        }
         // Bigger than a manifest may be: claimed (to be rejected, saying its size) without reading a byte of it.
-        if let tooLarge = Self.tooLargeToRead(fd) { return try place(fd, source, Data(), tooLarge) }
+        if let tooLarge = Self.tooLargeToRead(fd) { return try placed(Data(), tooLarge) }
         let data: Data
         switch readRegularFile(fd, path: source, singleLink: true) {
         case .success(let d): data = d
@@ -368,7 +369,7 @@ public final class Spool: @unchecked Sendable {
             if Self.resourceErrors.contains(e.errno) { throw e }
             return .skipped(e.description)
         }
-        return try place(fd, source, data, ManifestTree(data))
+        return try placed(data, ManifestTree(data))
     }
 
     /// A claim's second half: active/<id>/ made (the id unique in active/ and outbox/, and not `inUse`), the record
