@@ -102,6 +102,37 @@ private func launch(_ spool: TestSpool, _ arguments: [String], environment: [Str
         #expect(!FileManager.default.fileExists(atPath: out + ".work"), "the scratch is not published")
     }
 
+    /// SPEC §3.3: a command's output is written under its own name, byte for byte, with no `format`; a write of an
+    /// image to such a name is refused before anything runs.
+    @Test func aCommandsOutputIsWrittenUnderItsOwnName() throws {
+        let spool = TestSpool()
+        let config = try spool.configure(["commands": [
+            "json": command(["/usr/bin/printf", "{\"n\": 1}\n"], ["output": "stdout"]),
+            "gz": command(["/usr/bin/gzip", "-c", "${input}"], ["output": "stdout"]),
+        ]])
+        try spool.drop("bytes.plist", ["job": "bytes", "operations": [
+            commandOp("json", "json"),
+            ["id": "report", "kind": "write", "path": "report.json", "input": "json"],
+            commandOp("gz", "gz", [:], ["dependencies": ["report"]]),
+            ["id": "archive", "kind": "write", "path": "out/a.tar.gz", "input": "gz"],
+        ]])
+        try spool.drop("image.plist", ["job": "image", "operations": [
+            ["id": "d", "kind": "download", "url": "https://example.org/a.png"],
+            ["id": "s", "kind": "grayscale", "dependencies": ["d"]],
+            ["id": "w", "kind": "write", "path": "photo.out", "dependencies": ["s"]],
+        ]])
+        let r = try run("opqueued", ["--spool", spool.root, "--once", "--log-target", "console"] + config)
+        #expect(r.status == 0, "\(r.stderr)")
+        let result = try #require(spool.result("bytes"))
+        #expect(result["status"] as? String == "succeeded", "\(result)")
+        #expect(readText(spool.root + "/outbox/bytes/report.json") == "{\"n\": 1}\n")
+        let gunzip = try run("/bin/gzip", ["-dc", spool.root + "/outbox/bytes/out/a.tar.gz"])
+        #expect(gunzip.stdout == "{\"n\": 1}\n", "the gzip output, unchanged")
+        let rejected = try #require(spool.result("image"))
+        #expect(rejected["status"] as? String == "rejected")
+        #expect((rejected["error"] as? String)?.contains("operation 'w': format is required to write the image of 's'") == true, "\(rejected)")
+    }
+
     @Test func badArgumentsAndBadCommandsAreRefusedAtValidation() throws {
         let spool = TestSpool()
         let config = try spool.configure(["commands": [

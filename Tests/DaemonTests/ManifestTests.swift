@@ -120,6 +120,37 @@ func problems(_ object: Any) -> [String] {
         #expect(found.contains("operation 'w': path '../../etc/x.png' goes up with '..'"))
     }
 
+    /// SPEC §3.3: bytes (a download's, a command's, another write's) are written under any name with no `format`;
+    /// only a write of an image needs one its path does not give, and which is which is known from the graph.
+    @Test func bytesAreWrittenUnderAnyNameAndOnlyAnImageNeedsAFormat() throws {
+        let configuration = try Configuration.parse(plist(["commands": [
+            "tar": ["argv": ["/usr/bin/tar", "-c", "${input}"], "output": "stdout"],
+            "touch": ["argv": ["/usr/bin/touch", "${workdir}/x"], "output": "none"],
+        ]]))
+        func found(_ operations: [[String: Any]]) -> [String] {
+            if case .failure(let p) = Manifest.parse(plist(["operations": operations]), configuration: configuration) { return p.problems }
+            return []
+        }
+        let download: [String: Any] = ["id": "d", "kind": "download", "url": "https://example.org/a"]
+        #expect(found([download, ["id": "w", "kind": "write", "path": "out.txt", "dependencies": ["d"]]]) == [])
+        #expect(found([download, ["id": "t", "kind": "command", "command": "tar", "arguments": [String: Any](), "dependencies": ["d"]],
+                       ["id": "w", "kind": "write", "path": "report.json", "dependencies": ["t"]],
+                       ["id": "w2", "kind": "write", "path": "a.tar.gz", "input": "t"],
+                       ["id": "w3", "kind": "write", "path": "copy", "dependencies": ["w"]]]) == [])
+        let image: [[String: Any]] = [download, ["id": "s", "kind": "sepia", "dependencies": ["d"]]]
+        #expect(found(image + [["id": "w", "kind": "write", "path": "photo", "dependencies": ["s"]]])
+                == ["operation 'w': format is required to write the image of 's' when the path does not end in .png, .jpg or .jpeg"])
+        #expect(found(image + [["id": "w", "kind": "write", "path": "photo", "format": "jpeg", "dependencies": ["s"]]]) == [])
+        #expect(found(image + [["id": "w", "kind": "write", "path": "photo.JPG", "dependencies": ["s"]]]) == [])
+        // The input is the first dependency with an output: a sleep has none, a command declared `output = none` neither.
+        #expect(found(image + [["id": "z", "kind": "sleep", "seconds": 0],
+                               ["id": "n", "kind": "command", "command": "touch", "arguments": [String: Any]()],
+                               ["id": "w", "kind": "write", "path": "p", "dependencies": ["z", "n", "s", "d"]]]).count == 1)
+        #expect(found(image + [["id": "w", "kind": "write", "path": "p", "dependencies": ["d", "s"]]]) == [], "the download comes first")
+        #expect(found(image + [["id": "w", "kind": "write", "path": "p", "format": "gif", "dependencies": ["d"]]])
+                == ["operation 'w': format must be png or jpeg"])
+    }
+
     @Test func photosURLFormStartsWithTheListDownload() throws {
         guard case .success(let plan) = Manifest.parse(plist(["job": "album", "photosURL": "https://example.org/photos.plist"]), configuration: .builtIn) else {
             Issue.record("the photosURL form was refused")

@@ -112,7 +112,7 @@ enum Kinds {
                 let written = try patiently({ context.isCancelled }) {
                     try writeOutput(to: environment.jobFolder, path: path) { fd, _ in
                         do {
-                            try pipeline.encode(to: fd, format: format, quality: quality, maxPixels: environment.maxPixels, check: check)
+                            try pipeline.encode(to: fd, format: format ?? Manifest.imageFormat(ofPath: path) ?? "png", quality: quality, maxPixels: environment.maxPixels, check: check)
                         } catch let error as ImageError where !pipeline.operations.isEmpty {
                             let names = pipeline.operations.map { "'\($0)'" }.joined(separator: ", ")
                             throw ImageError("\(error.description) (running \(names), fused into this write)")

@@ -21,6 +21,14 @@ public enum Kind: String, CaseIterable, Sendable {
         }
     }
 
+    /// Whether an operation of the kind hands an output to its dependents.
+    public var hasOutput: Bool {
+        switch self {
+        case .sleep, .spin, .fail: false
+        default: true
+        }
+    }
+
     /// The kind's own parameters (keys of the operation dictionary beside the common ones).
     var parameters: Set<String> {
         switch self {
@@ -49,7 +57,8 @@ public enum Parameters: Sendable, Equatable {
     case resize(width: Int?, height: Int?, mode: String)
     case thumbnail(size: Int)
     case vignette(strength: Double)
-    case write(path: String, format: String, quality: Int)
+    /// `format` nil: from the path's extension for an image; bytes are written unchanged (SPEC §3.3).
+    case write(path: String, format: String?, quality: Int)
     case sleep(seconds: Double)
     case spin(seconds: Double)
     case fail(message: String)
@@ -402,15 +411,11 @@ public struct Manifest {
             let path = string("path")
             if d["path"] == nil { problems.append("\(label): path is required") }
             if let path, let reason = unsafePathReason(path) { problems.append("\(label): path '\(clipped(path))' \(reason)") }
-            var format = string("format")
-            if format == nil, let path {
-                let ext = (path as NSString).pathExtension.lowercased()
-                format = ["jpg", "jpeg"].contains(ext) ? "jpeg" : ext == "png" ? "png" : nil
-                if format == nil { problems.append("\(label): format is required when the path does not end in .png, .jpg or .jpeg") }
-            }
+            // Whether a format is needed depends on the input (an image or bytes): checked on the graph.
+            let format = string("format") ?? path.flatMap(imageFormat(ofPath:))
             if let f = format, !["png", "jpeg"].contains(f) { problems.append("\(label): format must be png or jpeg") }
             let quality = integer("quality", required: false, range: 1...100) ?? 90
-            result = .write(path: path ?? "", format: format ?? "png", quality: quality)
+            result = .write(path: path ?? "", format: format, quality: quality)
         case .sleep: result = real("seconds", default: nil, range: 0...31_536_000).map { .sleep(seconds: $0) }
         case .spin: result = real("seconds", default: nil, range: 0...86_400).map { .spin(seconds: $0) }
         case .fail: result = .fail(message: string("message") ?? "failed as asked")
@@ -429,6 +434,12 @@ public struct Manifest {
             }
         }
         return problems.count == before ? result : nil
+    }
+
+    /// The image format a path's extension names: png for .png, jpeg for .jpg and .jpeg, else nil.
+    static func imageFormat(ofPath path: String) -> String? {
+        let ext = (path as NSString).pathExtension.lowercased()
+        return ["jpg", "jpeg"].contains(ext) ? "jpeg" : ext == "png" ? "png" : nil
     }
 
     /// Why a `write` path is unsafe, or nil: relative, no empty, `..` or dot-leading component.
@@ -461,8 +472,31 @@ public struct Manifest {
             }
             if op.dependencies.contains(op.id) { problems.append("cycle: \(op.id) → \(op.id)") }
         }
-        if !unknown { problems += cycles(plan.operations, index: index) }
+        if !unknown {
+            problems += cycles(plan.operations, index: index)
+            problems += imageWritesWithoutFormat(plan.operations, index: index, configuration: configuration)
+        }
         return problems.isEmpty ? .success(plan) : .failure(ManifestProblems(problems))
+    }
+
+    /// A `write` of an image needs a format its path does not give; a write of bytes (a download's, a command's or
+    /// another write's output) is written unchanged under any name (SPEC §3.3). The input is the one the
+    /// operation takes when it runs: `input`, else the first dependency that has an output.
+    static func imageWritesWithoutFormat(_ operations: [OperationPlan], index: [String: Int], configuration: Configuration) -> [String] {
+        func hasOutput(_ op: OperationPlan) -> Bool {
+            if case .command(let name, _) = op.parameters { return configuration.commands[name]?.output != CommandSpec.Output.none }
+            return op.kind.hasOutput
+        }
+        var problems: [String] = []
+        for op in operations {
+            guard case .write(_, nil, _) = op.parameters else { continue }
+            let producers = op.input.map { [$0] } ?? op.dependencies
+            guard let producer = producers.lazy.compactMap({ index[$0].map { operations[$0] } }).first(where: hasOutput),
+                  producer.kind.family == "image" else { continue }
+            problems.append("operation '\(op.id)': format is required to write the image of '\(producer.id)' when the path does not "
+                + "end in .png, .jpg or .jpeg")
+        }
+        return problems
     }
 
     /// Each cycle, with the ids along it in execution order (iterative DFS: deep chains must not overflow).
