@@ -288,6 +288,11 @@ func statusReport(_ response: [String: Any]) -> String {
     var out = "state: \(response["state"] as? String ?? "?")  jobs active: \(active.count)  waiting in the inbox: \(response["waiting"] as? Int ?? 0)  "
         + "operations executing: \(response["executing"] as? Int ?? 0)\n"
     if let fault = response["fault"] as? String { out += "claiming paused: \(fault)\n" }
+    if let held = response["submissions"] as? Int, held > 0 {
+        let oldest = (response["submissionsSince"] as? Double).map { max(0, Date().timeIntervalSince1970 - $0) }
+        let since = oldest.map { String(format: " (the oldest for %.0f s)", $0) } ?? ""
+        out += "of those, taken from the inbox for the cluster and not yet in the database: \(held)\(since)\n"
+    }
     if let operations = response["operations"] as? Int, let budget = response["maxActiveOperations"] as? Int {
         out += "operations in active jobs: \(operations) of \(budget)\(operations >= budget ? " (claiming paused until some end)" : "")\n"
     }

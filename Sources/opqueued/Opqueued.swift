@@ -287,6 +287,10 @@ func handle(_ request: [String: Any], _ daemon: Daemon) -> [String: Any] {
             },
         ]
         if let fault = status.fault { response["fault"] = fault }
+        if status.submissions > 0 {
+            response["submissions"] = status.submissions
+            if let since = status.submissionsSince { response["submissionsSince"] = since }
+        }
         // SPEC §8: a node speaks for the whole cluster (as of its last heartbeat; never waiting on the database).
         if let cluster = (daemon.store as? ClusterJobStore)?.snapshot() {
             response["nodes"] = cluster.nodes.map { n in

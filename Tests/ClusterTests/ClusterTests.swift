@@ -664,8 +664,12 @@ struct ClusterTests {
         var waiting = 0
         for k in 0..<2 {
             let onDisk = harness[k].list("inbox").count + harness[k].list("active/.submissions").count
-            let status = try harness[k].statusJSON()["waiting"] as? Int
+            let json = try harness[k].statusJSON()
+            let status = json["waiting"] as? Int
             #expect(status == onDisk, "node \(k): status says \(status ?? -1) waiting, \(onDisk) manifests wait on disk")
+            // Those taken before the node knew: how many, and since when.
+            let setAside = harness[k].list("active/.submissions").count
+            #expect(json["submissions"] as? Int ?? 0 == setAside && (setAside == 0) == (json["submissionsSince"] == nil), "node \(k): \(json)")
             // The nodes table is the last one read: the text says so rather than show it as now.
             let text = try harness[k].ctl(["status"]).stdout
             #expect(text.contains("as this node last read them from the database (it is disconnected now"), "node \(k): \(text)")
@@ -781,6 +785,31 @@ struct ClusterTests {
         let job = uniqueJob("pooled")
         try harness[0].drop(job + ".plist", sleepJob(job, 0.1))
         #expect(harness.waitAll([job], timeout: 30).isEmpty, "jobs still run through the pooler")
+    }
+
+    /// SPEC §8: once a node knows the database is away it leaves new manifests in its inbox, where the operator sees
+    /// them and may move them to a node that can reach it; each goes in exactly once when the database returns.
+    @Test func aDisconnectedNodeLeavesNewManifestsInItsInbox() throws {
+        let harness = try ClusterHarness(nodes: 1, leaseSeconds: 4)
+        #expect(harness[0].waitConnected())
+        harness.stopDatabase()
+        #expect(try harness.waitJournal(["OPQ_NODE": harness[0].name, "OPQ_EVENT": "cluster", "OPQ_STATE": "disconnected"], timeout: 15) != nil)
+        var jobs: [String] = []
+        for _ in 0..<3 {
+            let job = uniqueJob("away")
+            try harness[0].drop(job + ".plist", sleepJob(job, 0))
+            jobs.append(job)
+        }
+        usleep(2_000_000)
+        #expect(Set(harness[0].list("inbox")) == Set(jobs.map { $0 + ".plist" }), "\(harness[0].list("inbox"))")
+        #expect(harness[0].list("active/.submissions").isEmpty, "nothing taken while the node knows the database is away")
+        #expect(try harness.journal(node: 0, ["OPQ_EVENT": "job", "OPQ_STATE": "received"]).isEmpty)
+        let status = try harness[0].statusJSON()
+        #expect(status["waiting"] as? Int == 3 && status["submissions"] == nil, "\(status)")
+        try harness.startDatabase()
+        for job in jobs { #expect(harness.waitResult(job, timeout: 30)?.result["status"] as? String == "succeeded", "\(job)") }
+        let outboxes = harness.outboxJobs()
+        for job in jobs { #expect(outboxes[job]?.count == 1, "\(job): \(outboxes[job] ?? [])") }
     }
 
     // MARK: 2. A node started while the database is down

@@ -906,6 +906,9 @@ struct ClusterJobStoreTests {
         _ = a.store.submit([try a.drop("waits", sleepManifest("waits"))])
         #expect(eventually { a.logs.states("cluster") == ["disconnected"] })
         #expect(FileManager.default.fileExists(atPath: a.spool.active + "/.submissions/waits/manifest.plist"), "waits in the spool")
+        // Taken before the node knew: counted, with when; nothing more is taken from the inbox now.
+        #expect(a.store.awaitingSubmission == 1 && a.store.awaitingSubmissionSince != nil)
+        #expect(!a.store.acceptsSubmissions, "a node that knows the database is away leaves new manifests in its inbox")
         usleep(3_000_000)
         #expect(a.logs.states("cluster") == ["disconnected"], "once per outage, though retried")
         #expect(a.store.snapshot()?.connected == false && a.store.snapshot()?.lastError != nil)
@@ -913,6 +916,7 @@ struct ClusterJobStoreTests {
         try server.start()
         #expect(eventually(8) { a.logs.states("cluster") == ["disconnected", "connected"] }, "retried at most 5 s apart")
         #expect(eventually { (try? a.store.job("waits")) != nil }, "the waiting submission went in")
+        #expect(eventually { a.store.acceptsSubmissions && a.store.awaitingSubmission == 0 && a.store.awaitingSubmissionSince == nil })
         server.stop()
         #expect(eventually(20) { a.logs.states("cluster") == ["disconnected", "connected", "disconnected"] },
                 "\(a.logs.all.filter { $0.metadata["OPQ_EVENT"] == "cluster" }.map { "\($0.metadata["OPQ_STATE"] ?? "-"): \($0.message)" })")

@@ -28,7 +28,7 @@ extension ClusterJobStore {
         // inbox name and the reception time recorded at claim (a folder handed over from active/).
         let key = job.id.hasPrefix(".") ? "\(nodeName)/\(job.id.dropFirst())" : "\(nodeName)/\(job.manifestName)/\(job.receivedAt)"
         let new = row(for: job, submittedOn: nodeName, key: key)
-        lock.withLock { pending.append((folder, job.id.hasPrefix("."), key, new, job.inboxInode)) }
+        lock.withLock { pending.append((folder, job.id.hasPrefix("."), key, new, job.inboxInode, job.receivedAt)) }
     }
 
     /// What the database keeps of a job this node holds: its manifest and where it may run.

@@ -77,7 +77,7 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
     /// Submissions set aside, not yet inserted (their folder under active/.submissions, key, row and, for a file from
     /// the inbox, its inode), oldest first:
     /// appended by the shell's calls, taken by the submission thread from the front.
-    var pending = Deque<(folder: String, isFile: Bool, key: String, job: NewJob, inode: UInt64?)>()
+    var pending = Deque<(folder: String, isFile: Bool, key: String, job: NewJob, inode: UInt64?, since: Double)>()
     /// Manifest files of this node's submissions, inserted and not yet removed, by job id: a row of them this
     /// node claims before the reaper gets to it (`reapDelay` after the insert, or at shutdown) has its file renamed
     /// into active/<job>/ rather than written again. Whoever takes the entry out owns the file.
@@ -197,9 +197,15 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
 
     // MARK: JobStore
 
-    public var acceptsSubmissions: Bool { lock.withLock { declaredKnown && pending.count < Self.pendingLimit } }
+    /// Not while the node knows the database is away (it logged `disconnected`): new manifests then wait in the inbox,
+    /// where the operator sees them and may move them to a node that can reach it (SPEC §8).
+    public var acceptsSubmissions: Bool {
+        lock.withLock { declaredKnown && pending.count < Self.pendingLimit && state.connected != false }
+    }
 
     public var awaitingSubmission: Int { lock.withLock { pending.count } }
+
+    public var awaitingSubmissionSince: Double? { lock.withLock { pending.lazy.map(\.since).min() } }
 
     public func submissionConfiguration(_ local: Configuration) -> Configuration {
         let d = lock.withLock { declared }

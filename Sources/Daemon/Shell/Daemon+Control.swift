@@ -224,6 +224,10 @@ extension Daemon {
         /// Manifests waiting in the inbox at the last scan, and those the store holds until it takes them (a
         /// cluster node's submissions while the database is away).
         public var waiting: Int
+        /// Of those, the ones a cluster node took from its inbox and holds until the database takes them, and when the
+        /// oldest was taken (while it knows the database is away it takes no more: they wait in the inbox).
+        public var submissions = 0
+        public var submissionsSince: Double?
         public var executing: Int
         /// Operations of the active jobs, and the budget above which claiming pauses.
         public var operations: Int
@@ -279,9 +283,11 @@ extension Daemon {
         // of it remain, then no longer (in status and the metrics' gauges).
         let queues = overview.queues.filter { configured.contains($0.name) || $0.pending + $0.executing > 0 }
         // Manifests the store holds for submission still wait, as far as the user can tell (read outside the lock).
-        return Status(activeJobs: active, waiting: waitingNow + store.awaitingSubmission, executing: overview.executing, operations: operations,
-                      maxActiveOperations: budget, queues: queues, fault: fault, jobs: progress.sorted { $0.job < $1.job },
-                      held: held, clusterSlots: permits?.slots ?? [:])
+        let submissions = store.awaitingSubmission
+        return Status(activeJobs: active, waiting: waitingNow + submissions, submissions: submissions,
+                      submissionsSince: submissions > 0 ? store.awaitingSubmissionSince : nil, executing: overview.executing,
+                      operations: operations, maxActiveOperations: budget, queues: queues, fault: fault,
+                      jobs: progress.sorted { $0.job < $1.job }, held: held, clusterSlots: permits?.slots ?? [:])
     }
 
 

@@ -96,6 +96,8 @@ public protocol JobStore: AnyObject, Sendable {
     /// active/.submissions until their insert commits — all of them while the database is down). To the user they
     /// still wait in the inbox: `status`'s waiting and `opqueued_inbox_files` count them.
     var awaitingSubmission: Int { get }
+    /// When the oldest of those was taken from the inbox (seconds since the epoch); nil when none waits.
+    var awaitingSubmissionSince: Double? { get }
     /// The configuration a manifest from this node's inbox is validated against: the local one, or (cluster) the
     /// local one widened to every queue and command some node of the cluster declares.
     func submissionConfiguration(_ local: Configuration) -> Configuration
@@ -158,4 +160,5 @@ public enum StoreCancelOutcome: Sendable, Equatable {
 extension JobStore {
     public func freshSubmissionConfiguration(_ local: Configuration) -> Configuration? { nil }
     public var awaitingSubmission: Int { 0 }
+    public var awaitingSubmissionSince: Double? { nil }
 }
