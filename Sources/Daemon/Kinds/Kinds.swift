@@ -111,12 +111,9 @@ enum Kinds {
                 // Rows go from the chain to the file a strip at a time: no encoded (or decoded) copy in memory.
                 let written = try patiently({ context.isCancelled }) {
                     try writeOutput(to: environment.jobFolder, path: path) { fd, _ in
-                        do {
-                            try pipeline.encode(to: fd, format: format ?? Manifest.imageFormat(ofPath: path) ?? "png", quality: quality, maxPixels: environment.maxPixels, check: check)
-                        } catch let error as ImageError where !pipeline.operations.isEmpty {
-                            let names = pipeline.operations.map { "'\($0)'" }.joined(separator: ", ")
-                            throw ImageError("\(error.description) (running \(names), fused into this write)")
-                        }
+                        // A fused operation's stage that fails throws StageFailure: that operation fails (FusedChains).
+                        let format = format ?? Manifest.imageFormat(ofPath: path) ?? "png"
+                        try pipeline.encode(to: fd, format: format, quality: quality, maxPixels: environment.maxPixels, check: check)
                     }
                 }
                 return try DownloadedFile(path: written)

@@ -11,6 +11,7 @@
 
 import CCodecs
 import Foundation
+import OperationEngine
 
 /// An image operation as a value (SPEC §3.3 parameters).
 enum ImageStep: Sendable {
@@ -31,6 +32,28 @@ enum ImageStep: Sendable {
         case .resize(let width, let height, let mode): self = .resize(width: width, height: height, mode: mode)
         case .thumbnail(let size): self = .thumbnail(size: size)
         default: return nil
+        }
+    }
+}
+
+/// A stage of a fused chain failed: the operation whose stage it is (the first takes the decoder too) and why. The
+/// chain's end reports it as that operation's failure (FusedChains.swift), as the chain would unfused.
+struct StageFailure: Error, CustomStringConvertible {
+    let operation: String
+    let underlying: any Error
+    var description: String { "\(underlying)" }
+
+    /// Runs `body`; what it throws, cancellation aside, is the stage of `operation` failing.
+    static func of<T>(_ operation: String?, _ body: () throws -> T) throws -> T {
+        do {
+            return try body()
+        } catch let error as OperationCancelled {
+            throw error
+        } catch let error as StageFailure {
+            throw error
+        } catch {
+            guard let operation else { throw error }
+            throw StageFailure(operation: operation, underlying: error)
         }
     }
 }
@@ -110,9 +133,11 @@ struct ImagePipeline: Sendable {
             return try consume(stages(over: first, logical: (first.width, first.height), maxPixels: maxPixels, check: check))
         case .bytes(let data):
             return try data.withUnsafeBytes { raw in
-                let decoder = try DecoderRows(raw, maxPixels: maxPixels)
+                // Decoding is the first operation's stage (it took the bytes), at any row.
+                let decoder = try StageFailure.of(operations.first) { try DecoderRows(raw, maxPixels: maxPixels) }
+                decoder.stage = operations.first
                 let logical = (decoder.width, decoder.height)
-                try decoder.start(shrinkOnLoad(width: logical.0, height: logical.1))
+                try StageFailure.of(operations.first) { try decoder.start(shrinkOnLoad(width: logical.0, height: logical.1)) }
                 return try consume(stages(over: decoder, logical: logical, maxPixels: maxPixels, check: check))
             }
         }
@@ -144,34 +169,40 @@ struct ImagePipeline: Sendable {
     private func stages(over first: any RowSource, logical: (Int, Int), maxPixels: Int, check: @escaping CancellationCheck) throws -> any RowSource {
         var current = first
         var logical = logical
-        for step in steps {
-            switch step {
-            case .sepia(let intensity):
-                current = MatrixRows(current, Filters.sepiaMatrix(intensity: intensity))
-            case .grayscale:
-                current = MatrixRows(current, Filters.grayscaleMatrix)
-            case .vignette(let strength):
-                current = VignetteRows(current, strength: strength)
-            case .blur(let radius):
-                guard radius > 0 else { continue }
-                current = try SeparableRows(current, width: current.width, height: current.height,
-                                            horizontal: Filters.gaussianKernel(size: current.width, sigma: radius),
-                                            vertical: Filters.gaussianKernel(size: current.height, sigma: radius), check: check)
-            case .resize(let w, let h, let mode):
-                guard let plan = Filters.resizePlan(width: logical.0, height: logical.1, to: w, h, mode: mode) else { continue }
-                // A fill scales past its target, then crops: what it scales to is made (row by row) all the same.
-                try Self.limit(plan.scaled.width, plan.scaled.height, maxPixels, plan.crop == nil ? "resize" : "resize (fill, before its crop)")
-                current = try Self.scaled(current, plan.scaled.width, plan.scaled.height, check: check)
-                if let c = plan.crop { current = try CropRows(current, x: c.x, y: c.y, width: c.width, height: c.height) }
-                logical = (current.width, current.height)
-            case .thumbnail(let size):
-                guard let t = Filters.thumbnailSize(width: current.width, height: current.height, size: size) else { continue }
-                try Self.limit(t.width, t.height, maxPixels, "thumbnail")
-                current = try Self.scaled(current, t.width, t.height, check: check)
-                logical = (current.width, current.height)
-            }
+        for (step, operation) in zip(steps, operations) {
+            try StageFailure.of(operation) { try stage(step, &current, &logical, maxPixels: maxPixels, check: check) }
         }
         return current
+    }
+
+    /// Adds `step`'s stage over `current`.
+    private func stage(_ step: ImageStep, _ current: inout any RowSource, _ logical: inout (Int, Int), maxPixels: Int,
+                       check: @escaping CancellationCheck) throws {
+        switch step {
+        case .sepia(let intensity):
+            current = MatrixRows(current, Filters.sepiaMatrix(intensity: intensity))
+        case .grayscale:
+            current = MatrixRows(current, Filters.grayscaleMatrix)
+        case .vignette(let strength):
+            current = VignetteRows(current, strength: strength)
+        case .blur(let radius):
+            guard radius > 0 else { return }
+            current = try SeparableRows(current, width: current.width, height: current.height,
+                                        horizontal: Filters.gaussianKernel(size: current.width, sigma: radius),
+                                        vertical: Filters.gaussianKernel(size: current.height, sigma: radius), check: check)
+        case .resize(let w, let h, let mode):
+            guard let plan = Filters.resizePlan(width: logical.0, height: logical.1, to: w, h, mode: mode) else { return }
+            // A fill scales past its target, then crops: what it scales to is made (row by row) all the same.
+            try Self.limit(plan.scaled.width, plan.scaled.height, maxPixels, plan.crop == nil ? "resize" : "resize (fill, before its crop)")
+            current = try Self.scaled(current, plan.scaled.width, plan.scaled.height, check: check)
+            if let c = plan.crop { current = try CropRows(current, x: c.x, y: c.y, width: c.width, height: c.height) }
+            logical = (current.width, current.height)
+        case .thumbnail(let size):
+            guard let t = Filters.thumbnailSize(width: current.width, height: current.height, size: size) else { return }
+            try Self.limit(t.width, t.height, maxPixels, "thumbnail")
+            current = try Self.scaled(current, t.width, t.height, check: check)
+            logical = (current.width, current.height)
+        }
     }
 
     private static func limit(_ width: Int, _ height: Int, _ maxPixels: Int, _ step: String) throws {
@@ -235,6 +266,8 @@ func codecCall(_ what: String, _ body: (UnsafeMutablePointer<CChar>, Int) -> Int
 /// Rows from the decoder. Opening reads the header only (maxPixels is checked there, before any pixel buffer
 /// exists); `start` picks the DCT scale and begins.
 final class DecoderRows: RowSource {
+    /// The fused operation whose stage decoding is: its errors are that operation's (StageFailure).
+    var stage: String?
     private var reader: OpaquePointer?
     private(set) var width = 0, height = 0, channels = 0
     private var next = 0, finished = false
@@ -259,9 +292,11 @@ final class DecoderRows: RowSource {
     deinit { opq_reader_close(reader) }
 
     func read(_ count: Int, into out: UnsafeMutablePointer<UInt8>) throws {
-        try codecCall("the image cannot be decoded") { m, n in opq_reader_read(reader, out, Int32(count), m, n) }
-        next += count
-        if next == height { try finish() }
+        try StageFailure.of(stage) {
+            try codecCall("the image cannot be decoded") { m, n in opq_reader_read(reader, out, Int32(count), m, n) }
+            next += count
+            if next == height { try finish() }
+        }
     }
 
     func drain() throws {
@@ -275,7 +310,7 @@ final class DecoderRows: RowSource {
 
     private func finish() throws {
         guard !finished else { return }
-        try codecCall("the image cannot be decoded") { m, n in opq_reader_finish(reader, m, n) }
+        try StageFailure.of(stage) { try codecCall("the image cannot be decoded") { m, n in opq_reader_finish(reader, m, n) } }
         finished = true
     }
 }
@@ -624,10 +659,27 @@ enum ImageFusion {
             default: consumes = ImageStep(consumer.parameters) != nil
             }
             guard consumes, Set(consumer.dependencies).count == 1, let id = consumer.dependencies.first,
-                  consumer.input == nil || consumer.input == id,
-                  let producer = producers[id], ImageStep(producer.parameters) != nil, dependents[id] == 1 else { continue }
+                  consumer.input == nil || consumer.input == id, consumer.retries == 0, !consumer.runsAfterFailure,
+                  let producer = producers[id], ImageStep(producer.parameters) != nil, dependents[id] == 1,
+                  producer.retries == 0, producer.timeoutSeconds == nil, !producer.runsAfterFailure else { continue }
             fused.insert(id)
         }
         return fused
+    }
+
+    /// Each chain by the id of its end (the operation that consumes its last fused operation): its fused operations in
+    /// order, then the end, as indices in `index` with their ids. (Retries, a fused operation's own timeout or
+    /// `runsAfterFailure` would make a chain behave otherwise than unfused: such operations do not fuse.)
+    static func chains(_ operations: [OperationPlan], fused: Set<String>, index: [String: Int]) -> [String: [(index: Int, id: String)]] {
+        guard !fused.isEmpty else { return [:] }
+        let byID = Dictionary(operations.map { ($0.id, $0) }, uniquingKeysWith: { a, _ in a })
+        var chains: [String: [(index: Int, id: String)]] = [:]
+        for end in operations where !fused.contains(end.id) {
+            guard let last = end.dependencies.first, fused.contains(last), let endIndex = index[end.id] else { continue }
+            var chain: [String] = [last]
+            while let first = byID[chain[0]]?.dependencies.first, fused.contains(first), !chain.contains(first) { chain.insert(first, at: 0) }
+            chains[end.id] = chain.compactMap { id in index[id].map { (index: $0, id: id) } } + [(endIndex, end.id)]
+        }
+        return chains
     }
 }

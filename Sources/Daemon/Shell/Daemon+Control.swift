@@ -213,7 +213,13 @@ extension Daemon {
 
     /// Cancels one operation of a submitted group (the engine knows whether it has already ended).
     func cancel(job: String, group: GroupID, operation: String) -> CancelOutcome {
-        guard let index = lock.withLock({ runs[job]?.operationIndex[operation] }) else { return .unknownOperation }
+        let run = lock.withLock { runs[job] }
+        guard let run, let index = lock.withLock({ run.operationIndex[operation] }) else { return .unknownOperation }
+        // A fused operation whose stage its chain's end runs still: cancelling it cancels that run (FusedChains).
+        if let end = run.fusion.endHolding(index) {
+            engine.cancel(group, operation: end, reason: "cancelled by request")
+            return .cancelled
+        }
         if engine.record(group, operation: index)?.state.isFinished == true { return .alreadyEnded }
         engine.cancel(group, operation: index, reason: "cancelled by request")
         return .cancelled
@@ -389,14 +395,14 @@ extension Daemon {
     /// The running jobs' operations for this node's next heartbeat (ClusterProgress): `show` on other nodes.
     func clusterProgress() -> [UInt8] {
         // The plans copied under the lock (a photo list's grows under it).
-        let running = lock.withLock { runs.map { ($0.key, $0.value.plan, lifecycle.group(of: $0.key)) } }
+        let running = lock.withLock { runs.map { ($0.key, $0.value, $0.value.plan, lifecycle.group(of: $0.key)) } }
         var jobs: [(job: String, operations: [ClusterProgress.Operation])] = []
         var left = ClusterProgress.budget
-        for (id, plan, group) in running {
+        for (id, run, plan, group) in running {
             guard let plan, let group else { continue }
             // Too big for what is left: not even read from the engine.
             if ClusterProgress.estimate(operations: plan.operations.count, idBytes: 0) > left { continue }
-            guard let records = engine.records(group) else { continue }
+            guard let records = records(group, of: run) else { continue }
             let operations = zip(plan.operations, records).map { (id: $0.id, state: $1.state, attempts: $1.attempts, queue: $0.queue) }
             left -= ClusterProgress.estimate(operations: operations.count, idBytes: id.utf8.count)
             jobs.append((id, operations))
@@ -445,7 +451,7 @@ extension Daemon {
         let job = runs[id]
         let group = lifecycle.group(of: id)
         lock.unlock()
-        guard let job, let plan = job.plan, let group, let records = engine.records(group) else { return nil }
+        guard let job, let plan = job.plan, let group, let records = records(group, of: job) else { return nil }
         return zip(plan.operations, records).map { op, r in
             var entry: [String: Any] = ["id": op.id, "kind": op.kind.rawValue, "queue": op.queue, "state": r.state.name, "attempts": r.attempts,
                                         "dependencies": op.dependencies]

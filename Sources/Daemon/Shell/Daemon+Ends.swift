@@ -18,7 +18,7 @@ extension Daemon {
             perform(handle(.groupFinished(group: group, status: "cancelled", error: nil)))
             return
         }
-        guard let records = engine.records(group) else { return }
+        guard let records = records(group, of: run) else { return }
         var status = "succeeded"
         var errors: [String] = []
         for (i, r) in records.enumerated() where !run.recovered.contains(i) || r.state != .succeeded {

@@ -39,6 +39,8 @@ final class RunningJob: @unchecked Sendable {
     /// The job came from the store (claimed for this node, or resumed as held): its end goes through the store's
     /// publication gate. A manifest rejected at submission never reached the store and is published as is.
     var fromStore = false
+    /// Its fused image chains, as the user sees them.
+    let fusion = FusedChains()
 
     init(claimed: ClaimedJob) { self.claimed = claimed }
     var id: String { claimed.id }
@@ -357,6 +359,7 @@ public final class Daemon: @unchecked Sendable {
         // Chains of image operations ending in a write run as one strip pipeline in their last operation
         // (issue 15); each operation keeps its own record and journal transitions.
         let fused = ImageFusion.fusedOperations(operations)
+        let chains = ImageFusion.chains(operations, fused: fused, index: job.operationIndex)
         let queueOf = Dictionary(operations.map { ($0.id, $0.queue) }, uniquingKeysWith: { a, _ in a })
         for (offset, op) in operations.enumerated() {
             let i = base + offset
@@ -402,13 +405,17 @@ public final class Daemon: @unchecked Sendable {
                 queueName = chainQueue
             }
             let queue = queueIDs[queueName] ?? defaultQueue
-            let body: OperationBody
+            var body: OperationBody
             if let recovered {
                 body = recovered
             } else if let photosURL {
                 body = Kinds.download(photosURL, maxBytes: nil, name: op.id, environment: environment, then: expandList)
             } else {
                 body = Kinds.body(for: op.parameters, operation: op.id, environment: environment, fused: fused.contains(op.id))
+            }
+            if let chain = chains[op.id], !chain.contains(where: { job.recovered.contains($0.index) }) {
+                job.fusion.add(chain)
+                body = job.fusion.watching(end: i, body)
             }
             let deps = op.dependencies.compactMap { job.operationIndex[$0] }
             var timeout = op.timeoutSeconds
@@ -520,14 +527,24 @@ public final class Daemon: @unchecked Sendable {
                 lock.unlock()
                 if let permits, let plan, t.operation < plan.operations.count { permits.transition(queue: plan.operations[t.operation].queue, state: t.state) }
                 guard let job, let plan, t.operation < plan.operations.count, !recovered || recomputedFailure else { continue }
-                if !recovered { measure(t, plan.operations[t.operation]) }
-                if logTransition(t, job: job, operation: plan.operations[t.operation]) { progressRecorded += 1 }
+                let seen = recovered || job.fusion.isEmpty ? [t] : job.fusion.deliver(t) { engine.record(t.group, operation: $0) }
+                for t in seen {
+                    if !recovered { measure(t, plan.operations[t.operation]) }
+                    if logTransition(t, job: job, operation: plan.operations[t.operation]) { progressRecorded += 1 }
+                }
             case .groupFinished(let group):
                 work.async { [self] in finish(group) }
             }
         }
     }
 
+
+    /// The engine's records of a job's group as the user sees them (its fused chains' operations as unfused).
+    func records(_ group: GroupID, of job: RunningJob?) -> [OperationRecord]? {
+        guard let records = engine.records(group) else { return nil }
+        guard let job, !job.fusion.isEmpty else { return records }
+        return records.enumerated().map { job.fusion.overlay($0.offset, $0.element) }
+    }
 
     /// On the delivery thread: the metrics an operation's transition moves.
     func measure(_ t: Transition, _ operation: OperationPlan) {
@@ -579,7 +596,7 @@ public final class Daemon: @unchecked Sendable {
         var message = "operation \(job.id)/\(operation.id) \(t.state.name)"
         switch t.state {
         case .succeeded, .failed, .cancelled:
-            if let record = engine.record(t.group, operation: t.operation) {
+            if let record = engine.record(t.group, operation: t.operation).map({ job.fusion.overlay(t.operation, $0) }) {
                 if let started = record.startedAt { fields["OPQ_DURATION_USEC"] = .string(String(Int64(((t.time - started) * 1e6).rounded()))) }
                 if t.state == .succeeded, let started = record.startedAt {
                     do {
