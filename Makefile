@@ -166,6 +166,8 @@ install: release install-files
 install-files:
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(UNITDIR) $(DESTDIR)$(SYSUSERSDIR) $(DESTDIR)$(TMPFILESDIR) $(DESTDIR)$(CATALOGDIR)
 	install -m 0755 $(BINARIES)/opqueued $(BINARIES)/opqueuectl $(DESTDIR)$(PREFIX)/bin/
+	install -d $(DESTDIR)$(PREFIX)/lib/opqueued
+	install -m 0755 $(BINARIES)/opqueued-supervise $(DESTDIR)$(PREFIX)/lib/opqueued/
 	sed 's|@BINDIR@|$(PREFIX)/bin|' systemd/opqueued.service > $(DESTDIR)$(UNITDIR)/opqueued.service
 	install -m 0644 systemd/opqueued.sysusers $(DESTDIR)$(SYSUSERSDIR)/opqueued.conf
 	install -m 0644 systemd/opqueued.tmpfiles $(DESTDIR)$(TMPFILESDIR)/opqueued.conf

@@ -8,6 +8,7 @@ let package = Package(
         .library(name: "OperationEngine", targets: ["OperationEngine"]),
         .executable(name: "opqueued", targets: ["opqueued"]),
         .executable(name: "opqueuectl", targets: ["opqueuectl"]),
+        .executable(name: "opqueued-supervise", targets: ["opqueued-supervise"]),
         .executable(name: "opqueue-bench", targets: ["opqueue-bench"]),
     ],
     dependencies: [
@@ -22,6 +23,8 @@ let package = Package(
         .package(url: "https://github.com/swift-server/swift-prometheus.git", from: "2.4.1"),
     ],
     targets: [
+        // The process between the daemon and each command: ends whatever the command started (main.c says how).
+        .executableTarget(name: "opqueued-supervise"),
         // Thread priority, SCHED_IDLE and I/O priority: `syscall` is variadic, Swift cannot call it.
         .target(name: "CShims"),
         // opqueued only: notes SIGTERM, SIGINT and SIGHUP before main (a constructor), so that a signal while starting

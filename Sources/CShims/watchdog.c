@@ -62,7 +62,13 @@ static void opq_groups_remove(struct opq_groups *g, pid_t pgid) {
     }
 }
 
+/// Each group's leader is a command's supervisor (opqueued-supervise): SIGUSR1 has it SIGKILL everything the command
+/// started, in its group or not; 200 ms later the group gets SIGKILL, should a leader not have ended it.
 static void opq_groups_kill(const struct opq_groups *g) {
+    if (g->count == 0) return;
+    for (size_t i = 0; i < g->count; i++) kill(g->pgids[i], SIGUSR1);
+    struct timespec pause = { 0, 200 * 1000000L };
+    while (nanosleep(&pause, &pause) != 0 && errno == EINTR) {}
     for (size_t i = 0; i < g->count; i++) kill(-g->pgids[i], SIGKILL);
 }
 

@@ -37,8 +37,17 @@ func watchdogs(of daemon: Int32) -> [Int32] {
     }
 }
 
+/// A process's group and parent; nil when it is gone.
+func processGroup(of pid: Int32) -> Int32? {
+    statFields(pid).flatMap { $0.fields.count > 2 ? Int32($0.fields[2]) : nil }
+}
+
+func parent(of pid: Int32) -> Int32? {
+    statFields(pid).flatMap { $0.fields.count > 1 ? Int32($0.fields[1]) : nil }
+}
+
 /// Whether `pid` is gone or a zombie.
-private func ended(_ pid: Int32) -> Bool {
+func ended(_ pid: Int32) -> Bool {
     guard let stat = statFields(pid) else { return true }
     return stat.fields.first == "Z"
 }
@@ -97,8 +106,9 @@ private func exited(_ watchdog: CommandWatchdog, within seconds: Double) -> Bool
         #expect(watchdogs(of: daemon).count == 1, "one watchdog per daemon")
         try spool.drop("f.plist", ["job": "f", "operations": [["id": "f", "kind": "command", "command": "forever", "arguments": ["mark": mark]]]])
         #expect(waitUntil(10) { (try? String(contentsOfFile: mark, encoding: .utf8))?.hasSuffix("\n") == true })
-        let pgid = try #require(Int32((try? String(contentsOfFile: mark, encoding: .utf8))?.trimmingCharacters(in: .whitespacesAndNewlines) ?? ""))
-        #expect(waitUntil(5) { liveProcesses(inGroup: pgid).count >= 3 }, "the shell and both sleeps: \(liveProcesses(inGroup: pgid))")
+        let shell = try #require(Int32((try? String(contentsOfFile: mark, encoding: .utf8))?.trimmingCharacters(in: .whitespacesAndNewlines) ?? ""))
+        let pgid = try #require(processGroup(of: shell))
+        #expect(waitUntil(5) { liveProcesses(inGroup: pgid).count >= 4 }, "the supervisor, the shell and both sleeps: \(liveProcesses(inGroup: pgid))")
         let watchdog = try #require(watchdogs(of: daemon).first)
         // A daemon frozen by SIGSTOP does not freeze its watchdog (a process, session and group of its own).
         spool.signal(SIGSTOP)
@@ -111,6 +121,47 @@ private func exited(_ watchdog: CommandWatchdog, within seconds: Double) -> Bool
         #expect(waitUntil(2) { ended(watchdog) }, "the watchdog exits once it has killed")
         // The next start finds nothing to kill and runs the operation again.
         kill(-pgid, SIGKILL)
+    }
+
+    /// A command that double-forks into a session of its own (as a daemonising script does) leaves no process behind
+    /// when its operation ends — it exits, is cancelled or times out — nor when its daemon is killed with -9, outside
+    /// systemd: its supervisor is the escaped process's reaper and ends it (SPEC §3.6, §8).
+    @Test(arguments: ["exits", "cancelled", "timed out", "kill -9"])
+    func aProcessThatLeftTheCommandsSessionEndsWithIt(ending: String) throws {
+        let spool = TestSpool()
+        let mark = spool.root + ".escaped"
+        defer { unlink(mark) }
+        // The escaped sleep's pid in the mark; then the command waits (or exits at once, for "exits").
+        let script = "(setsid sh -c 'sleep 300 & echo $! > \"$1\"' sh \"$1\" &); while [ ! -s \"$1\" ]; do sleep 0.05; done; "
+            + (ending == "exits" ? "exit 0" : "sleep 300")
+        let config = try spool.configure(["commands": [
+            "escape": ["argv": ["/bin/sh", "-c", script, "sh", "${mark}"], "parameters": ["mark": "string"],
+                       "timeoutSeconds": ending == "timed out" ? 1 : 600],
+        ]])
+        try spool.start(config)
+        try spool.drop("e.plist", ["job": "e", "operations": [["id": "e", "kind": "command", "command": "escape", "arguments": ["mark": mark]]]])
+        #expect(waitUntil(10) { (try? String(contentsOfFile: mark, encoding: .utf8))?.hasSuffix("\n") == true })
+        let escaped = try #require(Int32((try? String(contentsOfFile: mark, encoding: .utf8))?.trimmingCharacters(in: .whitespacesAndNewlines) ?? ""))
+        defer { kill(escaped, SIGKILL) }
+        let daemon = try #require(spool.daemon?.processIdentifier)
+        if ending != "exits" {
+            #expect(!ended(escaped), "running")
+            let session = { (pid: Int32) in statFields(pid).flatMap { $0.fields.count > 3 ? Int32($0.fields[3]) : nil } }
+            #expect(session(escaped) != nil && session(escaped) != session(daemon), "in a session of its own, out of the command's group")
+        }
+        switch ending {
+        case "cancelled": #expect(try spool.ctl(["cancel", "e"]).status == 0)
+        case "kill -9":
+            spool.signal(SIGKILL)
+            _ = spool.waitForExit()
+        default: break
+        }
+        #expect(waitUntil(ChildProcess.killGrace + 2) { ended(escaped) }, "\(ending): the escaped process \(escaped) is gone")
+        if ending != "kill -9" {
+            let result = try #require(spool.result("e"))
+            let state = ["exits": "succeeded", "cancelled": "cancelled", "timed out": "failed"][ending]
+            #expect((result["operations"] as? [[String: Any]])?.first?["state"] as? String == state, "\(result)")
+        }
     }
 
     @Test func aNormalStopEndsTheWatchdogAndCommandsThatEndAreForgotten() throws {

@@ -224,7 +224,8 @@ private func launch(_ spool: TestSpool, _ arguments: [String], environment: [Str
         let result = try #require(spool.result("t", timeout: 20))
         let ops = try #require(result["operations"] as? [[String: Any]])
         #expect(ops[0]["error"] as? String == "timed out after 0.5 s")
-        let pgid = try #require(Int32(readText(mark)?.trimmingCharacters(in: .whitespacesAndNewlines) ?? ""))
+        let shell = try #require(Int32(readText(mark)?.trimmingCharacters(in: .whitespacesAndNewlines) ?? ""))
+        let pgid = try #require(processGroup(of: shell), "the shell lives through the grace")
         #expect(processes(inGroup: pgid).count >= 2, "SIGTERM is ignored: the group lives through the grace")
         #expect(waitFor(ChildProcess.killGrace + 3) { processes(inGroup: pgid).isEmpty }, "nothing of the group survives: \(processes(inGroup: pgid))")
     }
@@ -243,11 +244,12 @@ private func launch(_ spool: TestSpool, _ arguments: [String], environment: [Str
         let sched = try #require(scheduling(pid))
         #expect(sched.policy == 5, "SCHED_IDLE")
         #expect(sched.nice == 19)
-        #expect(processes(inGroup: pid).count == 2, "its own process group: the shell and its sleep")
+        let pgid = try #require(processGroup(of: pid))
+        #expect(processes(inGroup: pgid).count == 3, "a process group of its own: the supervisor, the shell and its sleep")
         let start = Date()
         let r = try spool.ctl(["cancel", "c"])
         #expect(r.status == 0, "\(r.stderr)")
-        #expect(waitFor(ChildProcess.killGrace + 1) { processes(inGroup: pid).isEmpty })
+        #expect(waitFor(ChildProcess.killGrace + 1) { processes(inGroup: pgid).isEmpty })
         let elapsed = Date().timeIntervalSince(start)
         #expect(elapsed < 0.1 + ChildProcess.killGrace, "\(elapsed) s")
         let ops = try #require(spool.result("c")?["operations"] as? [[String: Any]])
@@ -270,13 +272,16 @@ private func launch(_ spool: TestSpool, _ arguments: [String], environment: [Str
             ["id": "w", "kind": "write", "path": "hello.png", "input": "quick", "dependencies": ["gate"]],
         ]])
         #expect(waitFor(10) { readText(runs)?.hasSuffix("\n") == true && readText(runs + ".2") == "run\n" })
-        let first = try #require(Int32(readText(runs)?.trimmingCharacters(in: .whitespacesAndNewlines) ?? ""))
+        let shell = try #require(Int32(readText(runs)?.trimmingCharacters(in: .whitespacesAndNewlines) ?? ""))
+        let first = try #require(processGroup(of: shell))
+        let supervisor = try #require(parent(of: shell))
         usleep(500_000) // the quick one's success committed (progress commits within 50 ms)
-        // The watchdog first (kill -9 of both, say), so that the ledger, the line behind it, is what is tested
-        // here (CommandDeathTests has the watchdog's own kill).
+        // The watchdog and the command's supervisor first (kill -9 of all three, say), so that the ledger, the line
+        // behind them, is what is tested here (CommandDeathTests has the watchdog's and the supervisor's own kills).
         let daemon = try #require(spool.daemon?.processIdentifier)
         let watchdog = try #require(watchdogs(of: daemon).first)
         kill(watchdog, SIGKILL)
+        kill(supervisor, SIGKILL)
         spool.signal(SIGKILL)
         _ = spool.waitForExit()
         #expect(!processes(inGroup: first).isEmpty, "the command outlived the daemon and its watchdog (its sleep 1.5 goes on)")

@@ -87,6 +87,7 @@ final class BootedSystemd {
         let unit = Self.unit
         try systemd.installProject()
         #expect(try systemd.run("getent", "passwd", "opqueued").status == 0, "sysusers made the opqueued user")
+        #expect(try systemd.run("test", "-x", "/usr/local/lib/opqueued/opqueued-supervise").status == 0, "each command's supervisor, where opqueued looks")
         let inbox = try FileManager.default.attributesOfItem(atPath: Self.spool + "/inbox")
         #expect((inbox[.posixPermissions] as? Int) == 0o1770, "tmpfiles made the inbox sticky and group-writable")
 

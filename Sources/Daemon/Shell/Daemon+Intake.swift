@@ -24,6 +24,12 @@ extension Daemon {
             for problem in problems { logger.error("\(problem)") }
             let leftovers = CommandLedger.shared.open(spool.active + "/.commands")
             if !leftovers.isEmpty { logger.notice("killed \(leftovers.count) command process groups left running by the previous run: \(leftovers.map(String.init).joined(separator: ", "))") }
+            let commands = lock.withLock { !configuration.commands.isEmpty }
+            if commands && Supervisor.path == nil {
+                let missing = "opqueued-supervise is neither beside this program nor in ../lib/opqueued/: commands run without it, "
+                    + "and a process a command starts in a session of its own (setsid) outlives its operation"
+                logger.warning("\(missing)")
+            }
             let (hook, outbox) = lock.withLock {
                 (configuration.jobFinished.flatMap { configuration.commands[$0] }, configuration.cluster?.sharedOutbox ?? spool.outbox)
             }

@@ -5,11 +5,14 @@
 // Bounded output: the daemon reads each pipe and writes at most `limit` bytes to the log file; the rest
 // is read and dropped (so the command never blocks on a full pipe, and never gets SIGXFSZ as it would
 // with RLIMIT_FSIZE), and the truncation is reported.
-// The group dies with its leader: when the leader has exited (a zombie still holding its pid, so the
-// group id cannot have been reused) the group gets SIGKILL, then the leader is reaped. Nothing the
-// command started outlives its operation (a process that left the group with setsid is out of reach).
-// The group dies with the daemon too: the command watchdog (CommandWatchdog.swift) is told of each group
-// started and ended, and kills those left when the daemon dies or freezes past its kill deadline.
+// Each command runs under its supervisor, opqueued-supervise (Sources/opqueued-supervise/main.c), the leader of
+// the command's process group and a child subreaper: whatever the command starts stays its descendant, even a
+// process that left the group with setsid, and the supervisor ends them all when the command ends, on SIGTERM
+// (after `killGrace`), on SIGUSR1 and when the daemon dies. When the leader has exited (a zombie still holding its
+// pid, so the group id cannot have been reused) the group gets SIGKILL too, then the leader is reaped. The command
+// watchdog (CommandWatchdog.swift) is told of each group started and ended, and has the supervisors end theirs when
+// the daemon dies or freezes past its kill deadline. Without the supervisor binary (not installed) a command runs
+// directly as its group's leader, and a process that left the group is out of reach.
 //
 // What it trusts: nothing the command writes; only the kernel's exit status.
 
@@ -158,9 +161,10 @@ final class ChildProcess: @unchecked Sendable {
         if env["PATH"] == nil { env["PATH"] = "/usr/bin:/bin" }
         let envStrings = env.keys.sorted().map { "\($0)=\(env[$0] ?? "")" }
         var pid: pid_t = -1, pidfd: Int32 = -1
-        let rc = withCStrings(argv) { cArgv in
+        // A program that cannot be run is said as it is (the supervisor would only exit 127 for it).
+        let rc = access(argv[0], X_OK) != 0 ? -errno : withCStrings(Supervisor.argv(argv)) { cArgv in
             withCStrings(envStrings) { cEnv in
-                opq_spawn(argv[0], cArgv, cEnv, directory, outPipe[1], errPipe[1], &pid, &pidfd)
+                opq_spawn(Supervisor.path ?? argv[0], cArgv, cEnv, directory, outPipe[1], errPipe[1], &pid, &pidfd)
             }
         }
         close(outPipe[1]); close(errPipe[1])
@@ -283,7 +287,7 @@ final class ChildProcess: @unchecked Sendable {
 
     /// SIGKILL to every command's group (the daemon stops; unfinished operations run again at the next start).
     static func killAll() {
-        for pid in running.all() { kill(-pid, SIGKILL) }
+        for pid in running.all() { _ = Supervisor.path == nil ? kill(-pid, SIGKILL) : kill(pid, SIGUSR1) }
     }
 
     /// SIGTERM to the group now, SIGKILL after `killGrace` if the leader has not exited (once it has, the
@@ -293,10 +297,33 @@ final class ChildProcess: @unchecked Sendable {
             guard !terminating, !exited else { return }
             terminating = true
             kill(-pid, SIGTERM)
-            timers.append(OneShotTimer(after: Self.killGrace) { [self] in
-                locked { if !exited { kill(-pid, SIGKILL) } }
+            // The supervisor kills what is left `killGrace` later; should it not have, SIGUSR1 has it kill all now, and
+            // last the group gets SIGKILL.
+            let supervised = Supervisor.path != nil
+            timers.append(OneShotTimer(after: Self.killGrace + (supervised ? 1 : 0)) { [self] in
+                locked { if !exited { _ = supervised ? kill(pid, SIGUSR1) : kill(-pid, SIGKILL) } }
             })
+            if supervised {
+                timers.append(OneShotTimer(after: Self.killGrace + 2) { [self] in locked { if !exited { kill(-pid, SIGKILL) } } })
+            }
         }
+    }
+}
+
+/// Where opqueued-supervise is: beside the running program (the build folder, or bin/ when installed there), else in
+/// ../lib/opqueued/ (how `make install` lays it out); nil when neither holds it.
+enum Supervisor {
+    static let path: String? = {
+        guard let exe = try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe") else { return nil }
+        let folder = (exe as NSString).deletingLastPathComponent
+        return [folder + "/opqueued-supervise", folder + "/../lib/opqueued/opqueued-supervise"].first { access($0, X_OK) == 0 }
+    }()
+
+    /// The supervisor's argv for a command's: the grace before SIGKILL, this process (its parent, whose death it
+    /// watches), the program and the command's argv; the command's own argv without a supervisor.
+    static func argv(_ command: [String]) -> [String] {
+        guard let path else { return command }
+        return [path, String(ChildProcess.killGrace), String(getpid()), command[0]] + command
     }
 }
 
