@@ -90,7 +90,8 @@ public struct ClaimedJob: Sendable, Equatable {
     /// Cancels asked while the job waited, in order: nil for the whole job, else an operation's id.
     public var cancels: [String?]
 
-    public init(id: String, requestedID: String, manifest: [UInt8], manifestName: String, submittedOn: String, submittedAt: Double, qosRank: Int, priorityRank: Int, fence: Int64, fromNode: String?,
+    public init(id: String, requestedID: String, manifest: [UInt8], manifestName: String, submittedOn: String, submittedAt: Double,
+                qosRank: Int, priorityRank: Int, fence: Int64, fromNode: String?,
                 manifestBytes: Int? = nil, cancels: [String?] = []) {
         self.cancels = cancels
         self.id = id
@@ -299,7 +300,8 @@ public struct JobRecord: Sendable, Equatable {
     public var nodeProgress: [UInt8]?
     public var nodeProgressAt: Double?
 
-    public init(id: String, requestedID: String, manifest: [UInt8], manifestName: String, submittedOn: String, submittedAt: Double, state: JobState, node: String?, fence: Int64?, fromNode: String?, status: String?, result: [UInt8]?, finishedAt: Double?,
+    public init(id: String, requestedID: String, manifest: [UInt8], manifestName: String, submittedOn: String, submittedAt: Double,
+                state: JobState, node: String?, fence: Int64?, fromNode: String?, status: String?, result: [UInt8]?, finishedAt: Double?,
                 nodeProgress: [UInt8]? = nil, nodeProgressAt: Double? = nil) {
         self.id = id
         self.requestedID = requestedID
@@ -385,7 +387,8 @@ public protocol ClusterStore: Sendable {
     /// node's, highest QoS, then priority, then submission order; each under a new fence. A manifest comes back
     /// only while those before it hold fewer than `budget` bytes (the first always does) and it holds at most
     /// `maxManifestBytes`; the others come back empty, `manifestBytes` saying their size.
-    func claimJobs(node: String, limit: Int, queues: [String], commands: [String], budget: Int, maxManifestBytes: Int) async throws -> [ClaimedJob]
+    func claimJobs(node: String, limit: Int, queues: [String], commands: [String], budget: Int,
+                   maxManifestBytes: Int) async throws -> [ClaimedJob]
 
     /// One statement: renews the lease of the node on all its jobs and slots. With `info`, only while the name is
     /// still that process's (`registered` false otherwise). `progress`, opaque here, replaces what the node's last

@@ -72,7 +72,8 @@ public struct ClusterStoreError: Error, CustomStringConvertible, Sendable {
         // postgres-nio's pool errors (its module is not ours to import): the one a node meets is a statement that
         // waited in a pool the node replaced by a fresh one (`reconnect`).
         if "\(error)".contains("poolShutdown") {
-            return ClusterStoreError(.connection, "\(doing): its pool of connections was replaced by a fresh one while it waited", cause: "pool replaced")
+            return ClusterStoreError(.connection, "\(doing): its pool of connections was replaced by a fresh one while it waited",
+                                     cause: "pool replaced")
         }
         return ClusterStoreError(.connection, "\(doing): \(error)", cause: "\(error)")
     }

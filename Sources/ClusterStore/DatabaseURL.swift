@@ -57,7 +57,8 @@ public struct DatabaseURL: Sendable, CustomStringConvertible {
     /// `passwordFile`, when given, wins over a password in the URL; one trailing line ending (\n or \r\n) is ignored.
     public init(_ url: String, passwordFile: String? = nil) throws {
         func bad(_ what: String) -> ClusterStoreError {
-            ClusterStoreError(.configuration, "cluster.database: \(what) (expected postgresql://user@host:port/database?sslmode=disable|require|verify-full)")
+            ClusterStoreError(.configuration, "cluster.database: \(what) "
+                              + "(expected postgresql://user@host:port/database?sslmode=disable|require|verify-full)")
         }
         var rest = Substring(url)
         if rest.hasPrefix("postgresql://") { rest = rest.dropFirst("postgresql://".count) }
@@ -125,13 +126,18 @@ public struct DatabaseURL: Sendable, CustomStringConvertible {
             let value = parts.count > 1 ? Self.percentDecoded(parts[1]) ?? "" : ""
             switch key {
             case "sslmode":
-                guard let mode = SSLMode(rawValue: value) else { throw bad("sslmode \(value) is not disable, prefer, require or verify-full") }
+                guard let mode = SSLMode(rawValue: value) else {
+                    throw bad("sslmode \(value) is not disable, prefer, require or verify-full")
+                }
                 sslMode = mode
             case "sslrootcert":
                 sslRootCert = value
             case "host":
                 // libpq's: the parameter wins over the host before the path.
-                if value.contains(",") { throw bad("several hosts (\(value)) are not supported: name one, such as a name or address that always leads to the primary") }
+                if value.contains(",") {
+                    throw bad("several hosts (\(value)) are not supported: "
+                              + "name one, such as a name or address that always leads to the primary")
+                }
                 host = value
             case "port":
                 guard let p = Int(value), (1...65535).contains(p) else { throw bad("the port is not 1-65535") }
@@ -166,7 +172,9 @@ public struct DatabaseURL: Sendable, CustomStringConvertible {
         var st = stat()
         guard stat(passwordFile, &st) == 0, st.st_mode & 0o077 != 0 else { return nil }
         let mode = String(st.st_mode & 0o777, radix: 8)
-        return "cluster.passwordFile \(passwordFile) is readable by \(st.st_mode & 0o007 != 0 ? "every user of this machine" : "its group") (mode \(mode)): chmod 600 it, or hand it over with systemd's LoadCredential="
+        return "cluster.passwordFile \(passwordFile) is readable by "
+            + "\(st.st_mode & 0o007 != 0 ? "every user of this machine" : "its group") "
+            + "(mode \(mode)): chmod 600 it, or hand it over with systemd's LoadCredential="
     }
 
     /// The password a new connection uses: the password file's content now, else the URL's.
@@ -197,7 +205,8 @@ public struct DatabaseURL: Sendable, CustomStringConvertible {
             let n = read(fd, &buffer, buffer.count)
             if n < 0 {
                 if errno == EINTR { continue }
-                throw ClusterStoreError(.configuration, "cluster.passwordFile \(path): cannot be read (\(String(cString: strerror(errno))))")
+                throw ClusterStoreError(.configuration,
+                                        "cluster.passwordFile \(path): cannot be read (\(String(cString: strerror(errno))))")
             }
             if n == 0 { break }
             bytes.append(contentsOf: buffer[0..<n])
@@ -289,7 +298,9 @@ public struct DatabaseURL: Sendable, CustomStringConvertible {
         if let socketPath {
             configuration = .init(unixSocketPath: socketPath, username: user, password: try currentPassword(), database: database)
         } else {
-            let tls: PostgresClient.Configuration.TLS = try tlsChoice().map { $0.required ? .require($0.configuration) : .prefer($0.configuration) } ?? .disable
+            let tls: PostgresClient.Configuration.TLS = try tlsChoice().map {
+                $0.required ? .require($0.configuration) : .prefer($0.configuration)
+            } ?? .disable
             configuration = .init(host: host, port: port, username: user, password: try currentPassword(), database: database, tls: tls)
         }
         configuration.options.connectTimeout = .seconds(5)

@@ -50,7 +50,8 @@ public final class PostgresClusterStore: ClusterStore {
         self.inFlight = InFlightStatements(executor: executor)
         let serverTimeout = ServerTimeout(milliseconds: abandonAfter.map { Int(($0 * 1000).rounded(.up)) + 1000 })
         self.serverTimeout = serverTimeout
-        self.pool = try RenewablePool(makeConfiguration: { try url.clientConfiguration(statementTimeout: serverTimeout.milliseconds) }, logger: logger)
+        self.pool = try RenewablePool(makeConfiguration: { try url.clientConfiguration(statementTimeout: serverTimeout.milliseconds) },
+                                      logger: logger)
         (wakeups, wakeupContinuation) = AsyncStream.makeStream(of: Wakeup.self, bufferingPolicy: .bufferingNewest(64))
     }
 
@@ -117,7 +118,8 @@ public final class PostgresClusterStore: ClusterStore {
         return error
     }
 
-    func execute(_ connection: PostgresConnection, _ sql: String, _ binds: PostgresBindings = PostgresBindings()) async throws -> [PostgresRow] {
+    func execute(_ connection: PostgresConnection, _ sql: String,
+                 _ binds: PostgresBindings = PostgresBindings()) async throws -> [PostgresRow] {
         try await connection.query(PostgresQuery(unsafeSQL: sql, binds: binds), logger: logger).collect()
     }
 
@@ -138,7 +140,8 @@ public final class PostgresClusterStore: ClusterStore {
                     // Newer than this code: it runs only if every newer version says code of this version may.
                     if let needed = try await self.newerSchemaNeeds(connection) {
                         throw ClusterStoreError(.schemaTooNew,
-                            "the cluster schema in \(self.url.database) is version \(current), newer than the \(Migrations.newest) this opqueued knows\(needed): upgrade this node")
+                            "the cluster schema in \(self.url.database) is version \(current), "
+                            + "newer than the \(Migrations.newest) this opqueued knows\(needed): upgrade this node")
                     }
                     _ = try await self.execute(connection, "COMMIT")
                     return current
@@ -162,7 +165,9 @@ public final class PostgresClusterStore: ClusterStore {
     /// or "" when one of them does not say), or nil when each of them says this code may (opq_schema_readers,
     /// migration 6).
     func newerSchemaNeeds(_ connection: PostgresConnection) async throws -> String? {
-        guard try await execute(connection, Queries.schemaReadersExist).first.map({ try decode($0.makeRandomAccess()[0], Bool.self) }) == true else {
+        guard try await execute(connection, Queries.schemaReadersExist).first.map({
+            try decode($0.makeRandomAccess()[0], Bool.self)
+        }) == true else {
             return ""
         }
         var binds = PostgresBindings()
@@ -176,7 +181,9 @@ public final class PostgresClusterStore: ClusterStore {
 
     /// The applied schema version, 0 for an empty database.
     func schemaVersion(_ connection: PostgresConnection) async throws -> Int {
-        guard try await execute(connection, Queries.schemaExists).first.map({ try decode($0.makeRandomAccess()[0], Bool.self) }) == true else {
+        guard try await execute(connection, Queries.schemaExists).first.map({
+            try decode($0.makeRandomAccess()[0], Bool.self)
+        }) == true else {
             return 0
         }
         return try await execute(connection, Queries.schemaVersion).first.map { try decode($0.makeRandomAccess()[0], Int.self) } ?? 0
@@ -216,9 +223,14 @@ public final class PostgresClusterStore: ClusterStore {
         do {
             let asked = statementTimeout ? serverTimeout.milliseconds : nil
             do {
-                connection = try await PostgresConnection.connect(configuration: try url.connectionConfiguration(statementTimeout: asked), id: 0, logger: logger)
+                connection = try await PostgresConnection.connect(configuration: try url.connectionConfiguration(statementTimeout: asked),
+                                                                  id: 0, logger: logger)
             } catch let error as PSQLError where asked != nil && Self.refusesStartupParameter(error) {
-                serverTimeout.refused(advice: "\(url) refuses the startup parameter statement_timeout (a connection pooler such as PgBouncer in front of PostgreSQL?): a statement this node stops waiting for (one stuck behind a lock, say) runs on to its end on the server, holding a connection. To bound it, set it for the node's role: ALTER ROLE \(url.user) SET statement_timeout = '\(asked ?? 0)ms'")
+                serverTimeout.refused(advice: "\(url) refuses the startup parameter statement_timeout "
+                    + "(a connection pooler such as PgBouncer in front of PostgreSQL?): "
+                    + "a statement this node stops waiting for (one stuck behind a lock, say) runs on to its end on the server, "
+                    + "holding a connection. To bound it, set it for the node's role: "
+                    + "ALTER ROLE \(url.user) SET statement_timeout = '\(asked ?? 0)ms'")
                 pool.renew(wait: 0)
                 connection = try await PostgresConnection.connect(configuration: try url.connectionConfiguration(), id: 0, logger: logger)
             }
@@ -227,7 +239,8 @@ public final class PostgresClusterStore: ClusterStore {
             // No word from a PostgreSQL server (refused, timed out, hung up, or answered in another protocol: a port
             // typo aimed at a web server): the address itself may be wrong.
             if let psql = error as? PSQLError, psql.serverInfo == nil, wrapped.kind == .connection {
-                throw ClusterStoreError(.connection, wrapped.description + " (is PostgreSQL listening where cluster.database points?)", cause: wrapped.cause)
+                throw ClusterStoreError(.connection, wrapped.description + " (is PostgreSQL listening where cluster.database points?)",
+                                        cause: wrapped.cause)
             }
             throw wrapped
         }
@@ -250,7 +263,8 @@ public final class PostgresClusterStore: ClusterStore {
     // MARK: nodes
 
     @discardableResult
-    public func registerNode(_ declaration: NodeDeclaration, leaseSeconds: Double, replacing: String?, silentAt: Int64?) async throws -> Bool {
+    public func registerNode(_ declaration: NodeDeclaration, leaseSeconds: Double, replacing: String?,
+                             silentAt: Int64?) async throws -> Bool {
         try await transaction(doing: "registering node \(declaration.node)") { connection in
             var binds = PostgresBindings()
             binds.append(declaration.node)
@@ -281,7 +295,8 @@ public final class PostgresClusterStore: ClusterStore {
         return try await query(Queries.nodeOwner, binds, doing: "reading who holds node \(node)").first.map { row in
             let columns = row.makeRandomAccess()
             return NodeOwner(info: try decode(columns[0], String.self), secondsSinceBeat: try decode(columns[1], Double.self),
-                             beat: NodeBeat(node: node, beat: try decode(columns[2], Int64.self), leaseSeconds: try decode(columns[3], Double?.self)))
+                             beat: NodeBeat(node: node, beat: try decode(columns[2], Int64.self),
+                                            leaseSeconds: try decode(columns[3], Double?.self)))
         }
     }
 
@@ -317,7 +332,8 @@ public final class PostgresClusterStore: ClusterStore {
     public func nodeBeats() async throws -> [NodeBeat] {
         try await query(Queries.nodeBeats, PostgresBindings(), doing: "reading the nodes' beats").map { row in
             let c = row.makeRandomAccess()
-            return NodeBeat(node: try decode(c[0], String.self), beat: try decode(c[1], Int64.self), leaseSeconds: try decode(c[2], Double?.self))
+            return NodeBeat(node: try decode(c[0], String.self), beat: try decode(c[1], Int64.self),
+                            leaseSeconds: try decode(c[2], Double?.self))
         }
     }
 
@@ -426,13 +442,17 @@ public final class PostgresClusterStore: ClusterStore {
         // No row: a concurrent inserter took the candidate id first (look again with a fresh snapshot), or
         // the submission key is already there (a repeated submission: its row's id is the answer).
         for _ in 0..<64 {
-            if let id = try await execute(connection, Queries.insertJob, binds).first.map({ try decode($0.makeRandomAccess()[0], String.self) }) {
+            if let id = try await execute(connection, Queries.insertJob, binds).first.map({
+                try decode($0.makeRandomAccess()[0], String.self)
+            }) {
                 return id
             }
             if let key = job.submissionKey {
                 var keyBinds = PostgresBindings()
                 keyBinds.append(key)
-                if let id = try await execute(connection, Queries.submittedJob, keyBinds).first.map({ try decode($0.makeRandomAccess()[0], String.self) }) {
+                if let id = try await execute(connection, Queries.submittedJob, keyBinds).first.map({
+                    try decode($0.makeRandomAccess()[0], String.self)
+                }) {
                     return id
                 }
             }
@@ -440,7 +460,8 @@ public final class PostgresClusterStore: ClusterStore {
         throw ClusterStoreError(.server, "inserting job \(job.requestedID): no free id after 64 attempts")
     }
 
-    public func claimJobs(node: String, limit: Int, queues: [String], commands: [String], budget: Int, maxManifestBytes: Int) async throws -> [ClaimedJob] {
+    public func claimJobs(node: String, limit: Int, queues: [String], commands: [String], budget: Int,
+                          maxManifestBytes: Int) async throws -> [ClaimedJob] {
         if limit <= 0 { return [] }
         var binds = PostgresBindings()
         binds.append(node)
@@ -464,7 +485,8 @@ public final class PostgresClusterStore: ClusterStore {
         binds.append(job)
         binds.append(node)
         binds.append(Int64(max(0, maxManifestBytes)))
-        return try await query(Queries.claimCancelledJob, binds, doing: "claiming the cancelled job \(job) for node \(node)").first.map(claimedJob)?.job
+        return try await query(Queries.claimCancelledJob, binds, doing: "claiming the cancelled job \(job) for node \(node)")
+            .first.map(claimedJob)?.job
     }
 
     /// A row of ClaimJobs or ClaimCancelledJob, with its claim-order sequence.

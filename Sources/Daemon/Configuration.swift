@@ -92,9 +92,11 @@ public struct Configuration: Sendable {
         case (nil, nil):
             return (new, [])
         case (nil, _?):
-            throw ReloadRefused(description: "adding 'cluster' takes a restart (systemctl restart opqueued); nothing else was applied either")
+            throw ReloadRefused(description: "adding 'cluster' takes a restart (systemctl restart opqueued); "
+                + "nothing else was applied either")
         case (_?, nil):
-            throw ReloadRefused(description: "removing 'cluster' takes a restart (systemctl restart opqueued); nothing else was applied either")
+            throw ReloadRefused(description: "removing 'cluster' takes a restart (systemctl restart opqueued); "
+                + "nothing else was applied either")
         case (let started?, let wanted?):
             var kept: [String] = []
             if wanted.database != started.database { kept.append("cluster.database") }
@@ -122,7 +124,8 @@ public struct Configuration: Sendable {
             switch readRegularFile(path, limit: maxBytes + 1) {
             case .success(let d): data = d
             case .failure(let e) where e.errno == EINVAL:
-                throw Invalid(path: path, problems: ["cannot be read at a reload: not a regular file (a pipe or FIFO is read only at start)"])
+                throw Invalid(path: path,
+                              problems: ["cannot be read at a reload: not a regular file (a pipe or FIFO is read only at start)"])
             case .failure(let e):
                 throw Invalid(path: path, problems: ["cannot be read: \(String(cString: strerror(e.errno)))"])
             }
@@ -161,7 +164,8 @@ public struct Configuration: Sendable {
                 for name in queues.keys.sorted() {
                     guard isValidIdentifier(name) else { problems.append("queues: '\(name)' is not a valid queue name"); continue }
                     guard let settings = queues[name]?.dictionary else { problems.append("queues.\(name): must be a dictionary"); continue }
-                    var queue = config.queues[name] ?? QueueSettings(maxConcurrentOperationCount: -1, qualityOfService: .default, suspended: false)
+                    var queue = config.queues[name] ?? QueueSettings(maxConcurrentOperationCount: -1, qualityOfService: .default,
+                                                                     suspended: false)
                     for key in settings.keys.sorted() {
                         guard let v = settings[key], Self.isKnown(key, in: "queues.NAME", at: "queues.\(name)", &problems) else { continue }
                         switch key {
@@ -172,12 +176,17 @@ public struct Configuration: Sendable {
                             if let s = v.string, let q = OperationEngine.QualityOfService(name: s) { queue.qualityOfService = q }
                             else { problems.append("queues.\(name).qualityOfService: must be one of \(qosNames)") }
                         case "suspended":
-                            if let b = v.boolean { queue.suspended = b } else { problems.append("queues.\(name).suspended: must be a boolean") }
+                            if let b = v.boolean { queue.suspended = b }
+                            else { problems.append("queues.\(name).suspended: must be a boolean") }
                         case "clusterMaxConcurrentOperationCount":
                             if top["cluster"] == nil {
-                                problems.append("queues.\(name).clusterMaxConcurrentOperationCount: only applies with a 'cluster' dictionary (SPEC §8)")
+                                problems.append("queues.\(name).clusterMaxConcurrentOperationCount: "
+                                    + "only applies with a 'cluster' dictionary (SPEC §8)")
                             } else if let n = v.integer, n >= 1, n <= 100_000 { queue.clusterMaxConcurrentOperationCount = n }
-                            else { problems.append("queues.\(name).clusterMaxConcurrentOperationCount: must be a positive integer (at most 100000)") }
+                            else {
+                                problems.append("queues.\(name).clusterMaxConcurrentOperationCount: "
+                                    + "must be a positive integer (at most 100000)")
+                            }
                         default:
                             break
                         }
@@ -205,13 +214,16 @@ public struct Configuration: Sendable {
             }
         }
         if let value = top["maxActiveJobs"] {
-            if let n = value.integer, n >= 1 { config.maxActiveJobs = n } else { problems.append("maxActiveJobs: must be a positive integer") }
+            if let n = value.integer, n >= 1 { config.maxActiveJobs = n }
+            else { problems.append("maxActiveJobs: must be a positive integer") }
         }
         if let value = top["maxActiveOperations"] {
-            if let n = value.integer, n >= 1 { config.maxActiveOperations = n } else { problems.append("maxActiveOperations: must be a positive integer") }
+            if let n = value.integer, n >= 1 { config.maxActiveOperations = n }
+            else { problems.append("maxActiveOperations: must be a positive integer") }
         }
         if let value = top["shutdownGraceSeconds"] {
-            if let n = value.real, n >= 0 { config.shutdownGraceSeconds = n } else { problems.append("shutdownGraceSeconds: must be 0 or more seconds") }
+            if let n = value.real, n >= 0 { config.shutdownGraceSeconds = n }
+            else { problems.append("shutdownGraceSeconds: must be 0 or more seconds") }
         }
         if let value = top["download"] {
             if let download = value.dictionary {
@@ -219,11 +231,14 @@ public struct Configuration: Sendable {
                     guard let v = download[key], Self.isKnown(key, in: "download", at: "download", &problems) else { continue }
                     switch key {
                     case "maxBytes":
-                        if let n = v.integer, n >= 1 { config.downloadMaxBytes = n } else { problems.append("download.maxBytes: must be a positive integer") }
+                        if let n = v.integer, n >= 1 { config.downloadMaxBytes = n }
+                        else { problems.append("download.maxBytes: must be a positive integer") }
                     case "connectTimeoutSeconds":
-                        if let n = v.real, n > 0 { config.downloadConnectTimeoutSeconds = n } else { problems.append("download.connectTimeoutSeconds: must be positive") }
+                        if let n = v.real, n > 0 { config.downloadConnectTimeoutSeconds = n }
+                        else { problems.append("download.connectTimeoutSeconds: must be positive") }
                     case "timeoutSeconds":
-                        if let n = v.real, n > 0 { config.downloadTimeoutSeconds = n } else { problems.append("download.timeoutSeconds: must be positive") }
+                        if let n = v.real, n > 0 { config.downloadTimeoutSeconds = n }
+                        else { problems.append("download.timeoutSeconds: must be positive") }
                     case "fileRoots":
                         if let roots = v.array, roots.allSatisfy({ $0.string?.hasPrefix("/") == true }) {
                             config.fileRoots = roots.compactMap(\.string)
@@ -231,10 +246,16 @@ public struct Configuration: Sendable {
                             problems.append("download.fileRoots: must be an array of absolute paths")
                         }
                     case "allowNetworks":
-                        guard let entries = v.array else { problems.append("download.allowNetworks: must be an array of networks (\"127.0.0.0/8\", \"::1/128\")"); break }
+                        guard let entries = v.array else {
+                            problems.append("download.allowNetworks: must be an array of networks (\"127.0.0.0/8\", \"::1/128\")")
+                            break
+                        }
                         var networks: [IPNetwork] = []
                         for entry in entries {
-                            guard let text = entry.string else { problems.append("download.allowNetworks: each entry must be a string such as \"10.1.0.0/16\""); continue }
+                            guard let text = entry.string else {
+                                problems.append("download.allowNetworks: each entry must be a string such as \"10.1.0.0/16\"")
+                                continue
+                            }
                             do { networks.append(try IPNetwork(cidr: text)) } catch { problems.append("download.allowNetworks: \(error)") }
                         }
                         config.allowNetworks = networks
@@ -250,7 +271,9 @@ public struct Configuration: Sendable {
             if let image = value.dictionary {
                 for key in image.keys.sorted() {
                     if key == "maxPixels", let n = image[key]?.integer, n >= 1 { config.maxPixels = n }
-                    else if Self.isKnown(key, in: "image", at: "image", &problems) { problems.append("image.maxPixels: must be a positive integer") }
+                    else if Self.isKnown(key, in: "image", at: "image", &problems) {
+                        problems.append("image.maxPixels: must be a positive integer")
+                    }
                 }
             } else {
                 problems.append("image: must be a dictionary")
@@ -259,8 +282,11 @@ public struct Configuration: Sendable {
         if let value = top["metrics"] {
             if let metrics = value.dictionary {
                 for key in metrics.keys.sorted() {
-                    if key == "listen", let listen = metrics[key]?.string, splitListenAddress(listen) != nil { config.metricsListen = listen }
-                    else if Self.isKnown(key, in: "metrics", at: "metrics", &problems) { problems.append("metrics.listen: must be \"HOST:PORT\" (e.g. \"127.0.0.1:9464\", \"[::1]:9464\")") }
+                    if key == "listen", let listen = metrics[key]?.string, splitListenAddress(listen) != nil {
+                        config.metricsListen = listen
+                    } else if Self.isKnown(key, in: "metrics", at: "metrics", &problems) {
+                        problems.append("metrics.listen: must be \"HOST:PORT\" (e.g. \"127.0.0.1:9464\", \"[::1]:9464\")")
+                    }
                 }
             } else {
                 problems.append("metrics: must be a dictionary")
@@ -326,18 +352,23 @@ public struct Configuration: Sendable {
                 settings.database = url
                 #endif
             case "passwordFile":
-                if let p = v.string, p.hasPrefix("/") { settings.passwordFile = p } else { problems.append("cluster.passwordFile: must be an absolute path") }
+                if let p = v.string, p.hasPrefix("/") { settings.passwordFile = p }
+                else { problems.append("cluster.passwordFile: must be an absolute path") }
             case "node":
                 if let n = v.string, isValidNodeName(n) { settings.node = n }
                 else { problems.append("cluster.node: must be 1 to 64 characters from [A-Za-z0-9._-]") }
             case "jobSlots":
-                if let n = v.integer, n >= 1, n <= 1_000_000 { settings.jobSlots = n } else { problems.append("cluster.jobSlots: must be a positive integer") }
+                if let n = v.integer, n >= 1, n <= 1_000_000 { settings.jobSlots = n }
+                else { problems.append("cluster.jobSlots: must be a positive integer") }
             case "leaseSeconds":
-                if let n = v.real, n >= 2, n <= 86_400 { settings.leaseSeconds = n } else { problems.append("cluster.leaseSeconds: must be at least 2 seconds (and at most 86400)") }
+                if let n = v.real, n >= 2, n <= 86_400 { settings.leaseSeconds = n }
+                else { problems.append("cluster.leaseSeconds: must be at least 2 seconds (and at most 86400)") }
             case "sharedOutbox":
-                if let p = v.string, p.hasPrefix("/") { settings.sharedOutbox = p } else { problems.append("cluster.sharedOutbox: must be an absolute path") }
+                if let p = v.string, p.hasPrefix("/") { settings.sharedOutbox = p }
+                else { problems.append("cluster.sharedOutbox: must be an absolute path") }
             case "keepFinishedDays":
-                if let n = v.real, n >= 0, n <= 36_500 { settings.keepFinishedDays = n } else { problems.append("cluster.keepFinishedDays: must be 0 or more days") }
+                if let n = v.real, n >= 0, n <= 36_500 { settings.keepFinishedDays = n }
+                else { problems.append("cluster.keepFinishedDays: must be 0 or more days") }
             default:
                 break
             }
@@ -364,7 +395,9 @@ func defaultNodeName() -> String {
 
 /// `HOST:PORT` or `[IPV6]:PORT` (port 0: any free port) → (host, port); nil when it is neither.
 func splitListenAddress(_ listen: String) -> (host: String, port: Int)? {
-    guard let colon = listen.lastIndex(of: ":"), let port = Int(listen[listen.index(after: colon)...]), (0...65535).contains(port) else { return nil }
+    guard let colon = listen.lastIndex(of: ":"), let port = Int(listen[listen.index(after: colon)...]), (0...65535).contains(port) else {
+        return nil
+    }
     var host = String(listen[..<colon])
     if host.hasPrefix("[") && host.hasSuffix("]") { host = String(host.dropFirst().dropLast()) }
     guard !host.isEmpty, !host.contains(where: { $0 == "/" || $0 == " " }) else { return nil }

@@ -83,7 +83,9 @@ public enum Journal {
 /// journald field name rules: uppercase letters, digits and `_`, not starting with `_` or a digit.
 func journalFieldName(_ key: String) -> String? {
     func valid(_ name: String) -> Bool {
-        guard let first = name.utf8.first, first != UInt8(ascii: "_"), !(first >= 0x30 && first <= 0x39), name.utf8.count <= 64 else { return false }
+        guard let first = name.utf8.first, first != UInt8(ascii: "_"), !(first >= 0x30 && first <= 0x39), name.utf8.count <= 64 else {
+            return false
+        }
         return name.utf8.allSatisfy { ($0 >= 0x41 && $0 <= 0x5A) || ($0 >= 0x30 && $0 <= 0x39) || $0 == UInt8(ascii: "_") }
     }
     // The daemon's own keys (OPQ_*) are valid as they are: no copy.

@@ -89,14 +89,22 @@ public final class Engine: @unchecked Sendable, ContextHost {
 
     /// Adds a named queue, or updates it if the name exists.
     @discardableResult
-    public func addQueue(named name: String, maxConcurrentOperationCount: Int = -1, qualityOfService: QualityOfService = .default, isSuspended: Bool = false) -> QueueID {
-        locked { $0.addQueue(name: name, maxConcurrentOperationCount: maxConcurrentOperationCount, qualityOfService: qualityOfService, suspended: isSuspended) }
+    public func addQueue(named name: String, maxConcurrentOperationCount: Int = -1, qualityOfService: QualityOfService = .default,
+                         isSuspended: Bool = false) -> QueueID {
+        locked {
+            $0.addQueue(name: name, maxConcurrentOperationCount: maxConcurrentOperationCount, qualityOfService: qualityOfService,
+                        suspended: isSuspended)
+        }
     }
 
     /// Changes a queue while work runs: a higher limit or a resume starts work at once; a lower limit
     /// or a suspension lets executing operations go on and starts nothing new until they fit.
-    public func updateQueue(_ id: QueueID, maxConcurrentOperationCount: Int? = nil, qualityOfService: QualityOfService? = nil, isSuspended: Bool? = nil) {
-        locked { $0.updateQueue(id, maxConcurrentOperationCount: maxConcurrentOperationCount, qualityOfService: qualityOfService, suspended: isSuspended) }
+    public func updateQueue(_ id: QueueID, maxConcurrentOperationCount: Int? = nil, qualityOfService: QualityOfService? = nil,
+                            isSuspended: Bool? = nil) {
+        locked {
+            $0.updateQueue(id, maxConcurrentOperationCount: maxConcurrentOperationCount, qualityOfService: qualityOfService,
+                           suspended: isSuspended)
+        }
     }
 
     /// Permits held from outside for a queue (a cluster-wide limit's leases): at most `permits` of its operations
@@ -145,7 +153,8 @@ public final class Engine: @unchecked Sendable, ContextHost {
             last.isStale = true
             return last
         }
-        let fresh = Overview(executing: scheduler.executingCount, queues: scheduler.queues.indices.map { scheduler.snapshot($0) }, isStale: false)
+        let fresh = Overview(executing: scheduler.executingCount, queues: scheduler.queues.indices.map { scheduler.snapshot($0) },
+                             isStale: false)
         lock.unlock()
         overviewLock.withLock { lastOverview = fresh }
         return fresh
@@ -166,13 +175,15 @@ public final class Engine: @unchecked Sendable, ContextHost {
     /// `cancelled`: cancels asked before the group existed, made before any of its operations can start (an operation
     /// that has not started never starts): nil for the whole group, else an operation's index in `graph`.
     public func submit(_ graph: consuming GraphBuilder, qualityOfService: QualityOfService? = nil, deadline: Double? = nil,
-                       keepOutputs: Bool = true, cancelled: [Int?] = [], cancelReason: String = "cancelled") throws(SubmissionError) -> GroupID {
+                       keepOutputs: Bool = true, cancelled: [Int?] = [],
+                       cancelReason: String = "cancelled") throws(SubmissionError) -> GroupID {
         let prepared = Scheduler.prepare(graph, queueCount: lock.withLock { scheduler.queues.count })
         lock.lock()
         let result: Result<GroupID, SubmissionError>
         do throws(SubmissionError) {
             let now = wallClock()
-            let group = try scheduler.submit(prepared, qualityOfService: qualityOfService, deadline: deadline, keepOutputs: keepOutputs, now: now)
+            let group = try scheduler.submit(prepared, qualityOfService: qualityOfService, deadline: deadline, keepOutputs: keepOutputs,
+                                             now: now)
             for cancel in cancelled {
                 if let operation = cancel {
                     guard operation >= 0, operation < scheduler.operationCount(group) else { continue }

@@ -243,7 +243,8 @@ struct Scheduler {
 
     mutating func addQueue(name: String, maxConcurrentOperationCount: Int, qualityOfService: QualityOfService, suspended: Bool) -> QueueID {
         if let existing = queueIndex[name] {
-            updateQueue(QueueID(existing), maxConcurrentOperationCount: maxConcurrentOperationCount, qualityOfService: qualityOfService, suspended: suspended)
+            updateQueue(QueueID(existing), maxConcurrentOperationCount: maxConcurrentOperationCount, qualityOfService: qualityOfService,
+                        suspended: suspended)
             return QueueID(existing)
         }
         queues.append(Queue(name: name, limit: maxConcurrentOperationCount, qos: qualityOfService, suspended: suspended))
@@ -253,7 +254,8 @@ struct Scheduler {
 
     func queueID(named name: String) -> QueueID? { queueIndex[name].map(QueueID.init) }
 
-    mutating func updateQueue(_ id: QueueID, maxConcurrentOperationCount: Int? = nil, qualityOfService: QualityOfService? = nil, suspended: Bool? = nil) {
+    mutating func updateQueue(_ id: QueueID, maxConcurrentOperationCount: Int? = nil, qualityOfService: QualityOfService? = nil,
+                              suspended: Bool? = nil) {
         guard queues.indices.contains(id.rawValue) else { return }
         if let limit = maxConcurrentOperationCount { queues[id.rawValue].limit = limit }
         if let qos = qualityOfService { queues[id.rawValue].qos = qos }
@@ -391,7 +393,9 @@ struct Scheduler {
                 position[current] = path.count
                 path.append(current)
                 let deps = builder.dependencies[Int(builder.dependencyStart[current]) ..< Int(builder.dependencyStart[current + 1])]
-                guard let next = deps.first(where: { Int($0) >= base && Int($0) < base + n && Int($0) != base + current && indegree[Int($0) - base] > 0 }) else { path = []; break }
+                guard let next = deps.first(where: {
+                    Int($0) >= base && Int($0) < base + n && Int($0) != base + current && indegree[Int($0) - base] > 0
+                }) else { path = []; break }
                 current = Int(next) - base
             }
             guard !path.isEmpty, let first = position[current] else { continue }
@@ -500,7 +504,8 @@ struct Scheduler {
             queues[q].epochUnfinished[Int(epoch)] += 1
             if let barrier = queues[q].openBarrier {
                 pending += 1
-                groups[Int(Self.barrierGroup)].barrierDependents[barrier.index, default: []].append(NodeRef(group: g, index: Int32(base + i)))
+                groups[Int(Self.barrierGroup)].barrierDependents[barrier.index, default: []]
+                    .append(NodeRef(group: g, index: Int32(base + i)))
             }
             let seq = nextSeq
             nextSeq &+= 1
@@ -648,7 +653,8 @@ struct Scheduler {
         if node.options >= 0, let timeout = groups[g].options[Int(node.options)].timeout {
             timerRequests.append(TimerRequest(delay: timeout, kind: .attemptTimeout(attempt)))
         }
-        return Dispatch(attempt: attempt, body: groups[g].bodies[i], qualityOfService: best.qos, input: input(of: ref), name: groups[g].names[i])
+        return Dispatch(attempt: attempt, body: groups[g].bodies[i], qualityOfService: best.qos, input: input(of: ref),
+                        name: groups[g].names[i])
     }
 
     private func input(of ref: NodeRef) -> OperationOutput? {
@@ -946,7 +952,8 @@ struct Scheduler {
     func isPending(_ kind: TimerKind) -> Bool {
         switch kind {
         case .attemptTimeout(let attempt):
-            isCurrent(attempt, in: .executing) && groups[Int(attempt.ref.group)].nodes[Int(attempt.ref.index)].flags & Node.cancelRequested == 0
+            isCurrent(attempt, in: .executing) &&
+                groups[Int(attempt.ref.group)].nodes[Int(attempt.ref.index)].flags & Node.cancelRequested == 0
         case .retry(let attempt):
             isCurrent(attempt, in: .retrying)
         case .deadline(let id):

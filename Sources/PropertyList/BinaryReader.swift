@@ -27,11 +27,15 @@ struct BinaryPlistReader {
             throw PlistError("binary property list: offset size \(offsetSize) and reference size \(referenceSize) must be 1 to 8 bytes")
         }
         guard let count = BinaryPlistReader.uint(b, at: t + 8, size: 8), let top = BinaryPlistReader.uint(b, at: t + 16, size: 8),
-              let table = BinaryPlistReader.uint(b, at: t + 24, size: 8) else { throw PlistError("binary property list: the trailer's numbers are out of range") }
+              let table = BinaryPlistReader.uint(b, at: t + 24, size: 8) else {
+            throw PlistError("binary property list: the trailer's numbers are out of range")
+        }
         objectCount = count
         topObject = top
         tableOffset = table
-        guard objectCount >= 1, topObject < objectCount else { throw PlistError("binary property list: top object \(topObject) of \(objectCount) objects") }
+        guard objectCount >= 1, topObject < objectCount else {
+            throw PlistError("binary property list: top object \(topObject) of \(objectCount) objects")
+        }
         let (tableBytes, overflow) = objectCount.multipliedReportingOverflow(by: offsetSize)
         guard !overflow, tableOffset >= 8, tableOffset <= t, tableBytes <= t - tableOffset else {
             throw PlistError("binary property list: the offset table (\(objectCount) offsets at \(tableOffset)) does not fit in the file")
@@ -125,15 +129,23 @@ struct BinaryPlistReader {
                 return .integer(Int(Int64(bitPattern: low64)))
             }
             if size == 8 {
-                guard let raw = BinaryPlistReader.rawUInt64(b, at: o + 1) else { throw PlistError("binary property list: object \(object) is cut short") }
+                guard let raw = BinaryPlistReader.rawUInt64(b, at: o + 1) else {
+                    throw PlistError("binary property list: object \(object) is cut short")
+                }
                 return .integer(Int(Int64(bitPattern: raw)))
             }
-            guard let n = BinaryPlistReader.uint(b, at: o + 1, size: size) else { throw PlistError("binary property list: object \(object) is cut short") }
+            guard let n = BinaryPlistReader.uint(b, at: o + 1, size: size) else {
+                throw PlistError("binary property list: object \(object) is cut short")
+            }
             return .integer(n)
         case 0x2, 0x3:
-            guard low == 2 || low == 3, high == 0x2 || low == 3 else { throw PlistError("binary property list: object \(object) is a real or date of unsupported size") }
+            guard low == 2 || low == 3, high == 0x2 || low == 3 else {
+                throw PlistError("binary property list: object \(object) is a real or date of unsupported size")
+            }
             _ = try fits(o + 1, 1, 1 << low, object: object)
-            guard let raw = BinaryPlistReader.rawUInt64(b, at: o + 1, size: 1 << low) else { throw PlistError("binary property list: object \(object) is cut short") }
+            guard let raw = BinaryPlistReader.rawUInt64(b, at: o + 1, size: 1 << low) else {
+                throw PlistError("binary property list: object \(object) is cut short")
+            }
             let d = low == 2 ? Double(Float(bitPattern: UInt32(truncatingIfNeeded: raw))) : Double(bitPattern: raw)
             return high == 0x2 ? .real(d) : .date(d)
         case 0x4:
@@ -144,7 +156,9 @@ struct BinaryPlistReader {
             let (n, start) = try count(low, at: o, object: object)
             let bytes = try fits(start, n, 1, object: object)
             let slice = UnsafeRawBufferPointer(rebasing: b[start..<(start + bytes)])
-            guard slice.allSatisfy({ $0 < 0x80 }) else { throw PlistError("binary property list: object \(object) is an ASCII string with non-ASCII bytes") }
+            guard slice.allSatisfy({ $0 < 0x80 }) else {
+                throw PlistError("binary property list: object \(object) is an ASCII string with non-ASCII bytes")
+            }
             return .string(String(decoding: slice, as: UTF8.self))
         case 0x6:
             let (n, start) = try count(low, at: o, object: object)
@@ -153,7 +167,9 @@ struct BinaryPlistReader {
             units.reserveCapacity(n)
             var k = start
             while k < start + bytes { units.append(UInt16(b[k]) << 8 | UInt16(b[k + 1])); k += 2 }
-            guard let s = String(validating: units, as: UTF16.self) else { throw PlistError("binary property list: object \(object) is not valid UTF-16") }
+            guard let s = String(validating: units, as: UTF16.self) else {
+                throw PlistError("binary property list: object \(object) is not valid UTF-16")
+            }
             return .string(s)
         case 0xA:
             let (n, start) = try count(low, at: o, object: object)
@@ -174,7 +190,8 @@ struct BinaryPlistReader {
             var entries: [PlistDictionary.Entry] = []
             entries.reserveCapacity(n)
             for k in 0..<n {
-                guard case .string(let key) = try value(try reference(at: start + k * referenceSize, object: object), depth: depth + 1) else {
+                guard case .string(let key) = try value(try reference(at: start + k * referenceSize, object: object),
+                                                        depth: depth + 1) else {
                     throw PlistError("binary property list: object \(object) is a dictionary with a key that is not a string")
                 }
                 let v = try value(try reference(at: start + (n + k) * referenceSize, object: object), depth: depth + 1)

@@ -29,7 +29,9 @@ struct XMLPlistReader {
         while end + 1 < b.count, !(b[end] == UInt8(ascii: "?") && b[end + 1] == UInt8(ascii: ">")) { end += 1 }
         let declaration = Array(UnsafeRawBufferPointer(rebasing: b[i..<end]))
         let marker = Array("encoding=".utf8)
-        guard let at = (0..<max(0, declaration.count - marker.count)).first(where: { declaration[$0...].starts(with: marker) }) else { return nil }
+        guard let at = (0..<max(0, declaration.count - marker.count)).first(where: { declaration[$0...].starts(with: marker) }) else {
+            return nil
+        }
         let rest = declaration[(at + marker.count)...].dropFirst()
         let name = String(decoding: rest.prefix { $0 != UInt8(ascii: "\"") && $0 != UInt8(ascii: "'") }, as: UTF8.self).lowercased()
         switch name {
@@ -317,7 +319,9 @@ struct XMLPlistReader {
         default: break
         }
         // Digits, sign, point and exponent only (Double(_:) would also take hexadecimal floats).
-        guard t.utf8.allSatisfy({ ($0 >= 0x30 && $0 <= 0x39) || $0 == 0x2B || $0 == 0x2D || $0 == 0x2E || $0 == 0x45 || $0 == 0x65 }) else { return nil }
+        guard t.utf8.allSatisfy({ ($0 >= 0x30 && $0 <= 0x39) || $0 == 0x2B || $0 == 0x2D || $0 == 0x2E || $0 == 0x45 || $0 == 0x65 }) else {
+            return nil
+        }
         return Double(t)
     }
 

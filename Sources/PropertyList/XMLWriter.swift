@@ -59,7 +59,8 @@ public struct PlistXMLWriter {
         let (y, m, d) = civilFromDays(days)
         func two(_ n: Int) -> String { n < 10 ? "0\(n)" : String(n) }
         let year = String(y)
-        element("date", raw: "\(String(repeating: "0", count: max(0, 4 - year.count)))\(year)-\(two(m))-\(two(d))T\(two(rest / 3600)):\(two(rest / 60 % 60)):\(two(rest % 60))Z")
+        element("date", raw: "\(String(repeating: "0", count: max(0, 4 - year.count)))\(year)-\(two(m))-\(two(d))"
+            + "T\(two(rest / 3600)):\(two(rest / 60 % 60)):\(two(rest % 60))Z")
     }
 
     public mutating func data(_ d: [UInt8]) {

@@ -14,7 +14,8 @@ struct Common: ParsableArguments {
     @Option(help: ArgumentHelp("The spool root.", valueName: "dir"), completion: .directory)
     var spool = "./spool"
 
-    @Option(help: ArgumentHelp("The configuration property list (queues for validate).", valueName: "file"), completion: .file(extensions: ["plist"]))
+    @Option(help: ArgumentHelp("The configuration property list (queues for validate).", valueName: "file"),
+            completion: .file(extensions: ["plist"]))
     var config: String?
 
     var socket: String { spool + "/opqueued.sock" }
@@ -91,7 +92,8 @@ struct Opqueuectl: ParsableCommand {
             Files: SPOOL/inbox/ (manifests are placed there under a hidden name, then renamed), \
             SPOOL/outbox/JOB/result.plist (what wait, show and graph read), SPOOL/opqueued.sock.
             """,
-        subcommands: [Submit.self, Validate.self, Status.self, Show.self, Wait.self, Cancel.self, Suspend.self, Resume.self, Graph.self, Metrics.self])
+        subcommands: [Submit.self, Validate.self, Status.self, Show.self, Wait.self, Cancel.self, Suspend.self, Resume.self,
+                      Graph.self, Metrics.self])
 
     /// `--spool` and `--config` come before the command; each command sees them through its own group.
     @OptionGroup var common: Common
@@ -260,7 +262,11 @@ struct Submit: ParsableCommand {
             Thread.sleep(forTimeInterval: pause)
             pause = min(pause * 2, 0.05)
         }
-        FileHandle.standardError.write(Data("opqueuectl: inbox/\(placed.name) is not taken by the daemon yet: its job id is printed as it asks for it, '\(placed.id)'; the daemon gives it another if that is taken when it takes the file (its result.plist says which)\n".utf8))
+        FileHandle.standardError.write(Data("""
+            opqueuectl: inbox/\(placed.name) is not taken by the daemon yet: \
+            its job id is printed as it asks for it, '\(placed.id)'; \
+            the daemon gives it another if that is taken when it takes the file (its result.plist says which)\n
+            """.utf8))
         return placed.id
     }
 }
@@ -285,8 +291,8 @@ struct Status: ParsableCommand {
 /// `status` for people: a summary line, the queues and the jobs as aligned tables.
 func statusReport(_ response: [String: Any]) -> String {
     let active = response["activeJobs"] as? [String] ?? []
-    var out = "state: \(response["state"] as? String ?? "?")  jobs active: \(active.count)  waiting in the inbox: \(response["waiting"] as? Int ?? 0)  "
-        + "operations executing: \(response["executing"] as? Int ?? 0)\n"
+    var out = "state: \(response["state"] as? String ?? "?")  jobs active: \(active.count)  "
+        + "waiting in the inbox: \(response["waiting"] as? Int ?? 0)  operations executing: \(response["executing"] as? Int ?? 0)\n"
     if let fault = response["fault"] as? String { out += "claiming paused: \(fault)\n" }
     if let held = response["submissions"] as? Int, held > 0 {
         let oldest = (response["submissionsSince"] as? Double).map { max(0, Date().timeIntervalSince1970 - $0) }
@@ -308,7 +314,8 @@ func statusReport(_ response: [String: Any]) -> String {
     }
     out += "\n" + table(queues)
     if held {
-        out += "held: no operation starts on these queues until this node has read from the database which queues are suspended cluster-wide\n"
+        out += "held: no operation starts on these queues until this node has read from the database "
+            + "which queues are suspended cluster-wide\n"
     }
     // clusterMaxConcurrentOperationCount: an operation executes only while its node holds one of the queue's slots.
     for q in response["queues"] as? [[String: Any]] ?? [] {
@@ -331,7 +338,8 @@ func statusReport(_ response: [String: Any]) -> String {
         for n in nodes {
             let beat = (n["lastHeartbeat"] as? Double).map { String(format: "%.1f s ago", max(0, now - $0)) } ?? "never"
             rows.append([n["node"] as? String ?? "?", (n["connected"] as? Bool) == true ? "yes" : "no", beat,
-                         String(n["jobs"] as? Int ?? 0), String(n["freeSlots"] as? Int ?? 0), (n["schema"] as? Int).map(String.init) ?? "<6"])
+                         String(n["jobs"] as? Int ?? 0), String(n["freeSlots"] as? Int ?? 0),
+                         (n["schema"] as? Int).map(String.init) ?? "<6"])
         }
         if !nodes.isEmpty { out += "\n" + table(rows) }
         // Nodes being upgraded one by one: which are left.
@@ -359,7 +367,8 @@ func statusReport(_ response: [String: Any]) -> String {
                 for (name, count) in counts.sorted(by: { $0.key < $1.key }) {
                     rows.append([name, String(count["waiting"] as? Int ?? 0), String(count["running"] as? Int ?? 0)])
                 }
-                out += "\nthe cluster's jobs per queue (read from the database \(ago) s ago; a job counts in each of its queues):\n" + table(rows)
+                out += "\nthe cluster's jobs per queue (read from the database \(ago) s ago; a job counts in each of its queues):\n"
+                    + table(rows)
             }
         }
     }
@@ -379,9 +388,15 @@ func statusReport(_ response: [String: Any]) -> String {
 /// Left-aligned columns two spaces apart, numbers included (headers are words).
 func table(_ rows: [[String]]) -> String {
     var widths: [Int] = []
-    for row in rows { for (i, cell) in row.enumerated() { if i < widths.count { widths[i] = max(widths[i], cell.count) } else { widths.append(cell.count) } } }
+    for row in rows {
+        for (i, cell) in row.enumerated() {
+            if i < widths.count { widths[i] = max(widths[i], cell.count) } else { widths.append(cell.count) }
+        }
+    }
     return rows.map { row in
-        row.enumerated().map { i, cell in i == row.count - 1 ? cell : cell.padding(toLength: widths[i], withPad: " ", startingAt: 0) }.joined(separator: "  ")
+        row.enumerated().map { i, cell in
+            i == row.count - 1 ? cell : cell.padding(toLength: widths[i], withPad: " ", startingAt: 0)
+        }.joined(separator: "  ")
     }.joined(separator: "\n") + "\n"
 }
 
@@ -397,7 +412,8 @@ func outboxEntry(of job: String, _ common: Common) -> (folder: String, result: [
 /// A job's operations: from the outbox when it has ended, else from the daemon (which, in a cluster, answers for
 /// jobs on every node); `node` is where it runs or ran, when known (SPEC §8).
 /// `progressAt`: for a job running on another node, when that node's heartbeat sent the states shown.
-func operations(of job: String, _ common: Common) throws -> (status: String, operations: [[String: Any]], node: String?, progressAt: Double?) {
+func operations(of job: String, _ common: Common) throws
+    -> (status: String, operations: [[String: Any]], node: String?, progressAt: Double?) {
     if let plist = outboxEntry(of: job, common)?.result {
         return (plist["status"] as? String ?? "?", plist["operations"] as? [[String: Any]] ?? [], plist["node"] as? String, nil)
     }
@@ -465,7 +481,8 @@ struct Wait: ParsableCommand {
     func run() throws {
         // An id no job can have is never seen: waiting for it (for ever, without --timeout) helps no one.
         guard isValidIdentifier(job) else {
-            throw fail("'\(job)' cannot be a job's id: an id is 1 to 128 of A-Z a-z 0-9 . _ -, not starting with '.' (a manifest's `job`, else its file's name)\(fileHint)")
+            throw fail("'\(job)' cannot be a job's id: an id is 1 to 128 of A-Z a-z 0-9 . _ -, not starting with '.' "
+                + "(a manifest's `job`, else its file's name)\(fileHint)")
         }
         let deadline = timeout.map { Date().addingTimeInterval($0) }
         let tty = isatty(STDERR_FILENO) == 1
@@ -580,7 +597,8 @@ struct Wait: ParsableCommand {
             let done = ops.filter { ["succeeded", "failed", "cancelled"].contains($0["state"] as? String ?? "") }.count
             let width = 30
             let filled = width * done / ops.count
-            line = "[" + String(repeating: "#", count: filled) + String(repeating: "-", count: width - filled) + "] \(done)/\(ops.count) \(job)"
+            line = "[" + String(repeating: "#", count: filled) + String(repeating: "-", count: width - filled)
+                + "] \(done)/\(ops.count) \(job)"
         case .unseen(let reason): line = "\(job): \(reason)"
         default: return
         }
@@ -659,7 +677,8 @@ struct Graph: ParsableCommand {
             let (_, ops, _, _) = try operations(of: target, common)
             for op in ops { if let id = op["id"] as? String { states[id] = op["state"] as? String } }
             let manifest = (outboxEntry(of: target, common)?.folder ?? common.spool + "/outbox/" + target) + "/manifest.plist"
-            if let data = FileManager.default.contents(atPath: manifest), case .success(let plan) = Manifest.parse(data, configuration: config) {
+            if let data = FileManager.default.contents(atPath: manifest),
+               case .success(let plan) = Manifest.parse(data, configuration: config) {
                 nodes = Self.nodes(plan)
             } else {
                 nodes = ops.compactMap { op in
@@ -680,7 +699,8 @@ struct Graph: ParsableCommand {
         var dot = "digraph \(q(name)) {\n  rankdir=LR;\n  node [shape=box, style=filled];\n"
         for node in nodes {
             let state = states[node.id] ?? "pending"
-            dot += "  \(q(node.id)) [label=\(q("\(node.id)\n\(node.kind) · \(node.queue)\n\(state)")), fillcolor=\(colours[state] ?? "white")];\n"
+            dot += "  \(q(node.id)) [label=\(q("\(node.id)\n\(node.kind) · \(node.queue)\n\(state)")), "
+                + "fillcolor=\(colours[state] ?? "white")];\n"
         }
         for node in nodes {
             for dep in node.dependencies { dot += "  \(q(dep)) -> \(q(node.id));\n" }

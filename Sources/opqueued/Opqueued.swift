@@ -92,7 +92,8 @@ struct Opqueued: AsyncParsableCommand {
         let watchdog = CommandWatchdog.start()
         Daemon.tuneAllocator()
         await Daemon.openTimerClocks()
-        let useJournal = logTarget == .journal || (logTarget == .auto && (ProcessInfo.processInfo.environment["JOURNAL_STREAM"] != nil || journalIsListening()))
+        let useJournal = logTarget == .journal ||
+            (logTarget == .auto && (ProcessInfo.processInfo.environment["JOURNAL_STREAM"] != nil || journalIsListening()))
         LoggingSystem.bootstrap { _ in useJournal ? JournalLogHandler() as any LogHandler : ConsoleLogHandler() }
         let logger = Logger(label: "opqueued")
         if case .failure(let failure) = watchdog {
@@ -115,7 +116,11 @@ struct Opqueued: AsyncParsableCommand {
             throw ExitCode(1)
         }
         if let newer = spoolFolder.formatTakenOver {
-            logger.notice("\(spoolFolder.active)/ was left by a newer opqueued (\(newer > 0 ? "spool format \(newer)" : "a format this build cannot read")) but holds no job: this build takes it over in its own format \(Spool.format)")
+            logger.notice("""
+                \(spoolFolder.active)/ was left by a newer opqueued \
+                (\(newer > 0 ? "spool format \(newer)" : "a format this build cannot read")) but holds no job: \
+                this build takes it over in its own format \(Spool.format)
+                """)
         }
         // SPEC §8: with `cluster`, the jobs this node runs come from PostgreSQL; every entry names the node, and the
         // command watchdog kills commands whose lease ran out even if this process is frozen.
@@ -252,7 +257,8 @@ struct StatusService: Service {
         try? await cancelWhenGracefulShutdown {
             while !Task.isCancelled {
                 let status = daemon.status()
-                var message = "STATUS=jobs active \(status.activeJobs.count), waiting \(status.waiting); operations executing \(status.executing)"
+                var message = "STATUS=jobs active \(status.activeJobs.count), waiting \(status.waiting); "
+                    + "operations executing \(status.executing)"
                 if let fault = status.fault { message += "; claiming paused: \(fault)" }
                 if watchdog != nil { message += "\nWATCHDOG=1" }
                 SystemdNotifier.notify(message)
@@ -294,7 +300,8 @@ func handle(_ request: [String: Any], _ daemon: Daemon) -> [String: Any] {
         // SPEC §8: a node speaks for the whole cluster (as of its last heartbeat; never waiting on the database).
         if let cluster = (daemon.store as? ClusterJobStore)?.snapshot() {
             response["nodes"] = cluster.nodes.map { n in
-                var node: [String: Any] = ["node": n.node, "connected": n.connected, "lastHeartbeat": n.lastHeartbeat, "jobs": n.jobs, "freeSlots": n.freeSlots]
+                var node: [String: Any] = ["node": n.node, "connected": n.connected, "lastHeartbeat": n.lastHeartbeat, "jobs": n.jobs,
+                                           "freeSlots": n.freeSlots]
                 if let schema = n.schema { node["schema"] = schema }
                 return node
             }
@@ -302,7 +309,9 @@ func handle(_ request: [String: Any], _ daemon: Daemon) -> [String: Any] {
             if let error = cluster.lastError, !cluster.connected { summary["reason"] = error }
             summary["wakeupsArrive"] = cluster.wakeupsArrive
             summary["unrunnable"] = cluster.unrunnable.map { ["job": $0.job, "reason": $0.reason] }
-            summary["queues"] = Dictionary(uniqueKeysWithValues: cluster.queues.map { ($0.key, ["waiting": $0.value.waiting, "running": $0.value.running]) })
+            summary["queues"] = Dictionary(uniqueKeysWithValues: cluster.queues.map {
+                ($0.key, ["waiting": $0.value.waiting, "running": $0.value.running])
+            })
             // When those counts were read (seconds since the epoch): a node reads them less often under a huge backlog.
             if let read = cluster.refreshedAt { summary["queuesReadAt"] = Date().timeIntervalSince1970 - (monotonicSeconds() - read) }
             response["cluster"] = summary
@@ -342,8 +351,11 @@ func handle(_ request: [String: Any], _ daemon: Daemon) -> [String: Any] {
         case .cancelled: return ["exit": 0]
         case .unknownJob: return ["exit": 1, "error": "unknown job '\(job)'"]
         case .unknownOperation: return ["exit": 1, "error": "job '\(job)' has no operation '\(operation ?? "")'"]
-        case .alreadyEnded: return ["exit": 1, "error": operation.map { "operation '\($0)' of job '\(job)' has already ended" } ?? "job '\(job)' has already ended"]
-        case .unavailable(let reason): return ["exit": 3, "error": "job '\(job)' is not on this node and the cluster cannot be asked now: \(reason); try again"]
+        case .alreadyEnded:
+            return ["exit": 1,
+                    "error": operation.map { "operation '\($0)' of job '\(job)' has already ended" } ?? "job '\(job)' has already ended"]
+        case .unavailable(let reason):
+            return ["exit": 3, "error": "job '\(job)' is not on this node and the cluster cannot be asked now: \(reason); try again"]
         }
     case "metrics":
         return ["exit": 0, "text": daemon.metricsText()]

@@ -141,12 +141,18 @@ extension ClusterJobStore {
         if hung {
             let reason = "the spool has not answered for \(seconds) s"
             let held = lock.withLock { state.held.count }
-            let message = "cluster: node \(nodeName) leaves the cluster until its spool answers: the spool has kept it waiting for \(seconds) s (its file system hung or frozen?); it renews nothing, so that the \(held) job(s) it holds run elsewhere once its lease (\(settings.leaseSeconds.formatted()) s) has run out"
+            let message = "cluster: node \(nodeName) leaves the cluster until its spool answers: "
+                + "the spool has kept it waiting for \(seconds) s (its file system hung or frozen?); "
+                + "it renews nothing, so that the \(held) job(s) it holds run elsewhere "
+                + "once its lease (\(settings.leaseSeconds.formatted()) s) has run out"
             if disconnected(reason: reason, cause: "the spool hangs", saying: message) != .began {
                 logger.warning("\(message)", metadata: ["OPQ_EVENT": "cluster", "OPQ_ERROR": .string(reason)])
             }
         } else {
-            logger.notice("cluster: the spool of node \(nodeName) answers again; the node renews its lease (jobs taken over meanwhile are logged lost)",
+            logger.notice("""
+                cluster: the spool of node \(nodeName) answers again; \
+                the node renews its lease (jobs taken over meanwhile are logged lost)
+                """,
                           metadata: ["OPQ_EVENT": "cluster"])
         }
     }
@@ -154,12 +160,17 @@ extension ClusterJobStore {
     /// Migrates, registers and says `connected`: at start, after an outage, and when asked to register again.
     private func connect(afterOutage: Bool) throws {
         let declaration = lock.withLock { configuration.declaration(node: nodeName, jobSlots: settings.jobSlots) }
-        let schema = try waitBounded(Self.statementTimeout * 2, on: executor, doing: "migrating the cluster schema", { [store] in try await store.migrate() })
+        let schema = try waitBounded(Self.statementTimeout * 2, on: executor, doing: "migrating the cluster schema", { [store] in
+            try await store.migrate()
+        })
         if let advice = store.connectionAdvice, lock.withLock({ adviceGiven.insert(advice).inserted }) {
             logger.warning("cluster: \(advice)", metadata: ["OPQ_EVENT": "cluster"])
         }
         if schema > ClusterSchema.newest {
-            logger.warning("cluster: the schema is version \(schema), newer than the \(ClusterSchema.newest) this opqueued knows; it says this opqueued may still run against it: upgrade node \(nodeName) when you can")
+            logger.warning("""
+                cluster: the schema is version \(schema), newer than the \(ClusterSchema.newest) this opqueued knows; \
+                it says this opqueued may still run against it: upgrade node \(nodeName) when you can
+                """)
         }
         // The server answered on a connection of migrate's own. After an outage the pool may still be waiting out a
         // backoff of postgres-nio's (up to a minute; see RenewablePool): a second for it, else a fresh pool. (Not
@@ -167,7 +178,8 @@ extension ClusterJobStore {
         let readOwner: @Sendable () async throws -> NodeOwner? = { [store, nodeName] in try await store.nodeOwner(nodeName) }
         let owner: NodeOwner?
         do {
-            owner = try waitBounded(afterOutage ? 1 : Self.statementTimeout, on: executor, doing: "reading who holds node \(nodeName)", readOwner)
+            owner = try waitBounded(afterOutage ? 1 : Self.statementTimeout, on: executor, doing: "reading who holds node \(nodeName)",
+                                    readOwner)
         } catch where afterOutage {
             store.reconnect()
             owner = try waitBounded(Self.statementTimeout, on: executor, doing: "reading who holds node \(nodeName)", readOwner)
@@ -179,19 +191,27 @@ extension ClusterJobStore {
         let replacing = owner.flatMap { NodeProcess.isGoneFromThisMachine($0.info) ? $0.info : nil }
         let silentAt = owner.flatMap { owner -> Int64? in
             if replacing != nil || owner.info == NodeProcess.info { return nil }
-            return lock.withLock { nameWatch.isSilent(owner.beat, now: monotonicSeconds(), defaultLease: settings.leaseSeconds) } ? owner.beat.beat : nil
+            return lock.withLock {
+                nameWatch.isSilent(owner.beat, now: monotonicSeconds(), defaultLease: settings.leaseSeconds)
+            } ? owner.beat.beat : nil
         }
         let registered = try waitBounded(Self.statementTimeout, on: executor, doing: "registering node \(nodeName)", { [store, settings] in
             try await store.registerNode(declaration, leaseSeconds: settings.leaseSeconds, replacing: replacing, silentAt: silentAt)
         })
         guard registered else {
-            let holder = owner.map { "\($0.info), last heartbeat \(String(format: "%.1f", $0.secondsSinceBeat)) s ago" } ?? "another process"
-            throw ClusterUnavailable("node name \(nodeName) is held by another running opqueued (\(holder)); each node needs its own cluster.node. This one joins once that one has been silent for \(settings.leaseSeconds.formatted()) s", cause: "the node's name is held by another process")
+            let holder = owner.map {
+                "\($0.info), last heartbeat \(String(format: "%.1f", $0.secondsSinceBeat)) s ago"
+            } ?? "another process"
+            throw ClusterUnavailable("node name \(nodeName) is held by another running opqueued (\(holder)); "
+                                     + "each node needs its own cluster.node. This one joins once that one has been silent for "
+                                     + "\(settings.leaseSeconds.formatted()) s",
+                                     cause: "the node's name is held by another process")
         }
         if !lock.withLock({ hasConnected }) {
             // Slots the node's name holds now were held by a process of it that is gone (no slot is taken before
             // the first beat): a restart within the lease keeps the lease alive, so no takeover would free them.
-            let freed = try waitBounded(Self.statementTimeout, on: executor, doing: "freeing the cluster slots node \(nodeName) held before", { [store, nodeName] in
+            let freed = try waitBounded(Self.statementTimeout, on: executor,
+                                        doing: "freeing the cluster slots node \(nodeName) held before", { [store, nodeName] in
                 try await store.freeNodeSlots(node: nodeName)
             })
             if !freed.isEmpty { logger.notice("cluster: freed \(freed.count) cluster slot(s) an earlier process of node \(nodeName) held") }
@@ -223,7 +243,8 @@ extension ClusterJobStore {
     func disconnected(_ error: any Error) {
         let reason = "\(error)"
         let cause = (error as? ClusterStoreError)?.cause ?? (error as? ClusterUnavailable)?.cause ?? reason
-        let news = disconnected(reason: reason, cause: cause, saying: "cluster: node \(nodeName) cannot use the database: \(reason); retrying at most 5 s apart")
+        let news = disconnected(reason: reason, cause: cause,
+                                saying: "cluster: node \(nodeName) cannot use the database: \(reason); retrying at most 5 s apart")
         // An outage whose cause changes says so once per cause: a failover's first error is the closed connection,
         // what follows (a standby that takes no writes, a password no longer accepted) is what the operator must fix.
         if news == .newCause {
@@ -259,7 +280,8 @@ extension ClusterJobStore {
     private func beat() throws {
         let progress = delegate?.progress()
         let sentAt = monotonicSeconds()
-        let beat = try waitBounded(Self.statementTimeout, on: executor, doing: "renewing the lease of node \(nodeName)", { [store, nodeName] in
+        let beat = try waitBounded(Self.statementTimeout, on: executor,
+                                   doing: "renewing the lease of node \(nodeName)", { [store, nodeName] in
             try await store.heartbeat(node: nodeName, info: NodeProcess.info, progress: progress)
         })
         if !beat.registered {
@@ -281,7 +303,8 @@ extension ClusterJobStore {
         let taken = lost.filter { !forgotten.contains($0) }
         if !taken.isEmpty { delegate?.lost(taken, reason: "taken over by another node") }
         if !forgotten.isEmpty {
-            delegate?.forgotten(forgotten, reason: "the database has no row for this job any more (restored from a backup older than the job?): submitted again once stopped here")
+            delegate?.forgotten(forgotten, reason: "the database has no row for this job any more "
+                                + "(restored from a backup older than the job?): submitted again once stopped here")
         }
     }
 
@@ -289,7 +312,9 @@ extension ClusterJobStore {
     /// database restored from an older backup), so that dropped it would run nowhere. Not when the row may have been
     /// pruned (`rowMayHaveBeenPruned`), nor when the lookup fails.
     func hasNoRow(_ job: String) -> Bool {
-        let row = Result { try waitBounded(Self.statementTimeout, on: executor, doing: "looking up job \(job)", { [store] in try await store.job(job) }) }
+        let row = Result {
+            try waitBounded(Self.statementTimeout, on: executor, doing: "looking up job \(job)", { [store] in try await store.job(job) })
+        }
         guard case .success(nil) = row else { return false }
         return !rowMayHaveBeenPruned(job)
     }
@@ -299,7 +324,9 @@ extension ClusterJobStore {
     /// silent). Run every `takeoverSeconds`, not only at this node's beats (every leaseSeconds/3), so that a lost
     /// node's jobs run elsewhere within a second of its lease's end, not up to a third of a lease later.
     private func takeOver() throws {
-        let beats = try waitBounded(Self.statementTimeout, on: executor, doing: "reading the nodes' beats", { [store] in try await store.nodeBeats() })
+        let beats = try waitBounded(Self.statementTimeout, on: executor, doing: "reading the nodes' beats", { [store] in
+            try await store.nodeBeats()
+        })
         let silent = lock.withLock {
             silenceWatch.silent(in: beats, now: monotonicSeconds(), defaultLease: settings.leaseSeconds, except: nodeName)
         }
@@ -310,7 +337,10 @@ extension ClusterJobStore {
         lock.withLock { silenceWatch.tookOver(takeover.nodes) }
         if !takeover.jobs.isEmpty {
             lock.withLock { claimWanted = true }
-            logger.notice("cluster: took \(takeover.jobs.count) job(s) back from lost node(s) \(Set(takeover.jobs.map { $0.fromNode }).sorted().joined(separator: ", "))")
+            logger.notice("""
+                cluster: took \(takeover.jobs.count) job(s) back from lost node(s) \
+                \(Set(takeover.jobs.map { $0.fromNode }).sorted().joined(separator: ", "))
+                """)
         }
         if !takeover.freedSlotQueues.isEmpty {
             // Its NOTIFY reaches every node, this one too; the permits here need not wait for it.
@@ -344,7 +374,8 @@ extension ClusterJobStore {
     /// Claims a waiting job cancelled as a whole for this node (whatever it declares: it runs nothing), for the loop's
     /// next claim round to take in; nothing when it no longer waits or another node is taking it.
     func takeCancelled(_ job: String) throws {
-        let row = try waitBounded(Self.statementTimeout, on: executor, doing: "claiming the cancelled job \(job)", { [store, nodeName, maxManifestBytes] in
+        let row = try waitBounded(Self.statementTimeout, on: executor,
+                                  doing: "claiming the cancelled job \(job)", { [store, nodeName, maxManifestBytes] in
             try await store.claimCancelled(job: job, node: nodeName, maxManifestBytes: maxManifestBytes)
         })
         guard let row else { return }
@@ -375,7 +406,8 @@ extension ClusterJobStore {
             lock.withLock { claimInFlight = false }
             claimEnded.signal()
         }
-        let rows = try waitBounded(Self.statementTimeout, on: executor, doing: "claiming jobs for node \(nodeName)", { [store, nodeName, maxManifestBytes] in
+        let rows = try waitBounded(Self.statementTimeout, on: executor,
+                                   doing: "claiming jobs for node \(nodeName)", { [store, nodeName, maxManifestBytes] in
             try await store.claimJobs(node: nodeName, limit: limit, queues: declaration.queues, commands: declaration.commands,
                                       budget: budget, maxManifestBytes: maxManifestBytes)
         })
@@ -403,7 +435,8 @@ extension ClusterJobStore {
                 continue
             }
             guard row.manifestBytes <= maxManifestBytes else {
-                refused.append(rejection(row, "its manifest is \(row.manifestBytes) bytes, more than the \(maxManifestBytes) a manifest may hold"))
+                refused.append(rejection(row, "its manifest is \(row.manifestBytes) bytes, "
+                                         + "more than the \(maxManifestBytes) a manifest may hold"))
                 continue
             }
             guard row.manifest.count == row.manifestBytes else {
@@ -428,7 +461,8 @@ extension ClusterJobStore {
                 try spool.materialise(job: row.id, manifest: row.manifest, manifestName: name, receivedAt: receivedAt,
                                       requestedJob: requested, origin: origin, manifestFile: file)
                 let data = Data(row.manifest)
-                run.append(ClaimedJob(id: row.id, requestedJob: requested, manifestName: name, receivedAt: receivedAt, manifest: data, tree: ManifestTree(data), done: [:],
+                run.append(ClaimedJob(id: row.id, requestedJob: requested, manifestName: name, receivedAt: receivedAt, manifest: data,
+                                      tree: ManifestTree(data), done: [:],
                                       cancels: row.cancels))
                 lock.withLock {
                     state.hold(row.id, fence: row.fence)
@@ -468,7 +502,9 @@ extension ClusterJobStore {
         if let spoolError { delegate?.spoolFailed("writing the claimed job active/\(spoolError.job)", spoolError.error) }
         if !refused.isEmpty {
             let refused = refused
-            _ = try? waitBounded(Self.statementTimeout, on: executor, doing: "recording rejected rows", { [store] in try await store.completeJobs(refused) })
+            _ = try? waitBounded(Self.statementTimeout, on: executor, doing: "recording rejected rows", { [store] in
+                try await store.completeJobs(refused)
+            })
         }
         guard handedOver > 0 || !run.isEmpty else { return }
         // No spool commit before they run: the database holds the job, not this copy. A crash that loses the copy
@@ -501,12 +537,14 @@ extension ClusterJobStore {
 
     private func control() throws {
         for (queue, suspended) in lock.withLock({ pendingSuspensions }) {
-            try waitBounded(Self.statementTimeout, on: executor, doing: "\(suspended ? "suspending" : "resuming") queue \(queue)", { [store] in
+            try waitBounded(Self.statementTimeout, on: executor,
+                            doing: "\(suspended ? "suspending" : "resuming") queue \(queue)", { [store] in
                 try await store.setSuspended(queue, suspended)
             })
             lock.withLock { if pendingSuspensions[queue] == suspended { pendingSuspensions[queue] = nil } }
         }
-        let requests = try waitBounded(Self.statementTimeout, on: executor, doing: "reading the cancels for node \(nodeName)", { [store, nodeName] in
+        let requests = try waitBounded(Self.statementTimeout, on: executor,
+                                       doing: "reading the cancels for node \(nodeName)", { [store, nodeName] in
             try await store.pendingCancels(node: nodeName)
         })
         let cancels = lock.withLock {

@@ -50,7 +50,8 @@ extension ClusterJobStore {
         var lost: [String] = orphaned
         var recorded: Set<String> = []
         let sentAt = monotonicSeconds()
-        if !candidates.isEmpty, let beat = try? waitBounded(Self.statementTimeout, on: executor, doing: "renewing the lease of node \(nodeName)", { [store, nodeName] in
+        if !candidates.isEmpty, let beat = try? waitBounded(Self.statementTimeout, on: executor,
+                                                            doing: "renewing the lease of node \(nodeName)", { [store, nodeName] in
             try await store.heartbeat(node: nodeName)
         }), beat.registered {
             kept = []
@@ -58,7 +59,9 @@ extension ClusterJobStore {
                 if beat.held[job.id] == origin.fence { kept.append((job, origin)); continue }
                 let record: JobRecord?
                 do {
-                    record = try waitBounded(Self.statementTimeout, on: executor, doing: "looking up job \(job.id)", { [store] in try await store.job(job.id) })
+                    record = try waitBounded(Self.statementTimeout, on: executor, doing: "looking up job \(job.id)", { [store] in
+                        try await store.job(job.id)
+                    })
                 } catch {
                     lost.append(job.id)
                     continue
@@ -67,7 +70,8 @@ extension ClusterJobStore {
                     kept.append((job, origin))
                     recorded.insert(job.id)
                 } else if record == nil, !rowMayHaveBeenPruned(job.id) {
-                    event(.warning, "job \(job.id): the database has no row for this job that node \(nodeName) claimed (restored from a backup older than the job, or another database?); submitted again from the copy here",
+                    event(.warning, "job \(job.id): the database has no row for this job that node \(nodeName) claimed "
+                          + "(restored from a backup older than the job, or another database?); submitted again from the copy here",
                           ["OPQ_JOB": .string(job.id)])
                     resubmit.append(job)
                 } else {
@@ -127,13 +131,16 @@ extension ClusterJobStore {
         guard answering else { return nil }
         let found: JobRecord?
         do {
-            found = try waitBounded(Self.statementTimeout, on: executor, doing: "looking up job \(job.id)", { [store] in try await store.job(job.id) })
+            found = try waitBounded(Self.statementTimeout, on: executor, doing: "looking up job \(job.id)", { [store] in
+                try await store.job(job.id)
+            })
         } catch {
             answering = false
             return nil
         }
         guard let row = found, isThisNodesClaim(row, of: job) else { return nil }
-        event(.warning, "job \(job.id): active/\(job.id) had lost its claim record (a copy without extended attributes?); the database says this node claimed it",
+        event(.warning, "job \(job.id): active/\(job.id) had lost its claim record (a copy without extended attributes?); "
+              + "the database says this node claimed it",
               ["OPQ_JOB": .string(job.id)])
         return recordAgain(job, from: row)
     }
@@ -153,7 +160,8 @@ extension ClusterJobStore {
         claimed.manifestName = kept.name
         claimed.requestedJob = kept.requested
         claimed.receivedAt = kept.receivedAt
-        try? spool.writeClaimRecord(ClaimRecord(manifest: kept.name, receivedAt: kept.receivedAt, requestedJob: kept.requested, origin: kept.origin),
+        try? spool.writeClaimRecord(ClaimRecord(manifest: kept.name, receivedAt: kept.receivedAt, requestedJob: kept.requested,
+                                                origin: kept.origin),
                                     on: spool.active + "/" + job.id)
         return (claimed, kept.origin)
     }
@@ -161,7 +169,8 @@ extension ClusterJobStore {
     /// What a row says of a job, as this node keeps it: its inbox name if a spool can hold it (else the id's), the
     /// id it asked for if valid, node names checked, a reception time that is a time.
     static func kept(id: String, manifestName: String, requestedID: String, submittedOn: String, submittedAt: Double,
-                             fromNode: String?, fence: Int64) -> (name: String, requested: String?, receivedAt: Double, origin: ClusterOrigin) {
+                             fromNode: String?,
+                             fence: Int64) -> (name: String, requested: String?, receivedAt: Double, origin: ClusterOrigin) {
         let name = manifestName.contains("/") || manifestName.utf8.count > 255 || manifestName.isEmpty ? id + ".plist" : manifestName
         let origin = ClusterOrigin(fence: fence, submittedOn: isValidNodeName(submittedOn) ? submittedOn : "unknown",
                                    fromNode: fromNode.flatMap { isValidNodeName($0) ? $0 : nil })
@@ -177,7 +186,9 @@ extension ClusterJobStore {
     /// after the thread's backoff.
     func verifyUnrecorded() throws {
         while let job = lock.withLock({ unverified.first }) {
-            let row = try waitBounded(Self.statementTimeout, on: executor, doing: "looking up job \(job.id)", { [store] in try await store.job(job.id) })
+            let row = try waitBounded(Self.statementTimeout, on: executor, doing: "looking up job \(job.id)", { [store] in
+                try await store.job(job.id)
+            })
             lock.withLock { _ = unverified.removeFirst() }
             guard let row, isThisNodesClaim(row, of: job) else {
                 enqueueSubmission(job)
@@ -189,15 +200,18 @@ extension ClusterJobStore {
                     state.hold(job.id, fence: fence, recorded: true)
                     origins[job.id] = origin
                 }
-                event(.warning, "job \(job.id): active/\(job.id) had lost its claim record (a copy without extended attributes?); its end is recorded: published here",
+                event(.warning, "job \(job.id): active/\(job.id) had lost its claim record (a copy without extended attributes?); "
+                      + "its end is recorded: published here",
                       ["OPQ_JOB": .string(job.id)])
                 delegate?.run([claimed])
                 continue
             }
             removeTree(spool.active + "/" + job.id)
             spool.discardDownloads(job: job.id)
-            event(.warning, "job \(job.id): active/\(job.id) had lost its claim record (a copy without extended attributes?); the database holds the job: it runs again from there",
-                  ["OPQ_EVENT": "job", "OPQ_STATE": "lost", "OPQ_JOB": .string(job.id), "OPQ_ERROR": "its copy here had lost its claim record"])
+            event(.warning, "job \(job.id): active/\(job.id) had lost its claim record (a copy without extended attributes?); "
+                  + "the database holds the job: it runs again from there",
+                  ["OPQ_EVENT": "job", "OPQ_STATE": "lost", "OPQ_JOB": .string(job.id),
+                   "OPQ_ERROR": "its copy here had lost its claim record"])
         }
     }
 }

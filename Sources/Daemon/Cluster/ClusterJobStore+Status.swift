@@ -52,7 +52,9 @@ extension ClusterJobStore {
         }
         guard due else { return }
         do {
-            try waitBounded(Self.statementTimeout, on: executor, doing: "probing wake-ups", { [store] in try await store.probeWakeups(token) })
+            try waitBounded(Self.statementTimeout, on: executor, doing: "probing wake-ups", { [store] in
+                try await store.probeWakeups(token)
+            })
         } catch {
             lock.withLock { probe.notSent(now: monotonicSeconds()) }
         }
@@ -61,7 +63,14 @@ extension ClusterJobStore {
     func report(_ verdict: WakeupProbe.Verdict?) {
         switch verdict {
         case .notArriving?:
-            logger.warning("cluster: wake-ups do not reach node \(nodeName): its listening connection did not hear the notifications it sent itself (\(WakeupProbe.misses) in a row, \(formatSeconds(WakeupProbe.wait)) s each). Is a connection pooler in transaction or statement mode (PgBouncer's usual setting) between the node and PostgreSQL? Jobs, cancels and suspensions now reach this node by its poll, about a second late, instead of within 100 ms: point cluster.database at PostgreSQL itself or at a pool in session mode")
+            logger.warning("""
+                cluster: wake-ups do not reach node \(nodeName): its listening connection did not hear the notifications it sent itself \
+                (\(WakeupProbe.misses) in a row, \(formatSeconds(WakeupProbe.wait)) s each). \
+                Is a connection pooler in transaction or statement mode (PgBouncer's usual setting) \
+                between the node and PostgreSQL? Jobs, cancels and suspensions now reach this node by its poll, \
+                about a second late, instead of within 100 ms: \
+                point cluster.database at PostgreSQL itself or at a pool in session mode
+                """)
         case .arriving?:
             logger.notice("cluster: wake-ups reach node \(nodeName) again")
         case nil:
@@ -89,23 +98,33 @@ extension ClusterJobStore {
     /// how long those took, failed or not (a read given up on may still run on the server).
     private func refreshSnapshot() throws -> Double {
         let lease = settings.leaseSeconds
-        let nodes = try waitBounded(Self.statementTimeout, on: executor, doing: "listing the cluster's nodes", { [store] in try await store.nodes(leaseSeconds: lease) })
-        let declared = try waitBounded(Self.statementTimeout, on: executor, doing: "reading what nodes declare", { [store] in try await store.declared() })
+        let nodes = try waitBounded(Self.statementTimeout, on: executor, doing: "listing the cluster's nodes", { [store] in
+            try await store.nodes(leaseSeconds: lease)
+        })
+        let declared = try waitBounded(Self.statementTimeout, on: executor, doing: "reading what nodes declare", { [store] in
+            try await store.declared()
+        })
         lock.withLock {
             self.declared = declared
             declaredKnown = true
-            snapshotValue.nodes = nodes.map { .init(node: $0.node, connected: $0.connected, lastHeartbeat: $0.lastHeartbeat, jobs: $0.jobs, freeSlots: $0.freeSlots, schema: $0.schema) }
+            snapshotValue.nodes = nodes.map {
+                .init(node: $0.node, connected: $0.connected, lastHeartbeat: $0.lastHeartbeat, jobs: $0.jobs, freeSlots: $0.freeSlots,
+                      schema: $0.schema)
+            }
         }
         let started = monotonicSeconds()
         do {
             let unrunnable = try waitBounded(Self.statementTimeout, on: executor, doing: "finding jobs no live node can run", { [store] in
                 try await store.jobsNoLiveNodeCanRun(leaseSeconds: lease, limit: 100)
             })
-            let counts = try waitBounded(Self.statementTimeout, on: executor, doing: "counting the cluster's jobs", { [store] in try await store.queueCounts() })
+            let counts = try waitBounded(Self.statementTimeout, on: executor, doing: "counting the cluster's jobs", { [store] in
+                try await store.queueCounts()
+            })
             lock.withLock {
                 snapshotValue.unrunnable = unrunnable.map(ClusterSnapshot.Waiting.init)
-                snapshotValue.queues = Dictionary(counts.map { ($0.queue, ClusterSnapshot.QueueCounts(waiting: $0.waiting, running: $0.running)) },
-                                                  uniquingKeysWith: { first, _ in first })
+                snapshotValue.queues = Dictionary(counts.map {
+                    ($0.queue, ClusterSnapshot.QueueCounts(waiting: $0.waiting, running: $0.running))
+                }, uniquingKeysWith: { first, _ in first })
                 snapshotValue.refreshedAt = monotonicSeconds()
             }
         } catch {
@@ -143,7 +162,10 @@ extension ClusterJobStore {
             try await store.prune(olderThanSeconds: seconds, batchSize: Self.pruneBatch)
         })
         if report.deleted > 0 {
-            logger.info("cluster: pruned \(report.deleted) finished job(s) older than \(formatSeconds(settings.keepFinishedDays)) days in \(report.batches) batch(es)")
+            logger.info("""
+                cluster: pruned \(report.deleted) finished job(s) older than \(formatSeconds(settings.keepFinishedDays)) days \
+                in \(report.batches) batch(es)
+                """)
         }
         // Nodes gone for good (renamed, replaced, scaled away): their rows would be listed by `status` forever and
         // their queues and commands accepted at submission though no node will come to run them.
@@ -152,7 +174,10 @@ extension ClusterJobStore {
             try await store.forgetNodes(silentForSeconds: days * 86_400)
         })
         for node in forgotten {
-            logger.notice("cluster: node \(node) forgotten: silent for more than \(formatSeconds(days)) days and holding nothing; the queues and commands only it declared are no longer accepted (it registers again if it comes back)")
+            logger.notice("""
+                cluster: node \(node) forgotten: silent for more than \(formatSeconds(days)) days and holding nothing; \
+                the queues and commands only it declared are no longer accepted (it registers again if it comes back)
+                """)
         }
         if !forgotten.isEmpty { wantStatus() }
     }

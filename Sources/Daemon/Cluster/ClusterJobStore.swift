@@ -156,7 +156,8 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
                 maxManifestBytes: Int = ManifestLimits.maxBytes) {
         self.maxManifestBytes = maxManifestBytes
         self.executor = executor ?? ClusterExecutor(label: "opqueued-cluster-executor")
-        let settings = configuration.cluster ?? ClusterSettings(database: "", passwordFile: nil, node: "node", jobSlots: configuration.maxActiveJobs,
+        let settings = configuration.cluster ?? ClusterSettings(database: "", passwordFile: nil, node: "node",
+                                                                 jobSlots: configuration.maxActiveJobs,
                                                                  leaseSeconds: ClusterSettings.defaultLeaseSeconds, sharedOutbox: nil,
                                                                  keepFinishedDays: ClusterSettings.defaultKeepFinishedDays)
         self.settings = settings
@@ -168,7 +169,8 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
         self.onLeaseDeadline = onLeaseDeadline
         self.configuration = configuration
         self.state = ClusterNodeState(leaseSeconds: settings.leaseSeconds)
-        self.snapshotValue = ClusterSnapshot(node: settings.node, connected: false, lastError: nil, nodes: [], unrunnable: [], queues: [:], refreshedAt: nil)
+        self.snapshotValue = ClusterSnapshot(node: settings.node, connected: false, lastError: nil, nodes: [], unrunnable: [], queues: [:],
+                                             refreshedAt: nil)
         runner = Task(executorPreference: executor) { await run() }
         let wakeups = store.wakeups
         listener = Task(executorPreference: executor) { [weak self] in
@@ -215,7 +217,9 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
     /// What the cluster declares, read now (at most a second): a node that registered since the status thread's
     /// last look is known before a manifest naming its queue is rejected here.
     public func freshSubmissionConfiguration(_ local: Configuration) -> Configuration? {
-        guard let declared = try? waitBounded(1.0, on: executor, doing: "reading what nodes declare", { [store] in try await store.declared() }) else {
+        guard let declared = try? waitBounded(1.0, on: executor, doing: "reading what nodes declare", { [store] in
+            try await store.declared()
+        }) else {
             return nil
         }
         lock.withLock {
@@ -264,7 +268,8 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
         let batch = completions
         let recorded: Set<String>
         do {
-            recorded = try waitBounded(Self.statementTimeout, on: executor, doing: "recording the end of \(completions.count) job(s)", { [store] in
+            recorded = try waitBounded(Self.statementTimeout, on: executor,
+                                       doing: "recording the end of \(completions.count) job(s)", { [store] in
                 try await store.completeJobs(batch)
             })
         } catch {
@@ -300,9 +305,11 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
         switch spool.heldJob(job) {
         case .success(let held):
             let row = row(for: held, submittedOn: origin(of: job)?.submittedOn ?? nodeName, key: nil)
-            switch Result(catching: { try waitBounded(Self.statementTimeout, on: executor, doing: "recording job \(job) as finished", { [store, nodeName] in
-                try await store.recordFinished(row, id: job, node: nodeName, status: completion.status, result: completion.result)
-            }) }) {
+            switch Result(catching: {
+                try waitBounded(Self.statementTimeout, on: executor, doing: "recording job \(job) as finished", { [store, nodeName] in
+                    try await store.recordFinished(row, id: job, node: nodeName, status: completion.status, result: completion.result)
+                })
+            }) {
             case .success(true): recorded = "recorded in the database again as finished here"
             case .success(false): recorded = "not recorded in the database: another job took its id meanwhile"
             case .failure(let error): recorded = "without a record in the database (\(error))"
@@ -310,7 +317,8 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
         case .failure(let error):
             recorded = "without a record in the database (its folder cannot be read: \(error))"
         }
-        event(.warning, "job \(job): the database has no row for this job any more (restored from a backup older than the job?); published here, where it ran, \(recorded)",
+        event(.warning, "job \(job): the database has no row for this job any more (restored from a backup older than the job?); "
+              + "published here, where it ran, \(recorded)",
               ["OPQ_JOB": .string(job)])
     }
 
@@ -359,7 +367,10 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
             return true
         } catch {
             lock.withLock { pendingSuspensions[queue] = suspended }
-            logger.error("queue \(queue): the cluster could not record the \(suspended ? "suspension" : "resumption") now (\(error)); it acts on this node at once and is recorded for every node once the database can be reached",
+            logger.error("""
+                queue \(queue): the cluster could not record the \(suspended ? "suspension" : "resumption") now (\(error)); \
+                it acts on this node at once and is recorded for every node once the database can be reached
+                """,
                          metadata: ["OPQ_QUEUE": .string(queue), "OPQ_ERROR": .string("\(error)")])
             return false
         }
@@ -408,7 +419,8 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
             return fences
         }
         if fences.isEmpty { return [] }
-        guard let released = try? waitBounded(Self.statementTimeout, on: executor, doing: "handing \(fences.count) job(s) back", { [store, nodeName] in
+        guard let released = try? waitBounded(Self.statementTimeout, on: executor,
+                                              doing: "handing \(fences.count) job(s) back", { [store, nodeName] in
             try await store.releaseJobs(node: nodeName, fences)
         }) else { return [] }
         lock.withLock { for id in released { state.forget(id); origins[id] = nil } }
@@ -434,7 +446,8 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
             s.connected = state.mayTakeLeases(now: now)
             s.lastError = lastError
             if state.connected == true, !s.connected, let sent = state.lastBeatSent {
-                s.lastError = "no heartbeat has gone through for \(formatSeconds((now - sent).rounded())) s: its lease (\(formatSeconds(settings.leaseSeconds)) s) has run out"
+                s.lastError = "no heartbeat has gone through for \(formatSeconds((now - sent).rounded())) s: "
+                    + "its lease (\(formatSeconds(settings.leaseSeconds)) s) has run out"
             }
             s.wakeupsArrive = probe.verdict == .arriving
             return s
@@ -495,7 +508,9 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
             let r = state.checkDeadline(now: now)
             for id in r.lost { origins[id] = nil; jobReleases[id] = nil }
             let due = now + settings.leaseSeconds
-            droppedSlots += r.slots.map { (SlotLease(queue: $0.queue, slot: $0.slot, fence: $0.fence, holder: nodeName, job: "", operation: ""), due) }
+            droppedSlots += r.slots.map {
+                (SlotLease(queue: $0.queue, slot: $0.slot, fence: $0.fence, holder: nodeName, job: "", operation: ""), due)
+            }
             return (r.lost, r.slots, state.deadline.map { now >= $0 } ?? false)
         }
         if ranOut { leaseChanged(false) }

@@ -31,11 +31,14 @@ public enum ClusterProgress {
         var entries: [PlistDictionary.Entry] = []
         var used = 64
         for job in jobs.sorted(by: { $0.job < $1.job }) {
-            let cost = job.job.utf8.count + job.operations.reduce(0) { $0 + estimate(operations: 1, idBytes: $1.id.utf8.count + $1.queue.utf8.count) }
+            let cost = job.job.utf8.count + job.operations.reduce(0) {
+                $0 + estimate(operations: 1, idBytes: $1.id.utf8.count + $1.queue.utf8.count)
+            }
             if used + cost > budget { continue }
             used += cost
             let operations = job.operations.map {
-                PlistDictionary.Entry(key: $0.id, value: .array([.integer(Int($0.state.rawValue)), .integer($0.attempts), .string($0.queue)]))
+                PlistDictionary.Entry(key: $0.id,
+                                      value: .array([.integer(Int($0.state.rawValue)), .integer($0.attempts), .string($0.queue)]))
             }
             entries.append(PlistDictionary.Entry(key: job.job, value: .dictionary(PlistDictionary(operations))))
         }
@@ -43,7 +46,9 @@ public enum ClusterProgress {
         // leaving out the largest job until the document fits.
         var document = PlistBinaryWriter.document(.dictionary(PlistDictionary(entries)))
         while document.count > budget, !entries.isEmpty {
-            let largest = entries.indices.max { (entries[$0].value.dictionary?.entries.count ?? 0) < (entries[$1].value.dictionary?.entries.count ?? 0) }
+            let largest = entries.indices.max {
+                (entries[$0].value.dictionary?.entries.count ?? 0) < (entries[$1].value.dictionary?.entries.count ?? 0)
+            }
             if let largest { entries.remove(at: largest) }
             document = PlistBinaryWriter.document(.dictionary(PlistDictionary(entries)))
         }

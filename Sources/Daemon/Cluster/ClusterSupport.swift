@@ -102,10 +102,12 @@ extension ClusterSnapshot.Waiting {
     init(_ job: UnrunnableJob) {
         var parts: [String] = []
         if !job.missingQueues.isEmpty {
-            parts.append("no live node declares queue\(job.missingQueues.count > 1 ? "s" : "") \(job.missingQueues.joined(separator: ", "))")
+            parts.append("no live node declares queue\(job.missingQueues.count > 1 ? "s" : "") "
+                         + "\(job.missingQueues.joined(separator: ", "))")
         }
         if !job.missingCommands.isEmpty {
-            parts.append("no live node declares command\(job.missingCommands.count > 1 ? "s" : "") \(job.missingCommands.joined(separator: ", "))")
+            parts.append("no live node declares command\(job.missingCommands.count > 1 ? "s" : "") "
+                         + "\(job.missingCommands.joined(separator: ", "))")
         }
         if parts.isEmpty { parts.append("no single live node declares all of its queues and commands") }
         self.init(job: job.id, reason: parts.joined(separator: "; "))
@@ -247,11 +249,13 @@ enum NodeProcess {
     static let info: String = {
         let host = defaultNodeName()
         let namespace = (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/ns/pid")) ?? ""
-        return "opqueued pid \(getpid()) on \(word(host)) boot \(word(bootID)) pidns \(word(namespace)) run \(String(UInt64.random(in: 1...UInt64.max), radix: 16))"
+        return "opqueued pid \(getpid()) on \(word(host)) boot \(word(bootID)) pidns \(word(namespace)) "
+            + "run \(String(UInt64.random(in: 1...UInt64.max), radix: 16))"
     }()
 
     private static let bootID: String = {
-        ((try? String(contentsOfFile: "/proc/sys/kernel/random/boot_id", encoding: .utf8)) ?? "").trimmingCharacters(in: .whitespacesAndNewlines)
+        ((try? String(contentsOfFile: "/proc/sys/kernel/random/boot_id", encoding: .utf8)) ?? "")
+            .trimmingCharacters(in: .whitespacesAndNewlines)
     }()
 
     /// One word of `info`: never empty, never a space.

@@ -170,7 +170,8 @@ public final class ControlServer: Sendable {
             }
             try channel.pipeline.syncOperations.addHandler(ControlConnection(server: self, pool: pool, id: id))
         case .busy:
-            let answer = ControlServer.line(["exit": 3, "error": "busy: \(limits.maxConnections) connections are open and answering; try again"])
+            let answer = ControlServer.line(["exit": 3,
+                                             "error": "busy: \(limits.maxConnections) connections are open and answering; try again"])
             channel.writeAndFlush(answer).whenComplete { _ in channel.close(promise: nil) }
         }
     }
@@ -353,7 +354,8 @@ final class ControlConnection: ChannelInboundHandler {
 
     func userInboundEventTriggered(context: ChannelHandlerContext, event: Any) {
         if event is Evicted {
-            refuse(context.channel, exit: 3, "closed to make room: \(server.limits.maxConnections) connections were open and this one had sent no request")
+            refuse(context.channel, exit: 3,
+                   "closed to make room: \(server.limits.maxConnections) connections were open and this one had sent no request")
         } else if case .inputClosed = event as? ChannelEvent {
             // The client shut its side down: what it sent is the request (a last line need not end with a newline);
             // nothing at all is a probe, closed without an answer.
@@ -412,7 +414,9 @@ func withUnixAddress(_ path: String, _ body: (UnsafePointer<sockaddr>, socklen_t
     var address = sockaddr_un()
     address.sun_family = sa_family_t(AF_UNIX)
     let bytes = Array(path.utf8)
-    guard bytes.count < MemoryLayout.size(ofValue: address.sun_path) else { throw SpoolError(operation: "socket path too long", path: path, errno: ENAMETOOLONG) }
+    guard bytes.count < MemoryLayout.size(ofValue: address.sun_path) else {
+        throw SpoolError(operation: "socket path too long", path: path, errno: ENAMETOOLONG)
+    }
     withUnsafeMutableBytes(of: &address.sun_path) { raw in raw.copyBytes(from: bytes) }
     return withUnsafePointer(to: &address) {
         $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { body($0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
@@ -517,7 +521,8 @@ public enum ControlClient {
         guard connected == 0 else {
             let failure = errno
             close(fd)
-            let reason = failure == ENOENT || failure == ENOTDIR ? missingSocket(path) : failure == ECONNREFUSED ? "stale socket" : String(cString: strerror(failure))
+            let reason = failure == ENOENT || failure == ENOTDIR ? missingSocket(path)
+                : failure == ECONNREFUSED ? "stale socket" : String(cString: strerror(failure))
             throw NoDaemon(path: path, reason: reason)
         }
         return fd
@@ -557,17 +562,24 @@ public enum ControlClient {
         switch read {
         case .line(let line):
             guard let response = (try? JSONSerialization.jsonObject(with: line)) as? [String: Any] else {
-                throw NoDaemon(path: path, reason: "its answer is not a JSON object: \(String(decoding: line.prefix(40), as: UTF8.self).debugDescription)", kind: .foreign)
+                throw NoDaemon(path: path,
+                               reason: "its answer is not a JSON object: "
+                                   + "\(String(decoding: line.prefix(40), as: UTF8.self).debugDescription)",
+                               kind: .foreign)
             }
             return response
         case .timedOut(0):
-            throw NoDaemon(path: path, reason: "connected, but no answer within \(seconds) s: is it stopped (SIGSTOP) or hung?", kind: .silent)
+            throw NoDaemon(path: path, reason: "connected, but no answer within \(seconds) s: is it stopped (SIGSTOP) or hung?",
+                           kind: .silent)
         case .timedOut(let partial):
-            throw NoDaemon(path: path, reason: "its answer did not end within \(seconds) s (\(partial) bytes came): is it stopped (SIGSTOP) or hung?", kind: .silent)
+            throw NoDaemon(path: path,
+                           reason: "its answer did not end within \(seconds) s (\(partial) bytes came): is it stopped (SIGSTOP) or hung?",
+                           kind: .silent)
         case .closed(0):
             throw NoDaemon(path: path, reason: "connected, but the connection was closed without an answer", kind: .hungUp)
         case .closed(let partial):
-            throw NoDaemon(path: path, reason: "the connection was closed after \(partial) bytes of an answer that did not end", kind: .hungUp)
+            throw NoDaemon(path: path, reason: "the connection was closed after \(partial) bytes of an answer that did not end",
+                           kind: .hungUp)
         case .tooLong:
             throw NoDaemon(path: path, reason: "its answer goes on past \(maxAnswerBytes >> 20) MiB without ending", kind: .foreign)
         case .failed(let error):

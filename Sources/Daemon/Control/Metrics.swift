@@ -41,7 +41,8 @@ public final class DaemonMetrics: Sendable {
         "opqueued_queue_suspended": ("1 if the queue is suspended, else 0.", nil),
         "opqueued_operations_total": ("Operations ended, by kind, queue and final state.", nil),
         "opqueued_jobs_total": ("Jobs published to the outbox, by status.", nil),
-        "opqueued_inbox_files": ("Manifests waiting in the inbox at the last scan, with those a cluster node holds until the database takes them.", nil),
+        "opqueued_inbox_files": ("Manifests waiting in the inbox at the last scan, "
+                                 + "with those a cluster node holds until the database takes them.", nil),
         "opqueued_active_jobs": ("Jobs claimed and not yet published.", nil),
         "opqueued_active_operations": ("Operations of the active jobs (claiming pauses at maxActiveOperations).", nil),
         "opqueued_claiming_paused": ("1 while a spool fault (disk full, no descriptors, read-only) pauses claiming.", nil),
@@ -55,15 +56,20 @@ public final class DaemonMetrics: Sendable {
         "opqueued_download_errors_total": ("Download attempts that failed (not counting cancellations).", nil),
         "opqueued_cluster_connected": ("1 while this cluster node reaches the database, else 0.", nil),
         "opqueued_cluster_nodes_connected": ("Nodes of the cluster that beat within their lease, as of this node's last look.", nil),
-        "opqueued_cluster_slots_held": ("Slots of the queue's clusterMaxConcurrentOperationCount this node holds (as many of its operations may execute here).", nil),
-        "opqueued_cluster_slot_waiting": ("1 while this node's wait for more of the queue's cluster slots is recorded in the database, else 0.", nil),
-        "opqueued_cluster_wakeups_arriving": ("1 while the database's wake-ups (LISTEN/NOTIFY) reach this node; 0 once its probes went unheard.", nil),
+        "opqueued_cluster_slots_held": ("Slots of the queue's clusterMaxConcurrentOperationCount this node holds "
+                                        + "(as many of its operations may execute here).", nil),
+        "opqueued_cluster_slot_waiting": ("1 while this node's wait for more of the queue's cluster slots "
+                                          + "is recorded in the database, else 0.", nil),
+        "opqueued_cluster_wakeups_arriving": ("1 while the database's wake-ups (LISTEN/NOTIFY) reach this node; "
+                                              + "0 once its probes went unheard.", nil),
     ]
 
     public init() {
         factory = Factory(registry: registry)
         // Families that must show before their first event (a dashboard's rate() needs the zero).
-        for status in ["succeeded", "failed", "cancelled", "rejected"] { counter("opqueued_jobs_total", [("status", status)]).increment(by: 0) }
+        for status in ["succeeded", "failed", "cancelled", "rejected"] {
+            counter("opqueued_jobs_total", [("status", status)]).increment(by: 0)
+        }
         counter("opqueued_download_bytes_total").increment(by: 0)
         counter("opqueued_download_errors_total").increment(by: 0)
         _ = CoreMetrics.Timer(label: "opqueued_pickup_seconds", dimensions: [], factory: factory)
@@ -115,7 +121,8 @@ public final class DaemonMetrics: Sendable {
             func gauge(_ name: String, _ labels: [(String, String)], _ value: Double) {
                 let key = SeriesKey(name: name, labels: labels.flatMap { [$0.0, $0.1] })
                 let made = previous[key] ?? registry.makeGauge(
-                    descriptor: MetricNameDescriptor(metricName: name, unitName: "", helpText: Self.families[name]?.help ?? ""), labels: labels)
+                    descriptor: MetricNameDescriptor(metricName: name, unitName: "", helpText: Self.families[name]?.help ?? ""),
+                    labels: labels)
                 made.set(value)
                 set[key] = made
             }
@@ -123,7 +130,8 @@ public final class DaemonMetrics: Sendable {
                 let label = [("queue", q.name)]
                 gauge("opqueued_queue_pending", label, Double(q.pending))
                 gauge("opqueued_queue_executing", label, Double(q.executing))
-                gauge("opqueued_queue_limit", label, Double(q.maxConcurrentOperationCount < 0 ? processorCount : q.maxConcurrentOperationCount))
+                gauge("opqueued_queue_limit", label,
+                      Double(q.maxConcurrentOperationCount < 0 ? processorCount : q.maxConcurrentOperationCount))
                 gauge("opqueued_queue_suspended", label, q.isSuspended ? 1 : 0)
             }
             gauge("opqueued_inbox_files", [], Double(status.waiting))
@@ -164,7 +172,8 @@ public final class DaemonMetrics: Sendable {
 
         func makeRecorder(label: String, dimensions: [(String, String)], aggregate: Bool) -> any RecorderHandler {
             guard aggregate else { return registry.makeGauge(descriptor: descriptor(label), labels: dimensions) }
-            return registry.makeValueHistogram(descriptor: descriptor(label), labels: dimensions, buckets: DaemonMetrics.families[label]?.buckets ?? [1])
+            return registry.makeValueHistogram(descriptor: descriptor(label), labels: dimensions,
+                                               buckets: DaemonMetrics.families[label]?.buckets ?? [1])
         }
 
         func makeMeter(label: String, dimensions: [(String, String)]) -> any MeterHandler {

@@ -162,7 +162,8 @@ public struct Manifest {
             return .failure(ManifestProblems(["the top level must be a dictionary, not \(object.typeName)"]))
         }
         let jobKeys: Set<String> = ["job", "operations", "qualityOfService", "queuePriority", "timeoutSeconds", "metadata"]
-        var plan = JobPlan(job: nil, operations: [], qualityOfService: nil, queuePriority: nil, timeoutSeconds: nil, metadata: nil, photosURL: nil)
+        var plan = JobPlan(job: nil, operations: [], qualityOfService: nil, queuePriority: nil, timeoutSeconds: nil, metadata: nil,
+                           photosURL: nil)
 
         // The photo-list form: name → URL strings only, none of the manifest keys.
         if top["operations"] == nil, top["photosURL"] == nil, top.keys.allSatisfy({ !jobKeys.contains($0) }), let photos = strings(top) {
@@ -175,12 +176,13 @@ public struct Manifest {
         }
         if let value = top["photosURL"] {
             if top["operations"] != nil { problems.append("photosURL: cannot be combined with operations") }
-            if let url = value.string, let scheme = URLComponents(string: url)?.scheme?.lowercased(), ["http", "https", "file"].contains(scheme) {
+            if let url = value.string, let scheme = URLComponents(string: url)?.scheme?.lowercased(),
+               ["http", "https", "file"].contains(scheme) {
                 plan.photosURL = url
                 plan.operations = [OperationPlan(
-                    id: "photos", kind: .download, queue: configuration.defaultQueues[Kind.download.family] ?? "default", dependencies: [], input: nil,
-                    qualityOfService: nil, queuePriority: nil, timeoutSeconds: nil, retries: 0, retryDelaySeconds: 1, runsAfterFailure: false,
-                    parameters: .download(url: url, maxBytes: nil))]
+                    id: "photos", kind: .download, queue: configuration.defaultQueues[Kind.download.family] ?? "default",
+                    dependencies: [], input: nil, qualityOfService: nil, queuePriority: nil, timeoutSeconds: nil, retries: 0,
+                    retryDelaySeconds: 1, runsAfterFailure: false, parameters: .download(url: url, maxBytes: nil))]
             } else {
                 problems.append("photosURL: must be an http, https or file URL string")
             }
@@ -259,9 +261,9 @@ public struct Manifest {
             while used.contains(unique) { unique = "\(base).\(n)"; n += 1 }
             used.insert(unique)
             func op(_ id: String, _ kind: Kind, _ deps: [String], _ parameters: Parameters) -> OperationPlan {
-                OperationPlan(id: id, kind: kind, queue: configuration.defaultQueues[kind.family] ?? "default", dependencies: deps, input: nil,
-                              qualityOfService: nil, queuePriority: nil, timeoutSeconds: nil, retries: 0, retryDelaySeconds: 1,
-                              runsAfterFailure: false, parameters: parameters)
+                OperationPlan(id: id, kind: kind, queue: configuration.defaultQueues[kind.family] ?? "default", dependencies: deps,
+                              input: nil, qualityOfService: nil, queuePriority: nil, timeoutSeconds: nil, retries: 0,
+                              retryDelaySeconds: 1, runsAfterFailure: false, parameters: parameters)
             }
             operations.append(op("download-\(unique)", .download, [], .download(url: photos[name] ?? "", maxBytes: nil)))
             operations.append(op("sepia-\(unique)", .sepia, ["download-\(unique)"], .sepia(intensity: 0.8)))
@@ -270,7 +272,8 @@ public struct Manifest {
         return operations
     }
 
-    private static func parseOperation(_ element: PlistValue, index: Int, configuration: Configuration, problems: inout [String]) -> OperationPlan? {
+    private static func parseOperation(_ element: PlistValue, index: Int, configuration: Configuration,
+                                       problems: inout [String]) -> OperationPlan? {
         guard case .dictionary(let dict) = element else {
             problems.append("operations[\(index)]: must be a dictionary")
             return nil
@@ -301,7 +304,10 @@ public struct Manifest {
         var queue = kind.map { configuration.defaultQueues[$0.family] ?? "default" } ?? "default"
         if let value = dict["queue"] {
             if let s = value.string, configuration.queues[s] != nil { queue = s }
-            else { problems.append("\(label): unknown queue \(quoted(value)) (configured: \(configuration.queueNames.joined(separator: ", ")))") }
+            else {
+                problems.append("\(label): unknown queue \(quoted(value)) "
+                    + "(configured: \(configuration.queueNames.joined(separator: ", ")))")
+            }
         }
         var dependencies: [String] = []
         if let value = dict["dependencies"] {
@@ -325,22 +331,27 @@ public struct Manifest {
         }
         var timeout: Double?
         if let value = dict["timeoutSeconds"] {
-            if let t = value.real, t > 0, t < 1e9 { timeout = t } else { problems.append("\(label): timeoutSeconds must be a positive number of seconds, less than 1e9") }
+            if let t = value.real, t > 0, t < 1e9 { timeout = t }
+            else { problems.append("\(label): timeoutSeconds must be a positive number of seconds, less than 1e9") }
         }
         var retries = 0
         if let value = dict["retries"] {
-            if let n = value.integer, (0...1000).contains(n) { retries = n } else { problems.append("\(label): retries must be an integer from 0 to 1000") }
+            if let n = value.integer, (0...1000).contains(n) { retries = n }
+            else { problems.append("\(label): retries must be an integer from 0 to 1000") }
         }
         var retryDelay = 1.0
         if let value = dict["retryDelaySeconds"] {
-            if let d = value.real, d >= 0, d < 1e9 { retryDelay = d } else { problems.append("\(label): retryDelaySeconds must be 0 or more seconds, less than 1e9") }
+            if let d = value.real, d >= 0, d < 1e9 { retryDelay = d }
+            else { problems.append("\(label): retryDelaySeconds must be 0 or more seconds, less than 1e9") }
         }
         var runsAfterFailure = false
         if let value = dict["runsAfterFailure"] {
             if let b = value.boolean { runsAfterFailure = b } else { problems.append("\(label): runsAfterFailure must be a boolean") }
         }
         guard let id, let kind else { return nil }
-        guard let parameters = parseParameters(kind, dict, label: label, configuration: configuration, problems: &problems) else { return nil }
+        guard let parameters = parseParameters(kind, dict, label: label, configuration: configuration, problems: &problems) else {
+            return nil
+        }
         // A command's own queue, unless the operation names one.
         if case .command(let name, _) = parameters, dict["queue"] == nil, let own = configuration.commands[name]?.queue { queue = own }
         return OperationPlan(id: id, kind: kind, queue: queue, dependencies: dependencies, input: input, qualityOfService: qos,
@@ -348,7 +359,8 @@ public struct Manifest {
                              runsAfterFailure: runsAfterFailure, parameters: parameters)
     }
 
-    private static func parseParameters(_ kind: Kind, _ d: PlistDictionary, label: String, configuration: Configuration, problems: inout [String]) -> Parameters? {
+    private static func parseParameters(_ kind: Kind, _ d: PlistDictionary, label: String, configuration: Configuration,
+                                        problems: inout [String]) -> Parameters? {
         let before = problems.count
         func real(_ key: String, default value: Double?, range: ClosedRange<Double>) -> Double? {
             guard let raw = d[key] else {
@@ -356,7 +368,8 @@ public struct Manifest {
                 return value
             }
             guard let v = raw.real, range.contains(v) else {
-                problems.append("\(label): \(key) must be a number from \(formatNumber(range.lowerBound)) to \(formatNumber(range.upperBound))")
+                problems.append("\(label): \(key) must be a number from \(formatNumber(range.lowerBound)) "
+                    + "to \(formatNumber(range.upperBound))")
                 return nil
             }
             return v
@@ -383,7 +396,9 @@ public struct Manifest {
             let url = string("url")
             if url == nil && d["url"] == nil { problems.append("\(label): url is required") }
             if let url, let scheme = URLComponents(string: url)?.scheme?.lowercased() {
-                if !["http", "https", "file"].contains(scheme) { problems.append("\(label): url scheme '\(clipped(scheme))' is not allowed (http, https, file)") }
+                if !["http", "https", "file"].contains(scheme) {
+                    problems.append("\(label): url scheme '\(clipped(scheme))' is not allowed (http, https, file)")
+                }
             } else if url != nil {
                 problems.append("\(label): url is not a valid URL")
             }
@@ -398,7 +413,9 @@ public struct Manifest {
             if d["width"] == nil && d["height"] == nil { problems.append("\(label): width or height is required") }
             let mode = string("mode") ?? "fit"
             if !["fit", "fill", "stretch"].contains(mode) { problems.append("\(label): mode must be fit, fill or stretch") }
-            if mode != "fit" && (d["width"] == nil || d["height"] == nil) { problems.append("\(label): mode '\(mode)' needs both width and height") }
+            if mode != "fit" && (d["width"] == nil || d["height"] == nil) {
+                problems.append("\(label): mode '\(mode)' needs both width and height")
+            }
             // stretch and fill make at least width × height pixels whatever the input: more than an image may have is
             // known now (fit's result depends on the input's shape: checked when it runs).
             if mode != "fit", let width, let height, width * height > configuration.maxPixels {
@@ -422,10 +439,13 @@ public struct Manifest {
         case .command:
             if let name = string("command") {
                 if let spec = configuration.commands[name] {
-                    result = spec.checkArguments(d["arguments"], label: label, problems: &problems).map { .command(name: name, arguments: $0) }
+                    result = spec.checkArguments(d["arguments"], label: label, problems: &problems).map {
+                        .command(name: name, arguments: $0)
+                    }
                 } else {
                     let known = configuration.commands.keys.sorted()
-                    problems.append("\(label): unknown command '\(clipped(name))' (\(known.isEmpty ? "the configuration declares none" : "configured: " + known.joined(separator: ", ")))")
+                    problems.append("\(label): unknown command '\(clipped(name))' "
+                        + "(\(known.isEmpty ? "the configuration declares none" : "configured: " + known.joined(separator: ", ")))")
                     result = nil
                 }
             } else {
@@ -458,7 +478,8 @@ public struct Manifest {
         return nil
     }
 
-    private static func validateGraph(_ plan: JobPlan, problems initial: [String], configuration: Configuration) -> Result<JobPlan, ManifestProblems> {
+    private static func validateGraph(_ plan: JobPlan, problems initial: [String],
+                                      configuration: Configuration) -> Result<JobPlan, ManifestProblems> {
         var problems = initial
         var index: [String: Int] = [:]
         for (i, op) in plan.operations.enumerated() {

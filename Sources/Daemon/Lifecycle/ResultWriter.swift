@@ -17,7 +17,9 @@ enum ResultWriter {
         /// succeeded then, else from this run.
         func times(_ i: Int) -> (started: Double?, finished: Double?, attempts: Int) {
             let record = records[i]
-            if record.state == .succeeded, let done = job.claimed.done[operations[i].id] { return (done.startedAt, done.finishedAt, done.attempts) }
+            if record.state == .succeeded, let done = job.claimed.done[operations[i].id] {
+                return (done.startedAt, done.finishedAt, done.attempts)
+            }
             return (record.startedAt, record.finishedAt, record.attempts)
         }
         var firstStart: Double?

@@ -65,13 +65,15 @@ func readRegularFile(_ path: String, limit: Int = ManifestLimits.maxBytes + 1, s
 
 /// `readRegularFile` of a descriptor open on `path` (read from its current offset); with `check`, only
 /// the checks are made (nothing is read).
-func readRegularFile(_ fd: Int32, path: String, limit: Int = ManifestLimits.maxBytes + 1, singleLink: Bool = false, check: Bool = false) -> Result<Data, SpoolError> {
+func readRegularFile(_ fd: Int32, path: String, limit: Int = ManifestLimits.maxBytes + 1, singleLink: Bool = false,
+                     check: Bool = false) -> Result<Data, SpoolError> {
     var st = stat()
     guard fstat(fd, &st) == 0 else { return .failure(SpoolError(operation: "fstat", path: path, errno: errno)) }
     guard (st.st_mode & S_IFMT) == S_IFREG else { return .failure(SpoolError.notRegular(path, mode: st.st_mode)) }
     guard !singleLink || st.st_nlink == 1 else {
         return .failure(SpoolError(operation: "open", path: path, errno: EPERM,
-                                   reason: "the file has \(st.st_nlink) hard links: one linked elsewhere is not handed over (move it here, or copy it)"))
+                                   reason: "the file has \(st.st_nlink) hard links: "
+                                       + "one linked elsewhere is not handed over (move it here, or copy it)"))
     }
     if check { return .success(Data()) }
     return readBounded(fd, limit: limit).mapError { SpoolError(operation: "read", path: path, errno: $0.code) }

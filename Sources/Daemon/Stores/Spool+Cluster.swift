@@ -70,8 +70,8 @@ extension Spool {
     /// A manifest claimed for the cluster that this node rejects: moved into active/<id>/ as an ordinary claim
     /// (the id unique here), to be published here like any rejected job.
     func promoteSubmission(_ job: ClaimedJob, inUse: (String) -> Bool) throws -> ClaimOutcome {
-        let outcome = try placeClaim(job.manifestName, source: submissionsFolder + "/" + job.id.dropFirst(), data: job.manifest, tree: job.tree,
-                                     now: job.receivedAt, inUse: inUse)
+        let outcome = try placeClaim(job.manifestName, source: submissionsFolder + "/" + job.id.dropFirst(), data: job.manifest,
+                                     tree: job.tree, now: job.receivedAt, inUse: inUse)
         guard case .claimed(var local) = outcome else { return outcome }
         local.inboxInode = job.inboxInode
         return .claimed(local)
@@ -109,14 +109,16 @@ extension Spool {
                 if let recorded = readClaimRecord(dir)?.manifest { inboxName = recorded }
                 if inboxName.isEmpty { inboxName = key + ".plist" }
                 let tree = manifest.tree ?? ManifestTree(manifest.data)
-                found.append((dir, ClaimedJob(id: "." + name, requestedJob: Self.wantedID(name: inboxName, tree: tree), manifestName: inboxName,
-                                              receivedAt: Date().timeIntervalSince1970, manifest: manifest.data, tree: manifest.tree, done: [:])))
+                found.append((dir, ClaimedJob(id: "." + name, requestedJob: Self.wantedID(name: inboxName, tree: tree),
+                                              manifestName: inboxName, receivedAt: Date().timeIntervalSince1970,
+                                              manifest: manifest.data, tree: manifest.tree, done: [:])))
                 continue
             }
             guard case .success(let manifest) = Self.readHeldManifest(dir + "/manifest.plist") else { removeTree(dir); continue }
             let record = readClaimRecord(dir)
             found.append((dir, ClaimedJob(id: name, requestedJob: record?.requestedJob, manifestName: record?.manifest ?? name + ".plist",
-                                          receivedAt: record?.receivedAt ?? Self.claimTime(dir), manifest: manifest.data, tree: manifest.tree, done: [:])))
+                                          receivedAt: record?.receivedAt ?? Self.claimTime(dir), manifest: manifest.data,
+                                          tree: manifest.tree, done: [:])))
         }
         return found
     }
@@ -130,12 +132,17 @@ extension Spool {
         if claims.isEmpty && submissions.isEmpty { return }
         var held: [String] = []
         if !claims.isEmpty {
-            held.append("\(claims.count) job\(claims.count == 1 ? "" : "s") claimed from the cluster's database (active/: \(firstNames(claims)))")
+            held.append("\(claims.count) job\(claims.count == 1 ? "" : "s") claimed from the cluster's database "
+                        + "(active/: \(firstNames(claims)))")
         }
         if !submissions.isEmpty {
-            held.append("\(submissions.count) manifest\(submissions.count == 1 ? "" : "s") set aside for it (active/.submissions/: \(firstNames(submissions)))")
+            held.append("\(submissions.count) manifest\(submissions.count == 1 ? "" : "s") set aside for it "
+                        + "(active/.submissions/: \(firstNames(submissions)))")
         }
-        throw SpoolClusterHoldingsError(description: "active/ holds \(held.joined(separator: " and ")), and the configuration has no cluster: run alone, this node would run them while the cluster runs them too. Start it with its cluster configuration until they are gone (a graceful stop hands back jobs not started), or take them out of active/ yourself (a manifest moved into the inbox runs here as a new job)")
+        throw SpoolClusterHoldingsError(description: "active/ holds \(held.joined(separator: " and ")), "
+            + "and the configuration has no cluster: run alone, this node would run them while the cluster runs them too. "
+            + "Start it with its cluster configuration until they are gone (a graceful stop hands back jobs not started), "
+            + "or take them out of active/ yourself (a manifest moved into the inbox runs here as a new job)")
     }
 
     /// Whether active/<job>/ was written by `materialise` (a job claimed from the cluster), not by an inbox claim.
@@ -159,7 +166,8 @@ extension Spool {
         defer { if let manifestFile, !renamed { removeTree(manifestFile) } }
         guard mkdir(dir, 0o750) == 0 else { throw SpoolError(operation: "mkdir", path: dir, errno: errno) }
         do {
-            try writeClaimRecord(ClaimRecord(manifest: manifestName, receivedAt: receivedAt, requestedJob: requestedJob == job ? nil : requestedJob,
+            try writeClaimRecord(ClaimRecord(manifest: manifestName, receivedAt: receivedAt,
+                                         requestedJob: requestedJob == job ? nil : requestedJob,
                                          origin: origin), on: dir)
             renamed = manifestFile.map { rename($0, dir + "/manifest.plist") == 0 } ?? false
             if !renamed { try writeFile(Data(manifest), to: dir + "/manifest.plist") }
@@ -187,7 +195,8 @@ extension Spool {
         for name in Self.entryNames(job) {
             let target = shared + "/" + name
             if access(target, F_OK) == 0 {
-                if case .success(let ours) = manifest, case .success(let theirs) = readRegularFile(target + "/manifest.plist", limit: Int.max),
+                if case .success(let ours) = manifest,
+                   case .success(let theirs) = readRegularFile(target + "/manifest.plist", limit: Int.max),
                    ours == theirs {
                     removeTree(source)
                     return name

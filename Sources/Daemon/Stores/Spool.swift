@@ -132,7 +132,8 @@ public final class Spool: @unchecked Sendable {
             let e = errno
             let folder = { (p: String) in String(p.dropFirst(self.root.count + 1).prefix { $0 != "/" }) + "/" }
             if e == EXDEV {
-                throw SpoolMountError(description: "\(folder(from)) and \(folder(to)) are on different mounts (a rename between them fails: \(String(cString: strerror(e)))); the whole spool must be on one mount")
+                throw SpoolMountError(description: "\(folder(from)) and \(folder(to)) are on different mounts "
+                    + "(a rename between them fails: \(String(cString: strerror(e)))); the whole spool must be on one mount")
             }
             throw SpoolError(operation: "rename to \(to)", path: from, errno: e)
         }
@@ -245,7 +246,9 @@ public final class Spool: @unchecked Sendable {
                 throw SpoolError(operation: "mkdir", path: dir, errno: errno)
             }
             var st = stat()
-            guard stat(dir, &st) == 0, (st.st_mode & S_IFMT) == S_IFDIR else { throw SpoolError(operation: "stat", path: dir, errno: ENOTDIR) }
+            guard stat(dir, &st) == 0, (st.st_mode & S_IFMT) == S_IFDIR else {
+                throw SpoolError(operation: "stat", path: dir, errno: ENOTDIR)
+            }
         }
         return made
     }
@@ -316,7 +319,9 @@ public final class Spool: @unchecked Sendable {
     /// `inUse` says which ids the caller still holds though their folders have left active/: a job whose folder
     /// is already in outbox/ (and may be taken away from there at once) but whose end is not yet announced.
     public func claim(_ name: String, now: Double, settled: Bool = true, inUse: (String) -> Bool = { _ in false }) throws -> ClaimOutcome {
-        try take(name, settled: settled) { _, source, data, tree in try placeClaim(name, source: source, data: data, tree: tree, now: now, inUse: inUse) }
+        try take(name, settled: settled) { _, source, data, tree in
+            try placeClaim(name, source: source, data: data, tree: tree, now: now, inUse: inUse)
+        }
     }
 
     /// The checked read every claim starts with: opens inbox/<name> without following links or blocking, refuses
@@ -346,7 +351,8 @@ public final class Spool: @unchecked Sendable {
             let lease = opq_lease(fd, 0)
             if lease == -EAGAIN { return .busy }
             if lease != 0 {
-                let reason = String(cString: strerror(-lease)) + (lease == -EACCES || lease == -EPERM ? " (the file is not the daemon's user's and the daemon lacks CAP_LEASE)" : "")
+                let reason = String(cString: strerror(-lease))
+                    + (lease == -EACCES || lease == -EPERM ? " (the file is not the daemon's user's and the daemon lacks CAP_LEASE)" : "")
                 leaseRefused = "inbox/\(name): \(reason)"
                 if !settled { return .unsettled }
             }
@@ -375,7 +381,8 @@ public final class Spool: @unchecked Sendable {
     /// A claim's second half: active/<id>/ made (the id unique in active/ and outbox/, and not `inUse`), the record
     /// written, the manifest renamed in. `tree`: the manifest's, when the caller has it (for a file too large to
     /// read, the only word on it); else made from `data`.
-    func placeClaim(_ name: String, source: String, data: Data, tree known: ManifestTree? = nil, now: Double, inUse: (String) -> Bool) throws -> ClaimOutcome {
+    func placeClaim(_ name: String, source: String, data: Data, tree known: ManifestTree? = nil, now: Double,
+                    inUse: (String) -> Bool) throws -> ClaimOutcome {
         let tree = known ?? ManifestTree(data)
         let wanted = Self.wantedID(name: name, tree: tree)
         var id = wanted
@@ -431,7 +438,8 @@ public final class Spool: @unchecked Sendable {
                 if names.allSatisfy({ $0 == "job.plist" }) {
                     removeTree(dir)
                 } else {
-                    problems.append("active/\(id)/ has no manifest.plist but holds \(firstNames(names)): not a job the daemon claimed; left in place")
+                    problems.append("active/\(id)/ has no manifest.plist but holds \(firstNames(names)): "
+                                    + "not a job the daemon claimed; left in place")
                 }
                 continue
             }

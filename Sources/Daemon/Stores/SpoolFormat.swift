@@ -42,7 +42,9 @@ extension Spool {
             let jobs = jobsInActive()
             guard jobs.isEmpty else {
                 let shown = found.map { "format \($0.format)" } ?? "a format this build cannot read"
-                throw SpoolFormatError(description: "\(active)/ holds \(jobs.count) job\(jobs.count == 1 ? "" : "s") (\(firstNames(jobs))) written in \(shown) (\(formatPath)), newer than this build's format \(Self.format): let the newer opqueued run them to the end (for instance with --once), then start this one")
+                throw SpoolFormatError(description: "\(active)/ holds \(jobs.count) job\(jobs.count == 1 ? "" : "s") "
+                    + "(\(firstNames(jobs))) written in \(shown) (\(formatPath)), newer than this build's format \(Self.format): "
+                    + "let the newer opqueued run them to the end (for instance with --once), then start this one")
             }
             tookOver = found?.format ?? 0
         }
