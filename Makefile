@@ -196,10 +196,10 @@ MAN_OUT = .build/plugins/GenerateManual/outputs
 man:
 	$(SWIFT) package --allow-writing-to-package-directory generate-manual --configuration debug --date $(MAN_DATE) --section 1
 	cp $(MAN_OUT)/opqueuectl/opqueuectl.1 docs/man/opqueuectl.1
-	python3 scripts/tidy-mdoc.py docs/man/opqueuectl.1 opqueued.plist:5 opqueued:8 journalctl:1
+	python3 docs/man/tidy-mdoc.py docs/man/opqueuectl.1 opqueued.plist:5 opqueued:8 journalctl:1
 	$(SWIFT) package --allow-writing-to-package-directory generate-manual --configuration debug --date $(MAN_DATE) --section 8
 	cp $(MAN_OUT)/opqueued/opqueued.8 docs/man/opqueued.8
-	python3 scripts/tidy-mdoc.py docs/man/opqueued.8 opqueuectl:1 opqueued.plist:5 journalctl:1 systemd.service:5
+	python3 docs/man/tidy-mdoc.py docs/man/opqueued.8 opqueuectl:1 opqueued.plist:5 journalctl:1 systemd.service:5
 
 clean:
 	rm -rf .build

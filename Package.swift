@@ -112,7 +112,7 @@ let package = Package(
         .executableTarget(
             name: "opqueue-campaign",
             dependencies: ["Daemon", "TestSupport"],
-            path: "Tests/Campaigns"
+            path: "Benchmarks/opqueue-campaign"
         ),
         // Shared by the tests, the campaigns and the benchmarks.
         .target(

@@ -4,7 +4,7 @@
 // claim round (up to B, a node's jobSlots), one CompleteJobs per batch of ends (fenced, with a result document) —
 // from W workers, each its own pool and node row as a node would have, and no work between claim and completion.
 // This is what PGQueuer's no-op figure measures (claim -> no-op -> completion); the node's own figure adds the
-// spool's file work, the engine and the journal (bench/cluster/opqueued.py `database`).
+// spool's file work, the engine and the journal (Benchmarks/cluster/opqueued.py `database`).
 //
 // The jobs are inserted first (InsertJobs by the thousand), then the program prints `ready` and waits for a line
 // on stdin, so that the caller reads pg_stat_database around the drain alone; it ends with one JSON line.
@@ -53,7 +53,7 @@ enum StoreBench {
         exit(1)
     }
 
-    /// The manifest bench/cluster/opqueued.py inserts, and a result document of the size a node records.
+    /// The manifest Benchmarks/cluster/opqueued.py inserts, and a result document of the size a node records.
     static let manifest = [UInt8]((try? PropertyListSerialization.data(
         fromPropertyList: ["operations": [["id": "a", "kind": "sleep", "seconds": 0]]], format: .binary, options: 0)) ?? Data())
     static let result = [UInt8]((try? PropertyListSerialization.data(

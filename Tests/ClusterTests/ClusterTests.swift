@@ -1,7 +1,7 @@
 // SPEC §8 from outside: real opqueued nodes (.build/debug), one real PostgreSQL, the node role with only the
 // documented GRANTs (Tests/Support/ClusterHarness.swift). Each test has its own server and nodes; the suite runs
 // serially (two cores: parallel clusters would only measure the machine). Liveness bounds carry slack for a loaded
-// machine; figures are measured by bench/cluster/run.sh, never asserted here.
+// machine; figures are measured by Benchmarks/cluster/run.sh, never asserted here.
 //
 // What these tests assume of the daemon, besides SPEC §8's words: `status --json` has a top-level `nodes` array and
 // each queue's `suspended` in `queues`; a job no live node can run is named, with the missing queue, somewhere in

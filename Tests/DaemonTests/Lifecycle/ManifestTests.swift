@@ -203,7 +203,7 @@ func problems(_ object: Any) -> [String] {
     }
 
     @Test func catalogHasEveryMessageID() throws {
-        let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
+        let root = URL(fileURLWithPath: repositoryRoot)
         let catalog = try String(contentsOf: root.appendingPathComponent("systemd/opqueued.catalog"), encoding: .utf8)
         var ids = Set<String>()
         for pair in MessageIDs.pairs {

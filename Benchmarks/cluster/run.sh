@@ -8,31 +8,31 @@
 #              then PGQueuer's jobs each doing the file work opqueued does for a job (anchor-files: anchors.py --files)
 #   opqueued   1 and 2 nodes, JOBS single-`sleep 0` manifests dropped into node A's inbox: jobs/s end to end and
 #              commits per job; pickup latency from an idle cluster (rename into A's inbox -> executing on B);
-#              kill -9 of the node running a job -> running on the other (bench/cluster/opqueued.py); and the
+#              kill -9 of the node running a job -> running on the other (Benchmarks/cluster/opqueued.py); and the
 #              database part alone (opqueue-bench store: the nodes' claim and completion statements, no-op, 1 and 2
 #              workers), the figure of the same kind as the anchors' no-op ones
 #
-#   bench/cluster/run.sh [PARTS...]      PARTS: floor anchors opqueued (default: all three)
-#   BENCH_FS=journalled bench/cluster/run.sh     the server's data and every spool on a journalled ext4 (a 16 GB
+#   Benchmarks/cluster/run.sh [PARTS...]      PARTS: floor anchors opqueued (default: all three)
+#   BENCH_FS=journalled Benchmarks/cluster/run.sh     the server's data and every spool on a journalled ext4 (a 16 GB
 #              sparse image under .build-bench, loop-mounted for the run, removed after); by default both are under
 #              /tmp, on whatever file system that is (on the machines these figures come from: ext4 without a
 #              journal, where an inode allocation skips every inode of its group freed in the last minutes, which
 #              the cluster's end-to-end parts pay for and the spool alone does not: docs/cluster.md)
-#   BENCH_FS=apart bench/cluster/run.sh     as on separate hosts: the server's data on one journalled ext4 and each
+#   BENCH_FS=apart Benchmarks/cluster/run.sh     as on separate hosts: the server's data on one journalled ext4 and each
 #              node's spool on one of its own (three images): a node's syncfs writes out only what that node wrote,
 #              not the other node's files or the server's pages
-#   JOBS=10000 SAMPLES=200 BIN=.build/release OPQUEUED_ARGS=--spool-alone bench/cluster/run.sh opqueued
-#   OPQUEUED_ARGS=--parts=spool,2,spool,2,spool,2 bench/cluster/run.sh opqueued   rounds in turn; the run ends with a
+#   JOBS=10000 SAMPLES=200 BIN=.build/release OPQUEUED_ARGS=--spool-alone Benchmarks/cluster/run.sh opqueued
+#   OPQUEUED_ARGS=--parts=spool,2,spool,2,spool,2 Benchmarks/cluster/run.sh opqueued   rounds in turn; the run ends with a
 #              `ratio` line: each round's 2-node figure over its spool-alone figure, and their median
-#   OPQUEUED_ARGS=--parts=2,pickup bench/cluster/run.sh opqueued     (spool, 1, 2, database, store, pickup, takeover;
+#   OPQUEUED_ARGS=--parts=2,pickup Benchmarks/cluster/run.sh opqueued     (spool, 1, 2, database, store, pickup, takeover;
 #              also limited: 2 nodes, every operation on a queue limited to 2 cluster-wide)
-#   OPQUEUED_ARGS="--log-target=journal --parts=spool,2" bench/cluster/run.sh opqueued   the nodes log to journald as
+#   OPQUEUED_ARGS="--log-target=journal --parts=spool,2" Benchmarks/cluster/run.sh opqueued   the nodes log to journald as
 #              under systemd, not to a file each (journald must be listening: without systemd, as root,
 #              `mkdir -p /run/systemd/journal && /lib/systemd/systemd-journald &`)
-#   PG_STATEMENTS=1 OPQUEUED_ARGS=--parts=2 bench/cluster/run.sh opqueued   the server loads pg_stat_statements, and
+#   PG_STATEMENTS=1 OPQUEUED_ARGS=--parts=2 Benchmarks/cluster/run.sh opqueued   the server loads pg_stat_statements, and
 #              at the end prints, per statement, its calls, rows and milliseconds of execution over the whole run
 #              (nested statements too: the claim function's own): where the server's time goes
-#   TIMELINE=1 OPQUEUED_ARGS=--parts=2 bench/cluster/run.sh opqueued   every 0.25 s of an end-to-end part: node 0's
+#   TIMELINE=1 OPQUEUED_ARGS=--parts=2 Benchmarks/cluster/run.sh opqueued   every 0.25 s of an end-to-end part: node 0's
 #              inbox and active/.submissions, the rows by state, each outbox (for diagnosis: it slows the part)
 #
 # Prints one JSON line per figure; the whole output is also kept in .build-bench/cluster-<time>.txt. The throughput
@@ -166,17 +166,17 @@ anchors() {
     # Procrastinate is an order of magnitude slower: a fifth of the jobs keeps the run short.
     [ $system = procrastinate ] && jobs=$((JOBS / 5))
     for workers in 1 2; do
-      "$VENV/bin/python" "$ROOT/bench/cluster/anchors.py" throughput $system --base "$BASE" --admin "$BASE/postgres" \
+      "$VENV/bin/python" "$ROOT/Benchmarks/cluster/anchors.py" throughput $system --base "$BASE" --admin "$BASE/postgres" \
         --work "$work" --jobs $jobs --workers $workers | sed 's/^{/{"part": "anchor", /'
     done
-    "$VENV/bin/python" "$ROOT/bench/cluster/anchors.py" latency $system --base "$BASE" --admin "$BASE/postgres" \
+    "$VENV/bin/python" "$ROOT/Benchmarks/cluster/anchors.py" latency $system --base "$BASE" --admin "$BASE/postgres" \
       --work "$work" --samples "$SAMPLES" | sed 's/^{/{"part": "anchor-latency", /'
   done
   # PGQueuer again, each job doing the file work opqueued does for a job already in the database (anchors.py --files);
   # the folders stay until the run ends (under $DIR), as the spools do: removing them would slow the next parts'
   # file creation on ext4 without a journal (docs/cluster.md).
   for workers in 1 2; do
-    "$VENV/bin/python" "$ROOT/bench/cluster/anchors.py" throughput pgqueuer --base "$BASE" --admin "$BASE/postgres" \
+    "$VENV/bin/python" "$ROOT/Benchmarks/cluster/anchors.py" throughput pgqueuer --base "$BASE" --admin "$BASE/postgres" \
       --work "$work" --jobs $JOBS --workers $workers --files "$DIR/anchor-files-$workers" | sed 's/^{/{"part": "anchor-files", /'
   done
   rm -rf "$work"
@@ -184,7 +184,7 @@ anchors() {
 
 # --- opqueued -----------------------------------------------------------------------------------------------------
 opqueued() {
-  python3 "$ROOT/bench/cluster/opqueued.py" --bin "$BIN" --base "$BASE" --admin "$BASE/postgres" --jobs "$JOBS" \
+  python3 "$ROOT/Benchmarks/cluster/opqueued.py" --bin "$BIN" --base "$BASE" --admin "$BASE/postgres" --jobs "$JOBS" \
     --samples "$SAMPLES" --pgbin "$PGBIN" ${OPQUEUED_ARGS:-}
 }
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-# The opqueued part of the cluster benchmark (bench/cluster/run.sh opqueued), on the server run.sh started:
+# The opqueued part of the cluster benchmark (Benchmarks/cluster/run.sh opqueued), on the server run.sh started:
 #
 #   throughput  the file spool alone (no cluster: today's single-node figure), then 1 and 2 nodes; JOBS single-`sleep 0` manifests written hidden into node A's inbox, then renamed in
 #               (the clock starts at the first rename and stops when the last outbox entry appears on any node);

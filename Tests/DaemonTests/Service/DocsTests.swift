@@ -102,7 +102,7 @@ func runnableShellBlocks(_ markdown: String) -> (run: [String], skipped: Int) {
                     #expect(text.contains(help.prefix(30)), "\(page) lacks the help '\(help)'")
                 }
             }
-            // (`help` is argument-parser's own; scripts/tidy-mdoc.py drops it where it is the only one.)
+            // (`help` is argument-parser's own; docs/man/tidy-mdoc.py drops it where it is the only one.)
             for sub in command["subcommands"] as? [[String: Any]] ?? [] where sub["commandName"] as? String != "help" {
                 let name = sub["commandName"] as? String ?? ""
                 #expect(text.contains(".It Em \(name)"), "\(page) lacks the subcommand \(name)")

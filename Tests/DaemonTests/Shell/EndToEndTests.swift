@@ -6,7 +6,8 @@ import Testing
 import TestSupport
 @testable import Daemon
 
-let repositoryRoot = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent().path
+/// The clone's root: two folders above Tests/Support (TestSupport's own file says where it is).
+let repositoryRoot = URL(fileURLWithPath: supportFolder).deletingLastPathComponent().deletingLastPathComponent().path
 let binaries = repositoryRoot + "/.build/debug"
 
 struct Run {

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 # The anchors of the cluster benchmark (issue 17): the same trivial work through PGQueuer and Procrastinate on the
-# server bench/cluster/run.sh started, so that opqueued's figures stand beside theirs from the same run.
+# server Benchmarks/cluster/run.sh started, so that opqueued's figures stand beside theirs from the same run.
 #
 #   anchors.py throughput SYSTEM --dsn DSN --jobs N --workers W   jobs already in the database, no-op, W worker
 #                                                                 processes: jobs/s and commits per job
@@ -61,7 +61,7 @@ async def pgqueuer_install(dsn):
     await connection.close()
 
 
-# What each job carries with --files: the trivial manifest opqueued's benchmark submits (bench/cluster/opqueued.py).
+# What each job carries with --files: the trivial manifest opqueued's benchmark submits (Benchmarks/cluster/opqueued.py).
 MANIFEST = plistlib.dumps({"job": "j", "operations": [{"id": "a", "kind": "sleep", "seconds": 0}]})
 RESULT = plistlib.dumps({"job": "j", "status": "succeeded", "operations": [{"id": "a", "state": "succeeded", "attempts": 1}]})
 

@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # A soak of the cluster's end-to-end part: runs it again and again (each time a fresh PostgreSQL and fresh nodes,
-# through bench/cluster/run.sh) and watches every node's outbox; when no job ends for STALL seconds while jobs are
+# through Benchmarks/cluster/run.sh) and watches every node's outbox; when no job ends for STALL seconds while jobs are
 # still missing, it dumps every node's thread stacks (gdb), each spool's folder counts and logs, and stops with 1.
 # For what a timed test cannot catch: a rare stall under a flood.
 #
-#   bench/cluster/soak.sh [RUNS]                   (default 10; needs root, gdb, `swift build -c release` first)
-#   JOBS=4000 PARTS=1,2 STALL=20 bench/cluster/soak.sh 50
+#   Benchmarks/cluster/soak.sh [RUNS]                   (default 10; needs root, gdb, `swift build -c release` first)
+#   JOBS=4000 PARTS=1,2 STALL=20 Benchmarks/cluster/soak.sh 50
 #
 # Every run's figures go to .build-bench/soak-<time>/run-N.txt; a stall's evidence to .build-bench/soak-<time>/stall/.
 
@@ -27,7 +27,7 @@ count_outboxes() {
 }
 
 for run in $(seq 1 "$RUNS"); do
-  OPQ_KEEP=1 JOBS=$JOBS OPQUEUED_ARGS=--parts=$PARTS timeout 900 "$ROOT/bench/cluster/run.sh" opqueued > "$OUT/run-$run.txt" 2>&1 &
+  OPQ_KEEP=1 JOBS=$JOBS OPQUEUED_ARGS=--parts=$PARTS timeout 900 "$ROOT/Benchmarks/cluster/run.sh" opqueued > "$OUT/run-$run.txt" 2>&1 &
   bench=$!
   last=-1 still=0
   while kill -0 "$bench" 2>/dev/null; do
@@ -46,7 +46,7 @@ for run in $(seq 1 "$RUNS"); do
              "active $(ls "$d/active" | wc -l), outbox $(ls "$d/outbox" | wc -l)" >> "$OUT/stall/folders.txt"
         cp "$d.log" "$OUT/stall/" 2>/dev/null
       done
-      pkill -f "bench/cluster/opqueued.py"; pkill -f "release/opqueued --spool"
+      pkill -f "Benchmarks/cluster/opqueued.py"; pkill -f "release/opqueued --spool"
       wait "$bench"
       exit 1
     fi
