@@ -5,7 +5,8 @@
 #   make test    install what is missing, build, run every test (what .ci/run does)
 #   make campaigns  the reliability campaigns at full size (crash, faults, fuzz, load; root)
 #   make bench   the benchmarks (release build)
-#   make install binaries, unit, catalog, sysusers/tmpfiles snippets, man pages, completions (PREFIX=/usr/local)
+#   make install binaries, unit, catalog, sysusers/tmpfiles snippets, man pages, completions (PREFIX=/usr/local);
+#                as root it installs what `make release` built and never builds
 #   make man     regenerate docs/man/opqueuectl.1 and opqueued.8 from the code (argument-parser's generate-manual)
 #   make sql     regenerate Sources/ClusterStore/Queries.generated.swift from the .sql files beside it
 #   make install-files   the same without building, from BINARIES (the systemd tests install their debug build)
@@ -161,7 +162,13 @@ bench: release
 	.build/release/opqueue-bench spool
 	.build/release/opqueue-bench images
 
-install: release install-files
+# Never builds as root (root-owned files in .build/ would stop the next build as yourself): `make release` first,
+# then `sudo make install` installs what was built. As another user it builds, then installs (DESTDIR, say).
+install:
+	@if [ "$$(id -u)" = 0 ]; then \
+	  [ -x $(BINARIES)/opqueued ] || { echo "make install: nothing is built in $(BINARIES): run 'make release' as yourself first (make install never builds as root)" >&2; exit 1; }; \
+	else $(MAKE) release; fi
+	$(MAKE) install-files
 
 install-files:
 	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(UNITDIR) $(DESTDIR)$(SYSUSERSDIR) $(DESTDIR)$(TMPFILESDIR) $(DESTDIR)$(CATALOGDIR)

@@ -174,6 +174,44 @@ final class BootedSystemd {
         #expect(exposure(offline.stdout).map { $0 <= 1.5 } == true, "\(offline.stdout.suffix(200))")
     }
 
+    /// The README's chapter on installing the service, run as written in the tests' systemd: every `sh` block of it,
+    /// in order, with two stand-ins a test must have — `make release` is the debug build the tests already made (a
+    /// release build takes minutes), and `sudo` runs its command as the root the test is. Then what the chapter says
+    /// happens, happened: the unit is enabled and active, the job went through it, the journal and opqueuectl tell it.
+    @Test func theReadmesServiceChapterRunsAsWritten() throws {
+        let readme = try String(contentsOfFile: repositoryRoot + "/README.md", encoding: .utf8)
+        let chapter = try #require(readme.components(separatedBy: "\n## Installing it as a service\n").dropFirst().first?
+            .components(separatedBy: "\n## ").first)
+        let blocks = chapter.components(separatedBy: "```sh\n").dropFirst().compactMap { $0.components(separatedBy: "\n```").first }
+        #expect(blocks.count >= 2, "\(blocks.count) blocks")
+        #expect(blocks.joined().contains("sudo make install") && blocks.joined().contains("journalctl -u opqueued"))
+        let systemd = try BootedSystemd()
+        defer { systemd.shutdown() }
+        let clean = "systemctl disable --now opqueued 2>/dev/null; rm -rf \(Self.spool)/outbox/hello \(Self.spool)/outbox/hello.*"
+        try systemd.run("sh", "-c", clean)
+        defer { _ = try? systemd.run("sh", "-c", clean) }
+        // The stand-ins, in the namespace's own /tmp.
+        let shims = "/proc/\(systemd.pid)/root/tmp/readme-shims"
+        try FileManager.default.createDirectory(atPath: shims, withIntermediateDirectories: true)
+        let make = "#!/bin/sh\n[ \"$*\" = release ] && { echo 'make release: the tests' debug build'; exit 0; }\n"
+            + "exec /usr/bin/make BINARIES=.build/debug \"$@\"\n"
+        try make.write(toFile: shims + "/make", atomically: true, encoding: .utf8)
+        // sudo's own secure_path: usermod is in /usr/sbin.
+        try "#!/bin/sh\nPATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin exec \"$@\"\n"
+            .write(toFile: shims + "/sudo", atomically: true, encoding: .utf8)
+        for shim in ["make", "sudo"] { chmod(shims + "/" + shim, 0o755) }
+        let script = "export PATH=/tmp/readme-shims:/usr/local/bin:/usr/bin:/bin USER=root\n" + blocks.joined(separator: "\n")
+        let r = try systemd.run("bash", "-c", script, timeout: 180)
+        let output = r.stdout + r.stderr
+        #expect(try systemd.property(Self.unit, "ActiveState") == "active", "\(output.suffix(2000))")
+        #expect(try systemd.property(Self.unit, "UnitFileState") == "enabled")
+        #expect(r.stdout.split(separator: "\n").contains("hello"), "submit printed the job id: \(output.suffix(2000))")
+        #expect(r.stdout.contains("flaky") && r.stdout.contains("report"), "show told each operation: \(output.suffix(2000))")
+        #expect(r.stdout.contains("OPQ_STATE=finished") && r.stdout.contains("OPQ_JOB=hello"), "the journal told its story")
+        #expect(try systemd.run("id", "-nG", "root").stdout.contains("opqueued"), "usermod put the user in the group")
+        _ = try? systemd.run("gpasswd", "-d", "root", "opqueued")
+    }
+
     /// The installed unit as a cluster node (SPEC §8) on a PostgreSQL of the same machine, reached as the README's
     /// Cluster chapter says: through the server's Unix-domain socket, peer authentication for the unit's own
     /// `opqueued` user, no password anywhere — inside the unit's sandbox (ProtectSystem=strict, PrivateTmp, the
