@@ -139,8 +139,11 @@ build-fuzz-manifest: deps
 	$(SWIFTC) -O -sanitize=fuzzer,address -parse-as-library -module-name OperationEngine -emit-library -static \
 	  -emit-module -emit-module-path $(FUZZ_MANIFEST)/OperationEngine.swiftmodule -o $(FUZZ_MANIFEST)/libOperationEngine.a \
 	  Sources/OperationEngine/QualityOfService.swift
+	$(SWIFTC) -O -sanitize=fuzzer,address -parse-as-library -module-name SystemCalls -emit-library -static \
+	  -emit-module -emit-module-path $(FUZZ_MANIFEST)/SystemCalls.swiftmodule -o $(FUZZ_MANIFEST)/libSystemCalls.a \
+	  Sources/SystemCalls/SystemCalls.swift
 	$(SWIFTC) -O -sanitize=fuzzer,address -use-ld=lld -parse-as-library -module-name ManifestFuzz -I $(FUZZ_MANIFEST) -L $(FUZZ_MANIFEST) \
-	  -lPropertyList -lOperationEngine Sources/Daemon/Lifecycle/Manifest.swift Sources/Daemon/Configuration.swift Sources/Daemon/Kinds/Commands/CommandSpec.swift \
+	  -lPropertyList -lOperationEngine -lSystemCalls Sources/Daemon/Lifecycle/Manifest.swift Sources/Daemon/Configuration.swift Sources/Daemon/Kinds/Commands/CommandSpec.swift \
 	  Sources/Daemon/Kinds/Networks.swift Sources/Daemon/Stores/RegularFile.swift Tests/Fuzz/manifest_fuzzer.swift \
 	  -o $(FUZZ_MANIFEST)/manifest_fuzzer
 run-fuzz-manifest:

@@ -25,6 +25,8 @@ let package = Package(
     targets: [
         // The process between the daemon and each command: ends whatever the command started (main.c says how).
         .executableTarget(name: "opqueued-supervise"),
+        // System calls with EINTR retried in one place.
+        .target(name: "SystemCalls"),
         // Thread priority, SCHED_IDLE and I/O priority: `syscall` is variadic, Swift cannot call it.
         .target(name: "CShims"),
         // opqueued only: notes SIGTERM, SIGINT and SIGHUP before main (a constructor), so that a signal while starting
@@ -48,6 +50,7 @@ let package = Package(
                 "CShims",
                 "CCodecs",
                 "CCurl",
+                "SystemCalls",
                 // The cluster (SPEC §8): Sources/Daemon/Cluster implements the JobStore over it.
                 "ClusterStore",
                 .product(name: "Logging", package: "swift-log"),
@@ -66,6 +69,7 @@ let package = Package(
         .target(
             name: "ClusterStore",
             dependencies: [
+                "SystemCalls",
                 .product(name: "PostgresNIO", package: "postgres-nio"),
                 .product(name: "NIOSSL", package: "swift-nio-ssl"),
                 .product(name: "Logging", package: "swift-log"),

@@ -19,6 +19,7 @@ import PostgresNIO
 
 #if canImport(Glibc)
 import Glibc
+import SystemCalls
 #endif
 
 public struct DatabaseURL: Sendable, CustomStringConvertible {
@@ -202,9 +203,8 @@ public struct DatabaseURL: Sendable, CustomStringConvertible {
         var bytes: [UInt8] = []
         var buffer = [UInt8](repeating: 0, count: 4096)
         while true {
-            let n = read(fd, &buffer, buffer.count)
+            let n = retryingInterrupts { read(fd, &buffer, buffer.count) }
             if n < 0 {
-                if errno == EINTR { continue }
                 throw ClusterStoreError(.configuration,
                                         "cluster.passwordFile \(path): cannot be read (\(String(cString: strerror(errno))))")
             }

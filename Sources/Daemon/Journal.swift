@@ -11,6 +11,7 @@ import Foundation
 import Glibc
 #endif
 import Logging
+import SystemCalls
 
 public enum MessageIDs {
     /// Every (event, state) pair the daemon logs (SPEC §4).
@@ -234,11 +235,8 @@ public struct ConsoleLogHandler: LogHandler {
             lock.lock()
             defer { lock.unlock() }
             while left > 0 {
-                let n = Glibc.write(2, p, left)
-                if n < 0 {
-                    if errno == EINTR { continue }
-                    return
-                }
+                let n = retryingInterrupts { Glibc.write(2, p, left) }
+                if n < 0 { return }
                 p += n
                 left -= n
             }

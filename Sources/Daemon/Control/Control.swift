@@ -23,6 +23,7 @@ import Synchronization
 
 #if canImport(Glibc)
 import Glibc
+import SystemCalls
 #endif
 
 /// What the control socket allows one client (defaults as documented for scripts).
@@ -450,13 +451,13 @@ func readLine(_ fd: Int32, limit: Int, deadline: Double) -> LineRead {
         var watched = pollfd(fd: fd, events: Int16(POLLIN), revents: 0)
         let ready = poll(&watched, 1, Int32(min(remaining * 1000, 3_600_000).rounded(.up)))
         if ready < 0 {
-            if errno == EINTR { continue }
+            if errno == EINTR { continue } // not retryingInterrupts: the time left is taken again
             return .failed(errno)
         }
         if ready == 0 { continue }
-        let n = chunk.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
+        let n = retryingInterrupts { chunk.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) } }
         if n < 0 {
-            if errno == EINTR || errno == EAGAIN { continue }
+            if errno == EAGAIN { continue }
             // A peer that closes with our request unread resets the connection: a hang-up all the same.
             if errno == ECONNRESET { return .closed(partial: data.count) }
             return .failed(errno)
@@ -476,11 +477,10 @@ func readLine(_ fd: Int32, limit: Int, deadline: Double) -> LineRead {
 public func sendAll(_ fd: Int32, _ bytes: [UInt8], path: String) throws {
     var offset = 0
     while offset < bytes.count {
-        let n = bytes.withUnsafeBytes { raw in
-            raw.baseAddress.map { send(fd, $0 + offset, raw.count - offset, Int32(MSG_NOSIGNAL)) } ?? 0
+        let n = retryingInterrupts {
+            bytes.withUnsafeBytes { raw in raw.baseAddress.map { send(fd, $0 + offset, raw.count - offset, Int32(MSG_NOSIGNAL)) } ?? 0 }
         }
         if n < 0 {
-            if errno == EINTR { continue }
             throw SpoolError(operation: "send", path: path, errno: errno)
         }
         offset += n

@@ -7,6 +7,7 @@ import Foundation
 
 #if canImport(Glibc)
 import Glibc
+import SystemCalls
 #endif
 
 public struct SpoolError: Error, CustomStringConvertible {
@@ -86,9 +87,8 @@ public func readBounded(_ fd: Int32, limit: Int) -> Result<Data, ReadFailure> {
     var data = Data()
     var buffer = [UInt8](repeating: 0, count: 65_536)
     while data.count < limit {
-        let n = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
+        let n = retryingInterrupts { buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) } }
         if n < 0 {
-            if errno == EINTR { continue }
             return .failure(ReadFailure(code: errno))
         }
         if n == 0 { break }

@@ -36,6 +36,7 @@ import PropertyList
 
 #if canImport(Glibc)
 import Glibc
+import SystemCalls
 #endif
 
 /// A job claimed into active/.
@@ -695,9 +696,8 @@ func writeAll(_ fd: Int32, _ raw: UnsafeRawBufferPointer, path: String) throws {
     guard let base = raw.baseAddress else { return }
     var offset = 0
     while offset < raw.count {
-        let n = write(fd, base + offset, raw.count - offset)
+        let n = retryingInterrupts { write(fd, base + offset, raw.count - offset) }
         if n < 0 {
-            if errno == EINTR { continue }
             throw SpoolError(operation: "write", path: path, errno: errno)
         }
         offset += n

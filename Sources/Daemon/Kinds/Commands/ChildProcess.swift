@@ -21,6 +21,7 @@ import Foundation
 
 #if canImport(Glibc)
 import Glibc
+import SystemCalls
 #endif
 
 /// How a command ended.
@@ -218,7 +219,7 @@ final class ChildProcess: @unchecked Sendable {
         guard stream.open else { return }
         var buffer = [UInt8](repeating: 0, count: 65_536)
         while true {
-            let n = buffer.withUnsafeMutableBytes { read(stream.pipe, $0.baseAddress, $0.count) }
+            let n = retryingInterrupts { buffer.withUnsafeMutableBytes { read(stream.pipe, $0.baseAddress, $0.count) } }
             if n > 0 {
                 stream.total += n
                 let keep = min(n, max(0, stream.limit - stream.written))
@@ -226,8 +227,9 @@ final class ChildProcess: @unchecked Sendable {
                 if keep > 0, stream.file >= 0, !terminating {
                     var offset = 0
                     while offset < keep {
-                        let w = buffer.withUnsafeBytes { write(stream.file, $0.baseAddress.map { $0 + offset }, keep - offset) }
-                        if w < 0 && errno == EINTR { continue }
+                        let w = retryingInterrupts {
+                            buffer.withUnsafeBytes { write(stream.file, $0.baseAddress.map { $0 + offset }, keep - offset) }
+                        }
                         if w <= 0 { break } // a full disk loses log bytes, not the operation
                         offset += w
                     }
@@ -239,7 +241,6 @@ final class ChildProcess: @unchecked Sendable {
                 }
                 continue
             }
-            if n < 0 && errno == EINTR { continue }
             if n < 0 && errno == EAGAIN { return }
             end(stream)
             return
@@ -262,8 +263,7 @@ final class ChildProcess: @unchecked Sendable {
         guard zombie != 0 else { return } // not yet (a spurious wake-up): the pidfd stays readable
         if zombie == 1 { CommandWatchdog.current?.groupEnded(pid) }
         var status: Int32 = 0
-        var r: pid_t
-        repeat { r = waitpid(pid, &status, blocking ? 0 : WNOHANG) } while r < 0 && errno == EINTR
+        let r = retryingInterrupts { waitpid(pid, &status, blocking ? 0 : WNOHANG) }
         guard r == pid else { return } // not yet (a spurious wake-up): the pidfd stays readable
         exited = true
         if Self.running.remove(pid) { CommandLedger.shared.allEnded() }

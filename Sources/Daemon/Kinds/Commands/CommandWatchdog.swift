@@ -15,6 +15,7 @@ import Logging
 
 #if canImport(Glibc)
 import Glibc
+import SystemCalls
 #endif
 
 public final class CommandWatchdog: @unchecked Sendable {
@@ -105,7 +106,7 @@ public final class CommandWatchdog: @unchecked Sendable {
             Glibc.close(fd)
             fd = -1
             var status: Int32 = 0
-            while waitpid(pid, &status, 0) < 0 && errno == EINTR {}
+            _ = retryingInterrupts { waitpid(pid, &status, 0) }
             return failure
         }
         if let report {
