@@ -1375,10 +1375,11 @@ struct ClusterTests {
         var intervals: [(start: Double, end: Double)] = []
         var nodes: Set<Int> = []
         for job in jobs {
-            guard let k = harness.outboxes(holding: job).first, let result = harness[k].result(job),
-                  let operation = (result["operations"] as? [[String: Any]])?.first,
+            let k = harness.outboxes(holding: job).first
+            let result = k.flatMap { harness[$0].result(job) }
+            guard let k, let result, let operation = (result["operations"] as? [[String: Any]])?.first,
                   let start = operation["startedAt"] as? Double, let end = operation["finishedAt"] as? Double else {
-                Issue.record("\(job): no result with times"); continue
+                Issue.record("\(job): no result with times on node \(k.map(String.init) ?? "none"): \(result ?? [:])"); continue
             }
             intervals.append((start, end))
             nodes.insert(k)

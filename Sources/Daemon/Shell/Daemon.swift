@@ -363,28 +363,10 @@ public final class Daemon: @unchecked Sendable {
         let queueOf = Dictionary(operations.map { ($0.id, $0.queue) }, uniquingKeysWith: { a, _ in a })
         for (offset, op) in operations.enumerated() {
             let i = base + offset
-            // What succeeded before a restart is not run again when its output was kept: a download (its
-            // file), a written file (mapped for dependents) or no output at all. Filters kept theirs in
-            // memory only: they are computed again, silently (`recomputed`: not logged, not recorded; the
-            // result keeps the first run's record).
             let succeeded = claimed.done[op.id] != nil
-            var recovered: OperationBody?
-            var recompute = false
-            if succeeded {
-                switch op.parameters {
-                case .sleep, .spin, .fail: recovered = .sync { _ in nil }
-                // (A download recorded by a version that kept it in memory has no file: it runs again.)
-                case .download where hasDownload(op.id):
-                    recovered = Kinds.restoredDownload(name: op.id, environment: environment) { $0 }
-                case .download: break
-                case .write(let path, _, _):
-                    let file = environment.jobFolder + "/" + path
-                    recovered = .sync { _ in try DownloadedFile(path: file) }
-                case .sepia, .grayscale, .blur, .resize, .vignette, .thumbnail: recompute = true
-                case .command(let name, _):
-                    recovered = config.commands[name].map { CommandOperation.recovered($0, operation: op.id, folder: environment.jobFolder) }
-                }
-            }
+            let recovery = succeeded ? Self.recovery(of: op, environment: environment, configuration: config) : (body: nil, recompute: false)
+            var recovered = recovery.body
+            let recompute = recovery.recompute
             // §3.5: once the list has arrived, its graph joins the running job (before `photos` ends,
             // so the job cannot finish in between). After a restart, the list is read from its file.
             let photosURL = base == 0 && op.id == "photos" ? job.plan?.photosURL : nil
@@ -429,6 +411,27 @@ public final class Daemon: @unchecked Sendable {
         return graph
     }
 
+
+    /// What runs in place of an operation that succeeded before a restart: not run again when its output was kept — a
+    /// download (its file), a written file (mapped for dependents) or no output at all. Filters kept theirs in memory
+    /// only: they are computed again (`recompute`), silently (not logged, not recorded; the result keeps the first
+    /// run's record).
+    static func recovery(of op: OperationPlan, environment: KindEnvironment,
+                         configuration config: Configuration) -> (body: OperationBody?, recompute: Bool) {
+        switch op.parameters {
+        case .sleep, .spin, .fail: return (.sync { _ in nil }, false)
+        // (A download recorded by a version that kept it in memory has no file: it runs again.)
+        case .download where access(environment.downloads + "/" + op.id, F_OK) == 0:
+            return (Kinds.restoredDownload(name: op.id, environment: environment) { $0 }, false)
+        case .download: return (nil, false)
+        case .write(let path, _, _):
+            let file = environment.jobFolder + "/" + path
+            return (.sync { _ in try DownloadedFile(path: file) }, false)
+        case .sepia, .grayscale, .blur, .resize, .vignette, .thumbnail: return (nil, true)
+        case .command(let name, _):
+            return (config.commands[name].map { CommandOperation.recovered($0, operation: op.id, folder: environment.jobFolder) }, false)
+        }
+    }
 
     /// Adds operations to a running job (the photo list of `photosURL`); they are logged like the others.
     func expand(_ job: RunningJob, with operations: [OperationPlan], configuration: Configuration) throws {
