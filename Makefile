@@ -7,7 +7,8 @@
 #   make bench   the benchmarks (release build)
 #   make install binaries, unit, catalog, sysusers/tmpfiles snippets, man pages, completions (PREFIX=/usr/local);
 #                as root it installs what `make release` built and never builds
-#   make man     regenerate docs/man/opqueuectl.1 and opqueued.8 from the code (argument-parser's generate-manual)
+#   make man     regenerate docs/man/opqueuectl.1 and opqueued.8 from the code (argument-parser's generate-manual),
+#                keeping their hand-written sections
 #   make sql     regenerate Sources/ClusterStore/Queries.generated.swift from the .sql files beside it
 #   make install-files   the same without building, from BINARIES (the systemd tests install their debug build)
 
@@ -205,11 +206,13 @@ MAN_DATE ?= 2026-11-23
 MAN_OUT = .build/plugins/GenerateManual/outputs
 man:
 	$(SWIFT) package --allow-writing-to-package-directory generate-manual --configuration debug --date $(MAN_DATE) --section 1
-	cp $(MAN_OUT)/opqueuectl/opqueuectl.1 docs/man/opqueuectl.1
-	python3 docs/man/tidy-mdoc.py docs/man/opqueuectl.1 opqueued.plist:5 opqueued:8 journalctl:1
+	cp $(MAN_OUT)/opqueuectl/opqueuectl.1 docs/man/opqueuectl.1.new
+	python3 docs/man/tidy-mdoc.py --keep docs/man/opqueuectl.1 docs/man/opqueuectl.1.new opqueued.plist:5 opqueued:8 journalctl:1
+	mv docs/man/opqueuectl.1.new docs/man/opqueuectl.1
 	$(SWIFT) package --allow-writing-to-package-directory generate-manual --configuration debug --date $(MAN_DATE) --section 8
-	cp $(MAN_OUT)/opqueued/opqueued.8 docs/man/opqueued.8
-	python3 docs/man/tidy-mdoc.py docs/man/opqueued.8 opqueuectl:1 opqueued.plist:5 journalctl:1 systemd.service:5
+	cp $(MAN_OUT)/opqueued/opqueued.8 docs/man/opqueued.8.new
+	python3 docs/man/tidy-mdoc.py --keep docs/man/opqueued.8 docs/man/opqueued.8.new opqueuectl:1 opqueued.plist:5 journalctl:1 systemd.service:5
+	mv docs/man/opqueued.8.new docs/man/opqueued.8
 
 clean:
 	rm -rf .build
