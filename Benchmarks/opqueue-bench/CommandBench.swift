@@ -101,12 +101,14 @@ enum CommandBench {
                 // Children are listed per thread that spawned them.
                 let tasks = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(daemon.processIdentifier)/task")) ?? []
                 let kids = tasks.reduce(0) { sum, task in
-                    sum + ((try? String(contentsOfFile: "/proc/\(daemon.processIdentifier)/task/\(task)/children", encoding: .utf8)) ?? "").split(separator: " ").count
+                    sum + ((try? String(contentsOfFile: "/proc/\(daemon.processIdentifier)/task/\(task)/children", encoding: .utf8)) ?? "")
+                        .split(separator: " ").count
                 }
                 children = max(children, kids)
                 usleep(20_000)
             }
-            print("commands threads kind=\(sleep ? "sleep" : "command") operations=500 idle=\(idle) max_while_running=\(most) max_children_at_once=\(children)")
+            print("commands threads kind=\(sleep ? "sleep" : "command") operations=500 idle=\(idle) "
+                  + "max_while_running=\(most) max_children_at_once=\(children)")
         }
     }
 }

@@ -65,8 +65,11 @@ enum ControlBench {
             let jobSeconds = now() - jobStart
             for fd in idle { close(fd) }
             latencies.sort()
-            func at(_ q: Double) -> Double { latencies.isEmpty ? .nan : latencies[min(latencies.count - 1, Int(Double(latencies.count) * q))] * 1e3 }
-            emit(String(format: "control idle=%d opened=%d open_seconds=%.2f daemon_fds=%d status_ms p50=%.3f p99=%.3f max=%.3f first=%.3f samples=%d failures=%d sleep_0.2s_job_seconds=%.3f",
+            func at(_ q: Double) -> Double {
+                latencies.isEmpty ? .nan : latencies[min(latencies.count - 1, Int(Double(latencies.count) * q))] * 1e3
+            }
+            emit(String(format: "control idle=%d opened=%d open_seconds=%.2f daemon_fds=%d status_ms p50=%.3f p99=%.3f max=%.3f first=%.3f "
+                        + "samples=%d failures=%d sleep_0.2s_job_seconds=%.3f",
                         idleCount, idle.count, openSeconds, daemonFDs, at(0.5), at(0.99), latencies.last.map { $0 * 1e3 } ?? .nan, first,
                         latencies.count, failures, jobSeconds))
             usleep(300_000)

@@ -56,7 +56,9 @@ enum ImageBench {
     }
 
     static func corpus(_ folder: String, count: Int) throws {
-        for sub in ["jpeg", "png", "rgba", "large"] { try FileManager.default.createDirectory(atPath: folder + "/" + sub, withIntermediateDirectories: true) }
+        for sub in ["jpeg", "png", "rgba", "large"] {
+            try FileManager.default.createDirectory(atPath: folder + "/" + sub, withIntermediateDirectories: true)
+        }
         for i in 0..<count {
             let name = String(format: "photo-%03d", i)
             let path = folder + "/jpeg/\(name).jpg"
@@ -102,23 +104,29 @@ enum ImageBench {
     static func have(_ tool: String) -> Bool { shell("command -v \(tool)").ok }
 
     /// One opqueued job of `count` chains over the corpus; seconds from the drop to the result, peak RSS.
-    static func opqueued(_ corpus: String, files: [String], chain: (String, String) -> [[String: Any]]) -> (seconds: Double, rss: Double, ok: Bool) {
+    static func opqueued(_ corpus: String, files: [String],
+                         chain: (String, String) -> [[String: Any]]) -> (seconds: Double, rss: Double, ok: Bool) {
         let r = opqueuedWithIdle(corpus, files: files, chain: chain)
         return (r.seconds, r.rss, r.ok)
     }
 
     /// As `opqueued`, also returning the daemon's VmHWM once it is listening, before the job (its idle peak).
-    static func opqueuedWithIdle(_ corpus: String, files: [String], chain: (String, String) -> [[String: Any]]) -> (seconds: Double, rss: Double, idle: Double, ok: Bool) {
+    static func opqueuedWithIdle(_ corpus: String, files: [String],
+                                 chain: (String, String) -> [[String: Any]]) -> (seconds: Double, rss: Double, idle: Double, ok: Bool) {
         let spool = NSTemporaryDirectory() + "opq-images-\(getpid())-\(Int(now() * 1000))"
         try? FileManager.default.createDirectory(atPath: spool + "/inbox", withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(atPath: spool) }
         let config = spool + ".plist"
-        let settings: [String: Any] = ["download": ["fileRoots": [corpus], "maxBytes": 2_000_000_000], "queues": ["io": ["maxConcurrentOperationCount": -1]]]
-        _ = FileManager.default.createFile(atPath: config, contents: try? PropertyListSerialization.data(fromPropertyList: settings, format: .xml, options: 0))
+        let settings: [String: Any] = ["download": ["fileRoots": [corpus], "maxBytes": 2_000_000_000],
+                                       "queues": ["io": ["maxConcurrentOperationCount": -1]]]
+        _ = FileManager.default.createFile(atPath: config, contents: try? PropertyListSerialization.data(fromPropertyList: settings,
+                                                                                                       format: .xml, options: 0))
         defer { try? FileManager.default.removeItem(atPath: config) }
         var operations: [[String: Any]] = []
         for (i, file) in files.enumerated() { operations += chain("p\(i)", "file://" + corpus + "/" + file) }
-        let manifest = try? PropertyListSerialization.data(fromPropertyList: ["job": "bench", "qualityOfService": "userInitiated", "operations": operations], format: .binary, options: 0)
+        let manifest = try? PropertyListSerialization.data(fromPropertyList: ["job": "bench", "qualityOfService": "userInitiated",
+                                                                              "operations": operations],
+                                                           format: .binary, options: 0)
         let process = SpoolBench.daemon(spool, ["--config", config, "--log-target", "console"])
         SpoolBench.waitForSocket(spool)
         let idle = SpoolBench.peakRSS(process.processIdentifier)
@@ -169,7 +177,10 @@ enum ImageBench {
             report("opqueued-sepia", ours, images: count)
             if have("convert") {
                 let color = matrix.map { String(format: "%.4f", $0) }.joined(separator: " ")
-                report("imagemagick-color-matrix", shell("xargs -P2 -I{} sh -c 'convert \"{}\" -color-matrix \"\(color)\" -quality 90 \(out)/im-$(basename \"{}\")' < \(listFile)"), images: count)
+                report("imagemagick-color-matrix",
+                       shell("xargs -P2 -I{} sh -c 'convert \"{}\" -color-matrix \"\(color)\" -quality 90 \(out)/im-$(basename \"{}\")' "
+                             + "< \(listFile)"),
+                       images: count)
             }
             if have("vips") {
                 let mat = out + "/sepia.mat"
@@ -179,15 +190,20 @@ enum ImageBench {
                     text += values.joined(separator: " ") + "\n"
                 }
                 try text.write(toFile: mat, atomically: true, encoding: .utf8)
-                report("vips-recomb", shell("xargs -P2 -I{} sh -c 'vips recomb \"{}\" \(out)/vips-$(basename \"{}\")[Q=90] \(mat)' < \(listFile)"), images: count)
+                report("vips-recomb",
+                       shell("xargs -P2 -I{} sh -c 'vips recomb \"{}\" \(out)/vips-$(basename \"{}\")[Q=90] \(mat)' < \(listFile)"),
+                       images: count)
             }
             if shell("python3 -c 'import pyvips'").ok {
-                let script = (CommandLine.arguments[0] as NSString).deletingLastPathComponent + "/../../../Benchmarks/anchors/pyvips_sepia.py"
+                let script = (CommandLine.arguments[0] as NSString).deletingLastPathComponent
+                    + "/../../../Benchmarks/anchors/pyvips_sepia.py"
                 let path = FileManager.default.fileExists(atPath: script) ? script : "Benchmarks/anchors/pyvips_sepia.py"
                 report("pyvips-recomb-in-process", shell("python3 \(path) \(out) \(listFile)"), images: count)
             }
             if have("djpeg") && have("cjpeg") {
-                report("djpeg-cjpeg-floor", shell("xargs -P2 -I{} sh -c 'djpeg \"{}\" | cjpeg -quality 90 > \(out)/floor-$(basename \"{}\")' < \(listFile)"), images: count)
+                report("djpeg-cjpeg-floor",
+                       shell("xargs -P2 -I{} sh -c 'djpeg \"{}\" | cjpeg -quality 90 > \(out)/floor-$(basename \"{}\")' < \(listFile)"),
+                       images: count)
             }
             let thumbs = opqueued(corpus, files: files) { id, url in
                 [["id": id, "kind": "download", "url": url], ["id": id + "t", "kind": "thumbnail", "size": 256, "dependencies": [id]],
@@ -196,7 +212,8 @@ enum ImageBench {
             report("opqueued-thumbnail-256", thumbs, images: count)
             if have("vipsthumbnail") {
                 try? FileManager.default.createDirectory(atPath: out + "/thumbs", withIntermediateDirectories: true)
-                report("vipsthumbnail-256", shell("cd \(corpus)/jpeg && vipsthumbnail -s 256 -o \(out)/thumbs/%s.jpg[Q=90] *.jpg"), images: count)
+                report("vipsthumbnail-256", shell("cd \(corpus)/jpeg && vipsthumbnail -s 256 -o \(out)/thumbs/%s.jpg[Q=90] *.jpg"),
+                       images: count)
             }
             let anchor = rows.first { $0.0 == "opqueued-sepia" }?.1 ?? 0
             for (name, seconds, _, ok) in rows where ok && name != "opqueued-sepia" && !name.contains("thumbnail") && anchor > 0 {
@@ -212,7 +229,10 @@ enum ImageBench {
     /// The "large" section: one 12000×8000 image at a time, then eight at once.
     static func large(_ corpus: String, out: String, matrix: [Double]) throws {
         let mat = out + "/sepia.mat"
-        try ("3 3\n" + (0..<3).map { row in (0..<3).map { String(format: "%.4f", matrix[row * 3 + $0]) }.joined(separator: " ") }.joined(separator: "\n") + "\n")
+        try ("3 3\n"
+             + (0..<3).map { row in (0..<3).map { String(format: "%.4f", matrix[row * 3 + $0]) }.joined(separator: " ") }
+                 .joined(separator: "\n")
+             + "\n")
             .write(toFile: mat, atomically: true, encoding: .utf8)
         let color = matrix.map { String(format: "%.4f", $0) }.joined(separator: " ")
         var seconds: [String: Double] = [:], rss: [String: Double] = [:]
@@ -253,7 +273,8 @@ enum ImageBench {
         ratio("sepia_jpeg_seconds_over_vips_recomb", "opqueued-sepia-jpeg", "vips-recomb-jpeg", seconds)
         ratio("sepia_png_seconds_over_vips_recomb", "opqueued-sepia-png", "vips-recomb-png", seconds)
         for format in ["jpeg", "png"] {
-            ratio("thumbnail_\(format)_seconds_over_vipsthumbnail", "opqueued-thumbnail-256-\(format)", "vipsthumbnail-256-\(format)", seconds)
+            ratio("thumbnail_\(format)_seconds_over_vipsthumbnail", "opqueued-thumbnail-256-\(format)", "vipsthumbnail-256-\(format)",
+                  seconds)
             ratio("thumbnail_\(format)_rss_over_vipsthumbnail", "opqueued-thumbnail-256-\(format)", "vipsthumbnail-256-\(format)", rss)
         }
         ratio("sepia_x8_rss_over_single", "opqueued-sepia-jpeg-x8", "opqueued-sepia-jpeg", rss)

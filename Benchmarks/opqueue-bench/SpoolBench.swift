@@ -110,13 +110,15 @@ enum SpoolBench {
         let rss2 = peakRSS(d2.processIdentifier)
         d2.terminate()
         d2.waitUntilExit()
-        emit(String(format: "spool throughput manifests=%d seconds=%.2f manifests_per_second=%.0f peak_rss_mb=%.0f", n, seconds, Double(n) / seconds, rss2))
+        emit(String(format: "spool throughput manifests=%d seconds=%.2f manifests_per_second=%.0f peak_rss_mb=%.0f",
+                    n, seconds, Double(n) / seconds, rss2))
 
         // RSS with N waiting.
         let spool3 = base + "-waiting"
         try? FileManager.default.createDirectory(atPath: spool3 + "/inbox", withIntermediateDirectories: true)
         let config = base + "-config.plist"
-        let configData = try? PropertyListSerialization.data(fromPropertyList: ["queues": ["default": ["suspended": true]]], format: .xml, options: 0)
+        let configData = try? PropertyListSerialization.data(fromPropertyList: ["queues": ["default": ["suspended": true]]],
+                                                             format: .xml, options: 0)
         _ = FileManager.default.createFile(atPath: config, contents: configData)
         for i in 0..<n { drop(spool3 + "/inbox", "w\(i).plist") }
         let d3 = daemon(spool3, ["--config", config])

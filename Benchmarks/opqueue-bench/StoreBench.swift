@@ -70,7 +70,8 @@ enum StoreBench {
             let tag = UUID().uuidString.prefix(8).lowercased()
             let nodes = (0..<options.workers).map { "bench-\(tag)-w\($0)" }
             for (store, node) in zip(stores, nodes) {
-                guard try await store.registerNode(NodeDeclaration(node: node, queues: ["default"], commands: [], jobSlots: options.batch)) else {
+                guard try await store.registerNode(NodeDeclaration(node: node, queues: ["default"], commands: [],
+                                                                   jobSlots: options.batch)) else {
                     fail("store: node \(node) is held by another process")
                 }
             }
@@ -93,7 +94,10 @@ enum StoreBench {
                 return total
             }
             let seconds = Date().timeIntervalSince(started)
-            emit(String(format: #"{"part": "opqueued-store-only", "workers": %d, "batch": %d, "jobs": %d, "ended": %d, "claimRounds": %d, "seconds": %.3f, "jobsPerSecond": %.1f, "includes": "ClaimJobs (up to batch) -> no-op -> CompleteJobs with a result document, fenced; no file work, no engine, no journal"}"#,
+            emit(String(format: #"{"part": "opqueued-store-only", "workers": %d, "batch": %d, "jobs": %d, "ended": %d, "claimRounds": %d, "#
+                        + #""seconds": %.3f, "jobsPerSecond": %.1f, "#
+                        + #""includes": "ClaimJobs (up to batch) -> no-op -> CompleteJobs with a result document, fenced; "#
+                        + #"no file work, no engine, no journal"}"#,
                         options.workers, options.batch, options.jobs, counts.jobs, counts.claims, seconds, Double(counts.jobs) / seconds))
             group.cancelAll()
         }

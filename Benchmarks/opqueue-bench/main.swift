@@ -140,7 +140,8 @@ func runFoundation(_ workload: Workload, _ n: Int) -> Double {
 /// Runs one measurement in a child process and returns its output line.
 func child(_ engine: String, _ workload: Workload, _ n: Int) -> String? {
     let process = Process()
-    process.executableURL = URL(fileURLWithPath: (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0])
+    process.executableURL = URL(fileURLWithPath: (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe"))
+                                ?? CommandLine.arguments[0])
     process.arguments = ["one", engine, workload.rawValue, String(n)]
     let pipe = Pipe()
     process.standardOutput = pipe
@@ -199,10 +200,13 @@ case "engine":
             for n in sizes {
                 if engine == "foundation", let p = previous {
                     var exponent = 2.0
-                    if let b = beforePrevious, b.seconds > 0.01 { exponent = max(1, log(p.seconds / b.seconds) / log(Double(p.n) / Double(b.n))) }
+                    if let b = beforePrevious, b.seconds > 0.01 {
+                        exponent = max(1, log(p.seconds / b.seconds) / log(Double(p.n) / Double(b.n)))
+                    }
                     let estimate = p.seconds * pow(Double(n) / Double(p.n), exponent)
                     if estimate > 60 {
-                        emit(String(format: "engine=foundation workload=%@ ops=%d skipped estimate_seconds=%.0f", workload.rawValue, n, estimate))
+                        emit(String(format: "engine=foundation workload=%@ ops=%d skipped estimate_seconds=%.0f",
+                                    workload.rawValue, n, estimate))
                         continue
                     }
                 }
@@ -234,7 +238,11 @@ case "store":
 case "commands":
     CommandBench.run(Array(arguments.dropFirst()))
 case "images":
-    do { try ImageBench.run(Array(arguments.dropFirst())) } catch { FileHandle.standardError.write(Data("images: \(error)\n".utf8)); exit(1) }
+    do {
+        try ImageBench.run(Array(arguments.dropFirst()))
+    } catch {
+        FileHandle.standardError.write(Data("images: \(error)\n".utf8)); exit(1)
+    }
 case "samples":
     // The walk-through's sample photos (spool/examples/images), made once and committed.
     guard let folder = arguments.dropFirst().first else { exit(64) }

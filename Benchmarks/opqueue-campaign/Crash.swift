@@ -145,7 +145,11 @@ struct CrashCampaign {
             if let point {
                 // The daemon kills itself at the point; a point it does not reach in time gets a plain kill.
                 if let status = daemon.wait(timeout: 2) {
-                    if status == 128 + SIGKILL { pointKills[point.rawValue, default: 0] += 1 } else { unexpectedExits.append("exit \(status) at cycle \(k)") }
+                    if status == 128 + SIGKILL {
+                        pointKills[point.rawValue, default: 0] += 1
+                    } else {
+                        unexpectedExits.append("exit \(status) at cycle \(k)")
+                    }
                     continue
                 }
                 missedPoints += 1
@@ -180,7 +184,8 @@ struct CrashCampaign {
         let duplicated = entries.subtracting(names).sorted()
         var inconsistent: [String] = []
         for name in names where entries.contains(name) {
-            let problems = check(spool.outbox + "/" + name, shape: shapes[name] ?? .chain, manifest: manifests[name] ?? Data(), index: Int(name.dropFirst()) ?? -1)
+            let problems = check(spool.outbox + "/" + name, shape: shapes[name] ?? .chain, manifest: manifests[name] ?? Data(),
+                                 index: Int(name.dropFirst()) ?? -1)
             if !problems.isEmpty { inconsistent.append("\(name): " + problems.joined(separator: "; ")) }
         }
         let leftovers = list(spool.root + "/active").map { "active/\($0)" } + list(spool.root + "/tmp").map { "tmp/\($0)" }
@@ -188,13 +193,22 @@ struct CrashCampaign {
         let crashes = crashReports(log)
 
         let pointSummary = pointKills.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: ",")
-        say("campaign=crash jobs=\(jobs) kills=\(randomKills + pointKills.values.reduce(0, +)) random_kills=\(randomKills) point_kills=\(pointKills.values.reduce(0, +)) [\(pointSummary)] points_not_reached=\(missedPoints)")
-        say("campaign=crash outbox=\(entries.count) lost=\(lost.count) duplicated=\(duplicated.count) inconsistent=\(inconsistent.count) leftovers=\(leftovers.count) unexpected_exits=\(unexpectedExits.count) crashes=\(crashes.count) peak_rss_mb=\(Int(peakRSS)) seconds=\(Int(seconds))")
-        for line in (lost.map { "lost \($0)" } + duplicated.map { "duplicated \($0)" } + inconsistent + leftovers.map { "left \($0)" } + unexpectedExits + crashes).prefix(20) {
+        say("campaign=crash jobs=\(jobs) kills=\(randomKills + pointKills.values.reduce(0, +)) random_kills=\(randomKills) "
+            + "point_kills=\(pointKills.values.reduce(0, +)) [\(pointSummary)] points_not_reached=\(missedPoints)")
+        say("campaign=crash outbox=\(entries.count) lost=\(lost.count) duplicated=\(duplicated.count) inconsistent=\(inconsistent.count) "
+            + "leftovers=\(leftovers.count) unexpected_exits=\(unexpectedExits.count) crashes=\(crashes.count) "
+            + "peak_rss_mb=\(Int(peakRSS)) seconds=\(Int(seconds))")
+        for line in (lost.map { "lost \($0)" } + duplicated.map { "duplicated \($0)" } + inconsistent + leftovers.map { "left \($0)" }
+                     + unexpectedExits + crashes).prefix(20) {
             say("  \(line)")
         }
-        let ok = lost.isEmpty && duplicated.isEmpty && inconsistent.isEmpty && leftovers.isEmpty && unexpectedExits.isEmpty && crashes.isEmpty
-        if ok { spool.remove(); try? FileManager.default.removeItem(atPath: log) } else { say("  kept for inspection: \(spool.root) and \(log)") }
+        let ok = lost.isEmpty && duplicated.isEmpty && inconsistent.isEmpty && leftovers.isEmpty && unexpectedExits.isEmpty &&
+            crashes.isEmpty
+        if ok {
+            spool.remove(); try? FileManager.default.removeItem(atPath: log)
+        } else {
+            say("  kept for inspection: \(spool.root) and \(log)")
+        }
         return ok
     }
 
@@ -202,7 +216,9 @@ struct CrashCampaign {
     func check(_ folder: String, shape: Shape, manifest: Data, index: Int) -> [String] {
         var problems: [String] = []
         guard let result = readPlist(folder + "/result.plist") else { return ["result.plist missing or not a property list"] }
-        if FileManager.default.contents(atPath: folder + "/manifest.plist") != manifest { problems.append("manifest.plist differs from the submitted bytes") }
+        if FileManager.default.contents(atPath: folder + "/manifest.plist") != manifest {
+            problems.append("manifest.plist differs from the submitted bytes")
+        }
         if result["status"] as? String != shape.status { problems.append("status \(result["status"] ?? "none"), expected \(shape.status)") }
         if (result["metadata"] as? [String: Any])?["n"] as? Int != index { problems.append("metadata not copied") }
         let operations = result["operations"] as? [[String: Any]] ?? []
@@ -210,19 +226,27 @@ struct CrashCampaign {
         var listed: Set<String> = []
         for op in operations {
             let id = op["id"] as? String ?? "?"
-            guard let state = op["state"] as? String, let attempts = op["attempts"] as? Int else { problems.append("\(id): no state or attempts"); continue }
+            guard let state = op["state"] as? String, let attempts = op["attempts"] as? Int else {
+                problems.append("\(id): no state or attempts"); continue
+            }
             if shape.status == "succeeded" && state != "succeeded" { problems.append("\(id) \(state) in a succeeded job") }
-            if state == "succeeded" && (attempts < 1 || op["startedAt"] == nil || op["finishedAt"] == nil) { problems.append("\(id) succeeded without attempts or times") }
+            if state == "succeeded" && (attempts < 1 || op["startedAt"] == nil || op["finishedAt"] == nil) {
+                problems.append("\(id) succeeded without attempts or times")
+            }
             if state == "failed" && (op["error"] as? String ?? "").isEmpty { problems.append("\(id) failed without an error") }
             for output in op["outputs"] as? [String] ?? [] { listed.insert(output) }
         }
-        if shape == .failing, let f = operations.last, f["attempts"] as? Int != 3 { problems.append("fail made \(f["attempts"] ?? 0) attempts, expected 3") }
+        if shape == .failing, let f = operations.last, f["attempts"] as? Int != 3 {
+            problems.append("fail made \(f["attempts"] ?? 0) attempts, expected 3")
+        }
         if Set(shape.outputs.keys) != listed { problems.append("outputs \(listed.sorted()), expected \(shape.outputs.keys.sorted())") }
         for (path, side) in shape.outputs {
             guard let data = FileManager.default.contents(atPath: folder + "/" + path) else { problems.append("\(path) missing"); continue }
             do {
                 let image = try Codecs.decode(data, maxPixels: 1 << 24)
-                if max(image.width, image.height) != side { problems.append("\(path) is \(image.width)×\(image.height), expected a largest side of \(side)") }
+                if max(image.width, image.height) != side {
+                    problems.append("\(path) is \(image.width)×\(image.height), expected a largest side of \(side)")
+                }
             } catch {
                 problems.append("\(path) does not decode: \(error)")
             }

@@ -69,7 +69,8 @@ struct FaultCampaign {
         // Binaries and images where `nobody` can read them.
         sh("chmod 755 \(base) \(images); chmod 644 \(images)/*")
         let loop = "\(base)/loopdev"
-        guard sh("truncate -s 48M \(image) && losetup -f --show \(image) > \(loop) && mkfs.ext4 -q -m 0 $(cat \(loop)) && mount $(cat \(loop)) \(mount)") == 0 else {
+        guard sh("truncate -s 48M \(image) && losetup -f --show \(image) > \(loop) && mkfs.ext4 -q -m 0 $(cat \(loop)) "
+                 + "&& mount $(cat \(loop)) \(mount)") == 0 else {
             say("campaign=faults could not make a loop-mounted file system")
             sh("[ -s \(loop) ] && losetup -d $(cat \(loop))")
             return false
@@ -111,7 +112,8 @@ struct FaultCampaign {
         sh("rm -rf \(root)")
         try FileManager.default.createDirectory(atPath: root + "/inbox", withIntermediateDirectories: true)
         let spool = CampaignSpool(root: root, config: base + "/\(fault.name).config.plist")
-        try plistData(["maxActiveJobs": 8, "download": ["fileRoots": [images]], "queues": ["io": ["maxConcurrentOperationCount": 16]]], binary: false)
+        try plistData(["maxActiveJobs": 8, "download": ["fileRoots": [images]], "queues": ["io": ["maxConcurrentOperationCount": 16]]],
+                      binary: false)
             .write(to: URL(fileURLWithPath: spool.config))
         var prefix: [String] = []
         if fault.asNobody {
@@ -167,7 +169,9 @@ struct FaultCampaign {
         let duplicated = entries.subtracting(names)
         var failedByFault = 0, unexplained: [String] = []
         for name in names where entries.contains(name) {
-            guard let result = readPlist(spool.outbox + "/" + name + "/result.plist") else { unexplained.append("\(name): no result.plist"); continue }
+            guard let result = readPlist(spool.outbox + "/" + name + "/result.plist") else {
+                unexplained.append("\(name): no result.plist"); continue
+            }
             guard result["status"] as? String != "succeeded" else { continue }
             let errors = (result["operations"] as? [[String: Any]] ?? []).compactMap { $0["error"] as? String }
             if errors.contains(where: { e in fault.errorWords.contains { e.contains($0) } }) { failedByFault += 1 } else {
@@ -176,9 +180,11 @@ struct FaultCampaign {
         }
         let crashes = crashReports(log)
         let leftovers = list(root + "/active") + list(root + "/tmp")
-        say(String(format: "campaign=faults fault=%@ jobs=%d outbox=%d lost=%d duplicated=%d failed_by_fault=%d other_failures=%d paused=%@ recovered=%@ daemon_survived=%@ exit=%@ status_p99_ms=%.1f status_max_ms=%.1f",
+        say(String(format: "campaign=faults fault=%@ jobs=%d outbox=%d lost=%d duplicated=%d failed_by_fault=%d other_failures=%d "
+                   + "paused=%@ recovered=%@ daemon_survived=%@ exit=%@ status_p99_ms=%.1f status_max_ms=%.1f",
                    fault.name, jobs, entries.count, lost.count, duplicated.count, failedByFault, unexplained.count, paused ? "yes" : "no",
-                   recovered ? "yes" : "no", alive ? "yes" : "no", exit.map(String.init) ?? "hang", percentile(latencies, 0.99), latencies.max() ?? 0))
+                   recovered ? "yes" : "no", alive ? "yes" : "no", exit.map(String.init) ?? "hang", percentile(latencies, 0.99),
+                   latencies.max() ?? 0))
         for line in (unexplained + crashes + leftovers.map { "left \($0)" }).prefix(10) { say("  \(line)") }
         let good = lost.isEmpty && duplicated.isEmpty && unexplained.isEmpty && crashes.isEmpty && leftovers.isEmpty && alive && exit == 0
             && (!fault.expectPause || (paused && recovered))

@@ -88,7 +88,9 @@ struct FuzzCampaign {
                           wanted.contains(name), answered[name] == nil else { continue }
                     let status = result["status"] as? String ?? "?"
                     answered[name] = status
-                    if status == "rejected" && (result["error"] as? String ?? "").isEmpty { unanswered.append("\(name): rejected without reasons") }
+                    if status == "rejected" && (result["error"] as? String ?? "").isEmpty {
+                        unanswered.append("\(name): rejected without reasons")
+                    }
                     // Ended entries are moved away so the outbox stays small.
                     try? FileManager.default.removeItem(atPath: spool.outbox + "/" + entry)
                 }
@@ -131,7 +133,8 @@ struct FuzzCampaign {
             heaps.append(lastHeap)
             peakRSS = max(peakRSS, daemon.peakRSS)
             batches += 1
-            say(String(format: "  batch %d: inputs %d, %.0f s, rss %.0f MB, heap in use %.1f MB", batches, tried, now() - started, lastRSS, lastHeap))
+            say(String(format: "  batch %d: inputs %d, %.0f s, rss %.0f MB, heap in use %.1f MB",
+                       batches, tried, now() - started, lastRSS, lastHeap))
         }
         // Once idle for a while the daemon gives freed memory back: RSS then shows what it still holds.
         Thread.sleep(forTimeInterval: 6)
@@ -140,8 +143,11 @@ struct FuzzCampaign {
         let exit = daemon.wait(timeout: 30)
         let reports = crashReports(log)
         let counts = statusCounts.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: " ")
-        say(String(format: "campaign=fuzz inputs=%d manifests=%d images=%d crashes=%d hangs=%d unanswered=%d %@ rss_first_batch_mb=%.0f rss_last_batch_mb=%.0f heap_first_batch_mb=%.1f heap_last_batch_mb=%.1f rss_idle_end_mb=%.0f peak_rss_mb=%.0f seconds=%.0f",
-                   tried, manifests, images, crashes + reports.count, hangs, unanswered.count, counts, firstRSS, lastRSS, firstHeap, lastHeap, idleRSS, peakRSS, now() - started))
+        say(String(format: "campaign=fuzz inputs=%d manifests=%d images=%d crashes=%d hangs=%d unanswered=%d %@ "
+                   + "rss_first_batch_mb=%.0f rss_last_batch_mb=%.0f heap_first_batch_mb=%.1f heap_last_batch_mb=%.1f "
+                   + "rss_idle_end_mb=%.0f peak_rss_mb=%.0f seconds=%.0f",
+                   tried, manifests, images, crashes + reports.count, hangs, unanswered.count, counts, firstRSS, lastRSS, firstHeap,
+                   lastHeap, idleRSS, peakRSS, now() - started))
         for line in (unanswered + reports).prefix(15) { say("  \(line)") }
         // A leak shows as memory held growing batch after batch: the heap in use (what the allocator has
         // handed out) after a batch has ended, when nothing runs. RSS also counts freed memory the allocator
@@ -200,14 +206,17 @@ struct FuzzCampaign {
             let n = rng.next() % 16 == 0 ? 100_000 : [500, 5_000][Int(rng.next() % 2)]
             switch rng.next() % 3 {
             case 0: m["operations"] = (0..<n).map { ["id": "o\($0)", "kind": "sleep", "seconds": 0] as [String: Any] }
-            case 1: m["operations"] = [["id": "a", "kind": "sleep", "seconds": 0, "dependencies": Array(repeating: "a", count: n)] as [String: Any]]
+            case 1:
+                m["operations"] = [["id": "a", "kind": "sleep", "seconds": 0,
+                                    "dependencies": Array(repeating: "a", count: n)] as [String: Any]]
             default: m["metadata"] = ["big": Array(repeating: 1, count: n)]
             }
             return plistData(m, binary: binary)
         case 8:
             // Long strings where ids, paths, URLs and names go.
             var m = seed
-            let long = String(repeating: ["x", "é", "/", "..", "%00", "\u{0}"][Int(rng.next() % 6)], count: [200, 5_000, 1_000_000][Int(rng.next() % 3)])
+            let long = String(repeating: ["x", "é", "/", "..", "%00", "\u{0}"][Int(rng.next() % 6)],
+                              count: [200, 5_000, 1_000_000][Int(rng.next() % 3)])
             var ops = m["operations"] as? [[String: Any]] ?? []
             if !ops.isEmpty {
                 let key = ["id", "kind", "url", "path", "queue", "dependencies", "message"][Int(rng.next() % 7)]
@@ -230,14 +239,16 @@ struct FuzzCampaign {
 
     /// The seed with one value, anywhere in it, replaced by a value of another type.
     func wrongType(_ object: [String: Any], _ rng: inout SplitMix) -> [String: Any] {
-        let values: [Any] = [42, -1, 3.5e300, Double.nan, true, Date(timeIntervalSince1970: 0), Data([1, 2, 3]), ["x"], ["k": "v"], "text", ""]
+        let values: [Any] = [42, -1, 3.5e300, Double.nan, true, Date(timeIntervalSince1970: 0), Data([1, 2, 3]), ["x"], ["k": "v"],
+                             "text", ""]
         var m = object
         let keys = Array(m.keys)
         guard !keys.isEmpty else { return m }
         let key = keys[Int(rng.next() % UInt64(keys.count))]
         if key == "operations", var ops = m[key] as? [[String: Any]], !ops.isEmpty, rng.next() % 4 != 0 {
             let i = Int(rng.next() % UInt64(ops.count))
-            let opKeys = Array(ops[i].keys) + ["retries", "timeoutSeconds", "queuePriority", "qualityOfService", "runsAfterFailure", "input", "retryDelaySeconds"]
+            let opKeys = Array(ops[i].keys) + ["retries", "timeoutSeconds", "queuePriority", "qualityOfService", "runsAfterFailure",
+                                               "input", "retryDelaySeconds"]
             ops[i][opKeys[Int(rng.next() % UInt64(opKeys.count))]] = values[Int(rng.next() % UInt64(values.count))]
             m[key] = ops
         } else {
@@ -266,7 +277,9 @@ struct FuzzCampaign {
                 // Forged dimensions: a PNG's IHDR width/height, or a JPEG SOF's.
                 if data.count > 24, data[1] == 0x50 {
                     for k in 16..<24 { data[k] = UInt8(truncatingIfNeeded: rng.next()) }
-                } else if let sof = (0..<max(0, data.count - 9)).first(where: { data[$0] == 0xFF && (data[$0 + 1] == 0xC0 || data[$0 + 1] == 0xC2) }) {
+                } else if let sof = (0..<max(0, data.count - 9)).first(where: {
+                    data[$0] == 0xFF && (data[$0 + 1] == 0xC0 || data[$0 + 1] == 0xC2)
+                }) {
                     for k in 5..<9 { data[sof + k] = UInt8(truncatingIfNeeded: rng.next()) }
                 }
             }

@@ -93,8 +93,10 @@ struct LoadCampaign {
         let dropRSS = daemon.peakRSS
         let dropDone = list(spool.outbox).count
         let dropStatus = probe.stop()
-        say(String(format: "campaign=load part=drop manifests=%d outbox=%d seconds=%.1f manifests_per_second=%.0f peak_rss_mb=%.0f status_p99_ms=%.1f status_max_ms=%.1f status_asked=%d status_failed=%d",
-                   manifests, dropDone, dropSeconds, Double(dropDone) / dropSeconds, dropRSS, dropStatus.p99, dropStatus.max, dropStatus.count, dropStatus.failures))
+        say(String(format: "campaign=load part=drop manifests=%d outbox=%d seconds=%.1f manifests_per_second=%.0f peak_rss_mb=%.0f "
+                   + "status_p99_ms=%.1f status_max_ms=%.1f status_asked=%d status_failed=%d",
+                   manifests, dropDone, dropSeconds, Double(dropDone) / dropSeconds, dropRSS, dropStatus.p99, dropStatus.max,
+                   dropStatus.count, dropStatus.failures))
         ok = ok && dropDone == manifests && dropStatus.max < 100 && dropStatus.failures == 0
 
         // 2. One manifest of `operations` operations. (`status` must answer within 100 ms throughout:
@@ -114,7 +116,9 @@ struct LoadCampaign {
             let bigStart = now()
             drop(spool.inbox, "big.plist", big)
             deadline = now() + max(300, Double(operations) / 2_000)
-            while !FileManager.default.fileExists(atPath: spool.outbox + "/big/result.plist") && now() < deadline && daemon.isRunning { usleep(100_000) }
+            while !FileManager.default.fileExists(atPath: spool.outbox + "/big/result.plist") && now() < deadline && daemon.isRunning {
+                usleep(100_000)
+            }
             let bigSeconds = now() - bigStart
             let bigStatus = probe2.stop()
             let status = readPlist(spool.outbox + "/big/result.plist")?["status"] as? String ?? "none"
@@ -122,8 +126,10 @@ struct LoadCampaign {
             // Idle again, the daemon gives the big job's memory back.
             usleep(1_000_000)
             let idle = processMemoryMB(daemon.pid, "VmRSS")
-            say(String(format: "campaign=load part=big operations=%d manifest_mb=%.1f status=%@ seconds=%.1f operations_per_second=%.0f peak_rss_mb=%.0f rss_idle_after_mb=%.0f status_p99_ms=%.1f status_max_ms=%.1f status_asked=%d status_failed=%d",
-                       operations, Double(big.count) / 1e6, status, bigSeconds, Double(operations) / bigSeconds, peak, idle, bigStatus.p99, bigStatus.max, bigStatus.count, bigStatus.failures))
+            say(String(format: "campaign=load part=big operations=%d manifest_mb=%.1f status=%@ seconds=%.1f operations_per_second=%.0f "
+                       + "peak_rss_mb=%.0f rss_idle_after_mb=%.0f status_p99_ms=%.1f status_max_ms=%.1f status_asked=%d status_failed=%d",
+                       operations, Double(big.count) / 1e6, status, bigSeconds, Double(operations) / bigSeconds, peak, idle, bigStatus.p99,
+                       bigStatus.max, bigStatus.count, bigStatus.failures))
             ok = ok && status == "succeeded" && bigStatus.max < 100 && bigStatus.failures == 0 && idle < max(100, peak / 2)
         }
 
@@ -137,9 +143,14 @@ struct LoadCampaign {
         let finished = journalCount(["--since", since, "_PID=\(pid)", "OPQ_EVENT=job", "OPQ_STATE=finished"])
         let expected = 4 * (manifests + operations)
         let expectedJobs = manifests + (operations > 0 ? 1 : 0)
-        say("campaign=load part=journal transitions=\(transitions) expected=\(expected) jobs_finished=\(finished) expected_jobs=\(expectedJobs) daemon_exit=\(exit.map(String.init) ?? "hang")")
+        say("campaign=load part=journal transitions=\(transitions) expected=\(expected) jobs_finished=\(finished) "
+            + "expected_jobs=\(expectedJobs) daemon_exit=\(exit.map(String.init) ?? "hang")")
         ok = ok && transitions == expected && finished == expectedJobs
-        if ok { spool.remove(); try? FileManager.default.removeItem(atPath: log) } else { say("  kept for inspection: \(spool.root), \(log)") }
+        if ok {
+            spool.remove(); try? FileManager.default.removeItem(atPath: log)
+        } else {
+            say("  kept for inspection: \(spool.root), \(log)")
+        }
         return ok
     }
 }

@@ -84,7 +84,8 @@ final class DaemonProcess {
         } else {
             // Run through a wrapper (prlimit, setpriv): the wrapper execs the daemon, keeping the pid.
             process.executableURL = URL(fileURLWithPath: prefix[0])
-            process.arguments = Array(prefix.dropFirst()) + [binaries + "/opqueued", "--spool", spool.root, "--config", spool.config, "--log-target", "console"] + extra
+            process.arguments = Array(prefix.dropFirst())
+                + [binaries + "/opqueued", "--spool", spool.root, "--config", spool.config, "--log-target", "console"] + extra
         }
         var env = ProcessInfo.processInfo.environment
         env.removeValue(forKey: "JOURNAL_STREAM")

@@ -169,7 +169,8 @@ public final class Downloader: @unchecked Sendable {
     /// when it ends: pass a duplicate, `DownloadTarget.duplicate`); `completion` is called once, from the
     /// transfer thread. Returns a cancel function that aborts the transfer at once (its completion is then
     /// not called).
-    func fetch(_ url: String, into duplicate: Int32, maxBytes: Int, limits: DownloadLimits, completion: @escaping @Sendable (Result<Void, any Error>) -> Void) -> @Sendable () -> Void {
+    func fetch(_ url: String, into duplicate: Int32, maxBytes: Int, limits: DownloadLimits,
+               completion: @escaping @Sendable (Result<Void, any Error>) -> Void) -> @Sendable () -> Void {
         guard let multi else {
             close(duplicate)
             completion(.failure(KindFailure(description: "libcurl could not be started")))
@@ -212,7 +213,8 @@ public final class Downloader: @unchecked Sendable {
                 let networks = request.limits.allowNetworks.map(\.cNetwork)
                 let made = networks.withUnsafeBufferPointer {
                     opq_transfer_new(request.url, request.fd, Int64(request.maxBytes), Int(request.limits.connectTimeoutSeconds * 1000),
-                                     Int(request.limits.timeoutSeconds * 1000), DownloadLimits.maxRedirects, $0.baseAddress, $0.count, request.tag)
+                                     Int(request.limits.timeoutSeconds * 1000), DownloadLimits.maxRedirects, $0.baseAddress, $0.count,
+                                     request.tag)
                 }
                 guard let transfer = made else {
                     close(request.fd)
@@ -238,7 +240,8 @@ public final class Downloader: @unchecked Sendable {
                 if opq_transfer_result(transfer, code, &message, message.count) == 0 {
                     result = .success(())
                 } else {
-                    result = .failure(KindFailure(description: String(decoding: message.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)))
+                    result = .failure(KindFailure(description: String(decoding: message.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) },
+                                                                      as: UTF8.self)))
                 }
                 opq_transfer_free(transfer)
                 entry?.completion(result)
@@ -249,14 +252,16 @@ public final class Downloader: @unchecked Sendable {
     /// file:// URLs: only a regular file whose real path (after `..` and symlinks) is inside a root, no
     /// larger than `maxBytes`; returns it open for reading.
     static func openFile(_ url: String, maxBytes: Int, roots: [String]) throws -> Int32 {
-        guard let components = URLComponents(string: url), components.host == nil || components.host == "" || components.host == "localhost" else {
+        guard let components = URLComponents(string: url),
+              components.host == nil || components.host == "" || components.host == "localhost" else {
             throw KindFailure(description: "file URL \(url) names a host")
         }
         let path = components.percentEncodedPath.removingPercentEncoding ?? components.path
         guard let real = realPath(path) else { throw KindFailure(description: "\(path): \(String(cString: strerror(errno)))") }
         let inside = roots.compactMap(realPath).contains { root in real == root || real.hasPrefix(root.hasSuffix("/") ? root : root + "/") }
         guard inside else {
-            throw KindFailure(description: "\(path) is not under a configured file root" + (roots.isEmpty ? " (download.fileRoots is empty)" : ""))
+            throw KindFailure(description: "\(path) is not under a configured file root"
+                                  + (roots.isEmpty ? " (download.fileRoots is empty)" : ""))
         }
         let source = open(real, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC)
         guard source >= 0 else { throw SpoolError(operation: "open", path: real, errno: errno) }

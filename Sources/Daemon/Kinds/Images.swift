@@ -25,7 +25,9 @@ public final class Image: @unchecked Sendable {
 
     /// A new image of the given size; its pixels are to be filled by the caller before it is shared.
     public convenience init(width: Int, height: Int, channels: Int) throws {
-        guard let memory = malloc(max(1, width * height * channels)) else { throw ImageError("out of memory for a \(width)×\(height) image") }
+        guard let memory = malloc(max(1, width * height * channels)) else {
+            throw ImageError("out of memory for a \(width)×\(height) image")
+        }
         self.init(width: width, height: height, channels: channels, adopting: memory.assumingMemoryBound(to: UInt8.self))
     }
 
@@ -49,7 +51,8 @@ public enum Codecs {
         var image = opq_image()
         var message = [CChar](repeating: 0, count: 512)
         let code = data.withUnsafeBytes { raw in
-            opq_decode(raw.baseAddress?.assumingMemoryBound(to: UInt8.self), raw.count, UInt64(max(0, maxPixels)), Int32(minSide), &image, &message, message.count)
+            opq_decode(raw.baseAddress?.assumingMemoryBound(to: UInt8.self), raw.count, UInt64(max(0, maxPixels)), Int32(minSide), &image,
+                       &message, message.count)
         }
         guard code == Int32(OPQ_CODEC_OK), let pixels = image.pixels else {
             let text = String(decoding: message.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
@@ -67,7 +70,8 @@ public enum Codecs {
             ? opq_encode_png(&c, &out, &size, &message, message.count)
             : opq_encode_jpeg(&c, Int32(quality), &out, &size, &message, message.count)
         guard code == Int32(OPQ_CODEC_OK), let out else {
-            throw ImageError("encoding \(format): " + String(decoding: message.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self))
+            throw ImageError("encoding \(format): "
+                             + String(decoding: message.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self))
         }
         defer { opq_free(out) }
         return Data(bytes: out, count: size)
@@ -94,7 +98,8 @@ enum Filters {
 
     /// out = clamp(M · in) for `count` pixels, alpha copied; `s` and `d` may be the same buffer.
     @inline(__always)
-    static func applyMatrix(_ t: UnsafePointer<Int32>, _ s: UnsafePointer<UInt8>, _ d: UnsafeMutablePointer<UInt8>, count: Int, channels c: Int) {
+    static func applyMatrix(_ t: UnsafePointer<Int32>, _ s: UnsafePointer<UInt8>, _ d: UnsafeMutablePointer<UInt8>, count: Int,
+                            channels c: Int) {
         for i in 0..<count {
             let p = i * c
             let r = Int(s[p]), g = Int(s[p + 1]), b = Int(s[p + 2])
@@ -175,7 +180,8 @@ enum Filters {
         let shape = Vignette(width: source.width, height: source.height, strength: strength)
         for y in 0..<source.height {
             if y % band == 0 { try check() }
-            shape.apply(row: y, source.pixels + y * source.stride, out.pixels + y * source.stride, width: source.width, channels: source.channels)
+            shape.apply(row: y, source.pixels + y * source.stride, out.pixels + y * source.stride, width: source.width,
+                        channels: source.channels)
         }
         return out
     }
@@ -279,7 +285,8 @@ enum Filters {
     }
 
     /// Applies a horizontal then a vertical kernel (source indices clamped to the edges).
-    static func separable(_ source: Image, width: Int, height: Int, horizontal: Kernel, vertical: Kernel, check: CancellationCheck) throws -> Image {
+    static func separable(_ source: Image, width: Int, height: Int, horizontal: Kernel, vertical: Kernel,
+                          check: CancellationCheck) throws -> Image {
         let c = source.channels
         let out = try Image(width: width, height: height, channels: c)
         var middle = [Float](repeating: 0, count: width * source.height * c)
@@ -290,8 +297,9 @@ enum Filters {
                 try horizontal.starts.withUnsafeBufferPointer { hs in
                     for y in 0..<source.height {
                         if y % band == 0 { try check() }
-                        horizontalRow(source.pixels + y * source.stride, sourceWidth: source.width, mid + y * rowLength, width: width, channels: c,
-                                      starts: hs.baseAddress!, weights: hw.baseAddress!, taps: horizontal.taps, weightStride: horizontal.weightStride)
+                        horizontalRow(source.pixels + y * source.stride, sourceWidth: source.width, mid + y * rowLength, width: width,
+                                      channels: c, starts: hs.baseAddress!, weights: hw.baseAddress!, taps: horizontal.taps,
+                                      weightStride: horizontal.weightStride)
                     }
                 }
             }
@@ -301,8 +309,9 @@ enum Filters {
                     try accumulator.withUnsafeMutableBufferPointer { acc in
                         for y in 0..<height {
                             if y % band == 0 { try check() }
-                            verticalRow(y, out.pixels + y * rowLength, rowLength: rowLength, accumulator: acc.baseAddress!, lastY: source.height - 1,
-                                        starts: vs.baseAddress!, weights: vw.baseAddress!, taps: vertical.taps, weightStride: vertical.weightStride) { UnsafePointer(mid + $0 * rowLength) }
+                            verticalRow(y, out.pixels + y * rowLength, rowLength: rowLength, accumulator: acc.baseAddress!,
+                                        lastY: source.height - 1, starts: vs.baseAddress!, weights: vw.baseAddress!, taps: vertical.taps,
+                                        weightStride: vertical.weightStride) { UnsafePointer(mid + $0 * rowLength) }
                         }
                     }
                 }

@@ -206,7 +206,8 @@ enum Kinds {
 
     /// A download's completed file, its bytes counted in the metrics; a failure (not a cancellation) counts
     /// as a download error.
-    private static func counted(_ metrics: DaemonMetrics?, _ isCancelled: () -> Bool, _ body: () throws -> DownloadedFile) throws -> DownloadedFile {
+    private static func counted(_ metrics: DaemonMetrics?, _ isCancelled: () -> Bool,
+                                _ body: () throws -> DownloadedFile) throws -> DownloadedFile {
         do {
             let file = try body()
             metrics?.downloaded(bytes: file.count)
@@ -277,7 +278,9 @@ enum Kinds {
             if mkdir(directory, 0o755) != 0 && errno != EEXIST { throw SpoolError(operation: "mkdir", path: directory, errno: errno) }
             var st = stat()
             // A symlink planted in the job folder must not lead outside it.
-            guard lstat(directory, &st) == 0, (st.st_mode & S_IFMT) == S_IFDIR else { throw SpoolError(operation: "write into", path: directory, errno: ENOTDIR) }
+            guard lstat(directory, &st) == 0, (st.st_mode & S_IFMT) == S_IFDIR else {
+                throw SpoolError(operation: "write into", path: directory, errno: ENOTDIR)
+            }
         }
         let name = components.last ?? path
         let hidden = directory + "/." + name + ".part"

@@ -20,7 +20,9 @@ public enum NetworkPolicy {
         let bytes = try IPNetwork.parse(address, in: address).bytes
         let c = networks.map(\.cNetwork)
         var range: UnsafePointer<CChar>?
-        let allowed = bytes.withUnsafeBufferPointer { a in c.withUnsafeBufferPointer { opq_address_allowed(a.baseAddress, $0.baseAddress, $0.count, &range) } }
+        let allowed = bytes.withUnsafeBufferPointer { a in
+            c.withUnsafeBufferPointer { opq_address_allowed(a.baseAddress, $0.baseAddress, $0.count, &range) }
+        }
         return (allowed != 0, allowed != 0 ? nil : range.map { String(cString: $0) })
     }
 }

@@ -46,7 +46,8 @@ public struct IPNetwork: Sendable, Equatable, CustomStringConvertible {
             masked[i] &= kept == 0 ? 0 : UInt8(truncatingIfNeeded: 0xFF << (8 - kept))
         }
         guard masked == bytes else {
-            throw Invalid(description: "'\(text)' has bits set past its /\(length) prefix (the network is \(Self.show(masked, isV4: isV4))/\(length))")
+            throw Invalid(description: "'\(text)' has bits set past its /\(length) prefix "
+                              + "(the network is \(Self.show(masked, isV4: isV4))/\(length))")
         }
         self.bytes = bytes
         self.prefix = prefix

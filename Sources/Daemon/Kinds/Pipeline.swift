@@ -104,7 +104,8 @@ struct ImagePipeline: Sendable {
     /// Encodes the pipeline's rows to `fd` as PNG or JPEG, a strip at a time.
     func encode(to fd: Int32, format: String, quality: Int, maxPixels: Int, check: @escaping CancellationCheck) throws {
         try run(maxPixels: maxPixels, check: check) { rows in
-            let writer = try RowWriter(fd: fd, png: format == "png", width: rows.width, height: rows.height, channels: rows.channels, quality: quality)
+            let writer = try RowWriter(fd: fd, png: format == "png", width: rows.width, height: rows.height, channels: rows.channels,
+                                       quality: quality)
             if rows.width * rows.height >= StripHandoff.threshold {
                 try StripHandoff(rows, check: check).run { pixels, n in try writer.write(pixels, rows: n) }
             } else {
@@ -166,7 +167,8 @@ struct ImagePipeline: Sendable {
     /// DCT scale); `thumbnail` from the rows it gets, as the whole-image thumbnail always did. An image a step would
     /// make is held to `maxPixels` as a decoded one is: `resize` to 1,000,000×1,000,000 of a 10×10 PNG would stream
     /// 10¹² pixels into the outbox for days, or ask for terabytes where it is held whole.
-    private func stages(over first: any RowSource, logical: (Int, Int), maxPixels: Int, check: @escaping CancellationCheck) throws -> any RowSource {
+    private func stages(over first: any RowSource, logical: (Int, Int), maxPixels: Int,
+                        check: @escaping CancellationCheck) throws -> any RowSource {
         var current = first
         var logical = logical
         for (step, operation) in zip(steps, operations) {
@@ -211,7 +213,8 @@ struct ImagePipeline: Sendable {
         throw KindFailure(description: "\(step) to \(width)×\(height) pixels makes an image of more than image.maxPixels (\(maxPixels))")
     }
 
-    private static func scaled(_ rows: any RowSource, _ width: Int, _ height: Int, check: @escaping CancellationCheck) throws -> any RowSource {
+    private static func scaled(_ rows: any RowSource, _ width: Int, _ height: Int,
+                               check: @escaping CancellationCheck) throws -> any RowSource {
         if width == rows.width && height == rows.height { return rows }
         return try SeparableRows(rows, width: width, height: height,
                                  horizontal: Filters.lanczosKernel(source: rows.width, target: width),
@@ -275,7 +278,8 @@ final class DecoderRows: RowSource {
     init(_ raw: UnsafeRawBufferPointer, maxPixels: Int) throws {
         var w: Int32 = 0, h: Int32 = 0
         try codecCall("the image cannot be decoded") { m, n in
-            opq_reader_open(raw.baseAddress?.assumingMemoryBound(to: UInt8.self), raw.count, UInt64(max(0, maxPixels)), &reader, &w, &h, m, n)
+            opq_reader_open(raw.baseAddress?.assumingMemoryBound(to: UInt8.self), raw.count, UInt64(max(0, maxPixels)), &reader, &w, &h,
+                            m, n)
         }
         width = Int(w)
         height = Int(h)
@@ -284,7 +288,8 @@ final class DecoderRows: RowSource {
     func start(_ minimum: (width: Int, height: Int, side: Int)) throws {
         var w: Int32 = 0, h: Int32 = 0, c: Int32 = 0
         try codecCall("the image cannot be decoded") { m, n in
-            opq_reader_start(reader, Int32(clamping: minimum.width), Int32(clamping: minimum.height), Int32(clamping: minimum.side), &w, &h, &c, m, n)
+            opq_reader_start(reader, Int32(clamping: minimum.width), Int32(clamping: minimum.height), Int32(clamping: minimum.side),
+                             &w, &h, &c, m, n)
         }
         (width, height, channels) = (Int(w), Int(h), Int(c))
     }
@@ -400,7 +405,8 @@ final class SeparableRows: RowSource {
     /// Source rows pulled from upstream, horizontally filtered into the ring; output rows handed out.
     private var pulled = 0, produced = 0, next = 0
 
-    init(_ upstream: any RowSource, width: Int, height: Int, horizontal: Filters.Kernel, vertical: Filters.Kernel, check: @escaping CancellationCheck) throws {
+    init(_ upstream: any RowSource, width: Int, height: Int, horizontal: Filters.Kernel, vertical: Filters.Kernel,
+         check: @escaping CancellationCheck) throws {
         self.upstream = upstream
         self.width = width
         self.height = height
@@ -437,7 +443,8 @@ final class SeparableRows: RowSource {
             horizontal.starts.withUnsafeBufferPointer { hs in
                 horizontal.weights.withUnsafeBufferPointer { hw in
                     Filters.horizontalRow(source, sourceWidth: sourceWidth, target, width: w, channels: c,
-                                          starts: hs.baseAddress!, weights: hw.baseAddress!, taps: horizontal.taps, weightStride: horizontal.weightStride)
+                                          starts: hs.baseAddress!, weights: hw.baseAddress!, taps: horizontal.taps,
+                                          weightStride: horizontal.weightStride)
                 }
             }
             stripNext += 1
@@ -677,7 +684,9 @@ enum ImageFusion {
         for end in operations where !fused.contains(end.id) {
             guard let last = end.dependencies.first, fused.contains(last), let endIndex = index[end.id] else { continue }
             var chain: [String] = [last]
-            while let first = byID[chain[0]]?.dependencies.first, fused.contains(first), !chain.contains(first) { chain.insert(first, at: 0) }
+            while let first = byID[chain[0]]?.dependencies.first, fused.contains(first), !chain.contains(first) {
+                chain.insert(first, at: 0)
+            }
             chains[end.id] = chain.compactMap { id in index[id].map { (index: $0, id: id) } } + [(endIndex, end.id)]
         }
         return chains

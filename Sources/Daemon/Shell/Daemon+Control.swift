@@ -38,16 +38,21 @@ extension Daemon {
                 guard let q = config.queues[name] else { continue }
                 let suspended = (local[name] ?? q.suspended) || shared.contains(name) || held
                 if let id = queueIDs[name] {
-                    engine.updateQueue(id, maxConcurrentOperationCount: q.maxConcurrentOperationCount, qualityOfService: q.qualityOfService, isSuspended: suspended)
+                    engine.updateQueue(id, maxConcurrentOperationCount: q.maxConcurrentOperationCount, qualityOfService: q.qualityOfService,
+                                       isSuspended: suspended)
                 } else {
-                    queueIDs[name] = engine.addQueue(named: name, maxConcurrentOperationCount: q.maxConcurrentOperationCount, qualityOfService: q.qualityOfService, isSuspended: suspended)
+                    queueIDs[name] = engine.addQueue(named: name, maxConcurrentOperationCount: q.maxConcurrentOperationCount,
+                                                     qualityOfService: q.qualityOfService, isSuspended: suspended)
                 }
             }
             for (name, suspended) in changes { logQueue(name, suspended: suspended) }
             store.reload(config)
             permits?.configure(Self.limitedQueues(config, queueIDs))
             if !kept.isEmpty {
-                logger.warning("\(kept.joined(separator: ", ")) changed: kept as this node started until it is restarted (the rest of the configuration is reloaded)")
+                logger.warning("""
+                    \(kept.joined(separator: ", ")) changed: kept as this node started until it is restarted \
+                    (the rest of the configuration is reloaded)
+                    """)
             }
         } catch {
             logger.error("the configuration was not reloaded: \(error)")
@@ -132,7 +137,8 @@ extension Daemon {
     }
 
     func logQueue(_ name: String, suspended: Bool) {
-        event(.info, "queue \(name) \(suspended ? "suspended" : "resumed")", ["OPQ_EVENT": "queue", "OPQ_STATE": suspended ? "suspended" : "resumed", "OPQ_QUEUE": .string(name)])
+        event(.info, "queue \(name) \(suspended ? "suspended" : "resumed")",
+              ["OPQ_EVENT": "queue", "OPQ_STATE": suspended ? "suspended" : "resumed", "OPQ_QUEUE": .string(name)])
     }
 
     // MARK: Control
@@ -300,7 +306,8 @@ extension Daemon {
     /// The metrics in the Prometheus text format, the gauges read now (`opqueuectl metrics`, GET /metrics).
     public func metricsText() -> String {
         // The engine resolves -1 to the online CPUs, as here.
-        metrics.text(status(), cluster: (store as? ClusterJobStore)?.snapshot(), processorCount: max(1, Int(sysconf(Int32(_SC_NPROCESSORS_ONLN)))))
+        metrics.text(status(), cluster: (store as? ClusterJobStore)?.snapshot(),
+                     processorCount: max(1, Int(sysconf(Int32(_SC_NPROCESSORS_ONLN)))))
     }
 
     /// Sets the allocator's thresholds for a long-running process (see `opq_tune_allocator`); call once,
@@ -334,7 +341,8 @@ extension Daemon {
         let deadline = monotonicSeconds() + 2
         repeat {
             try? await Task.sleep(for: .milliseconds(1))
-        } while !timerClocks().isSuperset(of: [CLOCK_REALTIME, CLOCK_MONOTONIC, CLOCK_BOOTTIME].map(Int.init)) && monotonicSeconds() < deadline
+        } while !timerClocks().isSuperset(of: [CLOCK_REALTIME, CLOCK_MONOTONIC, CLOCK_BOOTTIME].map(Int.init)) &&
+            monotonicSeconds() < deadline
         uptime.cancel()
         wall.cancel()
     }
@@ -453,8 +461,8 @@ extension Daemon {
         lock.unlock()
         guard let job, let plan = job.plan, let group, let records = records(group, of: job) else { return nil }
         return zip(plan.operations, records).map { op, r in
-            var entry: [String: Any] = ["id": op.id, "kind": op.kind.rawValue, "queue": op.queue, "state": r.state.name, "attempts": r.attempts,
-                                        "dependencies": op.dependencies]
+            var entry: [String: Any] = ["id": op.id, "kind": op.kind.rawValue, "queue": op.queue, "state": r.state.name,
+                                        "attempts": r.attempts, "dependencies": op.dependencies]
             if let s = r.startedAt { entry["startedAt"] = s }
             if let f = r.finishedAt { entry["finishedAt"] = f }
             if let e = r.error { entry["error"] = e }

@@ -96,9 +96,12 @@ extension Daemon {
                     // job ends failed, saying so (what its operations wrote there is gone), instead of waiting for a
                     // folder that will never come back.
                     try spool.restoreFolder(job: publication.job.id, manifest: publication.job.claimed.manifest)
-                    let why = "active/\(publication.job.id) was removed while the job ran (not by the daemon): its manifest is restored, what its operations wrote there is lost"
-                    publication = Publication(job: publication.job, status: publication.status == "succeeded" ? "failed" : publication.status,
-                                              error: [publication.error, why].compactMap { $0 }.joined(separator: "\n"), records: publication.records)
+                    let why = "active/\(publication.job.id) was removed while the job ran (not by the daemon): its manifest is restored, "
+                        + "what its operations wrote there is lost"
+                    publication = Publication(job: publication.job,
+                                              status: publication.status == "succeeded" ? "failed" : publication.status,
+                                              error: [publication.error, why].compactMap { $0 }.joined(separator: "\n"),
+                                              records: publication.records)
                     logger.error("job \(publication.job.id): \(why)", metadata: ["OPQ_JOB": .string(publication.job.id)])
                     try stage(publication)
                 }
@@ -178,7 +181,8 @@ extension Daemon {
         var placed: [(publication: Publication, firstStart: Double?, entry: String)] = []
         for entry in staged {
             guard recorded.contains(entry.publication.job.id) else {
-                perform(handle(.lost(job: entry.publication.job.id, reason: "the job store did not record its end (another node holds it)")))
+                perform(handle(.lost(job: entry.publication.job.id,
+                                     reason: "the job store did not record its end (another node holds it)")))
                 lock.withLock { runs[entry.publication.job.id] = nil }
                 continue
             }
@@ -189,7 +193,10 @@ extension Daemon {
                 let name = try shared.map { try spool.placeShared(job: id, in: $0) } ?? spool.place(job: id, inUse: idInUse)
                 let folder = shared ?? spool.outbox
                 if name != id {
-                    logger.warning("job \(id): \(folder)/\(id) was taken by something else after the job was claimed (left as it is); the job's entry is \(folder)/\(name)",
+                    logger.warning("""
+                        job \(id): \(folder)/\(id) was taken by something else after the job was claimed (left as it is); \
+                        the job's entry is \(folder)/\(name)
+                        """,
                                    metadata: ["OPQ_JOB": .string(id)])
                 }
                 placed.append((entry.publication, entry.firstStart, folder + "/" + name))
@@ -225,14 +232,16 @@ extension Daemon {
         case .failure(let error):
             // The entries are in the outbox already (whole, by rename); only the renames' durability is in doubt,
             // and a rename the disk lost leaves the job in active/, published again at the next start.
-            spoolFailed("committing \(placed.count) outbox entries (a crash before the disk recovers republishes them at the next start)", error)
+            spoolFailed("committing \(placed.count) outbox entries (a crash before the disk recovers republishes them at the next start)",
+                        error)
         }
         for (publication, firstStart, entry) in placed {
             let job = publication.job
             // Its downloads are no longer needed once the entry is out of active/ (a crash before this
             // leaves them to recovery, which removes the folders of jobs no longer active).
             if job.mayHave(.download) { spool.discardDownloads(job: job.id) }
-            var fields: Logger.Metadata = ["OPQ_EVENT": "job", "OPQ_STATE": "finished", "OPQ_JOB": .string(job.id), "OPQ_STATUS": .string(publication.status)]
+            var fields: Logger.Metadata = ["OPQ_EVENT": "job", "OPQ_STATE": "finished", "OPQ_JOB": .string(job.id),
+                                           "OPQ_STATUS": .string(publication.status)]
             if let firstStart { fields["OPQ_DURATION_USEC"] = .string(String(Int64(((now - firstStart) * 1e6).rounded()))) }
             if let error = publication.error { fields["OPQ_ERROR"] = .string(error) }
             metrics.jobEnded(status: publication.status)
@@ -289,7 +298,10 @@ extension Daemon {
         if fault == nil {
             fault = (what, Date().timeIntervalSince1970)
             _ = handle(.fault("\(what) failed: \(error)"))
-            logger.error("\(what) failed: \(error); claiming is paused and publication waits until the spool works again (retried every few seconds)")
+            logger.error("""
+                \(what) failed: \(error); claiming is paused and publication waits until the spool works again \
+                (retried every few seconds)
+                """)
         }
         scheduleFaultRetry()
     }

@@ -23,7 +23,12 @@ extension Daemon {
             }
             for problem in problems { logger.error("\(problem)") }
             let leftovers = CommandLedger.shared.open(spool.active + "/.commands")
-            if !leftovers.isEmpty { logger.notice("killed \(leftovers.count) command process groups left running by the previous run: \(leftovers.map(String.init).joined(separator: ", "))") }
+            if !leftovers.isEmpty {
+                logger.notice("""
+                    killed \(leftovers.count) command process groups left running by the previous run: \
+                    \(leftovers.map(String.init).joined(separator: ", "))
+                    """)
+            }
             let commands = lock.withLock { !configuration.commands.isEmpty }
             if commands && Supervisor.path == nil {
                 let missing = "opqueued-supervise is neither beside this program nor in ../lib/opqueued/: commands run without it, "
@@ -239,7 +244,10 @@ extension Daemon {
             }
             if !leaseFallbackLogged, let reason = spool.leaseRefused {
                 leaseFallbackLogged = true
-                logger.notice("no read lease could be taken on \(reason); a manifest still open for writing is told apart by inotify's close events and \(Self.settleSeconds) s without change instead (logged once)")
+                logger.notice("""
+                    no read lease could be taken on \(reason); a manifest still open for writing is told apart by inotify's close events \
+                    and \(Self.settleSeconds) s without change instead (logged once)
+                    """)
             }
         }
         if !settling.isEmpty {
@@ -255,7 +263,8 @@ extension Daemon {
                 do {
                     try commit()
                 } catch {
-                    spoolFailed("committing \(claimed.count) claims (they run, and are recovered from active/ after a restart if the disk kept them)", error)
+                    spoolFailed("committing \(claimed.count) claims "
+                                + "(they run, and are recovered from active/ after a restart if the disk kept them)", error)
                 }
             }
             lock.withLock { waiting = max(0, waiting - claimed.count) }
@@ -361,7 +370,10 @@ extension Daemon {
                 _ = receive(local, .inbox(manifest: local.manifestName), tree: tree, configuration: config)
             } catch {
                 // Left in active/.submissions: the cluster gets it, and the node that claims it rejects it there.
-                logger.error("inbox/\(job.manifestName) is rejected but cannot be moved into active/ to be published here: \(error); it goes to the cluster, where the node that claims it rejects it",
+                logger.error("""
+                    inbox/\(job.manifestName) is rejected but cannot be moved into active/ to be published here: \(error); \
+                    it goes to the cluster, where the node that claims it rejects it
+                    """,
                              metadata: ["OPQ_ERROR": .string("\(error)")])
                 submissions.append(job)
             }
@@ -377,7 +389,8 @@ extension Daemon {
         case .failure(let p): problems = p.problems
         case .success(let plan): parsed = plan
         }
-        if !problems.isEmpty, let asked = tree.requestedJob, !isValidIdentifier(asked), !problems.contains(where: { $0.hasPrefix("job:") }) {
+        if !problems.isEmpty, let asked = tree.requestedJob, !isValidIdentifier(asked),
+           !problems.contains(where: { $0.hasPrefix("job:") }) {
             problems.append("job: '\(clipped(asked))' is not a valid job id")
         }
         return (problems, parsed)

@@ -353,7 +353,8 @@ public final class Daemon: @unchecked Sendable {
         let environment = KindEnvironment(
             jobFolder: spool.outputFolder(job: claimed.id), downloads: spool.downloadsFolder(job: claimed.id),
             limits: DownloadLimits(maxBytes: config.downloadMaxBytes, connectTimeoutSeconds: config.downloadConnectTimeoutSeconds,
-                                   timeoutSeconds: config.downloadTimeoutSeconds, fileRoots: config.fileRoots, allowNetworks: config.allowNetworks),
+                                   timeoutSeconds: config.downloadTimeoutSeconds, fileRoots: config.fileRoots,
+                                   allowNetworks: config.allowNetworks),
             maxPixels: config.maxPixels, metrics: metrics, commands: config.commands)
         func hasDownload(_ operation: String) -> Bool { access(environment.downloads + "/" + operation, F_OK) == 0 }
         // Chains of image operations ending in a write run as one strip pipeline in their last operation
@@ -364,7 +365,8 @@ public final class Daemon: @unchecked Sendable {
         for (offset, op) in operations.enumerated() {
             let i = base + offset
             let succeeded = claimed.done[op.id] != nil
-            let recovery = succeeded ? Self.recovery(of: op, environment: environment, configuration: config) : (body: nil, recompute: false)
+            let recovery = succeeded ? Self.recovery(of: op, environment: environment, configuration: config)
+                                     : (body: nil, recompute: false)
             var recovered = recovery.body
             let recompute = recovery.recompute
             // §3.5: once the list has arrived, its graph joins the running job (before `photos` ends,
@@ -376,7 +378,9 @@ public final class Daemon: @unchecked Sendable {
                 try self.expand(job, with: Manifest.photoListOperations(photos, configuration: config), configuration: config)
                 return nil
             }
-            if photosURL != nil && succeeded && hasDownload(op.id) { recovered = Kinds.restoredDownload(name: op.id, environment: environment, then: expandList) }
+            if photosURL != nil && succeeded && hasDownload(op.id) {
+                recovered = Kinds.restoredDownload(name: op.id, environment: environment, then: expandList)
+            }
             if recovered != nil || recompute { job.recovered.insert(i) }
             if recompute { job.recomputed.insert(i) }
             var queueName = op.queue
@@ -402,9 +406,12 @@ public final class Daemon: @unchecked Sendable {
             let deps = op.dependencies.compactMap { job.operationIndex[$0] }
             var timeout = op.timeoutSeconds
             // A command's own limit holds unless the operation asks for less.
-            if case .command(let name, _) = op.parameters, let limit = config.commands[name]?.timeoutSeconds { timeout = min(timeout ?? limit, limit) }
+            if case .command(let name, _) = op.parameters, let limit = config.commands[name]?.timeoutSeconds {
+                timeout = min(timeout ?? limit, limit)
+            }
             graph.add(OperationSpec(
-                name: op.id, queue: queue, qualityOfService: op.qualityOfService, queuePriority: op.queuePriority ?? job.plan?.queuePriority ?? .normal,
+                name: op.id, queue: queue, qualityOfService: op.qualityOfService,
+                queuePriority: op.queuePriority ?? job.plan?.queuePriority ?? .normal,
                 timeout: recovered != nil ? nil : timeout, retries: recovered != nil ? 0 : op.retries, retryDelay: op.retryDelaySeconds,
                 runsAfterFailure: op.runsAfterFailure, input: op.input.flatMap { job.operationIndex[$0] }, body: body), dependencies: deps)
         }
@@ -437,7 +444,8 @@ public final class Daemon: @unchecked Sendable {
     func expand(_ job: RunningJob, with operations: [OperationPlan], configuration: Configuration) throws {
         lock.lock()
         defer { lock.unlock() }
-        guard lifecycle.phase(of: job.id) == .running, runs[job.id] === job, let group = lifecycle.group(of: job.id), var plan = job.plan else {
+        guard lifecycle.phase(of: job.id) == .running, runs[job.id] === job, let group = lifecycle.group(of: job.id),
+              var plan = job.plan else {
             throw KindFailure(description: "the job has ended")
         }
         let base = plan.operations.count
@@ -492,16 +500,19 @@ public final class Daemon: @unchecked Sendable {
     func log(_ entry: JobLifecycle<GroupID>.JournalEntry) {
         switch entry {
         case .received(let job, let manifest):
-            event(.info, "job \(job) received from inbox/\(manifest)", ["OPQ_EVENT": "job", "OPQ_STATE": "received", "OPQ_JOB": .string(job)])
+            event(.info, "job \(job) received from inbox/\(manifest)",
+                  ["OPQ_EVENT": "job", "OPQ_STATE": "received", "OPQ_JOB": .string(job)])
         case .claimed(let job, let fromNode):
             var fields: Logger.Metadata = ["OPQ_EVENT": "job", "OPQ_STATE": "claimed", "OPQ_JOB": .string(job)]
             if let fromNode { fields["OPQ_FROM_NODE"] = .string(fromNode) }
             event(.info, "job \(job) claimed\(fromNode.map { " from node \($0)" } ?? "")", fields)
         case .accepted(let job, let operations):
-            event(.info, "job \(job) accepted: \(operations) operations", ["OPQ_EVENT": "job", "OPQ_STATE": "accepted", "OPQ_JOB": .string(job)])
+            event(.info, "job \(job) accepted: \(operations) operations",
+                  ["OPQ_EVENT": "job", "OPQ_STATE": "accepted", "OPQ_JOB": .string(job)])
         case .rejected(let job, let problems, let error):
             event(.error, "job \(job) rejected: \(problems.joined(separator: "; "))",
-                  ["OPQ_EVENT": "job", "OPQ_STATE": "rejected", "OPQ_JOB": .string(job), "OPQ_STATUS": "rejected", "OPQ_ERROR": .string(error)])
+                  ["OPQ_EVENT": "job", "OPQ_STATE": "rejected", "OPQ_JOB": .string(job), "OPQ_STATUS": "rejected",
+                   "OPQ_ERROR": .string(error)])
         case .lost(let job, let reason):
             event(.warning, "job \(job) lost: \(reason); it is stopped here and nothing is published for it",
                   ["OPQ_EVENT": "job", "OPQ_STATE": "lost", "OPQ_JOB": .string(job), "OPQ_ERROR": .string(reason)])
@@ -528,7 +539,9 @@ public final class Daemon: @unchecked Sendable {
                     _ = lifecycle.handle(.operationEnded(group: t.group))
                 }
                 lock.unlock()
-                if let permits, let plan, t.operation < plan.operations.count { permits.transition(queue: plan.operations[t.operation].queue, state: t.state) }
+                if let permits, let plan, t.operation < plan.operations.count {
+                    permits.transition(queue: plan.operations[t.operation].queue, state: t.state)
+                }
                 guard let job, let plan, t.operation < plan.operations.count, !recovered || recomputedFailure else { continue }
                 let seen = recovered || job.fusion.isEmpty ? [t] : job.fusion.deliver(t) { engine.record(t.group, operation: $0) }
                 for t in seen {
@@ -560,7 +573,9 @@ public final class Daemon: @unchecked Sendable {
             }
         case .retrying, .succeeded, .failed, .cancelled:
             // Only an attempt that was executing ran (a cancel of a ready operation ends it from `ready`).
-            if let last = operationClock.end(t.group, t.operation), last.executing { metrics.ran(kind: operation.kind.rawValue, seconds: t.time - last.time) }
+            if let last = operationClock.end(t.group, t.operation), last.executing {
+                metrics.ran(kind: operation.kind.rawValue, seconds: t.time - last.time)
+            }
             guard t.state != .retrying else { break }
             metrics.operationEnded(kind: operation.kind.rawValue, queue: operation.queue, state: t.state.name)
         default:
@@ -589,8 +604,9 @@ public final class Daemon: @unchecked Sendable {
     func logTransition(_ t: Transition, job: RunningJob, operation: OperationPlan) -> Bool {
         var recorded = false
         var fields: Logger.Metadata = [
-            "OPQ_EVENT": "operation", "OPQ_STATE": .string(t.state.name), "OPQ_JOB": .string(job.id), "OPQ_OPERATION": .string(operation.id),
-            "OPQ_KIND": .string(operation.kind.rawValue), "OPQ_QUEUE": .string(operation.queue), "OPQ_QOS": .string(t.qualityOfService.name),
+            "OPQ_EVENT": "operation", "OPQ_STATE": .string(t.state.name), "OPQ_JOB": .string(job.id),
+            "OPQ_OPERATION": .string(operation.id), "OPQ_KIND": .string(operation.kind.rawValue), "OPQ_QUEUE": .string(operation.queue),
+            "OPQ_QOS": .string(t.qualityOfService.name),
             "OPQ_QUEUE_PRIORITY": .string((operation.queuePriority ?? job.plan?.queuePriority ?? .normal).name),
         ]
         if t.attempt > 0 { fields["OPQ_ATTEMPT"] = .string(String(t.attempt)) }
@@ -600,10 +616,13 @@ public final class Daemon: @unchecked Sendable {
         switch t.state {
         case .succeeded, .failed, .cancelled:
             if let record = engine.record(t.group, operation: t.operation).map({ job.fusion.overlay(t.operation, $0) }) {
-                if let started = record.startedAt { fields["OPQ_DURATION_USEC"] = .string(String(Int64(((t.time - started) * 1e6).rounded()))) }
+                if let started = record.startedAt {
+                    fields["OPQ_DURATION_USEC"] = .string(String(Int64(((t.time - started) * 1e6).rounded())))
+                }
                 if t.state == .succeeded, let started = record.startedAt {
                     do {
-                        try spool.recordSuccess(job: job.id, operation: operation.id, record: DoneRecord(startedAt: started, finishedAt: t.time, attempts: record.attempts))
+                        try spool.recordSuccess(job: job.id, operation: operation.id,
+                                                record: DoneRecord(startedAt: started, finishedAt: t.time, attempts: record.attempts))
                         recorded = true
                     } catch {
                         // Until the fault is over, operations that succeed may run again after a restart.
@@ -626,7 +645,8 @@ public final class Daemon: @unchecked Sendable {
 
     // MARK: Journal
 
-    func event(_ level: Logger.Level, _ message: String, _ fields: Logger.Metadata, file: String = #fileID, function: String = #function, line: UInt = #line) {
+    func event(_ level: Logger.Level, _ message: String, _ fields: Logger.Metadata, file: String = #fileID, function: String = #function,
+               line: UInt = #line) {
         logger.log(level: level, Logger.Message(stringLiteral: message), metadata: fields, file: file, function: function, line: line)
     }
 }

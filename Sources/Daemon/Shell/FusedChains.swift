@@ -80,7 +80,8 @@ final class FusedChains: Sendable {
     func overlay(_ operation: Int, _ record: OperationRecord) -> OperationRecord {
         state.withLock { s in
             if let o = s.outcomes[operation] {
-                return record.replacing(state: o.state, attempts: o.attempts, startedAt: o.startedAt, finishedAt: o.finishedAt, error: o.error)
+                return record.replacing(state: o.state, attempts: o.attempts, startedAt: o.startedAt, finishedAt: o.finishedAt,
+                                        error: o.error)
             }
             guard s.held[operation] != nil else { return record }
             return record.replacing(state: .executing, attempts: record.attempts, startedAt: record.startedAt, finishedAt: nil, error: nil)

@@ -338,8 +338,8 @@ private final class RunningGroups: @unchecked Sendable {
 
 /// active/.commands: one line `PID STARTTIME` per command started, so that commands a killed daemon left
 /// running (the watchdog, CommandWatchdog.swift, normally kills them at once; not if it was killed too) are
-/// killed at the next start, before their operations run again. A pid is trusted only if /proc still shows the same start time (pids are reused).
-/// Emptied whenever no command runs, so it stays small.
+/// killed at the next start, before their operations run again. A pid is trusted only if /proc still shows the same start time
+/// (pids are reused). Emptied whenever no command runs, so it stays small.
 final class CommandLedger: @unchecked Sendable {
     static let shared = CommandLedger()
     private let lock = NSLock()
@@ -352,7 +352,8 @@ final class CommandLedger: @unchecked Sendable {
         if case .success(let data) = readRegularFile(path, limit: 64 << 20) {
             for line in String(decoding: data, as: UTF8.self).split(separator: "\n") {
                 let parts = line.split(separator: " ")
-                guard parts.count == 2, let pid = pid_t(parts[0]), pid > 1, let start = Self.startTime(pid), String(parts[1]) == start else { continue }
+                guard parts.count == 2, let pid = pid_t(parts[0]), pid > 1, let start = Self.startTime(pid),
+                      String(parts[1]) == start else { continue }
                 kill(-pid, SIGKILL)
                 killed.append(pid)
             }

@@ -55,7 +55,8 @@ enum CommandOperation {
         }
     }
 
-    private static func start(_ spec: CommandSpec, arguments: [String: String], environment: KindEnvironment, context: OperationContext) throws {
+    private static func start(_ spec: CommandSpec, arguments: [String: String], environment: KindEnvironment,
+                              context: OperationContext) throws {
         let folder = absolute(environment.jobFolder)
         let operation = context.name
         // One folder per attempt: an attempt that timed out may still be in its grace (SIGTERM ignored)
@@ -81,7 +82,9 @@ enum CommandOperation {
             case let bytes as Data: try writeFile(bytes, to: input)
             case let image as Image: try writeFile(Codecs.encode(image, format: "png", quality: 90), to: input)
             case let chain as ImagePipeline:
-                try writeFile(to: input) { fd, _ in try chain.encode(to: fd, format: "png", quality: 90, maxPixels: environment.maxPixels, check: check) }
+                try writeFile(to: input) { fd, _ in
+                    try chain.encode(to: fd, format: "png", quality: 90, maxPixels: environment.maxPixels, check: check)
+                }
             default: throw FinalFailure("command '\(spec.name)' uses ${input} but the operation has no input (a dependency with an output)")
             }
             values["input"] = work + "/input"
@@ -117,7 +120,8 @@ enum CommandOperation {
     }
 
     /// The attempt's result from how the command ended.
-    private static func conclude(_ spec: CommandSpec, exit: ChildExit, operation: String, folder: String, work: String, logs: [String]) throws -> OperationOutput? {
+    private static func conclude(_ spec: CommandSpec, exit: ChildExit, operation: String, folder: String, work: String,
+                                 logs: [String]) throws -> OperationOutput? {
         defer { removeTree(work) }
         var notes: [String] = []
         if exit.stdoutTruncated { notes.append("standard output cut at \(spec.maxOutputBytes) of \(exit.stdoutBytes) bytes") }
@@ -137,7 +141,9 @@ enum CommandOperation {
             return nil
         case .stdout:
             // A cut output is not the command's output: passing it on would hand dependents a truncated file.
-            if exit.stdoutTruncated { throw FinalFailure("the standard output is \(exit.stdoutBytes) bytes, more than maxOutputBytes (\(spec.maxOutputBytes))") }
+            if exit.stdoutTruncated {
+                throw FinalFailure("the standard output is \(exit.stdoutBytes) bytes, more than maxOutputBytes (\(spec.maxOutputBytes))")
+            }
             return try readRegularFile(logs[0], limit: spec.maxOutputBytes + 1).get()
         case .file:
             let produced = work + "/output"

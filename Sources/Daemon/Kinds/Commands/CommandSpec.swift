@@ -82,7 +82,9 @@ public struct CommandSpec: Sendable, Equatable {
             let after = rest[dollar.upperBound...]
             guard let close = after.firstIndex(of: "}") else { return .failure(ConfigurationProblem("'${' is not closed")) }
             let name = String(after[..<close])
-            guard isValidIdentifier(name) else { return .failure(ConfigurationProblem("'${\(clipped(name))}' is not a valid placeholder name")) }
+            guard isValidIdentifier(name) else {
+                return .failure(ConfigurationProblem("'${\(clipped(name))}' is not a valid placeholder name"))
+            }
             if !literal.isEmpty { pieces.append(.literal(literal)); literal = "" }
             pieces.append(.placeholder(name))
             rest = after[after.index(after: close)...]
@@ -120,7 +122,8 @@ public struct CommandSpec: Sendable, Equatable {
             if let parameters = value.dictionary {
                 for p in parameters.keys.sorted() {
                     guard isValidIdentifier(p), !operationNames.contains(p), !hookNames.contains(p) else {
-                        problems.append("\(at).parameters: '\(clipped(p))' is not a valid parameter name (an identifier, not one of \((operationNames.union(hookNames)).sorted().joined(separator: ", ")))")
+                        problems.append("\(at).parameters: '\(clipped(p))' is not a valid parameter name "
+                            + "(an identifier, not one of \((operationNames.union(hookNames)).sorted().joined(separator: ", ")))")
                         continue
                     }
                     switch parameters[p] {
@@ -131,7 +134,8 @@ public struct CommandSpec: Sendable, Equatable {
                     case .array(let items) where !items.isEmpty && items.allSatisfy({ $0.string.map(isSafeString) == true }):
                         spec.parameters[p] = .oneOf(items.compactMap(\.string))
                     default:
-                        problems.append("\(at).parameters.\(p): must be string, integer, real, bool, or a non-empty array of allowed strings (none starting with '-')")
+                        problems.append("\(at).parameters.\(p): must be string, integer, real, bool, "
+                                        + "or a non-empty array of allowed strings (none starting with '-')")
                     }
                 }
             } else {
@@ -141,18 +145,23 @@ public struct CommandSpec: Sendable, Equatable {
         if let value = d["argv"] {
             if let items = value.array, !items.isEmpty {
                 for (i, item) in items.enumerated() {
-                    guard let text = item.string, !text.utf8.contains(0) else { problems.append("\(at).argv[\(i)]: must be a string without NUL"); continue }
+                    guard let text = item.string, !text.utf8.contains(0) else {
+                        problems.append("\(at).argv[\(i)]: must be a string without NUL"); continue
+                    }
                     switch pieces(text) {
                     case .failure(let problem): problems.append("\(at).argv[\(i)]: \(problem)")
                     case .success(let parts):
-                        for case .placeholder(let n) in parts where spec.parameters[n] == nil && !operationNames.contains(n) && !hookNames.contains(n) {
-                            problems.append("\(at).argv[\(i)]: unknown placeholder '${\(clipped(n))}' (a parameter, or one of \(operationNames.union(hookNames).sorted().joined(separator: ", ")))")
+                        for case .placeholder(let n) in parts where spec.parameters[n] == nil && !operationNames.contains(n) &&
+                            !hookNames.contains(n) {
+                            problems.append("\(at).argv[\(i)]: unknown placeholder '${\(clipped(n))}' "
+                                + "(a parameter, or one of \(operationNames.union(hookNames).sorted().joined(separator: ", ")))")
                         }
                         spec.argv.append(parts)
                     }
                 }
                 if let first = items.first?.string, !first.hasPrefix("/") || first.contains("${") {
-                    problems.append("\(at).argv[0]: must be an absolute path to the program, without placeholders (no shell and no PATH search)")
+                    problems.append("\(at).argv[0]: must be an absolute path to the program, "
+                                    + "without placeholders (no shell and no PATH search)")
                 }
             } else {
                 problems.append("\(at).argv: must be a non-empty array of strings")
@@ -161,18 +170,32 @@ public struct CommandSpec: Sendable, Equatable {
             problems.append("\(at).argv: is required")
         }
         if let value = d["output"] {
-            if let s = value.string, let o = Output(rawValue: s) { spec.output = o } else { problems.append("\(at).output: must be stdout, file or none") }
+            if let s = value.string, let o = Output(rawValue: s) {
+                spec.output = o
+            } else {
+                problems.append("\(at).output: must be stdout, file or none")
+            }
         }
         if let value = d["timeoutSeconds"] {
-            if let t = value.real, t > 0, t < 1e9 { spec.timeoutSeconds = t } else { problems.append("\(at).timeoutSeconds: must be a positive number of seconds, less than 1e9") }
+            if let t = value.real, t > 0, t < 1e9 {
+                spec.timeoutSeconds = t
+            } else {
+                problems.append("\(at).timeoutSeconds: must be a positive number of seconds, less than 1e9")
+            }
         }
         if let value = d["maxOutputBytes"] {
-            if let n = value.integer, n >= 0 { spec.maxOutputBytes = n } else { problems.append("\(at).maxOutputBytes: must be 0 or a positive integer") }
+            if let n = value.integer, n >= 0 {
+                spec.maxOutputBytes = n
+            } else {
+                problems.append("\(at).maxOutputBytes: must be 0 or a positive integer")
+            }
         }
         if let value = d["environment"] {
             if let env = value.dictionary {
                 for key in env.keys.sorted() {
-                    guard !key.isEmpty, !key.contains("="), !key.utf8.contains(0) else { problems.append("\(at).environment: '\(clipped(key))' is not a valid variable name"); continue }
+                    guard !key.isEmpty, !key.contains("="), !key.utf8.contains(0) else {
+                        problems.append("\(at).environment: '\(clipped(key))' is not a valid variable name"); continue
+                    }
                     if let v = env[key]?.string, !v.utf8.contains(0) { spec.environment[key] = v }
                     else { problems.append("\(at).environment.\(key): must be a string without NUL") }
                 }
@@ -181,7 +204,11 @@ public struct CommandSpec: Sendable, Equatable {
             }
         }
         if let value = d["queue"] {
-            if let q = value.string, queues.contains(q) { spec.queue = q } else { problems.append("\(at).queue: must name a configured queue") }
+            if let q = value.string, queues.contains(q) {
+                spec.queue = q
+            } else {
+                problems.append("\(at).queue: must name a configured queue")
+            }
         }
         if let value = d["tempFailExitCodes"] {
             if let codes = value.array, codes.allSatisfy({ ($0.integer).map { (1...255).contains($0) } == true }) {
@@ -196,12 +223,17 @@ public struct CommandSpec: Sendable, Equatable {
     /// `jobFinished = NAME`: a declared command without parameters, using only ${job} ${status} ${outbox}.
     static func checkHook(_ value: PlistValue, commands: [String: CommandSpec], problems: inout [String]) -> String? {
         guard let name = value.string else { problems.append("jobFinished: must be the name of a command"); return nil }
-        guard let spec = commands[name] else { problems.append("jobFinished: '\(clipped(name))' is not a command of 'commands'"); return nil }
+        guard let spec = commands[name] else {
+            problems.append("jobFinished: '\(clipped(name))' is not a command of 'commands'"); return nil
+        }
         var ok = true
-        if !spec.parameters.isEmpty { problems.append("jobFinished: command '\(name)' has parameters; a job hook is given none"); ok = false }
+        if !spec.parameters.isEmpty {
+            problems.append("jobFinished: command '\(name)' has parameters; a job hook is given none"); ok = false
+        }
         let extra = spec.placeholders.subtracting(hookNames)
         if !extra.isEmpty {
-            problems.append("jobFinished: command '\(name)' uses \(extra.sorted().map { "${\($0)}" }.joined(separator: ", ")); a job hook has only ${job}, ${status}, ${outbox}")
+            problems.append("jobFinished: command '\(name)' uses \(extra.sorted().map { "${\($0)}" }.joined(separator: ", ")); "
+                            + "a job hook has only ${job}, ${status}, ${outbox}")
             ok = false
         }
         return ok ? name : nil
@@ -222,7 +254,9 @@ public struct CommandSpec: Sendable, Equatable {
         }
         var out: [String: String] = [:]
         for key in given.keys.sorted() where parameters[key] == nil {
-            problems.append("\(label): unknown argument '\(clipped(key))' for command '\(name)'" + (parameters.isEmpty ? " (it takes none)" : " (parameters: \(parameters.keys.sorted().joined(separator: ", ")))"))
+            problems.append("\(label): unknown argument '\(clipped(key))' for command '\(name)'"
+                            + (parameters.isEmpty ? " (it takes none)"
+                                                  : " (parameters: \(parameters.keys.sorted().joined(separator: ", ")))"))
         }
         for (p, type) in parameters.sorted(by: { $0.key < $1.key }) {
             guard let v = given[p] else { problems.append("\(label): argument '\(p)' is missing for command '\(name)'"); continue }
@@ -236,7 +270,11 @@ public struct CommandSpec: Sendable, Equatable {
             case .real:
                 if let r = v.real { out[p] = formatNumber(r) } else { problems.append("\(label): argument '\(p)' must be a number") }
             case .bool:
-                if let b = v.boolean { out[p] = b ? "true" : "false" } else { problems.append("\(label): argument '\(p)' must be a boolean") }
+                if let b = v.boolean {
+                    out[p] = b ? "true" : "false"
+                } else {
+                    problems.append("\(label): argument '\(p)' must be a boolean")
+                }
             case .oneOf(let allowed):
                 if let s = v.string, allowed.contains(s) { out[p] = s }
                 else { problems.append("\(label): argument '\(p)' must be one of \(allowed.joined(separator: ", "))") }

@@ -110,8 +110,10 @@ public final class CommandWatchdog: @unchecked Sendable {
             return failure
         }
         if let report {
-            Logger(label: "opqueued").warning(
-                "the command watchdog (pid \(pid)) cannot be told of commands: \(report); it was ended, and commands a crash leaves running are killed at the next start instead")
+            Logger(label: "opqueued").warning("""
+                the command watchdog (pid \(pid)) cannot be told of commands: \(report); \
+                it was ended, and commands a crash leaves running are killed at the next start instead
+                """)
         }
     }
 }

@@ -44,9 +44,11 @@ final class JobHooks: @unchecked Sendable {
             timer.cancel()
             unlink(marker)
             if exit.signal != nil {
-                report(job, "the jobFinished command '\(spec.name)' was killed by \(exit.signalName)" + (exit.lastStderrLine.isEmpty ? "" : ": \(exit.lastStderrLine)"))
+                report(job, "the jobFinished command '\(spec.name)' was killed by \(exit.signalName)"
+                            + (exit.lastStderrLine.isEmpty ? "" : ": \(exit.lastStderrLine)"))
             } else if let status = exit.status, status != 0 {
-                report(job, "the jobFinished command '\(spec.name)' failed: exit status \(status)" + (exit.lastStderrLine.isEmpty ? "" : ": \(exit.lastStderrLine)"))
+                report(job, "the jobFinished command '\(spec.name)' failed: exit status \(status)"
+                            + (exit.lastStderrLine.isEmpty ? "" : ": \(exit.lastStderrLine)"))
             }
         }
         switch started {
