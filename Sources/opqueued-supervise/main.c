@@ -23,6 +23,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <spawn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -175,29 +176,16 @@ int main(int argc, char **argv) {
     }
     if (getppid() != parent) return 127; // the daemon died before the death signal was set
 
-    // The exec's failure comes back through a close-on-exec pipe: "cannot run PATH: …", as the daemon says it.
-    int report[2];
-    if (pipe2(report, O_CLOEXEC) != 0) { fprintf(stderr, "opqueued-supervise: pipe: %s\n", strerror(errno)); return 127; }
-    pid_t command = fork();
-    if (command < 0) { fprintf(stderr, "cannot run %s: %s\n", path, strerror(errno)); return 127; }
-    if (command == 0) {
-        close(report[0]);
-        sigprocmask(SIG_SETMASK, &previous, NULL);
-        prctl(PR_SET_PDEATHSIG, 0);
-        execve(path, argv + 4, environ);
-        int e = errno;
-        ssize_t ignored = write(report[1], &e, sizeof e);
-        (void)ignored;
-        _exit(127);
-    }
-    close(report[1]);
-    int exec_errno = 0;
-    ssize_t got;
-    do { got = read(report[0], &exec_errno, sizeof exec_errno); } while (got < 0 && errno == EINTR);
-    close(report[0]);
-    if (got == (ssize_t)sizeof exec_errno) {
-        fprintf(stderr, "cannot run %s: %s\n", path, strerror(exec_errno));
-        waitpid(command, NULL, 0);
+    // posix_spawn (a vfork underneath): no copy of this process, and an exec that fails says why here.
+    posix_spawnattr_t attributes;
+    posix_spawnattr_init(&attributes);
+    posix_spawnattr_setsigmask(&attributes, &previous);
+    posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSIGMASK);
+    pid_t command;
+    int failed = posix_spawn(&command, path, NULL, &attributes, argv + 4, environ);
+    posix_spawnattr_destroy(&attributes);
+    if (failed != 0) {
+        fprintf(stderr, "cannot run %s: %s\n", path, strerror(failed));
         return 127;
     }
 
