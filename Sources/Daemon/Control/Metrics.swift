@@ -67,7 +67,7 @@ public final class DaemonMetrics: Sendable {
     public init() {
         factory = Factory(registry: registry)
         // Families that must show before their first event (a dashboard's rate() needs the zero).
-        for status in ["succeeded", "failed", "cancelled", "rejected"] {
+        for status in JobStatus.allCases.map(\.rawValue) {
             counter("opqueued_jobs_total", [("status", status)]).increment(by: 0)
         }
         counter("opqueued_download_bytes_total").increment(by: 0)
@@ -100,7 +100,7 @@ public final class DaemonMetrics: Sendable {
         counter("opqueued_operations_total", [("kind", kind), ("queue", queue), ("state", state)]).increment()
     }
 
-    func jobEnded(status: String) { counter("opqueued_jobs_total", [("status", status)]).increment() }
+    func jobEnded(status: JobStatus) { counter("opqueued_jobs_total", [("status", status.rawValue)]).increment() }
 
     func pickedUp(after seconds: Double) { observe("opqueued_pickup_seconds", [], seconds: seconds) }
 

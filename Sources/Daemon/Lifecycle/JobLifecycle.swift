@@ -72,7 +72,7 @@ struct JobLifecycle<Group: Hashable & Sendable>: Sendable {
         /// `knownOperation`: the operation is in the job's plan as the shell knows it now (false before the plan is read).
         case cancel(job: String, operation: String?, knownOperation: Bool)
         /// The group ended; `status` and `error` as the shell reads them from the engine's records.
-        case groupFinished(group: Group, status: String, error: String?)
+        case groupFinished(group: Group, status: JobStatus, error: String?)
         /// The job's outbox entry is placed (or, rejected, its result): it leaves the table.
         case published(job: String)
         /// The store says this node no longer holds the job. `resubmit`: the store has no record of it at all (its
@@ -97,7 +97,7 @@ struct JobLifecycle<Group: Hashable & Sendable>: Sendable {
         case cancelGroup(Group)
         case cancelOperation(job: String, group: Group, operation: String)
         /// Queue the job's outbox entry with this status.
-        case publish(job: String, status: String, error: String?)
+        case publish(job: String, status: JobStatus, error: String?)
         /// The engine may forget the group.
         case releaseGroup(Group)
         /// Remove active/<job> and its downloads: nothing is published for it.
@@ -215,7 +215,7 @@ struct JobLifecycle<Group: Hashable & Sendable>: Sendable {
             // Cancels asked meanwhile have nothing left to cancel.
             job.cancelsBeforeGroup = []
             jobs[id] = job
-            return [.journal(.rejected(job: id, problems: problems, error: error)), .publish(job: id, status: "rejected", error: error)]
+            return [.journal(.rejected(job: id, problems: problems, error: error)), .publish(job: id, status: .rejected, error: error)]
 
         case .handedOver(let id):
             guard let job = jobs.removeValue(forKey: id) else { return [] }

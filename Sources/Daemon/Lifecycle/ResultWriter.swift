@@ -9,7 +9,7 @@ import PropertyList
 enum ResultWriter {
     /// Streams the result of `job` to `sink`; returns when its first operation started (nil if none did).
     /// `origin` and `node` are set with a cluster only (SPEC §8: `submittedOn`, `node`).
-    static func write(job: RunningJob, status: String, error: String?, records allRecords: [OperationRecord], now: Double,
+    static func write(job: RunningJob, status: JobStatus, error: String?, records allRecords: [OperationRecord], now: Double,
                       origin: JobOrigin?, node: String?, to sink: (UnsafeRawBufferPointer) throws -> Void) throws -> Double? {
         let operations = job.plan?.operations ?? []
         let records = allRecords.prefix(operations.count)
@@ -69,7 +69,7 @@ enum ResultWriter {
         w.key("receivedAt"); w.real(micro(job.claimed.receivedAt))
         if let requested = job.claimed.requestedJob { w.key("requestedJob"); w.string(requested) }
         if let firstStart { w.key("startedAt"); w.real(micro(firstStart)) }
-        w.key("status"); w.string(status)
+        w.key("status"); w.string(status.rawValue)
         if let origin { w.key("submittedOn"); w.string(origin.submittedOn) }
         w.endDictionary()
         try w.finish().withUnsafeBytes { try sink($0) }

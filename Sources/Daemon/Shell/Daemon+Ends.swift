@@ -15,17 +15,15 @@ extension Daemon {
     func finish(_ group: GroupID) {
         let run = lock.withLock { lifecycle.job(of: group).flatMap { runs[$0] } }
         guard let run else {
-            perform(handle(.groupFinished(group: group, status: "cancelled", error: nil)))
+            perform(handle(.groupFinished(group: group, status: .cancelled, error: nil)))
             return
         }
         guard let records = records(group, of: run) else { return }
-        var status = "succeeded"
         var errors: [String] = []
-        for (i, r) in records.enumerated() where !run.recovered.contains(i) || r.state != .succeeded {
-            if r.state == .failed { status = "failed" }
-            if r.state != .succeeded { errors.append("\(r.name): \(r.error ?? r.state.name)") }
+        for r in records where r.state != .succeeded {
+            errors.append("\(r.name): \(r.error ?? r.state.name)")
         }
-        if status != "failed" && records.contains(where: { $0.state == .cancelled }) { status = "cancelled" }
+        let status = JobStatus(ended: records.map(\.state))
         perform(handle(.groupFinished(group: group, status: status, error: errors.isEmpty ? nil : errors.joined(separator: "\n"))),
                 for: run, records: records)
     }
@@ -65,7 +63,7 @@ extension Daemon {
         for publication in batch {
             if hook != nil {
                 do {
-                    try hooks.markDue(job: publication.job.id, status: publication.status)
+                    try hooks.markDue(job: publication.job.id, status: publication.status.rawValue)
                 } catch {
                     // The hook still runs after publication; only a crash before it would lose it.
                     logger.error("job \(publication.job.id): the jobFinished marker could not be written: \(error)")
@@ -99,7 +97,7 @@ extension Daemon {
                     let why = "active/\(publication.job.id) was removed while the job ran (not by the daemon): its manifest is restored, "
                         + "what its operations wrote there is lost"
                     publication = Publication(job: publication.job,
-                                              status: publication.status == "succeeded" ? "failed" : publication.status,
+                                              status: publication.status == .succeeded ? .failed : publication.status,
                                               error: [publication.error, why].compactMap { $0 }.joined(separator: "\n"),
                                               records: publication.records)
                     logger.error("job \(publication.job.id): \(why)", metadata: ["OPQ_JOB": .string(publication.job.id)])
@@ -137,7 +135,7 @@ extension Daemon {
         let ungated = Set(staged.lazy.filter { !(allGated || $0.publication.job.fromStore) }.map { $0.publication.job.id })
         let ends = gated.map { entry in
             let job = entry.publication.job.id
-            return JobEnd(job: job, status: entry.publication.status, resultFile: spool.stagedResult(job: job), result: results[job])
+            return JobEnd(job: job, status: entry.publication.status.rawValue, resultFile: spool.stagedResult(job: job), result: results[job])
         }
         if ends.isEmpty || allGated {
             // The spool's own store records nothing elsewhere: at once.
@@ -241,16 +239,16 @@ extension Daemon {
             // leaves them to recovery, which removes the folders of jobs no longer active).
             if job.mayHave(.download) { spool.discardDownloads(job: job.id) }
             var fields: Logger.Metadata = ["OPQ_EVENT": "job", "OPQ_STATE": "finished", "OPQ_JOB": .string(job.id),
-                                           "OPQ_STATUS": .string(publication.status)]
+                                           "OPQ_STATUS": .string(publication.status.rawValue)]
             if let firstStart { fields["OPQ_DURATION_USEC"] = .string(String(Int64(((now - firstStart) * 1e6).rounded()))) }
             if let error = publication.error { fields["OPQ_ERROR"] = .string(error) }
             metrics.jobEnded(status: publication.status)
-            if publication.status != "rejected" {
-                event(publication.status == "succeeded" ? .info : publication.status == "failed" ? .error : .warning,
-                      "job \(job.id) finished: \(publication.status)", fields)
+            if publication.status != .rejected {
+                event(publication.status == .succeeded ? .info : publication.status == .failed ? .error : .warning,
+                      "job \(job.id) finished: \(publication.status.rawValue)", fields)
             }
             lock.withLock { runs[job.id] = nil }
-            if let hook { hooks.run(hook, job: job.id, status: publication.status, entry: entry) }
+            if let hook { hooks.run(hook, job: job.id, status: publication.status.rawValue, entry: entry) }
         }
         do {
             try spool.compactProgressIfLarge(active: lock.withLock { Set(runs.keys) })

@@ -123,7 +123,7 @@ public final class Daemon: @unchecked Sendable {
 
     struct Publication {
         let job: RunningJob
-        let status: String
+        let status: JobStatus
         let error: String?
         let records: [OperationRecord]
     }

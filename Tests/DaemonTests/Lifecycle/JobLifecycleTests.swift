@@ -32,7 +32,7 @@ private typealias Machine = JobLifecycle<Int>
         #expect(m.handle(.operationEnded(group: 7)) == [])
         #expect(m.progress("a")?.operations == 3)
         #expect(m.progress("a")?.ended == 2, "one ended here, one before the restart")
-        #expect(m.handle(.groupFinished(group: 7, status: "failed", error: "b: boom")) == [.publish(job: "a", status: "failed", error: "b: boom")])
+        #expect(m.handle(.groupFinished(group: 7, status: .failed, error: "b: boom")) == [.publish(job: "a", status: .failed, error: "b: boom")])
         #expect(m.phase(of: "a") == .finishing)
         #expect(m.activeOperations == 3, "counted until published")
         #expect(m.handle(.published(job: "a")) == [.releaseGroup(7)])
@@ -54,11 +54,11 @@ private typealias Machine = JobLifecycle<Int>
         var m = machine()
         _ = m.handle(.received(job: "bad", .inbox(manifest: "bad.plist")))
         #expect(m.handle(.rejected(job: "bad", problems: ["x", "y"], error: "x\ny")) == [
-            .journal(.rejected(job: "bad", problems: ["x", "y"], error: "x\ny")), .publish(job: "bad", status: "rejected", error: "x\ny"),
+            .journal(.rejected(job: "bad", problems: ["x", "y"], error: "x\ny")), .publish(job: "bad", status: .rejected, error: "x\ny"),
         ])
         #expect(m.phase(of: "bad") == .rejected)
         #expect(m.handle(.cancel(job: "bad", operation: nil, knownOperation: true)) == [.answer(.alreadyEnded)])
-        #expect(m.handle(.groupFinished(group: 1, status: "succeeded", error: nil)) == [], "no group: nothing to finish")
+        #expect(m.handle(.groupFinished(group: 1, status: .succeeded, error: nil)) == [], "no group: nothing to finish")
         #expect(m.handle(.published(job: "bad")) == [], "no group to release")
         #expect(m.isEmpty)
     }
@@ -68,7 +68,7 @@ private typealias Machine = JobLifecycle<Int>
         _ = m.handle(.received(job: "a", .resumed))
         _ = m.handle(.planned(job: "a", operations: 5, recovered: 0))
         _ = m.handle(.cancel(job: "a", operation: nil, knownOperation: true))
-        #expect(m.handle(.rejected(job: "a", problems: ["cycle"], error: "cycle!")).last == .publish(job: "a", status: "rejected", error: "cycle!"))
+        #expect(m.handle(.rejected(job: "a", problems: ["cycle"], error: "cycle!")).last == .publish(job: "a", status: .rejected, error: "cycle!"))
         #expect(m.activeOperations == 5)
         _ = m.handle(.published(job: "a"))
         #expect(m.activeOperations == 0)
@@ -87,7 +87,7 @@ private typealias Machine = JobLifecycle<Int>
         #expect(m.handle(.submitted(job: "a", group: 3)) == [
             .cancelOperation(job: "a", group: 3, operation: "zz"), .cancelOperation(job: "a", group: 3, operation: "b"), .cancelGroup(3),
         ])
-        #expect(m.handle(.groupFinished(group: 3, status: "cancelled", error: nil)) == [.publish(job: "a", status: "cancelled", error: nil)])
+        #expect(m.handle(.groupFinished(group: 3, status: .cancelled, error: nil)) == [.publish(job: "a", status: .cancelled, error: nil)])
     }
 
     @Test func cancelsAfterTheGroupExistGoToTheEngine() {
@@ -96,7 +96,7 @@ private typealias Machine = JobLifecycle<Int>
         #expect(m.handle(.cancel(job: "a", operation: nil, knownOperation: true)) == [.cancelGroup(9), .answer(.cancelled)])
         #expect(m.handle(.cancel(job: "a", operation: "b", knownOperation: true)) == [.cancelOperation(job: "a", group: 9, operation: "b"), .answer(.cancelled)])
         #expect(m.handle(.cancel(job: "a", operation: "nope", knownOperation: false)) == [.answer(.unknownOperation)])
-        _ = m.handle(.groupFinished(group: 9, status: "cancelled", error: nil))
+        _ = m.handle(.groupFinished(group: 9, status: .cancelled, error: nil))
         // Finishing: the engine answers for the operation; the whole job's cancel is harmless.
         #expect(m.handle(.cancel(job: "a", operation: nil, knownOperation: true)) == [.cancelGroup(9), .answer(.cancelled)])
     }
@@ -105,7 +105,7 @@ private typealias Machine = JobLifecycle<Int>
         var m = machine()
         #expect(m.handle(.cancel(job: "elsewhere", operation: nil, knownOperation: false)) == [.answer(.notHere)])
         running(&m, "a", group: 1)
-        _ = m.handle(.groupFinished(group: 1, status: "succeeded", error: nil))
+        _ = m.handle(.groupFinished(group: 1, status: .succeeded, error: nil))
         _ = m.handle(.published(job: "a"))
         #expect(m.handle(.cancel(job: "a", operation: nil, knownOperation: false)) == [.answer(.notHere)], "published: the outbox answers")
     }
@@ -119,8 +119,8 @@ private typealias Machine = JobLifecycle<Int>
         #expect(m.handle(.operationEnded(group: 5)) == [])
         #expect(m.handle(.cancel(job: "a", operation: nil, knownOperation: true)) == [.answer(.notHere)])
         // Its group ends (cancelled): released, folder discarded, nothing published.
-        #expect(m.handle(.groupFinished(group: 5, status: "cancelled", error: nil)) == [.releaseGroup(5), .discard(job: "a")])
-        #expect(m.handle(.groupFinished(group: 5, status: "cancelled", error: nil)) == [], "once")
+        #expect(m.handle(.groupFinished(group: 5, status: .cancelled, error: nil)) == [.releaseGroup(5), .discard(job: "a")])
+        #expect(m.handle(.groupFinished(group: 5, status: .cancelled, error: nil)) == [], "once")
         #expect(m.handle(.published(job: "a")) == [], "a publication that was queued does not bring it back")
         #expect(m.handle(.lost(job: "a", reason: "again")) == [], "lost twice: logged once")
     }
@@ -132,7 +132,7 @@ private typealias Machine = JobLifecycle<Int>
         running(&m, "a", operations: 3, group: 7)
         #expect(m.handle(.lost(job: "a", reason: "no row", resubmit: true)) == [.journal(.lost(job: "a", reason: "no row")), .cancelGroup(7)])
         #expect(m.activeOperations == 0)
-        #expect(m.handle(.groupFinished(group: 7, status: "cancelled", error: nil)) == [.releaseGroup(7), .resubmit(job: "a")])
+        #expect(m.handle(.groupFinished(group: 7, status: .cancelled, error: nil)) == [.releaseGroup(7), .resubmit(job: "a")])
         #expect(m.isEmpty)
         // Not yet running: at once.
         _ = m.handle(.received(job: "b", .claimed(fromNode: nil)))
@@ -143,7 +143,7 @@ private typealias Machine = JobLifecycle<Int>
     @Test func aJobLostWhileFinishingIsDiscardedAtOnce() {
         var m = machine()
         running(&m, "a", group: 2)
-        _ = m.handle(.groupFinished(group: 2, status: "succeeded", error: nil))
+        _ = m.handle(.groupFinished(group: 2, status: .succeeded, error: nil))
         #expect(m.handle(.lost(job: "a", reason: "taken over")) == [.journal(.lost(job: "a", reason: "taken over")), .releaseGroup(2), .discard(job: "a")])
         #expect(m.handle(.published(job: "a")) == [])
         #expect(m.isEmpty)
@@ -157,7 +157,7 @@ private typealias Machine = JobLifecycle<Int>
         #expect(m.activeOperations == 0)
         // A submission that comes anyway is stopped and dropped.
         #expect(m.handle(.submitted(job: "a", group: 4)) == [.cancelGroup(4)])
-        #expect(m.handle(.groupFinished(group: 4, status: "cancelled", error: nil)) == [.releaseGroup(4), .discard(job: "a")])
+        #expect(m.handle(.groupFinished(group: 4, status: .cancelled, error: nil)) == [.releaseGroup(4), .discard(job: "a")])
     }
 
     @Test func admissionCountsJobsAndOperations() {
@@ -201,7 +201,7 @@ private typealias Machine = JobLifecycle<Int>
         #expect(!m.onceAllows("x.plist"))
         _ = m.handle(.onceTried(name: "y.plist"))
         #expect(!m.onceDone, "a job still runs")
-        _ = m.handle(.groupFinished(group: 1, status: "succeeded", error: nil))
+        _ = m.handle(.groupFinished(group: 1, status: .succeeded, error: nil))
         #expect(!m.onceDone)
         _ = m.handle(.published(job: "resumed"))
         #expect(m.onceDone)
