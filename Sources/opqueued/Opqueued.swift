@@ -298,7 +298,7 @@ func handle(_ request: [String: Any], _ daemon: Daemon) -> [String: Any] {
             if let since = status.submissionsSince { response["submissionsSince"] = since }
         }
         // SPEC §8: a node speaks for the whole cluster (as of its last heartbeat; never waiting on the database).
-        if let cluster = (daemon.store as? ClusterJobStore)?.snapshot() {
+        if let cluster = daemon.store.snapshot() {
             response["nodes"] = cluster.nodes.map { n in
                 var node: [String: Any] = ["node": n.node, "connected": n.connected, "lastHeartbeat": n.lastHeartbeat, "jobs": n.jobs,
                                            "freeSlots": n.freeSlots]
@@ -321,7 +321,7 @@ func handle(_ request: [String: Any], _ daemon: Daemon) -> [String: Any] {
         return response
     case "declared":
         let names = daemon.submissionNames()
-        return ["exit": 0, "queues": names.queues, "commands": names.commands, "cluster": daemon.store is ClusterJobStore]
+        return ["exit": 0, "queues": names.queues, "commands": names.commands, "cluster": daemon.store.node != nil]
     case "submitted":
         guard let manifest = request["manifest"] as? String else { return ["exit": 64, "error": "submitted needs a manifest"] }
         // Not yet: still in the inbox, being read, or (a cluster) not yet inserted.
@@ -336,12 +336,11 @@ func handle(_ request: [String: Any], _ daemon: Daemon) -> [String: Any] {
         case .starting?: return ["exit": 0, "job": job, "status": "running", "starting": true, "operations": [[String: Any]]()]
         case nil: break
         }
-        if let cluster = daemon.store as? ClusterJobStore {
-            do {
-                if let record = try cluster.job(job) { return clusterShow(record) }
-            } catch {
-                return ["exit": 3, "error": "job '\(job)' is not on this node and the cluster cannot be asked now: \(error); try again"]
-            }
+        // A job the store knows that this node does not run (a cluster's): waiting, running elsewhere or ended.
+        do {
+            if let record = try daemon.store.job(job) { return clusterShow(record) }
+        } catch {
+            return ["exit": 3, "error": "job '\(job)' is not on this node and the cluster cannot be asked now: \(error); try again"]
         }
         return ["exit": 1, "error": "unknown job '\(job)'"]
     case "cancel":

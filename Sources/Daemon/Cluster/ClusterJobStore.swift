@@ -398,6 +398,15 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
     /// way (if any) has given its jobs to the shell (`run`), so that the shell's list of unstarted jobs taken after it
     /// is whole. Otherwise the jobs handed back would be claimed again at once by this very node — it has room for
     /// them again, and it hears the NOTIFY of their release — and held, unstarted, until its lease ran out.
+    public func startSlots(engine: Engine, logger: Logger) -> (permits: ClusterPermits, task: Task<Void, Never>)? {
+        let permits = ClusterPermits(store: store, node: nodeName, leaseSeconds: settings.leaseSeconds, engine: engine, logger: logger)
+        attach(permits: permits)
+        // On this store's own executor: a blocked cooperative pool must not stall the slots either.
+        return (permits, Task(executorPreference: executor) { await permits.run() })
+    }
+
+    public func job(_ id: String) throws -> JobRecord? { try job(id, timeout: nil) }
+
     public func stopClaiming() {
         lock.withLock { claimsStopped = true }
         let deadline = monotonicSeconds() + Self.statementTimeout + 1

@@ -26,7 +26,7 @@ import Logging
 import OperationEngine
 import Synchronization
 
-final class ClusterPermits: Sendable {
+public final class ClusterPermits: Sendable {
     struct Limited: Sendable {
         var queue: QueueID
         var limit: Int

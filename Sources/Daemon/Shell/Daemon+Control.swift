@@ -69,7 +69,7 @@ extension Daemon {
         _ = handle(.stopping)
         event(.info, "stopping", ["OPQ_EVENT": "daemon", "OPQ_STATE": "stopping"])
         for id in queueIDs.values { engine.updateQueue(id, isSuspended: true) }
-        if let cluster = store as? ClusterJobStore { handBackUnstarted(to: cluster) }
+        handBackUnstarted()
         let deadline = Date().addingTimeInterval(grace)
         while engine.executingCount > 0 && Date() < deadline {
             try? await Task.sleep(for: .milliseconds(20))
@@ -93,10 +93,10 @@ extension Daemon {
 
     /// The jobs none of whose operations has started (every queue is suspended by now: none will) go back to the
     /// cluster; here they are lost (`lost`, nothing published, their folders removed).
-    private func handBackUnstarted(to cluster: ClusterJobStore) {
+    private func handBackUnstarted() {
         // No claim after this (a claim under way has given its jobs to `work` when it returns): the list below is whole,
         // and what is handed back is not claimed again here.
-        cluster.stopClaiming()
+        store.stopClaiming()
         let candidates = work.sync { () -> [String] in
             let running = lock.withLock { runs.keys.map { ($0, lifecycle.group(of: $0)) } }
             return running.compactMap { id, group in
@@ -105,7 +105,7 @@ extension Daemon {
                 return id
             }
         }
-        let released = cluster.handBack(candidates)
+        let released = store.handBack(candidates)
         if released.isEmpty { return }
         logger.notice("cluster: \(released.count) job(s) none of whose operations had started handed back to the cluster at stop")
         storeLost(released.sorted(), reason: "handed back to the cluster at stop, none of its operations started")
@@ -306,7 +306,7 @@ extension Daemon {
     /// The metrics in the Prometheus text format, the gauges read now (`opqueuectl metrics`, GET /metrics).
     public func metricsText() -> String {
         // The engine resolves -1 to the online CPUs, as here.
-        metrics.text(status(), cluster: (store as? ClusterJobStore)?.snapshot(),
+        metrics.text(status(), cluster: store.snapshot(),
                      processorCount: max(1, Int(sysconf(Int32(_SC_NPROCESSORS_ONLN)))))
     }
 

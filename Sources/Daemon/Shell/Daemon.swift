@@ -249,25 +249,16 @@ public final class Daemon: @unchecked Sendable {
         queueIDs = ids
         // clusterMaxConcurrentOperationCount (SPEC §8): the engine runs a limited queue's operations only on
         // cluster slots this node holds.
-        if let cluster = self.store as? ClusterJobStore, let node = cluster.node {
-            let permits = ClusterPermits(store: cluster.store, node: node, leaseSeconds: cluster.settings.leaseSeconds,
-                                         engine: engine, logger: logger)
-            cluster.attach(permits: permits)
-            permits.configure(Self.limitedQueues(configuration, ids))
-            self.permits = permits
-        } else {
-            permits = nil
-        }
+        let slots = self.store.startSlots(engine: engine, logger: logger)
+        slots?.permits.configure(Self.limitedQueues(configuration, ids))
+        permits = slots?.permits
+        permitsTask = slots?.task
         sink.daemon = self
         storeEvents.daemon = self
         self.store.delegate = storeEvents
         // A store that leases jobs must know when the spool hangs (the file spool alone just waits for it).
         if !self.store.inboxRunsHere {
             spoolWatch.startProbing { [weak self] in self.map { daemon in daemon.lock.withLock { !daemon.lifecycle.isEmpty } } ?? false }
-        }
-        // On the cluster store's own executor: a blocked cooperative pool must not stall the slots either.
-        if let permits, let cluster = self.store as? ClusterJobStore {
-            permitsTask = Task(executorPreference: cluster.executor) { await permits.run() }
         }
     }
 

@@ -13,6 +13,10 @@
 // Threads: the shell calls a store from its serial `work` queue only; `complete` may block it for one round trip.
 // A store calls its delegate from any thread; the shell hops onto `work` itself.
 
+import ClusterStore
+import Logging
+import OperationEngine
+
 /// What the shell tells the store about a job that ended (the publication gate).
 public struct JobEnd: Sendable, Equatable {
     public var job: String
@@ -98,6 +102,19 @@ public protocol JobStore: AnyObject, Sendable {
     var awaitingSubmission: Int { get }
     /// When the oldest of those was taken from the inbox (seconds since the epoch); nil when none waits.
     var awaitingSubmissionSince: Double? { get }
+    /// The cluster as this node last read it (status, metrics); nil for a store with no cluster.
+    func snapshot() -> ClusterSnapshot?
+    /// A job the store knows that this node does not run (`show` of another node's job); nil when it knows none of
+    /// that id. Throws when it cannot be asked now.
+    func job(_ id: String) throws -> JobRecord?
+    /// The slots of `clusterMaxConcurrentOperationCount` for `engine`, running on the store's own executor; nil for a
+    /// store with no cluster-wide limits.
+    func startSlots(engine: Engine, logger: Logger) -> (permits: ClusterPermits, task: Task<Void, Never>)?
+    /// At a graceful stop, first: claims nothing more.
+    func stopClaiming()
+    /// Then: gives back those of `jobs` (none of whose operations started) that another node may run now; returns
+    /// them. The file spool gives back nothing: they resume at the next start.
+    func handBack(_ jobs: [String]) -> Set<String>
     /// The configuration a manifest from this node's inbox is validated against: the local one, or (cluster) the
     /// local one widened to every queue and command some node of the cluster declares.
     func submissionConfiguration(_ local: Configuration) -> Configuration
@@ -158,6 +175,11 @@ public enum StoreCancelOutcome: Sendable, Equatable {
 }
 
 extension JobStore {
+    public func snapshot() -> ClusterSnapshot? { nil }
+    public func job(_ id: String) throws -> JobRecord? { nil }
+    public func startSlots(engine: Engine, logger: Logger) -> (permits: ClusterPermits, task: Task<Void, Never>)? { nil }
+    public func stopClaiming() {}
+    public func handBack(_ jobs: [String]) -> Set<String> { [] }
     public func freshSubmissionConfiguration(_ local: Configuration) -> Configuration? { nil }
     public var awaitingSubmission: Int { 0 }
     public var awaitingSubmissionSince: Double? { nil }
