@@ -261,7 +261,7 @@ private func launch(_ spool: TestSpool, _ arguments: [String], environment: [Str
         let runs = spool.root + ".runs"
         defer { unlink(runs); unlink(runs + ".2") }
         let config = try spool.configure(["commands": [
-            "slow": command(["/bin/sh", "-c", "echo $$ >> \"$1\"; ls; touch leftover; sleep 1.5", "sh", "${log}"],
+            "slow": command(["/bin/sh", "-c", "echo $$ >> \"$1\"; ls; touch leftover; sleep 4", "sh", "${log}"],
                             ["parameters": ["log": "string"], "output": "stdout"]),
             "quick": command(["/bin/sh", "-c", "echo run >> \"$1\"; echo hello", "sh", "${log}"], ["parameters": ["log": "string"], "output": "stdout"]),
         ]])
@@ -284,7 +284,7 @@ private func launch(_ spool: TestSpool, _ arguments: [String], environment: [Str
         kill(supervisor, SIGKILL)
         spool.signal(SIGKILL)
         _ = spool.waitForExit()
-        #expect(!processes(inGroup: first).isEmpty, "the command outlived the daemon and its watchdog (its sleep 1.5 goes on)")
+        #expect(!processes(inGroup: first).isEmpty, "the command outlived the daemon and its watchdog (its sleep 4 goes on)")
         try spool.start(config)
         #expect(processes(inGroup: first).isEmpty, "killed at start, before its operation runs again")
         let k = try #require(spool.result("k"))
