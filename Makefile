@@ -15,14 +15,12 @@
 SWIFT ?= swift
 PREFIX ?= /usr/local
 SPOOL ?= ./spool
-# Debian packages the build and the tests need.
-# (mandoc lints the man pages; python3-prometheus-client parses the metrics in the tests; postgresql gives the
-# binaries (initdb, pg_ctl, psql) of the cluster tests' throwaway servers, Tests/Support/PostgresServer.swift;
-# the package's own cluster is never used.)
-APT_PACKAGES = pkg-config libpng-dev libjpeg-dev libcurl4-openssl-dev libsystemd-dev systemd mandoc python3-prometheus-client postgresql
-# Only the tests': PgBouncer, run by a test in front of its throwaway server (Tests/Support/PgBouncer.swift); the
-# package's own service is never used.
-TEST_APT_PACKAGES = pgbouncer
+# Debian packages the build needs (make run, make release).
+APT_PACKAGES = pkg-config libpng-dev libjpeg-dev libcurl4-openssl-dev libsystemd-dev systemd
+# And the tests (make test): mandoc lints the man pages; python3-prometheus-client parses the metrics; postgresql gives
+# the binaries (initdb, pg_ctl, psql) of the cluster tests' throwaway servers (Tests/Support/PostgresServer.swift) and
+# PgBouncer runs in front of one (Tests/Support/PgBouncer.swift); the packages' own services are never used.
+TEST_APT_PACKAGES = mandoc python3-prometheus-client postgresql pgbouncer
 
 .PHONY: sql run example test campaigns fuzz-codecs fuzz-plist fuzz-manifest deps build release bench install install-files man clean
 
@@ -58,8 +56,9 @@ spool/opqueued.plist:
 	printf '<?xml version="1.0" encoding="UTF-8"?>\n<plist version="1.0"><dict><key>download</key><dict><key>fileRoots</key><array><string>%s</string></array></dict>%s</dict></plist>\n' "$(CURDIR)/spool/examples" \
 	  '<key>commands</key><dict><key>gzip</key><dict><key>argv</key><array><string>/usr/bin/gzip</string><string>-c</string><string>-$${level}</string><string>$${input}</string></array><key>parameters</key><dict><key>level</key><array><string>1</string><string>6</string><string>9</string></array></dict><key>output</key><string>stdout</string><key>timeoutSeconds</key><integer>60</integer></dict></dict>' > $@
 
+# The console: a terminal's events in the terminal, whether or not a journald listens.
 run: release spool/opqueued.plist
-	.build/release/opqueued --spool $(SPOOL) --config spool/opqueued.plist
+	.build/release/opqueued --spool $(SPOOL) --config spool/opqueued.plist --log-target console
 
 example:
 	mkdir -p $(SPOOL)/inbox
