@@ -276,15 +276,17 @@ private func launch(_ spool: TestSpool, _ arguments: [String], environment: [Str
         let first = try #require(processGroup(of: shell))
         let supervisor = try #require(parent(of: shell))
         usleep(500_000) // the quick one's success committed (progress commits within 50 ms)
-        // The watchdog and the command's supervisor first (kill -9 of all three, say), so that the ledger, the line
-        // behind them, is what is tested here (CommandDeathTests has the watchdog's and the supervisor's own kills).
+        // The daemon frozen (its supervisor's end would be its cue to kill the group), then the supervisor and the
+        // watchdog killed, then the daemon: the ledger, the line behind them all, is what is tested here
+        // (CommandDeathTests has the others' own kills).
         let daemon = try #require(spool.daemon?.processIdentifier)
         let watchdog = try #require(watchdogs(of: daemon).first)
-        kill(watchdog, SIGKILL)
+        spool.signal(SIGSTOP)
         kill(supervisor, SIGKILL)
+        kill(watchdog, SIGKILL)
         spool.signal(SIGKILL)
         _ = spool.waitForExit()
-        #expect(!processes(inGroup: first).isEmpty, "the command outlived the daemon and its watchdog (its sleep 4 goes on)")
+        #expect(!processes(inGroup: first).isEmpty, "the command outlived the daemon, its watchdog and its supervisor (its sleep goes on)")
         try spool.start(config)
         #expect(processes(inGroup: first).isEmpty, "killed at start, before its operation runs again")
         let k = try #require(spool.result("k"))

@@ -352,8 +352,8 @@ final class CommandLedger: @unchecked Sendable {
         if case .success(let data) = readRegularFile(path, limit: 64 << 20) {
             for line in String(decoding: data, as: UTF8.self).split(separator: "\n") {
                 let parts = line.split(separator: " ")
-                guard parts.count == 2, let pid = pid_t(parts[0]), pid > 1, let start = Self.startTime(pid),
-                      String(parts[1]) == start else { continue }
+                guard parts.count == 2, let pid = pid_t(parts[0]), pid > 1, let recorded = UInt64(parts[1]),
+                      Self.isRecordedGroup(pid, startedAt: recorded) else { continue }
                 kill(-pid, SIGKILL)
                 killed.append(pid)
             }
@@ -373,6 +373,21 @@ final class CommandLedger: @unchecked Sendable {
 
     func allEnded() {
         lock.withLock { if fd >= 0 { _ = ftruncate(fd, 0) } }
+    }
+
+    /// Whether the group `pgid` is still the one recorded: its leader (the command's supervisor) alive with the recorded
+    /// start time; or, the leader gone (killed too), a member of its group started since. A group's id is not given to
+    /// another group while a member of it lives, so such members are what the command left.
+    static func isRecordedGroup(_ pgid: pid_t, startedAt recorded: UInt64) -> Bool {
+        if let start = startTime(pgid) { return start == String(recorded) }
+        let entries = (try? FileManager.default.contentsOfDirectory(atPath: "/proc")) ?? []
+        return entries.contains { entry in
+            guard let pid = pid_t(entry), case .success(let data) = readRegularFile("/proc/\(pid)/stat", limit: 4096) else { return false }
+            let text = String(decoding: data, as: UTF8.self)
+            guard let close = text.lastIndex(of: ")") else { return false }
+            let fields = text[text.index(after: close)...].split(separator: " ")
+            return fields.count > 19 && pid_t(fields[2]) == pgid && (UInt64(fields[19]) ?? 0) >= recorded
+        }
     }
 
     /// Field 22 of /proc/PID/stat: the process's start time in clock ticks since boot.
