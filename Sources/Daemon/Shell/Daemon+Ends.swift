@@ -135,7 +135,8 @@ extension Daemon {
         let ungated = Set(staged.lazy.filter { !(allGated || $0.publication.job.fromStore) }.map { $0.publication.job.id })
         let ends = gated.map { entry in
             let job = entry.publication.job.id
-            return JobEnd(job: job, status: entry.publication.status.rawValue, resultFile: spool.stagedResult(job: job), result: results[job])
+            return JobEnd(job: job, status: entry.publication.status.rawValue, resultFile: spool.stagedResult(job: job),
+                          result: results[job])
         }
         if ends.isEmpty || allGated {
             // The spool's own store records nothing elsewhere: at once.
