@@ -17,7 +17,7 @@ public enum MessageIDs {
     /// Every (event, state) pair the daemon logs (SPEC §4).
     public static let pairs: [(event: String, state: String)] =
         ["pending", "ready", "executing", "retrying", "succeeded", "failed", "cancelled"].map { ("operation", $0) }
-        + ["received", "accepted", "rejected", "claimed", "lost", "finished"].map { ("job", $0) }
+        + ["received", "accepted", "delayed", "skipped", "rejected", "claimed", "lost", "finished"].map { ("job", $0) }
         + ["ready", "reloading", "stopping"].map { ("daemon", $0) }
         + ["suspended", "resumed"].map { ("queue", $0) }
         + ["connected", "disconnected"].map { ("cluster", $0) }

@@ -316,7 +316,11 @@ func handle(_ request: [String: Any], _ daemon: Daemon) -> [String: Any] {
             if let read = cluster.refreshedAt { summary["queuesReadAt"] = Date().timeIntervalSince1970 - (monotonicSeconds() - read) }
             response["cluster"] = summary
         }
-        response["jobs"] = status.jobs.map { ["job": $0.job, "operations": $0.operations, "ended": $0.ended] as [String: Any] }
+        response["jobs"] = status.jobs.map { job in
+            var entry: [String: Any] = ["job": job.job, "operations": job.operations, "ended": job.ended]
+            if let notBefore = job.notBefore { entry["notBefore"] = notBefore }
+            return entry
+        }
         if request["memory"] as? Bool == true { response["heapBytes"] = daemon.heapBytesInUse }
         return response
     case "declared":
@@ -334,6 +338,7 @@ func handle(_ request: [String: Any], _ daemon: Daemon) -> [String: Any] {
         case .operations(let operations)?: return ["exit": 0, "job": job, "status": "running", "operations": operations]
         // Claimed a moment ago, its manifest being read: not an unknown job.
         case .starting?: return ["exit": 0, "job": job, "status": "running", "starting": true, "operations": [[String: Any]]()]
+        case .delayed(let until, let operations)?: return ["exit": 0, "job": job, "status": "delayed", "notBefore": until, "operations": operations]
         case nil: break
         }
         // A job the store knows that this node does not run (a cluster's): waiting, running elsewhere or ended.

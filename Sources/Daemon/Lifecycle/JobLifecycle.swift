@@ -21,6 +21,8 @@ struct JobLifecycle<Group: Hashable & Sendable>: Sendable {
     enum Phase: Sendable, Equatable {
         /// Claimed; its manifest is being read.
         case received
+        /// Accepted and waiting for its `notBefore` (§3.7): holds no job slot and no operations.
+        case delayed
         /// Its plan is read and its operations counted; its group is being submitted.
         case accepted
         /// Its group runs on the engine.
@@ -52,6 +54,7 @@ struct JobLifecycle<Group: Hashable & Sendable>: Sendable {
         case received(job: String, manifest: String)
         case claimed(job: String, fromNode: String?)
         case accepted(job: String, operations: Int)
+        case delayed(job: String, until: Double)
         case rejected(job: String, problems: [String], error: String)
         case lost(job: String, reason: String)
     }
@@ -60,6 +63,10 @@ struct JobLifecycle<Group: Hashable & Sendable>: Sendable {
         case received(job: String, Arrival)
         /// The plan is read: `operations` count against the budget, `recovered` of them had ended before a restart.
         case planned(job: String, operations: Int, recovered: Int)
+        /// Its plan is read and says not before `until` (§3.7): it waits, out of the budgets, until `due`.
+        case delayed(job: String, operations: Int, until: Double)
+        /// A delayed job's time came: the shell reads it again and plans it (`planned`, logged once).
+        case due(job: String)
         /// The manifest had problems, or the engine refused the graph.
         case rejected(job: String, problems: [String], error: String)
         /// The job went to the store and runs wherever the store places it (a cluster): it leaves this table.
@@ -104,6 +111,8 @@ struct JobLifecycle<Group: Hashable & Sendable>: Sendable {
         case discard(job: String)
         /// Give active/<job> back to the store to be submitted again (its downloads go): nothing is published for it.
         case resubmit(job: String)
+        /// Start a delayed job now (a cancel came): the shell reads and plans it; its early cancels end it.
+        case wake(job: String)
         /// Answer to a cancel.
         case answer(CancelAnswer)
     }
@@ -118,6 +127,10 @@ struct JobLifecycle<Group: Hashable & Sendable>: Sendable {
         /// Operations ended in this run, and those that had ended before a restart (status' progress).
         var ended = 0
         var recovered = 0
+        /// `accepted` was logged when it was delayed: not again when it is planned.
+        var announced = false
+        /// While delayed: when it may start.
+        var notBefore: Double?
     }
 
     private(set) var jobs: [String: Job] = [:]
@@ -127,6 +140,8 @@ struct JobLifecycle<Group: Hashable & Sendable>: Sendable {
     private var lostGroups: [Group: (job: String, end: Action)] = [:]
     /// Operations of the jobs in the table, against `maxActiveOperations`.
     private(set) var activeOperations = 0
+    /// Jobs in the table that are delayed: they hold no slot.
+    private(set) var delayedCount = 0
     private(set) var maxActiveJobs: Int
     private(set) var maxActiveOperations: Int
     private(set) var stopping = false
@@ -154,7 +169,7 @@ struct JobLifecycle<Group: Hashable & Sendable>: Sendable {
     var admission: Admission {
         if stopping { return .stopping }
         if let fault { return .paused(fault) }
-        let room = maxActiveJobs - jobs.count, budget = maxActiveOperations - activeOperations
+        let room = maxActiveJobs - (jobs.count - delayedCount), budget = maxActiveOperations - activeOperations
         return room > 0 && budget > 0 ? .room(jobs: room, operations: budget) : .full
     }
 
@@ -207,7 +222,24 @@ struct JobLifecycle<Group: Hashable & Sendable>: Sendable {
             job.recovered = recovered
             activeOperations += operations
             jobs[id] = job
-            return [.journal(.accepted(job: id, operations: operations)), .submit(job: id)]
+            return job.announced ? [.submit(job: id)] : [.journal(.accepted(job: id, operations: operations)), .submit(job: id)]
+
+        case .delayed(let id, let operations, let until):
+            guard var job = jobs[id], job.phase == .received else { return [] }
+            job.phase = .delayed
+            job.announced = true
+            job.notBefore = until
+            jobs[id] = job
+            delayedCount += 1
+            return [.journal(.accepted(job: id, operations: operations)), .journal(.delayed(job: id, until: until))]
+
+        case .due(let id):
+            guard var job = jobs[id], job.phase == .delayed else { return [] }
+            job.phase = .received
+            job.notBefore = nil
+            jobs[id] = job
+            delayedCount -= 1
+            return []
 
         case .rejected(let id, let problems, let error):
             guard var job = jobs[id], job.phase == .received || job.phase == .accepted else { return [] }
@@ -219,6 +251,7 @@ struct JobLifecycle<Group: Hashable & Sendable>: Sendable {
 
         case .handedOver(let id):
             guard let job = jobs.removeValue(forKey: id) else { return [] }
+            if job.phase == .delayed { delayedCount -= 1 }
             activeOperations -= job.operations
             return []
 
@@ -256,6 +289,19 @@ struct JobLifecycle<Group: Hashable & Sendable>: Sendable {
             switch job.phase {
             case .rejected:
                 return [.answer(.alreadyEnded)]
+            case .delayed:
+                // A cancel of the whole job ends it at once: it is started with the cancel, which ends every
+                // operation before any runs. One operation's cancel waits with the job.
+                job.cancelsBeforeGroup.append(operation)
+                guard operation == nil else {
+                    jobs[id] = job
+                    return [.answer(.cancelled)]
+                }
+                job.phase = .received
+                job.notBefore = nil
+                jobs[id] = job
+                delayedCount -= 1
+                return [.wake(job: id), .answer(.cancelled)]
             case .received, .accepted:
                 // Before the plan is read, an operation that turns out not to exist is logged and ignored
                 // once the group exists; after, it is refused now.
@@ -290,6 +336,7 @@ struct JobLifecycle<Group: Hashable & Sendable>: Sendable {
 
         case .lost(let id, let reason, let resubmit):
             guard let job = jobs.removeValue(forKey: id) else { return [] }
+            if job.phase == .delayed { delayedCount -= 1 }
             activeOperations -= job.operations
             var actions: [Action] = [.journal(.lost(job: id, reason: reason))]
             let end: Action = resubmit ? .resubmit(job: id) : .discard(job: id)

@@ -92,6 +92,16 @@ public struct JobPlan: Sendable {
     /// The photo-list URL form (§3.5): `operations` holds only the `photos` download; the graph for the
     /// list's entries is added to the running job once the list has arrived.
     public var photosURL: String?
+    /// §3.7: `notBefore` (epoch seconds) or `delaySeconds` (from receipt); at most one is set.
+    public var notBefore: Double?
+    public var delaySeconds: Double?
+    /// §3.7: `ifJobExists = skip` (false: the `.1` rule).
+    public var skipIfExists = false
+    /// A W3C trace context continuing the submitter's trace (§6 `tracing`).
+    public var traceparent: String?
+
+    /// When the job may start, for a job received at `receivedAt` (nil: at once).
+    public func startsAt(receivedAt: Double) -> Double? { notBefore ?? delaySeconds.map { receivedAt + $0 } }
 }
 
 public enum ManifestLimits {
@@ -124,6 +134,12 @@ public struct ManifestTree: Sendable {
     public var requestedJob: String? {
         guard case .success(.dictionary(let top)) = value else { return nil }
         return top["job"]?.string
+    }
+
+    /// `ifJobExists = skip` (§3.7), read at claim: such a manifest whose id is held makes no job.
+    public var skipsIfExists: Bool {
+        guard case .success(.dictionary(let top)) = value else { return false }
+        return top["ifJobExists"]?.string == "skip"
     }
 }
 
@@ -161,7 +177,8 @@ public struct Manifest {
         guard case .dictionary(let top) = object else {
             return .failure(ManifestProblems(["the top level must be a dictionary, not \(object.typeName)"]))
         }
-        let jobKeys: Set<String> = ["job", "operations", "qualityOfService", "queuePriority", "timeoutSeconds", "metadata"]
+        let jobKeys: Set<String> = ["job", "operations", "qualityOfService", "queuePriority", "timeoutSeconds", "metadata",
+                                    "notBefore", "delaySeconds", "ifJobExists", "traceparent"]
         var plan = JobPlan(job: nil, operations: [], qualityOfService: nil, queuePriority: nil, timeoutSeconds: nil, metadata: nil,
                            photosURL: nil)
 
@@ -210,6 +227,7 @@ public struct Manifest {
                 problems.append("metadata: must be a dictionary")
             }
         }
+        parseFlowControl(top, into: &plan, problems: &problems)
         if top["photosURL"] != nil { return validateGraph(plan, problems: problems, configuration: configuration) }
         guard let operationsValue = top["operations"] else {
             problems.append("operations: missing (an array of operations is required)")

@@ -272,6 +272,8 @@ extension Daemon {
         public var operations: Int
         /// Operations that have ended, however (succeeded before a restart included).
         public var ended: Int
+        /// A delayed job's start time (§3.7).
+        public var notBefore: Double?
     }
 
     public func status() -> Status {
@@ -280,7 +282,8 @@ extension Daemon {
         let waitingNow = waiting
         let fault = lifecycle.fault
         let operations = lifecycle.activeOperations, budget = configuration.maxActiveOperations
-        let progress = lifecycle.jobs.map { id, job in JobProgress(job: id, operations: job.operations, ended: job.ended + job.recovered) }
+        let progress = lifecycle.jobs.map { id, job in JobProgress(job: id, operations: job.operations, ended: job.ended + job.recovered,
+                                                                    notBefore: job.notBefore) }
         let configured = Set(["default"] + configuration.queueNames)
         var held: Set<String> = []
         if awaitingStoreSuspensions {
@@ -424,11 +427,14 @@ extension Daemon {
         case operations([[String: Any]])
         /// Claimed, its operations not known yet (its manifest being read).
         case starting
+        /// Waiting for its `notBefore` (§3.7): its operations, all pending.
+        case delayed(until: Double, operations: [[String: Any]])
     }
 
     /// A job this node has, for `show`; nil when it has no such job.
     public func show(job id: String) -> Shown? {
         if let operations = operations(of: id) { return .operations(operations) }
+        if let until = lock.withLock({ lifecycle.jobs[id]?.notBefore }) { return .delayed(until: until, operations: pending(id)) }
         if isStarting(id) { return .starting }
         // Its group made between the two looks.
         return operations(of: id).map(Shown.operations)
@@ -467,6 +473,16 @@ extension Daemon {
             if let f = r.finishedAt { entry["finishedAt"] = f }
             if let e = r.error { entry["error"] = e }
             return entry
+        }
+    }
+
+    /// A delayed job's operations as its manifest in active/ has them, each pending (empty if it cannot be read).
+    private func pending(_ id: String) -> [[String: Any]] {
+        guard case .success(let claimed) = spool.heldJob(id),
+              case .success(let plan) = Manifest.parse(claimed.tree ?? ManifestTree(claimed.manifest), configuration: lock.withLock { configuration })
+        else { return [] }
+        return plan.operations.map { op in
+            ["id": op.id, "kind": op.kind.rawValue, "queue": op.queue, "state": "pending", "attempts": 0, "dependencies": op.dependencies]
         }
     }
 }

@@ -230,6 +230,12 @@ extension Daemon {
                 case .vanished:
                     busy.remove(name)
                     continue
+                case .exists(let job):
+                    busy.remove(name)
+                    lock.withLock { waiting = max(0, waiting - 1) }
+                    recordSubmitted([(name, nil, job)])
+                    event(.info, "inbox/\(name) skipped: job \(job) exists (ifJobExists = skip)",
+                          ["OPQ_EVENT": "job", "OPQ_STATE": "skipped", "OPQ_JOB": .string(job), "OPQ_MANIFEST": .string(name)])
                 case .skipped(let reason):
                     lock.lock()
                     let fresh = strangersLogged.insert(name).inserted

@@ -120,6 +120,8 @@ public final class Daemon: @unchecked Sendable {
     var faultRetries = 0
     /// Whether the 1 s `store.want(room:)` timer is scheduled (on `work`).
     var wantScheduled = false
+    /// Jobs waiting for their `notBefore` (§3.7), earliest first, and the wake-up scheduled (on `work`).
+    var delayed = DelayedJobs()
 
     struct Publication {
         let job: RunningJob
@@ -301,8 +303,13 @@ public final class Daemon: @unchecked Sendable {
     }
 
     /// On `work`: builds a read job's graph and submits it to the engine.
-    func start(_ run: RunningJob, _ plan: JobPlan, configuration config: Configuration) {
+    func start(_ run: RunningJob, _ plan: JobPlan, configuration config: Configuration, now: Bool = false) {
         let claimed = run.claimed
+        let startsAt = max(claimed.receivedAt, plan.startsAt(receivedAt: claimed.receivedAt) ?? 0)
+        if !now, startsAt > Date().timeIntervalSince1970 {
+            delay(run, until: startsAt, operations: plan.operations.count)
+            return
+        }
         run.plan = plan
         let graph = buildGraph(run, plan.operations, base: 0, configuration: config)
         let actions = handle(.planned(job: claimed.id, operations: plan.operations.count, recovered: run.recovered.count))
@@ -311,7 +318,8 @@ public final class Daemon: @unchecked Sendable {
         // Registered before events can be delivered for the group (see `registering`).
         registering.lock()
         do {
-            let deadline = plan.timeoutSeconds.map { max(0.001, $0 - (Date().timeIntervalSince1970 - claimed.receivedAt)) }
+            // A delayed job's timeout counts from its notBefore (§3.7).
+            let deadline = plan.timeoutSeconds.map { max(0.001, $0 - (Date().timeIntervalSince1970 - startsAt)) }
             // Cancels asked before now (while the job was read, or in the cluster before it was claimed) go in with
             // the group: none of its operations starts first. An operation the plan does not have is ignored.
             var asked: [Int?] = []
@@ -452,64 +460,6 @@ public final class Daemon: @unchecked Sendable {
 
     /// Performs `actions` in order (outside `lock`). `run` and `records` are the job a publication is for and its
     /// engine records, when the caller has them; `submit` and `answer` are the caller's to act on.
-    func perform(_ actions: [JobLifecycle<GroupID>.Action], for run: RunningJob? = nil, records: [OperationRecord] = []) {
-        for action in actions {
-            switch action {
-            case .journal(let entry):
-                log(entry)
-            case .submit, .answer:
-                break
-            case .cancelGroup(let group):
-                engine.cancel(group, reason: "cancelled by request")
-            case .cancelOperation(let job, let group, let operation):
-                // Only a cancel asked before the group existed comes here: its answer was given then.
-                if cancel(job: job, group: group, operation: operation) == .unknownOperation {
-                    logger.warning("job \(job): cancel of operation '\(clipped(operation))' ignored: the job has no such operation")
-                }
-            case .publish(let job, let status, let error):
-                guard let run = run ?? lock.withLock({ runs[job] }) else { continue }
-                enqueuePublication(Publication(job: run, status: status, error: error, records: records))
-            case .releaseGroup(let group):
-                engine.release(group)
-            case .discard(let job):
-                spool.discard(job: job)
-            case .resubmit(let job):
-                // The store makes it a submission again (moved to its waiting folder; only a store that places jobs
-                // itself forgets one, so nothing comes back to run here); a folder that cannot be read back as a job
-                // is discarded.
-                spool.discardDownloads(job: job)
-                switch spool.heldJob(job) {
-                case .success(let claimed): _ = store.submit([claimed])
-                case .failure(let error):
-                    logger.error("job \(job): cannot be submitted again (\(error)); discarded", metadata: ["OPQ_JOB": .string(job)])
-                    spool.discard(job: job)
-                }
-            }
-        }
-    }
-
-    func log(_ entry: JobLifecycle<GroupID>.JournalEntry) {
-        switch entry {
-        case .received(let job, let manifest):
-            event(.info, "job \(job) received from inbox/\(manifest)",
-                  ["OPQ_EVENT": "job", "OPQ_STATE": "received", "OPQ_JOB": .string(job)])
-        case .claimed(let job, let fromNode):
-            var fields: Logger.Metadata = ["OPQ_EVENT": "job", "OPQ_STATE": "claimed", "OPQ_JOB": .string(job)]
-            if let fromNode { fields["OPQ_FROM_NODE"] = .string(fromNode) }
-            event(.info, "job \(job) claimed\(fromNode.map { " from node \($0)" } ?? "")", fields)
-        case .accepted(let job, let operations):
-            event(.info, "job \(job) accepted: \(operations) operations",
-                  ["OPQ_EVENT": "job", "OPQ_STATE": "accepted", "OPQ_JOB": .string(job)])
-        case .rejected(let job, let problems, let error):
-            event(.error, "job \(job) rejected: \(problems.joined(separator: "; "))",
-                  ["OPQ_EVENT": "job", "OPQ_STATE": "rejected", "OPQ_JOB": .string(job), "OPQ_STATUS": "rejected",
-                   "OPQ_ERROR": .string(error)])
-        case .lost(let job, let reason):
-            event(.warning, "job \(job) lost: \(reason); it is stopped here and nothing is published for it",
-                  ["OPQ_EVENT": "job", "OPQ_STATE": "lost", "OPQ_JOB": .string(job), "OPQ_ERROR": .string(reason)])
-        }
-    }
-
     // MARK: Engine events
 
     /// On the engine's delivery thread: journal entries, durable progress, job ends.

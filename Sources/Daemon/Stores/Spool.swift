@@ -294,6 +294,8 @@ public final class Spool: @unchecked Sendable {
         /// Not a regular file of its own (a symlink, FIFO, folder, device, or a file with other hard
         /// links), or unreadable: left alone.
         case skipped(String)
+        /// `ifJobExists = skip` and its id is held (§3.7): the manifest is removed, no job made.
+        case exists(job: String)
     }
 
     /// Errors that say the daemon (not the file) is in trouble: out of descriptors, memory, or I/O.
@@ -386,6 +388,13 @@ public final class Spool: @unchecked Sendable {
                     inUse: (String) -> Bool) throws -> ClaimOutcome {
         let tree = known ?? ManifestTree(data)
         let wanted = Self.wantedID(name: name, tree: tree)
+        if tree.skipsIfExists, inUse(wanted) || access(outbox + "/" + wanted, F_OK) == 0 || access(active + "/" + wanted, F_OK) == 0 {
+            guard unlink(source) == 0 else {
+                if errno == ENOENT { return .vanished }
+                throw SpoolError(operation: "unlink", path: source, errno: errno)
+            }
+            return .exists(job: wanted)
+        }
         var id = wanted
         var n = 0
         while true {

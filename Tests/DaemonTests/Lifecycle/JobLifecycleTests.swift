@@ -434,4 +434,35 @@ private func eventually(_ seconds: Double = 20, _ condition: () -> Bool) -> Bool
         #expect(eventually { FileManager.default.fileExists(atPath: root + "/outbox/unreported/result.plist") })
         await daemon.stop(grace: 1)
     }
+
+}
+
+extension JobLifecycleTests {
+    @Test func aDelayedJobHoldsNoSlotIsAcceptedOnceAndACancelWakesIt() {
+        var m = machine(jobs: 1)
+        _ = m.handle(.received(job: "d", .inbox(manifest: "d.plist")))
+        #expect(m.admission == .full)
+        #expect(m.handle(.delayed(job: "d", operations: 2, until: 100)) == [
+            .journal(.accepted(job: "d", operations: 2)), .journal(.delayed(job: "d", until: 100))])
+        #expect(m.phase(of: "d") == .delayed)
+        #expect(m.jobs["d"]?.notBefore == 100)
+        #expect(m.admission == .room(jobs: 1, operations: 100), "a delayed job holds no slot and no operations")
+        #expect(m.handle(.cancel(job: "d", operation: "a", knownOperation: false)) == [.answer(.cancelled)], "waits with the job")
+        #expect(m.phase(of: "d") == .delayed)
+        #expect(m.handle(.due(job: "d")) == [])
+        #expect(m.phase(of: "d") == .received)
+        #expect(m.admission == .full)
+        #expect(m.handle(.planned(job: "d", operations: 2, recovered: 0)) == [.submit(job: "d")], "accepted is not logged twice")
+        #expect(m.takeEarlyCancels(job: "d") == ["a"])
+
+        _ = m.handle(.received(job: "e", .resumed))
+        _ = m.handle(.delayed(job: "e", operations: 1, until: 200))
+        #expect(m.handle(.cancel(job: "e", operation: nil, knownOperation: false)) == [.wake(job: "e"), .answer(.cancelled)])
+        #expect(m.phase(of: "e") == .received)
+        #expect(m.handle(.due(job: "e")) == [], "a woken job is not due again")
+        _ = m.handle(.received(job: "f", .resumed))
+        _ = m.handle(.delayed(job: "f", operations: 1, until: 300))
+        _ = m.handle(.lost(job: "f", reason: "gone"))
+        #expect(m.delayedCount == 0)
+    }
 }

@@ -1,0 +1,136 @@
+// Flow control (SPEC §3.7) through the real binaries: later (notBefore, delaySeconds) and once (ifJobExists = skip)
+// on the file spool.
+
+import Foundation
+import Testing
+@testable import Daemon
+
+@Suite(.serialized) struct FlowControlTests {
+    func delayed(_ job: String, _ key: String, _ value: Any, ops: [[String: Any]] = [sleepOp("a", 0.05)]) -> [String: Any] {
+        ["job": job, key: value, "operations": ops]
+    }
+
+    func log(_ spool: TestSpool) -> String { (try? String(contentsOfFile: spool.logPath, encoding: .utf8)) ?? "" }
+
+    @Test func aDelayedJobWaitsWithoutASlotAndStartsOnTime() throws {
+        let spool = TestSpool()
+        // One job slot: a delayed job must not hold it.
+        try spool.start(spool.configure(["maxActiveJobs": 1]))
+        let dropped = Date().timeIntervalSince1970
+        try spool.drop("later.plist", delayed("later", "delaySeconds", 2.0))
+        try spool.drop("now.plist", ["job": "now", "operations": [sleepOp("a", 0.05)]])
+        let now = try #require(spool.result("now", timeout: 5), "the undelayed job ran while the delayed one waited")
+        #expect(now["status"] as? String == "succeeded")
+        #expect(spool.list("outbox") == ["now"])
+        let status = try spool.ctl(["status", "--json"])
+        let object = try #require(JSONSerialization.jsonObject(with: Data(status.stdout.utf8)) as? [String: Any])
+        let jobs = try #require(object["jobs"] as? [[String: Any]])
+        let notBefore = try #require(jobs.first { $0["job"] as? String == "later" }?["notBefore"] as? Double)
+        #expect(abs(notBefore - (dropped + 2)) < 1, "status says until when")
+        let shown = try spool.ctl(["show", "later", "--json"])
+        #expect(shown.stdout.contains("\"status\" : \"delayed\""), "\(shown.stdout)")
+        let later = try #require(spool.result("later", timeout: 10))
+        #expect(later["status"] as? String == "succeeded")
+        let ops = try #require(later["operations"] as? [[String: Any]])
+        let started = try #require(ops[0]["startedAt"] as? Double)
+        #expect(started >= notBefore - 0.01, "not started before its time")
+        #expect(started < notBefore + 1.5, "started on time")
+        let text = log(spool)
+        #expect(text.contains("OPQ_JOB=later OPQ_NOT_BEFORE=") && text.contains("OPQ_STATE=delayed"))
+        #expect(text.components(separatedBy: "OPQ_JOB=later OPQ_STATE=accepted").count == 2, "accepted logged once")
+    }
+
+    @Test func aDelayedJobSurvivesAStopAndAKillNine() throws {
+        let spool = TestSpool()
+        try spool.start()
+        let at = (Date().timeIntervalSince1970 + 4).rounded(.up)
+        try spool.drop("dated.plist", delayed("dated", "notBefore", Date(timeIntervalSince1970: at)))
+        try spool.drop("secs.plist", delayed("secs", "notBefore", at))
+        let deadline = Date().addingTimeInterval(5)
+        while Date() < deadline, !log(spool).contains("OPQ_JOB=secs OPQ_NOT_BEFORE") { usleep(20_000) }
+        spool.signal(SIGTERM)
+        #expect(spool.waitForExit(timeout: 5) == 0, "a stop does not wait for delayed jobs")
+        #expect(spool.list("active") == ["dated", "secs"])
+        try spool.start()
+        spool.signal(SIGKILL)
+        _ = spool.waitForExit()
+        try spool.start()
+        for job in ["dated", "secs"] {
+            let result = try #require(spool.result(job, timeout: 10))
+            #expect(result["status"] as? String == "succeeded")
+            let started = try #require((result["operations"] as? [[String: Any]])?.first?["startedAt"] as? Double)
+            #expect(started >= at - 0.01, "\(job) waited for its time through the restarts")
+        }
+        #expect(spool.list("active").isEmpty)
+    }
+
+    @Test func aCancelEndsADelayedJobAtOnceAndItsTimeoutCountsFromNotBefore() throws {
+        let spool = TestSpool()
+        try spool.start()
+        try spool.drop("far.plist", delayed("far", "delaySeconds", 3600.0, ops: [sleepOp("a", 1), sleepOp("b", 1, deps: ["a"])]))
+        try spool.drop("timed.plist", ["job": "timed", "delaySeconds": 2.0, "timeoutSeconds": 1.5, "operations": [sleepOp("a", 0.5)]])
+        let deadline = Date().addingTimeInterval(5)
+        while Date() < deadline, !log(spool).contains("OPQ_JOB=far OPQ_NOT_BEFORE") { usleep(20_000) }
+        let cancel = try spool.ctl(["cancel", "far"])
+        #expect(cancel.status == 0, "\(cancel.stderr)")
+        let far = try #require(spool.result("far", timeout: 5))
+        #expect(far["status"] as? String == "cancelled")
+        let ops = try #require(far["operations"] as? [[String: Any]])
+        #expect(ops.map { $0["state"] as? String } == ["cancelled", "cancelled"])
+        #expect(ops.map { $0["attempts"] as? Int } == [0, 0])
+        #expect(try spool.ctl(["cancel", "far"]).status == 1, "an ended job cannot be cancelled again")
+        let timed = try #require(spool.result("timed", timeout: 10))
+        #expect(timed["status"] as? String == "succeeded", "1.5 s from its notBefore, not from its receipt, is enough")
+    }
+
+    @Test func badFlowControlKeysAreManifestProblems() throws {
+        let spool = TestSpool()
+        let cases: [(String, [String: Any], String)] = [
+            ("both", ["notBefore": 1.0, "delaySeconds": 1.0], "notBefore and delaySeconds: give one or the other"),
+            ("negative", ["delaySeconds": -1.0], "delaySeconds: must be a non-negative number"),
+            ("text", ["notBefore": "tomorrow"], "notBefore: must be a date"),
+            ("exists", ["ifJobExists": "overwrite"], "ifJobExists: must be 'rename' or 'skip'"),
+            ("trace", ["traceparent": "00-abc"], "traceparent: must be a W3C trace context"),
+        ]
+        for (job, keys, problem) in cases {
+            var manifest: [String: Any] = ["job": job, "operations": [sleepOp("a", 0)]]
+            manifest.merge(keys) { $1 }
+            try spool.drop(job + ".plist", manifest)
+            let validate = try spool.ctl(["validate", spool.root + "/inbox/" + job + ".plist"])
+            #expect(validate.status == 1 && validate.stdout.contains(problem), "\(job): \(validate.stdout)")
+        }
+        try spool.start()
+        for (job, _, problem) in cases {
+            let result = try #require(spool.result(job))
+            #expect(result["status"] as? String == "rejected")
+            #expect((result["error"] as? String)?.contains(problem) == true, "\(job): \(result["error"] ?? "")")
+        }
+    }
+
+    @Test func skipMakesSubmissionIdempotentOnTheJobId() throws {
+        let spool = TestSpool()
+        try spool.start()
+        try spool.drop("first.plist", ["job": "once", "ifJobExists": "skip", "operations": [sleepOp("a", 1.5)]])
+        let deadline = Date().addingTimeInterval(5)
+        while Date() < deadline, !log(spool).contains("OPQ_JOB=once OPQ_KIND=sleep OPQ_OPERATION=a") { usleep(20_000) }
+        // Held in active/: skipped; without skip, renamed.
+        try spool.drop("second.plist", ["job": "once", "ifJobExists": "skip", "operations": [sleepOp("a", 0)]])
+        try spool.drop("renamed.plist", ["job": "once", "operations": [sleepOp("a", 0)]])
+        #expect(spool.result("once.1") != nil)
+        #expect(spool.result("once") != nil)
+        // Held in outbox/: skipped.
+        try spool.drop("third.plist", ["job": "once", "ifJobExists": "skip", "operations": [sleepOp("a", 0)]])
+        let settled = Date().addingTimeInterval(5)
+        while Date() < settled, !spool.list("inbox").isEmpty { usleep(20_000) }
+        usleep(300_000)
+        #expect(spool.list("outbox") == ["once", "once.1"], "no job and no outbox folder for a skipped manifest")
+        #expect(spool.list("inbox").isEmpty, "the skipped manifests are removed")
+        let text = log(spool)
+        for name in ["second.plist", "third.plist"] {
+            #expect(text.contains("OPQ_JOB=once OPQ_MANIFEST=\(name) OPQ_STATE=skipped"), "\(name) logged as skipped")
+        }
+        // A free id is taken as usual.
+        try spool.drop("fresh.plist", ["job": "fresh", "ifJobExists": "skip", "operations": [sleepOp("a", 0)]])
+        #expect(spool.result("fresh")?["status"] as? String == "succeeded")
+    }
+}
