@@ -44,10 +44,18 @@ public struct NewJob: Sendable, Equatable {
     /// Makes the insert idempotent (schema 2): inserting again a job whose key is already there returns the
     /// existing row's id and inserts nothing. The daemon's: node, local folder and reception time.
     public var submissionKey: String?
+    /// SPEC §3.7: claimable from then on (epoch seconds; nil: at once).
+    public var notBefore: Double?
+    /// SPEC §3.7 `ifJobExists = skip`: when the requested id is taken (and the key is not this submission's), nothing
+    /// is inserted and the answer says `skipped`.
+    public var skipIfExists = false
 
     public init(requestedID: String, manifest: [UInt8], manifestName: String, submittedOn: String,
-                qosRank: Int, priorityRank: Int, queues: [String], commands: [String], submissionKey: String? = nil) {
+                qosRank: Int, priorityRank: Int, queues: [String], commands: [String], submissionKey: String? = nil,
+                notBefore: Double? = nil, skipIfExists: Bool = false) {
         self.submissionKey = submissionKey
+        self.notBefore = notBefore
+        self.skipIfExists = skipIfExists
         self.requestedID = requestedID
         self.manifest = manifest
         self.manifestName = manifestName
@@ -64,10 +72,13 @@ public struct InsertedJob: Sendable, Equatable {
     public var id: String
     public var requestedID: String
     public var renamed: Bool { id != requestedID }
+    /// `skipIfExists` and the id was taken: `id` is the job that holds it; nothing was inserted.
+    public var skipped: Bool
 
-    public init(id: String, requestedID: String) {
+    public init(id: String, requestedID: String, skipped: Bool = false) {
         self.id = id
         self.requestedID = requestedID
+        self.skipped = skipped
     }
 }
 
@@ -299,10 +310,13 @@ public struct JobRecord: Sendable, Equatable {
     /// While it runs: what its node's last heartbeat sent as its progress (opaque here; nil if none), and when.
     public var nodeProgress: [UInt8]?
     public var nodeProgressAt: Double?
+    /// A delayed job's time (SPEC §3.7), while it waits for it.
+    public var notBefore: Double?
 
     public init(id: String, requestedID: String, manifest: [UInt8], manifestName: String, submittedOn: String, submittedAt: Double,
                 state: JobState, node: String?, fence: Int64?, fromNode: String?, status: String?, result: [UInt8]?, finishedAt: Double?,
-                nodeProgress: [UInt8]? = nil, nodeProgressAt: Double? = nil) {
+                nodeProgress: [UInt8]? = nil, nodeProgressAt: Double? = nil, notBefore: Double? = nil) {
+        self.notBefore = notBefore
         self.id = id
         self.requestedID = requestedID
         self.manifest = manifest

@@ -410,6 +410,10 @@ public final class PostgresClusterStore: ClusterStore {
                 answers[i] = InsertedJob(id: jobs[i].requestedID, requestedID: jobs[i].requestedID)
             }
             for i in jobs.indices where answers[i] == nil {
+                if jobs[i].skipIfExists {
+                    answers[i] = try await self.skipOrInsert(jobs[i], connection)
+                    continue
+                }
                 answers[i] = InsertedJob(id: try await self.insertOne(jobs[i], connection), requestedID: jobs[i].requestedID)
             }
             // One notification per transaction: NOTIFY serialises committers on a global lock.
@@ -431,6 +435,7 @@ public final class PostgresClusterStore: ClusterStore {
         binds.append(jobs.map { jsonArray($0.queues) })
         binds.append(jobs.map { jsonArray($0.commands) })
         binds.append(jobs.map { $0.submissionKey ?? "" })
+        binds.append(jobs.map { $0.notBefore ?? 0 })
         return Set(try await execute(connection, Queries.insertJobs, binds).map { try decode($0.makeRandomAccess()[0], String.self) })
     }
 
@@ -439,6 +444,7 @@ public final class PostgresClusterStore: ClusterStore {
     private func insertOne(_ job: NewJob, _ connection: PostgresConnection) async throws -> String {
         var binds = rowBindings(job)
         binds.append(job.submissionKey)
+        binds.append(job.notBefore)
         // No row: a concurrent inserter took the candidate id first (look again with a fresh snapshot), or
         // the submission key is already there (a repeated submission: its row's id is the answer).
         for _ in 0..<64 {
@@ -542,6 +548,23 @@ public final class PostgresClusterStore: ClusterStore {
         return try await !query(Queries.insertFinishedJob, binds, doing: "recording job \(id) as finished").isEmpty
     }
 
+    /// A `skipIfExists` job its batch did not insert under its id: this submission's own row if its key is there (a
+    /// submission repeated after a crash), else skipped: the id is held, by an earlier row or a twin earlier in the
+    /// batch (the batch's insert waits for a concurrent one of the same id, so of racing submissions exactly one
+    /// makes the job).
+    private func skipOrInsert(_ job: NewJob, _ connection: PostgresConnection) async throws -> InsertedJob {
+        if let key = job.submissionKey {
+            var keyBinds = PostgresBindings()
+            keyBinds.append(key)
+            if let id = try await execute(connection, Queries.submittedJob, keyBinds).first.map({
+                try decode($0.makeRandomAccess()[0], String.self)
+            }) {
+                return InsertedJob(id: id, requestedID: job.requestedID)
+            }
+        }
+        return InsertedJob(id: job.requestedID, requestedID: job.requestedID, skipped: true)
+    }
+
     public func job(_ id: String) async throws -> JobRecord? {
         var binds = PostgresBindings()
         binds.append(id)
@@ -561,7 +584,7 @@ public final class PostgresClusterStore: ClusterStore {
             result: try decode(c[11], ByteBuffer?.self).map { Array($0.readableBytesView) },
             finishedAt: try decode(c[12], Double?.self),
             nodeProgress: try decode(c[13], ByteBuffer?.self).map { Array($0.readableBytesView) },
-            nodeProgressAt: try decode(c[14], Double?.self))
+            nodeProgressAt: try decode(c[14], Double?.self), notBefore: try decode(c[15], Double?.self))
     }
 
     public func jobsNoLiveNodeCanRun(leaseSeconds: Double, limit: Int) async throws -> [UnrunnableJob] {

@@ -74,15 +74,18 @@ enum Queries {
     /// constraint) and absent from RETURNING: the caller inserts it by InsertJob (id.N) or finds it by SubmittedJob.
     /// The caller passes each requested id and each key at most once. Queues and commands are one JSON array of
     /// strings per row (arrays of arrays do not unnest). $1 requested ids, $2 manifests, $3 manifest names,
-    /// $4 submitted on, $5 qos ranks, $6 priority ranks, $7 queues, $8 commands, $9 submission keys ('' for none).
+    /// $4 submitted on, $5 qos ranks, $6 priority ranks, $7 queues, $8 commands, $9 submission keys ('' for none),
+    /// $10 not before (epoch seconds; 0 for none: claimable at once).
     static let insertJobs = #"""
     INSERT INTO opq_jobs (id, requested_id, manifest, manifest_name, submitted_on, qos_rank, priority_rank, queues, commands,
-                          submission_key)
+                          submission_key, not_before)
     SELECT u.id, u.id, u.manifest, u.manifest_name, u.submitted_on, u.qos_rank, u.priority_rank,
            ARRAY(SELECT jsonb_array_elements_text(u.queues::jsonb)), ARRAY(SELECT jsonb_array_elements_text(u.commands::jsonb)),
-           NULLIF(u.submission_key, '')
-    FROM unnest($1::text[], $2::bytea[], $3::text[], $4::text[], $5::int2[], $6::int2[], $7::text[], $8::text[], $9::text[])
-         WITH ORDINALITY AS u(id, manifest, manifest_name, submitted_on, qos_rank, priority_rank, queues, commands, submission_key, ord)
+           NULLIF(u.submission_key, ''), CASE WHEN u.not_before > 0 THEN to_timestamp(u.not_before) END
+    FROM unnest($1::text[], $2::bytea[], $3::text[], $4::text[], $5::int2[], $6::int2[], $7::text[], $8::text[], $9::text[],
+                $10::float8[])
+         WITH ORDINALITY AS u(id, manifest, manifest_name, submitted_on, qos_rank, priority_rank, queues, commands, submission_key,
+                              not_before, ord)
     ORDER BY u.ord
     ON CONFLICT DO NOTHING
     RETURNING id
@@ -94,11 +97,11 @@ enum Queries {
     /// for it and returns no row, and the caller runs this again in the same transaction (a fresh snapshot).
     /// No row also when the submission key ($9) is already there: the caller then looks it up (SubmittedJob).
     /// $1 requested id, $2 manifest, $3 manifest name, $4 submitted on, $5 qos rank, $6 priority rank,
-    /// $7 queues, $8 commands, $9 submission key or NULL.
+    /// $7 queues, $8 commands, $9 submission key or NULL, $10 not before (epoch seconds, or NULL).
     static let insertJob = #"""
     INSERT INTO opq_jobs (id, requested_id, manifest, manifest_name, submitted_on, qos_rank, priority_rank, queues, commands,
-                          submission_key)
-    SELECT candidate, $1, $2, $3, $4, $5, $6, $7, $8, $9
+                          submission_key, not_before)
+    SELECT candidate, $1, $2, $3, $4, $5, $6, $7, $8, $9, to_timestamp($10::float8)
     FROM (
         SELECT $1::text AS candidate, 0 AS rank
         UNION ALL
@@ -436,7 +439,8 @@ enum Queries {
     static let lookupJob = #"""
     SELECT j.id, j.requested_id, j.manifest, j.manifest_name, j.submitted_on, extract(epoch FROM j.submitted_at)::float8,
            j.state, j.node, j.fence, j.from_node, j.status, j.result, extract(epoch FROM j.finished_at)::float8,
-           CASE WHEN octet_length(n.progress) <= 65536 THEN n.progress END, extract(epoch FROM n.last_heartbeat)::float8
+           CASE WHEN octet_length(n.progress) <= 65536 THEN n.progress END, extract(epoch FROM n.last_heartbeat)::float8,
+           extract(epoch FROM j.not_before)::float8
     FROM opq_jobs AS j LEFT JOIN opq_nodes AS n ON j.state = 'running' AND n.node = j.node
     WHERE j.id = $1
     """#
@@ -508,10 +512,13 @@ enum Queries {
 
     /// For status: per queue, the jobs of the cluster that use it, waiting and running (a job counts once in each of
     /// its queues). Reads the two small partial indexes' rows, never the finished history: each branch names exactly
-    /// one index's predicate (`state IN (...)` matches neither, and every node's status round read the whole table).
+    /// one index's predicate (`state IN (...)` matches neither, and every node's status round read the whole table);
+    /// waiting jobs are those claimable now and those delayed (schema 8).
     static let queueCounts = #"""
     SELECT q, count(*) FILTER (WHERE j.state = 'waiting')::integer, count(*) FILTER (WHERE j.state = 'running')::integer
-    FROM (SELECT state, queues FROM opq_jobs WHERE state = 'waiting'
+    FROM (SELECT state, queues FROM opq_jobs WHERE state = 'waiting' AND not_before IS NULL
+          UNION ALL
+          SELECT state, queues FROM opq_jobs WHERE state = 'waiting' AND not_before IS NOT NULL
           UNION ALL
           SELECT state, queues FROM opq_jobs WHERE state = 'running') AS j, unnest(j.queues) AS q
     GROUP BY q ORDER BY q
@@ -773,6 +780,83 @@ enum Migrations {
             """#,
             #"""
             DELETE FROM opq_schema_version WHERE version = 7
+            """#,
+        ]),
+        Migration(version: 8, name: "not_before", up: [
+            #"""
+            ALTER TABLE opq_jobs ADD COLUMN not_before timestamptz
+            """#,
+            #"""
+            DROP INDEX opq_jobs_claimable
+            """#,
+            #"""
+            CREATE INDEX opq_jobs_claimable ON opq_jobs (qos_rank DESC, priority_rank DESC, seq) WHERE state = 'waiting' AND not_before IS NULL
+            """#,
+            #"""
+            CREATE INDEX opq_jobs_delayed ON opq_jobs (not_before) WHERE state = 'waiting' AND not_before IS NOT NULL
+            """#,
+            #"""
+            CREATE OR REPLACE FUNCTION opq_claim_jobs(claimer text, wanted bigint, node_queues text[], node_commands text[])
+            RETURNS TABLE (id text, requested_id text, manifest bytea, manifest_name text, submitted_on text, submitted_at float8,
+                           qos_rank smallint, priority_rank smallint, seq bigint, fence bigint, from_node text)
+            LANGUAGE sql VOLATILE SET enable_bitmapscan = off SET enable_seqscan = off AS '
+            UPDATE opq_jobs SET not_before = NULL
+            WHERE id IN (SELECT d.id FROM opq_jobs AS d WHERE d.state = ''waiting'' AND d.not_before <= now() FOR UPDATE SKIP LOCKED); WITH picked AS (
+                SELECT j.id FROM opq_jobs AS j
+                WHERE j.state = ''waiting'' AND j.not_before IS NULL AND j.queues <@ node_queues AND j.commands <@ node_commands
+                ORDER BY j.qos_rank DESC, j.priority_rank DESC, j.seq
+                LIMIT wanted
+                FOR UPDATE SKIP LOCKED
+            )
+            UPDATE opq_jobs AS j
+            SET state = ''running'', node = claimer, fence = nextval(''opq_fence''), claimed_at = now()
+            FROM picked
+            WHERE j.id = picked.id
+            RETURNING j.id, j.requested_id, j.manifest, j.manifest_name, j.submitted_on,
+                      extract(epoch FROM j.submitted_at)::float8, j.qos_rank, j.priority_rank, j.seq, j.fence, j.from_node
+            '
+            """#,
+            #"""
+            INSERT INTO opq_schema_readers (version, oldest_reader) VALUES (8, 6)
+            """#,
+        ], down: [
+            #"""
+            CREATE OR REPLACE FUNCTION opq_claim_jobs(claimer text, wanted bigint, node_queues text[], node_commands text[])
+            RETURNS TABLE (id text, requested_id text, manifest bytea, manifest_name text, submitted_on text, submitted_at float8,
+                           qos_rank smallint, priority_rank smallint, seq bigint, fence bigint, from_node text)
+            LANGUAGE sql VOLATILE SET enable_bitmapscan = off SET enable_seqscan = off AS '
+            WITH picked AS (
+                SELECT j.id FROM opq_jobs AS j
+                WHERE j.state = ''waiting'' AND j.queues <@ node_queues AND j.commands <@ node_commands
+                ORDER BY j.qos_rank DESC, j.priority_rank DESC, j.seq
+                LIMIT wanted
+                FOR UPDATE SKIP LOCKED
+            )
+            UPDATE opq_jobs AS j
+            SET state = ''running'', node = claimer, fence = nextval(''opq_fence''), claimed_at = now()
+            FROM picked
+            WHERE j.id = picked.id
+            RETURNING j.id, j.requested_id, j.manifest, j.manifest_name, j.submitted_on,
+                      extract(epoch FROM j.submitted_at)::float8, j.qos_rank, j.priority_rank, j.seq, j.fence, j.from_node
+            '
+            """#,
+            #"""
+            DROP INDEX opq_jobs_delayed
+            """#,
+            #"""
+            DROP INDEX opq_jobs_claimable
+            """#,
+            #"""
+            ALTER TABLE opq_jobs DROP COLUMN not_before
+            """#,
+            #"""
+            CREATE INDEX opq_jobs_claimable ON opq_jobs (qos_rank DESC, priority_rank DESC, seq) WHERE state = 'waiting'
+            """#,
+            #"""
+            DELETE FROM opq_schema_readers WHERE version = 8
+            """#,
+            #"""
+            DELETE FROM opq_schema_version WHERE version = 8
             """#,
         ]),
     ]

@@ -389,7 +389,13 @@ func clusterShow(_ record: JobRecord) -> [String: Any] {
         if let at = record.nodeProgressAt { answer["progressAt"] = at }
     }
     switch record.state {
-    case .waiting: answer["status"] = "waiting"
+    case .waiting:
+        if let notBefore = record.notBefore, notBefore > Date().timeIntervalSince1970 {
+            answer["status"] = "delayed"
+            answer["notBefore"] = notBefore
+        } else {
+            answer["status"] = "waiting"
+        }
     case .running: answer["status"] = "running"
     case .finished: answer["status"] = record.status ?? "finished"
     }

@@ -35,16 +35,19 @@ extension ClusterJobStore {
     func row(for job: ClaimedJob, submittedOn: String, key: String?) -> NewJob {
         let config = submissionConfiguration(lock.withLock { configuration })
         var placement = (qos: 2, priority: 2, queues: [String](), commands: [String]())
+        var plan = job.plan
         // The plan the shell made of a manifest from the inbox (not parsed again); a folder handed over from
         // active/, or one a previous run left to submit, is read here.
-        if let plan = job.plan {
-            placement = plan.clusterPlacement(config)
-        } else if case .success(let plan) = Manifest.parse(job.tree ?? ManifestTree(job.manifest), configuration: config) {
-            placement = plan.clusterPlacement(config)
+        if plan == nil, case .success(let parsed) = Manifest.parse(job.tree ?? ManifestTree(job.manifest), configuration: config) {
+            plan = parsed
         }
+        if let plan { placement = plan.clusterPlacement(config) }
+        // A folder handed over from active/ was accepted here before: its id is its own, never skipped.
         return NewJob(requestedID: job.requestedJob ?? job.id, manifest: Array(job.manifest), manifestName: job.manifestName,
                       submittedOn: submittedOn, qosRank: placement.qos, priorityRank: placement.priority,
-                      queues: placement.queues, commands: placement.commands, submissionKey: key)
+                      queues: placement.queues, commands: placement.commands, submissionKey: key,
+                      notBefore: plan?.startsAt(receivedAt: job.receivedAt),
+                      skipIfExists: job.id.hasPrefix(".") && plan?.skipIfExists == true)
     }
 
     func wantSubmit() { submitWake.signal() }
@@ -87,9 +90,7 @@ extension ClusterJobStore {
             let inserted = try waitBounded(Self.statementTimeout * 2, on: executor, doing: "inserting \(jobs.count) job(s)", { [store] in
                 try await store.insertJobs(jobs)
             })
-            for row in inserted {
-                logger.debug("job \(row.id): submitted to the cluster", metadata: ["OPQ_JOB": .string(row.id)])
-            }
+            logSubmitted(zip(batch.map(\.job), inserted))
             // Answers come in batch order; a batch answered short says nothing of which is which.
             if inserted.count == batch.count {
                 delegate?.submitted(zip(batch, inserted).map { ($0.job.manifestName, $0.inode, $1.id) })
@@ -125,6 +126,24 @@ extension ClusterJobStore {
     func reap(_ jobs: [String]) {
         for job in jobs {
             if let file = lock.withLock({ adoptable.removeValue(forKey: job) }) { removeTree(file) }
+        }
+    }
+
+    /// The journal's word on a batch just inserted: a skipped manifest (§3.7), a delayed job and its time.
+    private func logSubmitted(_ rows: Zip2Sequence<[NewJob], [InsertedJob]>) {
+        let now = Date().timeIntervalSince1970
+        for (job, row) in rows {
+            if row.skipped {
+                logger.info("inbox/\(job.manifestName) skipped: job \(row.id) exists in the cluster (ifJobExists = skip)",
+                            metadata: ["OPQ_EVENT": "job", "OPQ_STATE": "skipped", "OPQ_JOB": .string(row.id),
+                                       "OPQ_MANIFEST": .string(job.manifestName)])
+            } else if let until = job.notBefore, until > now {
+                logger.info("job \(row.id) accepted and delayed until \(localTimestamp(until))",
+                            metadata: ["OPQ_EVENT": "job", "OPQ_STATE": "delayed", "OPQ_JOB": .string(row.id),
+                                       "OPQ_NOT_BEFORE": .string(epochString(until))])
+            } else {
+                logger.debug("job \(row.id): submitted to the cluster", metadata: ["OPQ_JOB": .string(row.id)])
+            }
         }
     }
 }
