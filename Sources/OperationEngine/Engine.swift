@@ -376,30 +376,6 @@ public final class Engine: @unchecked Sendable, ContextHost {
     /// `runningClass` is the class of the calling worker, which goes on to take one item itself.
     private func afterStep(runningClass: Int?) -> After {
         var after = After()
-        let now = scheduler.timerRequests.isEmpty ? 0 : monotonicClock()
-        if !scheduler.timerRequests.isEmpty {
-            var earliestChanged = false
-            for request in scheduler.timerRequests {
-                let entry = TimerEntry(deadline: now + request.delay, seq: timerSeq, kind: request.kind)
-                timerSeq &+= 1
-                if let min = timers.min, min.deadline <= entry.deadline {} else { earliestChanged = true }
-                timers.insert(entry)
-            }
-            scheduler.timerRequests.removeAll(keepingCapacity: true)
-            if timers.count > 2 * timersKept + 1024 {
-                // Most of what is armed may be stale (a one-hour timeout of an attempt that took a second):
-                // keep what can still fire, so the heap stays proportional to live attempts and jobs.
-                timers = Heap(timers.unordered.lazy.filter { [scheduler] in scheduler.isPending($0.kind) })
-                timersKept = timers.count
-                earliestChanged = true
-            }
-            if !timerThreadStarted {
-                timerThreadStarted = true
-                spawn { $0.timerMain() }
-            } else if earliestChanged {
-                timerCondition.signal()
-            }
-        }
         var dispatchTime = Double.nan
         while true {
             if dispatchTime.isNaN { dispatchTime = wallClock() }
@@ -408,6 +384,8 @@ public final class Engine: @unchecked Sendable, ContextHost {
             if case .async = dispatch.body { asyncQueued[c] += 1 }
             runLists[c].append(dispatch)
         }
+        // After the dispatches: they ask for timers too (an attempt's timeout).
+        if !scheduler.timerRequests.isEmpty { armTimers() }
         for c in 0..<Self.classes where !runLists[c].isEmpty {
             let needed = runLists[c].count - asyncQueued[c] + max(0, min(asyncQueued[c], Self.asyncWorkers) - asyncRunning[c])
             var deficit = needed - signalled[c] - spawning[c] - (runningClass == c ? 1 : 0)
@@ -449,6 +427,33 @@ public final class Engine: @unchecked Sendable, ContextHost {
             finishedCondition.broadcast()
         }
         return after
+    }
+
+    /// Under the lock: moves the scheduler's timer requests into the heap, waking the timer thread when the
+    /// earliest deadline moved.
+    private func armTimers() {
+        let now = monotonicClock()
+        var earliestChanged = false
+        for request in scheduler.timerRequests {
+            let entry = TimerEntry(deadline: now + request.delay, seq: timerSeq, kind: request.kind)
+            timerSeq &+= 1
+            if let min = timers.min, min.deadline <= entry.deadline {} else { earliestChanged = true }
+            timers.insert(entry)
+        }
+        scheduler.timerRequests.removeAll(keepingCapacity: true)
+        if timers.count > 2 * timersKept + 1024 {
+            // Most of what is armed may be stale (a one-hour timeout of an attempt that took a second):
+            // keep what can still fire, so the heap stays proportional to live attempts and jobs.
+            timers = Heap(timers.unordered.lazy.filter { [scheduler] in scheduler.isPending($0.kind) })
+            timersKept = timers.count
+            earliestChanged = true
+        }
+        if !timerThreadStarted {
+            timerThreadStarted = true
+            spawn { $0.timerMain() }
+        } else if earliestChanged {
+            timerCondition.signal()
+        }
     }
 
     // MARK: Threads
