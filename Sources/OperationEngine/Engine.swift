@@ -9,7 +9,8 @@
 // - A worker that finishes an operation takes the next one of its class under the same lock hold,
 //   so chains and serial queues run without a thread hand-off.
 // - Asynchronous operations hold a queue slot but no thread; their completion may come from anywhere.
-// - Timeouts, retry delays and group deadlines sit in one heap served by one timer thread.
+// - Timeouts, retry delays, group deadlines and queue rates' next free starts sit in one heap served by
+//   one timer thread: nothing polls.
 // - Observers get events in batches, in order, from one delivery thread, outside the lock.
 
 import CShims
@@ -72,6 +73,10 @@ public final class Engine: @unchecked Sendable, ContextHost {
 
     private var shuttingDown = false
     private var liveThreads = 0
+    /// The threads alive, for `threadsCPUTime`.
+    private var threads: [pthread_t] = []
+    /// Timers that came due, for tests (work held by a rate waits for one timer, not a poll).
+    private var timersFired = 0
 
     /// - Parameters:
     ///   - processorCount: what `maxConcurrentOperationCount = -1` means (default: online CPUs).
@@ -87,23 +92,27 @@ public final class Engine: @unchecked Sendable, ContextHost {
 
     // MARK: Queues
 
-    /// Adds a named queue, or updates it if the name exists.
+    /// Adds a named queue, or updates it if the name exists (every setting, the rate included: nil removes it).
+    /// - Parameter rateLimit: at most so many of its operations start in any window of so many seconds (SPEC §3.7);
+    ///   an operation held back by it stays ready.
     @discardableResult
     public func addQueue(named name: String, maxConcurrentOperationCount: Int = -1, qualityOfService: QualityOfService = .default,
-                         isSuspended: Bool = false) -> QueueID {
+                         isSuspended: Bool = false, rateLimit: RateLimit? = nil) -> QueueID {
         locked {
             $0.addQueue(name: name, maxConcurrentOperationCount: maxConcurrentOperationCount, qualityOfService: qualityOfService,
-                        suspended: isSuspended)
+                        suspended: isSuspended, rateLimit: rateLimit)
         }
     }
 
-    /// Changes a queue while work runs: a higher limit or a resume starts work at once; a lower limit
+    /// Changes a queue while work runs: a higher limit, a resume or a higher rate starts work at once; a lower limit
     /// or a suspension lets executing operations go on and starts nothing new until they fit.
+    /// A setting left nil is kept. `rateLimit`: a `RateLimit?` value sets the rate (nil in it removes the rate;
+    /// a literal `nil` argument keeps it, write `.some(nil)`); a new rate keeps the starts already made.
     public func updateQueue(_ id: QueueID, maxConcurrentOperationCount: Int? = nil, qualityOfService: QualityOfService? = nil,
-                            isSuspended: Bool? = nil) {
+                            isSuspended: Bool? = nil, rateLimit: RateLimit?? = nil) {
         locked {
             $0.updateQueue(id, maxConcurrentOperationCount: maxConcurrentOperationCount, qualityOfService: qualityOfService,
-                           suspended: isSuspended)
+                           suspended: isSuspended, rateLimit: rateLimit)
         }
     }
 
@@ -129,7 +138,12 @@ public final class Engine: @unchecked Sendable, ContextHost {
 
     public func queueID(named name: String) -> QueueID? { locked { $0.queueID(named: name) } }
 
-    public func queues() -> [QueueSnapshot] { locked { s in s.queues.indices.map { s.snapshot($0) } } }
+    public func queues() -> [QueueSnapshot] {
+        locked { s in
+            let (now, monotonic) = (wallClock(), monotonicClock())
+            return s.queues.indices.map { s.snapshot($0, now: now, monotonic: monotonic) }
+        }
+    }
 
     public var executingCount: Int { locked { $0.executingCount } }
 
@@ -153,7 +167,9 @@ public final class Engine: @unchecked Sendable, ContextHost {
             last.isStale = true
             return last
         }
-        let fresh = Overview(executing: scheduler.executingCount, queues: scheduler.queues.indices.map { scheduler.snapshot($0) },
+        let (now, monotonic) = (wallClock(), monotonicClock())
+        let fresh = Overview(executing: scheduler.executingCount,
+                             queues: scheduler.queues.indices.map { scheduler.snapshot($0, now: now, monotonic: monotonic) },
                              isStale: false)
         lock.unlock()
         overviewLock.withLock { lastOverview = fresh }
@@ -263,6 +279,22 @@ public final class Engine: @unchecked Sendable, ContextHost {
 
     /// Timers in the heap, stale ones included (for tests).
     var timersArmed: Int { lock.withLock { timers.count } }
+
+    /// Timers that came due so far (for tests).
+    var firedTimers: Int { lock.withLock { timersFired } }
+
+    /// CPU seconds used so far by the engine's threads alive now (for tests: held work must leave them idle,
+    /// measured apart from whatever else the process runs).
+    var threadsCPUTime: Double {
+        lock.withLock {
+            threads.reduce(0) { sum, thread in
+                var clock = clockid_t()
+                var ts = timespec()
+                guard pthread_getcpuclockid(thread, &clock) == 0, clock_gettime(clock, &ts) == 0 else { return sum }
+                return sum + Double(ts.tv_sec) + Double(ts.tv_nsec) / 1e9
+            }
+        }
+    }
 
     /// Blocks the calling thread until the group has finished.
     public func wait(_ group: GroupID) {
@@ -376,38 +408,21 @@ public final class Engine: @unchecked Sendable, ContextHost {
     /// `runningClass` is the class of the calling worker, which goes on to take one item itself.
     private func afterStep(runningClass: Int?) -> After {
         var after = After()
-        let now = scheduler.timerRequests.isEmpty ? 0 : monotonicClock()
-        if !scheduler.timerRequests.isEmpty {
-            var earliestChanged = false
-            for request in scheduler.timerRequests {
-                let entry = TimerEntry(deadline: now + request.delay, seq: timerSeq, kind: request.kind)
-                timerSeq &+= 1
-                if let min = timers.min, min.deadline <= entry.deadline {} else { earliestChanged = true }
-                timers.insert(entry)
-            }
-            scheduler.timerRequests.removeAll(keepingCapacity: true)
-            if timers.count > 2 * timersKept + 1024 {
-                // Most of what is armed may be stale (a one-hour timeout of an attempt that took a second):
-                // keep what can still fire, so the heap stays proportional to live attempts and jobs.
-                timers = Heap(timers.unordered.lazy.filter { [scheduler] in scheduler.isPending($0.kind) })
-                timersKept = timers.count
-                earliestChanged = true
-            }
-            if !timerThreadStarted {
-                timerThreadStarted = true
-                spawn { $0.timerMain() }
-            } else if earliestChanged {
-                timerCondition.signal()
-            }
-        }
         var dispatchTime = Double.nan
+        var rateTime: Double?
         while true {
-            if dispatchTime.isNaN { dispatchTime = wallClock() }
-            guard let dispatch = scheduler.nextDispatch(now: dispatchTime) else { break }
+            if dispatchTime.isNaN {
+                dispatchTime = wallClock()
+                // Rate windows run on the monotonic clock: a step of the wall clock must not stall a queue or free it.
+                if scheduler.ratedQueues > 0 { rateTime = monotonicClock() }
+            }
+            guard let dispatch = scheduler.nextDispatch(now: dispatchTime, monotonic: rateTime) else { break }
             let c = Int(dispatch.qualityOfService.rawValue)
             if case .async = dispatch.body { asyncQueued[c] += 1 }
             runLists[c].append(dispatch)
         }
+        // After the dispatches: they ask for timers too (an attempt's timeout, a rate's next free start).
+        if !scheduler.timerRequests.isEmpty { armTimers() }
         for c in 0..<Self.classes where !runLists[c].isEmpty {
             let needed = runLists[c].count - asyncQueued[c] + max(0, min(asyncQueued[c], Self.asyncWorkers) - asyncRunning[c])
             var deficit = needed - signalled[c] - spawning[c] - (runningClass == c ? 1 : 0)
@@ -451,6 +466,33 @@ public final class Engine: @unchecked Sendable, ContextHost {
         return after
     }
 
+    /// Under the lock: moves the scheduler's timer requests into the heap, waking the timer thread when the
+    /// earliest deadline moved.
+    private func armTimers() {
+        let now = monotonicClock()
+        var earliestChanged = false
+        for request in scheduler.timerRequests {
+            let entry = TimerEntry(deadline: now + request.delay, seq: timerSeq, kind: request.kind)
+            timerSeq &+= 1
+            if let min = timers.min, min.deadline <= entry.deadline {} else { earliestChanged = true }
+            timers.insert(entry)
+        }
+        scheduler.timerRequests.removeAll(keepingCapacity: true)
+        if timers.count > 2 * timersKept + 1024 {
+            // Most of what is armed may be stale (a one-hour timeout of an attempt that took a second):
+            // keep what can still fire, so the heap stays proportional to live attempts and jobs.
+            timers = Heap(timers.unordered.lazy.filter { [scheduler] in scheduler.isPending($0.kind) })
+            timersKept = timers.count
+            earliestChanged = true
+        }
+        if !timerThreadStarted {
+            timerThreadStarted = true
+            spawn { $0.timerMain() }
+        } else if earliestChanged {
+            timerCondition.signal()
+        }
+    }
+
     // MARK: Threads
 
     private func spawn(_ main: @escaping @Sendable (Engine) -> Void) {
@@ -472,11 +514,15 @@ public final class Engine: @unchecked Sendable, ContextHost {
             // Out of threads: the work stays queued and the next step tries again.
             box.release()
             liveThreads -= 1
+        } else {
+            threads.append(thread)
         }
     }
 
     private func threadExited() {
         liveThreads -= 1
+        let me = pthread_self()
+        threads.removeAll { pthread_equal($0, me) != 0 }
         finishedCondition.broadcast()
     }
 
@@ -541,6 +587,7 @@ public final class Engine: @unchecked Sendable, ContextHost {
             let wall = wallClock()
             while let due = timers.min, due.deadline <= now {
                 timers.removeMin()
+                timersFired += 1
                 scheduler.fire(due.kind, now: wall)
             }
             let after = afterStep(runningClass: nil)

@@ -1,5 +1,5 @@
-// Scheduler: the operation engine's whole state and every rule of SPEC §3.2 and §3.4, with no
-// threads, no clock and no I/O.
+// Scheduler: the operation engine's whole state and every rule of SPEC §3.2 and §3.4, and §3.7's queue
+// rates (`Scheduler+Rate.swift`), with no threads, no clock and no I/O.
 //
 // Each method takes the current time and returns what the caller must do (dispatch an operation,
 // arm a timer, run a cancellation handler, deliver events), so the rules are tested one step at a
@@ -100,6 +100,11 @@ public struct QueueSnapshot: Sendable, Equatable {
     public let isSuspended: Bool
     public let pending: Int
     public let executing: Int
+    /// nil: no rate.
+    public let rateLimit: RateLimit?
+    /// The next time the rate lets one of its operations start, in seconds since the epoch; nil when one may
+    /// start now or the queue has no rate.
+    public let nextStartAt: Double?
 }
 
 /// One attempt of one operation: what an asynchronous body's completion, a timeout or a retry refers to.
@@ -116,6 +121,8 @@ enum TimerKind: Hashable, Sendable {
     case attemptTimeout(Attempt)
     case retry(Attempt)
     case deadline(GroupID)
+    /// A queue's rate window frees a start at `at` (on the rate's clock).
+    case rateWindow(queue: Int, at: Double)
 }
 
 struct TimerRequest: Sendable {
@@ -213,6 +220,10 @@ struct Scheduler {
         var epochUnfinished: [Int] = [0]
         var barrierAfterEpoch: [Int32: NodeRef] = [:]
         var openBarrier: NodeRef?
+        /// nil: no rate (`Scheduler+Rate.swift`).
+        var rate: RateWindow?
+        /// When the timer armed for the rate fires, nil when none is.
+        var rateTimer: Double?
     }
 
     static let noQoS: UInt8 = 255
@@ -225,6 +236,8 @@ struct Scheduler {
     var queueIndex: [String: Int] = [:]
     var nextSeq: UInt64 = 0
     var executingCount = 0
+    /// Queues with a rate: without any, the engine need not read the rates' clock.
+    var ratedQueues = 0
 
     /// Outputs of the step just taken; the caller drains them.
     var recordsEvents = false
@@ -241,25 +254,29 @@ struct Scheduler {
 
     // MARK: Queues
 
-    mutating func addQueue(name: String, maxConcurrentOperationCount: Int, qualityOfService: QualityOfService, suspended: Bool) -> QueueID {
+    mutating func addQueue(name: String, maxConcurrentOperationCount: Int, qualityOfService: QualityOfService, suspended: Bool,
+                           rateLimit: RateLimit? = nil) -> QueueID {
         if let existing = queueIndex[name] {
             updateQueue(QueueID(existing), maxConcurrentOperationCount: maxConcurrentOperationCount, qualityOfService: qualityOfService,
-                        suspended: suspended)
+                        suspended: suspended, rateLimit: .some(rateLimit))
             return QueueID(existing)
         }
         queues.append(Queue(name: name, limit: maxConcurrentOperationCount, qos: qualityOfService, suspended: suspended))
         queueIndex[name] = queues.count - 1
+        setRate(queues.count - 1, rateLimit)
         return QueueID(queues.count - 1)
     }
 
     func queueID(named name: String) -> QueueID? { queueIndex[name].map(QueueID.init) }
 
+    /// nil leaves a setting as it is; `rateLimit: .some(nil)` removes the rate.
     mutating func updateQueue(_ id: QueueID, maxConcurrentOperationCount: Int? = nil, qualityOfService: QualityOfService? = nil,
-                              suspended: Bool? = nil) {
+                              suspended: Bool? = nil, rateLimit: RateLimit?? = nil) {
         guard queues.indices.contains(id.rawValue) else { return }
         if let limit = maxConcurrentOperationCount { queues[id.rawValue].limit = limit }
         if let qos = qualityOfService { queues[id.rawValue].qos = qos }
         if let suspended { queues[id.rawValue].suspended = suspended }
+        if let rateLimit { setRate(id.rawValue, rateLimit) }
     }
 
     /// Sets (nil: removes) the outside limit of a queue; executing operations above it go on, nothing new starts.
@@ -288,12 +305,14 @@ struct Scheduler {
         return QueuePriority(rawValue: UInt8(head.priority))
     }
 
-    func snapshot(_ q: Int) -> QueueSnapshot {
+    /// `now` is the wall clock and `monotonic` the rates' clock, read together (for `nextStartAt`).
+    func snapshot(_ q: Int, now: Double = 0, monotonic: Double = 0) -> QueueSnapshot {
         let queue = queues[q]
         return QueueSnapshot(
             id: QueueID(q), name: queue.name, maxConcurrentOperationCount: queue.limit,
             qualityOfService: queue.qos, isSuspended: queue.suspended,
-            pending: queue.unfinished - queue.executing, executing: queue.executing)
+            pending: queue.unfinished - queue.executing, executing: queue.executing, rateLimit: queue.rate?.limit,
+            nextStartAt: nextStartAt(q, now: now, monotonic: monotonic))
     }
 
     // MARK: Submission
@@ -629,10 +648,13 @@ struct Scheduler {
     /// The next operation to start, if a queue has one and a free slot: among the queues' heads,
     /// the highest effective QoS; at equal QoS the one submitted first (so a pipeline spread over
     /// queues runs chain by chain, and what one stage produces is consumed before the next is made).
-    mutating func nextDispatch(now: Double) -> Dispatch? {
+    /// A queue's rate only gates whether it may start one now (a barrier neither waits for it nor uses it);
+    /// rates read `monotonic`, else `now`.
+    mutating func nextDispatch(now: Double, monotonic: Double? = nil) -> Dispatch? {
         var best: (queue: Int, priority: Int, qos: QualityOfService, seq: UInt64)?
         for q in queues.indices where queues[q].readyCount > 0 && !queues[q].suspended && queues[q].executing < effectiveLimit(q) {
             guard let head = head(of: q) else { continue }
+            if queues[q].rate != nil && head.entry.ref.group != Self.barrierGroup && !rateAllows(q, at: monotonic ?? now) { continue }
             let qos = effectiveQoS(head.entry.ref)
             if let current = best, current.qos > qos || (current.qos == qos && current.seq <= head.entry.seq) { continue }
             best = (q, head.priority, qos, head.entry.seq)
@@ -640,6 +662,7 @@ struct Scheduler {
         guard let best, let entry = queues[best.queue].ready[best.priority].pop() else { return nil }
         let ref = entry.ref
         let g = Int(ref.group), i = Int(ref.index)
+        if queues[best.queue].rate != nil && ref.group != Self.barrierGroup { queues[best.queue].rate?.record(monotonic ?? now) }
         queues[best.queue].readyCount -= 1
         queues[best.queue].executing += 1
         executingCount += 1
@@ -958,6 +981,8 @@ struct Scheduler {
             isCurrent(attempt, in: .retrying)
         case .deadline(let id):
             isLive(id) && !groups[Int(id.slot)].finished
+        case .rateWindow(let q, let at):
+            queues[q].rateTimer == at
         }
     }
 
@@ -975,6 +1000,9 @@ struct Scheduler {
             makeReady(attempt.ref, now: now)
         case .deadline(let id):
             cancel(group: id, reason: "the job's deadline passed", now: now)
+        case .rateWindow(let q, _):
+            // A start is free: the dispatch that follows every step takes it (and arms the next timer).
+            queues[q].rateTimer = nil
         }
     }
 

@@ -353,6 +353,24 @@ func monotonicNow() -> Double {
         engine.shutdown()
     }
 
+    @Test func aLoneOperationsTimeoutFiresWithNoOtherStep() throws {
+        // The timeout is asked for as the operation starts: it must be armed then, not at some later step.
+        let engine = Engine()
+        let q = engine.addQueue(named: "q")
+        var builder = GraphBuilder()
+        builder.add(OperationSpec(name: "stuck", queue: q, timeout: 0.1, body: .sync { context in
+            let start = monotonicNow()
+            while !context.isCancelled && monotonicNow() - start < 3 { usleep(1_000) }
+            return nil
+        }))
+        let started = monotonicNow()
+        let group = try engine.submit(builder)
+        engine.wait(group)
+        #expect(monotonicNow() - started < 2, "the timeout ended the attempt, not the body's own 3 s")
+        #expect(engine.records(group)?.first?.error == "timed out after 0.1 s")
+        engine.shutdown()
+    }
+
     @Test func aLateCompletionOfAnEndedJobDoesNotTouchTheJobInItsSlot() throws {
         // A cancelled asynchronous body may still call back much later (a sleep's timer, a transfer's
         // completion); by then its job's slot may hold another job with an operation at the same index.
