@@ -143,7 +143,7 @@ build-fuzz-manifest: deps
 	  -emit-module -emit-module-path $(FUZZ_MANIFEST)/SystemCalls.swiftmodule -o $(FUZZ_MANIFEST)/libSystemCalls.a \
 	  Sources/SystemCalls/SystemCalls.swift
 	$(SWIFTC) -O -sanitize=fuzzer,address -use-ld=lld -parse-as-library -module-name ManifestFuzz -I $(FUZZ_MANIFEST) -L $(FUZZ_MANIFEST) \
-	  -lPropertyList -lOperationEngine -lSystemCalls Sources/Daemon/Lifecycle/Manifest.swift Sources/Daemon/Lifecycle/Manifest+FlowControl.swift Sources/Daemon/Configuration.swift Sources/Daemon/Kinds/Commands/CommandSpec.swift \
+	  -lPropertyList -lOperationEngine -lSystemCalls Sources/Daemon/Lifecycle/Manifest.swift Sources/Daemon/Lifecycle/Manifest+FlowControl.swift Sources/Daemon/Configuration.swift Sources/Daemon/Configuration+FlowControl.swift Sources/Daemon/Kinds/Commands/CommandSpec.swift \
 	  Sources/Daemon/Kinds/Networks.swift Sources/Daemon/Stores/RegularFile.swift Tests/Fuzz/manifest_fuzzer.swift \
 	  -o $(FUZZ_MANIFEST)/manifest_fuzzer
 run-fuzz-manifest:

@@ -14,6 +14,8 @@ public struct QueueSettings: Equatable, Sendable {
     public var suspended: Bool
     /// `clusterMaxConcurrentOperationCount` (SPEC §8): a limit across every node; only with `cluster`.
     public var clusterMaxConcurrentOperationCount: Int? = nil
+    /// `rateLimit` (SPEC §3.7): at most N starts in any window of S seconds on this node.
+    public var rateLimit: RateLimit? = nil
 }
 
 /// `cluster` (SPEC §8): this node shares one queue with others through PostgreSQL.
@@ -178,6 +180,8 @@ public struct Configuration: Sendable {
                         case "suspended":
                             if let b = v.boolean { queue.suspended = b }
                             else { problems.append("queues.\(name).suspended: must be a boolean") }
+                        case "rateLimit":
+                            queue.rateLimit = parseRate(v, at: "queues.\(name).rateLimit", &problems)
                         case "clusterMaxConcurrentOperationCount":
                             if top["cluster"] == nil {
                                 problems.append("queues.\(name).clusterMaxConcurrentOperationCount: "
@@ -310,7 +314,7 @@ public struct Configuration: Sendable {
     static let keys: [String: Set<String>] = [
         "": ["queues", "defaultQueues", "maxActiveJobs", "maxActiveOperations", "shutdownGraceSeconds", "download", "image", "metrics",
              "commands", "jobFinished", "cluster"],
-        "queues.NAME": ["maxConcurrentOperationCount", "qualityOfService", "suspended", "clusterMaxConcurrentOperationCount"],
+        "queues.NAME": ["maxConcurrentOperationCount", "qualityOfService", "suspended", "clusterMaxConcurrentOperationCount", "rateLimit"],
         "download": ["maxBytes", "connectTimeoutSeconds", "timeoutSeconds", "fileRoots", "allowNetworks"],
         "image": ["maxPixels"],
         "metrics": ["listen"],

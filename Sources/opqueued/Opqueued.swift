@@ -281,6 +281,9 @@ func handle(_ request: [String: Any], _ daemon: Daemon) -> [String: Any] {
                 var queue: [String: Any] = ["name": q.name, "maxConcurrentOperationCount": q.maxConcurrentOperationCount,
                                             "qualityOfService": q.qualityOfService.name, "suspended": q.isSuspended,
                                             "pending": q.pending, "executing": q.executing]
+                // SPEC §3.7: a rated queue's rate and its next free start.
+                if let rate = q.rateLimit { queue["rateLimit"] = ["operations": rate.operations, "seconds": rate.seconds] }
+                if let next = q.nextStartAt { queue["nextStartAt"] = next }
                 // Suspended only until this node has read the cluster's suspensions.
                 if q.isSuspended && status.held.contains(q.name) { queue["held"] = true }
                 // A cluster-wide limit: the slots this node holds, and its wait for more, if it waits.

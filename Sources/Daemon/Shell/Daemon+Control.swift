@@ -39,10 +39,10 @@ extension Daemon {
                 let suspended = (local[name] ?? q.suspended) || shared.contains(name) || held
                 if let id = queueIDs[name] {
                     engine.updateQueue(id, maxConcurrentOperationCount: q.maxConcurrentOperationCount, qualityOfService: q.qualityOfService,
-                                       isSuspended: suspended)
+                                       isSuspended: suspended, rateLimit: .some(q.rateLimit))
                 } else {
                     queueIDs[name] = engine.addQueue(named: name, maxConcurrentOperationCount: q.maxConcurrentOperationCount,
-                                                     qualityOfService: q.qualityOfService, isSuspended: suspended)
+                                                     qualityOfService: q.qualityOfService, isSuspended: suspended, rateLimit: q.rateLimit)
                 }
             }
             for (name, suspended) in changes { logQueue(name, suspended: suspended) }

@@ -246,7 +246,8 @@ public final class Daemon: @unchecked Sendable {
         for name in configuration.queueNames {
             guard let q = configuration.queues[name] else { continue }
             ids[name] = engine.addQueue(named: name, maxConcurrentOperationCount: q.maxConcurrentOperationCount,
-                                        qualityOfService: q.qualityOfService, isSuspended: q.suspended || holdQueues)
+                                        qualityOfService: q.qualityOfService, isSuspended: q.suspended || holdQueues,
+                                        rateLimit: q.rateLimit)
         }
         queueIDs = ids
         // clusterMaxConcurrentOperationCount (SPEC §8): the engine runs a limited queue's operations only on

@@ -134,3 +134,61 @@ import Testing
         #expect(spool.result("fresh")?["status"] as? String == "succeeded")
     }
 }
+
+extension FlowControlTests {
+    /// Start times from every result.plist under outbox/, sorted.
+    func starts(_ spool: TestSpool, jobs: [String]) -> [Double] {
+        jobs.flatMap { job in
+            (spool.result(job, timeout: 0.1)?["operations"] as? [[String: Any]] ?? []).compactMap { $0["startedAt"] as? Double }
+        }.sorted()
+    }
+
+    /// The most starts any window of `seconds` holds (each start taken as a window's first).
+    func busiestWindow(_ starts: [Double], seconds: Double) -> Int {
+        var most = 0, j = 0
+        for i in starts.indices {
+            while j < starts.count && starts[j] < starts[i] + seconds { j += 1 }
+            most = max(most, j - i)
+        }
+        return most
+    }
+
+    @Test func aQueuesRateHoldsInEveryWindowOverAMinuteOfLoad() throws {
+        let spool = TestSpool()
+        try spool.start(spool.configure(["queues": ["rated": ["rateLimit": ["operations": 5, "seconds": 2.0]]]]))
+        // 40 jobs of 4 operations, far more than the rate lets start in a minute: the queue is never idle.
+        let jobs = (0..<40).map { "r\($0)" }
+        for job in jobs {
+            let ops: [[String: Any]] = (0..<4).map { ["id": "o\($0)", "kind": "sleep", "seconds": 0.0, "queue": "rated"] }
+            try spool.drop(job + ".plist", ["job": job, "operations": ops])
+        }
+        // A queue held back by its rate says when it may start again.
+        var nextStart: Double?
+        let deadline = Date().addingTimeInterval(10)
+        while nextStart == nil, Date() < deadline {
+            let status = try spool.ctl(["status", "--json"])
+            let object = try JSONSerialization.jsonObject(with: Data(status.stdout.utf8)) as? [String: Any]
+            let rated = (object?["queues"] as? [[String: Any]])?.first { $0["name"] as? String == "rated" }
+            nextStart = rated?["nextStartAt"] as? Double
+            if nextStart == nil { usleep(50_000) }
+        }
+        #expect(nextStart.map { $0 > Date().timeIntervalSince1970 - 1 } == true, "status shows the queue's next free start")
+        usleep(60_000_000)
+        spool.signal(SIGTERM)
+        _ = spool.waitForExit()
+        let times = starts(spool, jobs: jobs)
+        #expect(times.count >= 120, "the rate was used, not starved: \(times.count) starts in a minute")
+        #expect(busiestWindow(times, seconds: 2) <= 5, "no window of 2 s holds more than 5 starts")
+        // Held back by the rate is ready, not failed: nothing failed.
+        let log = log(spool)
+        #expect(!log.contains("OPQ_STATE=failed"))
+    }
+
+    @Test func aBadRateIsRefusedNamingTheQueueAndTheValue() throws {
+        let spool = TestSpool()
+        let arguments = try spool.configure(["queues": ["rated": ["rateLimit": ["operations": 0, "seconds": 2.0]]]])
+        let run = try run("opqueued", ["--spool", spool.root, "--log-target", "console"] + arguments, timeout: 10)
+        #expect(run.status == 1)
+        #expect(run.stderr.contains("queues.rated.rateLimit.operations: must be a positive integer"), "\(run.stderr)")
+    }
+}
