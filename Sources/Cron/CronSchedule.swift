@@ -1,16 +1,19 @@
 // The occurrences of a cron expression in a time zone, as UTC instants (seconds since the epoch).
 //
-// Daylight saving time is handled as Vixie cron (ISC cron 4.1, and cronie after it) handles it. A job is a
-// "wildcard" job when its minute or hour field begins with `*` (`*`, `*/15`: Vixie's MIN_STAR or HR_STAR flag),
-// and a "fixed-time" job otherwise (`0 2 * * *`, `0,30 1-3 * * *`, `@daily`).
+// Daylight saving time is handled as Vixie cron (ISC cron 4.1, and cronie after it) handles it. cron(8): "Only
+// jobs that run at a particular time (not specified as @hourly, nor with '*' in the hour or minute specifier) are
+// affected. Jobs which are specified with wildcards are run based on the new time immediately." So a job is a
+// "wildcard" job when its minute or hour field begins with `*` (`*`, `*/15`, `@hourly`), and a "fixed-time" job
+// otherwise (`0 2 * * *`, `0,30 1-3 * * *`, `@daily`).
 // - Wildcard jobs follow elapsed time: they match the wall clock as it reads, so they do not run at the times a
 //   spring-forward gap skips, and run at both instants of a time that a fall-back overlap repeats. In Paris on
 //   2026-10-25, `30 * * * *` runs at 02:30+02:00 and again at 02:30+01:00, an hour later.
 // - Fixed-time jobs run once per matching wall-clock time. In an overlap they run at the first of its two instants
 //   only (`0 2 * * *` at 02:00+02:00 that day, not at 02:00+01:00). A time skipped by a gap runs at the first
-//   instant after the gap, the instant the clock jumps (cron "runs it immediately after the change"): on
-//   2026-03-29, when Paris goes from 02:00 to 03:00, `0 2 * * *` and `30 2 * * *` run at 03:00+02:00 (01:00Z).
-//   However many times the gap skipped, that is one occurrence, and the same one as a match at the gap's end.
+//   instant after the gap, the instant the clock jumps (cron(8): "those jobs which would have run in the time
+//   that was skipped will be run soon after the change"): on 2026-03-29, when Paris goes from 02:00 to 03:00,
+//   `0 2 * * *` and `30 2 * * *` run at 03:00+02:00 (01:00Z). However many times the gap skipped, that is one
+//   occurrence, and the same one as a match at the gap's end.
 // Unlike Vixie cron, which takes a jump of three hours or more for a clock being set, a gap of any length (a zone
 // skipping a whole day) is a gap. Every occurrence is a whole wall-clock minute; UTC minutes too, for zones whose
 // offsets are whole minutes (all of them since 1972).

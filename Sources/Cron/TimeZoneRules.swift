@@ -49,7 +49,7 @@ public struct TimeZoneRules: Sendable, Equatable {
     /// Every UTC instant at which the wall clock reads `local`, in order: none in a gap (the clock skipped it), two
     /// in an overlap (it read it twice), one otherwise; none for an invalid date or time.
     public func instants(for local: LocalDateTime) -> [Int64] {
-        guard local.isValid, abs(local.year) < 1_000_000 else { return [] }
+        guard (-999_999...999_999).contains(local.year), local.isValid else { return [] }
         let wall = local.wallSeconds
         var result: [Int64] = []
         // Offsets are within ±26 hours, so any instant with this wall time lies within two days of it.

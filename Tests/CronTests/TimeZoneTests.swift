@@ -65,6 +65,7 @@ import Testing
         ("Europe/Paris", LocalDateTime(year: 2026, month: 2, day: 29), []),
         ("Europe/Paris", LocalDateTime(year: 2026, month: 13, day: 1), []),
         ("Europe/Paris", LocalDateTime(year: 2026, month: 1, day: 1, hour: 24), []),
+        ("Europe/Paris", LocalDateTime(year: Int.min, month: 1, day: 1), []),
     ]
 
     @Test(arguments: instantsTable)
