@@ -44,6 +44,8 @@ let package = Package(
         .systemLibrary(name: "CSystemd", pkgConfig: "libsystemd", providers: [.apt(["libsystemd-dev"])]),
         // XML and binary property lists without Foundation: compact values, a streaming writer.
         .target(name: "PropertyList"),
+        // Cron expressions and TZif time zones for schedules (SPEC §3.7): pure, no Foundation.
+        .target(name: "Cron"),
         // The daemon: spool protocol, manifests, configuration, journal, control socket.
         .target(
             name: "Daemon",
@@ -134,6 +136,8 @@ let package = Package(
         .testTarget(name: "OperationEngineTests", dependencies: ["OperationEngine"]),
         .testTarget(name: "DaemonTests", dependencies: ["Daemon", "TestSupport", "TestTraits"]),
         .testTarget(name: "PropertyListTests", dependencies: ["PropertyList", "TestSupport"]),
+        // Cron parsing, next and latest occurrences, and DST in real zones, as tables.
+        .testTarget(name: "CronTests", dependencies: ["Cron"]),
         .testTarget(name: "ClusterStoreTests", dependencies: ["ClusterStore", "TestSupport", "TestTraits",
                                                               .product(name: "PostgresNIO", package: "postgres-nio")]),
         // SPEC §8 from outside: real nodes on one throwaway PostgreSQL (Tests/Support/ClusterHarness.swift).
