@@ -57,6 +57,7 @@ let package = Package(
                 "CCodecs",
                 "CCurl",
                 "SystemCalls",
+                "Cron",
                 // The cluster (SPEC §8): Sources/Daemon/Cluster implements the JobStore over it.
                 "ClusterStore",
                 .product(name: "Logging", package: "swift-log"),

@@ -60,6 +60,8 @@ public struct Configuration: Sendable {
     public var jobFinished: String?
     /// `cluster` (SPEC §8); nil: one node, the file spool alone.
     public var cluster: ClusterSettings? = nil
+    /// `schedules` (SPEC §3.7), by name.
+    public var schedules: [String: ScheduleSettings] = [:]
 
     public static let builtIn = Configuration(
         queueNames: ["default", "downloads", "filters", "io"],
@@ -302,6 +304,7 @@ public struct Configuration: Sendable {
         if let value = top["jobFinished"] {
             config.jobFinished = CommandSpec.checkHook(value, commands: config.commands, problems: &problems)
         }
+        if let value = top["schedules"] { config.schedules = parseSchedules(value, &problems) }
         if let value = top["cluster"] {
             config.cluster = parseCluster(value, maxActiveJobs: config.maxActiveJobs, problems: &problems)
         }
@@ -313,12 +316,13 @@ public struct Configuration: Sendable {
     /// the gate for "unknown key", and what opqueued.plist(5) must name (DocsTests checks it does).
     static let keys: [String: Set<String>] = [
         "": ["queues", "defaultQueues", "maxActiveJobs", "maxActiveOperations", "shutdownGraceSeconds", "download", "image", "metrics",
-             "commands", "jobFinished", "cluster"],
+             "commands", "jobFinished", "cluster", "schedules"],
         "queues.NAME": ["maxConcurrentOperationCount", "qualityOfService", "suspended", "clusterMaxConcurrentOperationCount", "rateLimit"],
         "download": ["maxBytes", "connectTimeoutSeconds", "timeoutSeconds", "fileRoots", "allowNetworks"],
         "image": ["maxPixels"],
         "metrics": ["listen"],
         "commands.NAME": ["argv", "parameters", "output", "timeoutSeconds", "maxOutputBytes", "environment", "queue", "tempFailExitCodes"],
+        "schedules.NAME": ["cron", "manifest", "catchUp", "timeZone"],
         "cluster": ["database", "passwordFile", "node", "jobSlots", "leaseSeconds", "sharedOutbox", "keepFinishedDays"],
     ]
 

@@ -295,6 +295,13 @@ func handle(_ request: [String: Any], _ daemon: Daemon) -> [String: Any] {
                 return queue
             },
         ]
+        if !status.schedules.isEmpty {
+            response["schedules"] = status.schedules.map { s in
+                var entry: [String: Any] = ["name": s.name, "cron": s.cron, "timeZone": s.zone]
+                if let next = s.next { entry["next"] = next }
+                return entry
+            }
+        }
         if let fault = status.fault { response["fault"] = fault }
         if status.submissions > 0 {
             response["submissions"] = status.submissions

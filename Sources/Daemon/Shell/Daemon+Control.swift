@@ -47,6 +47,7 @@ extension Daemon {
             }
             for (name, suspended) in changes { logQueue(name, suspended: suspended) }
             store.reload(config)
+            work.async { [self] in configureSchedules(config) }
             permits?.configure(Self.limitedQueues(config, queueIDs))
             if !kept.isEmpty {
                 logger.warning("""
@@ -254,6 +255,8 @@ extension Daemon {
         public var held: Set<String> = []
         /// Queues with `clusterMaxConcurrentOperationCount`, by name: none without a cluster.
         public var clusterSlots: [String: ClusterSlots] = [:]
+        /// Each schedule (§3.7): its cron, zone and next occurrence (epoch seconds; nil: none within years).
+        public var schedules: [(name: String, cron: String, zone: String, next: Double?)] = []
     }
 
     /// A queue's cluster-wide slots as this node sees them.
@@ -285,6 +288,9 @@ extension Daemon {
         let progress = lifecycle.jobs.map { id, job in JobProgress(job: id, operations: job.operations, ended: job.ended + job.recovered,
                                                                     notBefore: job.notBefore) }
         let configured = Set(["default"] + configuration.queueNames)
+        let schedules = self.schedules.entries.sorted { $0.key < $1.key }.map { name, entry in
+            (name, entry.settings.cron.expression.description, entry.settings.cron.zone.name, entry.next.map(Double.init))
+        }
         var held: Set<String> = []
         if awaitingStoreSuspensions {
             let config = configuration
@@ -302,7 +308,8 @@ extension Daemon {
         return Status(activeJobs: active, waiting: waitingNow + submissions, submissions: submissions,
                       submissionsSince: submissions > 0 ? store.awaitingSubmissionSince : nil, executing: overview.executing,
                       operations: operations, maxActiveOperations: budget, queues: queues, fault: fault,
-                      jobs: progress.sorted { $0.job < $1.job }, held: held, clusterSlots: permits?.slots ?? [:])
+                      jobs: progress.sorted { $0.job < $1.job }, held: held, clusterSlots: permits?.slots ?? [:],
+                      schedules: schedules)
     }
 
 

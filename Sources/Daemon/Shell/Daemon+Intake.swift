@@ -50,6 +50,7 @@ extension Daemon {
                 _ = handle(.once(names: Set(names.filter { spool.age(of: $0, now: 0) != nil })))
             }
             offerRoom()
+            configureSchedules(lock.withLock { configuration })
         }
     }
 

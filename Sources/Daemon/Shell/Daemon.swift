@@ -122,6 +122,8 @@ public final class Daemon: @unchecked Sendable {
     var wantScheduled = false
     /// Jobs waiting for their `notBefore` (§3.7), earliest first, and the wake-up scheduled (on `work`).
     var delayed = DelayedJobs()
+    /// Schedules (§3.7) and their next occurrences (under `lock`).
+    var schedules = ScheduleBook()
 
     struct Publication {
         let job: RunningJob
