@@ -268,7 +268,8 @@ extension Daemon {
     /// comes sooner is followed by a trim once the 5 s are up, if still idle then.
     func releaseMemoryIfIdle(released: Int) {
         releasedSinceTrim += released
-        guard lock.withLock({ lifecycle.isEmpty }) else { return }
+        // Idle: nothing in the table but delayed jobs (their manifests and plans were let go).
+        guard lock.withLock({ lifecycle.count == lifecycle.delayedCount }) else { return }
         let now = Date().timeIntervalSince1970
         if releasedSinceTrim >= 10_000 || now - lastTrim >= 5 {
             releasedSinceTrim = 0

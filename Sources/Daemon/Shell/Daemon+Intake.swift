@@ -44,6 +44,10 @@ extension Daemon {
                 removeTree(CommandOperation.workFolder(spool.outputFolder(job: claimed.id)))
                 accept(claimed, .resumed, configuration: lock.withLock { configuration })
             }
+            if delayed.addedThisRound > 0 {
+                releaseMemoryIfIdle(released: delayed.addedThisRound)
+                delayed.addedThisRound = 0
+            }
             if once {
                 // Only what is there now; a file that cannot be claimed is not waited for.
                 let names = (try? spool.scanInbox(limit: Int.max).manifests) ?? []
@@ -286,6 +290,12 @@ extension Daemon {
                 submissionRoundPosted = false
                 claimMore()
             }
+        }
+        // Jobs delayed in this round hold no slot: claiming goes on behind what came meanwhile, not at the next rescan.
+        if delayed.addedThisRound > 0 {
+            let added = delayed.addedThisRound
+            delayed.addedThisRound = 0
+            if !inboxQueue.isEmpty || scanLeftSome { work.async { [self] in claimMore() } } else { releaseMemoryIfIdle(released: added) }
         }
         checkOnceDone()
     }

@@ -20,6 +20,8 @@ struct DelayedJobs {
     var heap = Heap<Entry>()
     /// When the scheduled wake-up fires, if one is.
     var wakeAt: Double?
+    /// Jobs delayed since the claim round began: they left their slots free, so the round goes on.
+    var addedThisRound = 0
     /// The longest sleep: a wall clock set forward is noticed within this.
     static let longestSleep = 60.0
 }
@@ -33,6 +35,7 @@ extension Daemon {
         }
         perform(actions)
         delayed.heap.insert(.init(until: until, job: run.id, fromStore: run.fromStore))
+        delayed.addedThisRound += 1
         scheduleWake()
     }
 
