@@ -12,7 +12,8 @@
 #   make sql     regenerate Sources/ClusterStore/Queries.generated.swift from the .sql files beside it
 #   make install-files   the same without building, from BINARIES (the systemd tests install their debug build)
 #   make deb     opqueued_<version>-1_amd64.deb: a release build with the Swift runtime linked in, for machines without
-#                a toolchain, in .build-deb/ (VERSION=… and DEB_REVISION=… override the version)
+#                a toolchain, in .build-deb/ (VERSION=… and DEB_REVISION=… override the version); make test-debs: the
+#                two DebianPackageTests installs, from the debug build
 
 SWIFT ?= swift
 PREFIX ?= /usr/local
@@ -22,10 +23,11 @@ APT_PACKAGES = pkg-config libpng-dev libjpeg-dev libcurl4-openssl-dev libsystemd
 # And the tests (make test): mandoc lints the man pages; python3-prometheus-client parses the metrics; postgresql gives
 # the binaries (initdb, pg_ctl, psql) of the cluster tests' throwaway servers (Tests/Support/PostgresServer.swift) and
 # PgBouncer runs in front of one (Tests/Support/PgBouncer.swift); the packages' own services are never used.
-TEST_APT_PACKAGES = mandoc python3-prometheus-client postgresql pgbouncer
+# dpkg-dev builds the Debian packages DebianPackageTests installs (make test-debs).
+TEST_APT_PACKAGES = mandoc python3-prometheus-client postgresql pgbouncer dpkg-dev
 
 .PHONY: sql run example test campaigns fuzz-codecs fuzz-plist fuzz-manifest deps build release bench install install-files man clean \
-  deb
+  deb test-debs
 
 UNITDIR ?= /etc/systemd/system
 SYSUSERSDIR ?= /etc/sysusers.d
@@ -79,6 +81,7 @@ test:
 	$(MAKE) deps EXTRA_APT_PACKAGES="$(TEST_APT_PACKAGES)"
 	$(MAKE) fuzzers
 	$(SWIFT) build --build-tests
+	$(MAKE) test-debs
 	$(SWIFT) test
 	$(CAMPAIGN) crash --jobs 300 --kills 40
 	$(CAMPAIGN) faults --jobs 30
@@ -250,6 +253,18 @@ deb:
 	  packaging/deb/control.in > $(DEB_ROOT)/DEBIAN/control
 	mkdir -p $(DEB_OUT)
 	dpkg-deb --root-owner-group $(DEB_COMPRESSION) --build $(DEB_ROOT) $(DEB_PACKAGE)
+
+# The two packages DebianPackageTests installs, one upgrading the other: the tests' debug build relinked with the
+# Swift runtime inside (a relink only; a release build would take ten minutes), packed twice under two versions,
+# lightly compressed. Made before `swift test`, which holds .build's lock: a test cannot build there itself. The debug
+# objects were compiled for the shared runtime, so they do not name what the static Foundation needs (ICU,
+# CoreFoundation and two shims; a build made static from the start does): the link adds them, whole, as the linker
+# meets them before Foundation's own archives.
+TEST_DEB_LINKFLAGS = -Xlinker --whole-archive $(addprefix -Xlinker -l,_FoundationICU CoreFoundation _FoundationCShims \
+  _FoundationCollections) -Xlinker --no-whole-archive
+test-debs:
+	for n in 1 2; do $(MAKE) deb CONFIG=debug DEB_SCRATCH=.build DEB_OUT=.build/test-debs VERSION=$(VERSION)+test$$n \
+	  DEB_LINKFLAGS="$(TEST_DEB_LINKFLAGS)" DEB_COMPRESSION="-Zgzip -z1" || exit 1; done
 
 # The man pages of the two programs come from their argument-parser definitions (help, abstracts,
 # discussions) through argument-parser's generate-manual plugin; opqueued.plist(5) is written by hand.
