@@ -263,6 +263,7 @@ deb:
 TEST_DEB_LINKFLAGS = -Xlinker --whole-archive $(addprefix -Xlinker -l,_FoundationICU CoreFoundation _FoundationCShims \
   _FoundationCollections) -Xlinker --no-whole-archive
 test-debs:
+	rm -rf .build/test-debs
 	for n in 1 2; do $(MAKE) deb CONFIG=debug DEB_SCRATCH=.build DEB_OUT=.build/test-debs VERSION=$(VERSION)+test$$n \
 	  DEB_LINKFLAGS="$(TEST_DEB_LINKFLAGS)" DEB_COMPRESSION="-Zgzip -z1" || exit 1; done
 
