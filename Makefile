@@ -11,6 +11,9 @@
 #                keeping their hand-written sections
 #   make sql     regenerate Sources/ClusterStore/Queries.generated.swift from the .sql files beside it
 #   make install-files   the same without building, from BINARIES (the systemd tests install their debug build)
+#   make deb     opqueued_<version>-1_amd64.deb: a release build with the Swift runtime linked in, for machines without
+#                a toolchain, in .build-deb/ (VERSION=… and DEB_REVISION=… override the version); make test-debs: the
+#                two DebianPackageTests installs, from the debug build
 
 SWIFT ?= swift
 PREFIX ?= /usr/local
@@ -20,9 +23,11 @@ APT_PACKAGES = pkg-config libpng-dev libjpeg-dev libcurl4-openssl-dev libsystemd
 # And the tests (make test): mandoc lints the man pages; python3-prometheus-client parses the metrics; postgresql gives
 # the binaries (initdb, pg_ctl, psql) of the cluster tests' throwaway servers (Tests/Support/PostgresServer.swift) and
 # PgBouncer runs in front of one (Tests/Support/PgBouncer.swift); the packages' own services are never used.
-TEST_APT_PACKAGES = mandoc python3-prometheus-client postgresql pgbouncer
+# dpkg-dev builds the Debian packages DebianPackageTests installs (make test-debs).
+TEST_APT_PACKAGES = mandoc python3-prometheus-client postgresql pgbouncer dpkg-dev
 
-.PHONY: sql run example test campaigns fuzz-codecs fuzz-plist fuzz-manifest deps build release bench install install-files man clean
+.PHONY: sql run example test campaigns fuzz-codecs fuzz-plist fuzz-manifest deps build release bench install install-files man clean \
+  deb test-debs
 
 UNITDIR ?= /etc/systemd/system
 SYSUSERSDIR ?= /etc/sysusers.d
@@ -76,6 +81,7 @@ test:
 	$(MAKE) deps EXTRA_APT_PACKAGES="$(TEST_APT_PACKAGES)"
 	$(MAKE) fuzzers
 	$(SWIFT) build --build-tests
+	$(MAKE) test-debs
 	$(SWIFT) test
 	$(CAMPAIGN) crash --jobs 300 --kills 40
 	$(CAMPAIGN) faults --jobs 30
@@ -198,6 +204,70 @@ install-files:
 	  command -v journalctl >/dev/null && journalctl --update-catalog || true; \
 	  [ -d /run/systemd/system ] && systemctl daemon-reload || true; \
 	fi
+
+# A Debian package (SPEC §7; packaging/deb/ holds its own files): what install-files installs under /usr, from
+# binaries with the Swift runtime linked in statically (their own build folder, DEB_SCRATCH), stripped, the man
+# pages and changelog gzipped, a commented /etc/opqueued/opqueued.plist (a conffile) and the unit's drop-in that
+# reads it, the maintainer scripts; Depends computed by dpkg-shlibdeps (in a throwaway folder: it wants a
+# debian/control), plus systemd. The opqueued user comes from sysusers, not adduser.
+VERSION ?= $(shell sed -n 's/.*print("opqueued \([^"]*\)").*/\1/p' Sources/opqueued/Opqueued.swift)
+CONFIG ?= release
+DEB_SCRATCH ?= .build-deb
+DEB_OUT ?= .
+DEB_ROOT = $(DEB_SCRATCH)/deb-root
+DEB_ARCH = $(shell dpkg --print-architecture)
+DEB_MAINTAINER ?= $(shell git log -1 --format='%an <%ae>')
+# The changelog's date: the last commit's, so that two builds of one commit are the same.
+DEB_DATE ?= $(shell date -R -d @$$(git log -1 --format=%ct))
+# The package's version: the project's, and a Debian revision (the packaging's own changes; it also makes
+# changelog.Debian.gz the changelog's right name).
+DEB_REVISION ?= 1
+DEB_VERSION = $(VERSION)-$(DEB_REVISION)
+DEB_PACKAGE = $(DEB_OUT)/opqueued_$(DEB_VERSION)_$(DEB_ARCH).deb
+DEB_COMPRESSION ?= -Zxz
+deb:
+	$(MAKE) deps EXTRA_APT_PACKAGES=dpkg-dev
+	$(SWIFT) build -c $(CONFIG) --static-swift-stdlib --scratch-path $(DEB_SCRATCH) --product opqueued-supervise
+	for product in opqueued opqueuectl; do \
+	  $(SWIFT) build -c $(CONFIG) --static-swift-stdlib --scratch-path $(DEB_SCRATCH) --product $$product $(DEB_LINKFLAGS) || exit 1; done
+	rm -rf $(DEB_ROOT)
+	$(MAKE) install-files DESTDIR=$(abspath $(DEB_ROOT)) BINARIES=$(DEB_SCRATCH)/$(CONFIG) PREFIX=/usr \
+	  UNITDIR=/usr/lib/systemd/system SYSUSERSDIR=/usr/lib/sysusers.d TMPFILESDIR=/usr/lib/tmpfiles.d \
+	  CATALOGDIR=/usr/lib/systemd/catalog ZSHCOMPDIR=/usr/share/zsh/vendor-completions
+	strip --remove-section=.comment --remove-section=.note $(DEB_ROOT)/usr/bin/* $(DEB_ROOT)/usr/lib/opqueued/*
+	gzip -9n $(DEB_ROOT)/usr/share/man/man*/*
+	sed -i '1{/^#!/d}' $(DEB_ROOT)/usr/share/bash-completion/completions/opqueuectl
+	install -D -m 0644 packaging/deb/lintian-overrides $(DEB_ROOT)/usr/share/lintian/overrides/opqueued
+	install -D -m 0644 packaging/deb/config.conf $(DEB_ROOT)/usr/lib/systemd/system/opqueued.service.d/config.conf
+	install -D -m 0644 packaging/deb/opqueued.plist $(DEB_ROOT)/etc/opqueued/opqueued.plist
+	install -D -m 0644 packaging/deb/copyright $(DEB_ROOT)/usr/share/doc/opqueued/copyright
+	sed -e 's|@VERSION@|$(DEB_VERSION)|' -e 's|@MAINTAINER@|$(DEB_MAINTAINER)|' -e 's|@DATE@|$(DEB_DATE)|' packaging/deb/changelog.in \
+	  | gzip -9n > $(DEB_ROOT)/usr/share/doc/opqueued/changelog.Debian.gz
+	find $(DEB_ROOT) -type d -exec chmod 0755 {} + && find $(DEB_ROOT) -type f -exec chmod go-w,a+r {} +
+	install -d $(DEB_ROOT)/DEBIAN
+	install -m 0755 packaging/deb/postinst packaging/deb/prerm packaging/deb/postrm $(DEB_ROOT)/DEBIAN/
+	echo /etc/opqueued/opqueued.plist > $(DEB_ROOT)/DEBIAN/conffiles
+	cd $(DEB_ROOT) && find usr -type f -print0 | sort -z | xargs -0 md5sum > DEBIAN/md5sums
+	shlibs=$$(d=$$(mktemp -d) && mkdir $$d/debian && printf 'Source: opqueued\n\nPackage: opqueued\nArchitecture: any\n' > $$d/debian/control \
+	  && (cd $$d && dpkg-shlibdeps -O $(addprefix $(abspath $(DEB_ROOT))/usr/bin/,opqueued opqueuectl)); s=$$?; rm -rf $$d; exit $$s) \
+	  && sed -e 's|@VERSION@|$(DEB_VERSION)|' -e 's|@ARCH@|$(DEB_ARCH)|' -e 's|@MAINTAINER@|$(DEB_MAINTAINER)|' \
+	  -e "s|@SIZE@|$$(du -sk --exclude=DEBIAN $(DEB_ROOT) | cut -f1)|" -e "s|@DEPENDS@|$${shlibs#shlibs:Depends=}, systemd|" \
+	  packaging/deb/control.in > $(DEB_ROOT)/DEBIAN/control
+	mkdir -p $(DEB_OUT)
+	dpkg-deb --root-owner-group $(DEB_COMPRESSION) --build $(DEB_ROOT) $(DEB_PACKAGE)
+
+# The two packages DebianPackageTests installs, one upgrading the other: the tests' debug build relinked with the
+# Swift runtime inside (a relink only; a release build would take ten minutes), packed twice under two versions,
+# lightly compressed. Made before `swift test`, which holds .build's lock: a test cannot build there itself. The debug
+# objects were compiled for the shared runtime, so they do not name what the static Foundation needs (ICU,
+# CoreFoundation and two shims; a build made static from the start does): the link adds them, whole, as the linker
+# meets them before Foundation's own archives.
+TEST_DEB_LINKFLAGS = -Xlinker --whole-archive $(addprefix -Xlinker -l,_FoundationICU CoreFoundation _FoundationCShims \
+  _FoundationCollections) -Xlinker --no-whole-archive
+test-debs:
+	rm -rf .build/test-debs
+	for n in 1 2; do $(MAKE) deb CONFIG=debug DEB_SCRATCH=.build DEB_OUT=.build/test-debs VERSION=$(VERSION)+test$$n \
+	  DEB_LINKFLAGS="$(TEST_DEB_LINKFLAGS)" DEB_COMPRESSION="-Zgzip -z1" || exit 1; done
 
 # The man pages of the two programs come from their argument-parser definitions (help, abstracts,
 # discussions) through argument-parser's generate-manual plugin; opqueued.plist(5) is written by hand.
