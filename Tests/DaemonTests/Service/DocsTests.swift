@@ -71,6 +71,7 @@ func runnableShellBlocks(_ markdown: String) -> (run: [String], skipped: Int) {
                 case "": break
                 case "queues.NAME": value = .dictionary(PlistDictionary(["queues": .dictionary(PlistDictionary(["q": value]))]))
                 case "commands.NAME": value = .dictionary(PlistDictionary(["commands": .dictionary(PlistDictionary(["c": value]))]))
+                case "schedules.NAME": value = .dictionary(PlistDictionary(["schedules": .dictionary(PlistDictionary(["s": value]))]))
                 default: value = .dictionary(PlistDictionary([section: value]))
                 }
                 var problems: [String] = []
