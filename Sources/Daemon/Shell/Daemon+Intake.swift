@@ -51,6 +51,8 @@ extension Daemon {
             }
             offerRoom()
         }
+        // After recovery has emptied tmp/: the outbox's retention (outbox.keepDays) removes through it.
+        startRetention()
     }
 
     /// Looks at the inbox. `hints` are names inotify reported closed or moved in: each is tried at once
