@@ -22,6 +22,12 @@ func spoolOf(_ words: [String]) -> String {
     return jobs.filter { $0.hasPrefix(prefix) }.sorted()
 }
 
+/// Ended jobs' ids for completion (retry): the outbox's folders.
+@Sendable func completeEndedJobs(_ words: [String], _ index: Int, _ prefix: String) -> [String] {
+    ((try? FileManager.default.contentsOfDirectory(atPath: spoolOf(words) + "/outbox")) ?? [])
+        .filter { !$0.hasPrefix(".") && $0.hasPrefix(prefix) }.sorted()
+}
+
 /// Queue names for completion: the running daemon's, else the built-in ones.
 @Sendable func completeQueues(_ words: [String], _ index: Int, _ prefix: String) -> [String] {
     let status = try? ControlClient.request(spoolOf(words) + "/opqueued.sock", ["command": "status"], timeout: 1)

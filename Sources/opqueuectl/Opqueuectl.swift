@@ -1,13 +1,14 @@
 // opqueuectl — the command-line tool for users and operators (SPEC §1).
 //
-// submit and validate work on files; wait, show and graph read the outbox; status, show (running jobs),
-// cancel, suspend and resume talk to the daemon over <spool>/opqueued.sock.
+// submit and validate work on files; wait, show and graph read the outbox; list, retry and clean work on the outbox
+// whether or not the daemon runs; status, show (running jobs), cancel, suspend and resume talk to the daemon over
+// <spool>/opqueued.sock.
 // Exit statuses: 0 success; 1 invalid input, unknown job/operation/queue, ended job, unsuccessful job;
 // 2 wait timed out; 3 no daemon; 64 usage error.
 //
 // This file holds the root command and what every command shares (`Common`, `fail`); each command has a file of
-// its own (Submit.swift: submit and validate; Control.swift: cancel, suspend, resume, metrics), completions are in
-// Completion.swift.
+// its own (Submit.swift: submit and validate; Control.swift: cancel, suspend, resume, metrics; List.swift, Retry.swift,
+// Clean.swift: the outbox's), completions are in Completion.swift.
 
 import ArgumentParser
 import CShims
@@ -85,19 +86,23 @@ struct Opqueuectl: ParsableCommand {
         abstract: "Submits, inspects and controls opqueued jobs.",
         discussion: """
             opqueuectl works on the spool of an opqueued daemon (see opqueued(8)): submit and validate read manifest \
-            files (see opqueued.plist(5)); wait, show and graph read the outbox; status, show (for running jobs; \
+            files (see opqueued.plist(5)); wait, show and graph read the outbox; list, retry and clean work on the \
+            outbox whether or not the daemon runs (retry places an ended job's manifest in the inbox again, clean \
+            removes old jobs' folders); status, show (for running jobs; \
             on a cluster node, for every job the cluster knows), cancel, suspend, resume and metrics talk to the \
             daemon through the Unix socket SPOOL/opqueued.sock, and exit 3 when no daemon answers there. --spool \
             and --config come before the command.
 
             Exit statuses: 0 success; 1 invalid input, an unknown job, operation or queue, cancelling a job that \
-            has already ended, or (wait) a job that did not succeed; 2 wait timed out; 3 no daemon; 64 usage error.
+            has already ended, retrying one that has not, an unknown status (list, clean), or (wait) a job that did \
+            not succeed; 2 wait timed out; 3 no daemon; 64 usage error.
 
             Files: SPOOL/inbox/ (manifests are placed there under a hidden name, then renamed), \
-            SPOOL/outbox/JOB/result.plist (what wait, show and graph read), SPOOL/opqueued.sock.
+            SPOOL/outbox/JOB/result.plist (what wait, show, graph and list read), SPOOL/outbox/JOB/manifest.plist \
+            (what retry submits again), SPOOL/tmp/ (where clean moves a folder to remove it), SPOOL/opqueued.sock.
             """,
         subcommands: [Submit.self, Validate.self, Status.self, Show.self, Wait.self, Cancel.self, Suspend.self, Resume.self,
-                      Graph.self, Metrics.self])
+                      Graph.self, Metrics.self, List.self, Retry.self, Clean.self])
 
     /// `--spool` and `--config` come before the command; each command sees them through its own group.
     @OptionGroup var common: Common

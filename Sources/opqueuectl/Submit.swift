@@ -100,13 +100,13 @@ struct Submit: ParsableCommand {
                 let stem = requested ?? jobID(ofManifestFile: name)
                 // Asked for by the manifest and taken here, its id will be another (`job.1`, …); on a cluster node any
                 // id may be taken on another node. Then the daemon says which it gave, once it has taken the file.
-                let taken = requested.map(heldHere) ?? false
-                let placed = try place(data, requested: requested, stem: stem)
+                let taken = requested.map(common.heldHere) ?? false
+                let placed = try common.place(data, requested: requested, stem: stem)
                 guard let cluster, cluster || taken else {
                     print(placed.id)
                     continue
                 }
-                print(given(placed))
+                print(common.given(placed))
             } catch let exit as ExitCode {
                 throw exit
             } catch {
@@ -115,13 +115,25 @@ struct Submit: ParsableCommand {
         }
         if !ok { throw ExitCode(1) }
     }
+}
 
+/// A manifest placed in the inbox: the id it asks for (its `job`, else the one its file name gives), its name there
+/// and its inode (which file it was, for the daemon's `submitted`).
+struct Placed {
+    let id: String
+    let name: String
+    let inode: UInt64?
+}
+
+extension Common {
     /// Writes the manifest hidden in the inbox, synced, then renames it to `STEM.plist` — or, when that name is taken
     /// in the inbox (never replaced) or, for a manifest without `job`, its id in active/ or outbox/, to
     /// `STEM.XXXXXXXX.plist` — and syncs the inbox. Returns the job's id: its `job`, else the one its file name gives
     /// (what the daemon derives from the name placed, so that `ids=$(opqueuectl submit …)` can be waited for).
-    func place(_ data: Data, requested: String?, stem: String) throws -> (id: String, name: String, inode: UInt64?) {
-        let inbox = common.spool + "/inbox"
+    /// `avoidingHeld` false (retry): a manifest without `job` is placed as `STEM.plist` even when its id is held, so
+    /// that the daemon gives it the next of `STEM.1`, `STEM.2`, … (SPEC §2's rule).
+    func place(_ data: Data, requested: String?, stem: String, avoidingHeld: Bool = true) throws -> Placed {
+        let inbox = spool + "/inbox"
         let unique = UUID().uuidString.prefix(8)
         let hidden = ".\(stem).\(unique).plist"
         try writeDurably(data, to: inbox + "/" + hidden, syncFolder: false)
@@ -132,7 +144,7 @@ struct Submit: ParsableCommand {
         defer { close(folder) }
         for name in ["\(stem).plist", "\(stem).\(unique).plist"] {
             let id = requested ?? jobID(ofManifestFile: name)
-            if requested == nil, heldHere(id) { continue }
+            if requested == nil, avoidingHeld, heldHere(id) { continue }
             let renamed = opq_rename_noreplace(folder, hidden, name)
             if renamed == -EEXIST { continue }
             guard renamed == 0 else {
@@ -141,7 +153,7 @@ struct Submit: ParsableCommand {
             }
             // The rename is durable before the id is printed: a crash never leaves the manifest hidden, unclaimed.
             guard fsync(folder) == 0 else { throw fail("fsync \(inbox): \(String(cString: strerror(errno)))") }
-            return (id, name, inode)
+            return Placed(id: id, name: name, inode: inode)
         }
         unlinkat(folder, hidden, 0)
         throw fail("no free name in \(inbox) for \(stem)")
@@ -150,28 +162,28 @@ struct Submit: ParsableCommand {
     /// Whether this spool holds a job of that id (in active/ or outbox/): the daemon gives a manifest asking for it
     /// another (SPEC §2).
     func heldHere(_ id: String) -> Bool {
-        access(common.spool + "/active/" + id, F_OK) == 0 || access(common.spool + "/outbox/" + id, F_OK) == 0
+        access(spool + "/active/" + id, F_OK) == 0 || access(spool + "/outbox/" + id, F_OK) == 0
     }
 
     /// The id the running daemon gave the manifest placed as inbox/`placed.name`, once it has taken it (at most
     /// 10 s: a daemon whose claiming is paused, or a cluster node whose database is away, may take longer); else the
-    /// id it asks for, said to be a guess.
-    func given(_ placed: (id: String, name: String, inode: UInt64?)) -> String {
+    /// id it asks for (or `guess`, the one this spool's active/ and outbox/ give it now), said to be a guess.
+    func given(_ placed: Placed, guess: String? = nil) -> String {
         var request: [String: Any] = ["command": "submitted", "manifest": placed.name]
         if let inode = placed.inode, let exact = Int(exactly: inode) { request["inode"] = exact }
         let deadline = monotonicSeconds() + 10
         var pause = 0.002
         while monotonicSeconds() < deadline {
-            guard let answer = try? ControlClient.request(common.socket, request, timeout: 2), answer["exit"] as? Int == 0 else { break }
+            guard let answer = try? ControlClient.request(socket, request, timeout: 2), answer["exit"] as? Int == 0 else { break }
             if let job = answer["job"] as? String { return job }
             Thread.sleep(forTimeInterval: pause)
             pause = min(pause * 2, 0.05)
         }
         FileHandle.standardError.write(Data("""
             opqueuectl: inbox/\(placed.name) is not taken by the daemon yet: \
-            its job id is printed as it asks for it, '\(placed.id)'; \
+            its job id is printed as \(guess == nil ? "it asks for it" : "this spool gives it now"), '\(guess ?? placed.id)'; \
             the daemon gives it another if that is taken when it takes the file (its result.plist says which)\n
             """.utf8))
-        return placed.id
+        return guess ?? placed.id
     }
 }
