@@ -62,6 +62,8 @@ public struct Configuration: Sendable {
     public var cluster: ClusterSettings? = nil
     /// `schedules` (SPEC §3.7), by name.
     public var schedules: [String: ScheduleSettings] = [:]
+    /// `outbox.keepDays` (SPEC §6): ended jobs' outbox folders are removed this many days after they finished; nil: kept.
+    public var outboxKeepDays: Double? = nil
 
     public static let builtIn = Configuration(
         queueNames: ["default", "downloads", "filters", "io"],
@@ -308,6 +310,7 @@ public struct Configuration: Sendable {
         if let value = top["cluster"] {
             config.cluster = parseCluster(value, maxActiveJobs: config.maxActiveJobs, problems: &problems)
         }
+        parseOutbox(top, into: &config, problems: &problems)
         if !problems.isEmpty { throw Invalid(path: path, problems: problems) }
         return config
     }
@@ -316,7 +319,7 @@ public struct Configuration: Sendable {
     /// the gate for "unknown key", and what opqueued.plist(5) must name (DocsTests checks it does).
     static let keys: [String: Set<String>] = [
         "": ["queues", "defaultQueues", "maxActiveJobs", "maxActiveOperations", "shutdownGraceSeconds", "download", "image", "metrics",
-             "commands", "jobFinished", "cluster", "schedules"],
+             "commands", "jobFinished", "cluster", "schedules", "outbox"],
         "queues.NAME": ["maxConcurrentOperationCount", "qualityOfService", "suspended", "clusterMaxConcurrentOperationCount", "rateLimit"],
         "download": ["maxBytes", "connectTimeoutSeconds", "timeoutSeconds", "fileRoots", "allowNetworks"],
         "image": ["maxPixels"],
@@ -324,6 +327,7 @@ public struct Configuration: Sendable {
         "commands.NAME": ["argv", "parameters", "output", "timeoutSeconds", "maxOutputBytes", "environment", "queue", "tempFailExitCodes"],
         "schedules.NAME": ["cron", "manifest", "catchUp", "timeZone"],
         "cluster": ["database", "passwordFile", "node", "jobSlots", "leaseSeconds", "sharedOutbox", "keepFinishedDays"],
+        "outbox": ["keepDays"],
     ]
 
     /// Whether `key` is one of `section`'s; if not, says so (at `path`, the section as the file spells it).
@@ -386,6 +390,25 @@ public struct Configuration: Sendable {
             problems.append("cluster.node: missing, and the host name '\(settings.node)' is not a valid node name ([A-Za-z0-9._-]{1,64})")
         }
         return problems.count == before ? settings : nil
+    }
+}
+
+extension Configuration {
+    /// `outbox = { keepDays = N; }` (SPEC §6): more than 0 days, fractional allowed. In a cluster it also bounds the
+    /// database's history (`cluster.keepFinishedDays`) when that is not given.
+    static func parseOutbox(_ top: PlistDictionary, into config: inout Configuration, problems: inout [String]) {
+        guard let value = top["outbox"] else { return }
+        guard let outbox = value.dictionary else { problems.append("outbox: must be a dictionary"); return }
+        for key in outbox.keys.sorted() {
+            guard let v = outbox[key], isKnown(key, in: "outbox", at: "outbox", &problems) else { continue }
+            if let days = v.real, days > 0, days <= 36_500 { config.outboxKeepDays = days } else {
+                let given = v.real.map { String($0) } ?? v.typeName
+                problems.append("outbox.keepDays: must be more than 0 days (at most 36500; fractional allowed), not \(given)")
+            }
+        }
+        if top["cluster"]?.dictionary?["keepFinishedDays"] == nil, let days = config.outboxKeepDays {
+            config.cluster?.keepFinishedDays = days
+        }
     }
 }
 

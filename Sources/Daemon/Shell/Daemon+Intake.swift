@@ -56,6 +56,8 @@ extension Daemon {
             offerRoom()
             configureSchedules(lock.withLock { configuration })
         }
+        // After recovery has emptied tmp/: the outbox's retention (outbox.keepDays) removes through it.
+        startRetention()
     }
 
     /// Looks at the inbox. `hints` are names inotify reported closed or moved in: each is tried at once

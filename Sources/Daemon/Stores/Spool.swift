@@ -396,14 +396,10 @@ public final class Spool: @unchecked Sendable {
             return .exists(job: wanted)
         }
         var id = wanted
-        var n = 0
-        while true {
-            if !inUse(id) && access(outbox + "/" + id, F_OK) != 0 {
-                if mkdir(active + "/" + id, 0o750) == 0 { break }
-                if errno != EEXIST { throw SpoolError(operation: "mkdir", path: active + "/" + id, errno: errno) }
-            }
-            n += 1
-            id = "\(wanted).\(n)"
+        for candidate in Self.claimIDs(wanted) where !inUse(candidate) && access(outbox + "/" + candidate, F_OK) != 0 {
+            id = candidate
+            if mkdir(active + "/" + id, 0o750) == 0 { break }
+            if errno != EEXIST { throw SpoolError(operation: "mkdir", path: active + "/" + id, errno: errno) }
         }
         let dir = active + "/" + id
         do {

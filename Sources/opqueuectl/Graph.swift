@@ -1,0 +1,75 @@
+// opqueuectl graph: a manifest's or a job's operation graph in Graphviz DOT.
+
+import ArgumentParser
+import Daemon
+import Foundation
+
+struct Graph: ParsableCommand {
+    static let configuration = CommandConfiguration(abstract: "The operation graph in Graphviz DOT, states as colours.")
+    @OptionGroup var common: Common
+    @Argument(help: "A job id or a manifest file (- reads one from standard input).") var target: String
+
+    /// What the drawing needs of an operation: from a manifest, or from the daemon's `show` of a running job.
+    struct Node {
+        var id: String, kind: String, queue: String, dependencies: [String]
+    }
+
+    func run() throws {
+        var states: [String: String] = [:]
+        var nodes: [Node]
+        var name = target
+        let config = try common.configuration()
+        var isFolder: ObjCBool = false
+        if target == "-" || (FileManager.default.fileExists(atPath: target, isDirectory: &isFolder) && !isFolder.boolValue) {
+            let data: Data
+            switch readManifestArgument(target) {
+            case .success(let read): data = read
+            case .failure(let error): throw fail("\(target): cannot be read: \(error)")
+            }
+            switch Manifest.parse(data, configuration: config) {
+            case .success(let plan):
+                nodes = Self.nodes(plan)
+                name = plan.job ?? target
+            case .failure(let problems): throw fail("\(target): " + problems.problems.joined(separator: "\n"))
+            }
+        } else {
+            // An ended job: its manifest in the outbox, states from its result. A running one: the daemon's
+            // `show` gives each operation's kind, queue, dependencies and current state.
+            let (_, ops, _, _) = try operations(of: target, common)
+            for op in ops { if let id = op["id"] as? String { states[id] = op["state"] as? String } }
+            let manifest = (outboxEntry(of: target, common)?.folder ?? common.spool + "/outbox/" + target) + "/manifest.plist"
+            if let data = FileManager.default.contents(atPath: manifest),
+               case .success(let plan) = Manifest.parse(data, configuration: config) {
+                nodes = Self.nodes(plan)
+            } else {
+                nodes = ops.compactMap { op in
+                    guard let id = op["id"] as? String, let dependencies = op["dependencies"] as? [String] else { return nil }
+                    return Node(id: id, kind: op["kind"] as? String ?? "", queue: op["queue"] as? String ?? "", dependencies: dependencies)
+                }
+                if nodes.isEmpty { throw fail("no manifest for job '\(target)'") }
+            }
+        }
+        let colours = ["pending": "gray80", "ready": "lightyellow", "executing": "lightblue", "retrying": "orange",
+                       "succeeded": "palegreen", "failed": "salmon", "cancelled": "gray60"]
+        // Every name is quoted for DOT: a file's path (the graph's name when the manifest has no `job`) may hold
+        // quotes or backslashes.
+        func q(_ text: String) -> String {
+            "\"" + text.replacingOccurrences(of: "\\", with: "\\\\").replacingOccurrences(of: "\"", with: "\\\"")
+                .replacingOccurrences(of: "\n", with: "\\n") + "\""
+        }
+        var dot = "digraph \(q(name)) {\n  rankdir=LR;\n  node [shape=box, style=filled];\n"
+        for node in nodes {
+            let state = states[node.id] ?? "pending"
+            dot += "  \(q(node.id)) [label=\(q("\(node.id)\n\(node.kind) · \(node.queue)\n\(state)")), "
+                + "fillcolor=\(colours[state] ?? "white")];\n"
+        }
+        for node in nodes {
+            for dep in node.dependencies { dot += "  \(q(dep)) -> \(q(node.id));\n" }
+        }
+        print(dot + "}")
+    }
+
+    static func nodes(_ plan: JobPlan) -> [Node] {
+        plan.operations.map { Node(id: $0.id, kind: $0.kind.rawValue, queue: $0.queue, dependencies: $0.dependencies) }
+    }
+}

@@ -1,0 +1,189 @@
+// opqueuectl validate and submit: manifests read from files or standard input, checked as the daemon will check
+// them, then placed atomically in the inbox (a hidden name, synced, renamed).
+
+import ArgumentParser
+import CShims
+import Daemon
+import Foundation
+
+struct Validate: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Exit 0 if every manifest is valid; else print every problem.",
+        discussion: """
+            Checked as submit checks them: queues and commands against --config (else the built-ins) and, when the \
+            daemon answers, against what it takes: its own, and on a cluster node those any node of the cluster declares.
+            """)
+    @OptionGroup var common: Common
+    @Argument(help: "Manifest files (- reads one from standard input).", completion: .file(extensions: ["plist"])) var files: [String]
+
+    func run() throws {
+        let config = try common.submissionConfiguration()
+        let valid = files.map { validManifest(at: $0, config) != nil }
+        if valid.contains(false) { throw ExitCode(1) }
+    }
+}
+
+/// The bytes of a manifest named on the command line: `-` is standard input (read once: a second `-` finds it
+/// taken); a regular file, a pipe or a device (`<(generate)`, /dev/stdin) is read; a folder is not. Reading stops
+/// once past the manifest limit, so that /dev/zero ends as a manifest too large, not as a full memory.
+func readManifestArgument(_ file: String) -> Result<Data, ManifestArgumentError> {
+    var fd: Int32 = 0
+    if file == "-" {
+        if standardInputRead { return .failure(.init("standard input was read already (- may be named once)")) }
+        standardInputRead = true
+    } else {
+        var st = stat()
+        guard stat(file, &st) == 0 else { return .failure(.init(String(cString: strerror(errno)))) }
+        if (st.st_mode & S_IFMT) == S_IFDIR { return .failure(.init("a directory, not a manifest file")) }
+        fd = open(file, O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { return .failure(.init(String(cString: strerror(errno)))) }
+    }
+    defer { if fd != 0 { close(fd) } }
+    return readBounded(fd, limit: ManifestLimits.maxBytes + 1).mapError { .init($0.description) }
+}
+
+/// Whether a `-` argument took standard input (opqueuectl reads its arguments on one thread).
+nonisolated(unsafe) private var standardInputRead = false
+
+/// Why a manifest named on the command line could not be read.
+struct ManifestArgumentError: Error, CustomStringConvertible {
+    let description: String
+    init(_ description: String) { self.description = description }
+}
+
+/// Reads and validates a manifest: the manifest in `file` (`-`: standard input) if it is valid; else nil, each
+/// problem (`FILE: problem`) said through `report` (validate's output is its problems; submit's is the job ids, its
+/// problems go to stderr).
+func validManifest(at file: String, _ config: Configuration, report: (String) -> Void = { print($0) }) -> Data? {
+    let data: Data
+    switch readManifestArgument(file) {
+    case .success(let read): data = read
+    case .failure(let error):
+        report("\(file): cannot be read: \(error)")
+        return nil
+    }
+    if case .failure(let problems) = Manifest.parse(data, configuration: config) {
+        for problem in problems.problems { report("\(file): \(problem)") }
+        return nil
+    }
+    return data
+}
+
+struct Submit: ParsableCommand {
+    static let configuration = CommandConfiguration(
+        abstract: "Validate, then place manifests atomically in the inbox; prints each job id.",
+        discussion: """
+            Queues and commands are checked against --config (else the built-ins) and, when the daemon answers, \
+            against what it takes: its own, and on a cluster node those any node of the cluster declares.
+
+            The id printed is the one the job gets: a manifest's job, else the one its file's name gives. When the \
+            id a manifest asks for is taken here (in active/ or outbox/), or on a cluster node (where any node may \
+            hold it), the daemon gives another (job.1, ...): submit then waits, at most 10 s, for the daemon to take \
+            the file and prints the id it gave, else the id asked for with a word on stderr.
+            """)
+    @OptionGroup var common: Common
+    @Argument(help: "Manifest files (- reads one from standard input).", completion: .file(extensions: ["plist"])) var files: [String]
+
+    func run() throws {
+        let (config, cluster) = try common.submissionContext()
+        var ok = true
+        for file in files {
+            // Stdout holds the job ids only (`ids=$(opqueuectl submit *.plist)`): a manifest's problems go to stderr.
+            guard let data = validManifest(at: file, config, report: { FileHandle.standardError.write(Data("\($0)\n".utf8)) }) else {
+                ok = false
+                continue
+            }
+            let requested = Manifest.requestedJob(in: data)
+            do {
+                // Standard input has no name: a manifest read from it without `job` is placed as stdin.plist.
+                let name = file == "-" ? "stdin" : ((file as NSString).lastPathComponent as NSString).deletingPathExtension
+                let stem = requested ?? jobID(ofManifestFile: name)
+                // Asked for by the manifest and taken here, its id will be another (`job.1`, …); on a cluster node any
+                // id may be taken on another node. Then the daemon says which it gave, once it has taken the file.
+                let taken = requested.map(common.heldHere) ?? false
+                let placed = try common.place(data, requested: requested, stem: stem)
+                guard let cluster, cluster || taken else {
+                    print(placed.id)
+                    continue
+                }
+                print(common.given(placed))
+            } catch let exit as ExitCode {
+                throw exit
+            } catch {
+                throw fail("\(file): \(error)")
+            }
+        }
+        if !ok { throw ExitCode(1) }
+    }
+}
+
+/// A manifest placed in the inbox: the id it asks for (its `job`, else the one its file name gives), its name there
+/// and its inode (which file it was, for the daemon's `submitted`).
+struct Placed {
+    let id: String
+    let name: String
+    let inode: UInt64?
+}
+
+extension Common {
+    /// Writes the manifest hidden in the inbox, synced, then renames it to `STEM.plist` — or, when that name is taken
+    /// in the inbox (never replaced) or, for a manifest without `job`, its id in active/ or outbox/, to
+    /// `STEM.XXXXXXXX.plist` — and syncs the inbox. Returns the job's id: its `job`, else the one its file name gives
+    /// (what the daemon derives from the name placed, so that `ids=$(opqueuectl submit …)` can be waited for).
+    /// `avoidingHeld` false (retry): a manifest without `job` is placed as `STEM.plist` even when its id is held, so
+    /// that the daemon gives it the next of `STEM.1`, `STEM.2`, … (SPEC §2's rule).
+    func place(_ data: Data, requested: String?, stem: String, avoidingHeld: Bool = true) throws -> Placed {
+        let inbox = spool + "/inbox"
+        let unique = UUID().uuidString.prefix(8)
+        let hidden = ".\(stem).\(unique).plist"
+        try writeDurably(data, to: inbox + "/" + hidden, syncFolder: false)
+        var st = stat()
+        let inode = stat(inbox + "/" + hidden, &st) == 0 ? UInt64(st.st_ino) : nil
+        let folder = open(inbox, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        guard folder >= 0 else { throw fail("cannot open \(inbox): \(String(cString: strerror(errno)))") }
+        defer { close(folder) }
+        for name in ["\(stem).plist", "\(stem).\(unique).plist"] {
+            let id = requested ?? jobID(ofManifestFile: name)
+            if requested == nil, avoidingHeld, heldHere(id) { continue }
+            let renamed = opq_rename_noreplace(folder, hidden, name)
+            if renamed == -EEXIST { continue }
+            guard renamed == 0 else {
+                unlinkat(folder, hidden, 0)
+                throw fail("cannot rename into \(inbox): \(String(cString: strerror(-renamed)))")
+            }
+            // The rename is durable before the id is printed: a crash never leaves the manifest hidden, unclaimed.
+            guard fsync(folder) == 0 else { throw fail("fsync \(inbox): \(String(cString: strerror(errno)))") }
+            return Placed(id: id, name: name, inode: inode)
+        }
+        unlinkat(folder, hidden, 0)
+        throw fail("no free name in \(inbox) for \(stem)")
+    }
+
+    /// Whether this spool holds a job of that id (in active/ or outbox/): the daemon gives a manifest asking for it
+    /// another (SPEC §2).
+    func heldHere(_ id: String) -> Bool {
+        access(spool + "/active/" + id, F_OK) == 0 || access(spool + "/outbox/" + id, F_OK) == 0
+    }
+
+    /// The id the running daemon gave the manifest placed as inbox/`placed.name`, once it has taken it (at most
+    /// 10 s: a daemon whose claiming is paused, or a cluster node whose database is away, may take longer); else the
+    /// id it asks for (or `guess`, the one this spool's active/ and outbox/ give it now), said to be a guess.
+    func given(_ placed: Placed, guess: String? = nil) -> String {
+        var request: [String: Any] = ["command": "submitted", "manifest": placed.name]
+        if let inode = placed.inode, let exact = Int(exactly: inode) { request["inode"] = exact }
+        let deadline = monotonicSeconds() + 10
+        var pause = 0.002
+        while monotonicSeconds() < deadline {
+            guard let answer = try? ControlClient.request(socket, request, timeout: 2), answer["exit"] as? Int == 0 else { break }
+            if let job = answer["job"] as? String { return job }
+            Thread.sleep(forTimeInterval: pause)
+            pause = min(pause * 2, 0.05)
+        }
+        FileHandle.standardError.write(Data("""
+            opqueuectl: inbox/\(placed.name) is not taken by the daemon yet: \
+            its job id is printed as \(guess == nil ? "it asks for it" : "this spool gives it now"), '\(guess ?? placed.id)'; \
+            the daemon gives it another if that is taken when it takes the file (its result.plist says which)\n
+            """.utf8))
+        return guess ?? placed.id
+    }
+}
