@@ -111,6 +111,7 @@ let package = Package(
             dependencies: [
                 "CShims",
                 "Daemon",
+                "PropertyList",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]
         ),

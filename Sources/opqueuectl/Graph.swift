@@ -35,7 +35,7 @@ struct Graph: ParsableCommand {
         } else {
             // An ended job: its manifest in the outbox, states from its result. A running one: the daemon's
             // `show` gives each operation's kind, queue, dependencies and current state.
-            let (_, ops, _, _) = try operations(of: target, common)
+            let (_, ops, _, _, _) = try operations(of: target, common)
             for op in ops { if let id = op["id"] as? String { states[id] = op["state"] as? String } }
             let manifest = (outboxEntry(of: target, common)?.folder ?? common.spool + "/outbox/" + target) + "/manifest.plist"
             if let data = FileManager.default.contents(atPath: manifest),

@@ -15,15 +15,16 @@ func outboxEntry(of job: String, _ common: Common) -> (folder: String, result: [
 
 /// A job's operations: from the outbox when it has ended, else from the daemon (which, in a cluster, answers for
 /// jobs on every node); `node` is where it runs or ran, when known (SPEC §8).
-/// `progressAt`: for a job running on another node, when that node's heartbeat sent the states shown.
+/// `progressAt`: for a job running on another node, when that node's heartbeat sent the states shown; `notBefore`:
+/// a delayed job's time (SPEC §3.7).
 func operations(of job: String, _ common: Common) throws
-    -> (status: String, operations: [[String: Any]], node: String?, progressAt: Double?) {
+    -> (status: String, operations: [[String: Any]], node: String?, progressAt: Double?, notBefore: Double?) {
     if let plist = outboxEntry(of: job, common)?.result {
-        return (plist["status"] as? String ?? "?", plist["operations"] as? [[String: Any]] ?? [], plist["node"] as? String, nil)
+        return (plist["status"] as? String ?? "?", plist["operations"] as? [[String: Any]] ?? [], plist["node"] as? String, nil, nil)
     }
     let response = try common.request(["command": "show", "job": job])
     return (response["status"] as? String ?? "running", response["operations"] as? [[String: Any]] ?? [], response["node"] as? String,
-            response["progressAt"] as? Double)
+            response["progressAt"] as? Double, response["notBefore"] as? Double)
 }
 
 struct Show: ParsableCommand {
@@ -33,9 +34,10 @@ struct Show: ParsableCommand {
     @Flag(help: "JSON output.") var json = false
 
     func run() throws {
-        let (status, ops, node, progressAt) = try operations(of: job, common)
+        let (status, ops, node, progressAt, notBefore) = try operations(of: job, common)
         if json {
             var object: [String: Any] = ["job": job, "status": status, "operations": ops]
+            if let notBefore { object["notBefore"] = notBefore }
             if let node { object["node"] = node }
             if let progressAt { object["progressAt"] = progressAt }
             let data = try JSONSerialization.data(withJSONObject: object, options: [.prettyPrinted, .sortedKeys])
@@ -56,7 +58,7 @@ struct Show: ParsableCommand {
                 place = " (node \(node))"
             }
         }
-        print("job \(job): \(status)\(place)")
+        print("job \(job): \(status)\(place)\(notBefore.map { " until \(TimeText.local($0))" } ?? "")")
         if ops.isEmpty && status == "running" { print("  (claimed a moment ago: its manifest is being read)") }
         for op in ops {
             var line = "  \(op["id"] ?? "?")  \(op["kind"] ?? "")  queue=\(op["queue"] ?? "")  \(op["state"] ?? "")"

@@ -58,6 +58,7 @@ func statusReport(_ response: [String: Any]) -> String {
         if let priority = q["clusterSlotWait"] as? String { out += " and waits for more (its wait recorded at priority \(priority))" }
         out += "\n"
     }
+    out += flowControlReport(response)
     // A cluster node (SPEC §8) speaks for the whole cluster: its nodes, and the jobs none of the live ones can run.
     if let nodes = response["nodes"] as? [[String: Any]] {
         // Read from the database: while this node cannot reach it, the table is the last one it read.
@@ -111,7 +112,9 @@ func statusReport(_ response: [String: Any]) -> String {
         var rows = [["JOB", "PROGRESS"]]
         for job in progress {
             let total = job["operations"] as? Int ?? 0
-            rows.append([job["job"] as? String ?? "?", total == 0 ? "being read" : "\(job["ended"] as? Int ?? 0)/\(total) done"])
+            let state = (job["notBefore"] as? Double).map { "delayed until \(TimeText.local($0))" }
+                ?? (total == 0 ? "being read" : "\(job["ended"] as? Int ?? 0)/\(total) done")
+            rows.append([job["job"] as? String ?? "?", state])
         }
         out += "\n" + table(rows)
     }
@@ -131,4 +134,25 @@ func table(_ rows: [[String]]) -> String {
             i == row.count - 1 ? cell : cell.padding(toLength: widths[i], withPad: " ", startingAt: 0)
         }.joined(separator: "  ")
     }.joined(separator: "\n") + "\n"
+}
+
+/// SPEC §3.7: each rated queue's rate and next free start, and each schedule's next occurrence.
+func flowControlReport(_ response: [String: Any]) -> String {
+    var out = ""
+    for q in response["queues"] as? [[String: Any]] ?? [] {
+        guard let rate = q["rateLimit"] as? [String: Any] else { continue }
+        out += "\(q["name"] as? String ?? "?"): at most \(rate["operations"] ?? "?") starts in any \(rate["seconds"] ?? "?") s"
+        if let next = q["nextStartAt"] as? Double { out += "; next free start \(TimeText.local(next))" }
+        out += "\n"
+    }
+    let schedules = response["schedules"] as? [[String: Any]] ?? []
+    if !schedules.isEmpty {
+        var rows = [["SCHEDULE", "CRON", "ZONE", "NEXT"]]
+        for s in schedules {
+            rows.append([s["name"] as? String ?? "?", s["cron"] as? String ?? "", s["timeZone"] as? String ?? "",
+                         (s["next"] as? Double).map(TimeText.local) ?? "none"])
+        }
+        out += "\n" + table(rows)
+    }
+    return out
 }

@@ -5,6 +5,7 @@ import ArgumentParser
 import CShims
 import Daemon
 import Foundation
+import PropertyList
 
 struct Validate: ParsableCommand {
     static let configuration = CommandConfiguration(
@@ -82,17 +83,44 @@ struct Submit: ParsableCommand {
             the file and prints the id it gave, else the id asked for with a word on stderr.
             """)
     @OptionGroup var common: Common
+    @Option(name: .customLong("at"), help: ArgumentHelp("The job waits until TIME (sets notBefore): \(TimeText.forms).", valueName: "TIME"))
+    var at: String?
+    @Option(name: .customLong("in"), help: ArgumentHelp("The job waits SECONDS from now (sets notBefore).", valueName: "SECONDS"))
+    var delay: Double?
+    @Option(name: .customLong("if-exists"), help: ArgumentHelp("rename (a taken id gets .1, .2, …) or skip (no job when the id is held).",
+                                                                valueName: "rename|skip"))
+    var ifExists: String?
     @Argument(help: "Manifest files (- reads one from standard input).", completion: .file(extensions: ["plist"])) var files: [String]
+
+    func validate() throws {
+        if at != nil && delay != nil { throw ValidationError("give --at or --in, not both") }
+        if let at, TimeText.parse(at) == nil { throw ValidationError("--at '\(at)': not a time; the forms are \(TimeText.forms)") }
+        if let delay, !(delay >= 0 && delay < 1e10) { throw ValidationError("--in: must be a non-negative number of seconds") }
+        if let ifExists, ifExists != "rename" && ifExists != "skip" { throw ValidationError("--if-exists: must be 'rename' or 'skip'") }
+    }
+
+    /// The manifest with what --at, --in and --if-exists set (SPEC §3.7); unchanged without them.
+    func flowControlled(_ data: Data) -> Data {
+        let notBefore = at.flatMap(TimeText.parse) ?? delay.map { Date().timeIntervalSince1970 + $0 }
+        guard notBefore != nil || ifExists != nil, var top = ManifestTree(data).dictionary else { return data }
+        if let notBefore {
+            top["notBefore"] = .real(notBefore)
+            top["delaySeconds"] = nil
+        }
+        if let ifExists { top["ifJobExists"] = .string(ifExists) }
+        return Data(PlistXMLWriter.document(.dictionary(top)))
+    }
 
     func run() throws {
         let (config, cluster) = try common.submissionContext()
         var ok = true
         for file in files {
             // Stdout holds the job ids only (`ids=$(opqueuectl submit *.plist)`): a manifest's problems go to stderr.
-            guard let data = validManifest(at: file, config, report: { FileHandle.standardError.write(Data("\($0)\n".utf8)) }) else {
+            guard let read = validManifest(at: file, config, report: { FileHandle.standardError.write(Data("\($0)\n".utf8)) }) else {
                 ok = false
                 continue
             }
+            let data = flowControlled(read)
             let requested = Manifest.requestedJob(in: data)
             do {
                 // Standard input has no name: a manifest read from it without `job` is placed as stdin.plist.

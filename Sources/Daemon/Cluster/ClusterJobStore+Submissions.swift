@@ -138,7 +138,7 @@ extension ClusterJobStore {
                             metadata: ["OPQ_EVENT": "job", "OPQ_STATE": "skipped", "OPQ_JOB": .string(row.id),
                                        "OPQ_MANIFEST": .string(job.manifestName)])
             } else if let until = job.notBefore, until > now {
-                logger.info("job \(row.id) accepted and delayed until \(localTimestamp(until))",
+                logger.info("job \(row.id) accepted and delayed until \(TimeText.local(until))",
                             metadata: ["OPQ_EVENT": "job", "OPQ_STATE": "delayed", "OPQ_JOB": .string(row.id),
                                        "OPQ_NOT_BEFORE": .string(epochString(until))])
             } else {

@@ -136,11 +136,11 @@ public struct ManifestTree: Sendable {
         return top["job"]?.string
     }
 
+    /// The top-level dictionary, if the bytes are a property list with one.
+    public var dictionary: PlistDictionary? { if case .success(.dictionary(let top)) = value { top } else { nil } }
+
     /// `ifJobExists = skip` (§3.7), read at claim: such a manifest whose id is held makes no job.
-    public var skipsIfExists: Bool {
-        guard case .success(.dictionary(let top)) = value else { return false }
-        return top["ifJobExists"]?.string == "skip"
-    }
+    public var skipsIfExists: Bool { dictionary?["ifJobExists"]?.string == "skip" }
 }
 
 public struct Manifest {

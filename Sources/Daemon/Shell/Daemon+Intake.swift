@@ -237,10 +237,11 @@ extension Daemon {
                 case .vanished:
                     busy.remove(name)
                     continue
-                case .exists(let job):
+                case .exists(let job, let inode, let held):
                     busy.remove(name)
+                    holdSkipped(held)
                     lock.withLock { waiting = max(0, waiting - 1) }
-                    recordSubmitted([(name, nil, job)])
+                    recordSubmitted([(name, inode, job)])
                     event(.info, "inbox/\(name) skipped: job \(job) exists (ifJobExists = skip)",
                           ["OPQ_EVENT": "job", "OPQ_STATE": "skipped", "OPQ_JOB": .string(job), "OPQ_MANIFEST": .string(name)])
                 case .skipped(let reason):
@@ -300,6 +301,18 @@ extension Daemon {
             if !inboxQueue.isEmpty || scanLeftSome { work.async { [self] in claimMore() } } else { releaseMemoryIfIdle(released: added) }
         }
         checkOnceDone()
+    }
+
+    /// On `work`: keeps a skipped manifest's descriptor open for 15 s (at most 256 at once), so that its inode is not
+    /// the next file's while `opqueuectl submit` may still ask which job its file got.
+    func holdSkipped(_ fd: Int32) {
+        guard fd >= 0 else { return }
+        guard delayed.heldSkipped < 256 else { close(fd); return }
+        delayed.heldSkipped += 1
+        work.asyncAfter(deadline: .now() + 15) { [self] in
+            close(fd)
+            delayed.heldSkipped -= 1
+        }
     }
 
     /// Whether a job id is still this node's though its folder may have left active/: publication renames a job into

@@ -22,6 +22,8 @@ struct DelayedJobs {
     var wakeAt: Double?
     /// Jobs delayed since the claim round began: they left their slots free, so the round goes on.
     var addedThisRound = 0
+    /// Descriptors of skipped manifests held open a while (`holdSkipped`).
+    var heldSkipped = 0
     /// The longest sleep: a wall clock set forward is noticed within this.
     static let longestSleep = 60.0
 }
@@ -96,13 +98,3 @@ extension Daemon {
 
 /// Epoch seconds as SPEC's journal and JSON give them: a real, to the microsecond.
 public func epochString(_ seconds: Double) -> String { String(format: "%.6f", seconds) }
-
-/// A time in the local zone with its offset, as text output shows it (`2026-11-28 03:00:00 +0100`).
-public func localTimestamp(_ seconds: Double) -> String {
-    var t = time_t(seconds.rounded(.down))
-    var parts = tm()
-    localtime_r(&t, &parts)
-    var buffer = [CChar](repeating: 0, count: 64)
-    let n = strftime(&buffer, buffer.count, "%Y-%m-%d %H:%M:%S %z", &parts)
-    return String(decoding: buffer[..<n].map { UInt8(bitPattern: $0) }, as: UTF8.self)
-}

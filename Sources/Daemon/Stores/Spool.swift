@@ -294,8 +294,10 @@ public final class Spool: @unchecked Sendable {
         /// Not a regular file of its own (a symlink, FIFO, folder, device, or a file with other hard
         /// links), or unreadable: left alone.
         case skipped(String)
-        /// `ifJobExists = skip` and its id is held (§3.7): the manifest is removed, no job made.
-        case exists(job: String)
+        /// `ifJobExists = skip` and its id is held (§3.7): the manifest is removed, no job made. `held`: a descriptor of
+        /// the removed file (or -1), for the caller to close a little later: its inode is not reused meanwhile by the
+        /// next file of that name, which `opqueuectl submit` tells apart by inode.
+        case exists(job: String, inode: UInt64?, held: Int32)
     }
 
     /// Errors that say the daemon (not the file) is in trouble: out of descriptors, memory, or I/O.
@@ -365,6 +367,7 @@ public final class Spool: @unchecked Sendable {
         func placed(_ data: Data, _ tree: ManifestTree) throws -> ClaimOutcome {
             let outcome = try place(fd, source, data, tree)
             var st = stat()
+            if case .exists(let job, _, _) = outcome, fstat(fd, &st) == 0 { return .exists(job: job, inode: UInt64(st.st_ino), held: dup(fd)) }
             guard case .claimed(var job) = outcome, fstat(fd, &st) == 0 else { return outcome }
             job.inboxInode = UInt64(st.st_ino)
             return .claimed(job)
@@ -393,7 +396,7 @@ public final class Spool: @unchecked Sendable {
                 if errno == ENOENT { return .vanished }
                 throw SpoolError(operation: "unlink", path: source, errno: errno)
             }
-            return .exists(job: wanted)
+            return .exists(job: wanted, inode: nil, held: -1)
         }
         var id = wanted
         for candidate in Self.claimIDs(wanted) where !inUse(candidate) && access(outbox + "/" + candidate, F_OK) != 0 {

@@ -192,3 +192,37 @@ extension FlowControlTests {
         #expect(run.stderr.contains("queues.rated.rateLimit.operations: must be a positive integer"), "\(run.stderr)")
     }
 }
+
+extension FlowControlTests {
+    @Test func submitSetsTheTimeAndTheRuleOfAManifest() throws {
+        let spool = TestSpool()
+        try spool.start()
+        let file = spool.root + ".m.plist"
+        defer { try? FileManager.default.removeItem(atPath: file) }
+        try plist(["job": "sub", "operations": [sleepOp("a", 0)]]).write(to: URL(fileURLWithPath: file))
+        let before = Date().timeIntervalSince1970
+        let submitted = try spool.ctl(["submit", "--in", "2", file])
+        #expect(submitted.status == 0 && submitted.stdout == "sub\n", "\(submitted.stdout)\(submitted.stderr)")
+        let deadline = Date().addingTimeInterval(5)
+        var shown = ""
+        while Date() < deadline, !shown.contains("delayed") { shown = try spool.ctl(["show", "sub"]).stdout; usleep(50_000) }
+        #expect(shown.contains("job sub: delayed until "), "\(shown)")
+        #expect(try spool.ctl(["status"]).stdout.contains("delayed until"))
+        let result = try #require(spool.result("sub", timeout: 10))
+        let started = try #require((result["operations"] as? [[String: Any]])?.first?["startedAt"] as? Double)
+        #expect(started >= before + 2 - 0.01)
+        // The id is held now: skip prints it and exits 0, making no job.
+        let skipped = try spool.ctl(["submit", "--if-exists", "skip", file])
+        #expect(skipped.status == 0 && skipped.stdout == "sub\n", "\(skipped.stdout)\(skipped.stderr)")
+        let at = Int(Date().timeIntervalSince1970) + 1
+        let dated = try spool.ctl(["submit", "--at", "@\(at)", file])
+        #expect(dated.status == 0 && dated.stdout == "sub.1\n", "\(dated.stdout)\(dated.stderr)")
+        let renamed = try #require(spool.result("sub.1", timeout: 10))
+        let startedAt = try #require((renamed["operations"] as? [[String: Any]])?.first?["startedAt"] as? Double)
+        #expect(startedAt >= Double(at) - 0.01)
+        #expect(spool.list("outbox") == ["sub", "sub.1"])
+        #expect(try spool.ctl(["submit", "--at", "@1", "--in", "1", file]).status == 64)
+        #expect(try spool.ctl(["submit", "--at", "tomorrow", file]).status == 64)
+        #expect(try spool.ctl(["submit", "--if-exists", "overwrite", file]).status == 64)
+    }
+}

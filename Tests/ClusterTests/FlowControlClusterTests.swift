@@ -1,0 +1,117 @@
+// Flow control in a cluster (SPEC §3.7) through the real binaries: racing skip submissions on two nodes make one job;
+// a delayed job waits in the database and runs on whichever node claims it from its time on.
+
+import Foundation
+import Testing
+import TestSupport
+
+@Suite("Cluster flow control (SPEC §3.7)", .serialized)
+struct FlowControlClusterTests {
+    @Test func racingSkipSubmissionsOnTwoNodesMakeOneJob() throws {
+        let harness = try ClusterHarness(nodes: 2)
+        let id = uniqueJob("once")
+        // 100 manifests of one id, half into each node's inbox, written first and renamed in together.
+        for k in 0..<100 {
+            var manifest = sleepJob(id, 0.2)
+            manifest["ifJobExists"] = "skip"
+            let node = harness[k % 2]
+            try propertyListData(manifest).write(to: URL(fileURLWithPath: node.spool + "/inbox/.m\(k).plist"))
+        }
+        for k in 0..<100 {
+            let inbox = harness[k % 2].spool + "/inbox/"
+            rename(inbox + ".m\(k).plist", inbox + "m\(k).plist")
+        }
+        #expect(harness.waitAll([id], timeout: 60).isEmpty)
+        let emptied = pollUntil(30) { harness.nodes.allSatisfy { $0.list("inbox").isEmpty } ? true : nil }
+        #expect(emptied == true, "every manifest was taken from the inboxes")
+        let skipped = try pollUntil(30) { () -> [[String: String]]? in
+            let entries = try harness.journal(["OPQ_EVENT": "job", "OPQ_STATE": "skipped", "OPQ_JOB": id])
+            return entries.count >= 99 ? entries : nil
+        }
+        #expect(skipped?.count == 99, "99 manifests logged as skipped")
+        #expect(Set(skipped?.compactMap { $0["OPQ_MANIFEST"] } ?? []).count == 99)
+        usleep(500_000)
+        let outboxes = harness.outboxJobs()
+        #expect(outboxes[id]?.count == 1, "exactly one job: \(outboxes[id] ?? [])")
+        #expect(outboxes.keys.filter { $0.hasPrefix(id + ".") }.isEmpty, "no renamed twin")
+        #expect(try harness.sql("SELECT count(*) FROM opq_jobs WHERE id LIKE '\(id)%'") == "1")
+    }
+
+    @Test func aDelayedJobRunsOnAnyNodeFromItsTime() throws {
+        let harness = try ClusterHarness(nodes: 2)
+        let id = uniqueJob("later")
+        var manifest = sleepJob(id, 0)
+        manifest["delaySeconds"] = 4.0
+        let dropped = epochNow()
+        _ = try harness[0].drop("later.plist", manifest)
+        let delayed = try harness.waitJournal(["OPQ_EVENT": "job", "OPQ_STATE": "delayed", "OPQ_JOB": id])
+        let notBefore = try #require(delayed?["OPQ_NOT_BEFORE"].flatMap(Double.init))
+        #expect(abs(notBefore - (dropped + 4)) < 1.5)
+        let show = try harness[1].ctl(["show", id, "--json"])
+        #expect(show.stdout.contains("notBefore"), "show on another node says until when: \(show.stdout)")
+        // The submitting node goes away: the other runs the job, not before its time.
+        #expect(harness[0].stop() == 0)
+        let ran = try #require(harness.waitResult(id, timeout: 30))
+        #expect(ran.node == 1)
+        let started = try #require((ran.result["operations"] as? [[String: Any]])?.first?["startedAt"] as? Double)
+        #expect(started >= notBefore - 0.05, "not started before its time (\(started) < \(notBefore))")
+        #expect(started < notBefore + 5, "claimed soon after its time")
+    }
+
+    /// A schedule every minute on three nodes for three minutes, a node killed and the database restarted on the way:
+    /// exactly one job per occurrence. Then every node down over an occurrence: it is caught up once.
+    @Test func aScheduleOnThreeNodesRunsEachOccurrenceOnce() throws {
+        let folder = NSTemporaryDirectory() + "opq-schedule-" + uniqueJob("m")
+        try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: folder) }
+        let manifest = folder + "/tick.plist"
+        try propertyListData(["operations": [sleepOperation("a", 0.2)]]).write(to: URL(fileURLWithPath: manifest))
+        let name = uniqueJob("tick")
+        let harness = try ClusterHarness(nodes: 3, settings: { _ in ["schedules": [name: ["cron": "* * * * *", "manifest": manifest]]] })
+        let started = Int64(epochNow())
+        func occurrences() throws -> [String] {
+            try harness.sql("SELECT string_agg(id, ',' ORDER BY id) FROM opq_jobs WHERE id LIKE '\(name)-%'")
+                .split(separator: ",").map(String.init)
+        }
+        // First minute: wait for it, then kill a node.
+        _ = try pollUntil(70) { try occurrences().isEmpty ? nil : true }
+        harness[2].kill9()
+        // Second minute: the database restarts across it.
+        let second = (started / 60 + 2) * 60
+        while epochNow() < Double(second) - 5 { usleep(200_000) }
+        harness.stopDatabase()
+        usleep(8_000_000)
+        try harness.startDatabase()
+        try harness[2].restart()
+        // Third minute.
+        let third = (started / 60 + 3) * 60
+        let jobs = try pollUntil(90) { () -> [String]? in
+            let ids = try occurrences()
+            return ids.contains(name + "-" + suffix(third)) ? ids : nil
+        }
+        let ids = try #require(jobs, "the third occurrence was never submitted: \((try? occurrences()) ?? [])")
+        #expect(ids.allSatisfy { !$0.contains(".") }, "no occurrence ran twice under a second id: \(ids)")
+        let expected = ((started / 60 + 1)...(started / 60 + 3)).map { name + "-" + suffix($0 * 60) }
+        for id in expected { #expect(ids.contains(id), "\(id) ran: \(ids)") }
+        #expect(harness.waitAll(Set(ids), timeout: 60).isEmpty)
+        for id in ids { #expect(harness.outboxJobs()[id]?.count == 1, "\(id) published once") }
+
+        // Every node down over an occurrence: the latest missed one is caught up once, by whichever node.
+        for k in 0..<3 { _ = harness[k].stop() }
+        let down = Int64(epochNow())
+        let missed = (down / 60 + 1) * 60
+        while epochNow() < Double(missed) + 2 { usleep(200_000) }
+        for k in 0..<3 { try harness[k].restart() }
+        let caught = try pollUntil(30) { try occurrences().contains(name + "-" + suffix(missed)) ? true : nil }
+        #expect(caught == true, "the occurrence missed while every node was down was caught up")
+        #expect(harness.waitAll([name + "-" + suffix(missed)], timeout: 30).isEmpty)
+        #expect(try occurrences().allSatisfy { !$0.contains(".") })
+    }
+
+    func suffix(_ at: Int64) -> String {
+        var t = time_t(at)
+        var parts = tm()
+        gmtime_r(&t, &parts)
+        return String(format: "%04d%02d%02dT%02d%02dZ", parts.tm_year + 1900, parts.tm_mon + 1, parts.tm_mday, parts.tm_hour, parts.tm_min)
+    }
+}
