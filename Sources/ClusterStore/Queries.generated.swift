@@ -790,7 +790,8 @@ enum Migrations {
             DROP INDEX opq_jobs_claimable
             """#,
             #"""
-            CREATE INDEX opq_jobs_claimable ON opq_jobs (qos_rank DESC, priority_rank DESC, seq) WHERE state = 'waiting' AND not_before IS NULL
+            CREATE INDEX opq_jobs_claimable ON opq_jobs (qos_rank DESC, priority_rank DESC, seq)
+                WHERE state = 'waiting' AND not_before IS NULL
             """#,
             #"""
             CREATE INDEX opq_jobs_delayed ON opq_jobs (not_before) WHERE state = 'waiting' AND not_before IS NOT NULL
@@ -801,7 +802,8 @@ enum Migrations {
                            qos_rank smallint, priority_rank smallint, seq bigint, fence bigint, from_node text)
             LANGUAGE sql VOLATILE SET enable_bitmapscan = off SET enable_seqscan = off AS '
             UPDATE opq_jobs SET not_before = NULL
-            WHERE id IN (SELECT d.id FROM opq_jobs AS d WHERE d.state = ''waiting'' AND d.not_before <= now() FOR UPDATE SKIP LOCKED); WITH picked AS (
+            WHERE id IN (SELECT d.id FROM opq_jobs AS d WHERE d.state = ''waiting'' AND d.not_before <= now()
+                         FOR UPDATE SKIP LOCKED); WITH picked AS (
                 SELECT j.id FROM opq_jobs AS j
                 WHERE j.state = ''waiting'' AND j.not_before IS NULL AND j.queues <@ node_queues AND j.commands <@ node_commands
                 ORDER BY j.qos_rank DESC, j.priority_rank DESC, j.seq

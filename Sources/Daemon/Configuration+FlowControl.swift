@@ -23,11 +23,13 @@ extension Configuration {
         for key in d.keys.sorted() where key != "operations" && key != "seconds" { problems.append("\(path): unknown key '\(key)'") }
         let operations = d["operations"]?.integer, seconds = d["seconds"]?.real
         guard let operations, operations >= 1, operations <= 1_000_000 else {
-            problems.append("\(path).operations: must be a positive integer (at most 1000000), not \(d["operations"].map(quoted) ?? "missing")")
+            let given = d["operations"].map(quoted) ?? "missing"
+            problems.append("\(path).operations: must be a positive integer (at most 1000000), not \(given)")
             return nil
         }
         guard let seconds, seconds > 0, seconds <= 86_400, let rate = RateLimit(operations: operations, seconds: seconds) else {
-            problems.append("\(path).seconds: must be a positive number of seconds (at most 86400), not \(d["seconds"].map(quoted) ?? "missing")")
+            let given = d["seconds"].map(quoted) ?? "missing"
+            problems.append("\(path).seconds: must be a positive number of seconds (at most 86400), not \(given)")
             return nil
         }
         return rate
@@ -77,13 +79,16 @@ extension Configuration {
                 problems.append("\(path).cron: \(d["cron"].map(quoted) ?? "missing"): \(error)")
             }
             let manifest = d["manifest"]?.string ?? ""
-            if !manifest.hasPrefix("/") { problems.append("\(path).manifest: must be an absolute path, not \(d["manifest"].map(quoted) ?? "missing")") }
+            if !manifest.hasPrefix("/") {
+                problems.append("\(path).manifest: must be an absolute path, not \(d["manifest"].map(quoted) ?? "missing")")
+            }
             let catchUp = d["catchUp"]?.string ?? "latest"
             if catchUp != "latest" && catchUp != "none" {
                 problems.append("\(path).catchUp: must be 'latest' or 'none', not \(d["catchUp"].map(quoted) ?? "")")
             }
             guard ok, let expression, manifest.hasPrefix("/"), catchUp == "latest" || catchUp == "none" else { continue }
-            schedules[name] = ScheduleSettings(cron: CronSchedule(expression, zone: zone), manifest: manifest, catchUpLatest: catchUp == "latest")
+            schedules[name] = ScheduleSettings(cron: CronSchedule(expression, zone: zone), manifest: manifest,
+                                               catchUpLatest: catchUp == "latest")
         }
         return schedules
     }

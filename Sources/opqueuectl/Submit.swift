@@ -87,8 +87,8 @@ struct Submit: ParsableCommand {
     var at: String?
     @Option(name: .customLong("in"), help: ArgumentHelp("The job waits SECONDS from now (sets notBefore).", valueName: "SECONDS"))
     var delay: Double?
-    @Option(name: .customLong("if-exists"), help: ArgumentHelp("rename (a taken id gets .1, .2 and so on) or skip (no job when the id is held).",
-                                                                valueName: "rename|skip"))
+    @Option(name: .customLong("if-exists"),
+            help: ArgumentHelp("rename (a taken id gets .1, .2 and so on) or skip (no job when the id is held).", valueName: "rename|skip"))
     var ifExists: String?
     @Argument(help: "Manifest files (- reads one from standard input).", completion: .file(extensions: ["plist"])) var files: [String]
 

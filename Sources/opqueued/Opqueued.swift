@@ -348,7 +348,8 @@ func handle(_ request: [String: Any], _ daemon: Daemon) -> [String: Any] {
         case .operations(let operations)?: return ["exit": 0, "job": job, "status": "running", "operations": operations]
         // Claimed a moment ago, its manifest being read: not an unknown job.
         case .starting?: return ["exit": 0, "job": job, "status": "running", "starting": true, "operations": [[String: Any]]()]
-        case .delayed(let until, let operations)?: return ["exit": 0, "job": job, "status": "delayed", "notBefore": until, "operations": operations]
+        case .delayed(let until, let operations)?:
+            return ["exit": 0, "job": job, "status": "delayed", "notBefore": until, "operations": operations]
         case nil: break
         }
         // A job the store knows that this node does not run (a cluster's): waiting, running elsewhere or ended.

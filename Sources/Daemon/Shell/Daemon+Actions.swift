@@ -5,6 +5,8 @@ import Logging
 import OperationEngine
 
 extension Daemon {
+    /// Performs `actions` in order (outside `lock`). `run` and `records` are the job a publication is for and its
+    /// engine records, when the caller has them; `submit` and `answer` are the caller's to act on.
     func perform(_ actions: [JobLifecycle<GroupID>.Action], for run: RunningJob? = nil, records: [OperationRecord] = []) {
         for action in actions {
             switch action {

@@ -485,8 +485,9 @@ extension Daemon {
 
     /// A delayed job's operations as its manifest in active/ has them, each pending (empty if it cannot be read).
     private func pending(_ id: String) -> [[String: Any]] {
+        let config = lock.withLock { configuration }
         guard case .success(let claimed) = spool.heldJob(id),
-              case .success(let plan) = Manifest.parse(claimed.tree ?? ManifestTree(claimed.manifest), configuration: lock.withLock { configuration })
+              case .success(let plan) = Manifest.parse(claimed.tree ?? ManifestTree(claimed.manifest), configuration: config)
         else { return [] }
         return plan.operations.map { op in
             ["id": op.id, "kind": op.kind.rawValue, "queue": op.queue, "state": "pending", "attempts": 0, "dependencies": op.dependencies]

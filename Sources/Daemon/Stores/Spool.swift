@@ -79,9 +79,9 @@ public final class Spool: @unchecked Sendable {
     private var lockFD: Int32 = -1
     private var rootFD: Int32 = -1
     /// active/.progress.log, open for appending; its lock also orders compaction against appends.
-    private var progressFD: Int32 = -1
-    private var progressBytes = 0
-    private let progressLock = NSLock()
+    var progressFD: Int32 = -1
+    var progressBytes = 0
+    let progressLock = NSLock()
     var progressPath: String { active + "/.progress.log" }
     /// The progress log is rewritten (keeping only active jobs' lines) once it is this large.
     static let progressCompactionBytes = 32 << 20
@@ -367,7 +367,9 @@ public final class Spool: @unchecked Sendable {
         func placed(_ data: Data, _ tree: ManifestTree) throws -> ClaimOutcome {
             let outcome = try place(fd, source, data, tree)
             var st = stat()
-            if case .exists(let job, _, _) = outcome, fstat(fd, &st) == 0 { return .exists(job: job, inode: UInt64(st.st_ino), held: dup(fd)) }
+            if case .exists(let job, _, _) = outcome, fstat(fd, &st) == 0 {
+                return .exists(job: job, inode: UInt64(st.st_ino), held: dup(fd))
+            }
             guard case .claimed(var job) = outcome, fstat(fd, &st) == 0 else { return outcome }
             job.inboxInode = UInt64(st.st_ino)
             return .claimed(job)
@@ -421,126 +423,6 @@ public final class Spool: @unchecked Sendable {
         CrashPoint.claimRenamed.reached()
         return .claimed(ClaimedJob(id: id, requestedJob: id != wanted ? wanted : nil, manifestName: name, receivedAt: now, manifest: data,
                                    tree: tree, done: [:]))
-    }
-
-    // MARK: Recovery
-
-    /// Jobs left in active/ by a previous run, ready to resume; cleans what was half done and starts a
-    /// fresh progress log holding only their lines.
-    public func recover() throws -> (jobs: [ClaimedJob], problems: [String]) {
-        var problems: [String] = []
-        for name in (try? FileManager.default.contentsOfDirectory(atPath: tmp)) ?? [] { removeTree(tmp + "/" + name) }
-        let progress = readProgress()
-        var jobs: [ClaimedJob] = []
-        for id in visibleNames(in: active) {
-            let dir = active + "/" + id
-            var st = stat()
-            guard lstat(dir, &st) == 0, (st.st_mode & S_IFMT) == S_IFDIR else {
-                // Not a folder: never the daemon's (a manifest put here by hand belongs in inbox/).
-                problems.append("active/\(id) is not a job folder (the daemon's are folders); left in place — manifests go into inbox/")
-                continue
-            }
-            guard access(dir + "/manifest.plist", F_OK) == 0 else {
-                // A claim interrupted before its rename leaves the folder empty, or holding its record (job.plist); the
-                // inbox file is still there. Anything else in it was put there by someone: left alone.
-                let names = ((try? FileManager.default.contentsOfDirectory(atPath: dir)) ?? []).sorted()
-                if names.allSatisfy({ $0 == "job.plist" }) {
-                    removeTree(dir)
-                } else {
-                    problems.append("active/\(id)/ has no manifest.plist but holds \(firstNames(names)): "
-                                    + "not a job the daemon claimed; left in place")
-                }
-                continue
-            }
-            // A `write` interrupted before its rename leaves a hidden .part file: it runs again.
-            removeParts(dir)
-            guard case .success(var job) = heldJob(id) else {
-                problems.append("active/\(id)/manifest.plist cannot be read; left in place")
-                continue
-            }
-            job.done = progress[id] ?? [:]
-            jobs.append(job)
-        }
-        // Downloads: those of jobs that resume stay (a download that succeeded is restored from its file),
-        // less partial files of interrupted ones; those of jobs published or never claimed go.
-        let resuming = Set(jobs.map(\.id))
-        for id in (try? FileManager.default.contentsOfDirectory(atPath: downloadsRoot)) ?? [] {
-            if resuming.contains(id) { removeParts(downloadsFolder(job: id)) } else { removeTree(downloadsFolder(job: id)) }
-        }
-        try rewriteProgress(keeping: resuming)
-        return (jobs, problems)
-    }
-
-    /// active/<id>/ read back as a job: its manifest, and what its claim record says (a folder without one is named
-    /// after itself and dated by its modification time).
-    func heldJob(_ id: String) -> Result<ClaimedJob, SpoolError> {
-        let dir = active + "/" + id
-        switch Self.readHeldManifest(dir + "/manifest.plist") {
-        case .failure(let error): return .failure(error)
-        case .success(let manifest):
-            let record = readClaimRecord(dir)
-            return .success(ClaimedJob(id: id, requestedJob: record?.requestedJob, manifestName: record?.manifest ?? id + ".plist",
-                                       receivedAt: record?.receivedAt ?? Self.claimTime(dir), manifest: manifest.data,
-                                       tree: manifest.tree, done: [:]))
-        }
-    }
-
-    /// A manifest the spool already holds (in active/ or active/.submissions/), read again at recovery: its bytes,
-    /// or, when its size alone says it is no manifest, none and a tree saying its size. A crash between the claim of
-    /// a huge inbox file and its rejection leaves it in active/, and recovery must not read it either.
-    static func readHeldManifest(_ path: String) -> Result<(data: Data, tree: ManifestTree?), SpoolError> {
-        let fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC)
-        guard fd >= 0 else { return .failure(SpoolError(operation: "open", path: path, errno: errno)) }
-        defer { close(fd) }
-        if let tooLarge = tooLargeToRead(fd) { return .success((Data(), tooLarge)) }
-        return readRegularFile(fd, path: path).map { ($0, nil) }
-    }
-
-    /// The tree of a regular file whose size alone (fstat) says it is no manifest — rejected without a byte of it
-    /// read; nil for any other file (read, and judged by its bytes).
-    static func tooLargeToRead(_ fd: Int32) -> ManifestTree? {
-        var st = stat()
-        guard fstat(fd, &st) == 0, (st.st_mode & S_IFMT) == S_IFREG, Int(st.st_size) > ManifestLimits.maxBytes else { return nil }
-        return ManifestTree(tooLarge: Int(st.st_size))
-    }
-
-    /// The progress log: job → operation → record. A torn last line (a crash mid-append) is ignored.
-    private func readProgress() -> [String: [String: DoneRecord]] {
-        guard case .success(let data) = readRegularFile(progressPath, limit: Int.max) else { return [:] }
-        var done: [String: [String: DoneRecord]] = [:]
-        var lineStart = data.startIndex
-        while let newline = data[lineStart...].firstIndex(of: 0x0A) {
-            let parts = data[lineStart..<newline].split(separator: 0x09).map { String(decoding: $0, as: UTF8.self) }
-            lineStart = newline + 1
-            guard parts.count == 5, let s = Double(parts[2]), let f = Double(parts[3]), let a = Int(parts[4]) else { continue }
-            done[parts[0], default: [:]][parts[1]] = DoneRecord(startedAt: s, finishedAt: f, attempts: a)
-        }
-        return done
-    }
-
-    private static func progressLine(job: String, operation: String, record: DoneRecord) -> String {
-        "\(job)\t\(operation)\t\(record.startedAt)\t\(record.finishedAt)\t\(record.attempts)\n"
-    }
-
-    /// Replaces the progress log by one holding only `keeping`'s lines (written aside, fsynced, renamed).
-    private func rewriteProgress(keeping: Set<String>) throws {
-        try progressLock.withLock {
-            var text = ""
-            for (job, operations) in readProgress() where keeping.contains(job) {
-                for (operation, record) in operations { text += Self.progressLine(job: job, operation: operation, record: record) }
-            }
-            try replaceDurably(Data(text.utf8), at: progressPath, beforeRename: { CrashPoint.progressRewritten.reached() })
-            if progressFD >= 0 { close(progressFD) }
-            progressFD = open(progressPath, O_WRONLY | O_APPEND | O_CLOEXEC)
-            guard progressFD >= 0 else { throw SpoolError(operation: "open", path: progressPath, errno: errno) }
-            progressBytes = text.utf8.count
-        }
-    }
-
-    /// Rewrites the progress log when it has grown large; `active` are the jobs still running.
-    public func compactProgressIfLarge(active jobs: Set<String>) throws {
-        guard progressLock.withLock({ progressBytes }) >= Self.progressCompactionBytes else { return }
-        try rewriteProgress(keeping: jobs)
     }
 
     // MARK: Progress
@@ -679,130 +561,4 @@ public final class Spool: @unchecked Sendable {
 /// The spool's folders are not all on one mount.
 struct SpoolMountError: Error, CustomStringConvertible {
     let description: String
-}
-
-/// Removes hidden `.NAME.part` files (interrupted writes) in a job folder and its sub-folders.
-func removeParts(_ folder: String) {
-    guard let names = try? FileManager.default.contentsOfDirectory(atPath: folder) else { return }
-    for name in names {
-        let path = folder + "/" + name
-        var st = stat()
-        guard lstat(path, &st) == 0 else { continue }
-        if (st.st_mode & S_IFMT) == S_IFDIR {
-            removeParts(path)
-        } else if name.hasPrefix("."), name.hasSuffix(".part") {
-            unlink(path)
-        }
-    }
-}
-
-func writeAll(_ fd: Int32, _ data: Data, path: String) throws {
-    try data.withUnsafeBytes { raw in try writeAll(fd, raw, path: path) }
-}
-
-func writeAll(_ fd: Int32, _ raw: UnsafeRawBufferPointer, path: String) throws {
-    guard let base = raw.baseAddress else { return }
-    var offset = 0
-    while offset < raw.count {
-        let n = retryingInterrupts { write(fd, base + offset, raw.count - offset) }
-        if n < 0 {
-            throw SpoolError(operation: "write", path: path, errno: errno)
-        }
-        offset += n
-    }
-}
-
-/// An extended attribute's value, or nil.
-func readAttribute(_ path: String, _ name: String) -> Data? {
-    let size = getxattr(path, name, nil, 0)
-    guard size > 0, size <= 65_536 else { return nil }
-    var data = Data(count: size)
-    let got = data.withUnsafeMutableBytes { getxattr(path, name, $0.baseAddress, size) }
-    return got == size ? data : nil
-}
-
-/// Creates (or truncates) a file with `data`; durable at the next commit.
-func writeFile(_ data: Data, to path: String) throws {
-    try writeFile(to: path) { fd, path in try writeAll(fd, data, path: path) }
-}
-
-/// Creates (or truncates) a file that `fill` writes (given the descriptor and the path); durable at the next commit.
-func writeFile(to path: String, _ fill: (Int32, String) throws -> Void) throws {
-    let fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0o644)
-    guard fd >= 0 else { throw SpoolError(operation: "create", path: path, errno: errno) }
-    defer { close(fd) }
-    try fill(fd, path)
-}
-
-/// Writes a file and fsyncs it (and, by default, its folder).
-public func writeDurably(_ data: Data, to path: String, syncFolder: Bool = true) throws {
-    try writeDurably(to: path, syncFolder: syncFolder) { fd, path in try writeAll(fd, data, path: path) }
-}
-
-/// Replaces the file at `path` whole: `data` is written beside it (`path`.new) and fsynced, renamed over it, and the
-/// folder fsynced — a crash leaves the old file or the new one, never half of either.
-func replaceDurably(_ data: Data, at path: String, beforeRename: () -> Void = {}) throws {
-    let fresh = path + ".new"
-    try writeDurably(data, to: fresh, syncFolder: false)
-    beforeRename()
-    guard rename(fresh, path) == 0 else { throw SpoolError(operation: "rename to \(path)", path: fresh, errno: errno) }
-    try syncDirectory((path as NSString).deletingLastPathComponent)
-}
-
-/// Creates a file, has `fill` write it (given the descriptor and the path), and fsyncs it (and, by
-/// default, its folder).
-func writeDurably(to path: String, syncFolder: Bool = true, _ fill: (Int32, String) throws -> Void) throws {
-    let fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0o644)
-    guard fd >= 0 else { throw SpoolError(operation: "create", path: path, errno: errno) }
-    do {
-        try fill(fd, path)
-        guard fsync(fd) == 0 else { throw SpoolError(operation: "fsync", path: path, errno: errno) }
-    } catch {
-        close(fd)
-        throw error
-    }
-    close(fd)
-    if syncFolder { try syncDirectory((path as NSString).deletingLastPathComponent) }
-}
-
-func syncDirectory(_ path: String) throws {
-    let fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
-    guard fd >= 0 else { throw SpoolError(operation: "open", path: path, errno: errno) }
-    defer { close(fd) }
-    guard fsync(fd) == 0 else { throw SpoolError(operation: "fsync", path: path, errno: errno) }
-}
-
-/// Removes a file or a folder and everything in it; symlinks are removed, never followed.
-/// Best effort: what cannot be removed stays (recovery and tmp/ clean-up look again).
-func removeTree(_ path: String) {
-    if unlink(path) == 0 || errno == ENOENT { return }
-    let fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
-    guard fd >= 0 else { return }
-    removeContents(fd)
-    rmdir(path)
-}
-
-/// The bytes of a readdir(3) entry's name, read through its pointer (see opq_dirent_name: never the whole entry).
-func direntName(_ entry: UnsafeMutablePointer<dirent>) -> [UInt8] {
-    guard let name = opq_dirent_name(entry) else { return [] }
-    return Array(UnsafeRawBufferPointer(start: name, count: strlen(name)))
-}
-
-/// Empties the folder open as `fd` (and closes it).
-private func removeContents(_ fd: Int32) {
-    guard let dir = fdopendir(fd) else { close(fd); return }
-    defer { closedir(dir) }
-    while let entry = readdir(dir) {
-        let name = direntName(entry)
-        if name == [0x2E] || name == [0x2E, 0x2E] { continue }
-        name.withUnsafeBufferPointer { bytes in
-            let cName = bytes.map { CChar(bitPattern: $0) } + [0]
-            if unlinkat(fd, cName, 0) == 0 { return }
-            guard errno == EISDIR else { return }
-            let child = openat(fd, cName, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
-            guard child >= 0 else { return }
-            removeContents(child)
-            unlinkat(fd, cName, AT_REMOVEDIR)
-        }
-    }
 }

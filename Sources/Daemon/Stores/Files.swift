@@ -1,0 +1,137 @@
+// The spool's file primitives: whole writes, durable writes and renames, folder syncs, and removal of trees.
+
+import CShims
+import Foundation
+import Synchronization
+import HeapModule
+import PropertyList
+#if canImport(Glibc)
+import Glibc
+import SystemCalls
+#endif
+
+/// Removes hidden `.NAME.part` files (interrupted writes) in a job folder and its sub-folders.
+func removeParts(_ folder: String) {
+    guard let names = try? FileManager.default.contentsOfDirectory(atPath: folder) else { return }
+    for name in names {
+        let path = folder + "/" + name
+        var st = stat()
+        guard lstat(path, &st) == 0 else { continue }
+        if (st.st_mode & S_IFMT) == S_IFDIR {
+            removeParts(path)
+        } else if name.hasPrefix("."), name.hasSuffix(".part") {
+            unlink(path)
+        }
+    }
+}
+
+func writeAll(_ fd: Int32, _ data: Data, path: String) throws {
+    try data.withUnsafeBytes { raw in try writeAll(fd, raw, path: path) }
+}
+
+func writeAll(_ fd: Int32, _ raw: UnsafeRawBufferPointer, path: String) throws {
+    guard let base = raw.baseAddress else { return }
+    var offset = 0
+    while offset < raw.count {
+        let n = retryingInterrupts { write(fd, base + offset, raw.count - offset) }
+        if n < 0 {
+            throw SpoolError(operation: "write", path: path, errno: errno)
+        }
+        offset += n
+    }
+}
+
+/// An extended attribute's value, or nil.
+func readAttribute(_ path: String, _ name: String) -> Data? {
+    let size = getxattr(path, name, nil, 0)
+    guard size > 0, size <= 65_536 else { return nil }
+    var data = Data(count: size)
+    let got = data.withUnsafeMutableBytes { getxattr(path, name, $0.baseAddress, size) }
+    return got == size ? data : nil
+}
+
+/// Creates (or truncates) a file with `data`; durable at the next commit.
+func writeFile(_ data: Data, to path: String) throws {
+    try writeFile(to: path) { fd, path in try writeAll(fd, data, path: path) }
+}
+
+/// Creates (or truncates) a file that `fill` writes (given the descriptor and the path); durable at the next commit.
+func writeFile(to path: String, _ fill: (Int32, String) throws -> Void) throws {
+    let fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0o644)
+    guard fd >= 0 else { throw SpoolError(operation: "create", path: path, errno: errno) }
+    defer { close(fd) }
+    try fill(fd, path)
+}
+
+/// Writes a file and fsyncs it (and, by default, its folder).
+public func writeDurably(_ data: Data, to path: String, syncFolder: Bool = true) throws {
+    try writeDurably(to: path, syncFolder: syncFolder) { fd, path in try writeAll(fd, data, path: path) }
+}
+
+/// Replaces the file at `path` whole: `data` is written beside it (`path`.new) and fsynced, renamed over it, and the
+/// folder fsynced — a crash leaves the old file or the new one, never half of either.
+func replaceDurably(_ data: Data, at path: String, beforeRename: () -> Void = {}) throws {
+    let fresh = path + ".new"
+    try writeDurably(data, to: fresh, syncFolder: false)
+    beforeRename()
+    guard rename(fresh, path) == 0 else { throw SpoolError(operation: "rename to \(path)", path: fresh, errno: errno) }
+    try syncDirectory((path as NSString).deletingLastPathComponent)
+}
+
+/// Creates a file, has `fill` write it (given the descriptor and the path), and fsyncs it (and, by
+/// default, its folder).
+func writeDurably(to path: String, syncFolder: Bool = true, _ fill: (Int32, String) throws -> Void) throws {
+    let fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0o644)
+    guard fd >= 0 else { throw SpoolError(operation: "create", path: path, errno: errno) }
+    do {
+        try fill(fd, path)
+        guard fsync(fd) == 0 else { throw SpoolError(operation: "fsync", path: path, errno: errno) }
+    } catch {
+        close(fd)
+        throw error
+    }
+    close(fd)
+    if syncFolder { try syncDirectory((path as NSString).deletingLastPathComponent) }
+}
+
+func syncDirectory(_ path: String) throws {
+    let fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+    guard fd >= 0 else { throw SpoolError(operation: "open", path: path, errno: errno) }
+    defer { close(fd) }
+    guard fsync(fd) == 0 else { throw SpoolError(operation: "fsync", path: path, errno: errno) }
+}
+
+/// Removes a file or a folder and everything in it; symlinks are removed, never followed.
+/// Best effort: what cannot be removed stays (recovery and tmp/ clean-up look again).
+func removeTree(_ path: String) {
+    if unlink(path) == 0 || errno == ENOENT { return }
+    let fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
+    guard fd >= 0 else { return }
+    removeContents(fd)
+    rmdir(path)
+}
+
+/// The bytes of a readdir(3) entry's name, read through its pointer (see opq_dirent_name: never the whole entry).
+func direntName(_ entry: UnsafeMutablePointer<dirent>) -> [UInt8] {
+    guard let name = opq_dirent_name(entry) else { return [] }
+    return Array(UnsafeRawBufferPointer(start: name, count: strlen(name)))
+}
+
+/// Empties the folder open as `fd` (and closes it).
+private func removeContents(_ fd: Int32) {
+    guard let dir = fdopendir(fd) else { close(fd); return }
+    defer { closedir(dir) }
+    while let entry = readdir(dir) {
+        let name = direntName(entry)
+        if name == [0x2E] || name == [0x2E, 0x2E] { continue }
+        name.withUnsafeBufferPointer { bytes in
+            let cName = bytes.map { CChar(bitPattern: $0) } + [0]
+            if unlinkat(fd, cName, 0) == 0 { return }
+            guard errno == EISDIR else { return }
+            let child = openat(fd, cName, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
+            guard child >= 0 else { return }
+            removeContents(child)
+            unlinkat(fd, cName, AT_REMOVEDIR)
+        }
+    }
+}

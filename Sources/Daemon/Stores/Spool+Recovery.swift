@@ -1,0 +1,130 @@
+// The spool's recovery at start: what a previous run left in active/ read back as jobs to resume, and the progress
+// log rewritten to hold only theirs.
+
+import CShims
+import Foundation
+#if canImport(Glibc)
+import Glibc
+#endif
+
+extension Spool {
+    // MARK: Recovery
+
+    /// Jobs left in active/ by a previous run, ready to resume; cleans what was half done and starts a
+    /// fresh progress log holding only their lines.
+    public func recover() throws -> (jobs: [ClaimedJob], problems: [String]) {
+        var problems: [String] = []
+        for name in (try? FileManager.default.contentsOfDirectory(atPath: tmp)) ?? [] { removeTree(tmp + "/" + name) }
+        let progress = readProgress()
+        var jobs: [ClaimedJob] = []
+        for id in visibleNames(in: active) {
+            let dir = active + "/" + id
+            var st = stat()
+            guard lstat(dir, &st) == 0, (st.st_mode & S_IFMT) == S_IFDIR else {
+                // Not a folder: never the daemon's (a manifest put here by hand belongs in inbox/).
+                problems.append("active/\(id) is not a job folder (the daemon's are folders); left in place — manifests go into inbox/")
+                continue
+            }
+            guard access(dir + "/manifest.plist", F_OK) == 0 else {
+                // A claim interrupted before its rename leaves the folder empty, or holding its record (job.plist); the
+                // inbox file is still there. Anything else in it was put there by someone: left alone.
+                let names = ((try? FileManager.default.contentsOfDirectory(atPath: dir)) ?? []).sorted()
+                if names.allSatisfy({ $0 == "job.plist" }) {
+                    removeTree(dir)
+                } else {
+                    problems.append("active/\(id)/ has no manifest.plist but holds \(firstNames(names)): "
+                                    + "not a job the daemon claimed; left in place")
+                }
+                continue
+            }
+            // A `write` interrupted before its rename leaves a hidden .part file: it runs again.
+            removeParts(dir)
+            guard case .success(var job) = heldJob(id) else {
+                problems.append("active/\(id)/manifest.plist cannot be read; left in place")
+                continue
+            }
+            job.done = progress[id] ?? [:]
+            jobs.append(job)
+        }
+        // Downloads: those of jobs that resume stay (a download that succeeded is restored from its file),
+        // less partial files of interrupted ones; those of jobs published or never claimed go.
+        let resuming = Set(jobs.map(\.id))
+        for id in (try? FileManager.default.contentsOfDirectory(atPath: downloadsRoot)) ?? [] {
+            if resuming.contains(id) { removeParts(downloadsFolder(job: id)) } else { removeTree(downloadsFolder(job: id)) }
+        }
+        try rewriteProgress(keeping: resuming)
+        return (jobs, problems)
+    }
+
+    /// active/<id>/ read back as a job: its manifest, and what its claim record says (a folder without one is named
+    /// after itself and dated by its modification time).
+    func heldJob(_ id: String) -> Result<ClaimedJob, SpoolError> {
+        let dir = active + "/" + id
+        switch Self.readHeldManifest(dir + "/manifest.plist") {
+        case .failure(let error): return .failure(error)
+        case .success(let manifest):
+            let record = readClaimRecord(dir)
+            return .success(ClaimedJob(id: id, requestedJob: record?.requestedJob, manifestName: record?.manifest ?? id + ".plist",
+                                       receivedAt: record?.receivedAt ?? Self.claimTime(dir), manifest: manifest.data,
+                                       tree: manifest.tree, done: [:]))
+        }
+    }
+
+    /// A manifest the spool already holds (in active/ or active/.submissions/), read again at recovery: its bytes,
+    /// or, when its size alone says it is no manifest, none and a tree saying its size. A crash between the claim of
+    /// a huge inbox file and its rejection leaves it in active/, and recovery must not read it either.
+    static func readHeldManifest(_ path: String) -> Result<(data: Data, tree: ManifestTree?), SpoolError> {
+        let fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC)
+        guard fd >= 0 else { return .failure(SpoolError(operation: "open", path: path, errno: errno)) }
+        defer { close(fd) }
+        if let tooLarge = tooLargeToRead(fd) { return .success((Data(), tooLarge)) }
+        return readRegularFile(fd, path: path).map { ($0, nil) }
+    }
+
+    /// The tree of a regular file whose size alone (fstat) says it is no manifest — rejected without a byte of it
+    /// read; nil for any other file (read, and judged by its bytes).
+    static func tooLargeToRead(_ fd: Int32) -> ManifestTree? {
+        var st = stat()
+        guard fstat(fd, &st) == 0, (st.st_mode & S_IFMT) == S_IFREG, Int(st.st_size) > ManifestLimits.maxBytes else { return nil }
+        return ManifestTree(tooLarge: Int(st.st_size))
+    }
+
+    /// The progress log: job → operation → record. A torn last line (a crash mid-append) is ignored.
+    func readProgress() -> [String: [String: DoneRecord]] {
+        guard case .success(let data) = readRegularFile(progressPath, limit: Int.max) else { return [:] }
+        var done: [String: [String: DoneRecord]] = [:]
+        var lineStart = data.startIndex
+        while let newline = data[lineStart...].firstIndex(of: 0x0A) {
+            let parts = data[lineStart..<newline].split(separator: 0x09).map { String(decoding: $0, as: UTF8.self) }
+            lineStart = newline + 1
+            guard parts.count == 5, let s = Double(parts[2]), let f = Double(parts[3]), let a = Int(parts[4]) else { continue }
+            done[parts[0], default: [:]][parts[1]] = DoneRecord(startedAt: s, finishedAt: f, attempts: a)
+        }
+        return done
+    }
+
+    static func progressLine(job: String, operation: String, record: DoneRecord) -> String {
+        "\(job)\t\(operation)\t\(record.startedAt)\t\(record.finishedAt)\t\(record.attempts)\n"
+    }
+
+    /// Replaces the progress log by one holding only `keeping`'s lines (written aside, fsynced, renamed).
+    func rewriteProgress(keeping: Set<String>) throws {
+        try progressLock.withLock {
+            var text = ""
+            for (job, operations) in readProgress() where keeping.contains(job) {
+                for (operation, record) in operations { text += Self.progressLine(job: job, operation: operation, record: record) }
+            }
+            try replaceDurably(Data(text.utf8), at: progressPath, beforeRename: { CrashPoint.progressRewritten.reached() })
+            if progressFD >= 0 { close(progressFD) }
+            progressFD = open(progressPath, O_WRONLY | O_APPEND | O_CLOEXEC)
+            guard progressFD >= 0 else { throw SpoolError(operation: "open", path: progressPath, errno: errno) }
+            progressBytes = text.utf8.count
+        }
+    }
+
+    /// Rewrites the progress log when it has grown large; `active` are the jobs still running.
+    public func compactProgressIfLarge(active jobs: Set<String>) throws {
+        guard progressLock.withLock({ progressBytes }) >= Self.progressCompactionBytes else { return }
+        try rewriteProgress(keeping: jobs)
+    }
+}
