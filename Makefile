@@ -144,7 +144,7 @@ build-fuzz-manifest: deps
 	  -emit-module -emit-module-path $(FUZZ_MANIFEST)/PropertyList.swiftmodule -o $(FUZZ_MANIFEST)/libPropertyList.a Sources/PropertyList/*.swift
 	$(SWIFTC) -O -sanitize=fuzzer,address -parse-as-library -module-name OperationEngine -emit-library -static \
 	  -emit-module -emit-module-path $(FUZZ_MANIFEST)/OperationEngine.swiftmodule -o $(FUZZ_MANIFEST)/libOperationEngine.a \
-	  Sources/OperationEngine/QualityOfService.swift
+	  Sources/OperationEngine/QualityOfService.swift Sources/OperationEngine/RateWindow.swift
 	$(SWIFTC) -O -sanitize=fuzzer,address -parse-as-library -module-name SystemCalls -emit-library -static \
 	  -emit-module -emit-module-path $(FUZZ_MANIFEST)/SystemCalls.swiftmodule -o $(FUZZ_MANIFEST)/libSystemCalls.a \
 	  Sources/SystemCalls/SystemCalls.swift
