@@ -308,11 +308,13 @@ public final class Daemon: @unchecked Sendable {
     /// On `work`: builds a read job's graph and submits it to the engine.
     func start(_ run: RunningJob, _ plan: JobPlan, configuration config: Configuration, now: Bool = false) {
         let claimed = run.claimed
-        let startsAt = max(claimed.receivedAt, plan.startsAt(receivedAt: claimed.receivedAt) ?? 0)
-        if !now, startsAt > Date().timeIntervalSince1970 {
-            delay(run, until: startsAt, operations: plan.operations.count)
+        // Only a manifest that asks to wait waits (a reception time ahead of this clock is no reason to).
+        let notBefore = plan.startsAt(receivedAt: claimed.receivedAt)
+        if !now, let notBefore, notBefore > Date().timeIntervalSince1970 {
+            delay(run, until: notBefore, operations: plan.operations.count)
             return
         }
+        let startsAt = max(claimed.receivedAt, notBefore ?? claimed.receivedAt)
         run.plan = plan
         let graph = buildGraph(run, plan.operations, base: 0, configuration: config)
         let actions = handle(.planned(job: claimed.id, operations: plan.operations.count, recovered: run.recovered.count))
