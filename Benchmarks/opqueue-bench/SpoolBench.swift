@@ -56,25 +56,19 @@ enum SpoolBench {
 
     static func peakRSS(_ pid: Int32) -> Double { processMemoryMB(pid) }
 
-    static func run(_ arguments: [String]) {
-        let n = arguments.first.flatMap(Int.init) ?? 10_000
-        let base = NSTemporaryDirectory() + "opq-bench-\(getpid())"
-
-        // Pickup latency on an idle daemon.
-        let spool1 = base + "-pickup"
-        try? FileManager.default.createDirectory(atPath: spool1 + "/inbox", withIntermediateDirectories: true)
-        let d1 = daemon(spool1, [])
-        waitForSocket(spool1)
+    /// Seconds from each of `samples` manifests' rename into the running daemon's inbox to its claim (the rename out
+    /// of the inbox, seen with inotify), sorted; `pause` seconds between two.
+    static func pickupLatencies(_ spool: String, samples: Int, prefix: String = "p", pause: useconds_t = 5_000) -> [Double] {
         let fd = inotify_init1(Int32(IN_CLOEXEC))
-        inotify_add_watch(fd, spool1 + "/inbox", UInt32(IN_MOVED_FROM))
+        inotify_add_watch(fd, spool + "/inbox", UInt32(IN_MOVED_FROM))
         var latencies: [Double] = []
         var buffer = [UInt8](repeating: 0, count: 4096)
-        for i in 0..<300 {
-            let name = "p\(i).plist"
-            let hidden = spool1 + "/inbox/." + name
-            _ = FileManager.default.createFile(atPath: hidden, contents: manifest("p\(i)"))
+        for i in 0..<samples {
+            let name = "\(prefix)\(i).plist"
+            let hidden = spool + "/inbox/." + name
+            _ = FileManager.default.createFile(atPath: hidden, contents: manifest("\(prefix)\(i)"))
             let start = now()
-            rename(hidden, spool1 + "/inbox/" + name)
+            rename(hidden, spool + "/inbox/" + name)
             var seen = false
             while !seen {
                 let got = buffer.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
@@ -90,12 +84,24 @@ enum SpoolBench {
                 }
             }
             latencies.append(now() - start)
-            usleep(5_000)
+            usleep(pause)
         }
         close(fd)
+        return latencies.sorted()
+    }
+
+    static func run(_ arguments: [String]) {
+        let n = arguments.first.flatMap(Int.init) ?? 10_000
+        let base = NSTemporaryDirectory() + "opq-bench-\(getpid())"
+
+        // Pickup latency on an idle daemon.
+        let spool1 = base + "-pickup"
+        try? FileManager.default.createDirectory(atPath: spool1 + "/inbox", withIntermediateDirectories: true)
+        let d1 = daemon(spool1, [])
+        waitForSocket(spool1)
+        let latencies = pickupLatencies(spool1, samples: 300)
         d1.terminate()
         d1.waitUntilExit()
-        latencies.sort()
         emit(String(format: "spool pickup_latency_ms p50=%.2f p99=%.2f samples=%d", latencies[latencies.count / 2] * 1e3,
                     latencies[latencies.count * 99 / 100] * 1e3, latencies.count))
 
