@@ -23,8 +23,9 @@ APT_PACKAGES = pkg-config libpng-dev libjpeg-dev libcurl4-openssl-dev libsystemd
 # And the tests (make test): mandoc lints the man pages; python3-prometheus-client parses the metrics; postgresql gives
 # the binaries (initdb, pg_ctl, psql) of the cluster tests' throwaway servers (Tests/Support/PostgresServer.swift) and
 # PgBouncer runs in front of one (Tests/Support/PgBouncer.swift); the packages' own services are never used.
-# dpkg-dev builds the Debian packages DebianPackageTests installs (make test-debs).
-TEST_APT_PACKAGES = mandoc python3-prometheus-client postgresql pgbouncer dpkg-dev
+# dpkg-dev builds the Debian packages DebianPackageTests installs (make test-debs). prometheus gives promtool, which
+# checks the alerting rules of contrib/prometheus and runs their unit tests (MonitoringTests); its server is never used.
+TEST_APT_PACKAGES = mandoc python3-prometheus-client postgresql pgbouncer dpkg-dev prometheus
 
 .PHONY: sql run example test campaigns fuzz-codecs fuzz-plist fuzz-manifest deps build release bench install install-files man clean \
   deb test-debs
