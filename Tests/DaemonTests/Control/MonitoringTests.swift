@@ -144,7 +144,8 @@ func codeBlocks(_ language: String, in text: String) -> [String] {
                     "\(name): a test where it fires")
             #expect(tests.range(of: #"alertname: \#(name)\s+exp_alerts: \[\]"#, options: .regularExpression) != nil,
                     "\(name): a test where it does not")
-            #expect(name.allSatisfy(\.isLetter), "\(name): letters only")
+            let lettersOnly = name.allSatisfy { $0.isLetter }
+            #expect(lettersOnly, "\(name): letters only")
         }
     }
 
@@ -186,9 +187,8 @@ func codeBlocks(_ language: String, in text: String) -> [String] {
             Issue.record("the daemon exports \(family) and the dashboard has no panel for it")
         }
         let manual = try familiesInTheManual()
-        #expect(manual == Set(exposition.families.keys),
-                "opqueued.plist(5) METRICS: missing \(Set(exposition.families.keys).subtracting(manual).sorted()), "
-                + "not exported \(manual.subtracting(exposition.families.keys).sorted())")
+        let missing = Set(exposition.families.keys).subtracting(manual).sorted(), extra = manual.subtracting(exposition.families.keys).sorted()
+        #expect(manual == Set(exposition.families.keys), "opqueued.plist(5) METRICS: missing \(missing), not exported \(extra)")
     }
 
     /// The shell block as written, and the Python `submit` function given a job of its own, against a running
