@@ -35,13 +35,41 @@ func run(_ program: String, _ arguments: [String], input: Data? = nil, timeout: 
             try? stdin.fileHandleForWriting.close()
         }
     }
+    // Both pipes are drained on threads of their own, so that a program that hangs is killed at the deadline
+    // (reading to the end first waited for it, and its test, for good).
+    let outData = DrainedPipe(out), errData = DrainedPipe(err)
     let deadline = Date().addingTimeInterval(timeout)
-    let outData = out.fileHandleForReading.readDataToEndOfFile()
-    let errData = err.fileHandleForReading.readDataToEndOfFile()
     while process.isRunning && Date() < deadline { usleep(10_000) }
-    if process.isRunning { process.terminate() }
+    if process.isRunning {
+        process.terminate()
+        usleep(200_000)
+        if process.isRunning { kill(process.processIdentifier, SIGKILL) }
+    }
     process.waitUntilExit()
-    return Run(status: process.terminationStatus, stdout: String(decoding: outData, as: UTF8.self), stderr: String(decoding: errData, as: UTF8.self))
+    // Children it left holding the pipes are not waited for past 5 s.
+    return Run(status: process.terminationStatus, stdout: String(decoding: outData.data(waiting: 5), as: UTF8.self),
+               stderr: String(decoding: errData.data(waiting: 5), as: UTF8.self))
+}
+
+/// A pipe read to its end on a thread of its own.
+final class DrainedPipe: @unchecked Sendable {
+    private let lock = NSLock()
+    private var read = Data()
+    private let done = DispatchSemaphore(value: 0)
+
+    init(_ pipe: Pipe) {
+        Thread.detachNewThread { [self] in
+            let data = pipe.fileHandleForReading.readDataToEndOfFile()
+            lock.withLock { read = data }
+            done.signal()
+        }
+    }
+
+    /// What was read, once the pipe ended or after `seconds` (then what was read by then: nothing).
+    func data(waiting seconds: Double) -> Data {
+        _ = done.wait(timeout: .now() + seconds)
+        return lock.withLock { read }
+    }
 }
 
 /// A temporary spool and, when started, a daemon on it.
