@@ -43,6 +43,9 @@ public enum TimeText {
         return Double(days * 86_400 + hour * 3_600 + minute * 60 - offset) + second
     }
 
+    /// Epoch seconds as the journal's fields give them (`OPQ_NOT_BEFORE`): a real, to the microsecond.
+    public static func epoch(_ seconds: Double) -> String { String(format: "%.6f", seconds) }
+
     /// `2026-11-28 03:00:00 +01:00`: the time in the machine's zone, to the second, with that zone's offset then.
     public static func local(_ seconds: Double) -> String {
         var time = time_t(seconds.rounded(.down))

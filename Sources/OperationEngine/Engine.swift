@@ -26,12 +26,12 @@ import Musl
 public final class Engine: @unchecked Sendable, ContextHost {
     public typealias Observer = @Sendable ([EngineEvent]) -> Void
 
-    private let lock = Lock()
-    private var scheduler: Scheduler
+    let lock = Lock()
+    var scheduler: Scheduler
     private let observer: Observer?
 
     private static let classes = QualityOfService.allCases.count
-    private var runLists = [Deque<Dispatch>](repeating: [], count: classes)
+    var runLists = [Deque<Dispatch>](repeating: [], count: classes)
     /// Dispatches of asynchronous bodies in each run list. Such a body returns at once (its work goes on
     /// elsewhere: a timer, a transfer, a child process), so a few workers drain any number of them; only
     /// synchronous dispatches each call for a thread of their own.
@@ -40,7 +40,7 @@ public final class Engine: @unchecked Sendable, ContextHost {
     private var asyncRunning = [Int](repeating: 0, count: classes)
     /// Workers asked for per class by a burst of asynchronous dispatches.
     static let asyncWorkers = 2
-    private let workerConditions: [Condition]
+    let workerConditions: [Condition]
     private var idle = [Int](repeating: 0, count: classes)
     private var signalled = [Int](repeating: 0, count: classes)
     private var spawning = [Int](repeating: 0, count: classes)
@@ -48,35 +48,35 @@ public final class Engine: @unchecked Sendable, ContextHost {
     /// Per class; a runaway queue limit cannot create unbounded threads.
     private let maxThreadsPerClass: Int
 
-    private struct TimerEntry: Comparable {
+    struct TimerEntry: Comparable {
         var deadline: Double
         var seq: UInt64
         var kind: TimerKind
         static func < (a: Self, b: Self) -> Bool { (a.deadline, a.seq) < (b.deadline, b.seq) }
         static func == (a: Self, b: Self) -> Bool { a.seq == b.seq }
     }
-    private var timers = Heap<TimerEntry>()
+    var timers = Heap<TimerEntry>()
     /// Timers left after the last compaction (see `afterStep`).
     private var timersKept = 0
     private var timerSeq: UInt64 = 0
-    private let timerCondition = Condition()
+    let timerCondition = Condition()
     private var timerThreadStarted = false
 
-    private let deliveryCondition = Condition()
+    let deliveryCondition = Condition()
     private var deliveryThreadStarted = false
-    private var delivering = false
+    var delivering = false
 
-    private let finishedCondition = Condition()
+    let finishedCondition = Condition()
     /// Threads waiting on `finishedCondition` for something other than a group (queue drain, shutdown).
-    private var drainWaiters = 0
-    private var finishCallbacks: [GroupID: [@Sendable () -> Void]] = [:]
+    var drainWaiters = 0
+    var finishCallbacks: [GroupID: [@Sendable () -> Void]] = [:]
 
-    private var shuttingDown = false
-    private var liveThreads = 0
+    var shuttingDown = false
+    var liveThreads = 0
     /// The threads alive, for `threadsCPUTime`.
-    private var threads: [pthread_t] = []
+    var threads: [pthread_t] = []
     /// Timers that came due, for tests (work held by a rate waits for one timer, not a poll).
-    private var timersFired = 0
+    var timersFired = 0
 
     /// - Parameters:
     ///   - processorCount: what `maxConcurrentOperationCount = -1` means (default: online CPUs).
@@ -256,100 +256,6 @@ public final class Engine: @unchecked Sendable, ContextHost {
         locked { s, now in s.cancelAll(reason: reason, now: now) }
     }
 
-    // MARK: Results and waiting
-
-    public func isFinished(_ group: GroupID) -> Bool { locked { $0.isFinished(group) } }
-
-    public func records(_ group: GroupID) -> [OperationRecord]? { locked { $0.records(group) } }
-
-    public func record(_ group: GroupID, operation: Int) -> OperationRecord? {
-        locked { s in
-            operation >= 0 && operation < s.operationCount(group) ? s.record(NodeRef(group: group.slot, index: Int32(operation))) : nil
-        }
-    }
-
-    public func output(_ group: GroupID, operation: Int) -> OperationOutput? {
-        locked { s in
-            operation >= 0 && operation < s.operationCount(group) ? s.output(NodeRef(group: group.slot, index: Int32(operation))) : nil
-        }
-    }
-
-    /// Frees a finished group. Its id must not be used afterwards.
-    public func release(_ group: GroupID) { locked { $0.release(group) } }
-
-    /// Timers in the heap, stale ones included (for tests).
-    var timersArmed: Int { lock.withLock { timers.count } }
-
-    /// Timers that came due so far (for tests).
-    var firedTimers: Int { lock.withLock { timersFired } }
-
-    /// CPU seconds used so far by the engine's threads alive now (for tests: held work must leave them idle,
-    /// measured apart from whatever else the process runs).
-    var threadsCPUTime: Double {
-        lock.withLock {
-            threads.reduce(0) { sum, thread in
-                var clock = clockid_t()
-                var ts = timespec()
-                guard pthread_getcpuclockid(thread, &clock) == 0, clock_gettime(clock, &ts) == 0 else { return sum }
-                return sum + Double(ts.tv_sec) + Double(ts.tv_nsec) / 1e9
-            }
-        }
-    }
-
-    /// Blocks the calling thread until the group has finished.
-    public func wait(_ group: GroupID) {
-        lock.lock()
-        while !scheduler.isFinished(group) { finishedCondition.wait(lock) }
-        lock.unlock()
-    }
-
-    /// Suspends until the group has finished.
-    public func finished(_ group: GroupID) async {
-        await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-            whenFinished(group) { continuation.resume() }
-        }
-    }
-
-    /// Calls `callback` (on an engine thread, outside the lock) once the group has finished.
-    public func whenFinished(_ group: GroupID, _ callback: @escaping @Sendable () -> Void) {
-        lock.lock()
-        if scheduler.isFinished(group) {
-            lock.unlock()
-            callback()
-            return
-        }
-        finishCallbacks[group, default: []].append(callback)
-        lock.unlock()
-    }
-
-    /// Blocks until the queue has no unfinished operation (Foundation's `waitUntilAllOperationsAreFinished`).
-    public func waitUntilAllOperationsAreFinished(on queue: QueueID) {
-        lock.lock()
-        drainWaiters += 1
-        while queue.rawValue < scheduler.queues.count && scheduler.queues[queue.rawValue].unfinished > 0 {
-            finishedCondition.wait(lock)
-        }
-        drainWaiters -= 1
-        lock.unlock()
-    }
-
-    /// Cancels nothing: waits for the work in hand to finish, then stops every thread. The engine must
-    /// not be used afterwards.
-    public func shutdown() {
-        lock.lock()
-        drainWaiters += 1
-        while scheduler.executingCount > 0 || !runLists.allSatisfy(\.isEmpty) || delivering || !scheduler.events.isEmpty {
-            finishedCondition.wait(lock)
-        }
-        drainWaiters -= 1
-        shuttingDown = true
-        for condition in workerConditions { condition.broadcast() }
-        timerCondition.broadcast()
-        deliveryCondition.broadcast()
-        while liveThreads > 0 { finishedCondition.wait(lock) }
-        lock.unlock()
-    }
-
     // MARK: ContextHost
 
     func isCancelled(_ attempt: Attempt) -> Bool {
@@ -376,7 +282,7 @@ public final class Engine: @unchecked Sendable, ContextHost {
 
     // MARK: The lock and what follows every step
 
-    private func locked<T>(_ body: (inout Scheduler) -> T) -> T {
+    func locked<T>(_ body: (inout Scheduler) -> T) -> T {
         lock.lock()
         let result = body(&scheduler)
         let after = afterStep(runningClass: nil)
@@ -385,7 +291,7 @@ public final class Engine: @unchecked Sendable, ContextHost {
         return result
     }
 
-    private func locked<T>(_ body: (inout Scheduler, Double) -> T) -> T {
+    func locked<T>(_ body: (inout Scheduler, Double) -> T) -> T {
         lock.lock()
         let result = body(&scheduler, wallClock())
         let after = afterStep(runningClass: nil)

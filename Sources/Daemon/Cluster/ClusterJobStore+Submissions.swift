@@ -140,7 +140,7 @@ extension ClusterJobStore {
             } else if let until = job.notBefore, until > now {
                 logger.info("job \(row.id) accepted and delayed until \(TimeText.local(until))",
                             metadata: ["OPQ_EVENT": "job", "OPQ_STATE": "delayed", "OPQ_JOB": .string(row.id),
-                                       "OPQ_NOT_BEFORE": .string(epochString(until))])
+                                       "OPQ_NOT_BEFORE": .string(TimeText.epoch(until))])
             } else {
                 logger.debug("job \(row.id): submitted to the cluster", metadata: ["OPQ_JOB": .string(row.id)])
             }

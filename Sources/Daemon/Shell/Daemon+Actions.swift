@@ -59,7 +59,7 @@ extension Daemon {
                   ["OPQ_EVENT": "job", "OPQ_STATE": "accepted", "OPQ_JOB": .string(job)])
         case .delayed(let job, let until):
             event(.info, "job \(job) delayed until \(TimeText.local(until))",
-                  ["OPQ_EVENT": "job", "OPQ_STATE": "delayed", "OPQ_JOB": .string(job), "OPQ_NOT_BEFORE": .string(epochString(until))])
+                  ["OPQ_EVENT": "job", "OPQ_STATE": "delayed", "OPQ_JOB": .string(job), "OPQ_NOT_BEFORE": .string(TimeText.epoch(until))])
         case .rejected(let job, let problems, let error):
             event(.error, "job \(job) rejected: \(problems.joined(separator: "; "))",
                   ["OPQ_EVENT": "job", "OPQ_STATE": "rejected", "OPQ_JOB": .string(job), "OPQ_STATUS": "rejected",

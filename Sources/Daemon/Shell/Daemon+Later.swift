@@ -95,6 +95,3 @@ extension Daemon {
         }
     }
 }
-
-/// Epoch seconds as SPEC's journal and JSON give them: a real, to the microsecond.
-public func epochString(_ seconds: Double) -> String { String(format: "%.6f", seconds) }
