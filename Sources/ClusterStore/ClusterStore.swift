@@ -467,6 +467,9 @@ public protocol ClusterStore: Sendable {
     /// Per queue, the cluster's jobs using it that wait and that run (a job counts in each of its queues).
     func queueCounts() async throws -> [QueueCount]
     func job(_ id: String) async throws -> JobRecord?
+    /// One page of the finished jobs, newest first: those after `cursor` that finished at `since` or later; the
+    /// cursor of the next page, nil after the last.
+    func finishedJobs(before cursor: HistoryCursor?, since: Double?, limit: Int) async throws -> (jobs: [FinishedJob], next: HistoryCursor?)
 
     /// Deletes finished jobs older than `olderThanSeconds` in batches of `batchSize`, each its own short transaction.
     func prune(olderThanSeconds: Double, batchSize: Int) async throws -> PruneReport

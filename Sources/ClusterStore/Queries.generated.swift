@@ -445,6 +445,19 @@ enum Queries {
     WHERE j.id = $1
     """#
 
+    /// opqueuectl list: one page of the finished jobs, newest first (finished_at, then id, both descending), those
+    /// before the cursor ($1: finished_at in microseconds since the epoch, exact; $2: id; NULL: from the newest) and
+    /// finished at $3 or later (NULL: any time), at most $4. The last column is the next page's cursor.
+    static let finishedJobs = #"""
+    SELECT id, status, node, extract(epoch FROM finished_at)::float8, result, (extract(epoch FROM finished_at) * 1000000)::int8
+    FROM opq_jobs
+    WHERE state = 'finished'
+      AND ($1::int8 IS NULL OR (finished_at, id) < ('epoch'::timestamptz + $1::int8 * interval '1 microsecond', $2::text))
+      AND ($3::float8 IS NULL OR finished_at >= to_timestamp($3::float8))
+    ORDER BY finished_at DESC, id DESC
+    LIMIT $4
+    """#
+
     /// For status: every node, live when it beat within its lease ($1 seconds for one that recorded none), with the
     /// jobs it runs now and the schema version its code knows (NULL: from before migration 6).
     static let nodes = #"""

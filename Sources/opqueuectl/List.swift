@@ -16,7 +16,9 @@ struct List: ParsableCommand {
     static let configuration = CommandConfiguration(
         abstract: "Ended jobs in the outbox, newest first: id, status, node, finish time, duration.",
         discussion: """
-            Read from SPOOL/outbox, whether or not the daemon runs. --since takes ISO 8601 with a zone \
+            Read from SPOOL/outbox, whether or not the daemon runs; with a cluster in --config, also from the \
+            database's history (jobs that ran on other nodes), or, when the database cannot be used, the outbox \
+            alone with a word on standard error. --since takes ISO 8601 with a zone \
             (2026-11-28T02:00:00Z, 2026-11-28T03:00:00+01:00) or @ and seconds since the epoch (@1764295200), and \
             keeps the jobs that finished then or later. The table gives times in the local zone with their offset; \
             --json gives an array of objects with job, status, node (where the job ran, in a cluster), finishedAt \
@@ -49,11 +51,27 @@ struct List: ParsableCommand {
                 entries.append(entry)
             }
         }
+        entries += try clusterEntries(besides: entries, statuses: statuses, since: from)
         // Newest first; jobs that finished at the same instant by name.
         entries.sort { $0.finishedAt != $1.finishedAt ? $0.finishedAt > $1.finishedAt : $0.name < $1.name }
         var out = BufferedOutput()
         if json { Self.writeJSON(entries, to: &out) } else { Self.writeTable(entries, to: &out) }
         out.flush()
+    }
+
+    /// With a cluster in --config, the jobs of the database's history that this outbox does not hold (those that
+    /// ran on other nodes, or whose folders were removed here). A database that cannot be used is said on standard
+    /// error; the outbox is listed all the same.
+    func clusterEntries(besides local: [OutboxEntry], statuses: Set<String>?, since: Double?) throws -> [OutboxEntry] {
+        let config = try common.configuration()
+        guard config.cluster != nil else { return [] }
+        let history: [OutboxEntry]
+        do { history = try ClusterHistory.entries(configuration: config, statuses: statuses, since: since) } catch {
+            FileHandle.standardError.write(Data("opqueuectl: \(error); only \(common.spool)/outbox is listed\n".utf8))
+            return []
+        }
+        let here = Set(local.map(\.job))
+        return history.filter { !here.contains($0.job) }
     }
 
     /// `[` one object per line `]`, keys sorted (JSONSerialization's output would need every entry as an NSDictionary).

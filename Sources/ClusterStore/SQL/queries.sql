@@ -405,6 +405,18 @@ SELECT j.id, j.requested_id, j.manifest, j.manifest_name, j.submitted_on, extrac
 FROM opq_jobs AS j LEFT JOIN opq_nodes AS n ON j.state = 'running' AND n.node = j.node
 WHERE j.id = $1;
 
+-- name: FinishedJobs
+-- opqueuectl list: one page of the finished jobs, newest first (finished_at, then id, both descending), those
+-- before the cursor ($1: finished_at in microseconds since the epoch, exact; $2: id; NULL: from the newest) and
+-- finished at $3 or later (NULL: any time), at most $4. The last column is the next page's cursor.
+SELECT id, status, node, extract(epoch FROM finished_at)::float8, result, (extract(epoch FROM finished_at) * 1000000)::int8
+FROM opq_jobs
+WHERE state = 'finished'
+  AND ($1::int8 IS NULL OR (finished_at, id) < ('epoch'::timestamptz + $1::int8 * interval '1 microsecond', $2::text))
+  AND ($3::float8 IS NULL OR finished_at >= to_timestamp($3::float8))
+ORDER BY finished_at DESC, id DESC
+LIMIT $4;
+
 -- name: Nodes
 -- For status: every node, live when it beat within its lease ($1 seconds for one that recorded none), with the
 -- jobs it runs now and the schema version its code knows (NULL: from before migration 6).
