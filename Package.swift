@@ -70,6 +70,9 @@ let package = Package(
                 .product(name: "NIOCore", package: "swift-nio"),
                 .product(name: "NIOPosix", package: "swift-nio"),
                 .product(name: "NIOHTTP1", package: "swift-nio"),
+                // The node's services (Sources/Daemon/Node) run in one ServiceGroup.
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                .product(name: "UnixSignals", package: "swift-service-lifecycle"),
             ]
         ),
         // The cluster store (SPEC §8): the schema, its named queries and the PostgreSQL driver behind one protocol.
@@ -99,11 +102,7 @@ let package = Package(
             dependencies: [
                 "COpqueuedStart",
                 "Daemon",
-                "ClusterStore",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
-                .product(name: "Logging", package: "swift-log"),
-                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
-                .product(name: "UnixSignals", package: "swift-service-lifecycle"),
             ]
         ),
         .executableTarget(

@@ -16,7 +16,7 @@ func spoolOf(_ words: [String]) -> String {
 @Sendable func completeJobs(_ words: [String], _ index: Int, _ prefix: String) -> [String] {
     let spool = spoolOf(words)
     var jobs = Set((try? FileManager.default.contentsOfDirectory(atPath: spool + "/outbox")) ?? []).filter { !$0.hasPrefix(".") }
-    if let status = try? ControlClient.request(spool + "/opqueued.sock", ["command": "status"], timeout: 1) {
+    if let status = try? ControlClient.request(spool + "/opqueued.sock", ControlRequest.status(memory: false).wire, timeout: 1) {
         jobs.formUnion(status["activeJobs"] as? [String] ?? [])
     }
     return jobs.filter { $0.hasPrefix(prefix) }.sorted()
@@ -30,7 +30,7 @@ func spoolOf(_ words: [String]) -> String {
 
 /// Queue names for completion: the running daemon's, else the built-in ones.
 @Sendable func completeQueues(_ words: [String], _ index: Int, _ prefix: String) -> [String] {
-    let status = try? ControlClient.request(spoolOf(words) + "/opqueued.sock", ["command": "status"], timeout: 1)
+    let status = try? ControlClient.request(spoolOf(words) + "/opqueued.sock", ControlRequest.status(memory: false).wire, timeout: 1)
     let names = (status?["queues"] as? [[String: Any]])?.compactMap { $0["name"] as? String } ?? Configuration.builtIn.queueNames
     return names.filter { $0.hasPrefix(prefix) }.sorted()
 }

@@ -11,9 +11,7 @@ struct Cancel: ParsableCommand {
     @Argument(help: "One operation of the job (default: the whole job).") var operation: String?
 
     func run() throws {
-        var request: [String: Any] = ["command": "cancel", "job": job]
-        if let operation { request["operation"] = operation }
-        _ = try common.request(request)
+        _ = try common.request(ControlRequest.cancel(job: job, operation: operation).wire)
     }
 }
 
@@ -38,7 +36,7 @@ struct Resume: ParsableCommand {
 }
 
 func toggle(_ common: Common, _ queue: String, _ command: String) throws {
-    _ = try common.request(["command": command, "queue": queue])
+    _ = try common.request((command == "suspend" ? ControlRequest.suspend(queue: queue) : .resume(queue: queue)).wire)
 }
 
 struct Metrics: ParsableCommand {
@@ -47,7 +45,7 @@ struct Metrics: ParsableCommand {
     @OptionGroup var common: Common
 
     func run() throws {
-        let response = try common.request(["command": "metrics"])
+        let response = try common.request(ControlRequest.metrics.wire)
         guard (response["exit"] as? Int) == 0, let text = response["text"] as? String else {
             throw fail(response["error"] as? String ?? "the daemon gave no metrics", Int32(response["exit"] as? Int ?? 1))
         }

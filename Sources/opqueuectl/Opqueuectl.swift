@@ -43,7 +43,7 @@ struct Common: ParsableArguments {
     /// answers, else whether it is a cluster node.
     func submissionContext() throws -> (configuration: Configuration, cluster: Bool?) {
         let config = try configuration()
-        guard let answer = try? ControlClient.request(socket, ["command": "declared"], timeout: 2), answer["exit"] as? Int == 0 else {
+        guard let answer = try? ControlClient.request(socket, ControlRequest.declared.wire, timeout: 2), answer["exit"] as? Int == 0 else {
             return (config, nil)
         }
         let signatures = answer["commands"] as? [String: String] ?? [:]

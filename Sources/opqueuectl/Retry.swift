@@ -62,7 +62,7 @@ struct Retry: ParsableCommand {
             return "job '\(job)' has not ended: inbox/\(job).plist waits to be claimed"
         }
         // In a cluster the job may run, or have ended, on another node (whose outbox holds its manifest).
-        if let answer = try? ControlClient.request(common.socket, ["command": "show", "job": job], timeout: 2),
+        if let answer = try? ControlClient.request(common.socket, ControlRequest.show(job: job).wire, timeout: 2),
            answer["exit"] as? Int == 0, let status = answer["status"] as? String {
             let node = (answer["node"] as? String).map { " on node \($0)" } ?? ""
             return Outbox.statuses.contains(status)

@@ -22,7 +22,7 @@ func operations(of job: String, _ common: Common) throws
     if let plist = outboxEntry(of: job, common)?.result {
         return (plist["status"] as? String ?? "?", plist["operations"] as? [[String: Any]] ?? [], plist["node"] as? String, nil, nil)
     }
-    let response = try common.request(["command": "show", "job": job])
+    let response = try common.request(ControlRequest.show(job: job).wire)
     return (response["status"] as? String ?? "running", response["operations"] as? [[String: Any]] ?? [], response["node"] as? String,
             response["progressAt"] as? Double, response["notBefore"] as? Double)
 }

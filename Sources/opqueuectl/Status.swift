@@ -11,7 +11,7 @@ struct Status: ParsableCommand {
     @Flag(help: "Also the bytes the daemon's allocator has handed out (walks its free lists).") var memory = false
 
     func run() throws {
-        let response = try common.request(["command": "status", "memory": memory])
+        let response = try common.request(ControlRequest.status(memory: memory).wire)
         if json {
             let data = try JSONSerialization.data(withJSONObject: response, options: [.prettyPrinted, .sortedKeys])
             print(String(decoding: data, as: UTF8.self))

@@ -197,8 +197,7 @@ extension Common {
     /// 10 s: a daemon whose claiming is paused, or a cluster node whose database is away, may take longer); else the
     /// id it asks for (or `guess`, the one this spool's active/ and outbox/ give it now), said to be a guess.
     func given(_ placed: Placed, guess: String? = nil) -> String {
-        var request: [String: Any] = ["command": "submitted", "manifest": placed.name]
-        if let inode = placed.inode, let exact = Int(exactly: inode) { request["inode"] = exact }
+        let request = ControlRequest.submitted(manifest: placed.name, inode: placed.inode).wire
         let deadline = monotonicSeconds() + 10
         var pause = 0.002
         while monotonicSeconds() < deadline {

@@ -107,7 +107,7 @@ struct Wait: ParsableCommand {
     func look(timeout: Double) -> Look {
         let response: [String: Any]
         do {
-            response = try ControlClient.request(common.socket, ["command": "show", "job": job], timeout: timeout)
+            response = try ControlClient.request(common.socket, ControlRequest.show(job: job).wire, timeout: timeout)
         } catch let error as ControlClient.NoDaemon where error.silent {
             return .silent("the daemon at \(common.socket) did not answer within \(String(format: "%.1f", timeout)) s")
         } catch {

@@ -1,0 +1,117 @@
+// The node: what `opqueued` runs once its command line is read. Process set-up in one place (signals noted while
+// starting, SIGPIPE ignored, the file limit, the command watchdog forked while the process is small, the allocator,
+// the timer clocks), then the log target, the configuration, the spool and the store, then the daemon — alone
+// (`--once`) or as the services of one ServiceGroup until a graceful stop.
+
+import ClusterStore
+import Foundation
+import Logging
+import ServiceLifecycle
+
+public enum Node {
+    public struct Options: Sendable {
+        public var spool: String
+        public var config: String?
+        /// journald (true) or the console; nil: journald when its socket exists or systemd connected stderr to it.
+        public var journal: Bool?
+        public var once: Bool
+
+        public init(spool: String, config: String?, journal: Bool?, once: Bool) {
+            self.spool = spool
+            self.config = config
+            self.journal = journal
+            self.once = once
+        }
+    }
+
+    /// The node could not start (its configuration or spool cannot be used): exit with this status, already logged.
+    public struct Refused: Error, Sendable {
+        public let status: Int32
+    }
+
+    public static func run(_ options: Options) async throws {
+        prepareProcess(once: options.once)
+        // The command watchdog (docs: kills commands' process groups when this process dies, kill -9 included),
+        // first, while the process is small: the fork copies its address space as it is now.
+        let watchdog = CommandWatchdog.start()
+        Daemon.tuneAllocator()
+        await Daemon.openTimerClocks()
+        let useJournal = options.journal
+            ?? (ProcessInfo.processInfo.environment["JOURNAL_STREAM"] != nil || journalIsListening())
+        LoggingSystem.bootstrap { _ in useJournal ? JournalLogHandler() as any LogHandler : ConsoleLogHandler() }
+        let logger = Logger(label: "opqueued")
+        if case .failure(let failure) = watchdog {
+            logger.warning("\(failure); commands a crash leaves running are killed at the next start instead")
+        }
+        let (configuration, spool, store) = try open(options, logger: logger)
+        let daemon = Daemon(spool: spool, configuration: configuration, configPath: options.config, logger: logger,
+                            once: options.once, store: store)
+        daemon.start()
+        if options.once {
+            await daemon.runOnce()
+            return
+        }
+        let control = ControlServer(path: spool.root + "/opqueued.sock") { request in daemon.answer(wire: request) }
+        let watcher = InboxWatcher(path: spool.inbox) { names, complete in daemon.scan(hints: names, complete: complete) }
+        let group = ServiceGroup(configuration: .init(
+            services: [
+                .init(service: SpoolService(daemon: daemon, control: control, watcher: watcher, metricsListen: configuration.metricsListen,
+                                            grace: configuration.shutdownGraceSeconds, logger: logger)),
+                .init(service: SignalService(daemon: daemon, logger: logger)),
+                .init(service: StatusService(daemon: daemon)),
+            ],
+            gracefulShutdownSignals: [.sigterm, .sigint],
+            logger: Logger(label: "opqueued.lifecycle", factory: { _ in SwiftLogNoOpLogHandler() })))
+        try await group.run()
+    }
+
+    /// A stop or a reload asked for while starting has been noted since before main (COpqueuedStart) and is handed to
+    /// the service group once it has the signals (SpoolService, SignalService): their default actions would end the
+    /// process. `--once` has no service group: there they get their default actions back. A client of the control
+    /// socket that hangs up makes the next write fail with EPIPE; SIGPIPE's default action would end the daemon
+    /// instead: ignored in every mode, not only under systemd's IgnoreSIGPIPE=yes.
+    static func prepareProcess(once: Bool) {
+        if once { Daemon.defaultTerminationSignals() }
+        signal(SIGPIPE, SIG_IGN)
+        Daemon.raiseFileLimit()
+    }
+
+    /// The configuration, the spool and (SPEC §8, with `cluster`) the store the node's jobs come from; a refusal is
+    /// logged as critical.
+    static func open(_ options: Options, logger: Logger) throws(Refused) -> (Configuration, Spool, (any JobStore)?) {
+        let configuration: Configuration
+        do {
+            configuration = try options.config.map { try Configuration.load(path: $0) } ?? .builtIn
+        } catch {
+            logger.critical("\(error)")
+            throw Refused(status: 1)
+        }
+        let spool: Spool
+        do {
+            spool = try Spool(root: options.spool)
+            if configuration.cluster == nil { try spool.refuseClusterHoldings() }
+        } catch {
+            logger.critical("the spool \(options.spool) cannot be used: \(error)")
+            throw Refused(status: 1)
+        }
+        if let newer = spool.formatTakenOver {
+            logger.notice("""
+                \(spool.active)/ was left by a newer opqueued \
+                (\(newer > 0 ? "spool format \(newer)" : "a format this build cannot read")) but holds no job: \
+                this build takes it over in its own format \(Spool.format)
+                """)
+        }
+        guard let cluster = configuration.cluster else { return (configuration, spool, nil) }
+        // Every entry names the node; the command watchdog kills commands whose lease ran out even if this process
+        // is frozen.
+        Journal.node = cluster.node
+        do {
+            let store = try ClusterJobStore(configuration: configuration, spool: spool, logger: logger,
+                                            onLeaseDeadline: { CommandWatchdog.current?.setKillDeadline(monotonicSeconds: $0) })
+            return (configuration, spool, store)
+        } catch {
+            logger.critical("cluster: \(error)")
+            throw Refused(status: 1)
+        }
+    }
+}
