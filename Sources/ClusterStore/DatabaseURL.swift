@@ -57,42 +57,75 @@ public struct DatabaseURL: Sendable, CustomStringConvertible {
 
     /// `passwordFile`, when given, wins over a password in the URL; one trailing line ending (\n or \r\n) is ignored.
     public init(_ url: String, passwordFile: String? = nil) throws {
-        func bad(_ what: String) -> ClusterStoreError {
-            ClusterStoreError(.configuration, "cluster.database: \(what) "
-                              + "(expected postgresql://user@host:port/database?sslmode=disable|require|verify-full)")
-        }
         var rest = Substring(url)
         if rest.hasPrefix("postgresql://") { rest = rest.dropFirst("postgresql://".count) }
         else if rest.hasPrefix("postgres://") { rest = rest.dropFirst("postgres://".count) }
-        else { throw bad("the scheme must be postgresql://") }
+        else { throw Self.bad("the scheme must be postgresql://") }
 
         var query = Substring("")
         if let q = rest.firstIndex(of: "?") { query = rest[rest.index(after: q)...]; rest = rest[..<q] }
         var path = Substring("")
         if let slash = rest.firstIndex(of: "/") { path = rest[rest.index(after: slash)...]; rest = rest[..<slash] }
         let at = rest.lastIndex(of: "@")
-        let userInfo = at.map { rest[..<$0] } ?? ""
-        var hostPort = at.map { rest[rest.index(after: $0)...] } ?? rest
+        (user, password) = try Self.userAndPassword(at.map { rest[..<$0] } ?? "")
+        var (host, port) = try Self.hostAndPort(at.map { rest[rest.index(after: $0)...] } ?? rest)
+        guard let database = Self.percentDecoded(path), !database.isEmpty else { throw Self.bad("no database name") }
+        self.database = database
+        var ssl: (mode: SSLMode, rootCert: String?) = (.prefer, nil)
+        for pair in query.split(separator: "&") where !pair.isEmpty {
+            let parts = pair.split(separator: "=", maxSplits: 1)
+            let value = parts.count > 1 ? Self.percentDecoded(parts[1]) ?? "" : ""
+            try Self.apply(String(parts[0]), value, ssl: &ssl, host: &host, port: &port)
+        }
+        (sslMode, sslRootCert) = ssl
+        if host.isEmpty {
+            throw Self.bad("no host (a name, an address, or the folder of the server's socket such as host=/run/postgresql)")
+        }
+        // A NUL would end the name early in the protocol's startup message (or add parameters of its own there).
+        for (part, text) in [("host", host), ("user", user), ("database name", database)]
+        where text.unicodeScalars.contains(where: { $0.value < 0x20 || $0.value == 0x7F }) {
+            throw Self.bad("the \(part) holds a control character")
+        }
+        if host.contains("/") && !host.hasPrefix("/") { throw Self.bad("the socket folder \(host) is not an absolute path") }
+        self.host = host
+        self.port = port
+        // A Unix-domain socket's address holds at most 107 bytes of path (sun_path, with its NUL).
+        if let socketPath, socketPath.utf8.count > 107 {
+            throw Self.bad("the socket path \(socketPath) is longer than the 107 bytes a Unix-domain socket address holds")
+        }
+        if let passwordFile {
+            password = try Self.readPassword(passwordFile)
+            self.passwordFile = passwordFile
+        }
+    }
 
+    static func bad(_ what: String) -> ClusterStoreError {
+        ClusterStoreError(.configuration, "cluster.database: \(what) "
+                          + "(expected postgresql://user@host:port/database?sslmode=disable|require|verify-full)")
+    }
+
+    /// `user[:password]`, percent-decoded; no user: this process's user's name.
+    static func userAndPassword(_ userInfo: Substring) throws -> (String, String?) {
+        var user: String, password: String?
         if let colon = userInfo.firstIndex(of: ":") {
-            guard let user = Self.percentDecoded(userInfo[..<colon]),
-                  let password = Self.percentDecoded(userInfo[userInfo.index(after: colon)...]) else {
+            guard let u = percentDecoded(userInfo[..<colon]), let p = percentDecoded(userInfo[userInfo.index(after: colon)...]) else {
                 throw bad("the user or password is not valid percent-encoding")
             }
-            self.user = user
-            self.password = password
+            (user, password) = (u, p)
         } else {
-            guard let user = Self.percentDecoded(userInfo) else { throw bad("the user is not valid percent-encoding") }
-            self.user = user
-            self.password = nil
+            guard let u = percentDecoded(userInfo) else { throw bad("the user is not valid percent-encoding") }
+            user = u
         }
         if user.isEmpty {
-            guard let me = Self.processUser() else { throw bad("no user (user@host), and this process's user has no name") }
+            guard let me = processUser() else { throw bad("no user (user@host), and this process's user has no name") }
             user = me
         }
+        return (user, password)
+    }
 
-        var port = 5432
-        var host = ""
+    /// `host[:port]` or `[address]:port`; the port 5432 when not given.
+    static func hostAndPort(_ text: Substring) throws -> (String, Int) {
+        var hostPort = text
         if hostPort.contains(",") {
             // libpq's list of hosts tried in turn: one pool has one server here.
             throw bad("several hosts (\(hostPort)) are not supported: name one, such as a name or address that always leads to the primary")
@@ -100,69 +133,46 @@ public struct DatabaseURL: Sendable, CustomStringConvertible {
         if hostPort.hasPrefix("[") {
             guard let close = hostPort.firstIndex(of: "]") else { throw bad("unclosed [ in the host") }
             let after = hostPort[hostPort.index(after: close)...]
-            host = String(hostPort[hostPort.index(after: hostPort.startIndex)..<close])
+            let host = String(hostPort[hostPort.index(after: hostPort.startIndex)..<close])
             if after.hasPrefix(":") {
                 guard let p = Int(after.dropFirst()), (1...65535).contains(p) else { throw bad("the port is not 1-65535") }
-                port = p
+                return (host, p)
             } else if !after.isEmpty { throw bad("unexpected text after the host") }
-        } else {
-            if let colon = hostPort.lastIndex(of: ":") {
-                guard let p = Int(hostPort[hostPort.index(after: colon)...]), (1...65535).contains(p) else {
-                    throw bad("the port is not 1-65535")
-                }
-                port = p
-                hostPort = hostPort[..<colon]
-            }
-            guard let decoded = Self.percentDecoded(hostPort) else { throw bad("the host is not valid percent-encoding") }
-            host = decoded
+            return (host, 5432)
         }
-        guard let database = Self.percentDecoded(path), !database.isEmpty else { throw bad("no database name") }
-        self.database = database
+        var port = 5432
+        if let colon = hostPort.lastIndex(of: ":") {
+            guard let p = Int(hostPort[hostPort.index(after: colon)...]), (1...65535).contains(p) else {
+                throw bad("the port is not 1-65535")
+            }
+            port = p
+            hostPort = hostPort[..<colon]
+        }
+        guard let decoded = percentDecoded(hostPort) else { throw bad("the host is not valid percent-encoding") }
+        return (decoded, port)
+    }
 
-        sslMode = .prefer
-        sslRootCert = nil
-        for pair in query.split(separator: "&") where !pair.isEmpty {
-            let parts = pair.split(separator: "=", maxSplits: 1)
-            let key = String(parts[0])
-            let value = parts.count > 1 ? Self.percentDecoded(parts[1]) ?? "" : ""
-            switch key {
-            case "sslmode":
-                guard let mode = SSLMode(rawValue: value) else {
-                    throw bad("sslmode \(value) is not disable, prefer, require or verify-full")
-                }
-                sslMode = mode
-            case "sslrootcert":
-                sslRootCert = value
-            case "host":
-                // libpq's: the parameter wins over the host before the path.
-                if value.contains(",") {
-                    throw bad("several hosts (\(value)) are not supported: "
-                              + "name one, such as a name or address that always leads to the primary")
-                }
-                host = value
-            case "port":
-                guard let p = Int(value), (1...65535).contains(p) else { throw bad("the port is not 1-65535") }
-                port = p
-            default:
-                throw bad("unknown parameter \(key)")
+    /// One query parameter (`?key=value`): sslmode, sslrootcert, and libpq's host and port, which win over the ones
+    /// before the path.
+    private static func apply(_ key: String, _ value: String, ssl: inout (mode: SSLMode, rootCert: String?),
+                              host: inout String, port: inout Int) throws {
+        switch key {
+        case "sslmode":
+            guard let mode = SSLMode(rawValue: value) else { throw bad("sslmode \(value) is not disable, prefer, require or verify-full") }
+            ssl.mode = mode
+        case "sslrootcert":
+            ssl.rootCert = value
+        case "host":
+            if value.contains(",") {
+                throw bad("several hosts (\(value)) are not supported: "
+                               + "name one, such as a name or address that always leads to the primary")
             }
-        }
-        if host.isEmpty { throw bad("no host (a name, an address, or the folder of the server's socket such as host=/run/postgresql)") }
-        // A NUL would end the name early in the protocol's startup message (or add parameters of its own there).
-        for (part, text) in [("host", host), ("user", user), ("database name", database)]
-        where text.unicodeScalars.contains(where: { $0.value < 0x20 || $0.value == 0x7F }) {
-            throw bad("the \(part) holds a control character")
-        }
-        if host.contains("/") && !host.hasPrefix("/") { throw bad("the socket folder \(host) is not an absolute path") }
-        self.host = host
-        self.port = port
-        // A Unix-domain socket's address holds at most 107 bytes of path (sun_path, with its NUL).
-        if let socketPath, socketPath.utf8.count > 107 {
-            throw bad("the socket path \(socketPath) is longer than the 107 bytes a Unix-domain socket address holds")
-        }
-        if let passwordFile {
-            password = try Self.readPassword(passwordFile)
-            self.passwordFile = passwordFile
+            host = value
+        case "port":
+            guard let p = Int(value), (1...65535).contains(p) else { throw bad("the port is not 1-65535") }
+            port = p
+        default:
+            throw bad("unknown parameter \(key)")
         }
     }
 

@@ -36,6 +36,17 @@ func statusReport(_ response: [String: Any]) -> String {
         out += "operations in active jobs: \(operations) of \(budget)\(operations >= budget ? " (claiming paused until some end)" : "")\n"
     }
     if let heap = response["heapBytes"] as? Int { out += "heap in use: \(heap / 1024) KiB\n" }
+    out += queuesReport(response)
+    out += flowControlReport(response)
+    out += nodesReport(response)
+    out += clusterReport(response)
+    out += jobsReport(response)
+    return out
+}
+
+/// The queues' table, and what holds them: the cluster's suspensions not yet read, cluster-wide limits.
+func queuesReport(_ response: [String: Any]) -> String {
+    var out = ""
     var queues = [["QUEUE", "LIMIT", "QOS", "EXECUTING", "PENDING", "SUSPENDED"]]
     var held = false
     for q in response["queues"] as? [[String: Any]] ?? [] {
@@ -58,8 +69,12 @@ func statusReport(_ response: [String: Any]) -> String {
         if let priority = q["clusterSlotWait"] as? String { out += " and waits for more (its wait recorded at priority \(priority))" }
         out += "\n"
     }
-    out += flowControlReport(response)
-    // A cluster node (SPEC §8) speaks for the whole cluster: its nodes, and the jobs none of the live ones can run.
+    return out
+}
+
+/// A cluster node (SPEC §8) speaks for the whole cluster: its nodes as it last read them.
+func nodesReport(_ response: [String: Any]) -> String {
+    var out = ""
     if let nodes = response["nodes"] as? [[String: Any]] {
         // Read from the database: while this node cannot reach it, the table is the last one it read.
         let state = (response["cluster"] as? [String: Any])?["state"] as? String
@@ -83,6 +98,12 @@ func statusReport(_ response: [String: Any]) -> String {
             out += "nodes whose opqueued knows an older schema than \(newest) (upgrade them): \(behind.joined(separator: ", "))\n"
         }
     }
+    return out
+}
+
+/// The cluster as this node sees it: connected or not, wake-ups, the jobs no live node can run, the queues' counts.
+func clusterReport(_ response: [String: Any]) -> String {
+    var out = ""
     if let cluster = response["cluster"] as? [String: Any] {
         if let state = cluster["state"] as? String { out += "\ncluster: \(state)\(cluster["reason"].map { " (\($0))" } ?? "")\n" }
         if cluster["wakeupsArrive"] as? Bool == false {
@@ -106,6 +127,13 @@ func statusReport(_ response: [String: Any]) -> String {
             }
         }
     }
+    return out
+}
+
+/// The active jobs and their progress (a delayed one: until when).
+func jobsReport(_ response: [String: Any]) -> String {
+    var out = ""
+    let active = response["activeJobs"] as? [String] ?? []
     // `jobs` (with progress) comes from daemons that know it; `activeJobs` alone from older ones.
     let progress = response["jobs"] as? [[String: Any]] ?? active.map { ["job": $0] }
     if !progress.isEmpty {

@@ -166,47 +166,62 @@ extension Daemon {
         case .stopping, .paused: return
         }
         let now = Date().timeIntervalSince1970
-        // An empty queue alone is no reason to read the inbox: every job's end asks for more, and reading a
-        // folder that once held a flood costs all its blocks (a directory never shrinks) even when it is empty.
-        // With nothing to take now (no room; a cluster node that cannot submit yet) it is still read when due, at
-        // most every `rescanInterval` (and every twenty times a read's own time, for a huge backlog): what waits
-        // there is counted all the same (status's `waiting`, `opqueued_inbox_files`), not left at what the last
-        // read before the node filled up saw.
-        let due = rescanNow || (inboxQueue.isEmpty && scanLeftSome) || (rescanRequested && now - lastRefill >= Self.rescanInterval)
-        let takes = runsHere ? room > 0 && budget > 0 : store.acceptsSubmissions
-        if due && (takes || now - lastRefill >= max(Self.rescanInterval, 20 * lastRefillSeconds)) {
-            do {
-                try refill()
-            } catch {
-                spoolFailed("reading the inbox", error)
-                return
-            }
-        }
+        guard refillIfDue(now: now, takes: runsHere ? room > 0 && budget > 0 : store.acceptsSubmissions) else { return }
         // Manifests that go to the store do not wait for room here; they wait in the inbox until the store can
         // validate them (a cluster node that has not yet learnt what the cluster declares), tried again shortly.
         if !runsHere {
             guard store.acceptsSubmissions else {
-                if !submissionRetryScheduled {
-                    submissionRetryScheduled = true
-                    work.asyncAfter(deadline: .now() + 0.5) { [self] in
-                        submissionRetryScheduled = false
-                        claimMore()
-                    }
-                }
+                retrySubmissionsShortly()
                 return
             }
             (room, budget) = (Self.handOverBatch, Int.max)
         }
         guard room > 0, budget > 0 else { return }
-        // Operations the claimed manifests may hold, before they are parsed: no operation takes fewer
-        // than this many bytes in either format.
+        let (claimed, settling) = claimRound(room: room, budget: budget, runsHere: runsHere, now: now)
+        endClaimRound(claimed, settling: settling, runsHere: runsHere)
+        checkOnceDone()
+    }
+
+    /// On `work`: reads the inbox again if it is due; false when it could not be read (a spool fault).
+    ///
+    /// An empty queue alone is no reason to read the inbox: every job's end asks for more, and reading a folder that
+    /// once held a flood costs all its blocks (a directory never shrinks) even when it is empty. With nothing to take
+    /// now (`takes` false: no room; a cluster node that cannot submit yet) it is still read when due, at most every
+    /// `rescanInterval` (and every twenty times a read's own time, for a huge backlog): what waits there is counted
+    /// all the same (status's `waiting`, `opqueued_inbox_files`), not left at what the last read before the node
+    /// filled up saw.
+    private func refillIfDue(now: Double, takes: Bool) -> Bool {
+        let due = rescanNow || (inboxQueue.isEmpty && scanLeftSome) || (rescanRequested && now - lastRefill >= Self.rescanInterval)
+        guard due && (takes || now - lastRefill >= max(Self.rescanInterval, 20 * lastRefillSeconds)) else { return true }
+        do {
+            try refill()
+            return true
+        } catch {
+            spoolFailed("reading the inbox", error)
+            return false
+        }
+    }
+
+    private func retrySubmissionsShortly() {
+        guard !submissionRetryScheduled else { return }
+        submissionRetryScheduled = true
+        work.asyncAfter(deadline: .now() + 0.5) { [self] in
+            submissionRetryScheduled = false
+            claimMore()
+        }
+    }
+
+    /// On `work`: claims inbox names in order while there is room and the operations they may hold fit the budget;
+    /// the claimed jobs, and the names still being written (tried again once settled).
+    private func claimRound(room: Int, budget: Int, runsHere: Bool, now: Double) -> (claimed: [ClaimedJob], settling: [String]) {
+        // Operations the claimed manifests may hold, before they are parsed: no operation takes fewer than this many
+        // bytes in either format.
         var mayHold = 0
-        let onlyThese = once
         var claimed: [ClaimedJob] = []
         var settling: [String] = []
         while claimed.count < room, mayHold < budget, let name = inboxQueue.popFirst() {
             queuedNames.remove(name)
-            if onlyThese {
+            if once {
                 let allowed = lock.withLock {
                     guard lifecycle.onceAllows(name) else { return false }
                     _ = lifecycle.handle(.onceTried(name: name))
@@ -214,56 +229,72 @@ extension Daemon {
                 }
                 guard allowed else { continue }
             }
-            lock.lock()
-            let hinted = closedHints.remove(name) != nil
-            lock.unlock()
-            // Used only where no lease can be had: not announced by inotify and still fresh, it may be
-            // being written in place. (Not a regular file: `claim` says why it is left alone.)
-            let settled = hinted || onlyThese || (spool.age(of: name, now: now) ?? Self.settleSeconds) >= Self.settleSeconds
+            let hinted = lock.withLock { closedHints.remove(name) != nil }
+            // Used only where no lease can be had: not announced by inotify and still fresh, it may be being written
+            // in place. (Not a regular file: `claim` says why it is left alone.)
+            let settled = hinted || once || (spool.age(of: name, now: now) ?? Self.settleSeconds) >= Self.settleSeconds
+            let outcome: Spool.ClaimOutcome
+            let changedAt = spool.changeTime(of: name)
             do {
-                let changedAt = spool.changeTime(of: name)
-                let outcome = runsHere ? try spool.claim(name, now: Date().timeIntervalSince1970, settled: settled, inUse: idInUse)
+                outcome = runsHere ? try spool.claim(name, now: Date().timeIntervalSince1970, settled: settled, inUse: idInUse)
                     : try spool.claimForSubmission(name, now: Date().timeIntervalSince1970, settled: settled)
-                switch outcome {
-                case .claimed(let job):
-                    busy.remove(name)
-                    if let changedAt { metrics.pickedUp(after: job.receivedAt - changedAt) }
-                    claimed.append(job)
-                    mayHold += job.manifest.count / Self.minimumBytesPerOperation + 1
-                case .busy:
-                    busy.insert(name)
-                case .unsettled:
-                    settling.append(name)
-                case .vanished:
-                    busy.remove(name)
-                    continue
-                case .exists(let job, let inode, let held):
-                    busy.remove(name)
-                    holdSkipped(held)
-                    lock.withLock { waiting = max(0, waiting - 1) }
-                    recordSubmitted([(name, inode, job)])
-                    event(.info, "inbox/\(name) skipped: job \(job) exists (ifJobExists = skip)",
-                          ["OPQ_EVENT": "job", "OPQ_STATE": "skipped", "OPQ_JOB": .string(job), "OPQ_MANIFEST": .string(name)])
-                case .skipped(let reason):
-                    lock.lock()
-                    let fresh = strangersLogged.insert(name).inserted
-                    if fresh { waiting = max(0, waiting - 1) }
-                    lock.unlock()
-                    if fresh { logger.warning("inbox/\(name) cannot be claimed: \(reason)") }
-                }
             } catch {
                 queueName(name, first: true)
                 spoolFailed("claiming inbox/\(name)", error)
                 break
             }
-            if !leaseFallbackLogged, let reason = spool.leaseRefused {
-                leaseFallbackLogged = true
-                logger.notice("""
-                    no read lease could be taken on \(reason); a manifest still open for writing is told apart by inotify's close events \
-                    and \(Self.settleSeconds) s without change instead (logged once)
-                    """)
+            switch outcome {
+            case .claimed(let job):
+                busy.remove(name)
+                if let changedAt { metrics.pickedUp(after: job.receivedAt - changedAt) }
+                claimed.append(job)
+                mayHold += job.manifest.count / Self.minimumBytesPerOperation + 1
+            case .unsettled: settling.append(name)
+            case .vanished:
+                busy.remove(name)
+                continue
+            default: notClaimed(name, outcome)
             }
+            logLeaseFallbackOnce()
         }
+        return (claimed, settling)
+    }
+
+    /// On `work`: a manifest left in the inbox (busy, refused) or skipped (`ifJobExists = skip`).
+    private func notClaimed(_ name: String, _ outcome: Spool.ClaimOutcome) {
+        switch outcome {
+        case .busy:
+            busy.insert(name)
+        case .exists(let job, let inode, let held):
+            busy.remove(name)
+            holdSkipped(held)
+            lock.withLock { waiting = max(0, waiting - 1) }
+            recordSubmitted([(name, inode, job)])
+            event(.info, "inbox/\(name) skipped: job \(job) exists (ifJobExists = skip)",
+                  ["OPQ_EVENT": "job", "OPQ_STATE": "skipped", "OPQ_JOB": .string(job), "OPQ_MANIFEST": .string(name)])
+        case .skipped(let reason):
+            lock.lock()
+            let fresh = strangersLogged.insert(name).inserted
+            if fresh { waiting = max(0, waiting - 1) }
+            lock.unlock()
+            if fresh { logger.warning("inbox/\(name) cannot be claimed: \(reason)") }
+        case .claimed, .unsettled, .vanished:
+            break
+        }
+    }
+
+    private func logLeaseFallbackOnce() {
+        guard !leaseFallbackLogged, let reason = spool.leaseRefused else { return }
+        leaseFallbackLogged = true
+        logger.notice("""
+            no read lease could be taken on \(reason); a manifest still open for writing is told apart by inotify's close events \
+            and \(Self.settleSeconds) s without change instead (logged once)
+            """)
+    }
+
+    /// On `work`: after a claim round, the settling names tried again later, the claims committed and accepted, and
+    /// the next round queued when this one could not take everything.
+    private func endClaimRound(_ claimed: [ClaimedJob], settling: [String], runsHere: Bool) {
         if !settling.isEmpty {
             work.asyncAfter(deadline: .now() + Self.settleSeconds) { [self, settling] in
                 for name in settling { queueName(name) }
@@ -300,7 +331,6 @@ extension Daemon {
             delayed.addedThisRound = 0
             if !inboxQueue.isEmpty || scanLeftSome { work.async { [self] in claimMore() } } else { releaseMemoryIfIdle(released: added) }
         }
-        checkOnceDone()
     }
 
     /// On `work`: keeps a skipped manifest's descriptor open for 15 s (at most 256 at once), so that its inode is not
