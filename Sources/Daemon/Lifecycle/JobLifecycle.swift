@@ -207,31 +207,13 @@ struct JobLifecycle<Group: Hashable & Sendable>: Sendable {
     mutating func handle(_ event: Event) -> [Action] {
         switch event {
         case .received(let id, let arrival):
-            guard jobs[id] == nil else { return [] }
-            jobs[id] = Job(phase: .received)
-            switch arrival {
-            case .inbox(let manifest): return [.journal(.received(job: id, manifest: manifest))]
-            case .resumed: return []
-            case .claimed(let fromNode): return [.journal(.claimed(job: id, fromNode: fromNode))]
-            }
+            return received(id, arrival)
 
         case .planned(let id, let operations, let recovered):
-            guard var job = jobs[id], job.phase == .received else { return [] }
-            job.phase = .accepted
-            job.operations = operations
-            job.recovered = recovered
-            activeOperations += operations
-            jobs[id] = job
-            return job.announced ? [.submit(job: id)] : [.journal(.accepted(job: id, operations: operations)), .submit(job: id)]
+            return planned(id, operations: operations, recovered: recovered)
 
         case .delayed(let id, let operations, let until):
-            guard var job = jobs[id], job.phase == .received else { return [] }
-            job.phase = .delayed
-            job.announced = true
-            job.notBefore = until
-            jobs[id] = job
-            delayedCount += 1
-            return [.journal(.accepted(job: id, operations: operations)), .journal(.delayed(job: id, until: until))]
+            return delayed(id, operations: operations, until: until)
 
         case .due(let id):
             guard var job = jobs[id], job.phase == .delayed else { return [] }
@@ -242,12 +224,7 @@ struct JobLifecycle<Group: Hashable & Sendable>: Sendable {
             return []
 
         case .rejected(let id, let problems, let error):
-            guard var job = jobs[id], job.phase == .received || job.phase == .accepted else { return [] }
-            job.phase = .rejected
-            // Cancels asked meanwhile have nothing left to cancel.
-            job.cancelsBeforeGroup = []
-            jobs[id] = job
-            return [.journal(.rejected(job: id, problems: problems, error: error)), .publish(job: id, status: .rejected, error: error)]
+            return rejected(id, problems: problems, error: error)
 
         case .handedOver(let id):
             guard let job = jobs.removeValue(forKey: id) else { return [] }
@@ -256,20 +233,7 @@ struct JobLifecycle<Group: Hashable & Sendable>: Sendable {
             return []
 
         case .submitted(let id, let group):
-            guard var job = jobs[id], job.phase == .accepted else {
-                // Not expected (both happen on the shell's serial queue); stopped and dropped like a lost job's.
-                lostGroups[group] = (id, .discard(job: id))
-                return [.cancelGroup(group)]
-            }
-            job.phase = .running
-            job.group = group
-            let early = job.cancelsBeforeGroup
-            job.cancelsBeforeGroup = []
-            jobs[id] = job
-            byGroup[group] = id
-            return early.map { operation in
-                operation.map { .cancelOperation(job: id, group: group, operation: $0) } ?? .cancelGroup(group)
-            }
+            return submitted(id, group: group)
 
         case .extended(let id, let operations, let recovered):
             guard var job = jobs[id], job.phase == .running else { return [] }
@@ -285,74 +249,16 @@ struct JobLifecycle<Group: Hashable & Sendable>: Sendable {
             return []
 
         case .cancel(let id, let operation, let knownOperation):
-            guard var job = jobs[id] else { return [.answer(.notHere)] }
-            switch job.phase {
-            case .rejected:
-                return [.answer(.alreadyEnded)]
-            case .delayed:
-                // A cancel of the whole job ends it at once: it is started with the cancel, which ends every
-                // operation before any runs. One operation's cancel waits with the job.
-                job.cancelsBeforeGroup.append(operation)
-                guard operation == nil else {
-                    jobs[id] = job
-                    return [.answer(.cancelled)]
-                }
-                job.phase = .received
-                job.notBefore = nil
-                jobs[id] = job
-                delayedCount -= 1
-                return [.wake(job: id), .answer(.cancelled)]
-            case .received, .accepted:
-                // Before the plan is read, an operation that turns out not to exist is logged and ignored
-                // once the group exists; after, it is refused now.
-                if operation != nil, job.phase == .accepted, !knownOperation { return [.answer(.unknownOperation)] }
-                job.cancelsBeforeGroup.append(operation)
-                jobs[id] = job
-                return [.answer(.cancelled)]
-            case .running, .finishing:
-                guard let group = job.group else { return [.answer(.alreadyEnded)] }
-                guard let operation else { return [.cancelGroup(group), .answer(.cancelled)] }
-                guard knownOperation else { return [.answer(.unknownOperation)] }
-                return [.cancelOperation(job: id, group: group, operation: operation), .answer(.cancelled)]
-            }
+            return cancel(id, operation: operation, knownOperation: knownOperation)
 
         case .groupFinished(let group, let status, let error):
-            if let lost = lostGroups.removeValue(forKey: group) { return [.releaseGroup(group), lost.end] }
-            guard let id = byGroup[group], var job = jobs[id], job.phase == .running else { return [] }
-            job.phase = .finishing
-            jobs[id] = job
-            return [.publish(job: id, status: status, error: error)]
+            return groupFinished(group, status: status, error: error)
 
         case .published(let id):
-            guard let job = jobs[id], job.phase == .finishing || job.phase == .rejected else { return [] }
-            jobs[id] = nil
-            activeOperations -= job.operations
-            var actions: [Action] = []
-            if let group = job.group {
-                byGroup[group] = nil
-                actions.append(.releaseGroup(group))
-            }
-            return actions
+            return published(id)
 
         case .lost(let id, let reason, let resubmit):
-            guard let job = jobs.removeValue(forKey: id) else { return [] }
-            if job.phase == .delayed { delayedCount -= 1 }
-            activeOperations -= job.operations
-            var actions: [Action] = [.journal(.lost(job: id, reason: reason))]
-            let end: Action = resubmit ? .resubmit(job: id) : .discard(job: id)
-            if let group = job.group {
-                byGroup[group] = nil
-                if job.phase == .running {
-                    // Its commands die with the cancel; its folder goes once nothing runs in it.
-                    lostGroups[group] = (id, end)
-                    actions.append(.cancelGroup(group))
-                } else {
-                    actions += [.releaseGroup(group), end]
-                }
-            } else {
-                actions.append(end)
-            }
-            return actions
+            return lost(id, reason: reason, resubmit: resubmit)
 
         case .stopping:
             stopping = true
@@ -376,5 +282,145 @@ struct JobLifecycle<Group: Hashable & Sendable>: Sendable {
             onceNames?.remove(name)
             return []
         }
+    }
+
+    /// A cancel of a whole job (`operation` nil) or of one operation, whatever the job's phase.
+    private mutating func cancel(_ id: String, operation: String?, knownOperation: Bool) -> [Action] {
+        guard var job = jobs[id] else { return [.answer(.notHere)] }
+        switch job.phase {
+        case .rejected:
+            return [.answer(.alreadyEnded)]
+        case .delayed:
+            // A cancel of the whole job ends it at once: it is started with the cancel, which ends every
+            // operation before any runs. One operation's cancel waits with the job.
+            job.cancelsBeforeGroup.append(operation)
+            guard operation == nil else {
+                jobs[id] = job
+                return [.answer(.cancelled)]
+            }
+            job.phase = .received
+            job.notBefore = nil
+            jobs[id] = job
+            delayedCount -= 1
+            return [.wake(job: id), .answer(.cancelled)]
+        case .received, .accepted:
+            // Before the plan is read, an operation that turns out not to exist is logged and ignored
+            // once the group exists; after, it is refused now.
+            if operation != nil, job.phase == .accepted, !knownOperation { return [.answer(.unknownOperation)] }
+            job.cancelsBeforeGroup.append(operation)
+            jobs[id] = job
+            return [.answer(.cancelled)]
+        case .running, .finishing:
+            guard let group = job.group else { return [.answer(.alreadyEnded)] }
+            guard let operation else { return [.cancelGroup(group), .answer(.cancelled)] }
+            guard knownOperation else { return [.answer(.unknownOperation)] }
+            return [.cancelOperation(job: id, group: group, operation: operation), .answer(.cancelled)]
+        }
+    }
+
+    /// The job's operations were submitted to the engine as `group`: the cancels asked meanwhile go with it.
+    private mutating func submitted(_ id: String, group: Group) -> [Action] {
+        guard var job = jobs[id], job.phase == .accepted else {
+            // Not expected (both happen on the shell's serial queue); stopped and dropped like a lost job's.
+            lostGroups[group] = (id, .discard(job: id))
+            return [.cancelGroup(group)]
+        }
+        job.phase = .running
+        job.group = group
+        let early = job.cancelsBeforeGroup
+        job.cancelsBeforeGroup = []
+        jobs[id] = job
+        byGroup[group] = id
+        return early.map { operation in
+            operation.map { .cancelOperation(job: id, group: group, operation: $0) } ?? .cancelGroup(group)
+        }
+    }
+
+    /// The job's folder cannot be kept (or the store took it back): it leaves the table; a running group is cancelled
+    /// first and its folder goes once nothing runs in it.
+    private mutating func lost(_ id: String, reason: String, resubmit: Bool) -> [Action] {
+        guard let job = jobs.removeValue(forKey: id) else { return [] }
+        if job.phase == .delayed { delayedCount -= 1 }
+        activeOperations -= job.operations
+        var actions: [Action] = [.journal(.lost(job: id, reason: reason))]
+        let end: Action = resubmit ? .resubmit(job: id) : .discard(job: id)
+        if let group = job.group {
+            byGroup[group] = nil
+            if job.phase == .running {
+                // Its commands die with the cancel; its folder goes once nothing runs in it.
+                lostGroups[group] = (id, end)
+                actions.append(.cancelGroup(group))
+            } else {
+                actions += [.releaseGroup(group), end]
+            }
+        } else {
+            actions.append(end)
+        }
+        return actions
+    }
+
+    /// The job's outbox entry is in place: it leaves the table, its group released.
+    private mutating func published(_ id: String) -> [Action] {
+        guard let job = jobs[id], job.phase == .finishing || job.phase == .rejected else { return [] }
+        jobs[id] = nil
+        activeOperations -= job.operations
+        var actions: [Action] = []
+        if let group = job.group {
+            byGroup[group] = nil
+            actions.append(.releaseGroup(group))
+        }
+        return actions
+    }
+
+    /// A job enters the table; how it came decides what is logged.
+    private mutating func received(_ id: String, _ arrival: Arrival) -> [Action] {
+        guard jobs[id] == nil else { return [] }
+        jobs[id] = Job(phase: .received)
+        switch arrival {
+        case .inbox(let manifest): return [.journal(.received(job: id, manifest: manifest))]
+        case .resumed: return []
+        case .claimed(let fromNode): return [.journal(.claimed(job: id, fromNode: fromNode))]
+        }
+    }
+
+    /// Its plan was read: it takes its operations from the budget and goes to the engine (`accepted` logged once).
+    private mutating func planned(_ id: String, operations: Int, recovered: Int) -> [Action] {
+        guard var job = jobs[id], job.phase == .received else { return [] }
+        job.phase = .accepted
+        job.operations = operations
+        job.recovered = recovered
+        activeOperations += operations
+        jobs[id] = job
+        return job.announced ? [.submit(job: id)] : [.journal(.accepted(job: id, operations: operations)), .submit(job: id)]
+    }
+
+    /// Its plan says not before `until` (§3.7): accepted now, then waiting without a slot.
+    private mutating func delayed(_ id: String, operations: Int, until: Double) -> [Action] {
+        guard var job = jobs[id], job.phase == .received else { return [] }
+        job.phase = .delayed
+        job.announced = true
+        job.notBefore = until
+        jobs[id] = job
+        delayedCount += 1
+        return [.journal(.accepted(job: id, operations: operations)), .journal(.delayed(job: id, until: until))]
+    }
+
+    /// Its manifest or plan was refused: it is published `rejected`.
+    private mutating func rejected(_ id: String, problems: [String], error: String) -> [Action] {
+        guard var job = jobs[id], job.phase == .received || job.phase == .accepted else { return [] }
+        job.phase = .rejected
+        // Cancels asked meanwhile have nothing left to cancel.
+        job.cancelsBeforeGroup = []
+        jobs[id] = job
+        return [.journal(.rejected(job: id, problems: problems, error: error)), .publish(job: id, status: .rejected, error: error)]
+    }
+
+    /// Every operation of its group ended: the job is published (a lost job's group is released and its end done).
+    private mutating func groupFinished(_ group: Group, status: JobStatus, error: String?) -> [Action] {
+        if let lost = lostGroups.removeValue(forKey: group) { return [.releaseGroup(group), lost.end] }
+        guard let id = byGroup[group], var job = jobs[id], job.phase == .running else { return [] }
+        job.phase = .finishing
+        jobs[id] = job
+        return [.publish(job: id, status: status, error: error)]
     }
 }
