@@ -108,9 +108,9 @@ struct FlowControlClusterTests {
         #expect(try occurrences().allSatisfy { !$0.contains(".") })
     }
 
-    /// clusterRateLimit: 5 starts per 2 s of one queue across three nodes, under a minute of load, one node killed
-    /// (kill -9) half-way. The published start times hold it — no window of 2 s holds more than 5 — and use it:
-    /// at least 80 % of 5 per window on average while the load lasts.
+    /// clusterRateLimit: 5 starts per 2 s of one queue across three nodes, under a minute of load, one node frozen
+    /// (SIGSTOP) for 2 s, one killed (kill -9) half-way. The published start times hold it — no window of 2 s holds
+    /// more than 5 — and use it: at least 80 % of 5 per window on average while the load lasts.
     @Test func aClusterRateHoldsAcrossNodesThroughAKill() throws {
         let (limit, seconds) = (5, 2.0)
         let queue: [String: Any] = ["maxConcurrentOperationCount": 4, "clusterRateLimit": ["operations": limit, "seconds": seconds]]
@@ -118,11 +118,16 @@ struct FlowControlClusterTests {
                                          clusterSettings: { _ in ["jobSlots": 6] })
         let jobs = try dropSleepJobs(harness, "rate", 0..<120, seconds: 0.3, queue: "rated")
         // Meanwhile status says when the queue's next start is free while work waits for one: within a window and
-        // a grant's use time from now. Half-way (60 of 120 starts at 2.5 a second), node 2 dies with whatever grants
-        // and jobs it holds.
+        // a grant's use time from now. From 10 s to 12 s node 1 is frozen with whatever grants it holds: waking, it
+        // must not start on them (their use time is over). Half-way (60 of 120 starts at 2.5 a second), node 2 dies
+        // with whatever grants and jobs it holds.
         let begun = Date()
         var nextStarts: [(asked: Double, next: Double)] = []
+        var frozen: Bool?
         while Date().timeIntervalSince(begun) < 24 {
+            let elapsed = Date().timeIntervalSince(begun)
+            if frozen == nil && elapsed >= 10 { harness[1].freeze(); frozen = true }
+            if frozen == true && elapsed >= 12 { harness[1].resume(); frozen = false }
             let asked = Date().timeIntervalSince1970
             let queues = try harness[0].statusJSON()["queues"] as? [[String: Any]] ?? []
             let rated = queues.first { $0["name"] as? String == "rated" }
