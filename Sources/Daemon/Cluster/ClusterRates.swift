@@ -17,7 +17,6 @@
 // Trusts: the store grants atomically (the queue's row locked) and never lengthens a count on a report.
 
 import ClusterStore
-import Foundation
 import Logging
 import OperationEngine
 import Synchronization

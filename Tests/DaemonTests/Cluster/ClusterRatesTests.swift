@@ -1,5 +1,6 @@
 // clusterRateLimit through ClusterRates: three nodes (three engines, three store connections) on one real PostgreSQL
-// start no more operations of a rated queue in any window than the rate across them all, and use the rate.
+// start no more operations of a rated queue in any window than the rate across them all, and use the rate; a node
+// that cannot reach the database starts none.
 
 import ClusterStore
 @testable import Daemon
@@ -72,5 +73,37 @@ struct ClusterRatesTests {
         }
         for r in runners + nodes.map(\.task) { r.cancel() }
         for r in runners { await r.value }
+    }
+
+    @Test func aNodeThatCannotReachTheDatabaseStartsNothingOfARatedQueue() async throws {
+        // Nothing listens on port 1: every request for grants fails at once.
+        let store = try PostgresClusterStore(url: DatabaseURL("postgresql://opq@127.0.0.1:1/none"))
+        let executor = ClusterExecutor(label: "test-rates-away")
+        let runner = Task(executorPreference: executor) { await store.run() }
+        let started = Mutex(0)
+        let engine = Engine()
+        let api = engine.addQueue(named: "api", maxConcurrentOperationCount: 3)
+        let rates = ClusterRates(store: store, node: "away", engine: engine, logger: Logger(label: "test"))
+        rates.configure(["api": .init(queue: api, rate: try #require(RateLimit(operations: 100, seconds: 1)))])
+        let task = Task(executorPreference: executor) { await rates.run() }
+        var graph = GraphBuilder()
+        for i in 0..<3 {
+            graph.add(OperationSpec(name: "op\(i)", queue: api, body: .sync { _ in
+                started.withLock { $0 += 1 }
+                return nil
+            }))
+        }
+        let group = try engine.submit(graph)
+        try await Task.sleep(for: .milliseconds(2_500))
+        #expect(started.withLock { $0 } == 0, "no grant, no start")
+        #expect(engine.records(group)?.allSatisfy { $0.state == .ready } == true, "held back, the operations stay ready")
+        #expect(engine.startDemand(api) == (left: 0, wanted: 3))
+        // No longer rated (a reload that drops the key): they start at once.
+        rates.configure([:])
+        let ended = Date().addingTimeInterval(10)
+        while started.withLock({ $0 }) < 3 && Date() < ended { try await Task.sleep(for: .milliseconds(10)) }
+        #expect(started.withLock { $0 } == 3)
+        for t in [task, runner] { t.cancel() }
+        for t in [task, runner] { await t.value }
     }
 }
