@@ -29,7 +29,8 @@ CREATE FUNCTION opq_grant_starts(q text, requester text, wanted integer, lim int
                                  use_within float8)
 RETURNS TABLE (ids bigint[], next_free float8, db_now float8)
 LANGUAGE sql VOLATILE AS '
-INSERT INTO opq_rate_queues AS r (queue) VALUES (q) ON CONFLICT (queue) DO UPDATE SET queue = r.queue; DELETE FROM opq_rate_grants WHERE queue = q AND counts_until < now() - interval ''1 minute''; WITH counted AS (
+INSERT INTO opq_rate_queues AS r (queue) VALUES (q) ON CONFLICT (queue) DO UPDATE SET queue = r.queue; DELETE
+FROM opq_rate_grants WHERE queue = q AND counts_until < now() - interval ''1 minute''; WITH counted AS (
     SELECT count(*)::integer AS n, min(counts_until) AS first FROM opq_rate_grants WHERE queue = q AND counts_until > now()
 ), granted AS (
     INSERT INTO opq_rate_grants (queue, node, granted_at, counts_until, seconds)
