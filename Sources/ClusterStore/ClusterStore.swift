@@ -354,6 +354,8 @@ public enum Wakeup: Sendable, Equatable {
     case control
     /// A cluster slot was freed.
     case slots
+    /// Start grants of a clusterRateLimit were reported used or unused: one may be free sooner than said.
+    case rates
     /// A node registered (started, reconnected, reloaded): what the cluster declares may have changed.
     case nodes
     /// The listening connection is up (again): anything may have been missed meanwhile.
@@ -447,6 +449,15 @@ public protocol ClusterStore: Sendable {
     /// Frees every slot `node` holds, whatever the fence (a new process of the node, before it takes any: what its
     /// name holds then was held by a process that is gone); returns the queues freed.
     func freeNodeSlots(node: String) async throws -> [String]
+
+    /// clusterRateLimit (SPEC §3.7): up to `wanted` grants to start an operation of `queue` on `node`, each to be
+    /// used within `useWithin` seconds of the call (by the caller's monotonic clock) or not at all, such that at
+    /// most `limit` start in any window of `seconds` seconds across the cluster; fewer, or none, when that many are
+    /// counted already. One transaction, the queue's row locked.
+    func grantStarts(queue: String, node: String, wanted: Int, limit: Int, seconds: Double, useWithin: Double) async throws -> StartGrants
+    /// `node` started operations on grants `used` (reported after they started) and will start none on `unused`:
+    /// their count against the window is shortened accordingly, never lengthened.
+    func settleStarts(node: String, used: [Int64], unused: [Int64]) async throws
 
     func setSuspended(_ queue: String, _ suspended: Bool) async throws
     func suspendedQueues() async throws -> Set<String>

@@ -23,6 +23,7 @@ extension PostgresClusterStore {
                             case "jobs": wakeupContinuation.yield(.jobs)
                             case "control": wakeupContinuation.yield(.control)
                             case "slots": wakeupContinuation.yield(.slots)
+                            case "rates": wakeupContinuation.yield(.rates)
                             case "nodes": wakeupContinuation.yield(.nodes)
                             case let payload where payload.hasPrefix("probe "):
                                 wakeupContinuation.yield(.probe(String(payload.dropFirst("probe ".count))))

@@ -550,6 +550,26 @@ enum Queries {
     )
     SELECT id, (SELECT pg_notify('opqueued', 'jobs') FROM (SELECT 1 FROM moved LIMIT 1) AS m) FROM moved
     """#
+
+    /// clusterRateLimit (schema 9): up to $3 start grants of queue $1 for node $2, at most $4 counted per $5 seconds,
+    /// each to be used within $6 seconds; see opq_grant_starts. Returns the grants' ids, when the next one frees (NULL:
+    /// one is free now) and the database's now, both in seconds since the epoch.
+    static let grantStarts = #"""
+    SELECT ids, next_free, db_now FROM opq_grant_starts($1, $2, $3, $4, $5, $6)
+    """#
+
+    /// Node $1 used grants $2 (each then counts until now + its window, if that is sooner) and did not use grants $3
+    /// (they stop counting now): a report only shortens a grant's count. Wakes the nodes that wait for grants.
+    static let settleStarts = #"""
+    WITH settled AS (
+        UPDATE opq_rate_grants
+        SET counts_until = LEAST(counts_until,
+                                 now() + CASE WHEN id = ANY($2::bigint[]) THEN make_interval(secs => seconds) ELSE interval '0' END)
+        WHERE node = $1 AND (id = ANY($2::bigint[]) OR id = ANY($3::bigint[]))
+        RETURNING id
+    )
+    SELECT count(*)::integer, (SELECT pg_notify('opqueued', 'rates') FROM (SELECT 1 FROM settled LIMIT 1) AS s) FROM settled
+    """#
 }
 
 /// The numbered migrations, each split into its statements.
@@ -872,6 +892,66 @@ enum Migrations {
             """#,
             #"""
             DELETE FROM opq_schema_version WHERE version = 8
+            """#,
+        ]),
+        Migration(version: 9, name: "rate_grants", up: [
+            #"""
+            CREATE TABLE opq_rate_queues (
+                queue text PRIMARY KEY
+            )
+            """#,
+            #"""
+            CREATE TABLE opq_rate_grants (
+                id           bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+                queue        text NOT NULL,
+                node         text NOT NULL,
+                granted_at   timestamptz NOT NULL,
+                counts_until timestamptz NOT NULL,
+                seconds      float8 NOT NULL
+            )
+            """#,
+            #"""
+            CREATE INDEX opq_rate_grants_counted ON opq_rate_grants (queue, counts_until)
+            """#,
+            #"""
+            CREATE FUNCTION opq_grant_starts(q text, requester text, wanted integer, lim integer, window_seconds float8,
+                                             use_within float8)
+            RETURNS TABLE (ids bigint[], next_free float8, db_now float8)
+            LANGUAGE sql VOLATILE AS '
+            INSERT INTO opq_rate_queues AS r (queue) VALUES (q) ON CONFLICT (queue) DO UPDATE SET queue = r.queue; DELETE
+            FROM opq_rate_grants WHERE queue = q AND counts_until < now() - interval ''1 minute''; WITH counted AS (
+                SELECT count(*)::integer AS n, min(counts_until) AS first FROM opq_rate_grants WHERE queue = q AND counts_until > now()
+            ), granted AS (
+                INSERT INTO opq_rate_grants (queue, node, granted_at, counts_until, seconds)
+                SELECT q, requester, now(), now() + make_interval(secs => use_within + window_seconds), window_seconds
+                FROM counted, generate_series(1, LEAST(wanted, lim - counted.n))
+                RETURNING id, counts_until
+            )
+            SELECT coalesce((SELECT array_agg(id ORDER BY id) FROM granted), ''{}''::bigint[]),
+                   CASE WHEN (SELECT n FROM counted) + (SELECT count(*) FROM granted) >= lim
+                        THEN extract(epoch FROM LEAST((SELECT first FROM counted), (SELECT min(counts_until) FROM granted)))::float8
+                   END,
+                   extract(epoch FROM now())::float8
+            '
+            """#,
+            #"""
+            INSERT INTO opq_schema_readers (version, oldest_reader) VALUES (9, 6)
+            """#,
+        ], down: [
+            #"""
+            DROP FUNCTION opq_grant_starts(text, text, integer, integer, float8, float8)
+            """#,
+            #"""
+            DROP TABLE opq_rate_grants
+            """#,
+            #"""
+            DROP TABLE opq_rate_queues
+            """#,
+            #"""
+            DELETE FROM opq_schema_readers WHERE version = 9
+            """#,
+            #"""
+            DELETE FROM opq_schema_version WHERE version = 9
             """#,
         ]),
     ]

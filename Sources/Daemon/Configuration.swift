@@ -16,6 +16,8 @@ public struct QueueSettings: Equatable, Sendable {
     public var clusterMaxConcurrentOperationCount: Int? = nil
     /// `rateLimit` (SPEC §3.7): at most N starts in any window of S seconds on this node.
     public var rateLimit: RateLimit? = nil
+    /// `clusterRateLimit` (SPEC §3.7, §8): the same across every node; only with `cluster`.
+    public var clusterRateLimit: RateLimit? = nil
 }
 
 /// `cluster` (SPEC §8): this node shares one queue with others through PostgreSQL.
@@ -186,6 +188,11 @@ public struct Configuration: Sendable {
                             else { problems.append("queues.\(name).suspended: must be a boolean") }
                         case "rateLimit":
                             queue.rateLimit = parseRate(v, at: "queues.\(name).rateLimit", &problems)
+                        case "clusterRateLimit":
+                            let rate = parseRate(v, at: "queues.\(name).clusterRateLimit", &problems)
+                            if top["cluster"] == nil {
+                                problems.append("queues.\(name).clusterRateLimit: only applies with a 'cluster' dictionary (SPEC §8)")
+                            } else { queue.clusterRateLimit = rate }
                         case "clusterMaxConcurrentOperationCount":
                             if top["cluster"] == nil {
                                 problems.append("queues.\(name).clusterMaxConcurrentOperationCount: "
@@ -320,7 +327,8 @@ public struct Configuration: Sendable {
     static let keys: [String: Set<String>] = [
         "": ["queues", "defaultQueues", "maxActiveJobs", "maxActiveOperations", "shutdownGraceSeconds", "download", "image", "metrics",
              "commands", "jobFinished", "cluster", "schedules", "outbox"],
-        "queues.NAME": ["maxConcurrentOperationCount", "qualityOfService", "suspended", "clusterMaxConcurrentOperationCount", "rateLimit"],
+        "queues.NAME": ["maxConcurrentOperationCount", "qualityOfService", "suspended", "clusterMaxConcurrentOperationCount", "rateLimit",
+                        "clusterRateLimit"],
         "download": ["maxBytes", "connectTimeoutSeconds", "timeoutSeconds", "fileRoots", "allowNetworks"],
         "image": ["maxPixels"],
         "metrics": ["listen"],

@@ -224,6 +224,8 @@ struct Scheduler {
         var rate: RateWindow?
         /// When the timer armed for the rate fires, nil when none is.
         var rateTimer: Double?
+        /// Starts granted from outside (a cluster-wide rate, `Scheduler+Rate.swift`); nil: none needed.
+        var budget: StartBudget?
     }
 
     static let noQoS: UInt8 = 255
@@ -236,7 +238,7 @@ struct Scheduler {
     var queueIndex: [String: Int] = [:]
     var nextSeq: UInt64 = 0
     var executingCount = 0
-    /// Queues with a rate: without any, the engine need not read the rates' clock.
+    /// Queues with a rate or a start budget: without any, the engine need not read the rates' clock.
     var ratedQueues = 0
 
     /// Outputs of the step just taken; the caller drains them.
@@ -654,7 +656,7 @@ struct Scheduler {
         var best: (queue: Int, priority: Int, qos: QualityOfService, seq: UInt64)?
         for q in queues.indices where queues[q].readyCount > 0 && !queues[q].suspended && queues[q].executing < effectiveLimit(q) {
             guard let head = head(of: q) else { continue }
-            if queues[q].rate != nil && head.entry.ref.group != Self.barrierGroup && !rateAllows(q, at: monotonic ?? now) { continue }
+            if queues[q].gatesStarts && head.entry.ref.group != Self.barrierGroup && !startAllowed(q, at: monotonic ?? now) { continue }
             let qos = effectiveQoS(head.entry.ref)
             if let current = best, current.qos > qos || (current.qos == qos && current.seq <= head.entry.seq) { continue }
             best = (q, head.priority, qos, head.entry.seq)
@@ -662,7 +664,7 @@ struct Scheduler {
         guard let best, let entry = queues[best.queue].ready[best.priority].pop() else { return nil }
         let ref = entry.ref
         let g = Int(ref.group), i = Int(ref.index)
-        if queues[best.queue].rate != nil && ref.group != Self.barrierGroup { queues[best.queue].rate?.record(monotonic ?? now) }
+        if queues[best.queue].gatesStarts && ref.group != Self.barrierGroup { noteStart(best.queue, at: monotonic ?? now) }
         queues[best.queue].readyCount -= 1
         queues[best.queue].executing += 1
         executingCount += 1

@@ -108,6 +108,62 @@ struct FlowControlClusterTests {
         #expect(try occurrences().allSatisfy { !$0.contains(".") })
     }
 
+    /// clusterRateLimit: 5 starts per 2 s of one queue across three nodes, under a minute of load, one node frozen
+    /// (SIGSTOP) for 2 s, one killed (kill -9) half-way. The published start times hold it — no window of 2 s holds
+    /// more than 5 — and use it: at least 80 % of 5 per window on average while the load lasts.
+    @Test func aClusterRateHoldsAcrossNodesThroughAKill() throws {
+        let (limit, seconds) = (5, 2.0)
+        let queue: [String: Any] = ["maxConcurrentOperationCount": 4, "clusterRateLimit": ["operations": limit, "seconds": seconds]]
+        let harness = try ClusterHarness(nodes: 3, settings: { _ in ["queues": ["rated": queue]] },
+                                         clusterSettings: { _ in ["jobSlots": 6] })
+        let jobs = try dropSleepJobs(harness, "rate", 0..<120, seconds: 0.3, queue: "rated")
+        // Meanwhile status says when the queue's next start is free while work waits for one: within a window and
+        // a grant's use time from now. From 10 s to 12 s node 1 is frozen with whatever grants it holds: waking, it
+        // must not start on them (their use time is over). Half-way (60 of 120 starts at 2.5 a second), node 2 dies
+        // with whatever grants and jobs it holds.
+        let begun = Date()
+        var nextStarts: [(asked: Double, next: Double)] = []
+        var frozen: Bool?
+        while Date().timeIntervalSince(begun) < 24 {
+            let elapsed = Date().timeIntervalSince(begun)
+            if frozen == nil && elapsed >= 10 { harness[1].freeze(); frozen = true }
+            if frozen == true && elapsed >= 12 { harness[1].resume(); frozen = false }
+            let asked = Date().timeIntervalSince1970
+            let queues = try harness[0].statusJSON()["queues"] as? [[String: Any]] ?? []
+            let rated = queues.first { $0["name"] as? String == "rated" }
+            if let next = rated?["nextStartAt"] as? Double { nextStarts.append((asked, next)) }
+            usleep(200_000)
+        }
+        harness[2].kill9()
+        #expect(!nextStarts.isEmpty, "status showed the queue's next free start")
+        for seen in nextStarts {
+            #expect(seen.next > seen.asked - 0.1 && seen.next < seen.asked + seconds + 1.2, "next free start \(seen)")
+        }
+        #expect(harness.waitAll(jobs, timeout: 120).isEmpty)
+        var starts: [Double] = []
+        for job in jobs {
+            guard let k = harness.outboxes(holding: job).first, let result = harness[k].result(job),
+                  let start = (result["operations"] as? [[String: Any]])?.first?["startedAt"] as? Double else {
+                Issue.record("\(job): no published start"); continue
+            }
+            starts.append(start)
+        }
+        // The published times are rounded to the microsecond: a start exactly a window after another may read as
+        // a microsecond less.
+        #expect(busiestWindow(starts, seconds: seconds, slack: 0.001) <= limit, "at most \(limit) starts in any \(seconds) s")
+        let span = (starts.max() ?? 0) - (starts.min() ?? 0)
+        let perWindow = Double(starts.count - 1) / (span / seconds)
+        print("\(starts.count) starts at \(limit) per \(seconds) s on three nodes, one killed: \(perWindow) per window over \(span) s, "
+              + "busiest window \(busiestWindow(starts, seconds: seconds, slack: 0.001))")
+        #expect(perWindow >= 0.8 * Double(limit), "the rate is used: \(perWindow) starts per window over \(span) s")
+    }
+
+    /// The most of `starts` within one window of `seconds` (narrowed by `slack`), each start taken as a beginning.
+    func busiestWindow(_ starts: [Double], seconds: Double, slack: Double) -> Int {
+        let sorted = starts.sorted()
+        return sorted.indices.map { i in sorted[i...].prefix { $0 < sorted[i] + seconds - slack }.count }.max() ?? 0
+    }
+
     func suffix(_ at: Int64) -> String {
         var t = time_t(at)
         var parts = tm()

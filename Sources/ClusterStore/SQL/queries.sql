@@ -502,3 +502,21 @@ WITH moved AS (
     RETURNING j.id
 )
 SELECT id, (SELECT pg_notify('opqueued', 'jobs') FROM (SELECT 1 FROM moved LIMIT 1) AS m) FROM moved;
+
+-- name: GrantStarts
+-- clusterRateLimit (schema 9): up to $3 start grants of queue $1 for node $2, at most $4 counted per $5 seconds,
+-- each to be used within $6 seconds; see opq_grant_starts. Returns the grants' ids, when the next one frees (NULL:
+-- one is free now) and the database's now, both in seconds since the epoch.
+SELECT ids, next_free, db_now FROM opq_grant_starts($1, $2, $3, $4, $5, $6);
+
+-- name: SettleStarts
+-- Node $1 used grants $2 (each then counts until now + its window, if that is sooner) and did not use grants $3
+-- (they stop counting now): a report only shortens a grant's count. Wakes the nodes that wait for grants.
+WITH settled AS (
+    UPDATE opq_rate_grants
+    SET counts_until = LEAST(counts_until,
+                             now() + CASE WHEN id = ANY($2::bigint[]) THEN make_interval(secs => seconds) ELSE interval '0' END)
+    WHERE node = $1 AND (id = ANY($2::bigint[]) OR id = ANY($3::bigint[]))
+    RETURNING id
+)
+SELECT count(*)::integer, (SELECT pg_notify('opqueued', 'rates') FROM (SELECT 1 FROM settled LIMIT 1) AS s) FROM settled;

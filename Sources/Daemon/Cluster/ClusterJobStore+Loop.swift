@@ -39,6 +39,9 @@ extension ClusterJobStore {
         case .slots:
             lock.withLock { permits }?.nudge()
             return
+        case .rates:
+            lock.withLock { rates }?.heardReport()
+            return
         case .nodes:
             wantStatus()
             return

@@ -106,6 +106,8 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
     private var reportedDeadline: Double??
     /// clusterMaxConcurrentOperationCount's slots, held for the engine (see `attach(permits:)`).
     var permits: ClusterPermits?
+    /// clusterRateLimit's start grants (see `startRates`): told when another node reports grants.
+    var rates: ClusterRates?
     private var runner: Task<Void, Never>?
     /// The loop has connected (migrated, registered, freed what an earlier process of the node held) once: before,
     /// the status thread has nothing to read.
@@ -403,6 +405,12 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
         attach(permits: permits)
         // On this store's own executor: a blocked cooperative pool must not stall the slots either.
         return (permits, Task(executorPreference: executor) { await permits.run() })
+    }
+
+    public func startRates(engine: Engine, logger: Logger) -> (rates: ClusterRates, task: Task<Void, Never>)? {
+        let rates = ClusterRates(store: store, node: nodeName, engine: engine, logger: logger)
+        lock.withLock { self.rates = rates }
+        return (rates, Task(executorPreference: executor) { await rates.run() })
     }
 
     public func job(_ id: String) throws -> JobRecord? { try job(id, timeout: nil) }

@@ -49,6 +49,7 @@ extension Daemon {
             store.reload(config)
             work.async { [self] in configureSchedules(config) }
             permits?.configure(Self.limitedQueues(config, queueIDs))
+            rates?.configure(Self.ratedQueues(config, queueIDs))
             if !kept.isEmpty {
                 logger.warning("""
                     \(kept.joined(separator: ", ")) changed: kept as this node started until it is restarted \
@@ -87,7 +88,9 @@ extension Daemon {
             try? await Task.sleep(for: .milliseconds(5))
         }
         permitsTask?.cancel()
+        ratesTask?.cancel()
         await permitsTask?.value
+        await ratesTask?.value
         store.shutdown()
         spoolWatch.stop()
     }

@@ -29,6 +29,9 @@ extension Daemon {
                 if let permits, let plan, t.operation < plan.operations.count {
                     permits.transition(queue: plan.operations[t.operation].queue, state: t.state)
                 }
+                if let rates, let plan, t.operation < plan.operations.count {
+                    rates.transition(queue: plan.operations[t.operation].queue, state: t.state)
+                }
                 guard let job, let plan, t.operation < plan.operations.count, !recovered || recomputedFailure else { continue }
                 let seen = recovered || job.fusion.isEmpty ? [t] : job.fusion.deliver(t) { engine.record(t.group, operation: $0) }
                 for t in seen {

@@ -208,6 +208,9 @@ public final class Daemon: @unchecked Sendable {
     /// Cluster slots of queues with clusterMaxConcurrentOperationCount (nil without a cluster).
     let permits: ClusterPermits?
     var permitsTask: Task<Void, Never>?
+    /// Start grants of queues with clusterRateLimit (nil without a cluster).
+    let rates: ClusterRates?
+    var ratesTask: Task<Void, Never>?
 
     /// `store`: where jobs come from and where their ends are recorded; the file spool alone by default.
     /// `beforeCommit` (tests): called on the committer's thread before each commit, which it may hold.
@@ -258,6 +261,11 @@ public final class Daemon: @unchecked Sendable {
         slots?.permits.configure(Self.limitedQueues(configuration, ids))
         permits = slots?.permits
         permitsTask = slots?.task
+        // clusterRateLimit (SPEC §3.7): a limited queue's operations start only on grants from the database.
+        let grants = self.store.startRates(engine: engine, logger: logger)
+        grants?.rates.configure(Self.ratedQueues(configuration, ids))
+        rates = grants?.rates
+        ratesTask = grants?.task
         sink.daemon = self
         storeEvents.daemon = self
         self.store.delegate = storeEvents
@@ -274,6 +282,15 @@ public final class Daemon: @unchecked Sendable {
             if let limit = q.clusterMaxConcurrentOperationCount, let id = ids[name] { limited[name] = .init(queue: id, limit: limit) }
         }
         return limited
+    }
+
+    /// The queues with a cluster-wide rate, for ClusterRates.
+    static func ratedQueues(_ config: Configuration, _ ids: [String: QueueID]) -> [String: ClusterRates.Limited] {
+        var rated: [String: ClusterRates.Limited] = [:]
+        for (name, q) in config.queues {
+            if let rate = q.clusterRateLimit, let id = ids[name] { rated[name] = .init(queue: id, rate: rate) }
+        }
+        return rated
     }
 
     /// Feeds the lifecycle one event (under `lock`).

@@ -110,6 +110,8 @@ public protocol JobStore: AnyObject, Sendable {
     /// The slots of `clusterMaxConcurrentOperationCount` for `engine`, running on the store's own executor; nil for a
     /// store with no cluster-wide limits.
     func startSlots(engine: Engine, logger: Logger) -> (permits: ClusterPermits, task: Task<Void, Never>)?
+    /// The start grants of `clusterRateLimit` for `engine`, likewise; nil for a store with no cluster.
+    func startRates(engine: Engine, logger: Logger) -> (rates: ClusterRates, task: Task<Void, Never>)?
     /// At a graceful stop, first: claims nothing more.
     func stopClaiming()
     /// Then: gives back those of `jobs` (none of whose operations started) that another node may run now; returns
@@ -178,6 +180,7 @@ extension JobStore {
     public func snapshot() -> ClusterSnapshot? { nil }
     public func job(_ id: String) throws -> JobRecord? { nil }
     public func startSlots(engine: Engine, logger: Logger) -> (permits: ClusterPermits, task: Task<Void, Never>)? { nil }
+    public func startRates(engine: Engine, logger: Logger) -> (rates: ClusterRates, task: Task<Void, Never>)? { nil }
     public func stopClaiming() {}
     public func handBack(_ jobs: [String]) -> Set<String> { [] }
     public func freshSubmissionConfiguration(_ local: Configuration) -> Configuration? { nil }

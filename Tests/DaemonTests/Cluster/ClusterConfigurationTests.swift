@@ -3,6 +3,7 @@
 // local configuration to what other nodes declare (submission validation).
 
 import Foundation
+import OperationEngine
 import Testing
 @testable import Daemon
 
@@ -127,6 +128,27 @@ import Testing
         for bad: Any in [0, -1, "4", 1.5] {
             let found = problems(["cluster": ["database": Self.url, "node": "n"], "queues": ["api": ["clusterMaxConcurrentOperationCount": bad]]])
             #expect(found == ["queues.api.clusterMaxConcurrentOperationCount: must be a positive integer (at most 100000)"], "\(bad): \(found)")
+        }
+    }
+
+    @Test func clusterRateNeedsClusterAndIsCheckedAsARate() throws {
+        let rate: [String: Any] = ["operations": 5, "seconds": 2.0]
+        #expect(problems(["queues": ["api": ["clusterRateLimit": rate]]])
+                == ["queues.api.clusterRateLimit: only applies with a 'cluster' dictionary (SPEC §8)"])
+        let cluster: [String: Any] = ["database": Self.url, "node": "n"]
+        let config = try Configuration.parse(plist(["cluster": cluster, "queues": ["api": ["clusterRateLimit": rate]]]))
+        #expect(config.queues["api"]?.clusterRateLimit == RateLimit(operations: 5, seconds: 2))
+        #expect(config.queues["api"]?.rateLimit == nil, "the node's own rate is another key")
+        let cases: [(value: Any, expected: String)] = [
+            (["operations": 0, "seconds": 2.0], "queues.api.clusterRateLimit.operations: must be a positive integer"),
+            (["operations": 5, "seconds": -1.0], "queues.api.clusterRateLimit.seconds: must be a positive number"),
+            (["operations": 5], "queues.api.clusterRateLimit.seconds: must be a positive number"),
+            (["operations": 5, "seconds": 2.0, "burst": 1], "queues.api.clusterRateLimit: unknown key 'burst'"),
+            (5, "queues.api.clusterRateLimit: must be a dictionary"),
+        ]
+        for c in cases {
+            let found = problems(["cluster": cluster, "queues": ["api": ["clusterRateLimit": c.value]]])
+            #expect(found.count == 1 && found.first?.hasPrefix(c.expected) == true, "\(c.value): \(found)")
         }
     }
 
