@@ -24,11 +24,14 @@
 #   JOBS=10000 SAMPLES=200 BIN=.build/release OPQUEUED_ARGS=--spool-alone Benchmarks/cluster/run.sh opqueued
 #   OPQUEUED_ARGS=--parts=spool,2,spool,2,spool,2 Benchmarks/cluster/run.sh opqueued   rounds in turn; the run ends with a
 #              `ratio` line: each round's 2-node figure over its spool-alone figure, and their median
-#   OPQUEUED_ARGS=--parts=2,pickup Benchmarks/cluster/run.sh opqueued     (spool, 1, 2, database, store, pickup, takeover;
+#   OPQUEUED_ARGS=--parts=2,pickup Benchmarks/cluster/run.sh opqueued     (spool, 1, 2, database, scale, store, pickup, takeover;
 #              also limited: 2 nodes, every operation on a queue limited to 2 cluster-wide)
 #   OPQUEUED_ARGS="--log-target=journal --parts=spool,2" Benchmarks/cluster/run.sh opqueued   the nodes log to journald as
 #              under systemd, not to a file each (journald must be listening: without systemd, as root,
 #              `mkdir -p /run/systemd/journal && /lib/systemd/systemd-journald &`)
+#   OPQUEUED_ARGS=--parts=scale Benchmarks/cluster/run.sh opqueued   the scale model: jobs already in the database, the
+#              server pinned to CPU 0 (taskset), 1, 2 and 3 nodes on the other CPUs: the server core's busy share per
+#              1,000 jobs a second, and how many nodes at the 1-node rate one server core would carry
 #   PG_STATEMENTS=1 OPQUEUED_ARGS=--parts=2 Benchmarks/cluster/run.sh opqueued   the server loads pg_stat_statements, and
 #              at the end prints, per statement, its calls, rows and milliseconds of execution over the whole run
 #              (nested statements too: the claim function's own): where the server's time goes
