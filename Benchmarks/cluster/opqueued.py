@@ -147,10 +147,9 @@ class Cluster:
         return links - 2 if links >= 2 else len(self.outbox(k))
 
     def cpu(self):
-        """CPU seconds used so far by the nodes (in user space, in the kernel) and by the server's processes (every
-        postgres process)."""
+        """CPU seconds used so far by the nodes (in user space, in the kernel) and by this run's server (server_cpu)."""
         nodes = [n["process"].pid for n in self.nodes if n["process"]]
-        server = sum(cpu_seconds(int(pid)) for pid in os.listdir("/proc") if pid.isdigit() and comm(pid) == "postgres")
+        server = server_cpu(self.args.admin)
         return (sum(cpu_seconds(p, "user") for p in nodes), sum(cpu_seconds(p, "system") for p in nodes), server,
                 machine_ticks())
 
@@ -307,12 +306,12 @@ def already_in_database(args, count=2, pinned=False):
     one INSERT of args.jobs rows and one NOTIFY, the clock from that commit to the last outbox entry. `pinned`: the
     scale model (part `scale`): every postgres process on CPU 0, the nodes on the others; returns the figures."""
     if pinned:
-        pin(server_pids(), "0")
+        pin(server_pids(args.admin), "0")
     cluster = Cluster(args, count, settings=lambda k: {"maxActiveJobs": args.active_jobs})
     try:
         if pinned:
             pin([n["process"].pid for n in cluster.nodes], f"1-{os.cpu_count() - 1}")
-            pin(server_pids(), "0")  # the nodes' backends, forked by the pinned postmaster: already there
+            pin(server_pids(args.admin), "0")  # the nodes' backends, forked by the pinned postmaster: already there
         time.sleep(2.5)  # migrated and registered
         quiet = busy_while_idle(0.5)
         body = plistlib.dumps({"operations": [{"id": "a", "kind": "sleep", "seconds": 0}]}).hex()
@@ -341,11 +340,46 @@ def already_in_database(args, count=2, pinned=False):
     finally:
         cluster.close()
         if pinned:
-            pin(server_pids(), f"0-{os.cpu_count() - 1}")
+            pin(server_pids(args.admin), f"0-{os.cpu_count() - 1}")
 
 
-def server_pids():
-    return [int(pid) for pid in os.listdir("/proc") if pid.isdigit() and comm(pid) == "postgres"]
+def postmaster(admin):
+    """The pid of this run's server: the parent of a backend of its own (other servers on the machine, such as
+    tests' throwaway ones, are not counted)."""
+    backend = psql(admin, "postgres", "SELECT pg_backend_pid()")
+    with open(f"/proc/{backend}/stat") as f:
+        return int(f.read().rsplit(")", 1)[1].split()[1])
+
+
+def server_pids(admin):
+    """The run's server's processes: the postmaster and its children."""
+    master = POSTMASTER[admin] if admin in POSTMASTER else POSTMASTER.setdefault(admin, postmaster(admin))
+    return [int(pid) for pid in os.listdir("/proc") if pid.isdigit() and comm(pid) == "postgres"
+            and (int(pid) == master or parent(pid) == master)]
+
+
+POSTMASTER = {}
+
+
+def parent(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def server_cpu(admin):
+    """CPU seconds so far of this run's server: its live processes, and through the postmaster's counts of its reaped
+    children those that ended (autovacuum workers, the connections of psql)."""
+    master = POSTMASTER[admin] if admin in POSTMASTER else POSTMASTER.setdefault(admin, postmaster(admin))
+    try:
+        with open(f"/proc/{master}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        reaped = (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError):
+        reaped = 0.0
+    return reaped + sum(cpu_seconds(pid) for pid in server_pids(admin))
 
 
 def pin(pids, cpus):

@@ -12,7 +12,11 @@
 #              database part alone (opqueue-bench store: the nodes' claim and completion statements, no-op, 1 and 2
 #              workers), the figure of the same kind as the anchors' no-op ones
 #
-#   Benchmarks/cluster/run.sh [PARTS...]      PARTS: floor anchors opqueued (default: all three)
+#   statements a node's claim round and completion alone, pgbench sending them as the node does: schema 8's statements
+#              (parsed and planned at every round) against schema 10's functions, in turns (Benchmarks/cluster/
+#              statements.py; STATEMENTS_ARGS="--rounds 5 --clients 2 --batch 20"); no release build needed
+#
+#   Benchmarks/cluster/run.sh [PARTS...]      PARTS: floor anchors opqueued statements (default: the first three)
 #   BENCH_FS=journalled Benchmarks/cluster/run.sh     the server's data and every spool on a journalled ext4 (a 16 GB
 #              sparse image under .build-bench, loop-mounted for the run, removed after); by default both are under
 #              /tmp, on whatever file system that is (on the machines these figures come from: ext4 without a
@@ -208,7 +212,8 @@ for part in $PARTS; do
     floor) floor ;;
     anchors) anchors ;;
     opqueued) opqueued || say "{\"part\": \"opqueued\", \"error\": \"failed (exit $?)\"}" ;;
-    *) say "unknown part $part (floor, anchors, opqueued)"; exit 64 ;;
+    statements) python3 "$ROOT/Benchmarks/cluster/statements.py" --admin "$BASE/postgres" --jobs "$JOBS" ${STATEMENTS_ARGS:-} ;;
+    *) say "unknown part $part (floor, anchors, opqueued, statements)"; exit 64 ;;
   esac
 done
 if [ -n "${PG_STATEMENTS:-}" ]; then
