@@ -344,11 +344,10 @@ def already_in_database(args, count=2, pinned=False):
 
 
 def postmaster(admin):
-    """The pid of this run's server: the parent of a backend of its own (other servers on the machine, such as
+    """The pid of this run's server, from its data directory's postmaster.pid (other servers on the machine, such as
     tests' throwaway ones, are not counted)."""
-    backend = psql(admin, "postgres", "SELECT pg_backend_pid()")
-    with open(f"/proc/{backend}/stat") as f:
-        return int(f.read().rsplit(")", 1)[1].split()[1])
+    with open(os.path.join(psql(admin, "postgres", "SHOW data_directory"), "postmaster.pid")) as f:
+        return int(f.readline())
 
 
 def server_pids(admin):

@@ -3,13 +3,14 @@
 # completion alone, as pgbench sends them (the extended protocol, unnamed statements, as the node does), against the
 # whole schema (every migration applied), on run.sh's server. No Swift build needed: for trying a change of the SQL.
 #
-#   variants  unnamed   schema 8's ClaimJobs (a window and the cancels around opq_claim_jobs) and CompleteJobs,
+#   variants  floor     run.sh's floor: the bare claim and completion (a table of ids and states, no payload)
+#             unnamed   schema 8's ClaimJobs (a window and the cancels around opq_claim_jobs) and CompleteJobs,
 #                       sent as they were: parsed and planned at every round
 #             functions schema 10's: opq_claim and opq_complete, whose plans the server keeps per connection
 #   each round: JOBS waiting jobs inserted (a real manifest, and a result.plist of a `sleep 0` job at completion),
 #   then CLIENTS pgbench clients claim BATCH at a time and complete them until none is left; the variants take turns,
 #   ROUNDS times. Per variant and round: server CPU µs per job (this server's processes, from /proc), commits and WAL
-#   bytes per job; then each round's functions/unnamed ratio of server CPU and their median.
+#   bytes per job; then each round's ratios of server CPU, functions/unnamed and functions/floor, and their medians.
 
 import argparse
 import json
@@ -59,7 +60,22 @@ SELECT id FROM opq_complete(:ids::text[], :fences::bigint[], array_fill('succeed
 }
 
 
+# The floor (run.sh's): the bare claim and completion on a table of ids and states, one partial index, no payload.
+FLOOR_TABLE = """
+CREATE TABLE q (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, state text NOT NULL DEFAULT 'waiting',
+                qos smallint NOT NULL DEFAULT 0, node text, fence bigint, payload bytea);
+CREATE INDEX q_claimable ON q (qos DESC, id) WHERE state = 'waiting';
+CREATE SEQUENCE fence;"""
+FLOOR = """WITH c AS (SELECT id FROM q WHERE state = 'waiting' ORDER BY qos DESC, id FOR UPDATE SKIP LOCKED LIMIT :batch),
+     u AS (UPDATE q SET state = 'running', node = 'n' || :client_id, fence = nextval('fence') FROM c WHERE q.id = c.id RETURNING q.id)
+SELECT coalesce(array_agg(id), '{}')::text AS claimed FROM u \\gset
+UPDATE q SET state = 'finished' WHERE id = ANY (:claimed::bigint[]) AND fence IS NOT NULL;
+"""
+
+
 def script(variant):
+    if variant == "floor":
+        return FLOOR
     return ("\\set budget 67108864\n\\set most 1048576\n"
             f"SELECT coalesce(array_agg(id), '{{}}')::text AS ids, coalesce(array_agg(fence), '{{}}')::text AS fences FROM ({CLAIM[variant]}) AS x \\gset\n"
             + COMPLETE[variant].strip() + "\n")
@@ -76,8 +92,12 @@ def result_plist():
                            "submittedOn": "bench-n0"})
 
 
-def make_database(admin, name, jobs):
+def make_database(admin, name, jobs, variant):
     psql(admin, "postgres", f"CREATE DATABASE {name}")
+    if variant == "floor":
+        psql(admin, name, FLOOR_TABLE + f"INSERT INTO q (payload) SELECT '\\x00'::bytea FROM generate_series(1, {jobs})")
+        psql(admin, name, "VACUUM ANALYZE q")
+        return
     url = urllib.parse.urlparse(admin)
     env = dict(os.environ, PGPASSWORD=url.password or "")
     files = sorted(f for f in os.listdir(SQL) if f.endswith(".up.sql"))
@@ -95,7 +115,7 @@ def make_database(admin, name, jobs):
 
 def drain(args, variant, round_):
     name = f"bench_statements_{variant}_{round_}"
-    make_database(args.admin, name, args.jobs)
+    make_database(args.admin, name, args.jobs, variant)
     url = urllib.parse.urlparse(args.admin)
     with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as f:
         f.write(script(variant))
@@ -117,7 +137,8 @@ def drain(args, variant, round_):
             raise SystemExit(f"pgbench ({variant}): {run.stderr[-600:]}")
         wal = int(psql(args.admin, name, f"SELECT pg_current_wal_lsn() - '{lsn}'::pg_lsn"))
         commits = int(psql(args.admin, "postgres", f"SELECT xact_commit FROM pg_stat_database WHERE datname = '{name}'")) - commits
-        left = int(psql(args.admin, name, "SELECT count(*) FROM opq_jobs WHERE state <> 'finished'"))
+        table = "q" if variant == "floor" else "opq_jobs"
+        left = int(psql(args.admin, name, f"SELECT count(*) FROM {table} WHERE state <> 'finished'"))
         figures = {"part": "statements", "variant": variant, "round": round_, "jobs": args.jobs, "left": left,
                    "clients": args.clients, "batch": args.batch, "serverCpuUsPerJob": round(1e6 * cpu / args.jobs, 1),
                    "commitsPerJob": round(commits / args.jobs, 3), "walBytesPerJob": round(wal / args.jobs),
@@ -137,13 +158,17 @@ def main():
     parser.add_argument("--clients", type=int, default=2, help="pgbench clients: nodes")
     parser.add_argument("--batch", type=int, default=20, help="jobs per claim (a node's rounds under load: about 20)")
     args = parser.parse_args()
-    ratios = []
+    ratios, floors = [], []
     for round_ in range(1, args.rounds + 1):
+        floor = drain(args, "floor", round_)
         before = drain(args, "unnamed", round_)
         after = drain(args, "functions", round_)
         ratios.append(round(after["serverCpuUsPerJob"] / before["serverCpuUsPerJob"], 2))
+        floors.append(round(after["serverCpuUsPerJob"] / floor["serverCpuUsPerJob"], 2))
     print(json.dumps({"part": "statements-ratio", "of": "server CPU per job, functions / unnamed, round by round",
                       "rounds": ratios, "median": statistics.median(ratios)}), flush=True)
+    print(json.dumps({"part": "statements-ratio", "of": "server CPU per job, functions / the floor, round by round",
+                      "rounds": floors, "median": statistics.median(floors)}), flush=True)
 
 
 if __name__ == "__main__":
