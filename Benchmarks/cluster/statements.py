@@ -4,6 +4,7 @@
 # whole schema (every migration applied), on run.sh's server. No Swift build needed: for trying a change of the SQL.
 #
 #   variants  floor     run.sh's floor: the bare claim and completion (a table of ids and states, no payload)
+#             floor-rows (--rows) the same with a job's bytes: its manifest from the start, its result.plist at the end
 #             unnamed   schema 8's ClaimJobs (a window and the cancels around opq_claim_jobs) and CompleteJobs,
 #                       sent as they were: parsed and planned at every round
 #             functions schema 10's: opq_claim and opq_complete, whose plans the server keeps per connection
@@ -73,9 +74,13 @@ UPDATE q SET state = 'finished' WHERE id = ANY (:claimed::bigint[]) AND fence IS
 """
 
 
+# The floor with a job's bytes: the manifest in the row from the start, the result.plist written at completion.
+FLOOR_ROWS = FLOOR.replace("SET state = 'finished'", "SET state = 'finished', result = (SELECT b FROM bench_result)")
+
+
 def script(variant):
-    if variant == "floor":
-        return FLOOR
+    if variant in ("floor", "floor-rows"):
+        return FLOOR if variant == "floor" else FLOOR_ROWS
     return ("\\set budget 67108864\n\\set most 1048576\n"
             f"SELECT coalesce(array_agg(id), '{{}}')::text AS ids, coalesce(array_agg(fence), '{{}}')::text AS fences FROM ({CLAIM[variant]}) AS x \\gset\n"
             + COMPLETE[variant].strip() + "\n")
@@ -94,8 +99,12 @@ def result_plist():
 
 def make_database(admin, name, jobs, variant):
     psql(admin, "postgres", f"CREATE DATABASE {name}")
-    if variant == "floor":
-        psql(admin, name, FLOOR_TABLE + f"INSERT INTO q (payload) SELECT '\\x00'::bytea FROM generate_series(1, {jobs})")
+    if variant in ("floor", "floor-rows"):
+        payload = "00" if variant == "floor" else plistlib.dumps(
+            {"job": "t000001", "operations": [{"id": "a", "kind": "sleep", "seconds": 0}]}).hex()
+        psql(admin, name, FLOOR_TABLE + "ALTER TABLE q ADD COLUMN result bytea; CREATE TABLE bench_result (b bytea);"
+             f"INSERT INTO bench_result VALUES ('\\x{result_plist().hex()}');"
+             f"INSERT INTO q (payload) SELECT '\\x{payload}'::bytea FROM generate_series(1, {jobs})")
         psql(admin, name, "VACUUM ANALYZE q")
         return
     url = urllib.parse.urlparse(admin)
@@ -114,7 +123,7 @@ def make_database(admin, name, jobs, variant):
 
 
 def drain(args, variant, round_):
-    name = f"bench_statements_{variant}_{round_}"
+    name = f"bench_statements_{variant.replace('-', '_')}_{round_}"
     make_database(args.admin, name, args.jobs, variant)
     url = urllib.parse.urlparse(args.admin)
     with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as f:
@@ -137,7 +146,7 @@ def drain(args, variant, round_):
             raise SystemExit(f"pgbench ({variant}): {run.stderr[-600:]}")
         wal = int(psql(args.admin, name, f"SELECT pg_current_wal_lsn() - '{lsn}'::pg_lsn"))
         commits = int(psql(args.admin, "postgres", f"SELECT xact_commit FROM pg_stat_database WHERE datname = '{name}'")) - commits
-        table = "q" if variant == "floor" else "opq_jobs"
+        table = "q" if variant.startswith("floor") else "opq_jobs"
         left = int(psql(args.admin, name, f"SELECT count(*) FROM {table} WHERE state <> 'finished'"))
         figures = {"part": "statements", "variant": variant, "round": round_, "jobs": args.jobs, "left": left,
                    "clients": args.clients, "batch": args.batch, "serverCpuUsPerJob": round(1e6 * cpu / args.jobs, 1),
@@ -157,10 +166,13 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--clients", type=int, default=2, help="pgbench clients: nodes")
     parser.add_argument("--batch", type=int, default=20, help="jobs per claim (a node's rounds under load: about 20)")
+    parser.add_argument("--rows", action="store_true", help="also the floor with a job's bytes (variant floor-rows)")
     args = parser.parse_args()
     ratios, floors = [], []
     for round_ in range(1, args.rounds + 1):
         floor = drain(args, "floor", round_)
+        if args.rows:
+            drain(args, "floor-rows", round_)
         before = drain(args, "unnamed", round_)
         after = drain(args, "functions", round_)
         ratios.append(round(after["serverCpuUsPerJob"] / before["serverCpuUsPerJob"], 2))
