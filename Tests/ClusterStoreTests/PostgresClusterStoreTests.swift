@@ -73,8 +73,8 @@ struct PostgresClusterStoreTests {
         #expect(try server.psql(database, "SELECT to_regclass('opq_jobs') IS NULL").trimmingCharacters(in: .whitespacesAndNewlines) == "t")
         #expect(try await store.migrate() == Migrations.newest)
         #expect(try await store.migrate() == Migrations.newest, "a second migrate finds nothing to do")
-        #expect(try server.psql(database, "SELECT string_agg(version::text, ',') FROM opq_schema_version").trimmingCharacters(in: .whitespacesAndNewlines)
-                == versions.joined(separator: ","))
+        let applied = try server.psql(database, "SELECT string_agg(version::text, ',') FROM opq_schema_version")
+        #expect(applied.trimmingCharacters(in: .whitespacesAndNewlines) == versions.joined(separator: ","))
         // Every migration from 6 on says which code may still run against it (what lets nodes be upgraded one by one).
         let readers = try server.psql(database, "SELECT string_agg(version::text, ',' ORDER BY version) FROM opq_schema_readers WHERE oldest_reader <= version")
         let withReaders: [String] = Migrations.all.filter { $0.version >= 6 }.map { String($0.version) }
