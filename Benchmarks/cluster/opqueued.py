@@ -147,10 +147,9 @@ class Cluster:
         return links - 2 if links >= 2 else len(self.outbox(k))
 
     def cpu(self):
-        """CPU seconds used so far by the nodes (in user space, in the kernel) and by the server's processes (every
-        postgres process)."""
+        """CPU seconds used so far by the nodes (in user space, in the kernel) and by this run's server (server_cpu)."""
         nodes = [n["process"].pid for n in self.nodes if n["process"]]
-        server = sum(cpu_seconds(int(pid)) for pid in os.listdir("/proc") if pid.isdigit() and comm(pid) == "postgres")
+        server = server_cpu(self.args.admin)
         return (sum(cpu_seconds(p, "user") for p in nodes), sum(cpu_seconds(p, "system") for p in nodes), server,
                 machine_ticks())
 
@@ -302,11 +301,17 @@ def throughput(args, count, with_cluster=True, limit=None):
         cluster.close()
 
 
-def already_in_database(args, count=2):
+def already_in_database(args, count=2, pinned=False):
     """No-op jobs already in the database (as PGQueuer's and Procrastinate's figures are), run by `count` nodes:
-    one INSERT of args.jobs rows and one NOTIFY, the clock from that commit to the last outbox entry."""
+    one INSERT of args.jobs rows and one NOTIFY, the clock from that commit to the last outbox entry. `pinned`: the
+    scale model (part `scale`): every postgres process on CPU 0, the nodes on the others; returns the figures."""
+    if pinned:
+        pin(server_pids(args.admin), "0")
     cluster = Cluster(args, count, settings=lambda k: {"maxActiveJobs": args.active_jobs})
     try:
+        if pinned:
+            pin([n["process"].pid for n in cluster.nodes], f"1-{os.cpu_count() - 1}")
+            pin(server_pids(args.admin), "0")  # the nodes' backends, forked by the pinned postmaster: already there
         time.sleep(2.5)  # migrated and registered
         quiet = busy_while_idle(0.5)
         body = plistlib.dumps({"operations": [{"id": "a", "kind": "sleep", "seconds": 0}]}).hex()
@@ -321,15 +326,80 @@ def already_in_database(args, count=2):
         cpu = cpu_per_job(cpu_before, cluster.cpu(), done)
         time.sleep(1.1)
         after = commits(args.admin, cluster.database)
-        print(json.dumps({"part": "opqueued-already-in-database", "nodes": count, "jobs": args.jobs, "ended": done, **cpu,
-                          "busyBefore": quiet,
-                          "perNode": [len(cluster.outbox(k)) for k in range(count)],
-                          "seconds": round(elapsed, 3), "jobsPerSecond": round(done / elapsed, 1),
-                          "commitsPerJob": round((after - before - 1) / max(done, 1), 3),
-                          "includes": "claim -> active/ copy -> validate -> run -> result.plist -> fenced completion -> outbox, fsyncs on"}),
-              flush=True)
+        figures = {"part": "opqueued-scale" if pinned else "opqueued-already-in-database", "nodes": count, "jobs": args.jobs,
+                   "ended": done, **cpu, "busyBefore": quiet, "perNode": [len(cluster.outbox(k)) for k in range(count)],
+                   "seconds": round(elapsed, 3), "jobsPerSecond": round(done / elapsed, 1),
+                   "commitsPerJob": round((after - before - 1) / max(done, 1), 3),
+                   "includes": "claim -> active/ copy -> validate -> run -> result.plist -> fenced completion -> outbox, fsyncs on"}
+        if pinned:
+            # The server's one core: how busy over the part, and per 1,000 jobs a second (its CPU ms per job).
+            figures["serverCoreBusy"] = round(cpu["serverCpuMsPerJob"] * done / 1000 / elapsed, 3)
+            figures["serverCoreBusyPer1000JobsPerSecond"] = round(cpu["serverCpuMsPerJob"], 3)
+        print(json.dumps(figures), flush=True)
+        return figures
     finally:
         cluster.close()
+        if pinned:
+            pin(server_pids(args.admin), f"0-{os.cpu_count() - 1}")
+
+
+def postmaster(admin):
+    """The pid of this run's server, from its data directory's postmaster.pid (other servers on the machine, such as
+    tests' throwaway ones, are not counted)."""
+    with open(os.path.join(psql(admin, "postgres", "SHOW data_directory"), "postmaster.pid")) as f:
+        return int(f.readline())
+
+
+def server_pids(admin):
+    """The run's server's processes: the postmaster and its children."""
+    master = POSTMASTER[admin] if admin in POSTMASTER else POSTMASTER.setdefault(admin, postmaster(admin))
+    return [int(pid) for pid in os.listdir("/proc") if pid.isdigit() and comm(pid) == "postgres"
+            and (int(pid) == master or parent(pid) == master)]
+
+
+POSTMASTER = {}
+
+
+def parent(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def server_cpu(admin):
+    """CPU seconds so far of this run's server: its live processes, and through the postmaster's counts of its reaped
+    children those that ended (autovacuum workers, the connections of psql)."""
+    master = POSTMASTER[admin] if admin in POSTMASTER else POSTMASTER.setdefault(admin, postmaster(admin))
+    try:
+        with open(f"/proc/{master}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        reaped = (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError):
+        reaped = 0.0
+    return reaped + sum(cpu_seconds(pid) for pid in server_pids(admin))
+
+
+def pin(pids, cpus):
+    """Every thread of each process onto `cpus` (taskset's list); processes forked later inherit it."""
+    for pid in pids:
+        subprocess.run(["taskset", "-a", "-p", "-c", cpus, str(pid)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def scale(args):
+    """The scale model: how many nodes one server core carries. Jobs already in the database, the server pinned to
+    CPU 0 (the nodes on the others), 1, 2 and 3 nodes; then one line: the server core's busy share per 1,000 jobs a
+    second (the median of the three parts), and how many nodes at the 1-node part's rate one core would carry."""
+    if os.cpu_count() < 2:
+        raise SystemExit("scale: needs 2 CPUs at least (the server on one, the nodes on the others)")
+    parts = [already_in_database(args, count, pinned=True) for count in (1, 2, 3)]
+    per_1000 = statistics.median(p["serverCoreBusyPer1000JobsPerSecond"] for p in parts)
+    single = parts[0]["jobsPerSecond"]
+    print(json.dumps({"part": "scale", "serverCoreBusyPer1000JobsPerSecond": per_1000,
+                      "jobsPerSecondOneCoreCarries": round(1000 / max(per_1000, 1e-9)),
+                      "nodesOneCoreCarries": round(1000 / max(per_1000, 1e-9) / max(single, 1), 1),
+                      "atTheRateOf": f"the 1-node part, {single} jobs/s"}), flush=True)
 
 
 def store_only(args, workers):
@@ -533,7 +603,8 @@ def main():
     parser.add_argument("--rate", type=int, default=200, help="endurance: manifests a second")
     parser.add_argument("--parts", default="spool,1,2,database,store,pickup,takeover",
                         help="which figures, comma-separated: spool (alone), 1 and 2 (nodes end to end), database, store "
-                             "(the database part alone, 1 and 2 workers), pickup, "
+                             "(the database part alone, 1 and 2 workers), scale (jobs already in the database, the server pinned "
+                             "to one core, 1, 2 and 3 nodes: the nodes one server core carries), pickup, "
                              "takeover; also limited (2 nodes end to end, every operation on a queue limited to 2 "
                              "cluster-wide: the price of clusterMaxConcurrentOperationCount); endurance (2 long-lived "
                              "nodes under --rate manifests a second for --minutes: memory, descriptors, every job once)")
@@ -583,6 +654,8 @@ def run_each(args, parts, figures):
             throughput(args, 2, limit=2)
         elif part == "database":
             already_in_database(args, 2)
+        elif part == "scale":
+            scale(args)
         elif part == "store":
             store_only(args, 1)
             store_only(args, 2)

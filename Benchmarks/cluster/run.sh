@@ -12,7 +12,11 @@
 #              database part alone (opqueue-bench store: the nodes' claim and completion statements, no-op, 1 and 2
 #              workers), the figure of the same kind as the anchors' no-op ones
 #
-#   Benchmarks/cluster/run.sh [PARTS...]      PARTS: floor anchors opqueued (default: all three)
+#   statements a node's claim round and completion alone, pgbench sending them as the node does: schema 8's statements
+#              (parsed and planned at every round) against schema 10's functions, in turns (Benchmarks/cluster/
+#              statements.py; STATEMENTS_ARGS="--rounds 5 --clients 2 --batch 20"); no release build needed
+#
+#   Benchmarks/cluster/run.sh [PARTS...]      PARTS: floor anchors opqueued statements (default: the first three)
 #   BENCH_FS=journalled Benchmarks/cluster/run.sh     the server's data and every spool on a journalled ext4 (a 16 GB
 #              sparse image under .build-bench, loop-mounted for the run, removed after); by default both are under
 #              /tmp, on whatever file system that is (on the machines these figures come from: ext4 without a
@@ -24,11 +28,14 @@
 #   JOBS=10000 SAMPLES=200 BIN=.build/release OPQUEUED_ARGS=--spool-alone Benchmarks/cluster/run.sh opqueued
 #   OPQUEUED_ARGS=--parts=spool,2,spool,2,spool,2 Benchmarks/cluster/run.sh opqueued   rounds in turn; the run ends with a
 #              `ratio` line: each round's 2-node figure over its spool-alone figure, and their median
-#   OPQUEUED_ARGS=--parts=2,pickup Benchmarks/cluster/run.sh opqueued     (spool, 1, 2, database, store, pickup, takeover;
+#   OPQUEUED_ARGS=--parts=2,pickup Benchmarks/cluster/run.sh opqueued     (spool, 1, 2, database, scale, store, pickup, takeover;
 #              also limited: 2 nodes, every operation on a queue limited to 2 cluster-wide)
 #   OPQUEUED_ARGS="--log-target=journal --parts=spool,2" Benchmarks/cluster/run.sh opqueued   the nodes log to journald as
 #              under systemd, not to a file each (journald must be listening: without systemd, as root,
 #              `mkdir -p /run/systemd/journal && /lib/systemd/systemd-journald &`)
+#   OPQUEUED_ARGS=--parts=scale Benchmarks/cluster/run.sh opqueued   the scale model: jobs already in the database, the
+#              server pinned to CPU 0 (taskset), 1, 2 and 3 nodes on the other CPUs: the server core's busy share per
+#              1,000 jobs a second, and how many nodes at the 1-node rate one server core would carry
 #   PG_STATEMENTS=1 OPQUEUED_ARGS=--parts=2 Benchmarks/cluster/run.sh opqueued   the server loads pg_stat_statements, and
 #              at the end prints, per statement, its calls, rows and milliseconds of execution over the whole run
 #              (nested statements too: the claim function's own): where the server's time goes
@@ -205,7 +212,8 @@ for part in $PARTS; do
     floor) floor ;;
     anchors) anchors ;;
     opqueued) opqueued || say "{\"part\": \"opqueued\", \"error\": \"failed (exit $?)\"}" ;;
-    *) say "unknown part $part (floor, anchors, opqueued)"; exit 64 ;;
+    statements) python3 "$ROOT/Benchmarks/cluster/statements.py" --admin "$BASE/postgres" --jobs "$JOBS" ${STATEMENTS_ARGS:-} ;;
+    *) say "unknown part $part (floor, anchors, opqueued, statements)"; exit 64 ;;
   esac
 done
 if [ -n "${PG_STATEMENTS:-}" ]; then

@@ -147,23 +147,17 @@ enum Queries {
 
     /// One claim round in one statement: up to $2 waiting jobs, in claim order, whose queues and commands are all
     /// among the node's ($3, $4); rows another claimer holds are skipped, never waited for. Each gets a new fence.
-    /// $1 node, $2 limit, $3 node queues, $4 node commands. The statement is opq_claim_jobs (migration 3), which keeps
-    /// the planner on the claim-order index whatever the table's statistics say. Rows are input, and the node's memory
-    /// is bounded: a manifest comes back only while the manifests before it in claim order (those of at most $6 bytes)
-    /// hold fewer than $5 bytes (the first always does) and it holds at most $6; the others come back empty, with their
-    /// size (the node hands them back, or rejects one too big to be a manifest). Each comes with the cancels asked for it
-    /// while it waited, in order ('' for the whole job), which the node makes before any of its operations starts.
+    /// $1 node, $2 limit, $3 node queues, $4 node commands. The statement is opq_claim (migration 10), whose plans the
+    /// server keeps per connection, on the claim-order index whatever the table's statistics say. Rows are input, and the
+    /// node's memory is bounded: a manifest comes back only while the manifests before it in claim order (those of at
+    /// most $6 bytes) hold fewer than $5 bytes (the first always does) and it holds at most $6; the others come back
+    /// empty, with their size (the node hands them back, or rejects one too big to be a manifest). Each comes with the
+    /// cancels asked for it while it waited, in order ('' for the whole job), which the node makes before any of its
+    /// operations starts.
     static let claimJobs = #"""
-    SELECT id, requested_id,
-           CASE WHEN bytes <= $6::bigint AND coalesce(before, 0) < $5::bigint THEN manifest ELSE ''::bytea END,
-           manifest_name, submitted_on, submitted_at, qos_rank, priority_rank, seq, fence, from_node, bytes,
-           ARRAY(SELECT coalesce(r.operation, '') FROM opq_cancel_requests AS r WHERE r.job = claimed.id ORDER BY r.id) AS cancels
-    FROM (
-        SELECT c.*, octet_length(c.manifest)::bigint AS bytes,
-               sum(CASE WHEN octet_length(c.manifest) <= $6::bigint THEN octet_length(c.manifest) ELSE 0 END)
-                   OVER (ORDER BY c.qos_rank DESC, c.priority_rank DESC, c.seq ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS before
-        FROM opq_claim_jobs($1, $2, $3::text[], $4::text[]) AS c
-    ) AS claimed
+    SELECT id, requested_id, manifest, manifest_name, submitted_on, submitted_at, qos_rank, priority_rank, seq, fence, from_node,
+           bytes, cancels
+    FROM opq_claim($1, $2, $3::text[], $4::text[], $5::bigint, $6::bigint)
     """#
 
     /// One statement per node per beat: renews the node's lease (and so those of all its jobs and slots) and
@@ -221,14 +215,10 @@ enum Queries {
     """#
 
     /// Records the end of jobs, each only while the caller's fence still holds it: a node that lost a job gets no
-    /// row for it. Many in one statement, so that completions commit by the batch.
-    /// $1 ids, $2 fences, $3 statuses, $4 result.plist bytes (parallel arrays).
+    /// row for it. Many in one statement, so that completions commit by the batch; opq_complete (migration 10) keeps
+    /// its plan per connection. $1 ids, $2 fences, $3 statuses, $4 result.plist bytes (parallel arrays).
     static let completeJobs = #"""
-    UPDATE opq_jobs AS j
-    SET state = 'finished', status = c.status, result = c.result, finished_at = now()
-    FROM unnest($1::text[], $2::bigint[], $3::text[], $4::bytea[]) AS c (id, fence, status, result)
-    WHERE j.id = c.id AND j.fence = c.fence AND j.state = 'running'
-    RETURNING j.id
+    SELECT id FROM opq_complete($1::text[], $2::bigint[], $3::text[], $4::bytea[]) AS c (id)
     """#
 
     /// A job that ran to its end on the caller's node while the database had no row for it any more (restored from a
@@ -952,6 +942,80 @@ enum Migrations {
             """#,
             #"""
             DELETE FROM opq_schema_version WHERE version = 9
+            """#,
+        ]),
+        Migration(version: 10, name: "cached_claim_plans", up: [
+            #"""
+            CREATE FUNCTION opq_claim(claimer text, wanted bigint, node_queues text[], node_commands text[], budget bigint,
+                                      max_manifest bigint)
+            RETURNS TABLE (id text, requested_id text, manifest bytea, manifest_name text, submitted_on text, submitted_at float8,
+                           qos_rank smallint, priority_rank smallint, seq bigint, fence bigint, from_node text, bytes bigint,
+                           cancels text[])
+            LANGUAGE plpgsql VOLATILE
+            SET enable_bitmapscan = off SET enable_seqscan = off SET plan_cache_mode = force_generic_plan AS '
+            DECLARE
+                held bigint := 0
+            ; BEGIN
+                UPDATE opq_jobs AS u SET not_before = NULL
+                WHERE u.id IN (SELECT d.id FROM opq_jobs AS d WHERE d.state = ''waiting'' AND d.not_before <= now()
+                               FOR UPDATE SKIP LOCKED)
+                ; FOR id, requested_id, manifest, manifest_name, submitted_on, submitted_at, qos_rank, priority_rank, seq, fence,
+                    from_node, bytes IN
+                    WITH picked AS (
+                        SELECT j.id FROM opq_jobs AS j
+                        WHERE j.state = ''waiting'' AND j.not_before IS NULL AND j.queues <@ node_queues AND j.commands <@ node_commands
+                        ORDER BY j.qos_rank DESC, j.priority_rank DESC, j.seq
+                        LIMIT wanted
+                        FOR UPDATE SKIP LOCKED
+                    ), claimed AS (
+                        UPDATE opq_jobs AS j
+                        SET state = ''running'', node = claimer, fence = nextval(''opq_fence''), claimed_at = now()
+                        FROM picked
+                        WHERE j.id = picked.id
+                        RETURNING j.id, j.requested_id, j.manifest, j.manifest_name, j.submitted_on,
+                                  extract(epoch FROM j.submitted_at)::float8, j.qos_rank, j.priority_rank, j.seq, j.fence,
+                                  j.from_node, octet_length(j.manifest)::bigint
+                    )
+                    SELECT * FROM claimed ORDER BY 7 DESC, 8 DESC, 9
+                LOOP
+                    IF bytes > max_manifest OR held >= budget THEN manifest := ''''::bytea
+                    ; END IF
+                    ; IF bytes <= max_manifest THEN held := held + bytes
+                    ; END IF
+                    ; cancels := ARRAY(SELECT coalesce(r.operation, '''') FROM opq_cancel_requests AS r
+                                       WHERE r.job = opq_claim.id ORDER BY r.id)
+                    ; RETURN NEXT
+                ; END LOOP
+            ; END'
+            """#,
+            #"""
+            CREATE FUNCTION opq_complete(ids text[], fences bigint[], statuses text[], results bytea[])
+            RETURNS SETOF text
+            LANGUAGE plpgsql VOLATILE SET plan_cache_mode = force_generic_plan AS '
+            BEGIN
+                RETURN QUERY
+                UPDATE opq_jobs AS j
+                SET state = ''finished'', status = c.status, result = c.result, finished_at = now()
+                FROM unnest(ids, fences, statuses, results) AS c (id, fence, status, result)
+                WHERE j.id = c.id AND j.fence = c.fence AND j.state = ''running''
+                RETURNING j.id
+            ; END'
+            """#,
+            #"""
+            INSERT INTO opq_schema_readers (version, oldest_reader) VALUES (10, 6)
+            """#,
+        ], down: [
+            #"""
+            DROP FUNCTION opq_complete(text[], bigint[], text[], bytea[])
+            """#,
+            #"""
+            DROP FUNCTION opq_claim(text, bigint, text[], text[], bigint, bigint)
+            """#,
+            #"""
+            DELETE FROM opq_schema_readers WHERE version = 10
+            """#,
+            #"""
+            DELETE FROM opq_schema_version WHERE version = 10
             """#,
         ]),
     ]

@@ -71,13 +71,16 @@ struct PostgresClusterStoreTests {
         let (store, under) = try await makePostgresStore()
         defer { Task { await under.close() } }
         let database = store.url.database
+        let versions: [String] = Migrations.all.map { String($0.version) }
         #expect(try server.psql(database, "SELECT to_regclass('opq_jobs') IS NULL").trimmingCharacters(in: .whitespacesAndNewlines) == "t")
         #expect(try await store.migrate() == Migrations.newest)
         #expect(try await store.migrate() == Migrations.newest, "a second migrate finds nothing to do")
-        #expect(try server.psql(database, "SELECT string_agg(version::text, ',') FROM opq_schema_version").trimmingCharacters(in: .whitespacesAndNewlines) == "1,2,3,4,5,6,7,8,9")
+        let applied = try server.psql(database, "SELECT string_agg(version::text, ',') FROM opq_schema_version")
+        #expect(applied.trimmingCharacters(in: .whitespacesAndNewlines) == versions.joined(separator: ","))
         // Every migration from 6 on says which code may still run against it (what lets nodes be upgraded one by one).
         let readers = try server.psql(database, "SELECT string_agg(version::text, ',' ORDER BY version) FROM opq_schema_readers WHERE oldest_reader <= version")
-        #expect(readers.trimmingCharacters(in: .whitespacesAndNewlines) == (6...Migrations.newest).map(String.init).joined(separator: ","))
+        let withReaders: [String] = Migrations.all.filter { $0.version >= 6 }.map { String($0.version) }
+        #expect(readers.trimmingCharacters(in: .whitespacesAndNewlines) == withReaders.joined(separator: ","))
         #expect(try server.psql(database, "SELECT tableowner FROM pg_tables WHERE tablename = 'opq_jobs'").contains(PostgresServer.role))
         try await store.migrateDown(to: 0)
         #expect(try server.psql(database, "SELECT count(*) FROM pg_tables WHERE tablename LIKE 'opq\\_%'").trimmingCharacters(in: .whitespacesAndNewlines) == "0")
@@ -96,7 +99,8 @@ struct PostgresClusterStoreTests {
             return try await group.reduce(into: [Int]()) { $0.append($1) }
         }
         #expect(versions == Array(repeating: Migrations.newest, count: 3))
-        #expect(try server.psql(database, "SELECT count(*) FROM opq_schema_version").trimmingCharacters(in: .whitespacesAndNewlines) == "\(Migrations.newest)")
+        #expect(try server.psql(database, "SELECT count(*) FROM opq_schema_version").trimmingCharacters(in: .whitespacesAndNewlines)
+                == "\(Migrations.all.count)")
         for (_, under) in stores { await under.close() }
     }
 

@@ -129,22 +129,16 @@ SELECT pg_notify('opqueued', 'probe ' || $1::text);
 -- name: ClaimJobs
 -- One claim round in one statement: up to $2 waiting jobs, in claim order, whose queues and commands are all
 -- among the node's ($3, $4); rows another claimer holds are skipped, never waited for. Each gets a new fence.
--- $1 node, $2 limit, $3 node queues, $4 node commands. The statement is opq_claim_jobs (migration 3), which keeps
--- the planner on the claim-order index whatever the table's statistics say. Rows are input, and the node's memory
--- is bounded: a manifest comes back only while the manifests before it in claim order (those of at most $6 bytes)
--- hold fewer than $5 bytes (the first always does) and it holds at most $6; the others come back empty, with their
--- size (the node hands them back, or rejects one too big to be a manifest). Each comes with the cancels asked for it
--- while it waited, in order ('' for the whole job), which the node makes before any of its operations starts.
-SELECT id, requested_id,
-       CASE WHEN bytes <= $6::bigint AND coalesce(before, 0) < $5::bigint THEN manifest ELSE ''::bytea END,
-       manifest_name, submitted_on, submitted_at, qos_rank, priority_rank, seq, fence, from_node, bytes,
-       ARRAY(SELECT coalesce(r.operation, '') FROM opq_cancel_requests AS r WHERE r.job = claimed.id ORDER BY r.id) AS cancels
-FROM (
-    SELECT c.*, octet_length(c.manifest)::bigint AS bytes,
-           sum(CASE WHEN octet_length(c.manifest) <= $6::bigint THEN octet_length(c.manifest) ELSE 0 END)
-               OVER (ORDER BY c.qos_rank DESC, c.priority_rank DESC, c.seq ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS before
-    FROM opq_claim_jobs($1, $2, $3::text[], $4::text[]) AS c
-) AS claimed;
+-- $1 node, $2 limit, $3 node queues, $4 node commands. The statement is opq_claim (migration 10), whose plans the
+-- server keeps per connection, on the claim-order index whatever the table's statistics say. Rows are input, and the
+-- node's memory is bounded: a manifest comes back only while the manifests before it in claim order (those of at
+-- most $6 bytes) hold fewer than $5 bytes (the first always does) and it holds at most $6; the others come back
+-- empty, with their size (the node hands them back, or rejects one too big to be a manifest). Each comes with the
+-- cancels asked for it while it waited, in order ('' for the whole job), which the node makes before any of its
+-- operations starts.
+SELECT id, requested_id, manifest, manifest_name, submitted_on, submitted_at, qos_rank, priority_rank, seq, fence, from_node,
+       bytes, cancels
+FROM opq_claim($1, $2, $3::text[], $4::text[], $5::bigint, $6::bigint);
 
 -- name: Heartbeat
 -- One statement per node per beat: renews the node's lease (and so those of all its jobs and slots) and
@@ -199,13 +193,9 @@ SELECT 'notify', '', NULL FROM (SELECT pg_notify('opqueued', 'slots') FROM (SELE
 
 -- name: CompleteJobs
 -- Records the end of jobs, each only while the caller's fence still holds it: a node that lost a job gets no
--- row for it. Many in one statement, so that completions commit by the batch.
--- $1 ids, $2 fences, $3 statuses, $4 result.plist bytes (parallel arrays).
-UPDATE opq_jobs AS j
-SET state = 'finished', status = c.status, result = c.result, finished_at = now()
-FROM unnest($1::text[], $2::bigint[], $3::text[], $4::bytea[]) AS c (id, fence, status, result)
-WHERE j.id = c.id AND j.fence = c.fence AND j.state = 'running'
-RETURNING j.id;
+-- row for it. Many in one statement, so that completions commit by the batch; opq_complete (migration 10) keeps
+-- its plan per connection. $1 ids, $2 fences, $3 statuses, $4 result.plist bytes (parallel arrays).
+SELECT id FROM opq_complete($1::text[], $2::bigint[], $3::text[], $4::bytea[]) AS c (id);
 
 -- name: InsertFinishedJob
 -- A job that ran to its end on the caller's node while the database had no row for it any more (restored from a

@@ -1,0 +1,187 @@
+#!/usr/bin/env python3
+# The statements part of the cluster benchmark (Benchmarks/cluster/run.sh statements): a node's claim round and
+# completion alone, as pgbench sends them (the extended protocol, unnamed statements, as the node does), against the
+# whole schema (every migration applied), on run.sh's server. No Swift build needed: for trying a change of the SQL.
+#
+#   variants  floor     run.sh's floor: the bare claim and completion (a table of ids and states, no payload)
+#             floor-rows (--rows) the same with a job's bytes: its manifest from the start, its result.plist at the end
+#             unnamed   schema 8's ClaimJobs (a window and the cancels around opq_claim_jobs) and CompleteJobs,
+#                       sent as they were: parsed and planned at every round
+#             functions schema 10's: opq_claim and opq_complete, whose plans the server keeps per connection
+#   each round: JOBS waiting jobs inserted (a real manifest, and a result.plist of a `sleep 0` job at completion),
+#   then CLIENTS pgbench clients claim BATCH at a time and complete them until none is left; the variants take turns,
+#   ROUNDS times. Per variant and round: server CPU µs per job (this server's processes, from /proc), commits and WAL
+#   bytes per job; then each round's ratios of server CPU, functions/unnamed and functions/floor, and their medians.
+
+import argparse
+import json
+import os
+import plistlib
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.parse
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from opqueued import psql, server_cpu  # noqa: E402
+
+SQL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "Sources", "ClusterStore", "SQL")
+
+# What each variant claims with (wrapped so that pgbench keeps the ids and fences) and completes with.
+CLAIM = {
+    "unnamed": """
+SELECT id, requested_id,
+       CASE WHEN bytes <= :most::bigint AND coalesce(before, 0) < :budget::bigint THEN manifest ELSE ''::bytea END,
+       manifest_name, submitted_on, submitted_at, qos_rank, priority_rank, seq, fence, from_node, bytes,
+       ARRAY(SELECT coalesce(r.operation, '') FROM opq_cancel_requests AS r WHERE r.job = claimed.id ORDER BY r.id) AS cancels
+FROM (
+    SELECT c.*, octet_length(c.manifest)::bigint AS bytes,
+           sum(CASE WHEN octet_length(c.manifest) <= :most::bigint THEN octet_length(c.manifest) ELSE 0 END)
+               OVER (ORDER BY c.qos_rank DESC, c.priority_rank DESC, c.seq ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS before
+    FROM opq_claim_jobs('n' || :client_id, :batch, '{default}'::text[], '{}'::text[]) AS c
+) AS claimed""",
+    "functions": """
+SELECT id, requested_id, manifest, manifest_name, submitted_on, submitted_at, qos_rank, priority_rank, seq, fence, from_node,
+       bytes, cancels
+FROM opq_claim('n' || :client_id, :batch, '{default}'::text[], '{}'::text[], :budget::bigint, :most::bigint)""",
+}
+COMPLETE = {
+    "unnamed": """
+UPDATE opq_jobs AS j
+SET state = 'finished', status = c.status, result = c.result, finished_at = now()
+FROM unnest(:ids::text[], :fences::bigint[], array_fill('succeeded'::text, ARRAY[cardinality(:ids::text[])]),
+            array_fill((SELECT b FROM bench_result), ARRAY[cardinality(:ids::text[])])) AS c (id, fence, status, result)
+WHERE j.id = c.id AND j.fence = c.fence AND j.state = 'running'
+RETURNING j.id;""",
+    "functions": """
+SELECT id FROM opq_complete(:ids::text[], :fences::bigint[], array_fill('succeeded'::text, ARRAY[cardinality(:ids::text[])]),
+                            array_fill((SELECT b FROM bench_result), ARRAY[cardinality(:ids::text[])])) AS c (id);""",
+}
+
+
+# The floor (run.sh's): the bare claim and completion on a table of ids and states, one partial index, no payload.
+FLOOR_TABLE = """
+CREATE TABLE q (id bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY, state text NOT NULL DEFAULT 'waiting',
+                qos smallint NOT NULL DEFAULT 0, node text, fence bigint, payload bytea);
+CREATE INDEX q_claimable ON q (qos DESC, id) WHERE state = 'waiting';
+CREATE SEQUENCE fence;"""
+FLOOR = """WITH c AS (SELECT id FROM q WHERE state = 'waiting' ORDER BY qos DESC, id FOR UPDATE SKIP LOCKED LIMIT :batch),
+     u AS (UPDATE q SET state = 'running', node = 'n' || :client_id, fence = nextval('fence') FROM c WHERE q.id = c.id RETURNING q.id)
+SELECT coalesce(array_agg(id), '{}')::text AS claimed FROM u \\gset
+UPDATE q SET state = 'finished' WHERE id = ANY (:claimed::bigint[]) AND fence IS NOT NULL;
+"""
+
+
+# The floor with a job's bytes: the manifest in the row from the start, the result.plist written at completion.
+FLOOR_ROWS = FLOOR.replace("SET state = 'finished'", "SET state = 'finished', result = (SELECT b FROM bench_result)")
+
+
+def script(variant):
+    if variant in ("floor", "floor-rows"):
+        return FLOOR if variant == "floor" else FLOOR_ROWS
+    return ("\\set budget 67108864\n\\set most 1048576\n"
+            f"SELECT coalesce(array_agg(id), '{{}}')::text AS ids, coalesce(array_agg(fence), '{{}}')::text AS fences FROM ({CLAIM[variant]}) AS x \\gset\n"
+            + COMPLETE[variant].strip() + "\n")
+
+
+def result_plist():
+    """A `sleep 0` job's result.plist, as a node records it (1.3 kB)."""
+    operation = {"attempts": 1, "durationSeconds": 0.000326, "finishedAt": 1795892723.440232, "id": "a", "kind": "sleep",
+                 "outputs": [], "qualityOfService": "default", "queue": "default", "queuePriority": "normal",
+                 "startedAt": 1795892723.439906, "state": "succeeded"}
+    return plistlib.dumps({"durationSeconds": 0.004301, "finishedAt": 1795892723.444206, "job": "t000001",
+                           "manifest": "t000001.plist", "node": "bench-n0", "operations": [operation],
+                           "receivedAt": 1795892723.428686, "startedAt": 1795892723.439906, "status": "succeeded",
+                           "submittedOn": "bench-n0"})
+
+
+def make_database(admin, name, jobs, variant):
+    psql(admin, "postgres", f"CREATE DATABASE {name}")
+    if variant in ("floor", "floor-rows"):
+        payload = "00" if variant == "floor" else plistlib.dumps(
+            {"job": "t000001", "operations": [{"id": "a", "kind": "sleep", "seconds": 0}]}).hex()
+        psql(admin, name, FLOOR_TABLE + "ALTER TABLE q ADD COLUMN result bytea; CREATE TABLE bench_result (b bytea);"
+             f"INSERT INTO bench_result VALUES ('\\x{result_plist().hex()}');"
+             f"INSERT INTO q (payload) SELECT '\\x{payload}'::bytea FROM generate_series(1, {jobs})")
+        psql(admin, name, "VACUUM ANALYZE q")
+        return
+    url = urllib.parse.urlparse(admin)
+    env = dict(os.environ, PGPASSWORD=url.password or "")
+    files = sorted(f for f in os.listdir(SQL) if f.endswith(".up.sql"))
+    for f in files:
+        subprocess.run(["psql", "-XAtq", "-v", "ON_ERROR_STOP=1", "-h", url.hostname, "-p", str(url.port), "-U", url.username,
+                        "-d", name, "-f", os.path.join(SQL, f)], env=env, check=True, capture_output=True)
+    manifest = plistlib.dumps({"job": "t000001", "operations": [{"id": "a", "kind": "sleep", "seconds": 0}]}).hex()
+    psql(admin, name, f"CREATE TABLE bench_result (b bytea); INSERT INTO bench_result VALUES ('\\x{result_plist().hex()}');"
+         "INSERT INTO opq_jobs (id, requested_id, manifest, manifest_name, submitted_on, qos_rank, priority_rank, queues, "
+         f"commands, submission_key) SELECT 't' || g, 't' || g, '\\x{manifest}'::bytea, 't' || g || '.plist', 'bench-n0', 2, 2, "
+         "'{default}', '{}', 'bench-n0/t' || g || '/1795892723.428686' "
+         f"FROM generate_series(1, {jobs}) AS g")
+    psql(admin, name, "VACUUM ANALYZE opq_jobs")
+
+
+def drain(args, variant, round_):
+    name = f"bench_statements_{variant.replace('-', '_')}_{round_}"
+    make_database(args.admin, name, args.jobs, variant)
+    url = urllib.parse.urlparse(args.admin)
+    with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as f:
+        f.write(script(variant))
+    try:
+        psql(args.admin, "postgres", "CHECKPOINT")
+        time.sleep(0.5)
+        lsn = psql(args.admin, name, "SELECT pg_current_wal_lsn()")
+        commits = int(psql(args.admin, "postgres", f"SELECT xact_commit FROM pg_stat_database WHERE datname = '{name}'"))
+        cpu = server_cpu(args.admin)
+        start = time.monotonic()
+        rounds = args.jobs // (args.batch * args.clients) + 2  # the last ones find nothing left
+        run = subprocess.run(["pgbench", "-n", "-M", "extended", "-h", url.hostname, "-p", str(url.port), "-U", url.username,
+                              "-c", str(args.clients), "-j", str(args.clients), "-t", str(rounds), "-D", f"batch={args.batch}",
+                              "-f", f.name, name], env=dict(os.environ, PGPASSWORD=url.password or ""), capture_output=True, text=True)
+        seconds = time.monotonic() - start
+        time.sleep(0.5)  # pgbench's backends reaped: their CPU is in the postmaster's count
+        cpu = server_cpu(args.admin) - cpu
+        if run.returncode != 0:
+            raise SystemExit(f"pgbench ({variant}): {run.stderr[-600:]}")
+        wal = int(psql(args.admin, name, f"SELECT pg_current_wal_lsn() - '{lsn}'::pg_lsn"))
+        commits = int(psql(args.admin, "postgres", f"SELECT xact_commit FROM pg_stat_database WHERE datname = '{name}'")) - commits
+        table = "q" if variant.startswith("floor") else "opq_jobs"
+        left = int(psql(args.admin, name, f"SELECT count(*) FROM {table} WHERE state <> 'finished'"))
+        figures = {"part": "statements", "variant": variant, "round": round_, "jobs": args.jobs, "left": left,
+                   "clients": args.clients, "batch": args.batch, "serverCpuUsPerJob": round(1e6 * cpu / args.jobs, 1),
+                   "commitsPerJob": round(commits / args.jobs, 3), "walBytesPerJob": round(wal / args.jobs),
+                   "jobsPerSecond": round(args.jobs / seconds)}
+        print(json.dumps(figures), flush=True)
+        return figures
+    finally:
+        os.unlink(f.name)
+        psql(args.admin, "postgres", f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--admin", required=True)
+    parser.add_argument("--jobs", type=int, default=10000)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--clients", type=int, default=2, help="pgbench clients: nodes")
+    parser.add_argument("--batch", type=int, default=20, help="jobs per claim (a node's rounds under load: about 20)")
+    parser.add_argument("--rows", action="store_true", help="also the floor with a job's bytes (variant floor-rows)")
+    args = parser.parse_args()
+    ratios, floors = [], []
+    for round_ in range(1, args.rounds + 1):
+        floor = drain(args, "floor", round_)
+        if args.rows:
+            drain(args, "floor-rows", round_)
+        before = drain(args, "unnamed", round_)
+        after = drain(args, "functions", round_)
+        ratios.append(round(after["serverCpuUsPerJob"] / before["serverCpuUsPerJob"], 2))
+        floors.append(round(after["serverCpuUsPerJob"] / floor["serverCpuUsPerJob"], 2))
+    print(json.dumps({"part": "statements-ratio", "of": "server CPU per job, functions / unnamed, round by round",
+                      "rounds": ratios, "median": statistics.median(ratios)}), flush=True)
+    print(json.dumps({"part": "statements-ratio", "of": "server CPU per job, functions / the floor, round by round",
+                      "rounds": floors, "median": statistics.median(floors)}), flush=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
