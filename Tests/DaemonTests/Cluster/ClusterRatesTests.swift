@@ -71,8 +71,10 @@ struct ClusterRatesTests {
         print("\(seen.count) starts at 4 per second across three nodes: \(String(format: "%.2f", span)) s")
         #expect(seen.count == 24, "every operation ran")
         #expect(busiestWindow(seen, seconds: rate.seconds) <= rate.operations, "at most 4 starts in any second: \(seen)")
-        // 24 starts at 4 a second: 5.75 windows from the first to the last at best.
-        #expect(Double(seen.count - 1) / span >= 0.7 * 4, "the rate is used: \(seen.count) starts in \(span) s")
+        // 24 starts at 4 a second: 5.75 windows from the first to the last at best (about 5.1 s alone). The bound is
+        // loose: with the whole suite beside it on 2 cores the same run took 24 s; a node that never asked again after
+        // its first grants would take the 40 s deadline.
+        #expect(Double(seen.count - 1) / span >= 0.2 * 4, "the rate is used: \(seen.count) starts in \(span) s")
         for r in runners + nodes.map(\.task) { r.cancel() }
         for r in runners { await r.value }
     }
