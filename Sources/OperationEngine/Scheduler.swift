@@ -333,15 +333,18 @@ struct Scheduler {
         let base = builder.base
         var problems = builder.problems
         let total = base + n
+        // The builder's arrays as locals: reading them through `builder` in the loops below copies it each time.
+        let nodes = builder.nodes
+        let starts = builder.dependencyStart
+        let edges = builder.dependencies
         var dependentCount = [Int32](repeating: 0, count: n + 1)
         for i in 0..<n {
-            let node = builder.nodes[i]
+            let node = nodes[i]
             if Int(node.queue) >= queueCount {
                 problems.append("operation '\(builder.names[i])': unknown queue queue#\(node.queue)")
             }
-            let deps = builder.dependencies[Int(builder.dependencyStart[i]) ..< Int(builder.dependencyStart[i + 1])]
-            for d in deps {
-                let dep = Int(d)
+            for k in Int(starts[i]) ..< Int(starts[i + 1]) {
+                let dep = Int(edges[k])
                 if dep < 0 || dep >= total {
                     problems.append("operation '\(builder.names[i])' depends on unknown operation #\(dep)")
                 } else if dep == base + i {
@@ -350,7 +353,7 @@ struct Scheduler {
                     dependentCount[dep - base + 1] += 1
                 }
             }
-            if node.input >= 0, !deps.contains(node.input) {
+            if node.input >= 0, !edges[Int(starts[i]) ..< Int(starts[i + 1])].contains(node.input) {
                 problems.append("operation '\(builder.names[i])': its input #\(node.input) is not one of its dependencies")
             }
         }
@@ -360,23 +363,20 @@ struct Scheduler {
         let dependentStart = dependentCount
         var cursor = dependentCount
         var dependents = [Int32](repeating: 0, count: Int(dependentStart[n]))
-        for i in 0..<n {
-            for d in builder.dependencies[Int(builder.dependencyStart[i]) ..< Int(builder.dependencyStart[i + 1])]
-            where Int(d) >= base && Int(d) < total && Int(d) != base + i {
-                let row = Int(d) - base
-                dependents[Int(cursor[row])] = Int32(base + i)
-                cursor[row] += 1
-            }
-        }
-
-        // Kahn's algorithm over the batch: whatever is left unvisited lies on or behind a cycle.
+        // Kahn's algorithm over the batch (below) starts from each operation's count of dependencies within it.
         var indegree = [Int32](repeating: 0, count: n)
         for i in 0..<n {
-            for d in builder.dependencies[Int(builder.dependencyStart[i]) ..< Int(builder.dependencyStart[i + 1])]
-            where Int(d) >= base && Int(d) < total && Int(d) != base + i {
+            for k in Int(starts[i]) ..< Int(starts[i + 1]) {
+                let d = Int(edges[k])
+                guard d >= base && d < total && d != base + i else { continue }
+                let row = d - base
+                dependents[Int(cursor[row])] = Int32(base + i)
+                cursor[row] += 1
                 indegree[i] += 1
             }
         }
+
+        // Whatever Kahn's algorithm leaves unvisited lies on or behind a cycle.
         var stack: [Int32] = []
         for i in 0..<n where indegree[i] == 0 { stack.append(Int32(i)) }
         var visited = 0
@@ -391,7 +391,7 @@ struct Scheduler {
         if visited < n { problems += Self.describeCycles(builder, indegree: indegree) }
         guard problems.isEmpty else { return PreparedGraph(builder: builder, batch: nil, problems: problems) }
         let batch = Batch(
-            base: Int32(base), dependencyStart: builder.dependencyStart, dependencies: builder.dependencies,
+            base: Int32(base), dependencyStart: starts, dependencies: edges,
             dependentStart: dependentStart, dependents: dependents)
         return PreparedGraph(builder: builder, batch: batch, problems: [])
     }
@@ -489,8 +489,72 @@ struct Scheduler {
         let gi = Int(g)
         let base = Int(batch.base)
         let n = builder.count
-        if base == 0 && groups[gi].nodes.isEmpty {
-            // A new group takes the builder's arrays as they are.
+        takeOperations(of: &builder, group: gi)
+        let starts = batch.dependencyStart
+        let edges = batch.dependencies
+        let groupQoS = groups[gi].qos
+        var crossBatch: [(dependency: Int32, dependent: Int32)] = []
+        for i in 0..<n {
+            var pending: Int32 = 0
+            for k in Int(starts[i]) ..< Int(starts[i + 1]) {
+                let d = edges[k]
+                if Int(d) >= base {
+                    pending += 1
+                } else {
+                    crossBatch.append((d, Int32(base + i)))
+                    if !groups[gi].nodes[Int(d)].state.isFinished { pending += 1 }
+                }
+            }
+            var node = groups[gi].nodes[base + i]
+            let q = Int(node.queue)
+            let epoch = queues[q].epoch
+            queues[q].unfinished += 1
+            queues[q].epochUnfinished[Int(epoch)] += 1
+            if let barrier = queues[q].openBarrier {
+                pending += 1
+                groups[Int(Self.barrierGroup)].barrierDependents[barrier.index, default: []]
+                    .append(NodeRef(group: g, index: Int32(base + i)))
+            }
+            node.seq = nextSeq
+            nextSeq &+= 1
+            node.pending = pending
+            node.epoch = epoch
+            if node.requestedQoS == Self.noQoS { node.requestedQoS = groupQoS }
+            groups[gi].nodes[base + i] = node
+        }
+        groups[gi].unfinished += n
+        groups[gi].batches.append(batch)
+        for (dependency, dependent) in crossBatch {
+            groups[gi].lateDependents[dependency, default: []].append(dependent)
+            groups[gi].readers[dependency]? += 1
+        }
+        raiseDependencies(of: batch, group: g, count: n)
+        if recordsEvents {
+            for i in 0..<n { emit(NodeRef(group: g, index: Int32(base + i)), .pending, now: now) }
+        }
+        // A group cancelled before this batch arrived cancels it too.
+        if let reason = groups[gi].cancelReason {
+            for i in 0..<n { cancel(NodeRef(group: g, index: Int32(base + i)), reason: reason, now: now) }
+            return
+        }
+        for i in 0..<n {
+            let ref = NodeRef(group: g, index: Int32(base + i))
+            let node = groups[gi].nodes[base + i]
+            guard node.state == .pending else { continue }
+            // A dependency from an earlier batch that already failed or was cancelled.
+            if base > 0, node.flags & Node.runsAfterFailure == 0,
+               let failed = edges[Int(starts[i]) ..< Int(starts[i + 1])]
+                .first(where: { Int($0) < base && isFailedOrCancelled(NodeRef(group: g, index: $0)) }) {
+                cancel(ref, reason: dependencyError(NodeRef(group: g, index: failed)), now: now)
+            } else if node.pending == 0 {
+                makeReady(ref, now: now)
+            }
+        }
+    }
+
+    /// Moves the builder's operations into the group: a new group takes the builder's arrays as they are.
+    private mutating func takeOperations(of builder: inout GraphBuilder, group gi: Int) {
+        if builder.base == 0 && groups[gi].nodes.isEmpty {
             swap(&groups[gi].nodes, &builder.nodes)
             swap(&groups[gi].bodies, &builder.bodies)
             swap(&groups[gi].names, &builder.names)
@@ -505,68 +569,16 @@ struct Scheduler {
             groups[gi].names.append(contentsOf: builder.names)
             groups[gi].options.append(contentsOf: builder.options)
         }
-        let groupQoS = groups[gi].qos
-        var crossBatch: [(dependency: Int32, dependent: Int32)] = []
-        for i in 0..<n {
-            var pending: Int32 = 0
-            for d in batch.dependencies[Int(batch.dependencyStart[i]) ..< Int(batch.dependencyStart[i + 1])] {
-                if Int(d) >= base {
-                    pending += 1
-                } else {
-                    crossBatch.append((d, Int32(base + i)))
-                    if !groups[gi].nodes[Int(d)].state.isFinished { pending += 1 }
-                }
-            }
-            let q = Int(groups[gi].nodes[base + i].queue)
-            let epoch = queues[q].epoch
-            queues[q].unfinished += 1
-            queues[q].epochUnfinished[Int(epoch)] += 1
-            if let barrier = queues[q].openBarrier {
-                pending += 1
-                groups[Int(Self.barrierGroup)].barrierDependents[barrier.index, default: []]
-                    .append(NodeRef(group: g, index: Int32(base + i)))
-            }
-            let seq = nextSeq
-            nextSeq &+= 1
-            groups[gi].nodes[base + i].seq = seq
-            groups[gi].nodes[base + i].pending = pending
-            groups[gi].nodes[base + i].epoch = epoch
-            if groups[gi].nodes[base + i].requestedQoS == Self.noQoS { groups[gi].nodes[base + i].requestedQoS = groupQoS }
-        }
-        groups[gi].unfinished += n
-        groups[gi].batches.append(batch)
-        for (dependency, dependent) in crossBatch {
-            groups[gi].lateDependents[dependency, default: []].append(dependent)
-            groups[gi].readers[dependency]? += 1
-        }
-        // QoS raises: an operation is raised to the effective QoS of whatever waits for it.
-        for i in 0..<n {
-            let ref = NodeRef(group: g, index: Int32(base + i))
-            let qos = effectiveQoS(ref).rawValue
-            for d in batch.dependencies[Int(batch.dependencyStart[i]) ..< Int(batch.dependencyStart[i + 1])] {
-                raise(NodeRef(group: g, index: d), to: qos)
-            }
-        }
-        if recordsEvents {
-            for i in 0..<n { emit(NodeRef(group: g, index: Int32(base + i)), .pending, now: now) }
-        }
-        // A group cancelled before this batch arrived cancels it too.
-        if let reason = groups[gi].cancelReason {
-            for i in 0..<n { cancel(NodeRef(group: g, index: Int32(base + i)), reason: reason, now: now) }
-            return
-        }
-        for i in 0..<n {
-            let ref = NodeRef(group: g, index: Int32(base + i))
-            let node = groups[gi].nodes[base + i]
-            guard node.state == .pending else { continue }
-            // A dependency from an earlier batch that already failed or was cancelled.
-            if node.flags & Node.runsAfterFailure == 0,
-               let failed = batch.dependencies[Int(batch.dependencyStart[i]) ..< Int(batch.dependencyStart[i + 1])]
-                .first(where: { Int($0) < base && isFailedOrCancelled(NodeRef(group: g, index: $0)) }) {
-                cancel(ref, reason: dependencyError(NodeRef(group: g, index: failed)), now: now)
-            } else if node.pending == 0 {
-                makeReady(ref, now: now)
-            }
+    }
+
+    /// QoS raises: an operation is raised to the effective QoS of whatever waits for it.
+    private mutating func raiseDependencies(of batch: Batch, group g: Int32, count n: Int) {
+        let base = Int(batch.base)
+        let starts = batch.dependencyStart
+        let edges = batch.dependencies
+        for i in 0..<n where starts[i] < starts[i + 1] {
+            let qos = effectiveQoS(NodeRef(group: g, index: Int32(base + i))).rawValue
+            for k in Int(starts[i]) ..< Int(starts[i + 1]) { raise(NodeRef(group: g, index: edges[k]), to: qos) }
         }
     }
 
@@ -605,12 +617,12 @@ struct Scheduler {
     }
 
     private func batchIndex(_ group: Int, _ index: Int32) -> Int {
-        let batches = groups[group].batches
-        if batches.count == 1 { return 0 }
-        var low = 0, high = batches.count - 1
+        let count = groups[group].batches.count
+        if count == 1 { return 0 }
+        var low = 0, high = count - 1
         while low < high {
             let mid = (low + high + 1) / 2
-            if batches[mid].base <= index { low = mid } else { high = mid - 1 }
+            if groups[group].batches[mid].base <= index { low = mid } else { high = mid - 1 }
         }
         return low
     }
@@ -619,8 +631,9 @@ struct Scheduler {
 
     private mutating func makeReady(_ ref: NodeRef, now: Double) {
         let g = Int(ref.group), i = Int(ref.index)
-        groups[g].nodes[i].state = .ready
-        let node = groups[g].nodes[i]
+        var node = groups[g].nodes[i]
+        node.state = .ready
+        groups[g].nodes[i] = node
         let q = Int(node.queue)
         queues[q].ready[Int(node.priority.rawValue)].push(ReadyEntry(seq: node.seq, ref: ref))
         queues[q].readyCount += 1
@@ -666,11 +679,12 @@ struct Scheduler {
         queues[best.queue].readyCount -= 1
         queues[best.queue].executing += 1
         executingCount += 1
-        groups[g].nodes[i].state = .executing
-        groups[g].nodes[i].attempts &+= 1
-        groups[g].nodes[i].flags &= ~(Node.cancelRequested | Node.timedOut)
-        if groups[g].nodes[i].startedAt.isNaN { groups[g].nodes[i].startedAt = now }
-        let node = groups[g].nodes[i]
+        var node = groups[g].nodes[i]
+        node.state = .executing
+        node.attempts &+= 1
+        node.flags &= ~(Node.cancelRequested | Node.timedOut)
+        if node.startedAt.isNaN { node.startedAt = now }
+        groups[g].nodes[i] = node
         if recordsEvents { emit(ref, .executing, now: now) }
         let attempt = Attempt(ref: ref, generation: groups[g].generation, number: Int(node.attempts))
         if node.options >= 0, let timeout = groups[g].options[Int(node.options)].timeout {
@@ -716,7 +730,7 @@ struct Scheduler {
         let g = Int(ref.group), i = Int(ref.index)
         let node = groups[g].nodes[i]
         attemptLeft(queue: Int(node.queue))
-        cancelHandlers[ref] = nil
+        if !cancelHandlers.isEmpty { cancelHandlers[ref] = nil }
         if node.flags & Node.timedOut != 0 {
             let seconds = node.options >= 0 ? groups[g].options[Int(node.options)].timeout ?? 0 : 0
             failOrRetry(ref, error: OperationTimeout(seconds: seconds).description, now: now)
@@ -765,16 +779,21 @@ struct Scheduler {
     /// Records an end and lets the dependents go on (or be cancelled), without recursion: a chain of
     /// a million cancellations must not exhaust the stack.
     private mutating func complete(_ start: NodeRef, _ startState: OperationState, error startError: String?, now: Double) {
-        var work: [(ref: NodeRef, state: OperationState, error: String?)] = [(start, startState, startError)]
-        while let (ref, state, error) = work.popLast() {
+        // The first end is held apart: the list is only made (allocated) when ends cascade.
+        var first: (ref: NodeRef, state: OperationState, error: String?)? = (start, startState, startError)
+        var work: [(ref: NodeRef, state: OperationState, error: String?)] = []
+        while let (ref, state, error) = first ?? work.popLast() {
+            first = nil
             let g = Int(ref.group), i = Int(ref.index)
             let before = groups[g].nodes[i].state
             guard !before.isFinished else { continue }
             if before == .ready {
                 queues[Int(groups[g].nodes[i].queue)].readyCount -= 1
             }
-            groups[g].nodes[i].state = state
-            groups[g].nodes[i].finishedAt = now
+            var node = groups[g].nodes[i]
+            node.state = state
+            node.finishedAt = now
+            groups[g].nodes[i] = node
             if !groups[g].keepOutputs && !groups[g].readers.isEmpty {
                 for d in dependencies(of: ref) {
                     guard let readers = groups[g].readers[d] else { continue }
@@ -786,8 +805,11 @@ struct Scheduler {
                     }
                 }
             }
-            if let error { groups[g].errors[ref.index] = error } else { groups[g].errors[ref.index] = nil }
-            let node = groups[g].nodes[i]
+            if let error {
+                groups[g].errors[ref.index] = error
+            } else if !groups[g].errors.isEmpty {
+                groups[g].errors[ref.index] = nil
+            }
             let q = Int(node.queue)
             queues[q].unfinished -= 1
             groups[g].unfinished -= 1
@@ -797,14 +819,15 @@ struct Scheduler {
             let dependencyFailure = failedOrCancelled ? dependencyError(ref) : nil
             for index in dependents(of: ref) {
                 let dependent = NodeRef(group: ref.group, index: index)
-                let d = groups[g].nodes[Int(index)]
+                var d = groups[g].nodes[Int(index)]
                 guard !d.state.isFinished else { continue }
                 if failedOrCancelled && d.flags & Node.runsAfterFailure == 0 {
                     work.append((dependent, .cancelled, dependencyFailure))
                     continue
                 }
-                groups[g].nodes[Int(index)].pending -= 1
-                if d.pending == 1 && d.state == .pending { makeReady(dependent, now: now) }
+                d.pending -= 1
+                groups[g].nodes[Int(index)].pending = d.pending
+                if d.pending == 0 && d.state == .pending { makeReady(dependent, now: now) }
             }
             if node.flags & Node.isBarrier != 0 {
                 if let waiting = groups[g].barrierDependents.removeValue(forKey: ref.index) {
@@ -827,25 +850,33 @@ struct Scheduler {
     struct Edges: Sequence {
         var row: ArraySlice<Int32>
         var late: [Int32]
-        func makeIterator() -> FlattenSequence<[ArraySlice<Int32>]>.Iterator { [row, late[...]].joined().makeIterator() }
+
+        struct Iterator: IteratorProtocol {
+            var row: ArraySlice<Int32>.Iterator
+            var late: [Int32].Iterator
+            mutating func next() -> Int32? { row.next() ?? late.next() }
+        }
+
+        func makeIterator() -> Iterator { Iterator(row: row.makeIterator(), late: late.makeIterator()) }
     }
 
     func dependents(of ref: NodeRef) -> Edges {
         let g = Int(ref.group)
         guard !groups[g].batches.isEmpty else { return Edges(row: [], late: []) }
-        let batch = groups[g].batches[batchIndex(g, ref.index)]
-        let local = Int(ref.index - batch.base)
-        let row = batch.dependents[Int(batch.dependentStart[local]) ..< Int(batch.dependentStart[local + 1])]
+        let b = batchIndex(g, ref.index)
+        let local = Int(ref.index - groups[g].batches[b].base)
+        let start = Int(groups[g].batches[b].dependentStart[local]), end = Int(groups[g].batches[b].dependentStart[local + 1])
         let late = groups[g].lateDependents.isEmpty ? [] : groups[g].lateDependents[ref.index] ?? []
-        return Edges(row: row, late: late)
+        return Edges(row: groups[g].batches[b].dependents[start ..< end], late: late)
     }
 
     func dependencies(of ref: NodeRef) -> ArraySlice<Int32> {
         let g = Int(ref.group)
         guard !groups[g].batches.isEmpty else { return [] }
-        let batch = groups[g].batches[batchIndex(g, ref.index)]
-        let local = Int(ref.index - batch.base)
-        return batch.dependencies[Int(batch.dependencyStart[local]) ..< Int(batch.dependencyStart[local + 1])]
+        let b = batchIndex(g, ref.index)
+        let local = Int(ref.index - groups[g].batches[b].base)
+        let start = Int(groups[g].batches[b].dependencyStart[local]), end = Int(groups[g].batches[b].dependencyStart[local + 1])
+        return groups[g].batches[b].dependencies[start ..< end]
     }
 
     private mutating func checkGroupFinished(_ slot: Int32) {
