@@ -6,8 +6,10 @@
 //
 // Each (engine, workload, size, run) runs in a child process of its own, so its peak RSS is its own; the engines
 // take turns within each round, so a load that comes and goes on the machine touches them alike. Lines give every
-// run, then the medians, the ratio to the floor and how time grows from 100k to 1M. Our engine's lines also give
-// how long `submit` took and the longest a reader of the engine (what `status` asks) waited.
+// run, then the medians, the ratio to the floor and how time grows from 100k to 1M. Each run also gives the CPU time
+// its process used (all threads, user and system): on a machine loaded by others, the wall-clock time measures the
+// kernel's scheduler as much as the engine, and the CPU ratio is the steadier comparison. Our engine's lines also
+// give how long `submit` took and the longest a reader of the engine (what `status` asks) waited.
 // Foundation runs a size only when the trend of its smaller sizes says it would finish within 60 s.
 
 import Dispatch
@@ -221,6 +223,7 @@ enum EngineBench {
         guard parts.count == 3, let workload = Workload(rawValue: parts[1]), let n = Int(parts[2]), n > 0 else { exit(64) }
         var seconds: Double
         var extra = ""
+        let cpuStart = cpuSeconds()
         switch parts[0] {
         case "foundation": seconds = runFoundation(workload, n)
         case "dispatch": seconds = runDispatch(workload, n)
@@ -230,8 +233,9 @@ enum EngineBench {
             extra = String(format: " submit_ms=%.1f reader_max_wait_ms=%.1f", run.submitMilliseconds, run.readerMaxWaitMilliseconds)
         default: exit(64)
         }
-        print(String(format: "engine=%@ workload=%@ ops=%d seconds=%.3f ops_per_second=%.0f peak_rss_mb=%.0f",
-                     parts[0], workload.rawValue, n, seconds, Double(n) / seconds, peakRSSMegabytes()) + extra)
+        let cpu = cpuSeconds() - cpuStart
+        print(String(format: "engine=%@ workload=%@ ops=%d seconds=%.3f cpu_seconds=%.3f ops_per_second=%.0f peak_rss_mb=%.0f",
+                     parts[0], workload.rawValue, n, seconds, cpu, Double(n) / seconds, peakRSSMegabytes()) + extra)
     }
 
     struct Options {
@@ -265,6 +269,7 @@ enum EngineBench {
     /// The median of each engine's runs: seconds and peak RSS.
     struct Median {
         var seconds: Double
+        var cpuSeconds: Double
         var rssMegabytes: Double
     }
 
@@ -288,6 +293,7 @@ enum EngineBench {
                 }
                 for (engine, runs) in lines {
                     medians[engine, default: [:]][n] = Median(seconds: median(runs.compactMap { field("seconds", of: $0) }),
+                                                             cpuSeconds: median(runs.compactMap { field("cpu_seconds", of: $0) }),
                                                              rssMegabytes: median(runs.compactMap { field("peak_rss_mb", of: $0) }))
                 }
                 emit(medianLine(workload, n, medians, engines: engines, runs: options.runs))
@@ -317,12 +323,14 @@ enum EngineBench {
         var line = "median workload=\(workload.rawValue) ops=\(n) runs=\(runs)"
         for engine in engines {
             guard let m = medians[engine]?[n] else { continue }
-            line += String(format: " %@_seconds=%.3f %@_rss_mb=%.0f", engine, m.seconds, engine, m.rssMegabytes)
+            line += String(format: " %@_seconds=%.3f %@_cpu_seconds=%.3f %@_rss_mb=%.0f", engine, m.seconds, engine, m.cpuSeconds,
+                           engine, m.rssMegabytes)
         }
-        if let floor = medians["dispatch"]?[n]?.seconds, floor > 0 {
+        if let floor = medians["dispatch"]?[n], floor.seconds > 0, floor.cpuSeconds > 0 {
             for engine in engines where engine != "dispatch" {
                 guard let m = medians[engine]?[n] else { continue }
-                line += String(format: " %@_over_dispatch=%.2f", engine, m.seconds / floor)
+                line += String(format: " %@_over_dispatch=%.2f %@_cpu_over_dispatch=%.2f", engine, m.seconds / floor.seconds,
+                               engine, m.cpuSeconds / floor.cpuSeconds)
             }
         }
         return line
@@ -333,11 +341,14 @@ enum EngineBench {
     static func summaryLine(_ workload: Workload, _ medians: [String: [Int: Median]], sizes: [Int], engines: [String]) -> String? {
         guard let n = sizes.max(), engines.contains(where: { medians[$0]?[n] != nil }) else { return nil }
         var line = "summary workload=\(workload.rawValue) ops=\(n)"
-        let floor = medians["dispatch"]?[n]?.seconds
+        let floor = medians["dispatch"]?[n]
         for engine in engines {
             guard let m = medians[engine]?[n] else { continue }
-            line += String(format: " %@_seconds=%.3f", engine, m.seconds)
-            if engine != "dispatch", let floor, floor > 0 { line += String(format: " %@_over_dispatch=%.2f", engine, m.seconds / floor) }
+            line += String(format: " %@_seconds=%.3f %@_cpu_seconds=%.3f", engine, m.seconds, engine, m.cpuSeconds)
+            if engine != "dispatch", let floor, floor.seconds > 0, floor.cpuSeconds > 0 {
+                line += String(format: " %@_over_dispatch=%.2f %@_cpu_over_dispatch=%.2f", engine, m.seconds / floor.seconds,
+                               engine, m.cpuSeconds / floor.cpuSeconds)
+            }
             if let big = medians[engine]?[1_000_000]?.seconds, let small = medians[engine]?[100_000]?.seconds, small > 0 {
                 line += String(format: " %@_1M_over_100k=%.1f", engine, big / small)
             }
@@ -351,6 +362,13 @@ enum EngineBench {
 func field(_ name: String, of line: String) -> Double? {
     let prefix = name + "="
     return line.split(separator: " ").first { $0.hasPrefix(prefix) }.flatMap { Double($0.dropFirst(prefix.count)) }
+}
+
+/// CPU seconds this process has used, user and system, all threads.
+func cpuSeconds() -> Double {
+    var usage = rusage()
+    getrusage(RUSAGE_SELF.rawValue, &usage)
+    return Double(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) + Double(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec) / 1e6
 }
 
 func median(_ values: [Double]) -> Double {
