@@ -319,6 +319,13 @@ public final class Engine: @unchecked Sendable, ContextHost {
     /// `runningClass` is the class of the calling worker, which goes on to take one item itself.
     /// `now`: the wall clock as the step read it (NaN: read it here when something may start).
     private func afterStep(runningClass: Int?, now: Double = .nan) -> After {
+        var none: Dispatch?
+        return afterStep(runningClass: runningClass, now: now, taken: &none)
+    }
+
+    /// `afterStep` for a worker: `taken` receives its next operation (of its class, synchronous) when its class's
+    /// run list is empty, handed to it directly rather than through the list.
+    private func afterStep(runningClass: Int?, now: Double, taken: inout Dispatch?) -> After {
         var after = After()
         var dispatchTime = now
         var rateTime: Double?
@@ -332,6 +339,10 @@ public final class Engine: @unchecked Sendable, ContextHost {
             }
             guard let dispatch = scheduler.nextDispatch(now: dispatchTime, monotonic: rateTime) else { break }
             let c = Int(dispatch.qualityOfService.rawValue)
+            if c == runningClass, taken == nil, runLists[c].isEmpty, case .sync = dispatch.body {
+                taken = dispatch
+                continue
+            }
             if case .async = dispatch.body { asyncQueued[c] += 1 }
             runLists[c].append(dispatch)
         }
@@ -339,7 +350,7 @@ public final class Engine: @unchecked Sendable, ContextHost {
         if !scheduler.timerRequests.isEmpty { armTimers() }
         for c in 0..<Self.classes where !runLists[c].isEmpty {
             let needed = runLists[c].count - asyncQueued[c] + max(0, min(asyncQueued[c], Self.asyncWorkers) - asyncRunning[c])
-            var deficit = needed - signalled[c] - spawning[c] - (runningClass == c ? 1 : 0)
+            var deficit = needed - signalled[c] - spawning[c] - (runningClass == c && taken == nil ? 1 : 0)
             var available = idle[c] - signalled[c]
             while deficit > 0 && available > 0 {
                 workerConditions[c].signal()
@@ -446,20 +457,27 @@ public final class Engine: @unchecked Sendable, ContextHost {
         let c = Int(qos.rawValue)
         lock.lock()
         spawning[c] -= 1
+        var next: Dispatch?
         while true {
-            while runLists[c].isEmpty && !shuttingDown {
-                idle[c] += 1
-                workerConditions[c].wait(lock)
-                idle[c] -= 1
-                if signalled[c] > 0 { signalled[c] -= 1 }
+            let dispatch: Dispatch
+            if let taken = next.take() {
+                dispatch = taken
+            } else {
+                while runLists[c].isEmpty && !shuttingDown {
+                    idle[c] += 1
+                    workerConditions[c].wait(lock)
+                    idle[c] -= 1
+                    if signalled[c] > 0 { signalled[c] -= 1 }
+                }
+                guard let popped = runLists[c].popFirst() else {
+                    workers[c] -= 1
+                    threadExited()
+                    lock.unlock()
+                    return
+                }
+                if case .async = popped.body { asyncQueued[c] -= 1; asyncRunning[c] += 1 }
+                dispatch = popped
             }
-            guard let dispatch = runLists[c].popFirst() else {
-                workers[c] -= 1
-                threadExited()
-                lock.unlock()
-                return
-            }
-            if case .async = dispatch.body { asyncQueued[c] -= 1; asyncRunning[c] += 1 }
             lock.unlock()
             let context = OperationContext(host: self, current: dispatch.attempt, input: dispatch.input, name: dispatch.name)
             var time = Double.nan
@@ -467,7 +485,7 @@ public final class Engine: @unchecked Sendable, ContextHost {
             case .sync(let body):
                 let outcome: Scheduler.Outcome
                 do {
-                    outcome = .success(try body(context))
+                    outcome = .succeeded(try body(context).map(OutputBox.init))
                 } catch {
                     outcome = .failure(String(describing: error), final: error is FinalFailure)
                 }
@@ -480,7 +498,7 @@ public final class Engine: @unchecked Sendable, ContextHost {
                 asyncRunning[c] -= 1
             }
             // One reading of the clock for the end and the starts that follow it, in the same hold of the lock.
-            let after = afterStep(runningClass: c, now: time)
+            let after = afterStep(runningClass: c, now: time, taken: &next)
             if !after.handlers.isEmpty || !after.callbacks.isEmpty {
                 lock.unlock()
                 after.run()

@@ -136,8 +136,16 @@ struct Dispatch: Sendable {
     var attempt: Attempt
     var body: OperationBody
     var qualityOfService: QualityOfService
-    var input: OperationOutput?
+    var inputBox: OutputBox?
     var name: String
+    var input: OperationOutput? { inputBox?.value }
+}
+
+/// An operation's output, boxed: a value of an existential type makes every struct and enum that holds it
+/// move through the runtime's generic witnesses, a box is a reference like any other.
+final class OutputBox: Sendable {
+    let value: OperationOutput
+    init(_ value: OperationOutput) { self.value = value }
 }
 
 struct Scheduler {
@@ -191,7 +199,7 @@ struct Scheduler {
         /// Dependents added by later batches to operations of earlier ones.
         var lateDependents: [Int32: [Int32]] = [:]
         var options: [Options] = []
-        var outputs: [Int32: OperationOutput] = [:]
+        var outputs: [Int32: OutputBox] = [:]
         /// false: an output is dropped once every dependent has ended (it is only kept for them).
         var keepOutputs = true
         /// With `keepOutputs` false: how many dependents of an operation with an output have not ended.
@@ -227,6 +235,7 @@ struct Scheduler {
     }
 
     static let noQoS: UInt8 = 255
+    static let priorities = QueuePriority.allCases.count
     static let barrierGroup: Int32 = 0
 
     let processorCount: Int
@@ -338,6 +347,8 @@ struct Scheduler {
         let starts = builder.dependencyStart
         let edges = builder.dependencies
         var dependentCount = [Int32](repeating: 0, count: n + 1)
+        // Whether some operation depends on one added after it: only then can the batch hold a cycle.
+        var forward = false
         for i in 0..<n {
             let node = nodes[i]
             if Int(node.queue) >= queueCount {
@@ -351,6 +362,7 @@ struct Scheduler {
                     problems.append("cycle: \(builder.names[i]) → \(builder.names[i])")
                 } else if dep >= base {
                     dependentCount[dep - base + 1] += 1
+                    if dep > base + i { forward = true }
                 }
             }
             if node.input >= 0, !edges[Int(starts[i]) ..< Int(starts[i + 1])].contains(node.input) {
@@ -363,8 +375,6 @@ struct Scheduler {
         let dependentStart = dependentCount
         var cursor = dependentCount
         var dependents = [Int32](repeating: 0, count: Int(dependentStart[n]))
-        // Kahn's algorithm over the batch (below) starts from each operation's count of dependencies within it.
-        var indegree = [Int32](repeating: 0, count: n)
         for i in 0..<n {
             for k in Int(starts[i]) ..< Int(starts[i + 1]) {
                 let d = Int(edges[k])
@@ -372,11 +382,30 @@ struct Scheduler {
                 let row = d - base
                 dependents[Int(cursor[row])] = Int32(base + i)
                 cursor[row] += 1
-                indegree[i] += 1
             }
         }
+        if forward { problems += Self.cycles(builder, dependentStart: dependentStart, dependents: dependents) }
+        guard problems.isEmpty else { return PreparedGraph(builder: builder, batch: nil, problems: problems) }
+        let batch = Batch(
+            base: Int32(base), dependencyStart: starts, dependencies: edges,
+            dependentStart: dependentStart, dependents: dependents)
+        return PreparedGraph(builder: builder, batch: batch, problems: [])
+    }
 
-        // Whatever Kahn's algorithm leaves unvisited lies on or behind a cycle.
+    /// The cycles of a batch, by Kahn's algorithm: whatever it leaves unvisited lies on or behind a cycle.
+    private static func cycles(_ builder: GraphBuilder, dependentStart: [Int32], dependents: [Int32]) -> [String] {
+        let n = builder.count
+        let base = builder.base
+        let total = base + n
+        let starts = builder.dependencyStart
+        let edges = builder.dependencies
+        var indegree = [Int32](repeating: 0, count: n)
+        for i in 0..<n {
+            for k in Int(starts[i]) ..< Int(starts[i + 1]) {
+                let d = Int(edges[k])
+                if d >= base && d < total && d != base + i { indegree[i] += 1 }
+            }
+        }
         var stack: [Int32] = []
         for i in 0..<n where indegree[i] == 0 { stack.append(Int32(i)) }
         var visited = 0
@@ -388,12 +417,7 @@ struct Scheduler {
                 if indegree[j] == 0 { stack.append(Int32(j)) }
             }
         }
-        if visited < n { problems += Self.describeCycles(builder, indegree: indegree) }
-        guard problems.isEmpty else { return PreparedGraph(builder: builder, batch: nil, problems: problems) }
-        let batch = Batch(
-            base: Int32(base), dependencyStart: starts, dependencies: edges,
-            dependentStart: dependentStart, dependents: dependents)
-        return PreparedGraph(builder: builder, batch: batch, problems: [])
+        return visited < n ? Self.describeCycles(builder, indegree: indegree) : []
     }
 
     /// Names the operations along each cycle left after Kahn's algorithm (every node with a positive
@@ -576,6 +600,19 @@ struct Scheduler {
         let base = Int(batch.base)
         let starts = batch.dependencyStart
         let edges = batch.dependencies
+        // The common case: every operation of the batch at one QoS. Nothing in it can raise another, so only
+        // dependencies on earlier batches need looking at.
+        let first = n > 0 ? effectiveQoS(NodeRef(group: g, index: Int32(base))).rawValue : 0
+        var uniform = true
+        for i in 0..<n where effectiveQoS(NodeRef(group: g, index: Int32(base + i))).rawValue != first {
+            uniform = false
+            break
+        }
+        if uniform {
+            guard base > 0 else { return }
+            for k in 0..<edges.count where Int(edges[k]) < base { raise(NodeRef(group: g, index: edges[k]), to: first) }
+            return
+        }
         for i in 0..<n where starts[i] < starts[i + 1] {
             let qos = effectiveQoS(NodeRef(group: g, index: Int32(base + i))).rawValue
             for k in Int(starts[i]) ..< Int(starts[i + 1]) { raise(NodeRef(group: g, index: edges[k]), to: qos) }
@@ -644,8 +681,12 @@ struct Scheduler {
     /// cancelled while they waited, also when their group has since been released (its slot perhaps
     /// reused: the entry's sequence number must still be the node's).
     private mutating func head(of q: Int) -> (priority: Int, entry: ReadyEntry)? {
-        var p = QueuePriority.allCases.count - 1
+        var p = Self.priorities - 1
         while p >= 0 {
+            if queues[q].ready[p].isEmpty {
+                p -= 1
+                continue
+            }
             while let entry = queues[q].ready[p].peek() {
                 if isValid(entry.ref) {
                     let node = groups[Int(entry.ref.group)].nodes[Int(entry.ref.index)]
@@ -690,11 +731,11 @@ struct Scheduler {
         if node.options >= 0, let timeout = groups[g].options[Int(node.options)].timeout {
             timerRequests.append(TimerRequest(delay: timeout, kind: .attemptTimeout(attempt)))
         }
-        return Dispatch(attempt: attempt, body: groups[g].bodies[i], qualityOfService: best.qos, input: input(of: ref),
+        return Dispatch(attempt: attempt, body: groups[g].bodies[i], qualityOfService: best.qos, inputBox: input(of: ref),
                         name: groups[g].names[i])
     }
 
-    private func input(of ref: NodeRef) -> OperationOutput? {
+    private func input(of ref: NodeRef) -> OutputBox? {
         let g = Int(ref.group)
         let outputs = groups[g].outputs
         if outputs.isEmpty { return nil }
@@ -709,9 +750,11 @@ struct Scheduler {
     // MARK: Ends
 
     enum Outcome {
-        case success(OperationOutput?)
+        case succeeded(OutputBox?)
         /// `final`: retrying cannot help (`FinalFailure`), so `retries` is not used.
         case failure(String, final: Bool = false)
+
+        static func success(_ output: OperationOutput?) -> Self { .succeeded(output.map(OutputBox.init)) }
     }
 
     /// An attempt stops executing. A permit from outside is used up with it: the holder grants it again (or gives
@@ -738,7 +781,7 @@ struct Scheduler {
             complete(ref, .cancelled, error: groups[g].errors[ref.index] ?? "cancelled", now: now)
         } else {
             switch outcome {
-            case .success(let output):
+            case .succeeded(let output):
                 if let output {
                     if groups[g].keepOutputs {
                         groups[g].outputs[ref.index] = output
@@ -1055,7 +1098,7 @@ struct Scheduler {
             error: groups[g].errors[ref.index], qualityOfService: requestedQoS(ref), queuePriority: node.priority)
     }
 
-    func output(_ ref: NodeRef) -> OperationOutput? { isValid(ref) ? groups[Int(ref.group)].outputs[ref.index] : nil }
+    func output(_ ref: NodeRef) -> OperationOutput? { isValid(ref) ? groups[Int(ref.group)].outputs[ref.index]?.value : nil }
 
     func isFinished(_ id: GroupID) -> Bool { !isLive(id) || groups[Int(id.slot)].finished }
 
