@@ -28,7 +28,7 @@ enum Workload: String, CaseIterable {
 /// The dependencies of operation i in each workload (by number), into `deps` (emptied first): one buffer for the
 /// whole graph, so that building it measures the engine, not an array per operation.
 func dependencies(_ workload: Workload, _ i: Int, _ n: Int, _ rng: inout SplitMix, into deps: inout [Int]) {
-    deps.removeAll(keepingCapacity: true)
+    if !deps.isEmpty { deps.removeAll(keepingCapacity: true) }
     switch workload {
     case .independent, .serial: return
     case .chain: if i > 0 { deps.append(i - 1) }
@@ -103,7 +103,8 @@ func runOpqueued(_ workload: Workload, _ n: Int, observed: Bool = false) -> Engi
     let submitted: Double
     do {
         let submitStart = now()
-        let group = try engine.submit(graph)
+        // Handed over (`consume`): a builder the caller still holds would make the engine copy its arrays.
+        let group = try engine.submit(consume graph)
         submitted = now() - submitStart
         engine.wait(group)
     } catch {
