@@ -340,7 +340,7 @@ enum EngineBench {
     }
 
     /// At the largest size: each engine's median time and peak RSS, its ratio to the floor, and how its time grew from
-    /// 100k to 1M (linear is 10).
+    /// 100k to 1M (linear is 10), in wall-clock and in CPU time.
     static func summaryLine(_ workload: Workload, _ medians: [String: [Int: Median]], sizes: [Int], engines: [String]) -> String? {
         guard let n = sizes.max(), engines.contains(where: { medians[$0]?[n] != nil }) else { return nil }
         var line = "summary workload=\(workload.rawValue) ops=\(n)"
@@ -352,8 +352,9 @@ enum EngineBench {
                 line += String(format: " %@_over_dispatch=%.2f %@_cpu_over_dispatch=%.2f", engine, m.seconds / floor.seconds,
                                engine, m.cpuSeconds / floor.cpuSeconds)
             }
-            if let big = medians[engine]?[1_000_000]?.seconds, let small = medians[engine]?[100_000]?.seconds, small > 0 {
-                line += String(format: " %@_1M_over_100k=%.1f", engine, big / small)
+            if let big = medians[engine]?[1_000_000], let small = medians[engine]?[100_000], small.seconds > 0, small.cpuSeconds > 0 {
+                line += String(format: " %@_1M_over_100k=%.1f %@_cpu_1M_over_100k=%.1f", engine, big.seconds / small.seconds,
+                               engine, big.cpuSeconds / small.cpuSeconds)
             }
             line += String(format: " %@_peak_rss_mb=%.0f", engine, m.rssMegabytes)
         }
