@@ -27,24 +27,27 @@ public final class Engine: @unchecked Sendable, ContextHost {
     public typealias Observer = @Sendable ([EngineEvent]) -> Void
 
     let lock = Lock()
-    var scheduler: Scheduler
+    // Every variable below is read and written with `lock` held, which already gives each access exclusivity;
+    // Swift's run-time check of a class's stored property (two calls into the runtime per access) would only
+    // add to each operation's cost, so it is turned off for them.
+    @exclusivity(unchecked) var scheduler: Scheduler
     private let observer: Observer?
 
     private static let classes = QualityOfService.allCases.count
-    var runLists = [Deque<Dispatch>](repeating: [], count: classes)
+    @exclusivity(unchecked) var runLists = [Deque<Dispatch>](repeating: [], count: classes)
     /// Dispatches of asynchronous bodies in each run list. Such a body returns at once (its work goes on
     /// elsewhere: a timer, a transfer, a child process), so a few workers drain any number of them; only
     /// synchronous dispatches each call for a thread of their own.
-    private var asyncQueued = [Int](repeating: 0, count: classes)
+    @exclusivity(unchecked) private var asyncQueued = [Int](repeating: 0, count: classes)
     /// Workers inside an asynchronous body, per class: they come back for the next dispatch soon.
-    private var asyncRunning = [Int](repeating: 0, count: classes)
+    @exclusivity(unchecked) private var asyncRunning = [Int](repeating: 0, count: classes)
     /// Workers asked for per class by a burst of asynchronous dispatches.
     static let asyncWorkers = 2
     let workerConditions: [Condition]
-    private var idle = [Int](repeating: 0, count: classes)
-    private var signalled = [Int](repeating: 0, count: classes)
-    private var spawning = [Int](repeating: 0, count: classes)
-    private var workers = [Int](repeating: 0, count: classes)
+    @exclusivity(unchecked) private var idle = [Int](repeating: 0, count: classes)
+    @exclusivity(unchecked) private var signalled = [Int](repeating: 0, count: classes)
+    @exclusivity(unchecked) private var spawning = [Int](repeating: 0, count: classes)
+    @exclusivity(unchecked) private var workers = [Int](repeating: 0, count: classes)
     /// Per class; a runaway queue limit cannot create unbounded threads.
     private let maxThreadsPerClass: Int
 
@@ -55,28 +58,28 @@ public final class Engine: @unchecked Sendable, ContextHost {
         static func < (a: Self, b: Self) -> Bool { (a.deadline, a.seq) < (b.deadline, b.seq) }
         static func == (a: Self, b: Self) -> Bool { a.seq == b.seq }
     }
-    var timers = Heap<TimerEntry>()
+    @exclusivity(unchecked) var timers = Heap<TimerEntry>()
     /// Timers left after the last compaction (see `afterStep`).
-    private var timersKept = 0
-    private var timerSeq: UInt64 = 0
+    @exclusivity(unchecked) private var timersKept = 0
+    @exclusivity(unchecked) private var timerSeq: UInt64 = 0
     let timerCondition = Condition()
-    private var timerThreadStarted = false
+    @exclusivity(unchecked) private var timerThreadStarted = false
 
     let deliveryCondition = Condition()
-    private var deliveryThreadStarted = false
-    var delivering = false
+    @exclusivity(unchecked) private var deliveryThreadStarted = false
+    @exclusivity(unchecked) var delivering = false
 
     let finishedCondition = Condition()
     /// Threads waiting on `finishedCondition` for something other than a group (queue drain, shutdown).
-    var drainWaiters = 0
-    var finishCallbacks: [GroupID: [@Sendable () -> Void]] = [:]
+    @exclusivity(unchecked) var drainWaiters = 0
+    @exclusivity(unchecked) var finishCallbacks: [GroupID: [@Sendable () -> Void]] = [:]
 
-    var shuttingDown = false
-    var liveThreads = 0
+    @exclusivity(unchecked) var shuttingDown = false
+    @exclusivity(unchecked) var liveThreads = 0
     /// The threads alive, for `threadsCPUTime`.
-    var threads: [pthread_t] = []
+    @exclusivity(unchecked) var threads: [pthread_t] = []
     /// Timers that came due, for tests (work held by a rate waits for one timer, not a poll).
-    var timersFired = 0
+    @exclusivity(unchecked) var timersFired = 0
 
     /// - Parameters:
     ///   - processorCount: what `maxConcurrentOperationCount = -1` means (default: online CPUs).
@@ -193,13 +196,14 @@ public final class Engine: @unchecked Sendable, ContextHost {
     public func submit(_ graph: consuming GraphBuilder, qualityOfService: QualityOfService? = nil, deadline: Double? = nil,
                        keepOutputs: Bool = true, cancelled: [Int?] = [],
                        cancelReason: String = "cancelled") throws(SubmissionError) -> GroupID {
-        let prepared = Scheduler.prepare(graph, queueCount: lock.withLock { scheduler.queues.count })
+        // Handed on with `consume`: a copy left behind would make the scheduler's first write copy every array.
+        let prepared = Scheduler.prepare(consume graph, queueCount: lock.withLock { scheduler.queues.count })
         lock.lock()
         let result: Result<GroupID, SubmissionError>
         do throws(SubmissionError) {
             let now = wallClock()
-            let group = try scheduler.submit(prepared, qualityOfService: qualityOfService, deadline: deadline, keepOutputs: keepOutputs,
-                                             now: now)
+            let group = try scheduler.submit(consume prepared, qualityOfService: qualityOfService, deadline: deadline,
+                                             keepOutputs: keepOutputs, now: now)
             for cancel in cancelled {
                 if let operation = cancel {
                     guard operation >= 0, operation < scheduler.operationCount(group) else { continue }
@@ -221,11 +225,12 @@ public final class Engine: @unchecked Sendable, ContextHost {
     /// Adds operations to a group that has not finished (graph expansion: call it from one of the
     /// group's executing operations so the group cannot finish first).
     public func extend(_ group: GroupID, with graph: consuming GraphBuilder) throws(SubmissionError) {
-        let prepared = Scheduler.prepare(graph, queueCount: lock.withLock { scheduler.queues.count })
+        // Handed on with `consume`: a copy left behind would make the scheduler's first write copy every array.
+        let prepared = Scheduler.prepare(consume graph, queueCount: lock.withLock { scheduler.queues.count })
         lock.lock()
         let result: Result<Void, SubmissionError>
         do throws(SubmissionError) {
-            result = .success(try scheduler.extend(group, with: prepared, now: wallClock()))
+            result = .success(try scheduler.extend(group, with: consume prepared, now: wallClock()))
         } catch {
             result = .failure(error)
         }
@@ -312,18 +317,32 @@ public final class Engine: @unchecked Sendable, ContextHost {
 
     /// Under the lock: start what can start, arm timers, wake the threads that have work.
     /// `runningClass` is the class of the calling worker, which goes on to take one item itself.
-    private func afterStep(runningClass: Int?) -> After {
+    /// `now`: the wall clock as the step read it (NaN: read it here when something may start).
+    private func afterStep(runningClass: Int?, now: Double = .nan) -> After {
+        var none: Dispatch?
+        return afterStep(runningClass: runningClass, now: now, taken: &none)
+    }
+
+    /// `afterStep` for a worker: `taken` receives its next operation (of its class, synchronous) when its class's
+    /// run list is empty, handed to it directly rather than through the list.
+    private func afterStep(runningClass: Int?, now: Double, taken: inout Dispatch?) -> After {
         var after = After()
-        var dispatchTime = Double.nan
+        var dispatchTime = now
         var rateTime: Double?
+        var clocksRead = false
         while true {
-            if dispatchTime.isNaN {
-                dispatchTime = wallClock()
+            if !clocksRead {
+                clocksRead = true
+                if dispatchTime.isNaN { dispatchTime = wallClock() }
                 // Rate windows run on the monotonic clock: a step of the wall clock must not stall a queue or free it.
                 if scheduler.ratedQueues > 0 { rateTime = monotonicClock() }
             }
             guard let dispatch = scheduler.nextDispatch(now: dispatchTime, monotonic: rateTime) else { break }
             let c = Int(dispatch.qualityOfService.rawValue)
+            if c == runningClass, taken == nil, runLists[c].isEmpty, case .sync = dispatch.body {
+                taken = dispatch
+                continue
+            }
             if case .async = dispatch.body { asyncQueued[c] += 1 }
             runLists[c].append(dispatch)
         }
@@ -331,7 +350,7 @@ public final class Engine: @unchecked Sendable, ContextHost {
         if !scheduler.timerRequests.isEmpty { armTimers() }
         for c in 0..<Self.classes where !runLists[c].isEmpty {
             let needed = runLists[c].count - asyncQueued[c] + max(0, min(asyncQueued[c], Self.asyncWorkers) - asyncRunning[c])
-            var deficit = needed - signalled[c] - spawning[c] - (runningClass == c ? 1 : 0)
+            var deficit = needed - signalled[c] - spawning[c] - (runningClass == c && taken == nil ? 1 : 0)
             var available = idle[c] - signalled[c]
             while deficit > 0 && available > 0 {
                 workerConditions[c].signal()
@@ -438,38 +457,48 @@ public final class Engine: @unchecked Sendable, ContextHost {
         let c = Int(qos.rawValue)
         lock.lock()
         spawning[c] -= 1
+        var next: Dispatch?
         while true {
-            while runLists[c].isEmpty && !shuttingDown {
-                idle[c] += 1
-                workerConditions[c].wait(lock)
-                idle[c] -= 1
-                if signalled[c] > 0 { signalled[c] -= 1 }
+            let dispatch: Dispatch
+            if let taken = next.take() {
+                dispatch = taken
+            } else {
+                while runLists[c].isEmpty && !shuttingDown {
+                    idle[c] += 1
+                    workerConditions[c].wait(lock)
+                    idle[c] -= 1
+                    if signalled[c] > 0 { signalled[c] -= 1 }
+                }
+                guard let popped = runLists[c].popFirst() else {
+                    workers[c] -= 1
+                    threadExited()
+                    lock.unlock()
+                    return
+                }
+                if case .async = popped.body { asyncQueued[c] -= 1; asyncRunning[c] += 1 }
+                dispatch = popped
             }
-            guard let dispatch = runLists[c].popFirst() else {
-                workers[c] -= 1
-                threadExited()
-                lock.unlock()
-                return
-            }
-            if case .async = dispatch.body { asyncQueued[c] -= 1; asyncRunning[c] += 1 }
             lock.unlock()
             let context = OperationContext(host: self, current: dispatch.attempt, input: dispatch.input, name: dispatch.name)
+            var time = Double.nan
             switch dispatch.body {
             case .sync(let body):
                 let outcome: Scheduler.Outcome
                 do {
-                    outcome = .success(try body(context))
+                    outcome = .succeeded(try body(context).map(OutputBox.init))
                 } catch {
                     outcome = .failure(String(describing: error), final: error is FinalFailure)
                 }
                 lock.lock()
-                scheduler.finish(dispatch.attempt, outcome: outcome, now: wallClock())
+                time = wallClock()
+                scheduler.finish(dispatch.attempt, outcome: outcome, now: time)
             case .async(let body):
                 body(context)
                 lock.lock()
                 asyncRunning[c] -= 1
             }
-            let after = afterStep(runningClass: c)
+            // One reading of the clock for the end and the starts that follow it, in the same hold of the lock.
+            let after = afterStep(runningClass: c, now: time, taken: &next)
             if !after.handlers.isEmpty || !after.callbacks.isEmpty {
                 lock.unlock()
                 after.run()

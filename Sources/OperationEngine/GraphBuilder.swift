@@ -101,6 +101,20 @@ public struct GraphBuilder: Sendable {
     /// submission). Returns its number.
     @discardableResult
     public mutating func add(_ spec: OperationSpec, dependencies: some Sequence<Int> = EmptyCollection()) -> Int {
+        for dependency in dependencies { self.dependencies.append(Int32(truncatingIfNeeded: dependency)) }
+        return appendOperation(spec)
+    }
+
+    /// `add` for an array: the generic one, called from another module, walks its sequence through
+    /// witness tables, a cost per dependency that a million-operation graph notices.
+    @discardableResult
+    public mutating func add(_ spec: OperationSpec, dependencies: [Int]) -> Int {
+        for dependency in dependencies { self.dependencies.append(Int32(truncatingIfNeeded: dependency)) }
+        return appendOperation(spec)
+    }
+
+    /// Adds the operation whose dependencies were just appended.
+    private mutating func appendOperation(_ spec: OperationSpec) -> Int {
         var options: Int32 = -1
         if spec.timeout != nil || spec.retries != 0 {
             if spec.retries < 0 || spec.retries >= Int(UInt16.max) {
@@ -126,8 +140,7 @@ public struct GraphBuilder: Sendable {
         nodes.append(node)
         bodies.append(spec.body)
         names.append(spec.name)
-        for dependency in dependencies { self.dependencies.append(Int32(truncatingIfNeeded: dependency)) }
-        dependencyStart.append(Int32(self.dependencies.count))
+        dependencyStart.append(Int32(dependencies.count))
         return base + nodes.count - 1
     }
 

@@ -136,8 +136,16 @@ struct Dispatch: Sendable {
     var attempt: Attempt
     var body: OperationBody
     var qualityOfService: QualityOfService
-    var input: OperationOutput?
+    var inputBox: OutputBox?
     var name: String
+    var input: OperationOutput? { inputBox?.value }
+}
+
+/// An operation's output, boxed: a value of an existential type makes every struct and enum that holds it
+/// move through the runtime's generic witnesses, a box is a reference like any other.
+final class OutputBox: Sendable {
+    let value: OperationOutput
+    init(_ value: OperationOutput) { self.value = value }
 }
 
 struct Scheduler {
@@ -191,7 +199,7 @@ struct Scheduler {
         /// Dependents added by later batches to operations of earlier ones.
         var lateDependents: [Int32: [Int32]] = [:]
         var options: [Options] = []
-        var outputs: [Int32: OperationOutput] = [:]
+        var outputs: [Int32: OutputBox] = [:]
         /// false: an output is dropped once every dependent has ended (it is only kept for them).
         var keepOutputs = true
         /// With `keepOutputs` false: how many dependents of an operation with an output have not ended.
@@ -229,6 +237,7 @@ struct Scheduler {
     }
 
     static let noQoS: UInt8 = 255
+    static let priorities = QueuePriority.allCases.count
     static let barrierGroup: Int32 = 0
 
     let processorCount: Int
@@ -335,24 +344,30 @@ struct Scheduler {
         let base = builder.base
         var problems = builder.problems
         let total = base + n
+        // The builder's arrays as locals: reading them through `builder` in the loops below copies it each time.
+        let nodes = builder.nodes
+        let starts = builder.dependencyStart
+        let edges = builder.dependencies
         var dependentCount = [Int32](repeating: 0, count: n + 1)
+        // Whether some operation depends on one added after it: only then can the batch hold a cycle.
+        var forward = false
         for i in 0..<n {
-            let node = builder.nodes[i]
+            let node = nodes[i]
             if Int(node.queue) >= queueCount {
                 problems.append("operation '\(builder.names[i])': unknown queue queue#\(node.queue)")
             }
-            let deps = builder.dependencies[Int(builder.dependencyStart[i]) ..< Int(builder.dependencyStart[i + 1])]
-            for d in deps {
-                let dep = Int(d)
+            for k in Int(starts[i]) ..< Int(starts[i + 1]) {
+                let dep = Int(edges[k])
                 if dep < 0 || dep >= total {
                     problems.append("operation '\(builder.names[i])' depends on unknown operation #\(dep)")
                 } else if dep == base + i {
                     problems.append("cycle: \(builder.names[i]) → \(builder.names[i])")
                 } else if dep >= base {
                     dependentCount[dep - base + 1] += 1
+                    if dep > base + i { forward = true }
                 }
             }
-            if node.input >= 0, !deps.contains(node.input) {
+            if node.input >= 0, !edges[Int(starts[i]) ..< Int(starts[i + 1])].contains(node.input) {
                 problems.append("operation '\(builder.names[i])': its input #\(node.input) is not one of its dependencies")
             }
         }
@@ -363,20 +378,34 @@ struct Scheduler {
         var cursor = dependentCount
         var dependents = [Int32](repeating: 0, count: Int(dependentStart[n]))
         for i in 0..<n {
-            for d in builder.dependencies[Int(builder.dependencyStart[i]) ..< Int(builder.dependencyStart[i + 1])]
-            where Int(d) >= base && Int(d) < total && Int(d) != base + i {
-                let row = Int(d) - base
+            for k in Int(starts[i]) ..< Int(starts[i + 1]) {
+                let d = Int(edges[k])
+                guard d >= base && d < total && d != base + i else { continue }
+                let row = d - base
                 dependents[Int(cursor[row])] = Int32(base + i)
                 cursor[row] += 1
             }
         }
+        if forward { problems += Self.cycles(builder, dependentStart: dependentStart, dependents: dependents) }
+        guard problems.isEmpty else { return PreparedGraph(builder: builder, batch: nil, problems: problems) }
+        let batch = Batch(
+            base: Int32(base), dependencyStart: starts, dependencies: edges,
+            dependentStart: dependentStart, dependents: dependents)
+        return PreparedGraph(builder: builder, batch: batch, problems: [])
+    }
 
-        // Kahn's algorithm over the batch: whatever is left unvisited lies on or behind a cycle.
+    /// The cycles of a batch, by Kahn's algorithm: whatever it leaves unvisited lies on or behind a cycle.
+    private static func cycles(_ builder: GraphBuilder, dependentStart: [Int32], dependents: [Int32]) -> [String] {
+        let n = builder.count
+        let base = builder.base
+        let total = base + n
+        let starts = builder.dependencyStart
+        let edges = builder.dependencies
         var indegree = [Int32](repeating: 0, count: n)
         for i in 0..<n {
-            for d in builder.dependencies[Int(builder.dependencyStart[i]) ..< Int(builder.dependencyStart[i + 1])]
-            where Int(d) >= base && Int(d) < total && Int(d) != base + i {
-                indegree[i] += 1
+            for k in Int(starts[i]) ..< Int(starts[i + 1]) {
+                let d = Int(edges[k])
+                if d >= base && d < total && d != base + i { indegree[i] += 1 }
             }
         }
         var stack: [Int32] = []
@@ -390,12 +419,7 @@ struct Scheduler {
                 if indegree[j] == 0 { stack.append(Int32(j)) }
             }
         }
-        if visited < n { problems += Self.describeCycles(builder, indegree: indegree) }
-        guard problems.isEmpty else { return PreparedGraph(builder: builder, batch: nil, problems: problems) }
-        let batch = Batch(
-            base: Int32(base), dependencyStart: builder.dependencyStart, dependencies: builder.dependencies,
-            dependentStart: dependentStart, dependents: dependents)
-        return PreparedGraph(builder: builder, batch: batch, problems: [])
+        return visited < n ? Self.describeCycles(builder, indegree: indegree) : []
     }
 
     /// Names the operations along each cycle left after Kahn's algorithm (every node with a positive
@@ -491,8 +515,72 @@ struct Scheduler {
         let gi = Int(g)
         let base = Int(batch.base)
         let n = builder.count
-        if base == 0 && groups[gi].nodes.isEmpty {
-            // A new group takes the builder's arrays as they are.
+        takeOperations(of: &builder, group: gi)
+        let starts = batch.dependencyStart
+        let edges = batch.dependencies
+        let groupQoS = groups[gi].qos
+        var crossBatch: [(dependency: Int32, dependent: Int32)] = []
+        for i in 0..<n {
+            var pending: Int32 = 0
+            for k in Int(starts[i]) ..< Int(starts[i + 1]) {
+                let d = edges[k]
+                if Int(d) >= base {
+                    pending += 1
+                } else {
+                    crossBatch.append((d, Int32(base + i)))
+                    if !groups[gi].nodes[Int(d)].state.isFinished { pending += 1 }
+                }
+            }
+            var node = groups[gi].nodes[base + i]
+            let q = Int(node.queue)
+            let epoch = queues[q].epoch
+            queues[q].unfinished += 1
+            queues[q].epochUnfinished[Int(epoch)] += 1
+            if let barrier = queues[q].openBarrier {
+                pending += 1
+                groups[Int(Self.barrierGroup)].barrierDependents[barrier.index, default: []]
+                    .append(NodeRef(group: g, index: Int32(base + i)))
+            }
+            node.seq = nextSeq
+            nextSeq &+= 1
+            node.pending = pending
+            node.epoch = epoch
+            if node.requestedQoS == Self.noQoS { node.requestedQoS = groupQoS }
+            groups[gi].nodes[base + i] = node
+        }
+        groups[gi].unfinished += n
+        groups[gi].batches.append(batch)
+        for (dependency, dependent) in crossBatch {
+            groups[gi].lateDependents[dependency, default: []].append(dependent)
+            groups[gi].readers[dependency]? += 1
+        }
+        raiseDependencies(of: batch, group: g, count: n)
+        if recordsEvents {
+            for i in 0..<n { emit(NodeRef(group: g, index: Int32(base + i)), .pending, now: now) }
+        }
+        // A group cancelled before this batch arrived cancels it too.
+        if let reason = groups[gi].cancelReason {
+            for i in 0..<n { cancel(NodeRef(group: g, index: Int32(base + i)), reason: reason, now: now) }
+            return
+        }
+        for i in 0..<n {
+            let ref = NodeRef(group: g, index: Int32(base + i))
+            let node = groups[gi].nodes[base + i]
+            guard node.state == .pending else { continue }
+            // A dependency from an earlier batch that already failed or was cancelled.
+            if base > 0, node.flags & Node.runsAfterFailure == 0,
+               let failed = edges[Int(starts[i]) ..< Int(starts[i + 1])]
+                .first(where: { Int($0) < base && isFailedOrCancelled(NodeRef(group: g, index: $0)) }) {
+                cancel(ref, reason: dependencyError(NodeRef(group: g, index: failed)), now: now)
+            } else if node.pending == 0 {
+                makeReady(ref, now: now)
+            }
+        }
+    }
+
+    /// Moves the builder's operations into the group: a new group takes the builder's arrays as they are.
+    private mutating func takeOperations(of builder: inout GraphBuilder, group gi: Int) {
+        if builder.base == 0 && groups[gi].nodes.isEmpty {
             swap(&groups[gi].nodes, &builder.nodes)
             swap(&groups[gi].bodies, &builder.bodies)
             swap(&groups[gi].names, &builder.names)
@@ -507,68 +595,29 @@ struct Scheduler {
             groups[gi].names.append(contentsOf: builder.names)
             groups[gi].options.append(contentsOf: builder.options)
         }
-        let groupQoS = groups[gi].qos
-        var crossBatch: [(dependency: Int32, dependent: Int32)] = []
-        for i in 0..<n {
-            var pending: Int32 = 0
-            for d in batch.dependencies[Int(batch.dependencyStart[i]) ..< Int(batch.dependencyStart[i + 1])] {
-                if Int(d) >= base {
-                    pending += 1
-                } else {
-                    crossBatch.append((d, Int32(base + i)))
-                    if !groups[gi].nodes[Int(d)].state.isFinished { pending += 1 }
-                }
-            }
-            let q = Int(groups[gi].nodes[base + i].queue)
-            let epoch = queues[q].epoch
-            queues[q].unfinished += 1
-            queues[q].epochUnfinished[Int(epoch)] += 1
-            if let barrier = queues[q].openBarrier {
-                pending += 1
-                groups[Int(Self.barrierGroup)].barrierDependents[barrier.index, default: []]
-                    .append(NodeRef(group: g, index: Int32(base + i)))
-            }
-            let seq = nextSeq
-            nextSeq &+= 1
-            groups[gi].nodes[base + i].seq = seq
-            groups[gi].nodes[base + i].pending = pending
-            groups[gi].nodes[base + i].epoch = epoch
-            if groups[gi].nodes[base + i].requestedQoS == Self.noQoS { groups[gi].nodes[base + i].requestedQoS = groupQoS }
+    }
+
+    /// QoS raises: an operation is raised to the effective QoS of whatever waits for it.
+    private mutating func raiseDependencies(of batch: Batch, group g: Int32, count n: Int) {
+        let base = Int(batch.base)
+        let starts = batch.dependencyStart
+        let edges = batch.dependencies
+        // The common case: every operation of the batch at one QoS. Nothing in it can raise another, so only
+        // dependencies on earlier batches need looking at.
+        let first = n > 0 ? effectiveQoS(NodeRef(group: g, index: Int32(base))).rawValue : 0
+        var uniform = true
+        for i in 0..<n where effectiveQoS(NodeRef(group: g, index: Int32(base + i))).rawValue != first {
+            uniform = false
+            break
         }
-        groups[gi].unfinished += n
-        groups[gi].batches.append(batch)
-        for (dependency, dependent) in crossBatch {
-            groups[gi].lateDependents[dependency, default: []].append(dependent)
-            groups[gi].readers[dependency]? += 1
-        }
-        // QoS raises: an operation is raised to the effective QoS of whatever waits for it.
-        for i in 0..<n {
-            let ref = NodeRef(group: g, index: Int32(base + i))
-            let qos = effectiveQoS(ref).rawValue
-            for d in batch.dependencies[Int(batch.dependencyStart[i]) ..< Int(batch.dependencyStart[i + 1])] {
-                raise(NodeRef(group: g, index: d), to: qos)
-            }
-        }
-        if recordsEvents {
-            for i in 0..<n { emit(NodeRef(group: g, index: Int32(base + i)), .pending, now: now) }
-        }
-        // A group cancelled before this batch arrived cancels it too.
-        if let reason = groups[gi].cancelReason {
-            for i in 0..<n { cancel(NodeRef(group: g, index: Int32(base + i)), reason: reason, now: now) }
+        if uniform {
+            guard base > 0 else { return }
+            for k in 0..<edges.count where Int(edges[k]) < base { raise(NodeRef(group: g, index: edges[k]), to: first) }
             return
         }
-        for i in 0..<n {
-            let ref = NodeRef(group: g, index: Int32(base + i))
-            let node = groups[gi].nodes[base + i]
-            guard node.state == .pending else { continue }
-            // A dependency from an earlier batch that already failed or was cancelled.
-            if node.flags & Node.runsAfterFailure == 0,
-               let failed = batch.dependencies[Int(batch.dependencyStart[i]) ..< Int(batch.dependencyStart[i + 1])]
-                .first(where: { Int($0) < base && isFailedOrCancelled(NodeRef(group: g, index: $0)) }) {
-                cancel(ref, reason: dependencyError(NodeRef(group: g, index: failed)), now: now)
-            } else if node.pending == 0 {
-                makeReady(ref, now: now)
-            }
+        for i in 0..<n where starts[i] < starts[i + 1] {
+            let qos = effectiveQoS(NodeRef(group: g, index: Int32(base + i))).rawValue
+            for k in Int(starts[i]) ..< Int(starts[i + 1]) { raise(NodeRef(group: g, index: edges[k]), to: qos) }
         }
     }
 
@@ -607,12 +656,12 @@ struct Scheduler {
     }
 
     private func batchIndex(_ group: Int, _ index: Int32) -> Int {
-        let batches = groups[group].batches
-        if batches.count == 1 { return 0 }
-        var low = 0, high = batches.count - 1
+        let count = groups[group].batches.count
+        if count == 1 { return 0 }
+        var low = 0, high = count - 1
         while low < high {
             let mid = (low + high + 1) / 2
-            if batches[mid].base <= index { low = mid } else { high = mid - 1 }
+            if groups[group].batches[mid].base <= index { low = mid } else { high = mid - 1 }
         }
         return low
     }
@@ -621,8 +670,9 @@ struct Scheduler {
 
     private mutating func makeReady(_ ref: NodeRef, now: Double) {
         let g = Int(ref.group), i = Int(ref.index)
-        groups[g].nodes[i].state = .ready
-        let node = groups[g].nodes[i]
+        var node = groups[g].nodes[i]
+        node.state = .ready
+        groups[g].nodes[i] = node
         let q = Int(node.queue)
         queues[q].ready[Int(node.priority.rawValue)].push(ReadyEntry(seq: node.seq, ref: ref))
         queues[q].readyCount += 1
@@ -633,8 +683,12 @@ struct Scheduler {
     /// cancelled while they waited, also when their group has since been released (its slot perhaps
     /// reused: the entry's sequence number must still be the node's).
     private mutating func head(of q: Int) -> (priority: Int, entry: ReadyEntry)? {
-        var p = QueuePriority.allCases.count - 1
+        var p = Self.priorities - 1
         while p >= 0 {
+            if queues[q].ready[p].isEmpty {
+                p -= 1
+                continue
+            }
             while let entry = queues[q].ready[p].peek() {
                 if isValid(entry.ref) {
                     let node = groups[Int(entry.ref.group)].nodes[Int(entry.ref.index)]
@@ -668,21 +722,22 @@ struct Scheduler {
         queues[best.queue].readyCount -= 1
         queues[best.queue].executing += 1
         executingCount += 1
-        groups[g].nodes[i].state = .executing
-        groups[g].nodes[i].attempts &+= 1
-        groups[g].nodes[i].flags &= ~(Node.cancelRequested | Node.timedOut)
-        if groups[g].nodes[i].startedAt.isNaN { groups[g].nodes[i].startedAt = now }
-        let node = groups[g].nodes[i]
+        var node = groups[g].nodes[i]
+        node.state = .executing
+        node.attempts &+= 1
+        node.flags &= ~(Node.cancelRequested | Node.timedOut)
+        if node.startedAt.isNaN { node.startedAt = now }
+        groups[g].nodes[i] = node
         if recordsEvents { emit(ref, .executing, now: now) }
         let attempt = Attempt(ref: ref, generation: groups[g].generation, number: Int(node.attempts))
         if node.options >= 0, let timeout = groups[g].options[Int(node.options)].timeout {
             timerRequests.append(TimerRequest(delay: timeout, kind: .attemptTimeout(attempt)))
         }
-        return Dispatch(attempt: attempt, body: groups[g].bodies[i], qualityOfService: best.qos, input: input(of: ref),
+        return Dispatch(attempt: attempt, body: groups[g].bodies[i], qualityOfService: best.qos, inputBox: input(of: ref),
                         name: groups[g].names[i])
     }
 
-    private func input(of ref: NodeRef) -> OperationOutput? {
+    private func input(of ref: NodeRef) -> OutputBox? {
         let g = Int(ref.group)
         let outputs = groups[g].outputs
         if outputs.isEmpty { return nil }
@@ -697,9 +752,11 @@ struct Scheduler {
     // MARK: Ends
 
     enum Outcome {
-        case success(OperationOutput?)
+        case succeeded(OutputBox?)
         /// `final`: retrying cannot help (`FinalFailure`), so `retries` is not used.
         case failure(String, final: Bool = false)
+
+        static func success(_ output: OperationOutput?) -> Self { .succeeded(output.map(OutputBox.init)) }
     }
 
     /// An attempt stops executing. A permit from outside is used up with it: the holder grants it again (or gives
@@ -718,7 +775,7 @@ struct Scheduler {
         let g = Int(ref.group), i = Int(ref.index)
         let node = groups[g].nodes[i]
         attemptLeft(queue: Int(node.queue))
-        cancelHandlers[ref] = nil
+        if !cancelHandlers.isEmpty { cancelHandlers[ref] = nil }
         if node.flags & Node.timedOut != 0 {
             let seconds = node.options >= 0 ? groups[g].options[Int(node.options)].timeout ?? 0 : 0
             failOrRetry(ref, error: OperationTimeout(seconds: seconds).description, now: now)
@@ -726,7 +783,7 @@ struct Scheduler {
             complete(ref, .cancelled, error: groups[g].errors[ref.index] ?? "cancelled", now: now)
         } else {
             switch outcome {
-            case .success(let output):
+            case .succeeded(let output):
                 if let output {
                     if groups[g].keepOutputs {
                         groups[g].outputs[ref.index] = output
@@ -767,16 +824,21 @@ struct Scheduler {
     /// Records an end and lets the dependents go on (or be cancelled), without recursion: a chain of
     /// a million cancellations must not exhaust the stack.
     private mutating func complete(_ start: NodeRef, _ startState: OperationState, error startError: String?, now: Double) {
-        var work: [(ref: NodeRef, state: OperationState, error: String?)] = [(start, startState, startError)]
-        while let (ref, state, error) = work.popLast() {
+        // The first end is held apart: the list is only made (allocated) when ends cascade.
+        var first: (ref: NodeRef, state: OperationState, error: String?)? = (start, startState, startError)
+        var work: [(ref: NodeRef, state: OperationState, error: String?)] = []
+        while let (ref, state, error) = first ?? work.popLast() {
+            first = nil
             let g = Int(ref.group), i = Int(ref.index)
             let before = groups[g].nodes[i].state
             guard !before.isFinished else { continue }
             if before == .ready {
                 queues[Int(groups[g].nodes[i].queue)].readyCount -= 1
             }
-            groups[g].nodes[i].state = state
-            groups[g].nodes[i].finishedAt = now
+            var node = groups[g].nodes[i]
+            node.state = state
+            node.finishedAt = now
+            groups[g].nodes[i] = node
             if !groups[g].keepOutputs && !groups[g].readers.isEmpty {
                 for d in dependencies(of: ref) {
                     guard let readers = groups[g].readers[d] else { continue }
@@ -788,8 +850,11 @@ struct Scheduler {
                     }
                 }
             }
-            if let error { groups[g].errors[ref.index] = error } else { groups[g].errors[ref.index] = nil }
-            let node = groups[g].nodes[i]
+            if let error {
+                groups[g].errors[ref.index] = error
+            } else if !groups[g].errors.isEmpty {
+                groups[g].errors[ref.index] = nil
+            }
             let q = Int(node.queue)
             queues[q].unfinished -= 1
             groups[g].unfinished -= 1
@@ -799,14 +864,15 @@ struct Scheduler {
             let dependencyFailure = failedOrCancelled ? dependencyError(ref) : nil
             for index in dependents(of: ref) {
                 let dependent = NodeRef(group: ref.group, index: index)
-                let d = groups[g].nodes[Int(index)]
+                var d = groups[g].nodes[Int(index)]
                 guard !d.state.isFinished else { continue }
                 if failedOrCancelled && d.flags & Node.runsAfterFailure == 0 {
                     work.append((dependent, .cancelled, dependencyFailure))
                     continue
                 }
-                groups[g].nodes[Int(index)].pending -= 1
-                if d.pending == 1 && d.state == .pending { makeReady(dependent, now: now) }
+                d.pending -= 1
+                groups[g].nodes[Int(index)].pending = d.pending
+                if d.pending == 0 && d.state == .pending { makeReady(dependent, now: now) }
             }
             if node.flags & Node.isBarrier != 0 {
                 if let waiting = groups[g].barrierDependents.removeValue(forKey: ref.index) {
@@ -829,25 +895,33 @@ struct Scheduler {
     struct Edges: Sequence {
         var row: ArraySlice<Int32>
         var late: [Int32]
-        func makeIterator() -> FlattenSequence<[ArraySlice<Int32>]>.Iterator { [row, late[...]].joined().makeIterator() }
+
+        struct Iterator: IteratorProtocol {
+            var row: ArraySlice<Int32>.Iterator
+            var late: [Int32].Iterator
+            mutating func next() -> Int32? { row.next() ?? late.next() }
+        }
+
+        func makeIterator() -> Iterator { Iterator(row: row.makeIterator(), late: late.makeIterator()) }
     }
 
     func dependents(of ref: NodeRef) -> Edges {
         let g = Int(ref.group)
         guard !groups[g].batches.isEmpty else { return Edges(row: [], late: []) }
-        let batch = groups[g].batches[batchIndex(g, ref.index)]
-        let local = Int(ref.index - batch.base)
-        let row = batch.dependents[Int(batch.dependentStart[local]) ..< Int(batch.dependentStart[local + 1])]
+        let b = batchIndex(g, ref.index)
+        let local = Int(ref.index - groups[g].batches[b].base)
+        let start = Int(groups[g].batches[b].dependentStart[local]), end = Int(groups[g].batches[b].dependentStart[local + 1])
         let late = groups[g].lateDependents.isEmpty ? [] : groups[g].lateDependents[ref.index] ?? []
-        return Edges(row: row, late: late)
+        return Edges(row: groups[g].batches[b].dependents[start ..< end], late: late)
     }
 
     func dependencies(of ref: NodeRef) -> ArraySlice<Int32> {
         let g = Int(ref.group)
         guard !groups[g].batches.isEmpty else { return [] }
-        let batch = groups[g].batches[batchIndex(g, ref.index)]
-        let local = Int(ref.index - batch.base)
-        return batch.dependencies[Int(batch.dependencyStart[local]) ..< Int(batch.dependencyStart[local + 1])]
+        let b = batchIndex(g, ref.index)
+        let local = Int(ref.index - groups[g].batches[b].base)
+        let start = Int(groups[g].batches[b].dependencyStart[local]), end = Int(groups[g].batches[b].dependencyStart[local + 1])
+        return groups[g].batches[b].dependencies[start ..< end]
     }
 
     private mutating func checkGroupFinished(_ slot: Int32) {
@@ -1026,7 +1100,7 @@ struct Scheduler {
             error: groups[g].errors[ref.index], qualityOfService: requestedQoS(ref), queuePriority: node.priority)
     }
 
-    func output(_ ref: NodeRef) -> OperationOutput? { isValid(ref) ? groups[Int(ref.group)].outputs[ref.index] : nil }
+    func output(_ ref: NodeRef) -> OperationOutput? { isValid(ref) ? groups[Int(ref.group)].outputs[ref.index]?.value : nil }
 
     func isFinished(_ id: GroupID) -> Bool { !isLive(id) || groups[Int(id.slot)].finished }
 
