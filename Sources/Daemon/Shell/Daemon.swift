@@ -352,7 +352,7 @@ public final class Daemon: @unchecked Sendable {
                     asked.append(nil)
                 }
             }
-            let group = try engine.submit(graph, qualityOfService: plan.qualityOfService, deadline: deadline, keepOutputs: false,
+            let group = try engine.submit(consume graph, qualityOfService: plan.qualityOfService, deadline: deadline, keepOutputs: false,
                                           cancelled: asked, cancelReason: "cancelled by request")
             let early = handle(.submitted(job: claimed.id, group: group))
             registering.unlock()
