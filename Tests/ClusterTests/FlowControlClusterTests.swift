@@ -118,7 +118,7 @@ struct FlowControlClusterTests {
                                          clusterSettings: { _ in ["jobSlots": 6] })
         let jobs = try dropSleepJobs(harness, "rate", 0..<120, seconds: 0.3, queue: "rated")
         // Meanwhile status says when the queue's next start is free while work waits for one: within a window and
-        // a grant's use time from now. From 10 s to 12 s node 1 is frozen with whatever grants it holds: waking, it
+        // a grant's use time from now. From 10 s to 14 s node 1 is frozen with whatever grants it holds: waking, it
         // must not start on them (their use time is over). Half-way (60 of 120 starts at 2.5 a second), node 2 dies
         // with whatever grants and jobs it holds.
         let begun = Date()
@@ -127,7 +127,7 @@ struct FlowControlClusterTests {
         while Date().timeIntervalSince(begun) < 24 {
             let elapsed = Date().timeIntervalSince(begun)
             if frozen == nil && elapsed >= 10 { harness[1].freeze(); frozen = true }
-            if frozen == true && elapsed >= 12 { harness[1].resume(); frozen = false }
+            if frozen == true && elapsed >= 14 { harness[1].resume(); frozen = false }
             let asked = Date().timeIntervalSince1970
             let queues = try harness[0].statusJSON()["queues"] as? [[String: Any]] ?? []
             let rated = queues.first { $0["name"] as? String == "rated" }
@@ -137,7 +137,7 @@ struct FlowControlClusterTests {
         harness[2].kill9()
         #expect(!nextStarts.isEmpty, "status showed the queue's next free start")
         for seen in nextStarts {
-            #expect(seen.next > seen.asked - 0.1 && seen.next < seen.asked + seconds + 1.2, "next free start \(seen)")
+            #expect(seen.next > seen.asked - 0.1 && seen.next < seen.asked + seconds + 3.2, "next free start \(seen)")
         }
         #expect(harness.waitAll(jobs, timeout: 120).isEmpty)
         var starts: [Double] = []

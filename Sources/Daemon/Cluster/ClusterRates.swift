@@ -48,7 +48,7 @@ public final class ClusterRates: Sendable {
     /// How long a grant may wait for its start. Short, since a grant counts for this long beyond its window even
     /// when unused (a node that dies holding grants keeps them from the others until then); long enough for a
     /// round trip to the database and the engine's dispatch under load.
-    static let useWithin = 1.0
+    static let useWithin = 3.0
     /// A batch is settled this long before its deadline, so that a grant not yet used goes back while it counts.
     static let settleAhead = 0.1
 
