@@ -138,13 +138,21 @@ struct Opqueued: AsyncParsableCommand {
         let daemon = Daemon(spool: spoolFolder, configuration: configuration, configPath: config, logger: logger, once: once, store: store)
         daemon.start()
         if once {
+            // The exporter's service (tracing.otlp) runs while the jobs do, then flushes, bounded.
+            let tracing = daemon.tracing.map { ServiceGroup(services: [$0.service], logger: Logger(label: "opqueued.tracing")) }
+            let exporting = Task { try? await tracing?.run() }
             await daemon.runOnce()
+            await tracing?.triggerGracefulShutdown()
+            await exporting.value
             return
         }
         let control = ControlServer(path: spoolFolder.root + "/opqueued.sock") { request in handle(request, daemon) }
         let watcher = InboxWatcher(path: spoolFolder.inbox) { names, complete in daemon.scan(hints: names, complete: complete) }
+        // The exporter (tracing.otlp) first: stopped last, after the last jobs are published; its end never ends the daemon.
+        let tracing = daemon.tracing.map { [ServiceGroupConfiguration.ServiceConfiguration(
+            service: $0.service, successTerminationBehavior: .ignore, failureTerminationBehavior: .ignore)] } ?? []
         let group = ServiceGroup(configuration: .init(
-            services: [
+            services: tracing + [
                 .init(service: SpoolService(daemon: daemon, control: control, watcher: watcher, metricsListen: configuration.metricsListen,
                                             grace: configuration.shutdownGraceSeconds, logger: logger)),
                 .init(service: SignalService(daemon: daemon, logger: logger)),
