@@ -20,6 +20,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 MODE, OUT = sys.argv[1], sys.argv[2]
 lock = threading.Lock()
+if MODE == "accept":
+    # Imported before the port is printed: a first request must not wait for it (the exporter times out in 5 s).
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
 
 def value(any_value):
@@ -28,7 +31,6 @@ def value(any_value):
 
 
 def spans_of(body):
-    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
     request = trace_service_pb2.ExportTraceServiceRequest()
     request.ParseFromString(body)
     for resource_spans in request.resource_spans:

@@ -74,6 +74,7 @@ public final class DaemonMetrics: Sendable {
         }
         counter("opqueued_download_bytes_total").increment(by: 0)
         counter("opqueued_download_errors_total").increment(by: 0)
+        counter("opqueued_trace_spans_dropped_total").increment(by: 0)
         _ = CoreMetrics.Timer(label: "opqueued_pickup_seconds", dimensions: [], factory: factory)
     }
 
@@ -114,7 +115,6 @@ public final class DaemonMetrics: Sendable {
 
     func downloadFailed() { counter("opqueued_download_errors_total").increment() }
 
-    /// `by` 0 shows the family (tracing on, nothing dropped yet).
     func traceSpansDropped(_ count: Int) { counter("opqueued_trace_spans_dropped_total").increment(by: count) }
 
     // MARK: Scrape

@@ -49,7 +49,6 @@ extension Daemon {
             let export = try TraceExport(otlp: otlp, node: store.node ?? defaultNodeName(), log: logger) { [metrics] dropped in
                 metrics.traceSpansDropped(dropped)
             }
-            metrics.traceSpansDropped(0)
             logger.info("tracing: each job's trace goes to \(export.endpoint) (OTLP/HTTP)")
             return export
         } catch {
