@@ -231,6 +231,8 @@ case "engine":
     }
 case "spool":
     SpoolBench.run(Array(arguments.dropFirst()))
+case "tracing":
+    TraceBench.run(Array(arguments.dropFirst()))
 case "outbox":
     OutboxBench.run(Array(arguments.dropFirst()))
 case "control":
@@ -263,6 +265,7 @@ default:
     print("""
     usage: opqueue-bench engine [--sizes N,…] [--workloads independent,serial,chain,fanout,layered] [--engines opqueued,foundation]
            opqueue-bench spool [N]
+           opqueue-bench tracing [N]
            opqueue-bench outbox [N]
            opqueue-bench control [--samples N]
            opqueue-bench images [--count N]
