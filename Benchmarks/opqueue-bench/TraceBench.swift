@@ -21,8 +21,8 @@ enum TraceBench {
         let spool = base + "-\(UUID().uuidString.prefix(6))"
         try? FileManager.default.createDirectory(atPath: spool + "/inbox", withIntermediateDirectories: true)
         let configPath = spool + ".plist"
-        _ = FileManager.default.createFile(atPath: configPath,
-                                           contents: try? PropertyListSerialization.data(fromPropertyList: config, format: .xml, options: 0))
+        let configData = try? PropertyListSerialization.data(fromPropertyList: config, format: .xml, options: 0)
+        _ = FileManager.default.createFile(atPath: configPath, contents: configData)
         for i in 0..<n {
             let hidden = spool + "/inbox/.j\(i).plist"
             _ = FileManager.default.createFile(atPath: hidden, contents: manifest("j\(i)"))

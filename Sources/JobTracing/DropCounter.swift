@@ -31,7 +31,8 @@ struct DropCounter: LogHandler {
 
     /// How many spans `message` says were lost, if it says so.
     static func dropped(message: String, metadata: Logger.Metadata) -> Int? {
-        let key = message.hasPrefix("Spans were dropped") ? "dropped_count" : message.hasPrefix("Failed to export batch") ? "batch_size" : nil
+        let key = message.hasPrefix("Spans were dropped") ? "dropped_count"
+            : message.hasPrefix("Failed to export batch") ? "batch_size" : nil
         return key.flatMap { metadata[$0] }.flatMap { Int("\($0)") }
     }
 }

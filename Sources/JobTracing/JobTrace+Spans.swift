@@ -41,7 +41,8 @@ extension OperationTrace {
         if attemptTimes.isEmpty {
             // Attempts not seen one by one (the operation ended before a restart): one span covers them all.
             if let startedAt, attempts > 0 {
-                spans.append(SpanDescription(name: "attempts", parent: me, links: [], start: nanos(startedAt), end: nanos(max(end, startedAt)),
+                spans.append(SpanDescription(name: "attempts", parent: me, links: [], start: nanos(startedAt),
+                                             end: nanos(max(end, startedAt)),
                                              attributes: ["opqueued.attempt": .int(attempts)],
                                              error: state == "succeeded" ? nil : error ?? state))
             }

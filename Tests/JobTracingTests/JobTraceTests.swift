@@ -13,7 +13,8 @@ func diamond() -> JobTrace {
                            attemptTimes: [AttemptTime(start: 100.25, end: 101.5, error: nil)])
     let b = OperationTrace(id: "b", kind: "download", queue: "downloads", qualityOfService: "utility", dependencies: ["a"],
                            state: "succeeded", attempts: 2, error: nil, startedAt: 101.6, finishedAt: 104, readyAt: 101.5,
-                           attemptTimes: [AttemptTime(start: 101.6, end: 102, error: "HTTP 503"), AttemptTime(start: 103, end: 104, error: nil)])
+                           attemptTimes: [AttemptTime(start: 101.6, end: 102, error: "HTTP 503"),
+                                          AttemptTime(start: 103, end: 104, error: nil)])
     let c = OperationTrace(id: "c", kind: "fail", queue: "default", qualityOfService: "default", dependencies: ["a"], state: "failed",
                            attempts: 1, error: "on purpose", startedAt: 101.5, finishedAt: 101.7, readyAt: 101.5,
                            attemptTimes: [AttemptTime(start: 101.5, end: 101.7, error: "on purpose")])

@@ -34,7 +34,9 @@ func running(_ export: TraceExport, _ body: () async throws -> Void) async throw
         let arrived = receiver.spans
         #expect(arrived.count == described.count)
         #expect(Set(arrived.map(\.traceID)) == ["0af7651916cd43dd8448eb211c80319c"])
-        #expect(arrived.allSatisfy { $0.resource["service.name"] as? String == "opqueued" && $0.resource["opqueued.node"] as? String == "node-7" })
+        #expect(arrived.allSatisfy {
+            $0.resource["service.name"] as? String == "opqueued" && $0.resource["opqueued.node"] as? String == "node-7"
+        })
         // Each description matched to what arrived by name, instants and operation/attempt; parents and links agree.
         func key(_ name: String, _ start: UInt64, _ end: UInt64, _ operation: String?, _ attempt: Int?) -> String {
             "\(name)|\(start)|\(end)|\(operation ?? "")|\(attempt.map(String.init) ?? "")"
@@ -46,8 +48,9 @@ func running(_ export: TraceExport, _ body: () async throws -> Void) async throw
                  (span.attributes["opqueued.attempt"] as? NSNumber)?.intValue), span)
         }, uniquingKeysWith: { a, _ in a })
         let matched = try described.map { d in
-            try #require(byKey[key(d.name, d.start, d.end, string(d.attributes["opqueued.operation"]), int(d.attributes["opqueued.attempt"]))],
-                         "\(d.name) \(d.attributes)")
+            let operation = string(d.attributes["opqueued.operation"]), attempt = int(d.attributes["opqueued.attempt"])
+            let found = byKey[key(d.name, d.start, d.end, operation, attempt)]
+            return try #require(found, "\(d.name) \(d.attributes)")
         }
         for (d, span) in zip(described, matched) {
             #expect(span.parentSpanID == (d.parent.map { matched[$0].spanID } ?? "b7ad6b7169203331"))
