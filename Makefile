@@ -80,6 +80,7 @@ CAMPAIGN = .build/debug/opqueue-campaign
 # something outside it breaks the build in the first minutes, not after the tests.
 test:
 	$(MAKE) deps EXTRA_APT_PACKAGES="$(TEST_APT_PACKAGES)"
+	$(MAKE) test-python
 	$(MAKE) fuzzers
 	$(SWIFT) build --build-tests
 	$(MAKE) test-debs
@@ -89,6 +90,12 @@ test:
 	$(CAMPAIGN) fuzz --manifests 400 --images 200
 	$(CAMPAIGN) load --manifests 3000 --operations 50000
 	$(MAKE) run-fuzz-codecs run-fuzz-plist run-fuzz-manifest FUZZ_SECONDS=30
+
+# The tracing tests' OTLP receiver (Tests/Support/otlp_receiver.py) decodes with the OpenTelemetry protocol's own
+# definitions: opentelemetry-proto from PyPI, into .build/python (not the system's Python).
+.PHONY: test-python
+test-python:
+	@[ -d .build/python/opentelemetry/proto ] || python3 -m pip install -q --disable-pip-version-check --target .build/python opentelemetry-proto
 
 .PHONY: fuzzers build-fuzz-codecs build-fuzz-plist build-fuzz-manifest run-fuzz-codecs run-fuzz-plist run-fuzz-manifest
 fuzzers: build-fuzz-codecs build-fuzz-plist build-fuzz-manifest

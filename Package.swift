@@ -21,6 +21,9 @@ let package = Package(
         .package(url: "https://github.com/apple/swift-nio-ssl.git", from: "2.37.6"),
         .package(url: "https://github.com/apple/swift-metrics.git", from: "2.13.0"),
         .package(url: "https://github.com/swift-server/swift-prometheus.git", from: "2.4.1"),
+        // Traces (SPEC §6 tracing.otlp): OTLP/HTTP only, so gRPC and its code generation stay out of the build.
+        .package(url: "https://github.com/swift-otel/swift-otel.git", from: "1.6.0", traits: ["OTLPHTTP"]),
+        .package(url: "https://github.com/apple/swift-distributed-tracing.git", from: "1.7.3"),
     ],
     targets: [
         // The process between the daemon and each command: ends whatever the command started (main.c says how).
@@ -60,6 +63,7 @@ let package = Package(
                 "Cron",
                 // The cluster (SPEC §8): Sources/Daemon/Cluster implements the JobStore over it.
                 "ClusterStore",
+                "JobTracing",
                 .product(name: "Logging", package: "swift-log"),
                 .product(name: "DequeModule", package: "swift-collections"),
                 .product(name: "HeapModule", package: "swift-collections"),
@@ -73,6 +77,18 @@ let package = Package(
                 // The node's services (Sources/Daemon/Node) run in one ServiceGroup.
                 .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                 .product(name: "UnixSignals", package: "swift-service-lifecycle"),
+            ]
+        ),
+        // A finished job as an OpenTelemetry trace (SPEC §6 tracing.otlp): span descriptions with explicit
+        // instants, emitted through swift-distributed-tracing to swift-otel's OTLP/HTTP exporter.
+        .target(
+            name: "JobTracing",
+            dependencies: [
+                .product(name: "Tracing", package: "swift-distributed-tracing"),
+                .product(name: "OTel", package: "swift-otel"),
+                .product(name: "Logging", package: "swift-log"),
+                .product(name: "CoreMetrics", package: "swift-metrics"),
+                .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
             ]
         ),
         // The cluster store (SPEC §8): the schema, its named queries and the PostgreSQL driver behind one protocol.
@@ -130,12 +146,15 @@ let package = Package(
             name: "TestSupport",
             dependencies: ["Daemon", .product(name: "Logging", package: "swift-log")],
             path: "Tests/Support",
-            exclude: ["http_server.py", "make_pngs.py", "make_cmyk_jpegs.c", "metrics_client.py"]
+            exclude: ["http_server.py", "make_pngs.py", "make_cmyk_jpegs.c", "metrics_client.py", "otlp_receiver.py"]
         ),
         // Test traits (swift-testing), for the test targets only.
         .target(name: "TestTraits", dependencies: ["ClusterStore"], path: "Tests/Traits"),
         .testTarget(name: "OperationEngineTests", dependencies: ["OperationEngine"]),
         .testTarget(name: "DaemonTests", dependencies: ["Daemon", "TestSupport", "TestTraits"]),
+        .testTarget(name: "JobTracingTests", dependencies: ["JobTracing", "TestSupport",
+                                                            .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
+                                                            .product(name: "Logging", package: "swift-log")]),
         .testTarget(name: "PropertyListTests", dependencies: ["PropertyList", "TestSupport"]),
         // Cron parsing, next and latest occurrences, and DST in real zones, as tables.
         .testTarget(name: "CronTests", dependencies: ["Cron"]),

@@ -35,6 +35,8 @@ case "engine":
     EngineBench.run(Array(arguments.dropFirst()))
 case "spool":
     SpoolBench.run(Array(arguments.dropFirst()))
+case "tracing":
+    TraceBench.run(Array(arguments.dropFirst()))
 case "outbox":
     OutboxBench.run(Array(arguments.dropFirst()))
 case "control":
@@ -68,6 +70,7 @@ default:
     usage: opqueue-bench engine [--sizes N,…] [--workloads independent,serial,chain,fanout,layered] [--runs N]
                                 [--engines opqueued,observed,dispatch,foundation]
            opqueue-bench spool [N]
+           opqueue-bench tracing [N]
            opqueue-bench outbox [N]
            opqueue-bench control [--samples N]
            opqueue-bench images [--count N]

@@ -66,6 +66,8 @@ public struct Configuration: Sendable {
     public var schedules: [String: ScheduleSettings] = [:]
     /// `outbox.keepDays` (SPEC §6): ended jobs' outbox folders are removed this many days after they finished; nil: kept.
     public var outboxKeepDays: Double? = nil
+    /// `tracing.otlp` (SPEC §6): the OpenTelemetry collector's base URL (OTLP/HTTP); nil: no traces. Read at start.
+    public var tracingOTLP: String? = nil
 
     public static let builtIn = Configuration(
         queueNames: ["default", "downloads", "filters", "io"],
@@ -96,9 +98,15 @@ public struct Configuration: Sendable {
     /// cluster's jobs. The cluster's connection settings keep the values the node started with (returned by name, for
     /// a warning); `sharedOutbox`, read at each publication, takes the new value.
     public static func reloaded(_ new: Configuration, running: Configuration) throws -> (configuration: Configuration, kept: [String]) {
+        // The exporter is made at start: `tracing.otlp` keeps the value the daemon started with.
+        var new = new, kept: [String] = []
+        if new.tracingOTLP != running.tracingOTLP {
+            kept.append("tracing.otlp")
+            new.tracingOTLP = running.tracingOTLP
+        }
         switch (running.cluster, new.cluster) {
         case (nil, nil):
-            return (new, [])
+            return (new, kept)
         case (nil, _?):
             throw ReloadRefused(description: "adding 'cluster' takes a restart (systemctl restart opqueued); "
                 + "nothing else was applied either")
@@ -106,7 +114,6 @@ public struct Configuration: Sendable {
             throw ReloadRefused(description: "removing 'cluster' takes a restart (systemctl restart opqueued); "
                 + "nothing else was applied either")
         case (let started?, let wanted?):
-            var kept: [String] = []
             if wanted.database != started.database { kept.append("cluster.database") }
             if wanted.passwordFile != started.passwordFile { kept.append("cluster.passwordFile") }
             if wanted.node != started.node { kept.append("cluster.node") }
@@ -318,6 +325,7 @@ public struct Configuration: Sendable {
             config.cluster = parseCluster(value, maxActiveJobs: config.maxActiveJobs, problems: &problems)
         }
         parseOutbox(top, into: &config, problems: &problems)
+        parseTracing(top, into: &config, problems: &problems)
         if !problems.isEmpty { throw Invalid(path: path, problems: problems) }
         return config
     }
@@ -326,7 +334,7 @@ public struct Configuration: Sendable {
     /// the gate for "unknown key", and what opqueued.plist(5) must name (DocsTests checks it does).
     static let keys: [String: Set<String>] = [
         "": ["queues", "defaultQueues", "maxActiveJobs", "maxActiveOperations", "shutdownGraceSeconds", "download", "image", "metrics",
-             "commands", "jobFinished", "cluster", "schedules", "outbox"],
+             "commands", "jobFinished", "cluster", "schedules", "outbox", "tracing"],
         "queues.NAME": ["maxConcurrentOperationCount", "qualityOfService", "suspended", "clusterMaxConcurrentOperationCount", "rateLimit",
                         "clusterRateLimit"],
         "download": ["maxBytes", "connectTimeoutSeconds", "timeoutSeconds", "fileRoots", "allowNetworks"],
@@ -336,6 +344,7 @@ public struct Configuration: Sendable {
         "schedules.NAME": ["cron", "manifest", "catchUp", "timeZone"],
         "cluster": ["database", "passwordFile", "node", "jobSlots", "leaseSeconds", "sharedOutbox", "keepFinishedDays"],
         "outbox": ["keepDays"],
+        "tracing": ["otlp"],
     ]
 
     /// Whether `key` is one of `section`'s; if not, says so (at `path`, the section as the file spells it).
@@ -416,6 +425,26 @@ extension Configuration {
         }
         if top["cluster"]?.dictionary?["keepFinishedDays"] == nil, let days = config.outboxKeepDays {
             config.cluster?.keepFinishedDays = days
+        }
+    }
+}
+
+extension Configuration {
+    /// `tracing = { otlp = "http://HOST:PORT"; }` (SPEC §6): an http or https URL with a host, no query or fragment
+    /// (`/v1/traces` is appended to it).
+    static func parseTracing(_ top: PlistDictionary, into config: inout Configuration, problems: inout [String]) {
+        guard let value = top["tracing"] else { return }
+        guard let tracing = value.dictionary else { problems.append("tracing: must be a dictionary"); return }
+        for key in tracing.keys.sorted() {
+            guard let v = tracing[key], isKnown(key, in: "tracing", at: "tracing", &problems) else { continue }
+            if let s = v.string, let url = URLComponents(string: s), ["http", "https"].contains(url.scheme?.lowercased() ?? ""),
+               let host = url.host, !host.isEmpty, url.query == nil, url.fragment == nil, url.user == nil {
+                config.tracingOTLP = s
+            } else {
+                let given = v.string.map { "'\($0)'" } ?? v.typeName
+                problems.append("tracing.otlp: must be the collector's http:// or https:// base URL "
+                    + "(e.g. \"http://127.0.0.1:4318\"), not \(given)")
+            }
         }
     }
 }

@@ -62,6 +62,8 @@ public final class DaemonMetrics: Sendable {
                                           + "is recorded in the database, else 0.", nil),
         "opqueued_cluster_wakeups_arriving": ("1 while the database's wake-ups (LISTEN/NOTIFY) reach this node; "
                                               + "0 once its probes went unheard.", nil),
+        "opqueued_trace_spans_dropped_total": ("Spans of jobs' traces (tracing.otlp) that never reached the collector: "
+                                               + "refused, timed out or over the exporter's queue.", nil),
     ]
 
     public init() {
@@ -72,6 +74,7 @@ public final class DaemonMetrics: Sendable {
         }
         counter("opqueued_download_bytes_total").increment(by: 0)
         counter("opqueued_download_errors_total").increment(by: 0)
+        counter("opqueued_trace_spans_dropped_total").increment(by: 0)
         _ = CoreMetrics.Timer(label: "opqueued_pickup_seconds", dimensions: [], factory: factory)
     }
 
@@ -111,6 +114,8 @@ public final class DaemonMetrics: Sendable {
     func downloaded(bytes: Int) { counter("opqueued_download_bytes_total").increment(by: bytes) }
 
     func downloadFailed() { counter("opqueued_download_errors_total").increment() }
+
+    func traceSpansDropped(_ count: Int) { counter("opqueued_trace_spans_dropped_total").increment(by: count) }
 
     // MARK: Scrape
 

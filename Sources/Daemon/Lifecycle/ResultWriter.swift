@@ -13,15 +13,7 @@ enum ResultWriter {
                       origin: JobOrigin?, node: String?, to sink: (UnsafeRawBufferPointer) throws -> Void) throws -> Double? {
         let operations = job.plan?.operations ?? []
         let records = allRecords.prefix(operations.count)
-        /// When an operation started and ended, and how many attempts it took: from before a restart if it
-        /// succeeded then, else from this run.
-        func times(_ i: Int) -> (started: Double?, finished: Double?, attempts: Int) {
-            let record = records[i]
-            if record.state == .succeeded, let done = job.claimed.done[operations[i].id] {
-                return (done.startedAt, done.finishedAt, done.attempts)
-            }
-            return (record.startedAt, record.finishedAt, record.attempts)
-        }
+        func times(_ i: Int) -> (started: Double?, finished: Double?, attempts: Int) { Self.times(records[i], of: operations[i], in: job) }
         var firstStart: Double?
         for i in records.indices { if let s = times(i).started { firstStart = min(firstStart ?? s, s) } }
 
@@ -74,6 +66,18 @@ enum ResultWriter {
         w.endDictionary()
         try w.finish().withUnsafeBytes { try sink($0) }
         return firstStart
+    }
+}
+
+extension ResultWriter {
+    /// When an operation started and ended, and how many attempts it took: from before a restart if it succeeded
+    /// then, else from this run.
+    static func times(_ record: OperationRecord, of operation: OperationPlan, in job: RunningJob)
+        -> (started: Double?, finished: Double?, attempts: Int) {
+        if record.state == .succeeded, let done = job.claimed.done[operation.id] {
+            return (done.startedAt, done.finishedAt, done.attempts)
+        }
+        return (record.startedAt, record.finishedAt, record.attempts)
     }
 }
 

@@ -48,13 +48,21 @@ public enum Node {
                             once: options.once, store: store)
         daemon.start()
         if options.once {
+            // The exporter's service (tracing.otlp) runs while the jobs do, then flushes, bounded.
+            let tracing = daemon.tracing.map { ServiceGroup(services: [$0.service], logger: Logger(label: "opqueued.tracing")) }
+            let exporting = Task { try? await tracing?.run() }
             await daemon.runOnce()
+            await tracing?.triggerGracefulShutdown()
+            await exporting.value
             return
         }
         let control = ControlServer(path: spool.root + "/opqueued.sock") { request in daemon.answer(wire: request) }
         let watcher = InboxWatcher(path: spool.inbox) { names, complete in daemon.scan(hints: names, complete: complete) }
+        // The exporter (tracing.otlp) first: stopped last, after the last jobs are published; its end never ends the daemon.
+        let tracing = daemon.tracing.map { [ServiceGroupConfiguration.ServiceConfiguration(
+            service: $0.service, successTerminationBehavior: .ignore, failureTerminationBehavior: .ignore)] } ?? []
         let group = ServiceGroup(configuration: .init(
-            services: [
+            services: tracing + [
                 .init(service: SpoolService(daemon: daemon, control: control, watcher: watcher, metricsListen: configuration.metricsListen,
                                             grace: configuration.shutdownGraceSeconds, logger: logger)),
                 .init(service: SignalService(daemon: daemon, logger: logger)),

@@ -182,6 +182,7 @@ extension Daemon {
             guard recorded.contains(entry.publication.job.id) else {
                 perform(handle(.lost(job: entry.publication.job.id,
                                      reason: "the job store did not record its end (another node holds it)")))
+                _ = traceTimelines.take(job: entry.publication.job.id)
                 lock.withLock { runs[entry.publication.job.id] = nil }
                 continue
             }
@@ -244,6 +245,7 @@ extension Daemon {
             if let firstStart { fields["OPQ_DURATION_USEC"] = .string(String(Int64(((now - firstStart) * 1e6).rounded()))) }
             if let error = publication.error { fields["OPQ_ERROR"] = .string(error) }
             metrics.jobEnded(status: publication.status)
+            if tracing != nil { emitTrace(publication, finishedAt: now) }
             if publication.status != .rejected {
                 event(publication.status == .succeeded ? .info : publication.status == .failed ? .error : .warning,
                       "job \(job.id) finished: \(publication.status.rawValue)", fields)

@@ -35,7 +35,10 @@ extension Daemon {
                 guard let job, let plan, t.operation < plan.operations.count, !recovered || recomputedFailure else { continue }
                 let seen = recovered || job.fusion.isEmpty ? [t] : job.fusion.deliver(t) { engine.record(t.group, operation: $0) }
                 for t in seen {
-                    if !recovered { measure(t, plan.operations[t.operation]) }
+                    if !recovered {
+                        measure(t, plan.operations[t.operation])
+                        if tracing != nil { traceTimelines.note(job: job.id, t) }
+                    }
                     if logTransition(t, job: job, operation: plan.operations[t.operation]) { progressRecorded += 1 }
                 }
             case .groupFinished(let group):

@@ -18,6 +18,7 @@
 // on `work`. How long the spool keeps these waiting is watched (Stores/SpoolWatch.swift) for a store that leases jobs.
 
 import DequeModule
+import JobTracing
 import Foundation
 import Logging
 import OperationEngine
@@ -66,6 +67,10 @@ public final class Daemon: @unchecked Sendable {
     public let metrics = DaemonMetrics()
     /// Ready and executing times per operation, for the wait and run histograms (delivery thread only).
     let operationClock = OperationClock()
+    /// `tracing.otlp` (SPEC §6): the exporter, made at start; nil: no traces. Its service runs beside the daemon's.
+    public private(set) var tracing: TraceExport?
+    /// Each operation's ready time and attempts as the delivery thread saw them, for the job's trace.
+    let traceTimelines = TraceTimelines()
     /// `jobFinished` runs and their markers in the spool.
     let hooks: JobHooks
 
@@ -268,6 +273,7 @@ public final class Daemon: @unchecked Sendable {
         ratesTask = grants?.task
         sink.daemon = self
         storeEvents.daemon = self
+        tracing = makeTracing(configuration)
         self.store.delegate = storeEvents
         // A store that leases jobs must know when the spool hangs (the file spool alone just waits for it).
         if !self.store.inboxRunsHere {

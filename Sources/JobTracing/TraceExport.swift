@@ -1,0 +1,108 @@
+// The thin part: a finished job's span descriptions emitted through swift-distributed-tracing's Tracer, backed by
+// swift-otel's batch processor and OTLP/HTTP exporter (not bootstrapped: the daemon's logging and metrics stay its
+// own). Emitting only queues finished spans in memory; a collector that is slow, hangs or refuses delays nothing
+// but the export, and what cannot be exported is dropped and counted (DropCounter).
+
+import Logging
+import OTel
+import ServiceLifecycle
+import Tracing
+
+public final class TraceExport: Sendable {
+    private let tracer: any Tracer
+    /// Runs the batch processor and the exporter; give it to the service group (a bounded flush when it stops).
+    public let service: any Service
+    /// Where spans are posted: the base URL with `/v1/traces`.
+    public let endpoint: String
+
+    /// `otlp`: the collector's base URL; `node`: the resource's `opqueued.node`; `onDropped`: spans that will never
+    /// reach the collector, as swift-otel reports them.
+    public init(otlp: String, node: String, log: Logger, flushSeconds: Double = 2,
+                onDropped: @escaping @Sendable (Int) -> Void) throws {
+        endpoint = Self.endpoint(otlp)
+        var config = OTel.Configuration.default
+        config.serviceName = "opqueued"
+        config.resourceAttributes = ["opqueued.node": node]
+        let counter = DropCounter(log: log, onDropped: onDropped)
+        config.diagnosticLogger = .custom(Logger(label: "opqueued.tracing", factory: { _ in counter }))
+        config.diagnosticLogLevel = .warning
+        config.propagators = [.traceContext]
+        config.metrics.enabled = false
+        config.logs.enabled = false
+        config.traces.exporter = .otlp
+        config.traces.otlpExporter.endpoint = endpoint
+        config.traces.otlpExporter.protocol = .httpProtobuf
+        config.traces.otlpExporter.timeout = .seconds(5)
+        // Exported within a second of a job's end; a large job's spans wait in a bounded queue (past it: dropped).
+        config.traces.batchSpanProcessor.scheduleDelay = .seconds(1)
+        config.traces.batchSpanProcessor.exportTimeout = .seconds(10)
+        config.traces.batchSpanProcessor.maxQueueSize = 16_384
+        let backend = try OTel.makeTracingBackend(configuration: config)
+        tracer = backend.factory
+        service = BoundedFlush(inner: backend.service, seconds: flushSeconds)
+    }
+
+    /// `base` with `/v1/traces` appended (one slash between).
+    static func endpoint(_ base: String) -> String {
+        (base.hasSuffix("/") ? String(base.dropLast()) : base) + "/v1/traces"
+    }
+
+    /// Emits a finished job's trace: every span started, linked and ended at its own instants, at once.
+    public func emit(_ trace: JobTrace) {
+        let descriptions = trace.spans()
+        var root = ServiceContext.topLevel
+        if let traceparent = trace.traceparent {
+            tracer.extract(["traceparent": traceparent], into: &root, using: HeaderExtractor())
+        }
+        var spans: [any Span] = []
+        spans.reserveCapacity(descriptions.count)
+        for d in descriptions {
+            let context = d.parent.map { spans[$0].context } ?? root
+            let span = tracer.startSpan(d.name, context: context, ofKind: .internal, at: Instant(nanosecondsSinceEpoch: d.start))
+            span.updateAttributes { attributes in
+                for (key, value) in d.attributes {
+                    switch value {
+                    case .string(let s): attributes[key] = SpanAttribute.string(s)
+                    case .int(let i): attributes[key] = SpanAttribute.int64(Int64(i))
+                    }
+                }
+            }
+            if let error = d.error { span.setStatus(SpanStatus(code: .error, message: error)) }
+            spans.append(span)
+        }
+        for (d, span) in zip(descriptions, spans) {
+            for link in d.links { span.addLink(SpanLink(context: spans[link].context, attributes: [:])) }
+        }
+        for (d, span) in zip(descriptions, spans).reversed() { span.end(at: Instant(nanosecondsSinceEpoch: d.end)) }
+    }
+}
+
+/// An instant given in nanoseconds since the epoch.
+struct Instant: TracerInstant {
+    var nanosecondsSinceEpoch: UInt64
+    static func < (lhs: Self, rhs: Self) -> Bool { lhs.nanosecondsSinceEpoch < rhs.nanosecondsSinceEpoch }
+}
+
+/// Reads a W3C `traceparent` from a dictionary (the manifest's value).
+struct HeaderExtractor: Extractor {
+    func extract(key: String, from carrier: [String: String]) -> String? { carrier[key] }
+}
+
+/// The exporter's service, stopped within `seconds` of a graceful shutdown: the last spans get one bounded try,
+/// a collector that hangs does not hold the daemon's stop.
+struct BoundedFlush: Service {
+    let inner: any Service
+    let seconds: Double
+
+    func run() async throws {
+        await withTaskGroup(of: Void.self) { group in
+            group.addTask { try? await inner.run() }
+            group.addTask {
+                try? await gracefulShutdown()
+                try? await Task.sleep(for: .seconds(seconds))
+            }
+            await group.next()
+            group.cancelAll()
+        }
+    }
+}

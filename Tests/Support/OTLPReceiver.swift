@@ -1,0 +1,93 @@
+// otlp_receiver.py (beside this file) on a free loopback port: a collector that decodes what arrives with the
+// OpenTelemetry protocol's own definitions (`accept`), one that answers without decoding (`discard`), or one that
+// takes connections and never answers (`hang`). Killed when released.
+
+import Foundation
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+public final class OTLPReceiver {
+    public enum Mode: String, Sendable { case accept, discard, hang }
+
+    /// One span as it arrived: ids in hex, times in nanoseconds since the epoch (strings in the JSON: beyond a double's 53 bits).
+    public struct Span {
+        public let resource: [String: Any]
+        public let traceID: String
+        public let spanID: String
+        public let parentSpanID: String
+        public let name: String
+        public let start: UInt64
+        public let end: UInt64
+        public let attributes: [String: Any]
+        /// 0 unset, 1 OK, 2 error.
+        public let statusCode: Int
+        public let statusMessage: String
+        public let links: [String]
+    }
+
+    let process = Process()
+    let output: String
+    public let port: Int
+    public var base: String { "http://127.0.0.1:\(port)" }
+
+    public init(_ mode: Mode) throws {
+        output = NSTemporaryDirectory() + "otlp-" + UUID().uuidString.prefix(8) + ".jsonl"
+        _ = FileManager.default.createFile(atPath: output, contents: nil)
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/python3")
+        process.arguments = [supportFolder + "/otlp_receiver.py", mode.rawValue, output]
+        let out = Pipe()
+        process.standardOutput = out
+        process.standardError = FileHandle.nullDevice
+        process.standardInput = FileHandle.nullDevice
+        try process.run()
+        var line = Data()
+        while !line.contains(0x0A) {
+            let chunk = out.fileHandleForReading.availableData
+            if chunk.isEmpty { break }
+            line.append(chunk)
+        }
+        guard let port = Int(String(decoding: line, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)) else {
+            kill(process.processIdentifier, SIGKILL)
+            throw SupportFailure("the OTLP receiver did not start (is opentelemetry-proto installed under .build/python? make test does)")
+        }
+        self.port = port
+    }
+
+    deinit {
+        kill(process.processIdentifier, SIGKILL)
+        process.waitUntilExit()
+        try? FileManager.default.removeItem(atPath: output)
+    }
+
+    /// The lines written so far (spans when accepting, request sizes when discarding).
+    public var lines: [String] {
+        ((try? String(contentsOfFile: output, encoding: .utf8)) ?? "").split(separator: "\n").map(String.init)
+    }
+
+    /// Every span received so far.
+    public var spans: [Span] {
+        lines.compactMap { line in
+            guard let o = try? JSONSerialization.jsonObject(with: Data(line.utf8)) as? [String: Any] else { return nil }
+            let status = o["status"] as? [String: Any] ?? [:]
+            return Span(resource: o["resource"] as? [String: Any] ?? [:], traceID: o["traceId"] as? String ?? "",
+                        spanID: o["spanId"] as? String ?? "", parentSpanID: o["parentSpanId"] as? String ?? "",
+                        name: o["name"] as? String ?? "", start: UInt64(o["start"] as? String ?? "") ?? 0,
+                        end: UInt64(o["end"] as? String ?? "") ?? 0, attributes: o["attributes"] as? [String: Any] ?? [:],
+                        statusCode: (status["code"] as? NSNumber)?.intValue ?? 0, statusMessage: status["message"] as? String ?? "",
+                        links: (o["links"] as? [[String: Any]] ?? []).compactMap { $0["spanId"] as? String })
+        }
+    }
+
+    /// Waits until `count` spans have arrived (at most `timeout` seconds); returns what arrived.
+    public func spans(atLeast count: Int, timeout: Double = 30) -> [Span] {
+        let deadline = Date().addingTimeInterval(timeout)
+        var seen = spans
+        while seen.count < count && Date() < deadline {
+            usleep(50_000)
+            seen = spans
+        }
+        return seen
+    }
+}
