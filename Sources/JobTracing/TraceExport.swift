@@ -3,6 +3,7 @@
 // own). Emitting only queues finished spans in memory; a collector that is slow, hangs or refuses delays nothing
 // but the export, and what cannot be exported is dropped and counted (DropCounter).
 
+import Dispatch
 import Logging
 import OTel
 import ServiceLifecycle
@@ -10,6 +11,8 @@ import Tracing
 
 public final class TraceExport: Sendable {
     private let tracer: any Tracer
+    /// Spans are made here, one job after another, never on the caller's queue (the daemon's `work`).
+    private let emitting = DispatchQueue(label: "opqueued.tracing", qos: .utility)
     /// Runs the batch processor and the exporter; give it to the service group (a bounded flush when it stops).
     public let service: any Service
     /// Where spans are posted: the base URL with `/v1/traces`.
@@ -47,8 +50,18 @@ public final class TraceExport: Sendable {
         (base.hasSuffix("/") ? String(base.dropLast()) : base) + "/v1/traces"
     }
 
-    /// Emits a finished job's trace: every span started, linked and ended at its own instants, at once.
+    /// Emits a finished job's trace, on the exporter's own queue: the caller goes on at once.
     public func emit(_ trace: JobTrace) {
+        emitting.async { [self] in emitNow(trace) }
+    }
+
+    /// Returns once every trace emitted so far is with the batch processor: call it before the service stops.
+    public func drain() {
+        emitting.sync {}
+    }
+
+    /// Every span of the trace started, linked and ended at its own instants.
+    func emitNow(_ trace: JobTrace) {
         let descriptions = trace.spans()
         var root = ServiceContext.topLevel
         if let traceparent = trace.traceparent {

@@ -52,6 +52,7 @@ public enum Node {
             let tracing = daemon.tracing.map { ServiceGroup(services: [$0.service], logger: Logger(label: "opqueued.tracing")) }
             let exporting = Task { try? await tracing?.run() }
             await daemon.runOnce()
+            daemon.tracing?.drain()
             await tracing?.triggerGracefulShutdown()
             await exporting.value
             return

@@ -60,6 +60,8 @@ struct SpoolService: Service {
         watcher.stop()
         metricsServer?.stop()
         await daemon.stop(grace: grace)
+        // The last jobs' traces reach the exporter before it stops (it is the group's last service to stop).
+        daemon.tracing?.drain()
         await control.stop()
     }
 }
