@@ -2,7 +2,8 @@
 //   rate      N `/bin/true` commands in one manifest, queue limit 1, 2 and 8: from the manifest's rename into
 //             the inbox to its outbox entry (claim, N spawns + pidfd exits + log files, publication)
 //   anchors   the same N `/bin/true` from a shell loop (`sh -c 'while …; do /bin/true; done'`) and from
-//             `xargs -P 1|2|8`: the process spawn is the floor
+//             `xargs -P 1|2|8`: the process spawn is the floor; each limit's ratio (daemon rate over xargs'),
+//             median over `--rounds R`
 //   threads   the daemon's threads (/proc/PID/status Threads) idle, and at most while 500 `sleep 2` commands
 //             run at once (limit 500): one epoll thread watches them all, so this must not grow with them
 
@@ -75,16 +76,31 @@ enum CommandBench {
         return Int(line.split(separator: "\t").last ?? "") ?? 0
     }
 
+    /// `commands [N] [--rounds R]`: R rounds (default 1) of the rate part, each limit's daemon run beside its
+    /// `xargs -P` run; the ratios' medians over the rounds close it.
     static func run(_ arguments: [String]) {
         let n = arguments.first.flatMap(Int.init) ?? 2000
+        let rounds = arguments.firstIndex(of: "--rounds").flatMap { $0 + 1 < arguments.count ? Int(arguments[$0 + 1]) : nil } ?? 1
         func line(_ what: String, _ seconds: Double) {
             print(String(format: "commands %@ n=%d seconds=%.3f per_second=%.0f", what, n, seconds, Double(n) / seconds))
         }
-        let loop = timed(["/bin/sh", "-c", "i=0; while [ $i -lt \(n) ]; do /bin/true; i=$((i+1)); done"])
-        line("shell-loop", loop)
+        var ratios: [Int: [Double]] = [:]
+        for _ in 0..<rounds {
+            let loop = timed(["/bin/sh", "-c", "i=0; while [ $i -lt \(n) ]; do /bin/true; i=$((i+1)); done"])
+            line("shell-loop", loop)
+            for limit in [1, 2, 8] {
+                let daemon = throughDaemon(count: n, limit: limit)
+                line("opqueued limit=\(limit)", daemon)
+                let xargs = timed(["/bin/sh", "-c", "seq \(n) | xargs -P \(limit) -n 1 /bin/true"])
+                line("xargs -P\(limit)", xargs)
+                ratios[limit, default: []].append(xargs / daemon)
+            }
+        }
         for limit in [1, 2, 8] {
-            line("opqueued limit=\(limit)", throughDaemon(count: n, limit: limit))
-            line("xargs -P\(limit)", timed(["/bin/sh", "-c", "seq \(n) | xargs -P \(limit) -n 1 /bin/true"]))
+            let sorted = (ratios[limit] ?? []).sorted()
+            guard !sorted.isEmpty else { continue }
+            print(String(format: "commands ratio limit=%d opqueued_over_xargs median=%.2f min=%.2f max=%.2f rounds=%d", limit,
+                         sorted[sorted.count / 2], sorted[0], sorted[sorted.count - 1], sorted.count))
         }
         // Threads while 500 commands run at once, beside 500 `sleep 2` operations (asynchronous, no process).
         for sleep in [false, true] {

@@ -3,7 +3,8 @@
 //   pickup latency   a manifest renamed into an idle daemon's inbox → its claim (the rename out of the inbox,
 //                    seen with inotify; the `received` event is logged right after), p50 and p99 over 300
 //   throughput       N single-`sleep 0` manifests placed in the inbox, daemon started, until N outbox entries
-//                    (full durability; journald logging when a journal socket exists, else console to /dev/null)
+//                    (full durability), logging to the console (stderr to /dev/null) and, when journald listens, to
+//                    the journal, side by side: the journal's rate over the console's is the cost of journald
 //   waiting RSS      the daemon's peak RSS with N manifests waiting in the inbox (its queue suspended)
 
 import Daemon
@@ -26,11 +27,11 @@ enum SpoolBench {
         rename(hidden, inbox + "/" + name)
     }
 
-    static func daemon(_ spool: String, _ extra: [String]) -> Process {
+    static func daemon(_ spool: String, _ extra: [String], target: String? = nil) -> Process {
         let process = Process()
         let exe = (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0]
         process.executableURL = URL(fileURLWithPath: (exe as NSString).deletingLastPathComponent + "/opqueued")
-        let target = journalIsListening() ? "journal" : "console"
+        let target = target ?? (journalIsListening() ? "journal" : "console")
         process.arguments = ["--spool", spool, "--log-target", target] + extra
         process.standardError = FileHandle.nullDevice
         try? process.run()
@@ -90,8 +91,49 @@ enum SpoolBench {
         return latencies.sorted()
     }
 
+    /// N manifests through a daemon logging to `target`: manifests a second (one line emitted).
+    /// With the journal, also counts the run's entries in it (every job's id starts with the spool's name): none may be lost.
+    static func throughput(_ spool: String, _ n: Int, target: String) -> Double {
+        try? FileManager.default.createDirectory(atPath: spool + "/inbox", withIntermediateDirectories: true)
+        let prefix = (spool as NSString).lastPathComponent
+        for i in 0..<n { drop(spool + "/inbox", "\(prefix)-\(i).plist") }
+        let wall = Date().timeIntervalSince1970
+        let start = now()
+        let d = daemon(spool, [], target: target)
+        while count(spool + "/outbox") < n && d.isRunning { usleep(50_000) }
+        let seconds = now() - start
+        let rss = peakRSS(d.processIdentifier)
+        d.terminate()
+        d.waitUntilExit()
+        var entries = ""
+        if target == "journal" {
+            let counted = journalEntries(since: wall - 1, jobPrefix: prefix + "-")
+            entries = String(format: " journal_entries=%d per_manifest=%.2f", counted, Double(counted) / Double(n))
+        }
+        emit(String(format: "spool throughput log_target=%@ manifests=%d seconds=%.2f manifests_per_second=%.0f peak_rss_mb=%.0f",
+                    target, n, seconds, Double(n) / seconds, rss) + entries)
+        try? FileManager.default.removeItem(atPath: spool)
+        return Double(n) / seconds
+    }
+
+    /// Entries since `since` (seconds since 1970) whose OPQ_JOB starts with `jobPrefix`, as journalctl reads them.
+    static func journalEntries(since: Double, jobPrefix: String) -> Int {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: "/usr/bin/journalctl")
+        process.arguments = ["-t", "opqueued", "--since", "@\(Int(since))", "-o", "cat", "--output-fields=OPQ_JOB", "--no-pager"]
+        let pipe = Pipe()
+        process.standardOutput = pipe
+        process.standardError = FileHandle.nullDevice
+        guard (try? process.run()) != nil else { return -1 }
+        let data = pipe.fileHandleForReading.readDataToEndOfFile()
+        process.waitUntilExit()
+        return String(decoding: data, as: UTF8.self).split(separator: "\n").filter { $0.hasPrefix(jobPrefix) }.count
+    }
+
+    /// `spool [N] [--rounds R]`: R rounds of the throughput pair (default 1).
     static func run(_ arguments: [String]) {
         let n = arguments.first.flatMap(Int.init) ?? 10_000
+        let rounds = arguments.firstIndex(of: "--rounds").flatMap { $0 + 1 < arguments.count ? Int(arguments[$0 + 1]) : nil } ?? 1
         let base = NSTemporaryDirectory() + "opq-bench-\(getpid())"
 
         // Pickup latency on an idle daemon.
@@ -105,19 +147,20 @@ enum SpoolBench {
         emit(String(format: "spool pickup_latency_ms p50=%.2f p99=%.2f samples=%d", latencies[latencies.count / 2] * 1e3,
                     latencies[latencies.count * 99 / 100] * 1e3, latencies.count))
 
-        // Throughput.
-        let spool2 = base + "-throughput"
-        try? FileManager.default.createDirectory(atPath: spool2 + "/inbox", withIntermediateDirectories: true)
-        for i in 0..<n { drop(spool2 + "/inbox", "t\(i).plist") }
-        let start = now()
-        let d2 = daemon(spool2, [])
-        while count(spool2 + "/outbox") < n && d2.isRunning { usleep(50_000) }
-        let seconds = now() - start
-        let rss2 = peakRSS(d2.processIdentifier)
-        d2.terminate()
-        d2.waitUntilExit()
-        emit(String(format: "spool throughput manifests=%d seconds=%.2f manifests_per_second=%.0f peak_rss_mb=%.0f",
-                    n, seconds, Double(n) / seconds, rss2))
+        // Throughput, to the console and to the journal, alternating (so that both meet the same load).
+        var rates: [String: [Double]] = [:]
+        let targets = journalIsListening() ? ["console", "journal"] : ["console"]
+        for round in 0..<rounds {
+            for target in targets {
+                let rate = throughput(base + "-throughput-\(target)-\(round)", n, target: target)
+                rates[target, default: []].append(rate)
+            }
+        }
+        if let console = rates["console"], let journal = rates["journal"] {
+            let ratios = zip(journal, console).map { $0 / $1 }.sorted()
+            emit(String(format: "spool journal_over_console median=%.2f min=%.2f max=%.2f rounds=%d", ratios[ratios.count / 2],
+                        ratios[0], ratios[ratios.count - 1], ratios.count))
+        }
 
         // RSS with N waiting.
         let spool3 = base + "-waiting"
@@ -134,6 +177,6 @@ enum SpoolBench {
         d3.terminate()
         d3.waitUntilExit()
         emit(String(format: "spool waiting manifests=%d claimed=%d peak_rss_mb=%.1f", n, count(spool3 + "/active"), rss3))
-        for path in [spool1, spool2, spool3, config] { try? FileManager.default.removeItem(atPath: path) }
+        for path in [spool1, spool3, config] { try? FileManager.default.removeItem(atPath: path) }
     }
 }

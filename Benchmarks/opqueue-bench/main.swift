@@ -69,12 +69,12 @@ default:
     print("""
     usage: opqueue-bench engine [--sizes N,…] [--workloads independent,serial,chain,fanout,layered] [--runs N]
                                 [--engines opqueued,observed,dispatch,foundation]
-           opqueue-bench spool [N]
+           opqueue-bench spool [N] [--rounds R]
            opqueue-bench tracing [N]
            opqueue-bench outbox [N]
            opqueue-bench control [--samples N]
            opqueue-bench images [--count N]
-           opqueue-bench commands [N]
+           opqueue-bench commands [N] [--rounds R]
            opqueue-bench store --database URL [--password-file F] [--jobs N] [--workers W] [--batch B]
            opqueue-bench corpus FOLDER [--count N]
     """)

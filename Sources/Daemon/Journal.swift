@@ -1,4 +1,5 @@
-// Logging to journald (libsystemd's sd_journal_sendv) and to the console, as swift-log handlers.
+// Logging to journald (libsystemd's sd_journal_sendv, from a thread of its own: JournalWriter) and to the
+// console, as swift-log handlers.
 //
 // Every daemon event is one entry: MESSAGE, PRIORITY, SYSLOG_IDENTIFIER=opqueued, CODE_FILE/LINE/FUNC
 // (Swift cannot use libsystemd's location macros, so they are added here), the OPQ_* metadata as fields,
@@ -131,46 +132,24 @@ public struct JournalLogHandler: LogHandler {
     }
 
     public func log(event: LogEvent) {
-        var fields: [String] = [
-            "MESSAGE=\(event.message)",
-            "PRIORITY=\(syslogPriority(event.level))",
-            "SYSLOG_IDENTIFIER=\(identifier)",
-            "CODE_FILE=\(event.file)",
-            "CODE_LINE=\(event.line)",
-            "CODE_FUNC=\(event.function)",
-        ]
+        var entry = JournalEntry()
+        entry.add("MESSAGE", event.message.description)
+        entry.add("PRIORITY", String(syslogPriority(event.level)))
+        entry.add("SYSLOG_IDENTIFIER", identifier)
+        entry.add("CODE_FILE", event.file)
+        entry.add("CODE_LINE", String(event.line))
+        entry.add("CODE_FUNC", event.function)
         let (all, node) = Journal.parts(metadata, event.metadata)
-        if let id = MessageIDs.id(for: all) { fields.append("MESSAGE_ID=\(id)") }
+        if let id = MessageIDs.id(for: all) { entry.add("MESSAGE_ID", id) }
         for (key, value) in all {
             guard let name = journalFieldName(key) else { continue }
-            fields.append("\(name)=\(value)")
+            if case .string(let s) = value { entry.add(name, s) } else { entry.add(name, value.description) }
         }
-        if let node { fields.append("OPQ_NODE=\(node)") }
-        Self.send(fields)
-    }
-
-    static func send(_ fields: [String]) {
-        var buffers = fields.map { Array($0.utf8) }
-        var iovecs = [iovec](repeating: iovec(), count: buffers.count)
-        buffers.withUnsafeMutableBufferPointer { all in
-            for i in all.indices {
-                all[i].withUnsafeMutableBytes { raw in
-                    iovecs[i] = iovec(iov_base: raw.baseAddress, iov_len: raw.count)
-                }
-            }
-            // The pointers stay valid: `buffers` is not mutated until the call returns.
-            let sent = iovecs.withUnsafeBufferPointer { sd_journal_sendv($0.baseAddress, Int32($0.count)) }
-            if sent < 0 {
-                // journald went away: the event still goes somewhere a person can read it.
-                var line = Array("SD_JOURNAL_SENDV_ERRNO=\(-sent)".utf8)
-                for field in fields {
-                    line.append(UInt8(ascii: " "))
-                    ConsoleLogHandler.quote(field, into: &line)
-                }
-                line.append(UInt8(ascii: "\n"))
-                ConsoleLogHandler.write(line)
-            }
-        }
+        if let node { entry.add("OPQ_NODE", node) }
+        // Sent by the journal's own thread (JournalWriter, below); a critical entry, often the last before the
+        // process ends, is waited for.
+        JournalWriter.shared.enqueue(entry)
+        if event.level == .critical { JournalWriter.shared.drain(seconds: JournalWriter.exitWait) }
     }
 }
 
@@ -278,5 +257,138 @@ public enum SystemdNotifier {
         var usec: UInt64 = 0
         guard sd_watchdog_enabled(0, &usec) > 0, usec > 0 else { return nil }
         return Double(usec) / 2e6
+    }
+}
+
+// MARK: The journal's writer
+//
+// The threads that log (the engine's delivery thread above all) only build an entry and queue
+// it; one thread of its own hands the entries to journald with sd_journal_sendv, in the order they were queued.
+//
+// Why: each sendv is a system call that wakes journald, and under load a thread that makes seven of them per job
+// spends its time there instead of running jobs. Queued, the writer sends whatever has gathered while it was busy.
+// Nothing is dropped: the queue is bounded, and a thread that finds it full waits for room. Entries still queued at
+// exit are sent before the process ends (an atexit handler waits for the queue to empty, at most a few seconds, in
+// case journald is stuck), and a critical entry is waited for before `log` returns.
+
+/// One journal entry: its fields (`NAME=value`) one after another in `bytes`, `ends[i]` where field i ends.
+struct JournalEntry: Sendable {
+    var bytes: [UInt8] = []
+    var ends: [Int] = []
+
+    init() { bytes.reserveCapacity(384); ends.reserveCapacity(16) }
+
+    /// Appends the field `name=value`.
+    mutating func add(_ name: String, _ value: String) {
+        var name = name, value = value
+        name.withUTF8 { bytes.append(contentsOf: $0) }
+        bytes.append(UInt8(ascii: "="))
+        value.withUTF8 { bytes.append(contentsOf: $0) }
+        ends.append(bytes.count)
+    }
+
+    /// The fields as strings (for the console line when journald cannot be reached).
+    var fields: [String] {
+        var start = 0
+        return ends.map { end in
+            defer { start = end }
+            return String(decoding: bytes[start..<end], as: UTF8.self)
+        }
+    }
+
+    /// sd_journal_sendv over the fields; its result (negative errno on failure).
+    func send() -> Int32 {
+        bytes.withUnsafeBytes { raw -> Int32 in
+            guard let base = raw.baseAddress else { return 0 }
+            var start = 0
+            var iovecs = [iovec]()
+            iovecs.reserveCapacity(ends.count)
+            for end in ends {
+                iovecs.append(iovec(iov_base: UnsafeMutableRawPointer(mutating: base + start), iov_len: end - start))
+                start = end
+            }
+            return iovecs.withUnsafeBufferPointer { sd_journal_sendv($0.baseAddress, Int32($0.count)) }
+        }
+    }
+}
+
+final class JournalWriter: @unchecked Sendable {
+    static let shared = JournalWriter()
+    /// Entries queued at most; a thread that finds the queue full waits.
+    static let capacity = 8192
+    /// How long the exit waits for the queue to empty.
+    static let exitWait = 5.0
+
+    private let condition = NSCondition()
+    private var queue: [JournalEntry] = []
+    /// The writer is sending a batch taken from the queue.
+    private var sending = false
+    /// The writer waits for entries (a producer wakes it).
+    private var idle = false
+
+    private init() {
+        queue.reserveCapacity(256)
+        let thread = Thread { [self] in run() }
+        thread.name = "opqueued.journal"
+        thread.start()
+        atexit { _ = JournalWriter.shared.drain(seconds: JournalWriter.exitWait) }
+    }
+
+    /// Queues `entry`, waiting for room when the queue is full.
+    func enqueue(_ entry: JournalEntry) {
+        condition.lock()
+        while queue.count >= Self.capacity { condition.wait() }
+        queue.append(entry)
+        if idle {
+            idle = false
+            condition.broadcast()
+        }
+        condition.unlock()
+    }
+
+    /// Waits until every entry queued so far has been handed to journald, at most `seconds`; whether it was.
+    @discardableResult
+    func drain(seconds: Double) -> Bool {
+        let deadline = Date(timeIntervalSinceNow: seconds)
+        condition.lock()
+        defer { condition.unlock() }
+        while !queue.isEmpty || sending {
+            if !condition.wait(until: deadline) { return queue.isEmpty && !sending }
+        }
+        return true
+    }
+
+    private func run() {
+        var batch: [JournalEntry] = []
+        batch.reserveCapacity(256)
+        while true {
+            condition.lock()
+            sending = false
+            // Room again, and the queue perhaps empty: for producers waiting on a full queue, and for `drain`.
+            condition.broadcast()
+            while queue.isEmpty {
+                idle = true
+                condition.wait()
+            }
+            idle = false
+            swap(&batch, &queue)
+            sending = true
+            condition.unlock()
+            for entry in batch { Self.deliver(entry) }
+            batch.removeAll(keepingCapacity: true)
+        }
+    }
+
+    /// Sends one entry; when journald cannot take it, it goes to the console so that a person can still read it.
+    static func deliver(_ entry: JournalEntry) {
+        let sent = entry.send()
+        guard sent < 0 else { return }
+        var line = Array("SD_JOURNAL_SENDV_ERRNO=\(-sent)".utf8)
+        for field in entry.fields {
+            line.append(UInt8(ascii: " "))
+            ConsoleLogHandler.quote(field, into: &line)
+        }
+        line.append(UInt8(ascii: "\n"))
+        ConsoleLogHandler.write(line)
     }
 }

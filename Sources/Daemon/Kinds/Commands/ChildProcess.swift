@@ -391,12 +391,16 @@ final class CommandLedger: @unchecked Sendable {
     }
 
     /// Field 22 of /proc/PID/stat: the process's start time in clock ticks since boot.
+    /// (Read into a buffer of its own, without Foundation: this runs once per command started.)
     static func startTime(_ pid: pid_t) -> String? {
-        guard case .success(let data) = readRegularFile("/proc/\(pid)/stat", limit: 4096) else { return nil }
-        let text = String(decoding: data, as: UTF8.self)
-        guard let close = text.lastIndex(of: ")") else { return nil }
-        let fields = text[text.index(after: close)...].split(separator: " ")
-        return fields.count > 19 ? String(fields[19]) : nil
+        let fd = Glibc.open("/proc/\(pid)/stat", O_RDONLY | O_CLOEXEC)
+        guard fd >= 0 else { return nil }
+        defer { Glibc.close(fd) }
+        var buffer = [UInt8](repeating: 0, count: 1024)
+        let n = retryingInterrupts { buffer.withUnsafeMutableBytes { Glibc.read(fd, $0.baseAddress, $0.count) } }
+        guard n > 0, let close = buffer[0..<n].lastIndex(of: UInt8(ascii: ")")) else { return nil }
+        let fields = buffer[(close + 1)..<n].split(separator: UInt8(ascii: " "))
+        return fields.count > 19 ? String(decoding: fields[19], as: UTF8.self) : nil
     }
 }
 

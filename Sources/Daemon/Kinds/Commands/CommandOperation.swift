@@ -3,10 +3,11 @@
 // queue and finishes the attempt.
 //
 // Files, in the job's folder active/<job>/ (the future outbox entry):
-//   .work/<operation>/<attempt>/   the attempt's scratch and working directory (${workdir}): the
-//                          operation's emptied before each attempt, removed after it and before
-//                          publication (never published)
-//   .work/<operation>/<attempt>/input, output   ${input} (the input's bytes; an image is encoded to
+//   .work/<operation>.<attempt>/   the attempt's scratch and working directory (${workdir}): empty when
+//                          the attempt starts; after it, kept as a spare for a later attempt when the command
+//                          left it empty, else removed (ScratchFolders, below); .work/ goes before publication
+//                          (never published)
+//   .work/<operation>.<attempt>/input, output   ${input} (the input's bytes; an image is encoded to
 //                          PNG), ${output}
 //   logs/<operation>.stdout, .stderr  the command's streams, each cut at maxOutputBytes (published)
 //   .outputs/<operation>   an `output = file` result kept after success, so a restart need not run the
@@ -26,7 +27,7 @@ import Glibc
 enum CommandOperation {
     /// Where attempts are concluded: off the command loop's thread (reading the output, writing the kept
     /// copy and removing the scratch are file I/O), and one thread only (a global queue grows threads
-    /// while they block on the file system).
+    /// while they block on the file system). An attempt with no output whose scratch folder is empty skips it.
     static let conclusions = DispatchQueue(label: "opqueued.commands.conclude")
 
     static func workFolder(_ jobFolder: String) -> String { jobFolder + "/.work" }
@@ -39,6 +40,7 @@ enum CommandOperation {
     static func keptFolder(_ jobFolder: String) -> String { jobFolder + "/.outputs" }
     /// Before publication: what the job's commands left that is not part of the outbox entry.
     static func removeScratch(_ jobFolder: String) {
+        ScratchFolders.forget(absolute(jobFolder))
         removeTree(workFolder(jobFolder))
         removeTree(keptFolder(jobFolder))
     }
@@ -60,13 +62,13 @@ enum CommandOperation {
         let folder = absolute(environment.jobFolder)
         let operation = context.name
         // One folder per attempt: an attempt that timed out may still be in its grace (SIGTERM ignored)
-        // when the next one starts, and its end must not remove the next one's scratch.
-        let work = workFolder(folder) + "/" + operation + "/" + String(context.attempt)
-        // A previous attempt's (or a previous run's) leftovers go first.
-        removeTree(workFolder(folder) + "/" + operation)
-        for dir in [workFolder(folder), workFolder(folder) + "/" + operation, work, folder + "/logs"] {
+        // when the next one starts, and its end must not remove the next one's scratch. (An operation id has
+        // no '/', and what follows its last '.' here is the attempt: two attempts never share a folder.)
+        let work = workFolder(folder) + "/" + operation + "." + String(context.attempt)
+        for dir in [workFolder(folder), folder + "/logs"] {
             if mkdir(dir, 0o755) != 0 && errno != EEXIST { throw SpoolError(operation: "mkdir", path: dir, errno: errno) }
         }
+        try ScratchFolders.make(work, jobFolder: folder)
         var values = arguments
         values["job"] = (folder as NSString).lastPathComponent
         values["operation"] = operation
@@ -106,23 +108,29 @@ enum CommandOperation {
             limit: spec.maxOutputBytes
         ) { exit in
             for f in files { close(f) }
-            conclusions.async {
-                context.finish(Result { try conclude(spec, exit: exit, operation: operation, folder: folder, work: work, logs: logs) })
+            let concluded: @Sendable (Bool) -> Void = { empty in
+                context.finish(Result {
+                    try conclude(spec, exit: exit, operation: operation, folder: folder, work: work, logs: logs, empty: empty)
+                })
             }
+            // Without an output to read and with nothing left in the scratch folder (the usual command), the attempt
+            // ends here on the loop's thread: no file to read, no tree to remove, no hop to another thread.
+            if spec.output == .none, ScratchFolders.isEmptyFolder(work) { concluded(true) } else { conclusions.async { concluded(false) } }
         }
         switch started {
         case .success(let child): context.onCancel { child.terminate() }
         case .failure(let failure):
             for f in files { close(f) }
-            removeTree(work)
+            ScratchFolders.release(work, jobFolder: folder)
             throw FinalFailure(failure.description)
         }
     }
 
     /// The attempt's result from how the command ended.
+    /// `empty`: the scratch folder was seen empty after the exit.
     private static func conclude(_ spec: CommandSpec, exit: ChildExit, operation: String, folder: String, work: String,
-                                 logs: [String]) throws -> OperationOutput? {
-        defer { removeTree(work) }
+                                 logs: [String], empty: Bool) throws -> OperationOutput? {
+        defer { ScratchFolders.release(work, jobFolder: folder, empty: empty) }
         var notes: [String] = []
         if exit.stdoutTruncated { notes.append("standard output cut at \(spec.maxOutputBytes) of \(exit.stdoutBytes) bytes") }
         if exit.stderrTruncated { notes.append("standard error cut at \(spec.maxOutputBytes) of \(exit.stderrBytes) bytes") }
@@ -172,5 +180,82 @@ enum CommandOperation {
         case .file:
             .sync { _ in try readRegularFile(keptFolder(folder) + "/" + operation, limit: Int.max).get() }
         }
+    }
+}
+
+// Commands' scratch folders (${workdir}, SPEC §3.6), one per attempt, kept for the next attempt rather than removed.
+//
+// On ext4 a new folder takes a block and removing it frees the block again (a synchronous trim where the file
+// system is mounted with `discard`): for a short command, a fresh folder per attempt was the larger part of its
+// file system cost. So a folder its command left empty is renamed to a spare name in the job's .work/, and the
+// next attempt of the same job renames a spare into place; a folder with anything left in it is removed as before.
+// Spares are never published: they live in .work/, which goes before publication (CommandOperation.removeScratch)
+// and at recovery. A spare the pool names but that is gone (removed with its .work/) is passed over.
+//
+// What it trusts: nothing in the folders; emptiness is read from the folder itself when the attempt has ended.
+enum ScratchFolders {
+    /// Spares kept at most per job folder (about its commands' concurrency); beyond, empty folders are removed.
+    static let sparesPerJob = 64
+
+    private static let lock = NSLock()
+    /// Job folder → its spare folders' paths.
+    nonisolated(unsafe) private static var spares: [String: [String]] = [:]
+    nonisolated(unsafe) private static var made = 0
+
+    /// Makes `path`, in `jobFolder`'s .work/ (which must exist), an empty folder: a spare renamed into place, else a
+    /// new folder. Whatever was at `path` before (a previous run's attempt) is removed first.
+    static func make(_ path: String, jobFolder: String) throws {
+        removeTree(path)
+        while let spare = take(jobFolder) {
+            // The mode as a new folder's, whatever the last command made of it.
+            if rename(spare, path) == 0 { _ = chmod(path, 0o755); return }
+        }
+        if mkdir(path, 0o755) != 0 && errno != EEXIST { throw SpoolError(operation: "mkdir", path: path, errno: errno) }
+    }
+
+    /// The attempt at `path` has ended (its command and whatever it started are gone): its folder becomes a spare when
+    /// it is empty (`empty`: already seen so), else it is removed. Only under the supervisor: without it a process the
+    /// command left behind could still be in the folder when it next serves another attempt.
+    static func release(_ path: String, jobFolder: String, empty: Bool = false) {
+        if Supervisor.path != nil, empty || isEmptyFolder(path) {
+            let (name, room): (String?, Bool) = lock.withLock {
+                guard spares[jobFolder, default: []].count < sparesPerJob else { return (nil, false) }
+                made += 1
+                return ("\(jobFolder)/.work/.spare-\(made)", true)
+            }
+            if room, let name, rename(path, name) == 0 {
+                lock.withLock { spares[jobFolder, default: []].append(name) }
+                return
+            }
+        }
+        removeTree(path)
+    }
+
+    /// The job's .work/ is being removed (publication): its spares go with it.
+    static func forget(_ jobFolder: String) {
+        _ = lock.withLock { spares.removeValue(forKey: jobFolder) }
+    }
+
+    private static func take(_ jobFolder: String) -> String? {
+        lock.withLock {
+            guard var list = spares[jobFolder], let spare = list.popLast() else { return nil }
+            spares[jobFolder] = list.isEmpty ? nil : list
+            return spare
+        }
+    }
+
+    /// Whether `path` is a folder (not a link to one) with nothing in it.
+    static func isEmptyFolder(_ path: String) -> Bool {
+        let fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
+        guard fd >= 0, let dir = fdopendir(fd) else {
+            if fd >= 0 { close(fd) }
+            return false
+        }
+        defer { closedir(dir) }
+        while let entry = readdir(dir) {
+            let name = direntName(entry)
+            if name != [0x2E] && name != [0x2E, 0x2E] { return false }
+        }
+        return true
     }
 }
