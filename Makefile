@@ -266,12 +266,10 @@ deb:
 
 # The two packages DebianPackageTests installs, one upgrading the other: the tests' debug build relinked with the
 # Swift runtime inside (a relink only; a release build would take ten minutes), packed twice under two versions,
-# lightly compressed. Made before `swift test`, which holds .build's lock: a test cannot build there itself. The debug
-# objects were compiled for the shared runtime, so they do not name what the static Foundation needs (ICU,
-# CoreFoundation and two shims; a build made static from the start does): the link adds them, whole, as the linker
-# meets them before Foundation's own archives.
-TEST_DEB_LINKFLAGS = -Xlinker --whole-archive $(addprefix -Xlinker -l,_FoundationICU CoreFoundation _FoundationCShims \
-  _FoundationCollections) -Xlinker --no-whole-archive
+# lightly compressed. Made before `swift test`, which holds .build's lock: a test cannot build there itself. (The debug
+# objects name everything the static Foundation needs, ICU and CoreFoundation included, since swift-otel's modules
+# import it: adding those archives whole as well would define them twice.)
+TEST_DEB_LINKFLAGS =
 test-debs:
 	rm -rf .build/test-debs
 	for n in 1 2; do $(MAKE) deb CONFIG=debug DEB_SCRATCH=.build DEB_OUT=.build/test-debs VERSION=$(VERSION)+test$$n \
