@@ -264,15 +264,14 @@ deb:
 	mkdir -p $(DEB_OUT)
 	dpkg-deb --root-owner-group $(DEB_COMPRESSION) --build $(DEB_ROOT) $(DEB_PACKAGE)
 
-# The two packages DebianPackageTests installs, one upgrading the other: the tests' debug build relinked with the
-# Swift runtime inside (a relink only; a release build would take ten minutes), packed twice under two versions,
-# lightly compressed. Made before `swift test`, which holds .build's lock: a test cannot build there itself. (The debug
-# objects name everything the static Foundation needs, ICU and CoreFoundation included, since swift-otel's modules
-# import it: adding those archives whole as well would define them twice.)
+# The two packages DebianPackageTests installs, one upgrading the other: a debug build with the Swift runtime linked
+# in, in a scratch folder of its own (.build-debs: a static build in .build would leave objects that the tests' own
+# build then links against the shared runtime), packed twice under two versions, lightly compressed, into
+# .build/test-debs. Made before `swift test`, which holds .build's lock: a test cannot build there itself.
 TEST_DEB_LINKFLAGS =
 test-debs:
 	rm -rf .build/test-debs
-	for n in 1 2; do $(MAKE) deb CONFIG=debug DEB_SCRATCH=.build DEB_OUT=.build/test-debs VERSION=$(VERSION)+test$$n \
+	for n in 1 2; do $(MAKE) deb CONFIG=debug DEB_SCRATCH=.build-debs DEB_OUT=.build/test-debs VERSION=$(VERSION)+test$$n \
 	  DEB_LINKFLAGS="$(TEST_DEB_LINKFLAGS)" DEB_COMPRESSION="-Zgzip -z1" || exit 1; done
 
 # The man pages of the two programs come from their argument-parser definitions (help, abstracts,
