@@ -35,24 +35,8 @@ public final class OTLPReceiver {
     public init(_ mode: Mode) throws {
         output = NSTemporaryDirectory() + "otlp-" + UUID().uuidString.prefix(8) + ".jsonl"
         _ = FileManager.default.createFile(atPath: output, contents: nil)
-        process.executableURL = URL(fileURLWithPath: "/usr/bin/python3")
-        process.arguments = [supportFolder + "/otlp_receiver.py", mode.rawValue, output]
-        let out = Pipe()
-        process.standardOutput = out
-        process.standardError = FileHandle.nullDevice
-        process.standardInput = FileHandle.nullDevice
-        try process.run()
-        var line = Data()
-        while !line.contains(0x0A) {
-            let chunk = out.fileHandleForReading.availableData
-            if chunk.isEmpty { break }
-            line.append(chunk)
-        }
-        guard let port = Int(String(decoding: line, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)) else {
-            kill(process.processIdentifier, SIGKILL)
-            throw SupportFailure("the OTLP receiver did not start (is opentelemetry-proto installed under .build/python? make test does)")
-        }
-        self.port = port
+        port = try startHelperServer(process, ["otlp_receiver.py", mode.rawValue, output],
+                                     failure: "the OTLP receiver did not start (is opentelemetry-proto installed under .build/python? make test does)")
     }
 
     deinit {

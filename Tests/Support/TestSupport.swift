@@ -27,24 +27,7 @@ public final class LoopbackServer {
     public init(folder: String, address: String = "127.0.0.1") throws {
         self.folder = folder
         self.address = address
-        process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
-        process.arguments = ["python3", supportFolder + "/http_server.py", folder, address]
-        let out = Pipe()
-        process.standardOutput = out
-        process.standardError = FileHandle.nullDevice
-        process.standardInput = FileHandle.nullDevice
-        try process.run()
-        var line = Data()
-        while !line.contains(0x0A) {
-            let chunk = out.fileHandleForReading.availableData
-            if chunk.isEmpty { break }
-            line.append(chunk)
-        }
-        guard let port = Int(String(decoding: line, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)) else {
-            kill(process.processIdentifier, SIGKILL)
-            throw SupportFailure("the loopback HTTP server did not start")
-        }
-        self.port = port
+        port = try startHelperServer(process, ["http_server.py", folder, address], failure: "the loopback HTTP server did not start")
     }
 
     public var base: String { "http://\(address):\(port)" }
@@ -141,4 +124,27 @@ public func steadyLowestFreeDescriptor(_ pid: Int32) -> Int {
         usleep(50_000)
     }
     return seen.max { $0.value < $1.value }?.key ?? 0
+}
+
+/// Runs one of the tests' Python servers (`arguments[0]`, a script beside this file) in `process` and returns the
+/// port it prints on its first line; kills it and throws `failure` when no port comes.
+func startHelperServer(_ process: Process, _ arguments: [String], failure: String) throws -> Int {
+    process.executableURL = URL(fileURLWithPath: "/usr/bin/env")
+    process.arguments = ["python3", supportFolder + "/" + arguments[0]] + arguments.dropFirst()
+    let out = Pipe()
+    process.standardOutput = out
+    process.standardError = FileHandle.nullDevice
+    process.standardInput = FileHandle.nullDevice
+    try process.run()
+    var line = Data()
+    while !line.contains(0x0A) {
+        let chunk = out.fileHandleForReading.availableData
+        if chunk.isEmpty { break }
+        line.append(chunk)
+    }
+    guard let port = Int(String(decoding: line, as: UTF8.self).trimmingCharacters(in: .whitespacesAndNewlines)) else {
+        kill(process.processIdentifier, SIGKILL)
+        throw SupportFailure(failure)
+    }
+    return port
 }
