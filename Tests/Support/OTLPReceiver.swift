@@ -35,8 +35,8 @@ public final class OTLPReceiver {
     public init(_ mode: Mode) throws {
         output = NSTemporaryDirectory() + "otlp-" + UUID().uuidString.prefix(8) + ".jsonl"
         _ = FileManager.default.createFile(atPath: output, contents: nil)
-        port = try startHelperServer(process, ["otlp_receiver.py", mode.rawValue, output],
-                                     failure: "the OTLP receiver did not start (is opentelemetry-proto installed under .build/python? make test does)")
+        let failure = "the OTLP receiver did not start (is opentelemetry-proto installed under .build/python? make test does)"
+        port = try startHelperServer(process, ["otlp_receiver.py", mode.rawValue, output], failure: failure)
     }
 
     deinit {
