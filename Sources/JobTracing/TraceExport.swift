@@ -19,8 +19,8 @@ public final class TraceExport: Sendable {
     public let endpoint: String
 
     /// `otlp`: the collector's base URL; `node`: the resource's `opqueued.node`; `onDropped`: spans that will never
-    /// reach the collector, as swift-otel reports them.
-    public init(otlp: String, node: String, log: Logger, flushSeconds: Double = 2,
+    /// reach the collector, as swift-otel reports them; `timeoutSeconds`: how long one export may take.
+    public init(otlp: String, node: String, log: Logger, flushSeconds: Double = 2, timeoutSeconds: Int = 5,
                 onDropped: @escaping @Sendable (Int) -> Void) throws {
         endpoint = Self.endpoint(otlp)
         var config = OTel.Configuration.default
@@ -35,10 +35,10 @@ public final class TraceExport: Sendable {
         config.traces.exporter = .otlp
         config.traces.otlpExporter.endpoint = endpoint
         config.traces.otlpExporter.protocol = .httpProtobuf
-        config.traces.otlpExporter.timeout = .seconds(5)
+        config.traces.otlpExporter.timeout = .seconds(timeoutSeconds)
         // Exported within a second of a job's end; a large job's spans wait in a bounded queue (past it: dropped).
         config.traces.batchSpanProcessor.scheduleDelay = .seconds(1)
-        config.traces.batchSpanProcessor.exportTimeout = .seconds(10)
+        config.traces.batchSpanProcessor.exportTimeout = .seconds(max(10, 2 * timeoutSeconds))
         config.traces.batchSpanProcessor.maxQueueSize = 16_384
         let backend = try OTel.makeTracingBackend(configuration: config)
         tracer = backend.factory

@@ -23,16 +23,17 @@ func running(_ export: TraceExport, _ body: () async throws -> Void) async throw
 @Suite(.serialized) struct TraceExportTests {
     @Test func whatArrivesIsWhatWasDescribedUnderTheSubmittersTrace() async throws {
         let receiver = try OTLPReceiver(.accept)
-        let export = try TraceExport(otlp: receiver.base, node: "node-7", log: Logger(label: "test")) { _ in }
+        // A minute per export: on a loaded machine a first POST may take longer than the daemon's 5 s (then dropped).
+        let export = try TraceExport(otlp: receiver.base, node: "node-7", log: Logger(label: "test"), timeoutSeconds: 60) { _ in }
         var job = diamond()
         job.traceparent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
         let described = job.spans()
         try await running(export) {
             export.emit(job)
-            _ = receiver.spans(atLeast: described.count)
+            _ = receiver.spans(atLeast: described.count, timeout: 120)
         }
         let arrived = receiver.spans
-        #expect(arrived.count == described.count)
+        #expect(arrived.count == described.count, "\(arrived.count) spans arrived of \(described.count)")
         #expect(Set(arrived.map(\.traceID)) == ["0af7651916cd43dd8448eb211c80319c"])
         #expect(arrived.allSatisfy {
             $0.resource["service.name"] as? String == "opqueued" && $0.resource["opqueued.node"] as? String == "node-7"

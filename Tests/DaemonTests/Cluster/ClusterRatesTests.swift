@@ -55,14 +55,16 @@ struct ClusterRatesTests {
             }
             nodes.append((engine, try engine.submit(graph), rates, task))
         }
-        let deadline = Date().addingTimeInterval(40)
+        // Generous deadlines: they only end a failing run (a 2-core machine running the whole suite stalls for long).
+        let deadline = Date().addingTimeInterval(120)
         while starts.withLock({ $0.count }) < 24 && Date() < deadline { try await Task.sleep(for: .milliseconds(20)) }
         for (engine, group, _, _) in nodes {
-            let ended = Date().addingTimeInterval(10)
+            let ended = Date().addingTimeInterval(60)
             while engine.records(group)?.allSatisfy({ $0.state == .succeeded }) != true && Date() < ended {
                 try await Task.sleep(for: .milliseconds(20))
             }
-            #expect(engine.records(group)?.allSatisfy { $0.state == .succeeded } == true)
+            let states = (engine.records(group) ?? []).map { "\($0.state)" }, began = starts.withLock { $0.count }
+            #expect(engine.records(group)?.allSatisfy { $0.state == .succeeded } == true, "\(states), \(began) began")
         }
         // The starts as the engines recorded them (result.plist's startedAt): a body's own first instant may come
         // later on a loaded machine, after the node has already reported the start.
@@ -73,7 +75,7 @@ struct ClusterRatesTests {
         #expect(busiestWindow(seen, seconds: rate.seconds) <= rate.operations, "at most 4 starts in any second: \(seen)")
         // 24 starts at 4 a second: 5.75 windows from the first to the last at best (about 5.1 s alone). The bound is
         // loose: with the whole suite beside it on 2 cores the same run took 24 s; a node that never asked again after
-        // its first grants would take the 40 s deadline.
+        // its first grants would take the deadline.
         #expect(Double(seen.count - 1) / span >= 0.2 * 4, "the rate is used: \(seen.count) starts in \(span) s")
         for r in runners + nodes.map(\.task) { r.cancel() }
         for r in runners { await r.value }
