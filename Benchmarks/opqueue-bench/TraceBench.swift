@@ -1,7 +1,9 @@
 // opqueue-bench tracing: the cost of `tracing.otlp` (SPEC §6), the spool end to end with traces on against the same
 // run with them off (the anchor), in alternating rounds of one run: N manifests of three operations (a, then b and c
 // after it) placed in the inbox, daemon started, until N outbox entries. With traces on, every job's 10 spans go to
-// a loopback collector that answers at once without decoding (Tests/Support/otlp_receiver.py discard).
+// a loopback collector that answers at once without decoding (Tests/Support/otlp_receiver.py discard). Beside the
+// wall-clock ratio, the daemon's own CPU time (user + system, from /proc) per round: on a machine shared with other
+// work the CPU ratio is the steadier of the two.
 
 import Daemon
 import Foundation
@@ -16,8 +18,18 @@ enum TraceBench {
                                                     options: 0)) ?? Data()
     }
 
-    /// Seconds from the daemon's start to N outbox entries.
-    static func round(_ n: Int, config: [String: Any], base: String) -> Double {
+    /// The CPU seconds (user + system) process `pid` has used so far.
+    static func cpuSeconds(_ pid: Int32) -> Double {
+        guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
+              let close = stat.lastIndex(of: ")") else { return 0 }
+        // After the command's closing parenthesis: state is field 3, utime 14 and stime 15.
+        let fields = stat[stat.index(after: close)...].split(separator: " ")
+        guard fields.count > 13, let user = Double(fields[11]), let system = Double(fields[12]) else { return 0 }
+        return (user + system) / Double(sysconf(Int32(_SC_CLK_TCK)))
+    }
+
+    /// Seconds from the daemon's start to N outbox entries, and the daemon's CPU seconds meanwhile.
+    static func round(_ n: Int, config: [String: Any], base: String) -> (seconds: Double, cpu: Double) {
         let spool = base + "-\(UUID().uuidString.prefix(6))"
         try? FileManager.default.createDirectory(atPath: spool + "/inbox", withIntermediateDirectories: true)
         let configPath = spool + ".plist"
@@ -31,11 +43,11 @@ enum TraceBench {
         let start = now()
         let d = SpoolBench.daemon(spool, ["--config", configPath])
         while SpoolBench.count(spool + "/outbox") < n && d.isRunning { usleep(20_000) }
-        let seconds = now() - start
+        let seconds = now() - start, cpu = cpuSeconds(d.processIdentifier)
         d.terminate()
         d.waitUntilExit()
         for path in [spool, configPath] { try? FileManager.default.removeItem(atPath: path) }
-        return seconds
+        return (seconds, cpu)
     }
 
     static func run(_ arguments: [String]) {
@@ -46,13 +58,17 @@ enum TraceBench {
             FileHandle.standardError.write(Data("tracing: the loopback collector did not start\n".utf8))
             exit(1)
         }
-        var off: [Double] = [], on: [Double] = []
+        var off: [(seconds: Double, cpu: Double)] = [], on: [(seconds: Double, cpu: Double)] = []
         for _ in 0..<rounds {
             off.append(round(n, config: [:], base: base))
             on.append(round(n, config: ["tracing": ["otlp": collector.base]], base: base))
         }
-        let offMedian = off.sorted()[rounds / 2], onMedian = on.sorted()[rounds / 2]
+        func median(_ values: [Double]) -> Double { values.sorted()[values.count / 2] }
+        let offSeconds = median(off.map(\.seconds)), onSeconds = median(on.map(\.seconds))
+        let offCPU = median(off.map(\.cpu)), onCPU = median(on.map(\.cpu))
         emit(String(format: "tracing manifests=%d operations=%d rounds=%d off_seconds=%.2f on_seconds=%.2f on_over_off=%.3f "
-                    + "collector_requests=%d", n, 3 * n, rounds, offMedian, onMedian, onMedian / offMedian, collector.lines.count))
+                    + "off_cpu_us_per_job=%.0f on_cpu_us_per_job=%.0f cpu_on_over_off=%.3f collector_requests=%d",
+                    n, 3 * n, rounds, offSeconds, onSeconds, onSeconds / offSeconds, offCPU / Double(n) * 1e6,
+                    onCPU / Double(n) * 1e6, onCPU / offCPU, collector.lines.count))
     }
 }
