@@ -156,7 +156,7 @@ build-fuzz-manifest: deps
 	$(SWIFTC) -O -sanitize=fuzzer,address -parse-as-library -module-name SystemCalls -emit-library -static \
 	  -emit-module -emit-module-path $(FUZZ_MANIFEST)/SystemCalls.swiftmodule -o $(FUZZ_MANIFEST)/libSystemCalls.a \
 	  Sources/SystemCalls/SystemCalls.swift
-	$(SWIFTC) -O -sanitize=fuzzer,address -parse-as-library -module-name Cron -emit-library -static \
+	$(SWIFTC) -O -sanitize=fuzzer,address -parse-as-library -module-name Cron -emit-library -static -I $(FUZZ_MANIFEST) \
 	  -emit-module -emit-module-path $(FUZZ_MANIFEST)/Cron.swiftmodule -o $(FUZZ_MANIFEST)/libCron.a Sources/Cron/*.swift
 	$(SWIFTC) -O -sanitize=fuzzer,address -use-ld=lld -parse-as-library -module-name ManifestFuzz -I $(FUZZ_MANIFEST) -L $(FUZZ_MANIFEST) \
 	  -lPropertyList -lOperationEngine -lSystemCalls -lCron Sources/Daemon/Lifecycle/Manifest.swift Sources/Daemon/Lifecycle/Manifest+FlowControl.swift Sources/Daemon/Configuration.swift Sources/Daemon/Configuration+FlowControl.swift Sources/Daemon/Kinds/Commands/CommandSpec.swift \

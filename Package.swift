@@ -48,7 +48,7 @@ let package = Package(
         // XML and binary property lists without Foundation: compact values, a streaming writer.
         .target(name: "PropertyList"),
         // Cron expressions and TZif time zones for schedules (SPEC §3.7): pure, no Foundation.
-        .target(name: "Cron"),
+        .target(name: "Cron", dependencies: ["SystemCalls"]),
         // The daemon: spool protocol, manifests, configuration, journal, control socket.
         .target(
             name: "Daemon",
@@ -127,6 +127,7 @@ let package = Package(
                 "CShims",
                 "Daemon",
                 "PropertyList",
+                "SystemCalls",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]
         ),

@@ -5,6 +5,7 @@
 #if canImport(Glibc)
 import Glibc
 #endif
+import SystemCalls
 
 extension TimeZoneRules {
     static let zoneinfo = "/usr/share/zoneinfo"
@@ -100,8 +101,7 @@ private func readFile(_ path: String) -> FileContents {
     var bytes: [UInt8] = []
     var chunk = [UInt8](repeating: 0, count: 65_536)
     while true {
-        let count = chunk.withUnsafeMutableBytes { read(fd, $0.baseAddress, $0.count) }
-        if count < 0 && errno == EINTR { continue }
+        let count = chunk.withUnsafeMutableBytes { buffer in retryingInterrupts { read(fd, buffer.baseAddress, buffer.count) } }
         guard count >= 0 else { return .failed(String(cString: strerror(errno))) }
         if count == 0 { return .bytes(bytes) }
         bytes += chunk[0..<count]

@@ -11,6 +11,7 @@ import Foundation
 #if canImport(Glibc)
 import Glibc
 #endif
+import SystemCalls
 
 struct List: ParsableCommand {
     static let configuration = CommandConfiguration(
@@ -158,8 +159,7 @@ struct BufferedOutput {
         bytes.withUnsafeBytes { raw in
             var offset = 0
             while offset < raw.count {
-                let n = Glibc.write(STDOUT_FILENO, raw.baseAddress! + offset, raw.count - offset)
-                if n < 0 && errno == EINTR { continue }
+                let n = retryingInterrupts { Glibc.write(STDOUT_FILENO, raw.baseAddress! + offset, raw.count - offset) }
                 guard n > 0 else { return }  // a reader gone (EPIPE): nothing more can be said
                 offset += n
             }
