@@ -153,7 +153,7 @@ let package = Package(
         .target(name: "TestTraits", dependencies: ["ClusterStore"], path: "Tests/Traits"),
         .testTarget(name: "OperationEngineTests", dependencies: ["OperationEngine"]),
         .testTarget(name: "DaemonTests", dependencies: ["Daemon", "TestSupport", "TestTraits"]),
-        .testTarget(name: "JobTracingTests", dependencies: ["JobTracing", "TestSupport",
+        .testTarget(name: "JobTracingTests", dependencies: ["JobTracing", "TestSupport", "TestTraits",
                                                             .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                                                             .product(name: "Logging", package: "swift-log")]),
         .testTarget(name: "PropertyListTests", dependencies: ["PropertyList", "TestSupport"]),

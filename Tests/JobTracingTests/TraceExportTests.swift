@@ -9,18 +9,23 @@ import ServiceLifecycle
 import Synchronization
 import Testing
 import TestSupport
+import TestTraits
 @testable import JobTracing
 
-/// Runs `export`'s service around `body`, then stops it gracefully.
+/// Runs `export`'s service around `body`, then stops it gracefully. A child task, so that the service runs on the
+/// test's own executor (an unstructured task would run on the shared cooperative pool, which the synchronous suites
+/// beside it hold for seconds at a time: the exporter then never ran).
 func running(_ export: TraceExport, _ body: () async throws -> Void) async throws {
     let group = ServiceGroup(services: [export.service], logger: Logger(label: "test"))
-    let task = Task { try await group.run() }
-    try await body()
-    await group.triggerGracefulShutdown()
-    try await task.value
+    try await withThrowingTaskGroup(of: Void.self) { tasks in
+        tasks.addTask { try await group.run() }
+        try await body()
+        await group.triggerGracefulShutdown()
+        try await tasks.waitForAll()
+    }
 }
 
-@Suite(.serialized) struct TraceExportTests {
+@Suite(.serialized, .onItsOwnExecutor) struct TraceExportTests {
     @Test func whatArrivesIsWhatWasDescribedUnderTheSubmittersTrace() async throws {
         let receiver = try OTLPReceiver(.accept)
         // A minute per export: on a loaded machine a first POST may take longer than the daemon's 5 s (then dropped).
@@ -30,7 +35,7 @@ func running(_ export: TraceExport, _ body: () async throws -> Void) async throw
         let described = job.spans()
         try await running(export) {
             export.emit(job)
-            _ = receiver.spans(atLeast: described.count, timeout: 120)
+            _ = try await receiver.arrival(atLeast: described.count, timeout: 120)
         }
         let arrived = receiver.spans
         #expect(arrived.count == described.count, "\(arrived.count) spans arrived of \(described.count)")

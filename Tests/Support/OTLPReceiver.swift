@@ -64,6 +64,17 @@ public final class OTLPReceiver {
         }
     }
 
+    /// `spans(atLeast:timeout:)` for an async caller: it polls without holding its thread.
+    public func arrival(atLeast count: Int, timeout: Double = 30) async throws -> [Span] {
+        let deadline = Date().addingTimeInterval(timeout)
+        var seen = spans
+        while seen.count < count && Date() < deadline {
+            try await Task.sleep(for: .milliseconds(50))
+            seen = spans
+        }
+        return seen
+    }
+
     /// Waits until `count` spans have arrived (at most `timeout` seconds); returns what arrived.
     public func spans(atLeast count: Int, timeout: Double = 30) -> [Span] {
         let deadline = Date().addingTimeInterval(timeout)

@@ -17,6 +17,7 @@
 // Trusts: the store grants atomically (the queue's row locked) and never lengthens a count on a report.
 
 import ClusterStore
+import Dispatch
 import Logging
 import OperationEngine
 import Synchronization
@@ -144,11 +145,9 @@ public final class ClusterRates: Sendable {
                 c.resume()
                 return
             }
-            // A timer left over from an earlier pause only makes a round come early.
-            Task { [self] in
-                try? await Task.sleep(for: .seconds(seconds))
-                nudge()
-            }
+            // A timer left over from an earlier pause only makes a round come early. A dispatch timer, not a task:
+            // a task would run on the shared cooperative pool, and the rounds' own executor must not wait for it.
+            DispatchQueue.global().asyncAfter(deadline: .now() + seconds) { [self] in nudge() }
         }
         state.withLock { $0.nudged = false }
     }
