@@ -78,13 +78,16 @@ struct PostgresClusterStoreTests {
         let applied = try server.psql(database, "SELECT string_agg(version::text, ',') FROM opq_schema_version")
         #expect(applied.trimmingCharacters(in: .whitespacesAndNewlines) == versions.joined(separator: ","))
         // Every migration from 6 on says which code may still run against it (what lets nodes be upgraded one by one).
-        let readers = try server.psql(database, "SELECT string_agg(version::text, ',' ORDER BY version) FROM opq_schema_readers WHERE oldest_reader <= version")
+        let readers = try server.psql(database, "SELECT string_agg(version::text, ',' ORDER BY version) FROM opq_schema_readers"
+                                          + " WHERE oldest_reader <= version")
         let withReaders: [String] = Migrations.all.filter { $0.version >= 6 }.map { String($0.version) }
         #expect(readers.trimmingCharacters(in: .whitespacesAndNewlines) == withReaders.joined(separator: ","))
         #expect(try server.psql(database, "SELECT tableowner FROM pg_tables WHERE tablename = 'opq_jobs'").contains(PostgresServer.role))
         try await store.migrateDown(to: 0)
-        #expect(try server.psql(database, "SELECT count(*) FROM pg_tables WHERE tablename LIKE 'opq\\_%'").trimmingCharacters(in: .whitespacesAndNewlines) == "0")
-        #expect(try server.psql(database, "SELECT count(*) FROM pg_proc WHERE proname LIKE 'opq\\_%'").trimmingCharacters(in: .whitespacesAndNewlines) == "0")
+        #expect(try server.psql(database, "SELECT count(*) FROM pg_tables WHERE tablename LIKE 'opq\\_%'")
+                    .trimmingCharacters(in: .whitespacesAndNewlines) == "0")
+        #expect(try server.psql(database, "SELECT count(*) FROM pg_proc WHERE proname LIKE 'opq\\_%'")
+                    .trimmingCharacters(in: .whitespacesAndNewlines) == "0")
         #expect(try await store.migrate() == Migrations.newest, "up again after down")
         await under.close()
     }
@@ -123,7 +126,8 @@ struct PostgresClusterStoreTests {
                         + "INSERT INTO opq_schema_version (version) VALUES (\(newer)), (\(newer + 1)); "
                         + "INSERT INTO opq_schema_readers VALUES (\(newer), \(Migrations.newest)), (\(newer + 1), \(Migrations.newest))")
         #expect(try await store.migrate() == newer + 1)
-        #expect(try server.psql(store.url.database, "SELECT max(version) FROM opq_schema_version").trimmingCharacters(in: .whitespacesAndNewlines) == "\(newer + 1)")
+        #expect(try server.psql(store.url.database, "SELECT max(version) FROM opq_schema_version")
+                    .trimmingCharacters(in: .whitespacesAndNewlines) == "\(newer + 1)")
         try await store.registerNode(node("compatible"))
         #expect(try await store.heartbeat(node: "compatible").registered)
         try server.psql(store.url.database, "UPDATE opq_schema_readers SET oldest_reader = \(newer + 1) WHERE version = \(newer + 1)")
@@ -158,7 +162,8 @@ struct PostgresClusterStoreTests {
             try await store.registerNode(node(name, queues: ["default", "q-\(name)"], limits: ["api": 2]))
         }
         _ = try await store.insertJobs([job("held")])
-        #expect(try await store.claimJobs(node: "busy", limit: 1, queues: ["default"], commands: [], budget: .max, maxManifestBytes: .max).count == 1)
+        #expect(try await store.claimJobs(node: "busy", limit: 1, queues: ["default"], commands: [], budget: .max, maxManifestBytes: .max)
+                    .count == 1)
         #expect(try await store.acquireSlots(queue: "api", limit: 2, node: "slot", count: 1, priority: 2, leaseSeconds: 60).count == 1)
         try await store.waitForSlot(queue: "api", node: "waiter", priority: 2)
         try server.psql(database, "UPDATE opq_nodes SET last_heartbeat = now() - interval '3 days' WHERE node <> 'recent'")
@@ -195,7 +200,8 @@ struct PostgresClusterStoreTests {
         }
         var done = 0
         while done < jobs {
-            let claimed = try await measured.claimJobs(node: "n1", limit: 50, queues: ["default"], commands: [], budget: .max, maxManifestBytes: .max)
+            let claimed = try await measured.claimJobs(node: "n1", limit: 50, queues: ["default"], commands: [], budget: .max,
+                                                       maxManifestBytes: .max)
             if claimed.isEmpty { break }
             done += try await measured.completeJobs(claimed.map {
                 JobCompletion(job: $0.id, fence: $0.fence, status: "succeeded", result: [])
@@ -239,20 +245,24 @@ struct PostgresClusterStoreTests {
         try await store.registerNode(node("run", limits: ["api": 1]))
         let inserted = try await store.insertJobs([job("split-a"), job("split-b")])
         #expect(inserted.map(\.id) == ["split-a", "split-b"])
-        let claimed = try await store.claimJobs(node: "run", limit: 10, queues: ["default"], commands: [], budget: .max, maxManifestBytes: .max)
+        let claimed = try await store.claimJobs(node: "run", limit: 10, queues: ["default"], commands: [], budget: .max,
+                                                maxManifestBytes: .max)
         #expect(claimed.map(\.id) == ["split-a", "split-b"])
         _ = try await store.heartbeat(node: "run")
         // A takeover at a beat no node is at moves nothing, but runs with every privilege it needs.
-        _ = try await store.takeOverSilent(try await store.nodeBeats().map { NodeBeat(node: $0.node, beat: $0.beat - 1, leaseSeconds: nil) })
+        _ = try await store.takeOverSilent(try await store.nodeBeats()
+                                               .map { NodeBeat(node: $0.node, beat: $0.beat - 1, leaseSeconds: nil) })
         try await store.waitForSlot(queue: "api", node: "run", priority: 2)
-        let lease = try #require(try await store.acquireSlots(queue: "api", limit: 1, node: "run", count: 1, priority: 2, leaseSeconds: 60).first)
+        let lease = try #require(try await store.acquireSlots(queue: "api", limit: 1, node: "run", count: 1, priority: 2, leaseSeconds: 60)
+                                     .first)
         #expect(try await store.keepSlots([lease], priority: 2, leaseSeconds: 60).isEmpty)
         #expect(try await store.releaseSlot(lease))
         try await store.stopWaitingForSlot(queue: "api", node: "run")
         try await store.setSuspended("default", true)
         #expect(try await store.suspendedQueues() == ["default"])
         #expect(try await store.requestCancel(job: "split-b", operation: nil) == .requested)
-        let done = try await store.completeJobs(claimed.map { JobCompletion(job: $0.id, fence: $0.fence, status: "succeeded", result: [0]) })
+        let done = try await store.completeJobs(
+            claimed.map { JobCompletion(job: $0.id, fence: $0.fence, status: "succeeded", result: [0]) })
         #expect(done == ["split-a", "split-b"])
         #expect(try await store.recordFinished(job("split-c"), id: "split-c", node: "run", status: "succeeded", result: [0]))
         #expect(try await store.job("split-c")?.state == .finished)
@@ -279,7 +289,8 @@ struct PostgresClusterStoreTests {
                                                       passwordFile: server.passwordFile()))
         }
         func connectedOverTLS() throws -> [String] {
-            try server.psql(database, "SELECT s.ssl FROM pg_stat_ssl AS s JOIN pg_stat_activity AS a USING (pid) WHERE a.usename = '\(PostgresServer.role)'")
+            try server.psql(database, "SELECT s.ssl FROM pg_stat_ssl AS s JOIN pg_stat_activity AS a USING (pid)"
+                                + " WHERE a.usename = '\(PostgresServer.role)'")
                 .split(separator: "\n").map(String.init)
         }
 
@@ -333,9 +344,11 @@ struct PostgresClusterStoreTests {
         defer { Task { await under.close() } }
         let database = store.url.database
         if analysed { try server.psql(database, "ANALYZE opq_jobs") }
-        #expect(try server.psql(database, "SELECT count(*) > 0 FROM pg_stats WHERE tablename = 'opq_jobs'").trimmingCharacters(in: .whitespacesAndNewlines) == (analysed ? "t" : "f"),
+        #expect(try server.psql(database, "SELECT count(*) > 0 FROM pg_stats WHERE tablename = 'opq_jobs'")
+                    .trimmingCharacters(in: .whitespacesAndNewlines) == (analysed ? "t" : "f"),
                 "the table is \(analysed ? "" : "not ")analysed (else this test shows nothing)")
-        let read: (claimed: Int, indexEntries: Int64, tableScans: Int64) = try await store.transaction(doing: "claiming and counting") { connection in
+        typealias Read = (claimed: Int, indexEntries: Int64, tableScans: Int64)
+        let read: Read = try await store.transaction(doing: "claiming and counting") { connection in
             var binds = PostgresBindings()
             binds.append("counter")
             binds.append(10)
@@ -351,7 +364,8 @@ struct PostgresClusterStoreTests {
                     try await count("SELECT pg_stat_get_xact_numscans('opq_jobs'::regclass)"))
         }
         #expect(read.claimed == 10)
-        #expect(read.indexEntries >= 10 && read.indexEntries <= 20, "index entries read for a claim of 10 out of 30,000: \(read.indexEntries)")
+        #expect(read.indexEntries >= 10 && read.indexEntries <= 20,
+                "index entries read for a claim of 10 out of 30,000: \(read.indexEntries)")
         #expect(read.tableScans == 0, "sequential scans of the whole table for one claim: \(read.tableScans)")
         await under.close()
     }
@@ -421,9 +435,10 @@ struct PostgresClusterStoreTests {
         #expect(parameter.socketPath == "/var/run/postgresql/.s.PGSQL.6000" && parameter.user == me && parameter.database == "jobs")
         #expect(try DatabaseURL("postgresql://u@db.example/d?host=/tmp/pg").socketPath == "/tmp/pg/.s.PGSQL.5432")
         #expect(try DatabaseURL("postgresql://u@/d?host=db.example&port=7").host == "db.example")
-        for bad in ["mysql://u@h/d", "postgresql://u@h:99999/d", "postgresql://u@h/", "postgresql://u@h/d?sslmode=allow", "postgresql://u@h/d?x=1",
-                    "postgresql:///d", "postgresql://u@/d", "postgresql://u@h/d?host=run/pg", "postgresql://u@h/d?port=0", "postgresql://u@%2/d",
-                    "postgresql://u@/d?host=/tmp%00/x", "postgresql://u@db%0Aexample/d", "postgresql://u%00database%00x@h/d", "postgresql://u@h/d%00x"] {
+        for bad in ["mysql://u@h/d", "postgresql://u@h:99999/d", "postgresql://u@h/", "postgresql://u@h/d?sslmode=allow",
+                    "postgresql://u@h/d?x=1", "postgresql:///d", "postgresql://u@/d", "postgresql://u@h/d?host=run/pg",
+                    "postgresql://u@h/d?port=0", "postgresql://u@%2/d", "postgresql://u@/d?host=/tmp%00/x",
+                    "postgresql://u@db%0Aexample/d", "postgresql://u%00database%00x@h/d", "postgresql://u@h/d%00x"] {
             #expect(throws: ClusterStoreError.self, "\(bad)") { try DatabaseURL(bad) }
         }
         let deep = "/" + String(repeating: "d", count: 100)
@@ -442,7 +457,8 @@ struct PostgresClusterStoreTests {
         let exposed = try DatabaseURL("postgresql://u@h/d", passwordFile: file).passwordFileExposure()
         #expect(exposed?.contains("readable by every user of this machine (mode 644)") == true, "\(exposed ?? "nil")")
         chmod(file, 0o640)
-        #expect(try DatabaseURL("postgresql://u@h/d", passwordFile: file).passwordFileExposure()?.contains("readable by its group (mode 640)") == true)
+        #expect(try DatabaseURL("postgresql://u@h/d", passwordFile: file)
+                    .passwordFileExposure()?.contains("readable by its group (mode 640)") == true)
         chmod(file, 0o600)
         #expect(try DatabaseURL("postgresql://u@h/d", passwordFile: file).passwordFileExposure() == nil)
         #expect(try DatabaseURL("postgresql://u:pw@h/d").passwordFileExposure() == nil)

@@ -41,7 +41,8 @@ extension StoreConformance {
             #expect(acquired.withLock { $0 } >= limit, "the slots were used at all")
 
             // Several in one statement, never more than the limit.
-            let leases = try await store.acquireSlots(queue: "api", limit: limit, node: "s", count: limit + 2, priority: 2, leaseSeconds: 60)
+            let leases = try await store.acquireSlots(queue: "api", limit: limit, node: "s", count: limit + 2, priority: 2,
+                                                      leaseSeconds: 60)
             #expect(leases.count == limit && Set(leases.map(\.slot)) == Set(1...limit))
             #expect(try await store.acquireSlots(queue: "api", limit: limit, node: "s", count: 1, priority: 2, leaseSeconds: 60).isEmpty)
             // A lower limit on another node's configuration: fewer slots for it, never more in total.
@@ -68,7 +69,8 @@ extension StoreConformance {
             #expect(try await store.slotHolders(queue: "api").map(\.holder) == ["t"])
             #expect(try await store.freeNodeSlots(node: "s").isEmpty)
             if let other { #expect(try await store.releaseSlot(other)) }
-            let fresh = try #require(try await store.acquireSlots(queue: "api", limit: limit, node: "t", count: 1, priority: 2, leaseSeconds: 60).first)
+            let fresh = try #require(
+                try await store.acquireSlots(queue: "api", limit: limit, node: "t", count: 1, priority: 2, leaseSeconds: 60).first)
             #expect(fresh.fence > stale.fence)
         }
     }
@@ -83,7 +85,8 @@ extension StoreConformance {
         try await withStore(factory) { store in
             for n in ["hi", "lo", "mid", "quiet"] { try await store.registerNode(node(n, limits: ["api": 1])) }
             func take(_ n: String, _ priority: Int, leaseSeconds: Double = 60) async throws -> SlotLease? {
-                try await store.acquireSlots(queue: "api", limit: 1, node: n, count: 1, priority: priority, leaseSeconds: leaseSeconds).first
+                try await store.acquireSlots(queue: "api", limit: 1, node: n, count: 1, priority: priority,
+                                             leaseSeconds: leaseSeconds).first
             }
             try await store.waitForSlot(queue: "api", node: "lo", priority: 1)
             try await store.waitForSlot(queue: "api", node: "hi", priority: 4)

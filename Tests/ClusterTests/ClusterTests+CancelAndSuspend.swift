@@ -15,7 +15,8 @@ extension ClusterTests {
     @Test func cancelFromAnotherNodeReachesTheRunningOne() throws {
         let harness = try ClusterHarness(nodes: 2)
         let job = uniqueJob("cancel")
-        try harness[0].drop(job + ".plist", ["job": job, "operations": [sleepOperation("a", 60), sleepOperation("b", 0, dependencies: ["a"])]])
+        try harness[0].drop(job + ".plist",
+                            ["job": job, "operations": [sleepOperation("a", 60), sleepOperation("b", 0, dependencies: ["a"])]])
         let running = try #require(try harness.waitClaimed(job)).node
         #expect(try harness.waitJournal(["OPQ_JOB": job, "OPQ_OPERATION": "a", "OPQ_STATE": "executing"]) != nil)
         let other = 1 - running
@@ -41,7 +42,8 @@ extension ClusterTests {
         try harness[0].drop(blocker + ".plist", sleepJob(blocker, 60))
         #expect(try harness.waitJournal(["OPQ_JOB": blocker, "OPQ_OPERATION": "a", "OPQ_STATE": "executing"]) != nil)
         let whole = uniqueJob("whole"), one = uniqueJob("one")
-        try harness[0].drop(whole + ".plist", ["job": whole, "operations": [sleepOperation("a", 2), sleepOperation("b", 0, dependencies: ["a"])]])
+        try harness[0].drop(whole + ".plist",
+                            ["job": whole, "operations": [sleepOperation("a", 2), sleepOperation("b", 0, dependencies: ["a"])]])
         try harness[0].drop(one + ".plist", ["job": one, "operations": [sleepOperation("a", 2), sleepOperation("b", 0)]])
         let waiting = try pollUntil(20) { () -> Bool? in
             try harness.sql("SELECT count(*) FROM opq_jobs WHERE id IN ('\(whole)', '\(one)') AND state = 'waiting'") == "2" ? true : nil
@@ -60,11 +62,13 @@ extension ClusterTests {
             $0["state"] as? String == "cancelled" && $0["attempts"] as? Int == 0 && $0["startedAt"] == nil
         }, "\(operations)")
         let partly = try #require(harness.waitResult(one, timeout: 20)).result
-        let states = (partly["operations"] as? [[String: Any]] ?? []).map { "\($0["id"] ?? "?")=\($0["state"] ?? "?")/\($0["attempts"] ?? "?")" }
+        let states = (partly["operations"] as? [[String: Any]] ?? [])
+            .map { "\($0["id"] ?? "?")=\($0["state"] ?? "?")/\($0["attempts"] ?? "?")" }
         #expect(states == ["a=cancelled/0", "b=succeeded/1"], "\(states)")
         #expect(partly["status"] as? String == "cancelled")
         for job in [whole, one] {
-            #expect(try harness.journal(["OPQ_JOB": job, "OPQ_OPERATION": "a", "OPQ_STATE": "executing"]).isEmpty, "\(job)/a never executed")
+            #expect(try harness.journal(["OPQ_JOB": job, "OPQ_OPERATION": "a", "OPQ_STATE": "executing"]).isEmpty,
+                    "\(job)/a never executed")
         }
     }
 
@@ -74,7 +78,8 @@ extension ClusterTests {
     @Test func aCancelledJobLeftWaitingIsEndedByAnyNode() throws {
         let harness = try ClusterHarness(nodes: 1)
         let job = uniqueJob("orphan")
-        let manifest = String(decoding: try PropertyListSerialization.data(fromPropertyList: sleepJob(job, 0, queue: "gpu"), format: .xml, options: 0), as: UTF8.self)
+        let xml = try PropertyListSerialization.data(fromPropertyList: sleepJob(job, 0, queue: "gpu"), format: .xml, options: 0)
+        let manifest = String(decoding: xml, as: UTF8.self)
         try harness.sql("""
             INSERT INTO opq_nodes (node, queues, commands, job_slots, info, last_heartbeat, lease_seconds)
             VALUES ('ghost', '{gpu}', '{}', 1, 'elsewhere', now() - interval '1 day', 5);
@@ -84,7 +89,8 @@ extension ClusterTests {
             """)
         let ended = try #require(harness.waitResult(job, timeout: 15))
         #expect(ended.node == 0 && ended.result["status"] as? String == "cancelled")
-        let operations = (ended.result["operations"] as? [[String: Any]] ?? []).map { "\($0["queue"] ?? "?") \($0["state"] ?? "?")/\($0["attempts"] ?? "?")" }
+        let operations = (ended.result["operations"] as? [[String: Any]] ?? [])
+            .map { "\($0["queue"] ?? "?") \($0["state"] ?? "?")/\($0["attempts"] ?? "?")" }
         #expect(operations == ["gpu cancelled/0"], "\(operations)")
     }
 

@@ -89,7 +89,8 @@ extension ClusterTests {
         // lease all the same, not an hour later.
         let (next, victim) = try startSleepJob(harness, "clock-back", seconds: 20, on: 0)
         harness[victim].kill9()
-        _ = try harness.sql("UPDATE opq_nodes SET last_heartbeat = last_heartbeat + interval '1 hour' WHERE node = '\(harness[victim].name)'")
+        _ = try harness.sql(
+            "UPDATE opq_nodes SET last_heartbeat = last_heartbeat + interval '1 hour' WHERE node = '\(harness[victim].name)'")
         let killedAt = Date()
         let again = try harness.waitClaimed(next, excluding: [victim], timeout: Double(harness.leaseSeconds) + 10)
         #expect(again != nil, "taken over after the lease, not after the hour:\n\(harness.diagnosis(next))")
@@ -113,7 +114,8 @@ extension ClusterTests {
         let lost = try harness.waitJournal(["OPQ_JOB": job, "OPQ_STATE": "lost", "OPQ_NODE": harness[firstNode].name], timeout: 15)
         #expect(lost != nil, "the running job is stopped when its lease cannot be renewed:\n\(harness.diagnosis(job))")
         #expect(Date().timeIntervalSince(lockedAt) < 6.5, "stopped before the lock is let go (lease 3 s)")
-        #expect(try harness.waitJournal(["OPQ_NODE": harness[firstNode].name, "OPQ_EVENT": "cluster", "OPQ_STATE": "disconnected"], timeout: 5) != nil)
+        #expect(try harness.waitJournal(["OPQ_NODE": harness[firstNode].name, "OPQ_EVENT": "cluster", "OPQ_STATE": "disconnected"],
+                                        timeout: 5) != nil)
         #expect(released.wait(timeout: .now() + 20) == .success)
         let result = try #require(harness.waitResult(job, timeout: 40), "\(harness.diagnosis(job))")
         #expect(result.result["status"] as? String == "succeeded")
@@ -134,7 +136,9 @@ extension ClusterTests {
         for k in 0..<2 {
             #expect(try harness.waitJournal(["OPQ_NODE": harness[k].name, "OPQ_EVENT": "cluster", "OPQ_STATE": "connected"]) != nil)
         }
-        func backends() throws -> Int { Int(try harness.sql("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()")) ?? -1 }
+        func backends() throws -> Int {
+            Int(try harness.sql("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()")) ?? -1
+        }
         let before = try backends()
         let released = DispatchSemaphore(value: 0)
         final class Moment: @unchecked Sendable { var date = Date.distantFuture }
@@ -146,7 +150,8 @@ extension ClusterTests {
         }
         // From when the lock is held (a beat that got in just before it may log a `connected` after this line ran).
         let held = try pollUntil(10) { () -> Bool? in
-            try harness.sql("SELECT count(*) FROM pg_locks WHERE relation = 'opq_jobs'::regclass AND mode = 'AccessExclusiveLock' AND granted") == "1" ? true : nil
+            try harness.sql("SELECT count(*) FROM pg_locks WHERE relation = 'opq_jobs'::regclass"
+                            + " AND mode = 'AccessExclusiveLock' AND granted") == "1" ? true : nil
         }
         #expect(held != nil)
         let lockedAt = Date()
@@ -167,7 +172,8 @@ extension ClusterTests {
             #expect(try during("disconnected") == 1, "node \(k): one outage")
             #expect(try during("connected") == 0, "node \(k): never `connected` while it cannot beat")
             let back = try pollUntil(15) {
-                try harness.journal(node: k, ["OPQ_EVENT": "cluster", "OPQ_STATE": "connected"]).first { loggedAt($0) >= releasedAt.timeIntervalSince1970 - 1 }
+                try harness.journal(node: k, ["OPQ_EVENT": "cluster", "OPQ_STATE": "connected"])
+                    .first { loggedAt($0) >= releasedAt.timeIntervalSince1970 - 1 }
             }
             #expect(back != nil, "node \(k) connected again once the lock was let go")
         }
@@ -196,7 +202,8 @@ extension ClusterTests {
             return (run, Date().timeIntervalSince(asked))
         }
         let status = try timed(["status", "--json"])
-        let cluster = (try? JSONSerialization.jsonObject(with: Data(status.run.stdout.utf8)) as? [String: Any])?["cluster"] as? [String: Any]
+        let json = try? JSONSerialization.jsonObject(with: Data(status.run.stdout.utf8)) as? [String: Any]
+        let cluster = json?["cluster"] as? [String: Any]
         #expect(status.seconds < 2 && cluster?["state"] as? String == "disconnected", "\(status.run.stdout.prefix(600))")
         #expect((cluster?["reason"] as? String)?.isEmpty == false, "says why")
         for arguments in [["show", job], ["cancel", job]] {
@@ -206,7 +213,8 @@ extension ClusterTests {
         }
         let waited = try timed(["wait", job, "--timeout", "1"])
         #expect(waited.run.status == 2 && waited.seconds < 3, "wait --timeout 1: \(waited.seconds) s, exit \(waited.run.status)")
-        #expect(waited.run.stderr.contains("the cluster cannot be asked now") && !waited.run.stderr.contains("no daemon"), "\(waited.run.stderr)")
+        #expect(waited.run.stderr.contains("the cluster cannot be asked now") && !waited.run.stderr.contains("no daemon"),
+                "\(waited.run.stderr)")
         while Date().timeIntervalSince(frozenAt) < 12 { usleep(100_000) }
         harness.server.thaw()
         let thawedAt = Date()
@@ -218,10 +226,12 @@ extension ClusterTests {
         #expect(harness.outboxes(holding: job).count == 1, "exactly one outbox folder cluster-wide")
         #expect(try harness.journal(["OPQ_JOB": job, "OPQ_STATE": "finished"]).count == 1)
         for k in 0..<2 {
-            let outage = try harness.journal(node: k, ["OPQ_EVENT": "cluster", "OPQ_STATE": "disconnected"]).filter { loggedAt($0) > frozenAt.timeIntervalSince1970 }
+            let outage = try harness.journal(node: k, ["OPQ_EVENT": "cluster", "OPQ_STATE": "disconnected"])
+                .filter { loggedAt($0) > frozenAt.timeIntervalSince1970 }
             #expect(outage.count == 1, "node \(k): one outage, said once")
             let back = try pollUntil(20) {
-                try harness.journal(node: k, ["OPQ_EVENT": "cluster", "OPQ_STATE": "connected"]).first { loggedAt($0) > thawedAt.timeIntervalSince1970 - 0.5 }
+                try harness.journal(node: k, ["OPQ_EVENT": "cluster", "OPQ_STATE": "connected"])
+                    .first { loggedAt($0) > thawedAt.timeIntervalSince1970 - 0.5 }
             }
             #expect(back != nil, "node \(k) connected again by itself")
         }
@@ -259,7 +269,8 @@ extension ClusterTests {
         #expect(!FileManager.default.fileExists(atPath: spool + "/tmp/.alive"), "an idle node does not probe its spool")
         let (job, claimedOn) = try startSleepJob(harness, "hung", seconds: 8, on: 0)
         #expect(claimedOn == 0)
-        #expect(pollUntil(5) { FileManager.default.fileExists(atPath: spool + "/tmp/.alive") ? true : nil } != nil, "probed while it has a job")
+        #expect(pollUntil(5) { FileManager.default.fileExists(atPath: spool + "/tmp/.alive") ? true : nil } != nil,
+                "probed while it has a job")
         try harness[1].start()
         try harness.waitRegistered(2)
 
@@ -281,7 +292,8 @@ extension ClusterTests {
         let cluster = try harness[0].statusJSON()["cluster"] as? [String: Any]
         #expect(cluster?["state"] as? String == "disconnected")
         #expect((cluster?["reason"] as? String)?.hasPrefix("the spool has not answered for") == true)
-        #expect(try Scrape.parse(harness[0].ctl(["metrics"]).stdout).value("opqueued_cluster_connected") == 0, "an alert on the gauge sees it")
+        #expect(try Scrape.parse(harness[0].ctl(["metrics"]).stdout).value("opqueued_cluster_connected") == 0,
+                "an alert on the gauge sees it")
 
         let thaw = try runProgram("/usr/sbin/fsfreeze", ["-u", spool])
         #expect(thaw.status == 0, "fsfreeze -u: \(thaw.stderr)")
@@ -294,8 +306,13 @@ extension ClusterTests {
         #expect(harness.outboxes(holding: job) == [1], "exactly one outbox folder cluster-wide")
         #expect(!harness[0].list("active").contains(job))
         #expect(try harness.journal(["OPQ_JOB": job, "OPQ_STATE": "finished", "OPQ_NODE": harness[0].name]).isEmpty)
-        #expect(pollUntil(10) { (try? harness.journal(node: 0, ["OPQ_EVENT": "cluster"]))?.contains { ($0["MESSAGE"] ?? "").contains("answers again") } == true ? true : nil } != nil)
-        #expect(pollUntil(10) { (try? harness.journal(node: 0, ["OPQ_EVENT": "cluster"]))?.last?["OPQ_STATE"] == "connected" ? true : nil } != nil,
+        #expect(pollUntil(10) {
+            (try? harness.journal(node: 0, ["OPQ_EVENT": "cluster"]))?.contains { ($0["MESSAGE"] ?? "").contains("answers again") } == true
+                ? true : nil
+        } != nil)
+        #expect(pollUntil(10) {
+            (try? harness.journal(node: 0, ["OPQ_EVENT": "cluster"]))?.last?["OPQ_STATE"] == "connected" ? true : nil
+        } != nil,
                 "joins again")
         #expect(harness[0].isReady, "the thawed node goes on serving")
     }
@@ -311,7 +328,8 @@ extension ClusterTests {
         try harness.waitRegistered(1)
         try harness[1].start()
         let refused = try pollUntil(20) {
-            try harness.journal(["OPQ_EVENT": "cluster", "OPQ_STATE": "disconnected"]).first { $0["MESSAGE"]?.contains("held by another running opqueued") == true }
+            try harness.journal(["OPQ_EVENT": "cluster", "OPQ_STATE": "disconnected"])
+                .first { $0["MESSAGE"]?.contains("held by another running opqueued") == true }
         }
         #expect(refused?["MESSAGE"]?.contains("each node needs its own cluster.node") == true, "\(refused ?? [:])")
         let jobs = try dropSleepJobs(harness, "twin", 0..<20, seconds: 0.2, node: { _ in 0 })
@@ -387,7 +405,8 @@ extension ClusterTests {
 
         // The holder dies, and its row says a process of another machine: nothing tells the second it is gone.
         harness[0].kill9()
-        _ = try harness.sql("UPDATE opq_nodes SET info = 'opqueued pid 1 on elsewhere boot x pidns y run 1', last_heartbeat = now() - interval '1 hour' WHERE node = 'twin'")
+        _ = try harness.sql("UPDATE opq_nodes SET info = 'opqueued pid 1 on elsewhere boot x pidns y run 1',"
+                            + " last_heartbeat = now() - interval '1 hour' WHERE node = 'twin'")
         let rewritten = Date()
         let joined = try pollUntil(Double(harness.leaseSeconds) + 15) { try entries(second, "connected").first }
         #expect(joined != nil, "took the name once the holder had been silent for its lease")
@@ -401,7 +420,8 @@ extension ClusterTests {
     /// (leaseSeconds 12) beats every 4 s; node 1 (leaseSeconds 2) used to take its jobs over between two beats,
     /// again and again. A 6 s job pinned to node 0 now runs once, and no one logs `lost`.
     @Test func eachNodeIsLostAfterItsOwnLeaseWhateverTheOthersSay() throws {
-        let harness = try ClusterHarness(nodes: 2, settings: { k in k == 0 ? ["queues": ["slow": ["maxConcurrentOperationCount": 1]]] : [:] },
+        let harness = try ClusterHarness(nodes: 2,
+                                         settings: { k in k == 0 ? ["queues": ["slow": ["maxConcurrentOperationCount": 1]]] : [:] },
                                          clusterSettings: { k in ["leaseSeconds": k == 0 ? 12 : 2] })
         let job = uniqueJob("patient")
         try harness[1].drop(job + ".plist", sleepJob(job, 6, queue: "slow"))

@@ -21,7 +21,8 @@ extension ClusterTests {
         // Dropped while the database is down: they wait in the inbox.
         jobs.formUnion(try dropSleepJobs(harness, "db", 40..<50, seconds: 0.1))
         for k in 0..<2 {
-            #expect(try harness.waitJournal(["OPQ_NODE": harness[k].name, "OPQ_EVENT": "cluster", "OPQ_STATE": "disconnected"], timeout: 15) != nil)
+            #expect(try harness.waitJournal(["OPQ_NODE": harness[k].name, "OPQ_EVENT": "cluster", "OPQ_STATE": "disconnected"],
+                                            timeout: 15) != nil)
         }
         #expect(harness[0].isReady && harness[1].isReady, "nodes keep serving their sockets")
         usleep(6_000_000)
@@ -35,7 +36,8 @@ extension ClusterTests {
             #expect(status == onDisk, "node \(k): status says \(status ?? -1) waiting, \(onDisk) manifests wait on disk")
             // Those taken before the node knew: how many, and since when.
             let setAside = harness[k].list("active/.submissions").count
-            #expect(json["submissions"] as? Int ?? 0 == setAside && (setAside == 0) == (json["submissionsSince"] == nil), "node \(k): \(json)")
+            #expect(json["submissions"] as? Int ?? 0 == setAside && (setAside == 0) == (json["submissionsSince"] == nil),
+                    "node \(k): \(json)")
             // The nodes table is the last one read: the text says so rather than show it as now.
             let text = try harness[k].ctl(["status"]).stdout
             #expect(text.contains("as this node last read them from the database (it is disconnected now"), "node \(k): \(text)")
@@ -65,7 +67,9 @@ extension ClusterTests {
             let scrape = try Scrape.parse(harness[k].ctl(["metrics"]).stdout)
             #expect(scrape.value("opqueued_cluster_connected") == 1, "node \(k)")
             #expect(scrape.value("opqueued_cluster_wakeups_arriving") == 1, "node \(k)")
-            let live = try pollUntil(10) { try Scrape.parse(harness[k].ctl(["metrics"]).stdout).value("opqueued_cluster_nodes_connected") == 2 ? true : nil }
+            let live = try pollUntil(10) {
+                try Scrape.parse(harness[k].ctl(["metrics"]).stdout).value("opqueued_cluster_nodes_connected") == 2 ? true : nil
+            }
             #expect(live != nil, "node \(k) counts both nodes connected")
         }
     }
@@ -78,13 +82,18 @@ extension ClusterTests {
         let harness = try ClusterHarness(nodes: 2, leaseSeconds: 4)
         let before = try dropSleepJobs(harness, "rw", 0..<6, seconds: 0)
         #expect(harness.waitAll(before, timeout: 30).isEmpty)
-        let disconnectedBefore = try (0..<2).map { try harness.journal(node: $0, ["OPQ_EVENT": "cluster", "OPQ_STATE": "disconnected"]).count }
+        let disconnectedBefore = try (0..<2).map {
+            try harness.journal(node: $0, ["OPQ_EVENT": "cluster", "OPQ_STATE": "disconnected"]).count
+        }
         // As a failover: the primary goes away (the outage begins with a connection that fails), and what answers
         // at the URL afterwards takes no writes (read-only from the next session on).
         _ = try harness.sql("ALTER DATABASE \(harness.database) SET default_transaction_read_only = on")
         harness.stopDatabase()
         for k in 0..<2 {
-            let out = try pollUntil(20) { try harness.journal(node: k, ["OPQ_EVENT": "cluster", "OPQ_STATE": "disconnected"]).count > disconnectedBefore[k] ? true : nil }
+            let out = try pollUntil(20) {
+                try harness.journal(node: k, ["OPQ_EVENT": "cluster", "OPQ_STATE": "disconnected"]).count > disconnectedBefore[k]
+                    ? true : nil
+            }
             #expect(out != nil, "node \(k) logged disconnected while the server was down\n\(harness[k].logTail())")
         }
         try harness.startDatabase()
@@ -105,7 +114,8 @@ extension ClusterTests {
         }
         usleep(2_000_000)
         for k in 0..<2 {
-            let saying = try harness.journal(node: k, ["OPQ_EVENT": "cluster"]).filter { ($0["OPQ_ERROR"] ?? "").contains("read-only transaction") }
+            let saying = try harness.journal(node: k, ["OPQ_EVENT": "cluster"])
+                .filter { ($0["OPQ_ERROR"] ?? "").contains("read-only transaction") }
             #expect(saying.count == 1, "node \(k) said it once, though it retries every few seconds: \(saying.map { $0["MESSAGE"] ?? "" })")
         }
         let outboxes = harness.outboxJobs()
@@ -116,7 +126,8 @@ extension ClusterTests {
         #expect(text.contains("read-only transaction"), "status says why: \(text)")
 
         _ = try harness.sql("BEGIN READ WRITE; ALTER DATABASE \(harness.database) RESET default_transaction_read_only; COMMIT")
-        _ = try harness.sql("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")
+        _ = try harness.sql(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")
         #expect(harness.waitAll(during, timeout: 60).isEmpty)
         let after = harness.outboxJobs()
         for job in before.union(during) { #expect(after[job]?.count == 1, "\(job): \(after[job] ?? [])") }
@@ -159,7 +170,8 @@ extension ClusterTests {
         let harness = try ClusterHarness(nodes: 1, leaseSeconds: 4)
         #expect(harness[0].waitConnected())
         harness.stopDatabase()
-        #expect(try harness.waitJournal(["OPQ_NODE": harness[0].name, "OPQ_EVENT": "cluster", "OPQ_STATE": "disconnected"], timeout: 15) != nil)
+        #expect(try harness.waitJournal(["OPQ_NODE": harness[0].name, "OPQ_EVENT": "cluster", "OPQ_STATE": "disconnected"],
+                                        timeout: 15) != nil)
         var jobs: [String] = []
         for _ in 0..<3 {
             let job = uniqueJob("away")
@@ -194,7 +206,8 @@ extension ClusterTests {
         #expect(harness[0].result(job) == nil)
         // …and is counted as waiting: the node reads its inbox though it cannot submit yet.
         let counted = try pollUntil(5) {
-            try harness[0].statusJSON()["waiting"] as? Int == 1 && Scrape.parse(harness[0].ctl(["metrics"]).stdout).value("opqueued_inbox_files") == 1 ? true : nil
+            try harness[0].statusJSON()["waiting"] as? Int == 1
+                && Scrape.parse(harness[0].ctl(["metrics"]).stdout).value("opqueued_inbox_files") == 1 ? true : nil
         }
         #expect(counted != nil, "status: \(String(describing: try? harness[0].statusJSON()["waiting"])) waiting, one manifest in the inbox")
         // Every queue is held until the node has read which are suspended cluster-wide, and status says so (not "yes",
@@ -204,7 +217,8 @@ extension ClusterTests {
         #expect(queueLines.count == 2 && queueLines.allSatisfy { $0.hasSuffix("  held") }, "\(before)")
         #expect(before.contains("held: no operation starts on these queues until this node has read from the database"), "\(before)")
         #expect(before.contains("the nodes: not read from the database yet") && !before.contains("\nNODE "), "\(before)")
-        let json = try #require(try JSONSerialization.jsonObject(with: Data(harness[0].ctl(["status", "--json"]).stdout.utf8)) as? [String: Any])
+        let json = try #require(
+            try JSONSerialization.jsonObject(with: Data(harness[0].ctl(["status", "--json"]).stdout.utf8)) as? [String: Any])
         let queues = json["queues"] as? [[String: Any]] ?? []
         #expect(!queues.isEmpty && queues.allSatisfy { $0["suspended"] as? Bool == true && $0["held"] as? Bool == true }, "\(queues)")
         // A job this node does not run cannot be looked up now: "try again" (exit 3), never "unknown job" (exit 1).
@@ -214,7 +228,8 @@ extension ClusterTests {
                     "\(command): exit \(answer.status): \(answer.stderr)")
         }
         try harness.startDatabase()
-        #expect(try harness.waitJournal(["OPQ_NODE": harness[0].name, "OPQ_EVENT": "cluster", "OPQ_STATE": "connected"], timeout: 15) != nil)
+        #expect(try harness.waitJournal(["OPQ_NODE": harness[0].name, "OPQ_EVENT": "cluster", "OPQ_STATE": "connected"],
+                                        timeout: 15) != nil)
         #expect(harness.waitResult(job, timeout: 30)?.result["status"] as? String == "succeeded")
         let after = try harness[0].ctl(["status"]).stdout
         #expect(!after.contains("held") && after.contains("\nNODE ") && after.contains(harness[0].name + "  yes"), "\(after)")
@@ -251,7 +266,8 @@ extension ClusterTests {
         #expect(node.stop() == 0)
         let first = try startAlone()
         #expect(first.status == 1)
-        #expect(first.log.contains("active/ holds 1 manifest set aside for it (active/.submissions/: ") && first.log.contains("the configuration has no cluster"),
+        #expect(first.log.contains("active/ holds 1 manifest set aside for it (active/.submissions/: ")
+                    && first.log.contains("the configuration has no cluster"),
                 "\(first.log)")
         #expect(node.list("active/.submissions").count == 1 && node.list("outbox").isEmpty, "untouched")
 
@@ -265,7 +281,8 @@ extension ClusterTests {
         node.kill9()
         let second = try startAlone()
         #expect(second.status == 1)
-        #expect(second.log.contains("active/ holds 1 job claimed from the cluster's database (active/: \(claimed)), and the configuration has no cluster"), "\(second.log)")
+        #expect(second.log.contains("active/ holds 1 job claimed from the cluster's database (active/: \(claimed)), "
+                                    + "and the configuration has no cluster"), "\(second.log)")
         let once = try runProgram(binariesFolder + "/opqueued", ["--spool", node.spool, "--once", "--log-target", "console"])
         #expect(once.status == 1 && once.stderr.contains("job claimed from the cluster's database"), "--once: \(once.stderr)")
         #expect(node.list("active").contains(claimed) && node.result(claimed) == nil, "untouched")

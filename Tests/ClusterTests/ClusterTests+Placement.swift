@@ -26,13 +26,16 @@ extension ClusterTests {
             """)
         let job = uniqueJob("late")
         try harness[0].drop(job + ".plist", sleepJob(job, 0, queue: "late"))
-        #expect(pollUntil(5) { (try? harness.sql("SELECT state FROM opq_jobs WHERE requested_id = '\(job)'")) == "waiting" ? true : nil } == true,
+        #expect(pollUntil(5) {
+            (try? harness.sql("SELECT state FROM opq_jobs WHERE requested_id = '\(job)'")) == "waiting" ? true : nil
+        } == true,
                 "submitted to the cluster, waiting for the node that declares `late`")
         #expect(harness.outboxes(holding: job).isEmpty, "not rejected as naming an unknown queue")
     }
 
     @Test func queueDeclaredOnOneNodePinsItsJobsThereAndStatusNamesWhatNoLiveNodeHas() throws {
-        let harness = try ClusterHarness(nodes: 2, settings: { k in k == 0 ? ["queues": ["gpu": ["maxConcurrentOperationCount": 1]]] : [:] })
+        let harness = try ClusterHarness(nodes: 2,
+                                         settings: { k in k == 0 ? ["queues": ["gpu": ["maxConcurrentOperationCount": 1]]] : [:] })
         // Submitted on node 1, which does not declare `gpu`: accepted, and every one runs on node 0.
         let jobs = try dropSleepJobs(harness, "pinned", 0..<6, seconds: 0.1, queue: "gpu", node: { _ in 1 })
         #expect(harness.waitAll(jobs, timeout: 40).isEmpty)
@@ -76,14 +79,16 @@ extension ClusterTests {
         // node 1's configuration alone knows no `gpu`.
         let checked = try harness[1].ctl(["validate", file])
         #expect(checked.status == 0 && checked.stdout.isEmpty, "\(checked.stdout)\(checked.stderr)")
-        let offline = try runProgram("opqueuectl", ["--spool", harness[1].spool + ".nodaemon", "--config", harness[1].configPath, "validate", file])
+        let offline = try runProgram("opqueuectl",
+                                     ["--spool", harness[1].spool + ".nodaemon", "--config", harness[1].configPath, "validate", file])
         #expect(offline.status == 1 && offline.stdout.contains("unknown queue 'gpu'"), "\(offline.stdout)\(offline.stderr)")
         try PropertyListSerialization.data(fromPropertyList: sleepJob(uniqueJob("refused"), 0, queue: "gpuu"), format: .xml, options: 0)
             .write(to: URL(fileURLWithPath: file))
         let refused = try harness[1].ctl(["submit", file])
         #expect(refused.status == 1 && refused.stderr.contains("unknown queue 'gpuu'"), "\(refused.stdout)\(refused.stderr)")
         let typoChecked = try harness[1].ctl(["validate", file])
-        #expect(typoChecked.status == 1 && typoChecked.stdout.contains("unknown queue 'gpuu'"), "\(typoChecked.stdout)\(typoChecked.stderr)")
+        #expect(typoChecked.status == 1 && typoChecked.stdout.contains("unknown queue 'gpuu'"),
+                "\(typoChecked.stdout)\(typoChecked.stderr)")
         // A queue no node declares is a typo: rejected where it was dropped.
         let typo = uniqueJob("typo")
         try harness[1].drop(typo + ".plist", sleepJob(typo, 0, queue: "gpuu"))
@@ -120,7 +125,8 @@ extension ClusterTests {
         #expect(try harness[1].ctl(["cancel", stuck]).status == 0)
         let ended = try #require(harness.waitResult(stuck, timeout: 10))
         #expect(ended.node == 1 && ended.result["status"] as? String == "cancelled")
-        let stuckOps = (ended.result["operations"] as? [[String: Any]] ?? []).map { "\($0["queue"] ?? "?") \($0["state"] ?? "?")/\($0["attempts"] ?? "?")" }
+        let stuckOps = (ended.result["operations"] as? [[String: Any]] ?? [])
+            .map { "\($0["queue"] ?? "?") \($0["state"] ?? "?")/\($0["attempts"] ?? "?")" }
         #expect(stuckOps == ["gpu cancelled/0"], "\(stuckOps)")
         #expect(try harness[1].ctl(["cancel", stuck]).status == 1, "it has ended")
         try harness[0].start()
@@ -131,7 +137,8 @@ extension ClusterTests {
     /// back, the node logs the fault and pauses claiming — no loop of claims and hand-backs, which a full disk
     /// turned into 78 commits per job — and runs the job once its spool works again.
     @Test func fullSpoolPausesClaimingUntilItWorksAgain() throws {
-        let harness = try ClusterHarness(nodes: 2, settings: { k in k == 0 ? ["queues": ["disk": ["maxConcurrentOperationCount": 1]]] : [:] },
+        let harness = try ClusterHarness(nodes: 2,
+                                         settings: { k in k == 0 ? ["queues": ["disk": ["maxConcurrentOperationCount": 1]]] : [:] },
                                          start: false)
         let mount = harness[0].spool
         try FileManager.default.createDirectory(atPath: mount, withIntermediateDirectories: true)
@@ -182,7 +189,9 @@ extension ClusterTests {
                                                   "operations": [sleepOperation("a", 0.2, queue: "ordered")]])
             usleep(50_000) // submission order is the order of the inserts
         }
-        let waiting = try pollUntil(20) { try harness.sql("SELECT count(*) FROM opq_jobs WHERE id LIKE '\(prefix)-%' AND state = 'waiting'") == "5" ? true : nil }
+        let waiting = try pollUntil(20) {
+            try harness.sql("SELECT count(*) FROM opq_jobs WHERE id LIKE '\(prefix)-%' AND state = 'waiting'") == "5" ? true : nil
+        }
         #expect(waiting != nil, "all five inserted and waiting for the node that declares `ordered`")
         try harness[1].start()
         let ids = specs.map { "\(prefix)-\($0.0)" }
@@ -251,12 +260,14 @@ extension ClusterTests {
         let high = uniqueJob("slots-high")
         try harness[0].drop(low + ".plist", job(low, pin: "low", "veryLow", count: 5, seconds: 0.8))
         let running = try pollUntil(20) { () -> Bool? in
-            try harness.sql("SELECT count(*) FROM opq_queue_slots WHERE queue = 'api' AND holder = '\(harness[0].name)'") == "1" ? true : nil
+            try harness.sql("SELECT count(*) FROM opq_queue_slots WHERE queue = 'api' AND holder = '\(harness[0].name)'") == "1"
+                ? true : nil
         }
         #expect(running != nil, "node 0 took the slot")
         try harness[1].drop(high + ".plist", job(high, pin: "high", "veryHigh", count: 3, seconds: 0.05))
         let waiting = try pollUntil(20) { () -> Double? in
-            try harness.sql("SELECT count(*) FROM opq_slot_waiters WHERE queue = 'api' AND node = '\(harness[1].name)'") == "1" ? epochNow() : nil
+            try harness.sql("SELECT count(*) FROM opq_slot_waiters WHERE queue = 'api' AND node = '\(harness[1].name)'") == "1"
+                ? epochNow() : nil
         }
         let recorded = try #require(waiting, "node 1's wait for the slot was recorded")
         let lowResult = try #require(harness.waitResult(low, timeout: 60))
@@ -273,9 +284,12 @@ extension ClusterTests {
         let order = (lowStarts.merging(starts(highResult.result)) { a, _ in a }).sorted { $0.value < $1.value }.map(\.key)
         let before = lowStarts.values.filter { $0 < recorded }.count
         let first = order.firstIndex(of: "veryHigh1") ?? order.count
-        #expect(Array(order.dropFirst(first).prefix(3)) == ["veryHigh1", "veryHigh2", "veryHigh3"], "node 1's three ran one after another: \(order)")
-        #expect(first <= before + 1 && first < 5,
-                "node 1's veryHigh operations took the slot at the end of node 0's running one (\(before) started when the wait was recorded): \(order)")
+        #expect(Array(order.dropFirst(first).prefix(3)) == ["veryHigh1", "veryHigh2", "veryHigh3"],
+                "node 1's three ran one after another: \(order)")
+        #expect(first <= before + 1 && first < 5, """
+            node 1's veryHigh operations took the slot at the end of node 0's running one \
+            (\(before) started when the wait was recorded): \(order)
+            """)
     }
 
     /// What an operator asking why a limited queue does not start sees: each node's status and metrics say how many
@@ -305,11 +319,14 @@ extension ClusterTests {
         let queue1 = try #require(try apiQueue(1))
         #expect(queue1["clusterMaxConcurrentOperationCount"] as? Int == 1 && queue1["clusterSlotsHeld"] as? Int == 0, "\(queue1)")
         let text = try harness[1].ctl(["status"]).stdout
-        #expect(text.contains("api: at most 1 executing across the cluster; this node holds 0 of its slots and waits for more (its wait recorded at priority high)"), "\(text)")
+        #expect(text.contains("api: at most 1 executing across the cluster; this node holds 0 of its slots and waits for more"
+                              + " (its wait recorded at priority high)"), "\(text)")
         let scrape = try Scrape.parse(harness[1].ctl(["metrics"]).stdout)
-        #expect(scrape.value("opqueued_cluster_slot_waiting", ["queue": "api"]) == 1 && scrape.value("opqueued_cluster_slots_held", ["queue": "api"]) == 0,
+        #expect(scrape.value("opqueued_cluster_slot_waiting", ["queue": "api"]) == 1
+                    && scrape.value("opqueued_cluster_slots_held", ["queue": "api"]) == 0,
                 "node 1's gauges")
-        #expect(try Scrape.parse(harness[0].ctl(["metrics"]).stdout).value("opqueued_cluster_slots_held", ["queue": "api"]) == 1, "node 0's gauge")
+        #expect(try Scrape.parse(harness[0].ctl(["metrics"]).stdout).value("opqueued_cluster_slots_held", ["queue": "api"]) == 1,
+                "node 0's gauge")
         #expect(try apiQueue(0)?["clusterSlotWait"] == nil, "node 0 waits for nothing")
         #expect(try harness[0].ctl(["cancel", long]).status == 0)
         #expect(harness.waitResult(waiter, timeout: 30)?.result["status"] as? String == "succeeded")

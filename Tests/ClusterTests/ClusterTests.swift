@@ -45,7 +45,8 @@ func startSleepJob(_ harness: ClusterHarness, _ prefix: String, seconds: Double,
     let job = uniqueJob(prefix)
     _ = try harness[k].drop(job + ".plist", sleepJob(job, seconds))
     let claimed = try #require(try harness.waitClaimed(job), "\(job) not claimed", sourceLocation: sourceLocation)
-    #expect(try harness.waitJournal(["OPQ_JOB": job, "OPQ_STATE": "executing"]) != nil, "\(job) not executing", sourceLocation: sourceLocation)
+    #expect(try harness.waitJournal(["OPQ_JOB": job, "OPQ_STATE": "executing"]) != nil, "\(job) not executing",
+            sourceLocation: sourceLocation)
     return (job, claimed.node)
 }
 
@@ -114,7 +115,8 @@ struct ClusterTests {
         let refused = try pollUntil(30) { () -> String? in
             if !harness[1].isRunning { return harness[1].logTail(50) }
             let entries = try harness.journal(node: 1, ["OPQ_EVENT": "cluster", "OPQ_STATE": "disconnected"]).filter(since)
-            return entries.map { ($0["MESSAGE"] ?? "") + " " + ($0["OPQ_ERROR"] ?? "") }.first { $0.contains("9999") || $0.lowercased().contains("newer") }
+            return entries.map { ($0["MESSAGE"] ?? "") + " " + ($0["OPQ_ERROR"] ?? "") }
+                .first { $0.contains("9999") || $0.lowercased().contains("newer") }
         }
         let said = try #require(refused, "a node started against schema 9999 neither exited nor said why")
         #expect(said.contains("9999") || said.lowercased().contains("newer"), "the refusal says why: \(said)")
@@ -130,10 +132,14 @@ struct ClusterTests {
         // upgraded, and runs jobs.
         try harness.sql("INSERT INTO opq_schema_readers SELECT 9999, max(version) FROM opq_schema_readers")
         let joined = try pollUntil(30) { () -> Bool? in
-            try harness.journal(node: 1, ["OPQ_EVENT": "cluster", "OPQ_STATE": "connected"]).contains { $0["_PID"] == harness[1].process.map { String($0.processIdentifier) } } ? true : nil
+            let current = harness[1].process.map { String($0.processIdentifier) }
+            return try harness.journal(node: 1, ["OPQ_EVENT": "cluster", "OPQ_STATE": "connected"]).contains { $0["_PID"] == current }
+                ? true : nil
         }
         #expect(joined == true, "\(harness[1].logTail())")
-        #expect(try harness.journal(node: 1).contains { ($0["MESSAGE"] ?? "").contains("version 9999, newer than") && ($0["MESSAGE"] ?? "").contains("upgrade node") })
+        #expect(
+            try harness.journal(node: 1)
+                .contains { ($0["MESSAGE"] ?? "").contains("version 9999, newer than") && ($0["MESSAGE"] ?? "").contains("upgrade node") })
         let job = uniqueJob("newer-schema")
         try harness[1].drop(job + ".plist", sleepJob(job, 0))
         #expect(harness.waitResult(job, timeout: 30)?.result["status"] as? String == "succeeded")
@@ -178,7 +184,8 @@ struct ClusterTests {
             // The cluster's record of the end holds the very bytes of the outbox's result.plist.
             let published = FileManager.default.contents(atPath: harness[k].spool + "/outbox/" + job + "/result.plist")
             let recorded = try harness.sql("SELECT encode(result, 'hex') FROM opq_jobs WHERE id = '\(job)'")
-            #expect(published.map { $0.map { String(format: "%02x", $0) }.joined() } == recorded, "\(job): the database's result differs from result.plist")
+            #expect(published.map { $0.map { String(format: "%02x", $0) }.joined() } == recorded,
+                    "\(job): the database's result differs from result.plist")
             ranOn.insert(harness[k].name)
         }
         #expect(ranOn.count == 2, "both nodes ran jobs: \(ranOn)")
@@ -297,7 +304,8 @@ struct ClusterTests {
         let me = try #require(getpwuid(geteuid())).pointee.pw_name.map { String(cString: $0) } ?? "root"
         let data = harness.server.folder + "/data"
         let hba = try String(contentsOfFile: data + "/pg_hba.conf", encoding: .utf8)
-        try ("local \(harness.database) \(harness.role) peer map=opq\n" + hba).write(toFile: data + "/pg_hba.conf", atomically: false, encoding: .utf8)
+        try ("local \(harness.database) \(harness.role) peer map=opq\n" + hba).write(
+            toFile: data + "/pg_hba.conf", atomically: false, encoding: .utf8)
         try "opq \(me) \(harness.role)\n".write(toFile: data + "/pg_ident.conf", atomically: false, encoding: .utf8)
         try harness.server.psql("postgres", "SELECT pg_reload_conf()")
         var section = harness[1].settings["cluster"] as? [String: Any] ?? [:]
@@ -314,7 +322,8 @@ struct ClusterTests {
         try harness[1].drop(jobs[1] + ".plist", sleepJob(jobs[1], 0))
         #expect(harness.waitAll(Set(jobs), timeout: 30).isEmpty, "\(harness.diagnosis(jobs[1]))")
         #expect(jobs.allSatisfy { harness.outboxes(holding: $0).count == 1 })
-        let overSocket = try harness.sql("SELECT count(*) FROM pg_stat_activity WHERE usename = '\(harness.role)' AND client_addr IS NULL AND client_port = -1")
+        let overSocket = try harness.sql(
+            "SELECT count(*) FROM pg_stat_activity WHERE usename = '\(harness.role)' AND client_addr IS NULL AND client_port = -1")
         #expect((Int(overSocket) ?? 0) > 0, "no session of the node role came through the socket")
         let status = try harness[1].ctl(["status"])
         #expect(status.status == 0 && status.stdout.contains(harness[1].name), "\(status.stderr)")
@@ -327,7 +336,8 @@ struct ClusterTests {
     /// room again): here no other node is up until it has exited, so a re-claim would hold them for the whole lease.
     @Test func aStoppedNodeHandsBackTheJobsItHadNotStarted() throws {
         let harness = try ClusterHarness(nodes: 2, leaseSeconds: 20,
-                                         settings: { _ in ["shutdownGraceSeconds": 3, "queues": ["default": ["maxConcurrentOperationCount": 1]]] },
+                                         settings: { _ in ["shutdownGraceSeconds": 3,
+                                                           "queues": ["default": ["maxConcurrentOperationCount": 1]]] },
                                          clusterSettings: { _ in ["jobSlots": 4] }, start: false)
         try harness[0].start()
         try harness.waitRegistered(1)
@@ -337,7 +347,10 @@ struct ClusterTests {
         let unstarted = (0..<3).map { uniqueJob("unstarted-\($0)") }
         for job in unstarted { try harness[0].drop(job + ".plist", sleepJob(job, 0)) }
         // All four are node 0's: one executing, three claimed behind it on a queue of one.
-        let held = pollUntil(20) { (try? harness.sql("SELECT count(*) FROM opq_jobs WHERE state = 'running' AND node = '\(harness[0].name)'")) == "4" ? true : nil }
+        let held = pollUntil(20) {
+            (try? harness.sql("SELECT count(*) FROM opq_jobs WHERE state = 'running' AND node = '\(harness[0].name)'")) == "4"
+                ? true : nil
+        }
         #expect(held == true, "\(harness.diagnosis(unstarted[0]))")
         let stopping = epochNow()
         #expect(harness[0].stop() == 0)
@@ -350,7 +363,8 @@ struct ClusterTests {
             let lost = try harness.journal(node: 0, ["OPQ_JOB": job, "OPQ_STATE": "lost"])
             #expect(lost.first?["OPQ_ERROR"]?.contains("handed back") == true, "\(lost)")
             #expect(try harness.journal(node: 0, ["OPQ_JOB": job, "OPQ_STATE": "executing"]).isEmpty)
-            #expect(try harness.journal(node: 0, ["OPQ_JOB": job, "OPQ_STATE": "claimed"]).count == 1, "claimed again by the node that stopped")
+            #expect(try harness.journal(node: 0, ["OPQ_JOB": job, "OPQ_STATE": "claimed"]).count == 1,
+                    "claimed again by the node that stopped")
         }
         #expect(!harness[0].list("active").contains { unstarted.contains($0) }, "\(harness[0].list("active"))")
         #expect(try harness.sql("SELECT state || ' ' || node FROM opq_jobs WHERE id = '\(busy)'") == "running \(harness[0].name)")
@@ -399,7 +413,8 @@ struct ClusterTests {
                 "\(exposed?["MESSAGE"] ?? "no warning")")
         #expect(try harness.journal(node: 0, ["OPQ_EVENT": "cluster"]).allSatisfy { !($0["MESSAGE"] ?? "").contains("is readable by") },
                 "node 0's file is 0600: no warning")
-        let refused = try #require(try harness.waitJournal(["OPQ_NODE": harness[1].name, "OPQ_EVENT": "cluster", "OPQ_STATE": "disconnected"]))
+        let refused = try #require(try harness.waitJournal(["OPQ_NODE": harness[1].name, "OPQ_EVENT": "cluster",
+                                                            "OPQ_STATE": "disconnected"]))
         #expect(((refused["MESSAGE"] ?? "") + (refused["OPQ_ERROR"] ?? "")).contains("password authentication failed"))
         let job = uniqueJob("secret")
         try harness[0].drop(job + ".plist", sleepJob(job, 0))
@@ -437,7 +452,9 @@ struct ClusterTests {
             } ? true : nil
         }
         #expect(back != nil, "the node logged connected again after its sessions were cut")
-        let connected = try pollUntil(10) { try harness[0].statusJSON()["cluster"].flatMap { ($0 as? [String: Any])?["state"] as? String } == "connected" ? true : nil }
+        let connected = try pollUntil(10) {
+            try harness[0].statusJSON()["cluster"].flatMap { ($0 as? [String: Any])?["state"] as? String } == "connected" ? true : nil
+        }
         #expect(connected != nil, "status says connected")
         #expect(!(try harness.everythingShown(by: 0)).contains(rotated), "the new password is shown nowhere")
     }
@@ -448,7 +465,8 @@ struct ClusterTests {
         let jobsCount = Int(ProcessInfo.processInfo.environment["OPQ_CLUSTER_CAMPAIGN_JOBS"] ?? "") ?? 240
         // One operation at a time per node and up to 6 jobs claimed: a node usually holds jobs it has not started when
         // it is stopped, which a graceful stop hands back.
-        let harness = try ClusterHarness(nodes: 3, leaseSeconds: 3, settings: { _ in ["queues": ["default": ["maxConcurrentOperationCount": 1]]] },
+        let harness = try ClusterHarness(nodes: 3, leaseSeconds: 3,
+                                         settings: { _ in ["queues": ["default": ["maxConcurrentOperationCount": 1]]] },
                                          clusterSettings: { _ in ["jobSlots": 6] })
         var random = SplitMix(state: UInt64(ProcessInfo.processInfo.environment["OPQ_SEED"] ?? "") ?? UInt64.random(in: 1...UInt64.max))
         print("cluster campaign seed \(random.state) jobs \(jobsCount)")
@@ -500,7 +518,9 @@ struct ClusterTests {
         }
         for node in harness.nodes { #expect(node.list("inbox").isEmpty && node.list("active").isEmpty) }
         // How many jobs the graceful stops handed back (the node logs `lost` with this reason for each).
-        let handedBack = try harness.journal(["OPQ_STATE": "lost"]).filter { $0["OPQ_ERROR"]?.hasPrefix("handed back to the cluster at stop") == true }.count
-        print("cluster campaign: \(jobs.count) jobs, \(kills) kills, \(stops) graceful stops (\(handedBack) jobs handed back), 1 database restart, lost \(missing.count), duplicated \(duplicated.count)")
+        let handedBack = try harness.journal(["OPQ_STATE": "lost"])
+            .filter { $0["OPQ_ERROR"]?.hasPrefix("handed back to the cluster at stop") == true }.count
+        print("cluster campaign: \(jobs.count) jobs, \(kills) kills, \(stops) graceful stops (\(handedBack) jobs handed back),"
+              + " 1 database restart, lost \(missing.count), duplicated \(duplicated.count)")
     }
 }

@@ -43,8 +43,10 @@ extension ClusterJobStoreTests {
         #expect(eventually { (try? a.store.job("waits")) != nil }, "the waiting submission went in")
         #expect(eventually { a.store.acceptsSubmissions && a.store.awaitingSubmission == 0 && a.store.awaitingSubmissionSince == nil })
         server.stop()
-        #expect(eventually(20) { a.logs.states("cluster") == ["disconnected", "connected", "disconnected"] },
-                "\(a.logs.all.filter { $0.metadata["OPQ_EVENT"] == "cluster" }.map { "\($0.metadata["OPQ_STATE"] ?? "-"): \($0.message)" })")
+        let clusterLines = {
+            a.logs.all.filter { $0.metadata["OPQ_EVENT"] == "cluster" }.map { "\($0.metadata["OPQ_STATE"] ?? "-"): \($0.message)" }
+        }
+        #expect(eventually(20) { a.logs.states("cluster") == ["disconnected", "connected", "disconnected"] }, "\(clusterLines())")
         #expect(throws: (any Error).self) { try a.store.job("waits", timeout: 1) }
         try server.start()
         #expect(eventually(8) { a.logs.states("cluster").last == "connected" })
@@ -118,7 +120,8 @@ extension ClusterJobStoreTests {
         // without it and say, once, how to bound abandoned statements instead; the node talking to PostgreSQL does not.
         let refused = "refuses the startup parameter statement_timeout"
         for node in [pooled, session] {
-            #expect(node.logs.all.filter { $0.message.contains(refused) && $0.message.contains("ALTER ROLE") }.count == 1, "node \(node.name)")
+            #expect(node.logs.all.filter { $0.message.contains(refused) && $0.message.contains("ALTER ROLE") }.count == 1,
+                    "node \(node.name)")
         }
         #expect(!direct.logs.all.contains { $0.message.contains(refused) })
 
@@ -200,7 +203,8 @@ extension ClusterJobStoreTests {
         impostor.start()
         defer { shutdown(listener, Int32(SHUT_RDWR)); close(listener) }
         let node = try ClusterNode("typo", server: server, database: "typo",
-                                   url: "postgresql://\(PostgresServer.role)@127.0.0.1:\(port)/typo?sslmode=\(speaks == "tls" ? "require" : "disable")")
+                                   url: "postgresql://\(PostgresServer.role)@127.0.0.1:\(port)/typo"
+                                       + "?sslmode=\(speaks == "tls" ? "require" : "disable")")
         defer { node.close() }
         _ = node.store.recovered([])
         try plist(sleepManifest("kept")).write(to: URL(fileURLWithPath: node.spool.inbox + "/kept.plist"))

@@ -26,11 +26,13 @@ extension ClusterJobStoreTests {
         #expect(eventually { first.store.snapshot()?.connected == true })
         first.close()
         let rows = daysAgo.sorted { $0.key < $1.key }.enumerated().map { i, job in
-            "('\(job.key)', '\(job.key)', '\\x00', '\(job.key).plist', 'a', 2, 2, '{}', '{}', 'finished', 'a', \(i + 1), 'succeeded', now() - interval '\(job.value) days')"
+            "('\(job.key)', '\(job.key)', '\\x00', '\(job.key).plist', 'a', 2, 2, '{}', '{}', 'finished', 'a', \(i + 1), 'succeeded', "
+                + "now() - interval '\(job.value) days')"
         }
         if rows.isEmpty { return (server, database) }
         try server.psql(database, """
-            INSERT INTO opq_jobs (id, requested_id, manifest, manifest_name, submitted_on, qos_rank, priority_rank, queues, commands, state, node, fence, status, finished_at)
+            INSERT INTO opq_jobs (id, requested_id, manifest, manifest_name, submitted_on, qos_rank, priority_rank, queues, commands,
+                                  state, node, fence, status, finished_at)
             VALUES \(rows.joined(separator: ", "))
             """)
         return (server, database)
@@ -52,12 +54,15 @@ extension ClusterJobStoreTests {
         let (server, database) = try databaseWithFinishedJobs([:])
         try server.psql(database, """
             INSERT INTO opq_nodes (node, queues, commands, job_slots, last_heartbeat)
-            VALUES ('gone', '{default,gpu}', '{}', 4, now() - interval '8 days'), ('away', '{default,tape}', '{}', 4, now() - interval '3 days')
+            VALUES ('gone', '{default,gpu}', '{}', 4, now() - interval '8 days'),
+                   ('away', '{default,tape}', '{}', 4, now() - interval '3 days')
             """)
         let a = try ClusterNode("a", server: server, database: database)
         defer { a.close() }
         _ = a.store.recovered([])
-        #expect(eventually { trimmed((try? server.psql(database, "SELECT string_agg(node, ',' ORDER BY node) FROM opq_nodes")) ?? "") == "a,away" })
+        #expect(eventually {
+            trimmed((try? server.psql(database, "SELECT string_agg(node, ',' ORDER BY node) FROM opq_nodes")) ?? "") == "a,away"
+        })
         #expect(a.logs.all.contains { $0.message.contains("node gone forgotten: silent for more than 7 days") })
         #expect(eventually { a.store.snapshot()?.nodes.map(\.node).sorted() == ["a", "away"] })
     }
@@ -72,13 +77,18 @@ extension ClusterJobStoreTests {
             released.signal()
         }
         func count(_ sql: String) -> String { trimmed((try? server.psql(database, sql)) ?? "") }
-        #expect(eventually { count("SELECT count(*) FROM pg_stat_activity WHERE state = 'active' AND query LIKE '%pg_sleep(5)%' AND pid <> pg_backend_pid()") == "1" })
+        #expect(eventually {
+            count("SELECT count(*) FROM pg_stat_activity"
+                  + " WHERE state = 'active' AND query LIKE '%pg_sleep(5)%' AND pid <> pg_backend_pid()") == "1"
+        })
         usleep(200_000)
 
         let a = try ClusterNode("a", server: server, database: database, leaseSeconds: 2)
         defer { a.close() }
         _ = a.store.recovered([])
-        #expect(eventually { count("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'DELETE FROM opq_jobs%'") == "1" },
+        #expect(eventually {
+            count("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'DELETE FROM opq_jobs%'") == "1"
+        },
                 "the prune waits on the lock")
         var oldest = 0.0
         for _ in 0..<12 {
@@ -101,7 +111,8 @@ extension ClusterJobStoreTests {
         var reloaded = try Configuration.parse(plist(["queues": ["gpu": ["maxConcurrentOperationCount": 1]]]))
         reloaded.cluster = try Configuration.parse(plist(["cluster": ["database": server.url(database), "node": "a"]])).cluster
         a.store.reload(reloaded)
-        #expect(eventually { ((try? server.psql(database, "SELECT 'gpu' = ANY(queues) FROM opq_nodes WHERE node = 'a'")) ?? "").contains("t") })
+        #expect(
+            eventually { ((try? server.psql(database, "SELECT 'gpu' = ANY(queues) FROM opq_nodes WHERE node = 'a'")) ?? "").contains("t") })
         let manifest = plist(sleepManifest("g", queue: "gpu"))
         #expect(eventually(10) { (try? Manifest.parse(manifest, configuration: b.store.submissionConfiguration(.builtIn)).get()) != nil },
                 "b accepts a queue only a declares (after its next refresh)")
@@ -137,7 +148,8 @@ extension ClusterJobStoreTests {
         _ = a.store.recovered([])
         #expect(eventually { a.store.snapshot()?.nodes.map(\.node) == ["a"] })
         try server.psql(database, "ALTER TABLE opq_jobs RENAME COLUMN queues TO queues_gone")
-        let b = try ClusterNode("b", server: server, database: database, leaseSeconds: 3, queues: ["gpu": ["maxConcurrentOperationCount": 1]])
+        let b = try ClusterNode("b", server: server, database: database, leaseSeconds: 3,
+                                queues: ["gpu": ["maxConcurrentOperationCount": 1]])
         defer { b.close() }
         _ = b.store.recovered([])
         #expect(eventually { a.logs.all.contains { $0.message.contains("finding jobs no live node can run") } }, "the backlog's reads fail")

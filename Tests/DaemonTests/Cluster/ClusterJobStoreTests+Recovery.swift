@@ -112,10 +112,12 @@ extension ClusterJobStoreTests {
         #expect(second.store.recovered(recovered).isEmpty)
         #expect(!FileManager.default.fileExists(atPath: spool.active + "/old"))
         #expect(second.logs.all.contains { $0.metadata["OPQ_STATE"] == "lost" && $0.metadata["OPQ_JOB"] == "old" })
-        #expect(second.logs.all.contains { $0.message.contains("the database has no row for this job") && $0.metadata["OPQ_JOB"] == "fresh" })
+        #expect(
+            second.logs.all.contains { $0.message.contains("the database has no row for this job") && $0.metadata["OPQ_JOB"] == "fresh" })
         #expect(eventually { (try? second.store.job("fresh"))?.state == .waiting })
         #expect(eventually { ((try? FileManager.default.contentsOfDirectory(atPath: spool.active + "/.submissions")) ?? []).isEmpty })
-        #expect(trimmed(try server.psql(database, "SELECT string_agg(id || ' ' || state, ',' ORDER BY id) FROM opq_jobs")) == "fresh waiting")
+        #expect(trimmed(try server.psql(database,
+                                        "SELECT string_agg(id || ' ' || state, ',' ORDER BY id) FROM opq_jobs")) == "fresh waiting")
     }
 
     /// A running node whose database forgets a job it holds (restored from an older backup under it) hears so at its
@@ -142,11 +144,15 @@ extension ClusterJobStoreTests {
         }
         #expect(try node.store.complete(ends) == ["ended"])
         #expect(node.shell.lostJobs.map(\.job) == ["taken"])
-        #expect(node.logs.all.contains { $0.message.contains("published here, where it ran, recorded in the database again as finished here") && $0.metadata["OPQ_JOB"] == "ended" })
+        #expect(node.logs.all.contains {
+            $0.message.contains("published here, where it ran, recorded in the database again as finished here")
+                && $0.metadata["OPQ_JOB"] == "ended"
+        })
         // Recorded again, as finished here: show and wait on every node know it, and its id stays taken.
         let record = try #require(try node.store.job("ended"))
         #expect(record.state == .finished && record.node == "a" && record.status == "succeeded")
-        #expect(try server.psql(database, "SELECT submitted_on || ' ' || manifest_name || ' ' || array_to_string(queues, ',') FROM opq_jobs WHERE id = 'ended'")
+        #expect(try server.psql(database, "SELECT submitted_on || ' ' || manifest_name || ' ' || array_to_string(queues, ',')"
+                                    + " FROM opq_jobs WHERE id = 'ended'")
                     .trimmingCharacters(in: .whitespacesAndNewlines) == "a ended.plist default")
     }
 
@@ -205,7 +211,8 @@ extension ClusterJobStoreTests {
         defer { second.store.shutdown() }
         #expect(second.store.recovered(recovered).isEmpty)
         usleep(1_500_000)
-        #expect(Set(try FileManager.default.contentsOfDirectory(atPath: spool.active).filter { !$0.hasPrefix(".") }) == ["held", "done", "local"],
+        #expect(Set(try FileManager.default.contentsOfDirectory(atPath: spool.active)
+                        .filter { !$0.hasPrefix(".") }) == ["held", "done", "local"],
                 "left where they are while the database is down")
 
         try server.start()
@@ -215,7 +222,10 @@ extension ClusterJobStoreTests {
         #expect(eventually { !FileManager.default.fileExists(atPath: spool.active + "/held") })
         // Logged once the copy is gone (on the submission thread): waited for, not read at the instant of removal.
         #expect(eventually { second.logs.all.contains { $0.metadata["OPQ_STATE"] == "lost" && $0.metadata["OPQ_JOB"] == "held" } })
-        #expect(eventually(10) { trimmed((try? server.psql(database, "SELECT state || ' ' || coalesce(node, '-') FROM opq_jobs WHERE id = 'held'")) ?? "") == "waiting -" },
+        #expect(eventually(10) {
+            trimmed((try? server.psql(database, "SELECT state || ' ' || coalesce(node, '-') FROM opq_jobs WHERE id = 'held'")) ?? "")
+                == "waiting -"
+        },
                 "handed back, to run again from the database")
         #expect(eventually { (try? second.store.job("local")) != nil })
         #expect(eventually { ((try? FileManager.default.contentsOfDirectory(atPath: spool.active + "/.submissions")) ?? []).isEmpty })

@@ -87,7 +87,8 @@ struct ClusterJobStoreTests {
         #expect(b.store.submit([claimed]).isEmpty)
         #expect(eventually { b.shell.ran.contains { $0.job.id == "twin" } })
         #expect(b.spool.isClusterClaim(job: "twin"))
-        #expect(try Data(contentsOf: URL(fileURLWithPath: b.spool.active + "/twin/manifest.plist")) == plist(sleepManifest("twin", seconds: 0)))
+        #expect(
+            try Data(contentsOf: URL(fileURLWithPath: b.spool.active + "/twin/manifest.plist")) == plist(sleepManifest("twin", seconds: 0)))
         #expect(eventually { (try? a.store.job("twin.1")) != nil })
     }
 
@@ -322,7 +323,8 @@ struct ClusterJobStoreTests {
         #expect(Set(a.shell.ran.map(\.job.id)) == ["garbage", "strange"])
         #expect(a.shell.ran.first { $0.job.id == "strange" }?.job.manifestName == "strange.plist", "a name with '/' is not used")
         #expect(a.store.origin(of: "garbage")?.submittedOn == "unknown")
-        #expect(trimmed(try server.psql(database, "SELECT state || ' ' || status FROM opq_jobs WHERE id = '../escape'")) == "finished rejected")
+        #expect(trimmed(try server.psql(database,
+                                        "SELECT state || ' ' || status FROM opq_jobs WHERE id = '../escape'")) == "finished rejected")
         #expect(!FileManager.default.fileExists(atPath: a.spool.root + "/escape"))
         #expect(!FileManager.default.fileExists(atPath: a.spool.active + "/../escape"))
         // And the manifests the shell would validate: not property lists.
@@ -348,7 +350,8 @@ struct ClusterJobStoreTests {
         func row(_ id: String, _ bytes: Int) -> String {
             "('\(id)', '\(id)', convert_to(repeat('x', \(bytes)), 'UTF8'), '\(id).plist', 'elsewhere', 2, 2, '{default}', '{}')"
         }
-        try server.psql(database, "INSERT INTO opq_jobs \(columns) VALUES \(row("huge", 6000)), \(row("s1", 400)), \(row("s2", 400)), \(row("s3", 400))")
+        try server.psql(database, "INSERT INTO opq_jobs \(columns) VALUES "
+                            + "\(row("huge", 6000)), \(row("s1", 400)), \(row("s2", 400)), \(row("s3", 400))")
         a.store.want(room: 8, manifestBytes: 500)
         #expect(eventually { a.shell.ran.count == 2 })
         #expect(a.shell.ran.map(\.job.id) == ["s1", "s2"])

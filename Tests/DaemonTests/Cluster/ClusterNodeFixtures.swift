@@ -71,12 +71,14 @@ final class ClusterNode: @unchecked Sendable {
     let deadlines = Locked<[Double?]>([])
 
     init(_ name: String, server: PostgresServer, database: String, user: String = PostgresServer.role, password: String? = nil,
-         leaseSeconds: Double = 15, jobSlots: Int = 4, queues: [String: Any] = [:], spoolFolder: String? = nil, spool existing: Spool? = nil,
+         leaseSeconds: Double = 15, jobSlots: Int = 4, queues: [String: Any] = [:], spoolFolder: String? = nil,
+         spool existing: Spool? = nil,
          maxManifestBytes: Int = ManifestLimits.maxBytes, url: String? = nil) throws {
         self.name = name
         folder = spoolFolder ?? NSTemporaryDirectory() + "opq-cluster-\(name)-\(UInt64.random(in: 1...UInt64.max))"
         spool = try existing ?? Spool(root: folder)
-        var top: [String: Any] = ["cluster": ["database": url ?? server.url(database, user: user), "passwordFile": try server.passwordFile(password),
+        var top: [String: Any] = ["cluster": ["database": url ?? server.url(database, user: user),
+                                              "passwordFile": try server.passwordFile(password),
                                               "node": name, "leaseSeconds": leaseSeconds, "jobSlots": jobSlots]]
         if !queues.isEmpty { top["queues"] = queues }
         let configuration = try Configuration.parse(plist(top))
@@ -218,7 +220,9 @@ func runTool(_ arguments: [String]) throws {
     process.arguments = Array(arguments.dropFirst())
     try process.run()
     process.waitUntilExit()
-    guard process.terminationStatus == 0 else { throw SupportFailure("\(arguments.joined(separator: " ")) exited \(process.terminationStatus)") }
+    guard process.terminationStatus == 0 else {
+        throw SupportFailure("\(arguments.joined(separator: " ")) exited \(process.terminationStatus)")
+    }
 }
 
 func trimmed(_ s: String) -> String { s.trimmingCharacters(in: .whitespacesAndNewlines) }

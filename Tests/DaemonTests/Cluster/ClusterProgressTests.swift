@@ -20,18 +20,25 @@ import Glibc
 @Suite("Cluster progress")
 struct ClusterProgressTests {
     @Test func progressRoundTripsWithinItsBudgetAndGarbageIsIgnored() throws {
-        let small = [(id: "a", state: OperationState.succeeded, attempts: 1, queue: "io"), (id: "b", state: .executing, attempts: 2, queue: "default"),
+        let small = [(id: "a", state: OperationState.succeeded, attempts: 1, queue: "io"),
+                     (id: "b", state: .executing, attempts: 2, queue: "default"),
                      (id: "c", state: .pending, attempts: 0, queue: "gpu")]
         let huge = (0..<20_000).map { (id: "op\($0)", state: OperationState.ready, attempts: 0, queue: "default") }
-        let bytes = ClusterProgress.encode([("small", small), ("huge", huge), ("other", [(id: "x", state: .cancelled, attempts: 0, queue: "q")])])
+        let bytes = ClusterProgress.encode([("small", small), ("huge", huge),
+                                            ("other", [(id: "x", state: .cancelled, attempts: 0, queue: "q")])])
         #expect(bytes.count <= ClusterProgress.budget)
         let read = try #require(ClusterProgress.decode(bytes, job: "small"))
-        #expect(read.mapValues { "\($0.state)/\($0.attempts)/\($0.queue)" } == ["a": "succeeded/1/io", "b": "executing/2/default", "c": "pending/0/gpu"])
+        #expect(read.mapValues { "\($0.state)/\($0.attempts)/\($0.queue)" }
+                    == ["a": "succeeded/1/io", "b": "executing/2/default", "c": "pending/0/gpu"])
         #expect(ClusterProgress.decode(bytes, job: "huge") == nil, "left out whole: its operations show unknown")
         #expect(ClusterProgress.decode(bytes, job: "other")?["x"]?.state == "cancelled")
         #expect(ClusterProgress.decode(bytes, job: "nosuch") == nil)
         // The bound holds whatever the ids: jobs just under the estimate, with long operation ids.
-        let long = (0..<12).map { j in ("job\(j)", (0..<400).map { (id: String(repeating: "x", count: 40) + "\($0)", state: OperationState.pending, attempts: 0, queue: "default") }) }
+        let long = (0..<12).map { j in
+            ("job\(j)", (0..<400).map {
+                (id: String(repeating: "x", count: 40) + "\($0)", state: OperationState.pending, attempts: 0, queue: "default")
+            })
+        }
         let full = ClusterProgress.encode(long, budget: 64 * 1024)
         #expect(full.count <= 64 * 1024 && full.count > 32 * 1024, "\(full.count)")
         for garbage: [UInt8] in [[], [0, 1, 2], Array("bplist00".utf8), Array("<plist><string>x</string></plist>".utf8)] {

@@ -159,7 +159,9 @@ final class TestSpool: @unchecked Sendable {
 
     func ctl(_ arguments: [String], input: Data? = nil) throws -> Run { try run("opqueuectl", ["--spool", root] + arguments, input: input) }
 
-    func list(_ folder: String) -> [String] { ((try? FileManager.default.contentsOfDirectory(atPath: root + "/" + folder)) ?? []).filter { !$0.hasPrefix(".") }.sorted() }
+    func list(_ folder: String) -> [String] {
+        ((try? FileManager.default.contentsOfDirectory(atPath: root + "/" + folder)) ?? []).filter { !$0.hasPrefix(".") }.sorted()
+    }
 }
 
 func sleepOp(_ id: String, _ seconds: Double, deps: [String] = []) -> [String: Any] {

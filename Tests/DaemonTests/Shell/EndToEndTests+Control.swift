@@ -25,7 +25,8 @@ extension EndToEndTests {
             if !inInbox, answer?["exit"] as? Int != 0 { unknown.append("\(String(describing: answer))") }
             if answer?["starting"] as? Bool == true {
                 starting = true
-                #expect(answer?["status"] as? String == "running" && (answer?["operations"] as? [Any])?.isEmpty == true, "\(String(describing: answer))")
+                #expect(answer?["status"] as? String == "running" && (answer?["operations"] as? [Any])?.isEmpty == true,
+                        "\(String(describing: answer))")
             }
             usleep(2_000)
         }
@@ -88,7 +89,8 @@ extension EndToEndTests {
             #expect(seconds < (peer == .endless ? 21 : 2.5), "\(peer): the client took \(seconds) s, past its deadline")
             let expected: String
             switch peer {
-            case .silent: expected = "no daemon answers on \(socket) (connected, but no answer within 1 s: is it stopped (SIGSTOP) or hung?)"
+            case .silent:
+                expected = "no daemon answers on \(socket) (connected, but no answer within 1 s: is it stopped (SIGSTOP) or hung?)"
             case .trickle: expected = "its answer did not end within 1 s"
             case .endless: expected = "what answers on \(socket) is not an opqueued daemon (its answer goes on past 64 MiB without ending)"
             case .garbage: expected = "what answers on \(socket) is not an opqueued daemon (its answer is not a JSON object: "
@@ -101,14 +103,18 @@ extension EndToEndTests {
         let listener = try Impostor(path: socket) { fd in try? sendAll(fd, Array("not json\n".utf8), path: socket) }
         defer { listener.stop() }
         let status = try spool.ctl(["status"])
-        #expect(status.status == 3 && status.stderr.contains("is not an opqueued daemon (its answer is not a JSON object: \"not json\")"), "\(status)")
+        #expect(status.status == 3 && status.stderr.contains("is not an opqueued daemon (its answer is not a JSON object: \"not json\")"),
+                "\(status)")
     }
 
     @Test func journalTellsEveryOperationsStoryInOrder() throws {
         try ensureJournald()
         let spool = TestSpool()
         let job = "journal-" + UUID().uuidString.prefix(8)
-        try spool.drop("j.plist", ["job": job, "operations": [sleepOp("a", 0), sleepOp("b", 0, deps: ["a"]), ["id": "c", "kind": "spin", "seconds": 0.01, "dependencies": ["a"]]]])
+        try spool.drop("j.plist",
+                       ["job": job,
+                        "operations": [sleepOp("a", 0), sleepOp("b", 0, deps: ["a"]),
+                                       ["id": "c", "kind": "spin", "seconds": 0.01, "dependencies": ["a"]]]])
         #expect(try run("opqueued", ["--spool", spool.root, "--once", "--log-target", "journal"]).status == 0)
         var entries: [[String: Any]] = []
         let deadline = Date().addingTimeInterval(10)

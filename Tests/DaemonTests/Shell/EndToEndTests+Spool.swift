@@ -58,10 +58,12 @@ extension EndToEndTests {
         #expect(stat(spool.root + "/opqueued.sock", &st) == 0 && st.st_mode & 0o777 == 0o660)
         chmod(spool.root, 0o755)
         let ctl = binaries + "/opqueuectl"
-        let stranger = try run("/usr/bin/setpriv", ["--reuid=65534", "--regid=65534", "--clear-groups", ctl, "--spool", spool.root, "status"])
+        let stranger = try run("/usr/bin/setpriv",
+                               ["--reuid=65534", "--regid=65534", "--clear-groups", ctl, "--spool", spool.root, "status"])
         #expect(stranger.status == 3, "another user: \(stranger.stderr)")
         #expect(stranger.stderr.contains("Permission denied"))
-        let member = try run("/usr/bin/setpriv", ["--reuid=65534", "--regid=\(st.st_gid)", "--clear-groups", ctl, "--spool", spool.root, "status"])
+        let member = try run("/usr/bin/setpriv",
+                             ["--reuid=65534", "--regid=\(st.st_gid)", "--clear-groups", ctl, "--spool", spool.root, "status"])
         #expect(member.status == 0, "the socket's group: \(member.stderr)")
         spool.signal(SIGTERM)
         #expect(spool.waitForExit() == 0)
@@ -72,7 +74,8 @@ extension EndToEndTests {
         for i in 0..<8 {
             let result = spool.result("huge\(i)", timeout: 20)
             #expect(result?["status"] as? String == "rejected")
-            #expect((result?["error"] as? String)?.contains("the manifest is 2147483648 bytes; the limit is 268435456 bytes (256 MiB)") == true,
+            #expect((result?["error"] as? String)?
+                        .contains("the manifest is 2147483648 bytes; the limit is 268435456 bytes (256 MiB)") == true,
                     "\(result?["error"] ?? "no result")")
         }
         let peak = processMemoryMB(pid)
@@ -310,7 +313,9 @@ extension EndToEndTests {
         #expect(eventually(10) { (try? spool.ctl(["status"]).status) == 0 }, "a file in its place is replaced")
         // The line is logged just after the socket is listening again: a status may be answered before it is written.
         let log = { (try? String(contentsOfFile: spool.logPath, encoding: .utf8)) ?? "" }
-        #expect(eventually(5) { log().components(separatedBy: "opqueued.sock was removed or replaced while the daemon ran: listening on it again").count == 3 },
+        #expect(eventually(5) {
+            log().components(separatedBy: "opqueued.sock was removed or replaced while the daemon ran: listening on it again").count == 3
+        },
                 "\(log())")
         spool.signal(SIGTERM)
         #expect(spool.waitForExit(timeout: 20) == 0)
@@ -331,11 +336,14 @@ extension EndToEndTests {
         try plist(["manifest": "recorded.plist", "receivedAt": 1.7e9]).write(to: URL(fileURLWithPath: active + "/recorded/job.plist"))
         let r = try run("opqueued", ["--spool", spool.root, "--once", "--log-target", "console"])
         #expect(r.status == 0, "\(r)")
-        #expect(r.stderr.contains("active/misplaced.plist is not a job folder (the daemon's are folders); left in place — manifests go into inbox/"), "\(r.stderr)")
-        #expect(r.stderr.contains("active/notes/ has no manifest.plist but holds todo.txt: not a job the daemon claimed; left in place"), "\(r.stderr)")
+        #expect(r.stderr.contains("active/misplaced.plist is not a job folder (the daemon's are folders);"
+                                  + " left in place — manifests go into inbox/"), "\(r.stderr)")
+        #expect(r.stderr.contains("active/notes/ has no manifest.plist but holds todo.txt: not a job the daemon claimed; left in place"),
+                "\(r.stderr)")
         #expect(FileManager.default.fileExists(atPath: active + "/misplaced.plist"))
         #expect((try? String(contentsOfFile: active + "/notes/todo.txt", encoding: .utf8)) == "mine")
-        #expect(!FileManager.default.fileExists(atPath: active + "/interrupted") && !FileManager.default.fileExists(atPath: active + "/recorded"))
+        #expect(!FileManager.default.fileExists(atPath: active + "/interrupted")
+                    && !FileManager.default.fileExists(atPath: active + "/recorded"))
         #expect(spool.list("outbox").isEmpty, "none of them was taken for a job")
     }
 
@@ -364,7 +372,8 @@ extension EndToEndTests {
         #expect(stat(elsewhere, &a) == 0 && stat(spool.root, &b) == 0 && a.st_dev != b.st_dev, "/dev/shm is another file system here")
         let r = try run("opqueued", ["--spool", spool.root, "--log-target", "console"], timeout: 20)
         #expect(r.status == 1)
-        #expect((r.stdout + r.stderr).contains("inbox/ and active/ are on different mounts (a rename between them fails: Invalid cross-device link); the whole spool must be on one mount"),
+        #expect((r.stdout + r.stderr).contains("inbox/ and active/ are on different mounts (a rename between them fails:"
+                                               + " Invalid cross-device link); the whole spool must be on one mount"),
                 "\(r)")
         #expect(((try? FileManager.default.contentsOfDirectory(atPath: elsewhere)) ?? ["?"]).isEmpty, "the check leaves nothing behind")
     }

@@ -12,7 +12,8 @@ import TestSupport
     @Test func onceRunsTheInboxAndEveryManifestEndsInTheOutbox() throws {
         let spool = TestSpool()
         try spool.drop("good.plist", ["job": "good", "metadata": ["owner": "ana", "n": 3],
-                                      "operations": [sleepOp("a", 0.05), ["id": "b", "kind": "spin", "seconds": 0.05, "dependencies": ["a"]]]])
+                                      "operations": [sleepOp("a", 0.05),
+                                                     ["id": "b", "kind": "spin", "seconds": 0.05, "dependencies": ["a"]]]])
         try spool.drop("bad.plist", ["operations": [["id": "x", "kind": "teleport"]], "extra": 1])
         try Data("not a plist".utf8).write(to: URL(fileURLWithPath: spool.root + "/inbox/junk.plist"))
         try Data("notes".utf8).write(to: URL(fileURLWithPath: spool.root + "/inbox/README.txt"))
@@ -101,7 +102,8 @@ import TestSupport
         try spool.start(try spool.configure(["queues": ["procs": ["maxConcurrentOperationCount": 2]]]))
         let manifest = spool.root + "/m.plist"
         func write(_ job: String, queue: String) throws {
-            try plist(["job": job, "operations": [["id": "a", "kind": "sleep", "seconds": 0, "queue": queue]]]).write(to: URL(fileURLWithPath: manifest))
+            try plist(["job": job, "operations": [["id": "a", "kind": "sleep", "seconds": 0, "queue": queue]]]).write(
+                to: URL(fileURLWithPath: manifest))
         }
         try write("mine", queue: "procs")
         let submitted = try spool.ctl(["submit", manifest])
@@ -122,7 +124,9 @@ import TestSupport
         try spool.start()
         try spool.drop("long.plist", ["job": "long", "operations": [sleepOp("a", 30), sleepOp("b", 0, deps: ["a"])]])
         // Claimed first: a look while the manifest is still in the inbox would say so at the timeout.
-        #expect(eventually(10) { (try? ControlClient.request(spool.socketPath, ["command": "show", "job": "long"], timeout: 5))?["exit"] as? Int == 0 })
+        #expect(eventually(10) {
+            (try? ControlClient.request(spool.socketPath, ["command": "show", "job": "long"], timeout: 5))?["exit"] as? Int == 0
+        })
         let running = try spool.ctl(["wait", "long", "--timeout", "0.3"])
         #expect(running.status == 2)
         #expect(running.stderr == "opqueuectl: long: still not ended after 0.3 s\n")
@@ -176,7 +180,8 @@ import TestSupport
         let strays = try spool.ctl(["submit", spool.root + "/inbox", good, spool.root + "/nosuch.plist"])
         #expect(strays.status == 1)
         #expect(strays.stdout == "amidstrays\n", "\(strays.stdout)")
-        #expect(strays.stderr == "\(spool.root)/inbox: cannot be read: a directory, not a manifest file\n\(spool.root)/nosuch.plist: cannot be read: No such file or directory\n",
+        #expect(strays.stderr == "\(spool.root)/inbox: cannot be read: a directory, not a manifest file\n"
+                    + "\(spool.root)/nosuch.plist: cannot be read: No such file or directory\n",
                 "\(strays.stderr)")
         #expect(try spool.ctl(["wait", "amidstrays", "--timeout", "10"]).status == 0)
         // A manifest without `job` gets the id its file's name gives, and submit prints that id (it printed the name
@@ -185,7 +190,8 @@ import TestSupport
         let keyless = spool.root + "-no key.plist"
         try plist(["operations": [sleepOp("a", 0)]]).write(to: URL(fileURLWithPath: keyless))
         defer { unlink(keyless) }
-        let keylessID = (keyless as NSString).lastPathComponent.replacingOccurrences(of: " ", with: "_").replacingOccurrences(of: ".plist", with: "")
+        let keylessID = (keyless as NSString).lastPathComponent
+            .replacingOccurrences(of: " ", with: "_").replacingOccurrences(of: ".plist", with: "")
         let first = try spool.ctl(["submit", keyless])
         #expect(first.status == 0 && first.stdout == keylessID + "\n", "\(first)")
         #expect(try spool.ctl(["wait", keylessID, "--timeout", "10"]).status == 0)
@@ -206,13 +212,15 @@ import TestSupport
         #expect(checked.status == 1 && checked.stdout == "-: operation 'x': kind is missing\n", "\(checked)")
         let endless = try spool.ctl(["validate", "/dev/zero"])
         #expect(endless.status == 1 && endless.stdout.hasPrefix("/dev/zero: the manifest is larger than the limit"), "\(endless)")
-        let drawn = try spool.ctl(["graph", "-"], input: plist(["job": "drawn", "operations": [sleepOp("a", 0), sleepOp("b", 0, deps: ["a"])]]))
+        let drawn = try spool.ctl(["graph", "-"],
+                                  input: plist(["job": "drawn", "operations": [sleepOp("a", 0), sleepOp("b", 0, deps: ["a"])]]))
         #expect(drawn.status == 0 && drawn.stdout.hasPrefix("digraph \"drawn\" {") && drawn.stdout.contains("\"a\" -> \"b\";"), "\(drawn)")
         // A keyless manifest's graph is named by its path, quoted for DOT whatever the path holds.
         let quoted = spool.root + "/say \"hi\".plist"
         try plist(["operations": [sleepOp("a", 0)]]).write(to: URL(fileURLWithPath: quoted))
         let quotedGraph = try spool.ctl(["graph", quoted])
-        #expect(quotedGraph.status == 0 && quotedGraph.stdout.hasPrefix("digraph \"\(spool.root)/say \\\"hi\\\".plist\" {"), "\(quotedGraph)")
+        #expect(quotedGraph.status == 0 && quotedGraph.stdout.hasPrefix("digraph \"\(spool.root)/say \\\"hi\\\".plist\" {"),
+                "\(quotedGraph)")
 
         spool.signal(SIGTERM)
         #expect(spool.waitForExit() == 0)
@@ -220,10 +228,12 @@ import TestSupport
         #expect(stopped.status == 3 && stopped.stderr == "opqueuectl: no daemon is running on \(spool.root)/opqueued.sock (no socket)\n",
                 "no daemon: \(stopped)")
         // A mistyped --spool says so, with the same exit status.
-        for (wrong, why) in [(spool.root + "-typo", "there is no folder \(spool.root)-typo"), ("/etc/passwd", "there is no folder /etc/passwd"),
+        for (wrong, why) in [(spool.root + "-typo", "there is no folder \(spool.root)-typo"),
+                             ("/etc/passwd", "there is no folder /etc/passwd"),
                              (spool.root + "/inbox", "\(spool.root)/inbox is not a spool: it has no inbox/")] {
             let mistyped = try run("opqueuectl", ["--spool", wrong, "status"])
-            #expect(mistyped.status == 3 && mistyped.stderr.contains("(no socket\(why.hasPrefix("there") ? ": " : ", and ")\(why); is --spool right?)"),
+            let joiner = why.hasPrefix("there") ? ": " : ", and "
+            #expect(mistyped.status == 3 && mistyped.stderr.contains("(no socket\(joiner)\(why); is --spool right?)"),
                     "\(wrong): \(mistyped)")
         }
         #expect(try spool.ctl(["frobnicate"]).status == 64, "usage errors whether or not a daemon runs")
@@ -234,13 +244,16 @@ import TestSupport
         for impossible in ["", "../../etc", "a b", ".hidden", String(repeating: "x", count: 129)] {
             let never = try spool.ctl(["wait", impossible])
             #expect(never.status == 1 && never.stderr.contains("cannot be a job's id"), "\(impossible.debugDescription): \(never)")
-            #expect(never.stderr.contains("gets the id") == (impossible == "a b" || impossible.count == 129), "\(impossible.debugDescription): \(never)")
+            #expect(never.stderr.contains("gets the id") == (impossible == "a b" || impossible.count == 129),
+                    "\(impossible.debugDescription): \(never)")
         }
         // A manifest's file name given for its id: what id such a file gets, from the daemon's own rule.
         let named = try spool.ctl(["wait", "photo 1.plist"])
-        #expect(named.status == 1 && named.stderr.hasSuffix("; a manifest file photo 1.plist without `job` gets the id 'photo_1'\n"), "\(named)")
+        #expect(named.status == 1 && named.stderr.hasSuffix("; a manifest file photo 1.plist without `job` gets the id 'photo_1'\n"),
+                "\(named)")
         let plain = try spool.ctl(["wait", "inbox.plist", "--timeout", "0.2"])
-        #expect(plain.status == 2 && plain.stderr.hasSuffix("; a manifest file inbox.plist without `job` gets the id 'inbox'\n"), "\(plain)")
+        #expect(plain.status == 2 && plain.stderr.hasSuffix("; a manifest file inbox.plist without `job` gets the id 'inbox'\n"),
+                "\(plain)")
     }
 
     @Test func killNineResumesWithoutRerunningWhatSucceeded() throws {
@@ -250,7 +263,8 @@ import TestSupport
         // Wait until "first" has been recorded as succeeded.
         let progress = spool.root + "/active/.progress.log"
         let deadline = Date().addingTimeInterval(10)
-        while Date() < deadline, !((try? String(contentsOfFile: progress, encoding: .utf8))?.hasPrefix("crash\tfirst\t") ?? false) { usleep(10_000) }
+        while Date() < deadline,
+              !((try? String(contentsOfFile: progress, encoding: .utf8))?.hasPrefix("crash\tfirst\t") ?? false) { usleep(10_000) }
         let firstRecord = try String(contentsOfFile: progress, encoding: .utf8)
         spool.signal(SIGKILL)
         _ = spool.waitForExit()
@@ -266,7 +280,8 @@ import TestSupport
         #expect(spool.list("outbox") == ["crash"])
         #expect(spool.list("active").isEmpty)
         let log = try String(contentsOfFile: spool.logPath, encoding: .utf8)
-        #expect(log.components(separatedBy: "OPQ_OPERATION=first OPQ_QOS=default OPQ_QUEUE=default OPQ_QUEUE_PRIORITY=normal OPQ_STATE=executing").count == 2,
+        #expect(log.components(separatedBy: "OPQ_OPERATION=first OPQ_QOS=default OPQ_QUEUE=default OPQ_QUEUE_PRIORITY=normal"
+                                   + " OPQ_STATE=executing").count == 2,
                 "'first' ran once, before the crash")
     }
 
