@@ -78,89 +78,104 @@ extension StoreConformance {
     /// Slots go by priority (SPEC §8): a free slot goes to the live node that waits with the highest priority;
     /// at one priority to the node waiting longest (a node that recorded no wait at it waits from now), and taking
     /// slots sends a node to the back; slots whose operations ended are kept unless a better waiter is there (at
-    /// one priority: one that has waited 50 ms); a
-    /// waiter that stopped waiting, or whose node is silent past the lease, holds no one back; a lost node's waits
-    /// go with its slots.
+    /// one priority: one that has waited 50 ms); a waiter that stopped waiting, or whose node is silent past the
+    /// lease, holds no one back; a lost node's waits go with its slots.
     static func slotPriority(_ factory: StoreFactory) async throws {
         try await withStore(factory) { store in
             for n in ["hi", "lo", "mid", "quiet"] { try await store.registerNode(node(n, limits: ["api": 1])) }
-            func take(_ n: String, _ priority: Int, leaseSeconds: Double = 60) async throws -> SlotLease? {
-                try await store.acquireSlots(queue: "api", limit: 1, node: n, count: 1, priority: priority,
-                                             leaseSeconds: leaseSeconds).first
-            }
-            try await store.waitForSlot(queue: "api", node: "lo", priority: 1)
-            try await store.waitForSlot(queue: "api", node: "hi", priority: 4)
-            #expect(try await take("lo", 1) == nil, "hi waits with a higher priority: lo must not take the free slot")
-            #expect(try await take("quiet", 2) == nil, "nor a node that recorded no wait, at a lower priority")
-            #expect(try await take("quiet", 4) == nil, "nor one at the same priority: hi has waited longer")
-            let first = try #require(try await take("hi", 4))
-            try await store.stopWaitingForSlot(queue: "api", node: "hi")
-            #expect(try await take("lo", 1) == nil, "all held")
-            #expect(try await store.releaseSlot(first))
-            let second = try #require(try await take("lo", 1), "hi stopped waiting: lo is next")
-            #expect(try await store.releaseSlot(second))
-
-            // One priority: the node waiting longest first; after it is served, the other one.
-            try await store.waitForSlot(queue: "api", node: "mid", priority: 1)
-            #expect(try await take("mid", 1) == nil, "lo waits since earlier at the same priority")
-            let third = try #require(try await take("lo", 1))
-            #expect(try await store.releaseSlot(third))
-            #expect(try await take("lo", 1) == nil, "lo was served: mid's turn")
-            let fourth = try #require(try await take("mid", 1))
-            #expect(try await store.releaseSlot(fourth))
-            // Recording the same priority again keeps the turn; a new priority starts a new one.
-            try await store.waitForSlot(queue: "api", node: "lo", priority: 1)
-            #expect(try await take("mid", 1) == nil, "lo's turn is kept")
-            try await store.waitForSlot(queue: "api", node: "mid", priority: 2)
-            #expect(try await take("lo", 1) == nil, "mid now waits with a higher priority")
-            let fifth = try #require(try await take("mid", 2))
-            #expect(try await store.releaseSlot(fifth))
-            try await store.stopWaitingForSlot(queue: "api", node: "mid")
-
-            // A slot whose operation ended: kept while no one better waits, handed over when someone does.
-            var held = try #require(try await take("lo", 1))
-            #expect(try await store.keepSlots([held], priority: 1, leaseSeconds: 60).isEmpty, "no one waits ahead of lo")
-            // At one priority, the holder's turn lasts until the other has waited 50 ms. "Just begun" can be seen only
-            // when the two statements take less than that (on a loaded machine they may not: the check failed in CI
-            // once): rounds are tried until one is quick, each slow one undone (mid stops waiting, lo holds the slot).
-            var seen = false
-            for _ in 0..<20 where !seen {
-                let began = ContinuousClock.now
-                try await store.waitForSlot(queue: "api", node: "mid", priority: 1)
-                let freed = try await store.keepSlots([held], priority: 1, leaseSeconds: 60)
-                if ContinuousClock.now - began < .milliseconds(45) {
-                    #expect(freed.isEmpty, "mid has just begun to wait")
-                    seen = true
-                } else {
-                    try await store.stopWaitingForSlot(queue: "api", node: "mid")
-                    if !freed.isEmpty { held = try #require(try await take("lo", 1)) }
-                }
-            }
-            #expect(seen, "no round of two statements took less than 45 ms")
-            try await Task.sleep(for: .milliseconds(80))
-            #expect(try await store.keepSlots([held], priority: 1, leaseSeconds: 60) == [held], "mid has waited its turn")
-            let mids = try #require(try await take("mid", 1))
-            try await store.stopWaitingForSlot(queue: "api", node: "mid")
-            #expect(try await store.releaseSlot(mids))
-            let again = try #require(try await take("lo", 1))
-            #expect(try await store.keepSlots([again], priority: 1, leaseSeconds: 60).isEmpty)
-            try await store.waitForSlot(queue: "api", node: "hi", priority: 4)
-            #expect(try await store.keepSlots([again], priority: 1, leaseSeconds: 60) == [again], "hi waits with a higher priority")
-            #expect(try await store.slotHolders(queue: "api").isEmpty)
-            #expect(try await store.releaseSlot(again) == false, "freed already")
-            let his = try #require(try await take("hi", 4))
-            #expect(try await store.keepSlots([his], priority: 4, leaseSeconds: 60).isEmpty, "lo waits at a lower priority")
-            #expect(try await store.slotHolders(queue: "api").map(\.holder) == ["hi"])
-            #expect(try await store.releaseSlot(his))
-
-            // A waiter whose node is silent past the lease holds no one back, and a takeover forgets its waits.
-            #expect(try await take("lo", 1) == nil, "hi still waits")
-            try await Task.sleep(for: .milliseconds(700))
-            for n in ["lo", "mid", "quiet"] { _ = try await store.heartbeat(node: n) }
-            let late = try #require(try await take("lo", 1, leaseSeconds: 0.5), "hi has not beaten within the lease")
-            #expect(try await store.releaseSlot(late))
-            _ = try await store.takeOverSilent(try await store.nodeBeats().filter { $0.node == "hi" })
-            #expect(try await take("lo", 1) != nil, "hi's wait went with the takeover")
+            try await slotsGoToTheHighestPriority(store)
+            try await slotsAtOnePriorityTakeTurns(store)
+            try await endedSlotsAreKeptUntilABetterWaiter(store)
+            try await silentWaitersHoldNoOneBack(store)
         }
+    }
+
+    /// The one slot of `api` for node `n`, if the store gives it.
+    private static func take(_ store: any ClusterStore, _ n: String, _ priority: Int,
+                             leaseSeconds: Double = 60) async throws -> SlotLease? {
+        try await store.acquireSlots(queue: "api", limit: 1, node: n, count: 1, priority: priority, leaseSeconds: leaseSeconds).first
+    }
+
+    /// A free slot goes to the node waiting with the highest priority, then to the next once it stops waiting.
+    private static func slotsGoToTheHighestPriority(_ store: any ClusterStore) async throws {
+        try await store.waitForSlot(queue: "api", node: "lo", priority: 1)
+        try await store.waitForSlot(queue: "api", node: "hi", priority: 4)
+        #expect(try await take(store, "lo", 1) == nil, "hi waits with a higher priority: lo must not take the free slot")
+        #expect(try await take(store, "quiet", 2) == nil, "nor a node that recorded no wait, at a lower priority")
+        #expect(try await take(store, "quiet", 4) == nil, "nor one at the same priority: hi has waited longer")
+        let first = try #require(try await take(store, "hi", 4))
+        try await store.stopWaitingForSlot(queue: "api", node: "hi")
+        #expect(try await take(store, "lo", 1) == nil, "all held")
+        #expect(try await store.releaseSlot(first))
+        let second = try #require(try await take(store, "lo", 1), "hi stopped waiting: lo is next")
+        #expect(try await store.releaseSlot(second))
+    }
+
+    /// At one priority the node waiting longest goes first; after it is served, the other one.
+    private static func slotsAtOnePriorityTakeTurns(_ store: any ClusterStore) async throws {
+        try await store.waitForSlot(queue: "api", node: "mid", priority: 1)
+        #expect(try await take(store, "mid", 1) == nil, "lo waits since earlier at the same priority")
+        let third = try #require(try await take(store, "lo", 1))
+        #expect(try await store.releaseSlot(third))
+        #expect(try await take(store, "lo", 1) == nil, "lo was served: mid's turn")
+        let fourth = try #require(try await take(store, "mid", 1))
+        #expect(try await store.releaseSlot(fourth))
+        // Recording the same priority again keeps the turn; a new priority starts a new one.
+        try await store.waitForSlot(queue: "api", node: "lo", priority: 1)
+        #expect(try await take(store, "mid", 1) == nil, "lo's turn is kept")
+        try await store.waitForSlot(queue: "api", node: "mid", priority: 2)
+        #expect(try await take(store, "lo", 1) == nil, "mid now waits with a higher priority")
+        let fifth = try #require(try await take(store, "mid", 2))
+        #expect(try await store.releaseSlot(fifth))
+        try await store.stopWaitingForSlot(queue: "api", node: "mid")
+    }
+
+    /// A slot whose operation ended: kept while no one better waits, handed over when someone does.
+    private static func endedSlotsAreKeptUntilABetterWaiter(_ store: any ClusterStore) async throws {
+        var held = try #require(try await take(store, "lo", 1))
+        #expect(try await store.keepSlots([held], priority: 1, leaseSeconds: 60).isEmpty, "no one waits ahead of lo")
+        // At one priority, the holder's turn lasts until the other has waited 50 ms. "Just begun" can be seen only
+        // when the two statements take less than that (on a loaded machine they may not: the check failed in CI
+        // once): rounds are tried until one is quick, each slow one undone (mid stops waiting, lo holds the slot).
+        var seen = false
+        for _ in 0..<20 where !seen {
+            let began = ContinuousClock.now
+            try await store.waitForSlot(queue: "api", node: "mid", priority: 1)
+            let freed = try await store.keepSlots([held], priority: 1, leaseSeconds: 60)
+            if ContinuousClock.now - began < .milliseconds(45) {
+                #expect(freed.isEmpty, "mid has just begun to wait")
+                seen = true
+            } else {
+                try await store.stopWaitingForSlot(queue: "api", node: "mid")
+                if !freed.isEmpty { held = try #require(try await take(store, "lo", 1)) }
+            }
+        }
+        #expect(seen, "no round of two statements took less than 45 ms")
+        try await Task.sleep(for: .milliseconds(80))
+        #expect(try await store.keepSlots([held], priority: 1, leaseSeconds: 60) == [held], "mid has waited its turn")
+        let mids = try #require(try await take(store, "mid", 1))
+        try await store.stopWaitingForSlot(queue: "api", node: "mid")
+        #expect(try await store.releaseSlot(mids))
+        let again = try #require(try await take(store, "lo", 1))
+        #expect(try await store.keepSlots([again], priority: 1, leaseSeconds: 60).isEmpty)
+        try await store.waitForSlot(queue: "api", node: "hi", priority: 4)
+        #expect(try await store.keepSlots([again], priority: 1, leaseSeconds: 60) == [again], "hi waits with a higher priority")
+        #expect(try await store.slotHolders(queue: "api").isEmpty)
+        #expect(try await store.releaseSlot(again) == false, "freed already")
+        let his = try #require(try await take(store, "hi", 4))
+        #expect(try await store.keepSlots([his], priority: 4, leaseSeconds: 60).isEmpty, "lo waits at a lower priority")
+        #expect(try await store.slotHolders(queue: "api").map(\.holder) == ["hi"])
+        #expect(try await store.releaseSlot(his))
+    }
+
+    /// A waiter whose node is silent past the lease holds no one back; a takeover forgets its waits.
+    private static func silentWaitersHoldNoOneBack(_ store: any ClusterStore) async throws {
+        #expect(try await take(store, "lo", 1) == nil, "hi still waits")
+        try await Task.sleep(for: .milliseconds(700))
+        for n in ["lo", "mid", "quiet"] { _ = try await store.heartbeat(node: n) }
+        let late = try #require(try await take(store, "lo", 1, leaseSeconds: 0.5), "hi has not beaten within the lease")
+        #expect(try await store.releaseSlot(late))
+        _ = try await store.takeOverSilent(try await store.nodeBeats().filter { $0.node == "hi" })
+        #expect(try await take(store, "lo", 1) != nil, "hi's wait went with the takeover")
     }
 }

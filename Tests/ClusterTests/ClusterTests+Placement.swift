@@ -40,55 +40,8 @@ extension ClusterTests {
         let jobs = try dropSleepJobs(harness, "pinned", 0..<6, seconds: 0.1, queue: "gpu", node: { _ in 1 })
         #expect(harness.waitAll(jobs, timeout: 40).isEmpty)
         for job in jobs { #expect(harness.outboxes(holding: job) == [0]) }
-        // `show` on node 1 of a job node 0 is running: where it runs, and its operations' states as node 0's last
-        // heartbeat sent them (nodes never talk to each other: through the database, in the beat it sends anyway),
-        // never a `pending` that is false while node 0 executes it.
-        let long = uniqueJob("long")
-        try harness[1].drop(long + ".plist", ["job": long, "operations": [sleepOperation("a", 0, queue: "gpu"),
-                                                                          sleepOperation("b", 30, queue: "gpu", dependencies: ["a"])]])
-        let executing = try pollUntil(20) { () -> Bool? in
-            try harness[0].ctl(["show", long]).stdout.contains("executing") ? true : nil
-        }
-        #expect(executing != nil, "node 0 executes it")
-        var elsewhere: [String: Any]?
-        var states: [String] = []
-        _ = try pollUntil(10) { () -> Bool? in
-            elsewhere = try JSONSerialization.jsonObject(with: Data(harness[1].ctl(["show", long, "--json"]).stdout.utf8)) as? [String: Any]
-            states = (elsewhere?["operations"] as? [[String: Any]] ?? []).map {
-                "\($0["id"] ?? "?")=\($0["state"] ?? "-")/\($0["attempts"] ?? "-")/\($0["queue"] ?? "-")"
-            }
-            return states == ["a=succeeded/1/gpu", "b=executing/1/gpu"] ? true : nil
-        }
-        #expect(states == ["a=succeeded/1/gpu", "b=executing/1/gpu"], "as node 0's beats (every second here) said: \(states)")
-        #expect(elsewhere?["status"] as? String == "running" && elsewhere?["node"] as? String == harness[0].name)
-        #expect((elsewhere?["progressAt"] as? Double).map { abs($0 - epochNow()) < 5 } == true, "\(elsewhere ?? [:])")
-        let text = try harness[1].ctl(["show", long]).stdout
-        #expect(text.contains("on node \(harness[0].name) (states as of its heartbeat") && text.contains("executing")
-                && !text.contains("pending") && !text.contains("unknown"), "\(text)")
-        #expect(try harness[1].ctl(["cancel", long]).status == 0)
-        #expect(harness.waitResult(long, timeout: 20)?.result["status"] as? String == "cancelled")
-        // `opqueuectl submit` on node 1 validates as node 1's inbox does (SPEC §8): a `gpu` job is taken, a typo refused.
-        let submitted = uniqueJob("submitted")
-        let file = harness[1].spool + ".manifest.plist"
-        try PropertyListSerialization.data(fromPropertyList: sleepJob(submitted, 0, queue: "gpu"), format: .xml, options: 0)
-            .write(to: URL(fileURLWithPath: file))
-        let taken = try harness[1].ctl(["submit", file])
-        #expect(taken.status == 0 && taken.stdout == submitted + "\n", "\(taken.stdout)\(taken.stderr)")
-        #expect(harness.waitResult(submitted, timeout: 20)?.node == 0)
-        // `validate` checks as `submit` does: with node 1's daemon answering, `gpu` is no typo; with none (another spool),
-        // node 1's configuration alone knows no `gpu`.
-        let checked = try harness[1].ctl(["validate", file])
-        #expect(checked.status == 0 && checked.stdout.isEmpty, "\(checked.stdout)\(checked.stderr)")
-        let offline = try runProgram("opqueuectl",
-                                     ["--spool", harness[1].spool + ".nodaemon", "--config", harness[1].configPath, "validate", file])
-        #expect(offline.status == 1 && offline.stdout.contains("unknown queue 'gpu'"), "\(offline.stdout)\(offline.stderr)")
-        try PropertyListSerialization.data(fromPropertyList: sleepJob(uniqueJob("refused"), 0, queue: "gpuu"), format: .xml, options: 0)
-            .write(to: URL(fileURLWithPath: file))
-        let refused = try harness[1].ctl(["submit", file])
-        #expect(refused.status == 1 && refused.stderr.contains("unknown queue 'gpuu'"), "\(refused.stdout)\(refused.stderr)")
-        let typoChecked = try harness[1].ctl(["validate", file])
-        #expect(typoChecked.status == 1 && typoChecked.stdout.contains("unknown queue 'gpuu'"),
-                "\(typoChecked.stdout)\(typoChecked.stderr)")
+        try expectShowOnAnotherNodeGivesTheRunningNodesStates(harness)
+        try expectSubmitAndValidateAsTheNodesInboxDoes(harness)
         // A queue no node declares is a typo: rejected where it was dropped.
         let typo = uniqueJob("typo")
         try harness[1].drop(typo + ".plist", sleepJob(typo, 0, queue: "gpuu"))
@@ -131,6 +84,63 @@ extension ClusterTests {
         #expect(try harness[1].ctl(["cancel", stuck]).status == 1, "it has ended")
         try harness[0].start()
         #expect(harness.waitResult(waiting, timeout: 20)?.node == 0)
+    }
+
+    /// `show` on node 1 of a job node 0 is running, in a `gpu` queue only node 0 declares.
+    private func expectShowOnAnotherNodeGivesTheRunningNodesStates(_ harness: ClusterHarness) throws {
+        // `show` on node 1 of a job node 0 is running: where it runs, and its operations' states as node 0's last
+        // heartbeat sent them (nodes never talk to each other: through the database, in the beat it sends anyway),
+        // never a `pending` that is false while node 0 executes it.
+        let long = uniqueJob("long")
+        try harness[1].drop(long + ".plist", ["job": long, "operations": [sleepOperation("a", 0, queue: "gpu"),
+                                                                          sleepOperation("b", 30, queue: "gpu", dependencies: ["a"])]])
+        let executing = try pollUntil(20) { () -> Bool? in
+            try harness[0].ctl(["show", long]).stdout.contains("executing") ? true : nil
+        }
+        #expect(executing != nil, "node 0 executes it")
+        var elsewhere: [String: Any]?
+        var states: [String] = []
+        _ = try pollUntil(10) { () -> Bool? in
+            elsewhere = try JSONSerialization.jsonObject(with: Data(harness[1].ctl(["show", long, "--json"]).stdout.utf8)) as? [String: Any]
+            states = (elsewhere?["operations"] as? [[String: Any]] ?? []).map {
+                "\($0["id"] ?? "?")=\($0["state"] ?? "-")/\($0["attempts"] ?? "-")/\($0["queue"] ?? "-")"
+            }
+            return states == ["a=succeeded/1/gpu", "b=executing/1/gpu"] ? true : nil
+        }
+        #expect(states == ["a=succeeded/1/gpu", "b=executing/1/gpu"], "as node 0's beats (every second here) said: \(states)")
+        #expect(elsewhere?["status"] as? String == "running" && elsewhere?["node"] as? String == harness[0].name)
+        #expect((elsewhere?["progressAt"] as? Double).map { abs($0 - epochNow()) < 5 } == true, "\(elsewhere ?? [:])")
+        let text = try harness[1].ctl(["show", long]).stdout
+        #expect(text.contains("on node \(harness[0].name) (states as of its heartbeat") && text.contains("executing")
+                && !text.contains("pending") && !text.contains("unknown"), "\(text)")
+        #expect(try harness[1].ctl(["cancel", long]).status == 0)
+        #expect(harness.waitResult(long, timeout: 20)?.result["status"] as? String == "cancelled")
+    }
+
+    /// `submit` and `validate` on node 1, which does not declare `gpu`, with its daemon answering and without.
+    private func expectSubmitAndValidateAsTheNodesInboxDoes(_ harness: ClusterHarness) throws {
+        // `opqueuectl submit` on node 1 validates as node 1's inbox does (SPEC §8): a `gpu` job is taken, a typo refused.
+        let submitted = uniqueJob("submitted")
+        let file = harness[1].spool + ".manifest.plist"
+        try PropertyListSerialization.data(fromPropertyList: sleepJob(submitted, 0, queue: "gpu"), format: .xml, options: 0)
+            .write(to: URL(fileURLWithPath: file))
+        let taken = try harness[1].ctl(["submit", file])
+        #expect(taken.status == 0 && taken.stdout == submitted + "\n", "\(taken.stdout)\(taken.stderr)")
+        #expect(harness.waitResult(submitted, timeout: 20)?.node == 0)
+        // `validate` checks as `submit` does: with node 1's daemon answering, `gpu` is no typo; with none (another spool),
+        // node 1's configuration alone knows no `gpu`.
+        let checked = try harness[1].ctl(["validate", file])
+        #expect(checked.status == 0 && checked.stdout.isEmpty, "\(checked.stdout)\(checked.stderr)")
+        let offline = try runProgram("opqueuectl",
+                                     ["--spool", harness[1].spool + ".nodaemon", "--config", harness[1].configPath, "validate", file])
+        #expect(offline.status == 1 && offline.stdout.contains("unknown queue 'gpu'"), "\(offline.stdout)\(offline.stderr)")
+        try PropertyListSerialization.data(fromPropertyList: sleepJob(uniqueJob("refused"), 0, queue: "gpuu"), format: .xml, options: 0)
+            .write(to: URL(fileURLWithPath: file))
+        let refused = try harness[1].ctl(["submit", file])
+        #expect(refused.status == 1 && refused.stderr.contains("unknown queue 'gpuu'"), "\(refused.stdout)\(refused.stderr)")
+        let typoChecked = try harness[1].ctl(["validate", file])
+        #expect(typoChecked.status == 1 && typoChecked.stdout.contains("unknown queue 'gpuu'"),
+                "\(typoChecked.stdout)\(typoChecked.stderr)")
     }
 
     /// A node whose spool is full when it claims (its own file system out of inodes: a real ENOSPC): the row goes

@@ -101,45 +101,7 @@ func monotonicNow() -> Double {
         var groups: [(GroupID, [[Int]], [Bool], [Bool])] = []
         let graphCount = 2_000
         for g in 0..<graphCount {
-            let n = Int.random(in: 1...12, using: &rng)
-            var builder = GraphBuilder()
-            var deps: [[Int]] = []
-            var fails: [Bool] = []
-            var afterFailure: [Bool] = []
-            for i in 0..<n {
-                var mine: Set<Int> = []
-                if i > 0 { for _ in 0..<Int.random(in: 0...3, using: &rng) { mine.insert(Int.random(in: 0..<i, using: &rng)) } }
-                let dependencies = mine.sorted()
-                deps.append(dependencies)
-                let q = Int.random(in: 0..<queues.count, using: &rng)
-                let key = "\(g)/\(i)"
-                let mustFinish = dependencies.map { "\(g)/\($0)" }
-                let failing = Int.random(in: 0..<20, using: &rng) == 0
-                fails.append(failing)
-                let runsAfter = Bool.random(using: &rng)
-                afterFailure.append(runsAfter)
-                let body: OperationBody
-                if Bool.random(using: &rng) {
-                    body = .sync { _ in
-                        tracker.start(key, queue: q, mustHaveFinished: mustFinish)
-                        tracker.end(key, queue: q)
-                        if failing { throw OperationCancelled() }
-                        return key
-                    }
-                } else {
-                    body = .async { context in
-                        tracker.start(key, queue: q, mustHaveFinished: mustFinish)
-                        DispatchQueue.global().async {
-                            tracker.end(key, queue: q)
-                            context.finish(failing ? .failure(OperationCancelled()) : .success(key))
-                        }
-                    }
-                }
-                builder.add(OperationSpec(name: "op\(i)", queue: queues[q],
-                                          queuePriority: QueuePriority.allCases.randomElement(using: &rng) ?? .normal,
-                                          runsAfterFailure: runsAfter, body: body), dependencies: dependencies)
-            }
-            groups.append((try engine.submit(builder), deps, fails, afterFailure))
+            groups.append(try submitRandomGraph(g, engine: engine, queues: queues, tracker: tracker, &rng))
         }
         for (group, _, _, _) in groups { engine.wait(group) }
         engine.shutdown()
@@ -159,7 +121,58 @@ func monotonicNow() -> Double {
         }
         #expect(tracker.starts.values.allSatisfy { $0 == 1 }, "no operation runs twice")
 
-        // Every operation: one terminal transition, after pending → ready → executing when it ran.
+        try expectEveryOperationEndedOnce(groups, engine: engine, tracker: tracker, graphCount: graphCount)
+    }
+
+    /// A random graph of 1 to 12 operations over `queues`, sync and async, some failing, some running after a failure;
+    /// returns its group with each operation's dependencies, whether it fails and whether it runs after a failure.
+    private func submitRandomGraph(_ g: Int, engine: Engine, queues: [QueueID], tracker: Tracker,
+                                   _ rng: inout SystemRandomNumberGenerator) throws -> (GroupID, [[Int]], [Bool], [Bool]) {
+        let n = Int.random(in: 1...12, using: &rng)
+        var builder = GraphBuilder()
+        var deps: [[Int]] = []
+        var fails: [Bool] = []
+        var afterFailure: [Bool] = []
+        for i in 0..<n {
+            var mine: Set<Int> = []
+            if i > 0 { for _ in 0..<Int.random(in: 0...3, using: &rng) { mine.insert(Int.random(in: 0..<i, using: &rng)) } }
+            let dependencies = mine.sorted()
+            deps.append(dependencies)
+            let q = Int.random(in: 0..<queues.count, using: &rng)
+            let key = "\(g)/\(i)"
+            let mustFinish = dependencies.map { "\(g)/\($0)" }
+            let failing = Int.random(in: 0..<20, using: &rng) == 0
+            fails.append(failing)
+            let runsAfter = Bool.random(using: &rng)
+            afterFailure.append(runsAfter)
+            let body: OperationBody
+            if Bool.random(using: &rng) {
+                body = .sync { _ in
+                    tracker.start(key, queue: q, mustHaveFinished: mustFinish)
+                    tracker.end(key, queue: q)
+                    if failing { throw OperationCancelled() }
+                    return key
+                }
+            } else {
+                body = .async { context in
+                    tracker.start(key, queue: q, mustHaveFinished: mustFinish)
+                    DispatchQueue.global().async {
+                        tracker.end(key, queue: q)
+                        context.finish(failing ? .failure(OperationCancelled()) : .success(key))
+                    }
+                }
+            }
+            builder.add(OperationSpec(name: "op\(i)", queue: queues[q],
+                                      queuePriority: QueuePriority.allCases.randomElement(using: &rng) ?? .normal,
+                                      runsAfterFailure: runsAfter, body: body), dependencies: dependencies)
+        }
+        return (try engine.submit(builder), deps, fails, afterFailure)
+    }
+
+    /// Every operation: one terminal transition, after pending → ready → executing when it ran; Foundation's rule for
+    /// what runs after a failure.
+    private func expectEveryOperationEndedOnce(_ groups: [(GroupID, [[Int]], [Bool], [Bool])], engine: Engine, tracker: Tracker,
+                                               graphCount: Int) throws {
         var states: [GroupID: [Int: [OperationState]]] = [:]
         var finishedGroups = Set<GroupID>()
         for event in tracker.events {

@@ -106,6 +106,27 @@ final class BootedSystemd {
         #expect(try systemd.property(unit, "User") == "opqueued")
         #expect(try systemd.eventually { try systemd.property(unit, "StatusText").hasPrefix("jobs active ") })
 
+        try expectAJobThroughTheInbox(systemd)
+
+        // The control socket answers the owner's side (root here) through opqueuectl.
+        #expect(try systemd.run("opqueuectl", "--spool", Self.spool, "status").stdout.contains("jobs active: 0"))
+
+        try expectReloadSignalsAndTheWatchdog(systemd)
+
+        // Stop: a clean exit, inactive and not failed.
+        #expect(try systemd.run("systemctl", "stop", unit).status == 0)
+        #expect(try systemd.property(unit, "ActiveState") == "inactive")
+        #expect(try systemd.property(unit, "Result") == "success")
+
+        // Hardening, as loaded, and offline on the shipped file.
+        #expect(try exposure(systemd.run("systemd-analyze", "security", unit).stdout).map { $0 <= 1.5 } == true)
+        let offline = try systemd.run("systemd-analyze", "security", "--offline=true", "/etc/systemd/system/\(unit)")
+        #expect(exposure(offline.stdout).map { $0 <= 1.5 } == true, "\(offline.stdout.suffix(200))")
+    }
+
+    /// A job through the inbox, run as opqueued, its operations' stories in the unit's journal.
+    private func expectAJobThroughTheInbox(_ systemd: BootedSystemd) throws {
+        let unit = Self.unit
         // A job through the inbox, written elsewhere and renamed in, as a submitter does.
         let job = "systemd-" + UUID().uuidString.prefix(8).lowercased()
         let manifest = plist(["job": job, "operations": [sleepOp("a", 0), sleepOp("b", 0, deps: ["a"])]])
@@ -132,10 +153,11 @@ final class BootedSystemd {
             return states.count == 2
         })
         for op in ["a", "b"] { #expect(states[op] == ["pending", "ready", "executing", "succeeded"], "\(op)") }
+    }
 
-        // The control socket answers the owner's side (root here) through opqueuectl.
-        #expect(try systemd.run("opqueuectl", "--spool", Self.spool, "status").stdout.contains("jobs active: 0"))
-
+    /// Reload, SIGUSR1 and SIGKILL to the running service, and its watchdog pings.
+    private func expectReloadSignalsAndTheWatchdog(_ systemd: BootedSystemd) throws {
+        let unit = Self.unit
         // Reload: RELOADING=1 … READY=1 around the SIGHUP; the service stays up with the same process.
         let pidBefore = try systemd.property(unit, "MainPID")
         let reload = try systemd.run("systemctl", "reload", unit)
@@ -173,16 +195,6 @@ final class BootedSystemd {
         sleep(5)
         #expect(try systemd.property(unit, "ActiveState") == "active")
         #expect(try systemd.property(unit, "NRestarts") == restarts, "no watchdog timeout in 5 s at WatchdogSec=2")
-
-        // Stop: a clean exit, inactive and not failed.
-        #expect(try systemd.run("systemctl", "stop", unit).status == 0)
-        #expect(try systemd.property(unit, "ActiveState") == "inactive")
-        #expect(try systemd.property(unit, "Result") == "success")
-
-        // Hardening, as loaded, and offline on the shipped file.
-        #expect(try exposure(systemd.run("systemd-analyze", "security", unit).stdout).map { $0 <= 1.5 } == true)
-        let offline = try systemd.run("systemd-analyze", "security", "--offline=true", "/etc/systemd/system/\(unit)")
-        #expect(exposure(offline.stdout).map { $0 <= 1.5 } == true, "\(offline.stdout.suffix(200))")
     }
 
     /// The README's chapter on installing the service, run as written in the tests' systemd: every `sh` block of it,

@@ -122,6 +122,16 @@ import TestSupport
     @Test func daemonControlAndExitCodes() throws {
         let spool = TestSpool()
         try spool.start()
+        try expectWaitAndTheControlVerbs(spool)
+        try expectSubmitAndValidate(spool)
+        try expectManifestsWithoutJobAndStandardInput(spool)
+        spool.signal(SIGTERM)
+        #expect(spool.waitForExit() == 0)
+        try expectUsageWithoutADaemon(spool)
+    }
+
+    /// wait, status, show, cancel, suspend and graph on a running job, and their exit statuses.
+    private func expectWaitAndTheControlVerbs(_ spool: TestSpool) throws {
         try spool.drop("long.plist", ["job": "long", "operations": [sleepOp("a", 30), sleepOp("b", 0, deps: ["a"])]])
         // Claimed first: a look while the manifest is still in the inbox would say so at the timeout.
         #expect(eventually(10) {
@@ -156,7 +166,10 @@ import TestSupport
         #expect(try spool.ctl(["cancel", "long"]).status == 1, "cancelling a job that has ended")
         #expect(try spool.ctl(["show", "long"]).stdout.contains("a  sleep  queue=default  cancelled"))
         #expect(try spool.ctl(["graph", "long"]).stdout.contains("\"a\" -> \"b\""))
+    }
 
+    /// submit validates, then places atomically; validate and submit say why a file cannot be a manifest.
+    private func expectSubmitAndValidate(_ spool: TestSpool) throws {
         try spool.drop("ok.plist", ["job": "ok", "operations": [sleepOp("a", 0)]])
         #expect(try spool.ctl(["wait", "ok", "--timeout", "10"]).status == 0)
         // submit validates, then places atomically.
@@ -184,6 +197,10 @@ import TestSupport
                     + "\(spool.root)/nosuch.plist: cannot be read: No such file or directory\n",
                 "\(strays.stderr)")
         #expect(try spool.ctl(["wait", "amidstrays", "--timeout", "10"]).status == 0)
+    }
+
+    /// Manifests without `job` and manifests read from standard input, submitted, validated and drawn.
+    private func expectManifestsWithoutJobAndStandardInput(_ spool: TestSpool) throws {
         // A manifest without `job` gets the id its file's name gives, and submit prints that id (it printed the name
         // while the daemon, given `NAME.XXXXXXXX.plist`, made the id `NAME.XXXXXXXX`): wait finds each. Submitted
         // again while the first is still known, it gets a name of its own.
@@ -221,9 +238,10 @@ import TestSupport
         let quotedGraph = try spool.ctl(["graph", quoted])
         #expect(quotedGraph.status == 0 && quotedGraph.stdout.hasPrefix("digraph \"\(spool.root)/say \\\"hi\\\".plist\" {"),
                 "\(quotedGraph)")
+    }
 
-        spool.signal(SIGTERM)
-        #expect(spool.waitForExit() == 0)
+    /// With the daemon stopped: what status, wait and a mistyped --spool say, and ids no job can have.
+    private func expectUsageWithoutADaemon(_ spool: TestSpool) throws {
         let stopped = try spool.ctl(["status"])
         #expect(stopped.status == 3 && stopped.stderr == "opqueuectl: no daemon is running on \(spool.root)/opqueued.sock (no socket)\n",
                 "no daemon: \(stopped)")
