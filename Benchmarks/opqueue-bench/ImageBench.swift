@@ -163,67 +163,71 @@ enum ImageBench {
         // Sepia at 0.8 as one matrix: 0.2·I + 0.8·M (SPEC §3.3).
         let m = [0.393, 0.769, 0.189, 0.349, 0.686, 0.168, 0.272, 0.534, 0.131]
         let matrix = (0..<9).map { (($0 % 4 == 0) ? 0.2 : 0) + 0.8 * m[$0] }
+        if count > 0 { try batch(corpus, files: files, out: out, listFile: listFile, matrix: matrix) }
+        try self.large(corpus, out: out, matrix: matrix)
+    }
+
+    /// The batch section: sepia and thumbnails of every corpus file, by opqueued and by the tools found installed.
+    static func batch(_ corpus: String, files: [String], out: String, listFile: String, matrix: [Double]) throws {
+        let count = files.count
         var rows: [(String, Double, Double, Bool)] = []
         func report(_ name: String, _ r: (seconds: Double, rss: Double, ok: Bool), images: Int) {
             rows.append((name, r.seconds, r.rss, r.ok))
             emit(String(format: "images tool=%@ files=%d seconds=%.2f images_per_second=%.1f peak_rss_mb=%.0f%@", name, images, r.seconds,
                         Double(images) / r.seconds, r.rss, r.ok ? "" : " FAILED"))
         }
-        if count > 0 {
-            let ours = opqueued(corpus, files: files) { id, url in
-                [["id": id, "kind": "download", "url": url], ["id": id + "s", "kind": "sepia", "dependencies": [id]],
-                 ["id": id + "w", "kind": "write", "path": id + ".jpg", "quality": 90, "dependencies": [id + "s"]]]
-            }
-            report("opqueued-sepia", ours, images: count)
-            if have("convert") {
-                let color = matrix.map { String(format: "%.4f", $0) }.joined(separator: " ")
-                report("imagemagick-color-matrix",
-                       shell("xargs -P2 -I{} sh -c 'convert \"{}\" -color-matrix \"\(color)\" -quality 90 \(out)/im-$(basename \"{}\")' "
-                             + "< \(listFile)"),
-                       images: count)
-            }
-            if have("vips") {
-                let mat = out + "/sepia.mat"
-                var text = "3 3\n"
-                for row in 0..<3 {
-                    let values: [String] = (0..<3).map { String(format: "%.4f", matrix[row * 3 + $0]) }
-                    text += values.joined(separator: " ") + "\n"
-                }
-                try text.write(toFile: mat, atomically: true, encoding: .utf8)
-                report("vips-recomb",
-                       shell("xargs -P2 -I{} sh -c 'vips recomb \"{}\" \(out)/vips-$(basename \"{}\")[Q=90] \(mat)' < \(listFile)"),
-                       images: count)
-            }
-            if shell("python3 -c 'import pyvips'").ok {
-                let script = (CommandLine.arguments[0] as NSString).deletingLastPathComponent
-                    + "/../../../Benchmarks/anchors/pyvips_sepia.py"
-                let path = FileManager.default.fileExists(atPath: script) ? script : "Benchmarks/anchors/pyvips_sepia.py"
-                report("pyvips-recomb-in-process", shell("python3 \(path) \(out) \(listFile)"), images: count)
-            }
-            if have("djpeg") && have("cjpeg") {
-                report("djpeg-cjpeg-floor",
-                       shell("xargs -P2 -I{} sh -c 'djpeg \"{}\" | cjpeg -quality 90 > \(out)/floor-$(basename \"{}\")' < \(listFile)"),
-                       images: count)
-            }
-            let thumbs = opqueued(corpus, files: files) { id, url in
-                [["id": id, "kind": "download", "url": url], ["id": id + "t", "kind": "thumbnail", "size": 256, "dependencies": [id]],
-                 ["id": id + "w", "kind": "write", "path": id + ".jpg", "quality": 90, "dependencies": [id + "t"]]]
-            }
-            report("opqueued-thumbnail-256", thumbs, images: count)
-            if have("vipsthumbnail") {
-                try? FileManager.default.createDirectory(atPath: out + "/thumbs", withIntermediateDirectories: true)
-                report("vipsthumbnail-256", shell("cd \(corpus)/jpeg && vipsthumbnail -s 256 -o \(out)/thumbs/%s.jpg[Q=90] *.jpg"),
-                       images: count)
-            }
-            let anchor = rows.first { $0.0 == "opqueued-sepia" }?.1 ?? 0
-            for (name, seconds, _, ok) in rows where ok && name != "opqueued-sepia" && !name.contains("thumbnail") && anchor > 0 {
-                emit(String(format: "ratio %@_seconds_over_opqueued=%.2f", name, seconds / anchor))
-            }
-            if let a = rows.first(where: { $0.0 == "opqueued-thumbnail-256" }), let b = rows.first(where: { $0.0 == "vipsthumbnail-256" }) {
-                emit(String(format: "ratio vipsthumbnail_seconds_over_opqueued_thumbnail=%.2f", b.1 / a.1))
-            }
+        let ours = opqueued(corpus, files: files) { id, url in
+            [["id": id, "kind": "download", "url": url], ["id": id + "s", "kind": "sepia", "dependencies": [id]],
+             ["id": id + "w", "kind": "write", "path": id + ".jpg", "quality": 90, "dependencies": [id + "s"]]]
         }
-        try self.large(corpus, out: out, matrix: matrix)
+        report("opqueued-sepia", ours, images: count)
+        if have("convert") {
+            let color = matrix.map { String(format: "%.4f", $0) }.joined(separator: " ")
+            report("imagemagick-color-matrix",
+                   shell("xargs -P2 -I{} sh -c 'convert \"{}\" -color-matrix \"\(color)\" -quality 90 \(out)/im-$(basename \"{}\")' "
+                         + "< \(listFile)"),
+                   images: count)
+        }
+        if have("vips") {
+            let mat = out + "/sepia.mat"
+            var text = "3 3\n"
+            for row in 0..<3 {
+                let values: [String] = (0..<3).map { String(format: "%.4f", matrix[row * 3 + $0]) }
+                text += values.joined(separator: " ") + "\n"
+            }
+            try text.write(toFile: mat, atomically: true, encoding: .utf8)
+            report("vips-recomb",
+                   shell("xargs -P2 -I{} sh -c 'vips recomb \"{}\" \(out)/vips-$(basename \"{}\")[Q=90] \(mat)' < \(listFile)"),
+                   images: count)
+        }
+        if shell("python3 -c 'import pyvips'").ok {
+            let script = (CommandLine.arguments[0] as NSString).deletingLastPathComponent
+                + "/../../../Benchmarks/anchors/pyvips_sepia.py"
+            let path = FileManager.default.fileExists(atPath: script) ? script : "Benchmarks/anchors/pyvips_sepia.py"
+            report("pyvips-recomb-in-process", shell("python3 \(path) \(out) \(listFile)"), images: count)
+        }
+        if have("djpeg") && have("cjpeg") {
+            report("djpeg-cjpeg-floor",
+                   shell("xargs -P2 -I{} sh -c 'djpeg \"{}\" | cjpeg -quality 90 > \(out)/floor-$(basename \"{}\")' < \(listFile)"),
+                   images: count)
+        }
+        let thumbs = opqueued(corpus, files: files) { id, url in
+            [["id": id, "kind": "download", "url": url], ["id": id + "t", "kind": "thumbnail", "size": 256, "dependencies": [id]],
+             ["id": id + "w", "kind": "write", "path": id + ".jpg", "quality": 90, "dependencies": [id + "t"]]]
+        }
+        report("opqueued-thumbnail-256", thumbs, images: count)
+        if have("vipsthumbnail") {
+            try? FileManager.default.createDirectory(atPath: out + "/thumbs", withIntermediateDirectories: true)
+            report("vipsthumbnail-256", shell("cd \(corpus)/jpeg && vipsthumbnail -s 256 -o \(out)/thumbs/%s.jpg[Q=90] *.jpg"),
+                   images: count)
+        }
+        let anchor = rows.first { $0.0 == "opqueued-sepia" }?.1 ?? 0
+        for (name, seconds, _, ok) in rows where ok && name != "opqueued-sepia" && !name.contains("thumbnail") && anchor > 0 {
+            emit(String(format: "ratio %@_seconds_over_opqueued=%.2f", name, seconds / anchor))
+        }
+        if let a = rows.first(where: { $0.0 == "opqueued-thumbnail-256" }), let b = rows.first(where: { $0.0 == "vipsthumbnail-256" }) {
+            emit(String(format: "ratio vipsthumbnail_seconds_over_opqueued_thumbnail=%.2f", b.1 / a.1))
+        }
     }
 
     /// The "large" section: one 12000×8000 image at a time, then eight at once.

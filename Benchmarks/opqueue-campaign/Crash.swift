@@ -88,6 +88,15 @@ struct CrashCampaign {
         return ["job": "j\(i)", "metadata": ["n": i], "operations": ops]
     }
 
+    /// What the kill cycles did.
+    struct Kills {
+        var pointKills: [String: Int] = [:]
+        var randomKills = 0
+        var missedPoints = 0
+        var peakRSS = 0.0
+        var unexpectedExits: [String] = []
+    }
+
     func run() throws -> Bool {
         var rng = SplitMix(state: seed)
         let images = parent + "/opq-crash-images-\(getpid())"
@@ -113,29 +122,26 @@ struct CrashCampaign {
         let early = jobs / 2
         for name in names.prefix(early) { drop(spool.inbox, name + ".plist", manifests[name] ?? Data()) }
         var pending = Array(names.dropFirst(early))
-        let perKill = max(1, (pending.count + kills - 1) / max(1, kills))
 
         let started = now()
-        var pointKills: [String: Int] = [:]
-        var randomKills = 0
-        var missedPoints = 0
-        var peakRSS = 0.0
-        var unexpectedExits: [String] = []
+        var cycles = try killCycles(spool: spool, log: log, manifests: manifests, pending: &pending, &rng)
+        for name in pending { drop(spool.inbox, name + ".plist", manifests[name] ?? Data()) }
+        try lastRun(spool: spool, log: log, &cycles)
+        let seconds = now() - started
+        return verdict(spool: spool, log: log, names: names, manifests: manifests, shapes: shapes, cycles: cycles, seconds: seconds)
+    }
+
+    /// Starts and kills the daemon `kills` times, dropping a share of the pending manifests each time: at a named crash
+    /// point every other time, else with SIGKILL at a random moment.
+    func killCycles(spool: CampaignSpool, log: String, manifests: [String: Data], pending: inout [String],
+                    _ rng: inout SplitMix) throws -> Kills {
+        let perKill = max(1, (pending.count + kills - 1) / max(1, kills))
+        var cycles = Kills()
         for k in 0..<kills {
             var environment: [String: String] = [:]
             var point: CrashPoint?
             if k % 2 == 1 {
-                let chosen = CrashPoint.allCases[Int(rng.next() % UInt64(CrashPoint.allCases.count))]
-                // Hits that a short run reaches: a claim or two, a few writes and publications, many progress lines;
-                // the progress log is rewritten once per start.
-                let most: UInt64 = switch chosen {
-                case .claimRecorded, .claimRenamed: 4
-                case .writePart: 3
-                case .publishStaged, .publishPlaced: 8
-                case .progressAppended: 100
-                case .progressRewritten: 1
-                }
-                let hit = 1 + Int(rng.next() % most)
+                let (chosen, hit) = crashPoint(&rng)
                 environment["OPQUEUED_CRASH_POINTS"] = "\(chosen.rawValue):\(hit)"
                 point = chosen
             }
@@ -146,39 +152,58 @@ struct CrashCampaign {
                 // The daemon kills itself at the point; a point it does not reach in time gets a plain kill.
                 if let status = daemon.wait(timeout: 2) {
                     if status == 128 + SIGKILL {
-                        pointKills[point.rawValue, default: 0] += 1
+                        cycles.pointKills[point.rawValue, default: 0] += 1
                     } else {
-                        unexpectedExits.append("exit \(status) at cycle \(k)")
+                        cycles.unexpectedExits.append("exit \(status) at cycle \(k)")
                     }
                     continue
                 }
-                missedPoints += 1
+                cycles.missedPoints += 1
             } else {
                 usleep(UInt32(10_000 + rng.next() % 600_000))
             }
-            peakRSS = max(peakRSS, daemon.peakRSS)
+            cycles.peakRSS = max(cycles.peakRSS, daemon.peakRSS)
             guard daemon.isRunning else {
-                unexpectedExits.append("exit \(daemon.wait(timeout: 1) ?? -1) before the kill at cycle \(k)")
+                cycles.unexpectedExits.append("exit \(daemon.wait(timeout: 1) ?? -1) before the kill at cycle \(k)")
                 continue
             }
             daemon.signal(SIGKILL)
             daemon.wait()
-            randomKills += 1
+            cycles.randomKills += 1
         }
-        for name in pending { drop(spool.inbox, name + ".plist", manifests[name] ?? Data()) }
+        return cycles
+    }
 
-        // The last run, to the end.
+    /// A crash point, and at which of its hits the daemon dies there.
+    func crashPoint(_ rng: inout SplitMix) -> (CrashPoint, Int) {
+        let chosen = CrashPoint.allCases[Int(rng.next() % UInt64(CrashPoint.allCases.count))]
+        // Hits that a short run reaches: a claim or two, a few writes and publications, many progress lines;
+        // the progress log is rewritten once per start.
+        let most: UInt64 = switch chosen {
+        case .claimRecorded, .claimRenamed: 4
+        case .writePart: 3
+        case .publishStaged, .publishPlaced: 8
+        case .progressAppended: 100
+        case .progressRewritten: 1
+        }
+        return (chosen, 1 + Int(rng.next() % most))
+    }
+
+    /// The last run, to the end.
+    func lastRun(spool: CampaignSpool, log: String, _ cycles: inout Kills) throws {
         let daemon = try DaemonProcess(spool: spool, log: log)
-        if !daemon.waitUntilReady(spool) { unexpectedExits.append("the last run did not become ready") }
+        if !daemon.waitUntilReady(spool) { cycles.unexpectedExits.append("the last run did not become ready") }
         let deadline = now() + max(120, Double(jobs) / 20)
         while list(spool.outbox).count < jobs && now() < deadline && daemon.isRunning { usleep(50_000) }
-        peakRSS = max(peakRSS, daemon.peakRSS)
+        cycles.peakRSS = max(cycles.peakRSS, daemon.peakRSS)
         daemon.signal(SIGTERM)
         let lastExit = daemon.wait(timeout: 30)
-        if lastExit != 0 { unexpectedExits.append("the last run ended with \(lastExit.map(String.init) ?? "a hang")") }
-        let seconds = now() - started
+        if lastExit != 0 { cycles.unexpectedExits.append("the last run ended with \(lastExit.map(String.init) ?? "a hang")") }
+    }
 
-        // The verdict.
+    /// The verdict: every job in the outbox once and as it must be, nothing left over, no unexpected exit or crash.
+    func verdict(spool: CampaignSpool, log: String, names: [String], manifests: [String: Data], shapes: [String: Shape],
+                 cycles: Kills, seconds: Double) -> Bool {
         let entries = Set(list(spool.outbox))
         let lost = names.filter { !entries.contains($0) }
         let duplicated = entries.subtracting(names).sorted()
@@ -191,13 +216,15 @@ struct CrashCampaign {
         let leftovers = list(spool.root + "/active").map { "active/\($0)" } + list(spool.root + "/tmp").map { "tmp/\($0)" }
             + list(spool.inbox).map { "inbox/\($0)" }
         let crashes = crashReports(log)
+        let unexpectedExits = cycles.unexpectedExits
 
-        let pointSummary = pointKills.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: ",")
-        say("campaign=crash jobs=\(jobs) kills=\(randomKills + pointKills.values.reduce(0, +)) random_kills=\(randomKills) "
-            + "point_kills=\(pointKills.values.reduce(0, +)) [\(pointSummary)] points_not_reached=\(missedPoints)")
+        let pointKills = cycles.pointKills.values.reduce(0, +)
+        let pointSummary = cycles.pointKills.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: ",")
+        say("campaign=crash jobs=\(jobs) kills=\(cycles.randomKills + pointKills) random_kills=\(cycles.randomKills) "
+            + "point_kills=\(pointKills) [\(pointSummary)] points_not_reached=\(cycles.missedPoints)")
         say("campaign=crash outbox=\(entries.count) lost=\(lost.count) duplicated=\(duplicated.count) inconsistent=\(inconsistent.count) "
             + "leftovers=\(leftovers.count) unexpected_exits=\(unexpectedExits.count) crashes=\(crashes.count) "
-            + "peak_rss_mb=\(Int(peakRSS)) seconds=\(Int(seconds))")
+            + "peak_rss_mb=\(Int(cycles.peakRSS)) seconds=\(Int(seconds))")
         for line in (lost.map { "lost \($0)" } + duplicated.map { "duplicated \($0)" } + inconsistent + leftovers.map { "left \($0)" }
                      + unexpectedExits + crashes).prefix(20) {
             say("  \(line)")

@@ -127,17 +127,7 @@ struct FaultCampaign {
             return false
         }
         if fault.beforeJobs { fault.inject(daemon.pid) }
-        var names: [String] = []
-        for i in 0..<jobs {
-            var ops: [[String: Any]] = [["id": "s", "kind": "sleep", "seconds": 0.05]]
-            for w in 0..<fault.width {
-                ops.append(["id": "get\(w)", "kind": "download", "url": "file://\(images)/photo\((i + w) % 4).jpg", "dependencies": ["s"]])
-                ops.append(["id": "save\(w)", "kind": "write", "path": "copy\(w).jpg", "dependencies": ["get\(w)"]])
-            }
-            let name = "\(fault.name)\(i)"
-            names.append(name)
-            drop(spool.inbox, name + ".plist", plistData(["job": name, "operations": ops]))
-        }
+        let names = dropJobs(fault, spool: spool, images: images)
         usleep(150_000)
         if !fault.beforeJobs { fault.inject(daemon.pid) }
         var latencies: [Double] = []
@@ -161,8 +151,32 @@ struct FaultCampaign {
         let alive = daemon.isRunning
         daemon.signal(SIGTERM)
         let exit = daemon.wait(timeout: 30)
+        return judge(fault, spool: spool, log: log, names: names, latencies: latencies, paused: paused, alive: alive, exit: exit)
+    }
+
+    /// The jobs run under a fault: a short sleep, then `width` downloads each written to a file.
+    func dropJobs(_ fault: Fault, spool: CampaignSpool, images: String) -> [String] {
+        var names: [String] = []
+        for i in 0..<jobs {
+            var ops: [[String: Any]] = [["id": "s", "kind": "sleep", "seconds": 0.05]]
+            for w in 0..<fault.width {
+                ops.append(["id": "get\(w)", "kind": "download", "url": "file://\(images)/photo\((i + w) % 4).jpg", "dependencies": ["s"]])
+                ops.append(["id": "save\(w)", "kind": "write", "path": "copy\(w).jpg", "dependencies": ["get\(w)"]])
+            }
+            let name = "\(fault.name)\(i)"
+            names.append(name)
+            drop(spool.inbox, name + ".plist", plistData(["job": name, "operations": ops]))
+        }
+        return names
+    }
+
+    /// Reports a fault's run and judges it: nothing lost or duplicated, every failure the fault's, no crash, nothing left
+    /// over, the daemon alive and stopped cleanly, and claiming paused and resumed where the fault must pause it.
+    func judge(_ fault: Fault, spool: CampaignSpool, log: String, names: [String], latencies: [Double], paused: Bool,
+               alive: Bool, exit: Int32?) -> Bool {
+        let root = spool.root
         let text = (try? String(contentsOfFile: log, encoding: .utf8)) ?? ""
-        paused = paused || text.contains("claiming is paused")
+        let paused = paused || text.contains("claiming is paused")
         let recovered = text.contains("the spool works again")
         let entries = Set(list(spool.outbox))
         let lost = names.filter { !entries.contains($0) }

@@ -23,6 +23,13 @@ struct FuzzCampaign {
     var seed: UInt64
     var batch = 500
 
+    /// What the batches found, and the memory readings between them.
+    struct Tally {
+        var tried = 0, crashes = 0, hangs = 0, unanswered: [String] = [], statusCounts: [String: Int] = [:]
+        var firstRSS = 0.0, peakRSS = 0.0, lastRSS = 0.0, firstHeap = 0.0, lastHeap = 0.0, batches = 0
+        var heaps: [Double] = []
+    }
+
     func run() throws -> Bool {
         var rng = SplitMix(state: seed)
         let spool = try CampaignSpool("fuzz", parent: parent, settings: [:])
@@ -37,128 +44,154 @@ struct FuzzCampaign {
         var daemon = try DaemonProcess(spool: spool, log: log)
         guard daemon.waitUntilReady(spool) else { throw CampaignFailure(description: "the daemon did not start; see \(log)") }
 
-        // Seeds: valid manifests of every shape, and valid images.
+        let seeds = seedManifests(base: server.base, roots: roots, &rng)
+        let (jpeg, png) = try seedImages(roots)
+        var tally = Tally()
+        let started = now()
+        let total = manifests + images
+        var made = 0
+        while made < total {
+            let inputs = try nextBatch(&made, total: total, seeds: seeds, jpeg: jpeg, png: png, roots: roots, &rng)
+            for input in inputs { drop(spool.inbox, input.name, input.data) }
+            tally.tried += inputs.count
+            try awaitAnswers(Set(inputs.map(\.name)), spool: spool, daemon: &daemon, log: log, &tally)
+            tally.lastRSS = processMemoryMB(daemon.pid, "VmRSS")
+            let status = try? ControlClient.request(spool.root + "/opqueued.sock", ["command": "status", "memory": true], timeout: 5)
+            tally.lastHeap = Double(status?["heapBytes"] as? Int ?? 0) / 1_048_576
+            if tally.firstRSS == 0 { tally.firstRSS = tally.lastRSS; tally.firstHeap = tally.lastHeap }
+            tally.heaps.append(tally.lastHeap)
+            tally.peakRSS = max(tally.peakRSS, daemon.peakRSS)
+            tally.batches += 1
+            say(String(format: "  batch %d: inputs %d, %.0f s, rss %.0f MB, heap in use %.1f MB",
+                       tally.batches, tally.tried, now() - started, tally.lastRSS, tally.lastHeap))
+        }
+        return finish(tally, daemon: daemon, spool: spool, roots: roots, log: log, started: started)
+    }
+
+    /// Valid manifests of every shape, the seeds the manifests are mutated from.
+    func seedManifests(base: String, roots: String, _ rng: inout SplitMix) -> [[String: Any]] {
         let crash = CrashCampaign(jobs: 0, kills: 0, parent: parent, seed: seed)
         var seeds: [[String: Any]] = []
         for i in 0..<12 {
             let shape = CrashCampaign.Shape(rawValue: i % CrashCampaign.Shape.allCases.count) ?? .chain
-            var m = crash.manifest(i, shape: shape, base: server.base, images: roots, rng: &rng)
+            var m = crash.manifest(i, shape: shape, base: base, images: roots, rng: &rng)
             m["qualityOfService"] = ["userInitiated", "utility", "background"][i % 3]
             m["queuePriority"] = ["high", "low", "normal"][i % 3]
             m["timeoutSeconds"] = 20.0
             seeds.append(m)
         }
+        return seeds
+    }
+
+    /// Valid images, the seeds the images are mutated from, also written where the seed manifests read them.
+    func seedImages(_ roots: String) throws -> (jpeg: Data, png: Data) {
         let jpeg = try sampleJPEG(width: 96, height: 64, seed: 3)
         let png = try Codecs.encode(try Codecs.decode(jpeg, maxPixels: 1 << 20), format: "png", quality: 0)
         for (i, image) in [jpeg, png].enumerated() { try image.write(to: URL(fileURLWithPath: "\(roots)/photo\(i).jpg")) }
         for i in 2..<8 { try jpeg.write(to: URL(fileURLWithPath: "\(roots)/photo\(i).jpg")) }
+        return (jpeg, png)
+    }
 
+    /// The next batch of inputs: mutated manifests first, then jobs that read a mutated image.
+    func nextBatch(_ made: inout Int, total: Int, seeds: [[String: Any]], jpeg: Data, png: Data, roots: String,
+                   _ rng: inout SplitMix) throws -> [(name: String, data: Data)] {
         var inputs: [(name: String, data: Data)] = []
-        var tried = 0, crashes = 0, hangs = 0, unanswered: [String] = [], statusCounts: [String: Int] = [:]
-        var firstRSS = 0.0, peakRSS = 0.0, lastRSS = 0.0, firstHeap = 0.0, lastHeap = 0.0, batches = 0
-        var heaps: [Double] = []
-        let started = now()
-        let total = manifests + images
-        var made = 0
-        while made < total {
-            inputs = []
-            while inputs.count < batch && made < total {
-                if made < manifests {
-                    inputs.append(("m\(made).plist", mutateManifest(seeds[Int(rng.next() % UInt64(seeds.count))], &rng)))
-                } else {
-                    let k = made - manifests
-                    let bytes = mutateBytes(k % 2 == 0 ? jpeg : png, &rng, image: true)
-                    let file = "fz\(k)" + (k % 2 == 0 ? ".jpg" : ".png")
-                    try bytes.write(to: URL(fileURLWithPath: roots + "/" + file))
-                    let ops: [[String: Any]] = [["id": "get", "kind": "download", "url": "file://\(roots)/\(file)"],
-                                                ["id": "small", "kind": "thumbnail", "size": 32, "dependencies": ["get"]],
-                                                ["id": "save", "kind": "write", "path": "t.png", "dependencies": ["small"]]]
-                    inputs.append(("i\(k).plist", plistData(["job": "i\(k)", "operations": ops])))
-                }
-                made += 1
+        while inputs.count < batch && made < total {
+            if made < manifests {
+                inputs.append(("m\(made).plist", mutateManifest(seeds[Int(rng.next() % UInt64(seeds.count))], &rng)))
+            } else {
+                let k = made - manifests
+                let bytes = mutateBytes(k % 2 == 0 ? jpeg : png, &rng, image: true)
+                let file = "fz\(k)" + (k % 2 == 0 ? ".jpg" : ".png")
+                try bytes.write(to: URL(fileURLWithPath: roots + "/" + file))
+                let ops: [[String: Any]] = [["id": "get", "kind": "download", "url": "file://\(roots)/\(file)"],
+                                            ["id": "small", "kind": "thumbnail", "size": 32, "dependencies": ["get"]],
+                                            ["id": "save", "kind": "write", "path": "t.png", "dependencies": ["small"]]]
+                inputs.append(("i\(k).plist", plistData(["job": "i\(k)", "operations": ops])))
             }
-            for input in inputs { drop(spool.inbox, input.name, input.data) }
-            tried += inputs.count
-            // Answers are found by the inbox name each result records.
-            var answered: [String: String] = [:]
-            let wanted = Set(inputs.map(\.name))
-            func collect() {
-                for entry in list(spool.outbox) {
-                    guard let result = readPlist(spool.outbox + "/" + entry + "/result.plist"), let name = result["manifest"] as? String,
-                          wanted.contains(name), answered[name] == nil else { continue }
-                    let status = result["status"] as? String ?? "?"
-                    answered[name] = status
-                    if status == "rejected" && (result["error"] as? String ?? "").isEmpty {
-                        unanswered.append("\(name): rejected without reasons")
-                    }
-                    // Ended entries are moved away so the outbox stays small.
-                    try? FileManager.default.removeItem(atPath: spool.outbox + "/" + entry)
-                }
-            }
-            // A fuzzed manifest may ask to sleep for a year: when no answer has come for a second, what runs
-            // is cancelled (and must then end); 30 s without any answer is a hang.
-            var lastCount = 0, lastProgress = now(), lastCancel = 0.0
-            while answered.count < wanted.count {
-                collect()
-                if answered.count != lastCount { lastCount = answered.count; lastProgress = now() }
-                if !daemon.isRunning {
-                    crashes += 1
-                    say("  crash: the daemon exited (\(daemon.wait(timeout: 1) ?? -1)) during a batch; see \(log)")
-                    daemon = try DaemonProcess(spool: spool, log: log)
-                    _ = daemon.waitUntilReady(spool)
-                    lastProgress = now()
-                }
-                let idle = now() - lastProgress
-                if idle > 30 { break }
-                if idle > 1 && now() - lastCancel > 1 {
-                    let status = try? ControlClient.request(spool.root + "/opqueued.sock", ["command": "status"], timeout: 5)
-                    for job in status?["activeJobs"] as? [String] ?? [] {
-                        _ = try? ControlClient.request(spool.root + "/opqueued.sock", ["command": "cancel", "job": job], timeout: 5)
-                    }
-                    lastCancel = now()
-                }
-                usleep(20_000)
-            }
-            collect()
-            for name in wanted where answered[name] == nil {
-                // Still in the inbox (never claimed) or in active/ (never ended).
-                hangs += 1
-                unanswered.append("\(name): no answer (inbox: \(FileManager.default.fileExists(atPath: spool.inbox + "/" + name)))")
-            }
-            for status in answered.values { statusCounts[status, default: 0] += 1 }
-            lastRSS = processMemoryMB(daemon.pid, "VmRSS")
-            let status = try? ControlClient.request(spool.root + "/opqueued.sock", ["command": "status", "memory": true], timeout: 5)
-            lastHeap = Double(status?["heapBytes"] as? Int ?? 0) / 1_048_576
-            if firstRSS == 0 { firstRSS = lastRSS; firstHeap = lastHeap }
-            heaps.append(lastHeap)
-            peakRSS = max(peakRSS, daemon.peakRSS)
-            batches += 1
-            say(String(format: "  batch %d: inputs %d, %.0f s, rss %.0f MB, heap in use %.1f MB",
-                       batches, tried, now() - started, lastRSS, lastHeap))
+            made += 1
         }
+        return inputs
+    }
+
+    /// Waits for an answer to each of a batch's inputs, restarting the daemon when it exits; counts what is not answered.
+    func awaitAnswers(_ wanted: Set<String>, spool: CampaignSpool, daemon: inout DaemonProcess, log: String,
+                      _ tally: inout Tally) throws {
+        // Answers are found by the inbox name each result records.
+        var answered: [String: String] = [:]
+        // A fuzzed manifest may ask to sleep for a year: when no answer has come for a second, what runs
+        // is cancelled (and must then end); 30 s without any answer is a hang.
+        var lastCount = 0, lastProgress = now(), lastCancel = 0.0
+        while answered.count < wanted.count {
+            collect(wanted, spool: spool, &answered, &tally)
+            if answered.count != lastCount { lastCount = answered.count; lastProgress = now() }
+            if !daemon.isRunning {
+                tally.crashes += 1
+                say("  crash: the daemon exited (\(daemon.wait(timeout: 1) ?? -1)) during a batch; see \(log)")
+                daemon = try DaemonProcess(spool: spool, log: log)
+                _ = daemon.waitUntilReady(spool)
+                lastProgress = now()
+            }
+            let idle = now() - lastProgress
+            if idle > 30 { break }
+            if idle > 1 && now() - lastCancel > 1 {
+                let status = try? ControlClient.request(spool.root + "/opqueued.sock", ["command": "status"], timeout: 5)
+                for job in status?["activeJobs"] as? [String] ?? [] {
+                    _ = try? ControlClient.request(spool.root + "/opqueued.sock", ["command": "cancel", "job": job], timeout: 5)
+                }
+                lastCancel = now()
+            }
+            usleep(20_000)
+        }
+        collect(wanted, spool: spool, &answered, &tally)
+        for name in wanted where answered[name] == nil {
+            // Still in the inbox (never claimed) or in active/ (never ended).
+            tally.hangs += 1
+            tally.unanswered.append("\(name): no answer (inbox: \(FileManager.default.fileExists(atPath: spool.inbox + "/" + name)))")
+        }
+        for status in answered.values { tally.statusCounts[status, default: 0] += 1 }
+    }
+
+    /// Takes the batch's answers out of the outbox, noting each one's status.
+    func collect(_ wanted: Set<String>, spool: CampaignSpool, _ answered: inout [String: String], _ tally: inout Tally) {
+        for entry in list(spool.outbox) {
+            guard let result = readPlist(spool.outbox + "/" + entry + "/result.plist"), let name = result["manifest"] as? String,
+                  wanted.contains(name), answered[name] == nil else { continue }
+            let status = result["status"] as? String ?? "?"
+            answered[name] = status
+            if status == "rejected" && (result["error"] as? String ?? "").isEmpty {
+                tally.unanswered.append("\(name): rejected without reasons")
+            }
+            // Ended entries are moved away so the outbox stays small.
+            try? FileManager.default.removeItem(atPath: spool.outbox + "/" + entry)
+        }
+    }
+
+    /// Stops the daemon, reports, and judges: no crash, no hang, every input answered, no leak.
+    func finish(_ tally: Tally, daemon: DaemonProcess, spool: CampaignSpool, roots: String, log: String, started: Double) -> Bool {
         // Once idle for a while the daemon gives freed memory back: RSS then shows what it still holds.
         Thread.sleep(forTimeInterval: 6)
         let idleRSS = processMemoryMB(daemon.pid, "VmRSS")
         daemon.signal(SIGTERM)
         let exit = daemon.wait(timeout: 30)
         let reports = crashReports(log)
-        let counts = statusCounts.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: " ")
+        let counts = tally.statusCounts.sorted { $0.key < $1.key }.map { "\($0.key)=\($0.value)" }.joined(separator: " ")
         say(String(format: "campaign=fuzz inputs=%d manifests=%d images=%d crashes=%d hangs=%d unanswered=%d %@ "
                    + "rss_first_batch_mb=%.0f rss_last_batch_mb=%.0f heap_first_batch_mb=%.1f heap_last_batch_mb=%.1f "
                    + "rss_idle_end_mb=%.0f peak_rss_mb=%.0f seconds=%.0f",
-                   tried, manifests, images, crashes + reports.count, hangs, unanswered.count, counts, firstRSS, lastRSS, firstHeap,
-                   lastHeap, idleRSS, peakRSS, now() - started))
-        for line in (unanswered + reports).prefix(15) { say("  \(line)") }
+                   tally.tried, manifests, images, tally.crashes + reports.count, tally.hangs, tally.unanswered.count, counts,
+                   tally.firstRSS, tally.lastRSS, tally.firstHeap, tally.lastHeap, idleRSS, tally.peakRSS, now() - started))
+        for line in (tally.unanswered + reports).prefix(15) { say("  \(line)") }
         // A leak shows as memory held growing batch after batch: the heap in use (what the allocator has
         // handed out) after a batch has ended, when nothing runs. RSS also counts freed memory the allocator
         // keeps and is reported, not judged.
         // A batch's big inputs may still be on their way out when it is read, so the judgement compares the
         // lowest of the last readings with the highest of the first ones (up to four each, not overlapping).
-        let k = max(1, min(4, heaps.count / 2))
-        let early = heaps.prefix(k).max() ?? 0, late = heaps.suffix(k).min() ?? 0
+        let k = max(1, min(4, tally.heaps.count / 2))
+        let early = tally.heaps.prefix(k).max() ?? 0, late = tally.heaps.suffix(k).min() ?? 0
         let leaking = late > early + 16
         if leaking { say(String(format: "  heap in use grew from %.1f MB (first batches) to %.1f MB (last batches)", early, late)) }
-        let ok = crashes == 0 && reports.isEmpty && hangs == 0 && unanswered.isEmpty && exit == 0 && !leaking
+        let ok = tally.crashes == 0 && reports.isEmpty && tally.hangs == 0 && tally.unanswered.isEmpty && exit == 0 && !leaking
         if ok {
             spool.remove()
             try? FileManager.default.removeItem(atPath: roots)

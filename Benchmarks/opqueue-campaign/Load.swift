@@ -78,60 +78,8 @@ struct LoadCampaign {
         probe.start()
         var ok = true
 
-        // 1. The mass drop: every file written aside, then all renamed in at once.
-        let stage = spool.root + "/staging"
-        try FileManager.default.createDirectory(atPath: stage, withIntermediateDirectories: true)
-        for i in 0..<manifests {
-            let data = plistData(["job": "load\(i)", "operations": [["id": "a", "kind": "sleep", "seconds": 0]]])
-            _ = FileManager.default.createFile(atPath: "\(stage)/load\(i).plist", contents: data)
-        }
-        let dropStart = now()
-        for i in 0..<manifests { rename("\(stage)/load\(i).plist", "\(spool.inbox)/load\(i).plist") }
-        var deadline = now() + max(120, Double(manifests) / 100)
-        while list(spool.outbox).count < manifests && now() < deadline && daemon.isRunning { usleep(100_000) }
-        let dropSeconds = now() - dropStart
-        let dropRSS = daemon.peakRSS
-        let dropDone = list(spool.outbox).count
-        let dropStatus = probe.stop()
-        say(String(format: "campaign=load part=drop manifests=%d outbox=%d seconds=%.1f manifests_per_second=%.0f peak_rss_mb=%.0f "
-                   + "status_p99_ms=%.1f status_max_ms=%.1f status_asked=%d status_failed=%d",
-                   manifests, dropDone, dropSeconds, Double(dropDone) / dropSeconds, dropRSS, dropStatus.p99, dropStatus.max,
-                   dropStatus.count, dropStatus.failures))
-        ok = ok && dropDone == manifests && dropStatus.max < 100 && dropStatus.failures == 0
-
-        // 2. One manifest of `operations` operations. (`status` must answer within 100 ms throughout:
-        // the maximum is judged, not a percentile.)
-        if operations > 0 {
-            var ops: [[String: Any]] = []
-            ops.reserveCapacity(operations)
-            for i in 0..<operations {
-                var op: [String: Any] = ["id": "o\(i)", "kind": "sleep", "seconds": 0]
-                if i % 10 != 0 { op["dependencies"] = ["o\(i - 1)"] }
-                ops.append(op)
-            }
-            let big = plistData(["job": "big", "operations": ops])
-            ops = []
-            let probe2 = StatusProbe(socket: spool.root + "/opqueued.sock")
-            probe2.start()
-            let bigStart = now()
-            drop(spool.inbox, "big.plist", big)
-            deadline = now() + max(300, Double(operations) / 2_000)
-            while !FileManager.default.fileExists(atPath: spool.outbox + "/big/result.plist") && now() < deadline && daemon.isRunning {
-                usleep(100_000)
-            }
-            let bigSeconds = now() - bigStart
-            let bigStatus = probe2.stop()
-            let status = readPlist(spool.outbox + "/big/result.plist")?["status"] as? String ?? "none"
-            let peak = daemon.peakRSS
-            // Idle again, the daemon gives the big job's memory back.
-            usleep(1_000_000)
-            let idle = processMemoryMB(daemon.pid, "VmRSS")
-            say(String(format: "campaign=load part=big operations=%d manifest_mb=%.1f status=%@ seconds=%.1f operations_per_second=%.0f "
-                       + "peak_rss_mb=%.0f rss_idle_after_mb=%.0f status_p99_ms=%.1f status_max_ms=%.1f status_asked=%d status_failed=%d",
-                       operations, Double(big.count) / 1e6, status, bigSeconds, Double(operations) / bigSeconds, peak, idle, bigStatus.p99,
-                       bigStatus.max, bigStatus.count, bigStatus.failures))
-            ok = ok && status == "succeeded" && bigStatus.max < 100 && bigStatus.failures == 0 && idle < max(100, peak / 2)
-        }
+        ok = try massDrop(spool: spool, daemon: daemon, probe: probe) && ok
+        if operations > 0 { ok = bigManifest(spool: spool, daemon: daemon) && ok }
 
         let pid = daemon.pid
         daemon.signal(SIGTERM)
@@ -152,5 +100,62 @@ struct LoadCampaign {
             say("  kept for inspection: \(spool.root), \(log)")
         }
         return ok
+    }
+
+    /// 1. The mass drop: every file written aside, then all renamed in at once.
+    func massDrop(spool: CampaignSpool, daemon: DaemonProcess, probe: StatusProbe) throws -> Bool {
+        let stage = spool.root + "/staging"
+        try FileManager.default.createDirectory(atPath: stage, withIntermediateDirectories: true)
+        for i in 0..<manifests {
+            let data = plistData(["job": "load\(i)", "operations": [["id": "a", "kind": "sleep", "seconds": 0]]])
+            _ = FileManager.default.createFile(atPath: "\(stage)/load\(i).plist", contents: data)
+        }
+        let dropStart = now()
+        for i in 0..<manifests { rename("\(stage)/load\(i).plist", "\(spool.inbox)/load\(i).plist") }
+        let deadline = now() + max(120, Double(manifests) / 100)
+        while list(spool.outbox).count < manifests && now() < deadline && daemon.isRunning { usleep(100_000) }
+        let dropSeconds = now() - dropStart
+        let dropRSS = daemon.peakRSS
+        let dropDone = list(spool.outbox).count
+        let dropStatus = probe.stop()
+        say(String(format: "campaign=load part=drop manifests=%d outbox=%d seconds=%.1f manifests_per_second=%.0f peak_rss_mb=%.0f "
+                   + "status_p99_ms=%.1f status_max_ms=%.1f status_asked=%d status_failed=%d",
+                   manifests, dropDone, dropSeconds, Double(dropDone) / dropSeconds, dropRSS, dropStatus.p99, dropStatus.max,
+                   dropStatus.count, dropStatus.failures))
+        return dropDone == manifests && dropStatus.max < 100 && dropStatus.failures == 0
+    }
+
+    /// 2. One manifest of `operations` operations. (`status` must answer within 100 ms throughout:
+    /// the maximum is judged, not a percentile.)
+    func bigManifest(spool: CampaignSpool, daemon: DaemonProcess) -> Bool {
+        var ops: [[String: Any]] = []
+        ops.reserveCapacity(operations)
+        for i in 0..<operations {
+            var op: [String: Any] = ["id": "o\(i)", "kind": "sleep", "seconds": 0]
+            if i % 10 != 0 { op["dependencies"] = ["o\(i - 1)"] }
+            ops.append(op)
+        }
+        let big = plistData(["job": "big", "operations": ops])
+        ops = []
+        let probe2 = StatusProbe(socket: spool.root + "/opqueued.sock")
+        probe2.start()
+        let bigStart = now()
+        drop(spool.inbox, "big.plist", big)
+        let deadline = now() + max(300, Double(operations) / 2_000)
+        while !FileManager.default.fileExists(atPath: spool.outbox + "/big/result.plist") && now() < deadline && daemon.isRunning {
+            usleep(100_000)
+        }
+        let bigSeconds = now() - bigStart
+        let bigStatus = probe2.stop()
+        let status = readPlist(spool.outbox + "/big/result.plist")?["status"] as? String ?? "none"
+        let peak = daemon.peakRSS
+        // Idle again, the daemon gives the big job's memory back.
+        usleep(1_000_000)
+        let idle = processMemoryMB(daemon.pid, "VmRSS")
+        say(String(format: "campaign=load part=big operations=%d manifest_mb=%.1f status=%@ seconds=%.1f operations_per_second=%.0f "
+                   + "peak_rss_mb=%.0f rss_idle_after_mb=%.0f status_p99_ms=%.1f status_max_ms=%.1f status_asked=%d status_failed=%d",
+                   operations, Double(big.count) / 1e6, status, bigSeconds, Double(operations) / bigSeconds, peak, idle, bigStatus.p99,
+                   bigStatus.max, bigStatus.count, bigStatus.failures))
+        return status == "succeeded" && bigStatus.max < 100 && bigStatus.failures == 0 && idle < max(100, peak / 2)
     }
 }

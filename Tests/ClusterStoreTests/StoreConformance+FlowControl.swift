@@ -38,7 +38,8 @@ extension StoreConformance {
                 return j
             }
             #expect(try await store.insertJobs([job("held")]).map(\.id) == ["held"])
-            let answers = try await store.insertJobs([skipping("held", key: "n1/x"), skipping("free", key: "n1/y"), skipping("free", key: "n1/z")])
+            let answers = try await store.insertJobs([skipping("held", key: "n1/x"), skipping("free", key: "n1/y"),
+                                                      skipping("free", key: "n1/z")])
             #expect(answers.map(\.id) == ["held", "free", "free"])
             #expect(answers.map(\.skipped) == [true, false, true], "the twin in the batch is skipped too")
             #expect(try await store.insertJobs([skipping("free", key: "n1/y")]).map(\.skipped) == [false], "its own submission, repeated")
@@ -52,7 +53,8 @@ extension StoreConformance {
             #expect(results.count == 100)
             #expect(results.filter { !$0.skipped }.count == 1, "exactly one of the racing submissions made the job")
             #expect(results.allSatisfy { $0.id == "race" })
-            let claimed = try await store.claimJobs(node: "a", limit: 100, queues: ["default"], commands: [], budget: .max, maxManifestBytes: .max)
+            let claimed = try await store.claimJobs(node: "a", limit: 100, queues: ["default"], commands: [], budget: .max,
+                                                    maxManifestBytes: .max)
             #expect(claimed.map(\.id).sorted() == ["free", "held", "race"])
         }
     }

@@ -24,7 +24,9 @@ struct HarnessTests {
         #expect(try harness.sql("SELECT has_database_privilege('\(harness.role)', '\(harness.database)', 'TEMPORARY')") == "f")
         #expect(try harness.sql("SELECT has_schema_privilege('\(harness.role)', 'public', 'CREATE')") == "t")
         // The role can log in with the password file over TCP, as the nodes will.
-        let login = try runProgram("/usr/bin/psql", ["-X", "-A", "-t", "-c", "SELECT current_user", harness.url.replacingOccurrences(of: "?sslmode=disable", with: "")],
+        let login = try runProgram("/usr/bin/psql",
+                                   ["-X", "-A", "-t", "-c", "SELECT current_user",
+                                    harness.url.replacingOccurrences(of: "?sslmode=disable", with: "")],
                                    environment: ["PGPASSWORD": harness.rolePassword, "PGSSLMODE": "disable"])
         #expect(login.status == 0 && login.stdout.contains(harness.role), "\(login.stderr)")
 

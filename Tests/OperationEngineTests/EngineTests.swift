@@ -95,49 +95,13 @@ func monotonicNow() -> Double {
             let limit = Int.random(in: 1...4, using: &rng)
             limits.append(limit)
             queues.append(engine.addQueue(named: "q\(q)", maxConcurrentOperationCount: limit,
-                                          qualityOfService: OperationEngine.QualityOfService.allCases.randomElement(using: &rng) ?? .default))
+                                          qualityOfService: OperationEngine.QualityOfService.allCases.randomElement(using: &rng)
+                                              ?? .default))
         }
         var groups: [(GroupID, [[Int]], [Bool], [Bool])] = []
         let graphCount = 2_000
         for g in 0..<graphCount {
-            let n = Int.random(in: 1...12, using: &rng)
-            var builder = GraphBuilder()
-            var deps: [[Int]] = []
-            var fails: [Bool] = []
-            var afterFailure: [Bool] = []
-            for i in 0..<n {
-                var mine: Set<Int> = []
-                if i > 0 { for _ in 0..<Int.random(in: 0...3, using: &rng) { mine.insert(Int.random(in: 0..<i, using: &rng)) } }
-                let dependencies = mine.sorted()
-                deps.append(dependencies)
-                let q = Int.random(in: 0..<queues.count, using: &rng)
-                let key = "\(g)/\(i)"
-                let mustFinish = dependencies.map { "\(g)/\($0)" }
-                let failing = Int.random(in: 0..<20, using: &rng) == 0
-                fails.append(failing)
-                let runsAfter = Bool.random(using: &rng)
-                afterFailure.append(runsAfter)
-                let body: OperationBody
-                if Bool.random(using: &rng) {
-                    body = .sync { _ in
-                        tracker.start(key, queue: q, mustHaveFinished: mustFinish)
-                        tracker.end(key, queue: q)
-                        if failing { throw OperationCancelled() }
-                        return key
-                    }
-                } else {
-                    body = .async { context in
-                        tracker.start(key, queue: q, mustHaveFinished: mustFinish)
-                        DispatchQueue.global().async {
-                            tracker.end(key, queue: q)
-                            context.finish(failing ? .failure(OperationCancelled()) : .success(key))
-                        }
-                    }
-                }
-                builder.add(OperationSpec(name: "op\(i)", queue: queues[q], queuePriority: QueuePriority.allCases.randomElement(using: &rng) ?? .normal,
-                                          runsAfterFailure: runsAfter, body: body), dependencies: dependencies)
-            }
-            groups.append((try engine.submit(builder), deps, fails, afterFailure))
+            groups.append(try submitRandomGraph(g, engine: engine, queues: queues, tracker: tracker, &rng))
         }
         for (group, _, _, _) in groups { engine.wait(group) }
         engine.shutdown()
@@ -157,7 +121,58 @@ func monotonicNow() -> Double {
         }
         #expect(tracker.starts.values.allSatisfy { $0 == 1 }, "no operation runs twice")
 
-        // Every operation: one terminal transition, after pending → ready → executing when it ran.
+        try expectEveryOperationEndedOnce(groups, engine: engine, tracker: tracker, graphCount: graphCount)
+    }
+
+    /// A random graph of 1 to 12 operations over `queues`, sync and async, some failing, some running after a failure;
+    /// returns its group with each operation's dependencies, whether it fails and whether it runs after a failure.
+    private func submitRandomGraph(_ g: Int, engine: Engine, queues: [QueueID], tracker: Tracker,
+                                   _ rng: inout SystemRandomNumberGenerator) throws -> (GroupID, [[Int]], [Bool], [Bool]) {
+        let n = Int.random(in: 1...12, using: &rng)
+        var builder = GraphBuilder()
+        var deps: [[Int]] = []
+        var fails: [Bool] = []
+        var afterFailure: [Bool] = []
+        for i in 0..<n {
+            var mine: Set<Int> = []
+            if i > 0 { for _ in 0..<Int.random(in: 0...3, using: &rng) { mine.insert(Int.random(in: 0..<i, using: &rng)) } }
+            let dependencies = mine.sorted()
+            deps.append(dependencies)
+            let q = Int.random(in: 0..<queues.count, using: &rng)
+            let key = "\(g)/\(i)"
+            let mustFinish = dependencies.map { "\(g)/\($0)" }
+            let failing = Int.random(in: 0..<20, using: &rng) == 0
+            fails.append(failing)
+            let runsAfter = Bool.random(using: &rng)
+            afterFailure.append(runsAfter)
+            let body: OperationBody
+            if Bool.random(using: &rng) {
+                body = .sync { _ in
+                    tracker.start(key, queue: q, mustHaveFinished: mustFinish)
+                    tracker.end(key, queue: q)
+                    if failing { throw OperationCancelled() }
+                    return key
+                }
+            } else {
+                body = .async { context in
+                    tracker.start(key, queue: q, mustHaveFinished: mustFinish)
+                    DispatchQueue.global().async {
+                        tracker.end(key, queue: q)
+                        context.finish(failing ? .failure(OperationCancelled()) : .success(key))
+                    }
+                }
+            }
+            builder.add(OperationSpec(name: "op\(i)", queue: queues[q],
+                                      queuePriority: QueuePriority.allCases.randomElement(using: &rng) ?? .normal,
+                                      runsAfterFailure: runsAfter, body: body), dependencies: dependencies)
+        }
+        return (try engine.submit(builder), deps, fails, afterFailure)
+    }
+
+    /// Every operation: one terminal transition, after pending → ready → executing when it ran; Foundation's rule for
+    /// what runs after a failure.
+    private func expectEveryOperationEndedOnce(_ groups: [(GroupID, [[Int]], [Bool], [Bool])], engine: Engine, tracker: Tracker,
+                                               graphCount: Int) throws {
         var states: [GroupID: [Int: [OperationState]]] = [:]
         var finishedGroups = Set<GroupID>()
         for event in tracker.events {
@@ -195,7 +210,10 @@ func monotonicNow() -> Double {
         let engine = Engine(observer: { tracker.observe($0) })
         let q = engine.addQueue(named: "q")
         var builder = GraphBuilder()
-        for i in 0..<10_000 { builder.add(OperationSpec(name: "op\(i)", queue: q, body: .sync { _ in nil }), dependencies: i % 3 == 0 || i == 0 ? [] : [i - 1]) }
+        for i in 0..<10_000 {
+            builder.add(OperationSpec(name: "op\(i)", queue: q, body: .sync { _ in nil }),
+                        dependencies: i % 3 == 0 || i == 0 ? [] : [i - 1])
+        }
         let group = try engine.submit(builder)
         engine.wait(group)
         engine.shutdown()
@@ -208,7 +226,11 @@ func monotonicNow() -> Double {
         }
         #expect(seen.count == 10_000)
         #expect(seen.values.allSatisfy { $0 == [.pending, .ready, .executing, .succeeded] })
-        if case .groupFinished(let finished)? = tracker.events.last { #expect(finished == group) } else { Issue.record("groupFinished is not last") }
+        if case .groupFinished(let finished)? = tracker.events.last {
+            #expect(finished == group)
+        } else {
+            Issue.record("groupFinished is not last")
+        }
     }
 
     @Test func theOverviewIsNotHeldUpByALongStep() throws {
@@ -239,7 +261,10 @@ func monotonicNow() -> Double {
 
     @Test func workersRunAtTheirClassPriority() throws {
         let engine = Engine()
-        final class Seen: @unchecked Sendable { var values: [OperationEngine.QualityOfService: (nice: Int32, idle: Int32)] = [:]; let lock = NSLock() }
+        final class Seen: @unchecked Sendable {
+            var values: [OperationEngine.QualityOfService: (nice: Int32, idle: Int32)] = [:]
+            let lock = NSLock()
+        }
         let seen = Seen()
         var builder = GraphBuilder()
         for qos in OperationEngine.QualityOfService.allCases {
@@ -277,11 +302,15 @@ func monotonicNow() -> Double {
             let urgent = engine.addQueue(named: "ui", maxConcurrentOperationCount: cores, qualityOfService: .userInitiated)
             let tracker = Tracker()
             var low = GraphBuilder()
-            for i in 0..<cores { low.add(OperationSpec(name: "bg\(i)", queue: background, body: .sync { _ in spin(0.4); tracker.note("bg"); return nil })) }
+            for i in 0..<cores {
+                low.add(OperationSpec(name: "bg\(i)", queue: background, body: .sync { _ in spin(0.4); tracker.note("bg"); return nil }))
+            }
             let lowGroup = try engine.submit(low)
             Thread.sleep(forTimeInterval: 0.05) // the background work is already running
             var high = GraphBuilder()
-            for i in 0..<cores { high.add(OperationSpec(name: "ui\(i)", queue: urgent, body: .sync { _ in spin(0.4); tracker.note("ui"); return nil })) }
+            for i in 0..<cores {
+                high.add(OperationSpec(name: "ui\(i)", queue: urgent, body: .sync { _ in spin(0.4); tracker.note("ui"); return nil }))
+            }
             let highGroup = try engine.submit(high)
             engine.wait(highGroup)
             engine.wait(lowGroup)
@@ -456,7 +485,8 @@ func monotonicNow() -> Double {
         for round in 0..<200 {
             var builder = GraphBuilder()
             for name in ["a", "b", "c"] {
-                builder.add(OperationSpec(name: name, queue: q, body: .sync { _ in started.withLock { $0.append("\(round)\(name)") }; return nil }))
+                builder.add(OperationSpec(name: name, queue: q,
+                                          body: .sync { _ in started.withLock { $0.append("\(round)\(name)") }; return nil }))
             }
             let whole = try engine.submit(builder, cancelled: [nil], cancelReason: "cancelled by request")
             engine.wait(whole)
@@ -481,7 +511,9 @@ func monotonicNow() -> Double {
         let q = engine.addQueue(named: "q", maxConcurrentOperationCount: 4)
         let tracker = Tracker()
         var before = GraphBuilder()
-        for i in 0..<8 { before.add(OperationSpec(name: "b\(i)", queue: q, body: .sync { _ in usleep(10_000); tracker.note("before"); return nil })) }
+        for i in 0..<8 {
+            before.add(OperationSpec(name: "b\(i)", queue: q, body: .sync { _ in usleep(10_000); tracker.note("before"); return nil }))
+        }
         _ = try engine.submit(before)
         engine.addBarrier(on: q) { tracker.note("barrier") }
         var after = GraphBuilder()

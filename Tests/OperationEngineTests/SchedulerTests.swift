@@ -370,7 +370,8 @@ func spec(_ name: String, _ queue: QueueID, qos: QualityOfService? = nil, priori
         #expect(record.state == .failed)
         #expect(record.attempts == 3)
         #expect(record.error == "attempt 3")
-        #expect(h.transitions(of: group, operation: 0) == [.pending, .ready, .executing, .retrying, .ready, .executing, .retrying, .ready, .executing, .failed])
+        #expect(h.transitions(of: group, operation: 0) == [.pending, .ready, .executing, .retrying, .ready, .executing, .retrying, .ready,
+                                                           .executing, .failed])
     }
 
     @Test func attemptTimeoutFailsTheAttemptAndRetryRecovers() throws {

@@ -18,13 +18,18 @@ func plistValue(_ object: Any) -> PlistValue? {
         return .array(out)
     case let d as [String: Any]:
         var entries: [PlistDictionary.Entry] = []
-        for key in d.keys.sorted() { guard let v = plistValue(d[key] as Any) else { return nil }; entries.append(.init(key: key, value: v)) }
+        for key in d.keys.sorted() {
+            guard let v = plistValue(d[key] as Any) else { return nil }
+            entries.append(.init(key: key, value: v))
+        }
         return .dictionary(PlistDictionary(entries))
     default:
         if type(of: object) == Bool.self, let b = object as? Bool { return .boolean(b) }
         if let n = object as? NSNumber {
             if String(cString: n.objCType) == "c" { return .boolean(n.boolValue) }
-            if type(of: object) == Double.self || String(cString: n.objCType) == "d" || String(cString: n.objCType) == "f" { return .real(n.doubleValue) }
+            if type(of: object) == Double.self || String(cString: n.objCType) == "d" || String(cString: n.objCType) == "f" {
+                return .real(n.doubleValue)
+            }
             return .integer(n.intValue)
         }
         return nil
@@ -49,7 +54,8 @@ func foundationObject(_ value: PlistValue) -> Any {
 func sorted(_ value: PlistValue) -> PlistValue {
     switch value {
     case .array(let a): .array(a.map(sorted))
-    case .dictionary(let d): .dictionary(PlistDictionary(d.entries.sorted { $0.key < $1.key }.map { .init(key: $0.key, value: sorted($0.value)) }))
+    case .dictionary(let d): .dictionary(
+        PlistDictionary(d.entries.sorted { $0.key < $1.key }.map { .init(key: $0.key, value: sorted($0.value)) }))
     default: value
     }
 }
@@ -119,7 +125,9 @@ func parse(_ data: Data) throws -> PlistValue { try PropertyList.parse([UInt8](d
             .init(key: "many", value: .array(many)),
             .init(key: "fifteen characters long key", value: .string(String(repeating: "x", count: 15))),
             .init(key: "big", value: .data(Array(repeating: 7, count: 70_000))),
-            .init(key: "widths", value: .array([0, 255, 256, 65_535, 65_536, Int(UInt32.max), Int(UInt32.max) + 1, Int.max, -1, Int.min].map { .integer($0) })),
+            .init(key: "widths",
+                  value: .array([0, 255, 256, 65_535, 65_536, Int(UInt32.max), Int(UInt32.max) + 1, Int.max, -1, Int.min]
+                                    .map { .integer($0) })),
             .init(key: "clé", value: .dictionary(PlistDictionary())),
             .init(key: "empty", value: .array([])),
         ]))

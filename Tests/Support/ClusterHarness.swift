@@ -142,7 +142,8 @@ public final class ClusterNode: @unchecked Sendable {
         let ready = try pollUntil(timeout) { () -> Bool? in
             if isReady { return true }
             if let process, !process.isRunning {
-                throw SupportFailure("node \(name) exited with status \(process.terminationStatus) before it was ready; its log ends:\n\(logTail())")
+                throw SupportFailure(
+                    "node \(name) exited with status \(process.terminationStatus) before it was ready; its log ends:\n\(logTail())")
             }
             return nil
         }
@@ -243,7 +244,8 @@ public final class ClusterNode: @unchecked Sendable {
         let text = (try? String(contentsOfFile: logPath, encoding: .utf8)) ?? ""
         var tail = text.split(separator: "\n", omittingEmptySubsequences: false).suffix(lines).joined(separator: "\n")
         if logTarget == "journal", let pid,
-           let journal = try? runProgram("/usr/bin/journalctl", ["_PID=\(pid)", "-t", "opqueued", "-o", "cat", "-n", "\(lines)", "--no-pager", "-q"]) {
+           let journal = try? runProgram("/usr/bin/journalctl",
+                                         ["_PID=\(pid)", "-t", "opqueued", "-o", "cat", "-n", "\(lines)", "--no-pager", "-q"]) {
             tail += journal.stdout
         }
         return tail
@@ -367,7 +369,8 @@ public final class ClusterHarness: @unchecked Sendable {
     /// What a failed expectation about `job` should show: its row, the nodes' rows (heartbeat ages by the database's
     /// clock) and the tail of every node's log.
     public func diagnosis(_ job: String) -> String {
-        var text = "row: " + ((try? sql("SELECT state, node, fence, extract(epoch FROM now() - submitted_at) FROM opq_jobs WHERE id = '\(job)'")) ?? "?")
+        let row = "SELECT state, node, fence, extract(epoch FROM now() - submitted_at) FROM opq_jobs WHERE id = '\(job)'"
+        var text = "row: " + ((try? sql(row)) ?? "?")
         text += "\nnodes: " + ((try? sql("SELECT node, extract(epoch FROM now() - last_heartbeat) FROM opq_nodes ORDER BY node")) ?? "?")
         for (k, node) in nodes.enumerated() { text += "\n--- node \(k) (\(node.name)):\n" + node.logTail(40) }
         return text

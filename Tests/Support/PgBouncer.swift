@@ -27,7 +27,9 @@ public final class PgBouncer: @unchecked Sendable {
         folder = String(cString: made)
         port = try PostgresServer.freePort()
         guard let postgres = getpwnam("postgres") else { throw SupportFailure("no postgres user: install Debian's postgresql (make deps)") }
-        guard FileManager.default.isExecutableFile(atPath: Self.binary) else { throw SupportFailure("no \(Self.binary): install Debian's pgbouncer (make deps)") }
+        guard FileManager.default.isExecutableFile(atPath: Self.binary) else {
+            throw SupportFailure("no \(Self.binary): install Debian's pgbouncer (make deps)")
+        }
         let ini = """
             [databases]
             \(database) = host=127.0.0.1 port=\(server.port) dbname=\(database)
@@ -42,7 +44,8 @@ public final class PgBouncer: @unchecked Sendable {
             logfile = \(folder)/pgbouncer.log
             """
         try ini.write(toFile: folder + "/pgbouncer.ini", atomically: true, encoding: .utf8)
-        try "\"\(role)\" \"\(password ?? server.rolePassword)\"\n".write(toFile: folder + "/userlist.txt", atomically: true, encoding: .utf8)
+        try "\"\(role)\" \"\(password ?? server.rolePassword)\"\n".write(
+            toFile: folder + "/userlist.txt", atomically: true, encoding: .utf8)
         for path in [folder, folder + "/pgbouncer.ini", folder + "/userlist.txt"] {
             chown(path, postgres.pointee.pw_uid, postgres.pointee.pw_gid)
         }

@@ -92,7 +92,8 @@ public final class PostgresServer: @unchecked Sendable {
 
     public func start() throws {
         let sockets = [folder] + (extraSocketFolder.map { [$0] } ?? [])
-        let options = "-c listen_addresses=127.0.0.1 -c port=\(port) -c unix_socket_directories=\(sockets.joined(separator: ",")) -c max_connections=200"
+        let options = "-c listen_addresses=127.0.0.1 -c port=\(port)"
+            + " -c unix_socket_directories=\(sockets.joined(separator: ",")) -c max_connections=200"
         // The postmaster inherits pg_ctl's output: pipes there would never reach end of file, so none.
         try Self.runAsPostgres([Self.binaries + "/pg_ctl", "-D", folder + "/data", "-l", folder + "/log", "-w",
                                 "-t", "60", "-o", options, "start"], quiet: true)
@@ -208,7 +209,8 @@ public final class PostgresServer: @unchecked Sendable {
     public static func makeCA(in folder: String, name: String) throws -> String {
         let certificate = folder + "/" + name + ".pem"
         _ = try run(["/usr/bin/openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes",
-                     "-keyout", folder + "/" + name + ".key", "-out", certificate, "-days", "2", "-subj", "/CN=opqueued test \(name)"], quiet: true)
+                     "-keyout", folder + "/" + name + ".key", "-out", certificate, "-days", "2",
+                     "-subj", "/CN=opqueued test \(name)"], quiet: true)
         chmod(certificate, 0o644)
         return certificate
     }

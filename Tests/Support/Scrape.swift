@@ -13,7 +13,9 @@ public struct Scrape {
     public let contentType: String?
 
     public init(json: String) throws {
-        guard let object = try JSONSerialization.jsonObject(with: Data(json.utf8)) as? [String: Any] else { throw SupportFailure("not JSON: \(json)") }
+        guard let object = try JSONSerialization.jsonObject(with: Data(json.utf8)) as? [String: Any] else {
+            throw SupportFailure("not JSON: \(json)")
+        }
         samples = (object["samples"] as? [[String: Any]] ?? []).map {
             ($0["name"] as? String ?? "", $0["labels"] as? [String: String] ?? [:], ($0["value"] as? NSNumber)?.doubleValue ?? .nan)
         }
@@ -41,7 +43,9 @@ public struct Scrape {
         let out = output.fileHandleForReading.readDataToEndOfFile()
         let err = errors.fileHandleForReading.readDataToEndOfFile()
         process.waitUntilExit()
-        guard process.terminationStatus == 0 else { throw SupportFailure("the parser refused the text: \(String(decoding: err, as: UTF8.self))") }
+        guard process.terminationStatus == 0 else {
+            throw SupportFailure("the parser refused the text: \(String(decoding: err, as: UTF8.self))")
+        }
         return try Scrape(json: String(decoding: out, as: UTF8.self))
     }
 }

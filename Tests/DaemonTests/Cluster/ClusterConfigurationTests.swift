@@ -126,8 +126,10 @@ import Testing
         #expect(problems(["queues": ["api": ["clusterMaxConcurrentOperationCount": 4]]])
                 == ["queues.api.clusterMaxConcurrentOperationCount: only applies with a 'cluster' dictionary (SPEC §8)"])
         for bad: Any in [0, -1, "4", 1.5] {
-            let found = problems(["cluster": ["database": Self.url, "node": "n"], "queues": ["api": ["clusterMaxConcurrentOperationCount": bad]]])
-            #expect(found == ["queues.api.clusterMaxConcurrentOperationCount: must be a positive integer (at most 100000)"], "\(bad): \(found)")
+            let found = problems(["cluster": ["database": Self.url, "node": "n"],
+                                  "queues": ["api": ["clusterMaxConcurrentOperationCount": bad]]])
+            #expect(found == ["queues.api.clusterMaxConcurrentOperationCount: must be a positive integer (at most 100000)"],
+                    "\(bad): \(found)")
         }
     }
 
@@ -157,12 +159,14 @@ import Testing
     @Test func widenedConfigurationAcceptsWhatOtherNodesDeclare() throws {
         let other = try Configuration.parse(plist([
             "queues": ["gpu": ["maxConcurrentOperationCount": 1]],
-            "commands": ["render": ["argv": ["/usr/bin/render", "${level}", "${mode}"], "parameters": ["level": "integer", "mode": ["fast", "best"]], "queue": "gpu"]],
+            "commands": ["render": ["argv": ["/usr/bin/render", "${level}", "${mode}"],
+                                    "parameters": ["level": "integer", "mode": ["fast", "best"]], "queue": "gpu"]],
         ]))
         let declaration = other.declaration(node: "gpu-node", jobSlots: 2)
         #expect(declaration.commands == ["render"] && declaration.queues.contains("gpu"))
         let local = Configuration.builtIn
-        let widened = local.widened(queues: Set(declaration.queues), commands: Set(declaration.commands), signatures: declaration.commandSignatures)
+        let widened = local.widened(queues: Set(declaration.queues), commands: Set(declaration.commands),
+                                    signatures: declaration.commandSignatures)
 
         func parse(_ operation: [String: Any], _ config: Configuration) -> Result<JobPlan, ManifestProblems> {
             Manifest.parse(plist(["operations": [operation]]), configuration: config)
@@ -172,7 +176,8 @@ import Testing
         let plan = try parse(good, widened).get()
         #expect(plan.operations.first?.queue == "gpu", "the command's own queue comes with its signature")
         #expect(plan.clusterPlacement(widened).commands == ["render"] && plan.clusterPlacement(widened).queues == ["gpu"])
-        #expect((try? parse(["id": "r", "kind": "command", "command": "render", "arguments": ["level": "x", "mode": "best"]], widened).get()) == nil,
+        #expect((try? parse(["id": "r", "kind": "command", "command": "render", "arguments": ["level": "x", "mode": "best"]], widened)
+                     .get()) == nil,
                 "arguments are checked by the signature")
         #expect((try? parse(["id": "r", "kind": "command", "command": "rendr"], widened).get()) == nil, "a typo stays rejected")
         #expect((try? parse(["id": "s", "kind": "sleep", "seconds": 0, "queue": "gpu"], widened).get()) != nil)
@@ -198,10 +203,12 @@ struct NodeProcessTests {
         child.waitUntilExit()
         #expect(NodeProcess.isGoneFromThisMachine(info(pid: child.processIdentifier)))
         #expect(!NodeProcess.isGoneFromThisMachine(NodeProcess.info), "this very run")
-        #expect(NodeProcess.isGoneFromThisMachine(info(pid: getpid(), run: mine[10] + "0")), "another run under this pid (a container restarted)")
+        #expect(NodeProcess.isGoneFromThisMachine(info(pid: getpid(), run: mine[10] + "0")),
+                "another run under this pid (a container restarted)")
         #expect(!NodeProcess.isGoneFromThisMachine(info(pid: child.processIdentifier, host: mine[4] + "-elsewhere")), "another machine")
         #expect(!NodeProcess.isGoneFromThisMachine(info(pid: child.processIdentifier, boot: "another-boot")), "another boot")
-        #expect(!NodeProcess.isGoneFromThisMachine(info(pid: child.processIdentifier, namespace: "pid:[1]")), "another pid namespace: its pids are not ours")
+        #expect(!NodeProcess.isGoneFromThisMachine(info(pid: child.processIdentifier, namespace: "pid:[1]")),
+                "another pid namespace: its pids are not ours")
         #expect(!NodeProcess.isGoneFromThisMachine("opqueued pid \(child.processIdentifier)"), "the older format says no machine")
         // A live process that is not an opqueued (the pid was given to another program): the node's run is gone.
         let sleeper = Process()

@@ -29,7 +29,8 @@ struct ClusterPermitsTests {
             let executor = ClusterExecutor(label: "test-permits-\(node)")
             runners.append(Task(executorPreference: executor) { await store.run() })
             _ = try await store.migrate()
-            try await store.registerNode(NodeDeclaration(node: node, queues: ["api"], commands: [], jobSlots: 4, clusterLimits: ["api": limit]))
+            try await store.registerNode(NodeDeclaration(node: node, queues: ["api"], commands: [], jobSlots: 4,
+                                                         clusterLimits: ["api": limit]))
             // As the daemon does: a transition of a limited queue and a slot freed elsewhere nudge the permits.
             let box = Mutex<ClusterPermits?>(nil)
             let engine = Engine(observer: { events in
@@ -88,7 +89,8 @@ struct ClusterPermitsTests {
                 let executor = ClusterExecutor(label: "test-permits-\(node)")  // as in the first test
                 runners.append(Task(executorPreference: executor) { await store.run() })
                 _ = try await store.migrate()
-                try await store.registerNode(NodeDeclaration(node: node, queues: ["api"], commands: [], jobSlots: 4, clusterLimits: ["api": 1]))
+                try await store.registerNode(NodeDeclaration(node: node, queues: ["api"], commands: [], jobSlots: 4,
+                                                             clusterLimits: ["api": 1]))
                 // A beat a second, as a node's loop makes: a waiter counts only while its node is live (lease 5 s), and
                 // on a loaded machine the operations may come more than 5 s after the registration's beat (b then kept
                 // the slot from a, whose wait no longer counted: a CI run saw all five lows before the highs).
@@ -106,7 +108,8 @@ struct ClusterPermitsTests {
                 let api = engine.addQueue(named: "api", maxConcurrentOperationCount: 1)
                 let p = ClusterPermits(store: store, node: node, leaseSeconds: 5, engine: engine, logger: Logger(label: "test"))
                 box.withLock { $0 = p }
-                runners.append(Task(executorPreference: executor) { for await wakeup in store.wakeups where wakeup == .slots { p.nudge() } })
+                runners.append(
+                    Task(executorPreference: executor) { for await wakeup in store.wakeups where wakeup == .slots { p.nudge() } })
                 p.configure(["api": .init(queue: api, limit: 1)])
                 runners.append(Task(executorPreference: executor) { await p.run() })
                 nodes.append((engine, api, p))
@@ -179,8 +182,10 @@ struct ClusterPermitsTests {
         let order = c.order
         let first = order.firstIndex(of: "high1") ?? order.count
         #expect(Array(order.dropFirst(first).prefix(3)) == highs, "a's three ran one after another: \(order)")
-        #expect(first <= before.count + 1 && first < 5,
-                "a's veryHigh operations took the slot at the end of b's running operation (\(before.count) started when a's wait was recorded): \(order)")
+        #expect(first <= before.count + 1 && first < 5, """
+            a's veryHigh operations took the slot at the end of b's running operation \
+            (\(before.count) started when a's wait was recorded): \(order)
+            """)
         #expect(try await c.succeeded(1, low))
         #expect(try await c.succeeded(0, high))
         await c.stop()

@@ -136,7 +136,8 @@ extension TestSpool {
         try spool.expectServing("with 300 connections opened")
         // The request deadline then closes the silent ones with an error.
         let late = readAnswer(idle[299], seconds: 10)
-        #expect(late?["exit"] as? Int == 64 && (late?["error"] as? String)?.contains("no request line") == true, "\(String(describing: late))")
+        #expect(late?["exit"] as? Int == 64 && (late?["error"] as? String)?.contains("no request line") == true,
+                "\(String(describing: late))")
     }
 
     @Test func garbageGetsAnErrorAnswerAndOpqueuectlMapsTheExitCode() throws {
@@ -156,7 +157,8 @@ extension TestSpool {
         let unknown = try ask(Array("{\"command\":\"frobnicate\"}\n".utf8))
         #expect(unknown?["exit"] as? Int == 64 && unknown?["error"] as? String == "unknown command 'frobnicate'")
         let long = try ask([UInt8](repeating: UInt8(ascii: "x"), count: 70_000))
-        #expect(long?["exit"] as? Int == 64 && (long?["error"] as? String)?.contains("longer than 65536 bytes") == true, "\(String(describing: long))")
+        #expect(long?["exit"] as? Int == 64 && (long?["error"] as? String)?.contains("longer than 65536 bytes") == true,
+                "\(String(describing: long))")
         // The last line of a client that shuts its side down need not end with a newline.
         let fd = try ControlClient.connect(spool.socketPath)
         try sendAll(fd, Array("{\"command\":\"status\"}".utf8), path: spool.socketPath)
@@ -232,7 +234,10 @@ extension TestSpool {
         let got = recv(scrape, &head, head.count, 0)
         let status = String(decoding: head.prefix(max(0, got)), as: UTF8.self)
         #expect(status.hasPrefix("HTTP/1.1 200") || status.hasPrefix("HTTP/1.0 200"),
-                "a scrape with no descriptor left: \(status.debugDescription); descriptors since the limit was set: \(descriptorChanges(from: table, to: descriptorTable(pid)))")
+                """
+                a scrape with no descriptor left: \(status.debugDescription); \
+                descriptors since the limit was set: \(descriptorChanges(from: table, to: descriptorTable(pid)))
+                """)
         let spent = Self.cpuSeconds(pid) - before
         #expect(spent < 0.5, "the daemon used \(spent) s of CPU answering with no descriptor left")
         #expect(try setSoft(soft) == 0)
@@ -250,7 +255,8 @@ extension TestSpool {
         try spool.drop("first.plist", ["job": "first", "operations": [sleepOp("a", 60)]])
         var active = false
         for _ in 0..<200 where !active {
-            active = (try? ControlClient.request(spool.socketPath, ["command": "status"], timeout: 5))?["activeJobs"] as? [String] == ["first"]
+            let answer = try? ControlClient.request(spool.socketPath, ["command": "status"], timeout: 5)
+            active = answer?["activeJobs"] as? [String] == ["first"]
             if !active { usleep(25_000) }
         }
         try #require(active, "the first job runs")
@@ -261,8 +267,10 @@ extension TestSpool {
             if counted.0 == 3 && counted.1 == 3 { break }
             usleep(50_000)
         }
-        #expect(counted.0 == 3 && counted.1 == 3, "status waiting \(String(describing: counted.0)), opqueued_inbox_files \(String(describing: counted.1)); 3 in the inbox")
-        #expect(Set(spool.list("inbox")) == ["later0.plist", "later1.plist", "later2.plist"], "nothing more is claimed: \(spool.list("inbox"))")
+        #expect(counted.0 == 3 && counted.1 == 3,
+                "status waiting \(String(describing: counted.0)), opqueued_inbox_files \(String(describing: counted.1)); 3 in the inbox")
+        #expect(Set(spool.list("inbox")) == ["later0.plist", "later1.plist", "later2.plist"],
+                "nothing more is claimed: \(spool.list("inbox"))")
         #expect(try spool.ctl(["cancel", "first"]).status == 0)
         for i in 0..<3 { #expect(spool.result("later\(i)")?["status"] as? String == "succeeded") }
         #expect(waiting() == 0)
@@ -299,7 +307,8 @@ extension TestSpool {
     @Test func consoleLinesCarryTheJournalsMessageIDs() throws {
         try ensureJournald()
         let job = "console-" + UUID().uuidString.prefix(8)
-        let manifest: [String: Any] = ["job": job, "operations": [sleepOp("a", 0), ["id": "b", "kind": "fail", "message": "no", "dependencies": ["a"]],
+        let manifest: [String: Any] = ["job": job,
+                                       "operations": [sleepOp("a", 0), ["id": "b", "kind": "fail", "message": "no", "dependencies": ["a"]],
                                                                   sleepOp("c", 0, deps: ["b"])]]
         // The same job, once to the console and once to the journal.
         let console = TestSpool()
@@ -324,8 +333,10 @@ extension TestSpool {
         repeat {
             usleep(100_000)
             let out = try run("/usr/bin/journalctl", ["-t", "opqueued", "OPQ_JOB=\(job)", "-o", "json", "--no-pager"]).stdout
-            for entry in out.split(separator: "\n").compactMap({ try? JSONSerialization.jsonObject(with: Data($0.utf8)) as? [String: Any] }) {
-                if let event = entry["OPQ_EVENT"] as? String, let state = entry["OPQ_STATE"] as? String { fromJournal["\(event)/\(state)"] = entry["MESSAGE_ID"] as? String }
+            let entries = out.split(separator: "\n").compactMap { try? JSONSerialization.jsonObject(with: Data($0.utf8)) as? [String: Any] }
+            for entry in entries {
+                if let event = entry["OPQ_EVENT"] as? String,
+                   let state = entry["OPQ_STATE"] as? String { fromJournal["\(event)/\(state)"] = entry["MESSAGE_ID"] as? String }
             }
         } while fromJournal["job/finished"] == nil && Date() < deadline
         // Every (event, state) of the job: the same MESSAGE_ID on both targets, and the catalog's.
@@ -338,7 +349,8 @@ extension TestSpool {
             let parts = pair.split(separator: "/")
             #expect(catalog.contains("-- \(id)\nSubject: opqueued \(parts[0]) \(parts[1])\n"), "\(pair)")
         }
-        #expect(fromConsole["daemon/stopping"] == nil || fromConsole["daemon/stopping"] == MessageIDs.id(event: "daemon", state: "stopping"))
+        #expect(
+            fromConsole["daemon/stopping"] == nil || fromConsole["daemon/stopping"] == MessageIDs.id(event: "daemon", state: "stopping"))
     }
 }
 

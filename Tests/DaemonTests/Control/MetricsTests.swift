@@ -56,7 +56,9 @@ func metricsAddress(_ spool: TestSpool) -> String? {
         #expect(try spool.ctl(["suspend", "io"]).status == 0)
 
         for scrape in [try Scrape.fromCtl(spool), try Scrape.fromHTTP(address)] {
-            func delta(_ name: String, _ labels: [String: String] = [:]) -> Double { scrape.value(name, labels) - before.value(name, labels) }
+            func delta(_ name: String, _ labels: [String: String] = [:]) -> Double {
+                scrape.value(name, labels) - before.value(name, labels)
+            }
             #expect(delta("opqueued_operations_total", ["kind": "sleep", "queue": "default", "state": "succeeded"]) == 20)
             #expect(delta("opqueued_operations_total", ["kind": "fail", "queue": "default", "state": "failed"]) == 1)
             #expect(delta("opqueued_jobs_total", ["status": "failed"]) == 1)

@@ -187,7 +187,8 @@ func codeBlocks(_ language: String, in text: String) -> [String] {
             Issue.record("the daemon exports \(family) and the dashboard has no panel for it")
         }
         let manual = try familiesInTheManual()
-        let missing = Set(exposition.families.keys).subtracting(manual).sorted(), extra = manual.subtracting(exposition.families.keys).sorted()
+        let missing = Set(exposition.families.keys).subtracting(manual).sorted()
+        let extra = manual.subtracting(exposition.families.keys).sorted()
         #expect(manual == Set(exposition.families.keys), "opqueued.plist(5) METRICS: missing \(missing), not exported \(extra)")
     }
 

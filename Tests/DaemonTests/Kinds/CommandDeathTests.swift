@@ -99,25 +99,31 @@ private func exited(_ watchdog: CommandWatchdog, within seconds: Double) -> Bool
         let mark = spool.root + ".pgid"
         defer { unlink(mark) }
         let config = try spool.configure(["commands": [
-            "forever": ["argv": ["/bin/sh", "-c", "echo $$ > \"$1\"; sleep 300 & sleep 300", "sh", "${mark}"], "parameters": ["mark": "string"]],
+            "forever": ["argv": ["/bin/sh", "-c", "echo $$ > \"$1\"; sleep 300 & sleep 300", "sh", "${mark}"],
+                        "parameters": ["mark": "string"]],
         ]])
         try spool.start(config)
         let daemon = try #require(spool.daemon?.processIdentifier)
         #expect(watchdogs(of: daemon).count == 1, "one watchdog per daemon")
-        try spool.drop("f.plist", ["job": "f", "operations": [["id": "f", "kind": "command", "command": "forever", "arguments": ["mark": mark]]]])
+        try spool.drop("f.plist",
+                       ["job": "f", "operations": [["id": "f", "kind": "command", "command": "forever", "arguments": ["mark": mark]]]])
         #expect(waitUntil(10) { (try? String(contentsOfFile: mark, encoding: .utf8))?.hasSuffix("\n") == true })
-        let shell = try #require(Int32((try? String(contentsOfFile: mark, encoding: .utf8))?.trimmingCharacters(in: .whitespacesAndNewlines) ?? ""))
+        let shell = try #require(
+            Int32((try? String(contentsOfFile: mark, encoding: .utf8))?.trimmingCharacters(in: .whitespacesAndNewlines) ?? ""))
         let pgid = try #require(processGroup(of: shell))
-        #expect(waitUntil(5) { liveProcesses(inGroup: pgid).count >= 4 }, "the supervisor, the shell and both sleeps: \(liveProcesses(inGroup: pgid))")
+        #expect(waitUntil(5) { liveProcesses(inGroup: pgid).count >= 4 },
+                "the supervisor, the shell and both sleeps: \(liveProcesses(inGroup: pgid))")
         let watchdog = try #require(watchdogs(of: daemon).first)
         // A daemon frozen by SIGSTOP does not freeze its watchdog (a process, session and group of its own).
         spool.signal(SIGSTOP)
         #expect(waitUntil(2) { statFields(daemon)?.fields.first == "T" })
-        #expect(statFields(watchdog)?.fields.first == "S", "the watchdog still runs: \(String(describing: statFields(watchdog)?.fields.first))")
+        #expect(statFields(watchdog)?.fields.first == "S",
+                "the watchdog still runs: \(String(describing: statFields(watchdog)?.fields.first))")
         spool.signal(SIGCONT)
         spool.signal(SIGKILL)
         _ = spool.waitForExit()
-        #expect(waitUntil(2) { liveProcesses(inGroup: pgid).isEmpty }, "nothing of the group outlives the daemon: \(liveProcesses(inGroup: pgid))")
+        #expect(waitUntil(2) { liveProcesses(inGroup: pgid).isEmpty },
+                "nothing of the group outlives the daemon: \(liveProcesses(inGroup: pgid))")
         #expect(waitUntil(2) { ended(watchdog) }, "the watchdog exits once it has killed")
         // The next start finds nothing to kill and runs the operation again.
         kill(-pgid, SIGKILL)
@@ -139,9 +145,11 @@ private func exited(_ watchdog: CommandWatchdog, within seconds: Double) -> Bool
                        "timeoutSeconds": ending == "timed out" ? 1 : 600],
         ]])
         try spool.start(config)
-        try spool.drop("e.plist", ["job": "e", "operations": [["id": "e", "kind": "command", "command": "escape", "arguments": ["mark": mark]]]])
+        try spool.drop("e.plist",
+                       ["job": "e", "operations": [["id": "e", "kind": "command", "command": "escape", "arguments": ["mark": mark]]]])
         #expect(waitUntil(10) { (try? String(contentsOfFile: mark, encoding: .utf8))?.hasSuffix("\n") == true })
-        let escaped = try #require(Int32((try? String(contentsOfFile: mark, encoding: .utf8))?.trimmingCharacters(in: .whitespacesAndNewlines) ?? ""))
+        let escaped = try #require(
+            Int32((try? String(contentsOfFile: mark, encoding: .utf8))?.trimmingCharacters(in: .whitespacesAndNewlines) ?? ""))
         defer { kill(escaped, SIGKILL) }
         let daemon = try #require(spool.daemon?.processIdentifier)
         if ending != "exits" {
@@ -229,7 +237,8 @@ private func exited(_ watchdog: CommandWatchdog, within seconds: Double) -> Bool
         // One second ahead, not renewed: killed, the shell's grandchild too.
         let set = CommandWatchdog.monotonicSeconds()
         watchdog.setKillDeadline(monotonicSeconds: set + 1)
-        #expect(waitUntil(4) { liveProcesses(inGroup: group.pgid).isEmpty }, "killed at the deadline: \(liveProcesses(inGroup: group.pgid))")
+        #expect(waitUntil(4) { liveProcesses(inGroup: group.pgid).isEmpty },
+                "killed at the deadline: \(liveProcesses(inGroup: group.pgid))")
         #expect(CommandWatchdog.monotonicSeconds() - set >= 0.95, "not before it")
         #expect(!ended(watchdog.pid), "the watchdog goes on after a deadline")
     }
@@ -259,9 +268,11 @@ private func exited(_ watchdog: CommandWatchdog, within seconds: Double) -> Bool
     }
 
     @Test func consoleLinesQuoteWhatWouldSplitThem() {
-        let metadata: Logger.Metadata = ["OPQ_JOB": "a\"b", "OPQ_STATE": "finished", "OPQ_EVENT": "job", "opq_path": "/tmp/x y", "bad key": "z", "OPQ_EMPTY": ""]
+        let metadata: Logger.Metadata = ["OPQ_JOB": "a\"b", "OPQ_STATE": "finished", "OPQ_EVENT": "job", "opq_path": "/tmp/x y",
+                                         "bad key": "z", "OPQ_EMPTY": ""]
         let line = ConsoleLogHandler.line(level: .warning, message: "tab\there\nnew \\ é", metadata: metadata)
-        #expect(line == "PRIORITY=4 MESSAGE_ID=\(MessageIDs.id(event: "job", state: "finished")) OPQ_EMPTY=\"\" OPQ_EVENT=job OPQ_JOB=\"a\\\"b\" OPQ_STATE=finished OPQ_PATH=\"/tmp/x y\" MESSAGE=\"tab\\there\\nnew \\\\ é\"\n", "\(line)")
+        #expect(line == "PRIORITY=4 MESSAGE_ID=\(MessageIDs.id(event: "job", state: "finished")) OPQ_EMPTY=\"\" OPQ_EVENT=job"
+                    + " OPQ_JOB=\"a\\\"b\" OPQ_STATE=finished OPQ_PATH=\"/tmp/x y\" MESSAGE=\"tab\\there\\nnew \\\\ é\"\n", "\(line)")
     }
 
     @Test func everyEntryCarriesTheNodeOnBothTargets() throws {

@@ -37,7 +37,8 @@ private func processes(inGroup pgid: Int32) -> [Int32] {
 
 /// (policy, nice) of a process, from /proc/PID/stat (fields 41 and 19).
 private func scheduling(_ pid: Int32) -> (policy: Int, nice: Int)? {
-    guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8), let close = stat.lastIndex(of: ")") else { return nil }
+    guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
+          let close = stat.lastIndex(of: ")") else { return nil }
     let fields = stat[stat.index(after: close)...].split(separator: " ")
     guard fields.count > 38, let policy = Int(fields[38]), let nice = Int(fields[16]) else { return nil }
     return (policy, nice)
@@ -76,8 +77,10 @@ private func launch(_ spool: TestSpool, _ arguments: [String], environment: [Str
         let spool = TestSpool()
         let config = try spool.configure(["commands": [
             // Each argument NUL-terminated, so any byte (newlines included) shows.
-            "args": command(["/bin/sh", "-c", "printf '%s\\0' \"$@\"", "sh", "${s}", "<${s}>", "${n}", "${r}", "${b}", "${e}", "${job}/${operation}/${attempt}"],
-                            ["parameters": ["s": "string", "n": "integer", "r": "real", "b": "bool", "e": ["fast", "slow"]], "output": "stdout"]),
+            "args": command(["/bin/sh", "-c", "printf '%s\\0' \"$@\"", "sh",
+                             "${s}", "<${s}>", "${n}", "${r}", "${b}", "${e}", "${job}/${operation}/${attempt}"],
+                            ["parameters": ["s": "string", "n": "integer", "r": "real", "b": "bool", "e": ["fast", "slow"]],
+                             "output": "stdout"]),
             "env": command(["/usr/bin/env"], ["environment": ["FOO": "bar baz", "LANG": "C"], "output": "stdout"]),
             "envpath": command(["/usr/bin/env"], ["environment": ["PATH": "/nowhere"], "output": "stdout"]),
         ]])
@@ -92,7 +95,8 @@ private func launch(_ spool: TestSpool, _ arguments: [String], environment: [Str
         let result = try #require(spool.result("a"))
         #expect(result["status"] as? String == "succeeded", "\(result)")
         let out = spool.root + "/outbox/a/"
-        let argv = try #require(readText(out + "logs/args.stdout")).split(separator: "\0", omittingEmptySubsequences: false).map(String.init)
+        let argv = try #require(readText(out + "logs/args.stdout"))
+            .split(separator: "\0", omittingEmptySubsequences: false).map(String.init)
         #expect(argv == [nasty, "<\(nasty)>", "42", "2.5", "true", "slow", "a/args/1", ""])
         #expect(readText(out + "logs/env.stdout") == "FOO=bar baz\nLANG=C\nPATH=/usr/bin:/bin\n", "nothing of the daemon's environment")
         #expect(readText(out + "logs/envpath.stdout") == "PATH=/nowhere\n")
@@ -130,7 +134,8 @@ private func launch(_ spool: TestSpool, _ arguments: [String], environment: [Str
         #expect(gunzip.stdout == "{\"n\": 1}\n", "the gzip output, unchanged")
         let rejected = try #require(spool.result("image"))
         #expect(rejected["status"] as? String == "rejected")
-        #expect((rejected["error"] as? String)?.contains("operation 'w': format is required to write the image of 's'") == true, "\(rejected)")
+        #expect((rejected["error"] as? String)?.contains("operation 'w': format is required to write the image of 's'") == true,
+                "\(rejected)")
     }
 
     @Test func badArgumentsAndBadCommandsAreRefusedAtValidation() throws {
@@ -170,8 +175,12 @@ private func launch(_ spool: TestSpool, _ arguments: [String], environment: [Str
         let state = spool.root + ".count"
         defer { unlink(state) }
         let config = try spool.configure(["commands": [
-            "loud": command(["/bin/sh", "-c", "head -c 100000 /dev/zero; echo first >&2; echo 'last words' >&2; exit 3"], ["maxOutputBytes": 1000]),
-            "flaky": command(["/bin/sh", "-c", "c=$(cat \"$1\" 2>/dev/null || echo 0); c=$((c+1)); echo $c > \"$1\"; [ $c -ge 3 ] && { echo done; exit 0; }; echo \"not yet $c\" >&2; exit 75", "sh", "${state}"],
+            "loud": command(["/bin/sh", "-c", "head -c 100000 /dev/zero; echo first >&2; echo 'last words' >&2; exit 3"],
+                            ["maxOutputBytes": 1000]),
+            "flaky": command(["/bin/sh", "-c",
+                              "c=$(cat \"$1\" 2>/dev/null || echo 0); c=$((c+1)); echo $c > \"$1\"; "
+                                  + "[ $c -ge 3 ] && { echo done; exit 0; }; echo \"not yet $c\" >&2; exit 75",
+                              "sh", "${state}"],
                              ["parameters": ["state": "string"], "output": "stdout"]),
             "segv": command(["/bin/sh", "-c", "echo dying >&2; kill -SEGV $$"]),
             "file": command(["/bin/sh", "-c", "printf made > \"$1\"", "sh", "${output}"], ["output": "file"]),
@@ -207,7 +216,8 @@ private func launch(_ spool: TestSpool, _ arguments: [String], environment: [Str
         #expect(readText(out + "made.png") == "made", "the file at ${output} is the output")
         #expect(ops[5]["error"] as? String == "cannot run /nonexistent/program: No such file or directory")
         #expect(ops[5]["attempts"] as? Int == 1)
-        #expect(FileManager.default.contents(atPath: out + "logs/head.stdout") == Data([0x89, 0x50, 0x4E, 0x47]), "an image input reaches ${input} as PNG")
+        #expect(FileManager.default.contents(atPath: out + "logs/head.stdout") == Data([0x89, 0x50, 0x4E, 0x47]),
+                "an image input reaches ${input} as PNG")
         #expect((ops[9]["error"] as? String ?? "").contains("uses ${input} but the operation has no input"), "\(ops[9])")
     }
 
@@ -216,7 +226,8 @@ private func launch(_ spool: TestSpool, _ arguments: [String], environment: [Str
         let mark = spool.root + ".pgid"
         defer { unlink(mark) }
         let config = try spool.configure(["commands": [
-            "stubborn": command(["/bin/sh", "-c", "trap '' TERM; (trap '' TERM; sleep 300) & (sleep 300) & echo $$ > \"$1\"; wait; wait", "sh", "${mark}"],
+            "stubborn": command(["/bin/sh", "-c", "trap '' TERM; (trap '' TERM; sleep 300) & (sleep 300) & echo $$ > \"$1\"; wait; wait",
+                                 "sh", "${mark}"],
                                 ["parameters": ["mark": "string"], "timeoutSeconds": 0.5]),
         ]])
         try spool.start(config)
@@ -227,7 +238,8 @@ private func launch(_ spool: TestSpool, _ arguments: [String], environment: [Str
         let shell = try #require(Int32(readText(mark)?.trimmingCharacters(in: .whitespacesAndNewlines) ?? ""))
         let pgid = try #require(processGroup(of: shell), "the shell lives through the grace")
         #expect(processes(inGroup: pgid).count >= 2, "SIGTERM is ignored: the group lives through the grace")
-        #expect(waitFor(ChildProcess.killGrace + 3) { processes(inGroup: pgid).isEmpty }, "nothing of the group survives: \(processes(inGroup: pgid))")
+        #expect(waitFor(ChildProcess.killGrace + 3) { processes(inGroup: pgid).isEmpty },
+                "nothing of the group survives: \(processes(inGroup: pgid))")
     }
 
     @Test func cancelStopsABackgroundCommandRunningAtSchedIdle() throws {
@@ -263,7 +275,8 @@ private func launch(_ spool: TestSpool, _ arguments: [String], environment: [Str
         let config = try spool.configure(["commands": [
             "slow": command(["/bin/sh", "-c", "echo $$ >> \"$1\"; ls; touch leftover; sleep 4", "sh", "${log}"],
                             ["parameters": ["log": "string"], "output": "stdout"]),
-            "quick": command(["/bin/sh", "-c", "echo run >> \"$1\"; echo hello", "sh", "${log}"], ["parameters": ["log": "string"], "output": "stdout"]),
+            "quick": command(["/bin/sh", "-c", "echo run >> \"$1\"; echo hello", "sh", "${log}"],
+                             ["parameters": ["log": "string"], "output": "stdout"]),
         ]])
         try spool.start(config)
         try spool.drop("k.plist", ["job": "k", "operations": [commandOp("slow", "slow", ["log": runs])]])
@@ -304,7 +317,8 @@ private func launch(_ spool: TestSpool, _ arguments: [String], environment: [Str
         let log = spool.root + ".hooks"
         defer { unlink(log) }
         let config = try spool.configure([
-            "commands": ["hook": command(["/bin/sh", "-c", "echo \"$1 $2 $3\" >> \"\(log)\"; exit 9", "sh", "${job}", "${status}", "${outbox}"])],
+            "commands": ["hook": command(["/bin/sh", "-c", "echo \"$1 $2 $3\" >> \"\(log)\"; exit 9", "sh", "${job}", "${status}",
+                                          "${outbox}"])],
             "jobFinished": "hook",
         ])
         try launch(spool, config, environment: ["OPQUEUED_CRASH_POINTS": "publish.placed:1"])
@@ -326,7 +340,8 @@ private func launch(_ spool: TestSpool, _ arguments: [String], environment: [Str
         #expect(lines == ["h1 succeeded \(outbox)/h1.1", "h2 failed \(outbox)/h2"])
         #expect(readText(log)?.split(separator: "\n").count == 2, "once each")
         #expect(waitFor(5) {
-            (readText(spool.logPath) ?? "").split(separator: "\n").contains { $0.contains("OPQ_JOB=h2") && $0.contains("jobFinished command 'hook' failed: exit status 9") }
+            (readText(spool.logPath) ?? "").split(separator: "\n")
+                .contains { $0.contains("OPQ_JOB=h2") && $0.contains("jobFinished command 'hook' failed: exit status 9") }
         }, "a hook's failure is logged with its job")
         #expect(((try? FileManager.default.contentsOfDirectory(atPath: spool.root + "/active/.hooks")) ?? ["?"]).isEmpty, "markers removed")
     }
@@ -367,7 +382,8 @@ extension CommandTests {
         let pid = try #require(spool.daemon?.processIdentifier)
         func threads() -> Int {
             let status = (try? String(contentsOfFile: "/proc/\(pid)/status", encoding: .utf8)) ?? ""
-            return status.split(separator: "\n").first { $0.hasPrefix("Threads:") }.flatMap { Int($0.split(separator: "\t").last ?? "") } ?? 0
+            let line = status.split(separator: "\n").first { $0.hasPrefix("Threads:") }
+            return line.flatMap { Int($0.split(separator: "\t").last ?? "") } ?? 0
         }
         let idle = threads()
         try spool.drop("n.plist", ["job": "n", "operations": (0..<300).map { commandOp("n\($0)", "nap") }])
@@ -375,7 +391,9 @@ extension CommandTests {
         while spool.result("n", timeout: 0.02) == nil {
             most = max(most, threads())
             let tasks = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task")) ?? []
-            children = max(children, tasks.reduce(0) { $0 + ((try? String(contentsOfFile: "/proc/\(pid)/task/\($1)/children", encoding: .utf8)) ?? "").split(separator: " ").count })
+            children = max(children, tasks.reduce(0) {
+                $0 + ((try? String(contentsOfFile: "/proc/\(pid)/task/\($1)/children", encoding: .utf8)) ?? "").split(separator: " ").count
+            })
             if most > 1000 { break }
         }
         #expect(children >= 100, "many commands ran at once: \(children)")

@@ -50,7 +50,8 @@ func occurrences(of needle: String, in text: String) -> Int { text.components(se
         #expect(recorded, "the downloads and the filter succeeded")
         s.spool.signal(SIGKILL)
         _ = s.spool.waitForExit()
-        #expect(FileManager.default.fileExists(atPath: s.spool.root + "/active/.downloads/dl/get"), "the download's file survived the crash")
+        #expect(FileManager.default.fileExists(atPath: s.spool.root + "/active/.downloads/dl/get"),
+                "the download's file survived the crash")
         try s.spool.start(["--config", s.spool.configPath])
         let result = try #require(s.spool.result("dl"))
         var byID: [String: [String: Any]] = [:]
@@ -59,7 +60,8 @@ func occurrences(of needle: String, in text: String) -> Int { text.components(se
         #expect(server.requests.filter { $0 == "/file/body.bin" }.count == 1, "requests: \(server.requests)")
         #expect(server.requests.filter { $0 == "/file/photo.jpg" }.count == 1, "requests: \(server.requests)")
         for id in ["get", "img", "sepia"] { #expect(byID[id]?["attempts"] as? Int == 1, "\(id): \(byID[id] ?? [:])") }
-        #expect(FileManager.default.contents(atPath: s.spool.root + "/outbox/dl/body.bin") == body, "write copies the downloaded bytes unchanged")
+        #expect(FileManager.default.contents(atPath: s.spool.root + "/outbox/dl/body.bin") == body,
+                "write copies the downloaded bytes unchanged")
         let written = try s.output("dl", "photo.png")
         #expect(written.width == 40 && written.height == 30)
         // Each operation that succeeded before the crash is logged once (the filter, computed again from
@@ -71,7 +73,8 @@ func occurrences(of needle: String, in text: String) -> Int { text.components(se
         }
         // Downloads are never published, and go once the job is.
         #expect(!FileManager.default.fileExists(atPath: s.spool.root + "/outbox/dl/.downloads"))
-        #expect(((try? FileManager.default.contentsOfDirectory(atPath: s.spool.root + "/outbox/dl")) ?? []).sorted() == ["body.bin", "manifest.plist", "photo.png", "result.plist"])
+        #expect(((try? FileManager.default.contentsOfDirectory(atPath: s.spool.root + "/outbox/dl")) ?? [])
+                    .sorted() == ["body.bin", "manifest.plist", "photo.png", "result.plist"])
         // (Removed just after the entry is placed and committed: a moment after result.plist shows.)
         var gone = false
         for _ in 0..<250 where !gone {

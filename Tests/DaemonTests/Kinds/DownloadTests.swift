@@ -92,7 +92,8 @@ import TestSupport
         var closedAt: Double?
         for _ in 0..<100 where closedAt == nil {
             usleep(10_000)
-            closedAt = (try? String(contentsOfFile: events, encoding: .utf8))?.split(separator: " ").last.flatMap { Double($0.trimmingCharacters(in: .whitespacesAndNewlines)) }
+            closedAt = (try? String(contentsOfFile: events, encoding: .utf8))?.split(separator: " ").last
+                .flatMap { Double($0.trimmingCharacters(in: .whitespacesAndNewlines)) }
         }
         let closed = try #require(closedAt, "the server saw the connection close")
         // The server never answers and the transfer's own timeout is 120 s: a close within 2 s (opqueuectl's start
@@ -123,11 +124,14 @@ import TestSupport
         #expect(byID["inside"]?["state"] as? String == "succeeded")
         for id in ["dotdot", "symlink", "absolute"] {
             #expect(byID[id]?["state"] as? String == "failed", "\(id)")
-            #expect((byID[id]?["error"] as? String)?.contains("is not under a configured file root") == true, "\(id): \(byID[id]?["error"] ?? "")")
+            #expect((byID[id]?["error"] as? String)?.contains("is not under a configured file root") == true,
+                    "\(id): \(byID[id]?["error"] ?? "")")
         }
         // Inside a root, what is not a regular file is named for what it is (a FIFO is never waited on).
-        #expect((byID["fifo"]?["error"] as? String)?.hasSuffix("/pipe.png: a FIFO (named pipe), not a regular file") == true, "\(byID["fifo"] ?? [:])")
-        #expect((byID["folder"]?["error"] as? String)?.hasSuffix("/folder.png: a folder, not a regular file") == true, "\(byID["folder"] ?? [:])")
+        #expect((byID["fifo"]?["error"] as? String)?.hasSuffix("/pipe.png: a FIFO (named pipe), not a regular file") == true,
+                "\(byID["fifo"] ?? [:])")
+        #expect((byID["folder"]?["error"] as? String)?.hasSuffix("/folder.png: a folder, not a regular file") == true,
+                "\(byID["folder"] ?? [:])")
     }
 }
 
@@ -142,14 +146,16 @@ import TestSupport
         #expect(result["status"] as? String == "failed", "the missing photo fails its chain, and so the job")
         #expect((result["metadata"] as? [String: Any])?["album"] as? String == "summer")
         let ids = (result["operations"] as? [[String: Any]] ?? []).compactMap { $0["id"] as? String }
-        #expect(ids == ["photos", "download-Beach_at_dusk", "sepia-Beach_at_dusk", "write-Beach_at_dusk", "download-gone", "sepia-gone", "write-gone"])
+        #expect(ids == ["photos", "download-Beach_at_dusk", "sepia-Beach_at_dusk", "write-Beach_at_dusk", "download-gone", "sepia-gone",
+                        "write-gone"])
         #expect(byID["photos"]?["state"] as? String == "succeeded")
         #expect(byID["write-Beach_at_dusk"]?["outputs"] as? [String] == ["Beach_at_dusk.png"])
         #expect(byID["download-gone"]?["error"] as? String == "HTTP status 404")
         #expect(byID["write-gone"]?["state"] as? String == "cancelled")
         let written = try s.output("album", "Beach_at_dusk.png")
         #expect(written.width == 16 && written.height == 12)
-        #expect(s.lastLog.contains("OPQ_OPERATION=sepia-Beach_at_dusk OPQ_QOS=userInitiated OPQ_QUEUE=filters OPQ_QUEUE_PRIORITY=normal OPQ_STATE=succeeded"),
+        #expect(s.lastLog.contains("OPQ_OPERATION=sepia-Beach_at_dusk OPQ_QOS=userInitiated OPQ_QUEUE=filters"
+                                   + " OPQ_QUEUE_PRIORITY=normal OPQ_STATE=succeeded"),
                 "expanded operations are logged")
 
         let (missing, missingOps) = try s.run(["job": "nolist", "photosURL": server.url("/status/404")])

@@ -8,10 +8,15 @@ import TestSupport
 @testable import Daemon
 
 /// A test image: RGB or RGBA with values from simple formulas.
-func makeImage(width: Int, height: Int, alpha: Bool = false, _ value: (Int, Int, Int) -> Int = { x, y, c in [(x * 5 + y * 3) % 256, (x * 2 + y * 7) % 256, (x * x + y) % 256, (x + y * 11) % 256][c] }) throws -> Image {
+func makeImage(width: Int, height: Int, alpha: Bool = false,
+               _ value: (Int, Int, Int) -> Int = { x, y, c in
+                   [(x * 5 + y * 3) % 256, (x * 2 + y * 7) % 256, (x * x + y) % 256, (x + y * 11) % 256][c]
+               }) throws -> Image {
     let channels = alpha ? 4 : 3
     let image = try Image(width: width, height: height, channels: channels)
-    for y in 0..<height { for x in 0..<width { for c in 0..<channels { image.pixels[(y * width + x) * channels + c] = UInt8(value(x, y, c)) } } }
+    for y in 0..<height {
+        for x in 0..<width { for c in 0..<channels { image.pixels[(y * width + x) * channels + c] = UInt8(value(x, y, c)) } }
+    }
     return image
 }
 
@@ -53,7 +58,8 @@ final class ImageSpool {
     /// Runs the manifest with --once; returns the result and the operations by id.
     func run(_ manifest: [String: Any]) throws -> (result: [String: Any], ops: [String: [String: Any]]) {
         try spool.drop("job.plist", manifest)
-        let once = try DaemonTests.run("opqueued", ["--spool", spool.root, "--once", "--config", spool.configPath, "--log-target", "console"])
+        let once = try DaemonTests.run("opqueued",
+                                       ["--spool", spool.root, "--once", "--config", spool.configPath, "--log-target", "console"])
         #expect(once.status == 0, "\(once.stderr)")
         lastLog = once.stderr
         let job = manifest["job"] as? String ?? "job"
@@ -132,7 +138,8 @@ func chain(_ id: String, from source: String, _ filter: [String: Any], write pat
         #expect((maxDifference(blurred) { x, y, c in
             var sum = 0.0
             for j in -half...half { for i in -half...half {
-                sum += weights[i + half] * weights[j + half] * value(min(source.width - 1, max(0, x + i)), min(source.height - 1, max(0, y + j)), c)
+                sum += weights[i + half] * weights[j + half] * value(
+                    min(source.width - 1, max(0, x + i)), min(source.height - 1, max(0, y + j)), c)
             } }
             return sum
         }) <= 2)
@@ -156,7 +163,8 @@ func chain(_ id: String, from source: String, _ filter: [String: Any], write pat
         #expect(result["status"] as? String == "succeeded")
         let small = try s.output("stripes", "small.png")
         #expect(small.width == 16 && small.height == 16)
-        // Away from the edges (a Lanczos-3 window reaches three output pixels in; clamping repeats the outermost stripe), every pixel is mid-grey.
+        // Away from the edges (a Lanczos-3 window reaches three output pixels in; clamping repeats the outermost stripe), every
+        // pixel is mid-grey.
         for y in 0..<16 { for x in 3..<13 { #expect(abs(pixel(small, x, y, 0) - 128) <= 4, "(\(x), \(y))") } }
     }
 
@@ -197,7 +205,8 @@ func chain(_ id: String, from source: String, _ filter: [String: Any], write pat
         for name in ["cmyk", "cmyk-adobe"] {
             ops.append(["id": name, "kind": "download", "url": s.url(name + ".jpg")])
             ops += chain("full-" + name, from: name, ["kind": "sepia", "intensity": 0], write: name + ".png")
-            ops += chain("half-" + name, from: name, ["kind": "resize", "width": 32, "height": 24, "mode": "stretch"], write: name + "-half.png")
+            ops += chain("half-" + name, from: name, ["kind": "resize", "width": 32, "height": 24, "mode": "stretch"],
+                         write: name + "-half.png")
         }
         let (result, byID) = try s.run(["job": "cmyk", "operations": ops])
         #expect(result["status"] as? String == "succeeded", "\(byID.values.compactMap { $0["error"] })")
@@ -209,7 +218,9 @@ func chain(_ id: String, from source: String, _ filter: [String: Any], write pat
                 #expect(image.width == 64 / scale && image.height == 48 / scale, "\(file)")
                 for (band, rgb) in bands.enumerated() {
                     let x = (band * 16 + 8) / scale
-                    for c in 0..<3 { #expect(abs(Double(pixel(image, x, 20 / scale, c)) - rgb[c]) <= 6, "\(file): band \(band), channel \(c)") }
+                    for c in 0..<3 {
+                        #expect(abs(Double(pixel(image, x, 20 / scale, c)) - rgb[c]) <= 6, "\(file): band \(band), channel \(c)")
+                    }
                 }
             }
         }
@@ -316,7 +327,8 @@ func chain(_ id: String, from source: String, _ filter: [String: Any], write pat
         #expect(error("twice-truncated-png").contains("truncated"), "\(error("twice-truncated-png"))")
         // No half-written file is left behind by a failed streamed write.
         let left = (try? FileManager.default.contentsOfDirectory(atPath: s.spool.root + "/outbox/corrupt")) ?? []
-        #expect(left.contains("good-jpg.png") && !left.contains { $0.hasPrefix(".") || $0.hasPrefix("truncated") || $0.hasPrefix("corrupt") }, "\(left)")
+        #expect(left.contains("good-jpg.png")
+                    && !left.contains { $0.hasPrefix(".") || $0.hasPrefix("truncated") || $0.hasPrefix("corrupt") }, "\(left)")
     }
 }
 
@@ -326,7 +338,8 @@ func chain(_ id: String, from source: String, _ filter: [String: Any], write pat
         let spool = TestSpool()
         let examples = repositoryRoot + "/spool/examples"
         let template = try String(contentsOfFile: examples + "/photos.plist.in", encoding: .utf8)
-        try Data(template.replacingOccurrences(of: "@EXAMPLES@", with: examples).utf8).write(to: URL(fileURLWithPath: spool.root + "/inbox/photos.plist"))
+        try Data(template.replacingOccurrences(of: "@EXAMPLES@", with: examples).utf8)
+            .write(to: URL(fileURLWithPath: spool.root + "/inbox/photos.plist"))
         let config = try spool.configure(["download": ["fileRoots": [examples]]])
         let once = try run("opqueued", ["--spool", spool.root, "--once", "--log-target", "console"] + config)
         #expect(once.status == 0)
@@ -336,7 +349,8 @@ func chain(_ id: String, from source: String, _ filter: [String: Any], write pat
             let image = try Codecs.decode(Data(contentsOf: URL(fileURLWithPath: spool.root + "/outbox/photos/" + path)), maxPixels: 1 << 24)
             #expect(image.width > 0, "\(path)")
         }
-        let thumbnail = try Codecs.decode(Data(contentsOf: URL(fileURLWithPath: spool.root + "/outbox/photos/thumbnails/harbour.png")), maxPixels: 1 << 24)
+        let thumbnail = try Codecs.decode(Data(contentsOf: URL(fileURLWithPath: spool.root + "/outbox/photos/thumbnails/harbour.png")),
+                                          maxPixels: 1 << 24)
         #expect(thumbnail.width == 128 && thumbnail.height == 72)
     }
 }

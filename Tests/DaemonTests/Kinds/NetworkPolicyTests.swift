@@ -22,7 +22,8 @@ import Testing
             ("0.0.0.0", "unspecified"), ("::", "unspecified"),
             ("224.0.0.1", "multicast"), ("239.255.255.255", "multicast"), ("ff02::1", "multicast"), ("255.255.255.255", "broadcast"),
             // IPv4-mapped IPv6 forms are the IPv4 addresses they map.
-            ("::ffff:127.0.0.1", "loopback"), ("::ffff:10.1.2.3", "private"), ("::ffff:169.254.169.254", "link-local"), ("::ffff:0.0.0.0", "unspecified"),
+            ("::ffff:127.0.0.1", "loopback"), ("::ffff:10.1.2.3", "private"), ("::ffff:169.254.169.254", "link-local"),
+            ("::ffff:0.0.0.0", "unspecified"),
             // Just outside the ranges.
             ("172.32.0.0", nil), ("172.15.255.255", nil), ("100.128.0.0", nil), ("100.63.255.255", nil), ("126.255.255.255", nil),
             ("128.0.0.0", nil), ("169.253.255.255", nil), ("223.255.255.255", nil), ("fec0::1", nil), ("fbff::1", nil), ("::2", nil),
@@ -59,7 +60,8 @@ import Testing
         #expect(try IPNetwork(cidr: "127.0.0.1").description == "127.0.0.1/32")
         #expect(try IPNetwork(cidr: "0.0.0.0/0").prefix == 96)
         #expect(try IPNetwork(cidr: "::/0").prefix == 0)
-        for bad in ["10.1.0.5/16", "1.2.3.4/33", "::1/129", "300.1.1.1/8", "10.0.0.0/", "10.0.0.0/x", "/8", "", "10.0.0.0/8/8", "::1/-1", "localhost"] {
+        for bad in ["10.1.0.5/16", "1.2.3.4/33", "::1/129", "300.1.1.1/8", "10.0.0.0/", "10.0.0.0/x", "/8", "", "10.0.0.0/8/8", "::1/-1",
+                    "localhost"] {
             #expect(throws: IPNetwork.Invalid.self, "\(bad)") { try IPNetwork(cidr: bad) }
         }
         do {

@@ -41,10 +41,14 @@ func noCancel() throws {}
         ("blur-wide", .blur(radius: 20), { try Filters.blur($0, radius: 20, check: noCancel) }),
         // Windows taller than the image (361 and 703 taps over 117 rows): the ring holds the image's rows, not taps.
         ("blur-taller", .blur(radius: 60), { try Filters.blur($0, radius: 60, check: noCancel) }),
-        ("squash", .resize(width: 203, height: 1, mode: "stretch"), { try Filters.resize($0, width: 203, height: 1, mode: "stretch", check: noCancel) }),
-        ("fit-down", .resize(width: 61, height: 61, mode: "fit"), { try Filters.resize($0, width: 61, height: 61, mode: "fit", check: noCancel) }),
-        ("fill", .resize(width: 50, height: 90, mode: "fill"), { try Filters.resize($0, width: 50, height: 90, mode: "fill", check: noCancel) }),
-        ("stretch-up", .resize(width: 400, height: 150, mode: "stretch"), { try Filters.resize($0, width: 400, height: 150, mode: "stretch", check: noCancel) }),
+        ("squash", .resize(width: 203, height: 1, mode: "stretch"),
+         { try Filters.resize($0, width: 203, height: 1, mode: "stretch", check: noCancel) }),
+        ("fit-down", .resize(width: 61, height: 61, mode: "fit"),
+         { try Filters.resize($0, width: 61, height: 61, mode: "fit", check: noCancel) }),
+        ("fill", .resize(width: 50, height: 90, mode: "fill"),
+         { try Filters.resize($0, width: 50, height: 90, mode: "fill", check: noCancel) }),
+        ("stretch-up", .resize(width: 400, height: 150, mode: "stretch"),
+         { try Filters.resize($0, width: 400, height: 150, mode: "stretch", check: noCancel) }),
         ("thumbnail", .thumbnail(size: 40), { try Filters.thumbnail($0, size: 40, check: noCancel) }),
     ] }
 
@@ -78,10 +82,12 @@ func noCancel() throws {}
                 default: shrinks = false
                 }
                 if !shrinks {
-                    let streamed = try ImagePipeline(source: .bytes(bytes), steps: [step], operations: [name]).materialise(maxPixels: 1 << 30, check: noCancel)
+                    let streamed = try ImagePipeline(source: .bytes(bytes), steps: [step], operations: [name]).materialise(
+                        maxPixels: 1 << 30, check: noCancel)
                     #expect(samePixels(streamed, expected), "\(name) from \(format) bytes")
                 }
-                let fromImage = try ImagePipeline(source: .image(decoded), steps: [step], operations: [name]).materialise(maxPixels: 1 << 30, check: noCancel)
+                let fromImage = try ImagePipeline(source: .image(decoded), steps: [step], operations: [name]).materialise(
+                    maxPixels: 1 << 30, check: noCancel)
                 #expect(samePixels(fromImage, expected), "\(name) from a \(format) image")
             }
         }
@@ -155,8 +161,10 @@ func noCancel() throws {}
         let jpeg = try Codecs.encode(source, format: "jpeg", quality: 92)
         let full = try Codecs.decode(jpeg, maxPixels: 1 << 30)
         for (step, reference) in [(ImageStep.thumbnail(size: 150), { try Filters.thumbnail(full, size: 150, check: noCancel) }),
-                                  (.resize(width: 300, height: nil, mode: "fit"), { try Filters.resize(full, width: 300, height: nil, mode: "fit", check: noCancel) }),
-                                  (.resize(width: 190, height: 190, mode: "fill"), { try Filters.resize(full, width: 190, height: 190, mode: "fill", check: noCancel) })] {
+                                  (.resize(width: 300, height: nil, mode: "fit"),
+                                   { try Filters.resize(full, width: 300, height: nil, mode: "fit", check: noCancel) }),
+                                  (.resize(width: 190, height: 190, mode: "fill"),
+                                   { try Filters.resize(full, width: 190, height: 190, mode: "fill", check: noCancel) })] {
             let chain = ImagePipeline(source: .bytes(jpeg), steps: [.sepia(intensity: 0), step], operations: ["s", "r"])
             let shrink = chain.shrinkOnLoad(width: 1600, height: 1200)
             #expect(shrink.side > 0 || shrink.width > 0, "\(step) shrinks on load")
@@ -173,7 +181,8 @@ func noCancel() throws {}
             #expect(mean < 1.5 && worst < 24, "\(step): mean \(mean), worst \(worst)")
         }
         // A blur first keeps the full size (its radius is in source pixels).
-        let blurFirst = ImagePipeline(source: .bytes(jpeg), steps: [.blur(radius: 2), .thumbnail(size: 100)], operations: []).shrinkOnLoad(width: 1600, height: 1200)
+        let blurFirst = ImagePipeline(source: .bytes(jpeg), steps: [.blur(radius: 2), .thumbnail(size: 100)], operations: [])
+            .shrinkOnLoad(width: 1600, height: 1200)
         #expect(blurFirst.width == 0 && blurFirst.height == 0 && blurFirst.side == 0)
     }
 
@@ -200,7 +209,8 @@ func noCancel() throws {}
             if counter.calls == 3 { throw OperationCancelled() }
         }
         #expect(throws: OperationCancelled.self) {
-            try ImagePipeline(source: .bytes(bytes), steps: [.blur(radius: 2)], operations: ["b"]).materialise(maxPixels: 1 << 30, check: check)
+            try ImagePipeline(source: .bytes(bytes), steps: [.blur(radius: 2)], operations: ["b"]).materialise(
+                maxPixels: 1 << 30, check: check)
         }
         #expect(counter.calls == 3)
     }
@@ -262,7 +272,8 @@ func noCancel() throws {}
         let result = try #require(s.spool.result("crash", timeout: 5), "\(again.stderr)")
         #expect(result["status"] as? String == "succeeded", "\(result["error"] ?? "")")
         let expected = try Filters.thumbnail(try Filters.sepia(source, intensity: 0.8, check: noCancel), size: 50, check: noCancel)
-        #expect(try Data(contentsOf: URL(fileURLWithPath: s.spool.root + "/outbox/crash/out.png")) == Codecs.encode(expected, format: "png", quality: 90))
+        #expect(try Data(contentsOf: URL(fileURLWithPath: s.spool.root + "/outbox/crash/out.png"))
+                    == Codecs.encode(expected, format: "png", quality: 90))
         let left = (try? FileManager.default.contentsOfDirectory(atPath: s.spool.root + "/outbox/crash")) ?? []
         #expect(!left.contains { $0.hasPrefix(".") }, "\(left)")
     }
@@ -278,7 +289,11 @@ func noCancel() throws {}
         let big = try Image(width: width, height: height, channels: 3)
         for y in 0..<height {
             let row = big.pixels + y * width * 3
-            for x in 0..<width { row[x * 3] = UInt8(truncatingIfNeeded: x / 24); row[x * 3 + 1] = UInt8(truncatingIfNeeded: y / 16); row[x * 3 + 2] = 90 }
+            for x in 0..<width {
+                row[x * 3] = UInt8(truncatingIfNeeded: x / 24)
+                row[x * 3 + 1] = UInt8(truncatingIfNeeded: y / 16)
+                row[x * 3 + 2] = 90
+            }
         }
         let jpeg = try Codecs.encode(big, format: "jpeg", quality: 90)
         try s.put("big.jpg", jpeg)
@@ -295,7 +310,8 @@ func noCancel() throws {}
         let afterStreamed = processMemoryMB(pid)
         let decodedMB = Double(width * height * 3) / 1_048_576
         let bound = decodedMB / 3 + Double(jpeg.count) / 1_048_576 // the download is still held in memory
-        #expect(afterStreamed - idle < bound, "streamed: peak grew \(afterStreamed - idle) MB (idle \(idle)), bound \(bound) MB, decoded \(decodedMB) MB")
+        #expect(afterStreamed - idle < bound,
+                "streamed: peak grew \(afterStreamed - idle) MB (idle \(idle)), bound \(bound) MB, decoded \(decodedMB) MB")
         let out = try Codecs.decode(Data(contentsOf: URL(fileURLWithPath: s.spool.root + "/outbox/streamed/big.jpg")), maxPixels: 1 << 30)
         #expect(out.width == width && out.height == height)
 
@@ -308,7 +324,8 @@ func noCancel() throws {}
         let whole = try #require(s.spool.result("whole", timeout: 120))
         #expect(whole["status"] as? String == "succeeded", "\(whole["error"] ?? "")")
         let afterWhole = processMemoryMB(pid)
-        print("pipeline memory: idle \(idle) MB, streamed +\(afterStreamed - idle) MB, materialised +\(afterWhole - idle) MB, bound \(bound) MB, download \(jpeg.count / 1_048_576) MB")
+        print("pipeline memory: idle \(idle) MB, streamed +\(afterStreamed - idle) MB, materialised +\(afterWhole - idle) MB,"
+              + " bound \(bound) MB, download \(jpeg.count / 1_048_576) MB")
         // Both big writes went through the two-thread handoff; the fused and the materialised path agree byte for byte.
         #expect(try Data(contentsOf: URL(fileURLWithPath: s.spool.root + "/outbox/streamed/big.jpg"))
                 == Data(contentsOf: URL(fileURLWithPath: s.spool.root + "/outbox/whole/a.jpg")))

@@ -23,7 +23,8 @@ private typealias Machine = JobLifecycle<Int>
         #expect(m.handle(.received(job: "a", .inbox(manifest: "a.plist"))) == [.journal(.received(job: "a", manifest: "a.plist"))])
         #expect(m.phase(of: "a") == .received)
         #expect(m.activeOperations == 0, "operations count once the plan is read")
-        #expect(m.handle(.planned(job: "a", operations: 3, recovered: 1)) == [.journal(.accepted(job: "a", operations: 3)), .submit(job: "a")])
+        #expect(
+            m.handle(.planned(job: "a", operations: 3, recovered: 1)) == [.journal(.accepted(job: "a", operations: 3)), .submit(job: "a")])
         #expect(m.phase(of: "a") == .accepted)
         #expect(m.activeOperations == 3)
         #expect(m.handle(.submitted(job: "a", group: 7)) == [])
@@ -32,7 +33,8 @@ private typealias Machine = JobLifecycle<Int>
         #expect(m.handle(.operationEnded(group: 7)) == [])
         #expect(m.progress("a")?.operations == 3)
         #expect(m.progress("a")?.ended == 2, "one ended here, one before the restart")
-        #expect(m.handle(.groupFinished(group: 7, status: .failed, error: "b: boom")) == [.publish(job: "a", status: .failed, error: "b: boom")])
+        #expect(m.handle(.groupFinished(group: 7, status: .failed, error: "b: boom"))
+                    == [.publish(job: "a", status: .failed, error: "b: boom")])
         #expect(m.phase(of: "a") == .finishing)
         #expect(m.activeOperations == 3, "counted until published")
         #expect(m.handle(.published(job: "a")) == [.releaseGroup(7)])
@@ -68,7 +70,8 @@ private typealias Machine = JobLifecycle<Int>
         _ = m.handle(.received(job: "a", .resumed))
         _ = m.handle(.planned(job: "a", operations: 5, recovered: 0))
         _ = m.handle(.cancel(job: "a", operation: nil, knownOperation: true))
-        #expect(m.handle(.rejected(job: "a", problems: ["cycle"], error: "cycle!")).last == .publish(job: "a", status: .rejected, error: "cycle!"))
+        #expect(m.handle(.rejected(job: "a", problems: ["cycle"], error: "cycle!"))
+                    .last == .publish(job: "a", status: .rejected, error: "cycle!"))
         #expect(m.activeOperations == 5)
         _ = m.handle(.published(job: "a"))
         #expect(m.activeOperations == 0)
@@ -94,7 +97,8 @@ private typealias Machine = JobLifecycle<Int>
         var m = machine()
         running(&m, "a", group: 9)
         #expect(m.handle(.cancel(job: "a", operation: nil, knownOperation: true)) == [.cancelGroup(9), .answer(.cancelled)])
-        #expect(m.handle(.cancel(job: "a", operation: "b", knownOperation: true)) == [.cancelOperation(job: "a", group: 9, operation: "b"), .answer(.cancelled)])
+        #expect(m.handle(.cancel(job: "a", operation: "b", knownOperation: true))
+                    == [.cancelOperation(job: "a", group: 9, operation: "b"), .answer(.cancelled)])
         #expect(m.handle(.cancel(job: "a", operation: "nope", knownOperation: false)) == [.answer(.unknownOperation)])
         _ = m.handle(.groupFinished(group: 9, status: .cancelled, error: nil))
         // Finishing: the engine answers for the operation; the whole job's cancel is harmless.
@@ -130,21 +134,25 @@ private typealias Machine = JobLifecycle<Int>
     @Test func aJobTheStoreForgotIsStoppedThenSubmittedAgain() {
         var m = machine()
         running(&m, "a", operations: 3, group: 7)
-        #expect(m.handle(.lost(job: "a", reason: "no row", resubmit: true)) == [.journal(.lost(job: "a", reason: "no row")), .cancelGroup(7)])
+        #expect(
+            m.handle(.lost(job: "a", reason: "no row", resubmit: true)) == [.journal(.lost(job: "a", reason: "no row")), .cancelGroup(7)])
         #expect(m.activeOperations == 0)
         #expect(m.handle(.groupFinished(group: 7, status: .cancelled, error: nil)) == [.releaseGroup(7), .resubmit(job: "a")])
         #expect(m.isEmpty)
         // Not yet running: at once.
         _ = m.handle(.received(job: "b", .claimed(fromNode: nil)))
         _ = m.handle(.planned(job: "b", operations: 1, recovered: 0))
-        #expect(m.handle(.lost(job: "b", reason: "no row", resubmit: true)) == [.journal(.lost(job: "b", reason: "no row")), .resubmit(job: "b")])
+        #expect(m.handle(.lost(job: "b", reason: "no row", resubmit: true))
+                    == [.journal(.lost(job: "b", reason: "no row")), .resubmit(job: "b")])
     }
 
     @Test func aJobLostWhileFinishingIsDiscardedAtOnce() {
         var m = machine()
         running(&m, "a", group: 2)
         _ = m.handle(.groupFinished(group: 2, status: .succeeded, error: nil))
-        #expect(m.handle(.lost(job: "a", reason: "taken over")) == [.journal(.lost(job: "a", reason: "taken over")), .releaseGroup(2), .discard(job: "a")])
+        #expect(
+            m.handle(.lost(job: "a", reason: "taken over")) == [.journal(.lost(job: "a", reason: "taken over")), .releaseGroup(2),
+                                                                .discard(job: "a")])
         #expect(m.handle(.published(job: "a")) == [])
         #expect(m.isEmpty)
     }
@@ -297,7 +305,9 @@ private func eventually(_ seconds: Double = 20, _ condition: () -> Bool) -> Bool
         // Recorded by the store: published, with the node and where it was submitted.
         drop("a", seconds: 0)
         #expect(eventually { exists("outbox/a/result.plist") })
-        let result = try #require(try PropertyListSerialization.propertyList(from: Data(contentsOf: URL(fileURLWithPath: root + "/outbox/a/result.plist")), format: nil) as? [String: Any])
+        let result = try #require(
+            try PropertyListSerialization.propertyList(from: Data(contentsOf: URL(fileURLWithPath: root + "/outbox/a/result.plist")),
+                                                       format: nil) as? [String: Any])
         #expect(result["node"] as? String == "n1")
         #expect(result["submittedOn"] as? String == "n0")
         #expect(store.lock.withLock { store.completed.map(\.job) } == ["a"])
@@ -406,7 +416,8 @@ private func eventually(_ seconds: Double = 20, _ condition: () -> Bool) -> Bool
         defer { try? FileManager.default.removeItem(atPath: root) }
         let spool = try Spool(root: root)
         for i in 0..<2000 { _ = FileManager.default.createFile(atPath: root + "/inbox/.partial-\(i)", contents: Data([0])) }
-        let daemon = Daemon(spool: spool, configuration: .builtIn, configPath: nil, logger: Logger(label: "test") { _ in SwiftLogNoOpLogHandler() },
+        let daemon = Daemon(spool: spool, configuration: .builtIn, configPath: nil,
+                            logger: Logger(label: "test") { _ in SwiftLogNoOpLogHandler() },
                             store: SpoolJobStore(spool: spool))
         daemon.start()
         daemon.scan()
@@ -419,12 +430,15 @@ private func eventually(_ seconds: Double = 20, _ condition: () -> Bool) -> Bool
             rename(root + "/inbox/." + job, root + "/inbox/" + job + ".plist")
             daemon.scan(hints: [job + ".plist"], complete: true)
         }
-        #expect(eventually(60) { (try? FileManager.default.contentsOfDirectory(atPath: root + "/outbox"))?.filter { !$0.hasPrefix(".") }.count == jobs })
+        #expect(eventually(60) {
+            (try? FileManager.default.contentsOfDirectory(atPath: root + "/outbox"))?.filter { !$0.hasPrefix(".") }.count == jobs
+        })
         let elapsed = Date().timeIntervalSince(started)
         // The reads allowed: the one at start, the one asked for above, and one per rescan interval (2 s)
         // while names keep being reported.
         let reads = spool.inboxReads.withLock { $0 }
-        #expect(reads <= 3 + Int(elapsed / Daemon.rescanInterval), "\(reads) whole reads of the inbox for \(jobs) reported manifests in \(elapsed) s")
+        #expect(reads <= 3 + Int(elapsed / Daemon.rescanInterval),
+                "\(reads) whole reads of the inbox for \(jobs) reported manifests in \(elapsed) s")
 
         // A name nobody reported is found by the read a complete=false scan (start, overflow, timer) asks for.
         let data = plist(["job": "unreported", "operations": [["id": "a", "kind": "sleep", "seconds": 0]]])

@@ -19,7 +19,8 @@ func problems(_ object: Any) -> [String] {
             "job": "holiday", "qualityOfService": "utility", "queuePriority": "high", "timeoutSeconds": 60, "metadata": ["owner": "ana"],
             "operations": [
                 ["id": "a", "kind": "sleep", "seconds": 0.5, "retries": 2, "retryDelaySeconds": 0.1, "timeoutSeconds": 3],
-                ["id": "b", "kind": "spin", "seconds": 1, "input": "a", "queue": "io", "qualityOfService": "background", "queuePriority": "veryLow"],
+                ["id": "b", "kind": "spin", "seconds": 1, "input": "a", "queue": "io", "qualityOfService": "background",
+                 "queuePriority": "veryLow"],
                 ["id": "c", "kind": "fail", "dependencies": ["a", "b"], "runsAfterFailure": true],
             ],
         ]
@@ -56,7 +57,8 @@ func problems(_ object: Any) -> [String] {
             "job: must be a string of 1 to 128 characters from [A-Za-z0-9._-], not starting with '.'",
             "operation 'a': unknown key 'sleepy' for kind 'sleep'",
             "operations[2]: id must be a string of 1 to 128 characters from [A-Za-z0-9._-], not starting with '.'",
-            "operation 'b': unknown kind 'teleport' (one of download, sepia, grayscale, blur, resize, thumbnail, vignette, write, sleep, spin, fail, command)",
+            "operation 'b': unknown kind 'teleport' (one of download, sepia, grayscale, blur, resize, thumbnail, vignette, write, "
+                + "sleep, spin, fail, command)",
             "operation 'c': unknown queue 'nowhere' (configured: default, downloads, filters, io)",
             "operation 'c': seconds must be a number from 0 to 86400",
             "operation 'e': retries must be an integer from 0 to 1000",
@@ -82,8 +84,10 @@ func problems(_ object: Any) -> [String] {
 
     @Test func absurdTimesAreRejected() {
         let op: [String: Any] = ["id": "a", "kind": "sleep", "seconds": 0]
-        #expect(problems(["timeoutSeconds": 3.5e300, "operations": [op]]) == ["timeoutSeconds: must be a positive number of seconds, less than 1e9"])
-        #expect(problems(["operations": [op.merging(["timeoutSeconds": Double.infinity]) { $1 }]]).first?.contains("timeoutSeconds") == true)
+        #expect(problems(["timeoutSeconds": 3.5e300, "operations": [op]])
+                    == ["timeoutSeconds: must be a positive number of seconds, less than 1e9"])
+        #expect(problems(["operations": [op.merging(["timeoutSeconds": Double.infinity]) { $1 }]])
+                    .first?.contains("timeoutSeconds") == true)
         #expect(problems(["operations": [op.merging(["retryDelaySeconds": 1e20]) { $1 }]]).first?.contains("retryDelaySeconds") == true)
     }
 
@@ -95,7 +99,8 @@ func problems(_ object: Any) -> [String] {
             == ["operation 'r': 1000000×1000000 is more pixels than image.maxPixels (100000000)"])
         #expect(problems(["operations": [resize.merging(["mode": "fill"]) { $1 }]]).count == 1)
         #expect(problems(["operations": [resize.merging(["mode": "stretch", "width": 10_000]) { $1 }]]).isEmpty == false)
-        #expect(problems(["operations": [resize.merging(["mode": "stretch", "width": 100]) { $1 }]]).isEmpty, "10⁸ pixels is the limit itself")
+        #expect(problems(["operations": [resize.merging(["mode": "stretch", "width": 100]) { $1 }]]).isEmpty,
+                "10⁸ pixels is the limit itself")
         #expect(problems(["operations": [resize]]).isEmpty, "fit")
     }
 
@@ -152,25 +157,29 @@ func problems(_ object: Any) -> [String] {
     }
 
     @Test func photosURLFormStartsWithTheListDownload() throws {
-        guard case .success(let plan) = Manifest.parse(plist(["job": "album", "photosURL": "https://example.org/photos.plist"]), configuration: .builtIn) else {
+        guard case .success(let plan) = Manifest.parse(plist(["job": "album", "photosURL": "https://example.org/photos.plist"]),
+                                                       configuration: .builtIn) else {
             Issue.record("the photosURL form was refused")
             return
         }
         #expect(plan.photosURL == "https://example.org/photos.plist")
         #expect(plan.operations.map(\.id) == ["photos"])
         #expect(plan.operations.first?.queue == "downloads")
-        #expect(problems(["photosURL": "https://h/p.plist", "operations": [["id": "a", "kind": "sleep", "seconds": 0]]]) == ["photosURL: cannot be combined with operations"])
+        #expect(problems(["photosURL": "https://h/p.plist", "operations": [["id": "a", "kind": "sleep", "seconds": 0]]])
+                    == ["photosURL: cannot be combined with operations"])
         #expect(problems(["photosURL": "ftp://h/p.plist"]) == ["photosURL: must be an http, https or file URL string"])
     }
 
     @Test func writePathsCannotTakeTheDaemonsOwnFiles() {
-        let found = problems(["operations": [["id": "w", "kind": "write", "path": "result.plist", "format": "png"], ["id": "v", "kind": "write", "path": "sub/result.plist", "format": "png"]]])
+        let found = problems(["operations": [["id": "w", "kind": "write", "path": "result.plist", "format": "png"],
+                                             ["id": "v", "kind": "write", "path": "sub/result.plist", "format": "png"]]])
         #expect(found == ["operation 'w': path 'result.plist' is the daemon's own file in the job folder"])
     }
 
     @Test func photoListFormBuildsDownloadSepiaWriteChains() {
         let ops = Manifest.photoListOperations(["Beach at dusk": "https://h/a.jpg", "cat": "https://h/c.jpg"], configuration: .builtIn)
-        #expect(ops.map(\.id) == ["download-Beach_at_dusk", "sepia-Beach_at_dusk", "write-Beach_at_dusk", "download-cat", "sepia-cat", "write-cat"])
+        #expect(ops.map(\.id) == ["download-Beach_at_dusk", "sepia-Beach_at_dusk", "write-Beach_at_dusk", "download-cat", "sepia-cat",
+                                  "write-cat"])
         #expect(ops.map(\.queue) == ["downloads", "filters", "io", "downloads", "filters", "io"])
         #expect(ops[2].parameters == .write(path: "Beach_at_dusk.png", format: "png", quality: 90))
         #expect(ops[1].parameters == .sepia(intensity: 0.8))
@@ -186,7 +195,8 @@ func problems(_ object: Any) -> [String] {
 
     @Test func configurationMergesWithTheBuiltIns() throws {
         let config = try Configuration.parse(plist([
-            "queues": ["io": ["maxConcurrentOperationCount": 1], "gpu": ["maxConcurrentOperationCount": 2, "qualityOfService": "userInitiated", "suspended": true]],
+            "queues": ["io": ["maxConcurrentOperationCount": 1],
+                       "gpu": ["maxConcurrentOperationCount": 2, "qualityOfService": "userInitiated", "suspended": true]],
             "defaultQueues": ["image": "gpu"], "maxActiveJobs": 8,
         ]))
         #expect(config.queues["io"] == QueueSettings(maxConcurrentOperationCount: 1, qualityOfService: .utility, suspended: false))
@@ -198,7 +208,8 @@ func problems(_ object: Any) -> [String] {
         do {
             _ = try Configuration.parse(plist(["queues": ["q": ["maxConcurrentOperationCount": 0]], "maxActiveJobs": -1]), path: "c.plist")
         } catch let error as Configuration.Invalid {
-            #expect(error.description == "c.plist: queues.q.maxConcurrentOperationCount: must be -1 or a positive integer\nc.plist: maxActiveJobs: must be a positive integer")
+            #expect(error.description == "c.plist: queues.q.maxConcurrentOperationCount: must be -1 or a positive integer\n"
+                        + "c.plist: maxActiveJobs: must be a positive integer")
         }
     }
 

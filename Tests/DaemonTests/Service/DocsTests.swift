@@ -75,7 +75,11 @@ func runnableShellBlocks(_ markdown: String) -> (run: [String], skipped: Int) {
                 default: value = .dictionary(PlistDictionary([section: value]))
                 }
                 var problems: [String] = []
-                do { _ = try Configuration.parse(Data(PlistBinaryWriter.document(value))) } catch let error as Configuration.Invalid { problems = error.problems }
+                do {
+                    _ = try Configuration.parse(Data(PlistBinaryWriter.document(value)))
+                } catch let error as Configuration.Invalid {
+                    problems = error.problems
+                }
                 let unknown = problems.contains { $0.contains("unknown key '\(key)'") }
                 #expect(unknown != isKey, "\(section).\(key): \(problems)")
                 #expect(!problems.isEmpty, "\(section).\(key): an array of data taken as a value")
@@ -90,7 +94,8 @@ func runnableShellBlocks(_ markdown: String) -> (run: [String], skipped: Int) {
     func generatedPagesAreCurrent(program: String, page: String) throws {
         let text = try String(contentsOfFile: manFolder + "/" + page, encoding: .utf8)
         let dump = try run(program, ["--experimental-dump-help"])
-        let root = try #require((try JSONSerialization.jsonObject(with: Data(dump.stdout.utf8)) as? [String: Any])?["command"] as? [String: Any])
+        let root = try #require(
+            (try JSONSerialization.jsonObject(with: Data(dump.stdout.utf8)) as? [String: Any])?["command"] as? [String: Any])
         var checked = 0
         func check(_ command: [String: Any]) {
             for argument in command["arguments"] as? [[String: Any]] ?? [] where argument["shouldDisplay"] as? Bool != false {
@@ -130,7 +135,9 @@ func runnableShellBlocks(_ markdown: String) -> (run: [String], skipped: Int) {
         for shell in ["bash", "zsh", "fish"] {
             let script = try run("opqueuectl", ["--generate-completion-script", shell])
             #expect(script.status == 0 && script.stdout.contains("opqueuectl"))
-            for command in ["submit", "status", "cancel", "suspend", "metrics"] { #expect(script.stdout.contains(command), "\(shell) lacks \(command)") }
+            for command in ["submit", "status", "cancel", "suspend", "metrics"] {
+                #expect(script.stdout.contains(command), "\(shell) lacks \(command)")
+            }
             try script.stdout.write(toFile: folder + "/opqueuectl.\(shell)", atomically: true, encoding: .utf8)
         }
         #expect(try run("/bin/bash", ["-n", folder + "/opqueuectl.bash"]).status == 0)
@@ -172,12 +179,14 @@ func runnableShellBlocks(_ markdown: String) -> (run: [String], skipped: Int) {
     @Test func installPutsManPagesAndCompletionsInPlace() throws {
         let destination = NSTemporaryDirectory() + "opq-install-" + UUID().uuidString.prefix(8)
         defer { try? FileManager.default.removeItem(atPath: destination) }
-        let install = try run("/usr/bin/make", ["-C", repositoryRoot, "-s", "install-files", "BINARIES=.build/debug", "DESTDIR=" + destination], timeout: 60)
+        let install = try run("/usr/bin/make",
+                              ["-C", repositoryRoot, "-s", "install-files", "BINARIES=.build/debug", "DESTDIR=" + destination], timeout: 60)
         #expect(install.status == 0, "\(install.stderr)")
         let share = destination + "/usr/local/share"
         for (page, section) in [("opqueuectl", "1"), ("opqueued", "8"), ("opqueued.plist", "5")] {
             let found = try run("/usr/bin/man", ["-M", share + "/man", "-w", section, page])
-            #expect(found.status == 0 && found.stdout.contains("/man\(section)/\(page).\(section)"), "\(page)(\(section)): \(found.stdout)\(found.stderr)")
+            #expect(found.status == 0 && found.stdout.contains("/man\(section)/\(page).\(section)"),
+                    "\(page)(\(section)): \(found.stdout)\(found.stderr)")
         }
         let bash = share + "/bash-completion/completions/opqueuectl"
         #expect(try run("/bin/bash", ["-c", "source '\(bash)' && complete -p opqueuectl"]).stdout.contains("_opqueuectl"))
@@ -189,7 +198,8 @@ func runnableShellBlocks(_ markdown: String) -> (run: [String], skipped: Int) {
         let readme = try String(contentsOfFile: repositoryRoot + "/README.md", encoding: .utf8)
         let firstBlock = readme.components(separatedBy: "```sh\n").dropFirst().first?.components(separatedBy: "\n```").first ?? ""
         #expect(readme.hasPrefix("# opqueued\n"))
-        #expect(firstBlock.split(separator: "\n").map { $0.split(separator: " ").prefix(2).joined(separator: " ") } == ["make run", "make test"])
+        #expect(firstBlock.split(separator: "\n")
+                    .map { $0.split(separator: " ").prefix(2).joined(separator: " ") } == ["make run", "make test"])
         let (blocks, skipped) = runnableShellBlocks(readme)
         #expect(blocks.count >= 5 && skipped >= 3, "\(blocks.count) runnable, \(skipped) skipped")
 
@@ -214,7 +224,8 @@ func runnableShellBlocks(_ markdown: String) -> (run: [String], skipped: Int) {
         try daemon.run()
         defer { if daemon.isRunning { kill(daemon.processIdentifier, SIGKILL); daemon.waitUntilExit() } }
         let deadline = Date().addingTimeInterval(20)
-        while Date() < deadline, (try? ControlClient.request(clone + "/spool/opqueued.sock", ["command": "status"], timeout: 1)) == nil { usleep(20_000) }
+        while Date() < deadline,
+              (try? ControlClient.request(clone + "/spool/opqueued.sock", ["command": "status"], timeout: 1)) == nil { usleep(20_000) }
 
         // All runnable blocks in one shell, as a reader would type them, stopping at the first failure.
         let script = "set -euo pipefail\ncd '\(clone)'\n" + blocks.joined(separator: "\n")

@@ -20,7 +20,8 @@ final class BootedSystemd {
         unshare = Process()
         unshare.executableURL = URL(fileURLWithPath: "/usr/bin/unshare")
         unshare.arguments = ["--pid", "--fork", "--mount", "--mount-proc", "--propagation", "private", "sh", "-c",
-                             "mount -t tmpfs tmpfs /run; mount -t tmpfs tmpfs /tmp; mount -t tmpfs tmpfs /var/tmp; mkdir -p /run/systemd; exec /lib/systemd/systemd --system --unit=basic.target"]
+                             "mount -t tmpfs tmpfs /run; mount -t tmpfs tmpfs /tmp; mount -t tmpfs tmpfs /var/tmp; mkdir -p /run/systemd; "
+                                 + "exec /lib/systemd/systemd --system --unit=basic.target"]
         unshare.standardInput = FileHandle.nullDevice
         unshare.standardOutput = FileHandle.nullDevice
         unshare.standardError = FileHandle.nullDevice
@@ -30,7 +31,8 @@ final class BootedSystemd {
         let deadline = Date().addingTimeInterval(10)
         while found == nil && Date() < deadline {
             usleep(50_000)
-            let children = (try? String(contentsOfFile: "/proc/\(unshare.processIdentifier)/task/\(unshare.processIdentifier)/children", encoding: .utf8)) ?? ""
+            let children = (try? String(contentsOfFile: "/proc/\(unshare.processIdentifier)/task/\(unshare.processIdentifier)/children",
+                                        encoding: .utf8)) ?? ""
             found = children.split(separator: " ").first.flatMap { Int32($0) }
         }
         guard let found else { unshare.terminate(); throw TestFailure("systemd did not start under unshare") }
@@ -41,13 +43,17 @@ final class BootedSystemd {
             usleep(200_000)
             state = (try? self.run("systemctl", "is-system-running"))?.stdout.trimmingCharacters(in: .whitespacesAndNewlines) ?? ""
         }
-        guard ["running", "degraded"].contains(state) else { shutdown(); throw TestFailure("systemd did not boot: is-system-running says '\(state)'") }
+        guard ["running", "degraded"].contains(state) else {
+            shutdown()
+            throw TestFailure("systemd did not boot: is-system-running says '\(state)'")
+        }
     }
 
     /// Runs a command inside the namespaces, from the repository's folder.
     @discardableResult
     func run(_ command: String, _ arguments: String..., timeout: Double = 60) throws -> Run {
-        try DaemonTests.run("/usr/bin/nsenter", ["-t", "\(pid)", "-m", "-p", "--wd=\(repositoryRoot)", command] + arguments, timeout: timeout)
+        try DaemonTests.run("/usr/bin/nsenter", ["-t", "\(pid)", "-m", "-p", "--wd=\(repositoryRoot)", command] + arguments,
+                            timeout: timeout)
     }
 
     /// Installs opqueued inside with the project's own `make install` (from the debug build the tests already have).
@@ -87,7 +93,8 @@ final class BootedSystemd {
         let unit = Self.unit
         try systemd.installProject()
         #expect(try systemd.run("getent", "passwd", "opqueued").status == 0, "sysusers made the opqueued user")
-        #expect(try systemd.run("test", "-x", "/usr/local/lib/opqueued/opqueued-supervise").status == 0, "each command's supervisor, where opqueued looks")
+        #expect(try systemd.run("test", "-x", "/usr/local/lib/opqueued/opqueued-supervise").status == 0,
+                "each command's supervisor, where opqueued looks")
         let inbox = try FileManager.default.attributesOfItem(atPath: Self.spool + "/inbox")
         #expect((inbox[.posixPermissions] as? Int) == 0o1770, "tmpfiles made the inbox sticky and group-writable")
 
@@ -99,6 +106,27 @@ final class BootedSystemd {
         #expect(try systemd.property(unit, "User") == "opqueued")
         #expect(try systemd.eventually { try systemd.property(unit, "StatusText").hasPrefix("jobs active ") })
 
+        try expectAJobThroughTheInbox(systemd)
+
+        // The control socket answers the owner's side (root here) through opqueuectl.
+        #expect(try systemd.run("opqueuectl", "--spool", Self.spool, "status").stdout.contains("jobs active: 0"))
+
+        try expectReloadSignalsAndTheWatchdog(systemd)
+
+        // Stop: a clean exit, inactive and not failed.
+        #expect(try systemd.run("systemctl", "stop", unit).status == 0)
+        #expect(try systemd.property(unit, "ActiveState") == "inactive")
+        #expect(try systemd.property(unit, "Result") == "success")
+
+        // Hardening, as loaded, and offline on the shipped file.
+        #expect(try exposure(systemd.run("systemd-analyze", "security", unit).stdout).map { $0 <= 1.5 } == true)
+        let offline = try systemd.run("systemd-analyze", "security", "--offline=true", "/etc/systemd/system/\(unit)")
+        #expect(exposure(offline.stdout).map { $0 <= 1.5 } == true, "\(offline.stdout.suffix(200))")
+    }
+
+    /// A job through the inbox, run as opqueued, its operations' stories in the unit's journal.
+    private func expectAJobThroughTheInbox(_ systemd: BootedSystemd) throws {
+        let unit = Self.unit
         // A job through the inbox, written elsewhere and renamed in, as a submitter does.
         let job = "systemd-" + UUID().uuidString.prefix(8).lowercased()
         let manifest = plist(["job": job, "operations": [sleepOp("a", 0), sleepOp("b", 0, deps: ["a"])]])
@@ -106,7 +134,8 @@ final class BootedSystemd {
         #expect(rename("\(Self.spool)/inbox/.\(job).plist", "\(Self.spool)/inbox/\(job).plist") == 0)
         let resultPath = "\(Self.spool)/outbox/\(job)/result.plist"
         #expect(systemd.eventually { FileManager.default.fileExists(atPath: resultPath) }, "the job reached the outbox")
-        let result = try PropertyListSerialization.propertyList(from: Data(contentsOf: URL(fileURLWithPath: resultPath)), format: nil) as? [String: Any]
+        let result = try PropertyListSerialization.propertyList(from: Data(contentsOf: URL(fileURLWithPath: resultPath)),
+                                                                format: nil) as? [String: Any]
         #expect(result?["status"] as? String == "succeeded")
         let owner = try FileManager.default.attributesOfItem(atPath: "\(Self.spool)/outbox/\(job)")[.ownerAccountName] as? String
         #expect(owner == "opqueued", "the service runs as opqueued")
@@ -124,23 +153,26 @@ final class BootedSystemd {
             return states.count == 2
         })
         for op in ["a", "b"] { #expect(states[op] == ["pending", "ready", "executing", "succeeded"], "\(op)") }
+    }
 
-        // The control socket answers the owner's side (root here) through opqueuectl.
-        #expect(try systemd.run("opqueuectl", "--spool", Self.spool, "status").stdout.contains("jobs active: 0"))
-
+    /// Reload, SIGUSR1 and SIGKILL to the running service, and its watchdog pings.
+    private func expectReloadSignalsAndTheWatchdog(_ systemd: BootedSystemd) throws {
+        let unit = Self.unit
         // Reload: RELOADING=1 … READY=1 around the SIGHUP; the service stays up with the same process.
         let pidBefore = try systemd.property(unit, "MainPID")
         let reload = try systemd.run("systemctl", "reload", unit)
         #expect(reload.status == 0, "systemctl reload: \(reload.stderr)")
         #expect(try systemd.property(unit, "MainPID") == pidBefore)
         #expect(try systemd.eventually {
-            try systemd.run("journalctl", "-u", unit, "OPQ_EVENT=daemon", "OPQ_STATE=reloading", "--no-pager", "-q").stdout.contains("reload")
+            try systemd.run("journalctl", "-u", unit, "OPQ_EVENT=daemon", "OPQ_STATE=reloading", "--no-pager", "-q")
+                .stdout.contains("reload")
         })
 
         // `systemctl kill -s USR1` (a log-rotation habit): logged and ignored, the same process goes on.
         #expect(try systemd.run("systemctl", "kill", "-s", "USR1", unit).status == 0)
         #expect(try systemd.eventually {
-            try systemd.run("journalctl", "-u", unit, "--no-pager", "-q").stdout.contains("SIGUSR1 means nothing to opqueued and is ignored")
+            try systemd.run("journalctl", "-u", unit, "--no-pager", "-q").stdout.contains(
+                "SIGUSR1 means nothing to opqueued and is ignored")
         })
         #expect(try systemd.property(unit, "ActiveState") == "active")
         #expect(try systemd.property(unit, "MainPID") == pidBefore)
@@ -155,23 +187,14 @@ final class BootedSystemd {
 
         // Watchdog: with a 2 s WatchdogSec the service must keep pinging, or systemd would kill it.
         try systemd.run("mkdir", "-p", "/run/systemd/system/\(unit).d")
-        try Data("[Service]\nWatchdogSec=2\n".utf8).write(to: URL(fileURLWithPath: "/proc/\(systemd.pid)/root/run/systemd/system/\(unit).d/watchdog.conf"))
+        try Data("[Service]\nWatchdogSec=2\n".utf8).write(
+            to: URL(fileURLWithPath: "/proc/\(systemd.pid)/root/run/systemd/system/\(unit).d/watchdog.conf"))
         try systemd.run("systemctl", "daemon-reload")
         #expect(try systemd.run("systemctl", "restart", unit).status == 0)
         let restarts = try systemd.property(unit, "NRestarts")
         sleep(5)
         #expect(try systemd.property(unit, "ActiveState") == "active")
         #expect(try systemd.property(unit, "NRestarts") == restarts, "no watchdog timeout in 5 s at WatchdogSec=2")
-
-        // Stop: a clean exit, inactive and not failed.
-        #expect(try systemd.run("systemctl", "stop", unit).status == 0)
-        #expect(try systemd.property(unit, "ActiveState") == "inactive")
-        #expect(try systemd.property(unit, "Result") == "success")
-
-        // Hardening, as loaded, and offline on the shipped file.
-        #expect(try exposure(systemd.run("systemd-analyze", "security", unit).stdout).map { $0 <= 1.5 } == true)
-        let offline = try systemd.run("systemd-analyze", "security", "--offline=true", "/etc/systemd/system/\(unit)")
-        #expect(exposure(offline.stdout).map { $0 <= 1.5 } == true, "\(offline.stdout.suffix(200))")
     }
 
     /// The README's chapter on installing the service, run as written in the tests' systemd: every `sh` block of it,
@@ -235,7 +258,8 @@ final class BootedSystemd {
         try server.psql("postgres", "CREATE DATABASE \(database)")
         for grant in ClusterHarness.grants(database: database, role: "opqueued") { try server.psql(grant.database, grant.sql) }
         let hba = server.folder + "/data/pg_hba.conf"
-        try ("local \(database) opqueued peer\n" + String(contentsOfFile: hba, encoding: .utf8)).write(toFile: hba, atomically: false, encoding: .utf8)
+        try ("local \(database) opqueued peer\n" + String(contentsOfFile: hba, encoding: .utf8)).write(
+            toFile: hba, atomically: false, encoding: .utf8)
         try server.psql("postgres", "SELECT pg_reload_conf()")
 
         // The configuration and the ExecStart naming it, in the namespace's own /run.
@@ -256,7 +280,8 @@ final class BootedSystemd {
         let startLog = start.status == 0 ? "" : try systemd.run("journalctl", "-u", unit, "--no-pager").stdout
         try #require(start.status == 0, "systemctl start: \(start.stderr)\n\(startLog)")
         let connected = systemd.eventually(20) {
-            (try? systemd.run("journalctl", "-u", unit, "OPQ_EVENT=cluster", "OPQ_STATE=connected", "--no-pager", "-q").stdout.contains(node)) == true
+            (try? systemd.run("journalctl", "-u", unit, "OPQ_EVENT=cluster", "OPQ_STATE=connected", "--no-pager", "-q")
+                 .stdout.contains(node)) == true
         }
         let journal = connected ? "" : try systemd.run("journalctl", "-u", unit, "--no-pager", "-n", "30").stdout
         #expect(connected, "\(journal)")
@@ -266,8 +291,10 @@ final class BootedSystemd {
         #expect(rename("\(Self.spool)/inbox/.\(job).plist", "\(Self.spool)/inbox/\(job).plist") == 0)
         let resultPath = "\(Self.spool)/outbox/\(job)/result.plist"
         #expect(systemd.eventually(30) { FileManager.default.fileExists(atPath: resultPath) }, "the job reached the outbox")
-        let result = try? PropertyListSerialization.propertyList(from: Data(contentsOf: URL(fileURLWithPath: resultPath)), format: nil) as? [String: Any]
-        #expect(result?["status"] as? String == "succeeded" && result?["node"] as? String == node && result?["submittedOn"] as? String == node)
+        let result = try? PropertyListSerialization.propertyList(from: Data(contentsOf: URL(fileURLWithPath: resultPath)),
+                                                                 format: nil) as? [String: Any]
+        #expect(
+            result?["status"] as? String == "succeeded" && result?["node"] as? String == node && result?["submittedOn"] as? String == node)
         // The server saw the unit's user come through the socket.
         let sessions = try server.psql(database, "SELECT count(*) FROM pg_stat_activity WHERE usename = 'opqueued' AND client_port = -1")
         #expect((Int(sessions.trimmingCharacters(in: .whitespacesAndNewlines)) ?? 0) > 0)

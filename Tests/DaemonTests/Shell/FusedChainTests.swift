@@ -85,7 +85,8 @@ private func outcomes(_ ops: [String: [String: Any]], root: String) -> [String: 
             write = ["path": "album/out.png"]
         default: break
         }
-        ops.append(["id": "in", "kind": "download", "url": s.url(source)].merging(place == "disk" ? ["dependencies": ["block"]] : [:]) { a, _ in a })
+        ops.append(["id": "in", "kind": "download", "url": s.url(source)]
+                       .merging(place == "disk" ? ["dependencies": ["block"]] : [:]) { a, _ in a })
         ops.append(op(["id": "sepia", "kind": "sepia", "dependencies": ["in"]]))
         ops.append(op(middle.merging(["id": "middle", "dependencies": ["sepia"]]) { a, _ in a }))
         ops.append(["id": "write", "kind": "write", "dependencies": ["middle"]].merging(write) { a, _ in a })
@@ -113,10 +114,13 @@ private func outcomes(_ ops: [String: [String: Any]], root: String) -> [String: 
         #expect(fused.journal == unfused.journal, "fused:\n\(fused.journal)\nunfused:\n\(unfused.journal)")
         // Where each place fails, said of the operation whose stage it is.
         let failed = fused.ops.filter { $0.value.hasPrefix("failed") }.keys.sorted()
-        let expected = ["decode": ["sepia"], "decode-png": ["sepia"], "filter": ["middle"], "encode": ["write"], "disk": ["write"], "none": []]
+        let expected = ["decode": ["sepia"], "decode-png": ["sepia"], "filter": ["middle"], "encode": ["write"], "disk": ["write"],
+                        "none": []]
         #expect(failed == expected[place], "\(fused.ops)")
         if place == "decode" { #expect(fused.ops["sepia"]?.contains("Premature end of JPEG file") == true, "\(fused.ops)") }
-        if place.hasPrefix("decode") || place == "filter" { #expect(fused.ops["write"]?.hasPrefix("cancelled attempts 0 started false") == true) }
+        if place.hasPrefix("decode") || place == "filter" {
+            #expect(fused.ops["write"]?.hasPrefix("cancelled attempts 0 started false") == true)
+        }
     }
 
     /// A fused operation is `executing` until its chain's end has run its stage; a cancel of it cancels that run.

@@ -66,7 +66,8 @@ struct ClaimRecordTests {
         let read = try #require(ClaimRecord(decoding: legacy))
         #expect(read.manifest == "old.plist" && read.receivedAt == 1.5e9 && read.requestedJob == "old")
         #expect(read.origin == ClusterOrigin(fence: 42, submittedOn: "a", fromNode: "b"))
-        let xml = try PropertyListSerialization.data(fromPropertyList: ["manifest": "x.plist", "receivedAt": 2.0e9], format: .xml, options: 0)
+        let xml = try PropertyListSerialization.data(fromPropertyList: ["manifest": "x.plist", "receivedAt": 2.0e9], format: .xml,
+                                                     options: 0)
         let fromXML = try #require(ClaimRecord(decoding: [UInt8](xml)))
         #expect(fromXML == ClaimRecord(manifest: "x.plist", receivedAt: 2.0e9))
 

@@ -31,8 +31,10 @@ import Glibc
         let until = Date().addingTimeInterval(seconds)
         while Date() < until {
             usleep(250_000)
-            #expect(FileManager.default.fileExists(atPath: spool.root + "/inbox/" + name), "inbox/\(name) was claimed while open for writing")
-            #expect(!FileManager.default.fileExists(atPath: spool.root + "/outbox/" + job), "\(job) was published while its manifest was open for writing")
+            #expect(FileManager.default.fileExists(atPath: spool.root + "/inbox/" + name),
+                    "inbox/\(name) was claimed while open for writing")
+            #expect(!FileManager.default.fileExists(atPath: spool.root + "/outbox/" + job),
+                    "\(job) was published while its manifest was open for writing")
             if !FileManager.default.fileExists(atPath: spool.root + "/inbox/" + name) { return }
         }
     }
@@ -83,14 +85,17 @@ import Glibc
         let spool = TestSpool()
         let process = Process()
         process.executableURL = URL(fileURLWithPath: "/usr/bin/setpriv")
-        process.arguments = ["--bounding-set=-lease", "--inh-caps=-lease", binaries + "/opqueued", "--spool", spool.root, "--log-target", "console"]
+        process.arguments = ["--bounding-set=-lease", "--inh-caps=-lease", binaries + "/opqueued",
+                             "--spool", spool.root, "--log-target", "console"]
         _ = FileManager.default.createFile(atPath: spool.logPath, contents: nil)
         let log = try FileHandle(forWritingTo: URL(fileURLWithPath: spool.logPath))
         process.standardError = log
         process.standardOutput = log
         try process.run()
         spool.daemon = process
-        let ready = InboxLeaseTests().waitFor(20) { (try? ControlClient.request(spool.root + "/opqueued.sock", ["command": "status"], timeout: 1)) != nil }
+        let ready = InboxLeaseTests().waitFor(20) {
+            (try? ControlClient.request(spool.root + "/opqueued.sock", ["command": "status"], timeout: 1)) != nil
+        }
         #expect(ready != nil, "the daemon started")
         for name in ["first", "second"] {
             let path = spool.root + "/inbox/\(name).plist"
@@ -104,7 +109,8 @@ import Glibc
             #expect(spool.result(name)?["status"] as? String == "succeeded")
         }
         let text = (try? String(contentsOfFile: spool.logPath, encoding: .utf8)) ?? ""
-        #expect(occurrences(of: "no read lease could be taken on inbox/first.plist: Permission denied", in: text) == 1, "\(text.suffix(2000))")
+        #expect(occurrences(of: "no read lease could be taken on inbox/first.plist: Permission denied", in: text) == 1,
+                "\(text.suffix(2000))")
         #expect(occurrences(of: "no read lease could be taken", in: text) == 1, "logged once")
     }
 }

@@ -83,7 +83,8 @@ final class JobStoreNode: @unchecked Sendable {
 
     /// A manifest dropped into the inbox and claimed from it as the shell does, then submitted; returns the jobs
     /// the store gives this node to run within `seconds` (the spool: at once; the cluster: through `run`).
-    func submitAndCollect(_ manifests: [(name: String, manifest: [String: Any])], expect count: Int, within seconds: Double = 10) throws -> [ClaimedJob] {
+    func submitAndCollect(_ manifests: [(name: String, manifest: [String: Any])], expect count: Int,
+                          within seconds: Double = 10) throws -> [ClaimedJob] {
         var claimed: [ClaimedJob] = []
         for (name, manifest) in manifests {
             try plist(manifest).write(to: URL(fileURLWithPath: spool.inbox + "/" + name + ".plist"))
@@ -107,7 +108,9 @@ final class JobStoreNode: @unchecked Sendable {
     /// What the shell's publication does once the gate let a job through: its folder moved to the outbox.
     func publish(_ job: String) throws {
         let folder = spool.active + "/" + job
-        if !FileManager.default.fileExists(atPath: folder) { try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true) }
+        if !FileManager.default.fileExists(atPath: folder) {
+            try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
+        }
         guard rename(folder, spool.outbox + "/" + job) == 0 else { throw SupportFailure("publishing \(job): errno \(errno)") }
     }
 
@@ -132,7 +135,8 @@ struct JobStoreConformanceTests {
         #expect(Set(run.map(\.id)) == Set((0..<3).map { "job-\($0)" }))
         #expect(run.count == 3 && again == 0, "\(kind): \(run.map(\.id)) then \(again) more")
         for i in 0..<3 {
-            #expect(try Data(contentsOf: URL(fileURLWithPath: node.spool.active + "/job-\(i)/manifest.plist")) == plist(manifests[i].manifest))
+            #expect(
+                try Data(contentsOf: URL(fileURLWithPath: node.spool.active + "/job-\(i)/manifest.plist")) == plist(manifests[i].manifest))
             #expect(!FileManager.default.fileExists(atPath: node.spool.inbox + "/m\(i).plist"))
         }
     }

@@ -78,7 +78,8 @@ struct SpoolFormatTests {
         try Data("\(newer)\n".utf8).write(to: URL(fileURLWithPath: spool.root + "/active/.format"))
         let refused = try run("opqueued", ["--spool", spool.root, "--once", "--log-target", "console"])
         #expect(refused.status == 1)
-        #expect(refused.stderr.contains("active/ holds 1 job (later) written in format \(newer) (\(spool.root)/active/.format), newer than this build's format \(Spool.format)"), "\(refused)")
+        #expect(refused.stderr.contains("active/ holds 1 job (later) written in format \(newer) (\(spool.root)/active/.format),"
+                                        + " newer than this build's format \(Spool.format)"), "\(refused)")
         #expect(spool.list("outbox").isEmpty)
         #expect(try Data(contentsOf: URL(fileURLWithPath: spool.root + "/active/later/manifest.plist")) == manifest, "left as it was")
         #expect(format(spool) == "\(newer)\n")
@@ -91,7 +92,8 @@ struct SpoolFormatTests {
         try Data("three\n".utf8).write(to: URL(fileURLWithPath: spool.root + "/active/.format"))
         let garbled = try run("opqueued", ["--spool", spool.root, "--log-target", "console"], timeout: 20)
         #expect(garbled.status == 1)
-        #expect(garbled.stderr.contains("holds 3 jobs (later, .submissions/0.1.2-waiting.plist, .hooks/published) written in a format this build cannot read"), "\(garbled)")
+        #expect(garbled.stderr.contains("holds 3 jobs (later, .submissions/0.1.2-waiting.plist, .hooks/published)"
+                                        + " written in a format this build cannot read"), "\(garbled)")
 
         // The newer build ran them to the end.
         try FileManager.default.removeItem(atPath: spool.root + "/active/later")
@@ -101,7 +103,8 @@ struct SpoolFormatTests {
         try spool.drop("now.plist", ["job": "now", "operations": [sleepOp("a", 0)]])
         let taken = try run("opqueued", ["--spool", spool.root, "--once", "--log-target", "console"])
         #expect(taken.status == 0, "\(taken)")
-        #expect(taken.stderr.contains("active/ was left by a newer opqueued (spool format \(newer)) but holds no job: this build takes it over in its own format \(Spool.format)"), "\(taken)")
+        #expect(taken.stderr.contains("active/ was left by a newer opqueued (spool format \(newer)) but holds no job:"
+                                      + " this build takes it over in its own format \(Spool.format)"), "\(taken)")
         #expect(spool.result("now", timeout: 1)?["status"] as? String == "succeeded")
         #expect(format(spool) == "\(Spool.format)\n")
     }

@@ -1,0 +1,193 @@
+// ClusterJobStore's leases (SPEC §8): heartbeats go on with the cooperative pool blocked, a node cut off from the
+// database or with a hung spool loses its lease to the other, the fenced end refuses a lost job, and cancels and
+// suspensions cross nodes.
+
+import Foundation
+import Logging
+import Synchronization
+import Testing
+import TestSupport
+@testable import Daemon
+import CShims
+import OperationEngine
+import PropertyList
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+extension ClusterJobStoreTests {
+    /// The store's async work runs on its own executor: with every thread of the shared cooperative pool blocked
+    /// for longer than the lease, the node still beats and keeps its job (on the shared pool it would lose it).
+    @Test func heartbeatsGoOnWhileTheCooperativePoolIsBlocked() throws {
+        let server = try PostgresServer.shared.get()
+        let database = try server.createDatabase()
+        // A lease of 3 s (beats every second, the deadline 2.4 s after the last) blocked for 4 s: a machine busy with
+        // the rest of the suite may hold a beat back a second or more, never the 4 s the block lasts. Not longer:
+        // the block stops every test running beside this one on the shared pool (ClusterPermitsTests' leases).
+        let a = try ClusterNode("a", server: server, database: database, leaseSeconds: 3)
+        defer { a.close() }
+        _ = a.store.recovered([])
+        a.store.want(room: 1, manifestBytes: .max)
+        _ = a.store.submit([try a.drop("steady", sleepManifest("steady", seconds: 60))])
+        #expect(eventually { a.shell.ran.count == 1 })
+        let blockers = ProcessInfo.processInfo.activeProcessorCount + 2
+        let blockedUntil = monotonicSeconds() + 4
+        for _ in 0..<blockers {
+            Task.detached { while monotonicSeconds() < blockedUntil { usleep(10_000) } }
+        }
+        while monotonicSeconds() < blockedUntil + 0.2 { usleep(20_000) }
+        #expect(a.shell.lostJobs.isEmpty, "lost: \(a.shell.lostJobs)")
+        #expect(trimmed(try server.psql(database, "SELECT node FROM opq_jobs WHERE id = 'steady'")) == "a")
+    }
+
+    /// A node cut off from the database stops its job at its own deadline (`lease ran out`) and tells the watchdog
+    /// hook; the other node takes the job over after the lease (fromNode set) and runs it; when the first comes back
+    /// its end is refused by the fence and nothing of it is recorded.
+    @Test func leaseRunsOutOnACutOffNodeAndTheOtherTakesOver() throws {
+        let server = try PostgresServer.shared.get()
+        let database = try server.createDatabase()
+        let password = "cut-\(UInt64.random(in: 1...UInt64.max))"
+        let role = try server.createRole("opqcut", password: password, connectingTo: database, memberOf: PostgresServer.role)
+        // B first: the schema belongs to the role that created it.
+        let b = try ClusterNode("b", server: server, database: database, leaseSeconds: 2)
+        _ = b.store.recovered([])
+        #expect(eventually { b.store.snapshot()?.connected == true })
+        let a = try ClusterNode("a", server: server, database: database, user: role, password: password, leaseSeconds: 2)
+        defer { a.close(); b.close() }
+        let leaseChanges = Locked<[Bool]>([])
+        a.store.onLeaseChange = { good in leaseChanges.withLock { $0.append(good) } }
+        _ = a.store.recovered([])
+        a.store.want(room: 4, manifestBytes: .max)
+        #expect(eventually { a.store.snapshot()?.connected == true })
+        _ = a.store.submit([try a.drop("long", sleepManifest("long", seconds: 60))])
+        #expect(eventually { a.shell.ran.count == 1 })
+        let firstFence = try #require(a.spool.readOrigin(job: "long")?.fence)
+        #expect(a.store.leaseDeadline != nil)
+        #expect(a.deadlines.withLock { $0.contains { $0 != nil } }, "the watchdog hook got a deadline")
+        b.store.want(room: 4, manifestBytes: .max)
+
+        // Cut A off: no new logins for its role, its connections ended.
+        let cutAt = monotonicSeconds()
+        try server.psql("postgres", "ALTER ROLE \(role) NOLOGIN")
+        try server.psql("postgres", "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '\(role)'")
+        #expect(eventually(8) { a.shell.lostJobs.contains { $0.job == "long" } })
+        let lostAfter = monotonicSeconds() - cutAt
+        #expect(a.shell.lostJobs.first?.reason == "lease ran out")
+        #expect(lostAfter < 2.5, "stopped by its own clock before the lease (2 s) ran out after the last beat: \(lostAfter) s")
+        #expect(a.deadlines.withLock { $0.last } == .some(nil), "nothing held any more")
+        #expect(leaseChanges.withLock { $0 } == [true, false], "the lease hook: good, then ran out")
+        #expect(!a.store.leaseIsGood)
+        #expect(eventually(8) { a.logs.states("cluster").contains("disconnected") }, "statements time out within 5 s")
+
+        #expect(eventually(10) { b.shell.ran.contains { $0.job.id == "long" } })
+        let taken = try #require(b.shell.ran.first { $0.job.id == "long" })
+        #expect(b.store.origin(of: "long")?.fromNode == "a")
+        #expect((b.spool.readOrigin(job: "long")?.fence ?? 0) > firstFence)
+        _ = taken
+
+        // A comes back: its end of the job is refused, B's is recorded.
+        try server.psql("postgres", "ALTER ROLE \(role) LOGIN")
+        #expect(eventually(10) { a.logs.states("cluster").last == "connected" })
+        #expect(eventually { leaseChanges.withLock { $0 } == [true, false, true] && a.store.leaseIsGood })
+        let aResult = a.folder + "/result-a.plist"
+        try plist(["job": "long", "status": "succeeded", "node": "a"]).write(to: URL(fileURLWithPath: aResult))
+        #expect(try a.store.complete([JobEnd(job: "long", status: "succeeded", resultFile: aResult)]).isEmpty)
+        let bResult = b.spool.active + "/long/result.plist"
+        try plist(["job": "long", "status": "cancelled", "node": "b"]).write(to: URL(fileURLWithPath: bResult))
+        #expect(try b.store.complete([JobEnd(job: "long", status: "cancelled", resultFile: bResult)]) == ["long"])
+        let record = try #require(try b.store.job("long"))
+        #expect(record.node == "b" && record.status == "cancelled" && record.fromNode == "a")
+    }
+
+    /// A node whose spool hangs (its file system frozen: every write waits, none fails) goes on beating from its own
+    /// thread, and its jobs would never run anywhere. Once the spool has kept it waiting for a whole lease (at least
+    /// 5 s) it renews nothing more: its job stops there when the lease runs out (`lease ran out`) and the other node
+    /// takes it over; when the spool answers again the node renews its lease, and says both.
+    @Test func aNodeWhoseSpoolHangsLetsItsLeaseGo() throws {
+        let server = try PostgresServer.shared.get()
+        let database = try server.createDatabase()
+        let a = try ClusterNode("a", server: server, database: database, leaseSeconds: 2)
+        let b = try ClusterNode("b", server: server, database: database, leaseSeconds: 2)
+        defer { a.close(); b.close() }
+        _ = a.store.recovered([])
+        _ = b.store.recovered([])
+        a.store.want(room: 4, manifestBytes: .max)
+        _ = a.store.submit([try a.drop("stuck", sleepManifest("stuck", seconds: 60))])
+        #expect(eventually { a.shell.ran.count == 1 })
+        b.store.want(room: 4, manifestBytes: .max)
+
+        // Kept waiting for less than the bound (a slow sync): the node keeps its lease and its job.
+        a.shell.stalled = 3
+        usleep(3_000_000)
+        #expect(a.shell.lostJobs.isEmpty)
+        #expect(b.shell.ran.isEmpty)
+        #expect(a.store.leaseIsGood)
+
+        a.shell.stalled = 6
+        #expect(eventually(10) { a.shell.lostJobs.contains { $0.job == "stuck" && $0.reason == "lease ran out" } })
+        #expect(eventually(10) { b.shell.ran.contains { $0.job.id == "stuck" } })
+        #expect(b.store.origin(of: "stuck")?.fromNode == "a")
+        // Said as the node leaving the cluster: `disconnected`, with the reason, in the log and in status.
+        let left = a.logs.all.first { $0.metadata["OPQ_STATE"] == "disconnected" }
+        #expect(left?.message.contains("node a leaves the cluster until its spool answers") == true)
+        #expect(left?.metadata["OPQ_ERROR"]?.hasPrefix("the spool has not answered for") == true)
+        #expect(a.store.snapshot()?.connected == false)
+        #expect(a.store.snapshot()?.lastError?.hasPrefix("the spool has not answered for") == true)
+
+        a.shell.stalled = 0
+        #expect(eventually(5) { a.store.leaseIsGood }, "renewed once the spool answers")
+        #expect(a.logs.all.contains { $0.message.contains("the spool of node a answers again") })
+        #expect(a.logs.states("cluster").suffix(2) == ["disconnected", "connected"], "\(a.logs.states("cluster"))")
+        #expect(a.store.snapshot()?.connected == true)
+        #expect(trimmed(try server.psql(database, "SELECT node FROM opq_jobs WHERE id = 'stuck'")) == "b")
+    }
+
+    /// Fencing at the store's gate: a job the database gave to another node meanwhile is not recorded, and is
+    /// handed to `lost`.
+    @Test func fencedCompleteRefusesALostJob() throws {
+        let server = try PostgresServer.shared.get()
+        let database = try server.createDatabase()
+        let a = try ClusterNode("a", server: server, database: database)
+        defer { a.close() }
+        _ = a.store.recovered([])
+        a.store.want(room: 1, manifestBytes: .max)
+        _ = a.store.submit([try a.drop("fenced", sleepManifest("fenced"))])
+        #expect(eventually { a.shell.ran.count == 1 })
+        // Another claim of the same job meanwhile (as after a takeover): a new fence.
+        try server.psql(database, "UPDATE opq_jobs SET node = 'other', fence = nextval('opq_fence') WHERE id = 'fenced'")
+        let result = a.folder + "/r.plist"
+        try plist(["job": "fenced"]).write(to: URL(fileURLWithPath: result))
+        #expect(try a.store.complete([JobEnd(job: "fenced", status: "succeeded", resultFile: result)]).isEmpty)
+        #expect(a.shell.lostJobs.map(\.job) == ["fenced"])
+        #expect(trimmed(try server.psql(database, "SELECT state FROM opq_jobs WHERE id = 'fenced'")) == "running")
+    }
+
+    /// `cancel` and `suspend` asked on A reach B (which runs the job) within 1 s, each cancel passed on once.
+    @Test func cancelAndSuspendFromAReachB() throws {
+        let (_, _, a, b) = try startedPair()
+        defer { a.close(); b.close() }
+        b.store.want(room: 4, manifestBytes: .max)
+        _ = a.store.submit([try a.drop("remote", sleepManifest("remote", seconds: 60))])
+        #expect(eventually { b.shell.ran.count == 1 })
+        #expect(eventually { b.shell.suspensions.count == 1 }, "the first read passes the (empty) set on")
+
+        var start = monotonicSeconds()
+        #expect(a.store.requestCancel(job: "remote", operation: "s") == .requested)
+        #expect(eventually(3) { b.shell.cancels.count == 1 })
+        #expect(monotonicSeconds() - start < 1.0)
+        #expect(b.shell.cancels.first?.job == "remote" && b.shell.cancels.first?.operation == "s")
+        #expect(a.store.requestCancel(job: "remote", operation: nil) == .requested)
+        #expect(eventually(3) { b.shell.cancels.count == 2 })
+        usleep(1_500_000)
+        #expect(b.shell.cancels.count == 2, "each cancel passed on once, though the database repeats them")
+        #expect(a.store.requestCancel(job: "nosuch", operation: nil) == .unknownJob)
+
+        start = monotonicSeconds()
+        #expect(a.store.setSuspended("io", true))
+        #expect(eventually(3) { b.shell.suspensions.last == ["io"] })
+        #expect(monotonicSeconds() - start < 1.0)
+        #expect(a.store.setSuspended("io", false))
+        #expect(eventually(3) { b.shell.suspensions.last == [] })
+    }
+}
