@@ -1,0 +1,215 @@
+// A manifest's operations (SPEC §3): each operation's common keys, and its kind's parameters.
+
+import Foundation
+import OperationEngine
+import PropertyList
+
+extension Manifest {
+    /// `operations[index]`, checked: nil when it has a problem (each one appended, naming the operation).
+    static func parseOperation(_ element: PlistValue, index: Int, configuration: Configuration,
+                               problems: inout [String]) -> OperationPlan? {
+        guard case .dictionary(let dict) = element else {
+            problems.append("operations[\(index)]: must be a dictionary")
+            return nil
+        }
+        var label = "operations[\(index)]"
+        var id: String?
+        if let value = dict["id"] {
+            if let s = value.string, isValidIdentifier(s) { id = s; label = "operation '\(s)'" }
+            else { problems.append("\(label): id must be a string of 1 to 128 characters from [A-Za-z0-9._-], not starting with '.'") }
+        } else {
+            problems.append("\(label): id is missing")
+        }
+        var kind: Kind?
+        if let value = dict["kind"] {
+            if let s = value.string, let k = Kind(rawValue: s) {
+                kind = k
+            } else {
+                problems.append("\(label): unknown kind \(quoted(value)) (one of \(Kind.allCases.map(\.rawValue).joined(separator: ", ")))")
+            }
+        } else {
+            problems.append("\(label): kind is missing")
+        }
+        let common: Set<String> = ["id", "kind", "queue", "dependencies", "input", "qualityOfService", "queuePriority",
+                                   "timeoutSeconds", "retries", "retryDelaySeconds", "runsAfterFailure"]
+        for key in dict.keys.sorted() where !common.contains(key) && !(kind?.parameters.contains(key) ?? true) {
+            problems.append("\(label): unknown key '\(clipped(key))'" + (kind.map { " for kind '\($0.rawValue)'" } ?? ""))
+        }
+        var queue = kind.map { configuration.defaultQueues[$0.family] ?? "default" } ?? "default"
+        if let value = dict["queue"] {
+            if let s = value.string, configuration.queues[s] != nil { queue = s }
+            else {
+                problems.append("\(label): unknown queue \(quoted(value)) "
+                    + "(configured: \(configuration.queueNames.joined(separator: ", ")))")
+            }
+        }
+        var dependencies: [String] = []
+        if let value = dict["dependencies"] {
+            if let array = value.array, array.allSatisfy({ $0.string != nil }) { dependencies = array.compactMap(\.string) }
+            else { problems.append("\(label): dependencies must be an array of operation ids") }
+        }
+        var input: String?
+        if let value = dict["input"] {
+            if let s = value.string { input = s; if !dependencies.contains(s) { dependencies.append(s) } }
+            else { problems.append("\(label): input must be an operation id") }
+        }
+        var qos: OperationEngine.QualityOfService?
+        if let value = dict["qualityOfService"] {
+            if let s = value.string, let q = OperationEngine.QualityOfService(name: s) { qos = q }
+            else { problems.append("\(label): qualityOfService must be one of \(qosNames)") }
+        }
+        var priority: QueuePriority?
+        if let value = dict["queuePriority"] {
+            if let s = value.string, let p = QueuePriority(name: s) { priority = p }
+            else { problems.append("\(label): queuePriority must be one of \(priorityNames)") }
+        }
+        var timeout: Double?
+        if let value = dict["timeoutSeconds"] {
+            if let t = value.real, t > 0, t < 1e9 { timeout = t }
+            else { problems.append("\(label): timeoutSeconds must be a positive number of seconds, less than 1e9") }
+        }
+        var retries = 0
+        if let value = dict["retries"] {
+            if let n = value.integer, (0...1000).contains(n) { retries = n }
+            else { problems.append("\(label): retries must be an integer from 0 to 1000") }
+        }
+        var retryDelay = 1.0
+        if let value = dict["retryDelaySeconds"] {
+            if let d = value.real, d >= 0, d < 1e9 { retryDelay = d }
+            else { problems.append("\(label): retryDelaySeconds must be 0 or more seconds, less than 1e9") }
+        }
+        var runsAfterFailure = false
+        if let value = dict["runsAfterFailure"] {
+            if let b = value.boolean { runsAfterFailure = b } else { problems.append("\(label): runsAfterFailure must be a boolean") }
+        }
+        guard let id, let kind else { return nil }
+        guard let parameters = parseParameters(kind, dict, label: label, configuration: configuration, problems: &problems) else {
+            return nil
+        }
+        // A command's own queue, unless the operation names one.
+        if case .command(let name, _) = parameters, dict["queue"] == nil, let own = configuration.commands[name]?.queue { queue = own }
+        return OperationPlan(id: id, kind: kind, queue: queue, dependencies: dependencies, input: input, qualityOfService: qos,
+                             queuePriority: priority, timeoutSeconds: timeout, retries: retries, retryDelaySeconds: retryDelay,
+                             runsAfterFailure: runsAfterFailure, parameters: parameters)
+    }
+
+    /// The kind's own keys of an operation's dictionary, checked: nil when one has a problem.
+    private static func parseParameters(_ kind: Kind, _ d: PlistDictionary, label: String, configuration: Configuration,
+                                        problems: inout [String]) -> Parameters? {
+        let before = problems.count
+        func real(_ key: String, default value: Double?, range: ClosedRange<Double>) -> Double? {
+            guard let raw = d[key] else {
+                if value == nil { problems.append("\(label): \(key) is required") }
+                return value
+            }
+            guard let v = raw.real, range.contains(v) else {
+                problems.append("\(label): \(key) must be a number from \(formatNumber(range.lowerBound)) "
+                    + "to \(formatNumber(range.upperBound))")
+                return nil
+            }
+            return v
+        }
+        func integer(_ key: String, required: Bool, range: ClosedRange<Int>) -> Int? {
+            guard let raw = d[key] else {
+                if required { problems.append("\(label): \(key) is required") }
+                return nil
+            }
+            guard let v = raw.integer, range.contains(v) else {
+                problems.append("\(label): \(key) must be an integer from \(range.lowerBound) to \(range.upperBound)")
+                return nil
+            }
+            return v
+        }
+        func string(_ key: String) -> String? {
+            guard let raw = d[key] else { return nil }
+            guard let s = raw.string else { problems.append("\(label): \(key) must be a string"); return nil }
+            return s
+        }
+        let result: Parameters?
+        switch kind {
+        case .download:
+            let url = string("url")
+            if url == nil && d["url"] == nil { problems.append("\(label): url is required") }
+            if let url, let scheme = URLComponents(string: url)?.scheme?.lowercased() {
+                if !["http", "https", "file"].contains(scheme) {
+                    problems.append("\(label): url scheme '\(clipped(scheme))' is not allowed (http, https, file)")
+                }
+            } else if url != nil {
+                problems.append("\(label): url is not a valid URL")
+            }
+            let maxBytes = integer("maxBytes", required: false, range: 1...Int(Int64.max))
+            result = url.map { .download(url: $0, maxBytes: maxBytes) }
+        case .sepia: result = real("intensity", default: 0.8, range: 0...1).map { .sepia(intensity: $0) }
+        case .grayscale: result = .grayscale
+        case .blur: result = real("radius", default: 4, range: 0...1000).map { .blur(radius: $0) }
+        case .resize:
+            let width = integer("width", required: false, range: 1...1_000_000)
+            let height = integer("height", required: false, range: 1...1_000_000)
+            if d["width"] == nil && d["height"] == nil { problems.append("\(label): width or height is required") }
+            let mode = string("mode") ?? "fit"
+            if !["fit", "fill", "stretch"].contains(mode) { problems.append("\(label): mode must be fit, fill or stretch") }
+            if mode != "fit" && (d["width"] == nil || d["height"] == nil) {
+                problems.append("\(label): mode '\(mode)' needs both width and height")
+            }
+            // stretch and fill make at least width × height pixels whatever the input: more than an image may have is
+            // known now (fit's result depends on the input's shape: checked when it runs).
+            if mode != "fit", let width, let height, width * height > configuration.maxPixels {
+                problems.append("\(label): \(width)×\(height) is more pixels than image.maxPixels (\(configuration.maxPixels))")
+            }
+            result = .resize(width: width, height: height, mode: mode)
+        case .thumbnail: result = integer("size", required: true, range: 1...100_000).map { .thumbnail(size: $0) }
+        case .vignette: result = real("strength", default: 0.5, range: 0...1).map { .vignette(strength: $0) }
+        case .write:
+            let path = string("path")
+            if d["path"] == nil { problems.append("\(label): path is required") }
+            if let path, let reason = unsafePathReason(path) { problems.append("\(label): path '\(clipped(path))' \(reason)") }
+            // Whether a format is needed depends on the input (an image or bytes): checked on the graph.
+            let format = string("format") ?? path.flatMap(imageFormat(ofPath:))
+            if let f = format, !["png", "jpeg"].contains(f) { problems.append("\(label): format must be png or jpeg") }
+            let quality = integer("quality", required: false, range: 1...100) ?? 90
+            result = .write(path: path ?? "", format: format, quality: quality)
+        case .sleep: result = real("seconds", default: nil, range: 0...31_536_000).map { .sleep(seconds: $0) }
+        case .spin: result = real("seconds", default: nil, range: 0...86_400).map { .spin(seconds: $0) }
+        case .fail: result = .fail(message: string("message") ?? "failed as asked")
+        case .command:
+            if let name = string("command") {
+                if let spec = configuration.commands[name] {
+                    result = spec.checkArguments(d["arguments"], label: label, problems: &problems).map {
+                        .command(name: name, arguments: $0)
+                    }
+                } else {
+                    let known = configuration.commands.keys.sorted()
+                    problems.append("\(label): unknown command '\(clipped(name))' "
+                        + "(\(known.isEmpty ? "the configuration declares none" : "configured: " + known.joined(separator: ", ")))")
+                    result = nil
+                }
+            } else {
+                if d["command"] == nil { problems.append("\(label): command is required") }
+                result = nil
+            }
+        }
+        return problems.count == before ? result : nil
+    }
+
+    /// The image format a path's extension names: png for .png, jpeg for .jpg and .jpeg, else nil.
+    static func imageFormat(ofPath path: String) -> String? {
+        let ext = (path as NSString).pathExtension.lowercased()
+        return ["jpg", "jpeg"].contains(ext) ? "jpeg" : ext == "png" ? "png" : nil
+    }
+
+    /// Why a `write` path is unsafe, or nil: relative, no empty, `..` or dot-leading component.
+    static func unsafePathReason(_ path: String) -> String? {
+        if path.isEmpty { return "is empty" }
+        if path.hasPrefix("/") { return "is absolute" }
+        if path.utf8.contains(0) { return "contains a NUL byte" }
+        if path.utf8.count > 1024 { return "is longer than 1024 bytes" }
+        if path == "manifest.plist" || path == "result.plist" { return "is the daemon's own file in the job folder" }
+        for component in path.split(separator: "/", omittingEmptySubsequences: false) {
+            if component.isEmpty { return "has an empty component" }
+            if component == ".." { return "goes up with '..'" }
+            if component.hasPrefix(".") { return "has a component starting with '.'" }
+            if component.utf8.count > 255 { return "has a component longer than 255 bytes" }
+        }
+        return nil
+    }
+}
