@@ -96,8 +96,34 @@ extension Manifest {
     /// The kind's own keys of an operation's dictionary, checked: nil when one has a problem.
     private static func parseParameters(_ kind: Kind, _ d: PlistDictionary, label: String, configuration: Configuration,
                                         problems: inout [String]) -> Parameters? {
-        let before = problems.count
-        func real(_ key: String, default value: Double?, range: ClosedRange<Double>) -> Double? {
+        var r = ParameterReader(d: d, label: label)
+        let result: Parameters?
+        switch kind {
+        case .download: result = downloadParameters(&r)
+        case .sepia: result = r.real("intensity", default: 0.8, range: 0...1).map { .sepia(intensity: $0) }
+        case .grayscale: result = .grayscale
+        case .blur: result = r.real("radius", default: 4, range: 0...1000).map { .blur(radius: $0) }
+        case .resize: result = resizeParameters(&r, maxPixels: configuration.maxPixels)
+        case .thumbnail: result = r.integer("size", required: true, range: 1...100_000).map { .thumbnail(size: $0) }
+        case .vignette: result = r.real("strength", default: 0.5, range: 0...1).map { .vignette(strength: $0) }
+        case .write: result = writeParameters(&r)
+        case .sleep: result = r.real("seconds", default: nil, range: 0...31_536_000).map { .sleep(seconds: $0) }
+        case .spin: result = r.real("seconds", default: nil, range: 0...86_400).map { .spin(seconds: $0) }
+        case .fail: result = .fail(message: r.string("message") ?? "failed as asked")
+        case .command: result = commandParameters(&r, commands: configuration.commands)
+        }
+        problems += r.problems
+        return r.problems.isEmpty ? result : nil
+    }
+
+    /// Reads an operation's parameter keys by type and range, each problem named with the operation's label.
+    private struct ParameterReader {
+        let d: PlistDictionary
+        let label: String
+        var problems: [String] = []
+
+        /// A number in `range`; when absent, `value` (nil: the key is required).
+        mutating func real(_ key: String, default value: Double?, range: ClosedRange<Double>) -> Double? {
             guard let raw = d[key] else {
                 if value == nil { problems.append("\(label): \(key) is required") }
                 return value
@@ -109,7 +135,9 @@ extension Manifest {
             }
             return v
         }
-        func integer(_ key: String, required: Bool, range: ClosedRange<Int>) -> Int? {
+
+        /// An integer in `range`; nil when absent (a problem if `required`).
+        mutating func integer(_ key: String, required: Bool, range: ClosedRange<Int>) -> Int? {
             guard let raw = d[key] else {
                 if required { problems.append("\(label): \(key) is required") }
                 return nil
@@ -120,75 +148,73 @@ extension Manifest {
             }
             return v
         }
-        func string(_ key: String) -> String? {
+
+        /// A string; nil when absent or not a string (then a problem).
+        mutating func string(_ key: String) -> String? {
             guard let raw = d[key] else { return nil }
             guard let s = raw.string else { problems.append("\(label): \(key) must be a string"); return nil }
             return s
         }
-        let result: Parameters?
-        switch kind {
-        case .download:
-            let url = string("url")
-            if url == nil && d["url"] == nil { problems.append("\(label): url is required") }
-            if let url, let scheme = URLComponents(string: url)?.scheme?.lowercased() {
-                if !["http", "https", "file"].contains(scheme) {
-                    problems.append("\(label): url scheme '\(clipped(scheme))' is not allowed (http, https, file)")
-                }
-            } else if url != nil {
-                problems.append("\(label): url is not a valid URL")
+    }
+
+    /// `download`: a required http, https or file URL, and an optional `maxBytes`.
+    private static func downloadParameters(_ r: inout ParameterReader) -> Parameters? {
+        let url = r.string("url")
+        if url == nil && r.d["url"] == nil { r.problems.append("\(r.label): url is required") }
+        if let url, let scheme = URLComponents(string: url)?.scheme?.lowercased() {
+            if !["http", "https", "file"].contains(scheme) {
+                r.problems.append("\(r.label): url scheme '\(clipped(scheme))' is not allowed (http, https, file)")
             }
-            let maxBytes = integer("maxBytes", required: false, range: 1...Int(Int64.max))
-            result = url.map { .download(url: $0, maxBytes: maxBytes) }
-        case .sepia: result = real("intensity", default: 0.8, range: 0...1).map { .sepia(intensity: $0) }
-        case .grayscale: result = .grayscale
-        case .blur: result = real("radius", default: 4, range: 0...1000).map { .blur(radius: $0) }
-        case .resize:
-            let width = integer("width", required: false, range: 1...1_000_000)
-            let height = integer("height", required: false, range: 1...1_000_000)
-            if d["width"] == nil && d["height"] == nil { problems.append("\(label): width or height is required") }
-            let mode = string("mode") ?? "fit"
-            if !["fit", "fill", "stretch"].contains(mode) { problems.append("\(label): mode must be fit, fill or stretch") }
-            if mode != "fit" && (d["width"] == nil || d["height"] == nil) {
-                problems.append("\(label): mode '\(mode)' needs both width and height")
-            }
-            // stretch and fill make at least width × height pixels whatever the input: more than an image may have is
-            // known now (fit's result depends on the input's shape: checked when it runs).
-            if mode != "fit", let width, let height, width * height > configuration.maxPixels {
-                problems.append("\(label): \(width)×\(height) is more pixels than image.maxPixels (\(configuration.maxPixels))")
-            }
-            result = .resize(width: width, height: height, mode: mode)
-        case .thumbnail: result = integer("size", required: true, range: 1...100_000).map { .thumbnail(size: $0) }
-        case .vignette: result = real("strength", default: 0.5, range: 0...1).map { .vignette(strength: $0) }
-        case .write:
-            let path = string("path")
-            if d["path"] == nil { problems.append("\(label): path is required") }
-            if let path, let reason = unsafePathReason(path) { problems.append("\(label): path '\(clipped(path))' \(reason)") }
-            // Whether a format is needed depends on the input (an image or bytes): checked on the graph.
-            let format = string("format") ?? path.flatMap(imageFormat(ofPath:))
-            if let f = format, !["png", "jpeg"].contains(f) { problems.append("\(label): format must be png or jpeg") }
-            let quality = integer("quality", required: false, range: 1...100) ?? 90
-            result = .write(path: path ?? "", format: format, quality: quality)
-        case .sleep: result = real("seconds", default: nil, range: 0...31_536_000).map { .sleep(seconds: $0) }
-        case .spin: result = real("seconds", default: nil, range: 0...86_400).map { .spin(seconds: $0) }
-        case .fail: result = .fail(message: string("message") ?? "failed as asked")
-        case .command:
-            if let name = string("command") {
-                if let spec = configuration.commands[name] {
-                    result = spec.checkArguments(d["arguments"], label: label, problems: &problems).map {
-                        .command(name: name, arguments: $0)
-                    }
-                } else {
-                    let known = configuration.commands.keys.sorted()
-                    problems.append("\(label): unknown command '\(clipped(name))' "
-                        + "(\(known.isEmpty ? "the configuration declares none" : "configured: " + known.joined(separator: ", ")))")
-                    result = nil
-                }
-            } else {
-                if d["command"] == nil { problems.append("\(label): command is required") }
-                result = nil
-            }
+        } else if url != nil {
+            r.problems.append("\(r.label): url is not a valid URL")
         }
-        return problems.count == before ? result : nil
+        let maxBytes = r.integer("maxBytes", required: false, range: 1...Int(Int64.max))
+        return url.map { .download(url: $0, maxBytes: maxBytes) }
+    }
+
+    /// `resize`: width and/or height, and a mode (fill and stretch need both, and at most `maxPixels` pixels).
+    private static func resizeParameters(_ r: inout ParameterReader, maxPixels: Int) -> Parameters? {
+        let width = r.integer("width", required: false, range: 1...1_000_000)
+        let height = r.integer("height", required: false, range: 1...1_000_000)
+        if r.d["width"] == nil && r.d["height"] == nil { r.problems.append("\(r.label): width or height is required") }
+        let mode = r.string("mode") ?? "fit"
+        if !["fit", "fill", "stretch"].contains(mode) { r.problems.append("\(r.label): mode must be fit, fill or stretch") }
+        if mode != "fit" && (r.d["width"] == nil || r.d["height"] == nil) {
+            r.problems.append("\(r.label): mode '\(mode)' needs both width and height")
+        }
+        // stretch and fill make at least width × height pixels whatever the input: more than an image may have is
+        // known now (fit's result depends on the input's shape: checked when it runs).
+        if mode != "fit", let width, let height, width * height > maxPixels {
+            r.problems.append("\(r.label): \(width)×\(height) is more pixels than image.maxPixels (\(maxPixels))")
+        }
+        return .resize(width: width, height: height, mode: mode)
+    }
+
+    /// `write`: a safe relative path, a format (png or jpeg, else from the path's extension) and a quality.
+    private static func writeParameters(_ r: inout ParameterReader) -> Parameters? {
+        let path = r.string("path")
+        if r.d["path"] == nil { r.problems.append("\(r.label): path is required") }
+        if let path, let reason = unsafePathReason(path) { r.problems.append("\(r.label): path '\(clipped(path))' \(reason)") }
+        // Whether a format is needed depends on the input (an image or bytes): checked on the graph.
+        let format = r.string("format") ?? path.flatMap(imageFormat(ofPath:))
+        if let f = format, !["png", "jpeg"].contains(f) { r.problems.append("\(r.label): format must be png or jpeg") }
+        let quality = r.integer("quality", required: false, range: 1...100) ?? 90
+        return .write(path: path ?? "", format: format, quality: quality)
+    }
+
+    /// `command`: a configured command's name, and its arguments checked against its parameters.
+    private static func commandParameters(_ r: inout ParameterReader, commands: [String: CommandSpec]) -> Parameters? {
+        guard let name = r.string("command") else {
+            if r.d["command"] == nil { r.problems.append("\(r.label): command is required") }
+            return nil
+        }
+        guard let spec = commands[name] else {
+            let known = commands.keys.sorted()
+            r.problems.append("\(r.label): unknown command '\(clipped(name))' "
+                + "(\(known.isEmpty ? "the configuration declares none" : "configured: " + known.joined(separator: ", ")))")
+            return nil
+        }
+        return spec.checkArguments(r.d["arguments"], label: r.label, problems: &r.problems).map { .command(name: name, arguments: $0) }
     }
 
     /// The image format a path's extension names: png for .png, jpeg for .jpg and .jpeg, else nil.
