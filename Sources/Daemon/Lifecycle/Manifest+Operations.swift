@@ -12,6 +12,42 @@ extension Manifest {
             problems.append("operations[\(index)]: must be a dictionary")
             return nil
         }
+        let (id, kind, label) = parseIdentity(dict, index: index, problems: &problems)
+        var queue = kind.map { configuration.defaultQueues[$0.family] ?? "default" } ?? "default"
+        if let value = dict["queue"] {
+            if let s = value.string, configuration.queues[s] != nil { queue = s }
+            else {
+                problems.append("\(label): unknown queue \(quoted(value)) "
+                    + "(configured: \(configuration.queueNames.joined(separator: ", ")))")
+            }
+        }
+        var dependencies: [String] = []
+        if let value = dict["dependencies"] {
+            if let array = value.array, array.allSatisfy({ $0.string != nil }) { dependencies = array.compactMap(\.string) }
+            else { problems.append("\(label): dependencies must be an array of operation ids") }
+        }
+        var input: String?
+        if let value = dict["input"] {
+            if let s = value.string { input = s; if !dependencies.contains(s) { dependencies.append(s) } }
+            else { problems.append("\(label): input must be an operation id") }
+        }
+        let run = parseRunSettings(dict, label: label, problems: &problems)
+        guard let id, let kind else { return nil }
+        guard let parameters = parseParameters(kind, dict, label: label, configuration: configuration, problems: &problems) else {
+            return nil
+        }
+        // A command's own queue, unless the operation names one.
+        if case .command(let name, _) = parameters, dict["queue"] == nil, let own = configuration.commands[name]?.queue { queue = own }
+        return OperationPlan(id: id, kind: kind, queue: queue, dependencies: dependencies, input: input,
+                             qualityOfService: run.qualityOfService, queuePriority: run.queuePriority,
+                             timeoutSeconds: run.timeoutSeconds, retries: run.retries, retryDelaySeconds: run.retryDelaySeconds,
+                             runsAfterFailure: run.runsAfterFailure, parameters: parameters)
+    }
+
+    /// An operation's `id` and `kind` (nil when missing or invalid), the label its problems go under (its id once
+    /// valid), and its keys that neither every operation nor its kind has.
+    private static func parseIdentity(_ dict: PlistDictionary, index: Int,
+                                      problems: inout [String]) -> (id: String?, kind: Kind?, label: String) {
         var label = "operations[\(index)]"
         var id: String?
         if let value = dict["id"] {
@@ -35,62 +71,46 @@ extension Manifest {
         for key in dict.keys.sorted() where !common.contains(key) && !(kind?.parameters.contains(key) ?? true) {
             problems.append("\(label): unknown key '\(clipped(key))'" + (kind.map { " for kind '\($0.rawValue)'" } ?? ""))
         }
-        var queue = kind.map { configuration.defaultQueues[$0.family] ?? "default" } ?? "default"
-        if let value = dict["queue"] {
-            if let s = value.string, configuration.queues[s] != nil { queue = s }
-            else {
-                problems.append("\(label): unknown queue \(quoted(value)) "
-                    + "(configured: \(configuration.queueNames.joined(separator: ", ")))")
-            }
-        }
-        var dependencies: [String] = []
-        if let value = dict["dependencies"] {
-            if let array = value.array, array.allSatisfy({ $0.string != nil }) { dependencies = array.compactMap(\.string) }
-            else { problems.append("\(label): dependencies must be an array of operation ids") }
-        }
-        var input: String?
-        if let value = dict["input"] {
-            if let s = value.string { input = s; if !dependencies.contains(s) { dependencies.append(s) } }
-            else { problems.append("\(label): input must be an operation id") }
-        }
-        var qos: OperationEngine.QualityOfService?
+        return (id, kind, label)
+    }
+
+    /// How an operation runs, whatever its kind: QoS, priority, timeout, retries and their delay, after a failure.
+    private struct RunSettings {
+        var qualityOfService: OperationEngine.QualityOfService?
+        var queuePriority: QueuePriority?
+        var timeoutSeconds: Double?
+        var retries = 0
+        var retryDelaySeconds = 1.0
+        var runsAfterFailure = false
+    }
+
+    /// The operation's keys of `RunSettings`, checked (a key with a problem keeps its default).
+    private static func parseRunSettings(_ dict: PlistDictionary, label: String, problems: inout [String]) -> RunSettings {
+        var run = RunSettings()
         if let value = dict["qualityOfService"] {
-            if let s = value.string, let q = OperationEngine.QualityOfService(name: s) { qos = q }
+            if let s = value.string, let q = OperationEngine.QualityOfService(name: s) { run.qualityOfService = q }
             else { problems.append("\(label): qualityOfService must be one of \(qosNames)") }
         }
-        var priority: QueuePriority?
         if let value = dict["queuePriority"] {
-            if let s = value.string, let p = QueuePriority(name: s) { priority = p }
+            if let s = value.string, let p = QueuePriority(name: s) { run.queuePriority = p }
             else { problems.append("\(label): queuePriority must be one of \(priorityNames)") }
         }
-        var timeout: Double?
         if let value = dict["timeoutSeconds"] {
-            if let t = value.real, t > 0, t < 1e9 { timeout = t }
+            if let t = value.real, t > 0, t < 1e9 { run.timeoutSeconds = t }
             else { problems.append("\(label): timeoutSeconds must be a positive number of seconds, less than 1e9") }
         }
-        var retries = 0
         if let value = dict["retries"] {
-            if let n = value.integer, (0...1000).contains(n) { retries = n }
+            if let n = value.integer, (0...1000).contains(n) { run.retries = n }
             else { problems.append("\(label): retries must be an integer from 0 to 1000") }
         }
-        var retryDelay = 1.0
         if let value = dict["retryDelaySeconds"] {
-            if let d = value.real, d >= 0, d < 1e9 { retryDelay = d }
+            if let d = value.real, d >= 0, d < 1e9 { run.retryDelaySeconds = d }
             else { problems.append("\(label): retryDelaySeconds must be 0 or more seconds, less than 1e9") }
         }
-        var runsAfterFailure = false
         if let value = dict["runsAfterFailure"] {
-            if let b = value.boolean { runsAfterFailure = b } else { problems.append("\(label): runsAfterFailure must be a boolean") }
+            if let b = value.boolean { run.runsAfterFailure = b } else { problems.append("\(label): runsAfterFailure must be a boolean") }
         }
-        guard let id, let kind else { return nil }
-        guard let parameters = parseParameters(kind, dict, label: label, configuration: configuration, problems: &problems) else {
-            return nil
-        }
-        // A command's own queue, unless the operation names one.
-        if case .command(let name, _) = parameters, dict["queue"] == nil, let own = configuration.commands[name]?.queue { queue = own }
-        return OperationPlan(id: id, kind: kind, queue: queue, dependencies: dependencies, input: input, qualityOfService: qos,
-                             queuePriority: priority, timeoutSeconds: timeout, retries: retries, retryDelaySeconds: retryDelay,
-                             runsAfterFailure: runsAfterFailure, parameters: parameters)
+        return run
     }
 
     /// The kind's own keys of an operation's dictionary, checked: nil when one has a problem.
