@@ -166,6 +166,10 @@ public struct Manifest {
         parse(ManifestTree(data), configuration: configuration)
     }
 
+    /// The keys of a manifest's top level besides `photosURL` (SPEC §3).
+    static let jobKeys: Set<String> = ["job", "operations", "qualityOfService", "queuePriority", "timeoutSeconds", "metadata",
+                                       "notBefore", "delaySeconds", "ifJobExists", "traceparent"]
+
     /// Validates a manifest already read; returns the plan or every problem found.
     public static func parse(_ tree: ManifestTree, configuration: Configuration) -> Result<JobPlan, ManifestProblems> {
         var problems: [String] = []
@@ -177,8 +181,6 @@ public struct Manifest {
         guard case .dictionary(let top) = object else {
             return .failure(ManifestProblems(["the top level must be a dictionary, not \(object.typeName)"]))
         }
-        let jobKeys: Set<String> = ["job", "operations", "qualityOfService", "queuePriority", "timeoutSeconds", "metadata",
-                                    "notBefore", "delaySeconds", "ifJobExists", "traceparent"]
         var plan = JobPlan(job: nil, operations: [], qualityOfService: nil, queuePriority: nil, timeoutSeconds: nil, metadata: nil,
                            photosURL: nil)
 
@@ -191,19 +193,35 @@ public struct Manifest {
         for key in top.keys.sorted() where !jobKeys.contains(key) && key != "photosURL" {
             problems.append("unknown key '\(clipped(key))'")
         }
-        if let value = top["photosURL"] {
-            if top["operations"] != nil { problems.append("photosURL: cannot be combined with operations") }
-            if let url = value.string, let scheme = URLComponents(string: url)?.scheme?.lowercased(),
-               ["http", "https", "file"].contains(scheme) {
-                plan.photosURL = url
-                plan.operations = [OperationPlan(
-                    id: "photos", kind: .download, queue: configuration.defaultQueues[Kind.download.family] ?? "default",
-                    dependencies: [], input: nil, qualityOfService: nil, queuePriority: nil, timeoutSeconds: nil, retries: 0,
-                    retryDelaySeconds: 1, runsAfterFailure: false, parameters: .download(url: url, maxBytes: nil))]
-            } else {
-                problems.append("photosURL: must be an http, https or file URL string")
-            }
+        parsePhotosURL(top, into: &plan, configuration: configuration, problems: &problems)
+        parseJobSettings(top, into: &plan, problems: &problems)
+        parseFlowControl(top, into: &plan, problems: &problems)
+        if top["photosURL"] != nil { return validateGraph(plan, problems: problems, configuration: configuration) }
+        guard parseOperations(top, into: &plan, configuration: configuration, problems: &problems) else {
+            return .failure(ManifestProblems(problems))
         }
+        return validateGraph(plan, problems: problems, configuration: configuration)
+    }
+
+    /// `photosURL` (§3.5): the job is the list's download, its entries' operations added once the list has arrived.
+    private static func parsePhotosURL(_ top: PlistDictionary, into plan: inout JobPlan, configuration: Configuration,
+                                       problems: inout [String]) {
+        guard let value = top["photosURL"] else { return }
+        if top["operations"] != nil { problems.append("photosURL: cannot be combined with operations") }
+        if let url = value.string, let scheme = URLComponents(string: url)?.scheme?.lowercased(),
+           ["http", "https", "file"].contains(scheme) {
+            plan.photosURL = url
+            plan.operations = [OperationPlan(
+                id: "photos", kind: .download, queue: configuration.defaultQueues[Kind.download.family] ?? "default",
+                dependencies: [], input: nil, qualityOfService: nil, queuePriority: nil, timeoutSeconds: nil, retries: 0,
+                retryDelaySeconds: 1, runsAfterFailure: false, parameters: .download(url: url, maxBytes: nil))]
+        } else {
+            problems.append("photosURL: must be an http, https or file URL string")
+        }
+    }
+
+    /// The job's own keys: `job`, `qualityOfService`, `queuePriority`, `timeoutSeconds`, `metadata`.
+    private static func parseJobSettings(_ top: PlistDictionary, into plan: inout JobPlan, problems: inout [String]) {
         if let value = top["job"] {
             if let job = value.string, isValidIdentifier(job) { plan.job = job }
             else { problems.append("job: must be a string of 1 to 128 characters from [A-Za-z0-9._-], not starting with '.'") }
@@ -227,27 +245,31 @@ public struct Manifest {
                 problems.append("metadata: must be a dictionary")
             }
         }
-        parseFlowControl(top, into: &plan, problems: &problems)
-        if top["photosURL"] != nil { return validateGraph(plan, problems: problems, configuration: configuration) }
+    }
+
+    /// `operations`: each one checked and added to the plan. False when the array is missing, is no array, or holds more
+    /// operations than a manifest may (the graph is then not checked).
+    private static func parseOperations(_ top: PlistDictionary, into plan: inout JobPlan, configuration: Configuration,
+                                        problems: inout [String]) -> Bool {
         guard let operationsValue = top["operations"] else {
             problems.append("operations: missing (an array of operations is required)")
-            return .failure(ManifestProblems(problems))
+            return false
         }
         guard case .array(let operations) = operationsValue else {
             problems.append("operations: must be an array")
-            return .failure(ManifestProblems(problems))
+            return false
         }
         if operations.isEmpty { problems.append("operations: must not be empty") }
         if operations.count > ManifestLimits.maxOperations {
             problems.append("operations: \(operations.count) operations; the limit is \(ManifestLimits.maxOperations)")
-            return .failure(ManifestProblems(problems))
+            return false
         }
         for (index, element) in operations.enumerated() {
             if let operation = parseOperation(element, index: index, configuration: configuration, problems: &problems) {
                 plan.operations.append(operation)
             }
         }
-        return validateGraph(plan, problems: problems, configuration: configuration)
+        return true
     }
 
     /// A downloaded photo list (§3.5): a non-empty dictionary of name → URL strings.
