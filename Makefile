@@ -142,7 +142,7 @@ campaigns: release
 	$(MAKE) fuzz-plist
 	$(MAKE) fuzz-manifest
 
-# libFuzzer + AddressSanitizer on manifest validation: Sources/Daemon/Lifecycle/Manifest.swift and Configuration.swift
+# libFuzzer + AddressSanitizer on manifest validation: Sources/Daemon/Lifecycle/Manifest*.swift and Configuration*.swift
 # built over the property-list reader and the engine's QoS types (the Daemon target itself links libcurl,
 # libjpeg and libsystemd, which are not built with the sanitizer).
 FUZZ_MANIFEST = .build/fuzz/manifest
@@ -159,7 +159,9 @@ build-fuzz-manifest: deps
 	$(SWIFTC) -O -sanitize=fuzzer,address -parse-as-library -module-name Cron -emit-library -static -I $(FUZZ_MANIFEST) \
 	  -emit-module -emit-module-path $(FUZZ_MANIFEST)/Cron.swiftmodule -o $(FUZZ_MANIFEST)/libCron.a Sources/Cron/*.swift
 	$(SWIFTC) -O -sanitize=fuzzer,address -use-ld=lld -parse-as-library -module-name ManifestFuzz -I $(FUZZ_MANIFEST) -L $(FUZZ_MANIFEST) \
-	  -lPropertyList -lOperationEngine -lSystemCalls -lCron Sources/Daemon/Lifecycle/Manifest.swift Sources/Daemon/Lifecycle/Manifest+FlowControl.swift Sources/Daemon/Configuration.swift Sources/Daemon/Configuration+FlowControl.swift Sources/Daemon/Kinds/Commands/CommandSpec.swift \
+	  -lPropertyList -lOperationEngine -lSystemCalls -lCron Sources/Daemon/Lifecycle/Manifest.swift \
+	  Sources/Daemon/Lifecycle/Manifest+FlowControl.swift Sources/Daemon/Lifecycle/Manifest+Operations.swift \
+	  Sources/Daemon/Configuration.swift Sources/Daemon/Configuration+FlowControl.swift Sources/Daemon/Kinds/Commands/CommandSpec.swift \
 	  Sources/Daemon/Kinds/Networks.swift Sources/Daemon/Stores/RegularFile.swift Tests/Fuzz/manifest_fuzzer.swift \
 	  -o $(FUZZ_MANIFEST)/manifest_fuzzer
 run-fuzz-manifest:

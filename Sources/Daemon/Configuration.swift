@@ -162,158 +162,16 @@ public struct Configuration: Sendable {
     }
 
     public static func parse(_ data: Data, path: String = "configuration") throws -> Configuration {
+        let top = try topLevel(data, path: path)
         var problems: [String] = []
         var config = Configuration.builtIn
-        let top: PlistDictionary
-        do {
-            guard case .dictionary(let d) = try Manifest.read(data) else {
-                throw Invalid(path: path, problems: ["the top level must be a dictionary"])
-            }
-            top = d
-        } catch let error as ManifestProblems {
-            throw Invalid(path: path, problems: error.problems)
-        }
         for key in top.keys.sorted() where !Self.keys["", default: []].contains(key) { problems.append("unknown key '\(key)'") }
-        if let value = top["queues"] {
-            if let queues = value.dictionary {
-                for name in queues.keys.sorted() {
-                    guard isValidIdentifier(name) else { problems.append("queues: '\(name)' is not a valid queue name"); continue }
-                    guard let settings = queues[name]?.dictionary else { problems.append("queues.\(name): must be a dictionary"); continue }
-                    var queue = config.queues[name] ?? QueueSettings(maxConcurrentOperationCount: -1, qualityOfService: .default,
-                                                                     suspended: false)
-                    for key in settings.keys.sorted() {
-                        guard let v = settings[key], Self.isKnown(key, in: "queues.NAME", at: "queues.\(name)", &problems) else { continue }
-                        switch key {
-                        case "maxConcurrentOperationCount":
-                            if let n = v.integer, n == -1 || n >= 1 { queue.maxConcurrentOperationCount = n }
-                            else { problems.append("queues.\(name).maxConcurrentOperationCount: must be -1 or a positive integer") }
-                        case "qualityOfService":
-                            if let s = v.string, let q = OperationEngine.QualityOfService(name: s) { queue.qualityOfService = q }
-                            else { problems.append("queues.\(name).qualityOfService: must be one of \(qosNames)") }
-                        case "suspended":
-                            if let b = v.boolean { queue.suspended = b }
-                            else { problems.append("queues.\(name).suspended: must be a boolean") }
-                        case "rateLimit":
-                            queue.rateLimit = parseRate(v, at: "queues.\(name).rateLimit", &problems)
-                        case "clusterRateLimit":
-                            let rate = parseRate(v, at: "queues.\(name).clusterRateLimit", &problems)
-                            if top["cluster"] == nil {
-                                problems.append("queues.\(name).clusterRateLimit: only applies with a 'cluster' dictionary (SPEC §8)")
-                            } else { queue.clusterRateLimit = rate }
-                        case "clusterMaxConcurrentOperationCount":
-                            if top["cluster"] == nil {
-                                problems.append("queues.\(name).clusterMaxConcurrentOperationCount: "
-                                    + "only applies with a 'cluster' dictionary (SPEC §8)")
-                            } else if let n = v.integer, n >= 1, n <= 100_000 { queue.clusterMaxConcurrentOperationCount = n }
-                            else {
-                                problems.append("queues.\(name).clusterMaxConcurrentOperationCount: "
-                                    + "must be a positive integer (at most 100000)")
-                            }
-                        default:
-                            break
-                        }
-                    }
-                    if config.queues[name] == nil { config.queueNames.append(name) }
-                    config.queues[name] = queue
-                }
-            } else {
-                problems.append("queues: must be a dictionary")
-            }
-        }
-        if let value = top["defaultQueues"] {
-            if let map = value.dictionary {
-                for family in map.keys.sorted() {
-                    guard ["download", "image", "write", "other"].contains(family) else {
-                        problems.append("defaultQueues: unknown kind family '\(family)' (download, image, write, other)"); continue
-                    }
-                    guard let queue = map[family]?.string, config.queues[queue] != nil else {
-                        problems.append("defaultQueues.\(family): must name a configured queue"); continue
-                    }
-                    config.defaultQueues[family] = queue
-                }
-            } else {
-                problems.append("defaultQueues: must be a dictionary")
-            }
-        }
-        if let value = top["maxActiveJobs"] {
-            if let n = value.integer, n >= 1 { config.maxActiveJobs = n }
-            else { problems.append("maxActiveJobs: must be a positive integer") }
-        }
-        if let value = top["maxActiveOperations"] {
-            if let n = value.integer, n >= 1 { config.maxActiveOperations = n }
-            else { problems.append("maxActiveOperations: must be a positive integer") }
-        }
-        if let value = top["shutdownGraceSeconds"] {
-            if let n = value.real, n >= 0 { config.shutdownGraceSeconds = n }
-            else { problems.append("shutdownGraceSeconds: must be 0 or more seconds") }
-        }
-        if let value = top["download"] {
-            if let download = value.dictionary {
-                for key in download.keys.sorted() {
-                    guard let v = download[key], Self.isKnown(key, in: "download", at: "download", &problems) else { continue }
-                    switch key {
-                    case "maxBytes":
-                        if let n = v.integer, n >= 1 { config.downloadMaxBytes = n }
-                        else { problems.append("download.maxBytes: must be a positive integer") }
-                    case "connectTimeoutSeconds":
-                        if let n = v.real, n > 0 { config.downloadConnectTimeoutSeconds = n }
-                        else { problems.append("download.connectTimeoutSeconds: must be positive") }
-                    case "timeoutSeconds":
-                        if let n = v.real, n > 0 { config.downloadTimeoutSeconds = n }
-                        else { problems.append("download.timeoutSeconds: must be positive") }
-                    case "fileRoots":
-                        if let roots = v.array, roots.allSatisfy({ $0.string?.hasPrefix("/") == true }) {
-                            config.fileRoots = roots.compactMap(\.string)
-                        } else {
-                            problems.append("download.fileRoots: must be an array of absolute paths")
-                        }
-                    case "allowNetworks":
-                        guard let entries = v.array else {
-                            problems.append("download.allowNetworks: must be an array of networks (\"127.0.0.0/8\", \"::1/128\")")
-                            break
-                        }
-                        var networks: [IPNetwork] = []
-                        for entry in entries {
-                            guard let text = entry.string else {
-                                problems.append("download.allowNetworks: each entry must be a string such as \"10.1.0.0/16\"")
-                                continue
-                            }
-                            do { networks.append(try IPNetwork(cidr: text)) } catch { problems.append("download.allowNetworks: \(error)") }
-                        }
-                        config.allowNetworks = networks
-                    default:
-                        break
-                    }
-                }
-            } else {
-                problems.append("download: must be a dictionary")
-            }
-        }
-        if let value = top["image"] {
-            if let image = value.dictionary {
-                for key in image.keys.sorted() {
-                    if key == "maxPixels", let n = image[key]?.integer, n >= 1 { config.maxPixels = n }
-                    else if Self.isKnown(key, in: "image", at: "image", &problems) {
-                        problems.append("image.maxPixels: must be a positive integer")
-                    }
-                }
-            } else {
-                problems.append("image: must be a dictionary")
-            }
-        }
-        if let value = top["metrics"] {
-            if let metrics = value.dictionary {
-                for key in metrics.keys.sorted() {
-                    if key == "listen", let listen = metrics[key]?.string, splitListenAddress(listen) != nil {
-                        config.metricsListen = listen
-                    } else if Self.isKnown(key, in: "metrics", at: "metrics", &problems) {
-                        problems.append("metrics.listen: must be \"HOST:PORT\" (e.g. \"127.0.0.1:9464\", \"[::1]:9464\")")
-                    }
-                }
-            } else {
-                problems.append("metrics: must be a dictionary")
-            }
-        }
+        parseQueues(top, into: &config, problems: &problems)
+        parseDefaultQueues(top, into: &config, problems: &problems)
+        parseLimits(top, into: &config, problems: &problems)
+        parseDownload(top, into: &config, problems: &problems)
+        parseImage(top, into: &config, problems: &problems)
+        parseMetrics(top, into: &config, problems: &problems)
         if let value = top["commands"] {
             config.commands = CommandSpec.parseAll(value, queues: Set(config.queueNames), problems: &problems)
         }
@@ -328,6 +186,173 @@ public struct Configuration: Sendable {
         parseTracing(top, into: &config, problems: &problems)
         if !problems.isEmpty { throw Invalid(path: path, problems: problems) }
         return config
+    }
+
+    /// The file's top-level dictionary; a file that is not a property list, or not a dictionary, is refused whole.
+    static func topLevel(_ data: Data, path: String) throws -> PlistDictionary {
+        do {
+            guard case .dictionary(let d) = try Manifest.read(data) else {
+                throw Invalid(path: path, problems: ["the top level must be a dictionary"])
+            }
+            return d
+        } catch let error as ManifestProblems {
+            throw Invalid(path: path, problems: error.problems)
+        }
+    }
+
+    /// `queues`: each named queue's settings, over the built-in queue of that name if there is one.
+    static func parseQueues(_ top: PlistDictionary, into config: inout Configuration, problems: inout [String]) {
+        guard let value = top["queues"] else { return }
+        guard let queues = value.dictionary else { problems.append("queues: must be a dictionary"); return }
+        for name in queues.keys.sorted() {
+            guard isValidIdentifier(name) else { problems.append("queues: '\(name)' is not a valid queue name"); continue }
+            guard let settings = queues[name]?.dictionary else { problems.append("queues.\(name): must be a dictionary"); continue }
+            var queue = config.queues[name] ?? QueueSettings(maxConcurrentOperationCount: -1, qualityOfService: .default,
+                                                             suspended: false)
+            for key in settings.keys.sorted() {
+                guard let v = settings[key], Self.isKnown(key, in: "queues.NAME", at: "queues.\(name)", &problems) else { continue }
+                parseQueueSetting(key, v, of: name, into: &queue, clustered: top["cluster"] != nil, problems: &problems)
+            }
+            if config.queues[name] == nil { config.queueNames.append(name) }
+            config.queues[name] = queue
+        }
+    }
+
+    /// One key of `queues.NAME`; the cluster-wide ones only apply when the file has a `cluster` dictionary.
+    static func parseQueueSetting(_ key: String, _ v: PlistValue, of name: String, into queue: inout QueueSettings, clustered: Bool,
+                                  problems: inout [String]) {
+        switch key {
+        case "maxConcurrentOperationCount":
+            if let n = v.integer, n == -1 || n >= 1 { queue.maxConcurrentOperationCount = n }
+            else { problems.append("queues.\(name).maxConcurrentOperationCount: must be -1 or a positive integer") }
+        case "qualityOfService":
+            if let s = v.string, let q = OperationEngine.QualityOfService(name: s) { queue.qualityOfService = q }
+            else { problems.append("queues.\(name).qualityOfService: must be one of \(qosNames)") }
+        case "suspended":
+            if let b = v.boolean { queue.suspended = b }
+            else { problems.append("queues.\(name).suspended: must be a boolean") }
+        case "rateLimit":
+            queue.rateLimit = parseRate(v, at: "queues.\(name).rateLimit", &problems)
+        case "clusterRateLimit":
+            let rate = parseRate(v, at: "queues.\(name).clusterRateLimit", &problems)
+            if !clustered {
+                problems.append("queues.\(name).clusterRateLimit: only applies with a 'cluster' dictionary (SPEC §8)")
+            } else { queue.clusterRateLimit = rate }
+        case "clusterMaxConcurrentOperationCount":
+            if !clustered {
+                problems.append("queues.\(name).clusterMaxConcurrentOperationCount: "
+                    + "only applies with a 'cluster' dictionary (SPEC §8)")
+            } else if let n = v.integer, n >= 1, n <= 100_000 { queue.clusterMaxConcurrentOperationCount = n }
+            else {
+                problems.append("queues.\(name).clusterMaxConcurrentOperationCount: "
+                    + "must be a positive integer (at most 100000)")
+            }
+        default:
+            break
+        }
+    }
+
+    /// `defaultQueues`: kind family → a configured queue (the built-ins, and those `queues` added).
+    static func parseDefaultQueues(_ top: PlistDictionary, into config: inout Configuration, problems: inout [String]) {
+        guard let value = top["defaultQueues"] else { return }
+        guard let map = value.dictionary else { problems.append("defaultQueues: must be a dictionary"); return }
+        for family in map.keys.sorted() {
+            guard ["download", "image", "write", "other"].contains(family) else {
+                problems.append("defaultQueues: unknown kind family '\(family)' (download, image, write, other)"); continue
+            }
+            guard let queue = map[family]?.string, config.queues[queue] != nil else {
+                problems.append("defaultQueues.\(family): must name a configured queue"); continue
+            }
+            config.defaultQueues[family] = queue
+        }
+    }
+
+    /// The top level's numbers: `maxActiveJobs`, `maxActiveOperations`, `shutdownGraceSeconds`.
+    static func parseLimits(_ top: PlistDictionary, into config: inout Configuration, problems: inout [String]) {
+        if let value = top["maxActiveJobs"] {
+            if let n = value.integer, n >= 1 { config.maxActiveJobs = n }
+            else { problems.append("maxActiveJobs: must be a positive integer") }
+        }
+        if let value = top["maxActiveOperations"] {
+            if let n = value.integer, n >= 1 { config.maxActiveOperations = n }
+            else { problems.append("maxActiveOperations: must be a positive integer") }
+        }
+        if let value = top["shutdownGraceSeconds"] {
+            if let n = value.real, n >= 0 { config.shutdownGraceSeconds = n }
+            else { problems.append("shutdownGraceSeconds: must be 0 or more seconds") }
+        }
+    }
+
+    /// `download`: its size and time limits, the roots `file://` may read, the networks opened to it.
+    static func parseDownload(_ top: PlistDictionary, into config: inout Configuration, problems: inout [String]) {
+        guard let value = top["download"] else { return }
+        guard let download = value.dictionary else { problems.append("download: must be a dictionary"); return }
+        for key in download.keys.sorted() {
+            guard let v = download[key], Self.isKnown(key, in: "download", at: "download", &problems) else { continue }
+            switch key {
+            case "maxBytes":
+                if let n = v.integer, n >= 1 { config.downloadMaxBytes = n }
+                else { problems.append("download.maxBytes: must be a positive integer") }
+            case "connectTimeoutSeconds":
+                if let n = v.real, n > 0 { config.downloadConnectTimeoutSeconds = n }
+                else { problems.append("download.connectTimeoutSeconds: must be positive") }
+            case "timeoutSeconds":
+                if let n = v.real, n > 0 { config.downloadTimeoutSeconds = n }
+                else { problems.append("download.timeoutSeconds: must be positive") }
+            case "fileRoots":
+                if let roots = v.array, roots.allSatisfy({ $0.string?.hasPrefix("/") == true }) {
+                    config.fileRoots = roots.compactMap(\.string)
+                } else {
+                    problems.append("download.fileRoots: must be an array of absolute paths")
+                }
+            case "allowNetworks":
+                if let networks = parseAllowNetworks(v, &problems) { config.allowNetworks = networks }
+            default:
+                break
+            }
+        }
+    }
+
+    /// `download.allowNetworks`: the entries that parse (each one that does not is a problem); nil when it is no array.
+    static func parseAllowNetworks(_ v: PlistValue, _ problems: inout [String]) -> [IPNetwork]? {
+        guard let entries = v.array else {
+            problems.append("download.allowNetworks: must be an array of networks (\"127.0.0.0/8\", \"::1/128\")")
+            return nil
+        }
+        var networks: [IPNetwork] = []
+        for entry in entries {
+            guard let text = entry.string else {
+                problems.append("download.allowNetworks: each entry must be a string such as \"10.1.0.0/16\"")
+                continue
+            }
+            do { networks.append(try IPNetwork(cidr: text)) } catch { problems.append("download.allowNetworks: \(error)") }
+        }
+        return networks
+    }
+
+    /// `image = { maxPixels = N; }`.
+    static func parseImage(_ top: PlistDictionary, into config: inout Configuration, problems: inout [String]) {
+        guard let value = top["image"] else { return }
+        guard let image = value.dictionary else { problems.append("image: must be a dictionary"); return }
+        for key in image.keys.sorted() {
+            if key == "maxPixels", let n = image[key]?.integer, n >= 1 { config.maxPixels = n }
+            else if Self.isKnown(key, in: "image", at: "image", &problems) {
+                problems.append("image.maxPixels: must be a positive integer")
+            }
+        }
+    }
+
+    /// `metrics = { listen = "HOST:PORT"; }`.
+    static func parseMetrics(_ top: PlistDictionary, into config: inout Configuration, problems: inout [String]) {
+        guard let value = top["metrics"] else { return }
+        guard let metrics = value.dictionary else { problems.append("metrics: must be a dictionary"); return }
+        for key in metrics.keys.sorted() {
+            if key == "listen", let listen = metrics[key]?.string, splitListenAddress(listen) != nil {
+                config.metricsListen = listen
+            } else if Self.isKnown(key, in: "metrics", at: "metrics", &problems) {
+                problems.append("metrics.listen: must be \"HOST:PORT\" (e.g. \"127.0.0.1:9464\", \"[::1]:9464\")")
+            }
+        }
     }
 
     /// Every key the parser takes, by section (SPEC §6, §8; "" is the top level, NAME a queue's or command's name):

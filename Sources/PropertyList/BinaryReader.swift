@@ -117,91 +117,121 @@ struct BinaryPlistReader {
             default: throw PlistError("binary property list: object \(object) is a null or fill marker, not a value")
             }
         case 0x1:
-            guard low <= 4 else { throw PlistError("binary property list: object \(object) is an integer of unsupported size") }
-            let size = 1 << low
-            _ = try fits(o + 1, 1, size, object: object)
-            if size == 16 {
-                // 128-bit: only values an Int holds (the high half a sign extension of the low).
-                guard let low64 = BinaryPlistReader.rawUInt64(b, at: o + 9), let high64 = BinaryPlistReader.rawUInt64(b, at: o + 1),
-                      high64 == 0 || high64 == UInt64.max, (high64 == 0) == (Int64(bitPattern: low64) >= 0) else {
-                    throw PlistError("binary property list: object \(object) is an integer out of range")
-                }
-                return .integer(Int(Int64(bitPattern: low64)))
-            }
-            if size == 8 {
-                guard let raw = BinaryPlistReader.rawUInt64(b, at: o + 1) else {
-                    throw PlistError("binary property list: object \(object) is cut short")
-                }
-                return .integer(Int(Int64(bitPattern: raw)))
-            }
-            guard let n = BinaryPlistReader.uint(b, at: o + 1, size: size) else {
-                throw PlistError("binary property list: object \(object) is cut short")
-            }
-            return .integer(n)
+            return .integer(try integer(low, at: o, object: object))
         case 0x2, 0x3:
-            guard low == 2 || low == 3, high == 0x2 || low == 3 else {
-                throw PlistError("binary property list: object \(object) is a real or date of unsupported size")
-            }
-            _ = try fits(o + 1, 1, 1 << low, object: object)
-            guard let raw = BinaryPlistReader.rawUInt64(b, at: o + 1, size: 1 << low) else {
-                throw PlistError("binary property list: object \(object) is cut short")
-            }
-            let d = low == 2 ? Double(Float(bitPattern: UInt32(truncatingIfNeeded: raw))) : Double(bitPattern: raw)
-            return high == 0x2 ? .real(d) : .date(d)
+            return try realOrDate(high, low, at: o, object: object)
         case 0x4:
             let (n, start) = try count(low, at: o, object: object)
             let bytes = try fits(start, n, 1, object: object)
             return .data(Array(UnsafeRawBufferPointer(rebasing: b[start..<(start + bytes)])))
         case 0x5:
-            let (n, start) = try count(low, at: o, object: object)
-            let bytes = try fits(start, n, 1, object: object)
-            let slice = UnsafeRawBufferPointer(rebasing: b[start..<(start + bytes)])
-            guard slice.allSatisfy({ $0 < 0x80 }) else {
-                throw PlistError("binary property list: object \(object) is an ASCII string with non-ASCII bytes")
-            }
-            return .string(String(decoding: slice, as: UTF8.self))
+            return .string(try asciiString(low, at: o, object: object))
         case 0x6:
-            let (n, start) = try count(low, at: o, object: object)
-            let bytes = try fits(start, n, 2, object: object)
-            var units: [UInt16] = []
-            units.reserveCapacity(n)
-            var k = start
-            while k < start + bytes { units.append(UInt16(b[k]) << 8 | UInt16(b[k + 1])); k += 2 }
-            guard let s = String(validating: units, as: UTF16.self) else {
-                throw PlistError("binary property list: object \(object) is not valid UTF-16")
-            }
-            return .string(s)
+            return .string(try utf16String(low, at: o, object: object))
         case 0xA:
-            let (n, start) = try count(low, at: o, object: object)
-            _ = try fits(start, n, referenceSize, object: object)
-            try spend(n, object: object)
-            var elements: [PlistValue] = []
-            elements.reserveCapacity(n)
-            for k in 0..<n {
-                elements.append(try value(try reference(at: start + k * referenceSize, object: object), depth: depth + 1))
-            }
-            return .array(elements)
+            return .array(try array(low, at: o, object: object, depth: depth))
         case 0xD:
-            let (n, start) = try count(low, at: o, object: object)
-            let (twice, overflow) = n.multipliedReportingOverflow(by: 2)
-            guard !overflow else { throw PlistError("binary property list: object \(object) has an invalid length") }
-            _ = try fits(start, twice, referenceSize, object: object)
-            try spend(twice, object: object)
-            var entries: [PlistDictionary.Entry] = []
-            entries.reserveCapacity(n)
-            for k in 0..<n {
-                guard case .string(let key) = try value(try reference(at: start + k * referenceSize, object: object),
-                                                        depth: depth + 1) else {
-                    throw PlistError("binary property list: object \(object) is a dictionary with a key that is not a string")
-                }
-                let v = try value(try reference(at: start + (n + k) * referenceSize, object: object), depth: depth + 1)
-                entries.append(PlistDictionary.Entry(key: key, value: v))
-            }
-            return .dictionary(PlistDictionary(entries))
+            return .dictionary(try dictionary(low, at: o, object: object, depth: depth))
         case 0x8: throw PlistError("binary property list: object \(object) is a UID (keyed archives are not property lists)")
         case 0xC: throw PlistError("binary property list: object \(object) is a set (not a property-list type)")
         default: throw PlistError("binary property list: object \(object) has an unknown type (marker 0x\(String(marker, radix: 16)))")
         }
+    }
+
+    /// An integer object (marker 0x1L) of 2^L bytes at `o`, big-endian; 8 and 16 bytes are signed.
+    private func integer(_ low: Int, at o: Int, object: Int) throws -> Int {
+        guard low <= 4 else { throw PlistError("binary property list: object \(object) is an integer of unsupported size") }
+        let size = 1 << low
+        _ = try fits(o + 1, 1, size, object: object)
+        if size == 16 {
+            // 128-bit: only values an Int holds (the high half a sign extension of the low).
+            guard let low64 = BinaryPlistReader.rawUInt64(b, at: o + 9), let high64 = BinaryPlistReader.rawUInt64(b, at: o + 1),
+                  high64 == 0 || high64 == UInt64.max, (high64 == 0) == (Int64(bitPattern: low64) >= 0) else {
+                throw PlistError("binary property list: object \(object) is an integer out of range")
+            }
+            return Int(Int64(bitPattern: low64))
+        }
+        if size == 8 {
+            guard let raw = BinaryPlistReader.rawUInt64(b, at: o + 1) else {
+                throw PlistError("binary property list: object \(object) is cut short")
+            }
+            return Int(Int64(bitPattern: raw))
+        }
+        guard let n = BinaryPlistReader.uint(b, at: o + 1, size: size) else {
+            throw PlistError("binary property list: object \(object) is cut short")
+        }
+        return n
+    }
+
+    /// A real (marker 0x2L: 4 or 8 bytes) or a date (0x33: 8 bytes) at `o`.
+    private func realOrDate(_ high: Int, _ low: Int, at o: Int, object: Int) throws -> PlistValue {
+        guard low == 2 || low == 3, high == 0x2 || low == 3 else {
+            throw PlistError("binary property list: object \(object) is a real or date of unsupported size")
+        }
+        _ = try fits(o + 1, 1, 1 << low, object: object)
+        guard let raw = BinaryPlistReader.rawUInt64(b, at: o + 1, size: 1 << low) else {
+            throw PlistError("binary property list: object \(object) is cut short")
+        }
+        let d = low == 2 ? Double(Float(bitPattern: UInt32(truncatingIfNeeded: raw))) : Double(bitPattern: raw)
+        return high == 0x2 ? .real(d) : .date(d)
+    }
+
+    /// An ASCII string object (marker 0x5L): every byte below 0x80.
+    private func asciiString(_ low: Int, at o: Int, object: Int) throws -> String {
+        let (n, start) = try count(low, at: o, object: object)
+        let bytes = try fits(start, n, 1, object: object)
+        let slice = UnsafeRawBufferPointer(rebasing: b[start..<(start + bytes)])
+        guard slice.allSatisfy({ $0 < 0x80 }) else {
+            throw PlistError("binary property list: object \(object) is an ASCII string with non-ASCII bytes")
+        }
+        return String(decoding: slice, as: UTF8.self)
+    }
+
+    /// A UTF-16 string object (marker 0x6L): big-endian units, valid UTF-16.
+    private func utf16String(_ low: Int, at o: Int, object: Int) throws -> String {
+        let (n, start) = try count(low, at: o, object: object)
+        let bytes = try fits(start, n, 2, object: object)
+        var units: [UInt16] = []
+        units.reserveCapacity(n)
+        var k = start
+        while k < start + bytes { units.append(UInt16(b[k]) << 8 | UInt16(b[k + 1])); k += 2 }
+        guard let s = String(validating: units, as: UTF16.self) else {
+            throw PlistError("binary property list: object \(object) is not valid UTF-16")
+        }
+        return s
+    }
+
+    /// An array object (marker 0xAL): its elements' references, each element read one level deeper.
+    private mutating func array(_ low: Int, at o: Int, object: Int, depth: Int) throws -> [PlistValue] {
+        let (n, start) = try count(low, at: o, object: object)
+        _ = try fits(start, n, referenceSize, object: object)
+        try spend(n, object: object)
+        var elements: [PlistValue] = []
+        elements.reserveCapacity(n)
+        for k in 0..<n {
+            elements.append(try value(try reference(at: start + k * referenceSize, object: object), depth: depth + 1))
+        }
+        return elements
+    }
+
+    /// A dictionary object (marker 0xDL): its keys' references, then its values'; every key a string.
+    private mutating func dictionary(_ low: Int, at o: Int, object: Int, depth: Int) throws -> PlistDictionary {
+        let (n, start) = try count(low, at: o, object: object)
+        let (twice, overflow) = n.multipliedReportingOverflow(by: 2)
+        guard !overflow else { throw PlistError("binary property list: object \(object) has an invalid length") }
+        _ = try fits(start, twice, referenceSize, object: object)
+        try spend(twice, object: object)
+        var entries: [PlistDictionary.Entry] = []
+        entries.reserveCapacity(n)
+        for k in 0..<n {
+            guard case .string(let key) = try value(try reference(at: start + k * referenceSize, object: object),
+                                                    depth: depth + 1) else {
+                throw PlistError("binary property list: object \(object) is a dictionary with a key that is not a string")
+            }
+            let v = try value(try reference(at: start + (n + k) * referenceSize, object: object), depth: depth + 1)
+            entries.append(PlistDictionary.Entry(key: key, value: v))
+        }
+        return PlistDictionary(entries)
     }
 
     private static func rawUInt64(_ b: UnsafeRawBufferPointer, at: Int, size: Int = 8) -> UInt64? {

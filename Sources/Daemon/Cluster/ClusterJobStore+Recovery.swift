@@ -11,93 +11,46 @@ import Glibc
 #endif
 
 extension ClusterJobStore {
-    public func recovered(_ jobs: [ClaimedJob]) -> [ClaimedJob] {
-        var resume: [ClaimedJob] = []
+    /// What recovery found in active/, sorted by what the claim records and the database say.
+    private struct RecoveredFolders {
+        /// Claims from the cluster that may still be this node's, with their origins.
         var candidates: [(ClaimedJob, ClusterOrigin)] = []
+        /// Those the database still gives this node (or whose end it recorded under their fence).
+        var kept: [(ClaimedJob, ClusterOrigin)] = []
+        /// Of `kept`, those whose end was recorded: published without recording again.
+        var recorded: Set<String> = []
         var resubmit: [ClaimedJob] = []
-        var orphaned: [String] = []
+        var lost: [String] = []
+        /// Folders without a record that the database could not be asked about at start.
         var unverified: [ClaimedJob] = []
-        // Whether the database answers the lookups of folders without a record (`recognised`): after one that it
-        // did not, none is tried again (each would wait out its timeout, and the node is to start without it).
-        var answering = true
-        for job in jobs {
-            let record = spool.readClaimRecord(spool.active + "/" + job.id)
-            if let origin = record?.origin {
-                candidates.append((job, origin))
-            } else if record?.claimedFromCluster == true {
-                // Claimed from the cluster, its origin (fence) unreadable: it cannot be resumed under any lease;
-                // the database gives it to a node again. Never submitted again as if from the inbox.
-                orphaned.append(job.id)
-            } else if record == nil {
-                if let recognised = recognised(job, answering: &answering) {
-                    candidates.append(recognised)
-                } else if answering {
-                    resubmit.append(job)
-                } else {
-                    unverified.append(job)
-                }
-            } else {
-                resubmit.append(job)
-            }
-        }
-        if !unverified.isEmpty {
-            let unverified = unverified
+    }
+
+    public func recovered(_ jobs: [ClaimedJob]) -> [ClaimedJob] {
+        var folders = foldersByRecord(jobs)
+        if !folders.unverified.isEmpty {
+            let unverified = folders.unverified
             lock.withLock { self.unverified = unverified }
         }
-        // Which the database still gives this node, under the same fence (one beat); a job whose end was recorded
-        // under its fence before the restart is published without recording again.
-        var kept = candidates
-        var lost: [String] = orphaned
-        var recorded: Set<String> = []
         let sentAt = monotonicSeconds()
-        if !candidates.isEmpty, let beat = try? waitBounded(Self.statementTimeout, on: executor,
-                                                            doing: "renewing the lease of node \(nodeName)", { [store, nodeName] in
-            try await store.heartbeat(node: nodeName)
-        }), beat.registered {
-            kept = []
-            for (job, origin) in candidates {
-                if beat.held[job.id] == origin.fence { kept.append((job, origin)); continue }
-                let record: JobRecord?
-                do {
-                    record = try waitBounded(Self.statementTimeout, on: executor, doing: "looking up job \(job.id)", { [store] in
-                        try await store.job(job.id)
-                    })
-                } catch {
-                    lost.append(job.id)
-                    continue
-                }
-                if let record, record.state == .finished, record.node == nodeName, record.fence == origin.fence {
-                    kept.append((job, origin))
-                    recorded.insert(job.id)
-                } else if record == nil, !rowMayHaveBeenPruned(job.id) {
-                    event(.warning, "job \(job.id): the database has no row for this job that node \(nodeName) claimed "
-                          + "(restored from a backup older than the job, or another database?); submitted again from the copy here",
-                          ["OPQ_JOB": .string(job.id)])
-                    resubmit.append(job)
-                } else {
-                    lost.append(job.id)
-                }
-            }
-            lock.withLock { _ = state.beatSucceeded(sentAt: sentAt, held: [:]) }
-        }
-        for id in lost {
+        confirm(&folders, sentAt: sentAt)
+        for id in folders.lost {
             removeTree(spool.active + "/" + id)
             spool.discardDownloads(job: id)
             event(.warning, "job \(id): lost while this node was down; another node runs it (nothing published here)",
                   ["OPQ_EVENT": "job", "OPQ_STATE": "lost", "OPQ_JOB": .string(id), "OPQ_ERROR": "taken over while this node was down"])
         }
-        lock.withLock {
+        let resume = lock.withLock { () -> [ClaimedJob] in
             // Without an answer (database down at start) the jobs are kept, their lease counted from now.
-            if !kept.isEmpty { state.assumeRenewed(at: sentAt) }
-            for (job, origin) in kept {
-                state.hold(job.id, fence: origin.fence, recorded: recorded.contains(job.id))
+            if !folders.kept.isEmpty { state.assumeRenewed(at: sentAt) }
+            for (job, origin) in folders.kept {
+                state.hold(job.id, fence: origin.fence, recorded: folders.recorded.contains(job.id))
                 origins[job.id] = origin
-                resume.append(job)
             }
+            return folders.kept.map(\.0)
         }
         // Those set aside before the restart first: a resubmitted one is set aside now, and must be queued once.
         for (folder, job) in spool.pendingSubmissions() { enqueue(job, folder: folder) }
-        for job in resubmit { enqueueSubmission(job) }
+        for job in folders.resubmit { enqueueSubmission(job) }
         lock.withLock {
             started = true
             claimWanted = true
@@ -107,6 +60,74 @@ extension ClusterJobStore {
         kick()
         wantSubmit()
         return resume
+    }
+
+    /// The folders by their claim records: a claim from the cluster with its origin is a candidate, one whose origin
+    /// is unreadable is lost, one without a record is recognised from the database if it can be, and an inbox claim
+    /// is submitted again.
+    private func foldersByRecord(_ jobs: [ClaimedJob]) -> RecoveredFolders {
+        var folders = RecoveredFolders()
+        // Whether the database answers the lookups of folders without a record (`recognised`): after one that it
+        // did not, none is tried again (each would wait out its timeout, and the node is to start without it).
+        var answering = true
+        for job in jobs {
+            let record = spool.readClaimRecord(spool.active + "/" + job.id)
+            if let origin = record?.origin {
+                folders.candidates.append((job, origin))
+            } else if record?.claimedFromCluster == true {
+                // Claimed from the cluster, its origin (fence) unreadable: it cannot be resumed under any lease;
+                // the database gives it to a node again. Never submitted again as if from the inbox.
+                folders.lost.append(job.id)
+            } else if record == nil {
+                if let recognised = recognised(job, answering: &answering) {
+                    folders.candidates.append(recognised)
+                } else if answering {
+                    folders.resubmit.append(job)
+                } else {
+                    folders.unverified.append(job)
+                }
+            } else {
+                folders.resubmit.append(job)
+            }
+        }
+        return folders
+    }
+
+    /// Which candidates the database still gives this node, under the same fence (one beat); a job whose end was
+    /// recorded under its fence before the restart is published without recording again. Without an answer to the
+    /// beat, every candidate is kept.
+    private func confirm(_ folders: inout RecoveredFolders, sentAt: Double) {
+        folders.kept = folders.candidates
+        guard !folders.candidates.isEmpty, let beat = try? waitBounded(Self.statementTimeout, on: executor,
+                                                                       doing: "renewing the lease of node \(nodeName)",
+                                                                       { [store, nodeName] in
+            try await store.heartbeat(node: nodeName)
+        }), beat.registered else { return }
+        folders.kept = []
+        for (job, origin) in folders.candidates {
+            if beat.held[job.id] == origin.fence { folders.kept.append((job, origin)); continue }
+            let record: JobRecord?
+            do {
+                record = try waitBounded(Self.statementTimeout, on: executor, doing: "looking up job \(job.id)", { [store] in
+                    try await store.job(job.id)
+                })
+            } catch {
+                folders.lost.append(job.id)
+                continue
+            }
+            if let record, record.state == .finished, record.node == nodeName, record.fence == origin.fence {
+                folders.kept.append((job, origin))
+                folders.recorded.insert(job.id)
+            } else if record == nil, !rowMayHaveBeenPruned(job.id) {
+                event(.warning, "job \(job.id): the database has no row for this job that node \(nodeName) claimed "
+                      + "(restored from a backup older than the job, or another database?); submitted again from the copy here",
+                      ["OPQ_JOB": .string(job.id)])
+                folders.resubmit.append(job)
+            } else {
+                folders.lost.append(job.id)
+            }
+        }
+        lock.withLock { _ = state.beatSucceeded(sentAt: sentAt, held: [:]) }
     }
 
     /// Whether the row of `job`, a claim of this node's that the database no longer has, may have been pruned: its

@@ -199,7 +199,6 @@ public final class ClusterPermits: Sendable {
         let wanted = mayAcquire ? min(demand.wanted, l.limit) : 0
         let priority = Int((demand.best ?? .normal).rawValue)
         var held = state.withLock { $0.held[name] ?? [] }
-        var handedOver = false
 
         // Fewer: cap the engine first, then give back what no executing operation uses.
         if held.count > max(wanted, demand.executing) {
@@ -208,55 +207,13 @@ public final class ClusterPermits: Sendable {
             let executing = engine.permitDemand(l.queue).executing
             await release(name, from: &held, keeping: max(keep, executing))
         }
-        // Slots whose operations ended (their permits are used up in the engine) and that the node could use
-        // again: kept unless a better waiter elsewhere gets them.
-        let granted = engine.permitDemand(l.queue).permits
-        let idle = Array(held.dropFirst(granted).prefix(max(0, wanted - granted)))
-        if !idle.isEmpty {
-            var freed: [SlotLease] = []
-            let askedAt = monotonicSeconds()
-            if let kept = state.withLock({ $0.keptAt[name] }), askedAt - kept < Self.keepWithoutAsking {
-                // Asked a moment ago: kept.
-            } else {
-                do {
-                    freed = try await store.keepSlots(idle, priority: priority, leaseSeconds: leaseSeconds)
-                } catch {
-                    logger.debug("cluster slots of queue \(name) not kept: \(error)")
-                    return false
-                }
-                state.withLock { $0.keptAt[name] = freed.isEmpty ? askedAt : nil }
-            }
-            if !freed.isEmpty {
-                handedOver = true
-                held.removeAll { freed.contains($0) }
-                for lease in freed { gate?.holding(lease, false) }
-                state.withLock { $0.held[name]?.removeAll { freed.contains($0) } }
-            }
-            guard gate?.mayAcquire() ?? true else { return false }
-            engine.setPermits(l.queue, min(held.count, wanted))
+        guard let handedOver = await keepIdle(name, l, held: &held, wanted: wanted, priority: priority, gate: gate) else {
+            return false
         }
         // More: acquire first, then let the engine use it (not in a round that just handed slots to a better
         // waiter: it would be refused).
         if held.count < wanted && !handedOver {
-            let leases: [SlotLease]
-            do {
-                leases = try await store.acquireSlots(queue: name, limit: l.limit, node: node, count: wanted - held.count,
-                                                      priority: priority, leaseSeconds: leaseSeconds)
-            } catch {
-                logger.debug("cluster slots of queue \(name) not acquired: \(error)")
-                return false
-            }
-            for lease in leases { gate?.holding(lease, true) }
-            guard gate?.mayAcquire() ?? true else {
-                // The lease ran out meanwhile: these slots are not used.
-                await giveBack(leases, gate: gate)
-                return false
-            }
-            if !leases.isEmpty {
-                held += leases
-                state.withLock { $0.held[name, default: []].append(contentsOf: leases) }
-                engine.setPermits(l.queue, held.count)
-            }
+            guard await acquire(name, l, held: &held, wanted: wanted, priority: priority, gate: gate) else { return false }
         }
         // Still short of slots with operations ready: the wait is recorded with the priority of the operation
         // that starts next, so that the cluster's free slots go to the best waiting operation wherever it is
@@ -273,6 +230,63 @@ public final class ClusterPermits: Sendable {
             }
         } else if published != nil {
             return await withdraw(name)
+        }
+        return true
+    }
+
+    /// Slots whose operations ended (their permits are used up in the engine) and that the node could use
+    /// again: kept unless a better waiter elsewhere gets them. Whether some were handed over; nil when the store
+    /// could not be asked or the node's lease ran out (the round ends).
+    private func keepIdle(_ name: String, _ l: Limited, held: inout [SlotLease], wanted: Int, priority: Int,
+                          gate: Gate?) async -> Bool? {
+        let granted = engine.permitDemand(l.queue).permits
+        let idle = Array(held.dropFirst(granted).prefix(max(0, wanted - granted)))
+        if idle.isEmpty { return false }
+        var freed: [SlotLease] = []
+        let askedAt = monotonicSeconds()
+        if let kept = state.withLock({ $0.keptAt[name] }), askedAt - kept < Self.keepWithoutAsking {
+            // Asked a moment ago: kept.
+        } else {
+            do {
+                freed = try await store.keepSlots(idle, priority: priority, leaseSeconds: leaseSeconds)
+            } catch {
+                logger.debug("cluster slots of queue \(name) not kept: \(error)")
+                return nil
+            }
+            state.withLock { $0.keptAt[name] = freed.isEmpty ? askedAt : nil }
+        }
+        if !freed.isEmpty {
+            held.removeAll { freed.contains($0) }
+            for lease in freed { gate?.holding(lease, false) }
+            state.withLock { $0.held[name]?.removeAll { freed.contains($0) } }
+        }
+        guard gate?.mayAcquire() ?? true else { return nil }
+        engine.setPermits(l.queue, min(held.count, wanted))
+        return !freed.isEmpty
+    }
+
+    /// Acquires the slots `held` lacks for `wanted`, then lets the engine use them; false when the store could not
+    /// be asked or the node's lease ran out meanwhile (the round ends).
+    private func acquire(_ name: String, _ l: Limited, held: inout [SlotLease], wanted: Int, priority: Int,
+                         gate: Gate?) async -> Bool {
+        let leases: [SlotLease]
+        do {
+            leases = try await store.acquireSlots(queue: name, limit: l.limit, node: node, count: wanted - held.count,
+                                                  priority: priority, leaseSeconds: leaseSeconds)
+        } catch {
+            logger.debug("cluster slots of queue \(name) not acquired: \(error)")
+            return false
+        }
+        for lease in leases { gate?.holding(lease, true) }
+        guard gate?.mayAcquire() ?? true else {
+            // The lease ran out meanwhile: these slots are not used.
+            await giveBack(leases, gate: gate)
+            return false
+        }
+        if !leases.isEmpty {
+            held += leases
+            state.withLock { $0.held[name, default: []].append(contentsOf: leases) }
+            engine.setPermits(l.queue, held.count)
         }
         return true
     }

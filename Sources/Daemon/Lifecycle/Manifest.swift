@@ -166,6 +166,10 @@ public struct Manifest {
         parse(ManifestTree(data), configuration: configuration)
     }
 
+    /// The keys of a manifest's top level besides `photosURL` (SPEC §3).
+    static let jobKeys: Set<String> = ["job", "operations", "qualityOfService", "queuePriority", "timeoutSeconds", "metadata",
+                                       "notBefore", "delaySeconds", "ifJobExists", "traceparent"]
+
     /// Validates a manifest already read; returns the plan or every problem found.
     public static func parse(_ tree: ManifestTree, configuration: Configuration) -> Result<JobPlan, ManifestProblems> {
         var problems: [String] = []
@@ -177,8 +181,6 @@ public struct Manifest {
         guard case .dictionary(let top) = object else {
             return .failure(ManifestProblems(["the top level must be a dictionary, not \(object.typeName)"]))
         }
-        let jobKeys: Set<String> = ["job", "operations", "qualityOfService", "queuePriority", "timeoutSeconds", "metadata",
-                                    "notBefore", "delaySeconds", "ifJobExists", "traceparent"]
         var plan = JobPlan(job: nil, operations: [], qualityOfService: nil, queuePriority: nil, timeoutSeconds: nil, metadata: nil,
                            photosURL: nil)
 
@@ -191,19 +193,35 @@ public struct Manifest {
         for key in top.keys.sorted() where !jobKeys.contains(key) && key != "photosURL" {
             problems.append("unknown key '\(clipped(key))'")
         }
-        if let value = top["photosURL"] {
-            if top["operations"] != nil { problems.append("photosURL: cannot be combined with operations") }
-            if let url = value.string, let scheme = URLComponents(string: url)?.scheme?.lowercased(),
-               ["http", "https", "file"].contains(scheme) {
-                plan.photosURL = url
-                plan.operations = [OperationPlan(
-                    id: "photos", kind: .download, queue: configuration.defaultQueues[Kind.download.family] ?? "default",
-                    dependencies: [], input: nil, qualityOfService: nil, queuePriority: nil, timeoutSeconds: nil, retries: 0,
-                    retryDelaySeconds: 1, runsAfterFailure: false, parameters: .download(url: url, maxBytes: nil))]
-            } else {
-                problems.append("photosURL: must be an http, https or file URL string")
-            }
+        parsePhotosURL(top, into: &plan, configuration: configuration, problems: &problems)
+        parseJobSettings(top, into: &plan, problems: &problems)
+        parseFlowControl(top, into: &plan, problems: &problems)
+        if top["photosURL"] != nil { return validateGraph(plan, problems: problems, configuration: configuration) }
+        guard parseOperations(top, into: &plan, configuration: configuration, problems: &problems) else {
+            return .failure(ManifestProblems(problems))
         }
+        return validateGraph(plan, problems: problems, configuration: configuration)
+    }
+
+    /// `photosURL` (§3.5): the job is the list's download, its entries' operations added once the list has arrived.
+    private static func parsePhotosURL(_ top: PlistDictionary, into plan: inout JobPlan, configuration: Configuration,
+                                       problems: inout [String]) {
+        guard let value = top["photosURL"] else { return }
+        if top["operations"] != nil { problems.append("photosURL: cannot be combined with operations") }
+        if let url = value.string, let scheme = URLComponents(string: url)?.scheme?.lowercased(),
+           ["http", "https", "file"].contains(scheme) {
+            plan.photosURL = url
+            plan.operations = [OperationPlan(
+                id: "photos", kind: .download, queue: configuration.defaultQueues[Kind.download.family] ?? "default",
+                dependencies: [], input: nil, qualityOfService: nil, queuePriority: nil, timeoutSeconds: nil, retries: 0,
+                retryDelaySeconds: 1, runsAfterFailure: false, parameters: .download(url: url, maxBytes: nil))]
+        } else {
+            problems.append("photosURL: must be an http, https or file URL string")
+        }
+    }
+
+    /// The job's own keys: `job`, `qualityOfService`, `queuePriority`, `timeoutSeconds`, `metadata`.
+    private static func parseJobSettings(_ top: PlistDictionary, into plan: inout JobPlan, problems: inout [String]) {
         if let value = top["job"] {
             if let job = value.string, isValidIdentifier(job) { plan.job = job }
             else { problems.append("job: must be a string of 1 to 128 characters from [A-Za-z0-9._-], not starting with '.'") }
@@ -227,27 +245,31 @@ public struct Manifest {
                 problems.append("metadata: must be a dictionary")
             }
         }
-        parseFlowControl(top, into: &plan, problems: &problems)
-        if top["photosURL"] != nil { return validateGraph(plan, problems: problems, configuration: configuration) }
+    }
+
+    /// `operations`: each one checked and added to the plan. False when the array is missing, is no array, or holds more
+    /// operations than a manifest may (the graph is then not checked).
+    private static func parseOperations(_ top: PlistDictionary, into plan: inout JobPlan, configuration: Configuration,
+                                        problems: inout [String]) -> Bool {
         guard let operationsValue = top["operations"] else {
             problems.append("operations: missing (an array of operations is required)")
-            return .failure(ManifestProblems(problems))
+            return false
         }
         guard case .array(let operations) = operationsValue else {
             problems.append("operations: must be an array")
-            return .failure(ManifestProblems(problems))
+            return false
         }
         if operations.isEmpty { problems.append("operations: must not be empty") }
         if operations.count > ManifestLimits.maxOperations {
             problems.append("operations: \(operations.count) operations; the limit is \(ManifestLimits.maxOperations)")
-            return .failure(ManifestProblems(problems))
+            return false
         }
         for (index, element) in operations.enumerated() {
             if let operation = parseOperation(element, index: index, configuration: configuration, problems: &problems) {
                 plan.operations.append(operation)
             }
         }
-        return validateGraph(plan, problems: problems, configuration: configuration)
+        return true
     }
 
     /// A downloaded photo list (§3.5): a non-empty dictionary of name → URL strings.
@@ -288,212 +310,6 @@ public struct Manifest {
             operations.append(op("write-\(unique)", .write, ["sepia-\(unique)"], .write(path: "\(unique).png", format: "png", quality: 90)))
         }
         return operations
-    }
-
-    private static func parseOperation(_ element: PlistValue, index: Int, configuration: Configuration,
-                                       problems: inout [String]) -> OperationPlan? {
-        guard case .dictionary(let dict) = element else {
-            problems.append("operations[\(index)]: must be a dictionary")
-            return nil
-        }
-        var label = "operations[\(index)]"
-        var id: String?
-        if let value = dict["id"] {
-            if let s = value.string, isValidIdentifier(s) { id = s; label = "operation '\(s)'" }
-            else { problems.append("\(label): id must be a string of 1 to 128 characters from [A-Za-z0-9._-], not starting with '.'") }
-        } else {
-            problems.append("\(label): id is missing")
-        }
-        var kind: Kind?
-        if let value = dict["kind"] {
-            if let s = value.string, let k = Kind(rawValue: s) {
-                kind = k
-            } else {
-                problems.append("\(label): unknown kind \(quoted(value)) (one of \(Kind.allCases.map(\.rawValue).joined(separator: ", ")))")
-            }
-        } else {
-            problems.append("\(label): kind is missing")
-        }
-        let common: Set<String> = ["id", "kind", "queue", "dependencies", "input", "qualityOfService", "queuePriority",
-                                   "timeoutSeconds", "retries", "retryDelaySeconds", "runsAfterFailure"]
-        for key in dict.keys.sorted() where !common.contains(key) && !(kind?.parameters.contains(key) ?? true) {
-            problems.append("\(label): unknown key '\(clipped(key))'" + (kind.map { " for kind '\($0.rawValue)'" } ?? ""))
-        }
-        var queue = kind.map { configuration.defaultQueues[$0.family] ?? "default" } ?? "default"
-        if let value = dict["queue"] {
-            if let s = value.string, configuration.queues[s] != nil { queue = s }
-            else {
-                problems.append("\(label): unknown queue \(quoted(value)) "
-                    + "(configured: \(configuration.queueNames.joined(separator: ", ")))")
-            }
-        }
-        var dependencies: [String] = []
-        if let value = dict["dependencies"] {
-            if let array = value.array, array.allSatisfy({ $0.string != nil }) { dependencies = array.compactMap(\.string) }
-            else { problems.append("\(label): dependencies must be an array of operation ids") }
-        }
-        var input: String?
-        if let value = dict["input"] {
-            if let s = value.string { input = s; if !dependencies.contains(s) { dependencies.append(s) } }
-            else { problems.append("\(label): input must be an operation id") }
-        }
-        var qos: OperationEngine.QualityOfService?
-        if let value = dict["qualityOfService"] {
-            if let s = value.string, let q = OperationEngine.QualityOfService(name: s) { qos = q }
-            else { problems.append("\(label): qualityOfService must be one of \(qosNames)") }
-        }
-        var priority: QueuePriority?
-        if let value = dict["queuePriority"] {
-            if let s = value.string, let p = QueuePriority(name: s) { priority = p }
-            else { problems.append("\(label): queuePriority must be one of \(priorityNames)") }
-        }
-        var timeout: Double?
-        if let value = dict["timeoutSeconds"] {
-            if let t = value.real, t > 0, t < 1e9 { timeout = t }
-            else { problems.append("\(label): timeoutSeconds must be a positive number of seconds, less than 1e9") }
-        }
-        var retries = 0
-        if let value = dict["retries"] {
-            if let n = value.integer, (0...1000).contains(n) { retries = n }
-            else { problems.append("\(label): retries must be an integer from 0 to 1000") }
-        }
-        var retryDelay = 1.0
-        if let value = dict["retryDelaySeconds"] {
-            if let d = value.real, d >= 0, d < 1e9 { retryDelay = d }
-            else { problems.append("\(label): retryDelaySeconds must be 0 or more seconds, less than 1e9") }
-        }
-        var runsAfterFailure = false
-        if let value = dict["runsAfterFailure"] {
-            if let b = value.boolean { runsAfterFailure = b } else { problems.append("\(label): runsAfterFailure must be a boolean") }
-        }
-        guard let id, let kind else { return nil }
-        guard let parameters = parseParameters(kind, dict, label: label, configuration: configuration, problems: &problems) else {
-            return nil
-        }
-        // A command's own queue, unless the operation names one.
-        if case .command(let name, _) = parameters, dict["queue"] == nil, let own = configuration.commands[name]?.queue { queue = own }
-        return OperationPlan(id: id, kind: kind, queue: queue, dependencies: dependencies, input: input, qualityOfService: qos,
-                             queuePriority: priority, timeoutSeconds: timeout, retries: retries, retryDelaySeconds: retryDelay,
-                             runsAfterFailure: runsAfterFailure, parameters: parameters)
-    }
-
-    private static func parseParameters(_ kind: Kind, _ d: PlistDictionary, label: String, configuration: Configuration,
-                                        problems: inout [String]) -> Parameters? {
-        let before = problems.count
-        func real(_ key: String, default value: Double?, range: ClosedRange<Double>) -> Double? {
-            guard let raw = d[key] else {
-                if value == nil { problems.append("\(label): \(key) is required") }
-                return value
-            }
-            guard let v = raw.real, range.contains(v) else {
-                problems.append("\(label): \(key) must be a number from \(formatNumber(range.lowerBound)) "
-                    + "to \(formatNumber(range.upperBound))")
-                return nil
-            }
-            return v
-        }
-        func integer(_ key: String, required: Bool, range: ClosedRange<Int>) -> Int? {
-            guard let raw = d[key] else {
-                if required { problems.append("\(label): \(key) is required") }
-                return nil
-            }
-            guard let v = raw.integer, range.contains(v) else {
-                problems.append("\(label): \(key) must be an integer from \(range.lowerBound) to \(range.upperBound)")
-                return nil
-            }
-            return v
-        }
-        func string(_ key: String) -> String? {
-            guard let raw = d[key] else { return nil }
-            guard let s = raw.string else { problems.append("\(label): \(key) must be a string"); return nil }
-            return s
-        }
-        let result: Parameters?
-        switch kind {
-        case .download:
-            let url = string("url")
-            if url == nil && d["url"] == nil { problems.append("\(label): url is required") }
-            if let url, let scheme = URLComponents(string: url)?.scheme?.lowercased() {
-                if !["http", "https", "file"].contains(scheme) {
-                    problems.append("\(label): url scheme '\(clipped(scheme))' is not allowed (http, https, file)")
-                }
-            } else if url != nil {
-                problems.append("\(label): url is not a valid URL")
-            }
-            let maxBytes = integer("maxBytes", required: false, range: 1...Int(Int64.max))
-            result = url.map { .download(url: $0, maxBytes: maxBytes) }
-        case .sepia: result = real("intensity", default: 0.8, range: 0...1).map { .sepia(intensity: $0) }
-        case .grayscale: result = .grayscale
-        case .blur: result = real("radius", default: 4, range: 0...1000).map { .blur(radius: $0) }
-        case .resize:
-            let width = integer("width", required: false, range: 1...1_000_000)
-            let height = integer("height", required: false, range: 1...1_000_000)
-            if d["width"] == nil && d["height"] == nil { problems.append("\(label): width or height is required") }
-            let mode = string("mode") ?? "fit"
-            if !["fit", "fill", "stretch"].contains(mode) { problems.append("\(label): mode must be fit, fill or stretch") }
-            if mode != "fit" && (d["width"] == nil || d["height"] == nil) {
-                problems.append("\(label): mode '\(mode)' needs both width and height")
-            }
-            // stretch and fill make at least width × height pixels whatever the input: more than an image may have is
-            // known now (fit's result depends on the input's shape: checked when it runs).
-            if mode != "fit", let width, let height, width * height > configuration.maxPixels {
-                problems.append("\(label): \(width)×\(height) is more pixels than image.maxPixels (\(configuration.maxPixels))")
-            }
-            result = .resize(width: width, height: height, mode: mode)
-        case .thumbnail: result = integer("size", required: true, range: 1...100_000).map { .thumbnail(size: $0) }
-        case .vignette: result = real("strength", default: 0.5, range: 0...1).map { .vignette(strength: $0) }
-        case .write:
-            let path = string("path")
-            if d["path"] == nil { problems.append("\(label): path is required") }
-            if let path, let reason = unsafePathReason(path) { problems.append("\(label): path '\(clipped(path))' \(reason)") }
-            // Whether a format is needed depends on the input (an image or bytes): checked on the graph.
-            let format = string("format") ?? path.flatMap(imageFormat(ofPath:))
-            if let f = format, !["png", "jpeg"].contains(f) { problems.append("\(label): format must be png or jpeg") }
-            let quality = integer("quality", required: false, range: 1...100) ?? 90
-            result = .write(path: path ?? "", format: format, quality: quality)
-        case .sleep: result = real("seconds", default: nil, range: 0...31_536_000).map { .sleep(seconds: $0) }
-        case .spin: result = real("seconds", default: nil, range: 0...86_400).map { .spin(seconds: $0) }
-        case .fail: result = .fail(message: string("message") ?? "failed as asked")
-        case .command:
-            if let name = string("command") {
-                if let spec = configuration.commands[name] {
-                    result = spec.checkArguments(d["arguments"], label: label, problems: &problems).map {
-                        .command(name: name, arguments: $0)
-                    }
-                } else {
-                    let known = configuration.commands.keys.sorted()
-                    problems.append("\(label): unknown command '\(clipped(name))' "
-                        + "(\(known.isEmpty ? "the configuration declares none" : "configured: " + known.joined(separator: ", ")))")
-                    result = nil
-                }
-            } else {
-                if d["command"] == nil { problems.append("\(label): command is required") }
-                result = nil
-            }
-        }
-        return problems.count == before ? result : nil
-    }
-
-    /// The image format a path's extension names: png for .png, jpeg for .jpg and .jpeg, else nil.
-    static func imageFormat(ofPath path: String) -> String? {
-        let ext = (path as NSString).pathExtension.lowercased()
-        return ["jpg", "jpeg"].contains(ext) ? "jpeg" : ext == "png" ? "png" : nil
-    }
-
-    /// Why a `write` path is unsafe, or nil: relative, no empty, `..` or dot-leading component.
-    static func unsafePathReason(_ path: String) -> String? {
-        if path.isEmpty { return "is empty" }
-        if path.hasPrefix("/") { return "is absolute" }
-        if path.utf8.contains(0) { return "contains a NUL byte" }
-        if path.utf8.count > 1024 { return "is longer than 1024 bytes" }
-        if path == "manifest.plist" || path == "result.plist" { return "is the daemon's own file in the job folder" }
-        for component in path.split(separator: "/", omittingEmptySubsequences: false) {
-            if component.isEmpty { return "has an empty component" }
-            if component == ".." { return "goes up with '..'" }
-            if component.hasPrefix(".") { return "has a component starting with '.'" }
-            if component.utf8.count > 255 { return "has a component longer than 255 bytes" }
-        }
-        return nil
     }
 
     private static func validateGraph(_ plan: JobPlan, problems initial: [String],

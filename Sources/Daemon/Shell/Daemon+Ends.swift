@@ -37,14 +37,7 @@ extension Daemon {
     /// On `work`: write every pending result.plist, commit, have the store record the ends, move the entries
     /// it recorded to the outbox, commit, then announce them.
     func publishPending() {
-        // A job lost while its publication waited is no longer in the table: nothing is published for it.
-        let batch = lock.withLock {
-            publications.filter { publication in
-                let phase = lifecycle.phase(of: publication.job.id)
-                return runs[publication.job.id] === publication.job && (phase == .finishing || phase == .rejected)
-            }
-        }
-        publications = []
+        let batch = takePublications()
         guard !batch.isEmpty else {
             // What waited was lost meanwhile: nothing is left to retry.
             if stalled.isEmpty, fault != nil, let made = try? spool.probe() {
@@ -73,36 +66,8 @@ extension Daemon {
             if publication.job.mayHave(.command) { CommandOperation.removeScratch(spool.outputFolder(job: publication.job.id)) }
             var publication = publication
             do {
-                var firstStart: Double?
-                let origin = store.origin(of: publication.job.id)
-                // A store that keeps the result gets the bytes as written (not read back from the file).
-                var kept: [UInt8]? = keepsResults && publication.job.fromStore ? [] : nil
-                func stage(_ publication: Publication) throws {
-                    kept = kept.map { _ in [] }
-                    try spool.stage(job: publication.job.id) { sink in
-                        firstStart = try ResultWriter.write(job: publication.job, status: publication.status, error: publication.error,
-                                                            records: publication.records, now: now, origin: origin, node: node) { bytes in
-                            kept?.append(contentsOf: bytes)
-                            try sink(bytes)
-                        }
-                    }
-                }
-                do {
-                    try stage(publication)
-                } catch let error as SpoolError where error.errno == ENOENT && !spool.hasFolder(job: publication.job.id) {
-                    // Someone removed active/<job> while the job ran: the manifest comes back from memory and the
-                    // job ends failed, saying so (what its operations wrote there is gone), instead of waiting for a
-                    // folder that will never come back.
-                    try spool.restoreFolder(job: publication.job.id, manifest: publication.job.claimed.manifest)
-                    let why = "active/\(publication.job.id) was removed while the job ran (not by the daemon): its manifest is restored, "
-                        + "what its operations wrote there is lost"
-                    publication = Publication(job: publication.job,
-                                              status: publication.status == .succeeded ? .failed : publication.status,
-                                              error: [publication.error, why].compactMap { $0 }.joined(separator: "\n"),
-                                              records: publication.records)
-                    logger.error("job \(publication.job.id): \(why)", metadata: ["OPQ_JOB": .string(publication.job.id)])
-                    try stage(publication)
-                }
+                let keep = keepsResults && publication.job.fromStore
+                let (firstStart, kept) = try stageResult(&publication, now: now, node: node, keepingBytes: keep)
                 if let kept { results[publication.job.id] = kept }
                 staged.append((publication, firstStart))
             } catch {
@@ -123,6 +88,56 @@ extension Daemon {
                 }
             }
         }
+    }
+
+    /// On `work`: the pending publications, emptied; a job lost while its publication waited is no longer in the
+    /// table: nothing is published for it.
+    private func takePublications() -> [Publication] {
+        let batch = lock.withLock {
+            publications.filter { publication in
+                let phase = lifecycle.phase(of: publication.job.id)
+                return runs[publication.job.id] === publication.job && (phase == .finishing || phase == .rejected)
+            }
+        }
+        publications = []
+        return batch
+    }
+
+    /// On `work`: a job's result.plist staged in its folder; the time its first operation started, and the bytes as
+    /// written when `keepingBytes` (a store that keeps the result gets them, not read back from the file). A folder
+    /// removed under the running job is restored, and `publication` becomes a failure that says so.
+    private func stageResult(_ publication: inout Publication, now: Double, node: String?,
+                             keepingBytes: Bool) throws -> (firstStart: Double?, kept: [UInt8]?) {
+        var firstStart: Double?
+        let origin = store.origin(of: publication.job.id)
+        var kept: [UInt8]? = keepingBytes ? [] : nil
+        func stage(_ publication: Publication) throws {
+            kept = kept.map { _ in [] }
+            try spool.stage(job: publication.job.id) { sink in
+                firstStart = try ResultWriter.write(job: publication.job, status: publication.status, error: publication.error,
+                                                    records: publication.records, now: now, origin: origin, node: node) { bytes in
+                    kept?.append(contentsOf: bytes)
+                    try sink(bytes)
+                }
+            }
+        }
+        do {
+            try stage(publication)
+        } catch let error as SpoolError where error.errno == ENOENT && !spool.hasFolder(job: publication.job.id) {
+            // Someone removed active/<job> while the job ran: the manifest comes back from memory and the
+            // job ends failed, saying so (what its operations wrote there is gone), instead of waiting for a
+            // folder that will never come back.
+            try spool.restoreFolder(job: publication.job.id, manifest: publication.job.claimed.manifest)
+            let why = "active/\(publication.job.id) was removed while the job ran (not by the daemon): its manifest is restored, "
+                + "what its operations wrote there is lost"
+            publication = Publication(job: publication.job,
+                                      status: publication.status == .succeeded ? .failed : publication.status,
+                                      error: [publication.error, why].compactMap { $0 }.joined(separator: "\n"),
+                                      records: publication.records)
+            logger.error("job \(publication.job.id): \(why)", metadata: ["OPQ_JOB": .string(publication.job.id)])
+            try stage(publication)
+        }
+        return (firstStart, kept)
     }
 
     /// On the committer's thread, a batch's result.plist files durable: the store records the ends, then `place`

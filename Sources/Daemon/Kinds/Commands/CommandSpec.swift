@@ -118,57 +118,81 @@ public struct CommandSpec: Sendable, Equatable {
                                environment: [:], queue: nil, tempFailExitCodes: [75])
         let known = Configuration.keys["commands.NAME", default: []]
         for key in d.keys.sorted() where !known.contains(key) { problems.append("\(at): unknown key '\(clipped(key))'") }
-        if let value = d["parameters"] {
-            if let parameters = value.dictionary {
-                for p in parameters.keys.sorted() {
-                    guard isValidIdentifier(p), !operationNames.contains(p), !hookNames.contains(p) else {
-                        problems.append("\(at).parameters: '\(clipped(p))' is not a valid parameter name "
-                            + "(an identifier, not one of \((operationNames.union(hookNames)).sorted().joined(separator: ", ")))")
-                        continue
-                    }
-                    switch parameters[p] {
-                    case .string("string"): spec.parameters[p] = .string
-                    case .string("integer"): spec.parameters[p] = .integer
-                    case .string("real"): spec.parameters[p] = .real
-                    case .string("bool"): spec.parameters[p] = .bool
-                    case .array(let items) where !items.isEmpty && items.allSatisfy({ $0.string.map(isSafeString) == true }):
-                        spec.parameters[p] = .oneOf(items.compactMap(\.string))
-                    default:
-                        problems.append("\(at).parameters.\(p): must be string, integer, real, bool, "
-                                        + "or a non-empty array of allowed strings (none starting with '-')")
-                    }
-                }
+        parseParameters(d, at: at, into: &spec, problems: &problems)
+        parseArgv(d, at: at, into: &spec, problems: &problems)
+        parseLimits(d, at: at, into: &spec, problems: &problems)
+        parseEnvironment(d, at: at, into: &spec, problems: &problems)
+        if let value = d["queue"] {
+            if let q = value.string, queues.contains(q) {
+                spec.queue = q
             } else {
-                problems.append("\(at).parameters: must be a dictionary")
+                problems.append("\(at).queue: must name a configured queue")
             }
         }
-        if let value = d["argv"] {
-            if let items = value.array, !items.isEmpty {
-                for (i, item) in items.enumerated() {
-                    guard let text = item.string, !text.utf8.contains(0) else {
-                        problems.append("\(at).argv[\(i)]: must be a string without NUL"); continue
-                    }
-                    switch pieces(text) {
-                    case .failure(let problem): problems.append("\(at).argv[\(i)]: \(problem)")
-                    case .success(let parts):
-                        for case .placeholder(let n) in parts where spec.parameters[n] == nil && !operationNames.contains(n) &&
-                            !hookNames.contains(n) {
-                            problems.append("\(at).argv[\(i)]: unknown placeholder '${\(clipped(n))}' "
-                                + "(a parameter, or one of \(operationNames.union(hookNames).sorted().joined(separator: ", ")))")
-                        }
-                        spec.argv.append(parts)
-                    }
-                }
-                if let first = items.first?.string, !first.hasPrefix("/") || first.contains("${") {
-                    problems.append("\(at).argv[0]: must be an absolute path to the program, "
-                                    + "without placeholders (no shell and no PATH search)")
-                }
+        if let value = d["tempFailExitCodes"] {
+            if let codes = value.array, codes.allSatisfy({ ($0.integer).map { (1...255).contains($0) } == true }) {
+                spec.tempFailExitCodes = Set(codes.compactMap { $0.integer.map(Int32.init) })
             } else {
-                problems.append("\(at).argv: must be a non-empty array of strings")
+                problems.append("\(at).tempFailExitCodes: must be an array of exit statuses from 1 to 255")
             }
-        } else {
-            problems.append("\(at).argv: is required")
         }
+        return problems.count == before ? spec : nil
+    }
+
+    /// `parameters = { NAME = TYPE; … }`: read before `argv`, whose placeholders must name one of them.
+    private static func parseParameters(_ d: PlistDictionary, at: String, into spec: inout CommandSpec, problems: inout [String]) {
+        guard let value = d["parameters"] else { return }
+        guard let parameters = value.dictionary else { problems.append("\(at).parameters: must be a dictionary"); return }
+        for p in parameters.keys.sorted() {
+            guard isValidIdentifier(p), !operationNames.contains(p), !hookNames.contains(p) else {
+                problems.append("\(at).parameters: '\(clipped(p))' is not a valid parameter name "
+                    + "(an identifier, not one of \((operationNames.union(hookNames)).sorted().joined(separator: ", ")))")
+                continue
+            }
+            switch parameters[p] {
+            case .string("string"): spec.parameters[p] = .string
+            case .string("integer"): spec.parameters[p] = .integer
+            case .string("real"): spec.parameters[p] = .real
+            case .string("bool"): spec.parameters[p] = .bool
+            case .array(let items) where !items.isEmpty && items.allSatisfy({ $0.string.map(isSafeString) == true }):
+                spec.parameters[p] = .oneOf(items.compactMap(\.string))
+            default:
+                problems.append("\(at).parameters.\(p): must be string, integer, real, bool, "
+                                + "or a non-empty array of allowed strings (none starting with '-')")
+            }
+        }
+    }
+
+    /// `argv` (required): each argument split into pieces, every placeholder known; argv[0] an absolute path.
+    private static func parseArgv(_ d: PlistDictionary, at: String, into spec: inout CommandSpec, problems: inout [String]) {
+        guard let value = d["argv"] else { problems.append("\(at).argv: is required"); return }
+        guard let items = value.array, !items.isEmpty else {
+            problems.append("\(at).argv: must be a non-empty array of strings")
+            return
+        }
+        for (i, item) in items.enumerated() {
+            guard let text = item.string, !text.utf8.contains(0) else {
+                problems.append("\(at).argv[\(i)]: must be a string without NUL"); continue
+            }
+            switch pieces(text) {
+            case .failure(let problem): problems.append("\(at).argv[\(i)]: \(problem)")
+            case .success(let parts):
+                for case .placeholder(let n) in parts where spec.parameters[n] == nil && !operationNames.contains(n) &&
+                    !hookNames.contains(n) {
+                    problems.append("\(at).argv[\(i)]: unknown placeholder '${\(clipped(n))}' "
+                        + "(a parameter, or one of \(operationNames.union(hookNames).sorted().joined(separator: ", ")))")
+                }
+                spec.argv.append(parts)
+            }
+        }
+        if let first = items.first?.string, !first.hasPrefix("/") || first.contains("${") {
+            problems.append("\(at).argv[0]: must be an absolute path to the program, "
+                            + "without placeholders (no shell and no PATH search)")
+        }
+    }
+
+    /// `output`, `timeoutSeconds`, `maxOutputBytes`.
+    private static func parseLimits(_ d: PlistDictionary, at: String, into spec: inout CommandSpec, problems: inout [String]) {
         if let value = d["output"] {
             if let s = value.string, let o = Output(rawValue: s) {
                 spec.output = o
@@ -190,34 +214,19 @@ public struct CommandSpec: Sendable, Equatable {
                 problems.append("\(at).maxOutputBytes: must be 0 or a positive integer")
             }
         }
-        if let value = d["environment"] {
-            if let env = value.dictionary {
-                for key in env.keys.sorted() {
-                    guard !key.isEmpty, !key.contains("="), !key.utf8.contains(0) else {
-                        problems.append("\(at).environment: '\(clipped(key))' is not a valid variable name"); continue
-                    }
-                    if let v = env[key]?.string, !v.utf8.contains(0) { spec.environment[key] = v }
-                    else { problems.append("\(at).environment.\(key): must be a string without NUL") }
-                }
-            } else {
-                problems.append("\(at).environment: must be a dictionary of strings")
+    }
+
+    /// `environment = { NAME = "value"; … }`: what the command's environment adds.
+    private static func parseEnvironment(_ d: PlistDictionary, at: String, into spec: inout CommandSpec, problems: inout [String]) {
+        guard let value = d["environment"] else { return }
+        guard let env = value.dictionary else { problems.append("\(at).environment: must be a dictionary of strings"); return }
+        for key in env.keys.sorted() {
+            guard !key.isEmpty, !key.contains("="), !key.utf8.contains(0) else {
+                problems.append("\(at).environment: '\(clipped(key))' is not a valid variable name"); continue
             }
+            if let v = env[key]?.string, !v.utf8.contains(0) { spec.environment[key] = v }
+            else { problems.append("\(at).environment.\(key): must be a string without NUL") }
         }
-        if let value = d["queue"] {
-            if let q = value.string, queues.contains(q) {
-                spec.queue = q
-            } else {
-                problems.append("\(at).queue: must name a configured queue")
-            }
-        }
-        if let value = d["tempFailExitCodes"] {
-            if let codes = value.array, codes.allSatisfy({ ($0.integer).map { (1...255).contains($0) } == true }) {
-                spec.tempFailExitCodes = Set(codes.compactMap { $0.integer.map(Int32.init) })
-            } else {
-                problems.append("\(at).tempFailExitCodes: must be an array of exit statuses from 1 to 255")
-            }
-        }
-        return problems.count == before ? spec : nil
     }
 
     /// `jobFinished = NAME`: a declared command without parameters, using only ${job} ${status} ${outbox}.

@@ -1,0 +1,261 @@
+// A manifest's operations (SPEC §3): each operation's common keys, and its kind's parameters.
+
+import Foundation
+import OperationEngine
+import PropertyList
+
+extension Manifest {
+    /// `operations[index]`, checked: nil when it has a problem (each one appended, naming the operation).
+    static func parseOperation(_ element: PlistValue, index: Int, configuration: Configuration,
+                               problems: inout [String]) -> OperationPlan? {
+        guard case .dictionary(let dict) = element else {
+            problems.append("operations[\(index)]: must be a dictionary")
+            return nil
+        }
+        let (id, kind, label) = parseIdentity(dict, index: index, problems: &problems)
+        var queue = kind.map { configuration.defaultQueues[$0.family] ?? "default" } ?? "default"
+        if let value = dict["queue"] {
+            if let s = value.string, configuration.queues[s] != nil { queue = s }
+            else {
+                problems.append("\(label): unknown queue \(quoted(value)) "
+                    + "(configured: \(configuration.queueNames.joined(separator: ", ")))")
+            }
+        }
+        var dependencies: [String] = []
+        if let value = dict["dependencies"] {
+            if let array = value.array, array.allSatisfy({ $0.string != nil }) { dependencies = array.compactMap(\.string) }
+            else { problems.append("\(label): dependencies must be an array of operation ids") }
+        }
+        var input: String?
+        if let value = dict["input"] {
+            if let s = value.string { input = s; if !dependencies.contains(s) { dependencies.append(s) } }
+            else { problems.append("\(label): input must be an operation id") }
+        }
+        let run = parseRunSettings(dict, label: label, problems: &problems)
+        guard let id, let kind else { return nil }
+        guard let parameters = parseParameters(kind, dict, label: label, configuration: configuration, problems: &problems) else {
+            return nil
+        }
+        // A command's own queue, unless the operation names one.
+        if case .command(let name, _) = parameters, dict["queue"] == nil, let own = configuration.commands[name]?.queue { queue = own }
+        return OperationPlan(id: id, kind: kind, queue: queue, dependencies: dependencies, input: input,
+                             qualityOfService: run.qualityOfService, queuePriority: run.queuePriority,
+                             timeoutSeconds: run.timeoutSeconds, retries: run.retries, retryDelaySeconds: run.retryDelaySeconds,
+                             runsAfterFailure: run.runsAfterFailure, parameters: parameters)
+    }
+
+    /// An operation's `id` and `kind` (nil when missing or invalid), the label its problems go under (its id once
+    /// valid), and its keys that neither every operation nor its kind has.
+    private static func parseIdentity(_ dict: PlistDictionary, index: Int,
+                                      problems: inout [String]) -> (id: String?, kind: Kind?, label: String) {
+        var label = "operations[\(index)]"
+        var id: String?
+        if let value = dict["id"] {
+            if let s = value.string, isValidIdentifier(s) { id = s; label = "operation '\(s)'" }
+            else { problems.append("\(label): id must be a string of 1 to 128 characters from [A-Za-z0-9._-], not starting with '.'") }
+        } else {
+            problems.append("\(label): id is missing")
+        }
+        var kind: Kind?
+        if let value = dict["kind"] {
+            if let s = value.string, let k = Kind(rawValue: s) {
+                kind = k
+            } else {
+                problems.append("\(label): unknown kind \(quoted(value)) (one of \(Kind.allCases.map(\.rawValue).joined(separator: ", ")))")
+            }
+        } else {
+            problems.append("\(label): kind is missing")
+        }
+        let common: Set<String> = ["id", "kind", "queue", "dependencies", "input", "qualityOfService", "queuePriority",
+                                   "timeoutSeconds", "retries", "retryDelaySeconds", "runsAfterFailure"]
+        for key in dict.keys.sorted() where !common.contains(key) && !(kind?.parameters.contains(key) ?? true) {
+            problems.append("\(label): unknown key '\(clipped(key))'" + (kind.map { " for kind '\($0.rawValue)'" } ?? ""))
+        }
+        return (id, kind, label)
+    }
+
+    /// How an operation runs, whatever its kind: QoS, priority, timeout, retries and their delay, after a failure.
+    private struct RunSettings {
+        var qualityOfService: OperationEngine.QualityOfService?
+        var queuePriority: QueuePriority?
+        var timeoutSeconds: Double?
+        var retries = 0
+        var retryDelaySeconds = 1.0
+        var runsAfterFailure = false
+    }
+
+    /// The operation's keys of `RunSettings`, checked (a key with a problem keeps its default).
+    private static func parseRunSettings(_ dict: PlistDictionary, label: String, problems: inout [String]) -> RunSettings {
+        var run = RunSettings()
+        if let value = dict["qualityOfService"] {
+            if let s = value.string, let q = OperationEngine.QualityOfService(name: s) { run.qualityOfService = q }
+            else { problems.append("\(label): qualityOfService must be one of \(qosNames)") }
+        }
+        if let value = dict["queuePriority"] {
+            if let s = value.string, let p = QueuePriority(name: s) { run.queuePriority = p }
+            else { problems.append("\(label): queuePriority must be one of \(priorityNames)") }
+        }
+        if let value = dict["timeoutSeconds"] {
+            if let t = value.real, t > 0, t < 1e9 { run.timeoutSeconds = t }
+            else { problems.append("\(label): timeoutSeconds must be a positive number of seconds, less than 1e9") }
+        }
+        if let value = dict["retries"] {
+            if let n = value.integer, (0...1000).contains(n) { run.retries = n }
+            else { problems.append("\(label): retries must be an integer from 0 to 1000") }
+        }
+        if let value = dict["retryDelaySeconds"] {
+            if let d = value.real, d >= 0, d < 1e9 { run.retryDelaySeconds = d }
+            else { problems.append("\(label): retryDelaySeconds must be 0 or more seconds, less than 1e9") }
+        }
+        if let value = dict["runsAfterFailure"] {
+            if let b = value.boolean { run.runsAfterFailure = b } else { problems.append("\(label): runsAfterFailure must be a boolean") }
+        }
+        return run
+    }
+
+    /// The kind's own keys of an operation's dictionary, checked: nil when one has a problem.
+    private static func parseParameters(_ kind: Kind, _ d: PlistDictionary, label: String, configuration: Configuration,
+                                        problems: inout [String]) -> Parameters? {
+        var r = ParameterReader(d: d, label: label)
+        let result: Parameters?
+        switch kind {
+        case .download: result = downloadParameters(&r)
+        case .sepia: result = r.real("intensity", default: 0.8, range: 0...1).map { .sepia(intensity: $0) }
+        case .grayscale: result = .grayscale
+        case .blur: result = r.real("radius", default: 4, range: 0...1000).map { .blur(radius: $0) }
+        case .resize: result = resizeParameters(&r, maxPixels: configuration.maxPixels)
+        case .thumbnail: result = r.integer("size", required: true, range: 1...100_000).map { .thumbnail(size: $0) }
+        case .vignette: result = r.real("strength", default: 0.5, range: 0...1).map { .vignette(strength: $0) }
+        case .write: result = writeParameters(&r)
+        case .sleep: result = r.real("seconds", default: nil, range: 0...31_536_000).map { .sleep(seconds: $0) }
+        case .spin: result = r.real("seconds", default: nil, range: 0...86_400).map { .spin(seconds: $0) }
+        case .fail: result = .fail(message: r.string("message") ?? "failed as asked")
+        case .command: result = commandParameters(&r, commands: configuration.commands)
+        }
+        problems += r.problems
+        return r.problems.isEmpty ? result : nil
+    }
+
+    /// Reads an operation's parameter keys by type and range, each problem named with the operation's label.
+    private struct ParameterReader {
+        let d: PlistDictionary
+        let label: String
+        var problems: [String] = []
+
+        /// A number in `range`; when absent, `value` (nil: the key is required).
+        mutating func real(_ key: String, default value: Double?, range: ClosedRange<Double>) -> Double? {
+            guard let raw = d[key] else {
+                if value == nil { problems.append("\(label): \(key) is required") }
+                return value
+            }
+            guard let v = raw.real, range.contains(v) else {
+                problems.append("\(label): \(key) must be a number from \(formatNumber(range.lowerBound)) "
+                    + "to \(formatNumber(range.upperBound))")
+                return nil
+            }
+            return v
+        }
+
+        /// An integer in `range`; nil when absent (a problem if `required`).
+        mutating func integer(_ key: String, required: Bool, range: ClosedRange<Int>) -> Int? {
+            guard let raw = d[key] else {
+                if required { problems.append("\(label): \(key) is required") }
+                return nil
+            }
+            guard let v = raw.integer, range.contains(v) else {
+                problems.append("\(label): \(key) must be an integer from \(range.lowerBound) to \(range.upperBound)")
+                return nil
+            }
+            return v
+        }
+
+        /// A string; nil when absent or not a string (then a problem).
+        mutating func string(_ key: String) -> String? {
+            guard let raw = d[key] else { return nil }
+            guard let s = raw.string else { problems.append("\(label): \(key) must be a string"); return nil }
+            return s
+        }
+    }
+
+    /// `download`: a required http, https or file URL, and an optional `maxBytes`.
+    private static func downloadParameters(_ r: inout ParameterReader) -> Parameters? {
+        let url = r.string("url")
+        if url == nil && r.d["url"] == nil { r.problems.append("\(r.label): url is required") }
+        if let url, let scheme = URLComponents(string: url)?.scheme?.lowercased() {
+            if !["http", "https", "file"].contains(scheme) {
+                r.problems.append("\(r.label): url scheme '\(clipped(scheme))' is not allowed (http, https, file)")
+            }
+        } else if url != nil {
+            r.problems.append("\(r.label): url is not a valid URL")
+        }
+        let maxBytes = r.integer("maxBytes", required: false, range: 1...Int(Int64.max))
+        return url.map { .download(url: $0, maxBytes: maxBytes) }
+    }
+
+    /// `resize`: width and/or height, and a mode (fill and stretch need both, and at most `maxPixels` pixels).
+    private static func resizeParameters(_ r: inout ParameterReader, maxPixels: Int) -> Parameters? {
+        let width = r.integer("width", required: false, range: 1...1_000_000)
+        let height = r.integer("height", required: false, range: 1...1_000_000)
+        if r.d["width"] == nil && r.d["height"] == nil { r.problems.append("\(r.label): width or height is required") }
+        let mode = r.string("mode") ?? "fit"
+        if !["fit", "fill", "stretch"].contains(mode) { r.problems.append("\(r.label): mode must be fit, fill or stretch") }
+        if mode != "fit" && (r.d["width"] == nil || r.d["height"] == nil) {
+            r.problems.append("\(r.label): mode '\(mode)' needs both width and height")
+        }
+        // stretch and fill make at least width × height pixels whatever the input: more than an image may have is
+        // known now (fit's result depends on the input's shape: checked when it runs).
+        if mode != "fit", let width, let height, width * height > maxPixels {
+            r.problems.append("\(r.label): \(width)×\(height) is more pixels than image.maxPixels (\(maxPixels))")
+        }
+        return .resize(width: width, height: height, mode: mode)
+    }
+
+    /// `write`: a safe relative path, a format (png or jpeg, else from the path's extension) and a quality.
+    private static func writeParameters(_ r: inout ParameterReader) -> Parameters? {
+        let path = r.string("path")
+        if r.d["path"] == nil { r.problems.append("\(r.label): path is required") }
+        if let path, let reason = unsafePathReason(path) { r.problems.append("\(r.label): path '\(clipped(path))' \(reason)") }
+        // Whether a format is needed depends on the input (an image or bytes): checked on the graph.
+        let format = r.string("format") ?? path.flatMap(imageFormat(ofPath:))
+        if let f = format, !["png", "jpeg"].contains(f) { r.problems.append("\(r.label): format must be png or jpeg") }
+        let quality = r.integer("quality", required: false, range: 1...100) ?? 90
+        return .write(path: path ?? "", format: format, quality: quality)
+    }
+
+    /// `command`: a configured command's name, and its arguments checked against its parameters.
+    private static func commandParameters(_ r: inout ParameterReader, commands: [String: CommandSpec]) -> Parameters? {
+        guard let name = r.string("command") else {
+            if r.d["command"] == nil { r.problems.append("\(r.label): command is required") }
+            return nil
+        }
+        guard let spec = commands[name] else {
+            let known = commands.keys.sorted()
+            r.problems.append("\(r.label): unknown command '\(clipped(name))' "
+                + "(\(known.isEmpty ? "the configuration declares none" : "configured: " + known.joined(separator: ", ")))")
+            return nil
+        }
+        return spec.checkArguments(r.d["arguments"], label: r.label, problems: &r.problems).map { .command(name: name, arguments: $0) }
+    }
+
+    /// The image format a path's extension names: png for .png, jpeg for .jpg and .jpeg, else nil.
+    static func imageFormat(ofPath path: String) -> String? {
+        let ext = (path as NSString).pathExtension.lowercased()
+        return ["jpg", "jpeg"].contains(ext) ? "jpeg" : ext == "png" ? "png" : nil
+    }
+
+    /// Why a `write` path is unsafe, or nil: relative, no empty, `..` or dot-leading component.
+    static func unsafePathReason(_ path: String) -> String? {
+        if path.isEmpty { return "is empty" }
+        if path.hasPrefix("/") { return "is absolute" }
+        if path.utf8.contains(0) { return "contains a NUL byte" }
+        if path.utf8.count > 1024 { return "is longer than 1024 bytes" }
+        if path == "manifest.plist" || path == "result.plist" { return "is the daemon's own file in the job folder" }
+        for component in path.split(separator: "/", omittingEmptySubsequences: false) {
+            if component.isEmpty { return "has an empty component" }
+            if component == ".." { return "goes up with '..'" }
+            if component.hasPrefix(".") { return "has a component starting with '.'" }
+            if component.utf8.count > 255 { return "has a component longer than 255 bytes" }
+        }
+        return nil
+    }
+}
