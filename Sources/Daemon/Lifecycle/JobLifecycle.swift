@@ -21,7 +21,8 @@ struct JobLifecycle<Group: Hashable & Sendable>: Sendable {
     enum Phase: Sendable, Equatable {
         /// Claimed; its manifest is being read.
         case received
-        /// Accepted and waiting for its `notBefore` (§3.7): holds no job slot and no operations.
+        /// Accepted and waiting for its `notBefore` (§3.7): holds no job slot and no operations. Past the shell's
+        /// window it is parked: out of the table, counted in `parkedCount` only.
         case delayed
         /// Its plan is read and its operations counted; its group is being submitted.
         case accepted
