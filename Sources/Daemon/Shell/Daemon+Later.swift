@@ -208,24 +208,24 @@ extension Daemon {
         }
     }
 
-    /// On `work`: a job found out of the table with its folder in active/ (for a cancel): if its manifest says it
-    /// waits, it was parked, and comes back into the window to be cancelled there.
+    /// On `work`: a job found out of the table with its folder in active/ (for a cancel): if its manifest gives it a
+    /// time, it was parked, and comes back into the window to be cancelled there.
     func unparkForCancel(_ id: String) {
         guard lock.withLock({ lifecycle.phase(of: id) == nil && runs[id] == nil && lifecycle.parkedCount > 0 }),
-              let until = parkedUntil(id) else { return }
+              let until = heldDelayedPlan(id, comeToo: true)?.until else { return }
         lock.withLock { _ = lifecycle.handle(.unparked(job: id, until: until)) }
         delayed.heap.insert(.init(until: until, job: id, fromStore: !store.inboxRunsHere))
         scheduleWake()
     }
 
-    /// A job's time as its manifest in active/ says, if it is still to come; and its operations, each pending.
-    func parkedUntil(_ id: String) -> Double? { heldDelayedPlan(id).map(\.until) }
-
-    func heldDelayedPlan(_ id: String) -> (until: Double, plan: JobPlan)? {
+    /// A job's time as its manifest in active/ says, if it is still to come (or, `comeToo`, if it has one: a parked
+    /// job whose time came a moment ago waits for the window to be filled again), and its plan.
+    func heldDelayedPlan(_ id: String, comeToo: Bool = false) -> (until: Double, plan: JobPlan)? {
         let config = lock.withLock { configuration }
         guard case .success(let claimed) = spool.heldJob(id),
               case .success(let plan) = Manifest.parse(claimed.tree ?? ManifestTree(claimed.manifest), configuration: config),
-              let until = plan.startsAt(receivedAt: claimed.receivedAt), until > Date().timeIntervalSince1970 else { return nil }
+              let until = plan.startsAt(receivedAt: claimed.receivedAt), comeToo || until > Date().timeIntervalSince1970
+        else { return nil }
         return (until, plan)
     }
 
