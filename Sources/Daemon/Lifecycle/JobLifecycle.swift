@@ -226,26 +226,13 @@ struct JobLifecycle<Group: Hashable & Sendable>: Sendable {
             return delayed(id, operations: operations, until: until)
 
         case .due(let id):
-            guard var job = jobs[id], job.phase == .delayed else { return [] }
-            job.phase = .received
-            job.notBefore = nil
-            jobs[id] = job
-            delayedCount -= 1
-            return []
+            return due(id)
 
         case .parked(let id):
-            guard let job = jobs[id], job.phase == .delayed, job.cancelsBeforeGroup.isEmpty else { return [] }
-            jobs[id] = nil
-            delayedCount -= 1
-            parkedCount += 1
-            return []
+            return parked(id)
 
         case .unparked(let id, let until):
-            guard jobs[id] == nil else { return [] }
-            jobs[id] = Job(phase: .delayed, announced: true, notBefore: until)
-            delayedCount += 1
-            parkedCount = max(0, parkedCount - 1)
-            return []
+            return unparked(id, until: until)
 
         case .parkedCounted(let count):
             parkedCount = count
@@ -255,21 +242,13 @@ struct JobLifecycle<Group: Hashable & Sendable>: Sendable {
             return rejected(id, problems: problems, error: error)
 
         case .handedOver(let id):
-            guard let job = jobs.removeValue(forKey: id) else { return [] }
-            if job.phase == .delayed { delayedCount -= 1 }
-            activeOperations -= job.operations
-            return []
+            return handedOver(id)
 
         case .submitted(let id, let group):
             return submitted(id, group: group)
 
         case .extended(let id, let operations, let recovered):
-            guard var job = jobs[id], job.phase == .running else { return [] }
-            job.operations += operations
-            job.recovered += recovered
-            activeOperations += operations
-            jobs[id] = job
-            return []
+            return extended(id, operations: operations, recovered: recovered)
 
         case .operationEnded(let group):
             guard let id = byGroup[group] else { return [] }
@@ -310,6 +289,52 @@ struct JobLifecycle<Group: Hashable & Sendable>: Sendable {
             onceNames?.remove(name)
             return []
         }
+    }
+
+    /// A delayed job's time came: it is received again (the shell reads and plans it).
+    private mutating func due(_ id: String) -> [Action] {
+        guard var job = jobs[id], job.phase == .delayed else { return [] }
+        job.phase = .received
+        job.notBefore = nil
+        jobs[id] = job
+        delayedCount -= 1
+        return []
+    }
+
+    /// A delayed job left the window for the file of parked jobs: only counted from here.
+    private mutating func parked(_ id: String) -> [Action] {
+        guard let job = jobs[id], job.phase == .delayed, job.cancelsBeforeGroup.isEmpty else { return [] }
+        jobs[id] = nil
+        delayedCount -= 1
+        parkedCount += 1
+        return []
+    }
+
+    /// A parked job came back into the window.
+    private mutating func unparked(_ id: String, until: Double) -> [Action] {
+        guard jobs[id] == nil else { return [] }
+        jobs[id] = Job(phase: .delayed, announced: true, notBefore: until)
+        delayedCount += 1
+        parkedCount = max(0, parkedCount - 1)
+        return []
+    }
+
+    /// The job went to the store (a cluster places it): it leaves the table and its operations the budget.
+    private mutating func handedOver(_ id: String) -> [Action] {
+        guard let job = jobs.removeValue(forKey: id) else { return [] }
+        if job.phase == .delayed { delayedCount -= 1 }
+        activeOperations -= job.operations
+        return []
+    }
+
+    /// Operations added to a running job (a photo list), `recovered` of them ended before a restart.
+    private mutating func extended(_ id: String, operations: Int, recovered: Int) -> [Action] {
+        guard var job = jobs[id], job.phase == .running else { return [] }
+        job.operations += operations
+        job.recovered += recovered
+        activeOperations += operations
+        jobs[id] = job
+        return []
     }
 
     /// A cancel of a whole job (`operation` nil) or of one operation, whatever the job's phase.
