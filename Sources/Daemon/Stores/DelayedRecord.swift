@@ -8,6 +8,7 @@ import Foundation
 #if canImport(Glibc)
 import Glibc
 #endif
+import SystemCalls
 
 final class DelayedRecord {
     let path: String
@@ -47,8 +48,7 @@ final class DelayedRecord {
         var buffer = [UInt8](repeating: 0, count: 1 << 16)
         var carry: [UInt8] = []
         while true {
-            let count = buffer.withUnsafeMutableBytes { read(reader, $0.baseAddress, $0.count) }
-            if count < 0 && errno == EINTR { continue }
+            let count = buffer.withUnsafeMutableBytes { bytes in retryingInterrupts { read(reader, bytes.baseAddress, bytes.count) } }
             guard count >= 0 else { throw SpoolError(operation: "read", path: path, errno: errno) }
             if count == 0 { return }
             var start = 0
@@ -107,12 +107,6 @@ final class DelayedRecord {
     }
 
     private func write(_ bytes: [UInt8], to fd: Int32) throws {
-        var done = 0
-        while done < bytes.count {
-            let n = bytes.withUnsafeBytes { Glibc.write(fd, $0.baseAddress! + done, $0.count - done) }
-            if n < 0 && errno == EINTR { continue }
-            guard n > 0 else { throw SpoolError(operation: "write", path: path, errno: errno) }
-            done += n
-        }
+        try bytes.withUnsafeBytes { try writeAll(fd, $0, path: path) }
     }
 }
