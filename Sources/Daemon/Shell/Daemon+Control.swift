@@ -157,7 +157,8 @@ extension Daemon {
     /// `cancel` from a client: a job running here is cancelled here; any other is the store's to answer.
     public func cancel(job id: String, operation: String?) -> CancelOutcome {
         // A parked delayed job (out of the table) comes back into it first, on `work`, where no claim is half done.
-        if store.inboxRunsHere, lock.withLock({ lifecycle.phase(of: id) == nil && lifecycle.parkedCount > 0 }), hasActiveFolder(id) {
+        // Only the spool parks jobs: a cluster node's count of parked jobs is 0.
+        if lock.withLock({ lifecycle.phase(of: id) == nil && lifecycle.parkedCount > 0 }), hasActiveFolder(id) {
             work.sync { unparkForCancel(id) }
         }
         switch cancelHere(job: id, operation: operation) {

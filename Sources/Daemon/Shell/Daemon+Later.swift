@@ -156,7 +156,7 @@ extension Daemon {
         guard room > 0 else { return }
         var chosen = Heap<DelayedJobs.Entry>()
         var chosenIDs = Set<String>()
-        let fromStore = !store.inboxRunsHere
+        let fromStore = false  // parked jobs are the spool's own: a store that places jobs keeps no record
         do {
             try record.forEach { until, job in
                 let entry = DelayedJobs.Entry(until: until, job: job, fromStore: fromStore)
@@ -214,7 +214,7 @@ extension Daemon {
         guard lock.withLock({ lifecycle.phase(of: id) == nil && runs[id] == nil && lifecycle.parkedCount > 0 }),
               let until = heldDelayedPlan(id, comeToo: true)?.until else { return }
         lock.withLock { _ = lifecycle.handle(.unparked(job: id, until: until)) }
-        delayed.heap.insert(.init(until: until, job: id, fromStore: !store.inboxRunsHere))
+        delayed.heap.insert(.init(until: until, job: id, fromStore: false))  // parked: the spool's own
         scheduleWake()
     }
 
@@ -233,7 +233,7 @@ extension Daemon {
     /// (one whose time came is delayed again if its manifest says a later time: a stale line of active/.delayed).
     func wakeDelayed(_ id: String, fromStore: Bool? = nil, timeCame: Bool = false) {
         guard lock.withLock({ lifecycle.phase(of: id) == .received && runs[id] == nil }) else { return }
-        let from = fromStore ?? delayed.heap.unordered.first { $0.job == id }?.fromStore ?? !store.inboxRunsHere
+        let from = fromStore ?? delayed.heap.unordered.first { $0.job == id }?.fromStore ?? false
         switch spool.heldJob(id) {
         case .success(var claimed):
             let tree = claimed.tree ?? ManifestTree(claimed.manifest)
