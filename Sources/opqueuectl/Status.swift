@@ -24,7 +24,7 @@ struct Status: ParsableCommand {
 /// `status` for people: a summary line, the queues and the jobs as aligned tables.
 func statusReport(_ response: [String: Any]) -> String {
     let active = response["activeJobs"] as? [String] ?? []
-    var out = "state: \(response["state"] as? String ?? "?")  jobs active: \(active.count)  "
+    var out = "state: \(response["state"] as? String ?? "?")  jobs active: \(active.count + unlistedDelayed(response))  "
         + "waiting in the inbox: \(response["waiting"] as? Int ?? 0)  operations executing: \(response["executing"] as? Int ?? 0)\n"
     if let fault = response["fault"] as? String { out += "claiming paused: \(fault)\n" }
     if let held = response["submissions"] as? Int, held > 0 {
@@ -146,7 +146,17 @@ func jobsReport(_ response: [String: Any]) -> String {
         }
         out += "\n" + table(rows)
     }
+    if let delayed = response["delayed"] as? Int {
+        let unlisted = unlistedDelayed(response)
+        out += "delayed: \(delayed)\(unlisted > 0 ? " (\(unlisted) not listed, all later than those listed)" : "")\n"
+    }
     return out
+}
+
+/// Delayed jobs the daemon counts but does not list (SPEC §3.7: parked out of its memory).
+func unlistedDelayed(_ response: [String: Any]) -> Int {
+    let listed = (response["jobs"] as? [[String: Any]] ?? []).filter { $0["notBefore"] != nil }.count
+    return max(0, (response["delayed"] as? Int ?? 0) - listed)
 }
 
 /// Left-aligned columns two spaces apart, numbers included (headers are words).

@@ -45,6 +45,8 @@ extension Daemon {
             }
         }
         if let fault = status.fault { response["fault"] = fault }
+        // Every delayed job: `activeJobs` and `jobs` list only the earliest (the rest are parked out of memory).
+        if status.delayed > 0 { response["delayed"] = status.delayed }
         if status.submissions > 0 {
             response["submissions"] = status.submissions
             if let since = status.submissionsSince { response["submissionsSince"] = since }

@@ -140,7 +140,7 @@ public final class DaemonMetrics: Sendable {
                 gauge("opqueued_queue_suspended", label, q.isSuspended ? 1 : 0)
             }
             gauge("opqueued_inbox_files", [], Double(status.waiting))
-            gauge("opqueued_active_jobs", [], Double(status.activeJobs.count))
+            gauge("opqueued_active_jobs", [], Double(status.activeJobs.count + status.parked))
             gauge("opqueued_active_operations", [], Double(status.operations))
             gauge("opqueued_claiming_paused", [], status.fault == nil ? 0 : 1)
             // Only on a cluster node (SPEC §8): what an alert on a node or the database going away needs.

@@ -21,7 +21,8 @@ struct JobLifecycle<Group: Hashable & Sendable>: Sendable {
     enum Phase: Sendable, Equatable {
         /// Claimed; its manifest is being read.
         case received
-        /// Accepted and waiting for its `notBefore` (§3.7): holds no job slot and no operations.
+        /// Accepted and waiting for its `notBefore` (§3.7): holds no job slot and no operations. Past the shell's
+        /// window it is parked: out of the table, counted in `parkedCount` only.
         case delayed
         /// Its plan is read and its operations counted; its group is being submitted.
         case accepted
@@ -67,6 +68,13 @@ struct JobLifecycle<Group: Hashable & Sendable>: Sendable {
         case delayed(job: String, operations: Int, until: Double)
         /// A delayed job's time came: the shell reads it again and plans it (`planned`, logged once).
         case due(job: String)
+        /// A delayed job leaves the table for the shell's record on disk (it is parked: only counted here). Refused
+        /// (the job stays) while it holds cancels of single operations.
+        case parked(job: String)
+        /// A parked job comes back into the table, delayed until `until` (already announced).
+        case unparked(job: String, until: Double)
+        /// The shell counted its parked jobs again (from its record on disk).
+        case parkedCounted(Int)
         /// The manifest had problems, or the engine refused the graph.
         case rejected(job: String, problems: [String], error: String)
         /// The job went to the store and runs wherever the store places it (a cluster): it leaves this table.
@@ -142,6 +150,8 @@ struct JobLifecycle<Group: Hashable & Sendable>: Sendable {
     private(set) var activeOperations = 0
     /// Jobs in the table that are delayed: they hold no slot.
     private(set) var delayedCount = 0
+    /// Delayed jobs out of the table (parked on disk by the shell): counted only.
+    private(set) var parkedCount = 0
     private(set) var maxActiveJobs: Int
     private(set) var maxActiveOperations: Int
     private(set) var stopping = false
@@ -187,7 +197,7 @@ struct JobLifecycle<Group: Hashable & Sendable>: Sendable {
     }
 
     /// `--once`: everything it was to do has ended (nothing active, no name from the start left to try).
-    var onceDone: Bool { once && jobs.isEmpty && onceNames?.isEmpty != false }
+    var onceDone: Bool { once && jobs.isEmpty && parkedCount == 0 && onceNames?.isEmpty != false }
 
     /// `--once`: whether claiming may take this inbox name.
     func onceAllows(_ name: String) -> Bool { onceNames?.contains(name) ?? true }
@@ -216,32 +226,29 @@ struct JobLifecycle<Group: Hashable & Sendable>: Sendable {
             return delayed(id, operations: operations, until: until)
 
         case .due(let id):
-            guard var job = jobs[id], job.phase == .delayed else { return [] }
-            job.phase = .received
-            job.notBefore = nil
-            jobs[id] = job
-            delayedCount -= 1
+            return due(id)
+
+        case .parked(let id):
+            return parked(id)
+
+        case .unparked(let id, let until):
+            return unparked(id, until: until)
+
+        case .parkedCounted(let count):
+            parkedCount = count
             return []
 
         case .rejected(let id, let problems, let error):
             return rejected(id, problems: problems, error: error)
 
         case .handedOver(let id):
-            guard let job = jobs.removeValue(forKey: id) else { return [] }
-            if job.phase == .delayed { delayedCount -= 1 }
-            activeOperations -= job.operations
-            return []
+            return handedOver(id)
 
         case .submitted(let id, let group):
             return submitted(id, group: group)
 
         case .extended(let id, let operations, let recovered):
-            guard var job = jobs[id], job.phase == .running else { return [] }
-            job.operations += operations
-            job.recovered += recovered
-            activeOperations += operations
-            jobs[id] = job
-            return []
+            return extended(id, operations: operations, recovered: recovered)
 
         case .operationEnded(let group):
             guard let id = byGroup[group] else { return [] }
@@ -282,6 +289,52 @@ struct JobLifecycle<Group: Hashable & Sendable>: Sendable {
             onceNames?.remove(name)
             return []
         }
+    }
+
+    /// A delayed job's time came: it is received again (the shell reads and plans it).
+    private mutating func due(_ id: String) -> [Action] {
+        guard var job = jobs[id], job.phase == .delayed else { return [] }
+        job.phase = .received
+        job.notBefore = nil
+        jobs[id] = job
+        delayedCount -= 1
+        return []
+    }
+
+    /// A delayed job left the window for the file of parked jobs: only counted from here.
+    private mutating func parked(_ id: String) -> [Action] {
+        guard let job = jobs[id], job.phase == .delayed, job.cancelsBeforeGroup.isEmpty else { return [] }
+        jobs[id] = nil
+        delayedCount -= 1
+        parkedCount += 1
+        return []
+    }
+
+    /// A parked job came back into the window.
+    private mutating func unparked(_ id: String, until: Double) -> [Action] {
+        guard jobs[id] == nil else { return [] }
+        jobs[id] = Job(phase: .delayed, announced: true, notBefore: until)
+        delayedCount += 1
+        parkedCount = max(0, parkedCount - 1)
+        return []
+    }
+
+    /// The job went to the store (a cluster places it): it leaves the table and its operations the budget.
+    private mutating func handedOver(_ id: String) -> [Action] {
+        guard let job = jobs.removeValue(forKey: id) else { return [] }
+        if job.phase == .delayed { delayedCount -= 1 }
+        activeOperations -= job.operations
+        return []
+    }
+
+    /// Operations added to a running job (a photo list), `recovered` of them ended before a restart.
+    private mutating func extended(_ id: String, operations: Int, recovered: Int) -> [Action] {
+        guard var job = jobs[id], job.phase == .running else { return [] }
+        job.operations += operations
+        job.recovered += recovered
+        activeOperations += operations
+        jobs[id] = job
+        return []
     }
 
     /// A cancel of a whole job (`operation` nil) or of one operation, whatever the job's phase.

@@ -110,7 +110,7 @@ struct StatusService: Service {
         try? await cancelWhenGracefulShutdown {
             while !Task.isCancelled {
                 let status = daemon.status()
-                var message = "STATUS=jobs active \(status.activeJobs.count), waiting \(status.waiting); "
+                var message = "STATUS=jobs active \(status.activeJobs.count + status.parked), waiting \(status.waiting); "
                     + "operations executing \(status.executing)"
                 if let fault = status.fault { message += "; claiming paused: \(fault)" }
                 if watchdog != nil { message += "\nWATCHDOG=1" }

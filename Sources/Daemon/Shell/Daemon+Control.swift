@@ -156,6 +156,11 @@ extension Daemon {
 
     /// `cancel` from a client: a job running here is cancelled here; any other is the store's to answer.
     public func cancel(job id: String, operation: String?) -> CancelOutcome {
+        // A parked delayed job (out of the table) comes back into it first, on `work`, where no claim is half done.
+        // Only the spool parks jobs: a cluster node's count of parked jobs is 0.
+        if lock.withLock({ lifecycle.phase(of: id) == nil && lifecycle.parkedCount > 0 }), hasActiveFolder(id) {
+            work.sync { unparkForCancel(id) }
+        }
         switch cancelHere(job: id, operation: operation) {
         case .some(let outcome):
             return outcome
@@ -260,6 +265,10 @@ extension Daemon {
         public var clusterSlots: [String: ClusterSlots] = [:]
         /// Each schedule (§3.7): its cron, zone and next occurrence (epoch seconds; nil: none within years).
         public var schedules: [(name: String, cron: String, zone: String, next: Double?)] = []
+        /// Delayed jobs (§3.7), and of those the ones parked out of memory: not in `activeJobs` nor `jobs`, which
+        /// list the earliest.
+        public var delayed = 0
+        public var parked = 0
     }
 
     /// A queue's cluster-wide slots as this node sees them.
@@ -290,6 +299,7 @@ extension Daemon {
         let operations = lifecycle.activeOperations, budget = configuration.maxActiveOperations
         let progress = lifecycle.jobs.map { id, job in JobProgress(job: id, operations: job.operations, ended: job.ended + job.recovered,
                                                                     notBefore: job.notBefore) }
+        let parked = lifecycle.parkedCount, delayedCount = lifecycle.delayedCount + parked
         let configured = Set(["default"] + configuration.queueNames)
         let schedules = self.schedules.entries.sorted { $0.key < $1.key }.map { name, entry in
             (name, entry.settings.cron.expression.description, entry.settings.cron.zone.name, entry.next.map(Double.init))
@@ -312,7 +322,7 @@ extension Daemon {
                       submissionsSince: submissions > 0 ? store.awaitingSubmissionSince : nil, executing: overview.executing,
                       operations: operations, maxActiveOperations: budget, queues: queues, fault: fault,
                       jobs: progress.sorted { $0.job < $1.job }, held: held, clusterSlots: permits?.slots ?? [:],
-                      schedules: schedules)
+                      schedules: schedules, delayed: delayedCount, parked: parked)
     }
 
 
@@ -445,6 +455,11 @@ extension Daemon {
     public func show(job id: String) -> Shown? {
         if let operations = operations(of: id) { return .operations(operations) }
         if let until = lock.withLock({ lifecycle.jobs[id]?.notBefore }) { return .delayed(until: until, operations: pending(id)) }
+        // Parked (out of the table): its manifest says until when.
+        if lock.withLock({ lifecycle.phase(of: id) == nil && lifecycle.parkedCount > 0 }), hasActiveFolder(id),
+           let parked = heldDelayedPlan(id) {
+            return .delayed(until: parked.until, operations: Self.pending(parked.plan))
+        }
         if isStarting(id) { return .starting }
         // Its group made between the two looks.
         return operations(of: id).map(Shown.operations)
@@ -492,7 +507,11 @@ extension Daemon {
         guard case .success(let claimed) = spool.heldJob(id),
               case .success(let plan) = Manifest.parse(claimed.tree ?? ManifestTree(claimed.manifest), configuration: config)
         else { return [] }
-        return plan.operations.map { op in
+        return Self.pending(plan)
+    }
+
+    private static func pending(_ plan: JobPlan) -> [[String: Any]] {
+        plan.operations.map { op in
             ["id": op.id, "kind": op.kind.rawValue, "queue": op.queue, "state": "pending", "attempts": 0, "dependencies": op.dependencies]
         }
     }

@@ -13,13 +13,13 @@ extension Daemon {
     /// Resumes what a previous run left in active/ (those the store says this node still holds), then claims.
     public func start() {
         work.sync {
-            let recovered: [ClaimedJob], problems: [String]
+            let held: Spool.Held, problems: [String]
             do {
-                (recovered, problems) = try spool.recover()
+                (held, problems) = try spool.recoverHeld()
             } catch {
                 // Without a progress log, successes could not be recorded: say so; jobs still run.
                 logger.error("the progress log cannot be written: \(error); operations that succeed may run again after a restart")
-                (recovered, problems) = ([], [])
+                (held, problems) = (Spool.Held(jobs: []), [])
             }
             for problem in problems { logger.error("\(problem)") }
             let leftovers = CommandLedger.shared.open(spool.active + "/.commands")
@@ -39,11 +39,8 @@ extension Daemon {
                 (configuration.jobFinished.flatMap { configuration.commands[$0] }, configuration.cluster?.sharedOutbox ?? spool.outbox)
             }
             hooks.recover(hook, outbox: outbox)
-            for claimed in store.recovered(recovered) {
-                // Commands that were running at the crash start again in an empty scratch folder.
-                removeTree(CommandOperation.workFolder(spool.outputFolder(job: claimed.id)))
-                accept(claimed, .resumed, configuration: lock.withLock { configuration })
-            }
+            openDelayedRecord()
+            resume(held)
             if delayed.addedThisRound > 0 {
                 releaseMemoryIfIdle(released: delayed.addedThisRound)
                 delayed.addedThisRound = 0
@@ -58,6 +55,29 @@ extension Daemon {
         }
         // After recovery has emptied tmp/: the outbox's retention (outbox.keepDays) removes through it.
         startRetention()
+    }
+
+    /// On `work`, at start: the jobs recovery found in active/, read and resumed (those the store says this node still
+    /// holds). The file spool's are read one at a time: a hundred thousand delayed jobs are never all in memory.
+    private func resume(_ held: Spool.Held) {
+        func read(_ id: String, _ done: [String: DoneRecord]) -> ClaimedJob? {
+            guard case .success(var claimed) = spool.heldJob(id) else {
+                logger.error("active/\(id)/manifest.plist cannot be read; left in place")
+                return nil
+            }
+            claimed.done = done
+            return claimed
+        }
+        func resume(_ claimed: ClaimedJob) {
+            // Commands that were running at the crash start again in an empty scratch folder.
+            removeTree(CommandOperation.workFolder(spool.outputFolder(job: claimed.id)))
+            accept(claimed, .resumed, configuration: lock.withLock { configuration })
+        }
+        if store is SpoolJobStore {
+            for (id, done) in held.jobs { read(id, done).map(resume) }
+        } else {
+            for claimed in store.recovered(held.jobs.compactMap(read)) { resume(claimed) }
+        }
     }
 
     /// Looks at the inbox. `hints` are names inotify reported closed or moved in: each is tried at once

@@ -13,10 +13,34 @@ extension Spool {
     /// Jobs left in active/ by a previous run, ready to resume; cleans what was half done and starts a
     /// fresh progress log holding only their lines.
     public func recover() throws -> (jobs: [ClaimedJob], problems: [String]) {
+        let (held, found) = try recoverHeld()
+        var problems = found
+        var jobs: [ClaimedJob] = []
+        for (id, done) in held.jobs {
+            guard case .success(var job) = heldJob(id) else {
+                problems.append("active/\(id)/manifest.plist cannot be read; left in place")
+                continue
+            }
+            job.done = done
+            jobs.append(job)
+        }
+        return (jobs, problems)
+    }
+
+    /// The jobs left in active/ by a previous run, as `recover` finds them, their manifests not read yet (each is
+    /// read as it resumes: a spool of a hundred thousand delayed jobs is not all in memory at once).
+    public struct Held {
+        /// Each job's id and the operations that had succeeded.
+        public var jobs: [(id: String, done: [String: DoneRecord])]
+    }
+
+    /// `recover` less the reading of the manifests: cleans what was half done, starts a fresh progress log holding
+    /// only the jobs' lines; the jobs to resume (each to be read with `heldJob`) and the problems found.
+    public func recoverHeld() throws -> (held: Held, problems: [String]) {
         var problems: [String] = []
         for name in (try? FileManager.default.contentsOfDirectory(atPath: tmp)) ?? [] { removeTree(tmp + "/" + name) }
-        let progress = readProgress()
-        var jobs: [ClaimedJob] = []
+        var progress = readProgress()
+        var jobs: [(id: String, done: [String: DoneRecord])] = []
         for id in visibleNames(in: active) {
             let dir = active + "/" + id
             var st = stat()
@@ -39,12 +63,7 @@ extension Spool {
             }
             // A `write` interrupted before its rename leaves a hidden .part file: it runs again.
             removeParts(dir)
-            guard case .success(var job) = heldJob(id) else {
-                problems.append("active/\(id)/manifest.plist cannot be read; left in place")
-                continue
-            }
-            job.done = progress[id] ?? [:]
-            jobs.append(job)
+            jobs.append((id, progress.removeValue(forKey: id) ?? [:]))
         }
         // Downloads: those of jobs that resume stay (a download that succeeded is restored from its file),
         // less partial files of interrupted ones; those of jobs published or never claimed go.
@@ -53,7 +72,7 @@ extension Spool {
             if resuming.contains(id) { removeParts(downloadsFolder(job: id)) } else { removeTree(downloadsFolder(job: id)) }
         }
         try rewriteProgress(keeping: resuming)
-        return (jobs, problems)
+        return (Held(jobs: jobs), problems)
     }
 
     /// active/<id>/ read back as a job: its manifest, and what its claim record says (a folder without one is named

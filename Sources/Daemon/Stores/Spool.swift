@@ -14,6 +14,8 @@
 //             emptied.
 //   downloads active/.downloads/<job>/<operation>, written by the operations (Downloads.swift); removed
 //             after publication, and at recovery for jobs no longer active (partial files too).
+//   delayed   active/.delayed: a line per delayed job parked out of memory (DelayedRecord.swift); emptied at
+//             start, where recovery finds every delayed job from its manifest again.
 //
 // Group commit: `commit()` is one syncfs(2) on the spool's file system (the spool is one mount), made
 // once per batch of claims, of progress lines or of publications rather than one fsync per file and

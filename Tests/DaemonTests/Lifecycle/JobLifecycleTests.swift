@@ -479,4 +479,44 @@ extension JobLifecycleTests {
         _ = m.handle(.lost(job: "f", reason: "gone"))
         #expect(m.delayedCount == 0)
     }
+
+    @Test func aParkedJobLeavesTheTableForACountAndComesBackDelayed() {
+        var m = machine(jobs: 1)
+        _ = m.handle(.received(job: "p", .inbox(manifest: "p.plist")))
+        _ = m.handle(.delayed(job: "p", operations: 3, until: 500))
+        #expect(m.handle(.parked(job: "p")) == [])
+        #expect(m.phase(of: "p") == nil && m.isEmpty, "no entry in the table")
+        #expect(m.parkedCount == 1 && m.delayedCount == 0)
+        #expect(m.admission == .room(jobs: 1, operations: 100))
+        #expect(m.handle(.unparked(job: "p", until: 500)) == [])
+        #expect(m.phase(of: "p") == .delayed && m.jobs["p"]?.notBefore == 500)
+        #expect(m.parkedCount == 0 && m.delayedCount == 1)
+        #expect(m.handle(.cancel(job: "p", operation: nil, knownOperation: false)) == [.wake(job: "p"), .answer(.cancelled)])
+        #expect(m.handle(.planned(job: "p", operations: 3, recovered: 0)) == [.submit(job: "p")], "accepted was logged when delayed")
+
+        // One holding a cancel of a single operation is not parked (the cancel would be lost with its entry).
+        _ = m.handle(.received(job: "q", .resumed))
+        _ = m.handle(.delayed(job: "q", operations: 1, until: 600))
+        _ = m.handle(.cancel(job: "q", operation: "a", knownOperation: false))
+        _ = m.handle(.parked(job: "q"))
+        #expect(m.phase(of: "q") == .delayed && m.parkedCount == 0)
+        // Only a delayed job is parked.
+        _ = m.handle(.parked(job: "p"))
+        #expect(m.phase(of: "p") == .accepted && m.parkedCount == 0)
+        _ = m.handle(.parkedCounted(4))
+        #expect(m.parkedCount == 4)
+    }
+
+    @Test func onceWaitsForParkedJobs() {
+        var m = machine(jobs: 1)
+        _ = m.handle(.once(names: []))
+        _ = m.handle(.received(job: "p", .resumed))
+        _ = m.handle(.delayed(job: "p", operations: 1, until: 500))
+        _ = m.handle(.parked(job: "p"))
+        #expect(m.isEmpty && !m.onceDone, "a parked job is still to run")
+        _ = m.handle(.unparked(job: "p", until: 500))
+        _ = m.handle(.due(job: "p"))
+        _ = m.handle(.lost(job: "p", reason: "gone"))
+        #expect(m.onceDone)
+    }
 }

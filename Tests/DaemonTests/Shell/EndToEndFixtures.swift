@@ -79,6 +79,8 @@ final class TestSpool: @unchecked Sendable {
     var logPath: String { root + ".log" }
     /// The configuration `configure` writes (removed with the spool).
     var configPath: String { root + ".config.plist" }
+    /// Variables added to the daemon's environment (internal settings, such as a smaller delayed window).
+    var environment: [String: String] = [:]
 
     init() {
         root = NSTemporaryDirectory() + "opq-test-" + UUID().uuidString.prefix(8)
@@ -123,6 +125,7 @@ final class TestSpool: @unchecked Sendable {
         let process = Process()
         process.executableURL = URL(fileURLWithPath: binaries + "/opqueued")
         process.arguments = ["--spool", root, "--log-target", target] + extra
+        if !environment.isEmpty { process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 } }
         if !FileManager.default.fileExists(atPath: logPath) { _ = FileManager.default.createFile(atPath: logPath, contents: nil) }
         let log = try FileHandle(forWritingTo: URL(fileURLWithPath: logPath))
         log.seekToEndOfFile()
