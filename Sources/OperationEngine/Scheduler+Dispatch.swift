@@ -1,0 +1,87 @@
+// Readiness and dispatch: an operation whose dependencies have all ended joins its queue's ready lists;
+// `nextDispatch` picks the best head over all queues within their limits, rates and permits.
+
+extension Scheduler {
+    // MARK: Readiness and dispatch
+
+    mutating func makeReady(_ ref: NodeRef, now: Double) {
+        let g = Int(ref.group), i = Int(ref.index)
+        var node = groups[g].nodes[i]
+        node.state = .ready
+        groups[g].nodes[i] = node
+        let q = Int(node.queue)
+        queues[q].ready[Int(node.priority.rawValue)].push(ReadyEntry(seq: node.seq, ref: ref))
+        queues[q].readyCount += 1
+        if recordsEvents { emit(ref, .ready, now: now) }
+    }
+
+    /// The queue's next operation by priority, then submission order; drops entries of operations
+    /// cancelled while they waited, also when their group has since been released (its slot perhaps
+    /// reused: the entry's sequence number must still be the node's).
+    mutating func head(of q: Int) -> (priority: Int, entry: ReadyEntry)? {
+        var p = Self.priorities - 1
+        while p >= 0 {
+            if queues[q].ready[p].isEmpty {
+                p -= 1
+                continue
+            }
+            while let entry = queues[q].ready[p].peek() {
+                if isValid(entry.ref) {
+                    let node = groups[Int(entry.ref.group)].nodes[Int(entry.ref.index)]
+                    if node.state == .ready && node.seq == entry.seq { return (p, entry) }
+                }
+                queues[q].ready[p].pop()
+            }
+            p -= 1
+        }
+        return nil
+    }
+
+    /// The next operation to start, if a queue has one and a free slot: among the queues' heads,
+    /// the highest effective QoS; at equal QoS the one submitted first (so a pipeline spread over
+    /// queues runs chain by chain, and what one stage produces is consumed before the next is made).
+    /// A queue's rate only gates whether it may start one now (a barrier neither waits for it nor uses it);
+    /// rates read `monotonic`, else `now`.
+    mutating func nextDispatch(now: Double, monotonic: Double? = nil) -> Dispatch? {
+        var best: (queue: Int, priority: Int, qos: QualityOfService, seq: UInt64)?
+        for q in queues.indices where queues[q].readyCount > 0 && !queues[q].suspended && queues[q].executing < effectiveLimit(q) {
+            guard let head = head(of: q) else { continue }
+            if queues[q].gatesStarts && head.entry.ref.group != Self.barrierGroup && !startAllowed(q, at: monotonic ?? now) { continue }
+            let qos = effectiveQoS(head.entry.ref)
+            if let current = best, current.qos > qos || (current.qos == qos && current.seq <= head.entry.seq) { continue }
+            best = (q, head.priority, qos, head.entry.seq)
+        }
+        guard let best, let entry = queues[best.queue].ready[best.priority].pop() else { return nil }
+        let ref = entry.ref
+        let g = Int(ref.group), i = Int(ref.index)
+        if queues[best.queue].gatesStarts && ref.group != Self.barrierGroup { noteStart(best.queue, at: monotonic ?? now) }
+        queues[best.queue].readyCount -= 1
+        queues[best.queue].executing += 1
+        executingCount += 1
+        var node = groups[g].nodes[i]
+        node.state = .executing
+        node.attempts &+= 1
+        node.flags &= ~(Node.cancelRequested | Node.timedOut)
+        if node.startedAt.isNaN { node.startedAt = now }
+        groups[g].nodes[i] = node
+        if recordsEvents { emit(ref, .executing, now: now) }
+        let attempt = Attempt(ref: ref, generation: groups[g].generation, number: Int(node.attempts))
+        if node.options >= 0, let timeout = groups[g].options[Int(node.options)].timeout {
+            timerRequests.append(TimerRequest(delay: timeout, kind: .attemptTimeout(attempt)))
+        }
+        return Dispatch(attempt: attempt, body: groups[g].bodies[i], qualityOfService: best.qos, inputBox: input(of: ref),
+                        name: groups[g].names[i])
+    }
+
+    private func input(of ref: NodeRef) -> OutputBox? {
+        let g = Int(ref.group)
+        let outputs = groups[g].outputs
+        if outputs.isEmpty { return nil }
+        let node = groups[g].nodes[Int(ref.index)]
+        if node.input >= 0 { return outputs[node.input] }
+        for d in dependencies(of: ref) {
+            if let output = outputs[d] { return output }
+        }
+        return nil
+    }
+}

@@ -1,0 +1,200 @@
+// How operations end (SPEC §3.4): an attempt's outcome, retries, completion and what it frees among the
+// dependents, and the end of a group; with the walks over edges and the validity checks the others use.
+
+extension Scheduler {
+    // MARK: Ends
+
+    enum Outcome {
+        case succeeded(OutputBox?)
+        /// `final`: retrying cannot help (`FinalFailure`), so `retries` is not used.
+        case failure(String, final: Bool = false)
+
+        static func success(_ output: OperationOutput?) -> Self { .succeeded(output.map(OutputBox.init)) }
+    }
+
+    /// An attempt stops executing. A permit from outside is used up with it: the holder grants it again (or gives
+    /// its slot to a better waiter elsewhere) before the queue starts another operation on it.
+    mutating func attemptLeft(queue q: Int) {
+        queues[q].executing -= 1
+        executingCount -= 1
+        if let permits = queues[q].permits { queues[q].permits = max(0, permits - 1) }
+    }
+
+    /// Ends an attempt. Ignored when the attempt already ended (cancelled asynchronous operation,
+    /// timeout) — a late completion changes nothing.
+    mutating func finish(_ attempt: Attempt, outcome: Outcome, now: Double) {
+        guard isCurrent(attempt, in: .executing) else { return }
+        let ref = attempt.ref
+        let g = Int(ref.group), i = Int(ref.index)
+        let node = groups[g].nodes[i]
+        attemptLeft(queue: Int(node.queue))
+        if !cancelHandlers.isEmpty { cancelHandlers[ref] = nil }
+        if node.flags & Node.timedOut != 0 {
+            let seconds = node.options >= 0 ? groups[g].options[Int(node.options)].timeout ?? 0 : 0
+            failOrRetry(ref, error: OperationTimeout(seconds: seconds).description, now: now)
+        } else if node.flags & Node.cancelRequested != 0 {
+            complete(ref, .cancelled, error: groups[g].errors[ref.index] ?? "cancelled", now: now)
+        } else {
+            switch outcome {
+            case .succeeded(let output):
+                if let output {
+                    if groups[g].keepOutputs {
+                        groups[g].outputs[ref.index] = output
+                    } else {
+                        var readers: Int32 = 0
+                        for _ in dependents(of: ref) { readers += 1 }
+                        if readers > 0 {
+                            groups[g].outputs[ref.index] = output
+                            groups[g].readers[ref.index] = readers
+                        }
+                    }
+                }
+                complete(ref, .succeeded, error: nil, now: now)
+            case .failure(let message, let final):
+                if final { complete(ref, .failed, error: message, now: now) } else { failOrRetry(ref, error: message, now: now) }
+            }
+        }
+    }
+
+    private mutating func failOrRetry(_ ref: NodeRef, error: String, now: Double) {
+        let g = Int(ref.group), i = Int(ref.index)
+        let node = groups[g].nodes[i]
+        if node.options >= 0 {
+            let options = groups[g].options[Int(node.options)]
+            if Int(node.attempts) <= options.retries {
+                groups[g].nodes[i].state = .retrying
+                groups[g].errors[ref.index] = error
+                if recordsEvents { emit(ref, .retrying, now: now, error: error) }
+                let delay = options.retryDelay * Double(1 << min(Int(node.attempts) - 1, 30))
+                let attempt = Attempt(ref: ref, generation: groups[g].generation, number: Int(node.attempts))
+                timerRequests.append(TimerRequest(delay: delay, kind: .retry(attempt)))
+                return
+            }
+        }
+        complete(ref, .failed, error: error, now: now)
+    }
+
+    /// Records an end and lets the dependents go on (or be cancelled), without recursion: a chain of
+    /// a million cancellations must not exhaust the stack.
+    mutating func complete(_ start: NodeRef, _ startState: OperationState, error startError: String?, now: Double) {
+        // The first end is held apart: the list is only made (allocated) when ends cascade.
+        var first: (ref: NodeRef, state: OperationState, error: String?)? = (start, startState, startError)
+        var work: [(ref: NodeRef, state: OperationState, error: String?)] = []
+        while let (ref, state, error) = first ?? work.popLast() {
+            first = nil
+            let g = Int(ref.group), i = Int(ref.index)
+            let before = groups[g].nodes[i].state
+            guard !before.isFinished else { continue }
+            if before == .ready {
+                queues[Int(groups[g].nodes[i].queue)].readyCount -= 1
+            }
+            var node = groups[g].nodes[i]
+            node.state = state
+            node.finishedAt = now
+            groups[g].nodes[i] = node
+            if !groups[g].keepOutputs && !groups[g].readers.isEmpty {
+                for d in dependencies(of: ref) {
+                    guard let readers = groups[g].readers[d] else { continue }
+                    if readers <= 1 {
+                        groups[g].readers[d] = nil
+                        groups[g].outputs[d] = nil
+                    } else {
+                        groups[g].readers[d] = readers - 1
+                    }
+                }
+            }
+            if let error {
+                groups[g].errors[ref.index] = error
+            } else if !groups[g].errors.isEmpty {
+                groups[g].errors[ref.index] = nil
+            }
+            let q = Int(node.queue)
+            queues[q].unfinished -= 1
+            groups[g].unfinished -= 1
+            if recordsEvents { emit(ref, state, now: now, error: error) }
+            closeEpoch(queue: q, epoch: node.epoch, now: now)
+            let failedOrCancelled = state != .succeeded
+            let dependencyFailure = failedOrCancelled ? dependencyError(ref) : nil
+            for index in dependents(of: ref) {
+                let dependent = NodeRef(group: ref.group, index: index)
+                var d = groups[g].nodes[Int(index)]
+                guard !d.state.isFinished else { continue }
+                if failedOrCancelled && d.flags & Node.runsAfterFailure == 0 {
+                    work.append((dependent, .cancelled, dependencyFailure))
+                    continue
+                }
+                d.pending -= 1
+                groups[g].nodes[Int(index)].pending = d.pending
+                if d.pending == 0 && d.state == .pending { makeReady(dependent, now: now) }
+            }
+            if node.flags & Node.isBarrier != 0 {
+                if let waiting = groups[g].barrierDependents.removeValue(forKey: ref.index) {
+                    for dependent in waiting where isValid(dependent) {
+                        let d = groups[Int(dependent.group)].nodes[Int(dependent.index)]
+                        guard d.state == .pending else { continue }
+                        groups[Int(dependent.group)].nodes[Int(dependent.index)].pending -= 1
+                        if d.pending == 1 { makeReady(dependent, now: now) }
+                    }
+                }
+                if queues[q].openBarrier == ref { queues[q].openBarrier = nil }
+            }
+            checkGroupFinished(ref.group)
+        }
+    }
+
+    /// An operation's dependents: a row of its batch, plus those that later batches added.
+    /// Returned by value (the arrays are shared, not copied) so that callers can mutate nodes while
+    /// walking them; a closure over `self` would make Swift copy the node array on every write.
+    struct Edges: Sequence {
+        var row: ArraySlice<Int32>
+        var late: [Int32]
+
+        struct Iterator: IteratorProtocol {
+            var row: ArraySlice<Int32>.Iterator
+            var late: [Int32].Iterator
+            mutating func next() -> Int32? { row.next() ?? late.next() }
+        }
+
+        func makeIterator() -> Iterator { Iterator(row: row.makeIterator(), late: late.makeIterator()) }
+    }
+
+    func dependents(of ref: NodeRef) -> Edges {
+        let g = Int(ref.group)
+        guard !groups[g].batches.isEmpty else { return Edges(row: [], late: []) }
+        let b = batchIndex(g, ref.index)
+        let local = Int(ref.index - groups[g].batches[b].base)
+        let start = Int(groups[g].batches[b].dependentStart[local]), end = Int(groups[g].batches[b].dependentStart[local + 1])
+        let late = groups[g].lateDependents.isEmpty ? [] : groups[g].lateDependents[ref.index] ?? []
+        return Edges(row: groups[g].batches[b].dependents[start ..< end], late: late)
+    }
+
+    func dependencies(of ref: NodeRef) -> ArraySlice<Int32> {
+        let g = Int(ref.group)
+        guard !groups[g].batches.isEmpty else { return [] }
+        let b = batchIndex(g, ref.index)
+        let local = Int(ref.index - groups[g].batches[b].base)
+        let start = Int(groups[g].batches[b].dependencyStart[local]), end = Int(groups[g].batches[b].dependencyStart[local + 1])
+        return groups[g].batches[b].dependencies[start ..< end]
+    }
+
+    mutating func checkGroupFinished(_ slot: Int32) {
+        let g = Int(slot)
+        guard slot != Self.barrierGroup, groups[g].unfinished == 0, !groups[g].finished else { return }
+        groups[g].finished = true
+        let id = GroupID(slot: slot, generation: groups[g].generation)
+        finishedGroups.append(id)
+        if recordsEvents { events.append(.groupFinished(id)) }
+    }
+
+    func isValid(_ ref: NodeRef) -> Bool {
+        Int(ref.group) < groups.count && groups[Int(ref.group)].live && Int(ref.index) < groups[Int(ref.group)].nodes.count
+    }
+
+    /// Whether `attempt` is its operation's current one, in `state`, in the group it was made in.
+    func isCurrent(_ attempt: Attempt, in state: OperationState) -> Bool {
+        guard isValid(attempt.ref) else { return false }
+        let g = Int(attempt.ref.group)
+        let node = groups[g].nodes[Int(attempt.ref.index)]
+        return groups[g].generation == attempt.generation && node.state == state && Int(node.attempts) == attempt.number
+    }
+}

@@ -1,0 +1,344 @@
+// Submitting to the scheduler (SPEC §3.2): checking and indexing a graph (`prepare`), adopting it as a new
+// group or an extension of one, and propagating QoS raises to dependencies.
+
+extension Scheduler {
+    // MARK: Submission
+
+    /// A graph checked and indexed by `prepare`, ready to be adopted.
+    struct PreparedGraph {
+        var builder: GraphBuilder
+        /// nil when there are problems.
+        var batch: Batch?
+        var problems: [String]
+    }
+
+    /// Checks a batch and computes its dependents rows, with every problem. It needs nothing of the
+    /// scheduler but how many queues exist (queues are never removed), so the engine calls it before
+    /// taking its lock: a million-operation graph is indexed without holding up anyone.
+    static func prepare(_ builder: consuming GraphBuilder, queueCount: Int) -> PreparedGraph {
+        let n = builder.count
+        let base = builder.base
+        var problems = builder.problems
+        let total = base + n
+        // The builder's arrays as locals: reading them through `builder` in the loops below copies it each time.
+        let nodes = builder.nodes
+        let starts = builder.dependencyStart
+        let edges = builder.dependencies
+        var dependentCount = [Int32](repeating: 0, count: n + 1)
+        // Whether some operation depends on one added after it: only then can the batch hold a cycle.
+        var forward = false
+        for i in 0..<n {
+            let node = nodes[i]
+            if Int(node.queue) >= queueCount {
+                problems.append("operation '\(builder.names[i])': unknown queue queue#\(node.queue)")
+            }
+            for k in Int(starts[i]) ..< Int(starts[i + 1]) {
+                let dep = Int(edges[k])
+                if dep < 0 || dep >= total {
+                    problems.append("operation '\(builder.names[i])' depends on unknown operation #\(dep)")
+                } else if dep == base + i {
+                    problems.append("cycle: \(builder.names[i]) → \(builder.names[i])")
+                } else if dep >= base {
+                    dependentCount[dep - base + 1] += 1
+                    if dep > base + i { forward = true }
+                }
+            }
+            if node.input >= 0, !edges[Int(starts[i]) ..< Int(starts[i + 1])].contains(node.input) {
+                problems.append("operation '\(builder.names[i])': its input #\(node.input) is not one of its dependencies")
+            }
+        }
+
+        // Dependents rows (counting sort keeps each row in dependent order: FIFO when they become ready).
+        for i in 0..<n { dependentCount[i + 1] += dependentCount[i] }
+        let dependentStart = dependentCount
+        var cursor = dependentCount
+        var dependents = [Int32](repeating: 0, count: Int(dependentStart[n]))
+        for i in 0..<n {
+            for k in Int(starts[i]) ..< Int(starts[i + 1]) {
+                let d = Int(edges[k])
+                guard d >= base && d < total && d != base + i else { continue }
+                let row = d - base
+                dependents[Int(cursor[row])] = Int32(base + i)
+                cursor[row] += 1
+            }
+        }
+        if forward { problems += Self.cycles(builder, dependentStart: dependentStart, dependents: dependents) }
+        guard problems.isEmpty else { return PreparedGraph(builder: builder, batch: nil, problems: problems) }
+        let batch = Batch(
+            base: Int32(base), dependencyStart: starts, dependencies: edges,
+            dependentStart: dependentStart, dependents: dependents)
+        return PreparedGraph(builder: builder, batch: batch, problems: [])
+    }
+
+    /// The cycles of a batch, by Kahn's algorithm: whatever it leaves unvisited lies on or behind a cycle.
+    private static func cycles(_ builder: GraphBuilder, dependentStart: [Int32], dependents: [Int32]) -> [String] {
+        let n = builder.count
+        let base = builder.base
+        let total = base + n
+        let starts = builder.dependencyStart
+        let edges = builder.dependencies
+        var indegree = [Int32](repeating: 0, count: n)
+        for i in 0..<n {
+            for k in Int(starts[i]) ..< Int(starts[i + 1]) {
+                let d = Int(edges[k])
+                if d >= base && d < total && d != base + i { indegree[i] += 1 }
+            }
+        }
+        var stack: [Int32] = []
+        for i in 0..<n where indegree[i] == 0 { stack.append(Int32(i)) }
+        var visited = 0
+        while let i = stack.popLast() {
+            visited += 1
+            for k in Int(dependentStart[Int(i)]) ..< Int(dependentStart[Int(i) + 1]) {
+                let j = Int(dependents[k]) - base
+                indegree[j] -= 1
+                if indegree[j] == 0 { stack.append(Int32(j)) }
+            }
+        }
+        return visited < n ? Self.describeCycles(builder, indegree: indegree) : []
+    }
+
+    /// Names the operations along each cycle left after Kahn's algorithm (every node with a positive
+    /// in-degree has a dependency that also has one, so following them must come round).
+    private static func describeCycles(_ builder: GraphBuilder, indegree: [Int32]) -> [String] {
+        let n = builder.count
+        let base = builder.base
+        var onCycleReported = [Bool](repeating: false, count: n)
+        var problems: [String] = []
+        for start in 0..<n where indegree[start] > 0 && !onCycleReported[start] {
+            var position = [Int: Int]()
+            var path: [Int] = []
+            var current = start
+            while position[current] == nil {
+                if onCycleReported[current] { path = []; break }
+                position[current] = path.count
+                path.append(current)
+                let deps = builder.dependencies[Int(builder.dependencyStart[current]) ..< Int(builder.dependencyStart[current + 1])]
+                guard let next = deps.first(where: {
+                    Int($0) >= base && Int($0) < base + n && Int($0) != base + current && indegree[Int($0) - base] > 0
+                }) else { path = []; break }
+                current = Int(next) - base
+            }
+            guard !path.isEmpty, let first = position[current] else { continue }
+            let cycle = Array(path[first...])
+            for i in cycle { onCycleReported[i] = true }
+            // Dependencies were followed; print the cycle in execution order: a → b means b waits for a.
+            let names = cycle.reversed().map { builder.names[$0] }
+            problems.append("cycle: " + (names + [names[0]]).joined(separator: " → "))
+            if problems.count >= 16 { break }
+        }
+        return problems.isEmpty ? ["cycle among the operations"] : problems
+    }
+
+    /// The batch of a prepared graph numbered from `existing`, or every problem it has.
+    private func checked(_ prepared: PreparedGraph, existing: Int, more: [String] = []) throws(SubmissionError) -> Batch {
+        var problems = prepared.problems
+        let base = prepared.builder.base
+        if base != existing { problems.append("the graph was numbered from \(base) but the group has \(existing) operations") }
+        problems += more
+        guard problems.isEmpty, let batch = prepared.batch else { throw SubmissionError(problems: problems) }
+        return batch
+    }
+
+    mutating func submit(_ builder: consuming GraphBuilder, qualityOfService: QualityOfService? = nil, deadline: Double? = nil,
+                         keepOutputs: Bool = true, now: Double) throws(SubmissionError) -> GroupID {
+        try submit(Self.prepare(builder, queueCount: queues.count), qualityOfService: qualityOfService, deadline: deadline,
+                   keepOutputs: keepOutputs, now: now)
+    }
+
+    mutating func submit(_ prepared: consuming PreparedGraph, qualityOfService: QualityOfService? = nil, deadline: Double? = nil,
+                         keepOutputs: Bool = true, now: Double) throws(SubmissionError) -> GroupID {
+        var problems: [String] = []
+        if let deadline, !(deadline > 0) || !deadline.isFinite { problems.append("deadline must be a positive number of seconds") }
+        let batch = try checked(prepared, existing: 0, more: problems)
+        let slot: Int32
+        if let free = freeSlots.popLast() {
+            slot = free
+        } else {
+            groups.append(Group())
+            slot = Int32(groups.count - 1)
+        }
+        groups[Int(slot)].live = true
+        groups[Int(slot)].keepOutputs = keepOutputs
+        groups[Int(slot)].qos = qualityOfService?.rawValue ?? Self.noQoS
+        let id = GroupID(slot: slot, generation: groups[Int(slot)].generation)
+        adopt(&prepared.builder, batch: batch, group: slot, now: now)
+        if let deadline { timerRequests.append(TimerRequest(delay: deadline, kind: .deadline(id))) }
+        checkGroupFinished(slot)
+        return id
+    }
+
+    /// Adds operations to a running group (graph expansion at run time). They may depend on the
+    /// group's earlier operations, finished or not.
+    mutating func extend(_ id: GroupID, with builder: consuming GraphBuilder, now: Double) throws(SubmissionError) {
+        try extend(id, with: Self.prepare(builder, queueCount: queues.count), now: now)
+    }
+
+    mutating func extend(_ id: GroupID, with prepared: consuming PreparedGraph, now: Double) throws(SubmissionError) {
+        guard isLive(id), !groups[Int(id.slot)].finished else {
+            throw SubmissionError(problems: ["the group has finished or does not exist"])
+        }
+        let batch = try checked(prepared, existing: groups[Int(id.slot)].nodes.count)
+        adopt(&prepared.builder, batch: batch, group: id.slot, now: now)
+        checkGroupFinished(id.slot)
+    }
+
+    func isLive(_ id: GroupID) -> Bool {
+        id.slot > 0 && Int(id.slot) < groups.count && groups[Int(id.slot)].live && groups[Int(id.slot)].generation == id.generation
+    }
+
+    private mutating func adopt(_ builder: inout GraphBuilder, batch: Batch, group g: Int32, now: Double) {
+        let gi = Int(g)
+        let base = Int(batch.base)
+        let n = builder.count
+        takeOperations(of: &builder, group: gi)
+        let starts = batch.dependencyStart
+        let edges = batch.dependencies
+        let groupQoS = groups[gi].qos
+        var crossBatch: [(dependency: Int32, dependent: Int32)] = []
+        for i in 0..<n {
+            var pending: Int32 = 0
+            for k in Int(starts[i]) ..< Int(starts[i + 1]) {
+                let d = edges[k]
+                if Int(d) >= base {
+                    pending += 1
+                } else {
+                    crossBatch.append((d, Int32(base + i)))
+                    if !groups[gi].nodes[Int(d)].state.isFinished { pending += 1 }
+                }
+            }
+            var node = groups[gi].nodes[base + i]
+            let q = Int(node.queue)
+            let epoch = queues[q].epoch
+            queues[q].unfinished += 1
+            queues[q].epochUnfinished[Int(epoch)] += 1
+            if let barrier = queues[q].openBarrier {
+                pending += 1
+                groups[Int(Self.barrierGroup)].barrierDependents[barrier.index, default: []]
+                    .append(NodeRef(group: g, index: Int32(base + i)))
+            }
+            node.seq = nextSeq
+            nextSeq &+= 1
+            node.pending = pending
+            node.epoch = epoch
+            if node.requestedQoS == Self.noQoS { node.requestedQoS = groupQoS }
+            groups[gi].nodes[base + i] = node
+        }
+        groups[gi].unfinished += n
+        groups[gi].batches.append(batch)
+        for (dependency, dependent) in crossBatch {
+            groups[gi].lateDependents[dependency, default: []].append(dependent)
+            groups[gi].readers[dependency]? += 1
+        }
+        raiseDependencies(of: batch, group: g, count: n)
+        if recordsEvents {
+            for i in 0..<n { emit(NodeRef(group: g, index: Int32(base + i)), .pending, now: now) }
+        }
+        // A group cancelled before this batch arrived cancels it too.
+        if let reason = groups[gi].cancelReason {
+            for i in 0..<n { cancel(NodeRef(group: g, index: Int32(base + i)), reason: reason, now: now) }
+            return
+        }
+        for i in 0..<n {
+            let ref = NodeRef(group: g, index: Int32(base + i))
+            let node = groups[gi].nodes[base + i]
+            guard node.state == .pending else { continue }
+            // A dependency from an earlier batch that already failed or was cancelled.
+            if base > 0, node.flags & Node.runsAfterFailure == 0,
+               let failed = edges[Int(starts[i]) ..< Int(starts[i + 1])]
+                .first(where: { Int($0) < base && isFailedOrCancelled(NodeRef(group: g, index: $0)) }) {
+                cancel(ref, reason: dependencyError(NodeRef(group: g, index: failed)), now: now)
+            } else if node.pending == 0 {
+                makeReady(ref, now: now)
+            }
+        }
+    }
+
+    /// Moves the builder's operations into the group: a new group takes the builder's arrays as they are.
+    private mutating func takeOperations(of builder: inout GraphBuilder, group gi: Int) {
+        if builder.base == 0 && groups[gi].nodes.isEmpty {
+            swap(&groups[gi].nodes, &builder.nodes)
+            swap(&groups[gi].bodies, &builder.bodies)
+            swap(&groups[gi].names, &builder.names)
+            swap(&groups[gi].options, &builder.options)
+        } else {
+            let optionBase = Int32(groups[gi].options.count)
+            if optionBase > 0 {
+                for i in builder.nodes.indices where builder.nodes[i].options >= 0 { builder.nodes[i].options += optionBase }
+            }
+            groups[gi].nodes.append(contentsOf: builder.nodes)
+            groups[gi].bodies.append(contentsOf: builder.bodies)
+            groups[gi].names.append(contentsOf: builder.names)
+            groups[gi].options.append(contentsOf: builder.options)
+        }
+    }
+
+    /// QoS raises: an operation is raised to the effective QoS of whatever waits for it.
+    private mutating func raiseDependencies(of batch: Batch, group g: Int32, count n: Int) {
+        let base = Int(batch.base)
+        let starts = batch.dependencyStart
+        let edges = batch.dependencies
+        // The common case: every operation of the batch at one QoS. Nothing in it can raise another, so only
+        // dependencies on earlier batches need looking at.
+        let first = n > 0 ? effectiveQoS(NodeRef(group: g, index: Int32(base))).rawValue : 0
+        var uniform = true
+        for i in 0..<n where effectiveQoS(NodeRef(group: g, index: Int32(base + i))).rawValue != first {
+            uniform = false
+            break
+        }
+        if uniform {
+            guard base > 0 else { return }
+            for k in 0..<edges.count where Int(edges[k]) < base { raise(NodeRef(group: g, index: edges[k]), to: first) }
+            return
+        }
+        for i in 0..<n where starts[i] < starts[i + 1] {
+            let qos = effectiveQoS(NodeRef(group: g, index: Int32(base + i))).rawValue
+            for k in Int(starts[i]) ..< Int(starts[i + 1]) { raise(NodeRef(group: g, index: edges[k]), to: qos) }
+        }
+    }
+
+    private func isFailedOrCancelled(_ ref: NodeRef) -> Bool {
+        let state = groups[Int(ref.group)].nodes[Int(ref.index)].state
+        return state == .failed || state == .cancelled
+    }
+
+    func dependencyError(_ ref: NodeRef) -> String {
+        let node = groups[Int(ref.group)].nodes[Int(ref.index)]
+        return "dependency '\(groups[Int(ref.group)].names[Int(ref.index)])' \(node.state == .failed ? "failed" : "was cancelled")"
+    }
+
+    func effectiveQoS(_ ref: NodeRef) -> QualityOfService {
+        let node = groups[Int(ref.group)].nodes[Int(ref.index)]
+        let asked = node.requestedQoS == Self.noQoS ? queues[Int(node.queue)].qos.rawValue : node.requestedQoS
+        return QualityOfService(rawValue: max(asked, node.raisedQoS)) ?? .default
+    }
+
+    func requestedQoS(_ ref: NodeRef) -> QualityOfService {
+        let node = groups[Int(ref.group)].nodes[Int(ref.index)]
+        if node.requestedQoS == Self.noQoS { return queues[Int(node.queue)].qos }
+        return QualityOfService(rawValue: node.requestedQoS) ?? .default
+    }
+
+    private mutating func raise(_ start: NodeRef, to qos: UInt8) {
+        guard effectiveQoS(start).rawValue < qos else { return }
+        var work = [start]
+        while let ref = work.popLast() {
+            let node = groups[Int(ref.group)].nodes[Int(ref.index)]
+            guard node.state == .pending || node.state == .ready || node.state == .retrying,
+                  effectiveQoS(ref).rawValue < qos else { continue }
+            groups[Int(ref.group)].nodes[Int(ref.index)].raisedQoS = qos
+            for d in dependencies(of: ref) { work.append(NodeRef(group: ref.group, index: d)) }
+        }
+    }
+
+    func batchIndex(_ group: Int, _ index: Int32) -> Int {
+        let count = groups[group].batches.count
+        if count == 1 { return 0 }
+        var low = 0, high = count - 1
+        while low < high {
+            let mid = (low + high + 1) / 2
+            if groups[group].batches[mid].base <= index { low = mid } else { high = mid - 1 }
+        }
+        return low
+    }
+}
