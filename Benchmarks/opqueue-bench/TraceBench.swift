@@ -18,16 +18,6 @@ enum TraceBench {
                                                     options: 0)) ?? Data()
     }
 
-    /// The CPU seconds (user + system) process `pid` has used so far.
-    static func cpuSeconds(_ pid: Int32) -> Double {
-        guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
-              let close = stat.lastIndex(of: ")") else { return 0 }
-        // After the command's closing parenthesis: state is field 3, utime 14 and stime 15.
-        let fields = stat[stat.index(after: close)...].split(separator: " ")
-        guard fields.count > 13, let user = Double(fields[11]), let system = Double(fields[12]) else { return 0 }
-        return (user + system) / Double(sysconf(Int32(_SC_CLK_TCK)))
-    }
-
     /// Seconds from the daemon's start to N outbox entries, and the daemon's CPU seconds meanwhile.
     static func round(_ n: Int, config: [String: Any], base: String) -> (seconds: Double, cpu: Double) {
         let spool = base + "-\(UUID().uuidString.prefix(6))"
@@ -43,7 +33,7 @@ enum TraceBench {
         let start = now()
         let d = SpoolBench.daemon(spool, ["--config", configPath])
         while SpoolBench.count(spool + "/outbox") < n && d.isRunning { usleep(20_000) }
-        let seconds = now() - start, cpu = cpuSeconds(d.processIdentifier)
+        let seconds = now() - start, cpu = processCPUSeconds(d.processIdentifier)
         d.terminate()
         d.waitUntilExit()
         for path in [spool, configPath] { try? FileManager.default.removeItem(atPath: path) }

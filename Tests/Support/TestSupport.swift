@@ -148,3 +148,13 @@ func startHelperServer(_ process: Process, _ arguments: [String], failure: Strin
     }
     return port
 }
+
+/// Process `pid`'s user and system CPU seconds so far (/proc/PID/stat); 0 when it cannot be read.
+public func processCPUSeconds(_ pid: Int32) -> Double {
+    guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
+          let end = stat.lastIndex(of: ")") else { return 0 }
+    // After the command's closing parenthesis: state is field 3, utime 14 and stime 15.
+    let fields = stat[stat.index(after: end)...].split(separator: " ")
+    guard fields.count > 12, let user = Double(fields[11]), let system = Double(fields[12]) else { return 0 }
+    return (user + system) / Double(sysconf(Int32(_SC_CLK_TCK)))
+}

@@ -172,16 +172,6 @@ extension TestSpool {
         try spool.expectServing("after garbage")
     }
 
-    /// The daemon's user and system CPU seconds so far (/proc/PID/stat).
-    static func cpuSeconds(_ pid: Int32) -> Double {
-        guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
-              let end = stat.lastIndex(of: ")") else { return 0 }
-        let fields = stat[stat.index(after: end)...].split(separator: " ")
-        // After the command: state is field 3, utime 14, stime 15.
-        guard fields.count > 12, let user = Double(fields[11]), let system = Double(fields[12]) else { return 0 }
-        return (user + system) / Double(sysconf(Int32(_SC_CLK_TCK)))
-    }
-
     /// A TCP connection to `address` (IPv4 HOST:PORT), sending `request`.
     static func connectTCP(_ address: String, sending request: String) throws -> Int32 {
         let parts = address.split(separator: ":")
@@ -220,7 +210,7 @@ extension TestSpool {
 
         // The descriptor the server keeps in reserve takes the client; again once that one has closed. Without it
         // the loop retried accept at once for as long as the client waited (NIO keeps the read pending on EMFILE).
-        let before = Self.cpuSeconds(pid)
+        let before = processCPUSeconds(pid)
         for round in 0..<3 {
             let answer = try? ControlClient.request(spool.socketPath, ["command": "status"], timeout: 5)
             #expect(answer?["exit"] as? Int == 0, "status with no descriptor left, round \(round): \(String(describing: answer))")
@@ -238,7 +228,7 @@ extension TestSpool {
                 a scrape with no descriptor left: \(status.debugDescription); \
                 descriptors since the limit was set: \(descriptorChanges(from: table, to: descriptorTable(pid)))
                 """)
-        let spent = Self.cpuSeconds(pid) - before
+        let spent = processCPUSeconds(pid) - before
         #expect(spent < 0.5, "the daemon used \(spent) s of CPU answering with no descriptor left")
         #expect(try setSoft(soft) == 0)
         try spool.expectServing("after running out of descriptors")
