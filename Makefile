@@ -13,7 +13,7 @@
 #   make install-files   the same without building, from BINARIES (the systemd tests install their debug build)
 #   make deb     opqueued_<version>-1_amd64.deb: a release build with the Swift runtime linked in, for machines without
 #                a toolchain, in .build-deb/ (VERSION=… and DEB_REVISION=… override the version); make test-debs: the
-#                two DebianPackageTests installs, from the debug build
+#                two DebianPackageTests installs, from the tests' debug build
 
 SWIFT ?= swift
 PREFIX ?= /usr/local
@@ -28,7 +28,7 @@ APT_PACKAGES = pkg-config libpng-dev libjpeg-dev libcurl4-openssl-dev libsystemd
 TEST_APT_PACKAGES = mandoc python3-prometheus-client postgresql pgbouncer dpkg-dev prometheus
 
 .PHONY: sql run example test campaigns fuzz-codecs fuzz-plist fuzz-manifest deps build release bench install install-files man clean \
-  deb test-debs
+  deb deb-pack test-debs
 
 UNITDIR ?= /etc/systemd/system
 SYSUSERSDIR ?= /etc/sysusers.d
@@ -240,8 +240,12 @@ deb:
 	$(SWIFT) build -c $(CONFIG) --static-swift-stdlib --scratch-path $(DEB_SCRATCH) --product opqueued-supervise
 	for product in opqueued opqueuectl; do \
 	  $(SWIFT) build -c $(CONFIG) --static-swift-stdlib --scratch-path $(DEB_SCRATCH) --product $$product $(DEB_LINKFLAGS) || exit 1; done
+	$(MAKE) deb-pack DEB_BINARIES=$(DEB_SCRATCH)/$(CONFIG)
+
+# The package from binaries already built (DEB_BINARIES) with the Swift runtime linked in.
+deb-pack:
 	rm -rf $(DEB_ROOT)
-	$(MAKE) install-files DESTDIR=$(abspath $(DEB_ROOT)) BINARIES=$(DEB_SCRATCH)/$(CONFIG) PREFIX=/usr \
+	$(MAKE) install-files DESTDIR=$(abspath $(DEB_ROOT)) BINARIES=$(DEB_BINARIES) PREFIX=/usr \
 	  UNITDIR=/usr/lib/systemd/system SYSUSERSDIR=/usr/lib/sysusers.d TMPFILESDIR=/usr/lib/tmpfiles.d \
 	  CATALOGDIR=/usr/lib/systemd/catalog ZSHCOMPDIR=/usr/share/zsh/vendor-completions
 	strip --remove-section=.comment --remove-section=.note $(DEB_ROOT)/usr/bin/* $(DEB_ROOT)/usr/lib/opqueued/*
@@ -266,15 +270,18 @@ deb:
 	mkdir -p $(DEB_OUT)
 	dpkg-deb --root-owner-group $(DEB_COMPRESSION) --build $(DEB_ROOT) $(DEB_PACKAGE)
 
-# The two packages DebianPackageTests installs, one upgrading the other: a debug build with the Swift runtime linked
-# in, in a scratch folder of its own (.build-debs: a static build in .build would leave objects that the tests' own
-# build then links against the shared runtime), packed twice under two versions, lightly compressed, into
-# .build/test-debs. Made before `swift test`, which holds .build's lock: a test cannot build there itself.
-TEST_DEB_LINKFLAGS =
+# The two packages DebianPackageTests installs, one upgrading the other, packed twice under two versions, lightly
+# compressed, into .build/test-debs: the tests' own debug build (`swift build --build-tests` first) linked again with
+# the Swift runtime linked in (packaging/deb/relink-static.py: seconds, where a second static build of the whole tree
+# took minutes). Made before `swift test`, which holds .build's lock: a test cannot build there itself.
+TEST_DEBS = .build/test-debs
 test-debs:
-	rm -rf .build/test-debs
-	for n in 1 2; do $(MAKE) deb CONFIG=debug DEB_SCRATCH=.build-debs DEB_OUT=.build/test-debs VERSION=$(VERSION)+test$$n \
-	  DEB_LINKFLAGS="$(TEST_DEB_LINKFLAGS)" DEB_COMPRESSION="-Zgzip -z1" || exit 1; done
+	rm -rf $(TEST_DEBS)
+	python3 packaging/deb/relink-static.py .build/debug.yaml $(TEST_DEBS)/bin opqueued opqueuectl
+	cp .build/debug/opqueued-supervise $(TEST_DEBS)/bin/
+	for n in 1 2; do $(MAKE) deb-pack DEB_BINARIES=$(TEST_DEBS)/bin DEB_SCRATCH=$(TEST_DEBS)/scratch DEB_OUT=$(TEST_DEBS) \
+	  VERSION=$(VERSION)+test$$n DEB_COMPRESSION="-Zgzip -z1" || exit 1; done
+	rm -rf $(TEST_DEBS)/scratch $(TEST_DEBS)/bin
 
 # The man pages of the two programs come from their argument-parser definitions (help, abstracts,
 # discussions) through argument-parser's generate-manual plugin; opqueued.plist(5) is written by hand.
