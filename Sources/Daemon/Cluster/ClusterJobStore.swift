@@ -28,7 +28,7 @@ import Glibc
 
 public final class ClusterJobStore: JobStore, @unchecked Sendable {
     public let node: String?
-    public var inboxRunsHere: Bool { false }
+    public var capabilities: StoreCapabilities { [.placesJobs, .leasesJobs, .keepsSuspensions, .keepsDelayedJobs, .recordsEnds] }
     public var delegate: (any JobStoreDelegate)? {
         get { lock.withLock { _delegate } }
         set { lock.withLock { _delegate = newValue } }

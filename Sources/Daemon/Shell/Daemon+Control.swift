@@ -213,7 +213,9 @@ extension Daemon {
     /// job is not such a one: in the lifecycle's table (received meanwhile), not here, or on a cluster node, whose
     /// cancel of a job not in its table goes to the database, which reaches the job wherever it is.
     private func cancelBeforeReceipt(job id: String, operation: String?) -> CancelOutcome? {
-        guard store.inboxRunsHere, lock.withLock({ lifecycle.phase(of: id) == nil }), hasActiveFolder(id) else { return nil }
+        guard !store.capabilities.contains(.placesJobs), lock.withLock({ lifecycle.phase(of: id) == nil }), hasActiveFolder(id) else {
+            return nil
+        }
         let kept = lock.withLock { () -> Bool in
             guard lifecycle.phase(of: id) == nil else { return false }
             cancelsBeforeReceipt[id, default: []].append(operation)

@@ -50,7 +50,7 @@ extension Daemon {
         let now = Date().timeIntervalSince1970
         var staged: [(publication: Publication, firstStart: Double?)] = []
         var results: [String: [UInt8]] = [:]
-        let keepsResults = !store.inboxRunsHere
+        let keepsResults = store.capabilities.contains(.recordsEnds)
         let hook = lock.withLock { configuration.jobFinished.flatMap { configuration.commands[$0] } }
         let node = store.node
         for publication in batch {
@@ -145,7 +145,7 @@ extension Daemon {
     /// manifest rejected at submission (it never reached a cluster store) is this node's to publish.
     func record(_ batch: [Publication], _ staged: [(publication: Publication, firstStart: Double?)], results: [String: [UInt8]],
                         now: Double, hook: CommandSpec?) {
-        let allGated = store.inboxRunsHere
+        let allGated = !store.capabilities.contains(.recordsEnds)
         let gated = staged.filter { allGated || $0.publication.job.fromStore }
         let ungated = Set(staged.lazy.filter { !(allGated || $0.publication.job.fromStore) }.map { $0.publication.job.id })
         let ends = gated.map { entry in

@@ -130,7 +130,7 @@ extension Daemon {
     /// On `work`: tells the store how many more jobs could run here (a cluster store claims that many); while
     /// there is room, again within a second.
     func offerRoom() {
-        guard !store.inboxRunsHere else { return }
+        guard store.capabilities.contains(.placesJobs) else { return }
         let room: Int, budget: Int
         switch lock.withLock({ lifecycle.admission }) {
         case .room(let jobs, let operations): (room, budget) = (jobs, operations)
@@ -178,7 +178,7 @@ extension Daemon {
     /// On `work`: claims while the lifecycle admits more, then commits the claims together and accepts them
     /// (or, when the store places jobs itself, hands them to it).
     func claimMore() {
-        let runsHere = store.inboxRunsHere
+        let runsHere = !store.capabilities.contains(.placesJobs)
         var room: Int, budget: Int
         switch lock.withLock({ lifecycle.admission }) {
         case .room(let jobs, let operations): (room, budget) = (jobs, operations)
@@ -377,7 +377,7 @@ extension Daemon {
     /// and those it returns run here with the plans just made.
     func receiveFromInbox(_ claimed: [ClaimedJob]) {
         let config = store.submissionConfiguration(lock.withLock { configuration })
-        if !store.inboxRunsHere {
+        if store.capabilities.contains(.placesJobs) {
             submitFromInbox(claimed, configuration: config)
             return
         }

@@ -49,7 +49,7 @@ extension Daemon {
     /// On `work`, at start: parked jobs go to active/.delayed, emptied (recovery parks again those still waiting).
     /// A store that places jobs itself keeps its few delayed jobs (a clock behind the database's) in memory.
     func openDelayedRecord() {
-        guard store.inboxRunsHere else { return }
+        guard !store.capabilities.contains(.keepsDelayedJobs) else { return }
         let record = DelayedRecord(path: spool.active + "/.delayed")
         do {
             try record.reset()

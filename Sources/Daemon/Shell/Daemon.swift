@@ -249,7 +249,7 @@ public final class Daemon: @unchecked Sendable {
         engine = Engine(observer: { sink.deliver($0) })
         // A store that keeps suspensions (a cluster) has not said yet which queues are suspended: nothing starts
         // until it has (a job resumed at start must not run on a queue suspended cluster-wide).
-        let holdQueues = !self.store.inboxRunsHere
+        let holdQueues = self.store.capabilities.contains(.keepsSuspensions)
         awaitingStoreSuspensions = holdQueues
         defaultQueue = engine.addQueue(named: "default", isSuspended: holdQueues)
         var ids: [String: QueueID] = [:]
@@ -276,7 +276,7 @@ public final class Daemon: @unchecked Sendable {
         tracing = makeTracing(configuration)
         self.store.delegate = storeEvents
         // A store that leases jobs must know when the spool hangs (the file spool alone just waits for it).
-        if !self.store.inboxRunsHere {
+        if self.store.capabilities.contains(.leasesJobs) {
             spoolWatch.startProbing { [weak self] in self.map { daemon in daemon.lock.withLock { !daemon.lifecycle.isEmpty } } ?? false }
         }
     }

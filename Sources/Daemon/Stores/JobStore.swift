@@ -89,9 +89,8 @@ extension JobStoreDelegate {
 public protocol JobStore: AnyObject, Sendable {
     /// This node's name (SPEC §8 `cluster.node`); nil without a cluster (no OPQ_NODE, no `node` in results).
     var node: String? { get }
-    /// True when a manifest claimed from the inbox runs here at once (the file spool): the inbox is then read only
-    /// while there is room for jobs. False (the cluster): the inbox is drained into the store whatever the room.
-    var inboxRunsHere: Bool { get }
+    /// What this store does beyond the file spool's minimum: the shell asks these, never which store it is.
+    var capabilities: StoreCapabilities { get }
     /// False while manifests from the inbox cannot be validated yet (a cluster node that has not yet read what the
     /// cluster declares), or while the store already holds as many submissions as it takes at once: they wait in
     /// the inbox.
@@ -164,6 +163,27 @@ public protocol JobStore: AnyObject, Sendable {
     /// Stops the store's loops (SIGTERM); held jobs stay held until the lease runs out or they are re-claimed
     /// by this node at its next start.
     func shutdown()
+}
+
+/// What a store does beyond the file spool alone (which has none of these), stated once by each store.
+public struct StoreCapabilities: OptionSet, Sendable {
+    public let rawValue: Int
+    public init(rawValue: Int) { self.rawValue = rawValue }
+
+    /// Manifests from this node's inbox are handed to the store (`submit`), whatever the room here, and jobs reach
+    /// this node only through `delegate.run` when it offers room (`want`). Without it, a manifest claimed from the
+    /// inbox runs here at once, so the inbox is read only while there is room, and a cancel of a job claimed but not
+    /// yet read is kept here until it is.
+    public static let placesJobs = StoreCapabilities(rawValue: 1 << 0)
+    /// Jobs are held under a lease that runs out: the store must hear when the spool hangs (SpoolWatch).
+    public static let leasesJobs = StoreCapabilities(rawValue: 1 << 1)
+    /// Queue suspensions are kept in the store: nothing starts until it has said which queues are suspended.
+    public static let keepsSuspensions = StoreCapabilities(rawValue: 1 << 2)
+    /// Delayed jobs wait in the store: the node keeps its few in memory and parks none in active/.delayed.
+    public static let keepsDelayedJobs = StoreCapabilities(rawValue: 1 << 3)
+    /// Ends are recorded in the store under fences, so the publication gate may refuse one; the store keeps the
+    /// results (the shell hands it their bytes). Without it every end is this node's to publish at once.
+    public static let recordsEnds = StoreCapabilities(rawValue: 1 << 4)
 }
 
 public enum StoreCancelOutcome: Sendable, Equatable {

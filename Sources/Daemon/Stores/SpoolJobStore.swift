@@ -14,7 +14,7 @@ public final class SpoolJobStore: JobStore, @unchecked Sendable {
     public init(spool: Spool) { self.spool = spool }
 
     public var node: String? { nil }
-    public var inboxRunsHere: Bool { true }
+    public var capabilities: StoreCapabilities { [] }
     public func submissionConfiguration(_ local: Configuration) -> Configuration { local }
     public func recovered(_ jobs: [ClaimedJob]) -> [ClaimedJob] { jobs }
     public func submit(_ jobs: [ClaimedJob]) -> [ClaimedJob] { jobs }

@@ -241,7 +241,7 @@ private final class FakeStore: JobStore, @unchecked Sendable {
     var completed: [JobEnd] = []
     var cancels: [String] = []
     var node: String? { "n1" }
-    var inboxRunsHere: Bool { true }
+    var capabilities: StoreCapabilities { [] }
     func submissionConfiguration(_ local: Configuration) -> Configuration { local }
     func recovered(_ jobs: [ClaimedJob]) -> [ClaimedJob] { jobs }
     func submit(_ jobs: [ClaimedJob]) -> [ClaimedJob] { jobs }
