@@ -40,7 +40,7 @@ extension Daemon {
         let batch = takePublications()
         guard !batch.isEmpty else {
             // What waited was lost meanwhile: nothing is left to retry.
-            if stalled.isEmpty, fault != nil, let made = try? spool.probe() {
+            if fault.isOn, fault.stalled.isEmpty, let made = try? spool.probe() {
                 logRemade(made)
                 spoolWorked()
                 claimMore()
@@ -187,7 +187,7 @@ extension Daemon {
         case .success(let ids): recorded = ids
         case .failure(let error):
             // Not known whether the store recorded them: they wait, as in a spool fault, and are offered again.
-            for entry in staged { stalled.append(entry.publication) }
+            fault.stall(staged.map(\.publication))
             spoolFailed("recording \(staged.count) job ends in the job store", error)
             publicationEnded()
             return
@@ -243,7 +243,7 @@ extension Daemon {
         switch committed {
         case .success:
             // Every step of the batch worked (and nothing waits from an earlier one): a fault is over.
-            if stalled.isEmpty { spoolWorked() }
+            if fault.stalled.isEmpty { spoolWorked() }
         case .failure(let error):
             // The entries are in the outbox already (whole, by rename); only the renames' durability is in doubt,
             // and a rename the disk lost leaves the job in active/, published again at the next start.
@@ -305,15 +305,14 @@ extension Daemon {
 
     /// On `work`: a publication could not be completed; it waits in active/ and is retried.
     func stall(_ publication: Publication, _ error: any Error) {
-        stalled.append(publication)
+        fault.stall(CollectionOfOne(publication))
         spoolFailed("publishing outbox/\(publication.job.id)", error)
     }
 
     /// On `work`: a spool operation failed. The first failure of a fault is logged, claiming pauses,
     /// and a retry is scheduled; nothing is lost (claimed jobs stay in active/, the rest in the inbox).
     func spoolFailed(_ what: String, _ error: any Error) {
-        if fault == nil {
-            fault = (what, Date().timeIntervalSince1970)
+        if fault.failed(what, now: Date().timeIntervalSince1970) {
             _ = handle(.fault("\(what) failed: \(error)"))
             logger.error("""
                 \(what) failed: \(error); claiming is paused and publication waits until the spool works again \
@@ -325,36 +324,30 @@ extension Daemon {
 
     /// On `work`: the spool worked; if a fault was on, it is over.
     func spoolWorked() {
-        guard let fault else { return }
-        self.fault = nil
-        faultRetries = 0
+        guard let ended = fault.worked(now: Date().timeIntervalSince1970) else { return }
         _ = handle(.fault(nil))
-        let seconds = String(format: "%.1f", Date().timeIntervalSince1970 - fault.since)
-        logger.notice("the spool works again after \(seconds) s (\(fault.what) had failed); claiming resumes")
+        let seconds = String(format: "%.1f", ended.seconds)
+        logger.notice("the spool works again after \(seconds) s (\(ended.what) had failed); claiming resumes")
     }
 
     func scheduleFaultRetry() {
-        guard !faultRetryScheduled else { return }
-        faultRetryScheduled = true
-        let delay = Self.faultRetryDelays[min(faultRetries, Self.faultRetryDelays.count - 1)]
-        faultRetries += 1
+        guard let delay = fault.scheduleRetry() else { return }
         work.asyncAfter(deadline: .now() + delay) { [self] in
-            faultRetryScheduled = false
-            guard fault != nil else { return }
+            let retry = fault.retryDue()
+            guard retry != .none else { return }
             do {
                 logRemade(try spool.probe())
             } catch {
                 scheduleFaultRetry()
                 return
             }
-            if stalled.isEmpty {
+            if retry == .probe {
                 spoolWorked()
                 claimMore()
                 offerRoom()
             } else {
                 // Publication retried first; success there ends the fault (and claims more).
-                publications = stalled + publications
-                stalled = []
+                publications = fault.takeStalled() + publications
                 publishPending()
             }
         }

@@ -115,14 +115,9 @@ public final class Daemon: @unchecked Sendable {
     /// Jobs whose outbox entries are to be published together (on `work`).
     var publications: [Publication] = []
     /// A spool fault (file system full, no descriptors left, read-only folder, I/O error) or the job store
-    /// unavailable: while it lasts nothing is claimed and publications wait in `stalled`; both are retried
-    /// until the spool (and store) work again. On `work`; the lifecycle holds its reason for admission and status.
-    var fault: (what: String, since: Double)?
-    var stalled: [Publication] = []
-    var faultRetryScheduled = false
-    /// Retries while the spool is faulty back off from the first to the last of these delays.
-    static let faultRetryDelays = [0.25, 0.5, 1, 2]
-    var faultRetries = 0
+    /// unavailable, the publications it keeps waiting and its retries (SpoolFault.swift). On `work`; the lifecycle
+    /// holds its reason for admission and status.
+    var fault = SpoolFault<Publication>()
     /// Whether the 1 s `store.want(room:)` timer is scheduled (on `work`).
     var wantScheduled = false
     /// Jobs waiting for their `notBefore` (§3.7), earliest first, and the wake-up scheduled (on `work`).
