@@ -280,24 +280,19 @@ extension Daemon {
     }
 
     /// On `work`: once nothing is active, memory freed by the jobs that ended (a big manifest's tree, plan
-    /// and records) goes back to the system — glibc keeps freed pages otherwise, and RSS would stay at
-    /// the high-water mark. At most every 5 s, or sooner after 10,000 operations; an idle moment that
-    /// comes sooner is followed by a trim once the 5 s are up, if still idle then.
+    /// and records) goes back to the system when MemoryTrim says so.
     func releaseMemoryIfIdle(released: Int) {
-        releasedSinceTrim += released
+        trim.released(released)
         // Idle: nothing in the table but delayed jobs (their manifests and plans were let go).
         guard lock.withLock({ lifecycle.count == lifecycle.delayedCount }) else { return }
-        let now = Date().timeIntervalSince1970
-        if releasedSinceTrim >= 10_000 || now - lastTrim >= 5 {
-            releasedSinceTrim = 0
-            lastTrim = now
-            opq_release_free_memory()
-        } else if !trimScheduled {
-            trimScheduled = true
-            work.asyncAfter(deadline: .now() + max(0.1, 5 - (now - lastTrim))) { [self] in
-                trimScheduled = false
+        switch trim.idle(now: Date().timeIntervalSince1970) {
+        case .trim: opq_release_free_memory()
+        case .later(let seconds):
+            work.asyncAfter(deadline: .now() + seconds) { [self] in
+                trim.fired()
                 releaseMemoryIfIdle(released: 0)
             }
+        case .none: break
         }
     }
 

@@ -73,10 +73,11 @@ extension Daemon {
             removeTree(CommandOperation.workFolder(spool.outputFolder(job: claimed.id)))
             accept(claimed, .resumed, configuration: lock.withLock { configuration })
         }
-        if store is SpoolJobStore {
-            for (id, done) in held.jobs { read(id, done).map(resume) }
-        } else {
+        if store.capabilities.contains(.leasesJobs) {
             for claimed in store.recovered(held.jobs.compactMap(read)) { resume(claimed) }
+        } else {
+            // Without leases every job found is still this node's (`recovered` keeps them all): one at a time.
+            for (id, done) in held.jobs { read(id, done).map(resume) }
         }
     }
 
@@ -86,45 +87,15 @@ extension Daemon {
     public func scan(hints: [String] = [], complete: Bool = false) {
         // Reports that come while one waits its turn on `work` join it: a flood's inotify reads queue one round,
         // not one each (each would claim a batch ahead of the jobs the store hands over meanwhile).
-        let post = lock.withLock { () -> Bool in
-            if complete && hintsWaiting.count + hints.count <= Self.scanBatch {
-                hintsWaiting.append(contentsOf: hints)
-            } else {
-                // Too many to hold, or not all that arrived: the inbox is read whole instead.
-                hintsWaiting.removeAll()
-                hintsAreAll = false
-            }
-            let post = !scanPosted
-            scanPosted = true
-            return post
-        }
-        guard post else { return }
+        guard lock.withLock({ reports.add(hints, complete: complete) }) else { return }
         work.async { [self] in
-            let (hints, complete) = lock.withLock { () -> ([String], Bool) in
-                defer { hintsWaiting = []; hintsAreAll = true; scanPosted = false }
-                return (hintsWaiting, hintsAreAll)
-            }
+            let (hints, complete) = lock.withLock { reports.take() }
             // Only names a scan would offer are kept (a hidden file written and renamed in is not).
             let names = hints.filter(Spool.isManifestName)
             lock.withLock { closedHints.formUnion(names) }
-            for name in names {
-                // A file found open for writing is tried again as soon as it is closed, before the others.
-                if busy.remove(name) != nil { queueName(name, first: true) } else { queueName(name) }
-            }
-            if complete { rescanRequested = true } else { rescanNow = true }
+            intake.reported(names, complete: complete)
             claimMore()
         }
-    }
-
-    /// On `work`: adds an inbox name to try, unless it is already waiting its turn. Past `scanBatch` names a
-    /// reported name is left to the scan that reads the rest (a flood's names are not all held in memory).
-    func queueName(_ name: String, first: Bool = false) {
-        guard queuedNames.count < Self.scanBatch || first else {
-            scanLeftSome = true
-            return
-        }
-        guard queuedNames.insert(name).inserted else { return }
-        if first { inboxQueue.prepend(name) } else { inboxQueue.append(name) }
     }
 
     /// On `work`: tells the store how many more jobs could run here (a cluster store claims that many); while
@@ -150,14 +121,8 @@ extension Daemon {
     /// On `work`: reads the inbox again, keeping the oldest names.
     func refill() throws {
         let began = monotonicSeconds()
-        let scan = try spool.scanInbox(limit: Self.scanBatch)
-        lastRefillSeconds = monotonicSeconds() - began
-        inboxQueue = Deque(scan.manifests)
-        queuedNames = Set(scan.manifests)
-        lastRefill = Date().timeIntervalSince1970
-        rescanNow = false
-        rescanRequested = false
-        scanLeftSome = scan.waiting > scan.manifests.count
+        let scan = try spool.scanInbox(limit: InboxIntake.scanBatch)
+        intake.read(scan.manifests, waiting: scan.waiting, now: Date().timeIntervalSince1970, seconds: monotonicSeconds() - began)
         lock.lock()
         // Names already found unclaimable (a folder, a link, a FIFO named *.plist: logged once, tried again at each
         // scan) wait for nothing: not counted as waiting.
@@ -211,8 +176,7 @@ extension Daemon {
     /// all the same (status's `waiting`, `opqueued_inbox_files`), not left at what the last read before the node
     /// filled up saw.
     private func refillIfDue(now: Double, takes: Bool) -> Bool {
-        let due = rescanNow || (inboxQueue.isEmpty && scanLeftSome) || (rescanRequested && now - lastRefill >= Self.rescanInterval)
-        guard due && (takes || now - lastRefill >= max(Self.rescanInterval, 20 * lastRefillSeconds)) else { return true }
+        guard intake.readDue(now: now, takes: takes) else { return true }
         do {
             try refill()
             return true
@@ -239,8 +203,7 @@ extension Daemon {
         var mayHold = 0
         var claimed: [ClaimedJob] = []
         var settling: [String] = []
-        while claimed.count < room, mayHold < budget, let name = inboxQueue.popFirst() {
-            queuedNames.remove(name)
+        while claimed.count < room, mayHold < budget, let name = intake.next() {
             if once {
                 let allowed = lock.withLock {
                     guard lifecycle.onceAllows(name) else { return false }
@@ -259,19 +222,19 @@ extension Daemon {
                 outcome = runsHere ? try spool.claim(name, now: Date().timeIntervalSince1970, settled: settled, inUse: idInUse)
                     : try spool.claimForSubmission(name, now: Date().timeIntervalSince1970, settled: settled)
             } catch {
-                queueName(name, first: true)
+                intake.add(name, first: true)
                 spoolFailed("claiming inbox/\(name)", error)
                 break
             }
             switch outcome {
             case .claimed(let job):
-                busy.remove(name)
+                intake.notBusy(name)
                 if let changedAt { metrics.pickedUp(after: job.receivedAt - changedAt) }
                 claimed.append(job)
                 mayHold += job.manifest.count / Self.minimumBytesPerOperation + 1
             case .unsettled: settling.append(name)
             case .vanished:
-                busy.remove(name)
+                intake.notBusy(name)
                 continue
             default: notClaimed(name, outcome)
             }
@@ -284,9 +247,9 @@ extension Daemon {
     private func notClaimed(_ name: String, _ outcome: Spool.ClaimOutcome) {
         switch outcome {
         case .busy:
-            busy.insert(name)
+            intake.markBusy(name)
         case .exists(let job, let inode, let held):
-            busy.remove(name)
+            intake.notBusy(name)
             holdSkipped(held)
             lock.withLock { waiting = max(0, waiting - 1) }
             recordSubmitted([(name, inode, job)])
@@ -317,7 +280,7 @@ extension Daemon {
     private func endClaimRound(_ claimed: [ClaimedJob], settling: [String], runsHere: Bool) {
         if !settling.isEmpty {
             work.asyncAfter(deadline: .now() + Self.settleSeconds) { [self, settling] in
-                for name in settling { queueName(name) }
+                for name in settling { intake.add(name) }
                 claimMore()
             }
         }
@@ -338,7 +301,7 @@ extension Daemon {
         // Manifests for the store are claimed a round at a time, each queued behind what came meanwhile (the jobs
         // the store hands over to run here, publications): a flood into this node's inbox does not hold up the
         // jobs this node runs.
-        if !runsHere, !claimed.isEmpty, !inboxQueue.isEmpty || scanLeftSome, !submissionRoundPosted {
+        if !runsHere, !claimed.isEmpty, intake.hasMore, !submissionRoundPosted {
             submissionRoundPosted = true
             work.async { [self] in
                 submissionRoundPosted = false
@@ -349,7 +312,7 @@ extension Daemon {
         if delayed.addedThisRound > 0 {
             let added = delayed.addedThisRound
             delayed.addedThisRound = 0
-            if !inboxQueue.isEmpty || scanLeftSome { work.async { [self] in claimMore() } } else { releaseMemoryIfIdle(released: added) }
+            if intake.hasMore { work.async { [self] in claimMore() } } else { releaseMemoryIfIdle(released: added) }
         }
     }
 

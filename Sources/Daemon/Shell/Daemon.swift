@@ -83,31 +83,15 @@ public final class Daemon: @unchecked Sendable {
     var lifecycle: JobLifecycle<GroupID>
     /// The shell's side of each job in the lifecycle's table (under `lock`).
     var runs: [String: RunningJob] = [:]
-    /// Operations released since memory was last given back (`releaseMemoryIfIdle`, on `work`).
-    var releasedSinceTrim = 0
-    var lastTrim = 0.0
-    var trimScheduled = false
+    /// When memory freed by ended jobs goes back to the system (MemoryTrim.swift; on `work`).
+    var trim = MemoryTrim()
     var queueIDs: [String: QueueID] = [:]
     let defaultQueue: QueueID
     var closedHints: Set<String> = []
     var strangersLogged: Set<String> = []
     var finishedWaiters: [@Sendable () -> Void] = []
-    /// Inbox names to try, oldest first: the last scan's, and names inotify reported since (on `work`).
-    var inboxQueue = Deque<String>()
-    /// The names in `inboxQueue`, so that a name both scanned and reported is tried once.
-    var queuedNames = Set<String>()
-    var lastRefill = 0.0
-    /// How long the last read of the inbox took (seconds): a daemon with nothing to take reads it at most once per
-    /// twenty of those, so that counting a huge backlog costs it at most a twentieth of a core.
-    var lastRefillSeconds = 0.0
-    /// The inbox is to be read whole at once: at start, after an inotify overflow, on the watcher's timer, on
-    /// reload — whenever names may have arrived unreported.
-    var rescanNow = true
-    /// Names were reported since the last scan: the inbox is read whole again within `rescanInterval` (inotify
-    /// is a hint; the reported names themselves are tried at once, without reading the folder).
-    var rescanRequested = false
-    /// The last scan kept only the oldest `scanBatch` names: the rest are read when those are gone.
-    var scanLeftSome = false
+    /// Which inbox names to try next and when to read the inbox again (InboxIntake.swift; on `work`).
+    var intake = InboxIntake()
     /// Manifests waiting in the inbox at the last scan, less those claimed since (for status).
     var waiting = 0
     /// Cancels asked for jobs claimed and not yet received (`cancelHere`), applied as each is received.
@@ -151,10 +135,6 @@ public final class Daemon: @unchecked Sendable {
     /// batch stop once the manifests may hold the rest of the operation budget.
     static let minimumBytesPerOperation = 16
 
-    /// At most this many names are kept from one inbox scan; the rest is read at the next.
-    static let scanBatch = 4096
-    /// While jobs keep the daemon busy, the inbox is read again at most this often.
-    static let rescanInterval = 2.0
     /// When the inbox's manifests go to the store rather than run here (a cluster), at most this many per round.
     static let handOverBatch = 256
 
@@ -179,8 +159,6 @@ public final class Daemon: @unchecked Sendable {
     /// scan (rather than an inotify close/move event) claims it, so a file still being written in place
     /// is not claimed half-written.
     static let settleSeconds = 1.0
-    /// Names a lease found open for writing (on `work`): tried again at once when inotify says closed.
-    var busy: Set<String> = []
     var leaseFallbackLogged = false
     /// True until a store that keeps suspensions has said which queues are suspended (under `lock`).
     var awaitingStoreSuspensions = false
@@ -188,11 +166,8 @@ public final class Daemon: @unchecked Sendable {
     var submissionRetryScheduled = false
     /// Whether the next submission round is queued on `work` (on `work`).
     var submissionRoundPosted = false
-    /// Names inotify reported since the last `scan` round began, whether they are all that arrived, and whether
-    /// that round is queued (under `lock`).
-    var hintsWaiting: [String] = []
-    var hintsAreAll = true
-    var scanPosted = false
+    /// Names inotify reported since the last `scan` round began (InboxIntake.swift; under `lock`).
+    var reports = InboxReports()
     /// `suspend`/`resume` acted on here (under `lock`): on the file spool, which keeps none, for as long as the
     /// daemon runs or until a reload changes that queue's `suspended`; on a cluster node while the store could not
     /// record them, each going once the store's set agrees with it.

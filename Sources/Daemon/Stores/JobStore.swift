@@ -175,7 +175,8 @@ public struct StoreCapabilities: OptionSet, Sendable {
     /// inbox runs here at once, so the inbox is read only while there is room, and a cancel of a job claimed but not
     /// yet read is kept here until it is.
     public static let placesJobs = StoreCapabilities(rawValue: 1 << 0)
-    /// Jobs are held under a lease that runs out: the store must hear when the spool hangs (SpoolWatch).
+    /// Jobs are held under a lease that runs out: the store must hear when the spool hangs (SpoolWatch), and says
+    /// at start which of the jobs found in active/ this node still holds (`recovered`; without leases, all).
     public static let leasesJobs = StoreCapabilities(rawValue: 1 << 1)
     /// Queue suspensions are kept in the store: nothing starts until it has said which queues are suspended.
     public static let keepsSuspensions = StoreCapabilities(rawValue: 1 << 2)

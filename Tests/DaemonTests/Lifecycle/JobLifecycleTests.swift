@@ -437,7 +437,7 @@ private func eventually(_ seconds: Double = 20, _ condition: () -> Bool) -> Bool
         // The reads allowed: the one at start, the one asked for above, and one per rescan interval (2 s)
         // while names keep being reported.
         let reads = spool.inboxReads.withLock { $0 }
-        #expect(reads <= 3 + Int(elapsed / Daemon.rescanInterval),
+        #expect(reads <= 3 + Int(elapsed / InboxIntake.rescanInterval),
                 "\(reads) whole reads of the inbox for \(jobs) reported manifests in \(elapsed) s")
 
         // A name nobody reported is found by the read a complete=false scan (start, overflow, timer) asks for.
