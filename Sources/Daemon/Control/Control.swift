@@ -48,7 +48,7 @@ public final class ControlServer: Sendable {
     let handler: Handler
     let limits: ControlLimits
     let admission: Mutex<ControlAdmission<any Channel>>
-    let reserve = DescriptorReserve()
+    let reserve = DescriptorReserve.shared
     private let running = Mutex<(group: MultiThreadedEventLoopGroup, pool: NIOThreadPool, channel: Channel)?>(nil)
 
     public init(path: String, limits: ControlLimits = ControlLimits(), handler: @escaping Handler) {
@@ -62,7 +62,7 @@ public final class ControlServer: Sendable {
         let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
         let pool = NIOThreadPool(numberOfThreads: limits.handlerThreads)
         pool.start()
-        reserve.retake()
+        reserve.use()
         do {
             let channel = try await listen(group: group, pool: pool)
             running.withLock { $0 = (group, pool, channel) }
@@ -196,54 +196,6 @@ public final class ControlServer: Sendable {
         buffer.writeBytes(data)
         buffer.writeInteger(UInt8(ascii: "\n"))
         return buffer
-    }
-}
-
-/// On a listening socket: accept failed for want of a descriptor (EMFILE, ENFILE). NIO tries again at once (the
-/// socket stays readable and its read stays pending, so even `AcceptBackoffHandler` does not pause it), so the
-/// reserve is given up for the waiting client. Nothing more: accept also fails so when no client waits, right
-/// after one was accepted into the reserve's place. Other errors go on down the pipeline.
-final class DescriptorShortage: ChannelInboundHandler {
-    typealias InboundIn = any Channel
-    private let reserve: DescriptorReserve
-
-    init(_ reserve: DescriptorReserve) { self.reserve = reserve }
-
-    func errorCaught(context: ChannelHandlerContext, error: Error) {
-        if let error = error as? IOError, error.errnoCode == EMFILE || error.errnoCode == ENFILE {
-            _ = reserve.giveUp()
-        } else {
-            context.fireErrorCaught(error)
-        }
-    }
-}
-
-/// One file descriptor (/dev/null, close-on-exec) held so that a listening socket can accept a connection when
-/// every other descriptor is taken. Held from `retake()` (at the server's start) until `close()`.
-final class DescriptorReserve: Sendable {
-    private let state = Mutex<(fd: Int32, closed: Bool)>((-1, false))
-
-    /// Takes the descriptor again if it was given up (and one is free now).
-    func retake() {
-        state.withLock { state in
-            if state.fd < 0 && !state.closed { state.fd = open("/dev/null", O_RDONLY | O_CLOEXEC) }
-        }
-    }
-
-    /// Closes the descriptor, if held; whether it was.
-    func giveUp() -> Bool {
-        state.withLock { state in
-            guard state.fd >= 0 else { return false }
-            Glibc.close(state.fd)
-            state.fd = -1
-            return true
-        }
-    }
-
-    /// Gives the descriptor up for good.
-    func close() {
-        _ = giveUp()
-        state.withLock { $0.closed = true }
     }
 }
 

@@ -40,8 +40,8 @@ public final class MetricsServer: Sendable {
         }
         let group = MultiThreadedEventLoopGroup(numberOfThreads: 1)
         let open = Mutex(0)
-        let reserve = DescriptorReserve()
-        reserve.retake()
+        let reserve = DescriptorReserve.shared
+        reserve.use()
         let bootstrap = ServerBootstrap(group: group)
             .serverChannelOption(.backlog, value: 64)
             .serverChannelOption(.socketOption(.so_reuseaddr), value: 1)
