@@ -91,6 +91,19 @@ func problems(_ object: Any) -> [String] {
         #expect(problems(["operations": [op.merging(["retryDelaySeconds": 1e20]) { $1 }]]).first?.contains("retryDelaySeconds") == true)
     }
 
+    /// The keys a job and its operations share are read by one reader: each problem worded for where it was found.
+    @Test func sharedKeysNameWhereTheyWereFound() {
+        let bad: [String: Any] = ["qualityOfService": "fast", "queuePriority": 9, "timeoutSeconds": 0]
+        let qos = "must be one of userInteractive, userInitiated, default, utility, background"
+        let priority = "must be one of veryLow, low, normal, high, veryHigh"
+        let timeout = "must be a positive number of seconds, less than 1e9"
+        #expect(problems(bad.merging(["operations": [["id": "a", "kind": "sleep", "seconds": 0]]]) { $1 })
+                    == ["qualityOfService: \(qos)", "queuePriority: \(priority)", "timeoutSeconds: \(timeout)"])
+        #expect(problems(["operations": [bad.merging(["id": "a", "kind": "sleep", "seconds": 0]) { $1 }]])
+                    == ["operation 'a': qualityOfService \(qos)", "operation 'a': queuePriority \(priority)",
+                        "operation 'a': timeoutSeconds \(timeout)"])
+    }
+
     /// A resize that must make more pixels than an image may have is rejected before anything runs; `fit`, whose
     /// result depends on the input, is checked when it runs (ImageTests).
     @Test func absurdSizesAreRejected() {
