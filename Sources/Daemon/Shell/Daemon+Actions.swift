@@ -1,6 +1,7 @@
 // The shell performs the lifecycle's actions (Lifecycle/JobLifecycle.swift) and logs its journal entries.
 
 import Foundation
+import JobModel
 import Logging
 import OperationEngine
 

@@ -18,6 +18,7 @@
 // on `work`. How long the spool keeps these waiting is watched (Stores/SpoolWatch.swift) for a store that leases jobs.
 
 import DequeModule
+import JobModel
 import JobTracing
 import Foundation
 import Logging

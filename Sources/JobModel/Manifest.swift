@@ -113,7 +113,7 @@ public enum ManifestLimits {
 /// A manifest's bytes read once: the tree, or why they are not a manifest's property list. The daemon reads
 /// it when it claims the file (to name the job) and validates the same tree when it accepts the job.
 public struct ManifestTree: Sendable {
-    let value: Result<PlistValue, ManifestProblems>
+    package let value: Result<PlistValue, ManifestProblems>
 
     public init(_ data: Data) {
         guard data.count <= ManifestLimits.maxBytes else {
@@ -320,7 +320,7 @@ public struct Manifest {
         return out.isEmpty ? nil : out
     }
 
-    static func photoListOperations(_ photos: [String: String], configuration: Configuration) -> [OperationPlan] {
+    package static func photoListOperations(_ photos: [String: String], configuration: Configuration) -> [OperationPlan] {
         var operations: [OperationPlan] = []
         var used: Set<String> = []
         for name in photos.keys.sorted() {
@@ -436,7 +436,7 @@ func quoted(_ value: PlistValue) -> String {
 }
 
 /// A user's string in a message: at most 80 characters.
-func clipped(_ s: String) -> String {
+package func clipped(_ s: String) -> String {
     s.count <= 80 ? s : s.prefix(80) + "… (\(s.utf8.count) bytes)"
 }
 

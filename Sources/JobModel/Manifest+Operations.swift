@@ -225,7 +225,7 @@ extension Manifest {
     }
 
     /// The image format a path's extension names: png for .png, jpeg for .jpg and .jpeg, else nil.
-    static func imageFormat(ofPath path: String) -> String? {
+    package static func imageFormat(ofPath path: String) -> String? {
         let ext = (path as NSString).pathExtension.lowercased()
         return ["jpg", "jpeg"].contains(ext) ? "jpeg" : ext == "png" ? "png" : nil
     }
