@@ -142,9 +142,9 @@ campaigns: release
 	$(MAKE) fuzz-plist
 	$(MAKE) fuzz-manifest
 
-# libFuzzer + AddressSanitizer on manifest validation: Sources/Daemon/Lifecycle/Manifest*.swift and Configuration*.swift
-# built over the property-list reader and the engine's QoS types (the Daemon target itself links libcurl,
-# libjpeg and libsystemd, which are not built with the sanitizer).
+# libFuzzer + AddressSanitizer on manifest validation: the JobModel module (Sources/JobModel) built over the
+# property-list reader, the engine's QoS types and cron (the Daemon target links libcurl, libjpeg and libsystemd,
+# which are not built with the sanitizer).
 FUZZ_MANIFEST = .build/fuzz/manifest
 build-fuzz-manifest: deps
 	mkdir -p $(FUZZ_MANIFEST)
@@ -158,12 +158,11 @@ build-fuzz-manifest: deps
 	  Sources/SystemCalls/SystemCalls.swift
 	$(SWIFTC) -O -sanitize=fuzzer,address -parse-as-library -module-name Cron -emit-library -static -I $(FUZZ_MANIFEST) \
 	  -emit-module -emit-module-path $(FUZZ_MANIFEST)/Cron.swiftmodule -o $(FUZZ_MANIFEST)/libCron.a Sources/Cron/*.swift
+	$(SWIFTC) -O -sanitize=fuzzer,address -parse-as-library -module-name JobModel -package-name opqueued -emit-library -static \
+	  -I $(FUZZ_MANIFEST) -emit-module -emit-module-path $(FUZZ_MANIFEST)/JobModel.swiftmodule -o $(FUZZ_MANIFEST)/libJobModel.a \
+	  Sources/JobModel/*.swift
 	$(SWIFTC) -O -sanitize=fuzzer,address -use-ld=lld -parse-as-library -module-name ManifestFuzz -I $(FUZZ_MANIFEST) -L $(FUZZ_MANIFEST) \
-	  -lPropertyList -lOperationEngine -lSystemCalls -lCron Sources/Daemon/Lifecycle/Manifest.swift \
-	  Sources/Daemon/Lifecycle/Manifest+FlowControl.swift Sources/Daemon/Lifecycle/Manifest+Operations.swift \
-	  Sources/Daemon/Configuration.swift Sources/Daemon/Configuration+FlowControl.swift Sources/Daemon/Kinds/Commands/CommandSpec.swift \
-	  Sources/Daemon/Kinds/Networks.swift Sources/Daemon/Stores/RegularFile.swift Tests/Fuzz/manifest_fuzzer.swift \
-	  -o $(FUZZ_MANIFEST)/manifest_fuzzer
+	  -lJobModel -lPropertyList -lOperationEngine -lSystemCalls -lCron Tests/Fuzz/manifest_fuzzer.swift -o $(FUZZ_MANIFEST)/manifest_fuzzer
 run-fuzz-manifest:
 	mkdir -p $(FUZZ_MANIFEST)/corpus
 	python3 Tests/Fuzz/make_manifests.py $(FUZZ_MANIFEST)/corpus

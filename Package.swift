@@ -49,10 +49,14 @@ let package = Package(
         .target(name: "PropertyList"),
         // Cron expressions and TZif time zones for schedules (SPEC §3.7): pure, no Foundation.
         .target(name: "Cron", dependencies: ["SystemCalls"]),
-        // The daemon: spool protocol, manifests, configuration, journal, control socket.
+        // The job model: manifests and their plans, the configuration, the job lifecycle and schedules, as values and
+        // pure state machines: no spool, no journal, no C library. The manifest fuzzer builds it on its own.
+        .target(name: "JobModel", dependencies: ["OperationEngine", "PropertyList", "Cron"]),
+        // The daemon: spool protocol, journal, control socket, the kinds, the cluster; the shell around JobModel.
         .target(
             name: "Daemon",
             dependencies: [
+                "JobModel",
                 "OperationEngine",
                 "PropertyList",
                 "CSystemd",
@@ -126,6 +130,7 @@ let package = Package(
             dependencies: [
                 "CShims",
                 "Daemon",
+                "JobModel",
                 "PropertyList",
                 "SystemCalls",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
@@ -152,7 +157,9 @@ let package = Package(
         // Test traits (swift-testing), for the test targets only.
         .target(name: "TestTraits", dependencies: ["ClusterStore"], path: "Tests/Traits"),
         .testTarget(name: "OperationEngineTests", dependencies: ["OperationEngine"]),
-        .testTarget(name: "DaemonTests", dependencies: ["Daemon", "TestSupport", "TestTraits"]),
+        .testTarget(name: "DaemonTests", dependencies: ["Daemon", "JobModel", "TestSupport", "TestTraits"]),
+        // Manifests, the configuration's model, the lifecycle and schedules, without the daemon.
+        .testTarget(name: "JobModelTests", dependencies: ["JobModel", "Cron"]),
         .testTarget(name: "JobTracingTests", dependencies: ["JobTracing", "TestSupport", "TestTraits",
                                                             .product(name: "ServiceLifecycle", package: "swift-service-lifecycle"),
                                                             .product(name: "Logging", package: "swift-log")]),

@@ -6,6 +6,7 @@
 import ArgumentParser
 import Daemon
 import Foundation
+import JobModel
 
 struct Clean: ParsableCommand {
     static let configuration = CommandConfiguration(

@@ -2,6 +2,7 @@
 
 import Daemon
 import Foundation
+import JobModel
 
 /// The spool a command line being completed names (`--spool DIR` or `--spool=DIR`), else the default.
 func spoolOf(_ words: [String]) -> String {

@@ -3,6 +3,7 @@
 import ArgumentParser
 import Daemon
 import Foundation
+import JobModel
 
 struct Graph: ParsableCommand {
     static let configuration = CommandConfiguration(abstract: "The operation graph in Graphviz DOT, states as colours.")

@@ -11,6 +11,7 @@ import Foundation
 #if canImport(Glibc)
 import Glibc
 #endif
+import JobModel
 import SystemCalls
 
 struct List: ParsableCommand {

@@ -14,6 +14,7 @@ import ArgumentParser
 import CShims
 import Daemon
 import Foundation
+import JobModel
 
 struct Common: ParsableArguments {
     @Option(help: ArgumentHelp("The spool root.", valueName: "dir"), completion: .directory)

@@ -7,6 +7,7 @@
 import ArgumentParser
 import Daemon
 import Foundation
+import JobModel
 
 struct Retry: ParsableCommand {
     static let configuration = CommandConfiguration(

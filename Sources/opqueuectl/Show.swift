@@ -3,6 +3,7 @@
 import ArgumentParser
 import Daemon
 import Foundation
+import JobModel
 
 /// A job's outbox entry, once it has ended: its folder and result (outbox/<job>, or the outbox/<job>.N whose
 /// result names the job when that name was taken: `Spool.entry`).

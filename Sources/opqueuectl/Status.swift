@@ -3,6 +3,7 @@
 import ArgumentParser
 import Daemon
 import Foundation
+import JobModel
 
 struct Status: ParsableCommand {
     static let configuration = CommandConfiguration(abstract: "Daemon state, queues and jobs.")

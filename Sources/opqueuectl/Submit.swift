@@ -5,6 +5,7 @@ import ArgumentParser
 import CShims
 import Daemon
 import Foundation
+import JobModel
 import PropertyList
 
 struct Validate: ParsableCommand {

@@ -3,6 +3,7 @@
 import ArgumentParser
 import Daemon
 import Foundation
+import JobModel
 
 struct Wait: ParsableCommand {
     static let configuration = CommandConfiguration(

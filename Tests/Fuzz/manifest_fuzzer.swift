@@ -1,9 +1,10 @@
-// libFuzzer entry for manifest validation (make fuzz-manifest), built from Sources/Daemon/Lifecycle/Manifest.swift
-// and Configuration.swift with the property-list reader beneath: any bytes must give a plan or problems,
-// never a trap. Each problem names what was wrong; a plan that passed must hold together (unique
-// operation ids, dependencies that exist and come first in some order — no cycle).
+// libFuzzer entry for manifest validation (make fuzz-manifest), built over the JobModel module (Sources/JobModel)
+// with the property-list reader beneath: any bytes must give a plan or problems, never a trap. Each problem names
+// what was wrong; a plan that passed must hold together (unique operation ids, dependencies that exist and come first
+// in some order — no cycle).
 
 import Foundation
+import JobModel
 import OperationEngine
 import PropertyList
 

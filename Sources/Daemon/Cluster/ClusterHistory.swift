@@ -4,6 +4,7 @@
 
 import ClusterStore
 import Dispatch
+import JobModel
 import PropertyList
 import Synchronization
 

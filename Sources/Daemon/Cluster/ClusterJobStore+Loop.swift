@@ -3,6 +3,7 @@
 
 import ClusterStore
 import Foundation
+import JobModel
 import Logging
 
 #if canImport(Glibc)

@@ -4,6 +4,7 @@
 
 import ClusterStore
 import Foundation
+import JobModel
 import Logging
 
 extension ClusterJobStore {

@@ -19,6 +19,7 @@
 import ClusterStore
 import DequeModule
 import Foundation
+import JobModel
 import Logging
 import OperationEngine
 

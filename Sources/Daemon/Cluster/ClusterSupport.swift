@@ -5,6 +5,7 @@
 
 import ClusterStore
 import Foundation
+import JobModel
 import OperationEngine
 
 #if canImport(Glibc)

@@ -11,6 +11,7 @@
 
 import CoreMetrics
 import Foundation
+import JobModel
 import OperationEngine
 import Prometheus
 import Synchronization

@@ -10,6 +10,7 @@
 // first time it makes a socket (so a child process started later inherits SIG_IGN unless it is reset).
 
 import Foundation
+import JobModel
 import NIOCore
 import NIOHTTP1
 import NIOPosix

@@ -8,11 +8,12 @@
 // being fetched again. Spool.recover removes partial files and the folders of jobs no longer active;
 // publication removes the job's folder (it is outside active/<job>/, so never in the outbox).
 // What it trusts: nothing a URL names; http(s) connections only to addresses the network policy allows
-// (Networks.swift), file:// only under the configured roots.
+// (Networks+Curl.swift, over JobModel's IPNetwork), file:// only under the configured roots.
 
 import CCurl
 import CShims
 import Foundation
+import JobModel
 import OperationEngine
 
 public struct DownloadLimits: Sendable {

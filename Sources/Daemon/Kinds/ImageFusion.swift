@@ -1,6 +1,7 @@
 // Which image operations fuse into one strip pipeline (Pipeline.swift), and how a stage of it reports its failure so
 // that the operation whose stage failed is the one that fails (Shell/FusedChains.swift).
 
+import JobModel
 import OperationEngine
 
 /// A stage of a fused chain failed: the operation whose stage it is (the first takes the decoder too) and why. The

@@ -8,6 +8,7 @@
 
 import CShims
 import Foundation
+import JobModel
 import OperationEngine
 
 #if canImport(Glibc)

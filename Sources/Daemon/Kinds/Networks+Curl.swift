@@ -3,6 +3,7 @@
 
 import CCurl
 import Foundation
+import JobModel
 
 extension IPNetwork {
     var cNetwork: opq_network {

@@ -11,6 +11,7 @@
 
 import CCodecs
 import Foundation
+import JobModel
 import OperationEngine
 
 /// An image operation as a value (SPEC §3.3 parameters).

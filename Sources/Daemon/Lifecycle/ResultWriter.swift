@@ -3,6 +3,7 @@
 //
 // Trusts: the engine's records to be the job's operations in plan order (extra records, if any, are not written).
 
+import JobModel
 import OperationEngine
 import PropertyList
 

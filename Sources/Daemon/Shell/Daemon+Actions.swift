@@ -1,6 +1,7 @@
-// The shell performs the lifecycle's actions (Lifecycle/JobLifecycle.swift) and logs its journal entries.
+// The shell performs the lifecycle's actions (Sources/JobModel/JobLifecycle.swift) and logs its journal entries.
 
 import Foundation
+import JobModel
 import Logging
 import OperationEngine
 

@@ -1,6 +1,7 @@
 // The shell's operator side (see Daemon.swift): reload, stop, suspend and resume, cancel, status, metrics, show.
 
 import Foundation
+import JobModel
 import Logging
 import OperationEngine
 import CShims

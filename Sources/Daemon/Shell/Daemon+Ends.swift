@@ -3,6 +3,7 @@
 // publications held, the spool probed until it works again); `--once`.
 
 import Foundation
+import JobModel
 import Logging
 import OperationEngine
 import CShims

@@ -2,6 +2,7 @@
 // engine's delivery thread.
 
 import Foundation
+import JobModel
 import Logging
 import OperationEngine
 

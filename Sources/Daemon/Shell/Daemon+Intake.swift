@@ -4,6 +4,7 @@
 
 import DequeModule
 import Foundation
+import JobModel
 import Logging
 import OperationEngine
 

@@ -11,6 +11,7 @@
 
 import Foundation
 import HeapModule
+import JobModel
 import Logging
 
 /// The delayed jobs' window, earliest first, the parked ones' file, and the one wake-up scheduled (on `work`).

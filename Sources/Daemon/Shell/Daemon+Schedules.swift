@@ -4,6 +4,7 @@
 // restart in active/.schedules (one line per schedule: name, tab, epoch seconds).
 
 import Foundation
+import JobModel
 import Logging
 import PropertyList
 

@@ -1,5 +1,6 @@
 // The shell as the job store's delegate (see Daemon.swift and Stores/JobStore.swift).
 
+import JobModel
 import Logging
 
 // MARK: The store's calls (any thread; each hops onto `work`)

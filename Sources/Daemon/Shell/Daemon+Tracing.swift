@@ -3,6 +3,7 @@
 // same data as result.plist and handed to the exporter, which never blocks the caller.
 
 import Foundation
+import JobModel
 import JobTracing
 import Logging
 import OperationEngine

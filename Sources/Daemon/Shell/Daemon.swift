@@ -1,6 +1,6 @@
 // Daemon: the shell that wires the spool, the job store, the engine and the journal around the job lifecycle.
 //
-// Strategy: what happens to a job is decided by `JobLifecycle` (Lifecycle/JobLifecycle.swift, a pure state
+// Strategy: what happens to a job is decided by `JobLifecycle` (Sources/JobModel/JobLifecycle.swift, a pure state
 // machine kept under `lock`); the shell performs its actions. This file holds the shell's state, a job's start on
 // the engine and the engine's events; Daemon+Intake.swift the inbox and claims, Daemon+Ends.swift publication and
 // spool faults, Daemon+Control.swift the operator's commands, Daemon+StoreEvents.swift the job store's calls. The
@@ -18,6 +18,7 @@
 // on `work`. How long the spool keeps these waiting is watched (Stores/SpoolWatch.swift) for a store that leases jobs.
 
 import DequeModule
+import JobModel
 import JobTracing
 import Foundation
 import Logging

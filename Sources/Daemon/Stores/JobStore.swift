@@ -14,6 +14,7 @@
 // A store calls its delegate from any thread; the shell hops onto `work` itself.
 
 import ClusterStore
+import JobModel
 import Logging
 import OperationEngine
 

@@ -14,6 +14,7 @@
 
 import CShims
 import Foundation
+import JobModel
 import PropertyList
 import Synchronization
 import SystemCalls

@@ -1,9 +1,9 @@
 // Reading a file the daemon does not trust to be what it is named: no link followed, no FIFO blocked on, a bound on
-// what is read. Used by the spool (manifests, claim records, results) and by the configuration at a reload; a file of
-// its own so that the manifest fuzzer (Makefile: fuzz-manifest), which builds Configuration.swift without the rest
-// of the daemon, has it too.
+// what is read. Used by the spool (manifests, claim records, results) and by the configuration at a reload
+// (Configuration+Loading.swift).
 
 import Foundation
+import JobModel
 
 #if canImport(Glibc)
 import Glibc

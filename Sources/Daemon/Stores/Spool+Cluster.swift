@@ -23,6 +23,7 @@
 
 import CShims
 import Foundation
+import JobModel
 import PropertyList
 
 #if canImport(Glibc)

@@ -3,6 +3,7 @@
 
 import CShims
 import Foundation
+import JobModel
 #if canImport(Glibc)
 import Glibc
 #endif

@@ -32,6 +32,7 @@
 
 import CShims
 import Foundation
+import JobModel
 import Synchronization
 import HeapModule
 import PropertyList

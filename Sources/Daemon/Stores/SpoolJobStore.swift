@@ -5,6 +5,7 @@
 // Trusts: the spool's outbox to hold the entries of ended jobs.
 
 import Foundation
+import JobModel
 
 public final class SpoolJobStore: JobStore, @unchecked Sendable {
     private let spool: Spool

@@ -6,6 +6,7 @@ import Foundation
 import OperationEngine
 import Testing
 @testable import Daemon
+@testable import JobModel
 
 @Suite struct ClusterConfigurationTests {
     static let url = "postgresql://opq@db.example:5432/jobs?sslmode=verify-full"

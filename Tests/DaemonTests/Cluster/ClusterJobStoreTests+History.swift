@@ -7,6 +7,7 @@ import Synchronization
 import Testing
 import TestSupport
 @testable import Daemon
+@testable import JobModel
 import CShims
 import OperationEngine
 import PropertyList

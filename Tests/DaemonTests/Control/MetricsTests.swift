@@ -6,6 +6,7 @@ import Foundation
 import Testing
 import TestSupport
 @testable import Daemon
+@testable import JobModel
 
 extension Scrape {
     static func fromCtl(_ spool: TestSpool) throws -> Scrape {

@@ -4,6 +4,7 @@
 import Foundation
 import Testing
 @testable import Daemon
+@testable import JobModel
 
 @Suite struct NetworkPolicyTests {
     func range(_ address: String, _ allow: [String] = []) throws -> String? {

@@ -8,6 +8,7 @@ import Testing
 import OperationEngine
 import TestSupport
 @testable import Daemon
+@testable import JobModel
 
 /// A smooth picture with some texture (JPEG-friendly, so DCT scaling is comparable to a full decode).
 func smoothImage(width: Int, height: Int, alpha: Bool = false) throws -> Image {

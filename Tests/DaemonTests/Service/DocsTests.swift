@@ -8,6 +8,7 @@ import PropertyList
 import Testing
 import TestSupport
 @testable import Daemon
+@testable import JobModel
 
 let manFolder = repositoryRoot + "/docs/man"
 

@@ -167,6 +167,11 @@ final class TestSpool: @unchecked Sendable {
     }
 }
 
+/// A property list's bytes (XML, or binary) from Foundation's objects: the tests' manifests and configurations.
+func plist(_ object: Any, binary: Bool = false) -> Data {
+    (try? PropertyListSerialization.data(fromPropertyList: object, format: binary ? .binary : .xml, options: 0)) ?? Data()
+}
+
 func sleepOp(_ id: String, _ seconds: Double, deps: [String] = []) -> [String: Any] {
     ["id": id, "kind": "sleep", "seconds": seconds, "dependencies": deps]
 }

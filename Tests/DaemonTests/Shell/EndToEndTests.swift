@@ -7,6 +7,7 @@ import Foundation
 import Testing
 import TestSupport
 @testable import Daemon
+@testable import JobModel
 
 @Suite(.serialized) struct EndToEndTests {
     @Test func onceRunsTheInboxAndEveryManifestEndsInTheOutbox() throws {

@@ -7,6 +7,7 @@ import Foundation
 import Testing
 import TestSupport
 @testable import Daemon
+@testable import JobModel
 
 /// Seconds since the epoch as result.plist has them, in nanoseconds.
 private func nanos(_ value: Any?) -> UInt64? {

@@ -10,6 +10,7 @@ import Logging
 import Testing
 import TestSupport
 @testable import Daemon
+@testable import JobModel
 
 #if canImport(Glibc)
 import Glibc

@@ -7,6 +7,7 @@ import PropertyList
 import Testing
 import TestSupport
 @testable import Daemon
+@testable import JobModel
 
 /// A temporary spool's outbox and tmp/, removed at the end.
 final class TemporaryOutbox {

@@ -18,6 +18,7 @@
 // What it trusts: nothing the command produces: exit statuses are interpreted, outputs bounded.
 
 import Foundation
+import JobModel
 import OperationEngine
 
 #if canImport(Glibc)

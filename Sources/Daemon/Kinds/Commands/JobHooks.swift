@@ -10,6 +10,7 @@
 // Their working directory is the spool's tmp/.
 
 import Foundation
+import JobModel
 
 #if canImport(Glibc)
 import Glibc

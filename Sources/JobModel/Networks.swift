@@ -5,8 +5,8 @@
 // unless a network of `download.allowNetworks` contains the address. Every address is handled in IPv6
 // form: an IPv4 address is its IPv4-mapped form, so a range covers both ways of writing an address.
 // What it trusts: nothing; a CIDR that does not parse is a configuration error that says why.
-// (The check against libcurl's table is in Networks+Curl.swift: this file stays free of C, so the manifest
-// fuzzer can build Configuration.swift with it.)
+// (The check against libcurl's table is the daemon's, in Sources/Daemon/Kinds/Networks+Curl.swift: this file stays
+// free of C, as the job model is.)
 
 import Foundation
 
@@ -55,7 +55,7 @@ public struct IPNetwork: Sendable, Equatable, CustomStringConvertible {
     }
 
     /// Parses an IPv4 or IPv6 address into its 16-byte (IPv4-mapped) form.
-    static func parse(_ address: String, in text: String) throws -> (bytes: [UInt8], isV4: Bool) {
+    package static func parse(_ address: String, in text: String) throws -> (bytes: [UInt8], isV4: Bool) {
         var v4 = in_addr()
         if inet_pton(AF_INET, address, &v4) == 1 {
             return ([0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xFF, 0xFF] + withUnsafeBytes(of: v4) { Array($0) }, true)

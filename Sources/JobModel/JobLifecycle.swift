@@ -17,8 +17,8 @@
 // Trusts: the shell to report each job's events in the order they happened (received before planned before
 // submitted …); an event for a job not in the table (lost meanwhile) is ignored rather than trusted.
 
-struct JobLifecycle<Group: Hashable & Sendable>: Sendable {
-    enum Phase: Sendable, Equatable {
+package struct JobLifecycle<Group: Hashable & Sendable>: Sendable {
+    package enum Phase: Sendable, Equatable {
         /// Claimed; its manifest is being read.
         case received
         /// Accepted and waiting for its `notBefore` (§3.7): holds no job slot and no operations. Past the shell's
@@ -35,14 +35,14 @@ struct JobLifecycle<Group: Hashable & Sendable>: Sendable {
     }
 
     /// How a job came to this node (only a claim from the inbox and a claim by the store are logged).
-    enum Arrival: Sendable, Equatable {
+    package enum Arrival: Sendable, Equatable {
         case inbox(manifest: String)
         case resumed
         case claimed(fromNode: String?)
     }
 
     /// What a cancel is routed to.
-    enum CancelAnswer: Sendable, Equatable {
+    package enum CancelAnswer: Sendable, Equatable {
         /// Done, or remembered until the job's group exists.
         case cancelled
         case unknownOperation
@@ -51,7 +51,7 @@ struct JobLifecycle<Group: Hashable & Sendable>: Sendable {
         case notHere
     }
 
-    enum JournalEntry: Sendable, Equatable {
+    package enum JournalEntry: Sendable, Equatable {
         case received(job: String, manifest: String)
         case claimed(job: String, fromNode: String?)
         case accepted(job: String, operations: Int)
@@ -60,7 +60,7 @@ struct JobLifecycle<Group: Hashable & Sendable>: Sendable {
         case lost(job: String, reason: String)
     }
 
-    enum Event: Sendable, Equatable {
+    package enum Event: Sendable, Equatable {
         case received(job: String, Arrival)
         /// The plan is read: `operations` count against the budget, `recovered` of them had ended before a restart.
         case planned(job: String, operations: Int, recovered: Int)
@@ -105,7 +105,7 @@ struct JobLifecycle<Group: Hashable & Sendable>: Sendable {
         case onceTried(name: String)
     }
 
-    enum Action: Sendable, Equatable {
+    package enum Action: Sendable, Equatable {
         case journal(JournalEntry)
         /// Submit the job's graph (built by the shell); answer with `submitted` or `rejected`.
         case submit(job: String)
@@ -125,43 +125,43 @@ struct JobLifecycle<Group: Hashable & Sendable>: Sendable {
         case answer(CancelAnswer)
     }
 
-    struct Job: Sendable {
-        var phase: Phase
-        var group: Group?
+    package struct Job: Sendable {
+        package var phase: Phase
+        package var group: Group?
         /// Cancels asked before the group existed (nil: the whole job), applied when it is submitted.
-        var cancelsBeforeGroup: [String?] = []
+        package var cancelsBeforeGroup: [String?] = []
         /// Operations counted against `maxActiveOperations`.
-        var operations = 0
+        package var operations = 0
         /// Operations ended in this run, and those that had ended before a restart (status' progress).
-        var ended = 0
-        var recovered = 0
+        package var ended = 0
+        package var recovered = 0
         /// `accepted` was logged when it was delayed: not again when it is planned.
-        var announced = false
+        package var announced = false
         /// While delayed: when it may start.
-        var notBefore: Double?
+        package var notBefore: Double?
     }
 
-    private(set) var jobs: [String: Job] = [:]
+    package private(set) var jobs: [String: Job] = [:]
     private var byGroup: [Group: String] = [:]
     /// Groups of lost jobs still running (cancelled): released, and their jobs' folders discarded (or submitted
     /// again), when they end.
     private var lostGroups: [Group: (job: String, end: Action)] = [:]
     /// Operations of the jobs in the table, against `maxActiveOperations`.
-    private(set) var activeOperations = 0
+    package private(set) var activeOperations = 0
     /// Jobs in the table that are delayed: they hold no slot.
-    private(set) var delayedCount = 0
+    package private(set) var delayedCount = 0
     /// Delayed jobs out of the table (parked on disk by the shell): counted only.
-    private(set) var parkedCount = 0
-    private(set) var maxActiveJobs: Int
-    private(set) var maxActiveOperations: Int
-    private(set) var stopping = false
+    package private(set) var parkedCount = 0
+    package private(set) var maxActiveJobs: Int
+    package private(set) var maxActiveOperations: Int
+    package private(set) var stopping = false
     /// Why claiming is paused (a spool fault, the store unavailable), if it is.
-    private(set) var fault: String?
+    package private(set) var fault: String?
     /// `--once`: inbox names still to try (nil without `--once`).
-    private(set) var onceNames: Set<String>?
+    package private(set) var onceNames: Set<String>?
     private var once = false
 
-    init(maxActiveJobs: Int, maxActiveOperations: Int) {
+    package init(maxActiveJobs: Int, maxActiveOperations: Int) {
         self.maxActiveJobs = maxActiveJobs
         self.maxActiveOperations = maxActiveOperations
     }
@@ -169,44 +169,44 @@ struct JobLifecycle<Group: Hashable & Sendable>: Sendable {
     // MARK: Queries
 
     /// What may be claimed now: how many more jobs, and how many more operations their manifests may hold.
-    enum Admission: Sendable, Equatable {
+    package enum Admission: Sendable, Equatable {
         case room(jobs: Int, operations: Int)
         case full
         case stopping
         case paused(String)
     }
 
-    var admission: Admission {
+    package var admission: Admission {
         if stopping { return .stopping }
         if let fault { return .paused(fault) }
         let room = maxActiveJobs - (jobs.count - delayedCount), budget = maxActiveOperations - activeOperations
         return room > 0 && budget > 0 ? .room(jobs: room, operations: budget) : .full
     }
 
-    func phase(of job: String) -> Phase? { jobs[job]?.phase }
-    func job(of group: Group) -> String? { byGroup[group] }
-    func group(of job: String) -> Group? { jobs[job]?.group }
+    package func phase(of job: String) -> Phase? { jobs[job]?.phase }
+    package func job(of group: Group) -> String? { byGroup[group] }
+    package func group(of job: String) -> Group? { jobs[job]?.group }
     /// Received, its group not yet made (its manifest being read, or a plan waiting for the engine).
-    func isStarting(_ job: String) -> Bool { jobs[job].map { $0.group == nil } ?? false }
-    var count: Int { jobs.count }
-    var isEmpty: Bool { jobs.isEmpty }
+    package func isStarting(_ job: String) -> Bool { jobs[job].map { $0.group == nil } ?? false }
+    package var count: Int { jobs.count }
+    package var isEmpty: Bool { jobs.isEmpty }
 
     /// Each job's operations and those ended (recovered included), for status.
-    func progress(_ job: String) -> (operations: Int, ended: Int)? {
+    package func progress(_ job: String) -> (operations: Int, ended: Int)? {
         jobs[job].map { ($0.operations, $0.ended + $0.recovered) }
     }
 
     /// `--once`: everything it was to do has ended (nothing active, no name from the start left to try).
-    var onceDone: Bool { once && jobs.isEmpty && parkedCount == 0 && onceNames?.isEmpty != false }
+    package var onceDone: Bool { once && jobs.isEmpty && parkedCount == 0 && onceNames?.isEmpty != false }
 
     /// `--once`: whether claiming may take this inbox name.
-    func onceAllows(_ name: String) -> Bool { onceNames?.contains(name) ?? true }
+    package func onceAllows(_ name: String) -> Bool { onceNames?.contains(name) ?? true }
 
     // MARK: Events
 
     /// The cancels asked for an accepted job before its group exists, taken (so that `submitted` returns only those
     /// asked after): the shell hands them to the engine with the group, before any operation can start.
-    mutating func takeEarlyCancels(job id: String) -> [String?] {
+    package mutating func takeEarlyCancels(job id: String) -> [String?] {
         guard var job = jobs[id], job.phase == .accepted else { return [] }
         let early = job.cancelsBeforeGroup
         job.cancelsBeforeGroup = []
@@ -214,7 +214,7 @@ struct JobLifecycle<Group: Hashable & Sendable>: Sendable {
         return early
     }
 
-    mutating func handle(_ event: Event) -> [Action] {
+    package mutating func handle(_ event: Event) -> [Action] {
         switch event {
         case .received(let id, let arrival):
             return received(id, arrival)

@@ -20,14 +20,14 @@ public struct CommandSpec: Sendable, Equatable {
     }
 
     /// One piece of an argument: literal text or a placeholder's name.
-    enum Piece: Sendable, Equatable {
+    package enum Piece: Sendable, Equatable {
         case literal(String)
         case placeholder(String)
     }
 
     public var name: String
     /// Each argument as pieces; argv[0] is an absolute path without placeholders.
-    var argv: [[Piece]]
+    package var argv: [[Piece]]
     public var parameters: [String: ParameterType]
     public var output: Output
     public var timeoutSeconds: Double
@@ -36,6 +36,19 @@ public struct CommandSpec: Sendable, Equatable {
     /// Nil: the default queue of the `other` family.
     public var queue: String?
     public var tempFailExitCodes: Set<Int32>
+
+    package init(name: String, argv: [[Piece]], parameters: [String: ParameterType], output: Output, timeoutSeconds: Double,
+                 maxOutputBytes: Int, environment: [String: String], queue: String?, tempFailExitCodes: Set<Int32>) {
+        self.name = name
+        self.argv = argv
+        self.parameters = parameters
+        self.output = output
+        self.timeoutSeconds = timeoutSeconds
+        self.maxOutputBytes = maxOutputBytes
+        self.environment = environment
+        self.queue = queue
+        self.tempFailExitCodes = tempFailExitCodes
+    }
 
     /// Placeholders every operation's command may use, besides its parameters.
     static let operationNames: Set<String> = ["input", "output", "job", "operation", "attempt", "workdir"]
@@ -46,17 +59,17 @@ public struct CommandSpec: Sendable, Equatable {
     var path: String { argv.first.map(Self.join) ?? "" }
 
     /// Placeholders the argv uses.
-    var placeholders: Set<String> {
+    package var placeholders: Set<String> {
         var names: Set<String> = []
         for argument in argv { for case .placeholder(let n) in argument { names.insert(n) } }
         return names
     }
 
     /// Used as a job hook: it names `${status}` or `${outbox}`, which only a hook has.
-    var isHookOnly: Bool { !placeholders.isDisjoint(with: ["status", "outbox"]) }
+    package var isHookOnly: Bool { !placeholders.isDisjoint(with: ["status", "outbox"]) }
 
     /// The argv with every placeholder replaced by its value, each inside its own argument.
-    func expand(_ values: [String: String]) -> [String] {
+    package func expand(_ values: [String: String]) -> [String] {
         argv.map { pieces in
             pieces.map { piece in
                 switch piece {

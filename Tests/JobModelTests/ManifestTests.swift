@@ -1,8 +1,8 @@
-// Manifest and configuration validation (SPEC §3, §6), and the catalog's MESSAGE_IDs (§4).
+// Manifest and configuration validation (SPEC §3, §6).
 
 import Foundation
 import Testing
-@testable import Daemon
+@testable import JobModel
 
 func plist(_ object: Any, binary: Bool = false) -> Data {
     (try? PropertyListSerialization.data(fromPropertyList: object, format: binary ? .binary : .xml, options: 0)) ?? Data()
@@ -11,6 +11,14 @@ func plist(_ object: Any, binary: Bool = false) -> Data {
 func problems(_ object: Any) -> [String] {
     if case .failure(let p) = Manifest.parse(plist(object), configuration: .builtIn) { return p.problems }
     return []
+}
+
+extension Configuration {
+    /// Parsing without the cluster store, whose URL parser checks `cluster.database` (ClusterConfigurationTests, with
+    /// the daemon): no configuration here gives one, and one that did would get this problem.
+    static func parse(_ data: Data, path: String = "configuration") throws -> Configuration {
+        try parse(data, path: path) { _ in "cluster.database: not checked without the cluster store" }
+    }
 }
 
 @Suite struct ManifestTests {
@@ -89,6 +97,19 @@ func problems(_ object: Any) -> [String] {
         #expect(problems(["operations": [op.merging(["timeoutSeconds": Double.infinity]) { $1 }]])
                     .first?.contains("timeoutSeconds") == true)
         #expect(problems(["operations": [op.merging(["retryDelaySeconds": 1e20]) { $1 }]]).first?.contains("retryDelaySeconds") == true)
+    }
+
+    /// The keys a job and its operations share are read by one reader: each problem worded for where it was found.
+    @Test func sharedKeysNameWhereTheyWereFound() {
+        let bad: [String: Any] = ["qualityOfService": "fast", "queuePriority": 9, "timeoutSeconds": 0]
+        let qos = "must be one of userInteractive, userInitiated, default, utility, background"
+        let priority = "must be one of veryLow, low, normal, high, veryHigh"
+        let timeout = "must be a positive number of seconds, less than 1e9"
+        #expect(problems(bad.merging(["operations": [["id": "a", "kind": "sleep", "seconds": 0]]]) { $1 })
+                    == ["qualityOfService: \(qos)", "queuePriority: \(priority)", "timeoutSeconds: \(timeout)"])
+        #expect(problems(["operations": [bad.merging(["id": "a", "kind": "sleep", "seconds": 0]) { $1 }]])
+                    == ["operation 'a': qualityOfService \(qos)", "operation 'a': queuePriority \(priority)",
+                        "operation 'a': timeoutSeconds \(timeout)"])
     }
 
     /// A resize that must make more pixels than an image may have is rejected before anything runs; `fit`, whose
@@ -211,26 +232,6 @@ func problems(_ object: Any) -> [String] {
             #expect(error.description == "c.plist: queues.q.maxConcurrentOperationCount: must be -1 or a positive integer\n"
                         + "c.plist: maxActiveJobs: must be a positive integer")
         }
-    }
-
-    @Test func catalogHasEveryMessageID() throws {
-        let root = URL(fileURLWithPath: repositoryRoot)
-        let catalog = try String(contentsOf: root.appendingPathComponent("systemd/opqueued.catalog"), encoding: .utf8)
-        var ids = Set<String>()
-        for pair in MessageIDs.pairs {
-            let id = MessageIDs.id(event: pair.event, state: pair.state)
-            #expect(id.count == 32 && id.allSatisfy { $0.isHexDigit && !$0.isUppercase })
-            #expect(catalog.contains("-- \(id)\nSubject: opqueued \(pair.event) \(pair.state)\n"), "\(pair)")
-            ids.insert(id)
-        }
-        #expect(ids.count == MessageIDs.pairs.count)
-    }
-
-    @Test func journalFieldNames() {
-        #expect(journalFieldName("OPQ_JOB") == "OPQ_JOB")
-        #expect(journalFieldName("opq_job") == "OPQ_JOB")
-        #expect(journalFieldName("bad-name") == nil)
-        #expect(journalFieldName("_TRUSTED") == nil)
     }
 
     @Test func identifiers() {

@@ -113,7 +113,7 @@ public enum ManifestLimits {
 /// A manifest's bytes read once: the tree, or why they are not a manifest's property list. The daemon reads
 /// it when it claims the file (to name the job) and validates the same tree when it accepts the job.
 public struct ManifestTree: Sendable {
-    let value: Result<PlistValue, ManifestProblems>
+    package let value: Result<PlistValue, ManifestProblems>
 
     public init(_ data: Data) {
         guard data.count <= ManifestLimits.maxBytes else {
@@ -226,18 +226,10 @@ public struct Manifest {
             if let job = value.string, isValidIdentifier(job) { plan.job = job }
             else { problems.append("job: must be a string of 1 to 128 characters from [A-Za-z0-9._-], not starting with '.'") }
         }
-        if let value = top["qualityOfService"] {
-            if let s = value.string, let q = OperationEngine.QualityOfService(name: s) { plan.qualityOfService = q }
-            else { problems.append("qualityOfService: must be one of \(qosNames)") }
-        }
-        if let value = top["queuePriority"] {
-            if let s = value.string, let p = QueuePriority(name: s) { plan.queuePriority = p }
-            else { problems.append("queuePriority: must be one of \(priorityNames)") }
-        }
-        if let value = top["timeoutSeconds"] {
-            if let t = value.real, t > 0, t < 1e9 { plan.timeoutSeconds = t }
-            else { problems.append("timeoutSeconds: must be a positive number of seconds, less than 1e9") }
-        }
+        let shared = parseSharedSettings(top, at: .job, problems: &problems)
+        plan.qualityOfService = shared.qualityOfService
+        plan.queuePriority = shared.queuePriority
+        plan.timeoutSeconds = shared.timeoutSeconds
         if let value = top["metadata"] {
             if case .dictionary = value {
                 plan.metadata = value
@@ -245,6 +237,44 @@ public struct Manifest {
                 problems.append("metadata: must be a dictionary")
             }
         }
+    }
+
+    /// The keys a job and each of its operations both have (the job's are its operations' defaults).
+    struct SharedSettings {
+        var qualityOfService: OperationEngine.QualityOfService?
+        var queuePriority: QueuePriority?
+        var timeoutSeconds: Double?
+    }
+
+    /// Where a problem was found, which words it: `key: …` at the job's level, `<label>: key …` in an operation.
+    enum ProblemPlace {
+        case job
+        case operation(label: String)
+
+        func problem(_ key: String, _ text: String) -> String {
+            switch self {
+            case .job: "\(key): \(text)"
+            case .operation(let label): "\(label): \(key) \(text)"
+            }
+        }
+    }
+
+    /// The keys of `SharedSettings` in `dict`, checked (a key with a problem stays nil).
+    static func parseSharedSettings(_ dict: PlistDictionary, at place: ProblemPlace, problems: inout [String]) -> SharedSettings {
+        var shared = SharedSettings()
+        if let value = dict["qualityOfService"] {
+            if let s = value.string, let q = OperationEngine.QualityOfService(name: s) { shared.qualityOfService = q }
+            else { problems.append(place.problem("qualityOfService", "must be one of \(qosNames)")) }
+        }
+        if let value = dict["queuePriority"] {
+            if let s = value.string, let p = QueuePriority(name: s) { shared.queuePriority = p }
+            else { problems.append(place.problem("queuePriority", "must be one of \(priorityNames)")) }
+        }
+        if let value = dict["timeoutSeconds"] {
+            if let t = value.real, t > 0, t < 1e9 { shared.timeoutSeconds = t }
+            else { problems.append(place.problem("timeoutSeconds", "must be a positive number of seconds, less than 1e9")) }
+        }
+        return shared
     }
 
     /// `operations`: each one checked and added to the plan. False when the array is missing, is no array, or holds more
@@ -290,7 +320,7 @@ public struct Manifest {
         return out.isEmpty ? nil : out
     }
 
-    static func photoListOperations(_ photos: [String: String], configuration: Configuration) -> [OperationPlan] {
+    package static func photoListOperations(_ photos: [String: String], configuration: Configuration) -> [OperationPlan] {
         var operations: [OperationPlan] = []
         var used: Set<String> = []
         for name in photos.keys.sorted() {
@@ -406,7 +436,7 @@ func quoted(_ value: PlistValue) -> String {
 }
 
 /// A user's string in a message: at most 80 characters.
-func clipped(_ s: String) -> String {
+package func clipped(_ s: String) -> String {
     s.count <= 80 ? s : s.prefix(80) + "… (\(s.utf8.count) bytes)"
 }
 

@@ -1,9 +1,6 @@
 // The daemon's configuration (SPEC §6): queues, default queues per kind family, limits.
 // Read from a property list; every problem is reported with the key path where it was found.
 
-#if canImport(ClusterStore)
-import ClusterStore
-#endif
 import Foundation
 import OperationEngine
 import PropertyList
@@ -18,6 +15,16 @@ public struct QueueSettings: Equatable, Sendable {
     public var rateLimit: RateLimit? = nil
     /// `clusterRateLimit` (SPEC §3.7, §8): the same across every node; only with `cluster`.
     public var clusterRateLimit: RateLimit? = nil
+
+    package init(maxConcurrentOperationCount: Int, qualityOfService: OperationEngine.QualityOfService, suspended: Bool,
+                 clusterMaxConcurrentOperationCount: Int? = nil, rateLimit: RateLimit? = nil, clusterRateLimit: RateLimit? = nil) {
+        self.maxConcurrentOperationCount = maxConcurrentOperationCount
+        self.qualityOfService = qualityOfService
+        self.suspended = suspended
+        self.clusterMaxConcurrentOperationCount = clusterMaxConcurrentOperationCount
+        self.rateLimit = rateLimit
+        self.clusterRateLimit = clusterRateLimit
+    }
 }
 
 /// `cluster` (SPEC §8): this node shares one queue with others through PostgreSQL.
@@ -35,6 +42,17 @@ public struct ClusterSettings: Equatable, Sendable {
 
     public static let defaultLeaseSeconds = 15.0
     public static let defaultKeepFinishedDays = 7.0
+
+    package init(database: String, passwordFile: String?, node: String, jobSlots: Int, leaseSeconds: Double, sharedOutbox: String?,
+                 keepFinishedDays: Double) {
+        self.database = database
+        self.passwordFile = passwordFile
+        self.node = node
+        self.jobSlots = jobSlots
+        self.leaseSeconds = leaseSeconds
+        self.sharedOutbox = sharedOutbox
+        self.keepFinishedDays = keepFinishedDays
+    }
 }
 
 public struct Configuration: Sendable {
@@ -85,6 +103,11 @@ public struct Configuration: Sendable {
         public let path: String
         public let problems: [String]
         public var description: String { problems.map { "\(path): \($0)" }.joined(separator: "\n") }
+
+        package init(path: String, problems: [String]) {
+            self.path = path
+            self.problems = problems
+        }
     }
 
     /// A reload refused whole: what the running daemon cannot take without a restart.
@@ -127,41 +150,11 @@ public struct Configuration: Sendable {
         }
     }
 
-    /// The largest configuration file read (a handful of kilobytes is usual).
-    static let maxBytes = 16 << 20
-
-    /// Reads a configuration file; settings it does not give keep their defaults. At start a pipe or FIFO is read
-    /// too (`--config <(…)`); at a reload (`regularOnly`) only a regular file is, opened without blocking: a FIFO
-    /// with no writer would hold the reload, and with it every signal after it (SIGTERM included), for good.
-    public static func load(path: String, regularOnly: Bool = false) throws -> Configuration {
-        let data: Data
-        if regularOnly {
-            switch readRegularFile(path, limit: maxBytes + 1) {
-            case .success(let d): data = d
-            case .failure(let e) where e.errno == EINVAL:
-                throw Invalid(path: path,
-                              problems: ["cannot be read at a reload: not a regular file (a pipe or FIFO is read only at start)"])
-            case .failure(let e):
-                throw Invalid(path: path, problems: ["cannot be read: \(String(cString: strerror(e.errno)))"])
-            }
-        } else {
-            do {
-                // Read to its end rather than by its size: a pipe or FIFO (`--config <(…)`, /dev/stdin) works too;
-                // bounded: `--config /dev/zero` is refused, not read until memory runs out.
-                let file = try FileHandle(forReadingFrom: URL(fileURLWithPath: path))
-                defer { try? file.close() }
-                var read = Data()
-                while read.count <= maxBytes, let chunk = try file.read(upToCount: 1 << 20), !chunk.isEmpty { read.append(chunk) }
-                data = read
-            } catch {
-                throw Invalid(path: path, problems: ["cannot be read: \(describe(error))"])
-            }
-        }
-        guard data.count <= maxBytes else { throw Invalid(path: path, problems: ["larger than \(maxBytes) bytes"]) }
-        return try parse(data, path: path)
-    }
-
-    public static func parse(_ data: Data, path: String = "configuration") throws -> Configuration {
+    /// Parses and checks a configuration's bytes; settings they do not give keep their defaults. `checkDatabase` checks
+    /// `cluster.database` and returns its problem (naming the key), nil when the URL is usable: it is the cluster store's
+    /// own parser, which this module does not link (the daemon's `Configuration.parse(_:path:)` passes it).
+    public static func parse(_ data: Data, path: String = "configuration",
+                             checkDatabase: (String) -> String?) throws -> Configuration {
         let top = try topLevel(data, path: path)
         var problems: [String] = []
         var config = Configuration.builtIn
@@ -180,7 +173,7 @@ public struct Configuration: Sendable {
         }
         if let value = top["schedules"] { config.schedules = parseSchedules(value, &problems) }
         if let value = top["cluster"] {
-            config.cluster = parseCluster(value, maxActiveJobs: config.maxActiveJobs, problems: &problems)
+            config.cluster = parseCluster(value, maxActiveJobs: config.maxActiveJobs, checkDatabase: checkDatabase, problems: &problems)
         }
         parseOutbox(top, into: &config, problems: &problems)
         parseTracing(top, into: &config, problems: &problems)
@@ -380,7 +373,8 @@ public struct Configuration: Sendable {
     }
 
     /// The `cluster` dictionary; nil (with problems) when it is not usable.
-    static func parseCluster(_ value: PlistValue, maxActiveJobs: Int, problems: inout [String]) -> ClusterSettings? {
+    static func parseCluster(_ value: PlistValue, maxActiveJobs: Int, checkDatabase: (String) -> String?,
+                             problems: inout [String]) -> ClusterSettings? {
         guard let cluster = value.dictionary else { problems.append("cluster: must be a dictionary"); return nil }
         let before = problems.count
         var settings = ClusterSettings(database: "", passwordFile: nil, node: defaultNodeName(), jobSlots: maxActiveJobs,
@@ -392,19 +386,7 @@ public struct Configuration: Sendable {
             case "database":
                 guard let url = v.string else { problems.append("cluster.database: must be a postgresql:// URL string"); break }
                 // Checked now so that a typo names this key; the password file is read when the node connects.
-                #if canImport(ClusterStore)
-                do {
-                    _ = try DatabaseURL(url)
-                    settings.database = url
-                } catch let error as ClusterStoreError {
-                    problems.append(error.description)  // names cluster.database itself
-                } catch {
-                    problems.append("cluster.database: \(error)")
-                }
-                #else
-                // (The manifest fuzzer builds this file without the cluster store: the URL is not its subject.)
-                settings.database = url
-                #endif
+                if let problem = checkDatabase(url) { problems.append(problem) } else { settings.database = url }
             case "passwordFile":
                 if let p = v.string, p.hasPrefix("/") { settings.passwordFile = p }
                 else { problems.append("cluster.passwordFile: must be an absolute path") }
@@ -475,19 +457,19 @@ extension Configuration {
 }
 
 /// A node name (SPEC §8): `[A-Za-z0-9._-]{1,64}`.
-func isValidNodeName(_ s: String) -> Bool {
+package func isValidNodeName(_ s: String) -> Bool {
     (1...64).contains(s.utf8.count) && s.utf8.allSatisfy(isIdentifierByte)
 }
 
 /// The host name, the default node name.
-func defaultNodeName() -> String {
+package func defaultNodeName() -> String {
     var buffer = [CChar](repeating: 0, count: 256)
     guard gethostname(&buffer, buffer.count - 1) == 0 else { return "" }
     return String(decoding: buffer.prefix { $0 != 0 }.map { UInt8(bitPattern: $0) }, as: UTF8.self)
 }
 
 /// `HOST:PORT` or `[IPV6]:PORT` (port 0: any free port) → (host, port); nil when it is neither.
-func splitListenAddress(_ listen: String) -> (host: String, port: Int)? {
+package func splitListenAddress(_ listen: String) -> (host: String, port: Int)? {
     guard let colon = listen.lastIndex(of: ":"), let port = Int(listen[listen.index(after: colon)...]), (0...65535).contains(port) else {
         return nil
     }
@@ -527,11 +509,4 @@ public func sanitizedIdentifier(_ s: String) -> String {
         out.unicodeScalars.append(scalar.isASCII && isIdentifierByte(UInt8(scalar.value)) ? scalar : "_")
     }
     return out.isEmpty ? "_" : out
-}
-
-func describe(_ error: any Error) -> String {
-    if let e = error as? CocoaError, let underlying = e.userInfo[NSUnderlyingErrorKey] as? NSError {
-        return "\(underlying.localizedDescription)"
-    }
-    return (error as NSError).localizedDescription
 }

@@ -39,8 +39,8 @@ extension Manifest {
         // A command's own queue, unless the operation names one.
         if case .command(let name, _) = parameters, dict["queue"] == nil, let own = configuration.commands[name]?.queue { queue = own }
         return OperationPlan(id: id, kind: kind, queue: queue, dependencies: dependencies, input: input,
-                             qualityOfService: run.qualityOfService, queuePriority: run.queuePriority,
-                             timeoutSeconds: run.timeoutSeconds, retries: run.retries, retryDelaySeconds: run.retryDelaySeconds,
+                             qualityOfService: run.shared.qualityOfService, queuePriority: run.shared.queuePriority,
+                             timeoutSeconds: run.shared.timeoutSeconds, retries: run.retries, retryDelaySeconds: run.retryDelaySeconds,
                              runsAfterFailure: run.runsAfterFailure, parameters: parameters)
     }
 
@@ -74,11 +74,10 @@ extension Manifest {
         return (id, kind, label)
     }
 
-    /// How an operation runs, whatever its kind: QoS, priority, timeout, retries and their delay, after a failure.
+    /// How an operation runs, whatever its kind: what it shares with the job (QoS, priority, timeout), retries and their
+    /// delay, after a failure.
     private struct RunSettings {
-        var qualityOfService: OperationEngine.QualityOfService?
-        var queuePriority: QueuePriority?
-        var timeoutSeconds: Double?
+        var shared: SharedSettings
         var retries = 0
         var retryDelaySeconds = 1.0
         var runsAfterFailure = false
@@ -86,19 +85,7 @@ extension Manifest {
 
     /// The operation's keys of `RunSettings`, checked (a key with a problem keeps its default).
     private static func parseRunSettings(_ dict: PlistDictionary, label: String, problems: inout [String]) -> RunSettings {
-        var run = RunSettings()
-        if let value = dict["qualityOfService"] {
-            if let s = value.string, let q = OperationEngine.QualityOfService(name: s) { run.qualityOfService = q }
-            else { problems.append("\(label): qualityOfService must be one of \(qosNames)") }
-        }
-        if let value = dict["queuePriority"] {
-            if let s = value.string, let p = QueuePriority(name: s) { run.queuePriority = p }
-            else { problems.append("\(label): queuePriority must be one of \(priorityNames)") }
-        }
-        if let value = dict["timeoutSeconds"] {
-            if let t = value.real, t > 0, t < 1e9 { run.timeoutSeconds = t }
-            else { problems.append("\(label): timeoutSeconds must be a positive number of seconds, less than 1e9") }
-        }
+        var run = RunSettings(shared: parseSharedSettings(dict, at: .operation(label: label), problems: &problems))
         if let value = dict["retries"] {
             if let n = value.integer, (0...1000).contains(n) { run.retries = n }
             else { problems.append("\(label): retries must be an integer from 0 to 1000") }
@@ -238,7 +225,7 @@ extension Manifest {
     }
 
     /// The image format a path's extension names: png for .png, jpeg for .jpg and .jpeg, else nil.
-    static func imageFormat(ofPath path: String) -> String? {
+    package static func imageFormat(ofPath path: String) -> String? {
         let ext = (path as NSString).pathExtension.lowercased()
         return ["jpg", "jpeg"].contains(ext) ? "jpeg" : ext == "png" ? "png" : nil
     }

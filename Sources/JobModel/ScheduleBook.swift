@@ -7,20 +7,23 @@
 
 import Cron
 
-struct ScheduleBook: Sendable {
-    struct Entry: Sendable, Equatable {
-        var settings: ScheduleSettings
-        var since: Int64
-        var next: Int64?
+package struct ScheduleBook: Sendable {
+    package struct Entry: Sendable, Equatable {
+        package var settings: ScheduleSettings
+        package var since: Int64
+        package var next: Int64?
     }
 
-    private(set) var entries: [String: Entry] = [:]
+    package private(set) var entries: [String: Entry] = [:]
     /// When the shell's one wake-up is planned, if it is.
-    var plannedWake: Double?
+    package var plannedWake: Double?
 
     /// Takes the configuration's schedules at `now`: names kept keep their `since`; a name not seen before takes
     /// `saved` (what a previous run handled), else now. Returns the occurrences due at once (catch-up).
-    mutating func configure(_ schedules: [String: ScheduleSettings], saved: [String: Int64], now: Int64) -> [(name: String, at: Int64)] {
+    package init() {}
+
+    package mutating func configure(_ schedules: [String: ScheduleSettings], saved: [String: Int64],
+                                    now: Int64) -> [(name: String, at: Int64)] {
         var fresh: [String: Entry] = [:]
         for (name, settings) in schedules {
             let since = entries[name]?.since ?? saved[name] ?? now
@@ -32,7 +35,7 @@ struct ScheduleBook: Sendable {
 
     /// The occurrences due at `now` (at most one per schedule: the latest in (since, now]); each schedule's `since`
     /// moves to now and its `next` is computed.
-    mutating func due(now: Int64) -> [(name: String, at: Int64)] {
+    package mutating func due(now: Int64) -> [(name: String, at: Int64)] {
         var due: [(name: String, at: Int64)] = []
         for name in entries.keys.sorted() {
             guard var entry = entries[name] else { continue }
@@ -47,8 +50,8 @@ struct ScheduleBook: Sendable {
     }
 
     /// The earliest next occurrence of any schedule.
-    var nextWake: Int64? { entries.values.compactMap(\.next).min() }
+    package var nextWake: Int64? { entries.values.compactMap(\.next).min() }
 
     /// The job id of an occurrence: `NAME-YYYYMMDDTHHMMZ`.
-    static func jobID(_ name: String, _ at: Int64) -> String { name + "-" + CronSchedule.jobIDSuffix(at) }
+    package static func jobID(_ name: String, _ at: Int64) -> String { name + "-" + CronSchedule.jobIDSuffix(at) }
 }

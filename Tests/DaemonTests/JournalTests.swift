@@ -1,0 +1,28 @@
+// The journal's entries (Journal.swift, SPEC §4): a MESSAGE_ID per event and state, each in the catalog, and the
+// field names journald takes.
+
+import Foundation
+import Testing
+@testable import Daemon
+
+@Suite struct JournalTests {
+    @Test func catalogHasEveryMessageID() throws {
+        let root = URL(fileURLWithPath: repositoryRoot)
+        let catalog = try String(contentsOf: root.appendingPathComponent("systemd/opqueued.catalog"), encoding: .utf8)
+        var ids = Set<String>()
+        for pair in MessageIDs.pairs {
+            let id = MessageIDs.id(event: pair.event, state: pair.state)
+            #expect(id.count == 32 && id.allSatisfy { $0.isHexDigit && !$0.isUppercase })
+            #expect(catalog.contains("-- \(id)\nSubject: opqueued \(pair.event) \(pair.state)\n"), "\(pair)")
+            ids.insert(id)
+        }
+        #expect(ids.count == MessageIDs.pairs.count)
+    }
+
+    @Test func journalFieldNames() {
+        #expect(journalFieldName("OPQ_JOB") == "OPQ_JOB")
+        #expect(journalFieldName("opq_job") == "OPQ_JOB")
+        #expect(journalFieldName("bad-name") == nil)
+        #expect(journalFieldName("_TRUSTED") == nil)
+    }
+}
