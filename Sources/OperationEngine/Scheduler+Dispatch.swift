@@ -75,12 +75,12 @@ extension Scheduler {
 
     private func input(of ref: NodeRef) -> OutputBox? {
         let g = Int(ref.group)
-        let outputs = groups[g].outputs
-        if outputs.isEmpty { return nil }
+        // Asked in place: a copy of the dictionary (a retain and a release) for each start is what most cost.
+        if groups[g].outputs.isEmpty { return nil }
         let node = groups[g].nodes[Int(ref.index)]
-        if node.input >= 0 { return outputs[node.input] }
+        if node.input >= 0 { return groups[g].outputs[node.input] }
         for d in dependencies(of: ref) {
-            if let output = outputs[d] { return output }
+            if let output = groups[g].outputs[d] { return output }
         }
         return nil
     }

@@ -78,8 +78,8 @@ extension Scheduler {
     /// a million cancellations must not exhaust the stack.
     mutating func complete(_ start: NodeRef, _ startState: OperationState, error startError: String?, now: Double) {
         // The first end is held apart: the list is only made (allocated) when ends cascade.
-        var first: (ref: NodeRef, state: OperationState, error: String?)? = (start, startState, startError)
-        var work: [(ref: NodeRef, state: OperationState, error: String?)] = []
+        var first: EndWork? = (start, startState, startError)
+        var work: [EndWork] = []
         while let (ref, state, error) = first ?? work.popLast() {
             first = nil
             let g = Int(ref.group), i = Int(ref.index)
@@ -115,17 +115,21 @@ extension Scheduler {
             closeEpoch(queue: q, epoch: node.epoch, now: now)
             let failedOrCancelled = state != .succeeded
             let dependencyFailure = failedOrCancelled ? dependencyError(ref) : nil
-            for index in dependents(of: ref) {
-                let dependent = NodeRef(group: ref.group, index: index)
-                var d = groups[g].nodes[Int(index)]
-                guard !d.state.isFinished else { continue }
-                if failedOrCancelled && d.flags & Node.runsAfterFailure == 0 {
-                    work.append((dependent, .cancelled, dependencyFailure))
-                    continue
+            // The row read in place, by index: a slice of it (as `dependents(of:)` gives) costs a retain and a
+            // release of the array per end.
+            let row = dependentRow(ref)
+            var k = row.start
+            while k < row.end {
+                let index = groups[g].batches[row.batch].dependents[k]
+                k += 1
+                dependencyEnded(NodeRef(group: ref.group, index: index), failed: failedOrCancelled, error: dependencyFailure,
+                                now: now, work: &work)
+            }
+            if !groups[g].lateDependents.isEmpty, let late = groups[g].lateDependents[ref.index] {
+                for index in late {
+                    dependencyEnded(NodeRef(group: ref.group, index: index), failed: failedOrCancelled, error: dependencyFailure,
+                                    now: now, work: &work)
                 }
-                d.pending -= 1
-                groups[g].nodes[Int(index)].pending = d.pending
-                if d.pending == 0 && d.state == .pending { makeReady(dependent, now: now) }
             }
             if node.flags & Node.isBarrier != 0 {
                 if let waiting = groups[g].barrierDependents.removeValue(forKey: ref.index) {
@@ -140,6 +144,33 @@ extension Scheduler {
             }
             checkGroupFinished(ref.group)
         }
+    }
+
+    typealias EndWork = (ref: NodeRef, state: OperationState, error: String?)
+
+    /// A dependency of `dependent` ended: one fewer to wait for (ready at the last), or, when it `failed`, the dependent
+    /// is cancelled too (queued in `work`) unless it runs after failures.
+    @inline(__always)
+    private mutating func dependencyEnded(_ dependent: NodeRef, failed: Bool, error: String?, now: Double, work: inout [EndWork]) {
+        let g = Int(dependent.group), i = Int(dependent.index)
+        let d = groups[g].nodes[i]
+        guard !d.state.isFinished else { return }
+        if failed && d.flags & Node.runsAfterFailure == 0 {
+            work.append((dependent, .cancelled, error))
+            return
+        }
+        groups[g].nodes[i].pending = d.pending - 1
+        if d.pending == 1 && d.state == .pending { makeReady(dependent, now: now) }
+    }
+
+    /// Where an operation's row of dependents lies in its batch's `dependents` (an empty range when the group has no
+    /// batch); later batches' dependents are in `lateDependents`.
+    func dependentRow(_ ref: NodeRef) -> (batch: Int, start: Int, end: Int) {
+        let g = Int(ref.group)
+        guard !groups[g].batches.isEmpty else { return (0, 0, 0) }
+        let b = batchIndex(g, ref.index)
+        let local = Int(ref.index - groups[g].batches[b].base)
+        return (b, Int(groups[g].batches[b].dependentStart[local]), Int(groups[g].batches[b].dependentStart[local + 1]))
     }
 
     /// An operation's dependents: a row of its batch, plus those that later batches added.
