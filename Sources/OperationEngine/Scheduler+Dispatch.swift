@@ -10,8 +10,7 @@ extension Scheduler {
         node.state = .ready
         groups[g].nodes[i] = node
         let q = Int(node.queue)
-        queues[q].ready[Int(node.priority.rawValue)].push(ReadyEntry(seq: node.seq, ref: ref))
-        queues[q].readyCount += 1
+        queues[q].enqueue(ReadyEntry(seq: node.seq, ref: ref), priority: Int(node.priority.rawValue))
         if recordsEvents { emit(ref, .ready, now: now) }
     }
 
@@ -51,12 +50,10 @@ extension Scheduler {
             if let current = best, current.qos > qos || (current.qos == qos && current.seq <= head.entry.seq) { continue }
             best = (q, head.priority, qos, head.entry.seq)
         }
-        guard let best, let entry = queues[best.queue].ready[best.priority].pop() else { return nil }
+        guard let best, let entry = queues[best.queue].start(priority: best.priority) else { return nil }
         let ref = entry.ref
         let g = Int(ref.group), i = Int(ref.index)
         if queues[best.queue].gatesStarts && ref.group != Self.barrierGroup { noteStart(best.queue, at: monotonic ?? now) }
-        queues[best.queue].readyCount -= 1
-        queues[best.queue].executing += 1
         executingCount += 1
         var node = groups[g].nodes[i]
         node.state = .executing
@@ -83,5 +80,40 @@ extension Scheduler {
             if let output = groups[g].outputs[d] { return output }
         }
         return nil
+    }
+}
+
+extension Scheduler.Queue {
+    // Each a single access to the queue in the scheduler's array (one uniqueness check, not one per field).
+
+    /// A ready operation joins its priority's list.
+    @inline(__always)
+    mutating func enqueue(_ entry: ReadyEntry, priority: Int) {
+        ready[priority].push(entry)
+        readyCount += 1
+    }
+
+    /// The head of a priority's list starts executing.
+    @inline(__always)
+    mutating func start(priority: Int) -> ReadyEntry? {
+        guard let entry = ready[priority].pop() else { return nil }
+        readyCount -= 1
+        executing += 1
+        return entry
+    }
+
+    /// An attempt stops executing, using up its permit from outside if the queue has such.
+    @inline(__always)
+    mutating func attemptLeft() {
+        executing -= 1
+        if let permits { self.permits = max(0, permits - 1) }
+    }
+
+    /// An operation of the queue ended (`epoch`: the one it was added in); true when a barrier may wait for an epoch.
+    @inline(__always)
+    mutating func ended(epoch: Int32) -> Bool {
+        unfinished -= 1
+        epochUnfinished[Int(epoch)] -= 1
+        return !barrierAfterEpoch.isEmpty
     }
 }

@@ -15,9 +15,8 @@ extension Scheduler {
     /// An attempt stops executing. A permit from outside is used up with it: the holder grants it again (or gives
     /// its slot to a better waiter elsewhere) before the queue starts another operation on it.
     mutating func attemptLeft(queue q: Int) {
-        queues[q].executing -= 1
+        queues[q].attemptLeft()
         executingCount -= 1
-        if let permits = queues[q].permits { queues[q].permits = max(0, permits - 1) }
     }
 
     /// Ends an attempt. Ignored when the attempt already ended (cancelled asynchronous operation,
@@ -109,7 +108,6 @@ extension Scheduler {
                 groups[g].errors[ref.index] = nil
             }
             let q = Int(node.queue)
-            queues[q].unfinished -= 1
             groups[g].unfinished -= 1
             if recordsEvents { emit(ref, state, now: now, error: error) }
             closeEpoch(queue: q, epoch: node.epoch, now: now)
