@@ -215,6 +215,7 @@ extension Scheduler {
         if recordsEvents { events.append(.groupFinished(id)) }
     }
 
+    @inline(__always)
     func isValid(_ ref: NodeRef) -> Bool {
         Int(ref.group) < groups.count && groups[Int(ref.group)].live && Int(ref.index) < groups[Int(ref.group)].nodes.count
     }

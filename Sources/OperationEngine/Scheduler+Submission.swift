@@ -333,6 +333,7 @@ extension Scheduler {
         return "dependency '\(groups[Int(ref.group)].names[Int(ref.index)])' \(node.state == .failed ? "failed" : "was cancelled")"
     }
 
+    @inline(__always)
     func effectiveQoS(_ ref: NodeRef) -> QualityOfService {
         let node = groups[Int(ref.group)].nodes[Int(ref.index)]
         let asked = node.requestedQoS == Self.noQoS ? queues[Int(node.queue)].qos.rawValue : node.requestedQoS

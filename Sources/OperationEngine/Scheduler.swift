@@ -171,6 +171,7 @@ struct Scheduler {
         queues[id.rawValue].permits = permits.map { max($0, 0) }
     }
 
+    @inline(__always)
     func effectiveLimit(_ q: Int) -> Int {
         let limit = queues[q].limit
         let own = limit < 0 ? processorCount : max(limit, 0)
