@@ -66,7 +66,8 @@ extension Scheduler {
         if node.options >= 0, let timeout = groups[g].options[Int(node.options)].timeout {
             timerRequests.append(TimerRequest(delay: timeout, kind: .attemptTimeout(attempt)))
         }
-        return Dispatch(attempt: attempt, body: groups[g].bodies[i], qualityOfService: best.qos, inputBox: groups[g].outputs.isEmpty ? nil : input(of: ref),
+        let inputBox = groups[g].outputs.isEmpty ? nil : input(of: ref)
+        return Dispatch(attempt: attempt, body: groups[g].bodies[i], qualityOfService: best.qos, inputBox: inputBox,
                         name: groups[g].names[i])
     }
 
