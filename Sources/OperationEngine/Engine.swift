@@ -487,19 +487,21 @@ public final class Engine: @unchecked Sendable, ContextHost {
             lock.unlock()
             let context = OperationContext(host: self, current: dispatch.attempt, input: dispatch.input, name: dispatch.name)
             var time = Double.nan
+            // The bodies are called through the dispatch (`call`), not bound out of it: a binding copies the closure,
+            // a retain and a release on a count every worker shares when operations share a body.
             switch dispatch.body {
-            case .sync(let body):
+            case .sync:
                 let outcome: Scheduler.Outcome
                 do {
-                    outcome = .succeeded(try body(context).map(OutputBox.init))
+                    outcome = .succeeded(try dispatch.body.call(context).map(OutputBox.init))
                 } catch {
                     outcome = .failure(String(describing: error), final: error is FinalFailure)
                 }
                 lock.lock()
                 time = wallClock()
                 scheduler.finish(dispatch.attempt, outcome: outcome, now: time)
-            case .async(let body):
-                body(context)
+            case .async:
+                _ = try? dispatch.body.call(context)
                 lock.lock()
                 asyncRunning[c] -= 1
             }
