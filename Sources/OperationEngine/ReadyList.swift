@@ -34,6 +34,12 @@ struct ReadyList {
         highWater = max(highWater, inOrder.count + late.count)
     }
 
+    /// Room for `count` more arrivals in order (a batch made ready at once), without growing step by step.
+    mutating func reserve(_ count: Int) {
+        inOrder.reserveCapacity(inOrder.count + count)
+        highWater = max(highWater, inOrder.count + late.count + count)
+    }
+
     func peek() -> ReadyEntry? {
         switch (inOrder.first, late.min) {
         case (nil, nil): return nil

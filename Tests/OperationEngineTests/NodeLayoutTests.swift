@@ -1,5 +1,5 @@
-// The scheduler's compact layouts: a node's raised QoS packed with its flags, and the dependents rows that
-// `prepare` fills from the back.
+// The scheduler's compact layouts: a node's raised QoS packed with its flags, the dependents rows that
+// `prepare` fills from the back, and room reserved in a ready list for a batch ready at once.
 
 import Testing
 @testable import OperationEngine
@@ -44,5 +44,29 @@ import Testing
         #expect(h.dispatch() == ["c", "d", "f"])
         h.succeed("d")
         #expect(h.dispatch() == ["e"])
+    }
+
+    @Test func roomReservedForABurstIsLetGoOnceItHasRun() throws {
+        var list = ReadyList()
+        list.reserve(10_000)
+        #expect(list.highWater == 10_000)
+        for i in 0..<3 { list.push(ReadyEntry(seq: UInt64(i), ref: NodeRef(group: 1, index: Int32(i)))) }
+        #expect(list.pop()?.seq == 0)
+        #expect(list.pop()?.seq == 1)
+        #expect(list.highWater == 10_000, "not empty yet")
+        #expect(list.pop()?.seq == 2)
+        #expect(list.highWater == 0, "emptied: the reserved storage is let go")
+        // A whole queue of independent operations ready at submission comes out in submission order.
+        var h = Harness()
+        let q = h.queue("q", limit: 1)
+        var g = GraphBuilder()
+        for i in 0..<5_000 { g.add(spec("op\(i)", q)) }
+        _ = try h.s.submit(g, now: h.now)
+        var started: [String] = []
+        while let d = h.s.nextDispatch(now: h.now) {
+            started.append(d.name)
+            h.s.finish(d.attempt, outcome: .succeeded(nil), now: h.now)
+        }
+        #expect(started == (0..<5_000).map { "op\($0)" })
     }
 }
