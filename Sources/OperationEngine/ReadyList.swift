@@ -41,6 +41,8 @@ struct ReadyList {
     }
 
     func peek() -> ReadyEntry? {
+        // The common case first: nothing arrived out of order.
+        if late.isEmpty { return inOrder.first }
         switch (inOrder.first, late.min) {
         case (nil, nil): return nil
         case (let a?, nil): return a
@@ -52,6 +54,10 @@ struct ReadyList {
     @discardableResult
     mutating func pop() -> ReadyEntry? {
         let entry: ReadyEntry
+        if late.isEmpty, let first = inOrder.popFirst() {
+            if highWater > Self.keptCapacity && inOrder.isEmpty { self = ReadyList() }
+            return first
+        }
         switch (inOrder.first, late.min) {
         case (nil, nil): return nil
         case (_?, nil): entry = inOrder.removeFirst()

@@ -79,8 +79,8 @@ extension Scheduler {
         // The first end is held apart: the list is only made (allocated) when ends cascade.
         var first: EndWork? = (start, startState, startError)
         var work: [EndWork] = []
-        while let (ref, state, error) = first ?? work.popLast() {
-            first = nil
+        // Moved out (`take`), not copied and then cleared: no retain and release of the error per end.
+        while let (ref, state, error) = first.take() ?? work.popLast() {
             let g = Int(ref.group), i = Int(ref.index)
             let before = groups[g].nodes[i].state
             guard !before.isFinished else { continue }
