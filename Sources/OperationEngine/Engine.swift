@@ -35,6 +35,8 @@ public final class Engine: @unchecked Sendable, ContextHost {
 
     private static let classes = QualityOfService.allCases.count
     @exclusivity(unchecked) var runLists = [Deque<Dispatch>](repeating: [], count: classes)
+    /// Dispatches in all run lists: most steps of a worker leave none there, and need not look at each class.
+    @exclusivity(unchecked) private var queuedDispatches = 0
     /// Dispatches of asynchronous bodies in each run list. Such a body returns at once (its work goes on
     /// elsewhere: a timer, a transfer, a child process), so a few workers drain any number of them; only
     /// synchronous dispatches each call for a thread of their own.
@@ -305,13 +307,15 @@ public final class Engine: @unchecked Sendable, ContextHost {
         return result
     }
 
-    /// What must happen outside the lock after a step.
+    /// What must happen outside the lock after a step. Optional: most steps have nothing, and then no array is
+    /// made or let go.
     private struct After {
-        var handlers: [@Sendable () -> Void] = []
-        var callbacks: [@Sendable () -> Void] = []
+        var handlers: [@Sendable () -> Void]?
+        var callbacks: [@Sendable () -> Void]?
+        var isEmpty: Bool { handlers == nil && callbacks == nil }
         func run() {
-            for handler in handlers { handler() }
-            for callback in callbacks { callback() }
+            for handler in handlers ?? [] { handler() }
+            for callback in callbacks ?? [] { callback() }
         }
     }
 
@@ -345,10 +349,11 @@ public final class Engine: @unchecked Sendable, ContextHost {
             }
             if case .async = dispatch.body { asyncQueued[c] += 1 }
             runLists[c].append(dispatch)
+            queuedDispatches += 1
         }
         // After the dispatches: they ask for timers too (an attempt's timeout, a rate's next free start).
         if !scheduler.timerRequests.isEmpty { armTimers() }
-        for c in 0..<Self.classes where !runLists[c].isEmpty {
+        for c in 0..<Self.classes where queuedDispatches > 0 && !runLists[c].isEmpty {
             let needed = runLists[c].count - asyncQueued[c] + max(0, min(asyncQueued[c], Self.asyncWorkers) - asyncRunning[c])
             var deficit = needed - signalled[c] - spawning[c] - (runningClass == c && taken == nil ? 1 : 0)
             var available = idle[c] - signalled[c]
@@ -380,7 +385,7 @@ public final class Engine: @unchecked Sendable, ContextHost {
         }
         if !scheduler.finishedGroups.isEmpty {
             for group in scheduler.finishedGroups {
-                if let callbacks = finishCallbacks.removeValue(forKey: group) { after.callbacks += callbacks }
+                if let callbacks = finishCallbacks.removeValue(forKey: group) { after.callbacks = (after.callbacks ?? []) + callbacks }
             }
             scheduler.finishedGroups.removeAll(keepingCapacity: true)
             finishedCondition.broadcast()
@@ -475,31 +480,34 @@ public final class Engine: @unchecked Sendable, ContextHost {
                     lock.unlock()
                     return
                 }
+                queuedDispatches -= 1
                 if case .async = popped.body { asyncQueued[c] -= 1; asyncRunning[c] += 1 }
                 dispatch = popped
             }
             lock.unlock()
             let context = OperationContext(host: self, current: dispatch.attempt, input: dispatch.input, name: dispatch.name)
             var time = Double.nan
+            // The bodies are called through the dispatch (`call`), not bound out of it: a binding copies the closure,
+            // a retain and a release on a count every worker shares when operations share a body.
             switch dispatch.body {
-            case .sync(let body):
+            case .sync:
                 let outcome: Scheduler.Outcome
                 do {
-                    outcome = .succeeded(try body(context).map(OutputBox.init))
+                    outcome = .succeeded(try dispatch.body.call(context).map(OutputBox.init))
                 } catch {
                     outcome = .failure(String(describing: error), final: error is FinalFailure)
                 }
                 lock.lock()
                 time = wallClock()
                 scheduler.finish(dispatch.attempt, outcome: outcome, now: time)
-            case .async(let body):
-                body(context)
+            case .async:
+                _ = try? dispatch.body.call(context)
                 lock.lock()
                 asyncRunning[c] -= 1
             }
             // One reading of the clock for the end and the starts that follow it, in the same hold of the lock.
             let after = afterStep(runningClass: c, now: time, taken: &next)
-            if !after.handlers.isEmpty || !after.callbacks.isEmpty {
+            if !after.isEmpty {
                 lock.unlock()
                 after.run()
                 lock.lock()

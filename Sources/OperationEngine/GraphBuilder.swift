@@ -23,6 +23,17 @@ public enum OperationBody: Sendable {
     case async(@Sendable (OperationContext) -> Void)
 }
 
+extension OperationBody {
+    /// Calls the body: a synchronous one returns its output, an asynchronous one returns nil at once.
+    @inline(never)
+    func call(_ context: OperationContext) throws -> OperationOutput? {
+        switch self {
+        case .sync(let body): return try body(context)
+        case .async(let body): body(context); return nil
+        }
+    }
+}
+
 /// One operation of a graph.
 public struct OperationSpec: Sendable {
     public var name: String

@@ -34,7 +34,15 @@ struct ReadyList {
         highWater = max(highWater, inOrder.count + late.count)
     }
 
+    /// Room for `count` more arrivals in order (a batch made ready at once), without growing step by step.
+    mutating func reserve(_ count: Int) {
+        inOrder.reserveCapacity(inOrder.count + count)
+        highWater = max(highWater, inOrder.count + late.count + count)
+    }
+
     func peek() -> ReadyEntry? {
+        // The common case first: nothing arrived out of order.
+        if late.isEmpty { return inOrder.first }
         switch (inOrder.first, late.min) {
         case (nil, nil): return nil
         case (let a?, nil): return a
@@ -46,6 +54,10 @@ struct ReadyList {
     @discardableResult
     mutating func pop() -> ReadyEntry? {
         let entry: ReadyEntry
+        if late.isEmpty, let first = inOrder.popFirst() {
+            if highWater > Self.keptCapacity && inOrder.isEmpty { self = ReadyList() }
+            return first
+        }
         switch (inOrder.first, late.min) {
         case (nil, nil): return nil
         case (_?, nil): entry = inOrder.removeFirst()

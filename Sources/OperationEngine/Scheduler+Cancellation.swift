@@ -32,9 +32,10 @@ extension Scheduler {
         return ref
     }
 
+    /// One of the queue's operations ended: it counts one unfinished fewer, in its epoch too, and a barrier waiting
+    /// for that epoch may become ready.
     mutating func closeEpoch(queue q: Int, epoch: Int32, now: Double) {
-        queues[q].epochUnfinished[Int(epoch)] -= 1
-        guard !queues[q].barrierAfterEpoch.isEmpty, let barrier = queues[q].barrierAfterEpoch[epoch] else { return }
+        guard queues[q].ended(epoch: epoch), let barrier = queues[q].barrierAfterEpoch[epoch] else { return }
         let g = Int(barrier.group), i = Int(barrier.index)
         guard groups[g].nodes[i].state == .pending else { return }
         groups[g].nodes[i].pending -= 1

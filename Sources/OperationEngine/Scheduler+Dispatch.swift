@@ -10,8 +10,7 @@ extension Scheduler {
         node.state = .ready
         groups[g].nodes[i] = node
         let q = Int(node.queue)
-        queues[q].ready[Int(node.priority.rawValue)].push(ReadyEntry(seq: node.seq, ref: ref))
-        queues[q].readyCount += 1
+        queues[q].enqueue(ReadyEntry(seq: node.seq, ref: ref), priority: Int(node.priority.rawValue))
         if recordsEvents { emit(ref, .ready, now: now) }
     }
 
@@ -51,12 +50,10 @@ extension Scheduler {
             if let current = best, current.qos > qos || (current.qos == qos && current.seq <= head.entry.seq) { continue }
             best = (q, head.priority, qos, head.entry.seq)
         }
-        guard let best, let entry = queues[best.queue].ready[best.priority].pop() else { return nil }
+        guard let best, let entry = queues[best.queue].start(priority: best.priority) else { return nil }
         let ref = entry.ref
         let g = Int(ref.group), i = Int(ref.index)
         if queues[best.queue].gatesStarts && ref.group != Self.barrierGroup { noteStart(best.queue, at: monotonic ?? now) }
-        queues[best.queue].readyCount -= 1
-        queues[best.queue].executing += 1
         executingCount += 1
         var node = groups[g].nodes[i]
         node.state = .executing
@@ -69,19 +66,55 @@ extension Scheduler {
         if node.options >= 0, let timeout = groups[g].options[Int(node.options)].timeout {
             timerRequests.append(TimerRequest(delay: timeout, kind: .attemptTimeout(attempt)))
         }
-        return Dispatch(attempt: attempt, body: groups[g].bodies[i], qualityOfService: best.qos, inputBox: input(of: ref),
+        let inputBox = groups[g].outputs.isEmpty ? nil : input(of: ref)
+        return Dispatch(attempt: attempt, body: groups[g].bodies[i], qualityOfService: best.qos, inputBox: inputBox,
                         name: groups[g].names[i])
     }
 
     private func input(of ref: NodeRef) -> OutputBox? {
         let g = Int(ref.group)
-        let outputs = groups[g].outputs
-        if outputs.isEmpty { return nil }
+        // Asked in place: a copy of the dictionary (a retain and a release) for each start is what most cost.
+        if groups[g].outputs.isEmpty { return nil }
         let node = groups[g].nodes[Int(ref.index)]
-        if node.input >= 0 { return outputs[node.input] }
+        if node.input >= 0 { return groups[g].outputs[node.input] }
         for d in dependencies(of: ref) {
-            if let output = outputs[d] { return output }
+            if let output = groups[g].outputs[d] { return output }
         }
         return nil
+    }
+}
+
+extension Scheduler.Queue {
+    // Each a single access to the queue in the scheduler's array (one uniqueness check, not one per field).
+
+    /// A ready operation joins its priority's list.
+    @inline(__always)
+    mutating func enqueue(_ entry: ReadyEntry, priority: Int) {
+        ready[priority].push(entry)
+        readyCount += 1
+    }
+
+    /// The head of a priority's list starts executing.
+    @inline(__always)
+    mutating func start(priority: Int) -> ReadyEntry? {
+        guard let entry = ready[priority].pop() else { return nil }
+        readyCount -= 1
+        executing += 1
+        return entry
+    }
+
+    /// An attempt stops executing, using up its permit from outside if the queue has such.
+    @inline(__always)
+    mutating func attemptLeft() {
+        executing -= 1
+        if let permits { self.permits = max(0, permits - 1) }
+    }
+
+    /// An operation of the queue ended (`epoch`: the one it was added in); true when a barrier may wait for an epoch.
+    @inline(__always)
+    mutating func ended(epoch: Int32) -> Bool {
+        unfinished -= 1
+        epochUnfinished[Int(epoch)] -= 1
+        return !barrierAfterEpoch.isEmpty
     }
 }

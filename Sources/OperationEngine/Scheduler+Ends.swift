@@ -15,9 +15,8 @@ extension Scheduler {
     /// An attempt stops executing. A permit from outside is used up with it: the holder grants it again (or gives
     /// its slot to a better waiter elsewhere) before the queue starts another operation on it.
     mutating func attemptLeft(queue q: Int) {
-        queues[q].executing -= 1
+        queues[q].attemptLeft()
         executingCount -= 1
-        if let permits = queues[q].permits { queues[q].permits = max(0, permits - 1) }
     }
 
     /// Ends an attempt. Ignored when the attempt already ended (cancelled asynchronous operation,
@@ -78,10 +77,10 @@ extension Scheduler {
     /// a million cancellations must not exhaust the stack.
     mutating func complete(_ start: NodeRef, _ startState: OperationState, error startError: String?, now: Double) {
         // The first end is held apart: the list is only made (allocated) when ends cascade.
-        var first: (ref: NodeRef, state: OperationState, error: String?)? = (start, startState, startError)
-        var work: [(ref: NodeRef, state: OperationState, error: String?)] = []
-        while let (ref, state, error) = first ?? work.popLast() {
-            first = nil
+        var first: EndWork? = (start, startState, startError)
+        var work: [EndWork] = []
+        // Moved out (`take`), not copied and then cleared: no retain and release of the error per end.
+        while let (ref, state, error) = first.take() ?? work.popLast() {
             let g = Int(ref.group), i = Int(ref.index)
             let before = groups[g].nodes[i].state
             guard !before.isFinished else { continue }
@@ -109,23 +108,26 @@ extension Scheduler {
                 groups[g].errors[ref.index] = nil
             }
             let q = Int(node.queue)
-            queues[q].unfinished -= 1
             groups[g].unfinished -= 1
             if recordsEvents { emit(ref, state, now: now, error: error) }
             closeEpoch(queue: q, epoch: node.epoch, now: now)
             let failedOrCancelled = state != .succeeded
             let dependencyFailure = failedOrCancelled ? dependencyError(ref) : nil
-            for index in dependents(of: ref) {
-                let dependent = NodeRef(group: ref.group, index: index)
-                var d = groups[g].nodes[Int(index)]
-                guard !d.state.isFinished else { continue }
-                if failedOrCancelled && d.flags & Node.runsAfterFailure == 0 {
-                    work.append((dependent, .cancelled, dependencyFailure))
-                    continue
+            // The row read in place, by index: a slice of it (as `dependents(of:)` gives) costs a retain and a
+            // release of the array per end.
+            let row = dependentRow(ref)
+            var k = row.start
+            while k < row.end {
+                let index = groups[g].batches[row.batch].dependents[k]
+                k += 1
+                dependencyEnded(NodeRef(group: ref.group, index: index), failed: failedOrCancelled, error: dependencyFailure,
+                                now: now, work: &work)
+            }
+            if !groups[g].lateDependents.isEmpty, let late = groups[g].lateDependents[ref.index] {
+                for index in late {
+                    dependencyEnded(NodeRef(group: ref.group, index: index), failed: failedOrCancelled, error: dependencyFailure,
+                                    now: now, work: &work)
                 }
-                d.pending -= 1
-                groups[g].nodes[Int(index)].pending = d.pending
-                if d.pending == 0 && d.state == .pending { makeReady(dependent, now: now) }
             }
             if node.flags & Node.isBarrier != 0 {
                 if let waiting = groups[g].barrierDependents.removeValue(forKey: ref.index) {
@@ -140,6 +142,33 @@ extension Scheduler {
             }
             checkGroupFinished(ref.group)
         }
+    }
+
+    typealias EndWork = (ref: NodeRef, state: OperationState, error: String?)
+
+    /// A dependency of `dependent` ended: one fewer to wait for (ready at the last), or, when it `failed`, the dependent
+    /// is cancelled too (queued in `work`) unless it runs after failures.
+    @inline(__always)
+    private mutating func dependencyEnded(_ dependent: NodeRef, failed: Bool, error: String?, now: Double, work: inout [EndWork]) {
+        let g = Int(dependent.group), i = Int(dependent.index)
+        let d = groups[g].nodes[i]
+        guard !d.state.isFinished else { return }
+        if failed && d.flags & Node.runsAfterFailure == 0 {
+            work.append((dependent, .cancelled, error))
+            return
+        }
+        groups[g].nodes[i].pending = d.pending - 1
+        if d.pending == 1 && d.state == .pending { makeReady(dependent, now: now) }
+    }
+
+    /// Where an operation's row of dependents lies in its batch's `dependents` (an empty range when the group has no
+    /// batch); later batches' dependents are in `lateDependents`.
+    func dependentRow(_ ref: NodeRef) -> (batch: Int, start: Int, end: Int) {
+        let g = Int(ref.group)
+        guard !groups[g].batches.isEmpty else { return (0, 0, 0) }
+        let b = batchIndex(g, ref.index)
+        let local = Int(ref.index - groups[g].batches[b].base)
+        return (b, Int(groups[g].batches[b].dependentStart[local]), Int(groups[g].batches[b].dependentStart[local + 1]))
     }
 
     /// An operation's dependents: a row of its batch, plus those that later batches added.
@@ -186,6 +215,7 @@ extension Scheduler {
         if recordsEvents { events.append(.groupFinished(id)) }
     }
 
+    @inline(__always)
     func isValid(_ ref: NodeRef) -> Bool {
         Int(ref.group) < groups.count && groups[Int(ref.group)].live && Int(ref.index) < groups[Int(ref.group)].nodes.count
     }

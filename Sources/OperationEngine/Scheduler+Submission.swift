@@ -24,42 +24,46 @@ extension Scheduler {
         let nodes = builder.nodes
         let starts = builder.dependencyStart
         let edges = builder.dependencies
-        var dependentCount = [Int32](repeating: 0, count: n + 1)
+        // Each row's dependents counted at the row, summed into where each row ends, then filled from the back:
+        // one array becomes the rows' starts, with no second copy to fill through.
+        var dependentStart = [Int32](repeating: 0, count: n + 1)
         // Whether some operation depends on one added after it: only then can the batch hold a cycle.
         var forward = false
-        for i in 0..<n {
-            let node = nodes[i]
-            if Int(node.queue) >= queueCount {
-                problems.append("operation '\(builder.names[i])': unknown queue queue#\(node.queue)")
-            }
-            for k in Int(starts[i]) ..< Int(starts[i + 1]) {
-                let dep = Int(edges[k])
-                if dep < 0 || dep >= total {
-                    problems.append("operation '\(builder.names[i])' depends on unknown operation #\(dep)")
-                } else if dep == base + i {
-                    problems.append("cycle: \(builder.names[i]) → \(builder.names[i])")
-                } else if dep >= base {
-                    dependentCount[dep - base + 1] += 1
-                    if dep > base + i { forward = true }
+        dependentStart.withUnsafeMutableBufferPointer { count in
+            for i in 0..<n {
+                let node = nodes[i]
+                if Int(node.queue) >= queueCount {
+                    problems.append("operation '\(builder.names[i])': unknown queue queue#\(node.queue)")
+                }
+                for k in Int(starts[i]) ..< Int(starts[i + 1]) {
+                    let dep = Int(edges[k])
+                    if dep < 0 || dep >= total {
+                        problems.append("operation '\(builder.names[i])' depends on unknown operation #\(dep)")
+                    } else if dep == base + i {
+                        problems.append("cycle: \(builder.names[i]) → \(builder.names[i])")
+                    } else if dep >= base {
+                        count[dep - base] += 1
+                        if dep > base + i { forward = true }
+                    }
+                }
+                if node.input >= 0, !edges[Int(starts[i]) ..< Int(starts[i + 1])].contains(node.input) {
+                    problems.append("operation '\(builder.names[i])': its input #\(node.input) is not one of its dependencies")
                 }
             }
-            if node.input >= 0, !edges[Int(starts[i]) ..< Int(starts[i + 1])].contains(node.input) {
-                problems.append("operation '\(builder.names[i])': its input #\(node.input) is not one of its dependencies")
-            }
+            for i in stride(from: 1, through: n, by: 1) { count[i] += count[i - 1] }
         }
-
-        // Dependents rows (counting sort keeps each row in dependent order: FIFO when they become ready).
-        for i in 0..<n { dependentCount[i + 1] += dependentCount[i] }
-        let dependentStart = dependentCount
-        var cursor = dependentCount
         var dependents = [Int32](repeating: 0, count: Int(dependentStart[n]))
-        for i in 0..<n {
-            for k in Int(starts[i]) ..< Int(starts[i + 1]) {
-                let d = Int(edges[k])
-                guard d >= base && d < total && d != base + i else { continue }
-                let row = d - base
-                dependents[Int(cursor[row])] = Int32(base + i)
-                cursor[row] += 1
+        dependents.withUnsafeMutableBufferPointer { dependents in
+            dependentStart.withUnsafeMutableBufferPointer { cursor in
+                // Backwards, each row filled from its end: a row keeps dependent order (FIFO when they become ready).
+                for i in stride(from: n - 1, through: 0, by: -1) {
+                    for k in Int(starts[i]) ..< Int(starts[i + 1]) {
+                        let d = Int(edges[k])
+                        guard d >= base && d < total && d != base + i else { continue }
+                        cursor[d - base] -= 1
+                        dependents[Int(cursor[d - base])] = Int32(base + i)
+                    }
+                }
             }
         }
         if forward { problems += Self.cycles(builder, dependentStart: dependentStart, dependents: dependents) }
@@ -194,36 +198,8 @@ extension Scheduler {
         takeOperations(of: &builder, group: gi)
         let starts = batch.dependencyStart
         let edges = batch.dependencies
-        let groupQoS = groups[gi].qos
-        var crossBatch: [(dependency: Int32, dependent: Int32)] = []
-        for i in 0..<n {
-            var pending: Int32 = 0
-            for k in Int(starts[i]) ..< Int(starts[i + 1]) {
-                let d = edges[k]
-                if Int(d) >= base {
-                    pending += 1
-                } else {
-                    crossBatch.append((d, Int32(base + i)))
-                    if !groups[gi].nodes[Int(d)].state.isFinished { pending += 1 }
-                }
-            }
-            var node = groups[gi].nodes[base + i]
-            let q = Int(node.queue)
-            let epoch = queues[q].epoch
-            queues[q].unfinished += 1
-            queues[q].epochUnfinished[Int(epoch)] += 1
-            if let barrier = queues[q].openBarrier {
-                pending += 1
-                groups[Int(Self.barrierGroup)].barrierDependents[barrier.index, default: []]
-                    .append(NodeRef(group: g, index: Int32(base + i)))
-            }
-            node.seq = nextSeq
-            nextSeq &+= 1
-            node.pending = pending
-            node.epoch = epoch
-            if node.requestedQoS == Self.noQoS { node.requestedQoS = groupQoS }
-            groups[gi].nodes[base + i] = node
-        }
+        var readyNow = [Int](repeating: 0, count: queues.count * Self.priorities)
+        let crossBatch = number(batch: batch, group: g, count: n, readyNow: &readyNow)
         groups[gi].unfinished += n
         groups[gi].batches.append(batch)
         for (dependency, dependent) in crossBatch {
@@ -239,6 +215,11 @@ extension Scheduler {
             for i in 0..<n { cancel(NodeRef(group: g, index: Int32(base + i)), reason: reason, now: now) }
             return
         }
+        // Room made at once for what becomes ready now (all of it, for independent operations): a ready list
+        // grown by doubling copies itself twenty times over a million operations, into fresh memory each time.
+        for k in readyNow.indices where readyNow[k] > 0 {
+            queues[k / Self.priorities].ready[k % Self.priorities].reserve(readyNow[k])
+        }
         for i in 0..<n {
             let ref = NodeRef(group: g, index: Int32(base + i))
             let node = groups[gi].nodes[base + i]
@@ -252,6 +233,59 @@ extension Scheduler {
                 makeReady(ref, now: now)
             }
         }
+    }
+
+    /// Numbers a batch's operations in submission order and counts what each waits for; its queues count them.
+    /// Returns its edges to earlier batches; counts in `readyNow` (by queue, then priority) those that wait for nothing.
+    private mutating func number(batch: Batch, group g: Int32, count n: Int,
+                                 readyNow: inout [Int]) -> [(dependency: Int32, dependent: Int32)] {
+        let gi = Int(g)
+        let base = Int(batch.base)
+        let starts = batch.dependencyStart
+        let edges = batch.dependencies
+        let groupQoS = groups[gi].qos
+        var crossBatch: [(dependency: Int32, dependent: Int32)] = []
+        var added = [Int](repeating: 0, count: queues.count)
+        // The group's nodes held apart while they are written: a uniqueness check for the batch, not two per node.
+        var nodes: [Node] = []
+        swap(&nodes, &groups[gi].nodes)
+        added.withUnsafeMutableBufferPointer { added in
+            nodes.withUnsafeMutableBufferPointer { nodes in
+                for i in 0..<n {
+                    var pending: Int32 = 0
+                    for k in Int(starts[i]) ..< Int(starts[i + 1]) {
+                        let d = edges[k]
+                        if Int(d) >= base {
+                            pending += 1
+                        } else {
+                            crossBatch.append((d, Int32(base + i)))
+                            if !nodes[Int(d)].state.isFinished { pending += 1 }
+                        }
+                    }
+                    var node = nodes[base + i]
+                    let q = Int(node.queue)
+                    added[q] += 1
+                    if let barrier = queues[q].openBarrier {
+                        pending += 1
+                        groups[Int(Self.barrierGroup)].barrierDependents[barrier.index, default: []]
+                            .append(NodeRef(group: g, index: Int32(base + i)))
+                    }
+                    node.seq = nextSeq
+                    nextSeq &+= 1
+                    node.pending = pending
+                    if pending == 0 { readyNow[q * Self.priorities + Int(node.priority.rawValue)] += 1 }
+                    node.epoch = queues[q].epoch
+                    if node.requestedQoS == Self.noQoS { node.requestedQoS = groupQoS }
+                    nodes[base + i] = node
+                }
+            }
+        }
+        swap(&nodes, &groups[gi].nodes)
+        for q in added.indices where added[q] > 0 {
+            queues[q].unfinished += added[q]
+            queues[q].epochUnfinished[Int(queues[q].epoch)] += added[q]
+        }
+        return crossBatch
     }
 
     /// Moves the builder's operations into the group: a new group takes the builder's arrays as they are.
@@ -307,6 +341,7 @@ extension Scheduler {
         return "dependency '\(groups[Int(ref.group)].names[Int(ref.index)])' \(node.state == .failed ? "failed" : "was cancelled")"
     }
 
+    @inline(__always)
     func effectiveQoS(_ ref: NodeRef) -> QualityOfService {
         let node = groups[Int(ref.group)].nodes[Int(ref.index)]
         let asked = node.requestedQoS == Self.noQoS ? queues[Int(node.queue)].qos.rawValue : node.requestedQoS

@@ -18,7 +18,8 @@
 
 struct Scheduler {
     /// An operation's scheduling state: plain data, so reading one copies no references.
-    /// Its body and name live in arrays of their own beside it.
+    /// Its body and name live in arrays of their own beside it. 48 bytes (the raised QoS shares a byte with the flags):
+    /// a million-operation graph is so much memory the kernel must hand over page by page.
     struct Node {
         var seq: UInt64
         var startedAt: Double = .nan
@@ -32,9 +33,15 @@ struct Scheduler {
         var state: OperationState = .pending
         /// Operation's QoS, else the group's; `noQoS` defers to the queue's.
         var requestedQoS: UInt8
-        var raisedQoS: UInt8 = 0
         var priority: QueuePriority
+        /// The flags below in the low four bits, `raisedQoS` in the high four.
         var flags: UInt8 = 0
+
+        /// The QoS the operation was raised to by what waits for it (0: none).
+        var raisedQoS: UInt8 {
+            get { flags >> 4 }
+            set { flags = flags & 0x0F | newValue << 4 }
+        }
 
         static let runsAfterFailure: UInt8 = 1
         static let cancelRequested: UInt8 = 2
@@ -164,6 +171,7 @@ struct Scheduler {
         queues[id.rawValue].permits = permits.map { max($0, 0) }
     }
 
+    @inline(__always)
     func effectiveLimit(_ q: Int) -> Int {
         let limit = queues[q].limit
         let own = limit < 0 ? processorCount : max(limit, 0)
