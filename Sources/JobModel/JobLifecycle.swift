@@ -160,6 +160,8 @@ package struct JobLifecycle<Group: Hashable & Sendable>: Sendable {
     /// `--once`: inbox names still to try (nil without `--once`).
     package private(set) var onceNames: Set<String>?
     private var once = false
+    /// Cancels asked for jobs claimed and not yet received (their manifests being read): applied as each is.
+    private var cancelsBeforeReceipt: [String: [String?]] = [:]
 
     package init(maxActiveJobs: Int, maxActiveOperations: Int) {
         self.maxActiveJobs = maxActiveJobs
@@ -201,6 +203,20 @@ package struct JobLifecycle<Group: Hashable & Sendable>: Sendable {
 
     /// `--once`: whether claiming may take this inbox name.
     package func onceAllows(_ name: String) -> Bool { onceNames?.contains(name) ?? true }
+
+    /// Keeps a cancel for a job claimed and not yet received, applied when it is (as one before its group: an
+    /// operation's id is checked then). False, and nothing kept, when the job is in the table already.
+    package mutating func keepCancelBeforeReceipt(job id: String, operation: String?) -> Bool {
+        guard jobs[id] == nil else { return false }
+        cancelsBeforeReceipt[id, default: []].append(operation)
+        return true
+    }
+
+    /// Drops what was kept for a job that came and went unseen (received, run and published between two looks);
+    /// whether anything was.
+    package mutating func dropCancelsBeforeReceipt(job id: String) -> Bool {
+        cancelsBeforeReceipt.removeValue(forKey: id) != nil
+    }
 
     // MARK: Events
 
@@ -429,6 +445,10 @@ package struct JobLifecycle<Group: Hashable & Sendable>: Sendable {
     private mutating func received(_ id: String, _ arrival: Arrival) -> [Action] {
         guard jobs[id] == nil else { return [] }
         jobs[id] = Job(phase: .received)
+        // Held until the group exists, and made with it.
+        for operation in cancelsBeforeReceipt.removeValue(forKey: id) ?? [] {
+            _ = cancel(id, operation: operation, knownOperation: false)
+        }
         switch arrival {
         case .inbox(let manifest): return [.journal(.received(job: id, manifest: manifest))]
         case .resumed: return []

@@ -93,6 +93,26 @@ private typealias Machine = JobLifecycle<Int>
         #expect(m.handle(.groupFinished(group: 3, status: .cancelled, error: nil)) == [.publish(job: "a", status: .cancelled, error: nil)])
     }
 
+    @Test func cancelsBeforeReceiptAreKeptAndAppliedWhenTheJobIsReceived() {
+        var m = machine()
+        // Claimed, its manifest still being read: not in the table yet.
+        var kept = m.keepCancelBeforeReceipt(job: "a", operation: "zz")
+        #expect(kept)
+        kept = m.keepCancelBeforeReceipt(job: "a", operation: nil)
+        #expect(kept)
+        _ = m.handle(.received(job: "a", .inbox(manifest: "a.plist")))
+        kept = m.keepCancelBeforeReceipt(job: "a", operation: "b")
+        #expect(!kept, "a job in the table takes its cancels as they come")
+        _ = m.handle(.planned(job: "a", operations: 2, recovered: 0))
+        #expect(m.handle(.submitted(job: "a", group: 4)) == [.cancelOperation(job: "a", group: 4, operation: "zz"), .cancelGroup(4)])
+        // One that came and went between two looks: what was kept for it is dropped, once.
+        kept = m.keepCancelBeforeReceipt(job: "gone", operation: nil)
+        var dropped = m.dropCancelsBeforeReceipt(job: "gone")
+        #expect(kept && dropped)
+        dropped = m.dropCancelsBeforeReceipt(job: "gone")
+        #expect(!dropped)
+    }
+
     @Test func cancelsAfterTheGroupExistGoToTheEngine() {
         var m = machine()
         running(&m, "a", group: 9)

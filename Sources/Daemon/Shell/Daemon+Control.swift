@@ -217,15 +217,10 @@ extension Daemon {
         guard !store.capabilities.contains(.placesJobs), lock.withLock({ lifecycle.phase(of: id) == nil }), hasActiveFolder(id) else {
             return nil
         }
-        let kept = lock.withLock { () -> Bool in
-            guard lifecycle.phase(of: id) == nil else { return false }
-            cancelsBeforeReceipt[id, default: []].append(operation)
-            return true
-        }
-        guard kept else { return nil }
+        guard lock.withLock({ lifecycle.keepCancelBeforeReceipt(job: id, operation: operation) }) else { return nil }
         // Unless the job came and went between the looks (received, run and published: its folder gone, the cancel
         // not taken).
-        if !hasActiveFolder(id), lock.withLock({ cancelsBeforeReceipt.removeValue(forKey: id) != nil }) { return nil }
+        if !hasActiveFolder(id), lock.withLock({ lifecycle.dropCancelsBeforeReceipt(job: id) }) { return nil }
         return .cancelled
     }
 

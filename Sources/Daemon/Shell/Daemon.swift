@@ -95,8 +95,6 @@ public final class Daemon: @unchecked Sendable {
     var intake = InboxIntake()
     /// Manifests waiting in the inbox at the last scan, less those claimed since (for status).
     var waiting = 0
-    /// Cancels asked for jobs claimed and not yet received (`cancelHere`), applied as each is received.
-    var cancelsBeforeReceipt: [String: [String?]] = [:]
     /// Jobs whose outbox entries are to be published together (on `work`).
     var publications: [Publication] = []
     /// A spool fault (file system full, no descriptors left, read-only folder, I/O error) or the job store
@@ -285,7 +283,7 @@ public final class Daemon: @unchecked Sendable {
             runs[claimed.id] = run
             let received = lifecycle.handle(.received(job: claimed.id, arrival))
             // Held until the group exists, and made with it (`start`).
-            for operation in claimed.cancels + (cancelsBeforeReceipt.removeValue(forKey: claimed.id) ?? []) {
+            for operation in claimed.cancels {
                 _ = lifecycle.handle(.cancel(job: claimed.id, operation: operation, knownOperation: false))
             }
             return received
