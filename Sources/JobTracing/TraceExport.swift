@@ -72,13 +72,10 @@ public final class TraceExport: Sendable {
         for d in descriptions {
             let context = d.parent.map { spans[$0].context } ?? root
             let span = tracer.startSpan(d.name, context: context, ofKind: .internal, at: Instant(nanosecondsSinceEpoch: d.start))
-            span.updateAttributes { attributes in
-                for (key, value) in d.attributes {
-                    switch value {
-                    case .string(let s): attributes[key] = SpanAttribute.string(s)
-                    case .int(let i): attributes[key] = SpanAttribute.int64(Int64(i))
-                    }
-                }
+            span.attributes = Self.attributes(d.attributes)
+            for e in d.events {
+                let instant = Instant(nanosecondsSinceEpoch: e.time)
+                span.addEvent(SpanEvent(name: e.name, at: instant, attributes: Self.attributes(e.attributes)))
             }
             if let error = d.error { span.setStatus(SpanStatus(code: .error, message: error)) }
             spans.append(span)
@@ -87,6 +84,18 @@ public final class TraceExport: Sendable {
             for link in d.links { span.addLink(SpanLink(context: spans[link].context, attributes: [:])) }
         }
         for (d, span) in zip(descriptions, spans).reversed() { span.end(at: Instant(nanosecondsSinceEpoch: d.end)) }
+    }
+
+    /// swift-distributed-tracing's attributes for ours.
+    static func attributes(_ described: [String: SpanDescription.Attribute]) -> SpanAttributes {
+        var attributes = SpanAttributes()
+        for (key, value) in described {
+            switch value {
+            case .string(let s): attributes[key] = SpanAttribute.string(s)
+            case .int(let i): attributes[key] = SpanAttribute.int64(Int64(i))
+            }
+        }
+        return attributes
     }
 }
 
