@@ -1,6 +1,6 @@
 // opqueue-bench tracing: the cost of `tracing.otlp` (SPEC §6), the spool end to end with traces on against the same
 // run with them off (the anchor), in alternating rounds of one run: N manifests of three operations (a, then b and c
-// after it) placed in the inbox, daemon started, until N outbox entries. With traces on, every job's 10 spans go to
+// after it) placed in the inbox, daemon started, until N outbox entries. With traces on, every job's 4 spans go to
 // a loopback collector that answers at once without decoding (Tests/Support/otlp_receiver.py discard). Beside the
 // wall-clock ratio, the daemon's own CPU time (user + system, from /proc) per round: on a machine shared with other
 // work the CPU ratio is the steadier of the two.

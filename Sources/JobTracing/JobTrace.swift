@@ -97,4 +97,14 @@ public struct SpanDescription: Sendable, Equatable {
     public var attributes: [String: Attribute]
     /// The span's status: nil is OK (or unset), else an error with this message.
     public var error: String?
+    /// In time order.
+    public var events: [EventDescription] = []
+}
+
+/// An instant within a span: an attempt's start or a retried attempt's end.
+public struct EventDescription: Sendable, Equatable {
+    public var name: String
+    /// Nanoseconds since the epoch.
+    public var time: UInt64
+    public var attributes: [String: SpanDescription.Attribute]
 }

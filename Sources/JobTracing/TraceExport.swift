@@ -7,12 +7,17 @@ import Dispatch
 import Logging
 import OTel
 import ServiceLifecycle
+import Synchronization
 import Tracing
 
 public final class TraceExport: Sendable {
     private let tracer: any Tracer
     /// Spans are made here, one job after another, never on the caller's queue (the daemon's `work`).
     private let emitting = DispatchQueue(label: "opqueued.tracing", qos: .utility)
+    /// Traces emitted and not yet made into spans, and whether their making is scheduled: made in bursts
+    /// (`burst` after the first), so that this queue and swift-otel's tasks wake once for many jobs, not per job.
+    private let pending = Mutex<(traces: [JobTrace], scheduled: Bool)>(([], false))
+    private let burst: DispatchTimeInterval = .milliseconds(50)
     /// Runs the batch processor and the exporter; give it to the service group (a bounded flush when it stops).
     public let service: any Service
     /// Where spans are posted: the base URL with `/v1/traces`.
@@ -40,6 +45,8 @@ public final class TraceExport: Sendable {
         config.traces.batchSpanProcessor.scheduleDelay = .seconds(1)
         config.traces.batchSpanProcessor.exportTimeout = .seconds(max(10, 2 * timeoutSeconds))
         config.traces.batchSpanProcessor.maxQueueSize = 16_384
+        // One batch a second (and one whenever the queue is full): large enough for a busy second's spans (default 512).
+        config.traces.batchSpanProcessor.maxExportBatchSize = 4_096
         let backend = try OTel.makeTracingBackend(configuration: config)
         tracer = backend.factory
         service = BoundedFlush(inner: backend.service, seconds: flushSeconds)
@@ -52,12 +59,27 @@ public final class TraceExport: Sendable {
 
     /// Emits a finished job's trace, on the exporter's own queue: the caller goes on at once.
     public func emit(_ trace: JobTrace) {
-        emitting.async { [self] in emitNow(trace) }
+        let schedule = pending.withLock { pending in
+            pending.traces.append(trace)
+            defer { pending.scheduled = true }
+            return !pending.scheduled
+        }
+        if schedule { emitting.asyncAfter(deadline: .now() + burst) { [self] in emitPending() } }
     }
 
     /// Returns once every trace emitted so far is with the batch processor: call it before the service stops.
     public func drain() {
-        emitting.sync {}
+        emitting.sync { emitPending() }
+    }
+
+    /// On `emitting`: the traces pending, in the order emitted.
+    private func emitPending() {
+        let traces = pending.withLock { pending in
+            pending.scheduled = false
+            defer { pending.traces = [] }
+            return pending.traces
+        }
+        for trace in traces { emitNow(trace) }
     }
 
     /// Every span of the trace started, linked and ended at its own instants.
@@ -72,13 +94,10 @@ public final class TraceExport: Sendable {
         for d in descriptions {
             let context = d.parent.map { spans[$0].context } ?? root
             let span = tracer.startSpan(d.name, context: context, ofKind: .internal, at: Instant(nanosecondsSinceEpoch: d.start))
-            span.updateAttributes { attributes in
-                for (key, value) in d.attributes {
-                    switch value {
-                    case .string(let s): attributes[key] = SpanAttribute.string(s)
-                    case .int(let i): attributes[key] = SpanAttribute.int64(Int64(i))
-                    }
-                }
+            span.attributes = Self.attributes(d.attributes)
+            for e in d.events {
+                let instant = Instant(nanosecondsSinceEpoch: e.time)
+                span.addEvent(SpanEvent(name: e.name, at: instant, attributes: Self.attributes(e.attributes)))
             }
             if let error = d.error { span.setStatus(SpanStatus(code: .error, message: error)) }
             spans.append(span)
@@ -87,6 +106,18 @@ public final class TraceExport: Sendable {
             for link in d.links { span.addLink(SpanLink(context: spans[link].context, attributes: [:])) }
         }
         for (d, span) in zip(descriptions, spans).reversed() { span.end(at: Instant(nanosecondsSinceEpoch: d.end)) }
+    }
+
+    /// swift-distributed-tracing's attributes for ours.
+    static func attributes(_ described: [String: SpanDescription.Attribute]) -> SpanAttributes {
+        var attributes = SpanAttributes()
+        for (key, value) in described {
+            switch value {
+            case .string(let s): attributes[key] = SpanAttribute.string(s)
+            case .int(let i): attributes[key] = SpanAttribute.int64(Int64(i))
+            }
+        }
+        return attributes
     }
 }
 

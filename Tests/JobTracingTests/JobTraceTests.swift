@@ -1,6 +1,6 @@
 // A finished job's spans, pure: parentage and links from the manifest's graph, instants from result.plist's
-// times to the microsecond, attempts and waits under their operation, errors as status; and how swift-otel's
-// diagnostic messages are read as dropped spans.
+// times to the microsecond, attempts as events on their operation's span (its wait before the first), errors as
+// status; and how swift-otel's diagnostic messages are read as dropped spans.
 
 import Logging
 import Testing
@@ -41,51 +41,52 @@ func diamond() -> JobTrace {
         #expect(spans[try index("a")].links.isEmpty)
         #expect(spans[try index("b")].links == [try index("a")])
         #expect(spans[try index("d")].links == [try index("b"), try index("c")])
-        // Children only under operations, parents always before children.
-        for (i, span) in spans.enumerated() where span.name != "operation" && span.name != "job" {
-            let parent = try #require(span.parent)
-            #expect(parent < i && spans[parent].name == "operation")
-        }
+        // One span per operation and the root, nothing else.
+        #expect(spans.count == 5 && spans.map(\.name) == ["job", "operation", "operation", "operation", "operation"])
     }
 
     @Test func instantsAreResultPlistTimesToTheMicrosecond() throws {
         let spans = diamond().spans()
-        let a = try #require(spans.firstIndex { $0.attributes["opqueued.operation"] == .string("a") })
-        #expect(spans[a].start == 100_000_001_000 && spans[a].end == 101_500_000_000)
-        let children = spans.filter { $0.parent == a }
-        #expect(children.map(\.name) == ["queue wait", "attempt"])
-        #expect(children[0].start == 100_000_001_000 && children[0].end == 100_250_000_000)
-        #expect(children[1].start == 100_250_000_000 && children[1].end == 101_500_000_000)
+        let a = try #require(spans.first { $0.attributes["opqueued.operation"] == .string("a") })
+        #expect(a.start == 100_000_001_000 && a.end == 101_500_000_000)
+        // Its wait for a slot: from the span's start (ready) to its one attempt's start; the attempt to the span's end.
+        #expect(a.events == [EventDescription(name: "attempt", time: 100_250_000_000, attributes: ["opqueued.attempt": .int(1)])])
         #expect(nanos(1_764_000_000.123_456_7) == 1_764_000_000_123_457_000)
         #expect(nanos(0.000_000_4) == 0)
     }
 
-    @Test func eachAttemptIsASpanWithItsNumberAndError() throws {
+    @Test func eachAttemptIsAnEventWithItsNumberAndARetriedOnesErrorAtItsEnd() throws {
         let spans = diamond().spans()
-        let b = try #require(spans.firstIndex { $0.attributes["opqueued.operation"] == .string("b") })
-        #expect(spans[b].attributes["opqueued.attempt"] == .int(2) && spans[b].error == nil)
-        let attempts = spans.filter { $0.parent == b && $0.name == "attempt" }
-        #expect(attempts.map(\.attributes["opqueued.attempt"]) == [.int(1), .int(2)])
-        #expect(attempts.map(\.error) == ["HTTP 503", nil])
-        #expect(attempts[1].start == 103_000_000_000 && attempts[1].end == 104_000_000_000)
-        let c = try #require(spans.firstIndex { $0.attributes["opqueued.operation"] == .string("c") })
-        #expect(spans[c].error == "on purpose" && spans[c].attributes["opqueued.status"] == .string("failed"))
-        // Cancelled before it ran: a span at its end, no wait or attempt seen.
-        let d = try #require(spans.firstIndex { $0.attributes["opqueued.operation"] == .string("d") })
-        #expect(spans[d].start == spans[d].end && spans[d].error == "a dependency failed")
-        #expect(!spans.contains { $0.parent == d })
+        let b = try #require(spans.first { $0.attributes["opqueued.operation"] == .string("b") })
+        #expect(b.attributes["opqueued.attempt"] == .int(2) && b.error == nil)
+        #expect(b.start == 101_500_000_000 && b.end == 104_000_000_000)
+        #expect(b.events == [
+            EventDescription(name: "attempt", time: 101_600_000_000, attributes: ["opqueued.attempt": .int(1)]),
+            EventDescription(name: "attempt failed", time: 102_000_000_000,
+                             attributes: ["opqueued.attempt": .int(1), "opqueued.error": .string("HTTP 503")]),
+            EventDescription(name: "attempt", time: 103_000_000_000, attributes: ["opqueued.attempt": .int(2)]),
+        ])
+        // The last attempt's error is the span's status.
+        let c = try #require(spans.first { $0.attributes["opqueued.operation"] == .string("c") })
+        #expect(c.error == "on purpose" && c.attributes["opqueued.status"] == .string("failed"))
+        #expect(c.events.map(\.name) == ["attempt"] && c.events[0].time == c.start)
+        // Cancelled before it ran: a span at its end, no attempt.
+        let d = try #require(spans.first { $0.attributes["opqueued.operation"] == .string("d") })
+        #expect(d.start == d.end && d.error == "a dependency failed" && d.events.isEmpty)
     }
 
-    @Test func attemptsNotSeenOneByOneAreOneSpan() {
+    @Test func attemptsNotSeenOneByOneAreOneEvent() {
         var job = diamond()
         job.operations = [OperationTrace(id: "old", kind: "sleep", queue: "default", qualityOfService: "utility", dependencies: [],
                                          state: "succeeded", attempts: 3, error: nil, startedAt: 50, finishedAt: 60)]
-        let spans = job.spans()
-        #expect(spans.map(\.name) == ["job", "operation", "attempts"])
-        #expect(spans[1].start == 50_000_000_000 && spans[2].attributes["opqueued.attempt"] == .int(3))
-        // Seen after a restart: the attempts seen are the last ones.
+        var spans = job.spans()
+        #expect(spans.map(\.name) == ["job", "operation"])
+        #expect(spans[1].start == 50_000_000_000
+            && spans[1].events == [EventDescription(name: "attempts", time: 50_000_000_000, attributes: ["opqueued.attempt": .int(3)])])
+        // Seen after a restart: the attempts seen are the last ones, at their own start.
         job.operations[0].attemptTimes = [AttemptTime(start: 55, end: 60, error: nil)]
-        #expect(job.spans()[2].attributes["opqueued.attempt"] == .int(3))
+        spans = job.spans()
+        #expect(spans[1].events == [EventDescription(name: "attempt", time: 55_000_000_000, attributes: ["opqueued.attempt": .int(3)])])
     }
 
     @Test func swiftOTelsDiagnosticsAreReadAsDroppedSpans() {

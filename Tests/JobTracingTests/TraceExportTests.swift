@@ -63,7 +63,15 @@ func running(_ export: TraceExport, _ body: () async throws -> Void) async throw
             #expect(span.links == d.links.map { matched[$0].spanID })
             #expect(span.statusCode == (d.error == nil ? 0 : 2) && span.statusMessage == (d.error ?? ""))
             #expect(span.attributes.count == d.attributes.count)
+            // The attempts' events, at their instants, with their number and a retried attempt's error.
+            #expect(span.events.map(\.name) == d.events.map(\.name) && span.events.map(\.time) == d.events.map(\.time))
+            for (arrived, event) in zip(span.events, d.events) {
+                #expect((arrived.attributes["opqueued.attempt"] as? NSNumber)?.intValue == int(event.attributes["opqueued.attempt"]))
+                #expect(arrived.attributes["opqueued.error"] as? String == string(event.attributes["opqueued.error"]))
+                #expect(arrived.attributes.count == event.attributes.count)
+            }
         }
+        #expect(arrived.flatMap(\.events).count == 5)
     }
 
     @Test func aCollectorThatRefusesHasEverySpanCountedAsDropped() async throws {

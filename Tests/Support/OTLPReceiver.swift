@@ -25,6 +25,14 @@ public final class OTLPReceiver {
         public let statusCode: Int
         public let statusMessage: String
         public let links: [String]
+        public let events: [Event]
+    }
+
+    /// An event on a span: its time in nanoseconds since the epoch.
+    public struct Event {
+        public let name: String
+        public let time: UInt64
+        public let attributes: [String: Any]
     }
 
     let process = Process()
@@ -60,7 +68,11 @@ public final class OTLPReceiver {
                         name: o["name"] as? String ?? "", start: UInt64(o["start"] as? String ?? "") ?? 0,
                         end: UInt64(o["end"] as? String ?? "") ?? 0, attributes: o["attributes"] as? [String: Any] ?? [:],
                         statusCode: (status["code"] as? NSNumber)?.intValue ?? 0, statusMessage: status["message"] as? String ?? "",
-                        links: (o["links"] as? [[String: Any]] ?? []).compactMap { $0["spanId"] as? String })
+                        links: (o["links"] as? [[String: Any]] ?? []).compactMap { $0["spanId"] as? String },
+                        events: (o["events"] as? [[String: Any]] ?? []).map { e in
+                            Event(name: e["name"] as? String ?? "", time: UInt64(e["time"] as? String ?? "") ?? 0,
+                                  attributes: e["attributes"] as? [String: Any] ?? [:])
+                        })
         }
     }
 

@@ -44,6 +44,8 @@ def spans_of(body):
                     "attributes": {a.key: value(a.value) for a in span.attributes},
                     "status": {"code": span.status.code, "message": span.status.message},
                     "links": [{"traceId": l.trace_id.hex(), "spanId": l.span_id.hex()} for l in span.links],
+                    "events": [{"name": e.name, "time": str(e.time_unix_nano), "attributes": {a.key: value(a.value) for a in e.attributes}}
+                               for e in span.events],
                 }
 
 

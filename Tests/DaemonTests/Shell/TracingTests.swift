@@ -1,7 +1,8 @@
 // Traces (SPEC §6 `tracing.otlp`) from the real daemon to a real OTLP/HTTP receiver (Tests/Support/otlp_receiver.py,
 // decoding with the OpenTelemetry protocol's own definitions): one trace per job whose parentage and links are the
-// manifest's graph and whose times are result.plist's; a collector that refuses or hangs costs a job nothing, and
-// the spans it did not take are counted; a bad `tracing.otlp` is a configuration error naming the key.
+// manifest's graph and whose times (spans, and the attempts' events on them) are result.plist's; a collector that
+// refuses or hangs costs a job nothing, and the spans it did not take are counted; a bad `tracing.otlp` is a
+// configuration error naming the key.
 
 import Foundation
 import Testing
@@ -44,9 +45,9 @@ private func dropped(_ spool: TestSpool) throws -> Double {
         ])
         let result = try #require(spool.result("graph"))
         #expect(result["status"] as? String == "failed")
-        // The root, and per operation its span, its wait and each attempt (e has two).
-        let spans = receiver.spans(atLeast: 1 + 5 * 3 + 1)
-        #expect(spans.count == 17)
+        // The root, and per operation a span with its attempts as events.
+        let spans = receiver.spans(atLeast: 1 + 5)
+        #expect(spans.count == 6)
         #expect(Set(spans.map(\.traceID)) == [Self.submitter.trace])
         let byID = Dictionary(spans.map { ($0.spanID, $0) }, uniquingKeysWith: { a, _ in a })
         let root = try #require(spans.first { $0.name == "job" })
@@ -71,19 +72,30 @@ private func dropped(_ spool: TestSpool) throws -> Double {
             #expect(span.attributes["opqueued.status"] as? String == operation["state"] as? String)
             #expect((span.attributes["opqueued.attempt"] as? NSNumber)?.intValue == (operation["attempts"] as? NSNumber)?.intValue)
             #expect(span.end == nanos(operation["finishedAt"]), "\(id)")
-            let children = spans.filter { $0.parentSpanID == span.spanID }
-            let attempts = children.filter { $0.name == "attempt" }.sorted { $0.start < $1.start }
-            #expect(attempts.count == (operation["attempts"] as? NSNumber)?.intValue, "\(id)")
-            #expect(attempts.first?.start == nanos(operation["startedAt"]) && attempts.last?.end == nanos(operation["finishedAt"]), "\(id)")
-            let wait = try #require(children.first { $0.name == "queue wait" })
-            #expect(wait.start == span.start && wait.end == attempts.first?.start, "\(id)")
+            #expect(!spans.contains { $0.parentSpanID == span.spanID }, "\(id)")
+            // Each attempt an event at its start, numbered; the first at startedAt, after the wait for a slot (from the
+            // span's start, ready); each but the last followed by its failure; the last runs to the span's end.
+            let attempts = span.events.filter { $0.name == "attempt" }
+            let count = try #require((operation["attempts"] as? NSNumber)?.intValue)
+            #expect(attempts.map { ($0.attributes["opqueued.attempt"] as? NSNumber)?.intValue } == (0..<count).map { $0 + 1 }, "\(id)")
+            let first = try #require(attempts.first, "\(id)"), last = try #require(attempts.last)
+            #expect(first.time == nanos(operation["startedAt"]), "\(id)")
+            #expect(span.start <= first.time && last.time <= span.end, "\(id)")
+            let names = Array(repeating: ["attempt", "attempt failed"], count: count).flatMap { $0 }.dropLast()
+            #expect(span.events.map(\.name) == Array(names), "\(id)")
+            #expect(zip(span.events, span.events.dropFirst()).allSatisfy { $0.time <= $1.time }, "\(id)")
             #expect(span.start >= root.start && span.end <= root.end)
         }
         // b waited for a: its span starts no earlier than a's end (ready when a finished).
         #expect(try #require(spanOf["b"]).start >= (try #require(spanOf["a"])).end)
         let e = try #require(spanOf["e"])
         #expect(e.statusCode == 2 && e.statusMessage == "on purpose")
-        #expect(spans.filter { $0.parentSpanID == e.spanID && $0.name == "attempt" }.allSatisfy { $0.statusCode == 2 })
+        // e's first attempt failed, and its retry waited its 0.05 s after that.
+        let failed = try #require(e.events.first { $0.name == "attempt failed" })
+        #expect(failed.attributes["opqueued.error"] as? String == "on purpose"
+            && (failed.attributes["opqueued.attempt"] as? NSNumber)?.intValue == 1)
+        try #require(e.events.count == 3)
+        #expect(e.events[2].time >= failed.time + 40_000_000)
         #expect(byID.count == spans.count)
         #expect(try dropped(spool) == 0)
     }
@@ -100,11 +112,11 @@ private func dropped(_ spool: TestSpool) throws -> Double {
         try spool.start(spool.configure(["tracing": ["otlp": base]]))
         try spool.drop("j.plist", ["job": "j", "operations": [sleepOp("a", 0), sleepOp("b", 0, deps: ["a"])]])
         #expect(spool.result("j")?["status"] as? String == "succeeded")
-        // The job was published meanwhile; the export fails after it (refused, or the 5 s timeout), and its 7 spans
-        // (the root, and per operation its span, wait and attempt) are counted.
+        // The job was published meanwhile; the export fails after it (refused, or the 5 s timeout), and its 3 spans
+        // (the root and one per operation) are counted.
         let deadline = Date().addingTimeInterval(40)
-        while try dropped(spool) < 7 && Date() < deadline { usleep(200_000) }
-        #expect(try dropped(spool) == 7)
+        while try dropped(spool) < 3 && Date() < deadline { usleep(200_000) }
+        #expect(try dropped(spool) == 3)
         // A second job is not held by the first's export.
         try spool.drop("k.plist", ["job": "k", "operations": [sleepOp("a", 0)]])
         #expect(spool.result("k")?["status"] as? String == "succeeded")
