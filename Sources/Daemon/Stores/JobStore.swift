@@ -143,9 +143,9 @@ public protocol JobStore: AnyObject, Sendable {
     func want(room: Int, manifestBytes: Int)
 
     /// The publication gate, for one batch: returns the jobs this node may publish (the file spool: all). A
-    /// cluster store records the ends under their fences in one statement; a job missing from the answer was
-    /// lost and is handed to `delegate.lost`. Throws when the answer is unknown (database down): the batch waits
-    /// and is offered again.
+    /// store that records ends does so under their fences in one statement; a job missing from the answer is not
+    /// this node's to publish, and one taken from it (a newer fence) is also handed to `delegate.lost`. Throws
+    /// when the answer is unknown (database down): the batch waits and is offered again.
     func complete(_ ends: [JobEnd]) throws -> Set<String>
 
     /// Where the job came from (nil without a cluster).
