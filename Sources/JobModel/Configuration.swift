@@ -78,6 +78,8 @@ public struct Configuration: Sendable {
     public var commands: [String: CommandSpec] = [:]
     /// `jobFinished`: the command run once per ended job, after publication.
     public var jobFinished: String?
+    /// The `jobFinished` command's definition.
+    package var jobFinishedHook: CommandSpec? { jobFinished.flatMap { commands[$0] } }
     /// `cluster` (SPEC §8); nil: one node, the file spool alone.
     public var cluster: ClusterSettings? = nil
     /// `schedules` (SPEC §3.7), by name.

@@ -6,7 +6,7 @@ import Logging
 import OperationEngine
 
 extension Daemon {
-    /// Performs `actions` in order (outside `lock`). `run` and `records` are the job a publication is for and its
+    /// Performs `actions` in order (outside `shared`). `run` and `records` are the job a publication is for and its
     /// engine records, when the caller has them; `submit` and `answer` are the caller's to act on.
     func perform(_ actions: [JobLifecycle<GroupID>.Action], for run: RunningJob? = nil, records: [OperationRecord] = []) {
         for action in actions {
@@ -25,7 +25,7 @@ extension Daemon {
                     logger.warning("job \(job): cancel of operation '\(clipped(operation))' ignored: the job has no such operation")
                 }
             case .publish(let job, let status, let error):
-                guard let run = run ?? lock.withLock({ runs[job] }) else { continue }
+                guard let run = run ?? shared.withLock({ s in s.runs[job] }) else { continue }
                 enqueuePublication(Publication(job: run, status: status, error: error, records: records))
             case .releaseGroup(let group):
                 engine.release(group)

@@ -13,44 +13,38 @@ extension Daemon {
     public func reload() {
         event(.info, "reloading the configuration", ["OPQ_EVENT": "daemon", "OPQ_STATE": "reloading"])
         do {
-            let loaded = try configPath.map { try Configuration.load(path: $0, regularOnly: true) } ?? .builtIn
+            let loaded = try options.configPath.map { try Configuration.load(path: $0, regularOnly: true) } ?? .builtIn
             // Only a reload replaces the configuration, and reloads come one at a time.
-            let previous = lock.withLock { configuration }
+            let previous = shared.withLock { $0.configuration }
             let (config, kept) = try Configuration.reloaded(loaded, running: previous)
-            lock.lock()
-            configuration = config
-            _ = lifecycle.handle(.configured(maxActiveJobs: config.maxActiveJobs, maxActiveOperations: config.maxActiveOperations))
-            let shared = storeSuspended
-            let held = awaitingStoreSuspensions
-            // An operator's `suspend` or `resume` here stands until the configuration changes that queue's
-            // `suspended` (the newer word wins) or the daemon restarts: a reload for another reason (a limit, a
-            // command) must not resume a queue suspended for maintenance, nor suspend one resumed by hand.
-            var changes: [(String, Bool)] = []
-            for name in config.queueNames {
-                guard let q = config.queues[name] else { continue }
-                let was = localSuspensions[name] ?? previous.queues[name]?.suspended ?? false
-                if previous.queues[name]?.suspended != q.suspended { localSuspensions[name] = nil }
-                let now = localSuspensions[name] ?? q.suspended
-                if now != was { changes.append((name, now)) }
+            let (changes, suspensions) = shared.withLock { s in
+                s.configuration = config
+                _ = s.lifecycle.handle(.configured(maxActiveJobs: config.maxActiveJobs, maxActiveOperations: config.maxActiveOperations))
+                return (Self.suspensionChanges(config, previous: previous, local: &s.localSuspensions),
+                        (local: s.localSuspensions, store: s.storeSuspended, held: s.awaitingStoreSuspensions))
             }
-            let local = localSuspensions
-            lock.unlock()
+            var added: [String: QueueID] = [:]
+            let known = shared.withLock { $0.queueIDs }
             for name in config.queueNames {
                 guard let q = config.queues[name] else { continue }
-                let suspended = (local[name] ?? q.suspended) || shared.contains(name) || held
-                if let id = queueIDs[name] {
+                let suspended = (suspensions.local[name] ?? q.suspended) || suspensions.store.contains(name) || suspensions.held
+                if let id = known[name] {
                     engine.updateQueue(id, maxConcurrentOperationCount: q.maxConcurrentOperationCount, qualityOfService: q.qualityOfService,
                                        isSuspended: suspended, rateLimit: .some(q.rateLimit))
                 } else {
-                    queueIDs[name] = engine.addQueue(named: name, maxConcurrentOperationCount: q.maxConcurrentOperationCount,
-                                                     qualityOfService: q.qualityOfService, isSuspended: suspended, rateLimit: q.rateLimit)
+                    added[name] = engine.addQueue(named: name, maxConcurrentOperationCount: q.maxConcurrentOperationCount,
+                                                  qualityOfService: q.qualityOfService, isSuspended: suspended, rateLimit: q.rateLimit)
                 }
+            }
+            let queueIDs = shared.withLock { s in
+                s.queueIDs.merge(added) { old, _ in old }
+                return s.queueIDs
             }
             for (name, suspended) in changes { logQueue(name, suspended: suspended) }
             store.reload(config)
             work.async { [self] in configureSchedules(config) }
-            permits?.configure(Self.limitedQueues(config, queueIDs))
-            rates?.configure(Self.ratedQueues(config, queueIDs))
+            limits.permits?.configure(Self.limitedQueues(config, queueIDs))
+            limits.rates?.configure(Self.ratedQueues(config, queueIDs))
             if !kept.isEmpty {
                 logger.warning("""
                     \(kept.joined(separator: ", ")) changed: kept as this node started until it is restarted \
@@ -64,6 +58,22 @@ extension Daemon {
         scan()
     }
 
+    /// An operator's `suspend` or `resume` here stands until the configuration changes that queue's `suspended` (the
+    /// newer word wins) or the daemon restarts: a reload for another reason (a limit, a command) must not resume a
+    /// queue suspended for maintenance, nor suspend one resumed by hand. Returns the queues whose state changes.
+    static func suspensionChanges(_ config: Configuration, previous: Configuration,
+                                  local: inout [String: Bool]) -> [(String, Bool)] {
+        var changes: [(String, Bool)] = []
+        for name in config.queueNames {
+            guard let q = config.queues[name] else { continue }
+            let was = local[name] ?? previous.queues[name]?.suspended ?? false
+            if previous.queues[name]?.suspended != q.suspended { local[name] = nil }
+            let now = local[name] ?? q.suspended
+            if now != was { changes.append((name, now)) }
+        }
+        return changes
+    }
+
     /// SIGTERM: claims nothing more and starts nothing new; executing operations get `grace` seconds;
     /// unfinished jobs stay in active/ and resume at the next start. A cluster node first hands back the jobs none
     /// of whose operations started, so that other nodes run them now (the rest resume here at a restart, or run
@@ -71,7 +81,7 @@ extension Daemon {
     public func stop(grace: Double) async {
         _ = handle(.stopping)
         event(.info, "stopping", ["OPQ_EVENT": "daemon", "OPQ_STATE": "stopping"])
-        for id in queueIDs.values { engine.updateQueue(id, isSuspended: true) }
+        for id in shared.withLock({ $0.queueIDs.values }) { engine.updateQueue(id, isSuspended: true) }
         handBackUnstarted()
         let deadline = Date().addingTimeInterval(grace)
         while engine.executingCount > 0 && Date() < deadline {
@@ -85,15 +95,12 @@ extension Daemon {
         // …and what is with the committer or the store: announced before the store goes (bounded by the store's
         // own statement timeout, and a stalled batch counts as ended).
         let published = Date().addingTimeInterval(2 * ClusterJobStore.statementTimeout)
-        while lock.withLock({ publishing > 0 }) && Date() < published {
+        while shared.withLock({ $0.publishing > 0 }) && Date() < published {
             try? await Task.sleep(for: .milliseconds(5))
         }
-        permitsTask?.cancel()
-        ratesTask?.cancel()
-        await permitsTask?.value
-        await ratesTask?.value
+        await limits.stop()
         store.shutdown()
-        spoolWatch.stop()
+        durability.watch.stop()
     }
 
     /// The jobs none of whose operations has started (every queue is suspended by now: none will) go back to the
@@ -103,7 +110,7 @@ extension Daemon {
         // and what is handed back is not claimed again here.
         store.stopClaiming()
         let candidates = work.sync { () -> [String] in
-            let running = lock.withLock { runs.keys.map { ($0, lifecycle.group(of: $0)) } }
+            let running = shared.withLock { s in s.runs.keys.map { ($0, s.lifecycle.group(of: $0)) } }
             return running.compactMap { id, group in
                 guard let group, let records = engine.records(group), !records.isEmpty,
                       records.allSatisfy({ $0.attempts == 0 && !$0.state.isFinished }) else { return nil }
@@ -120,7 +127,7 @@ extension Daemon {
     /// What a manifest submitted here may name, as the daemon validates it (`opqueuectl submit` asks): this node's
     /// queues and commands (each with its signature), and in a cluster those any node declares (SPEC §8).
     public func submissionNames() -> (queues: [String], commands: [String: String]) {
-        let config = store.submissionConfiguration(lock.withLock { configuration })
+        let config = store.submissionConfiguration(shared.withLock { $0.configuration })
         var commands: [String: String] = [:]
         for (name, spec) in config.commands where !spec.isHookOnly { commands[name] = CommandSignature.encode(spec) }
         return (config.queueNames, commands)
@@ -128,14 +135,14 @@ extension Daemon {
 
     /// `suspend`/`resume` from a client: the store's when it keeps them (a cluster: every node follows), else here.
     public func suspend(queue name: String, _ suspended: Bool) -> Bool {
-        guard let id = queueIDs[name] else { return false }
+        guard let id = shared.withLock({ $0.queueIDs[name] }) else { return false }
         if store.setSuspended(name, suspended) {
-            lock.withLock { localSuspensions[name] = nil }
+            shared.withLock { $0.localSuspensions[name] = nil }
             return true
         }
         // Here only (the file spool), or until the store can record it (a cluster whose database is away): it holds
         // on this node whatever the store says meanwhile.
-        lock.withLock { localSuspensions[name] = suspended }
+        shared.withLock { $0.localSuspensions[name] = suspended }
         engine.updateQueue(id, isSuspended: suspended)
         logQueue(name, suspended: suspended)
         return true
@@ -159,7 +166,7 @@ extension Daemon {
     public func cancel(job id: String, operation: String?) -> CancelOutcome {
         // A parked delayed job (out of the table) comes back into it first, on `work`, where no claim is half done.
         // Only the spool parks jobs: a cluster node's count of parked jobs is 0.
-        if lock.withLock({ lifecycle.phase(of: id) == nil && lifecycle.parkedCount > 0 }), hasActiveFolder(id) {
+        if shared.withLock({ $0.lifecycle.phase(of: id) == nil && $0.lifecycle.parkedCount > 0 }), hasActiveFolder(id) {
             work.sync { unparkForCancel(id) }
         }
         switch cancelHere(job: id, operation: operation) {
@@ -181,11 +188,11 @@ extension Daemon {
     /// Cancels a job in the lifecycle's table, or one claimed and not yet received; nil when it is not there.
     func cancelHere(job id: String, operation: String?) -> CancelOutcome? {
         if let kept = cancelBeforeReceipt(job: id, operation: operation) { return kept }
-        let actions = lock.withLock {
+        let actions = shared.withLock { s in
             // The operation index is complete once the plan is read (phase accepted or later); before, unknown.
-            let phase = lifecycle.phase(of: id)
-            let known = phase != nil && phase != .received && operation.map { runs[id]?.operationIndex[$0] != nil } ?? true
-            return lifecycle.handle(.cancel(job: id, operation: operation, knownOperation: known))
+            let phase = s.lifecycle.phase(of: id)
+            let known = phase != nil && phase != .received && operation.map { s.runs[id]?.operationIndex[$0] != nil } ?? true
+            return s.lifecycle.handle(.cancel(job: id, operation: operation, knownOperation: known))
         }
         var outcome: CancelOutcome?
         for action in actions {
@@ -214,20 +221,20 @@ extension Daemon {
     /// job is not such a one: in the lifecycle's table (received meanwhile), not here, or on a cluster node, whose
     /// cancel of a job not in its table goes to the database, which reaches the job wherever it is.
     private func cancelBeforeReceipt(job id: String, operation: String?) -> CancelOutcome? {
-        guard !store.capabilities.contains(.placesJobs), lock.withLock({ lifecycle.phase(of: id) == nil }), hasActiveFolder(id) else {
+        guard !store.capabilities.contains(.placesJobs), shared.withLock({ $0.lifecycle.phase(of: id) == nil }), hasActiveFolder(id) else {
             return nil
         }
-        guard lock.withLock({ lifecycle.keepCancelBeforeReceipt(job: id, operation: operation) }) else { return nil }
+        guard shared.withLock({ $0.lifecycle.keepCancelBeforeReceipt(job: id, operation: operation) }) else { return nil }
         // Unless the job came and went between the looks (received, run and published: its folder gone, the cancel
         // not taken).
-        if !hasActiveFolder(id), lock.withLock({ lifecycle.dropCancelsBeforeReceipt(job: id) }) { return nil }
+        if !hasActiveFolder(id), shared.withLock({ $0.lifecycle.dropCancelsBeforeReceipt(job: id) }) { return nil }
         return .cancelled
     }
 
     /// Cancels one operation of a submitted group (the engine knows whether it has already ended).
     func cancel(job: String, group: GroupID, operation: String) -> CancelOutcome {
-        let run = lock.withLock { runs[job] }
-        guard let run, let index = lock.withLock({ run.operationIndex[operation] }) else { return .unknownOperation }
+        let run = shared.withLock { $0.runs[job] }
+        guard let run, let index = shared.withLock({ _ in run.operationIndex[operation] }) else { return .unknownOperation }
         // A fused operation whose stage its chain's end runs still: cancelling it cancels that run (FusedChains).
         if let end = run.fusion.endHolding(index) {
             engine.cancel(group, operation: end, reason: "cancelled by request")
@@ -290,39 +297,46 @@ extension Daemon {
     }
 
     public func status() -> Status {
-        lock.lock()
-        let active = lifecycle.jobs.keys.sorted()
-        let waitingNow = waiting
-        let fault = lifecycle.fault
-        let operations = lifecycle.activeOperations, budget = configuration.maxActiveOperations
-        let progress = lifecycle.jobs.map { id, job in JobProgress(job: id, operations: job.operations, ended: job.ended + job.recovered,
-                                                                    notBefore: job.notBefore) }
-        let parked = lifecycle.parkedCount, delayedCount = lifecycle.delayedCount + parked
-        let configured = Set(["default"] + configuration.queueNames)
-        let schedules = self.schedules.entries.sorted { $0.key < $1.key }.map { name, entry in
-            (name, entry.settings.cron.expression.description, entry.settings.cron.zone.name, entry.next.map(Double.init))
+        var (status, configured) = shared.withLock { s in
+            let parked = s.lifecycle.parkedCount
+            let progress = s.lifecycle.jobs.map { id, job in
+                JobProgress(job: id, operations: job.operations, ended: job.ended + job.recovered, notBefore: job.notBefore)
+            }
+            let status = Status(activeJobs: s.lifecycle.jobs.keys.sorted(), waiting: s.waiting, executing: 0,
+                                operations: s.lifecycle.activeOperations, maxActiveOperations: s.configuration.maxActiveOperations,
+                                queues: [], fault: s.lifecycle.fault, jobs: progress, held: Self.heldQueues(s),
+                                schedules: Self.scheduleRows(s.schedules), delayed: s.lifecycle.delayedCount + parked, parked: parked)
+            return (status, Set(["default"] + s.configuration.queueNames))
         }
-        var held: Set<String> = []
-        if awaitingStoreSuspensions {
-            let config = configuration
-            held = Set((["default"] + config.queueNames).filter { name in
-                config.queues[name]?.suspended != true && localSuspensions[name] != true
-            })
-        }
-        lock.unlock()
+        status.jobs.sort { $0.job < $1.job }
         let overview = engine.overview()
+        status.executing = overview.executing
         // A queue a reload removed stays in the engine (a re-added one takes its place again): shown while operations
         // of it remain, then no longer (in status and the metrics' gauges).
-        let queues = overview.queues.filter { configured.contains($0.name) || $0.pending + $0.executing > 0 }
-        // Manifests the store holds for submission still wait, as far as the user can tell (read outside the lock).
-        let submissions = store.awaitingSubmission
-        return Status(activeJobs: active, waiting: waitingNow + submissions, submissions: submissions,
-                      submissionsSince: submissions > 0 ? store.awaitingSubmissionSince : nil, executing: overview.executing,
-                      operations: operations, maxActiveOperations: budget, queues: queues, fault: fault,
-                      jobs: progress.sorted { $0.job < $1.job }, held: held, clusterSlots: permits?.slots ?? [:],
-                      schedules: schedules, delayed: delayedCount, parked: parked)
+        status.queues = overview.queues.filter { configured.contains($0.name) || $0.pending + $0.executing > 0 }
+        // Manifests the store holds for submission still wait, as far as the user can tell (read outside `shared`).
+        status.submissions = store.awaitingSubmission
+        status.waiting += status.submissions
+        status.submissionsSince = status.submissions > 0 ? store.awaitingSubmissionSince : nil
+        status.clusterSlots = limits.permits?.slots ?? [:]
+        return status
     }
 
+    /// Each schedule for `status`: its cron, zone and next occurrence.
+    private static func scheduleRows(_ book: ScheduleBook) -> [(name: String, cron: String, zone: String, next: Double?)] {
+        book.entries.sorted { $0.key < $1.key }.map { name, entry in
+            (name, entry.settings.cron.expression.description, entry.settings.cron.zone.name, entry.next.map(Double.init))
+        }
+    }
+
+    /// Queues held only until the store has said which are suspended (see Status.held).
+    private static func heldQueues(_ s: SharedState) -> Set<String> {
+        guard s.awaitingStoreSuspensions else { return [] }
+        let config = s.configuration
+        return Set((["default"] + config.queueNames).filter { name in
+            config.queues[name]?.suspended != true && s.localSuspensions[name] != true
+        })
+    }
 
     /// The metrics in the Prometheus text format, the gauges read now (`opqueuectl metrics`, GET /metrics).
     public func metricsText() -> String {
@@ -423,8 +437,8 @@ extension Daemon {
 
     /// The running jobs' operations for this node's next heartbeat (ClusterProgress): `show` on other nodes.
     func clusterProgress() -> [UInt8] {
-        // The plans copied under the lock (a photo list's grows under it).
-        let running = lock.withLock { runs.map { ($0.key, $0.value, $0.value.plan, lifecycle.group(of: $0.key)) } }
+        // The plans copied under `shared` (a photo list's grows under it).
+        let running = shared.withLock { s in s.runs.map { ($0.key, $0.value, $0.value.plan, s.lifecycle.group(of: $0.key)) } }
         var jobs: [(job: String, operations: [ClusterProgress.Operation])] = []
         var left = ClusterProgress.budget
         for (id, run, plan, group) in running {
@@ -452,9 +466,9 @@ extension Daemon {
     /// A job this node has, for `show`; nil when it has no such job.
     public func show(job id: String) -> Shown? {
         if let operations = operations(of: id) { return .operations(operations) }
-        if let until = lock.withLock({ lifecycle.jobs[id]?.notBefore }) { return .delayed(until: until, operations: pending(id)) }
+        if let until = shared.withLock({ $0.lifecycle.jobs[id]?.notBefore }) { return .delayed(until: until, operations: pending(id)) }
         // Parked (out of the table): its manifest says until when.
-        if lock.withLock({ lifecycle.phase(of: id) == nil && lifecycle.parkedCount > 0 }), hasActiveFolder(id),
+        if shared.withLock({ $0.lifecycle.phase(of: id) == nil && $0.lifecycle.parkedCount > 0 }), hasActiveFolder(id),
            let parked = heldDelayedPlan(id) {
             return .delayed(until: parked.until, operations: Self.pending(parked.plan))
         }
@@ -467,15 +481,15 @@ extension Daemon {
     /// or claimed and not yet received — its folder in active/ is made before its manifest leaves the inbox, and
     /// the claims' commit and the reading of the batch's manifests come before it is received.
     private func isStarting(_ id: String) -> Bool {
-        if lock.withLock({ lifecycle.isStarting(id) }) { return true }
-        // The file system is looked at outside the lock: a frozen spool must not stop the daemon's other answers.
+        if shared.withLock({ $0.lifecycle.isStarting(id) }) { return true }
+        // The file system is looked at outside `shared`: a frozen spool must not stop the daemon's other answers.
         guard hasActiveFolder(id) else { return false }
-        return lock.withLock { lifecycle.isStarting(id) || lifecycle.phase(of: id) == nil }
+        return shared.withLock { $0.lifecycle.isStarting(id) || $0.lifecycle.phase(of: id) == nil }
     }
 
     /// Whether active/<id> is a folder: for a job not (or no longer) in the lifecycle's table, one this node has
     /// claimed and not yet received (the folder is made before its manifest leaves the inbox, or before a cluster
-    /// job's copy is written). Never called under `lock`.
+    /// job's copy is written). Never called under `shared`.
     private func hasActiveFolder(_ id: String) -> Bool {
         guard isValidIdentifier(id) else { return false }
         var st = stat()
@@ -484,10 +498,7 @@ extension Daemon {
 
     /// An active job's operations, once its plan is a group.
     private func operations(of id: String) -> [[String: Any]]? {
-        lock.lock()
-        let job = runs[id]
-        let group = lifecycle.group(of: id)
-        lock.unlock()
+        let (job, group) = shared.withLock { ($0.runs[id], $0.lifecycle.group(of: id)) }
         guard let job, let plan = job.plan, let group, let records = records(group, of: job) else { return nil }
         return zip(plan.operations, records).map { op, r in
             var entry: [String: Any] = ["id": op.id, "kind": op.kind.rawValue, "queue": op.queue, "state": r.state.name,
@@ -501,7 +512,7 @@ extension Daemon {
 
     /// A delayed job's operations as its manifest in active/ has them, each pending (empty if it cannot be read).
     private func pending(_ id: String) -> [[String: Any]] {
-        let config = lock.withLock { configuration }
+        let config = shared.withLock { $0.configuration }
         guard case .success(let claimed) = spool.heldJob(id),
               case .success(let plan) = Manifest.parse(claimed.tree ?? ManifestTree(claimed.manifest), configuration: config)
         else { return [] }

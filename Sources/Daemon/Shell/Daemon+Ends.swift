@@ -14,7 +14,7 @@ extension Daemon {
     /// On `work`: a group has finished; its job's outbox entry is published with the next batch (a lost job's
     /// group is released and its folder discarded instead).
     func finish(_ group: GroupID) {
-        let run = lock.withLock { lifecycle.job(of: group).flatMap { runs[$0] } }
+        let run = shared.withLock { s in s.lifecycle.job(of: group).flatMap { s.runs[$0] } }
         guard let run else {
             perform(handle(.groupFinished(group: group, status: .cancelled, error: nil)))
             return
@@ -31,8 +31,8 @@ extension Daemon {
 
     /// On `work`: the first publication of a batch schedules the batch; later ones join it.
     func enqueuePublication(_ publication: Publication) {
-        publications.append(publication)
-        if publications.count == 1 { work.async { [self] in publishPending() } }
+        onWork.publications.append(publication)
+        if onWork.publications.count == 1 { work.async { [self] in publishPending() } }
     }
 
     /// On `work`: write every pending result.plist, commit, have the store record the ends, move the entries
@@ -41,7 +41,7 @@ extension Daemon {
         let batch = takePublications()
         guard !batch.isEmpty else {
             // What waited was lost meanwhile: nothing is left to retry.
-            if fault.isOn, fault.stalled.isEmpty, let made = try? spool.probe() {
+            if onWork.fault.isOn, onWork.fault.stalled.isEmpty, let made = try? spool.probe() {
                 logRemade(made)
                 spoolWorked()
                 claimMore()
@@ -52,7 +52,7 @@ extension Daemon {
         var staged: [(publication: Publication, firstStart: Double?)] = []
         var results: [String: [UInt8]] = [:]
         let keepsResults = store.capabilities.contains(.recordsEnds)
-        let hook = lock.withLock { configuration.jobFinished.flatMap { configuration.commands[$0] } }
+        let hook = shared.withLock { $0.configuration.jobFinishedHook }
         let node = store.node
         for publication in batch {
             if hook != nil {
@@ -76,8 +76,8 @@ extension Daemon {
             }
         }
         // result.plist made durable off `work` (which stages the next batch meanwhile), then the ends recorded.
-        lock.withLock { publishing += 1 }
-        commits.after { [self, staged, results] outcome in
+        shared.withLock { $0.publishing += 1 }
+        durability.commits.after { [self, staged, results] outcome in
             switch outcome {
             case .success:
                 record(batch, staged, results: results, now: now, hook: hook)
@@ -94,13 +94,14 @@ extension Daemon {
     /// On `work`: the pending publications, emptied; a job lost while its publication waited is no longer in the
     /// table: nothing is published for it.
     private func takePublications() -> [Publication] {
-        let batch = lock.withLock {
-            publications.filter { publication in
-                let phase = lifecycle.phase(of: publication.job.id)
-                return runs[publication.job.id] === publication.job && (phase == .finishing || phase == .rejected)
+        let waiting = onWork.publications
+        let batch = shared.withLock { s in
+            waiting.filter { publication in
+                let phase = s.lifecycle.phase(of: publication.job.id)
+                return s.runs[publication.job.id] === publication.job && (phase == .finishing || phase == .rejected)
             }
         }
-        publications = []
+        onWork.publications = []
         return batch
     }
 
@@ -161,7 +162,7 @@ extension Daemon {
         } else {
             // A remote store: off the committer (which syncs the next batches meanwhile); each job stays
             // `finishing` until its batch is placed.
-            recorder.add(Recording(batch: batch, staged: staged, ends: ends, ungated: ungated, now: now, hook: hook))
+            durability.recorder.add(Recording(batch: batch, staged: staged, ends: ends, ungated: ungated, now: now, hook: hook))
         }
     }
 
@@ -176,7 +177,7 @@ extension Daemon {
 
     /// On `work`: a publication batch handed to the committer was announced or stalled.
     func publicationEnded() {
-        lock.withLock { publishing -= 1 }
+        shared.withLock { $0.publishing -= 1 }
     }
 
     /// On `work`: the second half of a publication batch, once the store answered: the recorded ends are placed
@@ -188,7 +189,7 @@ extension Daemon {
         case .success(let ids): recorded = ids
         case .failure(let error):
             // Not known whether the store recorded them: they wait, as in a spool fault, and are offered again.
-            fault.stall(staged.map(\.publication))
+            onWork.fault.stall(staged.map(\.publication))
             spoolFailed("recording \(staged.count) job ends in the job store", error)
             publicationEnded()
             return
@@ -198,16 +199,16 @@ extension Daemon {
             guard recorded.contains(entry.publication.job.id) else {
                 perform(handle(.lost(job: entry.publication.job.id,
                                      reason: "the job store did not record its end (another node holds it)")))
-                _ = traceTimelines.take(job: entry.publication.job.id)
-                lock.withLock { runs[entry.publication.job.id] = nil }
+                _ = telemetry.timelines.take(job: entry.publication.job.id)
+                shared.withLock { $0.runs[entry.publication.job.id] = nil }
                 continue
             }
             do {
                 // SPEC §8 sharedOutbox: assembled under sharedOutbox/.tmp/ and renamed into place there.
                 let id = entry.publication.job.id
-                let shared = lock.withLock { configuration.cluster?.sharedOutbox }
-                let name = try shared.map { try spool.placeShared(job: id, in: $0) } ?? spool.place(job: id, inUse: idInUse)
-                let folder = shared ?? spool.outbox
+                let sharedOutbox = shared.withLock { $0.configuration.cluster?.sharedOutbox }
+                let name = try sharedOutbox.map { try spool.placeShared(job: id, in: $0) } ?? spool.place(job: id, inUse: idInUse)
+                let folder = sharedOutbox ?? spool.outbox
                 if name != id {
                     logger.warning("""
                         job \(id): \(folder)/\(id) was taken by something else after the job was claimed (left as it is); \
@@ -225,13 +226,13 @@ extension Daemon {
         // log keeps its lines, in case a crash loses the rename and the job is found in active/ again).
         if !placed.isEmpty {
             for entry in placed {
-                perform(lock.withLock { lifecycle.handle(.published(job: entry.publication.job.id)) })
+                perform(handle(.published(job: entry.publication.job.id)))
             }
             claimMore()
             offerRoom()
         }
         // The renames made durable off `work`, then announced.
-        commits.after { [self, placed] outcome in
+        durability.commits.after { [self, placed] outcome in
             work.async { [self] in announce(batch, placed, committed: outcome, now: now, hook: hook) }
         }
     }
@@ -244,7 +245,7 @@ extension Daemon {
         switch committed {
         case .success:
             // Every step of the batch worked (and nothing waits from an earlier one): a fault is over.
-            if fault.stalled.isEmpty { spoolWorked() }
+            if onWork.fault.stalled.isEmpty { spoolWorked() }
         case .failure(let error):
             // The entries are in the outbox already (whole, by rename); only the renames' durability is in doubt,
             // and a rename the disk lost leaves the job in active/, published again at the next start.
@@ -266,11 +267,11 @@ extension Daemon {
                 event(publication.status == .succeeded ? .info : publication.status == .failed ? .error : .warning,
                       "job \(job.id) finished: \(publication.status.rawValue)", fields)
             }
-            lock.withLock { runs[job.id] = nil }
+            shared.withLock { $0.runs[job.id] = nil }
             if let hook { hooks.run(hook, job: job.id, status: publication.status.rawValue, entry: entry) }
         }
         do {
-            try spool.compactProgressIfLarge(active: lock.withLock { Set(runs.keys) })
+            try spool.compactProgressIfLarge(active: shared.withLock { Set($0.runs.keys) })
         } catch {
             logger.error("rewriting the progress log failed: \(error); it keeps growing until the next start")
         }
@@ -283,14 +284,14 @@ extension Daemon {
     /// On `work`: once nothing is active, memory freed by the jobs that ended (a big manifest's tree, plan
     /// and records) goes back to the system when MemoryTrim says so.
     func releaseMemoryIfIdle(released: Int) {
-        trim.released(released)
+        onWork.trim.released(released)
         // Idle: nothing in the table but delayed jobs (their manifests and plans were let go).
-        guard lock.withLock({ lifecycle.count == lifecycle.delayedCount }) else { return }
-        switch trim.idle(now: Date().timeIntervalSince1970) {
+        guard shared.withLock({ $0.lifecycle.count == $0.lifecycle.delayedCount }) else { return }
+        switch onWork.trim.idle(now: Date().timeIntervalSince1970) {
         case .trim: opq_release_free_memory()
         case .later(let seconds):
             work.asyncAfter(deadline: .now() + seconds) { [self] in
-                trim.fired()
+                onWork.trim.fired()
                 releaseMemoryIfIdle(released: 0)
             }
         case .none: break
@@ -301,14 +302,14 @@ extension Daemon {
 
     /// On `work`: a publication could not be completed; it waits in active/ and is retried.
     func stall(_ publication: Publication, _ error: any Error) {
-        fault.stall(CollectionOfOne(publication))
+        onWork.fault.stall(CollectionOfOne(publication))
         spoolFailed("publishing outbox/\(publication.job.id)", error)
     }
 
     /// On `work`: a spool operation failed. The first failure of a fault is logged, claiming pauses,
     /// and a retry is scheduled; nothing is lost (claimed jobs stay in active/, the rest in the inbox).
     func spoolFailed(_ what: String, _ error: any Error) {
-        if fault.failed(what, now: Date().timeIntervalSince1970) {
+        if onWork.fault.failed(what, now: Date().timeIntervalSince1970) {
             _ = handle(.fault("\(what) failed: \(error)"))
             logger.error("""
                 \(what) failed: \(error); claiming is paused and publication waits until the spool works again \
@@ -320,16 +321,16 @@ extension Daemon {
 
     /// On `work`: the spool worked; if a fault was on, it is over.
     func spoolWorked() {
-        guard let ended = fault.worked(now: Date().timeIntervalSince1970) else { return }
+        guard let ended = onWork.fault.worked(now: Date().timeIntervalSince1970) else { return }
         _ = handle(.fault(nil))
         let seconds = String(format: "%.1f", ended.seconds)
         logger.notice("the spool works again after \(seconds) s (\(ended.what) had failed); claiming resumes")
     }
 
     func scheduleFaultRetry() {
-        guard let delay = fault.scheduleRetry() else { return }
+        guard let delay = onWork.fault.scheduleRetry() else { return }
         work.asyncAfter(deadline: .now() + delay) { [self] in
-            let retry = fault.retryDue()
+            let retry = onWork.fault.retryDue()
             guard retry != .none else { return }
             do {
                 logRemade(try spool.probe())
@@ -343,7 +344,7 @@ extension Daemon {
                 offerRoom()
             } else {
                 // Publication retried first; success there ends the fault (and claims more).
-                publications = fault.takeStalled() + publications
+                onWork.publications = onWork.fault.takeStalled() + onWork.publications
                 publishPending()
             }
         }
@@ -358,19 +359,19 @@ extension Daemon {
 
     func checkOnceDone() {
         guard once else { return }
-        lock.lock()
-        // Placed jobs have left the lifecycle; each is done once announced.
-        let idle = lifecycle.onceDone && runs.isEmpty
-        let waiters = idle ? finishedWaiters : []
-        if idle { finishedWaiters = [] }
-        lock.unlock()
+        let waiters = shared.withLock { s in
+            // Placed jobs have left the lifecycle; each is done once announced.
+            guard s.lifecycle.onceDone && s.runs.isEmpty else { return [] as [@Sendable () -> Void] }
+            defer { s.finishedWaiters = [] }
+            return s.finishedWaiters
+        }
         for waiter in waiters { waiter() }
     }
 
     /// For `--once`: returns when every job claimed at start (and recovered) has ended.
     public func runOnce() async {
         await withCheckedContinuation { (continuation: CheckedContinuation<Void, Never>) in
-            lock.withLock { finishedWaiters.append { continuation.resume() } }
+            shared.withLock { $0.finishedWaiters.append { continuation.resume() } }
             scan()
         }
     }

@@ -12,25 +12,24 @@ extension Daemon {
     /// On the engine's delivery thread: journal entries, durable progress, job ends.
     func deliver(_ events: [EngineEvent]) {
         // A submission under way may have put its group's first events in this batch.
-        registering.withLock {}
+        registering.withLock { _ in }
         var progressRecorded = 0
         defer { if progressRecorded > 0 { progressWasRecorded(progressRecorded) } }
         for engineEvent in events {
             switch engineEvent {
             case .transition(let t):
-                lock.lock()
-                let job = lifecycle.job(of: t.group).flatMap { runs[$0] }
-                let plan = job?.plan
-                let recovered = job?.recovered.contains(t.operation) ?? true
-                let recomputedFailure = t.state == .failed && job?.recomputed.contains(t.operation) == true
-                if job != nil, !recovered, t.state == .succeeded || t.state == .failed || t.state == .cancelled {
-                    _ = lifecycle.handle(.operationEnded(group: t.group))
+                let (job, plan, recovered, recomputedFailure) = shared.withLock { s in
+                    let job = s.lifecycle.job(of: t.group).flatMap { s.runs[$0] }
+                    let recovered = job?.recovered.contains(t.operation) ?? true
+                    if job != nil, !recovered, t.state == .succeeded || t.state == .failed || t.state == .cancelled {
+                        _ = s.lifecycle.handle(.operationEnded(group: t.group))
+                    }
+                    return (job, job?.plan, recovered, t.state == .failed && job?.recomputed.contains(t.operation) == true)
                 }
-                lock.unlock()
-                if let permits, let plan, t.operation < plan.operations.count {
+                if let permits = limits.permits, let plan, t.operation < plan.operations.count {
                     permits.transition(queue: plan.operations[t.operation].queue, state: t.state)
                 }
-                if let rates, let plan, t.operation < plan.operations.count {
+                if let rates = limits.rates, let plan, t.operation < plan.operations.count {
                     rates.transition(queue: plan.operations[t.operation].queue, state: t.state)
                 }
                 guard let job, let plan, t.operation < plan.operations.count, !recovered || recomputedFailure else { continue }
@@ -38,7 +37,7 @@ extension Daemon {
                 for t in seen {
                     if !recovered {
                         measure(t, plan.operations[t.operation])
-                        if tracing != nil { traceTimelines.note(job: job.id, t) }
+                        if tracing != nil { telemetry.timelines.note(job: job.id, t) }
                     }
                     if logTransition(t, job: job, operation: plan.operations[t.operation]) { progressRecorded += 1 }
                 }
@@ -60,14 +59,14 @@ extension Daemon {
     func measure(_ t: Transition, _ operation: OperationPlan) {
         switch t.state {
         case .ready:
-            _ = operationClock.mark(t.group, t.operation, at: t.time, executing: false)
+            _ = telemetry.clock.mark(t.group, t.operation, at: t.time, executing: false)
         case .executing:
-            if let ready = operationClock.mark(t.group, t.operation, at: t.time, executing: true), !ready.executing {
+            if let ready = telemetry.clock.mark(t.group, t.operation, at: t.time, executing: true), !ready.executing {
                 metrics.waited(queue: operation.queue, seconds: t.time - ready.time)
             }
         case .retrying, .succeeded, .failed, .cancelled:
             // Only an attempt that was executing ran (a cancel of a ready operation ends it from `ready`).
-            if let last = operationClock.end(t.group, t.operation), last.executing {
+            if let last = telemetry.clock.end(t.group, t.operation), last.executing {
                 metrics.ran(kind: operation.kind.rawValue, seconds: t.time - last.time)
             }
             guard t.state != .retrying else { break }
@@ -79,10 +78,10 @@ extension Daemon {
 
     /// Progress lines were written: make sure a commit covers them soon.
     func progressWasRecorded(_ lines: Int) {
-        guard progress.wrote(lines) else { return }
+        guard durability.progress.wrote(lines) else { return }
         work.asyncAfter(deadline: .now() + Self.progressCommitDelay) { [self] in
-            guard progress.takeSchedule() else { return }
-            commits.after { [logger] outcome in
+            guard durability.progress.takeSchedule() else { return }
+            durability.commits.after { [logger] outcome in
                 if case .failure(let error) = outcome {
                     logger.error("committing progress failed: \(error); operations that succeeded may run again after a restart")
                 }
@@ -92,7 +91,7 @@ extension Daemon {
 
     /// Waits for one group commit of the spool (it also covers every progress line written before it).
     func commit() throws {
-        try commits.now()
+        try durability.commits.now()
     }
 
     func logTransition(_ t: Transition, job: RunningJob, operation: OperationPlan) -> Bool {

@@ -30,21 +30,21 @@ extension Daemon {
                     \(leftovers.map(String.init).joined(separator: ", "))
                     """)
             }
-            let commands = lock.withLock { !configuration.commands.isEmpty }
+            let commands = shared.withLock { !$0.configuration.commands.isEmpty }
             if commands && Supervisor.path == nil {
                 let missing = "opqueued-supervise is neither beside this program nor in ../lib/opqueued/: commands run without it, "
                     + "and a process a command starts in a session of its own (setsid) outlives its operation"
                 logger.warning("\(missing)")
             }
-            let (hook, outbox) = lock.withLock {
-                (configuration.jobFinished.flatMap { configuration.commands[$0] }, configuration.cluster?.sharedOutbox ?? spool.outbox)
+            let (hook, outbox) = shared.withLock { s in
+                (s.configuration.jobFinishedHook, s.configuration.cluster?.sharedOutbox ?? spool.outbox)
             }
             hooks.recover(hook, outbox: outbox)
             openDelayedRecord()
             resume(held)
-            if delayed.addedThisRound > 0 {
-                releaseMemoryIfIdle(released: delayed.addedThisRound)
-                delayed.addedThisRound = 0
+            if onWork.delayed.addedThisRound > 0 {
+                releaseMemoryIfIdle(released: onWork.delayed.addedThisRound)
+                onWork.delayed.addedThisRound = 0
             }
             if once {
                 // Only what is there now; a file that cannot be claimed is not waited for.
@@ -52,7 +52,7 @@ extension Daemon {
                 _ = handle(.once(names: Set(names.filter { spool.age(of: $0, now: 0) != nil })))
             }
             offerRoom()
-            configureSchedules(lock.withLock { configuration })
+            configureSchedules(shared.withLock { $0.configuration })
         }
         // After recovery has emptied tmp/: the outbox's retention (outbox.keepDays) removes through it.
         startRetention()
@@ -72,7 +72,7 @@ extension Daemon {
         func resume(_ claimed: ClaimedJob) {
             // Commands that were running at the crash start again in an empty scratch folder.
             removeTree(CommandOperation.workFolder(spool.outputFolder(job: claimed.id)))
-            accept(claimed, .resumed, configuration: lock.withLock { configuration })
+            accept(claimed, .resumed, configuration: shared.withLock { $0.configuration })
         }
         if store.capabilities.contains(.leasesJobs) {
             for claimed in store.recovered(held.jobs.compactMap(read)) { resume(claimed) }
@@ -88,13 +88,13 @@ extension Daemon {
     public func scan(hints: [String] = [], complete: Bool = false) {
         // Reports that come while one waits its turn on `work` join it: a flood's inotify reads queue one round,
         // not one each (each would claim a batch ahead of the jobs the store hands over meanwhile).
-        guard lock.withLock({ reports.add(hints, complete: complete) }) else { return }
+        guard shared.withLock({ $0.reports.add(hints, complete: complete) }) else { return }
         work.async { [self] in
-            let (hints, complete) = lock.withLock { reports.take() }
+            let (hints, complete) = shared.withLock { $0.reports.take() }
             // Only names a scan would offer are kept (a hidden file written and renamed in is not).
             let names = hints.filter(Spool.isManifestName)
-            lock.withLock { closedHints.formUnion(names) }
-            intake.reported(names, complete: complete)
+            shared.withLock { $0.closedHints.formUnion(names) }
+            onWork.intake.reported(names, complete: complete)
             claimMore()
         }
     }
@@ -104,17 +104,17 @@ extension Daemon {
     func offerRoom() {
         guard store.capabilities.contains(.placesJobs) else { return }
         let room: Int, budget: Int
-        switch lock.withLock({ lifecycle.admission }) {
+        switch shared.withLock({ $0.lifecycle.admission }) {
         case .room(let jobs, let operations): (room, budget) = (jobs, operations)
         case .full, .stopping, .paused: return
         }
         // The inbox's rule: a manifest of B bytes may hold B / minimumBytesPerOperation + 1 operations.
         store.want(room: room, manifestBytes: budget.multipliedReportingOverflow(by: Self.minimumBytesPerOperation).overflow
                    ? Int.max : budget * Self.minimumBytesPerOperation)
-        guard !wantScheduled else { return }
-        wantScheduled = true
+        guard !onWork.wantScheduled else { return }
+        onWork.wantScheduled = true
         work.asyncAfter(deadline: .now() + 1) { [self] in
-            wantScheduled = false
+            onWork.wantScheduled = false
             offerRoom()
         }
     }
@@ -123,20 +123,20 @@ extension Daemon {
     func refill() throws {
         let began = monotonicSeconds()
         let scan = try spool.scanInbox(limit: InboxIntake.scanBatch)
-        intake.read(scan.manifests, waiting: scan.waiting, now: Date().timeIntervalSince1970, seconds: monotonicSeconds() - began)
-        lock.lock()
-        // Names already found unclaimable (a folder, a link, a FIFO named *.plist: logged once, tried again at each
-        // scan) wait for nothing: not counted as waiting.
-        waiting = scan.waiting - scan.manifests.reduce(0) { strangersLogged.contains($1) ? $0 + 1 : $0 }
-        if scan.manifests.count == scan.waiting {
-            // The whole inbox was read: what is remembered of names no longer there is let go, so
-            // names that come and go cannot grow these sets.
-            let present = Set(scan.manifests).union(scan.strangers)
-            closedHints.formIntersection(present)
-            strangersLogged.formIntersection(present)
+        onWork.intake.read(scan.manifests, waiting: scan.waiting, now: Date().timeIntervalSince1970, seconds: monotonicSeconds() - began)
+        let fresh = shared.withLock { s in
+            // Names already found unclaimable (a folder, a link, a FIFO named *.plist: logged once, tried again at each
+            // scan) wait for nothing: not counted as waiting.
+            s.waiting = scan.waiting - scan.manifests.reduce(0) { s.strangersLogged.contains($1) ? $0 + 1 : $0 }
+            if scan.manifests.count == scan.waiting {
+                // The whole inbox was read: what is remembered of names no longer there is let go, so
+                // names that come and go cannot grow these sets.
+                let present = Set(scan.manifests).union(scan.strangers)
+                s.closedHints.formIntersection(present)
+                s.strangersLogged.formIntersection(present)
+            }
+            return scan.strangers.filter { s.strangersLogged.insert($0).inserted }
         }
-        let fresh = scan.strangers.filter { strangersLogged.insert($0).inserted }
-        lock.unlock()
         for stranger in fresh { logger.notice("inbox/\(stranger) is not a manifest (*.plist) and is left alone") }
         for (from, to) in scan.renamed { logger.notice("inbox/\(from) was renamed inbox/\(to): its name is not UTF-8") }
     }
@@ -146,7 +146,7 @@ extension Daemon {
     func claimMore() {
         let runsHere = !store.capabilities.contains(.placesJobs)
         var room: Int, budget: Int
-        switch lock.withLock({ lifecycle.admission }) {
+        switch shared.withLock({ $0.lifecycle.admission }) {
         case .room(let jobs, let operations): (room, budget) = (jobs, operations)
         case .full: (room, budget) = (0, 0)
         case .stopping, .paused: return
@@ -177,7 +177,7 @@ extension Daemon {
     /// all the same (status's `waiting`, `opqueued_inbox_files`), not left at what the last read before the node
     /// filled up saw.
     private func refillIfDue(now: Double, takes: Bool) -> Bool {
-        guard intake.readDue(now: now, takes: takes) else { return true }
+        guard onWork.intake.readDue(now: now, takes: takes) else { return true }
         do {
             try refill()
             return true
@@ -188,10 +188,10 @@ extension Daemon {
     }
 
     private func retrySubmissionsShortly() {
-        guard !submissionRetryScheduled else { return }
-        submissionRetryScheduled = true
+        guard !onWork.submissionRetryScheduled else { return }
+        onWork.submissionRetryScheduled = true
         work.asyncAfter(deadline: .now() + 0.5) { [self] in
-            submissionRetryScheduled = false
+            onWork.submissionRetryScheduled = false
             claimMore()
         }
     }
@@ -204,16 +204,16 @@ extension Daemon {
         var mayHold = 0
         var claimed: [ClaimedJob] = []
         var settling: [String] = []
-        while claimed.count < room, mayHold < budget, let name = intake.next() {
+        while claimed.count < room, mayHold < budget, let name = onWork.intake.next() {
             if once {
-                let allowed = lock.withLock {
-                    guard lifecycle.onceAllows(name) else { return false }
-                    _ = lifecycle.handle(.onceTried(name: name))
+                let allowed = shared.withLock { s in
+                    guard s.lifecycle.onceAllows(name) else { return false }
+                    _ = s.lifecycle.handle(.onceTried(name: name))
                     return true
                 }
                 guard allowed else { continue }
             }
-            let hinted = lock.withLock { closedHints.remove(name) != nil }
+            let hinted = shared.withLock { $0.closedHints.remove(name) != nil }
             // Used only where no lease can be had: not announced by inotify and still fresh, it may be being written
             // in place. (Not a regular file: `claim` says why it is left alone.)
             let settled = hinted || once || (spool.age(of: name, now: now) ?? Self.settleSeconds) >= Self.settleSeconds
@@ -223,19 +223,19 @@ extension Daemon {
                 outcome = runsHere ? try spool.claim(name, now: Date().timeIntervalSince1970, settled: settled, inUse: idInUse)
                     : try spool.claimForSubmission(name, now: Date().timeIntervalSince1970, settled: settled)
             } catch {
-                intake.add(name, first: true)
+                onWork.intake.add(name, first: true)
                 spoolFailed("claiming inbox/\(name)", error)
                 break
             }
             switch outcome {
             case .claimed(let job):
-                intake.notBusy(name)
+                onWork.intake.notBusy(name)
                 if let changedAt { metrics.pickedUp(after: job.receivedAt - changedAt) }
                 claimed.append(job)
                 mayHold += job.manifest.count / Self.minimumBytesPerOperation + 1
             case .unsettled: settling.append(name)
             case .vanished:
-                intake.notBusy(name)
+                onWork.intake.notBusy(name)
                 continue
             default: notClaimed(name, outcome)
             }
@@ -248,19 +248,20 @@ extension Daemon {
     private func notClaimed(_ name: String, _ outcome: Spool.ClaimOutcome) {
         switch outcome {
         case .busy:
-            intake.markBusy(name)
+            onWork.intake.markBusy(name)
         case .exists(let job, let inode, let held):
-            intake.notBusy(name)
+            onWork.intake.notBusy(name)
             holdSkipped(held)
-            lock.withLock { waiting = max(0, waiting - 1) }
+            shared.withLock { $0.waiting = max(0, $0.waiting - 1) }
             recordSubmitted([(name, inode, job)])
             event(.info, "inbox/\(name) skipped: job \(job) exists (ifJobExists = skip)",
                   ["OPQ_EVENT": "job", "OPQ_STATE": "skipped", "OPQ_JOB": .string(job), "OPQ_MANIFEST": .string(name)])
         case .skipped(let reason):
-            lock.lock()
-            let fresh = strangersLogged.insert(name).inserted
-            if fresh { waiting = max(0, waiting - 1) }
-            lock.unlock()
+            let fresh = shared.withLock { s in
+                let fresh = s.strangersLogged.insert(name).inserted
+                if fresh { s.waiting = max(0, s.waiting - 1) }
+                return fresh
+            }
             if fresh { logger.warning("inbox/\(name) cannot be claimed: \(reason)") }
         case .claimed, .unsettled, .vanished:
             break
@@ -268,8 +269,8 @@ extension Daemon {
     }
 
     private func logLeaseFallbackOnce() {
-        guard !leaseFallbackLogged, let reason = spool.leaseRefused else { return }
-        leaseFallbackLogged = true
+        guard !onWork.leaseFallbackLogged, let reason = spool.leaseRefused else { return }
+        onWork.leaseFallbackLogged = true
         logger.notice("""
             no read lease could be taken on \(reason); a manifest still open for writing is told apart by inotify's close events \
             and \(Self.settleSeconds) s without change instead (logged once)
@@ -281,7 +282,7 @@ extension Daemon {
     private func endClaimRound(_ claimed: [ClaimedJob], settling: [String], runsHere: Bool) {
         if !settling.isEmpty {
             work.asyncAfter(deadline: .now() + Self.settleSeconds) { [self, settling] in
-                for name in settling { intake.add(name) }
+                for name in settling { onWork.intake.add(name) }
                 claimMore()
             }
         }
@@ -296,24 +297,24 @@ extension Daemon {
                                 + "(they run, and are recovered from active/ after a restart if the disk kept them)", error)
                 }
             }
-            lock.withLock { waiting = max(0, waiting - claimed.count) }
+            shared.withLock { $0.waiting = max(0, $0.waiting - claimed.count) }
             receiveFromInbox(claimed)
         }
         // Manifests for the store are claimed a round at a time, each queued behind what came meanwhile (the jobs
         // the store hands over to run here, publications): a flood into this node's inbox does not hold up the
         // jobs this node runs.
-        if !runsHere, !claimed.isEmpty, intake.hasMore, !submissionRoundPosted {
-            submissionRoundPosted = true
+        if !runsHere, !claimed.isEmpty, onWork.intake.hasMore, !onWork.submissionRoundPosted {
+            onWork.submissionRoundPosted = true
             work.async { [self] in
-                submissionRoundPosted = false
+                onWork.submissionRoundPosted = false
                 claimMore()
             }
         }
         // Jobs delayed in this round hold no slot: claiming goes on behind what came meanwhile, not at the next rescan.
-        if delayed.addedThisRound > 0 {
-            let added = delayed.addedThisRound
-            delayed.addedThisRound = 0
-            if intake.hasMore { work.async { [self] in claimMore() } } else { releaseMemoryIfIdle(released: added) }
+        if onWork.delayed.addedThisRound > 0 {
+            let added = onWork.delayed.addedThisRound
+            onWork.delayed.addedThisRound = 0
+            if onWork.intake.hasMore { work.async { [self] in claimMore() } } else { releaseMemoryIfIdle(released: added) }
         }
     }
 
@@ -321,11 +322,11 @@ extension Daemon {
     /// the next file's while `opqueuectl submit` may still ask which job its file got.
     func holdSkipped(_ fd: Int32) {
         guard fd >= 0 else { return }
-        guard delayed.heldSkipped < 256 else { close(fd); return }
-        delayed.heldSkipped += 1
+        guard onWork.delayed.heldSkipped < 256 else { close(fd); return }
+        onWork.delayed.heldSkipped += 1
         work.asyncAfter(deadline: .now() + 15) { [self] in
             close(fd)
-            delayed.heldSkipped -= 1
+            onWork.delayed.heldSkipped -= 1
         }
     }
 
@@ -333,14 +334,14 @@ extension Daemon {
     /// outbox/ before its end is announced, and the user may take it from there at once. A claim never reuses such
     /// an id (the new job would be taken for the one ending, and never answered).
     func idInUse(_ id: String) -> Bool {
-        lock.withLock { runs[id] != nil || lifecycle.phase(of: id) != nil }
+        shared.withLock { $0.runs[id] != nil || $0.lifecycle.phase(of: id) != nil }
     }
 
     /// On `work`: manifests just claimed from the inbox. Each is read against the store's submission
     /// configuration; one with problems is rejected here (published locally); the others go to the store,
     /// and those it returns run here with the plans just made.
     func receiveFromInbox(_ claimed: [ClaimedJob]) {
-        let config = store.submissionConfiguration(lock.withLock { configuration })
+        let config = store.submissionConfiguration(shared.withLock { $0.configuration })
         if store.capabilities.contains(.placesJobs) {
             submitFromInbox(claimed, configuration: config)
             return
@@ -366,9 +367,9 @@ extension Daemon {
             start(run, plan, configuration: config)
         }
         for id in handedOver {
-            lock.withLock {
-                runs[id] = nil
-                _ = lifecycle.handle(.handedOver(job: id))
+            shared.withLock { s in
+                s.runs[id] = nil
+                _ = s.lifecycle.handle(.handedOver(job: id))
             }
         }
     }
@@ -395,7 +396,7 @@ extension Daemon {
             var (problems, plan) = Self.problems(tree, configuration: config)
             // What the cluster declares may have grown since the store last read it (a node that just joined):
             // read once more, at most once per batch, before a manifest is rejected.
-            if !problems.isEmpty && !refreshed, let fresh = store.freshSubmissionConfiguration(lock.withLock({ self.configuration })) {
+            if !problems.isEmpty && !refreshed, let fresh = store.freshSubmissionConfiguration(shared.withLock({ $0.configuration })) {
                 refreshed = true
                 config = fresh
                 (problems, plan) = Self.problems(tree, configuration: config)
@@ -444,13 +445,13 @@ extension Daemon {
 
     /// Notes the ids manifests from the inbox got (see `recentSubmissions`).
     func recordSubmitted(_ ids: [(manifest: String, inode: UInt64?, job: String)]) {
-        lock.withLock { for (manifest, inode, job) in ids { recentSubmissions.record(manifest, (inode, job)) } }
+        shared.withLock { s in for (manifest, inode, job) in ids { s.recentSubmissions.record(manifest, (inode, job)) } }
     }
 
     /// The id the manifest this daemon took lately from inbox/`manifest` got, if it has one yet; with `inode`, only
     /// if that was the file (a name comes again: an earlier file's id is not this one's).
     public func submittedJob(manifest: String, inode: UInt64?) -> String? {
-        guard let (recorded, job) = lock.withLock({ recentSubmissions[manifest] }) else { return nil }
+        guard let (recorded, job) = shared.withLock({ $0.recentSubmissions[manifest] }) else { return nil }
         if let inode, let recorded, inode != recorded { return nil }
         return job
     }

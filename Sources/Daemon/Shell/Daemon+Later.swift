@@ -54,7 +54,7 @@ extension Daemon {
         let record = DelayedRecord(path: spool.active + "/.delayed")
         do {
             try record.reset()
-            delayed.record = record
+            onWork.delayed.record = record
         } catch {
             logger.error("\(record.path) cannot be written: \(error); every delayed job is kept in memory")
         }
@@ -62,35 +62,35 @@ extension Daemon {
 
     /// On `work`: `run`'s plan says not before `until`: it waits, holding no slot (in the window, or parked).
     func delay(_ run: RunningJob, until: Double, operations: Int) {
-        let actions = lock.withLock {
-            runs[run.id] = nil
-            return lifecycle.handle(.delayed(job: run.id, operations: operations, until: until))
+        let actions = shared.withLock { s in
+            s.runs[run.id] = nil
+            return s.lifecycle.handle(.delayed(job: run.id, operations: operations, until: until))
         }
         perform(actions)
         let entry = DelayedJobs.Entry(until: until, job: run.id, fromStore: run.fromStore)
         // After the horizon: parked at once. Else into the window, whose latest are parked if it overflows.
-        if !(delayed.horizon.map { $0 < entry } == true && park(entry)) {
-            delayed.heap.insert(entry)
+        if !(onWork.delayed.horizon.map { $0 < entry } == true && park(entry)) {
+            onWork.delayed.heap.insert(entry)
             parkLatest()
         }
-        delayed.addedThisRound += 1
+        onWork.delayed.addedThisRound += 1
         scheduleWake()
     }
 
     /// On `work`: takes a delayed job out of the lifecycle's table and writes its line; false when it stays in
     /// memory (it holds cancels of single operations, or the file cannot be written).
     private func park(_ entry: DelayedJobs.Entry) -> Bool {
-        guard let record = delayed.record, lock.withLock({ () -> Bool in
-            _ = lifecycle.handle(.parked(job: entry.job))
-            return lifecycle.phase(of: entry.job) == nil
+        guard let record = onWork.delayed.record, shared.withLock({ s -> Bool in
+            _ = s.lifecycle.handle(.parked(job: entry.job))
+            return s.lifecycle.phase(of: entry.job) == nil
         }) else { return false }
         do {
             try record.append(until: entry.until, job: entry.job)
             return true
         } catch {
-            lock.withLock { _ = lifecycle.handle(.unparked(job: entry.job, until: entry.until)) }
-            if !delayed.recordFailureLogged {
-                delayed.recordFailureLogged = true
+            shared.withLock { s in _ = s.lifecycle.handle(.unparked(job: entry.job, until: entry.until)) }
+            if !onWork.delayed.recordFailureLogged {
+                onWork.delayed.recordFailureLogged = true
                 logger.error("\(record.path) cannot be written: \(error); delayed jobs are kept in memory meanwhile (logged once)")
             }
             return false
@@ -101,33 +101,33 @@ extension Daemon {
     /// beside the window; one cancelled meanwhile, no longer delayed, is only dropped).
     private func parkLatest() {
         var kept: [DelayedJobs.Entry] = []
-        while delayed.heap.count > DelayedJobs.window, let latest = delayed.heap.popMax() {
+        while onWork.delayed.heap.count > DelayedJobs.window, let latest = onWork.delayed.heap.popMax() {
             guard isWaiting(latest) else { continue }
             guard park(latest) else {
                 kept.append(latest)
                 continue
             }
             // The heap holds at least `window` (one or more) entries here.
-            if let last = delayed.heap.max { delayed.horizon = min(delayed.horizon ?? last, last) }
+            if let last = onWork.delayed.heap.max { onWork.delayed.horizon = min(onWork.delayed.horizon ?? last, last) }
         }
-        for entry in kept { delayed.heap.insert(entry) }
+        for entry in kept { onWork.delayed.heap.insert(entry) }
     }
 
     /// Whether a window's entry is its job's as it waits now (not one left by a job cancelled meanwhile, whose id a
     /// new job may have taken since).
     private func isWaiting(_ entry: DelayedJobs.Entry) -> Bool {
-        lock.withLock { lifecycle.jobs[entry.job].map { $0.phase == .delayed && $0.notBefore == entry.until } == true }
+        shared.withLock { s in s.lifecycle.jobs[entry.job].map { $0.phase == .delayed && $0.notBefore == entry.until } == true }
     }
 
     /// On `work`: one wake-up, for the earliest delayed job (at most `longestSleep` away).
     func scheduleWake() {
-        guard let first = delayed.heap.min else { return }
-        if let at = delayed.wakeAt, at <= first.until { return }
+        guard let first = onWork.delayed.heap.min else { return }
+        if let at = onWork.delayed.wakeAt, at <= first.until { return }
         let now = Date().timeIntervalSince1970
         let at = min(first.until, now + DelayedJobs.longestSleep)
-        delayed.wakeAt = at
+        onWork.delayed.wakeAt = at
         work.asyncAfter(deadline: .now() + max(0, at - now)) { [self] in
-            if delayed.wakeAt == at { delayed.wakeAt = nil }
+            if onWork.delayed.wakeAt == at { onWork.delayed.wakeAt = nil }
             wakeDue()
         }
     }
@@ -136,15 +136,15 @@ extension Daemon {
     /// fills the window again from the parked jobs once it is half empty.
     func wakeDue() {
         let now = Date().timeIntervalSince1970
-        while let first = delayed.heap.min, first.until <= now {
-            delayed.heap.removeMin()
-            let due = isWaiting(first) && lock.withLock { () -> Bool in
-                guard lifecycle.phase(of: first.job) == .delayed else { return false }
-                _ = lifecycle.handle(.due(job: first.job))
+        while let first = onWork.delayed.heap.min, first.until <= now {
+            onWork.delayed.heap.removeMin()
+            let due = isWaiting(first) && shared.withLock { s -> Bool in
+                guard s.lifecycle.phase(of: first.job) == .delayed else { return false }
+                _ = s.lifecycle.handle(.due(job: first.job))
                 return true
             }
             if due { wakeDelayed(first.job, fromStore: first.fromStore, timeCame: true) }
-            if delayed.heap.count <= DelayedJobs.window / 2, delayed.horizon != nil { refillWindow() }
+            if onWork.delayed.heap.count <= DelayedJobs.window / 2, onWork.delayed.horizon != nil { refillWindow() }
         }
         scheduleWake()
     }
@@ -152,8 +152,8 @@ extension Daemon {
     /// On `work`: the earliest parked jobs come back into the window (as many as it has room for); the file is
     /// written again when most of its lines are of jobs no longer parked.
     func refillWindow() {
-        guard let record = delayed.record else { return }
-        let room = DelayedJobs.window - delayed.heap.count, horizon = delayed.horizon
+        guard let record = onWork.delayed.record else { return }
+        let room = DelayedJobs.window - onWork.delayed.heap.count, horizon = onWork.delayed.horizon
         guard room > 0 else { return }
         var chosen = Heap<DelayedJobs.Entry>()
         var chosenIDs = Set<String>()
@@ -174,36 +174,36 @@ extension Daemon {
         }
         // Fewer than there was room for: every parked job is back.
         let all = chosen.count < room
-        delayed.horizon = all ? nil : chosen.max
-        lock.withLock {
-            for entry in chosen.unordered { _ = lifecycle.handle(.unparked(job: entry.job, until: entry.until)) }
-            if all { _ = lifecycle.handle(.parkedCounted(0)) }
+        onWork.delayed.horizon = all ? nil : chosen.max
+        shared.withLock { s in
+            for entry in chosen.unordered { _ = s.lifecycle.handle(.unparked(job: entry.job, until: entry.until)) }
+            if all { _ = s.lifecycle.handle(.parkedCounted(0)) }
         }
-        for entry in chosen.unordered { delayed.heap.insert(entry) }
+        for entry in chosen.unordered { onWork.delayed.heap.insert(entry) }
         compactDelayedRecord(record, empty: all)
     }
 
     /// Whether a job of a line in active/.delayed is parked: not in the table, its folder still there (never under
-    /// `lock`). A line of a job that ended, or of one that runs (woken, or cancelled), is not.
+    /// `shared`). A line of a job that ended, or of one that runs (woken, or cancelled), is not.
     private func isParked(_ job: String) -> Bool {
-        lock.withLock { lifecycle.phase(of: job) == nil && runs[job] == nil } && spool.hasFolder(job: job)
+        shared.withLock { s in s.lifecycle.phase(of: job) == nil && s.runs[job] == nil } && spool.hasFolder(job: job)
     }
 
     /// On `work`: active/.delayed emptied (no job parked) or written again with only its parked jobs' lines when
     /// most of it is lines of jobs gone; what it holds then is the parked count.
     private func compactDelayedRecord(_ record: DelayedRecord, empty: Bool) {
-        let parked = lock.withLock { lifecycle.parkedCount }
+        let parked = shared.withLock { s in s.lifecycle.parkedCount }
         guard empty || record.lines > 2 * parked + DelayedJobs.window else { return }
         do {
             if empty {
                 try record.reset()
                 return
             }
-            let horizon = delayed.horizon
+            let horizon = onWork.delayed.horizon
             let counted = try record.rewrite { until, job in
                 horizon.map { DelayedJobs.Entry(until: until, job: job, fromStore: false) > $0 } ?? true && isParked(job)
             }
-            lock.withLock { _ = lifecycle.handle(.parkedCounted(counted)) }
+            shared.withLock { s in _ = s.lifecycle.handle(.parkedCounted(counted)) }
         } catch {
             logger.error("\(record.path) cannot be written again: \(error); it is kept as it is")
         }
@@ -212,17 +212,17 @@ extension Daemon {
     /// On `work`: a job found out of the table with its folder in active/ (for a cancel): if its manifest gives it a
     /// time, it was parked, and comes back into the window to be cancelled there.
     func unparkForCancel(_ id: String) {
-        guard lock.withLock({ lifecycle.phase(of: id) == nil && runs[id] == nil && lifecycle.parkedCount > 0 }),
+        guard shared.withLock({ s in s.lifecycle.phase(of: id) == nil && s.runs[id] == nil && s.lifecycle.parkedCount > 0 }),
               let until = heldDelayedPlan(id, comeToo: true)?.until else { return }
-        lock.withLock { _ = lifecycle.handle(.unparked(job: id, until: until)) }
-        delayed.heap.insert(.init(until: until, job: id, fromStore: false))  // parked: the spool's own
+        shared.withLock { s in _ = s.lifecycle.handle(.unparked(job: id, until: until)) }
+        onWork.delayed.heap.insert(.init(until: until, job: id, fromStore: false))  // parked: the spool's own
         scheduleWake()
     }
 
     /// A job's time as its manifest in active/ says, if it is still to come (or, `comeToo`, if it has one: a parked
     /// job whose time came a moment ago waits for the window to be filled again), and its plan.
     func heldDelayedPlan(_ id: String, comeToo: Bool = false) -> (until: Double, plan: JobPlan)? {
-        let config = lock.withLock { configuration }
+        let config = shared.withLock { s in s.configuration }
         guard case .success(let claimed) = spool.heldJob(id),
               case .success(let plan) = Manifest.parse(claimed.tree ?? ManifestTree(claimed.manifest), configuration: config),
               let until = plan.startsAt(receivedAt: claimed.receivedAt), comeToo || until > Date().timeIntervalSince1970
@@ -233,16 +233,16 @@ extension Daemon {
     /// On `work`: a delayed job whose time came, or that a cancel woke: read again from active/ and started now
     /// (one whose time came is delayed again if its manifest says a later time: a stale line of active/.delayed).
     func wakeDelayed(_ id: String, fromStore: Bool? = nil, timeCame: Bool = false) {
-        guard lock.withLock({ lifecycle.phase(of: id) == .received && runs[id] == nil }) else { return }
-        let from = fromStore ?? delayed.heap.unordered.first { $0.job == id }?.fromStore ?? false
+        guard shared.withLock({ s in s.lifecycle.phase(of: id) == .received && s.runs[id] == nil }) else { return }
+        let from = fromStore ?? onWork.delayed.heap.unordered.first { $0.job == id }?.fromStore ?? false
         switch spool.heldJob(id) {
         case .success(var claimed):
             let tree = claimed.tree ?? ManifestTree(claimed.manifest)
             claimed.tree = nil
             let run = RunningJob(claimed: claimed)
             run.fromStore = from
-            lock.withLock { runs[id] = run }
-            let config = lock.withLock { configuration }
+            shared.withLock { s in s.runs[id] = run }
+            let config = shared.withLock { s in s.configuration }
             let (problems, parsed) = Self.problems(tree, configuration: config)
             guard problems.isEmpty, let plan = parsed else {
                 perform(handle(.rejected(job: id, problems: problems, error: problems.joined(separator: "\n"))), for: run)
@@ -253,7 +253,7 @@ extension Daemon {
             // Its folder is gone or unreadable: nothing can run or be published for it.
             logger.error("delayed job \(id) cannot be read back from active/: \(error); it is dropped",
                          metadata: ["OPQ_JOB": .string(id), "OPQ_ERROR": .string("\(error)")])
-            perform(lock.withLock { lifecycle.handle(.lost(job: id, reason: "its folder in active/ cannot be read: \(error)")) })
+            perform(shared.withLock { s in s.lifecycle.handle(.lost(job: id, reason: "its folder in active/ cannot be read: \(error)")) })
         }
     }
 }

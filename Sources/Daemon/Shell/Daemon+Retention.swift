@@ -36,16 +36,16 @@ extension Daemon {
     }
 
     /// Whether the daemon is stopping (SIGTERM): the retention ends.
-    var isStopping: Bool { lock.withLock { lifecycle.admission == .stopping } }
+    var isStopping: Bool { shared.withLock { s in s.lifecycle.admission == .stopping } }
 
     /// One pass over the outbox; the seconds until the next, or nil when the daemon is stopping.
     func retentionPass() -> Double? {
-        let (keepDays, shared) = lock.withLock { (configuration.outboxKeepDays, configuration.cluster?.sharedOutbox) }
+        let (keepDays, sharedOutbox) = shared.withLock { s in (s.configuration.outboxKeepDays, s.configuration.cluster?.sharedOutbox) }
         guard !isStopping else { return nil }
         guard let keepDays else { return Self.retentionInterval }
         let keepSeconds = keepDays * 86_400
         // Under a cluster's sharedOutbox, removed through its own .tmp/ (the spool's tmp/ is another file system).
-        let outbox = shared ?? spool.outbox, tmp = shared.map { $0 + "/.tmp" } ?? spool.tmp
+        let outbox = sharedOutbox ?? spool.outbox, tmp = sharedOutbox.map { $0 + "/.tmp" } ?? spool.tmp
         let sweep: OutboxSweep
         do {
             sweep = try OutboxSweep(outbox: outbox, tmp: tmp, criteria: .init(cutoff: Date().timeIntervalSince1970 - keepSeconds))

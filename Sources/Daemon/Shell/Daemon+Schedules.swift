@@ -14,7 +14,7 @@ extension Daemon {
     /// On `work`: takes the configuration's schedules (at start and at each reload) and submits what is due.
     func configureSchedules(_ config: Configuration) {
         let now = Int64(Date().timeIntervalSince1970)
-        let due = lock.withLock { schedules.configure(config.schedules, saved: savedSchedules(), now: now) }
+        let due = shared.withLock { s in s.schedules.configure(config.schedules, saved: savedSchedules(), now: now) }
         submit(due)
         // When each was first seen counts for catch-up after a restart.
         if due.isEmpty && !config.schedules.isEmpty { saveSchedules() }
@@ -23,19 +23,19 @@ extension Daemon {
 
     /// On `work`: one wake-up at the earliest next occurrence (at most a minute away: a clock set forward is noticed).
     func scheduleNextOccurrence() {
-        guard let next = lock.withLock({ schedules.nextWake }) else { return }
+        guard let next = shared.withLock({ s in s.schedules.nextWake }) else { return }
         let now = Date().timeIntervalSince1970
         let at = min(Double(next), now + 60)
-        let plan = lock.withLock { () -> Bool in
-            if let planned = schedules.plannedWake, planned <= at, planned > now { return false }
-            schedules.plannedWake = at
+        let plan = shared.withLock { s -> Bool in
+            if let planned = s.schedules.plannedWake, planned <= at, planned > now { return false }
+            s.schedules.plannedWake = at
             return true
         }
         guard plan else { return }
         work.asyncAfter(deadline: .now() + max(0, at - now) + 0.001) { [self] in
-            let due = lock.withLock {
-                if schedules.plannedWake == at { schedules.plannedWake = nil }
-                return schedules.due(now: Int64(Date().timeIntervalSince1970))
+            let due = shared.withLock { s in
+                if s.schedules.plannedWake == at { s.schedules.plannedWake = nil }
+                return s.schedules.due(now: Int64(Date().timeIntervalSince1970))
             }
             submit(due)
             scheduleNextOccurrence()
@@ -46,7 +46,7 @@ extension Daemon {
     private func submit(_ due: [(name: String, at: Int64)]) {
         guard !due.isEmpty else { return }
         for (name, at) in due {
-            guard let settings = lock.withLock({ schedules.entries[name]?.settings }) else { continue }
+            guard let settings = shared.withLock({ s in s.schedules.entries[name]?.settings }) else { continue }
             let job = ScheduleBook.jobID(name, at)
             do {
                 let bytes = try Self.occurrence(of: settings.manifest, job: job)
@@ -91,7 +91,7 @@ extension Daemon {
     }
 
     private func saveSchedules() {
-        let lines = lock.withLock { schedules.entries.map { "\($0.key)\t\($0.value.since)\n" }.sorted().joined() }
+        let lines = shared.withLock { s in s.schedules.entries.map { "\($0.key)\t\($0.value.since)\n" }.sorted().joined() }
         do { try replaceDurably(Data(lines.utf8), at: schedulesPath) } catch {
             logger.warning("""
                 schedules: what was submitted cannot be recorded in \(schedulesPath): \(error); after a restart an \

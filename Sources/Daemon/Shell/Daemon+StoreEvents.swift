@@ -2,13 +2,16 @@
 
 import JobModel
 import Logging
+import OperationEngine
 
 // MARK: The store's calls (any thread; each hops onto `work`)
 
-/// The shell as the store's delegate (its own object: the delegate's `cancel(job:operation:)` would collide with
-/// the control plane's). Weak, like `EventSink`: the daemon owns the store.
-final class StoreEvents: JobStoreDelegate, @unchecked Sendable {
+/// Forwards the engine's event batches and the job store's calls to the daemon while it lives (weak: the daemon owns
+/// the engine and the store). Its own object: the delegate's `cancel(job:operation:)` would collide with the control
+/// plane's.
+final class Relay: JobStoreDelegate, @unchecked Sendable {
     weak var daemon: Daemon?
+    func deliver(_ events: [EngineEvent]) { daemon?.deliver(events) }
     func run(_ jobs: [ClaimedJob]) { daemon?.storeRun(jobs) }
     func lost(_ jobs: [String], reason: String) { daemon?.storeLost(jobs, reason: reason) }
     func forgotten(_ jobs: [String], reason: String) { daemon?.storeLost(jobs, reason: reason, resubmit: true) }
@@ -16,11 +19,11 @@ final class StoreEvents: JobStoreDelegate, @unchecked Sendable {
     func suspendedQueuesChanged(_ queues: Set<String>) { daemon?.storeSuspendedQueuesChanged(queues) }
     func spoolFailed(_ what: String, _ error: any Error) { daemon?.storeSpoolFailed(what, error) }
     func holds(job: String) -> Bool { daemon?.idInUse(job) ?? false }
-    func spoolStalledSeconds() -> Double { daemon?.spoolWatch.stalledSeconds() ?? 0 }
+    func spoolStalledSeconds() -> Double { daemon?.durability.watch.stalledSeconds() ?? 0 }
     func submitted(_ ids: [(manifest: String, inode: UInt64?, job: String)]) { daemon?.recordSubmitted(ids) }
     func progress() -> [UInt8]? {
         guard let daemon else { return nil }
-        return daemon.progressSampler.sample { [weak daemon] in daemon?.clusterProgress() ?? [] }
+        return daemon.telemetry.progress.sample { [weak daemon] in daemon?.clusterProgress() ?? [] }
     }
 }
 
@@ -28,7 +31,7 @@ extension Daemon {
     func storeRun(_ jobs: [ClaimedJob]) {
         work.async { [self] in
             // Rows are input: each is read against this node's configuration, a bad one ends `rejected` here.
-            let config = lock.withLock { configuration }
+            let config = shared.withLock { s in s.configuration }
             for job in jobs {
                 // A job cancelled as a whole before it came here runs nothing: read as its submitter read it (against
                 // what the cluster declares), it ends cancelled here even when this node lacks one of its queues or
@@ -50,9 +53,9 @@ extension Daemon {
     func storeLost(_ jobs: [String], reason: String, resubmit: Bool = false) {
         work.async { [self] in
             for job in jobs {
-                let actions = lock.withLock {
-                    runs[job] = nil
-                    return lifecycle.handle(.lost(job: job, reason: reason, resubmit: resubmit))
+                let actions = shared.withLock { s in
+                    s.runs[job] = nil
+                    return s.lifecycle.handle(.lost(job: job, reason: reason, resubmit: resubmit))
                 }
                 perform(actions)
             }
@@ -72,13 +75,13 @@ extension Daemon {
 
     func storeSuspendedQueuesChanged(_ queues: Set<String>) {
         work.async { [self] in
-            let (config, previous, first, stopping, local) = lock.withLock {
-                defer { storeSuspended = queues; awaitingStoreSuspensions = false }
+            let (config, previous, first, stopping, local, queueIDs) = shared.withLock { s in
+                defer { s.storeSuspended = queues; s.awaitingStoreSuspensions = false }
                 let stopping: Bool
-                if case .stopping = lifecycle.admission { stopping = true } else { stopping = false }
+                if case .stopping = s.lifecycle.admission { stopping = true } else { stopping = false }
                 // A local suspension or resumption the store now agrees with is the store's again.
-                for (name, asked) in localSuspensions where queues.contains(name) == asked { localSuspensions[name] = nil }
-                return (configuration, storeSuspended, awaitingStoreSuspensions, stopping, localSuspensions)
+                for (name, asked) in s.localSuspensions where queues.contains(name) == asked { s.localSuspensions[name] = nil }
+                return (s.configuration, s.storeSuspended, s.awaitingStoreSuspensions, stopping, s.localSuspensions, s.queueIDs)
             }
             // Draining (SIGTERM): every queue stays suspended.
             if stopping { return }

@@ -44,10 +44,10 @@ final class TraceTimelines: Sendable {
 
 extension Daemon {
     /// The exporter for `tracing.otlp`, if set; a failure to make it is logged and leaves traces off.
-    func makeTracing(_ configuration: Configuration) -> TraceExport? {
+    static func makeTracing(_ configuration: Configuration, node: String?, logger: Logger, metrics: DaemonMetrics) -> TraceExport? {
         guard let otlp = configuration.tracingOTLP else { return nil }
         do {
-            let export = try TraceExport(otlp: otlp, node: store.node ?? defaultNodeName(), log: logger) { [metrics] dropped in
+            let export = try TraceExport(otlp: otlp, node: node ?? defaultNodeName(), log: logger) { dropped in
                 metrics.traceSpansDropped(dropped)
             }
             logger.info("tracing: each job's trace goes to \(export.endpoint) (OTLP/HTTP)")
@@ -62,7 +62,7 @@ extension Daemon {
     func emitTrace(_ publication: Publication, finishedAt now: Double) {
         guard let tracing else { return }
         let job = publication.job
-        let timelines = traceTimelines.take(job: job.id)
+        let timelines = telemetry.timelines.take(job: job.id)
         let operations = job.plan?.operations ?? []
         var traced: [OperationTrace] = []
         traced.reserveCapacity(min(operations.count, publication.records.count))

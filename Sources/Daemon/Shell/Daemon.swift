@@ -1,21 +1,18 @@
 // Daemon: the shell that wires the spool, the job store, the engine and the journal around the job lifecycle.
 //
-// Strategy: what happens to a job is decided by `JobLifecycle` (Sources/JobModel/JobLifecycle.swift, a pure state
-// machine kept under `lock`); the shell performs its actions. This file holds the shell's state, a job's start on
-// the engine and the engine's events; Daemon+Intake.swift the inbox and claims, Daemon+Ends.swift publication and
-// spool faults, Daemon+Control.swift the operator's commands, Daemon+StoreEvents.swift the job store's calls. The
-// actions: spool changes (claims, publications) on one serial
-// dispatch queue, `work`, in order; operations on the engine's threads; the engine's event batches (one delivery
-// thread) turned into journal entries and progress records. Which jobs this node runs, and whether an end may be
-// published, is the `JobStore`'s to say (Stores/JobStore.swift: the file spool alone, or a cluster).
-// At most `maxActiveJobs` jobs are claimed at once, and none while they hold `maxActiveOperations`
-// operations; the rest waits in the inbox (bounded memory: at most that budget plus one manifest's
-// operations, ManifestLimits.maxOperations, are ever in memory).
-// Durability is by group commit (see Spool): claims made together, progress lines of one event batch,
-// and publications waiting together each cost one commit, made before anything is announced. The commits run
-// off `work`, on the committer's thread (Stores/GroupCommit.swift): a publication is staged on `work`, synced,
-// recorded by the store (`recorder`), placed on `work` (the job's place is free from then on), synced, and announced
-// on `work`. How long the spool keeps these waiting is watched (Stores/SpoolWatch.swift) for a store that leases jobs.
+// What happens to a job is decided by `JobLifecycle` (Sources/JobModel/JobLifecycle.swift, a pure state machine);
+// the shell performs its actions. The node's state is grouped by what guards it (SharedState.swift): the machine and
+// what changes with it under one mutex, `shared`; the spool's side on one serial queue, `work`, which makes claims and
+// publications in order; the fixed parts (NodeParts.swift) are made here and never replaced. Operations run on the
+// engine's threads; its event batches come on one delivery thread and become journal entries and progress records.
+// This file holds the state, a job's start on the engine and its graph; Daemon+Intake.swift the inbox and claims,
+// Daemon+Ends.swift publication and spool faults, Daemon+Control.swift the operator's commands,
+// Daemon+StoreEvents.swift the job store's calls. Which jobs this node runs, and whether an end may be published, is
+// the `JobStore`'s to say (Stores/JobStore.swift: the file spool alone, or a cluster).
+// At most `maxActiveJobs` jobs are claimed at once, and none while they hold `maxActiveOperations` operations; the
+// rest waits in the inbox (at most that budget plus one manifest's operations are ever in memory).
+// Durability is by group commit (Durability in NodeParts.swift): a publication is staged on `work`, synced, recorded
+// by the store, placed on `work` (the job's place is free from then on), synced, and announced on `work`.
 
 import DequeModule
 import JobModel
@@ -28,7 +25,7 @@ import Synchronization
 /// What the shell keeps of a job beside the lifecycle's record: its plan and the engine's view of it.
 final class RunningJob: @unchecked Sendable {
     let claimed: ClaimedJob
-    /// Set on `work` before the lifecycle hears `planned`; grown (photo lists) under the daemon's lock.
+    /// Set on `work` before the lifecycle hears `planned`; grown (photo lists) under `shared`.
     var plan: JobPlan?
     /// Operation id → index in the group; complete once the lifecycle has heard `planned`.
     var operationIndex: [String: Int] = [:]
@@ -58,55 +55,36 @@ public final class Daemon: @unchecked Sendable {
     /// Which jobs this node runs and whether their ends may be published (SpoolJobStore: all of them).
     public let store: any JobStore
     let logger: Logger
-    let configPath: String?
-    var configuration: Configuration
+    let options: DaemonOptions
     let engine: Engine
-    let sink: EventSink
-    let storeEvents: StoreEvents
-    let once: Bool
-    /// Counters and histograms (SPEC §6); the gauges are read from `status()` when scraped.
-    public let metrics = DaemonMetrics()
-    /// Ready and executing times per operation, for the wait and run histograms (delivery thread only).
-    let operationClock = OperationClock()
-    /// `tracing.otlp` (SPEC §6): the exporter, made at start; nil: no traces. Its service runs beside the daemon's.
-    public private(set) var tracing: TraceExport?
-    /// Each operation's ready time and attempts as the delivery thread saw them, for the job's trace.
-    let traceTimelines = TraceTimelines()
+    /// The engine's queue for operations that name none.
+    let defaultQueue: QueueID
+    /// Forwards the engine's events and the store's calls to the daemon while it lives (no reference cycle).
+    let relay: Relay
+    /// Metrics, traces, the operations' clock, heartbeats' progress (NodeParts.swift).
+    let telemetry: Telemetry
     /// `jobFinished` runs and their markers in the spool.
     let hooks: JobHooks
+    /// The group commit, progress marks, the spool's watch and the store's recording stage (NodeParts.swift).
+    let durability: Durability
+    /// A cluster's queue-wide slots and rates (NodeParts.swift).
+    let limits: ClusterLimits
 
-    let lock = NSLock()
+    /// What the node's threads share (control requests, the engine's delivery thread, `work`, the store's
+    /// callbacks), under one mutex: the job machine and what must change with it. See SharedState.swift.
+    let shared: Mutex<SharedState>
     /// Held while a group is submitted and registered with the lifecycle; `deliver` passes through it first,
-    /// so a batch holding the group's first events waits for its registration. (`lock` itself is not
+    /// so a batch holding the group's first events waits for its registration. (`shared` itself is not
     /// held across a submission: `status` would wait for a million-operation graph to be adopted.)
-    let registering = NSLock()
-    /// The jobs' lifecycle (under `lock`): phases, cancels, operation counts, admission.
-    var lifecycle: JobLifecycle<GroupID>
-    /// The shell's side of each job in the lifecycle's table (under `lock`).
-    var runs: [String: RunningJob] = [:]
-    /// When memory freed by ended jobs goes back to the system (MemoryTrim.swift; on `work`).
-    var trim = MemoryTrim()
-    var queueIDs: [String: QueueID] = [:]
-    let defaultQueue: QueueID
-    var closedHints: Set<String> = []
-    var strangersLogged: Set<String> = []
-    var finishedWaiters: [@Sendable () -> Void] = []
-    /// Which inbox names to try next and when to read the inbox again (InboxIntake.swift; on `work`).
-    var intake = InboxIntake()
-    /// Manifests waiting in the inbox at the last scan, less those claimed since (for status).
-    var waiting = 0
-    /// Jobs whose outbox entries are to be published together (on `work`).
-    var publications: [Publication] = []
-    /// A spool fault (file system full, no descriptors left, read-only folder, I/O error) or the job store
-    /// unavailable, the publications it keeps waiting and its retries (SpoolFault.swift). On `work`; the lifecycle
-    /// holds its reason for admission and status.
-    var fault = SpoolFault<Publication>()
-    /// Whether the 1 s `store.want(room:)` timer is scheduled (on `work`).
-    var wantScheduled = false
-    /// Jobs waiting for their `notBefore` (§3.7), earliest first, and the wake-up scheduled (on `work`).
-    var delayed = DelayedJobs()
-    /// Schedules (§3.7) and their next occurrences (under `lock`).
-    var schedules = ScheduleBook()
+    let registering = Mutex(())
+    /// Claims and publications, in order: the spool's serial executor.
+    let work = DispatchQueue(label: "opqueued.spool")
+    /// What only `work` touches: the inbox's intake, publications waiting, a spool fault, delayed jobs.
+    var onWork = SpoolSide()
+
+    public var metrics: DaemonMetrics { telemetry.metrics }
+    public var tracing: TraceExport? { telemetry.tracing }
+    var once: Bool { options.once }
 
     struct Publication {
         let job: RunningJob
@@ -114,35 +92,6 @@ public final class Daemon: @unchecked Sendable {
         let error: String?
         let records: [OperationRecord]
     }
-
-    /// Progress lines written / known committed, and whether a commit is scheduled.
-    let progress = ProgressMarks()
-    /// Every commit of the spool, made off `work` (see GroupCommit): claims, progress, publications.
-    let commits: GroupCommit
-    /// How long the spool has kept a step waiting (a cluster store stops renewing its lease past a bound).
-    let spoolWatch: SpoolWatch
-    /// What a cluster node's heartbeats say of its running jobs (`clusterProgress`), never holding a beat up.
-    let progressSampler = ProgressSampler()
-    /// Publication batches handed to the committer and not yet announced (or stalled) (under `lock`): a stop
-    /// waits for them.
-    var publishing = 0
-    /// Progress lines are committed with the next claim or publication commit, or after this delay at
-    /// the latest: until then a crash only makes those operations run again (at least once, never lost).
-    static let progressCommitDelay = 0.05
-
-    /// The fewest bytes an operation takes in a manifest (binary, one-letter id and kind): claims in one
-    /// batch stop once the manifests may hold the rest of the operation budget.
-    static let minimumBytesPerOperation = 16
-
-    /// When the inbox's manifests go to the store rather than run here (a cluster), at most this many per round.
-    static let handOverBatch = 256
-
-    /// Claims and publications, in order.
-    let work = DispatchQueue(label: "opqueued.spool")
-    /// Where a store that records ends elsewhere (a cluster's database) is asked to: one round trip at a time for
-    /// every batch that waits (so that `work` stages the next batches meanwhile, and the store's round trips are
-    /// as few as the batches are many); the placing of each batch comes back to `work`.
-    let recorder: BatchingStage<Recording>
 
     /// A publication batch whose result.plist files are durable, for the store to record.
     struct Recording: Sendable {
@@ -154,72 +103,49 @@ public final class Daemon: @unchecked Sendable {
         let hook: CommandSpec?
     }
 
+    /// Progress lines are committed with the next claim or publication commit, or after this delay at
+    /// the latest: until then a crash only makes those operations run again (at least once, never lost).
+    static let progressCommitDelay = 0.05
+    /// The fewest bytes an operation takes in a manifest (binary, one-letter id and kind): claims in one
+    /// batch stop once the manifests may hold the rest of the operation budget.
+    static let minimumBytesPerOperation = 16
+    /// When the inbox's manifests go to the store rather than run here (a cluster), at most this many per round.
+    static let handOverBatch = 256
     /// Where no read lease can be taken (see Spool.claim), a manifest file must be this old before a
     /// scan (rather than an inotify close/move event) claims it, so a file still being written in place
     /// is not claimed half-written.
     static let settleSeconds = 1.0
-    var leaseFallbackLogged = false
-    /// True until a store that keeps suspensions has said which queues are suspended (under `lock`).
-    var awaitingStoreSuspensions = false
-    /// Whether a claim round waits for the store to accept submissions (on `work`).
-    var submissionRetryScheduled = false
-    /// Whether the next submission round is queued on `work` (on `work`).
-    var submissionRoundPosted = false
-    /// Names inotify reported since the last `scan` round began (InboxIntake.swift; under `lock`).
-    var reports = InboxReports()
-    /// `suspend`/`resume` acted on here (under `lock`): on the file spool, which keeps none, for as long as the
-    /// daemon runs or until a reload changes that queue's `suspended`; on a cluster node while the store could not
-    /// record them, each going once the store's set agrees with it.
-    var localSuspensions: [String: Bool] = [:]
-
-    /// The ids the daemon gave the manifests it took from its inbox lately, by inbox name (under `lock`): what
-    /// `opqueuectl submit` asks for, to print the id a job got when the one its manifest asks for was taken.
-    var recentSubmissions = RecentNames(capacity: 4096)
-
-    /// The queues the store says are suspended cluster-wide (under `lock`).
-    var storeSuspended: Set<String> = []
-
-    /// Cluster slots of queues with clusterMaxConcurrentOperationCount (nil without a cluster).
-    let permits: ClusterPermits?
-    var permitsTask: Task<Void, Never>?
-    /// Start grants of queues with clusterRateLimit (nil without a cluster).
-    let rates: ClusterRates?
-    var ratesTask: Task<Void, Never>?
 
     /// `store`: where jobs come from and where their ends are recorded; the file spool alone by default.
     /// `beforeCommit` (tests): called on the committer's thread before each commit, which it may hold.
     public init(spool: Spool, configuration: Configuration, configPath: String?, logger: Logger, once: Bool = false,
                 store: (any JobStore)? = nil, beforeCommit: (@Sendable () -> Void)? = nil) {
         self.spool = spool
-        self.store = store ?? SpoolJobStore(spool: spool)
-        self.configuration = configuration
-        self.configPath = configPath
+        let store = store ?? SpoolJobStore(spool: spool)
+        self.store = store
+        options = DaemonOptions(configPath: configPath, once: once)
         self.logger = logger
-        self.once = once
-        let events = StoreEvents()
-        storeEvents = events
-        recorder = BatchingStage(label: "opqueued.recording") { [events] waiting in events.daemon?.recordEnds(waiting) }
-        let spoolWatch = SpoolWatch(spool: spool)
-        self.spoolWatch = spoolWatch
-        commits = GroupCommit(label: "opqueued.commit") { [spool, progress] in
-            spoolWatch.commitBegan()
-            defer { spoolWatch.commitEnded() }
-            beforeCommit?()
-            let written = progress.written
-            try spool.commit()
-            progress.committed(upTo: written)
-        }
-        lifecycle = JobLifecycle(maxActiveJobs: configuration.maxActiveJobs, maxActiveOperations: configuration.maxActiveOperations)
+        let relay = Relay()
+        self.relay = relay
+        let watch = SpoolWatch(spool: spool), progress = ProgressMarks()
+        durability = Durability(
+            commits: GroupCommit(label: "opqueued.commit") { [spool] in
+                watch.commitBegan()
+                defer { watch.commitEnded() }
+                beforeCommit?()
+                let written = progress.written
+                try spool.commit()
+                progress.committed(upTo: written)
+            },
+            progress: progress, watch: watch,
+            recorder: BatchingStage(label: "opqueued.recording") { [relay] waiting in relay.daemon?.recordEnds(waiting) })
         hooks = JobHooks(spool: spool) { [logger] job, message in
             logger.error("job \(job): \(message)", metadata: ["OPQ_JOB": .string(job), "OPQ_ERROR": .string(message)])
         }
-        let sink = EventSink()
-        self.sink = sink
-        engine = Engine(observer: { sink.deliver($0) })
+        engine = Engine(observer: { relay.deliver($0) })
         // A store that keeps suspensions (a cluster) has not said yet which queues are suspended: nothing starts
         // until it has (a job resumed at start must not run on a queue suspended cluster-wide).
-        let holdQueues = self.store.capabilities.contains(.keepsSuspensions)
-        awaitingStoreSuspensions = holdQueues
+        let holdQueues = store.capabilities.contains(.keepsSuspensions)
         defaultQueue = engine.addQueue(named: "default", isSuspended: holdQueues)
         var ids: [String: QueueID] = [:]
         for name in configuration.queueNames {
@@ -228,25 +154,24 @@ public final class Daemon: @unchecked Sendable {
                                         qualityOfService: q.qualityOfService, isSuspended: q.suspended || holdQueues,
                                         rateLimit: q.rateLimit)
         }
-        queueIDs = ids
+        shared = Mutex(SharedState(
+            configuration: configuration,
+            lifecycle: JobLifecycle(maxActiveJobs: configuration.maxActiveJobs, maxActiveOperations: configuration.maxActiveOperations),
+            queueIDs: ids, awaitingStoreSuspensions: holdQueues))
         // clusterMaxConcurrentOperationCount (SPEC §8): the engine runs a limited queue's operations only on
-        // cluster slots this node holds.
-        let slots = self.store.startSlots(engine: engine, logger: logger)
+        // cluster slots this node holds. clusterRateLimit (SPEC §3.7): only on grants from the database.
+        let slots = store.startSlots(engine: engine, logger: logger)
         slots?.permits.configure(Self.limitedQueues(configuration, ids))
-        permits = slots?.permits
-        permitsTask = slots?.task
-        // clusterRateLimit (SPEC §3.7): a limited queue's operations start only on grants from the database.
-        let grants = self.store.startRates(engine: engine, logger: logger)
+        let grants = store.startRates(engine: engine, logger: logger)
         grants?.rates.configure(Self.ratedQueues(configuration, ids))
-        rates = grants?.rates
-        ratesTask = grants?.task
-        sink.daemon = self
-        storeEvents.daemon = self
-        tracing = makeTracing(configuration)
-        self.store.delegate = storeEvents
+        limits = ClusterLimits(permits: slots?.permits, rates: grants?.rates, tasks: [slots?.task, grants?.task].compactMap { $0 })
+        let metrics = DaemonMetrics()
+        telemetry = Telemetry(metrics: metrics, tracing: Self.makeTracing(configuration, node: store.node, logger: logger, metrics: metrics))
+        relay.daemon = self
+        store.delegate = relay
         // A store that leases jobs must know when the spool hangs (the file spool alone just waits for it).
-        if self.store.capabilities.contains(.leasesJobs) {
-            spoolWatch.startProbing { [weak self] in self.map { daemon in daemon.lock.withLock { !daemon.lifecycle.isEmpty } } ?? false }
+        if store.capabilities.contains(.leasesJobs) {
+            watch.startProbing { [weak self] in self.map { daemon in daemon.shared.withLock { !$0.lifecycle.isEmpty } } ?? false }
         }
     }
 
@@ -268,9 +193,9 @@ public final class Daemon: @unchecked Sendable {
         return rated
     }
 
-    /// Feeds the lifecycle one event (under `lock`).
+    /// Feeds the lifecycle one event (under `shared`).
     func handle(_ event: JobLifecycle<GroupID>.Event) -> [JobLifecycle<GroupID>.Action] {
-        lock.withLock { lifecycle.handle(event) }
+        shared.withLock { $0.lifecycle.handle(event) }
     }
 
     /// On `work`: enters a job into the lifecycle and reads its manifest; returns its plan, or nil when it was
@@ -279,12 +204,12 @@ public final class Daemon: @unchecked Sendable {
                          configuration config: Configuration) -> (RunningJob, JobPlan)? {
         let run = RunningJob(claimed: claimed)
         if case .inbox = arrival {} else { run.fromStore = true }
-        let actions = lock.withLock {
-            runs[claimed.id] = run
-            let received = lifecycle.handle(.received(job: claimed.id, arrival))
+        let actions = shared.withLock { s in
+            s.runs[claimed.id] = run
+            let received = s.lifecycle.handle(.received(job: claimed.id, arrival))
             // Held until the group exists, and made with it (`start`).
             for operation in claimed.cancels {
-                _ = lifecycle.handle(.cancel(job: claimed.id, operation: operation, knownOperation: false))
+                _ = s.lifecycle.handle(.cancel(job: claimed.id, operation: operation, knownOperation: false))
             }
             return received
         }
@@ -308,40 +233,43 @@ public final class Daemon: @unchecked Sendable {
         }
         let startsAt = max(claimed.receivedAt, notBefore ?? claimed.receivedAt)
         run.plan = plan
-        let graph = buildGraph(run, plan.operations, base: 0, configuration: config)
+        let graph = buildGraph(run, plan.operations, base: 0, queues: shared.withLock { $0.queueIDs }, configuration: config)
         let actions = handle(.planned(job: claimed.id, operations: plan.operations.count, recovered: run.recovered.count))
         perform(actions)
         guard actions.contains(.submit(job: claimed.id)) else { return }
         // Registered before events can be delivered for the group (see `registering`).
-        registering.lock()
-        do {
-            // A delayed job's timeout counts from its notBefore (§3.7).
-            let deadline = plan.timeoutSeconds.map { max(0.001, $0 - (Date().timeIntervalSince1970 - startsAt)) }
-            // Cancels asked before now (while the job was read, or in the cluster before it was claimed) go in with
-            // the group: none of its operations starts first. An operation the plan does not have is ignored.
-            var asked: [Int?] = []
-            for name in lock.withLock({ lifecycle.takeEarlyCancels(job: claimed.id) }) {
-                if let name {
-                    if let index = run.operationIndex[name] { asked.append(index) }
-                } else {
-                    asked.append(nil)
+        let submitted = registering.withLock { _ -> Result<[JobLifecycle<GroupID>.Action], SubmissionError> in
+            do throws(SubmissionError) {
+                // A delayed job's timeout counts from its notBefore (§3.7).
+                let deadline = plan.timeoutSeconds.map { max(0.001, $0 - (Date().timeIntervalSince1970 - startsAt)) }
+                // Cancels asked before now (while the job was read, or in the cluster before it was claimed) go in with
+                // the group: none of its operations starts first. An operation the plan does not have is ignored.
+                var asked: [Int?] = []
+                for name in shared.withLock({ $0.lifecycle.takeEarlyCancels(job: claimed.id) }) {
+                    if let name {
+                        if let index = run.operationIndex[name] { asked.append(index) }
+                    } else {
+                        asked.append(nil)
+                    }
                 }
+                let group = try engine.submit(consume graph, qualityOfService: plan.qualityOfService, deadline: deadline,
+                                              keepOutputs: false, cancelled: asked, cancelReason: "cancelled by request")
+                return .success(handle(.submitted(job: claimed.id, group: group)))
+            } catch {
+                return .failure(error)
             }
-            let group = try engine.submit(consume graph, qualityOfService: plan.qualityOfService, deadline: deadline, keepOutputs: false,
-                                          cancelled: asked, cancelReason: "cancelled by request")
-            let early = handle(.submitted(job: claimed.id, group: group))
-            registering.unlock()
-            perform(early)
-        } catch {
-            registering.unlock()
+        }
+        switch submitted {
+        case .success(let early): perform(early)
+        case .failure(let error):
             perform(handle(.rejected(job: claimed.id, problems: error.problems, error: error.description)), for: run)
         }
     }
 
-
     /// The engine's operations for `operations`, numbered from `base` in the job's group.
     /// Called with the job registered (`operationIndex` is updated here).
-    func buildGraph(_ job: RunningJob, _ operations: [OperationPlan], base: Int, configuration config: Configuration) -> GraphBuilder {
+    func buildGraph(_ job: RunningJob, _ operations: [OperationPlan], base: Int, queues: [String: QueueID],
+                    configuration config: Configuration) -> GraphBuilder {
         let claimed = job.claimed
         var graph = GraphBuilder(base: base)
         graph.reserveCapacity(operations: operations.count, dependencies: operations.count)
@@ -386,7 +314,7 @@ public final class Daemon: @unchecked Sendable {
                op.queue == (config.defaultQueues[Kind.write.family] ?? "default"), let chainQueue = queueOf[producer] {
                 queueName = chainQueue
             }
-            let queue = queueIDs[queueName] ?? defaultQueue
+            let queue = queues[queueName] ?? defaultQueue
             var body: OperationBody
             if let recovered {
                 body = recovered
@@ -438,19 +366,19 @@ public final class Daemon: @unchecked Sendable {
 
     /// Adds operations to a running job (the photo list of `photosURL`); they are logged like the others.
     func expand(_ job: RunningJob, with operations: [OperationPlan], configuration: Configuration) throws {
-        lock.lock()
-        defer { lock.unlock() }
-        guard lifecycle.phase(of: job.id) == .running, runs[job.id] === job, let group = lifecycle.group(of: job.id),
-              var plan = job.plan else {
-            throw KindFailure(description: "the job has ended")
+        try shared.withLock { s throws in
+            guard s.lifecycle.phase(of: job.id) == .running, s.runs[job.id] === job, let group = s.lifecycle.group(of: job.id),
+                  var plan = job.plan else {
+                throw KindFailure(description: "the job has ended")
+            }
+            let base = plan.operations.count
+            let recoveredBefore = job.recovered.count
+            let graph = buildGraph(job, operations, base: base, queues: s.queueIDs, configuration: configuration)
+            plan.operations += operations
+            job.plan = plan
+            _ = s.lifecycle.handle(.extended(job: job.id, operations: operations.count, recovered: job.recovered.count - recoveredBefore))
+            try engine.extend(group, with: graph)
         }
-        let base = plan.operations.count
-        let recoveredBefore = job.recovered.count
-        let graph = buildGraph(job, operations, base: base, configuration: configuration)
-        plan.operations += operations
-        job.plan = plan
-        _ = lifecycle.handle(.extended(job: job.id, operations: operations.count, recovered: job.recovered.count - recoveredBefore))
-        try engine.extend(group, with: graph)
     }
 
     // MARK: Journal
@@ -459,12 +387,6 @@ public final class Daemon: @unchecked Sendable {
                line: UInt = #line) {
         logger.log(level: level, Logger.Message(stringLiteral: message), metadata: fields, file: file, function: function, line: line)
     }
-}
-
-/// Breaks the reference cycle engine → observer → daemon → engine.
-final class EventSink: @unchecked Sendable {
-    weak var daemon: Daemon?
-    func deliver(_ events: [EngineEvent]) { daemon?.deliver(events) }
 }
 
 /// Progress lines written and known committed, and whether a commit of them is scheduled (Daemon.progressWasRecorded).
