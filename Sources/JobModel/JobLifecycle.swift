@@ -8,7 +8,7 @@
 // store says this node no longer holds is lost: it leaves the table at once, nothing is published for it (its folder
 // is discarded, or — a job the store has no record of at all — given back to the store to be submitted again).
 //
-// No I/O, no locks, no clock: the shell (Shell/Daemon.swift) keeps one value of this type under its lock, feeds it what
+// No I/O, no locks, no clock: the shell (Shell/Daemon.swift) keeps one value of this type under its mutex, feeds it what
 // happened and performs the actions it returns, in order (journal entries, submissions, cancels, publications,
 // group releases, hooks, discards). The operations themselves are the engine's; here they are only counted, and a
 // cancel of one operation is routed (the engine, which holds the operation's state, may still answer that it
@@ -60,30 +60,18 @@ package struct JobLifecycle<Group: Hashable & Sendable>: Sendable {
         case lost(job: String, reason: String)
     }
 
+    /// What happened to a job that the machine answers with actions. What it only takes note of (counts, the budget,
+    /// the parked jobs, `--once`) is a method of its own below, answering nothing or what the shell asks.
     package enum Event: Sendable, Equatable {
-        case received(job: String, Arrival)
+        /// `cancels`: asked before it came here (a cluster's cancel of a job not yet claimed), kept for its group.
+        case received(job: String, Arrival, cancels: [String?] = [])
         /// The plan is read: `operations` count against the budget, `recovered` of them had ended before a restart.
         case planned(job: String, operations: Int, recovered: Int)
         /// Its plan is read and says not before `until` (§3.7): it waits, out of the budgets, until `due`.
         case delayed(job: String, operations: Int, until: Double)
-        /// A delayed job's time came: the shell reads it again and plans it (`planned`, logged once).
-        case due(job: String)
-        /// A delayed job leaves the table for the shell's record on disk (it is parked: only counted here). Refused
-        /// (the job stays) while it holds cancels of single operations.
-        case parked(job: String)
-        /// A parked job comes back into the table, delayed until `until` (already announced).
-        case unparked(job: String, until: Double)
-        /// The shell counted its parked jobs again (from its record on disk).
-        case parkedCounted(Int)
         /// The manifest had problems, or the engine refused the graph.
         case rejected(job: String, problems: [String], error: String)
-        /// The job went to the store and runs wherever the store places it (a cluster): it leaves this table.
-        case handedOver(job: String)
         case submitted(job: String, group: Group)
-        /// Operations added to a running job (a photo list, SPEC §3.5), `recovered` of them ended before a restart.
-        case extended(job: String, operations: Int, recovered: Int)
-        /// One of the group's operations (not one recovered) ended: for status' progress.
-        case operationEnded(group: Group)
         /// `knownOperation`: the operation is in the job's plan as the shell knows it now (false before the plan is read).
         case cancel(job: String, operation: String?, knownOperation: Bool)
         /// The group ended; `status` and `error` as the shell reads them from the engine's records.
@@ -94,15 +82,6 @@ package struct JobLifecycle<Group: Hashable & Sendable>: Sendable {
         /// database restored from an older backup): once nothing runs in it, its folder goes back to the store to be
         /// submitted again, rather than removed.
         case lost(job: String, reason: String, resubmit: Bool = false)
-        case stopping
-        /// A spool fault or an unavailable store pauses claiming (nil: over).
-        case fault(String?)
-        case configured(maxActiveJobs: Int, maxActiveOperations: Int)
-        /// `--once`: the inbox names present at start; claiming takes only those, and the run ends once they
-        /// (and every job resumed) have ended.
-        case once(names: Set<String>)
-        /// `--once`: an inbox name was tried (claimed or not): no longer waited for.
-        case onceTried(name: String)
     }
 
     package enum Action: Sendable, Equatable {
@@ -232,8 +211,8 @@ package struct JobLifecycle<Group: Hashable & Sendable>: Sendable {
 
     package mutating func handle(_ event: Event) -> [Action] {
         switch event {
-        case .received(let id, let arrival):
-            return received(id, arrival)
+        case .received(let id, let arrival, let cancels):
+            return received(id, arrival, cancels: cancels)
 
         case .planned(let id, let operations, let recovered):
             return planned(id, operations: operations, recovered: recovered)
@@ -241,35 +220,11 @@ package struct JobLifecycle<Group: Hashable & Sendable>: Sendable {
         case .delayed(let id, let operations, let until):
             return delayed(id, operations: operations, until: until)
 
-        case .due(let id):
-            return due(id)
-
-        case .parked(let id):
-            return parked(id)
-
-        case .unparked(let id, let until):
-            return unparked(id, until: until)
-
-        case .parkedCounted(let count):
-            parkedCount = count
-            return []
-
         case .rejected(let id, let problems, let error):
             return rejected(id, problems: problems, error: error)
 
-        case .handedOver(let id):
-            return handedOver(id)
-
         case .submitted(let id, let group):
             return submitted(id, group: group)
-
-        case .extended(let id, let operations, let recovered):
-            return extended(id, operations: operations, recovered: recovered)
-
-        case .operationEnded(let group):
-            guard let id = byGroup[group] else { return [] }
-            jobs[id]?.ended += 1
-            return []
 
         case .cancel(let id, let operation, let knownOperation):
             return cancel(id, operation: operation, knownOperation: knownOperation)
@@ -282,75 +237,91 @@ package struct JobLifecycle<Group: Hashable & Sendable>: Sendable {
 
         case .lost(let id, let reason, let resubmit):
             return lost(id, reason: reason, resubmit: resubmit)
-
-        case .stopping:
-            stopping = true
-            return []
-
-        case .fault(let reason):
-            fault = reason
-            return []
-
-        case .configured(let jobs, let operations):
-            maxActiveJobs = jobs
-            maxActiveOperations = operations
-            return []
-
-        case .once(let names):
-            once = true
-            onceNames = names
-            return []
-
-        case .onceTried(let name):
-            onceNames?.remove(name)
-            return []
         }
     }
 
-    /// A delayed job's time came: it is received again (the shell reads and plans it).
-    private mutating func due(_ id: String) -> [Action] {
-        guard var job = jobs[id], job.phase == .delayed else { return [] }
+    // MARK: Notes (no actions)
+
+    /// One of the group's operations (not one recovered) ended: for status' progress.
+    package mutating func operationEnded(group: Group) {
+        guard let id = byGroup[group] else { return }
+        jobs[id]?.ended += 1
+    }
+
+    /// Claiming stops for good (SIGTERM).
+    package mutating func stop() { stopping = true }
+
+    /// A spool fault or an unavailable store pauses claiming (nil: over).
+    package mutating func setFault(_ reason: String?) { fault = reason }
+
+    /// A reload's budgets.
+    package mutating func configure(maxActiveJobs jobs: Int, maxActiveOperations operations: Int) {
+        maxActiveJobs = jobs
+        maxActiveOperations = operations
+    }
+
+    /// `--once`: the inbox names present at start; claiming takes only those, and the run ends once they (and every
+    /// job resumed) have ended.
+    package mutating func startOnce(names: Set<String>) {
+        once = true
+        onceNames = names
+    }
+
+    /// `--once`: whether claiming may take this inbox name; if so, it is tried now (claimed or not) and no longer
+    /// waited for.
+    package mutating func tryOnce(_ name: String) -> Bool {
+        guard onceAllows(name) else { return false }
+        onceNames?.remove(name)
+        return true
+    }
+
+    /// The shell counted its parked jobs again (from its record on disk).
+    package mutating func setParkedCount(_ count: Int) { parkedCount = count }
+
+    /// A delayed job's time came: it is received again (the shell reads and plans it, `planned` logged once).
+    /// False when it is not delayed (ended, or woken by a cancel meanwhile).
+    package mutating func due(job id: String) -> Bool {
+        guard var job = jobs[id], job.phase == .delayed else { return false }
         job.phase = .received
         job.notBefore = nil
         jobs[id] = job
         delayedCount -= 1
-        return []
+        return true
     }
 
-    /// A delayed job left the window for the file of parked jobs: only counted from here.
-    private mutating func parked(_ id: String) -> [Action] {
-        guard let job = jobs[id], job.phase == .delayed, job.cancelsBeforeGroup.isEmpty else { return [] }
+    /// A delayed job leaves the table for the shell's record on disk (it is parked: only counted from here). False,
+    /// and it stays, while it holds cancels of single operations (or is not delayed).
+    package mutating func park(job id: String) -> Bool {
+        guard let job = jobs[id], job.phase == .delayed, job.cancelsBeforeGroup.isEmpty else { return false }
         jobs[id] = nil
         delayedCount -= 1
         parkedCount += 1
-        return []
+        return true
     }
 
-    /// A parked job came back into the window.
-    private mutating func unparked(_ id: String, until: Double) -> [Action] {
-        guard jobs[id] == nil else { return [] }
+    /// A parked job comes back into the table, delayed until `until` (already announced).
+    package mutating func unpark(job id: String, until: Double) {
+        guard jobs[id] == nil else { return }
         jobs[id] = Job(phase: .delayed, announced: true, notBefore: until)
         delayedCount += 1
         parkedCount = max(0, parkedCount - 1)
-        return []
     }
 
-    /// The job went to the store (a cluster places it): it leaves the table and its operations the budget.
-    private mutating func handedOver(_ id: String) -> [Action] {
-        guard let job = jobs.removeValue(forKey: id) else { return [] }
+    /// The job went to the store and runs wherever the store places it (a cluster): it leaves the table and its
+    /// operations the budget.
+    package mutating func handOver(job id: String) {
+        guard let job = jobs.removeValue(forKey: id) else { return }
         if job.phase == .delayed { delayedCount -= 1 }
         activeOperations -= job.operations
-        return []
     }
 
-    /// Operations added to a running job (a photo list), `recovered` of them ended before a restart.
-    private mutating func extended(_ id: String, operations: Int, recovered: Int) -> [Action] {
-        guard var job = jobs[id], job.phase == .running else { return [] }
+    /// Operations added to a running job (a photo list, SPEC §3.5), `recovered` of them ended before a restart.
+    package mutating func extend(job id: String, operations: Int, recovered: Int) {
+        guard var job = jobs[id], job.phase == .running else { return }
         job.operations += operations
         job.recovered += recovered
         activeOperations += operations
         jobs[id] = job
-        return []
     }
 
     /// A cancel of a whole job (`operation` nil) or of one operation, whatever the job's phase.
@@ -442,13 +413,10 @@ package struct JobLifecycle<Group: Hashable & Sendable>: Sendable {
     }
 
     /// A job enters the table; how it came decides what is logged.
-    private mutating func received(_ id: String, _ arrival: Arrival) -> [Action] {
+    private mutating func received(_ id: String, _ arrival: Arrival, cancels: [String?]) -> [Action] {
         guard jobs[id] == nil else { return [] }
-        jobs[id] = Job(phase: .received)
         // Held until the group exists, and made with it.
-        for operation in cancelsBeforeReceipt.removeValue(forKey: id) ?? [] {
-            _ = cancel(id, operation: operation, knownOperation: false)
-        }
+        jobs[id] = Job(phase: .received, cancelsBeforeGroup: (cancelsBeforeReceipt.removeValue(forKey: id) ?? []) + cancels)
         switch arrival {
         case .inbox(let manifest): return [.journal(.received(job: id, manifest: manifest))]
         case .resumed: return []

@@ -19,7 +19,7 @@ extension Daemon {
             let (config, kept) = try Configuration.reloaded(loaded, running: previous)
             let (changes, suspensions) = shared.withLock { s in
                 s.configuration = config
-                _ = s.lifecycle.handle(.configured(maxActiveJobs: config.maxActiveJobs, maxActiveOperations: config.maxActiveOperations))
+                s.lifecycle.configure(maxActiveJobs: config.maxActiveJobs, maxActiveOperations: config.maxActiveOperations)
                 return (Self.suspensionChanges(config, previous: previous, local: &s.localSuspensions),
                         (local: s.localSuspensions, store: s.storeSuspended, held: s.awaitingStoreSuspensions))
             }
@@ -79,7 +79,7 @@ extension Daemon {
     /// of whose operations started, so that other nodes run them now (the rest resume here at a restart, or run
     /// elsewhere once the lease has run out).
     public func stop(grace: Double) async {
-        _ = handle(.stopping)
+        shared.withLock { $0.lifecycle.stop() }
         event(.info, "stopping", ["OPQ_EVENT": "daemon", "OPQ_STATE": "stopping"])
         for id in shared.withLock({ $0.queueIDs.values }) { engine.updateQueue(id, isSuspended: true) }
         handBackUnstarted()

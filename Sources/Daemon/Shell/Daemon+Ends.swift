@@ -310,7 +310,7 @@ extension Daemon {
     /// and a retry is scheduled; nothing is lost (claimed jobs stay in active/, the rest in the inbox).
     func spoolFailed(_ what: String, _ error: any Error) {
         if onWork.fault.failed(what, now: Date().timeIntervalSince1970) {
-            _ = handle(.fault("\(what) failed: \(error)"))
+            shared.withLock { $0.lifecycle.setFault("\(what) failed: \(error)") }
             logger.error("""
                 \(what) failed: \(error); claiming is paused and publication waits until the spool works again \
                 (retried every few seconds)
@@ -322,7 +322,7 @@ extension Daemon {
     /// On `work`: the spool worked; if a fault was on, it is over.
     func spoolWorked() {
         guard let ended = onWork.fault.worked(now: Date().timeIntervalSince1970) else { return }
-        _ = handle(.fault(nil))
+        shared.withLock { $0.lifecycle.setFault(nil) }
         let seconds = String(format: "%.1f", ended.seconds)
         logger.notice("the spool works again after \(seconds) s (\(ended.what) had failed); claiming resumes")
     }

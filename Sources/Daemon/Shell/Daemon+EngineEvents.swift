@@ -22,7 +22,7 @@ extension Daemon {
                     let job = s.lifecycle.job(of: t.group).flatMap { s.runs[$0] }
                     let recovered = job?.recovered.contains(t.operation) ?? true
                     if job != nil, !recovered, t.state == .succeeded || t.state == .failed || t.state == .cancelled {
-                        _ = s.lifecycle.handle(.operationEnded(group: t.group))
+                        s.lifecycle.operationEnded(group: t.group)
                     }
                     return (job, job?.plan, recovered, t.state == .failed && job?.recomputed.contains(t.operation) == true)
                 }

@@ -49,7 +49,8 @@ extension Daemon {
             if once {
                 // Only what is there now; a file that cannot be claimed is not waited for.
                 let names = (try? spool.scanInbox(limit: Int.max).manifests) ?? []
-                _ = handle(.once(names: Set(names.filter { spool.age(of: $0, now: 0) != nil })))
+                let present = Set(names.filter { spool.age(of: $0, now: 0) != nil })
+                shared.withLock { $0.lifecycle.startOnce(names: present) }
             }
             offerRoom()
             configureSchedules(shared.withLock { $0.configuration })
@@ -206,12 +207,7 @@ extension Daemon {
         var settling: [String] = []
         while claimed.count < room, mayHold < budget, let name = onWork.intake.next() {
             if once {
-                let allowed = shared.withLock { s in
-                    guard s.lifecycle.onceAllows(name) else { return false }
-                    _ = s.lifecycle.handle(.onceTried(name: name))
-                    return true
-                }
-                guard allowed else { continue }
+                guard shared.withLock({ $0.lifecycle.tryOnce(name) }) else { continue }
             }
             let hinted = shared.withLock { $0.closedHints.remove(name) != nil }
             // Used only where no lease can be had: not announced by inotify and still fresh, it may be being written
@@ -369,7 +365,7 @@ extension Daemon {
         for id in handedOver {
             shared.withLock { s in
                 s.runs[id] = nil
-                _ = s.lifecycle.handle(.handedOver(job: id))
+                s.lifecycle.handOver(job: id)
             }
         }
     }

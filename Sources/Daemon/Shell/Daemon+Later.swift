@@ -80,15 +80,12 @@ extension Daemon {
     /// On `work`: takes a delayed job out of the lifecycle's table and writes its line; false when it stays in
     /// memory (it holds cancels of single operations, or the file cannot be written).
     private func park(_ entry: DelayedJobs.Entry) -> Bool {
-        guard let record = onWork.delayed.record, shared.withLock({ s -> Bool in
-            _ = s.lifecycle.handle(.parked(job: entry.job))
-            return s.lifecycle.phase(of: entry.job) == nil
-        }) else { return false }
+        guard let record = onWork.delayed.record, shared.withLock({ $0.lifecycle.park(job: entry.job) }) else { return false }
         do {
             try record.append(until: entry.until, job: entry.job)
             return true
         } catch {
-            shared.withLock { s in _ = s.lifecycle.handle(.unparked(job: entry.job, until: entry.until)) }
+            shared.withLock { $0.lifecycle.unpark(job: entry.job, until: entry.until) }
             if !onWork.delayed.recordFailureLogged {
                 onWork.delayed.recordFailureLogged = true
                 logger.error("\(record.path) cannot be written: \(error); delayed jobs are kept in memory meanwhile (logged once)")
@@ -138,11 +135,7 @@ extension Daemon {
         let now = Date().timeIntervalSince1970
         while let first = onWork.delayed.heap.min, first.until <= now {
             onWork.delayed.heap.removeMin()
-            let due = isWaiting(first) && shared.withLock { s -> Bool in
-                guard s.lifecycle.phase(of: first.job) == .delayed else { return false }
-                _ = s.lifecycle.handle(.due(job: first.job))
-                return true
-            }
+            let due = isWaiting(first) && shared.withLock { $0.lifecycle.due(job: first.job) }
             if due { wakeDelayed(first.job, fromStore: first.fromStore, timeCame: true) }
             if onWork.delayed.heap.count <= DelayedJobs.window / 2, onWork.delayed.horizon != nil { refillWindow() }
         }
@@ -176,8 +169,8 @@ extension Daemon {
         let all = chosen.count < room
         onWork.delayed.horizon = all ? nil : chosen.max
         shared.withLock { s in
-            for entry in chosen.unordered { _ = s.lifecycle.handle(.unparked(job: entry.job, until: entry.until)) }
-            if all { _ = s.lifecycle.handle(.parkedCounted(0)) }
+            for entry in chosen.unordered { s.lifecycle.unpark(job: entry.job, until: entry.until) }
+            if all { s.lifecycle.setParkedCount(0) }
         }
         for entry in chosen.unordered { onWork.delayed.heap.insert(entry) }
         compactDelayedRecord(record, empty: all)
@@ -203,7 +196,7 @@ extension Daemon {
             let counted = try record.rewrite { until, job in
                 horizon.map { DelayedJobs.Entry(until: until, job: job, fromStore: false) > $0 } ?? true && isParked(job)
             }
-            shared.withLock { s in _ = s.lifecycle.handle(.parkedCounted(counted)) }
+            shared.withLock { $0.lifecycle.setParkedCount(counted) }
         } catch {
             logger.error("\(record.path) cannot be written again: \(error); it is kept as it is")
         }
@@ -214,7 +207,7 @@ extension Daemon {
     func unparkForCancel(_ id: String) {
         guard shared.withLock({ s in s.lifecycle.phase(of: id) == nil && s.runs[id] == nil && s.lifecycle.parkedCount > 0 }),
               let until = heldDelayedPlan(id, comeToo: true)?.until else { return }
-        shared.withLock { s in _ = s.lifecycle.handle(.unparked(job: id, until: until)) }
+        shared.withLock { $0.lifecycle.unpark(job: id, until: until) }
         onWork.delayed.heap.insert(.init(until: until, job: id, fromStore: false))  // parked: the spool's own
         scheduleWake()
     }

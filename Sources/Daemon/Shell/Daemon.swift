@@ -206,12 +206,8 @@ public final class Daemon: @unchecked Sendable {
         if case .inbox = arrival {} else { run.fromStore = true }
         let actions = shared.withLock { s in
             s.runs[claimed.id] = run
-            let received = s.lifecycle.handle(.received(job: claimed.id, arrival))
-            // Held until the group exists, and made with it (`start`).
-            for operation in claimed.cancels {
-                _ = s.lifecycle.handle(.cancel(job: claimed.id, operation: operation, knownOperation: false))
-            }
-            return received
+            // Cancels the store kept for it are held until the group exists, and made with it (`start`).
+            return s.lifecycle.handle(.received(job: claimed.id, arrival, cancels: claimed.cancels))
         }
         perform(actions)
         let (problems, parsed) = Self.problems(tree, configuration: config)
@@ -376,7 +372,7 @@ public final class Daemon: @unchecked Sendable {
             let graph = buildGraph(job, operations, base: base, queues: s.queueIDs, configuration: configuration)
             plan.operations += operations
             job.plan = plan
-            _ = s.lifecycle.handle(.extended(job: job.id, operations: operations.count, recovered: job.recovered.count - recoveredBefore))
+            s.lifecycle.extend(job: job.id, operations: operations.count, recovered: job.recovered.count - recoveredBefore)
             try engine.extend(group, with: graph)
         }
     }
