@@ -129,7 +129,7 @@ private func outcomes(_ ops: [String: [String: Any]], root: String) -> [String: 
         let spool = s.spool
         try spool.start(["--config", spool.configPath])
         // A slow chain end: a blur of a big radius on a large image runs for seconds.
-        try s.put("big.png", try Codecs.encode(try makeImage(width: 1500, height: 1000), format: "png", quality: 90))
+        try s.put("big.png", try Codecs.encode(try makeImage(width: 2400, height: 1600), format: "png", quality: 90))
         try spool.drop("slow.plist", ["job": "slow", "operations": [
             ["id": "in", "kind": "download", "url": s.url("big.png")],
             ["id": "sepia", "kind": "sepia", "dependencies": ["in"]],
@@ -141,7 +141,8 @@ private func outcomes(_ ops: [String: [String: Any]], root: String) -> [String: 
             if let answer = try? ControlClient.request(spool.socketPath, ["command": "show", "job": "slow"], timeout: 5),
                let ops = answer["operations"] as? [[String: Any]] {
                 states = Dictionary(uniqueKeysWithValues: ops.map { ($0["id"] as? String ?? "", $0["state"] as? String ?? "") })
-                if states["write"] == "executing" { break }
+                // Not just the end: with the disk busy, the end may still be writing after its stages have run.
+                if ["sepia", "blur", "write"].allSatisfy({ states[$0] == "executing" }) { break }
             }
             usleep(20_000)
         }
