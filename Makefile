@@ -7,6 +7,7 @@
 #   make bench   the benchmarks (release build)
 #   make install binaries, unit, catalog, sysusers/tmpfiles snippets, man pages, completions (PREFIX=/usr/local);
 #                as root it installs what `make release` built and never builds
+#   make uninstall removes them (the user, the spool and its jobs stay)
 #   make man     regenerate docs/man/opqueuectl.1 and opqueued.8 from the code (argument-parser's generate-manual),
 #                keeping their hand-written sections
 #   make sql     regenerate Sources/ClusterStore/Queries.generated.swift from the .sql files beside it
@@ -27,7 +28,7 @@ APT_PACKAGES = pkg-config libpng-dev libjpeg-dev libcurl4-openssl-dev libsystemd
 # checks the alerting rules of contrib/prometheus and runs their unit tests (MonitoringTests); its server is never used.
 TEST_APT_PACKAGES = mandoc python3-prometheus-client postgresql pgbouncer dpkg-dev prometheus
 
-.PHONY: sql run example test campaigns fuzz-codecs fuzz-plist fuzz-manifest deps build release bench install install-files man clean \
+.PHONY: sql run example test campaigns fuzz-codecs fuzz-plist fuzz-manifest deps build release bench install install-files uninstall man clean \
   deb deb-pack test-debs
 
 UNITDIR ?= /etc/systemd/system
@@ -208,11 +209,27 @@ install-files:
 	$(BINARIES)/opqueuectl --generate-completion-script zsh > $(DESTDIR)$(ZSHCOMPDIR)/_opqueuectl
 	$(BINARIES)/opqueuectl --generate-completion-script fish > $(DESTDIR)$(FISHCOMPDIR)/opqueuectl.fish
 	@if [ -z "$(DESTDIR)" ]; then \
-	  command -v systemd-sysusers >/dev/null && systemd-sysusers $(SYSUSERSDIR)/opqueued.conf || true; \
-	  command -v systemd-tmpfiles >/dev/null && systemd-tmpfiles --create $(TMPFILESDIR)/opqueued.conf || true; \
-	  command -v journalctl >/dev/null && journalctl --update-catalog || true; \
-	  [ -d /run/systemd/system ] && systemctl daemon-reload || true; \
+	  step() { echo "make install: $$*"; "$$@" || echo "make install: '$$*' failed (exit $$?): see above" >&2; }; \
+	  step systemd-sysusers $(SYSUSERSDIR)/opqueued.conf; \
+	  step systemd-tmpfiles --create $(TMPFILESDIR)/opqueued.conf; \
+	  step journalctl --update-catalog; \
+	  if [ -d /run/systemd/system ]; then step systemctl daemon-reload; \
+	  else echo "make install: systemd is not running here: no daemon-reload"; fi; \
+	  id opqueued >/dev/null 2>&1 && [ -d /var/spool/opqueued ] && \
+	    echo "make install: the user opqueued and /var/spool/opqueued are there; next: systemctl enable --now opqueued"; \
 	fi
+
+# What install-files put in place, removed; the user, the spool and its jobs, and /etc/opqueued stay.
+uninstall:
+	-[ -z "$(DESTDIR)" ] && [ -d /run/systemd/system ] && systemctl disable --now opqueued
+	rm -f $(DESTDIR)$(PREFIX)/bin/opqueued $(DESTDIR)$(PREFIX)/bin/opqueuectl $(DESTDIR)$(PREFIX)/lib/opqueued/opqueued-supervise
+	-rmdir $(DESTDIR)$(PREFIX)/lib/opqueued
+	rm -f $(DESTDIR)$(UNITDIR)/opqueued.service $(DESTDIR)$(SYSUSERSDIR)/opqueued.conf $(DESTDIR)$(TMPFILESDIR)/opqueued.conf
+	rm -f $(DESTDIR)$(CATALOGDIR)/opqueued.catalog
+	rm -f $(DESTDIR)$(MANDIR)/man1/opqueuectl.1 $(DESTDIR)$(MANDIR)/man5/opqueued.plist.5 $(DESTDIR)$(MANDIR)/man8/opqueued.8
+	rm -f $(DESTDIR)$(BASHCOMPDIR)/opqueuectl $(DESTDIR)$(ZSHCOMPDIR)/_opqueuectl $(DESTDIR)$(FISHCOMPDIR)/opqueuectl.fish
+	-[ -z "$(DESTDIR)" ] && journalctl --update-catalog
+	-[ -z "$(DESTDIR)" ] && [ -d /run/systemd/system ] && systemctl daemon-reload
 
 # A Debian package (SPEC §7; packaging/deb/ holds its own files): what install-files installs under /usr, from
 # binaries with the Swift runtime linked in statically (their own build folder, DEB_SCRATCH), stripped, the man

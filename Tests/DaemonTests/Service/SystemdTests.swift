@@ -87,6 +87,28 @@ final class BootedSystemd {
     static let spool = "/var/spool/opqueued"
     static let unit = "opqueued.service"
 
+    /// `make uninstall` removes every file `make install` put in place (staged under DESTDIR: nothing of the machine's
+    /// is touched), so the README's way out leaves nothing behind.
+    @Test func uninstallRemovesWhatInstallPut() throws {
+        let root = NSTemporaryDirectory() + "opq-install-\(UInt32.random(in: 1...UInt32.max))"
+        defer { try? FileManager.default.removeItem(atPath: root) }
+        func files() -> [String] {
+            let all = (try? FileManager.default.subpathsOfDirectory(atPath: root)) ?? []
+            return all.filter { var st = stat(); return lstat(root + "/" + $0, &st) == 0 && (st.st_mode & S_IFMT) != S_IFDIR }
+        }
+        let install = try run("/usr/bin/make", ["-C", repositoryRoot, "install-files", "BINARIES=.build/debug", "DESTDIR=\(root)"],
+                              timeout: 120)
+        #expect(install.status == 0, "\(install.stderr)")
+        let installed = files()
+        #expect(installed.contains { $0.hasSuffix("bin/opqueued") } && installed.contains { $0.hasSuffix("opqueued.service") },
+                "\(installed)")
+        // Three programs, the unit and its three snippets, three man pages, three completions.
+        #expect(installed.count == 13, "\(installed)")
+        let uninstall = try run("/usr/bin/make", ["-C", repositoryRoot, "uninstall", "DESTDIR=\(root)"], timeout: 60)
+        #expect(uninstall.status == 0, "\(uninstall.stderr)")
+        #expect(files().isEmpty, "left behind: \(files())")
+    }
+
     @Test func installedServiceBehavesAsAWellMadeDaemon() throws {
         let systemd = try BootedSystemd()
         defer { systemd.shutdown() }
