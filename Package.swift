@@ -45,6 +45,12 @@ let package = Package(
         .target(name: "CCurl", linkerSettings: [.linkedLibrary("curl")]),
         // libsystemd: sd_journal_sendv and sd_notify.
         .systemLibrary(name: "CSystemd", pkgConfig: "libsystemd", providers: [.apt(["libsystemd-dev"])]),
+        // Logging to journald (sd_journal_sendv from a writer thread) and to the console, as swift-log handlers;
+        // sd_notify for the service manager.
+        .target(
+            name: "SystemdJournal",
+            dependencies: ["CSystemd", "SystemCalls", .product(name: "Logging", package: "swift-log")]
+        ),
         // XML and binary property lists without Foundation: compact values, a streaming writer.
         .target(name: "PropertyList"),
         // Cron expressions and TZif time zones for schedules (SPEC §3.7): pure, no Foundation.
@@ -52,14 +58,14 @@ let package = Package(
         // The job model: manifests and their plans, the configuration, the job lifecycle and schedules, as values and
         // pure state machines: no spool, no journal, no C library. The manifest fuzzer builds it on its own.
         .target(name: "JobModel", dependencies: ["OperationEngine", "PropertyList", "Cron"]),
-        // The daemon: spool protocol, journal, control socket, the kinds, the cluster; the shell around JobModel.
+        // The daemon: spool protocol, control socket, the kinds, the cluster; the shell around JobModel.
         .target(
             name: "Daemon",
             dependencies: [
                 "JobModel",
                 "OperationEngine",
                 "PropertyList",
-                "CSystemd",
+                "SystemdJournal",
                 "CShims",
                 "CCodecs",
                 "CCurl",
@@ -138,7 +144,7 @@ let package = Package(
         ),
         .executableTarget(
             name: "opqueue-bench",
-            dependencies: ["OperationEngine", "Daemon", "ClusterStore", "TestSupport"],
+            dependencies: ["OperationEngine", "Daemon", "ClusterStore", "SystemdJournal", "TestSupport"],
             path: "Benchmarks/opqueue-bench"
         ),
         // The reliability campaigns (issue 5): run by `make test` at a bounded size, by `make campaigns` in full.
@@ -150,14 +156,17 @@ let package = Package(
         // Shared by the tests, the campaigns and the benchmarks.
         .target(
             name: "TestSupport",
-            dependencies: ["Daemon", .product(name: "Logging", package: "swift-log")],
+            dependencies: ["Daemon", "SystemdJournal", .product(name: "Logging", package: "swift-log")],
             path: "Tests/Support",
             exclude: ["http_server.py", "make_pngs.py", "make_cmyk_jpegs.c", "metrics_client.py", "otlp_receiver.py"]
         ),
         // Test traits (swift-testing), for the test targets only.
         .target(name: "TestTraits", dependencies: ["ClusterStore"], path: "Tests/Traits"),
         .testTarget(name: "OperationEngineTests", dependencies: ["OperationEngine"]),
-        .testTarget(name: "DaemonTests", dependencies: ["Daemon", "JobModel", "TestSupport", "TestTraits"]),
+        .testTarget(name: "DaemonTests", dependencies: ["Daemon", "JobModel", "SystemCalls", "SystemdJournal", "TestSupport",
+                                                        "TestTraits"]),
+        // The journal's MESSAGE_IDs against the catalog, and its field names.
+        .testTarget(name: "SystemdJournalTests", dependencies: ["SystemdJournal"]),
         // Manifests, the configuration's model, the lifecycle and schedules, without the daemon.
         .testTarget(name: "JobModelTests", dependencies: ["JobModel", "Cron"]),
         .testTarget(name: "JobTracingTests", dependencies: ["JobTracing", "TestSupport", "TestTraits",

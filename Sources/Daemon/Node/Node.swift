@@ -8,6 +8,7 @@ import Foundation
 import JobModel
 import Logging
 import ServiceLifecycle
+import SystemdJournal
 
 public enum Node {
     public struct Options: Sendable {

@@ -9,6 +9,7 @@ import Logging
 import Testing
 import TestSupport
 @testable import Daemon
+@testable import SystemdJournal
 
 #if canImport(Glibc)
 import Glibc
