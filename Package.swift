@@ -58,6 +58,9 @@ let package = Package(
         // The job model: manifests and their plans, the configuration, the job lifecycle and schedules, as values and
         // pure state machines: no spool, no journal, no C library. The manifest fuzzer builds it on its own.
         .target(name: "JobModel", dependencies: ["OperationEngine", "PropertyList", "Cron"]),
+        // The spool's file primitives: reads that trust no file to be what it is named, whole and durable writes,
+        // tree removal, SpoolError, and the crash points of the reliability campaign.
+        .target(name: "SpoolFiles", dependencies: ["CShims", "SystemCalls", "JobModel"]),
         // The daemon: spool protocol, control socket, the kinds, the cluster; the shell around JobModel.
         .target(
             name: "Daemon",
@@ -65,6 +68,7 @@ let package = Package(
                 "JobModel",
                 "OperationEngine",
                 "PropertyList",
+                "SpoolFiles",
                 "SystemdJournal",
                 "CShims",
                 "CCodecs",
@@ -138,6 +142,7 @@ let package = Package(
                 "Daemon",
                 "JobModel",
                 "PropertyList",
+                "SpoolFiles",
                 "SystemCalls",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]
@@ -150,7 +155,7 @@ let package = Package(
         // The reliability campaigns (issue 5): run by `make test` at a bounded size, by `make campaigns` in full.
         .executableTarget(
             name: "opqueue-campaign",
-            dependencies: ["Daemon", "TestSupport"],
+            dependencies: ["Daemon", "SpoolFiles", "TestSupport"],
             path: "Benchmarks/opqueue-campaign"
         ),
         // Shared by the tests, the campaigns and the benchmarks.
@@ -163,8 +168,8 @@ let package = Package(
         // Test traits (swift-testing), for the test targets only.
         .target(name: "TestTraits", dependencies: ["ClusterStore"], path: "Tests/Traits"),
         .testTarget(name: "OperationEngineTests", dependencies: ["OperationEngine"]),
-        .testTarget(name: "DaemonTests", dependencies: ["Daemon", "JobModel", "SystemCalls", "SystemdJournal", "TestSupport",
-                                                        "TestTraits"]),
+        .testTarget(name: "DaemonTests", dependencies: ["Daemon", "JobModel", "SpoolFiles", "SystemCalls", "SystemdJournal",
+                                                        "TestSupport", "TestTraits"]),
         // The journal's MESSAGE_IDs against the catalog, and its field names.
         .testTarget(name: "SystemdJournalTests", dependencies: ["SystemdJournal"]),
         // Manifests, the configuration's model, the lifecycle and schedules, without the daemon.

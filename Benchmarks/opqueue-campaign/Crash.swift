@@ -12,6 +12,7 @@
 
 import Daemon
 import Foundation
+import SpoolFiles
 import TestSupport
 
 #if canImport(Glibc)

@@ -19,6 +19,7 @@
 import Foundation
 import NIOCore
 import NIOPosix
+import SpoolFiles
 import Synchronization
 
 #if canImport(Glibc)

@@ -15,6 +15,7 @@ import CShims
 import Foundation
 import JobModel
 import OperationEngine
+import SpoolFiles
 
 public struct DownloadLimits: Sendable {
     public var maxBytes: Int

@@ -10,6 +10,7 @@ import CShims
 import Foundation
 import JobModel
 import OperationEngine
+import SpoolFiles
 
 #if canImport(Glibc)
 import Glibc

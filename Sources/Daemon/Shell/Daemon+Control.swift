@@ -5,6 +5,7 @@ import JobModel
 import Logging
 import OperationEngine
 import CShims
+import SpoolFiles
 
 extension Daemon {
     // MARK: Reload and stop

@@ -7,6 +7,7 @@ import JobModel
 import Logging
 import OperationEngine
 import CShims
+import SpoolFiles
 
 extension Daemon {
     // MARK: Ends

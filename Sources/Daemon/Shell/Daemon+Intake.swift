@@ -7,6 +7,7 @@ import Foundation
 import JobModel
 import Logging
 import OperationEngine
+import SpoolFiles
 
 extension Daemon {
     // MARK: Start, scan, claim

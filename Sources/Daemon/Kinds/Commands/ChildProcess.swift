@@ -18,6 +18,7 @@
 
 import CShims
 import Foundation
+import SpoolFiles
 
 #if canImport(Glibc)
 import Glibc

@@ -20,6 +20,7 @@
 import Foundation
 import JobModel
 import OperationEngine
+import SpoolFiles
 
 #if canImport(Glibc)
 import Glibc

@@ -11,6 +11,7 @@
 
 import Foundation
 import JobModel
+import SpoolFiles
 
 #if canImport(Glibc)
 import Glibc
