@@ -61,18 +61,32 @@ let package = Package(
         // The spool's file primitives: reads that trust no file to be what it is named, whole and durable writes,
         // tree removal, SpoolError, and the crash points of the reliability campaign.
         .target(name: "SpoolFiles", dependencies: ["CShims", "SystemCalls", "JobModel"]),
-        // The daemon: spool protocol, control socket, the kinds, the cluster; the shell around JobModel.
+        // The operation kinds (SPEC §3.3): images and the fused strip pipeline, downloads and their networks,
+        // commands and the processes that run them.
+        .target(
+            name: "OperationKinds",
+            dependencies: [
+                "JobModel",
+                "OperationEngine",
+                "SpoolFiles",
+                "CShims",
+                "CCodecs",
+                "CCurl",
+                "SystemCalls",
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
+        // The daemon: spool protocol, control socket, the cluster; the shell around JobModel.
         .target(
             name: "Daemon",
             dependencies: [
                 "JobModel",
                 "OperationEngine",
+                "OperationKinds",
                 "PropertyList",
                 "SpoolFiles",
                 "SystemdJournal",
                 "CShims",
-                "CCodecs",
-                "CCurl",
                 "SystemCalls",
                 "Cron",
                 // The cluster (SPEC §8): Sources/Daemon/Cluster implements the JobStore over it.
@@ -149,13 +163,13 @@ let package = Package(
         ),
         .executableTarget(
             name: "opqueue-bench",
-            dependencies: ["OperationEngine", "Daemon", "ClusterStore", "SystemdJournal", "TestSupport"],
+            dependencies: ["OperationEngine", "OperationKinds", "Daemon", "ClusterStore", "SystemdJournal", "TestSupport"],
             path: "Benchmarks/opqueue-bench"
         ),
         // The reliability campaigns (issue 5): run by `make test` at a bounded size, by `make campaigns` in full.
         .executableTarget(
             name: "opqueue-campaign",
-            dependencies: ["Daemon", "SpoolFiles", "TestSupport"],
+            dependencies: ["Daemon", "OperationKinds", "SpoolFiles", "TestSupport"],
             path: "Benchmarks/opqueue-campaign"
         ),
         // Shared by the tests, the campaigns and the benchmarks.
@@ -168,8 +182,10 @@ let package = Package(
         // Test traits (swift-testing), for the test targets only.
         .target(name: "TestTraits", dependencies: ["ClusterStore"], path: "Tests/Traits"),
         .testTarget(name: "OperationEngineTests", dependencies: ["OperationEngine"]),
-        .testTarget(name: "DaemonTests", dependencies: ["Daemon", "JobModel", "SpoolFiles", "SystemCalls", "SystemdJournal",
-                                                        "TestSupport", "TestTraits"]),
+        .testTarget(name: "DaemonTests", dependencies: ["Daemon", "JobModel", "OperationKinds", "SpoolFiles", "SystemCalls",
+                                                        "SystemdJournal", "TestSupport", "TestTraits"]),
+        // The kinds on their own: the sleep timer, the download destination check.
+        .testTarget(name: "OperationKindsTests", dependencies: ["OperationKinds", "JobModel"]),
         // The journal's MESSAGE_IDs against the catalog, and its field names.
         .testTarget(name: "SystemdJournalTests", dependencies: ["SystemdJournal"]),
         // Manifests, the configuration's model, the lifecycle and schedules, without the daemon.

@@ -12,6 +12,7 @@
 
 import Daemon
 import Foundation
+import OperationKinds
 import SpoolFiles
 import TestSupport
 

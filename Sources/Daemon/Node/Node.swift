@@ -7,6 +7,7 @@ import ClusterStore
 import Foundation
 import JobModel
 import Logging
+import OperationKinds
 import ServiceLifecycle
 import SystemdJournal
 

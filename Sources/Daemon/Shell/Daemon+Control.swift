@@ -5,6 +5,7 @@ import JobModel
 import Logging
 import OperationEngine
 import CShims
+import OperationKinds
 import SpoolFiles
 
 extension Daemon {

@@ -7,6 +7,7 @@ import Foundation
 import JobModel
 import Logging
 import OperationEngine
+import OperationKinds
 import SpoolFiles
 
 extension Daemon {

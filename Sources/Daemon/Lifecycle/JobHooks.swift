@@ -11,6 +11,7 @@
 
 import Foundation
 import JobModel
+import OperationKinds
 import SpoolFiles
 
 #if canImport(Glibc)
