@@ -45,6 +45,12 @@ let package = Package(
         .target(name: "CCurl", linkerSettings: [.linkedLibrary("curl")]),
         // libsystemd: sd_journal_sendv and sd_notify.
         .systemLibrary(name: "CSystemd", pkgConfig: "libsystemd", providers: [.apt(["libsystemd-dev"])]),
+        // Logging to journald (sd_journal_sendv from a writer thread) and to the console, as swift-log handlers;
+        // sd_notify for the service manager.
+        .target(
+            name: "SystemdJournal",
+            dependencies: ["CSystemd", "SystemCalls", .product(name: "Logging", package: "swift-log")]
+        ),
         // XML and binary property lists without Foundation: compact values, a streaming writer.
         .target(name: "PropertyList"),
         // Cron expressions and TZif time zones for schedules (SPEC §3.7): pure, no Foundation.
@@ -52,17 +58,35 @@ let package = Package(
         // The job model: manifests and their plans, the configuration, the job lifecycle and schedules, as values and
         // pure state machines: no spool, no journal, no C library. The manifest fuzzer builds it on its own.
         .target(name: "JobModel", dependencies: ["OperationEngine", "PropertyList", "Cron"]),
-        // The daemon: spool protocol, journal, control socket, the kinds, the cluster; the shell around JobModel.
+        // The spool's file primitives: reads that trust no file to be what it is named, whole and durable writes,
+        // tree removal, SpoolError, and the crash points of the reliability campaign.
+        .target(name: "SpoolFiles", dependencies: ["CShims", "SystemCalls", "JobModel"]),
+        // The operation kinds (SPEC §3.3): images and the fused strip pipeline, downloads and their networks,
+        // commands and the processes that run them.
+        .target(
+            name: "OperationKinds",
+            dependencies: [
+                "JobModel",
+                "OperationEngine",
+                "SpoolFiles",
+                "CShims",
+                "CCodecs",
+                "CCurl",
+                "SystemCalls",
+                .product(name: "Logging", package: "swift-log"),
+            ]
+        ),
+        // The daemon: spool protocol, control socket, the cluster; the shell around JobModel.
         .target(
             name: "Daemon",
             dependencies: [
                 "JobModel",
                 "OperationEngine",
+                "OperationKinds",
                 "PropertyList",
-                "CSystemd",
+                "SpoolFiles",
+                "SystemdJournal",
                 "CShims",
-                "CCodecs",
-                "CCurl",
                 "SystemCalls",
                 "Cron",
                 // The cluster (SPEC §8): Sources/Daemon/Cluster implements the JobStore over it.
@@ -132,32 +156,38 @@ let package = Package(
                 "Daemon",
                 "JobModel",
                 "PropertyList",
+                "SpoolFiles",
                 "SystemCalls",
                 .product(name: "ArgumentParser", package: "swift-argument-parser"),
             ]
         ),
         .executableTarget(
             name: "opqueue-bench",
-            dependencies: ["OperationEngine", "Daemon", "ClusterStore", "TestSupport"],
+            dependencies: ["OperationEngine", "OperationKinds", "Daemon", "ClusterStore", "SystemdJournal", "TestSupport"],
             path: "Benchmarks/opqueue-bench"
         ),
         // The reliability campaigns (issue 5): run by `make test` at a bounded size, by `make campaigns` in full.
         .executableTarget(
             name: "opqueue-campaign",
-            dependencies: ["Daemon", "TestSupport"],
+            dependencies: ["Daemon", "OperationKinds", "SpoolFiles", "TestSupport"],
             path: "Benchmarks/opqueue-campaign"
         ),
         // Shared by the tests, the campaigns and the benchmarks.
         .target(
             name: "TestSupport",
-            dependencies: ["Daemon", .product(name: "Logging", package: "swift-log")],
+            dependencies: ["Daemon", "SystemdJournal", .product(name: "Logging", package: "swift-log")],
             path: "Tests/Support",
             exclude: ["http_server.py", "make_pngs.py", "make_cmyk_jpegs.c", "metrics_client.py", "otlp_receiver.py"]
         ),
         // Test traits (swift-testing), for the test targets only.
         .target(name: "TestTraits", dependencies: ["ClusterStore"], path: "Tests/Traits"),
         .testTarget(name: "OperationEngineTests", dependencies: ["OperationEngine"]),
-        .testTarget(name: "DaemonTests", dependencies: ["Daemon", "JobModel", "TestSupport", "TestTraits"]),
+        .testTarget(name: "DaemonTests", dependencies: ["Daemon", "JobModel", "OperationKinds", "SpoolFiles", "SystemCalls",
+                                                        "SystemdJournal", "TestSupport", "TestTraits"]),
+        // The kinds on their own: the sleep timer, the download destination check.
+        .testTarget(name: "OperationKindsTests", dependencies: ["OperationKinds", "JobModel"]),
+        // The journal's MESSAGE_IDs against the catalog, and its field names.
+        .testTarget(name: "SystemdJournalTests", dependencies: ["SystemdJournal"]),
         // Manifests, the configuration's model, the lifecycle and schedules, without the daemon.
         .testTarget(name: "JobModelTests", dependencies: ["JobModel", "Cron"]),
         .testTarget(name: "JobTracingTests", dependencies: ["JobTracing", "TestSupport", "TestTraits",

@@ -14,6 +14,7 @@
 
 import Daemon
 import Foundation
+import OperationKinds
 
 #if canImport(Glibc)
 import Glibc

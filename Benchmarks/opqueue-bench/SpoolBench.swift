@@ -9,6 +9,7 @@
 
 import Daemon
 import Foundation
+import SystemdJournal
 import TestSupport
 
 #if canImport(Glibc)

@@ -4,6 +4,7 @@
 import Daemon
 import Foundation
 import OperationEngine
+import OperationKinds
 import TestSupport
 
 #if canImport(Glibc)

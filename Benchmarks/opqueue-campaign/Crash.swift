@@ -12,6 +12,8 @@
 
 import Daemon
 import Foundation
+import OperationKinds
+import SpoolFiles
 import TestSupport
 
 #if canImport(Glibc)

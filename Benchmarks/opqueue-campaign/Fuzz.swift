@@ -10,6 +10,7 @@
 
 import Daemon
 import Foundation
+import OperationKinds
 import TestSupport
 
 #if canImport(Glibc)

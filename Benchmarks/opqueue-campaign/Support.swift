@@ -3,6 +3,7 @@
 
 import Daemon
 import Foundation
+import OperationKinds
 import TestSupport
 
 #if canImport(Glibc)

@@ -5,6 +5,7 @@
 import ClusterStore
 import Foundation
 import JobModel
+import SpoolFiles
 
 extension Configuration {
     /// The largest configuration file read (a handful of kilobytes is usual).

@@ -5,8 +5,8 @@
 // unless a network of `download.allowNetworks` contains the address. Every address is handled in IPv6
 // form: an IPv4 address is its IPv4-mapped form, so a range covers both ways of writing an address.
 // What it trusts: nothing; a CIDR that does not parse is a configuration error that says why.
-// (The check against libcurl's table is the daemon's, in Sources/Daemon/Kinds/Networks+Curl.swift: this file stays
-// free of C, as the job model is.)
+// (The check against libcurl's table is in Sources/OperationKinds/Networks+Curl.swift: this file stays free of C,
+// as the job model is.)
 
 import Foundation
 

@@ -1,5 +1,6 @@
 // System calls as Swift code wants them: an interrupted call (EINTR, a signal arrived) is made again in this one place
-// rather than in a loop at each call site. swift-nio's System.swift is the model.
+// rather than in a loop at each call site, a failure says what was done to which path with its errno, and a Unix
+// socket's path becomes its address here. swift-nio's System.swift is the model.
 
 #if canImport(Glibc)
 import Glibc
@@ -13,5 +14,34 @@ public func retryingInterrupts<T: SignedInteger>(_ body: () -> T) -> T {
         let result = body()
         if result < 0 && errno == EINTR { continue }
         return result
+    }
+}
+
+/// A system call's failure: what was done, to which path, and its errno.
+public struct SystemCallError: Error, CustomStringConvertible {
+    public let operation: String
+    public let path: String
+    public let errno: Int32
+
+    public init(operation: String, path: String, errno: Int32) {
+        self.operation = operation
+        self.path = path
+        self.errno = errno
+    }
+
+    public var description: String { "\(operation) \(path): \(String(cString: strerror(errno)))" }
+}
+
+/// `bind` or `connect` on a Unix socket path; the call's result (0 or -1 with errno set).
+public func withUnixAddress(_ path: String, _ body: (UnsafePointer<sockaddr>, socklen_t) -> Int32) throws -> Int32 {
+    var address = sockaddr_un()
+    address.sun_family = sa_family_t(AF_UNIX)
+    let bytes = Array(path.utf8)
+    guard bytes.count < MemoryLayout.size(ofValue: address.sun_path) else {
+        throw SystemCallError(operation: "socket path too long", path: path, errno: ENAMETOOLONG)
+    }
+    withUnsafeMutableBytes(of: &address.sun_path) { raw in raw.copyBytes(from: bytes) }
+    return withUnsafePointer(to: &address) {
+        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { body($0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
     }
 }

@@ -7,6 +7,7 @@ import Daemon
 import Foundation
 import JobModel
 import PropertyList
+import SpoolFiles
 
 struct Validate: ParsableCommand {
     static let configuration = CommandConfiguration(

@@ -3,6 +3,7 @@
 
 import Daemon
 import Foundation
+import SystemdJournal
 
 #if canImport(Glibc)
 import Glibc

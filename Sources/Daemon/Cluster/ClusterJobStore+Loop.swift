@@ -5,6 +5,7 @@ import ClusterStore
 import Foundation
 import JobModel
 import Logging
+import SpoolFiles
 
 #if canImport(Glibc)
 import Glibc

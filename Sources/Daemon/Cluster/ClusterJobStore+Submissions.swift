@@ -6,6 +6,7 @@ import ClusterStore
 import Foundation
 import JobModel
 import Logging
+import SpoolFiles
 
 extension ClusterJobStore {
     func enqueueSubmission(_ job: ClaimedJob) {

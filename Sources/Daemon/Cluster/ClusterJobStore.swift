@@ -22,6 +22,7 @@ import Foundation
 import JobModel
 import Logging
 import OperationEngine
+import SpoolFiles
 
 #if canImport(Glibc)
 import Glibc

@@ -19,6 +19,7 @@
 import Foundation
 import NIOCore
 import NIOPosix
+import SpoolFiles
 import Synchronization
 
 #if canImport(Glibc)
@@ -360,20 +361,6 @@ final class ControlConnection: ChannelInboundHandler {
     }
 
     private static func amount(_ seconds: Double) -> TimeAmount { .nanoseconds(Int64(seconds * 1e9)) }
-}
-
-/// `bind` or `connect` on a Unix socket path; the call's result (0 or -1 with errno set).
-func withUnixAddress(_ path: String, _ body: (UnsafePointer<sockaddr>, socklen_t) -> Int32) throws -> Int32 {
-    var address = sockaddr_un()
-    address.sun_family = sa_family_t(AF_UNIX)
-    let bytes = Array(path.utf8)
-    guard bytes.count < MemoryLayout.size(ofValue: address.sun_path) else {
-        throw SpoolError(operation: "socket path too long", path: path, errno: ENAMETOOLONG)
-    }
-    withUnsafeMutableBytes(of: &address.sun_path) { raw in raw.copyBytes(from: bytes) }
-    return withUnsafePointer(to: &address) {
-        $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { body($0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
-    }
 }
 
 /// What reading one line from a socket found.

@@ -13,10 +13,11 @@ import CoreMetrics
 import Foundation
 import JobModel
 import OperationEngine
+import OperationKinds
 import Prometheus
 import Synchronization
 
-public final class DaemonMetrics: Sendable {
+public final class DaemonMetrics: Sendable, DownloadMetrics {
     public let registry = PrometheusCollectorRegistry()
     private let factory: Factory
     /// Every counter and histogram made so far, by family and labels: an event looks its series up here instead
@@ -112,9 +113,9 @@ public final class DaemonMetrics: Sendable {
 
     func ran(kind: String, seconds: Double) { observe("opqueued_operation_run_seconds", [("kind", kind)], seconds: seconds) }
 
-    func downloaded(bytes: Int) { counter("opqueued_download_bytes_total").increment(by: bytes) }
+    package func downloaded(bytes: Int) { counter("opqueued_download_bytes_total").increment(by: bytes) }
 
-    func downloadFailed() { counter("opqueued_download_errors_total").increment() }
+    package func downloadFailed() { counter("opqueued_download_errors_total").increment() }
 
     func traceSpansDropped(_ count: Int) { counter("opqueued_trace_spans_dropped_total").increment(by: count) }
 

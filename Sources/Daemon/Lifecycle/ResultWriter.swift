@@ -5,6 +5,7 @@
 
 import JobModel
 import OperationEngine
+import OperationKinds
 import PropertyList
 
 enum ResultWriter {

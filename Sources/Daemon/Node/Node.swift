@@ -7,7 +7,9 @@ import ClusterStore
 import Foundation
 import JobModel
 import Logging
+import OperationKinds
 import ServiceLifecycle
+import SystemdJournal
 
 public enum Node {
     public struct Options: Sendable {

@@ -5,6 +5,7 @@
 import Foundation
 import Logging
 import ServiceLifecycle
+import SystemdJournal
 import UnixSignals
 
 /// Opens the control socket and the inbox watch and says ready, then runs until the graceful shutdown and

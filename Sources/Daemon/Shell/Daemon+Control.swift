@@ -5,6 +5,8 @@ import JobModel
 import Logging
 import OperationEngine
 import CShims
+import OperationKinds
+import SpoolFiles
 
 extension Daemon {
     // MARK: Reload and stop

@@ -7,6 +7,8 @@ import JobModel
 import Logging
 import OperationEngine
 import CShims
+import OperationKinds
+import SpoolFiles
 
 extension Daemon {
     // MARK: Ends

@@ -7,6 +7,8 @@ import Foundation
 import JobModel
 import Logging
 import OperationEngine
+import OperationKinds
+import SpoolFiles
 
 extension Daemon {
     // MARK: Start, scan, claim

@@ -7,6 +7,7 @@ import Foundation
 import JobModel
 import Logging
 import PropertyList
+import SpoolFiles
 
 extension Daemon {
     var schedulesPath: String { spool.active + "/.schedules" }

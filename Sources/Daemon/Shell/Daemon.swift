@@ -20,6 +20,7 @@ import JobTracing
 import Foundation
 import Logging
 import OperationEngine
+import OperationKinds
 import Synchronization
 
 /// What the shell keeps of a job beside the lifecycle's record: its plan and the engine's view of it.

@@ -10,6 +10,7 @@
 // engine's records say the same (status, show, result.plist).
 
 import OperationEngine
+import OperationKinds
 import Synchronization
 
 final class FusedChains: Sendable {

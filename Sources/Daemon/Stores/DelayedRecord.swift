@@ -8,6 +8,7 @@ import Foundation
 #if canImport(Glibc)
 import Glibc
 #endif
+import SpoolFiles
 import SystemCalls
 
 final class DelayedRecord {

@@ -12,6 +12,7 @@
 // of a folder no longer the inbox are dropped: its files are not the inbox's.
 
 import Foundation
+import SpoolFiles
 
 #if canImport(Glibc)
 import Glibc

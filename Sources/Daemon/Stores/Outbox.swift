@@ -16,6 +16,7 @@ import CShims
 import Foundation
 import JobModel
 import PropertyList
+import SpoolFiles
 import Synchronization
 import SystemCalls
 

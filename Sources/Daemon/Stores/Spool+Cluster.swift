@@ -25,6 +25,7 @@ import CShims
 import Foundation
 import JobModel
 import PropertyList
+import SpoolFiles
 
 #if canImport(Glibc)
 import Glibc

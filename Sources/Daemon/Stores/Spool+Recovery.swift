@@ -4,6 +4,7 @@
 import CShims
 import Foundation
 import JobModel
+import SpoolFiles
 #if canImport(Glibc)
 import Glibc
 #endif

@@ -33,6 +33,7 @@
 import CShims
 import Foundation
 import JobModel
+import SpoolFiles
 import Synchronization
 import HeapModule
 import PropertyList

@@ -19,6 +19,7 @@
 import Glibc
 #endif
 import Foundation
+import SpoolFiles
 
 extension Spool {
     /// The format this build writes (and the newest it reads).

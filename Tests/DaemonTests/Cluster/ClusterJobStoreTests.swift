@@ -5,6 +5,7 @@
 
 import Foundation
 import Logging
+import SpoolFiles
 import Synchronization
 import Testing
 import TestSupport

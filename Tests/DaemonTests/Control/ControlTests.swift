@@ -3,6 +3,7 @@
 // MESSAGE_IDs. Also the admission state machine on its own.
 
 import Foundation
+import SystemdJournal
 import Testing
 import TestSupport
 @testable import Daemon

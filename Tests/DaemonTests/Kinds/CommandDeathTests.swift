@@ -9,6 +9,8 @@ import Logging
 import Testing
 import TestSupport
 @testable import Daemon
+@testable import OperationKinds
+@testable import SystemdJournal
 
 #if canImport(Glibc)
 import Glibc

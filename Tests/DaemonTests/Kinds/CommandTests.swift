@@ -5,6 +5,7 @@
 import Foundation
 import Testing
 @testable import Daemon
+@testable import OperationKinds
 
 #if canImport(Glibc)
 import Glibc

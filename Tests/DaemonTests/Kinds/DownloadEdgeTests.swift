@@ -7,6 +7,7 @@ import Foundation
 import Testing
 import TestSupport
 @testable import Daemon
+@testable import OperationKinds
 
 #if canImport(Glibc)
 import Glibc

@@ -4,6 +4,7 @@ import Foundation
 import Testing
 import TestSupport
 @testable import Daemon
+@testable import OperationKinds
 
 @Suite(.serialized) struct DownloadTests {
     @Test func httpFailuresSayWhatWentWrong() throws {

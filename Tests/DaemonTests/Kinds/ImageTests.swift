@@ -6,6 +6,7 @@ import Foundation
 import Testing
 import TestSupport
 @testable import Daemon
+@testable import OperationKinds
 
 /// A test image: RGB or RGBA with values from simple formulas.
 func makeImage(width: Int, height: Int, alpha: Bool = false,

@@ -9,6 +9,7 @@ import OperationEngine
 import TestSupport
 @testable import Daemon
 @testable import JobModel
+@testable import OperationKinds
 
 /// A smooth picture with some texture (JPEG-friendly, so DCT scaling is comparable to a full decode).
 func smoothImage(width: Int, height: Int, alpha: Bool = false) throws -> Image {

@@ -2,6 +2,7 @@
 // with its own daemon (TestSpool), and a Unix-socket server that is not opqueued.
 
 import Foundation
+import SystemCalls
 import Testing
 import TestSupport
 @testable import Daemon

@@ -2,6 +2,7 @@
 // on the socket says what and keeps its deadline, and the journal tells every operation's story in order.
 
 import Foundation
+import SystemdJournal
 import Testing
 import TestSupport
 @testable import Daemon

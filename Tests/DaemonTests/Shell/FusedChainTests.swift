@@ -6,6 +6,7 @@
 import Foundation
 import Testing
 @testable import Daemon
+@testable import OperationKinds
 
 /// One operation's journal entry, as the console prints it: the fields a user compares.
 private struct Entry: Equatable, CustomStringConvertible {

@@ -4,6 +4,7 @@
 
 @testable import Daemon
 import Foundation
+import SpoolFiles
 import Synchronization
 import Testing
 

@@ -2,6 +2,7 @@
 // lease, Spool.claim), and at once when it is closed (inotify's close event). Real daemon, real files.
 
 import Foundation
+import SpoolFiles
 import Testing
 @testable import Daemon
 

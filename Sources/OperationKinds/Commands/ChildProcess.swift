@@ -18,6 +18,7 @@
 
 import CShims
 import Foundation
+import SpoolFiles
 
 #if canImport(Glibc)
 import Glibc
@@ -25,10 +26,10 @@ import SystemCalls
 #endif
 
 /// How a command ended.
-struct ChildExit: Sendable {
+package struct ChildExit: Sendable {
     /// The exit status, or nil when a signal ended it.
-    var status: Int32?
-    var signal: Int32?
+    package var status: Int32?
+    package var signal: Int32?
     /// Bytes the command wrote to each stream (kept or not).
     var stdoutBytes = 0
     var stderrBytes = 0
@@ -38,12 +39,12 @@ struct ChildExit: Sendable {
     var stderrTail = Data()
 
     /// The last non-empty line of standard error.
-    var lastStderrLine: String {
+    package var lastStderrLine: String {
         let text = String(decoding: stderrTail, as: UTF8.self)
         return text.split(whereSeparator: \.isNewline).last.map { String($0.prefix(500)) } ?? ""
     }
 
-    var signalName: String {
+    package var signalName: String {
         guard let signal else { return "" }
         if let abbrev = opq_signal_name(signal) { return "SIG" + String(cString: abbrev) }
         return "signal \(signal)"
@@ -101,7 +102,7 @@ final class CommandLoop: @unchecked Sendable {
     }
 }
 
-final class ChildProcess: @unchecked Sendable {
+package final class ChildProcess: @unchecked Sendable {
     /// Grace between SIGTERM and SIGKILL on cancellation and timeout.
     static let killGrace = 5.0
     /// After the leader's exit, pipes are read until EOF for at most this long (a process that left the
@@ -146,7 +147,7 @@ final class ChildProcess: @unchecked Sendable {
     /// Starts `argv` (argv[0] an absolute path). `stdoutFile`/`stderrFile` are open descriptors the
     /// daemon writes to (-1: dropped); they stay the caller's to close after `completion`.
     /// `completion` runs once, on the loop's thread or a timer's, after the exit and the end of both pipes.
-    static func start(argv: [String], environment: [String: String], directory: String?, stdoutFile: Int32, stderrFile: Int32,
+    package static func start(argv: [String], environment: [String: String], directory: String?, stdoutFile: Int32, stderrFile: Int32,
                       limit: Int, completion: @escaping (ChildExit) -> Void) -> Result<ChildProcess, KindFailure> {
         var outPipe: [Int32] = [-1, -1], errPipe: [Int32] = [-1, -1]
         let p1 = opq_pipe2(&outPipe, O_CLOEXEC | O_NONBLOCK)
@@ -286,13 +287,13 @@ final class ChildProcess: @unchecked Sendable {
     }
 
     /// SIGKILL to every command's group (the daemon stops; unfinished operations run again at the next start).
-    static func killAll() {
+    package static func killAll() {
         for pid in running.all() { _ = Supervisor.path == nil ? kill(-pid, SIGKILL) : kill(pid, SIGUSR1) }
     }
 
     /// SIGTERM to the group now, SIGKILL after `killGrace` if the leader has not exited (once it has, the
     /// group is killed at once anyway). Safe from any thread; later calls do nothing.
-    func terminate() {
+    package func terminate() {
         locked {
             guard !terminating, !exited else { return }
             terminating = true
@@ -312,8 +313,8 @@ final class ChildProcess: @unchecked Sendable {
 
 /// Where opqueued-supervise is: beside the running program (the build folder, or bin/ when installed there), else in
 /// ../lib/opqueued/ (how `make install` lays it out); nil when neither holds it.
-enum Supervisor {
-    static let path: String? = {
+package enum Supervisor {
+    package static let path: String? = {
         guard let exe = try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe") else { return nil }
         let folder = (exe as NSString).deletingLastPathComponent
         return [folder + "/opqueued-supervise", folder + "/../lib/opqueued/opqueued-supervise"].first { access($0, X_OK) == 0 }
@@ -340,14 +341,14 @@ private final class RunningGroups: @unchecked Sendable {
 /// running (the watchdog, CommandWatchdog.swift, normally kills them at once; not if it was killed too) are
 /// killed at the next start, before their operations run again. A pid is trusted only if /proc still shows the same start time
 /// (pids are reused). Emptied whenever no command runs, so it stays small.
-final class CommandLedger: @unchecked Sendable {
-    static let shared = CommandLedger()
+package final class CommandLedger: @unchecked Sendable {
+    package static let shared = CommandLedger()
     private let lock = NSLock()
     private var fd: Int32 = -1
 
     /// At start, before anything runs: kills the groups of recorded commands still alive, then keeps
     /// the ledger at `path`.
-    func open(_ path: String) -> [pid_t] {
+    package func open(_ path: String) -> [pid_t] {
         var killed: [pid_t] = []
         if case .success(let data) = readRegularFile(path, limit: 64 << 20) {
             for line in String(decoding: data, as: UTF8.self).split(separator: "\n") {

@@ -10,6 +10,7 @@ import CShims
 import Foundation
 import JobModel
 import OperationEngine
+import SpoolFiles
 
 #if canImport(Glibc)
 import Glibc
@@ -18,10 +19,10 @@ import Glibc
 /// A wall-clock timer that fires once, and whose cancellation releases what its handler holds at once
 /// (a `DispatchQueue.asyncAfter` block lives until its deadline). Dispatch sources are thread-safe;
 /// swift-corelibs-libdispatch does not mark them Sendable.
-final class OneShotTimer: @unchecked Sendable {
+package final class OneShotTimer: @unchecked Sendable {
     private let source: any DispatchSourceTimer
 
-    init(after seconds: Double, _ handler: @escaping @Sendable () -> Void) {
+    package init(after seconds: Double, _ handler: @escaping @Sendable () -> Void) {
         source = DispatchSource.makeTimerSource(queue: .global())
         source.schedule(deadline: .now() + seconds)
         // The handler refers to the timer until the source is cancelled, which releases the handler.
@@ -32,32 +33,51 @@ final class OneShotTimer: @unchecked Sendable {
         source.resume()
     }
 
-    func cancel() { source.cancel() }
+    package func cancel() { source.cancel() }
 }
 
-struct KindFailure: Error, CustomStringConvertible {
-    let description: String
+package struct KindFailure: Error, CustomStringConvertible {
+    package let description: String
+
+    package init(description: String) { self.description = description }
+}
+
+/// Where downloads count their bytes and errors: the daemon's metrics.
+package protocol DownloadMetrics: Sendable {
+    func downloaded(bytes: Int)
+    func downloadFailed()
 }
 
 /// What a kind's body needs from the daemon.
-struct KindEnvironment: Sendable {
+package struct KindEnvironment: Sendable {
     /// active/<job>/: where `write` puts files (the future outbox entry).
-    var jobFolder: String
+    package var jobFolder: String
     /// active/.downloads/<job>/: where downloads are streamed to, one file per operation (not published).
-    var downloads: String
+    package var downloads: String
     var limits: DownloadLimits
     var maxPixels: Int
     /// Where downloads count their bytes and errors (none in tests of the kinds alone).
-    var metrics: DaemonMetrics? = nil
+    var metrics: (any DownloadMetrics)?
     /// The configuration's commands, for `kind = command`.
-    var commands: [String: CommandSpec] = [:]
+    var commands: [String: CommandSpec]
+
+    package init(jobFolder: String, downloads: String, limits: DownloadLimits, maxPixels: Int, metrics: (any DownloadMetrics)? = nil,
+                 commands: [String: CommandSpec] = [:]) {
+        self.jobFolder = jobFolder
+        self.downloads = downloads
+        self.limits = limits
+        self.maxPixels = maxPixels
+        self.metrics = metrics
+        self.commands = commands
+    }
 }
 
-enum Kinds {
+package enum Kinds {
     /// The body of operation `operation` (its id names its download's file). `fused`: an image operation
     /// whose output goes only to the next image operation or `write` of its chain (ImageFusion); it hands on
     /// an ImagePipeline instead of pixels, and the chain runs in the consumer.
-    static func body(for parameters: Parameters, operation: String, environment: KindEnvironment, fused: Bool = false) -> OperationBody {
+    package static func body(for parameters: Parameters, operation: String, environment: KindEnvironment,
+                             fused: Bool = false) -> OperationBody {
         switch parameters {
         case .sleep(let seconds):
             // Wall time on a timer: holds a queue slot, no thread. A cancelled sleep ends at once in the
@@ -140,7 +160,7 @@ enum Kinds {
 
     /// An asynchronous download (libcurl, or a file under the roots) streamed into the job's downloads
     /// folder as `name`; `then` turns the completed file into the output.
-    static func download(_ url: String, maxBytes: Int?, name: String, environment: KindEnvironment,
+    package static func download(_ url: String, maxBytes: Int?, name: String, environment: KindEnvironment,
                          then: @escaping @Sendable (DownloadedFile) throws -> OperationOutput?) -> OperationBody {
         let limit = min(maxBytes ?? environment.limits.maxBytes, environment.limits.maxBytes)
         // Nothing here runs on libdispatch's global pool: with descriptors exhausted, threads blocked there
@@ -207,7 +227,7 @@ enum Kinds {
 
     /// A download's completed file, its bytes counted in the metrics; a failure (not a cancellation) counts
     /// as a download error.
-    private static func counted(_ metrics: DaemonMetrics?, _ isCancelled: () -> Bool,
+    private static func counted(_ metrics: (any DownloadMetrics)?, _ isCancelled: () -> Bool,
                                 _ body: () throws -> DownloadedFile) throws -> DownloadedFile {
         do {
             let file = try body()
@@ -220,7 +240,7 @@ enum Kinds {
     }
 
     /// A download that succeeded before a restart: its file, as it was then (not fetched again).
-    static func restoredDownload(name: String, environment: KindEnvironment,
+    package static func restoredDownload(name: String, environment: KindEnvironment,
                                  then: @escaping @Sendable (DownloadedFile) throws -> OperationOutput?) -> OperationBody {
         .sync { _ in try then(DownloadedFile(path: environment.downloads + "/" + name)) }
     }

@@ -2,16 +2,13 @@
 
 import CShims
 import Foundation
-import Synchronization
-import HeapModule
-import PropertyList
 #if canImport(Glibc)
 import Glibc
 import SystemCalls
 #endif
 
 /// Removes hidden `.NAME.part` files (interrupted writes) in a job folder and its sub-folders.
-func removeParts(_ folder: String) {
+package func removeParts(_ folder: String) {
     guard let names = try? FileManager.default.contentsOfDirectory(atPath: folder) else { return }
     for name in names {
         let path = folder + "/" + name
@@ -25,11 +22,11 @@ func removeParts(_ folder: String) {
     }
 }
 
-func writeAll(_ fd: Int32, _ data: Data, path: String) throws {
+package func writeAll(_ fd: Int32, _ data: Data, path: String) throws {
     try data.withUnsafeBytes { raw in try writeAll(fd, raw, path: path) }
 }
 
-func writeAll(_ fd: Int32, _ raw: UnsafeRawBufferPointer, path: String) throws {
+package func writeAll(_ fd: Int32, _ raw: UnsafeRawBufferPointer, path: String) throws {
     guard let base = raw.baseAddress else { return }
     var offset = 0
     while offset < raw.count {
@@ -42,7 +39,7 @@ func writeAll(_ fd: Int32, _ raw: UnsafeRawBufferPointer, path: String) throws {
 }
 
 /// An extended attribute's value, or nil.
-func readAttribute(_ path: String, _ name: String) -> Data? {
+package func readAttribute(_ path: String, _ name: String) -> Data? {
     let size = getxattr(path, name, nil, 0)
     guard size > 0, size <= 65_536 else { return nil }
     var data = Data(count: size)
@@ -51,12 +48,12 @@ func readAttribute(_ path: String, _ name: String) -> Data? {
 }
 
 /// Creates (or truncates) a file with `data`; durable at the next commit.
-func writeFile(_ data: Data, to path: String) throws {
+package func writeFile(_ data: Data, to path: String) throws {
     try writeFile(to: path) { fd, path in try writeAll(fd, data, path: path) }
 }
 
 /// Creates (or truncates) a file that `fill` writes (given the descriptor and the path); durable at the next commit.
-func writeFile(to path: String, _ fill: (Int32, String) throws -> Void) throws {
+package func writeFile(to path: String, _ fill: (Int32, String) throws -> Void) throws {
     let fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0o644)
     guard fd >= 0 else { throw SpoolError(operation: "create", path: path, errno: errno) }
     defer { close(fd) }
@@ -70,7 +67,7 @@ public func writeDurably(_ data: Data, to path: String, syncFolder: Bool = true)
 
 /// Replaces the file at `path` whole: `data` is written beside it (`path`.new) and fsynced, renamed over it, and the
 /// folder fsynced — a crash leaves the old file or the new one, never half of either.
-func replaceDurably(_ data: Data, at path: String, beforeRename: () -> Void = {}) throws {
+package func replaceDurably(_ data: Data, at path: String, beforeRename: () -> Void = {}) throws {
     let fresh = path + ".new"
     try writeDurably(data, to: fresh, syncFolder: false)
     beforeRename()
@@ -80,7 +77,7 @@ func replaceDurably(_ data: Data, at path: String, beforeRename: () -> Void = {}
 
 /// Creates a file, has `fill` write it (given the descriptor and the path), and fsyncs it (and, by
 /// default, its folder).
-func writeDurably(to path: String, syncFolder: Bool = true, _ fill: (Int32, String) throws -> Void) throws {
+package func writeDurably(to path: String, syncFolder: Bool = true, _ fill: (Int32, String) throws -> Void) throws {
     let fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0o644)
     guard fd >= 0 else { throw SpoolError(operation: "create", path: path, errno: errno) }
     do {
@@ -94,7 +91,7 @@ func writeDurably(to path: String, syncFolder: Bool = true, _ fill: (Int32, Stri
     if syncFolder { try syncDirectory((path as NSString).deletingLastPathComponent) }
 }
 
-func syncDirectory(_ path: String) throws {
+package func syncDirectory(_ path: String) throws {
     let fd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
     guard fd >= 0 else { throw SpoolError(operation: "open", path: path, errno: errno) }
     defer { close(fd) }
@@ -103,7 +100,7 @@ func syncDirectory(_ path: String) throws {
 
 /// Removes a file or a folder and everything in it; symlinks are removed, never followed.
 /// Best effort: what cannot be removed stays (recovery and tmp/ clean-up look again).
-func removeTree(_ path: String) {
+package func removeTree(_ path: String) {
     if unlink(path) == 0 || errno == ENOENT { return }
     let fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
     guard fd >= 0 else { return }
@@ -112,7 +109,7 @@ func removeTree(_ path: String) {
 }
 
 /// The bytes of a readdir(3) entry's name, read through its pointer (see opq_dirent_name: never the whole entry).
-func direntName(_ entry: UnsafeMutablePointer<dirent>) -> [UInt8] {
+package func direntName(_ entry: UnsafeMutablePointer<dirent>) -> [UInt8] {
     guard let name = opq_dirent_name(entry) else { return [] }
     return Array(UnsafeRawBufferPointer(start: name, count: strlen(name)))
 }

@@ -3,8 +3,8 @@
 
 import Foundation
 import Testing
-@testable import Daemon
 @testable import JobModel
+@testable import OperationKinds
 
 @Suite struct NetworkPolicyTests {
     func range(_ address: String, _ allow: [String] = []) throws -> String? {
@@ -73,16 +73,23 @@ import Testing
     }
 
     @Test func aBadNetworkIsAConfigurationErrorNamingTheKeyAndTheValue() throws {
-        let good = try Configuration.parse(plist(["download": ["allowNetworks": ["127.0.0.0/8", "::1/128"]]]))
+        let good = try configuration(["download": ["allowNetworks": ["127.0.0.0/8", "::1/128"]]])
         #expect(good.allowNetworks.map(\.description) == ["127.0.0.0/8", "::1/128"])
         #expect(Configuration.builtIn.allowNetworks.isEmpty)
         do {
-            _ = try Configuration.parse(plist(["download": ["allowNetworks": ["127.0.0.0/8", "10.0.0.1/33"]]]))
+            _ = try configuration(["download": ["allowNetworks": ["127.0.0.0/8", "10.0.0.1/33"]]])
             Issue.record("a bad network was accepted")
         } catch {
             #expect("\(error)".contains("download.allowNetworks") && "\(error)".contains("10.0.0.1/33"), "\(error)")
         }
-        #expect(throws: Configuration.Invalid.self) { try Configuration.parse(plist(["download": ["allowNetworks": "127.0.0.0/8"]])) }
-        #expect(throws: Configuration.Invalid.self) { try Configuration.parse(plist(["download": ["allowNetworks": [8]]])) }
+        #expect(throws: Configuration.Invalid.self) { try configuration(["download": ["allowNetworks": "127.0.0.0/8"]]) }
+        #expect(throws: Configuration.Invalid.self) { try configuration(["download": ["allowNetworks": [8]]]) }
     }
+}
+
+/// The configuration written as `object` (an XML property list), parsed by the job model (no `cluster` here, so
+/// no database URL to check).
+private func configuration(_ object: Any) throws -> Configuration {
+    let data = (try? PropertyListSerialization.data(fromPropertyList: object, format: .xml, options: 0)) ?? Data()
+    return try Configuration.parse(data, checkDatabase: { _ in nil })
 }

@@ -20,33 +20,34 @@
 import Foundation
 import JobModel
 import OperationEngine
+import SpoolFiles
 
 #if canImport(Glibc)
 import Glibc
 #endif
 
-enum CommandOperation {
+package enum CommandOperation {
     /// Where attempts are concluded: off the command loop's thread (reading the output, writing the kept
     /// copy and removing the scratch are file I/O), and one thread only (a global queue grows threads
     /// while they block on the file system). An attempt with no output whose scratch folder is empty skips it.
     static let conclusions = DispatchQueue(label: "opqueued.commands.conclude")
 
-    static func workFolder(_ jobFolder: String) -> String { jobFolder + "/.work" }
+    package static func workFolder(_ jobFolder: String) -> String { jobFolder + "/.work" }
     /// `path` made absolute against the daemon's working directory: a command runs in its own working
     /// directory, so the paths placed in its argv (${workdir}, ${input}, ${output}, ${outbox}) must not be
     /// relative to the daemon's (`--spool ./spool`, as `make run` gives).
-    static func absolute(_ path: String) -> String {
+    package static func absolute(_ path: String) -> String {
         path.hasPrefix("/") ? path : FileManager.default.currentDirectoryPath + "/" + path
     }
     static func keptFolder(_ jobFolder: String) -> String { jobFolder + "/.outputs" }
     /// Before publication: what the job's commands left that is not part of the outbox entry.
-    static func removeScratch(_ jobFolder: String) {
+    package static func removeScratch(_ jobFolder: String) {
         ScratchFolders.forget(absolute(jobFolder))
         removeTree(workFolder(jobFolder))
         removeTree(keptFolder(jobFolder))
     }
 
-    static func logPaths(_ operation: String) -> [String] { ["logs/\(operation).stdout", "logs/\(operation).stderr"] }
+    package static func logPaths(_ operation: String) -> [String] { ["logs/\(operation).stdout", "logs/\(operation).stderr"] }
 
     static func body(_ spec: CommandSpec, arguments: [String: String], environment: KindEnvironment) -> OperationBody {
         .async { context in
@@ -173,7 +174,7 @@ enum CommandOperation {
     }
 
     /// What a command that succeeded before a restart hands its dependents, without running again.
-    static func recovered(_ spec: CommandSpec, operation: String, folder: String) -> OperationBody {
+    package static func recovered(_ spec: CommandSpec, operation: String, folder: String) -> OperationBody {
         switch spec.output {
         case .none: .sync { _ in nil }
         case .stdout:

@@ -3,11 +3,12 @@
 
 import Foundation
 import Testing
-@testable import Daemon
+@testable import SystemdJournal
 
 @Suite struct JournalTests {
     @Test func catalogHasEveryMessageID() throws {
-        let root = URL(fileURLWithPath: repositoryRoot)
+        // The clone's root: two folders above this file's (Tests/SystemdJournalTests).
+        let root = URL(fileURLWithPath: #filePath).deletingLastPathComponent().deletingLastPathComponent().deletingLastPathComponent()
         let catalog = try String(contentsOf: root.appendingPathComponent("systemd/opqueued.catalog"), encoding: .utf8)
         var ids = Set<String>()
         for pair in MessageIDs.pairs {

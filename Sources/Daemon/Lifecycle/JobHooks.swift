@@ -11,6 +11,8 @@
 
 import Foundation
 import JobModel
+import OperationKinds
+import SpoolFiles
 
 #if canImport(Glibc)
 import Glibc

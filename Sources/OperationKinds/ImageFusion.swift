@@ -1,15 +1,15 @@
 // Which image operations fuse into one strip pipeline (Pipeline.swift), and how a stage of it reports its failure so
-// that the operation whose stage failed is the one that fails (Shell/FusedChains.swift).
+// that the operation whose stage failed is the one that fails (the daemon's Shell/FusedChains.swift).
 
 import JobModel
 import OperationEngine
 
 /// A stage of a fused chain failed: the operation whose stage it is (the first takes the decoder too) and why. The
 /// chain's end reports it as that operation's failure (FusedChains.swift), as the chain would unfused.
-struct StageFailure: Error, CustomStringConvertible {
-    let operation: String
+package struct StageFailure: Error, CustomStringConvertible {
+    package let operation: String
     let underlying: any Error
-    var description: String { "\(underlying)" }
+    package var description: String { "\(underlying)" }
 
     /// Runs `body`; what it throws, cancellation aside, is the stage of `operation` failing.
     static func of<T>(_ operation: String?, _ body: () throws -> T) throws -> T {
@@ -26,11 +26,11 @@ struct StageFailure: Error, CustomStringConvertible {
     }
 }
 
-enum ImageFusion {
+package enum ImageFusion {
     /// The image operations whose output becomes an ImagePipeline instead of pixels: those whose one and only
     /// dependent (in `operations`) is an image operation or a `write` that depends on nothing else (so it takes
     /// this output as its input). Everything else materialises its output as today.
-    static func fusedOperations(_ operations: [OperationPlan]) -> Set<String> {
+    package static func fusedOperations(_ operations: [OperationPlan]) -> Set<String> {
         var dependents: [String: Int] = [:]
         for op in operations { for d in Set(op.dependencies) { dependents[d, default: 0] += 1 } }
         let producers = Dictionary(operations.map { ($0.id, $0) }, uniquingKeysWith: { a, _ in a })
@@ -53,7 +53,8 @@ enum ImageFusion {
     /// Each chain by the id of its end (the operation that consumes its last fused operation): its fused operations in
     /// order, then the end, as indices in `index` with their ids. (Retries, a fused operation's own timeout or
     /// `runsAfterFailure` would make a chain behave otherwise than unfused: such operations do not fuse.)
-    static func chains(_ operations: [OperationPlan], fused: Set<String>, index: [String: Int]) -> [String: [(index: Int, id: String)]] {
+    package static func chains(_ operations: [OperationPlan], fused: Set<String>,
+                               index: [String: Int]) -> [String: [(index: Int, id: String)]] {
         guard !fused.isEmpty else { return [:] }
         let byID = Dictionary(operations.map { ($0.id, $0) }, uniquingKeysWith: { a, _ in a })
         var chains: [String: [(index: Int, id: String)]] = [:]

@@ -15,6 +15,7 @@ import CShims
 import Foundation
 import JobModel
 import OperationEngine
+import SpoolFiles
 
 public struct DownloadLimits: Sendable {
     public var maxBytes: Int
@@ -24,6 +25,15 @@ public struct DownloadLimits: Sendable {
     /// Networks opened for downloads (`download.allowNetworks`): everything else in the refused ranges is refused.
     public var allowNetworks: [IPNetwork] = []
     public static let maxRedirects = 5
+
+    package init(maxBytes: Int, connectTimeoutSeconds: Double, timeoutSeconds: Double, fileRoots: [String],
+                 allowNetworks: [IPNetwork] = []) {
+        self.maxBytes = maxBytes
+        self.connectTimeoutSeconds = connectTimeoutSeconds
+        self.timeoutSeconds = timeoutSeconds
+        self.fileRoots = fileRoots
+        self.allowNetworks = allowNetworks
+    }
 }
 
 /// A completed download: its file under active/.downloads/<job>/ and a read-only, private mapping of it

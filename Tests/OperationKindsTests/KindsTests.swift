@@ -2,7 +2,7 @@
 
 import Foundation
 import Testing
-@testable import Daemon
+@testable import OperationKinds
 
 struct KindsTests {
     final class Held: @unchecked Sendable {

@@ -31,7 +31,7 @@ public struct SpoolError: Error, CustomStringConvertible {
     }
 
     /// The error of an open(2) with O_NOFOLLOW of `path`: ELOOP there means that the name is a symbolic link.
-    static func opening(_ path: String, errno e: Int32) -> SpoolError {
+    package static func opening(_ path: String, errno e: Int32) -> SpoolError {
         var st = stat()
         if e == ELOOP, lstat(path, &st) == 0, (st.st_mode & S_IFMT) == S_IFLNK {
             return SpoolError(operation: "open", path: path, errno: e,
@@ -41,7 +41,7 @@ public struct SpoolError: Error, CustomStringConvertible {
     }
 
     /// What a file of this mode is, for one that is not a regular file.
-    static func notRegular(_ path: String, mode: mode_t) -> SpoolError {
+    package static func notRegular(_ path: String, mode: mode_t) -> SpoolError {
         let kind = switch mode & S_IFMT {
         case S_IFDIR: "a folder"
         case S_IFIFO: "a FIFO (named pipe)"
@@ -57,7 +57,8 @@ public struct SpoolError: Error, CustomStringConvertible {
 
 /// Reads a regular file, never following a symlink nor blocking on a FIFO. `singleLink` refuses a file
 /// with other hard links (an inbox entry linked to a file elsewhere is not the submitter's to hand over).
-func readRegularFile(_ path: String, limit: Int = ManifestLimits.maxBytes + 1, singleLink: Bool = false) -> Result<Data, SpoolError> {
+package func readRegularFile(_ path: String, limit: Int = ManifestLimits.maxBytes + 1,
+                             singleLink: Bool = false) -> Result<Data, SpoolError> {
     let fd = open(path, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC)
     guard fd >= 0 else { return .failure(SpoolError.opening(path, errno: errno)) }
     defer { close(fd) }
@@ -66,8 +67,8 @@ func readRegularFile(_ path: String, limit: Int = ManifestLimits.maxBytes + 1, s
 
 /// `readRegularFile` of a descriptor open on `path` (read from its current offset); with `check`, only
 /// the checks are made (nothing is read).
-func readRegularFile(_ fd: Int32, path: String, limit: Int = ManifestLimits.maxBytes + 1, singleLink: Bool = false,
-                     check: Bool = false) -> Result<Data, SpoolError> {
+package func readRegularFile(_ fd: Int32, path: String, limit: Int = ManifestLimits.maxBytes + 1, singleLink: Bool = false,
+                             check: Bool = false) -> Result<Data, SpoolError> {
     var st = stat()
     guard fstat(fd, &st) == 0 else { return .failure(SpoolError(operation: "fstat", path: path, errno: errno)) }
     guard (st.st_mode & S_IFMT) == S_IFREG else { return .failure(SpoolError.notRegular(path, mode: st.st_mode)) }
