@@ -167,7 +167,8 @@ public final class Daemon: @unchecked Sendable {
         grants?.rates.configure(Self.ratedQueues(configuration, ids))
         limits = ClusterLimits(permits: slots?.permits, rates: grants?.rates, tasks: [slots?.task, grants?.task].compactMap { $0 })
         let metrics = DaemonMetrics()
-        telemetry = Telemetry(metrics: metrics, tracing: Self.makeTracing(configuration, node: store.node, logger: logger, metrics: metrics))
+        let tracing = Self.makeTracing(configuration, node: store.node, logger: logger, metrics: metrics)
+        telemetry = Telemetry(metrics: metrics, tracing: tracing)
         relay.daemon = self
         store.delegate = relay
         // A store that leases jobs must know when the spool hangs (the file spool alone just waits for it).
