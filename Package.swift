@@ -76,10 +76,24 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),
-        // The daemon: spool protocol, control socket, the cluster; the shell around JobModel.
+        // The control plane's transport: the control socket's server and client, typed requests, the /metrics
+        // listener, on SwiftNIO. What is answered is the daemon's (its handler is a closure).
+        .target(
+            name: "ControlPlane",
+            dependencies: [
+                "JobModel",
+                "SpoolFiles",
+                "SystemCalls",
+                .product(name: "NIOCore", package: "swift-nio"),
+                .product(name: "NIOPosix", package: "swift-nio"),
+                .product(name: "NIOHTTP1", package: "swift-nio"),
+            ]
+        ),
+        // The daemon: spool protocol, the cluster, the answers to the control plane; the shell around JobModel.
         .target(
             name: "Daemon",
             dependencies: [
+                "ControlPlane",
                 "JobModel",
                 "OperationEngine",
                 "OperationKinds",
@@ -153,6 +167,7 @@ let package = Package(
             name: "opqueuectl",
             dependencies: [
                 "CShims",
+                "ControlPlane",
                 "Daemon",
                 "JobModel",
                 "PropertyList",
@@ -163,29 +178,31 @@ let package = Package(
         ),
         .executableTarget(
             name: "opqueue-bench",
-            dependencies: ["OperationEngine", "OperationKinds", "Daemon", "ClusterStore", "SystemdJournal", "TestSupport"],
+            dependencies: ["OperationEngine", "OperationKinds", "ControlPlane", "Daemon", "ClusterStore", "SystemdJournal", "TestSupport"],
             path: "Benchmarks/opqueue-bench"
         ),
         // The reliability campaigns (issue 5): run by `make test` at a bounded size, by `make campaigns` in full.
         .executableTarget(
             name: "opqueue-campaign",
-            dependencies: ["Daemon", "OperationKinds", "SpoolFiles", "TestSupport"],
+            dependencies: ["ControlPlane", "Daemon", "OperationKinds", "SpoolFiles", "TestSupport"],
             path: "Benchmarks/opqueue-campaign"
         ),
         // Shared by the tests, the campaigns and the benchmarks.
         .target(
             name: "TestSupport",
-            dependencies: ["Daemon", "SystemdJournal", .product(name: "Logging", package: "swift-log")],
+            dependencies: ["ControlPlane", "Daemon", "SystemdJournal", .product(name: "Logging", package: "swift-log")],
             path: "Tests/Support",
             exclude: ["http_server.py", "make_pngs.py", "make_cmyk_jpegs.c", "metrics_client.py", "otlp_receiver.py"]
         ),
         // Test traits (swift-testing), for the test targets only.
         .target(name: "TestTraits", dependencies: ["ClusterStore"], path: "Tests/Traits"),
         .testTarget(name: "OperationEngineTests", dependencies: ["OperationEngine"]),
-        .testTarget(name: "DaemonTests", dependencies: ["Daemon", "JobModel", "OperationKinds", "SpoolFiles", "SystemCalls",
+        .testTarget(name: "DaemonTests", dependencies: ["ControlPlane", "Daemon", "JobModel", "OperationKinds", "SpoolFiles", "SystemCalls",
                                                         "SystemdJournal", "TestSupport", "TestTraits"]),
         // The kinds on their own: the sleep timer, the download destination check.
         .testTarget(name: "OperationKindsTests", dependencies: ["OperationKinds", "JobModel"]),
+        // The control socket's typed requests, on the wire and back.
+        .testTarget(name: "ControlPlaneTests", dependencies: ["ControlPlane"]),
         // The journal's MESSAGE_IDs against the catalog, and its field names.
         .testTarget(name: "SystemdJournalTests", dependencies: ["SystemdJournal"]),
         // Manifests, the configuration's model, the lifecycle and schedules, without the daemon.

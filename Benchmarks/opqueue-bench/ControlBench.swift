@@ -11,6 +11,7 @@
 // within the daemon's 5 s request deadline, so the idle connections are still open (up to the 256 the daemon
 // keeps; it closes the oldest idle ones beyond that: `daemon_fds` says how many descriptors it holds).
 
+import ControlPlane
 import Daemon
 import Foundation
 

@@ -9,6 +9,7 @@
 // The jobs are inserted first (InsertJobs by the thousand), then the program prints `ready` and waits for a line
 // on stdin, so that the caller reads pg_stat_database around the drain alone; it ends with one JSON line.
 
+import ControlPlane
 import ClusterStore
 import Foundation
 

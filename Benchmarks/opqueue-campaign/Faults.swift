@@ -14,6 +14,7 @@
 // names it: a `write` into a full disk fails like any write), paused (the log says claiming paused),
 // recovered (the log says the spool works again), status p99 while the fault lasted.
 
+import ControlPlane
 import Daemon
 import Foundation
 import TestSupport

@@ -8,6 +8,7 @@
 // manifest may ask to sleep for a year); one that does not end then is a hang. A daemon exit is a crash:
 // it is counted and the daemon restarted. Memory growth between the first and the last batch is a leak.
 
+import ControlPlane
 import Daemon
 import Foundation
 import OperationKinds

@@ -6,6 +6,7 @@
 // since the moment before it started: a pid is reused, and an earlier process with this pid (a test's daemon, on a
 // machine that has run thousands of processes) may have logged jobs of its own.
 
+import ControlPlane
 import Daemon
 import Foundation
 import TestSupport

@@ -1,6 +1,7 @@
 // What every campaign needs: the daemon as a child process, the loopback HTTP server, spool listings,
 // property lists, sample images and figures (peak RSS, percentiles).
 
+import ControlPlane
 import Daemon
 import Foundation
 import OperationKinds

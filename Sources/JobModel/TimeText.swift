@@ -126,3 +126,8 @@ public enum TimeText {
         }
     }
 }
+
+/// Seconds for a message: whole ones as such, else one decimal.
+package func formatSeconds(_ s: Double) -> String {
+    s == s.rounded() ? String(Int(s)) : String(format: "%.1f", s)
+}

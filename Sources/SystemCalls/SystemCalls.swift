@@ -45,3 +45,10 @@ public func withUnixAddress(_ path: String, _ body: (UnsafePointer<sockaddr>, so
         $0.withMemoryRebound(to: sockaddr.self, capacity: 1) { body($0, socklen_t(MemoryLayout<sockaddr_un>.size)) }
     }
 }
+
+/// Seconds on CLOCK_MONOTONIC (not stopped by SIGSTOP; the clock the watchdog's deadline is read on).
+public func monotonicSeconds() -> Double {
+    var ts = timespec()
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return Double(ts.tv_sec) + Double(ts.tv_nsec) / 1e9
+}

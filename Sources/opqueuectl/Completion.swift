@@ -1,5 +1,6 @@
 // Shell completion of job ids and queue names (argument-parser's custom completions call these).
 
+import ControlPlane
 import Daemon
 import Foundation
 import JobModel

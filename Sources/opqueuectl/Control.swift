@@ -1,5 +1,6 @@
 // opqueuectl cancel, suspend, resume and metrics: one request each to the daemon's control socket.
 
+import ControlPlane
 import ArgumentParser
 import Daemon
 import Foundation

@@ -10,6 +10,7 @@
 // its own (Submit.swift: submit and validate; Control.swift: cancel, suspend, resume, metrics; List.swift, Retry.swift,
 // Clean.swift: the outbox's), completions are in Completion.swift.
 
+import ControlPlane
 import ArgumentParser
 import CShims
 import Daemon

@@ -4,6 +4,7 @@
 // (Submit.swift); the id printed is the one the daemon gave when it answers, else the one the spool gives it now
 // (Spool.nextFreeID, the claim's own rule).
 
+import ControlPlane
 import ArgumentParser
 import Daemon
 import Foundation

@@ -1,5 +1,6 @@
 // opqueuectl show: a job's operations, from the outbox once it has ended, else from the daemon.
 
+import ControlPlane
 import ArgumentParser
 import Daemon
 import Foundation

@@ -1,5 +1,6 @@
 // opqueuectl status: the daemon's state, queues, cluster nodes and jobs, as JSON or as aligned tables.
 
+import ControlPlane
 import ArgumentParser
 import Daemon
 import Foundation

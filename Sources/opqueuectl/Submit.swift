@@ -1,6 +1,7 @@
 // opqueuectl validate and submit: manifests read from files or standard input, checked as the daemon will check
 // them, then placed atomically in the inbox (a hidden name, synced, renamed).
 
+import ControlPlane
 import ArgumentParser
 import CShims
 import Daemon
@@ -8,6 +9,7 @@ import Foundation
 import JobModel
 import PropertyList
 import SpoolFiles
+import SystemCalls
 
 struct Validate: ParsableCommand {
     static let configuration = CommandConfiguration(

@@ -1,5 +1,6 @@
 // opqueuectl wait: polls the outbox (and the daemon, for a cluster's jobs) until the job has ended.
 
+import ControlPlane
 import ArgumentParser
 import Daemon
 import Foundation

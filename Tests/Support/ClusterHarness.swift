@@ -9,6 +9,7 @@
 // Trusts: the binaries under .build/debug (or OPQ_BINARIES), Debian's PostgreSQL 15, a journald (`ensureJournald`).
 // It trusts nothing the daemons write: outboxes and journal entries are read as data, and every wait is bounded.
 
+import ControlPlane
 import Daemon
 import Foundation
 

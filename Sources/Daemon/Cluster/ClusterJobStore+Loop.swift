@@ -10,6 +10,7 @@ import SpoolFiles
 #if canImport(Glibc)
 import Glibc
 #endif
+import SystemCalls
 
 extension ClusterJobStore {
     func kick() { loopWake.signal() }

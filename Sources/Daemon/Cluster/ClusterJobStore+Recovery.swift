@@ -11,6 +11,7 @@ import SpoolFiles
 #if canImport(Glibc)
 import Glibc
 #endif
+import SystemCalls
 
 extension ClusterJobStore {
     /// What recovery found in active/, sorted by what the claim records and the database say.

@@ -2,9 +2,11 @@
 // status thread (what `status` shows, what the cluster declares, the wake-up probes) and the prune thread (the
 // finished history past keepFinishedDays, and nodes gone for good).
 
+import JobModel
 import ClusterStore
 import Foundation
 import Logging
+import SystemCalls
 
 extension ClusterJobStore {
     // MARK: the status thread

@@ -7,6 +7,7 @@ import Foundation
 import JobModel
 import Logging
 import SpoolFiles
+import SystemCalls
 
 extension ClusterJobStore {
     func enqueueSubmission(_ job: ClaimedJob) {

@@ -27,6 +27,7 @@ import SpoolFiles
 #if canImport(Glibc)
 import Glibc
 #endif
+import SystemCalls
 
 public final class ClusterJobStore: JobStore, @unchecked Sendable {
     public let node: String?

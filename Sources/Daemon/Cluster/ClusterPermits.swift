@@ -25,6 +25,7 @@ import ClusterStore
 import Logging
 import OperationEngine
 import Synchronization
+import SystemCalls
 
 public final class ClusterPermits: Sendable {
     struct Limited: Sendable {

@@ -21,6 +21,7 @@ import Dispatch
 import Logging
 import OperationEngine
 import Synchronization
+import SystemCalls
 
 public final class ClusterRates: Sendable {
     struct Limited: Sendable, Equatable {

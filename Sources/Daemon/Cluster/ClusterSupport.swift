@@ -12,13 +12,6 @@ import OperationEngine
 import Glibc
 #endif
 
-/// Seconds on CLOCK_MONOTONIC (not stopped by SIGSTOP; the clock the watchdog's deadline is read on).
-public func monotonicSeconds() -> Double {
-    var ts = timespec()
-    clock_gettime(CLOCK_MONOTONIC, &ts)
-    return Double(ts.tv_sec) + Double(ts.tv_nsec) / 1e9
-}
-
 /// The database did not answer in time, or refused: what was being done and why.
 public struct ClusterUnavailable: Error, CustomStringConvertible, Sendable {
     public let description: String
@@ -53,10 +46,6 @@ final class ResultBox<T: Sendable>: @unchecked Sendable {
     private var value: Result<T, any Error>?
     func set(_ v: Result<T, any Error>) { lock.withLock { value = v } }
     func get() -> Result<T, any Error>? { lock.withLock { value } }
-}
-
-func formatSeconds(_ s: Double) -> String {
-    s == s.rounded() ? String(Int(s)) : String(format: "%.1f", s)
 }
 
 /// What `opqueuectl status` shows of the cluster (SPEC §8), refreshed on each beat; read without waiting.

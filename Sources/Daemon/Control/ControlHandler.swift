@@ -2,9 +2,11 @@
 // as the JSON object opqueuectl prints or reads. Runs on the control server's handler threads, never on its loop;
 // nothing here waits on the database (a cluster's state is the node's last snapshot of it).
 
+import ControlPlane
 import ClusterStore
 import OperationEngine
 import Foundation
+import SystemCalls
 
 extension Daemon {
     /// The answer to one request as it came off the socket.

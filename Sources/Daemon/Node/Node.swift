@@ -3,6 +3,7 @@
 // the timer clocks), then the log target, the configuration, the spool and the store, then the daemon — alone
 // (`--once`) or as the services of one ServiceGroup until a graceful stop.
 
+import ControlPlane
 import ClusterStore
 import Foundation
 import JobModel

@@ -2,6 +2,7 @@
 // socket, inbox watch, metrics listener, readiness, then the drain at a graceful stop), the signal service (SIGHUP
 // reloads; SIGUSR1/2 are logged) and the systemd status/watchdog service.
 
+import ControlPlane
 import Foundation
 import Logging
 import ServiceLifecycle

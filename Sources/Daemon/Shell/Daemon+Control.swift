@@ -7,6 +7,7 @@ import OperationEngine
 import CShims
 import OperationKinds
 import SpoolFiles
+import SystemCalls
 
 extension Daemon {
     // MARK: Reload and stop

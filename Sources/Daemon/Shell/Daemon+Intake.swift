@@ -9,6 +9,7 @@ import Logging
 import OperationEngine
 import OperationKinds
 import SpoolFiles
+import SystemCalls
 
 extension Daemon {
     // MARK: Start, scan, claim

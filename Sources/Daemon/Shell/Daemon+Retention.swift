@@ -5,9 +5,11 @@
 // Stores/Outbox.swift's (through tmp/: a reader sees a folder whole or not at all), the same as `opqueuectl clean`'s.
 // A reload's keepDays applies from the next pass; without keepDays the thread only looks again each minute.
 
+import JobModel
 import CShims
 import Foundation
 import Logging
+import SystemCalls
 
 extension Daemon {
     /// Entries looked at per batch, and the pause after each batch: small, so that the group commit's syncfs has

@@ -17,6 +17,7 @@ import Synchronization
 #if canImport(Glibc)
 import Glibc
 #endif
+import SystemCalls
 
 final class SpoolWatch: Sendable {
     private struct State {

@@ -14,6 +14,7 @@ import PropertyList
 #if canImport(Glibc)
 import Glibc
 #endif
+import SystemCalls
 
 extension ClusterJobStoreTests {
     /// A node started while the database is down is ready at once, logs `disconnected` once per outage (with the

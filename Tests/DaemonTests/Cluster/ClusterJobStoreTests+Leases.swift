@@ -15,6 +15,7 @@ import PropertyList
 #if canImport(Glibc)
 import Glibc
 #endif
+import SystemCalls
 
 extension ClusterJobStoreTests {
     /// The store's async work runs on its own executor: with every thread of the shared cooperative pool blocked

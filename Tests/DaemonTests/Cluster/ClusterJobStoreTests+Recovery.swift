@@ -16,6 +16,7 @@ import PropertyList
 #if canImport(Glibc)
 import Glibc
 #endif
+import SystemCalls
 
 extension ClusterJobStoreTests {
     /// A restart: a job the database still gives this node under the same fence resumes; one given to another

@@ -18,6 +18,7 @@ import PropertyList
 #if canImport(Glibc)
 import Glibc
 #endif
+import SystemCalls
 
 @Suite("ClusterJobStore", .serialized)
 struct ClusterJobStoreTests {

@@ -15,6 +15,7 @@ import PropertyList
 #if canImport(Glibc)
 import Glibc
 #endif
+import SystemCalls
 
 /// The shell's side, recorded.
 final class FakeShell: JobStoreDelegate, @unchecked Sendable {

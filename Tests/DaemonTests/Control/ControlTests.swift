@@ -2,6 +2,7 @@
 // connections by the thousand, more connections than the cap, garbage, `graph` of a running job, and the console's
 // MESSAGE_IDs. Also the admission state machine on its own.
 
+@testable import ControlPlane
 import Foundation
 import SystemdJournal
 import Testing
@@ -11,6 +12,7 @@ import TestSupport
 #if canImport(Glibc)
 import Glibc
 #endif
+import SystemCalls
 
 /// Raises this process's open-file limit to at least `wanted` (children inherit it); false when the hard limit is lower.
 func raiseOwnFileLimit(to wanted: rlim_t) -> Bool {

@@ -15,6 +15,7 @@ import TestSupport
 #if canImport(Glibc)
 import Glibc
 #endif
+import SystemCalls
 
 /// Fields of /proc/PID/stat after the command name: state, ppid, pgrp, …; nil when the process is gone.
 private func statFields(_ pid: Int32) -> (comm: String, fields: [Substring])? {

@@ -3,6 +3,7 @@
 // names from a running daemon; and the README's shell examples run, in order, against a daemon the test
 // starts (blocks preceded by `<!-- docs-test: skip (why) -->` are not run: building, systemd, the journal).
 
+import ControlPlane
 import Foundation
 import PropertyList
 import Testing

@@ -1,6 +1,7 @@
 // The end-to-end tests' fixtures: the built binaries, running a program with a deadline, a temporary spool
 // with its own daemon (TestSpool), and a Unix-socket server that is not opqueued.
 
+import ControlPlane
 import Foundation
 import SystemCalls
 import Testing

@@ -1,6 +1,7 @@
 // The real daemon's control socket and journal: a claimed job is never unknown, a client facing something else
 // on the socket says what and keeps its deadline, and the journal tells every operation's story in order.
 
+import ControlPlane
 import Foundation
 import SystemdJournal
 import Testing

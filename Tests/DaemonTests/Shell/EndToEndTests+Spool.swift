@@ -1,6 +1,7 @@
 // The real daemon and its spool: hostile and huge inbox entries, the operation budget, ids and outbox names
 // already taken, folders removed or replaced while it runs, a second daemon, a spool over two mounts.
 
+import ControlPlane
 import Foundation
 import Testing
 import TestSupport

@@ -3,6 +3,7 @@
 // daemon's control verbs and exit codes, and kill -9 at random moments; signals, the spool, the control socket and
 // the journal are in the EndToEndTests+*.swift files beside it.
 
+import ControlPlane
 import Foundation
 import Testing
 import TestSupport

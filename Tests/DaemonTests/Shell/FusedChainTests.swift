@@ -3,6 +3,7 @@
 // entries of the same chain run unfused. The unfused twin gives each image operation a timeout of an hour, which
 // keeps it from fusing and changes nothing else.
 
+import ControlPlane
 import Foundation
 import Testing
 @testable import Daemon

@@ -1,6 +1,7 @@
 // Manifests written in place: the daemon claims a file only once no one has it open for writing (a read
 // lease, Spool.claim), and at once when it is closed (inotify's close event). Real daemon, real files.
 
+import ControlPlane
 import Foundation
 import SpoolFiles
 import Testing

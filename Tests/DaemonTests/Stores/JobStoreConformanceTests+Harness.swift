@@ -8,6 +8,7 @@ import Testing
 #if canImport(Glibc)
 import Glibc
 #endif
+import SystemCalls
 
 /// The store's delegate in the conformance suite: every call reaches `shell`; `submitted` is kept here too.
 final class RecordingShell: JobStoreDelegate, @unchecked Sendable {

@@ -1,7 +1,7 @@
 // The control socket's requests, typed: what a client sends is what the daemon reads, and a request missing what
 // its command needs is refused with the field's name (exit 64 on the socket).
 
-import Daemon
+import ControlPlane
 import Testing
 
 @Suite("Control requests")

@@ -19,13 +19,14 @@
 import Foundation
 import NIOCore
 import NIOPosix
+import JobModel
 import SpoolFiles
 import Synchronization
 
 #if canImport(Glibc)
 import Glibc
-import SystemCalls
 #endif
+import SystemCalls
 
 /// What the control socket allows one client (defaults as documented for scripts).
 public struct ControlLimits: Sendable {
