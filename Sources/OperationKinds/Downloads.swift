@@ -16,6 +16,7 @@ import Foundation
 import JobModel
 import OperationEngine
 import SpoolFiles
+import SystemCalls
 
 public struct DownloadLimits: Sendable {
     public var maxBytes: Int

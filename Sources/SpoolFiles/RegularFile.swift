@@ -10,26 +10,7 @@ import Glibc
 import SystemCalls
 #endif
 
-public struct SpoolError: Error, CustomStringConvertible {
-    public let operation: String
-    public let path: String
-    public let errno: Int32
-    /// What was wrong, in words, where the errno's own (strerror) would mislead: "Too many levels of symbolic
-    /// links" for a link O_NOFOLLOW refused, "Invalid argument" for a FIFO.
-    public var reason: String?
-
-    public init(operation: String, path: String, errno: Int32, reason: String? = nil) {
-        self.operation = operation
-        self.path = path
-        self.errno = errno
-        self.reason = reason
-    }
-
-    public var description: String {
-        if let reason { return "\(path): \(reason)" }
-        return "\(operation) \(path): \(String(cString: strerror(errno)))"
-    }
-
+extension SpoolError {
     /// The error of an open(2) with O_NOFOLLOW of `path`: ELOOP there means that the name is a symbolic link.
     package static func opening(_ path: String, errno e: Int32) -> SpoolError {
         var st = stat()

@@ -17,19 +17,26 @@ public func retryingInterrupts<T: SignedInteger>(_ body: () -> T) -> T {
     }
 }
 
-/// A system call's failure: what was done, to which path, and its errno.
-public struct SystemCallError: Error, CustomStringConvertible {
+/// A system call's failure on a path: what was done, to which path, and its errno (the spool's files, the sockets).
+public struct SpoolError: Error, CustomStringConvertible {
     public let operation: String
     public let path: String
     public let errno: Int32
+    /// What was wrong, in words, where the errno's own (strerror) would mislead: "Too many levels of symbolic
+    /// links" for a link O_NOFOLLOW refused, "Invalid argument" for a FIFO.
+    public var reason: String?
 
-    public init(operation: String, path: String, errno: Int32) {
+    public init(operation: String, path: String, errno: Int32, reason: String? = nil) {
         self.operation = operation
         self.path = path
         self.errno = errno
+        self.reason = reason
     }
 
-    public var description: String { "\(operation) \(path): \(String(cString: strerror(errno)))" }
+    public var description: String {
+        if let reason { return "\(path): \(reason)" }
+        return "\(operation) \(path): \(String(cString: strerror(errno)))"
+    }
 }
 
 /// `bind` or `connect` on a Unix socket path; the call's result (0 or -1 with errno set).
@@ -38,7 +45,7 @@ public func withUnixAddress(_ path: String, _ body: (UnsafePointer<sockaddr>, so
     address.sun_family = sa_family_t(AF_UNIX)
     let bytes = Array(path.utf8)
     guard bytes.count < MemoryLayout.size(ofValue: address.sun_path) else {
-        throw SystemCallError(operation: "socket path too long", path: path, errno: ENAMETOOLONG)
+        throw SpoolError(operation: "socket path too long", path: path, errno: ENAMETOOLONG)
     }
     withUnsafeMutableBytes(of: &address.sun_path) { raw in raw.copyBytes(from: bytes) }
     return withUnsafePointer(to: &address) {

@@ -9,6 +9,7 @@ import OperationEngine
 import CShims
 import OperationKinds
 import SpoolFiles
+import SystemCalls
 
 extension Daemon {
     // MARK: Ends

@@ -8,6 +8,7 @@ import JobModel
 import Logging
 import PropertyList
 import SpoolFiles
+import SystemCalls
 
 extension Daemon {
     var schedulesPath: String { spool.active + "/.schedules" }

@@ -13,6 +13,7 @@
 
 import Foundation
 import SpoolFiles
+import SystemCalls
 
 #if canImport(Glibc)
 import Glibc

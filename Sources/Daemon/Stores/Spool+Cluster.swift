@@ -26,6 +26,7 @@ import Foundation
 import JobModel
 import PropertyList
 import SpoolFiles
+import SystemCalls
 
 #if canImport(Glibc)
 import Glibc

@@ -5,6 +5,7 @@ import CShims
 import Foundation
 import JobModel
 import SpoolFiles
+import SystemCalls
 #if canImport(Glibc)
 import Glibc
 #endif

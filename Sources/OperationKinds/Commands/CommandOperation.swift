@@ -21,6 +21,7 @@ import Foundation
 import JobModel
 import OperationEngine
 import SpoolFiles
+import SystemCalls
 
 #if canImport(Glibc)
 import Glibc

@@ -7,6 +7,7 @@ import Foundation
 import SpoolFiles
 import Synchronization
 import Testing
+import SystemCalls
 
 @Suite("GroupCommit")
 struct GroupCommitTests {
