@@ -22,11 +22,11 @@ import NIOPosix
 import JobModel
 import SpoolFiles
 import Synchronization
+import SystemCalls
 
 #if canImport(Glibc)
 import Glibc
 #endif
-import SystemCalls
 
 /// What the control socket allows one client (defaults as documented for scripts).
 public struct ControlLimits: Sendable {

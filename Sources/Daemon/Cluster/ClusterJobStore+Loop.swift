@@ -6,11 +6,11 @@ import Foundation
 import JobModel
 import Logging
 import SpoolFiles
+import SystemCalls
 
 #if canImport(Glibc)
 import Glibc
 #endif
-import SystemCalls
 
 extension ClusterJobStore {
     func kick() { loopWake.signal() }

@@ -7,11 +7,11 @@ import Foundation
 import JobModel
 import Logging
 import SpoolFiles
+import SystemCalls
 
 #if canImport(Glibc)
 import Glibc
 #endif
-import SystemCalls
 
 extension ClusterJobStore {
     /// What recovery found in active/, sorted by what the claim records and the database say.

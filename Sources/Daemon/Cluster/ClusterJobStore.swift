@@ -23,11 +23,11 @@ import JobModel
 import Logging
 import OperationEngine
 import SpoolFiles
+import SystemCalls
 
 #if canImport(Glibc)
 import Glibc
 #endif
-import SystemCalls
 
 public final class ClusterJobStore: JobStore, @unchecked Sendable {
     public let node: String?

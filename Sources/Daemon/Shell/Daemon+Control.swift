@@ -307,7 +307,7 @@ extension Daemon {
             }
             let status = Status(activeJobs: s.lifecycle.jobs.keys.sorted(), waiting: s.waiting, executing: 0,
                                 operations: s.lifecycle.activeOperations, maxActiveOperations: s.configuration.maxActiveOperations,
-                                queues: [], fault: s.lifecycle.fault, jobs: progress, held: Self.heldQueues(s),
+                                queues: [], fault: s.lifecycle.fault, jobs: progress, held: s.heldQueues,
                                 schedules: Self.scheduleRows(s.schedules), delayed: s.lifecycle.delayedCount + parked, parked: parked)
             return (status, Set(["default"] + s.configuration.queueNames))
         }
@@ -330,15 +330,6 @@ extension Daemon {
         book.entries.sorted { $0.key < $1.key }.map { name, entry in
             (name, entry.settings.cron.expression.description, entry.settings.cron.zone.name, entry.next.map(Double.init))
         }
-    }
-
-    /// Queues held only until the store has said which are suspended (see Status.held).
-    private static func heldQueues(_ s: SharedState) -> Set<String> {
-        guard s.awaitingStoreSuspensions else { return [] }
-        let config = s.configuration
-        return Set((["default"] + config.queueNames).filter { name in
-            config.queues[name]?.suspended != true && s.localSuspensions[name] != true
-        })
     }
 
     /// The metrics in the Prometheus text format, the gauges read now (`opqueuectl metrics`, GET /metrics).

@@ -42,6 +42,16 @@ struct SharedState {
     var finishedWaiters: [@Sendable () -> Void] = []
 }
 
+extension SharedState {
+    /// Queues held only until the store has said which are suspended (see Daemon.Status.held).
+    var heldQueues: Set<String> {
+        guard awaitingStoreSuspensions else { return [] }
+        return Set((["default"] + configuration.queueNames).filter { name in
+            configuration.queues[name]?.suspended != true && localSuspensions[name] != true
+        })
+    }
+}
+
 /// On `Daemon.work` only: the spool's side of intake and publication.
 struct SpoolSide {
     /// When memory freed by ended jobs goes back to the system (MemoryTrim.swift).

@@ -13,11 +13,11 @@
 
 import Foundation
 import Synchronization
+import SystemCalls
 
 #if canImport(Glibc)
 import Glibc
 #endif
-import SystemCalls
 
 final class SpoolWatch: Sendable {
     private struct State {

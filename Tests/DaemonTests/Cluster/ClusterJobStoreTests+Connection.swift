@@ -10,11 +10,11 @@ import TestSupport
 import CShims
 import OperationEngine
 import PropertyList
+import SystemCalls
 
 #if canImport(Glibc)
 import Glibc
 #endif
-import SystemCalls
 
 extension ClusterJobStoreTests {
     /// A node started while the database is down is ready at once, logs `disconnected` once per outage (with the

@@ -11,11 +11,11 @@ import TestSupport
 import CShims
 import OperationEngine
 import PropertyList
+import SystemCalls
 
 #if canImport(Glibc)
 import Glibc
 #endif
-import SystemCalls
 
 extension ClusterJobStoreTests {
     /// The store's async work runs on its own executor: with every thread of the shared cooperative pool blocked

@@ -12,11 +12,11 @@ import TestSupport
 import CShims
 import OperationEngine
 import PropertyList
+import SystemCalls
 
 #if canImport(Glibc)
 import Glibc
 #endif
-import SystemCalls
 
 extension ClusterJobStoreTests {
     /// A restart: a job the database still gives this node under the same fence resumes; one given to another

@@ -14,11 +14,11 @@ import TestSupport
 import CShims
 import OperationEngine
 import PropertyList
+import SystemCalls
 
 #if canImport(Glibc)
 import Glibc
 #endif
-import SystemCalls
 
 @Suite("ClusterJobStore", .serialized)
 struct ClusterJobStoreTests {

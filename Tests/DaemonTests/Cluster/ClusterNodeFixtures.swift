@@ -11,11 +11,11 @@ import TestSupport
 import CShims
 import OperationEngine
 import PropertyList
+import SystemCalls
 
 #if canImport(Glibc)
 import Glibc
 #endif
-import SystemCalls
 
 /// The shell's side, recorded.
 final class FakeShell: JobStoreDelegate, @unchecked Sendable {

@@ -8,11 +8,11 @@ import SystemdJournal
 import Testing
 import TestSupport
 @testable import Daemon
+import SystemCalls
 
 #if canImport(Glibc)
 import Glibc
 #endif
-import SystemCalls
 
 /// Raises this process's open-file limit to at least `wanted` (children inherit it); false when the hard limit is lower.
 func raiseOwnFileLimit(to wanted: rlim_t) -> Bool {

@@ -11,11 +11,11 @@ import TestSupport
 @testable import Daemon
 @testable import OperationKinds
 @testable import SystemdJournal
+import SystemCalls
 
 #if canImport(Glibc)
 import Glibc
 #endif
-import SystemCalls
 
 /// Fields of /proc/PID/stat after the command name: state, ppid, pgrp, …; nil when the process is gone.
 private func statFields(_ pid: Int32) -> (comm: String, fields: [Substring])? {

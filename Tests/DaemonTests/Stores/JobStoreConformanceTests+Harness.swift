@@ -4,11 +4,11 @@
 import Foundation
 import Testing
 @testable import Daemon
+import SystemCalls
 
 #if canImport(Glibc)
 import Glibc
 #endif
-import SystemCalls
 
 /// The store's delegate in the conformance suite: every call reaches `shell`; `submitted` is kept here too.
 final class RecordingShell: JobStoreDelegate, @unchecked Sendable {
