@@ -126,6 +126,7 @@ let package = Package(
         .target(
             name: "JobTracing",
             dependencies: [
+                "CShims",
                 .product(name: "Tracing", package: "swift-distributed-tracing"),
                 .product(name: "OTel", package: "swift-otel"),
                 .product(name: "Logging", package: "swift-log"),

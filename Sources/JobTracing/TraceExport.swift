@@ -12,11 +12,13 @@ import Tracing
 
 public final class TraceExport: Sendable {
     private let tracer: any Tracer
-    /// Spans are made here, one job after another, never on the caller's queue (the daemon's `work`).
-    private let emitting = DispatchQueue(label: "opqueued.tracing", qos: .utility)
+    /// Spans are made here, one job after another, never on the caller's queue (the daemon's `work`), and the
+    /// exporter's service runs here too: all of tracing on one thread below the daemon's priority.
+    private let thread: TraceThread
     /// Traces emitted and not yet made into spans, and whether their making is scheduled: made in bursts
-    /// (`burst` after the first), so that this queue and swift-otel's tasks wake once for many jobs, not per job.
-    private let pending = Mutex<(traces: [JobTrace], scheduled: Bool)>(([], false))
+    /// (`burst` after the first), so that the thread wakes once for many jobs, not per job. A trace is given as
+    /// the closure that describes it, so that the caller only hands over what it has.
+    private let pending = Mutex<(traces: [@Sendable () -> JobTrace], scheduled: Bool)>(([], false))
     private let burst: DispatchTimeInterval = .milliseconds(50)
     /// Runs the batch processor and the exporter; give it to the service group (a bounded flush when it stops).
     public let service: any Service
@@ -28,6 +30,7 @@ public final class TraceExport: Sendable {
     public init(otlp: String, node: String, log: Logger, flushSeconds: Double = 2, timeoutSeconds: Int = 5,
                 onDropped: @escaping @Sendable (Int) -> Void) throws {
         endpoint = Self.endpoint(otlp)
+        thread = TraceThread()
         var config = OTel.Configuration.default
         config.serviceName = "opqueued"
         config.resourceAttributes = ["opqueued.node": node]
@@ -49,7 +52,7 @@ public final class TraceExport: Sendable {
         config.traces.batchSpanProcessor.maxExportBatchSize = 4_096
         let backend = try OTel.makeTracingBackend(configuration: config)
         tracer = backend.factory
-        service = BoundedFlush(inner: backend.service, seconds: flushSeconds)
+        service = BoundedFlush(inner: backend.service, seconds: flushSeconds, executor: thread)
     }
 
     /// `base` with `/v1/traces` appended (one slash between).
@@ -57,29 +60,36 @@ public final class TraceExport: Sendable {
         (base.hasSuffix("/") ? String(base.dropLast()) : base) + "/v1/traces"
     }
 
-    /// Emits a finished job's trace, on the exporter's own queue: the caller goes on at once.
+    /// Emits a finished job's trace, on the exporter's own thread: the caller goes on at once.
     public func emit(_ trace: JobTrace) {
+        emit { trace }
+    }
+
+    /// Emits the trace `describe` makes, calling it on the exporter's own thread.
+    public func emit(_ describe: @escaping @Sendable () -> JobTrace) {
         let schedule = pending.withLock { pending in
-            pending.traces.append(trace)
+            pending.traces.append(describe)
             defer { pending.scheduled = true }
             return !pending.scheduled
         }
-        if schedule { emitting.asyncAfter(deadline: .now() + burst) { [self] in emitPending() } }
+        if schedule {
+            DispatchQueue.global().asyncAfter(deadline: .now() + burst) { [self] in thread.async { self.emitPending() } }
+        }
     }
 
     /// Returns once every trace emitted so far is with the batch processor: call it before the service stops.
     public func drain() {
-        emitting.sync { emitPending() }
+        thread.sync { self.emitPending() }
     }
 
-    /// On `emitting`: the traces pending, in the order emitted.
+    /// On the thread: the traces pending, in the order emitted.
     private func emitPending() {
         let traces = pending.withLock { pending in
             pending.scheduled = false
             defer { pending.traces = [] }
             return pending.traces
         }
-        for trace in traces { emitNow(trace) }
+        for describe in traces { emitNow(describe()) }
     }
 
     /// Every span of the trace started, linked and ended at its own instants.
@@ -137,8 +147,13 @@ struct HeaderExtractor: Extractor {
 struct BoundedFlush: Service {
     let inner: any Service
     let seconds: Double
+    let executor: TraceThread
 
     func run() async throws {
+        await withTaskExecutorPreference(executor) { await runBounded() }
+    }
+
+    private func runBounded() async {
         await withTaskGroup(of: Void.self) { group in
             group.addTask { try? await inner.run() }
             group.addTask {

@@ -58,25 +58,28 @@ extension Daemon {
         }
     }
 
-    /// On `work`, once the job is announced: its trace, with result.plist's times (ResultWriter.times).
+    /// On `work`, once the job is announced: its trace, with result.plist's times (ResultWriter.times), described on
+    /// the exporter's thread from what the job has now (its plan as of its end; `claimed` never changes).
     func emitTrace(_ publication: Publication, finishedAt now: Double) {
         guard let tracing else { return }
-        let job = publication.job
-        let timelines = telemetry.timelines.take(job: job.id)
-        let operations = job.plan?.operations ?? []
-        var traced: [OperationTrace] = []
-        traced.reserveCapacity(min(operations.count, publication.records.count))
-        for (i, record) in publication.records.prefix(operations.count).enumerated() {
-            let operation = operations[i]
-            let (started, finished, attempts) = ResultWriter.times(record, of: operation, in: job)
-            let line = timelines[i]
-            traced.append(OperationTrace(
-                id: operation.id, kind: operation.kind.rawValue, queue: operation.queue, qualityOfService: record.qualityOfService.name,
-                dependencies: operation.dependencies, state: record.state.name, attempts: attempts,
-                error: record.state == .succeeded ? nil : record.error, startedAt: started, finishedAt: finished,
-                readyAt: line?.readyAt, attemptTimes: line?.attempts ?? []))
+        let job = publication.job, plan = job.plan, status = publication.status, error = publication.error
+        let records = publication.records, timelines = telemetry.timelines.take(job: job.id)
+        tracing.emit {
+            let operations = plan?.operations ?? []
+            var traced: [OperationTrace] = []
+            traced.reserveCapacity(min(operations.count, records.count))
+            for (i, record) in records.prefix(operations.count).enumerated() {
+                let operation = operations[i]
+                let (started, finished, attempts) = ResultWriter.times(record, of: operation, in: job)
+                let line = timelines[i]
+                traced.append(OperationTrace(
+                    id: operation.id, kind: operation.kind.rawValue, queue: operation.queue,
+                    qualityOfService: record.qualityOfService.name, dependencies: operation.dependencies, state: record.state.name,
+                    attempts: attempts, error: record.state == .succeeded ? nil : record.error, startedAt: started, finishedAt: finished,
+                    readyAt: line?.readyAt, attemptTimes: line?.attempts ?? []))
+            }
+            return JobTrace(job: job.id, status: status.rawValue, error: error, receivedAt: job.claimed.receivedAt, finishedAt: now,
+                            traceparent: plan?.traceparent, operations: traced)
         }
-        tracing.emit(JobTrace(job: job.id, status: publication.status.rawValue, error: publication.error,
-                              receivedAt: job.claimed.receivedAt, finishedAt: now, traceparent: job.plan?.traceparent, operations: traced))
     }
 }
