@@ -41,14 +41,28 @@ package struct JobLifecycle<Group: Hashable & Sendable>: Sendable {
         case claimed(fromNode: String?)
     }
 
-    /// What a cancel is routed to.
-    package enum CancelAnswer: Sendable, Equatable {
-        /// Done, or remembered until the job's group exists.
-        case cancelled
-        case unknownOperation
-        case alreadyEnded
+    /// What the shell does with a job whose plan is read (`planned`).
+    package enum PlannedResult: Sendable, Equatable {
+        /// Submit its graph now, logging `announce` first when there is one (`accepted` is logged once: a delayed
+        /// job was announced when it was delayed).
+        case submit(announce: JournalEntry?)
+        /// It is not waiting for its plan (lost, or ended, meanwhile): nothing to do.
+        case ignore
+    }
+
+    /// Where a cancel goes (`cancel`); every case but the first three answers the asker that it is cancelled.
+    package enum CancelResult: Sendable, Equatable {
         /// Not in the table: the store knows (the outbox, or another node).
         case notHere
+        case alreadyEnded
+        case unknownOperation
+        /// Remembered until the job's group exists, and made with it.
+        case kept
+        /// A delayed job is started now with the cancel, which ends every operation before any runs.
+        case wake(job: String)
+        case cancelGroup(Group)
+        /// The engine holds the operation's state and may still answer that it has ended.
+        case cancelOperation(job: String, group: Group, operation: String)
     }
 
     package enum JournalEntry: Sendable, Equatable {
@@ -65,15 +79,11 @@ package struct JobLifecycle<Group: Hashable & Sendable>: Sendable {
     package enum Event: Sendable, Equatable {
         /// `cancels`: asked before it came here (a cluster's cancel of a job not yet claimed), kept for its group.
         case received(job: String, Arrival, cancels: [String?] = [])
-        /// The plan is read: `operations` count against the budget, `recovered` of them had ended before a restart.
-        case planned(job: String, operations: Int, recovered: Int)
         /// Its plan is read and says not before `until` (§3.7): it waits, out of the budgets, until `due`.
         case delayed(job: String, operations: Int, until: Double)
         /// The manifest had problems, or the engine refused the graph.
         case rejected(job: String, problems: [String], error: String)
         case submitted(job: String, group: Group)
-        /// `knownOperation`: the operation is in the job's plan as the shell knows it now (false before the plan is read).
-        case cancel(job: String, operation: String?, knownOperation: Bool)
         /// The group ended; `status` and `error` as the shell reads them from the engine's records.
         case groupFinished(group: Group, status: JobStatus, error: String?)
         /// The job's outbox entry is placed (or, rejected, its result): it leaves the table.
@@ -86,8 +96,6 @@ package struct JobLifecycle<Group: Hashable & Sendable>: Sendable {
 
     package enum Action: Sendable, Equatable {
         case journal(JournalEntry)
-        /// Submit the job's graph (built by the shell); answer with `submitted` or `rejected`.
-        case submit(job: String)
         case cancelGroup(Group)
         case cancelOperation(job: String, group: Group, operation: String)
         /// Queue the job's outbox entry with this status.
@@ -98,10 +106,6 @@ package struct JobLifecycle<Group: Hashable & Sendable>: Sendable {
         case discard(job: String)
         /// Give active/<job> back to the store to be submitted again (its downloads go): nothing is published for it.
         case resubmit(job: String)
-        /// Start a delayed job now (a cancel came): the shell reads and plans it; its early cancels end it.
-        case wake(job: String)
-        /// Answer to a cancel.
-        case answer(CancelAnswer)
     }
 
     package struct Job: Sendable {
@@ -214,9 +218,6 @@ package struct JobLifecycle<Group: Hashable & Sendable>: Sendable {
         case .received(let id, let arrival, let cancels):
             return received(id, arrival, cancels: cancels)
 
-        case .planned(let id, let operations, let recovered):
-            return planned(id, operations: operations, recovered: recovered)
-
         case .delayed(let id, let operations, let until):
             return delayed(id, operations: operations, until: until)
 
@@ -225,9 +226,6 @@ package struct JobLifecycle<Group: Hashable & Sendable>: Sendable {
 
         case .submitted(let id, let group):
             return submitted(id, group: group)
-
-        case .cancel(let id, let operation, let knownOperation):
-            return cancel(id, operation: operation, knownOperation: knownOperation)
 
         case .groupFinished(let group, let status, let error):
             return groupFinished(group, status: status, error: error)
@@ -324,37 +322,38 @@ package struct JobLifecycle<Group: Hashable & Sendable>: Sendable {
         jobs[id] = job
     }
 
-    /// A cancel of a whole job (`operation` nil) or of one operation, whatever the job's phase.
-    private mutating func cancel(_ id: String, operation: String?, knownOperation: Bool) -> [Action] {
-        guard var job = jobs[id] else { return [.answer(.notHere)] }
+    /// A cancel of a whole job (`operation` nil) or of one operation, whatever the job's phase. `knownOperation`:
+    /// the operation is in the job's plan as the shell knows it now (false before the plan is read).
+    package mutating func cancel(job id: String, operation: String?, knownOperation: Bool) -> CancelResult {
+        guard var job = jobs[id] else { return .notHere }
         switch job.phase {
         case .rejected:
-            return [.answer(.alreadyEnded)]
+            return .alreadyEnded
         case .delayed:
             // A cancel of the whole job ends it at once: it is started with the cancel, which ends every
             // operation before any runs. One operation's cancel waits with the job.
             job.cancelsBeforeGroup.append(operation)
             guard operation == nil else {
                 jobs[id] = job
-                return [.answer(.cancelled)]
+                return .kept
             }
             job.phase = .received
             job.notBefore = nil
             jobs[id] = job
             delayedCount -= 1
-            return [.wake(job: id), .answer(.cancelled)]
+            return .wake(job: id)
         case .received, .accepted:
             // Before the plan is read, an operation that turns out not to exist is logged and ignored
             // once the group exists; after, it is refused now.
-            if operation != nil, job.phase == .accepted, !knownOperation { return [.answer(.unknownOperation)] }
+            if operation != nil, job.phase == .accepted, !knownOperation { return .unknownOperation }
             job.cancelsBeforeGroup.append(operation)
             jobs[id] = job
-            return [.answer(.cancelled)]
+            return .kept
         case .running, .finishing:
-            guard let group = job.group else { return [.answer(.alreadyEnded)] }
-            guard let operation else { return [.cancelGroup(group), .answer(.cancelled)] }
-            guard knownOperation else { return [.answer(.unknownOperation)] }
-            return [.cancelOperation(job: id, group: group, operation: operation), .answer(.cancelled)]
+            guard let group = job.group else { return .alreadyEnded }
+            guard let operation else { return .cancelGroup(group) }
+            guard knownOperation else { return .unknownOperation }
+            return .cancelOperation(job: id, group: group, operation: operation)
         }
     }
 
@@ -424,15 +423,16 @@ package struct JobLifecycle<Group: Hashable & Sendable>: Sendable {
         }
     }
 
-    /// Its plan was read: it takes its operations from the budget and goes to the engine (`accepted` logged once).
-    private mutating func planned(_ id: String, operations: Int, recovered: Int) -> [Action] {
-        guard var job = jobs[id], job.phase == .received else { return [] }
+    /// Its plan was read: it takes its operations from the budget (`recovered` of them had ended before a restart)
+    /// and goes to the engine; the shell answers with `submitted` or `rejected`.
+    package mutating func planned(job id: String, operations: Int, recovered: Int) -> PlannedResult {
+        guard var job = jobs[id], job.phase == .received else { return .ignore }
         job.phase = .accepted
         job.operations = operations
         job.recovered = recovered
         activeOperations += operations
         jobs[id] = job
-        return job.announced ? [.submit(job: id)] : [.journal(.accepted(job: id, operations: operations)), .submit(job: id)]
+        return .submit(announce: job.announced ? nil : .accepted(job: id, operations: operations))
     }
 
     /// Its plan says not before `until` (§3.7): accepted now, then waiting without a slot.

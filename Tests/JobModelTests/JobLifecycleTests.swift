@@ -14,7 +14,7 @@ private typealias Machine = JobLifecycle<Int>
     /// Received from the inbox, planned and submitted as group `group`.
     private func running(_ m: inout Machine, _ job: String, operations: Int = 3, group: Int) {
         _ = m.handle(.received(job: job, .inbox(manifest: job + ".plist")))
-        _ = m.handle(.planned(job: job, operations: operations, recovered: 0))
+        _ = m.planned(job: job, operations: operations, recovered: 0)
         _ = m.handle(.submitted(job: job, group: group))
     }
 
@@ -24,7 +24,7 @@ private typealias Machine = JobLifecycle<Int>
         #expect(m.phase(of: "a") == .received)
         #expect(m.activeOperations == 0, "operations count once the plan is read")
         #expect(
-            m.handle(.planned(job: "a", operations: 3, recovered: 1)) == [.journal(.accepted(job: "a", operations: 3)), .submit(job: "a")])
+            m.planned(job: "a", operations: 3, recovered: 1) == .submit(announce: .accepted(job: "a", operations: 3)))
         #expect(m.phase(of: "a") == .accepted)
         #expect(m.activeOperations == 3)
         #expect(m.handle(.submitted(job: "a", group: 7)) == [])
@@ -59,7 +59,7 @@ private typealias Machine = JobLifecycle<Int>
             .journal(.rejected(job: "bad", problems: ["x", "y"], error: "x\ny")), .publish(job: "bad", status: .rejected, error: "x\ny"),
         ])
         #expect(m.phase(of: "bad") == .rejected)
-        #expect(m.handle(.cancel(job: "bad", operation: nil, knownOperation: true)) == [.answer(.alreadyEnded)])
+        #expect(m.cancel(job: "bad", operation: nil, knownOperation: true) == .alreadyEnded)
         #expect(m.handle(.groupFinished(group: 1, status: .succeeded, error: nil)) == [], "no group: nothing to finish")
         #expect(m.handle(.published(job: "bad")) == [], "no group to release")
         #expect(m.isEmpty)
@@ -68,8 +68,8 @@ private typealias Machine = JobLifecycle<Int>
     @Test func aRefusedSubmissionRejectsAndKeepsCountingUntilPublished() {
         var m = machine()
         _ = m.handle(.received(job: "a", .resumed))
-        _ = m.handle(.planned(job: "a", operations: 5, recovered: 0))
-        _ = m.handle(.cancel(job: "a", operation: nil, knownOperation: true))
+        _ = m.planned(job: "a", operations: 5, recovered: 0)
+        _ = m.cancel(job: "a", operation: nil, knownOperation: true)
         #expect(m.handle(.rejected(job: "a", problems: ["cycle"], error: "cycle!"))
                     .last == .publish(job: "a", status: .rejected, error: "cycle!"))
         #expect(m.activeOperations == 5)
@@ -81,12 +81,12 @@ private typealias Machine = JobLifecycle<Int>
         var m = machine()
         _ = m.handle(.received(job: "a", .inbox(manifest: "a.plist")))
         // Before the plan is read, any operation name is taken (checked once the group exists).
-        #expect(m.handle(.cancel(job: "a", operation: "zz", knownOperation: false)) == [.answer(.cancelled)])
-        _ = m.handle(.planned(job: "a", operations: 2, recovered: 0))
+        #expect(m.cancel(job: "a", operation: "zz", knownOperation: false) == .kept)
+        _ = m.planned(job: "a", operations: 2, recovered: 0)
         // After, an unknown operation is refused at once.
-        #expect(m.handle(.cancel(job: "a", operation: "nope", knownOperation: false)) == [.answer(.unknownOperation)])
-        #expect(m.handle(.cancel(job: "a", operation: "b", knownOperation: true)) == [.answer(.cancelled)])
-        #expect(m.handle(.cancel(job: "a", operation: nil, knownOperation: true)) == [.answer(.cancelled)])
+        #expect(m.cancel(job: "a", operation: "nope", knownOperation: false) == .unknownOperation)
+        #expect(m.cancel(job: "a", operation: "b", knownOperation: true) == .kept)
+        #expect(m.cancel(job: "a", operation: nil, knownOperation: true) == .kept)
         #expect(m.handle(.submitted(job: "a", group: 3)) == [
             .cancelOperation(job: "a", group: 3, operation: "zz"), .cancelOperation(job: "a", group: 3, operation: "b"), .cancelGroup(3),
         ])
@@ -103,7 +103,7 @@ private typealias Machine = JobLifecycle<Int>
         _ = m.handle(.received(job: "a", .inbox(manifest: "a.plist")))
         kept = m.keepCancelBeforeReceipt(job: "a", operation: "b")
         #expect(!kept, "a job in the table takes its cancels as they come")
-        _ = m.handle(.planned(job: "a", operations: 2, recovered: 0))
+        _ = m.planned(job: "a", operations: 2, recovered: 0)
         #expect(m.handle(.submitted(job: "a", group: 4)) == [.cancelOperation(job: "a", group: 4, operation: "zz"), .cancelGroup(4)])
         // One that came and went between two looks: what was kept for it is dropped, once.
         kept = m.keepCancelBeforeReceipt(job: "gone", operation: nil)
@@ -116,22 +116,22 @@ private typealias Machine = JobLifecycle<Int>
     @Test func cancelsAfterTheGroupExistGoToTheEngine() {
         var m = machine()
         running(&m, "a", group: 9)
-        #expect(m.handle(.cancel(job: "a", operation: nil, knownOperation: true)) == [.cancelGroup(9), .answer(.cancelled)])
-        #expect(m.handle(.cancel(job: "a", operation: "b", knownOperation: true))
-                    == [.cancelOperation(job: "a", group: 9, operation: "b"), .answer(.cancelled)])
-        #expect(m.handle(.cancel(job: "a", operation: "nope", knownOperation: false)) == [.answer(.unknownOperation)])
+        #expect(m.cancel(job: "a", operation: nil, knownOperation: true) == .cancelGroup(9))
+        #expect(m.cancel(job: "a", operation: "b", knownOperation: true)
+                    == .cancelOperation(job: "a", group: 9, operation: "b"))
+        #expect(m.cancel(job: "a", operation: "nope", knownOperation: false) == .unknownOperation)
         _ = m.handle(.groupFinished(group: 9, status: .cancelled, error: nil))
         // Finishing: the engine answers for the operation; the whole job's cancel is harmless.
-        #expect(m.handle(.cancel(job: "a", operation: nil, knownOperation: true)) == [.cancelGroup(9), .answer(.cancelled)])
+        #expect(m.cancel(job: "a", operation: nil, knownOperation: true) == .cancelGroup(9))
     }
 
     @Test func aJobNotInTheTableIsTheStoresToAnswer() {
         var m = machine()
-        #expect(m.handle(.cancel(job: "elsewhere", operation: nil, knownOperation: false)) == [.answer(.notHere)])
+        #expect(m.cancel(job: "elsewhere", operation: nil, knownOperation: false) == .notHere)
         running(&m, "a", group: 1)
         _ = m.handle(.groupFinished(group: 1, status: .succeeded, error: nil))
         _ = m.handle(.published(job: "a"))
-        #expect(m.handle(.cancel(job: "a", operation: nil, knownOperation: false)) == [.answer(.notHere)], "published: the outbox answers")
+        #expect(m.cancel(job: "a", operation: nil, knownOperation: false) == .notHere, "published: the outbox answers")
     }
 
     @Test func aJobLostWhileRunningIsStoppedAndDiscardedOnceItsGroupEnds() {
@@ -141,7 +141,7 @@ private typealias Machine = JobLifecycle<Int>
         #expect(m.phase(of: "a") == nil)
         #expect(m.activeOperations == 0, "its operations no longer count")
         m.operationEnded(group: 5)
-        #expect(m.handle(.cancel(job: "a", operation: nil, knownOperation: true)) == [.answer(.notHere)])
+        #expect(m.cancel(job: "a", operation: nil, knownOperation: true) == .notHere)
         // Its group ends (cancelled): released, folder discarded, nothing published.
         #expect(m.handle(.groupFinished(group: 5, status: .cancelled, error: nil)) == [.releaseGroup(5), .discard(job: "a")])
         #expect(m.handle(.groupFinished(group: 5, status: .cancelled, error: nil)) == [], "once")
@@ -161,7 +161,7 @@ private typealias Machine = JobLifecycle<Int>
         #expect(m.isEmpty)
         // Not yet running: at once.
         _ = m.handle(.received(job: "b", .claimed(fromNode: nil)))
-        _ = m.handle(.planned(job: "b", operations: 1, recovered: 0))
+        _ = m.planned(job: "b", operations: 1, recovered: 0)
         #expect(m.handle(.lost(job: "b", reason: "no row", resubmit: true))
                     == [.journal(.lost(job: "b", reason: "no row")), .resubmit(job: "b")])
     }
@@ -180,7 +180,7 @@ private typealias Machine = JobLifecycle<Int>
     @Test func aJobLostBeforeItsGroupExistsIsDiscardedAtOnce() {
         var m = machine()
         _ = m.handle(.received(job: "a", .claimed(fromNode: nil)))
-        _ = m.handle(.planned(job: "a", operations: 2, recovered: 0))
+        _ = m.planned(job: "a", operations: 2, recovered: 0)
         #expect(m.handle(.lost(job: "a", reason: "x")) == [.journal(.lost(job: "a", reason: "x")), .discard(job: "a")])
         #expect(m.activeOperations == 0)
         // A submission that comes anyway is stopped and dropped.
@@ -193,7 +193,7 @@ private typealias Machine = JobLifecycle<Int>
         #expect(m.admission == .room(jobs: 2, operations: 10))
         _ = m.handle(.received(job: "a", .resumed))
         #expect(m.admission == .room(jobs: 1, operations: 10), "a job being read takes a slot")
-        _ = m.handle(.planned(job: "a", operations: 6, recovered: 0))
+        _ = m.planned(job: "a", operations: 6, recovered: 0)
         #expect(m.admission == .room(jobs: 1, operations: 4))
         _ = m.handle(.submitted(job: "a", group: 1))
         m.extend(job: "a", operations: 4, recovered: 0)
@@ -243,7 +243,7 @@ private typealias Machine = JobLifecycle<Int>
 
     @Test func eventsForUnknownJobsAreIgnored() {
         var m = machine()
-        #expect(m.handle(.planned(job: "ghost", operations: 3, recovered: 0)) == [])
+        #expect(m.planned(job: "ghost", operations: 3, recovered: 0) == .ignore)
         m.extend(job: "ghost", operations: 3, recovered: 0)
         #expect(m.handle(.rejected(job: "ghost", problems: [], error: "")) == [])
         m.operationEnded(group: 42)
@@ -262,18 +262,18 @@ extension JobLifecycleTests {
         #expect(m.phase(of: "d") == .delayed)
         #expect(m.jobs["d"]?.notBefore == 100)
         #expect(m.admission == .room(jobs: 1, operations: 100), "a delayed job holds no slot and no operations")
-        #expect(m.handle(.cancel(job: "d", operation: "a", knownOperation: false)) == [.answer(.cancelled)], "waits with the job")
+        #expect(m.cancel(job: "d", operation: "a", knownOperation: false) == .kept, "waits with the job")
         #expect(m.phase(of: "d") == .delayed)
         let dueD = m.due(job: "d")
         #expect(dueD)
         #expect(m.phase(of: "d") == .received)
         #expect(m.admission == .full)
-        #expect(m.handle(.planned(job: "d", operations: 2, recovered: 0)) == [.submit(job: "d")], "accepted is not logged twice")
+        #expect(m.planned(job: "d", operations: 2, recovered: 0) == .submit(announce: nil), "accepted is not logged twice")
         #expect(m.takeEarlyCancels(job: "d") == ["a"])
 
         _ = m.handle(.received(job: "e", .resumed))
         _ = m.handle(.delayed(job: "e", operations: 1, until: 200))
-        #expect(m.handle(.cancel(job: "e", operation: nil, knownOperation: false)) == [.wake(job: "e"), .answer(.cancelled)])
+        #expect(m.cancel(job: "e", operation: nil, knownOperation: false) == .wake(job: "e"))
         #expect(m.phase(of: "e") == .received)
         let dueE = m.due(job: "e")
         #expect(!dueE, "a woken job is not due again")
@@ -295,13 +295,13 @@ extension JobLifecycleTests {
         m.unpark(job: "p", until: 500)
         #expect(m.phase(of: "p") == .delayed && m.jobs["p"]?.notBefore == 500)
         #expect(m.parkedCount == 0 && m.delayedCount == 1)
-        #expect(m.handle(.cancel(job: "p", operation: nil, knownOperation: false)) == [.wake(job: "p"), .answer(.cancelled)])
-        #expect(m.handle(.planned(job: "p", operations: 3, recovered: 0)) == [.submit(job: "p")], "accepted was logged when delayed")
+        #expect(m.cancel(job: "p", operation: nil, knownOperation: false) == .wake(job: "p"))
+        #expect(m.planned(job: "p", operations: 3, recovered: 0) == .submit(announce: nil), "accepted was logged when delayed")
 
         // One holding a cancel of a single operation is not parked (the cancel would be lost with its entry).
         _ = m.handle(.received(job: "q", .resumed))
         _ = m.handle(.delayed(job: "q", operations: 1, until: 600))
-        _ = m.handle(.cancel(job: "q", operation: "a", knownOperation: false))
+        _ = m.cancel(job: "q", operation: "a", knownOperation: false)
         let parkedQ = m.park(job: "q")
         #expect(!parkedQ)
         #expect(m.phase(of: "q") == .delayed && m.parkedCount == 0)
@@ -334,7 +334,7 @@ extension JobLifecycleTests {
         #expect(kept)
         #expect(m.handle(.received(job: "c", .claimed(fromNode: "n2"), cancels: ["y", nil])) == [
             .journal(.claimed(job: "c", fromNode: "n2"))])
-        _ = m.handle(.planned(job: "c", operations: 2, recovered: 0))
+        _ = m.planned(job: "c", operations: 2, recovered: 0)
         #expect(m.takeEarlyCancels(job: "c") == ["x", "y", nil], "kept before receipt first, then the store's")
     }
 }

@@ -7,16 +7,12 @@ import OperationEngine
 
 extension Daemon {
     /// Performs `actions` in order (outside `shared`). `run` and `records` are the job a publication is for and its
-    /// engine records, when the caller has them; `submit` and `answer` are the caller's to act on.
+    /// engine records, when the caller has them.
     func perform(_ actions: [JobLifecycle<GroupID>.Action], for run: RunningJob? = nil, records: [OperationRecord] = []) {
         for action in actions {
             switch action {
             case .journal(let entry):
                 log(entry)
-            case .submit, .answer:
-                break
-            case .wake(let job):
-                work.async { [self] in wakeDelayed(job) }
             case .cancelGroup(let group):
                 engine.cancel(group, reason: "cancelled by request")
             case .cancelOperation(let job, let group, let operation):

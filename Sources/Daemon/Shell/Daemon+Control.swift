@@ -191,32 +191,27 @@ extension Daemon {
     /// Cancels a job in the lifecycle's table, or one claimed and not yet received; nil when it is not there.
     func cancelHere(job id: String, operation: String?) -> CancelOutcome? {
         if let kept = cancelBeforeReceipt(job: id, operation: operation) { return kept }
-        let actions = shared.withLock { s in
+        let result = shared.withLock { s in
             // The operation index is complete once the plan is read (phase accepted or later); before, unknown.
             let phase = s.lifecycle.phase(of: id)
             let known = phase != nil && phase != .received && operation.map { s.runs[id]?.operationIndex[$0] != nil } ?? true
-            return s.lifecycle.handle(.cancel(job: id, operation: operation, knownOperation: known))
+            return s.lifecycle.cancel(job: id, operation: operation, knownOperation: known)
         }
-        var outcome: CancelOutcome?
-        for action in actions {
-            switch action {
-            case .cancelGroup(let group):
-                engine.cancel(group, reason: "cancelled by request")
-            case .cancelOperation(let job, let group, let operation):
-                outcome = cancel(job: job, group: group, operation: operation)
-            case .answer(.notHere):
-                return nil
-            case .answer(.cancelled):
-                outcome = outcome ?? .cancelled
-            case .answer(.unknownOperation):
-                outcome = .unknownOperation
-            case .answer(.alreadyEnded):
-                outcome = .alreadyEnded
-            default:
-                perform([action])
-            }
+        switch result {
+        case .notHere: return nil
+        case .alreadyEnded: return .alreadyEnded
+        case .unknownOperation: return .unknownOperation
+        case .kept: return .cancelled
+        case .wake(let job):
+            // Its early cancel ends every operation before any runs.
+            work.async { [self] in wakeDelayed(job) }
+            return .cancelled
+        case .cancelGroup(let group):
+            engine.cancel(group, reason: "cancelled by request")
+            return .cancelled
+        case .cancelOperation(let job, let group, let operation):
+            return cancel(job: job, group: group, operation: operation)
         }
-        return outcome ?? .cancelled
     }
 
     /// A job claimed from the inbox and not yet received (its manifest being read): the cancel is kept and applied

@@ -232,9 +232,11 @@ public final class Daemon: @unchecked Sendable {
         let startsAt = max(claimed.receivedAt, notBefore ?? claimed.receivedAt)
         run.plan = plan
         let graph = buildGraph(run, plan.operations, base: 0, queues: shared.withLock { $0.queueIDs }, configuration: config)
-        let actions = handle(.planned(job: claimed.id, operations: plan.operations.count, recovered: run.recovered.count))
-        perform(actions)
-        guard actions.contains(.submit(job: claimed.id)) else { return }
+        let planned = shared.withLock { s in
+            s.lifecycle.planned(job: claimed.id, operations: plan.operations.count, recovered: run.recovered.count)
+        }
+        guard case .submit(let announce) = planned else { return }
+        if let announce { log(announce) }
         // Registered before events can be delivered for the group (see `registering`).
         let submitted = registering.withLock { _ -> Result<[JobLifecycle<GroupID>.Action], SubmissionError> in
             do throws(SubmissionError) {
