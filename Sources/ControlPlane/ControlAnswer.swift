@@ -87,6 +87,8 @@ public struct MetricsAnswer: Codable, Sendable, Equatable {
 /// The JSON text of the control socket and of opqueuectl's `--json`: as JSONSerialization writes it with sorted
 /// keys, which is what they wrote before the answers were typed. JSONEncoder alone would not do: it sorts keys by
 /// code point (`clusterSlotWait` before `clusterSlotsHeld`), JSONSerialization numerically and ignoring case.
+/// Numbers are kept as they were but for one kind no answer holds (times are near 10^9 s): a whole Double beyond
+/// 2^53 that JSONEncoder writes with an exponent (1.2345678901234568e+17) is read back, and written, as an integer.
 public enum ControlJSON {
     public static func data(_ value: some Encodable, pretty: Bool = false) throws -> Data {
         let object = try JSONSerialization.jsonObject(with: JSONEncoder().encode(value), options: [.fragmentsAllowed])

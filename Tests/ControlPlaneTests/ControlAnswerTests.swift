@@ -125,6 +125,27 @@ struct ControlAnswerTests {
         #expect(try Self.text(.metrics(MetricsAnswer(text: "opqueued_up 1\n"))) == #"{"exit":0,"text":"opqueued_up 1\n"}"#)
     }
 
+    /// ControlJSON's promise: the text JSONSerialization wrote for the same object before the answers were typed,
+    /// whatever the keys (case, digits, accents, punctuation) and numbers (whole, fractional, tiny, huge; see ControlJSON
+    /// for the one kind it does not keep).
+    @Test func theTextIsJSONSerializations() throws {
+        let names = ["q10", "q2", "Q1", "a", "_b", "é", "z", "A-1", "a.b", "a_b", "aB", "ab", "gpu/x"]
+        let commands = Dictionary(uniqueKeysWithValues: names.map { ($0, "sig \($0)") })
+        let declared = DeclaredAnswer(queues: names, commands: commands, cluster: true)
+        let before: [String: Any] = ["exit": 0, "queues": names, "commands": commands, "cluster": true]
+        for pretty in [false, true] {
+            let options: JSONSerialization.WritingOptions = pretty ? [.prettyPrinted, .sortedKeys] : [.sortedKeys]
+            #expect(try ControlJSON.data(declared, pretty: pretty) == JSONSerialization.data(withJSONObject: before, options: options))
+        }
+        for value in [0, 5, -1, 0.1, 1e-7, 2.5e-10, 1.5e300, 1_732_900_000.123456, 1_795_954_554.3930037, 1e16, 1e21] {
+            var job = StatusAnswer.Job(job: "j", operations: 1, ended: 0, notBefore: value)
+            let object: [String: Any] = ["job": "j", "operations": 1, "ended": 0, "notBefore": value]
+            #expect(try ControlJSON.data(job) == JSONSerialization.data(withJSONObject: object, options: [.sortedKeys]), "\(value)")
+            job.notBefore = nil
+            #expect(try ControlJSON.data(job) == Data(#"{"ended":0,"job":"j","operations":1}"#.utf8))
+        }
+    }
+
     @Test func whatTheDaemonWritesAClientReadsBack() throws {
         func back<Answer: Codable & Equatable>(_ answer: Answer) throws -> Answer {
             try ControlJSON.decode(Answer.self, from: ControlJSON.data(answer))
