@@ -76,8 +76,8 @@ let package = Package(
                 .product(name: "Logging", package: "swift-log"),
             ]
         ),
-        // The control plane's transport: the control socket's server and client, typed requests, the /metrics
-        // listener, on SwiftNIO. What is answered is the daemon's (its handler is a closure).
+        // The control plane's transport: the control socket's server and client, typed requests and answers, the
+        // /metrics listener, on SwiftNIO. What is answered is the daemon's (its handler is a closure).
         .target(
             name: "ControlPlane",
             dependencies: [
@@ -202,7 +202,7 @@ let package = Package(
                                                         "SystemdJournal", "TestSupport", "TestTraits"]),
         // The kinds on their own: the sleep timer, the download destination check.
         .testTarget(name: "OperationKindsTests", dependencies: ["OperationKinds", "JobModel"]),
-        // The control socket's typed requests, on the wire and back.
+        // The control socket's typed requests and answers, on the wire and back.
         .testTarget(name: "ControlPlaneTests", dependencies: ["ControlPlane"]),
         // The journal's MESSAGE_IDs against the catalog, and its field names.
         .testTarget(name: "SystemdJournalTests", dependencies: ["SystemdJournal"]),

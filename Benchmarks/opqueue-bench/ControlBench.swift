@@ -14,6 +14,7 @@
 import ControlPlane
 import Daemon
 import Foundation
+import TestSupport
 
 #if canImport(Glibc)
 import Glibc

@@ -45,7 +45,8 @@ public struct ControlLimits: Sendable {
 }
 
 public final class ControlServer: Sendable {
-    public typealias Handler = @Sendable ([String: Any]) -> [String: Any]
+    /// The daemon's answer to a request (a refused one is answered by the server: exit 64).
+    public typealias Handler = @Sendable (ControlRequest) -> ControlAnswer
     public let path: String
     let handler: Handler
     let limits: ControlLimits
@@ -173,8 +174,7 @@ public final class ControlServer: Sendable {
             }
             try channel.pipeline.syncOperations.addHandler(ControlConnection(server: self, pool: pool, id: id))
         case .busy:
-            let answer = ControlServer.line(["exit": 3,
-                                             "error": "busy: \(limits.maxConnections) connections are open and answering; try again"])
+            let answer = ControlServer.line(.refused(3, "busy: \(limits.maxConnections) connections are open and answering; try again"))
             channel.writeAndFlush(answer).whenComplete { _ in channel.close(promise: nil) }
         }
     }
@@ -182,15 +182,18 @@ public final class ControlServer: Sendable {
     /// On a handler thread: the answer to one request line, as the bytes to send.
     func answer(_ line: [UInt8]) -> ByteBuffer {
         guard let request = (try? JSONSerialization.jsonObject(with: Data(line))) as? [String: Any] else {
-            return ControlServer.line(["exit": 64, "error": "malformed request: not a JSON object on one line"])
+            return ControlServer.line(.refused(64, "malformed request: not a JSON object on one line"))
         }
-        return ControlServer.line(handler(request))
+        do {
+            return ControlServer.line(handler(try ControlRequest(wire: request)))
+        } catch {
+            return ControlServer.line(.refused(64, error.message))
+        }
     }
 
-    /// One response line. The handler's values are JSON types; should one not be, the client still gets a line.
-    static func line(_ response: [String: Any]) -> ByteBuffer {
-        guard JSONSerialization.isValidJSONObject(response),
-              let data = try? JSONSerialization.data(withJSONObject: response, options: [.sortedKeys]) else {
+    /// One response line. Should the answer not encode (a time that is not a number), the client still gets a line.
+    static func line(_ answer: ControlAnswer) -> ByteBuffer {
+        guard let data = try? ControlJSON.data(answer) else {
             return ByteBuffer(string: "{\"error\":\"the answer could not be encoded\",\"exit\":1}\n")
         }
         // Built here, on the handler thread, in one allocation: a big `show` is not copied again on the loop.
@@ -338,7 +341,7 @@ final class ControlConnection: ChannelInboundHandler {
         pool.runIfActive(eventLoop: context.eventLoop) { server.answer(line) }.whenComplete { result in
             switch result {
             case .success(let bytes): handler.value.send(channel, bytes)
-            case .failure: handler.value.send(channel, ControlServer.line(["exit": 3, "error": "the daemon is stopping"]))
+            case .failure: handler.value.send(channel, ControlServer.line(.refused(3, "the daemon is stopping")))
             }
         }
     }
@@ -348,7 +351,7 @@ final class ControlConnection: ChannelInboundHandler {
         guard state == .reading else { return }
         deadline?.cancel()
         state = .answering
-        send(channel, ControlServer.line(["exit": exit, "error": error]))
+        send(channel, ControlServer.line(.refused(exit, error)))
     }
 
     private func send(_ channel: Channel, _ bytes: ByteBuffer) {
@@ -481,12 +484,39 @@ public enum ControlClient {
         return "no socket"
     }
 
-    /// Sends one request; throws `NoDaemon` when nothing listens on the socket or it does not answer.
-    public static func request(_ path: String, _ request: [String: Any], timeout: Double = 30) throws -> [String: Any] {
+    /// An answer whose exit is 0 that is not what the request's answer is (a daemon of another version).
+    public struct Unreadable: Error, CustomStringConvertible {
+        public let path: String
+        public let reason: String
+        public var description: String { "the answer of the daemon on \(path) could not be read: \(reason)" }
+    }
+
+    /// Sends one request and reads its answer: `.failure` with the daemon's refusal when its exit is not 0. Throws
+    /// `NoDaemon` when nothing listens on the socket or does not answer as a daemon does, `Unreadable` when the
+    /// answer is not an `Answer`.
+    public static func request<Answer: Decodable>(_ path: String, _ request: ControlRequest, as type: Answer.Type,
+                                                  timeout: Double = 30) throws -> Result<Answer, ExitAnswer> {
+        let line = try exchange(path, JSONSerialization.data(withJSONObject: request.wire), timeout: timeout)
+        guard let envelope = try? ControlJSON.decode(ExitAnswer.self, from: line) else { throw foreign(path, line) }
+        guard envelope.exit == 0 else { return .failure(envelope) }
+        do {
+            return .success(try ControlJSON.decode(type, from: line))
+        } catch {
+            throw Unreadable(path: path, reason: "\(error)")
+        }
+    }
+
+    static func foreign(_ path: String, _ line: Data) -> NoDaemon {
+        let start = String(decoding: line.prefix(40), as: UTF8.self).debugDescription
+        return NoDaemon(path: path, reason: "its answer is not a JSON object: \(start)", kind: .foreign)
+    }
+
+    /// Sends one request line (`data`, without its newline) and returns the answer's line, once it is a JSON object;
+    /// throws `NoDaemon` when nothing listens on the socket or it does not answer as a daemon does.
+    public static func exchange(_ path: String, _ data: Data, timeout: Double = 30) throws -> Data {
         let deadline = monotonicSeconds() + max(0, timeout)
         let fd = try connect(path)
         defer { close(fd) }
-        let data = try JSONSerialization.data(withJSONObject: request)
         var unsent: (any Error)?
         do {
             try sendAll(fd, Array(data) + [0x0A], path: path)
@@ -501,13 +531,8 @@ public enum ControlClient {
         }
         switch read {
         case .line(let line):
-            guard let response = (try? JSONSerialization.jsonObject(with: line)) as? [String: Any] else {
-                throw NoDaemon(path: path,
-                               reason: "its answer is not a JSON object: "
-                                   + "\(String(decoding: line.prefix(40), as: UTF8.self).debugDescription)",
-                               kind: .foreign)
-            }
-            return response
+            guard (try? ControlJSON.decode(ExitAnswer.self, from: line)) != nil else { throw foreign(path, line) }
+            return line
         case .timedOut(0):
             throw NoDaemon(path: path, reason: "connected, but no answer within \(seconds) s: is it stopped (SIGSTOP) or hung?",
                            kind: .silent)

@@ -1,7 +1,7 @@
 // The control socket's requests (SPEC §1: what status, show, cancel, suspend, resume and metrics ask the running
 // daemon), typed. A request arrives as one JSON object `{"command": …, …}`; `init(wire:)` checks every field the
-// command needs and says what is missing, and `wire` is what a client sends. The answers are JSON objects with an
-// `exit` (opqueuectl's exit status) and, on a refusal, an `error`.
+// command needs and says what is missing, and `wire` is what a client sends. The answers are typed too
+// (ControlAnswer.swift): JSON objects with an `exit` (opqueuectl's exit status) and, on a refusal, an `error`.
 
 public enum ControlRequest: Equatable, Sendable {
     /// The daemon's state; `memory`: with the heap's bytes in use (`status --memory`).

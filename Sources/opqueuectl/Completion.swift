@@ -18,8 +18,9 @@ func spoolOf(_ words: [String]) -> String {
 @Sendable func completeJobs(_ words: [String], _ index: Int, _ prefix: String) -> [String] {
     let spool = spoolOf(words)
     var jobs = Set((try? FileManager.default.contentsOfDirectory(atPath: spool + "/outbox")) ?? []).filter { !$0.hasPrefix(".") }
-    if let status = try? ControlClient.request(spool + "/opqueued.sock", ControlRequest.status(memory: false).wire, timeout: 1) {
-        jobs.formUnion(status["activeJobs"] as? [String] ?? [])
+    if case .success(let status)? = try? ControlClient.request(spool + "/opqueued.sock", .status(memory: false), as: StatusAnswer.self,
+                                                              timeout: 1) {
+        jobs.formUnion(status.activeJobs)
     }
     return jobs.filter { $0.hasPrefix(prefix) }.sorted()
 }
@@ -32,7 +33,7 @@ func spoolOf(_ words: [String]) -> String {
 
 /// Queue names for completion: the running daemon's, else the built-in ones.
 @Sendable func completeQueues(_ words: [String], _ index: Int, _ prefix: String) -> [String] {
-    let status = try? ControlClient.request(spoolOf(words) + "/opqueued.sock", ControlRequest.status(memory: false).wire, timeout: 1)
-    let names = (status?["queues"] as? [[String: Any]])?.compactMap { $0["name"] as? String } ?? Configuration.builtIn.queueNames
+    let status = try? ControlClient.request(spoolOf(words) + "/opqueued.sock", .status(memory: false), as: StatusAnswer.self, timeout: 1)
+    let names = (try? status?.get())?.queues.map(\.name) ?? Configuration.builtIn.queueNames
     return names.filter { $0.hasPrefix(prefix) }.sorted()
 }

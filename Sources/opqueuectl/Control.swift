@@ -12,7 +12,7 @@ struct Cancel: ParsableCommand {
     @Argument(help: "One operation of the job (default: the whole job).") var operation: String?
 
     func run() throws {
-        _ = try common.request(ControlRequest.cancel(job: job, operation: operation).wire)
+        try common.request(.cancel(job: job, operation: operation))
     }
 }
 
@@ -37,7 +37,7 @@ struct Resume: ParsableCommand {
 }
 
 func toggle(_ common: Common, _ queue: String, _ command: String) throws {
-    _ = try common.request((command == "suspend" ? ControlRequest.suspend(queue: queue) : .resume(queue: queue)).wire)
+    try common.request(command == "suspend" ? .suspend(queue: queue) : .resume(queue: queue))
 }
 
 struct Metrics: ParsableCommand {
@@ -46,10 +46,7 @@ struct Metrics: ParsableCommand {
     @OptionGroup var common: Common
 
     func run() throws {
-        let response = try common.request(ControlRequest.metrics.wire)
-        guard (response["exit"] as? Int) == 0, let text = response["text"] as? String else {
-            throw fail(response["error"] as? String ?? "the daemon gave no metrics", Int32(response["exit"] as? Int ?? 1))
-        }
+        let text = try common.request(.metrics, as: MetricsAnswer.self).text
         print(text, terminator: text.hasSuffix("\n") ? "" : "\n")
     }
 }

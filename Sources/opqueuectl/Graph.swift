@@ -1,6 +1,7 @@
 // opqueuectl graph: a manifest's or a job's operation graph in Graphviz DOT.
 
 import ArgumentParser
+import ControlPlane
 import Daemon
 import Foundation
 import JobModel
@@ -36,16 +37,15 @@ struct Graph: ParsableCommand {
         } else {
             // An ended job: its manifest in the outbox, states from its result. A running one: the daemon's
             // `show` gives each operation's kind, queue, dependencies and current state.
-            let (_, ops, _, _, _) = try operations(of: target, common)
-            for op in ops { if let id = op["id"] as? String { states[id] = op["state"] as? String } }
+            let ops = try shown(target, common).operations
+            for op in ops { states[op.id] = op.state }
             let manifest = (outboxEntry(of: target, common)?.folder ?? common.spool + "/outbox/" + target) + "/manifest.plist"
             if let data = FileManager.default.contents(atPath: manifest),
                case .success(let plan) = Manifest.parse(data, configuration: config) {
                 nodes = Self.nodes(plan)
             } else {
                 nodes = ops.compactMap { op in
-                    guard let id = op["id"] as? String, let dependencies = op["dependencies"] as? [String] else { return nil }
-                    return Node(id: id, kind: op["kind"] as? String ?? "", queue: op["queue"] as? String ?? "", dependencies: dependencies)
+                    op.dependencies.map { Node(id: op.id, kind: op.kind ?? "", queue: op.queue ?? "", dependencies: $0) }
                 }
                 if nodes.isEmpty { throw fail("no manifest for job '\(target)'") }
             }

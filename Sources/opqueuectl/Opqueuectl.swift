@@ -45,28 +45,33 @@ struct Common: ParsableArguments {
     /// answers, else whether it is a cluster node.
     func submissionContext() throws -> (configuration: Configuration, cluster: Bool?) {
         let config = try configuration()
-        guard let answer = try? ControlClient.request(socket, ControlRequest.declared.wire, timeout: 2), answer["exit"] as? Int == 0 else {
+        guard case .success(let answer)? = try? ControlClient.request(socket, .declared, as: DeclaredAnswer.self, timeout: 2) else {
             return (config, nil)
         }
-        let signatures = answer["commands"] as? [String: String] ?? [:]
-        return (config.widened(queues: Set(answer["queues"] as? [String] ?? []), commands: Set(signatures.keys), signatures: signatures),
-                answer["cluster"] as? Bool ?? false)
+        let signatures = answer.commands
+        return (config.widened(queues: Set(answer.queues), commands: Set(signatures.keys), signatures: signatures), answer.cluster)
     }
 
-    /// Sends a request to the daemon; exits 3 when there is none, and with the answer's `exit` (its `error`
-    /// on stderr) when that is not 0.
-    func request(_ body: [String: Any]) throws -> [String: Any] {
-        let response: [String: Any]
+    /// Sends a request to the daemon and returns its answer; exits 3 when there is none, and with the answer's
+    /// `exit` (its `error` on stderr) when that is not 0.
+    func request<Answer: Decodable>(_ request: ControlRequest, as type: Answer.Type) throws -> Answer {
+        let result: Result<Answer, ExitAnswer>
         do {
-            response = try ControlClient.request(socket, body)
+            result = try ControlClient.request(socket, request, as: type)
+        } catch let error as ControlClient.Unreadable {
+            throw fail("\(error)")
         } catch {
             FileHandle.standardError.write(Data("opqueuectl: \(error)\n".utf8))
             throw ExitCode(3)
         }
-        let code = response["exit"] as? Int ?? (response["error"] == nil ? 0 : 1)
-        if code != 0 { throw fail(response["error"] as? String ?? "the daemon answered exit \(code)", Int32(clamping: code)) }
-        return response
+        switch result {
+        case .success(let answer): return answer
+        case .failure(let refusal): throw fail(refusal.description, Int32(clamping: refusal.exit))
+        }
     }
+
+    /// A request whose answer says nothing but that it was done (cancel, suspend, resume).
+    func request(_ request: ControlRequest) throws { _ = try self.request(request, as: ExitAnswer.self) }
 }
 
 func fail(_ message: String, _ code: Int32 = 1) -> ExitCode {

@@ -64,9 +64,9 @@ struct Retry: ParsableCommand {
             return "job '\(job)' has not ended: inbox/\(job).plist waits to be claimed"
         }
         // In a cluster the job may run, or have ended, on another node (whose outbox holds its manifest).
-        if let answer = try? ControlClient.request(common.socket, ControlRequest.show(job: job).wire, timeout: 2),
-           answer["exit"] as? Int == 0, let status = answer["status"] as? String {
-            let node = (answer["node"] as? String).map { " on node \($0)" } ?? ""
+        if case .success(let answer)? = try? ControlClient.request(common.socket, .show(job: job), as: ShowAnswer.self, timeout: 2) {
+            let status = answer.status
+            let node = answer.node.map { " on node \($0)" } ?? ""
             return Outbox.statuses.contains(status)
                 ? "job '\(job)' ended (\(status))\(node), and this outbox does not hold it: retry it where its outbox folder is"
                 : "job '\(job)' has not ended: it is \(status)\(node)"

@@ -8,25 +8,34 @@ import JobModel
 
 /// A job's outbox entry, once it has ended: its folder and result (outbox/<job>, or the outbox/<job>.N whose
 /// result names the job when that name was taken: `Spool.entry`).
-func outboxEntry(of job: String, _ common: Common) -> (folder: String, result: [String: Any])? {
+func outboxEntry(of job: String, _ common: Common) -> (folder: String, result: ShownResult)? {
     guard let folder = Spool.entry(of: job, in: common.spool + "/outbox"),
           let data = FileManager.default.contents(atPath: folder + "/result.plist"),
-          let result = try? PropertyListSerialization.propertyList(from: data, format: nil) as? [String: Any] else { return nil }
+          let result = try? PropertyListDecoder().decode(ShownResult.self, from: data) else { return nil }
     return (folder, result)
 }
 
+/// A job as `show` prints it, and its `--json`: `node` is where it runs or ran, when known (SPEC §8); `progressAt`:
+/// for a job running on another node, when that node's heartbeat sent the states shown; `notBefore`: a delayed
+/// job's time (SPEC §3.7).
+struct Shown: Encodable {
+    var job: String
+    var status: String
+    var operations: [ShowAnswer.Operation]
+    var notBefore: Double?
+    var node: String?
+    var progressAt: Double?
+}
+
 /// A job's operations: from the outbox when it has ended, else from the daemon (which, in a cluster, answers for
-/// jobs on every node); `node` is where it runs or ran, when known (SPEC §8).
-/// `progressAt`: for a job running on another node, when that node's heartbeat sent the states shown; `notBefore`:
-/// a delayed job's time (SPEC §3.7).
-func operations(of job: String, _ common: Common) throws
-    -> (status: String, operations: [[String: Any]], node: String?, progressAt: Double?, notBefore: Double?) {
-    if let plist = outboxEntry(of: job, common)?.result {
-        return (plist["status"] as? String ?? "?", plist["operations"] as? [[String: Any]] ?? [], plist["node"] as? String, nil, nil)
+/// jobs on every node).
+func shown(_ job: String, _ common: Common) throws -> Shown {
+    if let result = outboxEntry(of: job, common)?.result {
+        return Shown(job: job, status: result.status ?? "?", operations: result.operations ?? [], node: result.node)
     }
-    let response = try common.request(ControlRequest.show(job: job).wire)
-    return (response["status"] as? String ?? "running", response["operations"] as? [[String: Any]] ?? [], response["node"] as? String,
-            response["progressAt"] as? Double, response["notBefore"] as? Double)
+    let answer = try common.request(.show(job: job), as: ShowAnswer.self)
+    return Shown(job: job, status: answer.status, operations: answer.operations, notBefore: answer.notBefore, node: answer.node,
+                 progressAt: answer.progressAt)
 }
 
 struct Show: ParsableCommand {
@@ -36,19 +45,15 @@ struct Show: ParsableCommand {
     @Flag(help: "JSON output.") var json = false
 
     func run() throws {
-        let (status, ops, node, progressAt, notBefore) = try operations(of: job, common)
+        let shown = try shown(job, common)
         if json {
-            var object: [String: Any] = ["job": job, "status": status, "operations": ops]
-            if let notBefore { object["notBefore"] = notBefore }
-            if let node { object["node"] = node }
-            if let progressAt { object["progressAt"] = progressAt }
-            let data = try JSONSerialization.data(withJSONObject: object, options: [.prettyPrinted, .sortedKeys])
-            print(String(decoding: data, as: UTF8.self))
+            print(String(decoding: try ControlJSON.data(shown, pretty: true), as: UTF8.self))
             return
         }
+        let (status, ops, node, progressAt, notBefore) = (shown.status, shown.operations, shown.node, shown.progressAt, shown.notBefore)
         // A job running on another node: its operations' states as that node's last heartbeat sent them, or
         // `unknown` for those it did not send (SPEC §8: no protocol between nodes).
-        let elsewhere = ops.contains { $0["state"] as? String == "unknown" }
+        let elsewhere = ops.contains { $0.state == "unknown" }
         var place = ""
         if let node {
             if let progressAt {
@@ -63,10 +68,10 @@ struct Show: ParsableCommand {
         print("job \(job): \(status)\(place)\(notBefore.map { " until \(TimeText.local($0))" } ?? "")")
         if ops.isEmpty && status == "running" { print("  (claimed a moment ago: its manifest is being read)") }
         for op in ops {
-            var line = "  \(op["id"] ?? "?")  \(op["kind"] ?? "")  queue=\(op["queue"] ?? "")  \(op["state"] ?? "")"
-            if let attempts = op["attempts"] { line += "  attempts=\(attempts)" }
-            if let s = op["startedAt"] as? Double, let f = op["finishedAt"] as? Double { line += String(format: "  %.3fs", f - s) }
-            if let e = op["error"] as? String { line += "  error: \(e)" }
+            var line = "  \(op.id)  \(op.kind ?? "")  queue=\(op.queue ?? "")  \(op.state)"
+            if let attempts = op.attempts { line += "  attempts=\(attempts)" }
+            if let s = op.startedAt, let f = op.finishedAt { line += String(format: "  %.3fs", f - s) }
+            if let e = op.error { line += "  error: \(e)" }
             print(line)
         }
     }

@@ -201,12 +201,14 @@ extension Common {
     /// 10 s: a daemon whose claiming is paused, or a cluster node whose database is away, may take longer); else the
     /// id it asks for (or `guess`, the one this spool's active/ and outbox/ give it now), said to be a guess.
     func given(_ placed: Placed, guess: String? = nil) -> String {
-        let request = ControlRequest.submitted(manifest: placed.name, inode: placed.inode).wire
+        let request = ControlRequest.submitted(manifest: placed.name, inode: placed.inode)
         let deadline = monotonicSeconds() + 10
         var pause = 0.002
         while monotonicSeconds() < deadline {
-            guard let answer = try? ControlClient.request(socket, request, timeout: 2), answer["exit"] as? Int == 0 else { break }
-            if let job = answer["job"] as? String { return job }
+            guard case .success(let answer)? = try? ControlClient.request(socket, request, as: SubmittedAnswer.self, timeout: 2) else {
+                break
+            }
+            if let job = answer.job { return job }
             Thread.sleep(forTimeInterval: pause)
             pause = min(pause * 2, 0.05)
         }

@@ -34,8 +34,8 @@ struct Wait: ParsableCommand {
         // asking again then could take the daemon's answer time past it.
         var lastLook: Look?
         while true {
-            if let plist = outboxEntry(of: job, common)?.result {
-                let status = plist["status"] as? String ?? "?"
+            if let result = outboxEntry(of: job, common)?.result {
+                let status = result.status ?? "?"
                 if tty { FileHandle.standardError.write(Data("\r\u{1B}[K".utf8)) }
                 print("\(job): \(status)")
                 if status != "succeeded" { throw ExitCode(1) }
@@ -46,11 +46,10 @@ struct Wait: ParsableCommand {
             polls += 1
             if polls % 10 == 1 {
                 switch (look(timeout: within(2, deadline)), lastLook) {
-                case (.ended(let response), _):
-                    let status = response["status"] as? String ?? "?"
+                case (.ended(let answer), _):
                     if tty { FileHandle.standardError.write(Data("\r\u{1B}[K".utf8)) }
-                    print("\(job): \(status)\(response["node"].map { " (on \($0))" } ?? "")")
-                    if status != "succeeded" { throw ExitCode(1) }
+                    print("\(job): \(answer.status)\(answer.node.map { " (on \($0))" } ?? "")")
+                    if answer.status != "succeeded" { throw ExitCode(1) }
                     return
                 case (.silent, _?):
                     break  // an answer that did not come in the time left does not hide what the daemon said before
@@ -90,9 +89,9 @@ struct Wait: ParsableCommand {
     enum Look {
         /// It knows the job: its operations (on another node of a cluster, as that node's last heartbeat sent them:
         /// the progress bar counts those ended there).
-        case running([[String: Any]])
+        case running([ShowAnswer.Operation])
         /// It ended on another node of a cluster: the daemon's answer (`status`, `node`).
-        case ended([String: Any])
+        case ended(ShowAnswer)
         /// Not seen: why, as far as can be told from here (a typo in the id waits as long as a job not yet dropped).
         case unseen(String)
         /// The daemon answered something else (a cluster that cannot be asked now: what it said).
@@ -107,26 +106,24 @@ struct Wait: ParsableCommand {
     }
 
     func look(timeout: Double) -> Look {
-        let response: [String: Any]
+        let result: Result<ShowAnswer, ExitAnswer>
         do {
-            response = try ControlClient.request(common.socket, ControlRequest.show(job: job).wire, timeout: timeout)
+            result = try ControlClient.request(common.socket, .show(job: job), as: ShowAnswer.self, timeout: timeout)
         } catch let error as ControlClient.NoDaemon where error.silent {
             return .silent("the daemon at \(common.socket) did not answer within \(String(format: "%.1f", timeout)) s")
         } catch {
             return .unseen("no daemon answers at \(common.socket)")
         }
-        switch response["exit"] as? Int ?? 0 {
-        case 0:
-            if let status = response["status"] as? String, ["succeeded", "failed", "cancelled", "rejected"].contains(status) {
-                return .ended(response)
-            }
-            return .running(response["operations"] as? [[String: Any]] ?? [])
-        case 1:
+        switch result {
+        case .success(let answer):
+            if ["succeeded", "failed", "cancelled", "rejected"].contains(answer.status) { return .ended(answer) }
+            return .running(answer.operations)
+        case .failure(let refusal) where refusal.exit == 1:
             if FileManager.default.fileExists(atPath: common.spool + "/inbox/" + job + ".plist") {
                 return .unseen("not seen yet: inbox/\(job).plist waits to be claimed")
             }
             return .unseen("not seen yet: the daemon knows no job '\(job)'; a job's id is its manifest's `job`, else its file's name")
-        default: return .unknowable(response["error"] as? String)
+        case .failure(let refusal): return .unknowable(refusal.error)
         }
     }
 
@@ -136,7 +133,7 @@ struct Wait: ParsableCommand {
         let line: String
         switch look(timeout: 1) {
         case .running(let ops) where !ops.isEmpty:
-            let done = ops.filter { ["succeeded", "failed", "cancelled"].contains($0["state"] as? String ?? "") }.count
+            let done = ops.filter(\.hasEnded).count
             let width = 30
             let filled = width * done / ops.count
             line = "[" + String(repeating: "#", count: filled) + String(repeating: "-", count: width - filled)

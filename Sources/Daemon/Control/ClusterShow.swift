@@ -1,6 +1,7 @@
 // `show` for a job this node does not run but the cluster knows (SPEC §8): from the database's record of it.
 
 import ClusterStore
+import ControlPlane
 import Foundation
 
 extension Daemon {
@@ -9,51 +10,74 @@ extension Daemon {
     /// operations' states are those that node's last heartbeat sent (ClusterProgress; `progressAt` says when): an
     /// operation it did not send (the job left out of a full beat, or not started at that beat) is `unknown`, never a
     /// `pending` that may be false.
-    static func clusterShow(_ record: JobRecord) -> [String: Any] {
+    static func clusterShow(_ record: JobRecord) -> ShowAnswer {
         /// An operation as the running node's last heartbeat sent it.
-        func sent(_ id: String, _ operation: ClusterProgress.Sent) -> [String: Any] {
-            ["id": id, "state": operation.state, "attempts": operation.attempts, "queue": operation.queue]
+        func sent(_ id: String, _ operation: ClusterProgress.Sent) -> ShowAnswer.Operation {
+            ShowAnswer.Operation(id: id, queue: operation.queue, state: operation.state, attempts: operation.attempts)
         }
-        var answer: [String: Any] = ["exit": 0, "job": record.id, "submittedOn": record.submittedOn]
-        if let node = record.node { answer["node"] = node }
+        var answer = ShowAnswer(job: record.id, status: "running", operations: [])
+        answer.submittedOn = record.submittedOn
+        answer.node = record.node
         var progress: [String: ClusterProgress.Sent] = [:]
         if record.state == .running, let bytes = record.nodeProgress, let sent = ClusterProgress.decode(bytes, job: record.id) {
             progress = sent
-            if let at = record.nodeProgressAt { answer["progressAt"] = at }
+            answer.progressAt = record.nodeProgressAt
         }
         switch record.state {
         case .waiting:
             if let notBefore = record.notBefore, notBefore > Date().timeIntervalSince1970 {
-                answer["status"] = "delayed"
-                answer["notBefore"] = notBefore
+                answer.status = "delayed"
+                answer.notBefore = notBefore
             } else {
-                answer["status"] = "waiting"
+                answer.status = "waiting"
             }
-        case .running: answer["status"] = "running"
-        case .finished: answer["status"] = record.status ?? "finished"
+        case .running: answer.status = "running"
+        case .finished: answer.status = record.status ?? "finished"
         }
         // States from the kept result.plist (ended), the graph (kind, queue, dependencies) from the manifest.
-        var ended: [String: [String: Any]] = [:]
-        if let bytes = record.result,
-           let plist = try? PropertyListSerialization.propertyList(from: Data(bytes), format: nil) as? [String: Any] {
-            for op in plist["operations"] as? [[String: Any]] ?? [] { if let id = op["id"] as? String { ended[id] = op } }
+        var ended: [String: ShowAnswer.Operation] = [:]
+        if let bytes = record.result, let result = try? PropertyListDecoder().decode(ShownResult.self, from: Data(bytes)) {
+            for op in result.operations ?? [] { ended[op.id] = op }
         }
-        var operations: [[String: Any]] = []
-        let manifest = (try? PropertyListSerialization.propertyList(from: Data(record.manifest), format: nil)) as? [String: Any]
-        for op in manifest?["operations"] as? [[String: Any]] ?? [] {
-            guard let id = op["id"] as? String else { continue }
+        var operations: [ShowAnswer.Operation] = []
+        for op in (try? PropertyListDecoder().decode(ManifestGraph.self, from: Data(record.manifest)))?.operations ?? [] {
+            guard let id = op.id else { continue }
             var entry = ended.removeValue(forKey: id)
                 ?? progress.removeValue(forKey: id).map { sent(id, $0) }
-                ?? (record.state == .running ? ["id": id, "state": "unknown"] : ["id": id, "state": "pending", "attempts": 0])
-            entry["dependencies"] = op["dependencies"] as? [String] ?? []
-            if entry["kind"] == nil, let kind = op["kind"] as? String { entry["kind"] = kind }
-            if entry["queue"] == nil { entry["queue"] = op["queue"] as? String ?? "" }
+                ?? (record.state == .running ? ShowAnswer.Operation(id: id, state: "unknown")
+                                             : ShowAnswer.Operation(id: id, state: "pending", attempts: 0))
+            entry.dependencies = op.dependencies ?? []
+            if entry.kind == nil { entry.kind = op.kind }
+            if entry.queue == nil { entry.queue = op.queue ?? "" }
             operations.append(entry)
         }
         // Operations only the result or the progress knows (a photo list's, SPEC §3.5), in id order.
-        operations += ended.values.sorted { ($0["id"] as? String ?? "") < ($1["id"] as? String ?? "") }
+        operations += ended.values.sorted { $0.id < $1.id }
         operations += progress.sorted { $0.key < $1.key }.map { sent($0.key, $0.value) }
-        answer["operations"] = operations
+        answer.operations = operations
         return answer
     }
+}
+
+/// What `show` reads of a manifest: its operations' graph. A field of another type than a manifest's is left out,
+/// as is an operation without an id.
+struct ManifestGraph: Decodable {
+    struct Operation: Decodable {
+        var id: String?
+        var kind: String?
+        var queue: String?
+        var dependencies: [String]?
+
+        init(from decoder: any Decoder) throws {
+            let container = try decoder.container(keyedBy: CodingKeys.self)
+            id = try? container.decodeIfPresent(String.self, forKey: .id)
+            kind = try? container.decodeIfPresent(String.self, forKey: .kind)
+            queue = try? container.decodeIfPresent(String.self, forKey: .queue)
+            dependencies = try? container.decodeIfPresent([String].self, forKey: .dependencies)
+        }
+
+        enum CodingKeys: String, CodingKey { case id, kind, queue, dependencies }
+    }
+
+    var operations: [Operation]?
 }

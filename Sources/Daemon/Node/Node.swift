@@ -61,7 +61,7 @@ public enum Node {
             await exporting.value
             return
         }
-        let control = ControlServer(path: spool.root + "/opqueued.sock") { request in daemon.answer(wire: request) }
+        let control = ControlServer(path: spool.root + "/opqueued.sock") { request in daemon.answer(request) }
         let watcher = InboxWatcher(path: spool.inbox) { names, complete in daemon.scan(hints: names, complete: complete) }
         // The exporter (tracing.otlp) first: stopped last, after the last jobs are published; its end never ends the daemon.
         let tracing = daemon.tracing.map { [ServiceGroupConfiguration.ServiceConfiguration(

@@ -4,6 +4,7 @@ import Foundation
 import JobModel
 import Logging
 import OperationEngine
+import ControlPlane
 import CShims
 import OperationKinds
 import SpoolFiles
@@ -445,11 +446,11 @@ extension Daemon {
     /// What `show` says of a job this node has.
     public enum Shown {
         /// Its operations, in manifest order.
-        case operations([[String: Any]])
+        case operations([ShowAnswer.Operation])
         /// Claimed, its operations not known yet (its manifest being read).
         case starting
         /// Waiting for its `notBefore` (§3.7): its operations, all pending.
-        case delayed(until: Double, operations: [[String: Any]])
+        case delayed(until: Double, operations: [ShowAnswer.Operation])
     }
 
     /// A job this node has, for `show`; nil when it has no such job.
@@ -486,21 +487,21 @@ extension Daemon {
     }
 
     /// An active job's operations, once its plan is a group.
-    private func operations(of id: String) -> [[String: Any]]? {
+    private func operations(of id: String) -> [ShowAnswer.Operation]? {
         let (job, group) = shared.withLock { ($0.runs[id], $0.lifecycle.group(of: id)) }
         guard let job, let plan = job.plan, let group, let records = records(group, of: job) else { return nil }
         return zip(plan.operations, records).map { op, r in
-            var entry: [String: Any] = ["id": op.id, "kind": op.kind.rawValue, "queue": op.queue, "state": r.state.name,
-                                        "attempts": r.attempts, "dependencies": op.dependencies]
-            if let s = r.startedAt { entry["startedAt"] = s }
-            if let f = r.finishedAt { entry["finishedAt"] = f }
-            if let e = r.error { entry["error"] = e }
+            var entry = ShowAnswer.Operation(id: op.id, kind: op.kind.rawValue, queue: op.queue, state: r.state.name,
+                                             attempts: r.attempts, dependencies: op.dependencies)
+            entry.startedAt = r.startedAt
+            entry.finishedAt = r.finishedAt
+            entry.error = r.error
             return entry
         }
     }
 
     /// A delayed job's operations as its manifest in active/ has them, each pending (empty if it cannot be read).
-    private func pending(_ id: String) -> [[String: Any]] {
+    private func pending(_ id: String) -> [ShowAnswer.Operation] {
         let config = shared.withLock { $0.configuration }
         guard case .success(let claimed) = spool.heldJob(id),
               case .success(let plan) = Manifest.parse(claimed.tree ?? ManifestTree(claimed.manifest), configuration: config)
@@ -508,9 +509,10 @@ extension Daemon {
         return Self.pending(plan)
     }
 
-    private static func pending(_ plan: JobPlan) -> [[String: Any]] {
+    private static func pending(_ plan: JobPlan) -> [ShowAnswer.Operation] {
         plan.operations.map { op in
-            ["id": op.id, "kind": op.kind.rawValue, "queue": op.queue, "state": "pending", "attempts": 0, "dependencies": op.dependencies]
+            ShowAnswer.Operation(id: op.id, kind: op.kind.rawValue, queue: op.queue, state: "pending", attempts: 0,
+                                 dependencies: op.dependencies)
         }
     }
 }

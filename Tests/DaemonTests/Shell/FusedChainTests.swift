@@ -5,6 +5,7 @@
 
 import ControlPlane
 import Foundation
+import TestSupport
 import Testing
 @testable import Daemon
 @testable import OperationKinds

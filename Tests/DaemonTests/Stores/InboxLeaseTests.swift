@@ -4,6 +4,7 @@
 import ControlPlane
 import Foundation
 import SpoolFiles
+import TestSupport
 import Testing
 @testable import Daemon
 
