@@ -1,7 +1,7 @@
 // The control socket's answers (SPEC §1), typed: the daemon's handler returns one, the server writes it as one
 // JSON object line, opqueuectl decodes it into the same type. Every answer has an `exit` (opqueuectl's exit status);
 // one that is not 0 has an `error` too and nothing else (`ExitAnswer`). An optional field is absent from the JSON
-// when nil. The JSON text is `ControlJSON`'s: keys sorted as they always were, numbers as they always were.
+// when nil. The JSON text is `ControlJSON`'s, its keys sorted.
 
 import Foundation
 
@@ -84,15 +84,13 @@ public struct MetricsAnswer: Codable, Sendable, Equatable {
     public init(text: String) { self.text = text }
 }
 
-/// The JSON text of the control socket and of opqueuectl's `--json`: as JSONSerialization writes it with sorted
-/// keys, which is what they wrote before the answers were typed. JSONEncoder alone would not do: it sorts keys by
-/// code point (`clusterSlotWait` before `clusterSlotsHeld`), JSONSerialization numerically and ignoring case.
-/// Numbers are kept as they were but for one kind no answer holds (times are near 10^9 s): a whole Double beyond
-/// 2^53 that JSONEncoder writes with an exponent (1.2345678901234568e+17) is read back, and written, as an integer.
+/// The JSON text of the control socket and of opqueuectl's `--json`: JSONEncoder's, keys sorted by code point
+/// (`clusterSlotWait` before `clusterSlotsHeld`, queue `q10` before `q2`), so that the same answer is the same text.
 public enum ControlJSON {
     public static func data(_ value: some Encodable, pretty: Bool = false) throws -> Data {
-        let object = try JSONSerialization.jsonObject(with: JSONEncoder().encode(value), options: [.fragmentsAllowed])
-        return try JSONSerialization.data(withJSONObject: object, options: pretty ? [.prettyPrinted, .sortedKeys] : [.sortedKeys])
+        let encoder = JSONEncoder()
+        encoder.outputFormatting = pretty ? [.prettyPrinted, .sortedKeys] : [.sortedKeys]
+        return try encoder.encode(value)
     }
 
     /// An answer read back; throws the decoder's error.

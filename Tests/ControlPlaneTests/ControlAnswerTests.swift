@@ -80,18 +80,17 @@ struct ControlAnswerTests {
             """)
     }
 
-    /// Keys sorted as JSONSerialization sorts them: numerically and ignoring case (`clusterSlotsHeld` before
-    /// `clusterSlotWait`, queue `q2` before `q10`); whole times without a fraction.
+    /// Keys sorted by code point (`clusterSlotWait` before `clusterSlotsHeld`, queue `q10` before `q2`).
     @Test func statusWithEveryKey() throws {
         #expect(try Self.text(.status(Self.full())) == """
-            {"activeJobs":["a"],"cluster":{"node":"n1","queues":{"q2":{"running":2,"waiting":0},"q10":{"running":0,"waiting":1}},\
+            {"activeJobs":["a"],"cluster":{"node":"n1","queues":{"q10":{"running":0,"waiting":1},"q2":{"running":2,"waiting":0}},\
             "queuesReadAt":1732900000.125,"reason":"timeout","state":"disconnected","unrunnable":[{"job":"g",\
             "reason":"no live node declares queue gpu"}],"wakeupsArrive":false},"delayed":7,"executing":1,"exit":0,\
             "fault":"inbox: EIO","heapBytes":1048576,"jobs":[{"ended":1,"job":"a","operations":3},{"ended":0,"job":"later",\
             "notBefore":1732990000,"operations":0}],"maxActiveOperations":100,"nodes":[{"connected":true,"freeSlots":5,"jobs":3,\
             "lastHeartbeat":1732900000,"node":"n1","schema":7}],"operations":3,"queues":[{"executing":1,\
             "maxConcurrentOperationCount":-1,"name":"default","pending":2,"qualityOfService":"default","suspended":false},\
-            {"clusterMaxConcurrentOperationCount":4,"clusterSlotsHeld":1,"clusterSlotWait":"high","executing":1,"held":true,\
+            {"clusterMaxConcurrentOperationCount":4,"clusterSlotWait":"high","clusterSlotsHeld":1,"executing":1,"held":true,\
             "maxConcurrentOperationCount":-1,"name":"photos","nextStartAt":1732900000.25,"pending":2,"qualityOfService":"default",\
             "rateLimit":{"operations":5,"seconds":60},"suspended":true}],"schedules":[{"cron":"0 3 * * *","name":"nightly",\
             "next":1732950000,"timeZone":"UTC"}],"state":"running","submissions":2,"submissionsSince":1732899990.5,"waiting":0}
@@ -125,22 +124,27 @@ struct ControlAnswerTests {
         #expect(try Self.text(.metrics(MetricsAnswer(text: "opqueued_up 1\n"))) == #"{"exit":0,"text":"opqueued_up 1\n"}"#)
     }
 
-    /// ControlJSON's promise: the text JSONSerialization wrote for the same object before the answers were typed,
-    /// whatever the keys (case, digits, accents, punctuation) and numbers (whole, fractional, tiny, huge; see ControlJSON
-    /// for the one kind it does not keep).
-    @Test func theTextIsJSONSerializations() throws {
+    /// ControlJSON's promise: the object the answer was when it was written untyped, whatever the keys (case, digits,
+    /// accents, punctuation), with the keys in code-point order; numbers (whole, fractional, tiny, huge) written as
+    /// JSONSerialization writes them and read back exactly.
+    @Test func theTextIsTheUntypedObjectWithSortedKeys() throws {
         let names = ["q10", "q2", "Q1", "a", "_b", "é", "z", "A-1", "a.b", "a_b", "aB", "ab", "gpu/x"]
         let commands = Dictionary(uniqueKeysWithValues: names.map { ($0, "sig \($0)") })
         let declared = DeclaredAnswer(queues: names, commands: commands, cluster: true)
-        let before: [String: Any] = ["exit": 0, "queues": names, "commands": commands, "cluster": true]
+        let before: NSDictionary = ["exit": 0, "queues": names, "commands": commands, "cluster": true]
         for pretty in [false, true] {
-            let options: JSONSerialization.WritingOptions = pretty ? [.prettyPrinted, .sortedKeys] : [.sortedKeys]
-            #expect(try ControlJSON.data(declared, pretty: pretty) == JSONSerialization.data(withJSONObject: before, options: options))
+            let text = try ControlJSON.data(declared, pretty: pretty)
+            #expect(try JSONSerialization.jsonObject(with: text) as? NSDictionary == before)
+            let written = String(decoding: text, as: UTF8.self).replacingOccurrences(of: "\\/", with: "/")
+            let keys = written.components(separatedBy: "\"sig ").dropFirst().map { String($0.prefix { $0 != "\"" }) }
+            #expect(keys == names.sorted(), "commands' keys in code-point order")
         }
         for value in [0, 5, -1, 0.1, 1e-7, 2.5e-10, 1.5e300, 1_732_900_000.123456, 1_795_954_554.3930037, 1e16, 1e21] {
             var job = StatusAnswer.Job(job: "j", operations: 1, ended: 0, notBefore: value)
+            // Numbers as JSONSerialization writes them (these keys sort alike both ways), and read back exactly.
             let object: [String: Any] = ["job": "j", "operations": 1, "ended": 0, "notBefore": value]
             #expect(try ControlJSON.data(job) == JSONSerialization.data(withJSONObject: object, options: [.sortedKeys]), "\(value)")
+            #expect(try ControlJSON.decode(StatusAnswer.Job.self, from: ControlJSON.data(job)).notBefore == value)
             job.notBefore = nil
             #expect(try ControlJSON.data(job) == Data(#"{"ended":0,"job":"j","operations":1}"#.utf8))
         }
