@@ -11,6 +11,7 @@ extension Scheduler {
         groups[g].nodes[i] = node
         let q = Int(node.queue)
         queues[q].enqueue(ReadyEntry(seq: node.seq, ref: ref), priority: Int(node.priority.rawValue))
+        readyTotal += 1
         if recordsEvents { emit(ref, .ready, now: now) }
     }
 
@@ -42,6 +43,7 @@ extension Scheduler {
     /// A queue's rate only gates whether it may start one now (a barrier neither waits for it nor uses it);
     /// rates read `monotonic`, else `now`.
     mutating func nextDispatch(now: Double, monotonic: Double? = nil) -> Dispatch? {
+        guard readyTotal > 0 else { return nil }
         var best: (queue: Int, priority: Int, qos: QualityOfService, seq: UInt64)?
         for q in queues.indices where queues[q].readyCount > 0 && !queues[q].suspended && queues[q].executing < effectiveLimit(q) {
             guard let head = head(of: q) else { continue }
@@ -55,6 +57,7 @@ extension Scheduler {
         let g = Int(ref.group), i = Int(ref.index)
         if queues[best.queue].gatesStarts && ref.group != Self.barrierGroup { noteStart(best.queue, at: monotonic ?? now) }
         executingCount += 1
+        readyTotal -= 1
         var node = groups[g].nodes[i]
         node.state = .executing
         node.attempts &+= 1

@@ -86,6 +86,7 @@ extension Scheduler {
             guard !before.isFinished else { continue }
             if before == .ready {
                 queues[Int(groups[g].nodes[i].queue)].readyCount -= 1
+                readyTotal -= 1
             }
             var node = groups[g].nodes[i]
             node.state = state
