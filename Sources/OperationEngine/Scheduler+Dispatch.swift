@@ -9,8 +9,13 @@ extension Scheduler {
         var node = groups[g].nodes[i]
         node.state = .ready
         groups[g].nodes[i] = node
-        let q = Int(node.queue)
-        queues[q].enqueue(ReadyEntry(seq: node.seq, ref: ref), priority: Int(node.priority.rawValue))
+        enqueue(ref, node, now: now)
+    }
+
+    /// `makeReady` for a node its caller has already written as ready: it joins its queue's ready list.
+    @inline(__always)
+    mutating func enqueue(_ ref: NodeRef, _ node: Node, now: Double) {
+        queues[Int(node.queue)].enqueue(ReadyEntry(seq: node.seq, ref: ref), priority: Int(node.priority.rawValue))
         readyTotal += 1
         if recordsEvents { emit(ref, .ready, now: now) }
     }
@@ -19,6 +24,7 @@ extension Scheduler {
     /// cancelled while they waited, also when their group has since been released (its slot perhaps
     /// reused: the entry's sequence number must still be the node's).
     mutating func head(of q: Int) -> (priority: Int, entry: ReadyEntry)? {
+        if let head = validHead(of: q) { return head }
         var p = Self.priorities - 1
         while p >= 0 {
             if queues[q].ready[p].isEmpty {
@@ -31,6 +37,22 @@ extension Scheduler {
                     if node.state == .ready && node.seq == entry.seq { return (p, entry) }
                 }
                 queues[q].ready[p].pop()
+            }
+            p -= 1
+        }
+        return nil
+    }
+
+    /// `head(of:)` when the first entry found is still valid, as it almost always is: read without a write
+    /// (nil otherwise, and `head` drops what is stale).
+    @inline(__always)
+    private func validHead(of q: Int) -> (priority: Int, entry: ReadyEntry)? {
+        var p = Self.priorities - 1
+        while p >= 0 {
+            if let entry = queues[q].ready[p].peek() {
+                guard isValid(entry.ref) else { return nil }
+                let node = groups[Int(entry.ref.group)].nodes[Int(entry.ref.index)]
+                return node.state == .ready && node.seq == entry.seq ? (p, entry) : nil
             }
             p -= 1
         }

@@ -158,8 +158,16 @@ extension Scheduler {
             work.append((dependent, .cancelled, error))
             return
         }
-        groups[g].nodes[i].pending = d.pending - 1
-        if d.pending == 1 && d.state == .pending { makeReady(dependent, now: now) }
+        if d.pending == 1 && d.state == .pending {
+            // The count and the state in one write of the node.
+            var node = d
+            node.pending = 0
+            node.state = .ready
+            groups[g].nodes[i] = node
+            enqueue(dependent, node, now: now)
+        } else {
+            groups[g].nodes[i].pending = d.pending - 1
+        }
     }
 
     /// Where an operation's row of dependents lies in its batch's `dependents` (an empty range when the group has no
