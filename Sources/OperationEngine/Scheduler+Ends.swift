@@ -14,6 +14,7 @@ extension Scheduler {
 
     /// An attempt stops executing. A permit from outside is used up with it: the holder grants it again (or gives
     /// its slot to a better waiter elsewhere) before the queue starts another operation on it.
+    @inline(__always)
     mutating func attemptLeft(queue q: Int) {
         queues[q].attemptLeft()
         executingCount -= 1
@@ -172,6 +173,7 @@ extension Scheduler {
 
     /// Where an operation's row of dependents lies in its batch's `dependents` (an empty range when the group has no
     /// batch); later batches' dependents are in `lateDependents`.
+    @inline(__always)
     func dependentRow(_ ref: NodeRef) -> (batch: Int, start: Int, end: Int) {
         let g = Int(ref.group)
         guard !groups[g].batches.isEmpty else { return (0, 0, 0) }
@@ -215,7 +217,13 @@ extension Scheduler {
         return groups[g].batches[b].dependencies[start ..< end]
     }
 
+    /// Inlined: every end asks, and only a group's last finds it finished.
+    @inline(__always)
     mutating func checkGroupFinished(_ slot: Int32) {
+        if groups[Int(slot)].unfinished == 0 { groupMayHaveFinished(slot) }
+    }
+
+    private mutating func groupMayHaveFinished(_ slot: Int32) {
         let g = Int(slot)
         guard slot != Self.barrierGroup, groups[g].unfinished == 0, !groups[g].finished else { return }
         groups[g].finished = true
@@ -230,6 +238,7 @@ extension Scheduler {
     }
 
     /// Whether `attempt` is its operation's current one, in `state`, in the group it was made in.
+    @inline(__always)
     func isCurrent(_ attempt: Attempt, in state: OperationState) -> Bool {
         guard isValid(attempt.ref) else { return false }
         let g = Int(attempt.ref.group)

@@ -366,9 +366,14 @@ extension Scheduler {
         }
     }
 
+    /// Inlined for the common case, a group submitted in one batch.
+    @inline(__always)
     func batchIndex(_ group: Int, _ index: Int32) -> Int {
+        groups[group].batches.count == 1 ? 0 : searchBatch(group, index)
+    }
+
+    private func searchBatch(_ group: Int, _ index: Int32) -> Int {
         let count = groups[group].batches.count
-        if count == 1 { return 0 }
         var low = 0, high = count - 1
         while low < high {
             let mid = (low + high + 1) / 2
