@@ -28,6 +28,7 @@ struct ReadyList {
 
     var isEmpty: Bool { single == nil && inOrder.isEmpty && late.isEmpty }
 
+    @inline(__always)
     mutating func push(_ entry: ReadyEntry) {
         if single == nil && inOrder.isEmpty && late.isEmpty {
             single = entry
@@ -50,6 +51,7 @@ struct ReadyList {
         highWater = max(highWater, inOrder.count + late.count + count)
     }
 
+    @inline(__always)
     func peek() -> ReadyEntry? {
         if let single { return single }
         // The common case first: nothing arrived out of order.
@@ -62,7 +64,7 @@ struct ReadyList {
         }
     }
 
-    @discardableResult
+    @discardableResult @inline(__always)
     mutating func pop() -> ReadyEntry? {
         if let entry = single.take() { return entry }
         let entry: ReadyEntry

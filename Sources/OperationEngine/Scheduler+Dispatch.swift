@@ -46,7 +46,7 @@ extension Scheduler {
     /// `head(of:)` when the first entry found is still valid, as it almost always is: read without a write
     /// (nil otherwise, and `head` drops what is stale).
     @inline(__always)
-    private func validHead(of q: Int) -> (priority: Int, entry: ReadyEntry)? {
+    func validHead(of q: Int) -> (priority: Int, entry: ReadyEntry)? {
         var p = Self.priorities - 1
         while p >= 0 {
             if let entry = queues[q].ready[p].peek() {
@@ -68,7 +68,7 @@ extension Scheduler {
         guard readyTotal > 0 else { return nil }
         var best: (queue: Int, priority: Int, qos: QualityOfService, seq: UInt64)?
         for q in queues.indices where queues[q].readyCount > 0 && !queues[q].suspended && queues[q].executing < effectiveLimit(q) {
-            guard let head = head(of: q) else { continue }
+            guard let head = validHead(of: q) ?? head(of: q) else { continue }
             if queues[q].gatesStarts && head.entry.ref.group != Self.barrierGroup && !startAllowed(q, at: monotonic ?? now) { continue }
             let qos = effectiveQoS(head.entry.ref)
             if let current = best, current.qos > qos || (current.qos == qos && current.seq <= head.entry.seq) { continue }

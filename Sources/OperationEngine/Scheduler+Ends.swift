@@ -22,6 +22,7 @@ extension Scheduler {
 
     /// Ends an attempt. Ignored when the attempt already ended (cancelled asynchronous operation,
     /// timeout) — a late completion changes nothing.
+    @inline(__always)
     mutating func finish(_ attempt: Attempt, outcome: Outcome, now: Double) {
         guard isCurrent(attempt, in: .executing) else { return }
         let ref = attempt.ref
