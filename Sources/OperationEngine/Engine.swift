@@ -353,7 +353,7 @@ public final class Engine: @unchecked Sendable, ContextHost {
         }
         // After the dispatches: they ask for timers too (an attempt's timeout, a rate's next free start).
         if !scheduler.timerRequests.isEmpty { armTimers() }
-        for c in 0..<Self.classes where queuedDispatches > 0 && !runLists[c].isEmpty {
+        for c in 0..<(queuedDispatches > 0 ? Self.classes : 0) where !runLists[c].isEmpty {
             let needed = runLists[c].count - asyncQueued[c] + max(0, min(asyncQueued[c], Self.asyncWorkers) - asyncRunning[c])
             var deficit = needed - signalled[c] - spawning[c] - (runningClass == c && taken == nil ? 1 : 0)
             var available = idle[c] - signalled[c]

@@ -100,12 +100,13 @@ public struct GraphBuilder: Sendable {
 
     public var count: Int { nodes.count }
 
+    /// Room for so many operations and dependencies; a large graph's arrays on huge pages (`HugePages.swift`).
     public mutating func reserveCapacity(operations: Int, dependencies: Int) {
-        nodes.reserveCapacity(operations)
-        bodies.reserveCapacity(operations)
-        names.reserveCapacity(operations)
-        dependencyStart.reserveCapacity(operations + 1)
-        self.dependencies.reserveCapacity(dependencies)
+        nodes.reserveOnHugePages(operations)
+        bodies.reserveOnHugePages(operations)
+        names.reserveOnHugePages(operations)
+        dependencyStart.reserveOnHugePages(operations + 1)
+        self.dependencies.reserveOnHugePages(dependencies)
     }
 
     /// Adds an operation that depends on the given operations (by number; cycles are refused at

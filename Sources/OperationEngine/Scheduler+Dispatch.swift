@@ -9,8 +9,14 @@ extension Scheduler {
         var node = groups[g].nodes[i]
         node.state = .ready
         groups[g].nodes[i] = node
-        let q = Int(node.queue)
-        queues[q].enqueue(ReadyEntry(seq: node.seq, ref: ref), priority: Int(node.priority.rawValue))
+        enqueue(ref, node, now: now)
+    }
+
+    /// `makeReady` for a node its caller has already written as ready: it joins its queue's ready list.
+    @inline(__always)
+    mutating func enqueue(_ ref: NodeRef, _ node: Node, now: Double) {
+        queues[Int(node.queue)].enqueue(ReadyEntry(seq: node.seq, ref: ref), priority: Int(node.priority.rawValue))
+        readyTotal += 1
         if recordsEvents { emit(ref, .ready, now: now) }
     }
 
@@ -18,6 +24,7 @@ extension Scheduler {
     /// cancelled while they waited, also when their group has since been released (its slot perhaps
     /// reused: the entry's sequence number must still be the node's).
     mutating func head(of q: Int) -> (priority: Int, entry: ReadyEntry)? {
+        if let head = validHead(of: q) { return head }
         var p = Self.priorities - 1
         while p >= 0 {
             if queues[q].ready[p].isEmpty {
@@ -36,15 +43,32 @@ extension Scheduler {
         return nil
     }
 
+    /// `head(of:)` when the first entry found is still valid, as it almost always is: read without a write
+    /// (nil otherwise, and `head` drops what is stale).
+    @inline(__always)
+    func validHead(of q: Int) -> (priority: Int, entry: ReadyEntry)? {
+        var p = Self.priorities - 1
+        while p >= 0 {
+            if let entry = queues[q].ready[p].peek() {
+                guard isValid(entry.ref) else { return nil }
+                let node = groups[Int(entry.ref.group)].nodes[Int(entry.ref.index)]
+                return node.state == .ready && node.seq == entry.seq ? (p, entry) : nil
+            }
+            p -= 1
+        }
+        return nil
+    }
+
     /// The next operation to start, if a queue has one and a free slot: among the queues' heads,
     /// the highest effective QoS; at equal QoS the one submitted first (so a pipeline spread over
     /// queues runs chain by chain, and what one stage produces is consumed before the next is made).
     /// A queue's rate only gates whether it may start one now (a barrier neither waits for it nor uses it);
     /// rates read `monotonic`, else `now`.
     mutating func nextDispatch(now: Double, monotonic: Double? = nil) -> Dispatch? {
+        guard readyTotal > 0 else { return nil }
         var best: (queue: Int, priority: Int, qos: QualityOfService, seq: UInt64)?
         for q in queues.indices where queues[q].readyCount > 0 && !queues[q].suspended && queues[q].executing < effectiveLimit(q) {
-            guard let head = head(of: q) else { continue }
+            guard let head = validHead(of: q) ?? head(of: q) else { continue }
             if queues[q].gatesStarts && head.entry.ref.group != Self.barrierGroup && !startAllowed(q, at: monotonic ?? now) { continue }
             let qos = effectiveQoS(head.entry.ref)
             if let current = best, current.qos > qos || (current.qos == qos && current.seq <= head.entry.seq) { continue }
@@ -55,6 +79,7 @@ extension Scheduler {
         let g = Int(ref.group), i = Int(ref.index)
         if queues[best.queue].gatesStarts && ref.group != Self.barrierGroup { noteStart(best.queue, at: monotonic ?? now) }
         executingCount += 1
+        readyTotal -= 1
         var node = groups[g].nodes[i]
         node.state = .executing
         node.attempts &+= 1

@@ -14,6 +14,7 @@ extension Scheduler {
 
     /// An attempt stops executing. A permit from outside is used up with it: the holder grants it again (or gives
     /// its slot to a better waiter elsewhere) before the queue starts another operation on it.
+    @inline(__always)
     mutating func attemptLeft(queue q: Int) {
         queues[q].attemptLeft()
         executingCount -= 1
@@ -21,6 +22,7 @@ extension Scheduler {
 
     /// Ends an attempt. Ignored when the attempt already ended (cancelled asynchronous operation,
     /// timeout) — a late completion changes nothing.
+    @inline(__always)
     mutating func finish(_ attempt: Attempt, outcome: Outcome, now: Double) {
         guard isCurrent(attempt, in: .executing) else { return }
         let ref = attempt.ref
@@ -86,6 +88,7 @@ extension Scheduler {
             guard !before.isFinished else { continue }
             if before == .ready {
                 queues[Int(groups[g].nodes[i].queue)].readyCount -= 1
+                readyTotal -= 1
             }
             var node = groups[g].nodes[i]
             node.state = state
@@ -157,12 +160,21 @@ extension Scheduler {
             work.append((dependent, .cancelled, error))
             return
         }
-        groups[g].nodes[i].pending = d.pending - 1
-        if d.pending == 1 && d.state == .pending { makeReady(dependent, now: now) }
+        if d.pending == 1 && d.state == .pending {
+            // The count and the state in one write of the node.
+            var node = d
+            node.pending = 0
+            node.state = .ready
+            groups[g].nodes[i] = node
+            enqueue(dependent, node, now: now)
+        } else {
+            groups[g].nodes[i].pending = d.pending - 1
+        }
     }
 
     /// Where an operation's row of dependents lies in its batch's `dependents` (an empty range when the group has no
     /// batch); later batches' dependents are in `lateDependents`.
+    @inline(__always)
     func dependentRow(_ ref: NodeRef) -> (batch: Int, start: Int, end: Int) {
         let g = Int(ref.group)
         guard !groups[g].batches.isEmpty else { return (0, 0, 0) }
@@ -206,7 +218,13 @@ extension Scheduler {
         return groups[g].batches[b].dependencies[start ..< end]
     }
 
+    /// Inlined: every end asks, and only a group's last finds it finished.
+    @inline(__always)
     mutating func checkGroupFinished(_ slot: Int32) {
+        if groups[Int(slot)].unfinished == 0 { groupMayHaveFinished(slot) }
+    }
+
+    private mutating func groupMayHaveFinished(_ slot: Int32) {
         let g = Int(slot)
         guard slot != Self.barrierGroup, groups[g].unfinished == 0, !groups[g].finished else { return }
         groups[g].finished = true
@@ -221,6 +239,7 @@ extension Scheduler {
     }
 
     /// Whether `attempt` is its operation's current one, in `state`, in the group it was made in.
+    @inline(__always)
     func isCurrent(_ attempt: Attempt, in state: OperationState) -> Bool {
         guard isValid(attempt.ref) else { return false }
         let g = Int(attempt.ref.group)

@@ -26,7 +26,7 @@ extension Scheduler {
         let edges = builder.dependencies
         // Each row's dependents counted at the row, summed into where each row ends, then filled from the back:
         // one array becomes the rows' starts, with no second copy to fill through.
-        var dependentStart = [Int32](repeating: 0, count: n + 1)
+        var dependentStart = [Int32](hugePagesRepeating: 0, count: n + 1)
         // Whether some operation depends on one added after it: only then can the batch hold a cycle.
         var forward = false
         dependentStart.withUnsafeMutableBufferPointer { count in
@@ -52,7 +52,7 @@ extension Scheduler {
             }
             for i in stride(from: 1, through: n, by: 1) { count[i] += count[i - 1] }
         }
-        var dependents = [Int32](repeating: 0, count: Int(dependentStart[n]))
+        var dependents = [Int32](hugePagesRepeating: 0, count: Int(dependentStart[n]))
         dependents.withUnsafeMutableBufferPointer { dependents in
             dependentStart.withUnsafeMutableBufferPointer { cursor in
                 // Backwards, each row filled from its end: a row keeps dependent order (FIFO when they become ready).
@@ -366,9 +366,14 @@ extension Scheduler {
         }
     }
 
+    /// Inlined for the common case, a group submitted in one batch.
+    @inline(__always)
     func batchIndex(_ group: Int, _ index: Int32) -> Int {
+        groups[group].batches.count == 1 ? 0 : searchBatch(group, index)
+    }
+
+    private func searchBatch(_ group: Int, _ index: Int32) -> Int {
         let count = groups[group].batches.count
-        if count == 1 { return 0 }
         var low = 0, high = count - 1
         while low < high {
             let mid = (low + high + 1) / 2

@@ -122,6 +122,8 @@ struct Scheduler {
     var queueIndex: [String: Int] = [:]
     var nextSeq: UInt64 = 0
     var executingCount = 0
+    /// Ready operations in all queues: with none, choosing the next start need not look at any queue.
+    var readyTotal = 0
     /// Queues with a rate or a start budget: without any, the engine need not read the rates' clock.
     var ratedQueues = 0
 

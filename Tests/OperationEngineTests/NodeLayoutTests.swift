@@ -1,5 +1,5 @@
 // The scheduler's compact layouts: a node's raised QoS packed with its flags, the dependents rows that
-// `prepare` fills from the back, and room reserved in a ready list for a batch ready at once.
+// `prepare` fills from the back, room reserved in a ready list for a batch ready at once, and the list's order.
 
 import Testing
 @testable import OperationEngine
@@ -68,5 +68,47 @@ import Testing
             h.s.finish(d.attempt, outcome: .succeeded(nil), now: h.now)
         }
         #expect(started == (0..<5_000).map { "op\($0)" })
+    }
+
+    @Test func aReadyListGivesSubmissionOrderHoweverItsEntriesArrive() {
+        func entry(_ seq: Int) -> ReadyEntry { ReadyEntry(seq: UInt64(seq), ref: NodeRef(group: 1, index: Int32(seq))) }
+        var list = ReadyList()
+        // One at a time (a chain): each entry alone in the list.
+        for seq in 0..<3 {
+            list.push(entry(seq))
+            #expect(list.peek()?.seq == UInt64(seq))
+            #expect(list.pop()?.seq == UInt64(seq))
+            #expect(list.isEmpty)
+        }
+        // A second entry, earlier than the one waiting alone, comes out first.
+        list.push(entry(20))
+        list.push(entry(10))
+        #expect(list.pop()?.seq == 10)
+        list.push(entry(15))
+        #expect(list.pop()?.seq == 15)
+        #expect(list.pop()?.seq == 20)
+        #expect(list.pop() == nil)
+        // Layers made ready out of order, popped while others arrive: always the smallest waiting.
+        var rng = SystemRandomNumberGenerator()
+        var waiting = Set<Int>()
+        var next = 100
+        for _ in 0..<2_000 {
+            if waiting.isEmpty || Int.random(in: 0..<3, using: &rng) > 0 {
+                let seq = next + Int.random(in: 0..<64, using: &rng)
+                guard !waiting.contains(seq) else { continue }
+                waiting.insert(seq)
+                list.push(entry(seq))
+                if Int.random(in: 0..<32, using: &rng) == 0 { next += 64 }
+            } else {
+                let popped = list.pop().map { Int($0.seq) }
+                #expect(popped == waiting.min())
+                if let popped { waiting.remove(popped) }
+            }
+        }
+        while let popped = list.pop() {
+            #expect(Int(popped.seq) == waiting.min())
+            waiting.remove(Int(popped.seq))
+        }
+        #expect(waiting.isEmpty)
     }
 }
