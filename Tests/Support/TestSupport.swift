@@ -47,12 +47,23 @@ public final class LoopbackServer {
 }
 
 /// Starts journald when none listens (a machine without systemd as PID 1). It outlives the caller, so it
-/// must not hold the caller's output pipes open.
+/// must not hold the caller's output pipes open. One caller at a time, in this process and across processes (a
+/// lock file): two suites that both found none listening started two journalds writing the same journal files.
 public func ensureJournald() throws {
+    if journalIsListening() { return }
+    try FileManager.default.createDirectory(atPath: "/run/systemd/journal", withIntermediateDirectories: true)
+    let lock = open("/run/systemd/journal/.opqueued-tests.lock", O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
+    guard lock >= 0 else { throw SupportFailure("cannot open the journald start lock: errno \(errno)") }
+    defer { close(lock) }
+    while flock(lock, LOCK_EX) != 0 && errno == EINTR {}
+    try startJournaldLocked()
+}
+
+/// With the start lock held.
+private func startJournaldLocked() throws {
     if journalIsListening() { return }
     // A socket file left by a journald that is gone would make the wait below end at once.
     try? FileManager.default.removeItem(atPath: journalSocketPath)
-    try FileManager.default.createDirectory(atPath: "/run/systemd/journal", withIntermediateDirectories: true)
     let journald = Process()
     journald.executableURL = URL(fileURLWithPath: "/lib/systemd/systemd-journald")
     journald.standardInput = FileHandle.nullDevice
