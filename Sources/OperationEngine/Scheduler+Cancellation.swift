@@ -20,7 +20,7 @@ extension Scheduler {
         nextSeq &+= 1
         groups[g].nodes.append(node)
         groups[g].bodies.append(body)
-        groups[g].names.append(name)
+        groups[g].names.set(name, at: Int(ref.index))
         queues[q].barrierAfterEpoch[queues[q].epoch] = ref
         queues[q].epoch += 1
         queues[q].epochUnfinished.append(0)

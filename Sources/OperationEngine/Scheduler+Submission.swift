@@ -302,7 +302,7 @@ extension Scheduler {
             }
             groups[gi].nodes.append(contentsOf: builder.nodes)
             groups[gi].bodies.append(contentsOf: builder.bodies)
-            groups[gi].names.append(contentsOf: builder.names)
+            groups[gi].names.set(builder.names, from: groups[gi].nodes.count - builder.nodes.count)
             groups[gi].options.append(contentsOf: builder.options)
         }
     }

@@ -69,7 +69,7 @@ struct Scheduler {
         var live = false
         var nodes: [Node] = []
         var bodies: [OperationBody] = []
-        var names: [String] = []
+        var names = Names()
         var batches: [Batch] = []
         /// Dependents added by later batches to operations of earlier ones.
         var lateDependents: [Int32: [Int32]] = [:]
