@@ -146,7 +146,7 @@ public struct GraphBuilder: Sendable {
             problems.append("operation '\(spec.name)': unknown queue \(spec.queue)")
         }
         var node = Scheduler.Node(
-            seq: 0, pending: 0, input: Int32(truncatingIfNeeded: spec.input ?? -1), options: options, epoch: 0,
+            pending: 0, input: Int32(truncatingIfNeeded: spec.input ?? -1), options: options, epoch: 0,
             queue: UInt16(truncatingIfNeeded: spec.queue.rawValue),
             requestedQoS: spec.qualityOfService?.rawValue ?? Scheduler.noQoS, priority: spec.queuePriority)
         if spec.runsAfterFailure { node.flags |= Scheduler.Node.runsAfterFailure }
