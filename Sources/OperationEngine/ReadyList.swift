@@ -11,7 +11,8 @@ struct ReadyEntry: Comparable {
 /// The ready operations of one queue at one priority, in submission order.
 ///
 /// Operations almost always become ready in submission order, so they go to a deque in O(1); one
-/// that becomes ready after a later-submitted one (its dependencies took longer) goes to a heap.
+/// that becomes ready after a later-submitted one (its dependencies took longer) goes with the late ones
+/// (`LateEntries`: a window of slots by number, else a heap).
 /// The next operation is the smaller head of the two: exact FIFO by submission, O(1) in the common case.
 /// A list holding one entry at a time (a chain, a serial queue: each operation ready as the last ends) keeps it
 /// in a slot of its own, with no storage to touch.
@@ -23,7 +24,7 @@ struct ReadyList {
     /// The list's only entry, when it has exactly one that arrived while it was empty; then the others are empty.
     private var single: ReadyEntry?
     private var inOrder = Deque<ReadyEntry>()
-    private var late = SequenceHeap()
+    private var late = LateEntries()
     private(set) var highWater = 0
 
     var isEmpty: Bool { single == nil && inOrder.isEmpty && late.isEmpty }
@@ -80,6 +81,64 @@ struct ReadyList {
         }
         if highWater > Self.keptCapacity && isEmpty { self = ReadyList() }
         return entry
+    }
+}
+
+/// The entries that arrived out of order. Such arrivals mostly fall close together (a layer of a graph, made ready in
+/// the order its dependencies happen to end): those within a window of 128 sequence numbers take a slot each, by
+/// number, and the smallest is the lowest bit set in the window's map, found in one instruction; the window moves on
+/// by halves as its lower half empties. What falls outside it goes to a binary heap; the smallest of the two is next.
+struct LateEntries {
+    static let window = 128
+    /// `slots[i]` holds the entry numbered `base + i` when bit i of `low` (i < 64) or of `high` (i ≥ 64) is set.
+    private var slots: [ReadyEntry] = []
+    private var low: UInt64 = 0
+    private var high: UInt64 = 0
+    private var base: UInt64 = 0
+    private var inWindow = 0
+    private var heap = SequenceHeap()
+
+    var isEmpty: Bool { inWindow == 0 && heap.isEmpty }
+    var count: Int { inWindow + heap.count }
+
+    var min: ReadyEntry? {
+        guard let first = windowMin else { return heap.min }
+        guard let other = heap.min else { return first }
+        return first.seq < other.seq ? first : other
+    }
+
+    /// The window's smallest entry.
+    private var windowMin: ReadyEntry? {
+        if low != 0 { return slots[low.trailingZeroBitCount] }
+        if high != 0 { return slots[64 + high.trailingZeroBitCount] }
+        return nil
+    }
+
+    mutating func insert(_ entry: ReadyEntry) {
+        // An empty window starts half a window below the arrival: later arrivals may be earlier or later than it.
+        if inWindow == 0 { base = entry.seq >= 64 ? entry.seq - 64 : 0 }
+        guard entry.seq >= base, entry.seq - base < UInt64(Self.window) else {
+            heap.insert(entry)
+            return
+        }
+        let offset = Int(entry.seq - base)
+        if slots.isEmpty { slots = [ReadyEntry](repeating: entry, count: Self.window) }
+        slots[offset] = entry
+        if offset < 64 { low |= 1 << UInt64(offset) } else { high |= 1 << UInt64(offset - 64) }
+        inWindow += 1
+    }
+
+    /// The smallest entry, removed; there must be one.
+    mutating func removeMin() -> ReadyEntry {
+        guard let first = windowMin, heap.min.map({ first.seq < $0.seq }) ?? true else { return heap.removeMin() }
+        if low != 0 { low &= low - 1 } else { high &= high - 1 }
+        inWindow -= 1
+        if low == 0 && high != 0 {
+            // The lower half is empty: the window moves up by it.
+            for i in 0..<64 { slots[i] = slots[64 + i] }
+            (low, high, base) = (high, 0, base + 64)
+        }
+        return first
     }
 }
 
