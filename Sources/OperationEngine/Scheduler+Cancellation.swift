@@ -14,13 +14,14 @@ extension Scheduler {
         // Everything unfinished of the current epoch, including an earlier barrier (counted in it).
         let pending = Int32(queues[q].epochUnfinished[Int(queues[q].epoch)])
         var node = Node(
-            seq: nextSeq, pending: pending, input: -1, options: -1,
+            pending: pending, input: -1, options: -1,
             epoch: queues[q].epoch + 1, queue: UInt16(q), requestedQoS: Self.noQoS, priority: .normal)
-        node.flags = Node.isBarrier | Node.runsAfterFailure
+        node.flags = Node.isBarrier | Node.runsAfterFailure | (body.isAsync ? Node.isAsync : 0)
+        groups[g].seqs.append(nextSeq)
         nextSeq &+= 1
         groups[g].nodes.append(node)
-        groups[g].bodies.append(body)
-        groups[g].names.append(name)
+        groups[g].bodies.append(StoredBody(body))
+        groups[g].names.set(name, at: Int(ref.index))
         queues[q].barrierAfterEpoch[queues[q].epoch] = ref
         queues[q].epoch += 1
         queues[q].epochUnfinished.append(0)
@@ -66,7 +67,7 @@ extension Scheduler {
             guard node.flags & Node.cancelRequested == 0 else { return }
             groups[g].nodes[i].flags |= Node.cancelRequested
             groups[g].errors[ref.index] = reason
-            if case .async = groups[g].bodies[i] {
+            if groups[g].nodes[i].flags & Node.isAsync != 0 {
                 attemptLeft(queue: Int(node.queue))
                 runCancelHandler(ref)
                 complete(ref, .cancelled, error: reason, now: now)
@@ -131,7 +132,7 @@ extension Scheduler {
         case .attemptTimeout(let attempt):
             let g = Int(attempt.ref.group), i = Int(attempt.ref.index)
             groups[g].nodes[i].flags |= Node.timedOut
-            if case .async = groups[g].bodies[i] {
+            if groups[g].nodes[i].flags & Node.isAsync != 0 {
                 runCancelHandler(attempt.ref)
                 finish(attempt, outcome: .failure(""), now: now)
             }

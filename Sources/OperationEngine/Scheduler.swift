@@ -18,10 +18,10 @@
 
 struct Scheduler {
     /// An operation's scheduling state: plain data, so reading one copies no references.
-    /// Its body and name live in arrays of their own beside it. 48 bytes (the raised QoS shares a byte with the flags):
-    /// a million-operation graph is so much memory the kernel must hand over page by page.
+    /// Its body and name live in arrays of their own beside it, its sequence number comes from its batch (`seq`).
+    /// 40 bytes (the raised QoS shares a byte with the flags): a million-operation graph is so much memory the kernel
+    /// must hand over page by page.
     struct Node {
-        var seq: UInt64
         var startedAt: Double = .nan
         var finishedAt: Double = .nan
         var pending: Int32
@@ -34,19 +34,21 @@ struct Scheduler {
         /// Operation's QoS, else the group's; `noQoS` defers to the queue's.
         var requestedQoS: UInt8
         var priority: QueuePriority
-        /// The flags below in the low four bits, `raisedQoS` in the high four.
+        /// The flags below in the low four bits and the top one, `raisedQoS` in the three between.
         var flags: UInt8 = 0
 
         /// The QoS the operation was raised to by what waits for it (0: none).
         var raisedQoS: UInt8 {
-            get { flags >> 4 }
-            set { flags = flags & 0x0F | newValue << 4 }
+            get { flags >> 4 & 0x07 }
+            set { flags = flags & 0x8F | newValue << 4 }
         }
 
         static let runsAfterFailure: UInt8 = 1
         static let cancelRequested: UInt8 = 2
         static let timedOut: UInt8 = 4
         static let isBarrier: UInt8 = 8
+        /// Its body is `.async` (`StoredBody`).
+        static let isAsync: UInt8 = 0x80
     }
 
     struct Options {
@@ -58,6 +60,8 @@ struct Scheduler {
     /// One submitted batch's edges, as compressed rows over the group's numbering.
     struct Batch {
         var base: Int32
+        /// The sequence number of its first operation; the others follow in order (`Scheduler.seq`).
+        var seqBase: UInt64 = 0
         var dependencyStart: [Int32]
         var dependencies: [Int32]
         var dependentStart: [Int32]
@@ -68,9 +72,14 @@ struct Scheduler {
         var generation: UInt32 = 0
         var live = false
         var nodes: [Node] = []
-        var bodies: [OperationBody] = []
-        var names: [String] = []
+        var bodies: [StoredBody] = []
+        var names = Names()
         var batches: [Batch] = []
+        /// The sequence numbers of the barrier group's operations, which come one at a time with no batch.
+        var seqs: [UInt64] = []
+        /// The first batch's size and first sequence number, read without going through `batches` (`Scheduler.seq`).
+        var firstBatchCount = 0
+        var firstSeq: UInt64 = 0
         /// Dependents added by later batches to operations of earlier ones.
         var lateDependents: [Int32: [Int32]] = [:]
         var options: [Options] = []
