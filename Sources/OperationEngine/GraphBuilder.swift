@@ -23,35 +23,7 @@ public enum OperationBody: Sendable {
     case async(@Sendable (OperationContext) -> Void)
 }
 
-/// An operation's body as the engine keeps it: 16 bytes, where the enum takes 24 (its case needs a byte of its own,
-/// padded to 8). Both cases hold a closure of the same layout (a function and its context), so an asynchronous one is
-/// kept bit for bit in the synchronous one's type, never called as such, and the case lives in the node's flags
-/// (`Scheduler.Node.isAsync`). A million operations: 8 MB less.
-struct StoredBody: @unchecked Sendable {
-    typealias Sync = @Sendable (OperationContext) throws -> OperationOutput?
-    typealias Async = @Sendable (OperationContext) -> Void
-    private let function: Sync
-
-    init(_ body: OperationBody) {
-        switch body {
-        case .sync(let function): self.function = function
-        case .async(let function): self.function = unsafeBitCast(function, to: Sync.self)
-        }
-    }
-
-    /// The body again, `isAsync` as the node's flags say.
-    @inline(__always)
-    func body(isAsync: Bool) -> OperationBody {
-        isAsync ? .async(unsafeBitCast(function, to: Async.self)) : .sync(function)
-    }
-}
-
 extension OperationBody {
-    var isAsync: Bool {
-        if case .async = self { return true }
-        return false
-    }
-
     /// Calls the body: a synchronous one returns its output, an asynchronous one returns nil at once.
     @inline(never)
     func call(_ context: OperationContext) throws -> OperationOutput? {
@@ -116,7 +88,7 @@ public struct OperationSpec: Sendable {
 public struct GraphBuilder: Sendable {
     public let base: Int
     var nodes: [Scheduler.Node] = []
-    var bodies: [StoredBody] = []
+    var bodies: [OperationBody] = []
     /// Names up to the last named operation (`Names`): a graph of unnamed operations keeps none.
     var names = Names()
     var options: [Scheduler.Options] = []
@@ -178,9 +150,8 @@ public struct GraphBuilder: Sendable {
             queue: UInt16(truncatingIfNeeded: spec.queue.rawValue),
             requestedQoS: spec.qualityOfService?.rawValue ?? Scheduler.noQoS, priority: spec.queuePriority)
         if spec.runsAfterFailure { node.flags |= Scheduler.Node.runsAfterFailure }
-        if spec.body.isAsync { node.flags |= Scheduler.Node.isAsync }
         nodes.append(node)
-        bodies.append(StoredBody(spec.body))
+        bodies.append(spec.body)
         names.set(spec.name, at: nodes.count - 1)
         dependencyStart.append(Int32(dependencies.count))
         return base + nodes.count - 1

@@ -16,11 +16,11 @@ extension Scheduler {
         var node = Node(
             pending: pending, input: -1, options: -1,
             epoch: queues[q].epoch + 1, queue: UInt16(q), requestedQoS: Self.noQoS, priority: .normal)
-        node.flags = Node.isBarrier | Node.runsAfterFailure | (body.isAsync ? Node.isAsync : 0)
+        node.flags = Node.isBarrier | Node.runsAfterFailure
         groups[g].seqs.append(nextSeq)
         nextSeq &+= 1
         groups[g].nodes.append(node)
-        groups[g].bodies.append(StoredBody(body))
+        groups[g].bodies.append(body)
         groups[g].names.set(name, at: Int(ref.index))
         queues[q].barrierAfterEpoch[queues[q].epoch] = ref
         queues[q].epoch += 1
@@ -67,7 +67,7 @@ extension Scheduler {
             guard node.flags & Node.cancelRequested == 0 else { return }
             groups[g].nodes[i].flags |= Node.cancelRequested
             groups[g].errors[ref.index] = reason
-            if groups[g].nodes[i].flags & Node.isAsync != 0 {
+            if case .async = groups[g].bodies[i] {
                 attemptLeft(queue: Int(node.queue))
                 runCancelHandler(ref)
                 complete(ref, .cancelled, error: reason, now: now)
@@ -132,7 +132,7 @@ extension Scheduler {
         case .attemptTimeout(let attempt):
             let g = Int(attempt.ref.group), i = Int(attempt.ref.index)
             groups[g].nodes[i].flags |= Node.timedOut
-            if groups[g].nodes[i].flags & Node.isAsync != 0 {
+            if case .async = groups[g].bodies[i] {
                 runCancelHandler(attempt.ref)
                 finish(attempt, outcome: .failure(""), now: now)
             }

@@ -92,8 +92,8 @@ extension Scheduler {
             timerRequests.append(TimerRequest(delay: timeout, kind: .attemptTimeout(attempt)))
         }
         let inputBox = groups[g].outputs.isEmpty ? nil : input(of: ref)
-        let body = groups[g].bodies[i].body(isAsync: node.flags & Node.isAsync != 0)
-        return Dispatch(attempt: attempt, body: body, qualityOfService: best.qos, inputBox: inputBox, name: groups[g].names[i])
+        return Dispatch(attempt: attempt, body: groups[g].bodies[i], qualityOfService: best.qos, inputBox: inputBox,
+                        name: groups[g].names[i])
     }
 
     private func input(of ref: NodeRef) -> OutputBox? {

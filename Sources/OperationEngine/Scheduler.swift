@@ -34,21 +34,19 @@ struct Scheduler {
         /// Operation's QoS, else the group's; `noQoS` defers to the queue's.
         var requestedQoS: UInt8
         var priority: QueuePriority
-        /// The flags below in the low four bits and the top one, `raisedQoS` in the three between.
+        /// The flags below in the low four bits, `raisedQoS` in the high four.
         var flags: UInt8 = 0
 
         /// The QoS the operation was raised to by what waits for it (0: none).
         var raisedQoS: UInt8 {
-            get { flags >> 4 & 0x07 }
-            set { flags = flags & 0x8F | newValue << 4 }
+            get { flags >> 4 }
+            set { flags = flags & 0x0F | newValue << 4 }
         }
 
         static let runsAfterFailure: UInt8 = 1
         static let cancelRequested: UInt8 = 2
         static let timedOut: UInt8 = 4
         static let isBarrier: UInt8 = 8
-        /// Its body is `.async` (`StoredBody`).
-        static let isAsync: UInt8 = 0x80
     }
 
     struct Options {
@@ -72,7 +70,7 @@ struct Scheduler {
         var generation: UInt32 = 0
         var live = false
         var nodes: [Node] = []
-        var bodies: [StoredBody] = []
+        var bodies: [OperationBody] = []
         var names = Names()
         var batches: [Batch] = []
         /// The sequence numbers of the barrier group's operations, which come one at a time with no batch.
