@@ -4,6 +4,7 @@
 // Trusts the database's declarations no more than a manifest: a signature that does not decode widens nothing.
 
 import ClusterStore
+import ControlPlane
 import Foundation
 import JobModel
 import OperationEngine
@@ -50,16 +51,8 @@ final class ResultBox<T: Sendable>: @unchecked Sendable {
 
 /// What `opqueuectl status` shows of the cluster (SPEC §8), refreshed on each beat; read without waiting.
 public struct ClusterSnapshot: Sendable, Equatable {
-    public struct Node: Sendable, Equatable {
-        public var node: String
-        public var connected: Bool
-        /// Seconds since the epoch (the database's clock).
-        public var lastHeartbeat: Double
-        public var jobs: Int
-        public var freeSlots: Int
-        /// The newest schema version its opqueued knows (nil: one from before schema 6).
-        public var schema: Int?
-    }
+    /// A node as `status` shows it: the control answer's own type.
+    public typealias Node = StatusAnswer.Node
 
     public struct Waiting: Sendable, Equatable {
         public var job: String

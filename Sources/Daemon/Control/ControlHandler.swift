@@ -47,10 +47,7 @@ extension Daemon {
         }
         // SPEC §8: a node speaks for the whole cluster (as of its last heartbeat; never waiting on the database).
         if let cluster = store.snapshot() {
-            answer.nodes = cluster.nodes.map {
-                StatusAnswer.Node(node: $0.node, connected: $0.connected, lastHeartbeat: $0.lastHeartbeat, jobs: $0.jobs,
-                                  freeSlots: $0.freeSlots, schema: $0.schema)
-            }
+            answer.nodes = cluster.nodes
             answer.cluster = Self.clusterSummary(cluster)
         }
         if memory { answer.heapBytes = heapBytesInUse }
