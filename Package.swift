@@ -191,15 +191,19 @@ let package = Package(
         // Shared by the tests, the campaigns and the benchmarks.
         .target(
             name: "TestSupport",
-            dependencies: ["ControlPlane", "Daemon", "SystemdJournal", .product(name: "Logging", package: "swift-log")],
+            dependencies: ["CShims", "ControlPlane", "Daemon", "SystemdJournal", .product(name: "Logging", package: "swift-log")],
             path: "Tests/Support",
             exclude: ["http_server.py", "make_pngs.py", "make_cmyk_jpegs.c", "metrics_client.py", "otlp_receiver.py"]
         ),
         // Test traits (swift-testing), for the test targets only.
         .target(name: "TestTraits", dependencies: ["ClusterStore"], path: "Tests/Traits"),
-        .testTarget(name: "OperationEngineTests", dependencies: ["OperationEngine"]),
-        .testTarget(name: "DaemonTests", dependencies: ["ControlPlane", "Daemon", "JobModel", "OperationKinds", "SpoolFiles", "SystemCalls",
-                                                        "SystemdJournal", "TestSupport", "TestTraits"]),
+        // Each target lists every module it imports, not one reached through another: an incremental build recompiles
+        // a target when a direct dependency's struct layout changes, not always when a transitive one's does (its
+        // files then keep the old size, and the struct's own code writes past it).
+        .testTarget(name: "OperationEngineTests", dependencies: ["CShims", "OperationEngine"]),
+        .testTarget(name: "DaemonTests", dependencies: ["CShims", "ClusterStore", "ControlPlane", "Cron", "Daemon", "JobModel",
+                                                        "OperationEngine", "OperationKinds", "PropertyList", "SpoolFiles",
+                                                        "SystemCalls", "SystemdJournal", "TestSupport", "TestTraits"]),
         // The kinds on their own: the sleep timer, the download destination check.
         .testTarget(name: "OperationKindsTests", dependencies: ["OperationKinds", "JobModel"]),
         // The control socket's typed requests and answers, on the wire and back.

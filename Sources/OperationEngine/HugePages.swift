@@ -40,8 +40,13 @@ extension Array {
         }
     }
 
-    /// An array of `count` copies of `value`, on huge pages when it is large.
+    /// An array of `count` copies of `value`, on huge pages when it is large. None is `[]`: the standard library's
+    /// uninitialized-capacity init writes a count into the one shared empty array, which ThreadSanitizer reports.
     init(hugePagesRepeating value: Element, count: Int) {
+        guard count > 0 else {
+            self = []
+            return
+        }
         self.init(unsafeUninitializedCapacity: count) { buffer, initialized in
             HugePages.advise(UnsafeMutableRawPointer(buffer.baseAddress), bytes: count * MemoryLayout<Element>.stride)
             buffer.initialize(repeating: value)
