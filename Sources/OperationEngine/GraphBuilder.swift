@@ -89,7 +89,8 @@ public struct GraphBuilder: Sendable {
     public let base: Int
     var nodes: [Scheduler.Node] = []
     var bodies: [OperationBody] = []
-    var names: [String] = []
+    /// Names up to the last named operation (`Names`): a graph of unnamed operations keeps none.
+    var names = Names()
     var options: [Scheduler.Options] = []
     /// `dependencyStart[i] ..< dependencyStart[i + 1]` is operation i's slice of `dependencies`.
     var dependencyStart: [Int32] = [0]
@@ -104,7 +105,7 @@ public struct GraphBuilder: Sendable {
     public mutating func reserveCapacity(operations: Int, dependencies: Int) {
         nodes.reserveOnHugePages(operations)
         bodies.reserveOnHugePages(operations)
-        names.reserveOnHugePages(operations)
+        names.expected = operations
         dependencyStart.reserveOnHugePages(operations + 1)
         self.dependencies.reserveOnHugePages(dependencies)
     }
@@ -145,13 +146,13 @@ public struct GraphBuilder: Sendable {
             problems.append("operation '\(spec.name)': unknown queue \(spec.queue)")
         }
         var node = Scheduler.Node(
-            seq: 0, pending: 0, input: Int32(truncatingIfNeeded: spec.input ?? -1), options: options, epoch: 0,
+            pending: 0, input: Int32(truncatingIfNeeded: spec.input ?? -1), options: options, epoch: 0,
             queue: UInt16(truncatingIfNeeded: spec.queue.rawValue),
             requestedQoS: spec.qualityOfService?.rawValue ?? Scheduler.noQoS, priority: spec.queuePriority)
         if spec.runsAfterFailure { node.flags |= Scheduler.Node.runsAfterFailure }
         nodes.append(node)
         bodies.append(spec.body)
-        names.append(spec.name)
+        names.set(spec.name, at: nodes.count - 1)
         dependencyStart.append(Int32(dependencies.count))
         return base + nodes.count - 1
     }
@@ -162,6 +163,34 @@ public struct GraphBuilder: Sendable {
     }
 
     public func name(of operation: Int) -> String { names[operation - base] }
+}
+
+/// Operations' names, held up to the last one that is not empty; those after it read as "". A million unnamed
+/// operations (closures submitted in bulk) then cost no 16 MB of empty strings, memory the kernel must hand over
+/// and clear page by page.
+struct Names {
+    private var stored: [String] = []
+    /// Room to make at the first name (`GraphBuilder.reserveCapacity`).
+    var expected = 0
+
+    subscript(_ index: Int) -> String { index < stored.count ? stored[index] : "" }
+
+    /// Sets operation `index`'s name (its place and all before it written, once a name is not empty).
+    mutating func set(_ name: String, at index: Int) {
+        if index < stored.count {
+            stored[index] = name
+            return
+        }
+        guard !name.isEmpty else { return }
+        if stored.isEmpty && expected > index { stored.reserveOnHugePages(expected) }
+        stored.append(contentsOf: repeatElement("", count: index - stored.count))
+        stored.append(name)
+    }
+
+    /// `other`'s names placed from `index` on.
+    mutating func set(_ other: Names, from index: Int) {
+        for (k, name) in other.stored.enumerated() { set(name, at: index + k) }
+    }
 }
 
 /// What a running operation sees: its input, its attempt, and whether it should stop.

@@ -11,7 +11,8 @@ struct ReadyEntry: Comparable {
 /// The ready operations of one queue at one priority, in submission order.
 ///
 /// Operations almost always become ready in submission order, so they go to a deque in O(1); one
-/// that becomes ready after a later-submitted one (its dependencies took longer) goes to a heap.
+/// that becomes ready after a later-submitted one (its dependencies took longer) goes with the late ones
+/// (`LateEntries`: a window of slots by number, else a heap).
 /// The next operation is the smaller head of the two: exact FIFO by submission, O(1) in the common case.
 /// A list holding one entry at a time (a chain, a serial queue: each operation ready as the last ends) keeps it
 /// in a slot of its own, with no storage to touch.
@@ -23,7 +24,7 @@ struct ReadyList {
     /// The list's only entry, when it has exactly one that arrived while it was empty; then the others are empty.
     private var single: ReadyEntry?
     private var inOrder = Deque<ReadyEntry>()
-    private var late = SequenceHeap()
+    private var late = LateEntries()
     private(set) var highWater = 0
 
     var isEmpty: Bool { single == nil && inOrder.isEmpty && late.isEmpty }
@@ -83,6 +84,64 @@ struct ReadyList {
     }
 }
 
+/// The entries that arrived out of order. Such arrivals mostly fall close together (a layer of a graph, made ready in
+/// the order its dependencies happen to end): those within a window of 128 sequence numbers take a slot each, by
+/// number, and the smallest is the lowest bit set in the window's map, found in one instruction; the window moves on
+/// by halves as its lower half empties. What falls outside it goes to a binary heap; the smallest of the two is next.
+struct LateEntries {
+    static let window = 128
+    /// `slots[i]` holds the entry numbered `base + i` when bit i of `low` (i < 64) or of `high` (i ≥ 64) is set.
+    private var slots: [ReadyEntry] = []
+    private var low: UInt64 = 0
+    private var high: UInt64 = 0
+    private var base: UInt64 = 0
+    private var inWindow = 0
+    private var heap = SequenceHeap()
+
+    var isEmpty: Bool { inWindow == 0 && heap.isEmpty }
+    var count: Int { inWindow + heap.count }
+
+    var min: ReadyEntry? {
+        guard let first = windowMin else { return heap.min }
+        guard let other = heap.min else { return first }
+        return first.seq < other.seq ? first : other
+    }
+
+    /// The window's smallest entry.
+    private var windowMin: ReadyEntry? {
+        if low != 0 { return slots[low.trailingZeroBitCount] }
+        if high != 0 { return slots[64 + high.trailingZeroBitCount] }
+        return nil
+    }
+
+    mutating func insert(_ entry: ReadyEntry) {
+        // An empty window starts half a window below the arrival: later arrivals may be earlier or later than it.
+        if inWindow == 0 { base = entry.seq >= 64 ? entry.seq - 64 : 0 }
+        guard entry.seq >= base, entry.seq - base < UInt64(Self.window) else {
+            heap.insert(entry)
+            return
+        }
+        let offset = Int(entry.seq - base)
+        if slots.isEmpty { slots = [ReadyEntry](repeating: entry, count: Self.window) }
+        slots[offset] = entry
+        if offset < 64 { low |= 1 << UInt64(offset) } else { high |= 1 << UInt64(offset - 64) }
+        inWindow += 1
+    }
+
+    /// The smallest entry, removed; there must be one.
+    mutating func removeMin() -> ReadyEntry {
+        guard let first = windowMin, heap.min.map({ first.seq < $0.seq }) ?? true else { return heap.removeMin() }
+        if low != 0 { low &= low - 1 } else { high &= high - 1 }
+        inWindow -= 1
+        if low == 0 && high != 0 {
+            // The lower half is empty: the window moves up by it.
+            for i in 0..<64 { slots[i] = slots[64 + i] }
+            (low, high, base) = (high, 0, base + 64)
+        }
+        return first
+    }
+}
+
 /// A binary min-heap of ready entries by sequence number (all distinct), for those that arrive out of order: each
 /// insertion and removal one pass over its storage, moving a hole rather than swapping.
 struct SequenceHeap {
@@ -106,7 +165,10 @@ struct SequenceHeap {
         }
     }
 
-    /// The smallest entry, removed; the heap must not be empty.
+    /// The smallest entry, removed; the heap must not be empty. The hole left at the top goes down to a leaf along
+    /// the smaller children, one comparison a level and a choice the compiler makes without a branch (which child
+    /// is smaller is a coin toss a predictor loses half the time), then the last entry comes back up into it from
+    /// there: taken from the bottom, it rarely rises far.
     mutating func removeMin() -> ReadyEntry {
         let last = items.removeLast()
         guard !items.isEmpty else { return last }
@@ -114,13 +176,21 @@ struct SequenceHeap {
             let first = heap[0]
             let n = heap.count
             var hole = 0
-            while true {
-                var child = 2 * hole + 1
-                guard child < n else { break }
-                if child + 1 < n && heap[child + 1].seq < heap[child].seq { child += 1 }
-                guard heap[child].seq < last.seq else { break }
+            while 2 * hole + 2 < n {
+                let left = 2 * hole + 1
+                let child = left &+ (heap[left + 1].seq < heap[left].seq ? 1 : 0)
                 heap[hole] = heap[child]
                 hole = child
+            }
+            if 2 * hole + 1 < n {
+                heap[hole] = heap[2 * hole + 1]
+                hole = 2 * hole + 1
+            }
+            while hole > 0 {
+                let parent = (hole - 1) / 2
+                guard last.seq < heap[parent].seq else { break }
+                heap[hole] = heap[parent]
+                hole = parent
             }
             heap[hole] = last
             return first

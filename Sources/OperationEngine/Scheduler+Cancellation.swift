@@ -14,13 +14,14 @@ extension Scheduler {
         // Everything unfinished of the current epoch, including an earlier barrier (counted in it).
         let pending = Int32(queues[q].epochUnfinished[Int(queues[q].epoch)])
         var node = Node(
-            seq: nextSeq, pending: pending, input: -1, options: -1,
+            pending: pending, input: -1, options: -1,
             epoch: queues[q].epoch + 1, queue: UInt16(q), requestedQoS: Self.noQoS, priority: .normal)
         node.flags = Node.isBarrier | Node.runsAfterFailure
+        groups[g].seqs.append(nextSeq)
         nextSeq &+= 1
         groups[g].nodes.append(node)
         groups[g].bodies.append(body)
-        groups[g].names.append(name)
+        groups[g].names.set(name, at: Int(ref.index))
         queues[q].barrierAfterEpoch[queues[q].epoch] = ref
         queues[q].epoch += 1
         queues[q].epochUnfinished.append(0)

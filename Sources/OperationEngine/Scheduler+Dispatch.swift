@@ -9,13 +9,13 @@ extension Scheduler {
         var node = groups[g].nodes[i]
         node.state = .ready
         groups[g].nodes[i] = node
-        enqueue(ref, node, now: now)
+        enqueue(ref, node, seq: seq(g, i), now: now)
     }
 
     /// `makeReady` for a node its caller has already written as ready: it joins its queue's ready list.
     @inline(__always)
-    mutating func enqueue(_ ref: NodeRef, _ node: Node, now: Double) {
-        queues[Int(node.queue)].enqueue(ReadyEntry(seq: node.seq, ref: ref), priority: Int(node.priority.rawValue))
+    mutating func enqueue(_ ref: NodeRef, _ node: Node, seq: UInt64, now: Double) {
+        queues[Int(node.queue)].enqueue(ReadyEntry(seq: seq, ref: ref), priority: Int(node.priority.rawValue))
         readyTotal += 1
         if recordsEvents { emit(ref, .ready, now: now) }
     }
@@ -34,7 +34,7 @@ extension Scheduler {
             while let entry = queues[q].ready[p].peek() {
                 if isValid(entry.ref) {
                     let node = groups[Int(entry.ref.group)].nodes[Int(entry.ref.index)]
-                    if node.state == .ready && node.seq == entry.seq { return (p, entry) }
+                    if node.state == .ready && seq(Int(entry.ref.group), Int(entry.ref.index)) == entry.seq { return (p, entry) }
                 }
                 queues[q].ready[p].pop()
             }
@@ -52,7 +52,7 @@ extension Scheduler {
             if let entry = queues[q].ready[p].peek() {
                 guard isValid(entry.ref) else { return nil }
                 let node = groups[Int(entry.ref.group)].nodes[Int(entry.ref.index)]
-                return node.state == .ready && node.seq == entry.seq ? (p, entry) : nil
+                return node.state == .ready && seq(Int(entry.ref.group), Int(entry.ref.index)) == entry.seq ? (p, entry) : nil
             }
             p -= 1
         }

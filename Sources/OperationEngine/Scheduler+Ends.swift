@@ -120,16 +120,19 @@ extension Scheduler {
             // release of the array per end.
             let row = dependentRow(ref)
             var k = row.start
+            // The dependents' sequence numbers (should they become ready), read once for the row.
+            let (firstCount, firstSeq) = (groups[g].firstBatchCount, groups[g].firstSeq)
             while k < row.end {
                 let index = groups[g].batches[row.batch].dependents[k]
                 k += 1
-                dependencyEnded(NodeRef(group: ref.group, index: index), failed: failedOrCancelled, error: dependencyFailure,
-                                now: now, work: &work)
+                let seq = Int(index) < firstCount ? firstSeq &+ UInt64(index) : self.seq(g, Int(index))
+                dependencyEnded(NodeRef(group: ref.group, index: index), seq: seq, failed: failedOrCancelled,
+                                error: dependencyFailure, now: now, work: &work)
             }
             if !groups[g].lateDependents.isEmpty, let late = groups[g].lateDependents[ref.index] {
                 for index in late {
-                    dependencyEnded(NodeRef(group: ref.group, index: index), failed: failedOrCancelled, error: dependencyFailure,
-                                    now: now, work: &work)
+                    dependencyEnded(NodeRef(group: ref.group, index: index), seq: seq(g, Int(index)), failed: failedOrCancelled,
+                                    error: dependencyFailure, now: now, work: &work)
                 }
             }
             if node.flags & Node.isBarrier != 0 {
@@ -149,10 +152,11 @@ extension Scheduler {
 
     typealias EndWork = (ref: NodeRef, state: OperationState, error: String?)
 
-    /// A dependency of `dependent` ended: one fewer to wait for (ready at the last), or, when it `failed`, the dependent
-    /// is cancelled too (queued in `work`) unless it runs after failures.
+    /// A dependency of `dependent` (numbered `seq`) ended: one fewer to wait for (ready at the last), or, when it `failed`,
+    /// the dependent is cancelled too (queued in `work`) unless it runs after failures.
     @inline(__always)
-    private mutating func dependencyEnded(_ dependent: NodeRef, failed: Bool, error: String?, now: Double, work: inout [EndWork]) {
+    private mutating func dependencyEnded(_ dependent: NodeRef, seq: UInt64, failed: Bool, error: String?, now: Double,
+                                          work: inout [EndWork]) {
         let g = Int(dependent.group), i = Int(dependent.index)
         let d = groups[g].nodes[i]
         guard !d.state.isFinished else { return }
@@ -166,7 +170,7 @@ extension Scheduler {
             node.pending = 0
             node.state = .ready
             groups[g].nodes[i] = node
-            enqueue(dependent, node, now: now)
+            enqueue(dependent, node, seq: seq, now: now)
         } else {
             groups[g].nodes[i].pending = d.pending - 1
         }

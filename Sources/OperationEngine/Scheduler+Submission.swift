@@ -195,6 +195,11 @@ extension Scheduler {
         let gi = Int(g)
         let base = Int(batch.base)
         let n = builder.count
+        // Numbered in submission order, from where the last batch or barrier left off.
+        var batch = batch
+        batch.seqBase = nextSeq
+        nextSeq &+= UInt64(n)
+        if base == 0 { (groups[gi].firstBatchCount, groups[gi].firstSeq) = (n, batch.seqBase) }
         takeOperations(of: &builder, group: gi)
         let starts = batch.dependencyStart
         let edges = batch.dependencies
@@ -235,7 +240,7 @@ extension Scheduler {
         }
     }
 
-    /// Numbers a batch's operations in submission order and counts what each waits for; its queues count them.
+    /// Counts what each of a batch's operations waits for; its queues count them.
     /// Returns its edges to earlier batches; counts in `readyNow` (by queue, then priority) those that wait for nothing.
     private mutating func number(batch: Batch, group g: Int32, count n: Int,
                                  readyNow: inout [Int]) -> [(dependency: Int32, dependent: Int32)] {
@@ -270,8 +275,6 @@ extension Scheduler {
                         groups[Int(Self.barrierGroup)].barrierDependents[barrier.index, default: []]
                             .append(NodeRef(group: g, index: Int32(base + i)))
                     }
-                    node.seq = nextSeq
-                    nextSeq &+= 1
                     node.pending = pending
                     if pending == 0 { readyNow[q * Self.priorities + Int(node.priority.rawValue)] += 1 }
                     node.epoch = queues[q].epoch
@@ -302,7 +305,7 @@ extension Scheduler {
             }
             groups[gi].nodes.append(contentsOf: builder.nodes)
             groups[gi].bodies.append(contentsOf: builder.bodies)
-            groups[gi].names.append(contentsOf: builder.names)
+            groups[gi].names.set(builder.names, from: groups[gi].nodes.count - builder.nodes.count)
             groups[gi].options.append(contentsOf: builder.options)
         }
     }
@@ -364,6 +367,20 @@ extension Scheduler {
             groups[Int(ref.group)].nodes[Int(ref.index)].raisedQoS = qos
             for d in dependencies(of: ref) { work.append(NodeRef(group: ref.group, index: d)) }
         }
+    }
+
+    /// An operation's sequence number (submission order over all groups): its batch's first plus its place in it.
+    @inline(__always)
+    func seq(_ g: Int, _ i: Int) -> UInt64 {
+        i < groups[g].firstBatchCount ? groups[g].firstSeq &+ UInt64(truncatingIfNeeded: i) : laterSeq(g, i)
+    }
+
+    /// `seq` of a barrier, or of an operation added by a later batch; out of line, as the rare case.
+    @inline(never)
+    private func laterSeq(_ g: Int, _ i: Int) -> UInt64 {
+        if g == Int(Self.barrierGroup) { return groups[g].seqs[i] }
+        let b = searchBatch(g, Int32(truncatingIfNeeded: i))
+        return groups[g].batches[b].seqBase &+ UInt64(i - Int(groups[g].batches[b].base))
     }
 
     /// Inlined for the common case, a group submitted in one batch.

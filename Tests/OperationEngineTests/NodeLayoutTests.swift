@@ -6,7 +6,7 @@ import Testing
 
 @Suite struct NodeLayoutTests {
     @Test func aRaiseAndTheFlagsShareAByteWithoutEitherLosingTheOther() throws {
-        #expect(MemoryLayout<Scheduler.Node>.stride == 48, "a million operations: 48 MB of nodes, not 56")
+        #expect(MemoryLayout<Scheduler.Node>.stride == 40, "a million operations: 40 MB of nodes, not 48")
         var h = Harness()
         let q = h.queue("q", qos: .background)
         var g = GraphBuilder()
