@@ -191,7 +191,8 @@ let package = Package(
         // Shared by the tests, the campaigns and the benchmarks.
         .target(
             name: "TestSupport",
-            dependencies: ["CShims", "ControlPlane", "Daemon", "SystemdJournal", .product(name: "Logging", package: "swift-log")],
+            dependencies: ["CShims", "ControlPlane", "Daemon", "SystemCalls", "SystemdJournal",
+                           .product(name: "Logging", package: "swift-log")],
             path: "Tests/Support",
             exclude: ["http_server.py", "make_pngs.py", "make_cmyk_jpegs.c", "metrics_client.py", "otlp_receiver.py"]
         ),

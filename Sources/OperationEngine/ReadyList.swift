@@ -153,16 +153,20 @@ struct SequenceHeap {
 
     mutating func insert(_ entry: ReadyEntry) {
         items.append(entry)
-        items.withUnsafeMutableBufferPointer { heap in
-            var hole = heap.count - 1
-            while hole > 0 {
-                let parent = (hole - 1) / 2
-                guard entry.seq < heap[parent].seq else { break }
-                heap[hole] = heap[parent]
-                hole = parent
-            }
-            heap[hole] = entry
+        items.withUnsafeMutableBufferPointer { Self.siftUp(entry, from: $0.count - 1, in: $0) }
+    }
+
+    /// Puts `entry` in the heap's `hole`, or above it while it is smaller than the parent there.
+    @inline(__always)
+    private static func siftUp(_ entry: ReadyEntry, from hole: Int, in heap: UnsafeMutableBufferPointer<ReadyEntry>) {
+        var hole = hole
+        while hole > 0 {
+            let parent = (hole - 1) / 2
+            guard entry.seq < heap[parent].seq else { break }
+            heap[hole] = heap[parent]
+            hole = parent
         }
+        heap[hole] = entry
     }
 
     /// The smallest entry, removed; the heap must not be empty. The hole left at the top goes down to a leaf along
@@ -186,13 +190,7 @@ struct SequenceHeap {
                 heap[hole] = heap[2 * hole + 1]
                 hole = 2 * hole + 1
             }
-            while hole > 0 {
-                let parent = (hole - 1) / 2
-                guard last.seq < heap[parent].seq else { break }
-                heap[hole] = heap[parent]
-                hole = parent
-            }
-            heap[hole] = last
+            Self.siftUp(last, from: hole, in: heap)
             return first
         }
     }

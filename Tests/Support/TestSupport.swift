@@ -3,6 +3,7 @@
 
 import Daemon
 import Foundation
+import SystemCalls
 import SystemdJournal
 
 #if canImport(Glibc)
@@ -55,7 +56,9 @@ public func ensureJournald() throws {
     let lock = open("/run/systemd/journal/.opqueued-tests.lock", O_RDWR | O_CREAT | O_CLOEXEC, 0o600)
     guard lock >= 0 else { throw SupportFailure("cannot open the journald start lock: errno \(errno)") }
     defer { close(lock) }
-    while flock(lock, LOCK_EX) != 0 && errno == EINTR {}
+    guard retryingInterrupts({ flock(lock, LOCK_EX) }) == 0 else {
+        throw SupportFailure("cannot take the journald start lock: errno \(errno)")
+    }
     try startJournaldLocked()
 }
 
