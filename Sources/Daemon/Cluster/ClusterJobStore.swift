@@ -29,7 +29,7 @@ import SystemCalls
 import Glibc
 #endif
 
-public final class ClusterJobStore: JobStore, @unchecked Sendable {
+public final class ClusterJobStore: SpoolBacked, @unchecked Sendable {
     public let node: String?
     public var capabilities: StoreCapabilities { [.placesJobs, .leasesJobs, .keepsSuspensions, .keepsDelayedJobs, .recordsEnds] }
     public var delegate: (any JobStoreDelegate)? {
@@ -39,7 +39,7 @@ public final class ClusterJobStore: JobStore, @unchecked Sendable {
 
     let settings: ClusterSettings
     let nodeName: String
-    let spool: Spool
+    public let spool: Spool
     let store: any ClusterStore
     let logger: Logger
     let onLeaseDeadline: @Sendable (Double?) -> Void

@@ -20,13 +20,13 @@ import Glibc
 
 final class JobHooks: @unchecked Sendable {
     let folder: String
-    let spool: Spool
+    let spool: SpoolFolders
     /// Logs a hook's failure for a job: (job, message).
     let report: @Sendable (String, String) -> Void
 
-    init(spool: Spool, report: @escaping @Sendable (String, String) -> Void) {
-        self.spool = spool
-        folder = spool.active + "/.hooks"
+    init(folders: SpoolFolders, report: @escaping @Sendable (String, String) -> Void) {
+        spool = folders
+        folder = folders.active + "/.hooks"
         self.report = report
         mkdir(folder, 0o755)
     }

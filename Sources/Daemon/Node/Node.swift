@@ -47,9 +47,8 @@ public enum Node {
         if case .failure(let failure) = watchdog {
             logger.warning("\(failure); commands a crash leaves running are killed at the next start instead")
         }
-        let (configuration, spool, store) = try open(options, logger: logger)
-        let daemon = Daemon(spool: spool, configuration: configuration, configPath: options.config, logger: logger,
-                            once: options.once, store: store)
+        let (configuration, store) = try open(options, logger: logger)
+        let daemon = Daemon(configuration: configuration, configPath: options.config, logger: logger, once: options.once, store: store)
         daemon.start()
         if options.once {
             // The exporter's service (tracing.otlp) runs while the jobs do, then flushes, bounded.
@@ -61,8 +60,8 @@ public enum Node {
             await exporting.value
             return
         }
-        let control = ControlServer(path: spool.root + "/opqueued.sock") { request in daemon.answer(request) }
-        let watcher = InboxWatcher(path: spool.inbox) { names, complete in daemon.scan(hints: names, complete: complete) }
+        let control = ControlServer(path: store.folders.root + "/opqueued.sock") { request in daemon.answer(request) }
+        let watcher = InboxWatcher(path: store.folders.inbox) { names, complete in daemon.scan(hints: names, complete: complete) }
         // The exporter (tracing.otlp) first: stopped last, after the last jobs are published; its end never ends the daemon.
         let tracing = daemon.tracing.map { [ServiceGroupConfiguration.ServiceConfiguration(
             service: $0.service, successTerminationBehavior: .ignore, failureTerminationBehavior: .ignore)] } ?? []
@@ -89,9 +88,9 @@ public enum Node {
         Daemon.raiseFileLimit()
     }
 
-    /// The configuration, the spool and (SPEC §8, with `cluster`) the store the node's jobs come from; a refusal is
-    /// logged as critical.
-    static func open(_ options: Options, logger: Logger) throws(Refused) -> (Configuration, Spool, (any JobStore)?) {
+    /// The configuration and the store the node's jobs come from: the spool alone, or (SPEC §8, with `cluster`) the
+    /// cluster with the spool as its local copy; a refusal is logged as critical.
+    static func open(_ options: Options, logger: Logger) throws(Refused) -> (Configuration, any JobStore) {
         let configuration: Configuration
         do {
             configuration = try options.config.map { try Configuration.load(path: $0) } ?? .builtIn
@@ -114,14 +113,14 @@ public enum Node {
                 this build takes it over in its own format \(Spool.format)
                 """)
         }
-        guard let cluster = configuration.cluster else { return (configuration, spool, nil) }
+        guard let cluster = configuration.cluster else { return (configuration, SpoolJobStore(spool: spool)) }
         // Every entry names the node; the command watchdog kills commands whose lease ran out even if this process
         // is frozen.
         Journal.node = cluster.node
         do {
             let store = try ClusterJobStore(configuration: configuration, spool: spool, logger: logger,
                                             onLeaseDeadline: { CommandWatchdog.current?.setKillDeadline(monotonicSeconds: $0) })
-            return (configuration, spool, store)
+            return (configuration, store)
         } catch {
             logger.critical("cluster: \(error)")
             throw Refused(status: 1)

@@ -26,17 +26,17 @@ extension Daemon {
             case .releaseGroup(let group):
                 engine.release(group)
             case .discard(let job):
-                spool.discard(job: job)
+                store.discard(job: job)
             case .resubmit(let job):
                 // The store makes it a submission again (moved to its waiting folder; only a store that places jobs
                 // itself forgets one, so nothing comes back to run here); a folder that cannot be read back as a job
                 // is discarded.
-                spool.discardDownloads(job: job)
-                switch spool.heldJob(job) {
+                store.discardDownloads(job: job)
+                switch store.heldJob(job) {
                 case .success(let claimed): _ = store.submit([claimed])
                 case .failure(let error):
                     logger.error("job \(job): cannot be submitted again (\(error)); discarded", metadata: ["OPQ_JOB": .string(job)])
-                    spool.discard(job: job)
+                    store.discard(job: job)
                 }
             }
         }

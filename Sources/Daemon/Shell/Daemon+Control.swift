@@ -483,7 +483,7 @@ extension Daemon {
     private func hasActiveFolder(_ id: String) -> Bool {
         guard isValidIdentifier(id) else { return false }
         var st = stat()
-        return lstat(spool.active + "/" + id, &st) == 0 && (st.st_mode & S_IFMT) == S_IFDIR
+        return lstat(store.folders.active + "/" + id, &st) == 0 && (st.st_mode & S_IFMT) == S_IFDIR
     }
 
     /// An active job's operations, once its plan is a group.
@@ -503,7 +503,7 @@ extension Daemon {
     /// A delayed job's operations as its manifest in active/ has them, each pending (empty if it cannot be read).
     private func pending(_ id: String) -> [ShowAnswer.Operation] {
         let config = shared.withLock { $0.configuration }
-        guard case .success(let claimed) = spool.heldJob(id),
+        guard case .success(let claimed) = store.heldJob(id),
               case .success(let plan) = Manifest.parse(claimed.tree ?? ManifestTree(claimed.manifest), configuration: config)
         else { return [] }
         return Self.pending(plan)

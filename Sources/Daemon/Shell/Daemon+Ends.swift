@@ -44,7 +44,7 @@ extension Daemon {
         let batch = takePublications()
         guard !batch.isEmpty else {
             // What waited was lost meanwhile: nothing is left to retry.
-            if onWork.fault.isOn, onWork.fault.stalled.isEmpty, let made = try? spool.probe() {
+            if onWork.fault.isOn, onWork.fault.stalled.isEmpty, let made = try? store.probe() {
                 logRemade(made)
                 spoolWorked()
                 claimMore()
@@ -67,7 +67,7 @@ extension Daemon {
                 }
             }
             // Commands' scratch and kept outputs are the daemon's, not part of the entry.
-            if publication.job.mayHave(.command) { CommandOperation.removeScratch(spool.outputFolder(job: publication.job.id)) }
+            if publication.job.mayHave(.command) { CommandOperation.removeScratch(store.folders.job(publication.job.id)) }
             var publication = publication
             do {
                 let keep = keepsResults && publication.job.fromStore
@@ -118,7 +118,7 @@ extension Daemon {
         var kept: [UInt8]? = keepingBytes ? [] : nil
         func stage(_ publication: Publication) throws {
             kept = kept.map { _ in [] }
-            try spool.stage(job: publication.job.id) { sink in
+            try store.stage(job: publication.job.id) { sink in
                 firstStart = try ResultWriter.write(job: publication.job, status: publication.status, error: publication.error,
                                                     records: publication.records, now: now, origin: origin, node: node) { bytes in
                     kept?.append(contentsOf: bytes)
@@ -128,11 +128,11 @@ extension Daemon {
         }
         do {
             try stage(publication)
-        } catch let error as SpoolError where error.errno == ENOENT && !spool.hasFolder(job: publication.job.id) {
+        } catch let error as SpoolError where error.errno == ENOENT && !store.hasFolder(job: publication.job.id) {
             // Someone removed active/<job> while the job ran: the manifest comes back from memory and the
             // job ends failed, saying so (what its operations wrote there is gone), instead of waiting for a
             // folder that will never come back.
-            try spool.restoreFolder(job: publication.job.id, manifest: publication.job.claimed.manifest)
+            try store.restoreFolder(job: publication.job.id, manifest: publication.job.claimed.manifest)
             let why = "active/\(publication.job.id) was removed while the job ran (not by the daemon): its manifest is restored, "
                 + "what its operations wrote there is lost"
             publication = Publication(job: publication.job,
@@ -155,7 +155,7 @@ extension Daemon {
         let ungated = Set(staged.lazy.filter { !(allGated || $0.publication.job.fromStore) }.map { $0.publication.job.id })
         let ends = gated.map { entry in
             let job = entry.publication.job.id
-            return JobEnd(job: job, status: entry.publication.status.rawValue, resultFile: spool.stagedResult(job: job),
+            return JobEnd(job: job, status: entry.publication.status.rawValue, resultFile: store.stagedResult(job: job),
                           result: results[job])
         }
         if ends.isEmpty || allGated {
@@ -207,11 +207,8 @@ extension Daemon {
                 continue
             }
             do {
-                // SPEC §8 sharedOutbox: assembled under sharedOutbox/.tmp/ and renamed into place there.
                 let id = entry.publication.job.id
-                let sharedOutbox = shared.withLock { $0.configuration.cluster?.sharedOutbox }
-                let name = try sharedOutbox.map { try spool.placeShared(job: id, in: $0) } ?? spool.place(job: id, inUse: idInUse)
-                let folder = sharedOutbox ?? spool.outbox
+                let (folder, name) = try store.place(job: id, inUse: idInUse)
                 if name != id {
                     logger.warning("""
                         job \(id): \(folder)/\(id) was taken by something else after the job was claimed (left as it is); \
@@ -259,7 +256,7 @@ extension Daemon {
             let job = publication.job
             // Its downloads are no longer needed once the entry is out of active/ (a crash before this
             // leaves them to recovery, which removes the folders of jobs no longer active).
-            if job.mayHave(.download) { spool.discardDownloads(job: job.id) }
+            if job.mayHave(.download) { store.discardDownloads(job: job.id) }
             var fields: Logger.Metadata = ["OPQ_EVENT": "job", "OPQ_STATE": "finished", "OPQ_JOB": .string(job.id),
                                            "OPQ_STATUS": .string(publication.status.rawValue)]
             if let firstStart { fields["OPQ_DURATION_USEC"] = .string(String(Int64(((now - firstStart) * 1e6).rounded()))) }
@@ -274,7 +271,7 @@ extension Daemon {
             if let hook { hooks.run(hook, job: job.id, status: publication.status.rawValue, entry: entry) }
         }
         do {
-            try spool.compactProgressIfLarge(active: shared.withLock { Set($0.runs.keys) })
+            try store.compactProgressIfLarge(active: shared.withLock { Set($0.runs.keys) })
         } catch {
             logger.error("rewriting the progress log failed: \(error); it keeps growing until the next start")
         }
@@ -336,7 +333,7 @@ extension Daemon {
             let retry = onWork.fault.retryDue()
             guard retry != .none else { return }
             do {
-                logRemade(try spool.probe())
+                logRemade(try store.probe())
             } catch {
                 scheduleFaultRetry()
                 return

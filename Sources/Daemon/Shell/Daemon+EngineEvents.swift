@@ -114,7 +114,7 @@ extension Daemon {
                 }
                 if t.state == .succeeded, let started = record.startedAt {
                     do {
-                        try spool.recordSuccess(job: job.id, operation: operation.id,
+                        try store.recordSuccess(job: job.id, operation: operation.id,
                                                 record: DoneRecord(startedAt: started, finishedAt: t.time, attempts: record.attempts))
                         recorded = true
                     } catch {

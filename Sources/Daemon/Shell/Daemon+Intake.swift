@@ -19,14 +19,14 @@ extension Daemon {
         work.sync {
             let held: Spool.Held, problems: [String]
             do {
-                (held, problems) = try spool.recoverHeld()
+                (held, problems) = try store.recoverHeld()
             } catch {
                 // Without a progress log, successes could not be recorded: say so; jobs still run.
                 logger.error("the progress log cannot be written: \(error); operations that succeed may run again after a restart")
                 (held, problems) = (Spool.Held(jobs: []), [])
             }
             for problem in problems { logger.error("\(problem)") }
-            let leftovers = CommandLedger.shared.open(spool.active + "/.commands")
+            let leftovers = CommandLedger.shared.open(store.folders.active + "/.commands")
             if !leftovers.isEmpty {
                 logger.notice("""
                     killed \(leftovers.count) command process groups left running by the previous run: \
@@ -40,7 +40,7 @@ extension Daemon {
                 logger.warning("\(missing)")
             }
             let (hook, outbox) = shared.withLock { s in
-                (s.configuration.jobFinishedHook, s.configuration.cluster?.sharedOutbox ?? spool.outbox)
+                (s.configuration.jobFinishedHook, store.outbox.folder)
             }
             hooks.recover(hook, outbox: outbox)
             openDelayedRecord()
@@ -51,8 +51,8 @@ extension Daemon {
             }
             if once {
                 // Only what is there now; a file that cannot be claimed is not waited for.
-                let names = (try? spool.scanInbox(limit: Int.max).manifests) ?? []
-                let present = Set(names.filter { spool.age(of: $0, now: 0) != nil })
+                let names = (try? store.scanInbox(limit: Int.max).manifests) ?? []
+                let present = Set(names.filter { store.inboxAge(of: $0, now: 0) != nil })
                 shared.withLock { $0.lifecycle.startOnce(names: present) }
             }
             offerRoom()
@@ -66,7 +66,7 @@ extension Daemon {
     /// holds). The file spool's are read one at a time: a hundred thousand delayed jobs are never all in memory.
     private func resume(_ held: Spool.Held) {
         func read(_ id: String, _ done: [String: DoneRecord]) -> ClaimedJob? {
-            guard case .success(var claimed) = spool.heldJob(id) else {
+            guard case .success(var claimed) = store.heldJob(id) else {
                 logger.error("active/\(id)/manifest.plist cannot be read; left in place")
                 return nil
             }
@@ -75,7 +75,7 @@ extension Daemon {
         }
         func resume(_ claimed: ClaimedJob) {
             // Commands that were running at the crash start again in an empty scratch folder.
-            removeTree(CommandOperation.workFolder(spool.outputFolder(job: claimed.id)))
+            removeTree(CommandOperation.workFolder(store.folders.job(claimed.id)))
             accept(claimed, .resumed, configuration: shared.withLock { $0.configuration })
         }
         if store.capabilities.contains(.leasesJobs) {
@@ -126,7 +126,7 @@ extension Daemon {
     /// On `work`: reads the inbox again, keeping the oldest names.
     func refill() throws {
         let began = monotonicSeconds()
-        let scan = try spool.scanInbox(limit: InboxIntake.scanBatch)
+        let scan = try store.scanInbox(limit: InboxIntake.scanBatch)
         onWork.intake.read(scan.manifests, waiting: scan.waiting, now: Date().timeIntervalSince1970, seconds: monotonicSeconds() - began)
         let fresh = shared.withLock { s in
             // Names already found unclaimable (a folder, a link, a FIFO named *.plist: logged once, tried again at each
@@ -167,7 +167,7 @@ extension Daemon {
             (room, budget) = (Self.handOverBatch, Int.max)
         }
         guard room > 0, budget > 0 else { return }
-        let (claimed, settling) = claimRound(room: room, budget: budget, runsHere: runsHere, now: now)
+        let (claimed, settling) = claimRound(room: room, budget: budget, now: now)
         endClaimRound(claimed, settling: settling, runsHere: runsHere)
         checkOnceDone()
     }
@@ -202,7 +202,7 @@ extension Daemon {
 
     /// On `work`: claims inbox names in order while there is room and the operations they may hold fit the budget;
     /// the claimed jobs, and the names still being written (tried again once settled).
-    private func claimRound(room: Int, budget: Int, runsHere: Bool, now: Double) -> (claimed: [ClaimedJob], settling: [String]) {
+    private func claimRound(room: Int, budget: Int, now: Double) -> (claimed: [ClaimedJob], settling: [String]) {
         // Operations the claimed manifests may hold, before they are parsed: no operation takes fewer than this many
         // bytes in either format.
         var mayHold = 0
@@ -215,12 +215,11 @@ extension Daemon {
             let hinted = shared.withLock { $0.closedHints.remove(name) != nil }
             // Used only where no lease can be had: not announced by inotify and still fresh, it may be being written
             // in place. (Not a regular file: `claim` says why it is left alone.)
-            let settled = hinted || once || (spool.age(of: name, now: now) ?? Self.settleSeconds) >= Self.settleSeconds
+            let settled = hinted || once || (store.inboxAge(of: name, now: now) ?? Self.settleSeconds) >= Self.settleSeconds
             let outcome: Spool.ClaimOutcome
-            let changedAt = spool.changeTime(of: name)
+            let changedAt = store.inboxChangeTime(of: name)
             do {
-                outcome = runsHere ? try spool.claim(name, now: Date().timeIntervalSince1970, settled: settled, inUse: idInUse)
-                    : try spool.claimForSubmission(name, now: Date().timeIntervalSince1970, settled: settled)
+                outcome = try store.claim(name, now: Date().timeIntervalSince1970, settled: settled, inUse: idInUse)
             } catch {
                 onWork.intake.add(name, first: true)
                 spoolFailed("claiming inbox/\(name)", error)
@@ -268,7 +267,7 @@ extension Daemon {
     }
 
     private func logLeaseFallbackOnce() {
-        guard !onWork.leaseFallbackLogged, let reason = spool.leaseRefused else { return }
+        guard !onWork.leaseFallbackLogged, let reason = store.leaseRefused else { return }
         onWork.leaseFallbackLogged = true
         logger.notice("""
             no read lease could be taken on \(reason); a manifest still open for writing is told apart by inotify's close events \
@@ -410,7 +409,7 @@ extension Daemon {
                 continue
             }
             do {
-                guard case .claimed(var local) = try spool.promoteSubmission(job, inUse: idInUse) else { continue }
+                guard case .claimed(var local) = try store.keepHere(job, inUse: idInUse) else { continue }
                 recordSubmitted([(local.manifestName, local.inboxInode, local.id)])
                 local.tree = nil
                 _ = receive(local, .inbox(manifest: local.manifestName), tree: tree, configuration: config)

@@ -51,7 +51,7 @@ extension Daemon {
     /// A store that places jobs itself keeps its few delayed jobs (a clock behind the database's) in memory.
     func openDelayedRecord() {
         guard !store.capabilities.contains(.keepsDelayedJobs) else { return }
-        let record = DelayedRecord(path: spool.active + "/.delayed")
+        let record = DelayedRecord(path: store.folders.active + "/.delayed")
         do {
             try record.reset()
             onWork.delayed.record = record
@@ -179,7 +179,7 @@ extension Daemon {
     /// Whether a job of a line in active/.delayed is parked: not in the table, its folder still there (never under
     /// `shared`). A line of a job that ended, or of one that runs (woken, or cancelled), is not.
     private func isParked(_ job: String) -> Bool {
-        shared.withLock { s in s.lifecycle.phase(of: job) == nil && s.runs[job] == nil } && spool.hasFolder(job: job)
+        shared.withLock { s in s.lifecycle.phase(of: job) == nil && s.runs[job] == nil } && store.hasFolder(job: job)
     }
 
     /// On `work`: active/.delayed emptied (no job parked) or written again with only its parked jobs' lines when
@@ -216,7 +216,7 @@ extension Daemon {
     /// job whose time came a moment ago waits for the window to be filled again), and its plan.
     func heldDelayedPlan(_ id: String, comeToo: Bool = false) -> (until: Double, plan: JobPlan)? {
         let config = shared.withLock { s in s.configuration }
-        guard case .success(let claimed) = spool.heldJob(id),
+        guard case .success(let claimed) = store.heldJob(id),
               case .success(let plan) = Manifest.parse(claimed.tree ?? ManifestTree(claimed.manifest), configuration: config),
               let until = plan.startsAt(receivedAt: claimed.receivedAt), comeToo || until > Date().timeIntervalSince1970
         else { return nil }
@@ -228,7 +228,7 @@ extension Daemon {
     func wakeDelayed(_ id: String, fromStore: Bool? = nil, timeCame: Bool = false) {
         guard shared.withLock({ s in s.lifecycle.phase(of: id) == .received && s.runs[id] == nil }) else { return }
         let from = fromStore ?? onWork.delayed.heap.unordered.first { $0.job == id }?.fromStore ?? false
-        switch spool.heldJob(id) {
+        switch store.heldJob(id) {
         case .success(var claimed):
             let tree = claimed.tree ?? ManifestTree(claimed.manifest)
             claimed.tree = nil

@@ -42,12 +42,11 @@ extension Daemon {
 
     /// One pass over the outbox; the seconds until the next, or nil when the daemon is stopping.
     func retentionPass() -> Double? {
-        let (keepDays, sharedOutbox) = shared.withLock { s in (s.configuration.outboxKeepDays, s.configuration.cluster?.sharedOutbox) }
+        let keepDays = shared.withLock { s in s.configuration.outboxKeepDays }
         guard !isStopping else { return nil }
         guard let keepDays else { return Self.retentionInterval }
         let keepSeconds = keepDays * 86_400
-        // Under a cluster's sharedOutbox, removed through its own .tmp/ (the spool's tmp/ is another file system).
-        let outbox = sharedOutbox ?? spool.outbox, tmp = sharedOutbox.map { $0 + "/.tmp" } ?? spool.tmp
+        let (outbox, tmp) = (store.outbox.folder, store.outbox.tmp)
         let sweep: OutboxSweep
         do {
             sweep = try OutboxSweep(outbox: outbox, tmp: tmp, criteria: .init(cutoff: Date().timeIntervalSince1970 - keepSeconds))

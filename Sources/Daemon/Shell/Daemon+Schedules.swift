@@ -11,7 +11,7 @@ import SpoolFiles
 import SystemCalls
 
 extension Daemon {
-    var schedulesPath: String { spool.active + "/.schedules" }
+    var schedulesPath: String { store.folders.active + "/.schedules" }
 
     /// On `work`: takes the configuration's schedules (at start and at each reload) and submits what is due.
     func configureSchedules(_ config: Configuration) {
@@ -52,9 +52,9 @@ extension Daemon {
             let job = ScheduleBook.jobID(name, at)
             do {
                 let bytes = try Self.occurrence(of: settings.manifest, job: job)
-                let hidden = spool.inbox + "/." + job + ".plist"
+                let hidden = store.folders.inbox + "/." + job + ".plist"
                 try writeFile(Data(bytes), to: hidden)
-                guard rename(hidden, spool.inbox + "/" + job + ".plist") == 0 else {
+                guard rename(hidden, store.folders.inbox + "/" + job + ".plist") == 0 else {
                     throw SpoolError(operation: "rename", path: hidden, errno: errno)
                 }
                 logger.info("schedule \(name): occurrence \(job) submitted from \(settings.manifest)", metadata: ["OPQ_JOB": .string(job)])

@@ -1,4 +1,4 @@
-// Daemon: the shell that wires the spool, the job store, the engine and the journal around the job lifecycle.
+// Daemon: the shell that wires the job store, the engine and the journal around the job lifecycle.
 //
 // What happens to a job is decided by `JobLifecycle` (Sources/JobModel/JobLifecycle.swift, a pure state machine);
 // the shell performs its actions. The node's state is grouped by what guards it (SharedState.swift): the machine and
@@ -7,8 +7,8 @@
 // engine's threads; its event batches come on one delivery thread and become journal entries and progress records.
 // This file holds the state, a job's start on the engine and its graph; Daemon+Intake.swift the inbox and claims,
 // Daemon+Ends.swift publication and spool faults, Daemon+Control.swift the operator's commands,
-// Daemon+StoreEvents.swift the job store's calls. Which jobs this node runs, and whether an end may be published, is
-// the `JobStore`'s to say (Stores/JobStore.swift: the file spool alone, or a cluster).
+// Daemon+StoreEvents.swift the job store's calls. Which jobs this node runs, their files, and whether an end may be
+// published are the `JobStore`'s (Stores/JobStore.swift: the file spool alone, or a cluster).
 // At most `maxActiveJobs` jobs are claimed at once, and none while they hold `maxActiveOperations` operations; the
 // rest waits in the inbox (at most that budget plus one manifest's operations are ever in memory).
 // Durability is by group commit (Durability in NodeParts.swift): a publication is staged on `work`, synced, recorded
@@ -52,8 +52,8 @@ final class RunningJob: @unchecked Sendable {
 }
 
 public final class Daemon: @unchecked Sendable {
-    public let spool: Spool
-    /// Which jobs this node runs and whether their ends may be published (SpoolJobStore: all of them).
+    /// Which jobs this node runs, their files in this node's spool, and whether their ends may be published
+    /// (SpoolJobStore: all of them). The shell does nothing to a job's durable state but through it.
     public let store: any JobStore
     let logger: Logger
     let options: DaemonOptions
@@ -117,30 +117,28 @@ public final class Daemon: @unchecked Sendable {
     /// is not claimed half-written.
     static let settleSeconds = 1.0
 
-    /// `store`: where jobs come from and where their ends are recorded; the file spool alone by default.
+    /// `store`: where jobs come from, where their files are kept and where their ends are recorded.
     /// `beforeCommit` (tests): called on the committer's thread before each commit, which it may hold.
-    public init(spool: Spool, configuration: Configuration, configPath: String?, logger: Logger, once: Bool = false,
-                store: (any JobStore)? = nil, beforeCommit: (@Sendable () -> Void)? = nil) {
-        self.spool = spool
-        let store = store ?? SpoolJobStore(spool: spool)
+    public init(configuration: Configuration, configPath: String?, logger: Logger, once: Bool = false,
+                store: any JobStore, beforeCommit: (@Sendable () -> Void)? = nil) {
         self.store = store
         options = DaemonOptions(configPath: configPath, once: once)
         self.logger = logger
         let relay = Relay()
         self.relay = relay
-        let watch = SpoolWatch(spool: spool), progress = ProgressMarks()
+        let watch = SpoolWatch(folders: store.folders), progress = ProgressMarks()
         durability = Durability(
-            commits: GroupCommit(label: "opqueued.commit") { [spool] in
+            commits: GroupCommit(label: "opqueued.commit") { [store] in
                 watch.commitBegan()
                 defer { watch.commitEnded() }
                 beforeCommit?()
                 let written = progress.written
-                try spool.commit()
+                try store.commit()
                 progress.committed(upTo: written)
             },
             progress: progress, watch: watch,
             recorder: BatchingStage(label: "opqueued.recording") { [relay] waiting in relay.daemon?.recordEnds(waiting) })
-        hooks = JobHooks(spool: spool) { [logger] job, message in
+        hooks = JobHooks(folders: store.folders) { [logger] job, message in
             logger.error("job \(job): \(message)", metadata: ["OPQ_JOB": .string(job), "OPQ_ERROR": .string(message)])
         }
         engine = Engine(observer: { relay.deliver($0) })
@@ -275,7 +273,7 @@ public final class Daemon: @unchecked Sendable {
         graph.reserveCapacity(operations: operations.count, dependencies: operations.count)
         for (i, op) in operations.enumerated() { job.operationIndex[op.id] = base + i }
         let environment = KindEnvironment(
-            jobFolder: spool.outputFolder(job: claimed.id), downloads: spool.downloadsFolder(job: claimed.id),
+            jobFolder: store.folders.job(claimed.id), downloads: store.folders.downloads(claimed.id),
             limits: DownloadLimits(maxBytes: config.downloadMaxBytes, connectTimeoutSeconds: config.downloadConnectTimeoutSeconds,
                                    timeoutSeconds: config.downloadTimeoutSeconds, fileRoots: config.fileRoots,
                                    allowNetworks: config.allowNetworks),

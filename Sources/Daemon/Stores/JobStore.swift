@@ -1,19 +1,23 @@
-// JobStore: where the daemon's jobs come from and where their ends are recorded — the boundary between the
-// shell (Shell/, which runs jobs on the engine out of the local spool's active/ folder) and the store
-// that decides which jobs this node runs.
+// JobStore: everything the node does to durable job state — the one boundary between the shell (Shell/, which runs
+// jobs on the engine) and the store that decides which jobs this node runs and keeps their files.
 //
-// Two stores: the file spool alone (`SpoolJobStore`: a manifest claimed from this node's inbox runs here, its end is
-// this node's to publish) and the cluster (`ClusterJobStore`, SPEC §8: a manifest claimed from the inbox is validated
-// and inserted into PostgreSQL, then its local copy dropped; the jobs this node runs are claimed from the database,
-// under a lease and a fencing token, and an end is published only if the fenced completion was recorded).
+// Two stores: the file spool alone (`SpoolJobStore`: a manifest claimed from this node's inbox runs here at once, its
+// end is this node's to publish) and the cluster (`ClusterJobStore`, SPEC §8: a manifest claimed from the inbox is
+// set aside, validated and inserted into PostgreSQL, then its local copy dropped; the jobs this node runs are claimed
+// from the database, under a lease and a fencing token, and an end is published only if the fenced completion was
+// recorded). What differs is stated once as `capabilities`; the shell never asks which store it has.
 //
-// In both, a job this node runs lives in the local spool's active/<job>/ (manifest, progress, outputs) exactly as
-// without a cluster, so recovery, downloads, commands and publication stay one code path.
+// In both, a job this node runs lives in this node's spool, active/<job>/ (manifest, progress, outputs), exactly as
+// without a cluster (SpoolBacked.swift), so recovery, downloads, commands and publication stay one code path. The
+// spool is each store's private part: the shell reaches a job's files only through the methods below.
 //
-// Threads: the shell calls a store from its serial `work` queue only; `complete` may block it for one round trip.
-// A store calls its delegate from any thread; the shell hops onto `work` itself.
+// Threads: the shell calls a store from its serial `work` queue only (the group commit from its committer, the
+// gate from its recorder); `complete` may block for one round trip. A store calls its delegate from any thread;
+// the shell hops onto `work` itself.
 
 import ClusterStore
+import Foundation
+import SystemCalls
 import JobModel
 import Logging
 import OperationEngine
@@ -164,6 +168,69 @@ public protocol JobStore: AnyObject, Sendable {
     /// Stops the store's loops (SIGTERM); held jobs stay held until the lease runs out or they are re-claimed
     /// by this node at its next start.
     func shutdown()
+
+    // MARK: This node's jobs on disk
+    // What the node does to the durable state of the jobs it holds. Both stores keep them in this node's spool
+    // (SPEC §2): the file spool as its truth, a cluster as its local copy of what the database holds.
+
+    /// The spool's folders: where a running job's files live, and the node's own records beside them.
+    var folders: SpoolFolders { get }
+    /// Where ended jobs are published now: the spool's outbox, or (a cluster) `cluster.sharedOutbox` as last loaded.
+    var outbox: OutboxPlace { get }
+    /// At start, before anything runs: what was half done is cleaned up; the jobs found (each read with `heldJob`)
+    /// and the problems met.
+    func recoverHeld() throws -> (held: Spool.Held, problems: [String])
+    /// A job this node holds, its manifest read from its folder.
+    func heldJob(_ id: String) -> Result<ClaimedJob, SpoolError>
+    /// One pass over this node's inbox.
+    func scanInbox(limit: Int) throws -> Spool.InboxScan
+    /// How long ago an inbox file last changed, and when (nil: gone).
+    func inboxAge(of name: String, now: Double) -> Double?
+    func inboxChangeTime(of name: String) -> Double?
+    /// Why no read lease could be taken on the inbox's files, once it has been met (then `settled` decides).
+    var leaseRefused: String? { get }
+    /// Claims one inbox file. The file spool makes a job of it to run here; a store that places jobs sets it aside
+    /// for `submit`. Durable at the next `commit`.
+    func claim(_ name: String, now: Double, settled: Bool, inUse: (String) -> Bool) throws -> Spool.ClaimOutcome
+    /// A manifest claimed for submission that is rejected: made a job of this node, to be published here.
+    func keepHere(_ job: ClaimedJob, inUse: (String) -> Bool) throws -> Spool.ClaimOutcome
+    /// Records that an operation succeeded (durable at the next `commit`).
+    func recordSuccess(job: String, operation: String, record: DoneRecord) throws
+    /// Rewrites the progress record with only `active`'s lines, once it has grown large.
+    func compactProgressIfLarge(active: Set<String>) throws
+    /// Makes everything written so far durable (the group commit).
+    func commit() throws
+    /// Writes a job's result.plist in its folder (`produce` hands its bytes to the sink).
+    func stage(job: String, produce: ((UnsafeRawBufferPointer) throws -> Void) throws -> Void) throws
+    /// Where `stage` wrote it.
+    func stagedResult(job: String) -> String
+    /// Whether the job's folder is there (someone may remove it under a running job).
+    func hasFolder(job: String) -> Bool
+    /// Makes a removed job folder again, with its manifest.
+    func restoreFolder(job: String, manifest: Data) throws
+    /// Publishes a staged job in `outbox`: the folder it went to and the entry's name there (the id, or <id>.N when
+    /// that name was taken meanwhile).
+    func place(job: String, inUse: (String) -> Bool) throws -> (folder: String, name: String)
+    /// Removes a job's folder (a job lost, or cancelled before it ran).
+    func discard(job: String)
+    /// Removes what a job's downloads left.
+    func discardDownloads(job: String)
+    /// After a fault: makes the spool's folders again where they went; the ones made.
+    func probe() throws -> [String]
+}
+
+/// The spool's folders (SPEC §2), as paths.
+public struct SpoolFolders: Sendable {
+    public let root: String, inbox: String, active: String, outbox: String, tmp: String
+    /// A job's folder while it runs: its manifest, outputs and result.plist.
+    public func job(_ id: String) -> String { active + "/" + id }
+    /// Where a job's downloads are written (Downloads.swift).
+    public func downloads(_ id: String) -> String { active + "/.downloads/" + id }
+}
+
+/// Where ended jobs are published: the folder, and the one on the same file system their removal goes through.
+public struct OutboxPlace: Sendable, Equatable {
+    public let folder: String, tmp: String
 }
 
 /// What a store does beyond the file spool alone (which has none of these), stated once by each store.

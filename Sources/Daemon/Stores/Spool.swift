@@ -80,6 +80,7 @@ public final class Spool: @unchecked Sendable {
     public let active: String
     public let outbox: String
     public let tmp: String
+    public var folders: SpoolFolders { SpoolFolders(root: root, inbox: inbox, active: active, outbox: outbox, tmp: tmp) }
     private var lockFD: Int32 = -1
     private var rootFD: Int32 = -1
     /// active/.progress.log, open for appending; its lock also orders compaction against appends.

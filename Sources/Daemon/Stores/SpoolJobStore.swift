@@ -7,8 +7,8 @@
 import Foundation
 import JobModel
 
-public final class SpoolJobStore: JobStore, @unchecked Sendable {
-    private let spool: Spool
+public final class SpoolJobStore: SpoolBacked, @unchecked Sendable {
+    public let spool: Spool
     /// Never called: this store neither claims for the shell nor takes jobs away.
     public weak var delegate: (any JobStoreDelegate)?
 

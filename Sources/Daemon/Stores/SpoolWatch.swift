@@ -30,8 +30,8 @@ final class SpoolWatch: Sendable {
     private let state = Mutex(State())
     private let probePath: String
 
-    init(spool: Spool) {
-        probePath = spool.tmp + "/.alive"
+    init(folders: SpoolFolders) {
+        probePath = folders.tmp + "/.alive"
     }
 
     func commitBegan() { state.withLock { $0.commitSince = monotonicSeconds() } }

@@ -10,7 +10,8 @@ import TestSupport
 @testable import Daemon
 
 /// A JobStore the test steers: ends it refuses are lost, every job has an origin, cancels are noted.
-private final class FakeStore: JobStore, @unchecked Sendable {
+private final class FakeStore: SpoolBacked, @unchecked Sendable {
+    let spool: Spool
     let lock = NSLock()
     weak var delegate: (any JobStoreDelegate)?
     var refused: Set<String> = []
@@ -37,6 +38,7 @@ private final class FakeStore: JobStore, @unchecked Sendable {
     func reload(_ configuration: Configuration) {}
     var acceptsSubmissions: Bool { true }
     func shutdown() {}
+    init(spool: Spool) { self.spool = spool }
 }
 
 /// Each entry's OPQ_STATE and OPQ_JOB (and OPQ_FROM_NODE), for the test to read.
@@ -71,8 +73,8 @@ private func eventually(_ seconds: Double = 20, _ condition: () -> Bool) -> Bool
         let spool = try Spool(root: root)
         let log = Log()
         let logger = log.captured.logger(label: "test")
-        let store = FakeStore()
-        let daemon = Daemon(spool: spool, configuration: .builtIn, configPath: nil, logger: logger, store: store)
+        let store = FakeStore(spool: spool)
+        let daemon = Daemon(configuration: .builtIn, configPath: nil, logger: logger, store: store)
         #expect(store.delegate != nil, "the shell is the store's delegate")
         daemon.start()
         func drop(_ job: String, seconds: Double) { dropSleepJob(job, seconds: seconds, root: root, daemon: daemon) }
@@ -151,7 +153,8 @@ private func eventually(_ seconds: Double = 20, _ condition: () -> Bool) -> Bool
         // 0: not yet; 1: holding the commit that covers a's rename into the outbox; 2: let go.
         let gate = Mutex(0)
         let release = DispatchSemaphore(value: 0)
-        let daemon = Daemon(spool: spool, configuration: configuration, configPath: nil, logger: log.captured.logger(label: "test"),
+        let daemon = Daemon(configuration: configuration, configPath: nil, logger: log.captured.logger(label: "test"),
+                            store: SpoolJobStore(spool: spool),
                             beforeCommit: {
             let hold = gate.withLock { state in
                 guard state == 0, FileManager.default.fileExists(atPath: root + "/outbox/a") else { return false }
@@ -192,7 +195,7 @@ private func eventually(_ seconds: Double = 20, _ condition: () -> Bool) -> Bool
         defer { try? FileManager.default.removeItem(atPath: root) }
         let spool = try Spool(root: root)
         for i in 0..<2000 { _ = FileManager.default.createFile(atPath: root + "/inbox/.partial-\(i)", contents: Data([0])) }
-        let daemon = Daemon(spool: spool, configuration: .builtIn, configPath: nil,
+        let daemon = Daemon(configuration: .builtIn, configPath: nil,
                             logger: Logger(label: "test") { _ in SwiftLogNoOpLogHandler() },
                             store: SpoolJobStore(spool: spool))
         daemon.start()

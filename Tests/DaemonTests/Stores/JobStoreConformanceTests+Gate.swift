@@ -108,7 +108,7 @@ extension JobStoreConformanceTests {
         #expect(try first.store.complete([first.end("gated-once")]) == ["gated-once"])
         let next = try first.restarted()
         defer { next.close() }
-        let (found, _) = try next.spool.recover()
+        let (found, _) = try next.recover()
         let resumed = next.store.recovered(found)
         #expect(resumed.map(\.id) == ["gated-once"], "\(kind): \(resumed.map(\.id))")
         #expect(try next.store.complete([next.end("gated-once")]) == ["gated-once"])

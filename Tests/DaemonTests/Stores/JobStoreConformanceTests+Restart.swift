@@ -21,7 +21,7 @@ extension JobStoreConformanceTests {
         try first.publish("done")
         let next = try first.restarted()
         defer { next.close() }
-        let (found, problems) = try next.spool.recover()
+        let (found, problems) = try next.recover()
         #expect(found.isEmpty && problems.isEmpty)
         #expect(next.store.recovered(found).isEmpty)
         next.store.want(room: 4, manifestBytes: .max)
@@ -38,7 +38,7 @@ extension JobStoreConformanceTests {
         _ = try first.claim([("c", sleepManifest("claimed-only"))])
         let next = try first.restarted()
         defer { next.close() }
-        let (found, _) = try next.spool.recover()
+        let (found, _) = try next.recover()
         let resumed = next.store.recovered(found).map(\.id)
         next.store.want(room: 4, manifestBytes: .max)
         #expect(eventually(20) { resumed.count + next.shell.ran.count >= 1 })
@@ -73,7 +73,7 @@ extension JobStoreConformanceTests {
         }
         let next = try first.restarted()
         defer { next.close() }
-        let (found, _) = try next.spool.recover()
+        let (found, _) = try next.recover()
         let resumed = next.store.recovered(found).map(\.id)
         next.store.want(room: 4, manifestBytes: .max)
         #expect(resumed == ["submitted-once"], "\(kind): \(resumed)")
@@ -89,12 +89,12 @@ extension JobStoreConformanceTests {
         let first = try JobStoreNode.make(kind)
         _ = try first.submitAndCollect([("p", sleepManifest("progressed"))], expect: 1)
         // The progress log opens at recovery (at start, in the shell).
-        _ = try first.spool.recover()
-        try first.spool.recordSuccess(job: "progressed", operation: "s", record: DoneRecord(startedAt: 1, finishedAt: 2, attempts: 1))
+        _ = try first.recover()
+        try first.store.recordSuccess(job: "progressed", operation: "s", record: DoneRecord(startedAt: 1, finishedAt: 2, attempts: 1))
         try first.spool.commit()
         let next = try first.restarted()
         defer { next.close() }
-        let (found, _) = try next.spool.recover()
+        let (found, _) = try next.recover()
         let resumed = next.store.recovered(found)
         #expect(resumed.map(\.id) == ["progressed"], "\(kind): \(resumed.map(\.id))")
         #expect(resumed.first?.done["s"] == DoneRecord(startedAt: 1, finishedAt: 2, attempts: 1))

@@ -105,26 +105,33 @@ final class JobStoreNode: @unchecked Sendable {
         return run
     }
 
-    /// Manifests dropped into the inbox and claimed as the shell claims them for this store: set aside for the
-    /// store where it places jobs (`claimForSubmission`), else into active/<id>/; the claims made durable.
+    /// Manifests dropped into the inbox and claimed through the store as the shell claims them (the store sets them
+    /// aside for submission where it places jobs, else makes them jobs here); the claims made durable.
     func claim(_ manifests: [(name: String, manifest: [String: Any])]) throws -> [ClaimedJob] {
         var claimed: [ClaimedJob] = []
         for (name, manifest) in manifests {
-            try plist(manifest).write(to: URL(fileURLWithPath: spool.inbox + "/" + name + ".plist"))
-            if store.capabilities.contains(.placesJobs) {
-                claimed.append(try claimForSubmission(spool, name + ".plist"))
-                continue
-            }
-            var outcome = try spool.claim(name + ".plist", now: Date().timeIntervalSince1970)
+            try plist(manifest).write(to: URL(fileURLWithPath: store.folders.inbox + "/" + name + ".plist"))
+            var outcome = try store.claim(name + ".plist", now: Date().timeIntervalSince1970, settled: true) { _ in false }
             for _ in 0..<50 {
                 if case .busy = outcome { usleep(100_000) } else { break }
-                outcome = try spool.claim(name + ".plist", now: Date().timeIntervalSince1970)
+                outcome = try store.claim(name + ".plist", now: Date().timeIntervalSince1970, settled: true) { _ in false }
             }
             guard case .claimed(let job) = outcome else { throw SupportFailure("inbox/\(name).plist was not claimed: \(outcome)") }
             claimed.append(job)
         }
-        try spool.commit()
+        try store.commit()
         return claimed
+    }
+
+    /// What the shell does at start: the store cleans up its spool and says what it holds; each job is read back.
+    func recover() throws -> (jobs: [ClaimedJob], problems: [String]) {
+        let (held, problems) = try store.recoverHeld()
+        let jobs = try held.jobs.map { id, done in
+            var job = try store.heldJob(id).get()
+            job.done = done
+            return job
+        }
+        return (jobs, problems)
     }
 
     /// Another node takes `job` over under a new fence (the cluster's database changed under this node); only for a
@@ -134,23 +141,23 @@ final class JobStoreNode: @unchecked Sendable {
         try takeOverHook(job)
     }
 
-    /// What the shell's publication does once the gate let a job through: its folder moved to the outbox.
+    /// What the shell's publication does once the gate let a job through: the store places it in its outbox.
     func publish(_ job: String) throws {
-        let folder = spool.active + "/" + job
-        if !FileManager.default.fileExists(atPath: folder) {
-            try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
+        if !store.hasFolder(job: job) {
+            try FileManager.default.createDirectory(atPath: store.folders.job(job), withIntermediateDirectories: true)
         }
-        guard rename(folder, spool.outbox + "/" + job) == 0 else { throw SupportFailure("publishing \(job): errno \(errno)") }
+        let (folder, name) = try store.place(job: job) { _ in false }
+        guard folder == store.outbox.folder, name == job else { throw SupportFailure("\(job) was placed as \(folder)/\(name)") }
     }
 
+    /// A job's end as the shell makes it: its result.plist staged through the store.
     func end(_ job: String, _ status: String = "succeeded") throws -> JobEnd {
-        let folder = spool.active + "/" + job
-        if !FileManager.default.fileExists(atPath: folder) {
-            try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
+        if !store.hasFolder(job: job) {
+            try FileManager.default.createDirectory(atPath: store.folders.job(job), withIntermediateDirectories: true)
         }
-        let resultFile = folder + "/result.plist"
-        try plist(["job": job, "status": status]).write(to: URL(fileURLWithPath: resultFile))
-        return JobEnd(job: job, status: status, resultFile: resultFile)
+        let bytes = plist(["job": job, "status": status])
+        try store.stage(job: job) { sink in try bytes.withUnsafeBytes { try sink($0) } }
+        return JobEnd(job: job, status: status, resultFile: store.stagedResult(job: job))
     }
 }
 
@@ -206,7 +213,7 @@ struct JobStoreConformanceTests {
         #expect(run.count == 2)
         let next = try first.restarted()
         defer { next.close() }
-        let (found, problems) = try next.spool.recover()
+        let (found, problems) = try next.recover()
         #expect(problems.isEmpty)
         let resumed = next.store.recovered(found)
         #expect(Set(resumed.map(\.id)) == ["held-1", "held-2"], "\(kind): \(resumed.map(\.id))")

@@ -20,7 +20,7 @@ struct SpoolWatchTests {
     @Test func aCommitUnderWayCountsFromItsStart() throws {
         let (spool, root) = try spool()
         defer { try? FileManager.default.removeItem(atPath: root) }
-        let watch = SpoolWatch(spool: spool)
+        let watch = SpoolWatch(folders: spool.folders)
         #expect(watch.stalledSeconds() == 0)
         watch.commitBegan()
         usleep(200_000)
@@ -32,7 +32,7 @@ struct SpoolWatchTests {
     @Test func theProbeWritesOnlyWhileWanted() throws {
         let (spool, root) = try spool()
         defer { try? FileManager.default.removeItem(atPath: root) }
-        let watch = SpoolWatch(spool: spool)
+        let watch = SpoolWatch(folders: spool.folders)
         let wanted = Locked(false)
         watch.startProbing(every: 0.02) { wanted.withLock { $0 } }
         defer { watch.stop() }
@@ -50,7 +50,7 @@ struct SpoolWatchTests {
         defer { try? FileManager.default.removeItem(atPath: root) }
         let path = spool.tmp + "/.alive"
         #expect(mkfifo(path, 0o600) == 0)
-        let watch = SpoolWatch(spool: spool)
+        let watch = SpoolWatch(folders: spool.folders)
         watch.startProbing(every: 0.02) { true }
         defer { watch.stop() }
         usleep(500_000)
