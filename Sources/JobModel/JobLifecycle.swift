@@ -1,4 +1,4 @@
-// JobLifecycle: the life of the jobs this node runs, as a pure state machine — events in, actions out.
+// JobLifecycle: the life of the jobs this node runs, as a pure state machine — an event in, its own result out.
 //
 // A job is received (claimed from the inbox, resumed from active/, or claimed for this node by the store),
 // accepted (its plan read: its operations count against `maxActiveOperations` from then on), running (its group
@@ -8,9 +8,9 @@
 // store says this node no longer holds is lost: it leaves the table at once, nothing is published for it (its folder
 // is discarded, or — a job the store has no record of at all — given back to the store to be submitted again).
 //
-// No I/O, no locks, no clock: the shell (Shell/Daemon.swift) keeps one value of this type under its mutex, feeds it what
-// happened and performs the actions it returns, in order (journal entries, submissions, cancels, publications,
-// group releases, hooks, discards). The operations themselves are the engine's; here they are only counted, and a
+// No I/O, no locks, no clock: the shell (Shell/Daemon.swift) keeps one value of this type under its mutex, tells it
+// what happened and does what each event's result says (JobLifecycle+Results.swift: journal entries, submissions,
+// cancels, publications, group releases, discards). The operations themselves are the engine's; here they are only counted, and a
 // cancel of one operation is routed (the engine, which holds the operation's state, may still answer that it
 // has already ended).
 //
@@ -74,40 +74,6 @@ package struct JobLifecycle<Group: Hashable & Sendable>: Sendable {
         case lost(job: String, reason: String)
     }
 
-    /// What happened to a job that the machine answers with actions. What it only takes note of (counts, the budget,
-    /// the parked jobs, `--once`) is a method of its own below, answering nothing or what the shell asks.
-    package enum Event: Sendable, Equatable {
-        /// `cancels`: asked before it came here (a cluster's cancel of a job not yet claimed), kept for its group.
-        case received(job: String, Arrival, cancels: [String?] = [])
-        /// Its plan is read and says not before `until` (§3.7): it waits, out of the budgets, until `due`.
-        case delayed(job: String, operations: Int, until: Double)
-        /// The manifest had problems, or the engine refused the graph.
-        case rejected(job: String, problems: [String], error: String)
-        case submitted(job: String, group: Group)
-        /// The group ended; `status` and `error` as the shell reads them from the engine's records.
-        case groupFinished(group: Group, status: JobStatus, error: String?)
-        /// The job's outbox entry is placed (or, rejected, its result): it leaves the table.
-        case published(job: String)
-        /// The store says this node no longer holds the job. `resubmit`: the store has no record of it at all (its
-        /// database restored from an older backup): once nothing runs in it, its folder goes back to the store to be
-        /// submitted again, rather than removed.
-        case lost(job: String, reason: String, resubmit: Bool = false)
-    }
-
-    package enum Action: Sendable, Equatable {
-        case journal(JournalEntry)
-        case cancelGroup(Group)
-        case cancelOperation(job: String, group: Group, operation: String)
-        /// Queue the job's outbox entry with this status.
-        case publish(job: String, status: JobStatus, error: String?)
-        /// The engine may forget the group.
-        case releaseGroup(Group)
-        /// Remove active/<job> and its downloads: nothing is published for it.
-        case discard(job: String)
-        /// Give active/<job> back to the store to be submitted again (its downloads go): nothing is published for it.
-        case resubmit(job: String)
-    }
-
     package struct Job: Sendable {
         package var phase: Phase
         package var group: Group?
@@ -128,7 +94,7 @@ package struct JobLifecycle<Group: Hashable & Sendable>: Sendable {
     private var byGroup: [Group: String] = [:]
     /// Groups of lost jobs still running (cancelled): released, and their jobs' folders discarded (or submitted
     /// again), when they end.
-    private var lostGroups: [Group: (job: String, end: Action)] = [:]
+    private var lostGroups: [Group: (job: String, end: LostEnd)] = [:]
     /// Operations of the jobs in the table, against `maxActiveOperations`.
     package private(set) var activeOperations = 0
     /// Jobs in the table that are delayed: they hold no slot.
@@ -211,31 +177,6 @@ package struct JobLifecycle<Group: Hashable & Sendable>: Sendable {
         job.cancelsBeforeGroup = []
         jobs[id] = job
         return early
-    }
-
-    package mutating func handle(_ event: Event) -> [Action] {
-        switch event {
-        case .received(let id, let arrival, let cancels):
-            return received(id, arrival, cancels: cancels)
-
-        case .delayed(let id, let operations, let until):
-            return delayed(id, operations: operations, until: until)
-
-        case .rejected(let id, let problems, let error):
-            return rejected(id, problems: problems, error: error)
-
-        case .submitted(let id, let group):
-            return submitted(id, group: group)
-
-        case .groupFinished(let group, let status, let error):
-            return groupFinished(group, status: status, error: error)
-
-        case .published(let id):
-            return published(id)
-
-        case .lost(let id, let reason, let resubmit):
-            return lost(id, reason: reason, resubmit: resubmit)
-        }
     }
 
     // MARK: Notes (no actions)
@@ -358,11 +299,11 @@ package struct JobLifecycle<Group: Hashable & Sendable>: Sendable {
     }
 
     /// The job's operations were submitted to the engine as `group`: the cancels asked meanwhile go with it.
-    private mutating func submitted(_ id: String, group: Group) -> [Action] {
+    package mutating func submitted(job id: String, group: Group) -> SubmittedResult {
         guard var job = jobs[id], job.phase == .accepted else {
             // Not expected (both happen on the shell's serial queue); stopped and dropped like a lost job's.
-            lostGroups[group] = (id, .discard(job: id))
-            return [.cancelGroup(group)]
+            lostGroups[group] = (id, .discard)
+            return .stray(cancel: group)
         }
         job.phase = .running
         job.group = group
@@ -370,56 +311,46 @@ package struct JobLifecycle<Group: Hashable & Sendable>: Sendable {
         job.cancelsBeforeGroup = []
         jobs[id] = job
         byGroup[group] = id
-        return early.map { operation in
-            operation.map { .cancelOperation(job: id, group: group, operation: $0) } ?? .cancelGroup(group)
-        }
+        return .running(group: group, cancels: early)
     }
 
-    /// The job's folder cannot be kept (or the store took it back): it leaves the table; a running group is cancelled
-    /// first and its folder goes once nothing runs in it.
-    private mutating func lost(_ id: String, reason: String, resubmit: Bool) -> [Action] {
-        guard let job = jobs.removeValue(forKey: id) else { return [] }
+    /// The store says this node no longer holds the job, or its folder cannot be kept. `resubmit`: the store has no
+    /// record of it at all (its database restored from an older backup): once nothing runs in it, its folder goes
+    /// back to the store to be submitted again, rather than removed. It leaves the table at once; a running group is
+    /// cancelled first and its folder goes once nothing runs in it.
+    package mutating func lost(job id: String, reason: String, resubmit: Bool = false) -> LostResult {
+        guard let job = jobs.removeValue(forKey: id) else { return .ignore }
         if job.phase == .delayed { delayedCount -= 1 }
         activeOperations -= job.operations
-        var actions: [Action] = [.journal(.lost(job: id, reason: reason))]
-        let end: Action = resubmit ? .resubmit(job: id) : .discard(job: id)
-        if let group = job.group {
-            byGroup[group] = nil
-            if job.phase == .running {
-                // Its commands die with the cancel; its folder goes once nothing runs in it.
-                lostGroups[group] = (id, end)
-                actions.append(.cancelGroup(group))
-            } else {
-                actions += [.releaseGroup(group), end]
-            }
-        } else {
-            actions.append(end)
-        }
-        return actions
+        let announce = JournalEntry.lost(job: id, reason: reason)
+        let end: LostEnd = resubmit ? .resubmit : .discard
+        guard let group = job.group else { return .endNow(announce: announce, release: nil, end) }
+        byGroup[group] = nil
+        guard job.phase == .running else { return .endNow(announce: announce, release: group, end) }
+        // Its commands die with the cancel; its folder goes once nothing runs in it (`groupFinished`).
+        lostGroups[group] = (id, end)
+        return .cancelFirst(announce: announce, group: group)
     }
 
-    /// The job's outbox entry is in place: it leaves the table, its group released.
-    private mutating func published(_ id: String) -> [Action] {
-        guard let job = jobs[id], job.phase == .finishing || job.phase == .rejected else { return [] }
+    /// The job's outbox entry is placed (or, rejected, its result): it leaves the table, its group released.
+    package mutating func published(job id: String) -> PublishedResult {
+        guard let job = jobs[id], job.phase == .finishing || job.phase == .rejected else { return .ignore }
         jobs[id] = nil
         activeOperations -= job.operations
-        var actions: [Action] = []
-        if let group = job.group {
-            byGroup[group] = nil
-            actions.append(.releaseGroup(group))
-        }
-        return actions
+        if let group = job.group { byGroup[group] = nil }
+        return .left(release: job.group)
     }
 
-    /// A job enters the table; how it came decides what is logged.
-    private mutating func received(_ id: String, _ arrival: Arrival, cancels: [String?]) -> [Action] {
-        guard jobs[id] == nil else { return [] }
+    /// A job enters the table (`cancels`: asked before it came here, a cluster's cancel of a job not yet claimed,
+    /// kept for its group); how it came decides what is logged.
+    package mutating func received(job id: String, _ arrival: Arrival, cancels: [String?] = []) -> ReceivedResult {
+        guard jobs[id] == nil else { return .ignore }
         // Held until the group exists, and made with it.
         jobs[id] = Job(phase: .received, cancelsBeforeGroup: (cancelsBeforeReceipt.removeValue(forKey: id) ?? []) + cancels)
         switch arrival {
-        case .inbox(let manifest): return [.journal(.received(job: id, manifest: manifest))]
-        case .resumed: return []
-        case .claimed(let fromNode): return [.journal(.claimed(job: id, fromNode: fromNode))]
+        case .inbox(let manifest): return .entered(announce: .received(job: id, manifest: manifest))
+        case .resumed: return .entered(announce: nil)
+        case .claimed(let fromNode): return .entered(announce: .claimed(job: id, fromNode: fromNode))
         }
     }
 
@@ -435,33 +366,35 @@ package struct JobLifecycle<Group: Hashable & Sendable>: Sendable {
         return .submit(announce: job.announced ? nil : .accepted(job: id, operations: operations))
     }
 
-    /// Its plan says not before `until` (§3.7): accepted now, then waiting without a slot.
-    private mutating func delayed(_ id: String, operations: Int, until: Double) -> [Action] {
-        guard var job = jobs[id], job.phase == .received else { return [] }
+    /// Its plan says not before `until` (§3.7): accepted now, then waiting without a slot, out of the budgets, until
+    /// `due`.
+    package mutating func delayed(job id: String, operations: Int, until: Double) -> DelayedResult {
+        guard var job = jobs[id], job.phase == .received else { return .ignore }
         job.phase = .delayed
         job.announced = true
         job.notBefore = until
         jobs[id] = job
         delayedCount += 1
-        return [.journal(.accepted(job: id, operations: operations)), .journal(.delayed(job: id, until: until))]
+        return .waits(announce: [.accepted(job: id, operations: operations), .delayed(job: id, until: until)])
     }
 
-    /// Its manifest or plan was refused: it is published `rejected`.
-    private mutating func rejected(_ id: String, problems: [String], error: String) -> [Action] {
-        guard var job = jobs[id], job.phase == .received || job.phase == .accepted else { return [] }
+    /// Its manifest had problems, or the engine refused its graph: it is published `rejected`.
+    package mutating func rejected(job id: String, problems: [String], error: String) -> RejectedResult {
+        guard var job = jobs[id], job.phase == .received || job.phase == .accepted else { return .ignore }
         job.phase = .rejected
         // Cancels asked meanwhile have nothing left to cancel.
         job.cancelsBeforeGroup = []
         jobs[id] = job
-        return [.journal(.rejected(job: id, problems: problems, error: error)), .publish(job: id, status: .rejected, error: error)]
+        return .publish(announce: .rejected(job: id, problems: problems, error: error), error: error)
     }
 
-    /// Every operation of its group ended: the job is published (a lost job's group is released and its end done).
-    private mutating func groupFinished(_ group: Group, status: JobStatus, error: String?) -> [Action] {
-        if let lost = lostGroups.removeValue(forKey: group) { return [.releaseGroup(group), lost.end] }
-        guard let id = byGroup[group], var job = jobs[id], job.phase == .running else { return [] }
+    /// Every operation of its group ended (`status` and `error` as the shell reads them from the engine's records):
+    /// the job is published; a lost job's group is released and its folder's end done.
+    package mutating func groupFinished(group: Group, status: JobStatus, error: String?) -> GroupFinishedResult {
+        if let lost = lostGroups.removeValue(forKey: group) { return .lostEnded(job: lost.job, release: group, lost.end) }
+        guard let id = byGroup[group], var job = jobs[id], job.phase == .running else { return .ignore }
         job.phase = .finishing
         jobs[id] = job
-        return [.publish(job: id, status: status, error: error)]
+        return .publish(job: id, status: status, error: error)
     }
 }

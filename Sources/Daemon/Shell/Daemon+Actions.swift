@@ -1,4 +1,5 @@
-// The shell performs the lifecycle's actions (Sources/JobModel/JobLifecycle.swift) and logs its journal entries.
+// The shell does what the job machine answers (Sources/JobModel/JobLifecycle+Results.swift), one event's result at a
+// time, and logs its journal entries.
 
 import Foundation
 import JobModel
@@ -6,38 +7,65 @@ import Logging
 import OperationEngine
 
 extension Daemon {
-    /// Performs `actions` in order (outside `shared`). `run` and `records` are the job a publication is for and its
-    /// engine records, when the caller has them.
-    func perform(_ actions: [JobLifecycle<GroupID>.Action], for run: RunningJob? = nil, records: [OperationRecord] = []) {
-        for action in actions {
-            switch action {
-            case .journal(let entry):
-                log(entry)
-            case .cancelGroup(let group):
-                engine.cancel(group, reason: "cancelled by request")
-            case .cancelOperation(let job, let group, let operation):
-                // Only a cancel asked before the group existed comes here: its answer was given then.
-                if cancel(job: job, group: group, operation: operation) == .unknownOperation {
-                    logger.warning("job \(job): cancel of operation '\(clipped(operation))' ignored: the job has no such operation")
-                }
-            case .publish(let job, let status, let error):
-                guard let run = run ?? shared.withLock({ s in s.runs[job] }) else { continue }
-                enqueuePublication(Publication(job: run, status: status, error: error, records: records))
-            case .releaseGroup(let group):
-                engine.release(group)
-            case .discard(let job):
+    typealias Lifecycle = JobLifecycle<GroupID>
+
+    /// On `work`: `run`'s manifest or plan was refused: logged, and published `rejected`.
+    func reject(_ run: RunningJob, problems: [String], error: String) {
+        switch shared.withLock({ $0.lifecycle.rejected(job: run.id, problems: problems, error: error) }) {
+        case .publish(let announce, let error):
+            log(announce)
+            enqueuePublication(Publication(job: run, status: .rejected, error: error, records: []))
+        case .ignore:
+            break
+        }
+    }
+
+    /// On `work`: the job is no longer this node's (`runs` already let go of it): logged; its group is cancelled
+    /// (its folder ends when the group does) or its folder ends now.
+    func lose(_ job: String, reason: String, resubmit: Bool = false) {
+        switch shared.withLock({ $0.lifecycle.lost(job: job, reason: reason, resubmit: resubmit) }) {
+        case .cancelFirst(let announce, let group):
+            log(announce)
+            engine.cancel(group, reason: "cancelled by request")
+        case .endNow(let announce, let release, let end):
+            log(announce)
+            if let release { engine.release(release) }
+            endLost(job, end)
+        case .ignore:
+            break
+        }
+    }
+
+    /// On `work`: a group ended: its job is published with `records` (`run`: the job, when the caller has it), or a
+    /// lost job's folder ends now that nothing runs in it.
+    func groupFinished(_ group: GroupID, status: JobStatus, error: String?, for run: RunningJob? = nil,
+                       records: [OperationRecord] = []) {
+        switch shared.withLock({ $0.lifecycle.groupFinished(group: group, status: status, error: error) }) {
+        case .publish(let job, let status, let error):
+            guard let run = run ?? shared.withLock({ s in s.runs[job] }) else { return }
+            enqueuePublication(Publication(job: run, status: status, error: error, records: records))
+        case .lostEnded(let job, let release, let end):
+            engine.release(release)
+            endLost(job, end)
+        case .ignore:
+            break
+        }
+    }
+
+    /// What becomes of a lost job's folder: removed, or given back to the store to be submitted again (a store
+    /// that places jobs itself makes it a submission; only such a store forgets one, so nothing comes back to run
+    /// here); a folder that cannot be read back as a job is discarded.
+    private func endLost(_ job: String, _ end: Lifecycle.LostEnd) {
+        switch end {
+        case .discard:
+            store.discard(job: job)
+        case .resubmit:
+            store.discardDownloads(job: job)
+            switch store.heldJob(job) {
+            case .success(let claimed): _ = store.submit([claimed])
+            case .failure(let error):
+                logger.error("job \(job): cannot be submitted again (\(error)); discarded", metadata: ["OPQ_JOB": .string(job)])
                 store.discard(job: job)
-            case .resubmit(let job):
-                // The store makes it a submission again (moved to its waiting folder; only a store that places jobs
-                // itself forgets one, so nothing comes back to run here); a folder that cannot be read back as a job
-                // is discarded.
-                store.discardDownloads(job: job)
-                switch store.heldJob(job) {
-                case .success(let claimed): _ = store.submit([claimed])
-                case .failure(let error):
-                    logger.error("job \(job): cannot be submitted again (\(error)); discarded", metadata: ["OPQ_JOB": .string(job)])
-                    store.discard(job: job)
-                }
             }
         }
     }

@@ -19,7 +19,7 @@ extension Daemon {
     func finish(_ group: GroupID) {
         let run = shared.withLock { s in s.lifecycle.job(of: group).flatMap { s.runs[$0] } }
         guard let run else {
-            perform(handle(.groupFinished(group: group, status: .cancelled, error: nil)))
+            groupFinished(group, status: .cancelled, error: nil)
             return
         }
         guard let records = records(group, of: run) else { return }
@@ -28,8 +28,7 @@ extension Daemon {
             errors.append("\(r.name): \(r.error ?? r.state.name)")
         }
         let status = JobStatus(ended: records.map(\.state))
-        perform(handle(.groupFinished(group: group, status: status, error: errors.isEmpty ? nil : errors.joined(separator: "\n"))),
-                for: run, records: records)
+        groupFinished(group, status: status, error: errors.isEmpty ? nil : errors.joined(separator: "\n"), for: run, records: records)
     }
 
     /// On `work`: the first publication of a batch schedules the batch; later ones join it.
@@ -200,8 +199,7 @@ extension Daemon {
         var placed: [(publication: Publication, firstStart: Double?, entry: String)] = []
         for entry in staged {
             guard recorded.contains(entry.publication.job.id) else {
-                perform(handle(.lost(job: entry.publication.job.id,
-                                     reason: "the job store did not record its end (another node holds it)")))
+                lose(entry.publication.job.id, reason: "the job store did not record its end (another node holds it)")
                 _ = telemetry.timelines.take(job: entry.publication.job.id)
                 shared.withLock { $0.runs[entry.publication.job.id] = nil }
                 continue
@@ -226,7 +224,8 @@ extension Daemon {
         // log keeps its lines, in case a crash loses the rename and the job is found in active/ again).
         if !placed.isEmpty {
             for entry in placed {
-                perform(handle(.published(job: entry.publication.job.id)))
+                let result = shared.withLock { $0.lifecycle.published(job: entry.publication.job.id) }
+                if case .left(let group?) = result { engine.release(group) }
             }
             claimMore()
             offerRoom()

@@ -62,11 +62,11 @@ extension Daemon {
 
     /// On `work`: `run`'s plan says not before `until`: it waits, holding no slot (in the window, or parked).
     func delay(_ run: RunningJob, until: Double, operations: Int) {
-        let actions = shared.withLock { s in
+        let result = shared.withLock { s in
             s.runs[run.id] = nil
-            return s.lifecycle.handle(.delayed(job: run.id, operations: operations, until: until))
+            return s.lifecycle.delayed(job: run.id, operations: operations, until: until)
         }
-        perform(actions)
+        if case .waits(let announce) = result { announce.forEach(log) }
         let entry = DelayedJobs.Entry(until: until, job: run.id, fromStore: run.fromStore)
         // After the horizon: parked at once. Else into the window, whose latest are parked if it overflows.
         if !(onWork.delayed.horizon.map { $0 < entry } == true && park(entry)) {
@@ -238,7 +238,7 @@ extension Daemon {
             let config = shared.withLock { s in s.configuration }
             let (problems, parsed) = Self.problems(tree, configuration: config)
             guard problems.isEmpty, let plan = parsed else {
-                perform(handle(.rejected(job: id, problems: problems, error: problems.joined(separator: "\n"))), for: run)
+                reject(run, problems: problems, error: problems.joined(separator: "\n"))
                 return
             }
             start(run, plan, configuration: config, now: !timeCame)
@@ -246,7 +246,7 @@ extension Daemon {
             // Its folder is gone or unreadable: nothing can run or be published for it.
             logger.error("delayed job \(id) cannot be read back from active/: \(error); it is dropped",
                          metadata: ["OPQ_JOB": .string(id), "OPQ_ERROR": .string("\(error)")])
-            perform(shared.withLock { s in s.lifecycle.handle(.lost(job: id, reason: "its folder in active/ cannot be read: \(error)")) })
+            lose(id, reason: "its folder in active/ cannot be read: \(error)")
         }
     }
 }

@@ -53,11 +53,8 @@ extension Daemon {
     func storeLost(_ jobs: [String], reason: String, resubmit: Bool = false) {
         work.async { [self] in
             for job in jobs {
-                let actions = shared.withLock { s in
-                    s.runs[job] = nil
-                    return s.lifecycle.handle(.lost(job: job, reason: reason, resubmit: resubmit))
-                }
-                perform(actions)
+                shared.withLock { s in s.runs[job] = nil }
+                lose(job, reason: reason, resubmit: resubmit)
             }
             checkOnceDone()
             claimMore()

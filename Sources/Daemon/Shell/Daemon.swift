@@ -193,26 +193,21 @@ public final class Daemon: @unchecked Sendable {
         return rated
     }
 
-    /// Feeds the lifecycle one event (under `shared`).
-    func handle(_ event: JobLifecycle<GroupID>.Event) -> [JobLifecycle<GroupID>.Action] {
-        shared.withLock { $0.lifecycle.handle(event) }
-    }
-
     /// On `work`: enters a job into the lifecycle and reads its manifest; returns its plan, or nil when it was
     /// rejected (its result is then queued for publication).
     func receive(_ claimed: ClaimedJob, _ arrival: JobLifecycle<GroupID>.Arrival, tree: ManifestTree,
                          configuration config: Configuration) -> (RunningJob, JobPlan)? {
         let run = RunningJob(claimed: claimed)
         if case .inbox = arrival {} else { run.fromStore = true }
-        let actions = shared.withLock { s in
+        let received = shared.withLock { s in
             s.runs[claimed.id] = run
             // Cancels the store kept for it are held until the group exists, and made with it (`start`).
-            return s.lifecycle.handle(.received(job: claimed.id, arrival, cancels: claimed.cancels))
+            return s.lifecycle.received(job: claimed.id, arrival, cancels: claimed.cancels)
         }
-        perform(actions)
+        if case .entered(let announce?) = received { log(announce) }
         let (problems, parsed) = Self.problems(tree, configuration: config)
         guard problems.isEmpty, let plan = parsed else {
-            perform(handle(.rejected(job: claimed.id, problems: problems, error: problems.joined(separator: "\n"))), for: run)
+            reject(run, problems: problems, error: problems.joined(separator: "\n"))
             return nil
         }
         return (run, plan)
@@ -236,7 +231,7 @@ public final class Daemon: @unchecked Sendable {
         guard case .submit(let announce) = planned else { return }
         if let announce { log(announce) }
         // Registered before events can be delivered for the group (see `registering`).
-        let submitted = registering.withLock { _ -> Result<[JobLifecycle<GroupID>.Action], SubmissionError> in
+        let submitted = registering.withLock { _ -> Result<Lifecycle.SubmittedResult, SubmissionError> in
             do throws(SubmissionError) {
                 // A delayed job's timeout counts from its notBefore (§3.7).
                 let deadline = plan.timeoutSeconds.map { max(0.001, $0 - (Date().timeIntervalSince1970 - startsAt)) }
@@ -252,15 +247,27 @@ public final class Daemon: @unchecked Sendable {
                 }
                 let group = try engine.submit(consume graph, qualityOfService: plan.qualityOfService, deadline: deadline,
                                               keepOutputs: false, cancelled: asked, cancelReason: "cancelled by request")
-                return .success(handle(.submitted(job: claimed.id, group: group)))
+                return .success(shared.withLock { $0.lifecycle.submitted(job: claimed.id, group: group) })
             } catch {
                 return .failure(error)
             }
         }
         switch submitted {
-        case .success(let early): perform(early)
+        case .success(.running(let group, let cancels)):
+            // Cancels asked since the group's were taken: their answers were given then.
+            for operation in cancels {
+                guard let operation else {
+                    engine.cancel(group, reason: "cancelled by request")
+                    continue
+                }
+                if cancel(job: claimed.id, group: group, operation: operation) == .unknownOperation {
+                    logger.warning("job \(claimed.id): cancel of operation '\(clipped(operation))' ignored: the job has no such operation")
+                }
+            }
+        case .success(.stray(let group)):
+            engine.cancel(group, reason: "cancelled by request")
         case .failure(let error):
-            perform(handle(.rejected(job: claimed.id, problems: error.problems, error: error.description)), for: run)
+            reject(run, problems: error.problems, error: error.description)
         }
     }
 
