@@ -266,7 +266,9 @@ public enum SystemdNotifier {
 // it; one thread of its own hands the entries to journald with sd_journal_sendv, in the order they were queued.
 //
 // Why: each sendv is a system call that wakes journald, and under load a thread that makes seven of them per job
-// spends its time there instead of running jobs. Queued, the writer sends whatever has gathered while it was busy.
+// spends its time there instead of running jobs. Queued, the writer sends whatever has gathered while it was busy,
+// and lets a few entries gather first (at most `gatherSeconds`): journald spends about half as much per entry on a
+// burst as on the same entries each with a wake-up of their own.
 // Nothing is dropped: the queue is bounded, and a thread that finds it full waits for room. Entries still queued at
 // exit are sent before the process ends (an atexit handler waits for the queue to empty, at most a few seconds, in
 // case journald is stuck), and a critical entry is waited for before `log` returns.
@@ -318,6 +320,10 @@ final class JournalWriter: @unchecked Sendable {
     static let capacity = 8192
     /// How long the exit waits for the queue to empty.
     static let exitWait = 5.0
+    /// How long the writer lets entries gather before it sends them, unless `gatherCount` are queued or someone
+    /// waits for them (`drain`).
+    static let gatherSeconds = 0.002
+    static let gatherCount = 32
 
     private let condition = NSCondition()
     private var queue: [JournalEntry] = []
@@ -325,6 +331,10 @@ final class JournalWriter: @unchecked Sendable {
     private var sending = false
     /// The writer waits for entries (a producer wakes it).
     private var idle = false
+    /// The writer lets entries gather (a producer wakes it once `gatherCount` are queued).
+    private var gathering = false
+    /// Callers of `drain` waiting: the writer sends at once.
+    private var draining = 0
 
     private init() {
         queue.reserveCapacity(256)
@@ -339,7 +349,7 @@ final class JournalWriter: @unchecked Sendable {
         condition.lock()
         while queue.count >= Self.capacity { condition.wait() }
         queue.append(entry)
-        if idle {
+        if idle || (gathering && queue.count >= Self.gatherCount) {
             idle = false
             condition.broadcast()
         }
@@ -351,7 +361,12 @@ final class JournalWriter: @unchecked Sendable {
     func drain(seconds: Double) -> Bool {
         let deadline = Date(timeIntervalSinceNow: seconds)
         condition.lock()
-        defer { condition.unlock() }
+        draining += 1
+        condition.broadcast()
+        defer {
+            draining -= 1
+            condition.unlock()
+        }
         while !queue.isEmpty || sending {
             if !condition.wait(until: deadline) { return queue.isEmpty && !sending }
         }
@@ -371,6 +386,12 @@ final class JournalWriter: @unchecked Sendable {
                 condition.wait()
             }
             idle = false
+            if queue.count < Self.gatherCount && draining == 0 {
+                gathering = true
+                let until = Date(timeIntervalSinceNow: Self.gatherSeconds)
+                while queue.count < Self.gatherCount && draining == 0 && condition.wait(until: until) {}
+                gathering = false
+            }
             swap(&batch, &queue)
             sending = true
             condition.unlock()
