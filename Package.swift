@@ -27,11 +27,10 @@ let package = Package(
     ],
     targets: [
         // The process between the daemon and each command: ends whatever the command started (main.c says how).
-        // Linked statically: SwiftPM links every executable with the Swift runtime, which this C program does not use, and
-        // loading it dynamically would cost each command milliseconds. (lld's --no-warnings: the static runtime's one
-        // warning, that its dlopen needs glibc's shared libraries at run time, is about code this program never runs.)
+        // Linked statically, and without the Swift runtime SwiftPM links into every executable (runtime.c says how):
+        // loading and starting either would cost each command time.
         .executableTarget(name: "opqueued-supervise",
-                          linkerSettings: [.unsafeFlags(["-static-executable", "-use-ld=lld", "-Xlinker", "--no-warnings"])]),
+                          linkerSettings: [.unsafeFlags(["-static-executable", "-use-ld=lld"])]),
         // System calls with EINTR retried in one place.
         .target(name: "SystemCalls"),
         // Thread priority, SCHED_IDLE and I/O priority: `syscall` is variadic, Swift cannot call it.

@@ -4,6 +4,9 @@
 //   anchors   the same N `/bin/true` from a shell loop (`sh -c 'while …; do /bin/true; done'`) and from
 //             `xargs -P 1|2|8`: the process spawn is the floor; each limit's ratio (daemon rate over xargs'),
 //             median over `--rounds R`
+//   cpu       CPU per command: the daemon's own, that of what it waited for (each command's supervisor and the command),
+//             and xargs' with its /bin/true (the daemon's from /proc/PID/stat, xargs' from getrusage of this process's
+//             children)
 //   threads   the daemon's threads (/proc/PID/status Threads) idle, and at most while 500 `sleep 2` commands
 //             run at once (limit 500): one epoll thread watches them all, so this must not grow with them
 
@@ -47,8 +50,9 @@ enum CommandBench {
         try? FileManager.default.removeItem(atPath: root + ".plist")
     }
 
-    /// Seconds from the manifest's arrival to its outbox entry.
-    static func throughDaemon(count: Int, limit: Int) -> Double {
+    /// Seconds from the manifest's arrival to its outbox entry; CPU seconds of the daemon itself and of the processes
+    /// it waited for, from its start (a few milliseconds) to the outbox entry.
+    static func throughDaemon(count: Int, limit: Int) -> (seconds: Double, daemonCPU: Double, childrenCPU: Double) {
         let (root, daemon) = start(configuration(limit: limit, argv: ["/bin/true"]))
         defer { stop(root, daemon) }
         let hidden = root + "/inbox/.m.plist"
@@ -56,18 +60,41 @@ enum CommandBench {
         let t0 = now()
         rename(hidden, root + "/inbox/m.plist")
         while !FileManager.default.fileExists(atPath: root + "/outbox/m/result.plist") { usleep(2_000) }
-        return now() - t0
+        let seconds = now() - t0
+        let cpu = processCPU(daemon.processIdentifier)
+        return (seconds, cpu.own, cpu.children)
     }
 
-    static func timed(_ argv: [String]) -> Double {
+    /// utime + stime, and cutime + cstime (the processes it waited for, theirs included), of `pid`, in seconds.
+    static func processCPU(_ pid: Int32) -> (own: Double, children: Double) {
+        guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
+              let close = stat.lastIndex(of: ")") else { return (0, 0) }
+        // After "pid (comm) ": field 3 (the state) at index 0, so utime (field 14) to cstime (17) at 11 to 14.
+        let fields = stat[stat.index(after: close)...].split(separator: " ")
+        let tick = Double(sysconf(Int32(_SC_CLK_TCK)))
+        guard fields.count > 14 else { return (0, 0) }
+        let ticks = (11...14).map { Double(fields[$0]) ?? 0 }
+        return ((ticks[0] + ticks[1]) / tick, (ticks[2] + ticks[3]) / tick)
+    }
+
+    /// Seconds the program took, and the CPU seconds it and what it waited for used.
+    static func timed(_ argv: [String]) -> (seconds: Double, cpu: Double) {
         let process = Process()
         process.executableURL = URL(fileURLWithPath: argv[0])
         process.arguments = Array(argv.dropFirst())
         process.standardOutput = FileHandle.nullDevice
+        let before = childrenCPU()
         let t0 = now()
         try? process.run()
         process.waitUntilExit()
-        return now() - t0
+        return (now() - t0, childrenCPU() - before)
+    }
+
+    static func childrenCPU() -> Double {
+        var usage = rusage()
+        getrusage(RUSAGE_CHILDREN.rawValue, &usage)
+        let seconds = { (t: timeval) in Double(t.tv_sec) + Double(t.tv_usec) / 1e6 }
+        return seconds(usage.ru_utime) + seconds(usage.ru_stime)
     }
 
     static func threads(_ pid: Int32) -> Int {
@@ -86,14 +113,17 @@ enum CommandBench {
         }
         var ratios: [Int: [Double]] = [:]
         for _ in 0..<rounds {
-            let loop = timed(["/bin/sh", "-c", "i=0; while [ $i -lt \(n) ]; do /bin/true; i=$((i+1)); done"])
+            let loop = timed(["/bin/sh", "-c", "i=0; while [ $i -lt \(n) ]; do /bin/true; i=$((i+1)); done"]).seconds
             line("shell-loop", loop)
             for limit in [1, 2, 8] {
                 let daemon = throughDaemon(count: n, limit: limit)
-                line("opqueued limit=\(limit)", daemon)
+                line("opqueued limit=\(limit)", daemon.seconds)
                 let xargs = timed(["/bin/sh", "-c", "seq \(n) | xargs -P \(limit) -n 1 /bin/true"])
-                line("xargs -P\(limit)", xargs)
-                ratios[limit, default: []].append(xargs / daemon)
+                line("xargs -P\(limit)", xargs.seconds)
+                let ms = { (seconds: Double) in seconds * 1000 / Double(n) }
+                print(String(format: "commands cpu limit=%d ms_per_command daemon=%.3f supervisor_and_command=%.3f xargs_and_command=%.3f",
+                             limit, ms(daemon.daemonCPU), ms(daemon.childrenCPU), ms(xargs.cpu)))
+                ratios[limit, default: []].append(xargs.seconds / daemon.seconds)
             }
         }
         for limit in [1, 2, 8] {

@@ -150,15 +150,16 @@ package final class ChildProcess: @unchecked Sendable {
     package static func start(argv: [String], environment: [String: String], directory: String?, stdoutFile: Int32, stderrFile: Int32,
                       limit: Int, completion: @escaping (ChildExit) -> Void) -> Result<ChildProcess, KindFailure> {
         var outPipe: [Int32] = [-1, -1], errPipe: [Int32] = [-1, -1]
-        let p1 = opq_pipe2(&outPipe, O_CLOEXEC | O_NONBLOCK)
+        let p1 = opq_pipe2(&outPipe, O_CLOEXEC)
         guard p1 == 0 else { return .failure(KindFailure(description: "cannot make a pipe: \(String(cString: strerror(-p1)))")) }
-        let p2 = opq_pipe2(&errPipe, O_CLOEXEC | O_NONBLOCK)
+        let p2 = opq_pipe2(&errPipe, O_CLOEXEC)
         guard p2 == 0 else {
             close(outPipe[0]); close(outPipe[1])
             return .failure(KindFailure(description: "cannot make a pipe: \(String(cString: strerror(-p2)))"))
         }
-        // The child's ends are blocking, as programs expect.
-        for fd in [outPipe[1], errPipe[1]] { _ = fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) }
+        // The daemon's ends do not block its loop; the child's stay blocking, as programs expect. (F_SETFL sets only the
+        // status flags, and a pipe's read end has no other.)
+        for fd in [outPipe[0], errPipe[0]] { _ = fcntl(fd, F_SETFL, O_NONBLOCK) }
         var env = environment
         if env["PATH"] == nil { env["PATH"] = "/usr/bin:/bin" }
         let envStrings = env.keys.sorted().map { "\($0)=\(env[$0] ?? "")" }
@@ -218,9 +219,12 @@ package final class ChildProcess: @unchecked Sendable {
     /// Reads what the pipe holds; at EOF the stream ends.
     private func drain(_ stream: Stream) {
         guard stream.open else { return }
-        var buffer = [UInt8](repeating: 0, count: 65_536)
+        ReadBuffer.shared.with { buffer in drain(stream, into: buffer) }
+    }
+
+    private func drain(_ stream: Stream, into buffer: UnsafeMutableRawBufferPointer) {
         while true {
-            let n = retryingInterrupts { buffer.withUnsafeMutableBytes { read(stream.pipe, $0.baseAddress, $0.count) } }
+            let n = retryingInterrupts { read(stream.pipe, buffer.baseAddress, buffer.count) }
             if n > 0 {
                 stream.total += n
                 let keep = min(n, max(0, stream.limit - stream.written))
@@ -228,16 +232,14 @@ package final class ChildProcess: @unchecked Sendable {
                 if keep > 0, stream.file >= 0, !terminating {
                     var offset = 0
                     while offset < keep {
-                        let w = retryingInterrupts {
-                            buffer.withUnsafeBytes { write(stream.file, $0.baseAddress.map { $0 + offset }, keep - offset) }
-                        }
+                        let w = retryingInterrupts { write(stream.file, buffer.baseAddress.map { $0 + offset }, keep - offset) }
                         if w <= 0 { break } // a full disk loses log bytes, not the operation
                         offset += w
                     }
                 }
                 stream.written += keep
                 if stream.keepsTail {
-                    stream.tail.append(contentsOf: buffer[0..<n])
+                    stream.tail.append(contentsOf: UnsafeRawBufferPointer(rebasing: buffer[0..<n]))
                     if stream.tail.count > 4096 { stream.tail.removeFirst(stream.tail.count - 4096) }
                 }
                 continue
@@ -324,8 +326,21 @@ package enum Supervisor {
     /// watches), the program and the command's argv; the command's own argv without a supervisor.
     static func argv(_ command: [String]) -> [String] {
         guard let path else { return command }
-        return [path, String(ChildProcess.killGrace), String(getpid()), command[0]] + command
+        return [path, String(ChildProcess.killGrace), daemonPID, command[0]] + command
     }
+
+    /// This process's pid, as the supervisor's PARENT argument (the daemon never forks a copy of itself that runs this).
+    private static let daemonPID = String(getpid())
+}
+
+/// The buffer pipes are read into: one for all commands (they are read on the loop's thread, one at a time), rather than
+/// 64 KB allocated and zeroed at each read.
+private final class ReadBuffer: @unchecked Sendable {
+    static let shared = ReadBuffer()
+    private let lock = NSLock()
+    private let buffer = UnsafeMutableRawBufferPointer.allocate(byteCount: 65_536, alignment: 16)
+
+    func with(_ body: (UnsafeMutableRawBufferPointer) -> Void) { lock.withLock { body(buffer) } }
 }
 
 private final class RunningGroups: @unchecked Sendable {

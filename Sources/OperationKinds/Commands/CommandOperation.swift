@@ -68,9 +68,6 @@ package enum CommandOperation {
         // when the next one starts, and its end must not remove the next one's scratch. (An operation id has
         // no '/', and what follows its last '.' here is the attempt: two attempts never share a folder.)
         let work = workFolder(folder) + "/" + operation + "." + String(context.attempt)
-        for dir in [workFolder(folder), folder + "/logs"] {
-            if mkdir(dir, 0o755) != 0 && errno != EEXIST { throw SpoolError(operation: "mkdir", path: dir, errno: errno) }
-        }
         try ScratchFolders.make(work, jobFolder: folder)
         var values = arguments
         values["job"] = (folder as NSString).lastPathComponent
@@ -97,7 +94,11 @@ package enum CommandOperation {
         let logs = logPaths(operation).map { folder + "/" + $0 }
         var files: [Int32] = []
         for path in logs {
-            let fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0o644)
+            // logs/ is made by the job's first command (ENOENT), not looked for at each.
+            var fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0o644)
+            if fd < 0, errno == ENOENT, ScratchFolders.makeFolder(folder + "/logs") == 0 {
+                fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0o644)
+            }
             guard fd >= 0 else {
                 let e = errno
                 for f in files { close(f) }
@@ -205,7 +206,7 @@ enum ScratchFolders {
     nonisolated(unsafe) private static var spares: [String: [String]] = [:]
     nonisolated(unsafe) private static var made = 0
 
-    /// Makes `path`, in `jobFolder`'s .work/ (which must exist), an empty folder: a spare renamed into place, else a
+    /// Makes `path`, in `jobFolder`'s .work/ (made if missing), an empty folder: a spare renamed into place, else a
     /// new folder. Whatever was at `path` before (a previous run's attempt) is removed first.
     static func make(_ path: String, jobFolder: String) throws {
         removeTree(path)
@@ -213,7 +214,10 @@ enum ScratchFolders {
             // The mode as a new folder's, whatever the last command made of it.
             if rename(spare, path) == 0 { _ = chmod(path, 0o755); return }
         }
-        if mkdir(path, 0o755) != 0 && errno != EEXIST { throw SpoolError(operation: "mkdir", path: path, errno: errno) }
+        // .work/ is made by the job's first command (ENOENT), not looked for at each.
+        var failure = makeFolder(path)
+        if failure == ENOENT, makeFolder(CommandOperation.workFolder(jobFolder)) == 0 { failure = makeFolder(path) }
+        if failure != 0 { throw SpoolError(operation: "mkdir", path: path, errno: failure) }
     }
 
     /// The attempt at `path` has ended (its command and whatever it started are gone): its folder becomes a spare when
@@ -246,6 +250,9 @@ enum ScratchFolders {
             return spare
         }
     }
+
+    /// mkdir(2) with mode 0755: 0 once the folder exists (made now or before), else the errno.
+    static func makeFolder(_ path: String) -> Int32 { mkdir(path, 0o755) == 0 || errno == EEXIST ? 0 : errno }
 
     /// Whether `path` is a folder (not a link to one) with nothing in it.
     static func isEmptyFolder(_ path: String) -> Bool {
