@@ -12,9 +12,9 @@
 #              database part alone (opqueue-bench store: the nodes' claim and completion statements, no-op, 1 and 2
 #              workers), the figure of the same kind as the anchors' no-op ones
 #
-#   statements a node's claim round and completion alone, pgbench sending them as the node does: schema 8's statements
-#              (parsed and planned at every round) against schema 10's functions, in turns (Benchmarks/cluster/
-#              statements.py; STATEMENTS_ARGS="--rounds 5 --clients 2 --batch 20"); no release build needed
+#   statements a node's claim round and completion alone, pgbench sending them as the node does, against the schema up to
+#              each version given and a bare floor, in turns (Benchmarks/cluster/statements.py; STATEMENTS_ARGS="--rounds
+#              5 --clients 2 --batch 20 --schemas 10,10-merged": 10-merged sends each claim with the last round's ends)
 #
 #   Benchmarks/cluster/run.sh [PARTS...]      PARTS: floor anchors opqueued statements (default: the first three)
 #   BENCH_FS=journalled Benchmarks/cluster/run.sh     the server's data and every spool on a journalled ext4 (a 16 GB
@@ -36,6 +36,8 @@
 #   OPQUEUED_ARGS=--parts=scale Benchmarks/cluster/run.sh opqueued   the scale model: jobs already in the database, the
 #              server pinned to CPU 0 (taskset), 1, 2 and 3 nodes on the other CPUs: the server core's busy share per
 #              1,000 jobs a second, and how many nodes at the 1-node rate one server core would carry
+#   BIN=.build-bench/before:.build/release OPQUEUED_ARGS=--parts=scale Benchmarks/cluster/run.sh opqueued   the parts
+#              with each build in turn (a `bin` line before each): two versions side by side in one run
 #   PG_STATEMENTS=1 OPQUEUED_ARGS=--parts=2 Benchmarks/cluster/run.sh opqueued   the server loads pg_stat_statements, and
 #              at the end prints, per statement, its calls, rows and milliseconds of execution over the whole run
 #              (nested statements too: the claim function's own): where the server's time goes
@@ -191,8 +193,12 @@ anchors() {
 
 # --- opqueued -----------------------------------------------------------------------------------------------------
 opqueued() {
-  python3 "$ROOT/Benchmarks/cluster/opqueued.py" --bin "$BIN" --base "$BASE" --admin "$BASE/postgres" --jobs "$JOBS" \
-    --samples "$SAMPLES" --pgbin "$PGBIN" ${OPQUEUED_ARGS:-}
+  local bin
+  for bin in ${BIN//:/ }; do
+    [ "$BIN" = "$bin" ] || say "{\"bin\": \"$bin\"}"
+    python3 "$ROOT/Benchmarks/cluster/opqueued.py" --bin "$bin" --base "$BASE" --admin "$BASE/postgres" --jobs "$JOBS" \
+      --samples "$SAMPLES" --pgbin "$PGBIN" ${OPQUEUED_ARGS:-}
+  done
 }
 
 # Between parts: the previous part's databases dropped and its dirty pages written (CHECKPOINT), so that no part

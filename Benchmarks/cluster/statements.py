@@ -1,17 +1,20 @@
 #!/usr/bin/env python3
 # The statements part of the cluster benchmark (Benchmarks/cluster/run.sh statements): a node's claim round and
 # completion alone, as pgbench sends them (the extended protocol, unnamed statements, as the node does), against the
-# whole schema (every migration applied), on run.sh's server. No Swift build needed: for trying a change of the SQL.
+# schema migrated up to a given version, on run.sh's server. No Swift build needed: for trying a change of the SQL.
 #
 #   variants  floor     run.sh's floor: the bare claim and completion (a table of ids and states, no payload)
 #             floor-rows (--rows) the same with a job's bytes: its manifest from the start, its result.plist at the end
-#             unnamed   schema 8's ClaimJobs (a window and the cancels around opq_claim_jobs) and CompleteJobs,
-#                       sent as they were: parsed and planned at every round
-#             functions schema 10's: opq_claim and opq_complete, whose plans the server keeps per connection
+#             schema-N  (--schemas 10) the migrations up to N, and the node's ClaimJobs and CompleteJobs: opq_claim
+#                       and opq_complete (schema 10 on), whose plans the server keeps per connection, each its own
+#                       statement and commit
+#             schema-N-merged  the same, each round's claim and the previous round's completion in one statement
+#                       and one commit (what a node sending its ends with its next claim would cost)
 #   each round: JOBS waiting jobs inserted (a real manifest, and a result.plist of a `sleep 0` job at completion),
 #   then CLIENTS pgbench clients claim BATCH at a time and complete them until none is left; the variants take turns,
-#   ROUNDS times. Per variant and round: server CPU µs per job (this server's processes, from /proc), commits and WAL
-#   bytes per job; then each round's ratios of server CPU, functions/unnamed and functions/floor, and their medians.
+#   ROUNDS times. Per variant and round: server CPU µs per job (this server's processes, from /proc), commits, WAL
+#   bytes and HOT updates per job; then each round's ratios of server CPU, the last schema over the first and over
+#   the floor, and their medians.
 
 import argparse
 import json
@@ -29,36 +32,16 @@ from opqueued import psql, server_cpu  # noqa: E402
 
 SQL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "Sources", "ClusterStore", "SQL")
 
-# What each variant claims with (wrapped so that pgbench keeps the ids and fences) and completes with.
-CLAIM = {
-    "unnamed": """
-SELECT id, requested_id,
-       CASE WHEN bytes <= :most::bigint AND coalesce(before, 0) < :budget::bigint THEN manifest ELSE ''::bytea END,
-       manifest_name, submitted_on, submitted_at, qos_rank, priority_rank, seq, fence, from_node, bytes,
-       ARRAY(SELECT coalesce(r.operation, '') FROM opq_cancel_requests AS r WHERE r.job = claimed.id ORDER BY r.id) AS cancels
-FROM (
-    SELECT c.*, octet_length(c.manifest)::bigint AS bytes,
-           sum(CASE WHEN octet_length(c.manifest) <= :most::bigint THEN octet_length(c.manifest) ELSE 0 END)
-               OVER (ORDER BY c.qos_rank DESC, c.priority_rank DESC, c.seq ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS before
-    FROM opq_claim_jobs('n' || :client_id, :batch, '{default}'::text[], '{}'::text[]) AS c
-) AS claimed""",
-    "functions": """
+# What a schema variant claims with (wrapped so that pgbench keeps the ids and fences) and completes with: the
+# functions of each schema version from FUNCTIONS's on.
+CLAIM = """
 SELECT id, requested_id, manifest, manifest_name, submitted_on, submitted_at, qos_rank, priority_rank, seq, fence, from_node,
        bytes, cancels
-FROM opq_claim('n' || :client_id, :batch, '{default}'::text[], '{}'::text[], :budget::bigint, :most::bigint)""",
-}
-COMPLETE = {
-    "unnamed": """
-UPDATE opq_jobs AS j
-SET state = 'finished', status = c.status, result = c.result, finished_at = now()
-FROM unnest(:ids::text[], :fences::bigint[], array_fill('succeeded'::text, ARRAY[cardinality(:ids::text[])]),
-            array_fill((SELECT b FROM bench_result), ARRAY[cardinality(:ids::text[])])) AS c (id, fence, status, result)
-WHERE j.id = c.id AND j.fence = c.fence AND j.state = 'running'
-RETURNING j.id;""",
-    "functions": """
-SELECT id FROM opq_complete(:ids::text[], :fences::bigint[], array_fill('succeeded'::text, ARRAY[cardinality(:ids::text[])]),
-                            array_fill((SELECT b FROM bench_result), ARRAY[cardinality(:ids::text[])])) AS c (id);""",
-}
+FROM {claim}('n' || :client_id, :batch, '{default}'::text[], '{}'::text[], :budget::bigint, :most::bigint)"""
+COMPLETE = """
+SELECT id FROM {complete}(:ids::text[], :fences::bigint[], array_fill('succeeded'::text, ARRAY[cardinality(:ids::text[])]),
+                            array_fill((SELECT b FROM bench_result), ARRAY[cardinality(:ids::text[])])) AS c (id);"""
+FUNCTIONS = {10: ("opq_claim", "opq_complete")}
 
 
 # The floor (run.sh's): the bare claim and completion on a table of ids and states, one partial index, no payload.
@@ -81,9 +64,18 @@ FLOOR_ROWS = FLOOR.replace("SET state = 'finished'", "SET state = 'finished', re
 def script(variant):
     if variant in ("floor", "floor-rows"):
         return FLOOR if variant == "floor" else FLOOR_ROWS
+    claim, complete = FUNCTIONS[min(int(variant.split("-")[1]), max(FUNCTIONS))]
+    claim_round = CLAIM.replace("{claim}", claim)
+    if variant.endswith("-merged"):
+        # The previous round's completion and this round's claim in one statement, one commit (ids and fences start
+        # empty: pgbench -D).
+        ended = COMPLETE.replace("{complete}", complete).strip().rstrip(";").replace("SELECT id FROM", "SELECT count(*) AS n FROM", 1)
+        return ("\\set budget 67108864\n\\set most 1048576\n"
+                f"SELECT coalesce(array_agg(x.id), '{{}}')::text AS ids, coalesce(array_agg(x.fence), '{{}}')::text AS fences "
+                f"FROM ({ended}) AS e, LATERAL ({claim_round} WHERE e.n >= 0) AS x \\gset\n")
     return ("\\set budget 67108864\n\\set most 1048576\n"
-            f"SELECT coalesce(array_agg(id), '{{}}')::text AS ids, coalesce(array_agg(fence), '{{}}')::text AS fences FROM ({CLAIM[variant]}) AS x \\gset\n"
-            + COMPLETE[variant].strip() + "\n")
+            f"SELECT coalesce(array_agg(id), '{{}}')::text AS ids, coalesce(array_agg(fence), '{{}}')::text AS fences FROM ({claim_round}) AS x \\gset\n"
+            + COMPLETE.replace("{complete}", complete).strip() + "\n")
 
 
 def result_plist():
@@ -109,7 +101,8 @@ def make_database(admin, name, jobs, variant):
         return
     url = urllib.parse.urlparse(admin)
     env = dict(os.environ, PGPASSWORD=url.password or "")
-    files = sorted(f for f in os.listdir(SQL) if f.endswith(".up.sql"))
+    version = int(variant.split("-")[1])  # schema-10-merged: 10
+    files = sorted(f for f in os.listdir(SQL) if f.endswith(".up.sql") and int(f[:4]) <= version)
     for f in files:
         subprocess.run(["psql", "-XAtq", "-v", "ON_ERROR_STOP=1", "-h", url.hostname, "-p", str(url.port), "-U", url.username,
                         "-d", name, "-f", os.path.join(SQL, f)], env=env, check=True, capture_output=True)
@@ -120,6 +113,13 @@ def make_database(admin, name, jobs, variant):
          "'{default}', '{}', 'bench-n0/t' || g || '/1795892723.428686' "
          f"FROM generate_series(1, {jobs}) AS g")
     psql(admin, name, "VACUUM ANALYZE opq_jobs")
+
+
+def hot_updates(admin, name, table):
+    """The table's row updates so far, and how many of them were HOT (the new version on the row's page, no index entry)."""
+    time.sleep(0.6)  # the backends' counts reach the statistics within a second
+    row = psql(admin, name, f"SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = '{table}'")
+    return [int(v) for v in row.split("|")]
 
 
 def drain(args, variant, round_):
@@ -133,11 +133,15 @@ def drain(args, variant, round_):
         time.sleep(0.5)
         lsn = psql(args.admin, name, "SELECT pg_current_wal_lsn()")
         commits = int(psql(args.admin, "postgres", f"SELECT xact_commit FROM pg_stat_database WHERE datname = '{name}'"))
+        table = "q" if variant.startswith("floor") else "opq_jobs"
+        updates = hot_updates(args.admin, name, table)
         cpu = server_cpu(args.admin)
         start = time.monotonic()
-        rounds = args.jobs // (args.batch * args.clients) + 2  # the last ones find nothing left
+        # The last ones find nothing left. Merged, a client ends its claims only in its next round: a few more, and
+        # a client that claimed more than its share may leave its last claim unended (`left`).
+        rounds = args.jobs // (args.batch * args.clients) + (6 if variant.endswith("-merged") else 2)
         run = subprocess.run(["pgbench", "-n", "-M", "extended", "-h", url.hostname, "-p", str(url.port), "-U", url.username,
-                              "-c", str(args.clients), "-j", str(args.clients), "-t", str(rounds), "-D", f"batch={args.batch}",
+                              "-c", str(args.clients), "-j", str(args.clients), "-t", str(rounds), "-D", f"batch={args.batch}", "-D", "ids={}", "-D", "fences={}",
                               "-f", f.name, name], env=dict(os.environ, PGPASSWORD=url.password or ""), capture_output=True, text=True)
         seconds = time.monotonic() - start
         time.sleep(0.5)  # pgbench's backends reaped: their CPU is in the postmaster's count
@@ -146,11 +150,12 @@ def drain(args, variant, round_):
             raise SystemExit(f"pgbench ({variant}): {run.stderr[-600:]}")
         wal = int(psql(args.admin, name, f"SELECT pg_current_wal_lsn() - '{lsn}'::pg_lsn"))
         commits = int(psql(args.admin, "postgres", f"SELECT xact_commit FROM pg_stat_database WHERE datname = '{name}'")) - commits
-        table = "q" if variant.startswith("floor") else "opq_jobs"
+        updates = [after - before for after, before in zip(hot_updates(args.admin, name, table), updates)]
         left = int(psql(args.admin, name, f"SELECT count(*) FROM {table} WHERE state <> 'finished'"))
         figures = {"part": "statements", "variant": variant, "round": round_, "jobs": args.jobs, "left": left,
                    "clients": args.clients, "batch": args.batch, "serverCpuUsPerJob": round(1e6 * cpu / args.jobs, 1),
                    "commitsPerJob": round(commits / args.jobs, 3), "walBytesPerJob": round(wal / args.jobs),
+                   "jobRowUpdatesInPlace": f"{updates[1]} of {updates[0]}",
                    "jobsPerSecond": round(args.jobs / seconds)}
         print(json.dumps(figures), flush=True)
         return figures
@@ -167,19 +172,20 @@ def main():
     parser.add_argument("--clients", type=int, default=2, help="pgbench clients: nodes")
     parser.add_argument("--batch", type=int, default=20, help="jobs per claim (a node's rounds under load: about 20)")
     parser.add_argument("--rows", action="store_true", help="also the floor with a job's bytes (variant floor-rows)")
+    parser.add_argument("--schemas", default="10,10-merged", help="the schema versions to drain, in turn")
     args = parser.parse_args()
+    schemas = [f"schema-{v}" for v in args.schemas.split(",")]  # 10-merged: a round's claim with the last one's ends
     ratios, floors = [], []
     for round_ in range(1, args.rounds + 1):
         floor = drain(args, "floor", round_)
         if args.rows:
             drain(args, "floor-rows", round_)
-        before = drain(args, "unnamed", round_)
-        after = drain(args, "functions", round_)
-        ratios.append(round(after["serverCpuUsPerJob"] / before["serverCpuUsPerJob"], 2))
-        floors.append(round(after["serverCpuUsPerJob"] / floor["serverCpuUsPerJob"], 2))
-    print(json.dumps({"part": "statements-ratio", "of": "server CPU per job, functions / unnamed, round by round",
+        drained = [drain(args, schema, round_) for schema in schemas]
+        ratios.append(round(drained[-1]["serverCpuUsPerJob"] / drained[0]["serverCpuUsPerJob"], 2))
+        floors.append(round(drained[-1]["serverCpuUsPerJob"] / floor["serverCpuUsPerJob"], 2))
+    print(json.dumps({"part": "statements-ratio", "of": f"server CPU per job, {schemas[-1]} / {schemas[0]}, round by round",
                       "rounds": ratios, "median": statistics.median(ratios)}), flush=True)
-    print(json.dumps({"part": "statements-ratio", "of": "server CPU per job, functions / the floor, round by round",
+    print(json.dumps({"part": "statements-ratio", "of": f"server CPU per job, {schemas[-1]} / the floor, round by round",
                       "rounds": floors, "median": statistics.median(floors)}), flush=True)
 
 
