@@ -20,12 +20,12 @@ import Glibc
 
 final class JobHooks: @unchecked Sendable {
     let folder: String
-    let spool: SpoolFolders
+    let folders: SpoolFolders
     /// Logs a hook's failure for a job: (job, message).
     let report: @Sendable (String, String) -> Void
 
     init(folders: SpoolFolders, report: @escaping @Sendable (String, String) -> Void) {
-        spool = folders
+        self.folders = folders
         folder = folders.active + "/.hooks"
         self.report = report
         mkdir(folder, 0o755)
@@ -40,9 +40,9 @@ final class JobHooks: @unchecked Sendable {
     /// <job>.N when outbox/<job> was taken; nil: outbox/<job>); the marker goes once it has ended.
     func run(_ spec: CommandSpec, job: String, status: String, entry: String? = nil) {
         let marker = folder + "/" + job
-        let argv = spec.expand(["job": job, "status": status, "outbox": CommandOperation.absolute(entry ?? spool.outbox + "/" + job)])
+        let argv = spec.expand(["job": job, "status": status, "outbox": CommandOperation.absolute(entry ?? folders.outbox + "/" + job)])
         let timer = TimerBox()
-        let started = ChildProcess.start(argv: argv, environment: spec.environment, directory: spool.tmp, stdoutFile: -1, stderrFile: -1,
+        let started = ChildProcess.start(argv: argv, environment: spec.environment, directory: folders.tmp, stdoutFile: -1, stderrFile: -1,
                                          limit: 0) { [report] exit in
             timer.cancel()
             unlink(marker)
@@ -68,7 +68,7 @@ final class JobHooks: @unchecked Sendable {
     func recover(_ spec: CommandSpec?, outbox: String) {
         for job in ((try? FileManager.default.contentsOfDirectory(atPath: folder)) ?? []).sorted() {
             let marker = folder + "/" + job
-            if access(spool.active + "/" + job, F_OK) == 0 { continue } // published again later, hook then
+            if access(folders.active + "/" + job, F_OK) == 0 { continue } // published again later, hook then
             guard let spec, let entry = Spool.entry(of: job, in: outbox),
                   case .success(let data) = readRegularFile(marker, limit: 64) else {
                 unlink(marker)

@@ -20,10 +20,14 @@ extension Daemon {
         }
     }
 
-    /// On `work`: the job is no longer this node's (`runs` already let go of it): logged; its group is cancelled
-    /// (its folder ends when the group does) or its folder ends now.
+    /// On `work`: the job is no longer this node's: it leaves the machine and `runs` in one step, is logged, and its
+    /// group is cancelled (its folder ends when the group does) or its folder ends now.
     func lose(_ job: String, reason: String, resubmit: Bool = false) {
-        switch shared.withLock({ $0.lifecycle.lost(job: job, reason: reason, resubmit: resubmit) }) {
+        let result = shared.withLock { s in
+            s.runs[job] = nil
+            return s.lifecycle.lost(job: job, reason: reason, resubmit: resubmit)
+        }
+        switch result {
         case .cancelFirst(let announce, let group):
             log(announce)
             engine.cancel(group, reason: "cancelled by request")

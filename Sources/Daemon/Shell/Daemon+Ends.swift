@@ -201,7 +201,6 @@ extension Daemon {
             guard recorded.contains(entry.publication.job.id) else {
                 lose(entry.publication.job.id, reason: "the job store did not record its end (another node holds it)")
                 _ = telemetry.timelines.take(job: entry.publication.job.id)
-                shared.withLock { $0.runs[entry.publication.job.id] = nil }
                 continue
             }
             do {

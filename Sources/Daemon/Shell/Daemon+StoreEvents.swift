@@ -53,7 +53,6 @@ extension Daemon {
     func storeLost(_ jobs: [String], reason: String, resubmit: Bool = false) {
         work.async { [self] in
             for job in jobs {
-                shared.withLock { s in s.runs[job] = nil }
                 lose(job, reason: reason, resubmit: resubmit)
             }
             checkOnceDone()
