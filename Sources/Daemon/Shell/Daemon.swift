@@ -51,7 +51,7 @@ final class RunningJob: @unchecked Sendable {
     func mayHave(_ kind: Kind) -> Bool { plan.map { $0.operations.contains { $0.kind == kind } } ?? true }
 }
 
-public final class Daemon: @unchecked Sendable {
+public final class Daemon: Sendable {
     /// Which jobs this node runs, their files in this node's spool, and whether their ends may be published
     /// (SpoolJobStore: all of them). The shell does nothing to a job's durable state but through it.
     public let store: any JobStore
@@ -79,9 +79,13 @@ public final class Daemon: @unchecked Sendable {
     /// held across a submission: `status` would wait for a million-operation graph to be adopted.)
     let registering = Mutex(())
     /// Claims and publications, in order: the spool's serial executor.
-    let work = DispatchQueue(label: "opqueued.spool")
+    let work: DispatchQueue
     /// What only `work` touches: the inbox's intake, publications waiting, a spool fault, delayed jobs.
-    var onWork = SpoolSide()
+    let spoolSide: WorkBound<SpoolSide>
+    var onWork: SpoolSide {
+        get { spoolSide.value }
+        _modify { yield &spoolSide.value }
+    }
 
     public var metrics: DaemonMetrics { telemetry.metrics }
     public var tracing: TraceExport? { telemetry.tracing }
@@ -122,6 +126,8 @@ public final class Daemon: @unchecked Sendable {
     public init(configuration: Configuration, configPath: String?, logger: Logger, once: Bool = false,
                 store: any JobStore, beforeCommit: (@Sendable () -> Void)? = nil) {
         self.store = store
+        work = DispatchQueue(label: "opqueued.spool")
+        spoolSide = WorkBound(SpoolSide(), queue: work)
         options = DaemonOptions(configPath: configPath, once: once)
         self.logger = logger
         let relay = Relay()

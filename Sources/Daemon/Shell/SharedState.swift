@@ -1,5 +1,5 @@
 // The node's state, grouped by what guards it: `SharedState` under the node's one mutex (`Daemon.shared`), read and
-// changed by every thread that touches a job; `SpoolSide` touched only on the spool's serial queue (`Daemon.work`),
+// changed by every thread that touches a job; `SpoolSide` confined to the spool's serial queue (`Daemon.work`, WorkBound),
 // which makes claims and publications in order. Nothing else in the node changes after `init` but the queue table.
 
 import JobModel
