@@ -440,6 +440,8 @@ package func clipped(_ s: String) -> String {
     s.count <= 80 ? s : s.prefix(80) + "… (\(s.utf8.count) bytes)"
 }
 
+/// A number as a user wrote it: a whole number without ".0" (when it fits an Int; 1e300 stays "1e+300").
 func formatNumber(_ value: Double) -> String {
-    value == value.rounded() ? String(Int(value)) : String(value)
+    guard value == value.rounded(), let whole = Int(exactly: value) else { return String(value) }
+    return String(whole)
 }

@@ -146,6 +146,25 @@ extension Configuration {
         #expect(found.contains("operation 'w': path '../../etc/x.png' goes up with '..'"))
     }
 
+    /// A `real` argument of any size is an argument, spelled as the user wrote it: a whole number past Int's range
+    /// once stopped the daemon (and again at each restart, its manifest being in active/).
+    @Test func aRealArgumentOfAnySizeIsSpelledNotTrapped() throws {
+        let configuration = try Configuration.parse(plist(["commands": [
+            "echo": ["argv": ["/bin/echo", "${r}"], "parameters": ["r": "real"], "output": "stdout"],
+        ]]))
+        func argument(_ value: Double) -> String? {
+            let manifest = ["operations": [["id": "c", "kind": "command", "command": "echo", "arguments": ["r": value]]]]
+            guard case .success(let plan) = Manifest.parse(plist(manifest), configuration: configuration),
+                  case .command(_, let arguments) = plan.operations[0].parameters else { return nil }
+            return arguments["r"]
+        }
+        #expect(argument(1e300) == "1e+300")
+        #expect(argument(1e19) == "1e+19")
+        #expect(argument(-9.3e18) == "-9.3e+18")
+        #expect(argument(42) == "42")
+        #expect(argument(2.5) == "2.5")
+    }
+
     /// SPEC §3.3: bytes (a download's, a command's, another write's) are written under any name with no `format`;
     /// only a write of an image needs one its path does not give, and which is which is known from the graph.
     @Test func bytesAreWrittenUnderAnyNameAndOnlyAnImageNeedsAFormat() throws {
