@@ -4,7 +4,7 @@
 // Hostile input is the normal case here: every offset, count and reference is checked against the
 // data before use, arithmetic cannot overflow, nesting (and so any reference cycle) stops at
 // PlistLimits.maxDepth, and objects referenced many times cannot multiply past a budget proportional
-// to the file (a "billion laughs" of shared arrays is refused, not expanded).
+// to the file's size (a "billion laughs" of shared arrays is refused, not expanded).
 
 struct BinaryPlistReader {
     private let b: UnsafeRawBufferPointer
@@ -42,7 +42,9 @@ struct BinaryPlistReader {
         }
         // Every object takes at least one byte: a table claiming more objects than bytes lies.
         guard objectCount <= tableOffset else { throw PlistError("binary property list: \(objectCount) objects in \(tableOffset) bytes") }
-        budget = objectCount.multipliedReportingOverflow(by: 4).partialValue &+ 65_536
+        // Four values per byte of objects, whatever the object count: writers that share equal objects (Python's
+        // plistlib, CFBinaryPList) make honest files of few objects that expand to many values.
+        budget = tableOffset.multipliedReportingOverflow(by: 4).partialValue &+ 65_536
     }
 
     mutating func read() throws -> PlistValue {

@@ -216,15 +216,30 @@ func parse(_ data: Data) throws -> PlistValue { try PropertyList.parse([UInt8](d
     }
 
     /// A hand-made binary list: objects, offset table and trailer.
-    func bplist(_ objects: [[UInt8]], top: Int = 0, referenceSize: UInt8 = 1) -> [UInt8] {
+    func bplist(_ objects: [[UInt8]], top: Int = 0, referenceSize: UInt8 = 1, offsetSize: UInt8 = 2) -> [UInt8] {
         var bytes = Array("bplist00".utf8)
         var offsets: [Int] = []
         for o in objects { offsets.append(bytes.count); bytes += o }
         let table = bytes.count
-        for o in offsets { bytes += [UInt8(o >> 8), UInt8(o & 0xFF)] }
-        bytes += [0, 0, 0, 0, 0, 0, 2, referenceSize]
+        for o in offsets { bytes += (0..<Int(offsetSize)).reversed().map { UInt8(truncatingIfNeeded: o >> ($0 * 8)) } }
+        bytes += [0, 0, 0, 0, 0, 0, offsetSize, referenceSize]
         for n in [objects.count, top, table] { bytes += (0..<8).reversed().map { UInt8(truncatingIfNeeded: n >> ($0 * 8)) } }
         return bytes
+    }
+
+    /// Writers that share equal objects (Python's plistlib, CFBinaryPList) make honest files of few objects that
+    /// expand to many values: twenty thousand entries sharing their keys and values are a list, not a bomb.
+    @Test func aBinaryListWhoseEntriesShareTheirKeysAndValuesIsRead() throws {
+        let entries = 20_000
+        // 0: the top array of `entries` dictionaries; 1...entries: each {k: v, l: w}; then the shared k, l, v, w.
+        let shared = entries + 1
+        func reference(_ n: Int) -> [UInt8] { [UInt8(n >> 16), UInt8(truncatingIfNeeded: n >> 8), UInt8(truncatingIfNeeded: n)] }
+        var objects: [[UInt8]] = [[0xAF, 0x11, 0x4E, 0x20] + (1...entries).flatMap(reference)]
+        for _ in 0..<entries { objects.append([0xD2] + reference(shared) + reference(shared + 1) + reference(shared + 2) + reference(shared + 3)) }
+        objects += [[0x51, UInt8(ascii: "k")], [0x51, UInt8(ascii: "l")], [0x10, 7], [0x09]]
+        let list = try PropertyList.parse(bplist(objects, referenceSize: 3, offsetSize: 3))
+        guard case .array(let items) = list else { Issue.record("not an array: \(list)"); return }
+        #expect(items.count == entries)
     }
 
     @Test func hostileBinaryListsAreErrors() throws {
