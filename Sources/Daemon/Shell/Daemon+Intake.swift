@@ -70,7 +70,9 @@ extension Daemon {
                 logger.error("active/\(id)/manifest.plist cannot be read; left in place")
                 return nil
             }
-            claimed.done = done
+            // Lines of an earlier job of the same id (published, its outbox entry removed, the id given again) may
+            // still be in the log: only what started after this job's claim is its own.
+            claimed.done = done.filter { $0.value.startedAt >= claimed.receivedAt }
             return claimed
         }
         func resume(_ claimed: ClaimedJob) {

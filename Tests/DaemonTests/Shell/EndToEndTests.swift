@@ -305,6 +305,26 @@ import TestSupport
                 "'first' ran once, before the crash")
     }
 
+    /// An id given again (its earlier job published, the outbox entry removed) starts from nothing after a crash:
+    /// the earlier job's lines, still in the progress log, are not the new job's.
+    @Test func anIdGivenAgainDoesNotInheritTheEarlierJobsProgressAfterKillNine() throws {
+        let spool = TestSpool()
+        try spool.start()
+        try spool.drop("once.plist", ["job": "again", "operations": [sleepOp("s", 0.05)]])
+        #expect(spool.result("again")?["status"] as? String == "succeeded")
+        try FileManager.default.removeItem(atPath: spool.root + "/outbox/again")
+        try spool.drop("twice.plist", ["job": "again", "operations": [sleepOp("s", 1.5), sleepOp("t", 0, deps: ["s"])]])
+        #expect(eventually(10) { (try? spool.ctl(["show", "again"]).stdout.contains("executing")) == true })
+        spool.signal(SIGKILL)
+        _ = spool.waitForExit()
+        try spool.start()
+        let result = try #require(spool.result("again", timeout: 20))
+        let ops = try #require(result["operations"] as? [[String: Any]])
+        #expect(result["status"] as? String == "succeeded")
+        let ran = (ops[0]["finishedAt"] as? Double ?? 0) - (ops[0]["startedAt"] as? Double ?? 0)
+        #expect(ran >= 1.4, "'s' ran its 1.5 s after the restart, not taken for the earlier job's 0.05 s: \(ops[0])")
+    }
+
     @Test func killNineAtRandomMomentsLosesAndDuplicatesNothing() throws {
         let spool = TestSpool()
         let jobs = 200
