@@ -245,4 +245,47 @@ extension Manifest {
         }
         return nil
     }
+
+    /// Files of the job folder two owners would make: two writes of one path, a write of a command's log
+    /// (`logs/<id>.stdout`, `.stderr`), or a file where another needs a folder (`a` and `a/b.png`). One of the outputs
+    /// would be lost at run time, which one depending on which ran last.
+    static func pathConflicts(_ operations: [OperationPlan]) -> [String] {
+        // Who makes each file: the daemon, a command's log, or a write (by id).
+        var made: [String: String] = ["manifest.plist": "the daemon's own", "result.plist": "the daemon's own"]
+        var writes: [(path: String, id: String)] = []
+        var problems: [String] = []
+        for op in operations {
+            if case .command = op.parameters {
+                made["logs/\(op.id).stdout"] = "the standard output log of command operation '\(op.id)'"
+                made["logs/\(op.id).stderr"] = "the standard error log of command operation '\(op.id)'"
+            } else if case .write(let path, _, _) = op.parameters, unsafePathReason(path) == nil {
+                writes.append((path, op.id))
+            }
+        }
+        var writer: [String: String] = [:]
+        for (path, id) in writes {
+            if let first = writer[path] {
+                problems.append("operations '\(first)' and '\(id)' both write '\(clipped(path))'")
+            } else if let log = made[path] {
+                problems.append("operation '\(id)' writes '\(clipped(path))', \(log)")
+            } else {
+                writer[path] = id
+                made[path] = "written by operation '\(id)'"
+            }
+        }
+        if let id = writer["logs"], let command = operations.first(where: { if case .command = $0.parameters { true } else { false } }) {
+            problems.append("operation '\(id)' writes 'logs', the folder of command operation '\(command.id)''s logs")
+        }
+        for (path, id) in writes {
+            var folder = Substring(path)
+            while let slash = folder.lastIndex(of: "/") {
+                folder = folder[..<slash]
+                if let file = made[String(folder)] {
+                    problems.append("operation '\(id)' writes '\(clipped(path))' inside '\(clipped(String(folder)))', which is a file (\(file))")
+                    break
+                }
+            }
+        }
+        return problems
+    }
 }

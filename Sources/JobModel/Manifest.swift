@@ -357,6 +357,7 @@ public struct Manifest {
             }
             if op.dependencies.contains(op.id) { problems.append("cycle: \(op.id) → \(op.id)") }
         }
+        problems += pathConflicts(plan.operations)
         if !unknown {
             problems += cycles(plan.operations, index: index)
             problems += imageWritesWithoutFormat(plan.operations, index: index, configuration: configuration)

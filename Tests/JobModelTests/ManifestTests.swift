@@ -146,6 +146,29 @@ extension Configuration {
         #expect(found.contains("operation 'w': path '../../etc/x.png' goes up with '..'"))
     }
 
+    /// Two owners of one file in the job folder are a manifest problem, not an output lost at run time.
+    @Test func twoOwnersOfOneFileAreAProblem() throws {
+        let configuration = try Configuration.parse(plist(["commands": [
+            "tar": ["argv": ["/usr/bin/tar", "-c", "${input}"], "output": "stdout"],
+        ]]))
+        func found(_ operations: [[String: Any]]) -> [String] {
+            if case .failure(let p) = Manifest.parse(plist(["operations": operations]), configuration: configuration) { return p.problems }
+            return []
+        }
+        let d: [String: Any] = ["id": "d", "kind": "download", "url": "https://example.org/a"]
+        func write(_ id: String, _ path: String) -> [String: Any] { ["id": id, "kind": "write", "path": path, "dependencies": ["d"]] }
+        let c: [String: Any] = ["id": "c", "kind": "command", "command": "tar", "arguments": [String: Any](), "dependencies": ["d"]]
+        #expect(found([d, write("w1", "same.bin"), write("w2", "same.bin")]) == ["operations 'w1' and 'w2' both write 'same.bin'"])
+        #expect(found([d, write("w", "logs/c.stderr"), c])
+                == ["operation 'w' writes 'logs/c.stderr', the standard error log of command operation 'c'"])
+        #expect(found([d, write("w1", "a"), write("w2", "a/b/c.bin")])
+                == ["operation 'w2' writes 'a/b/c.bin' inside 'a', which is a file (written by operation 'w1')"])
+        #expect(found([d, write("w", "result.plist/x.bin")])
+                == ["operation 'w' writes 'result.plist/x.bin' inside 'result.plist', which is a file (the daemon's own)"])
+        #expect(found([d, c, write("w", "logs")]) == ["operation 'w' writes 'logs', the folder of command operation 'c''s logs"])
+        #expect(found([d, c, write("w1", "a/b.bin"), write("w2", "a/c.bin"), write("w3", "logs/other.txt")]) == [])
+    }
+
     /// A `real` argument of any size is an argument, spelled as the user wrote it: a whole number past Int's range
     /// once stopped the daemon (and again at each restart, its manifest being in active/).
     @Test func aRealArgumentOfAnySizeIsSpelledNotTrapped() throws {
