@@ -17,7 +17,14 @@ extension Configuration {
     public static func load(path: String, regularOnly: Bool = false) throws -> Configuration {
         let data: Data
         if regularOnly {
-            switch readRegularFile(path, limit: maxBytes + 1) {
+            // A configuration that is a symbolic link (/etc/alternatives, stow, a ConfigMap) is read where it leads:
+            // what must be a regular file is the target.
+            guard let resolved = realpath(path, nil) else {
+                throw Invalid(path: path, problems: ["cannot be read: \(String(cString: strerror(errno)))"])
+            }
+            let target = String(cString: resolved)
+            free(resolved)
+            switch readRegularFile(target, limit: maxBytes + 1) {
             case .success(let d): data = d
             case .failure(let e) where e.errno == EINVAL:
                 throw Invalid(path: path,

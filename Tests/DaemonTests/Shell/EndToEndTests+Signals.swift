@@ -208,7 +208,7 @@ extension EndToEndTests {
     /// A reload of a configuration file replaced by a FIFO no one writes (or by a directory): refused at once, said
     /// why; the next reload and SIGTERM still work (the FIFO's open used to block the reload, and every signal after
     /// it, for good).
-    @Test func sighupOfAConfigurationThatIsAFIFOIsRefusedAndSignalsStillWork() throws {
+    @Test func sighupOfAConfigurationThatIsAFIFOIsRefusedAndOneThatIsALinkIsRead() throws {
         let spool = TestSpool()
         try spool.start(try spool.configure([:]))
         unlink(spool.configPath)
@@ -220,6 +220,13 @@ extension EndToEndTests {
         try spool.configure(["queues": ["default": ["suspended": true]]])
         spool.signal(SIGHUP)
         #expect(eventually(10) { log().contains("OPQ_EVENT=queue OPQ_QUEUE=default OPQ_STATE=suspended") })
+        // A configuration that is a symbolic link (to a regular file) is read where it leads.
+        let target = spool.configPath + ".real"
+        try spool.configure(["queues": ["default": ["suspended": false]]])
+        try FileManager.default.moveItem(atPath: spool.configPath, toPath: target)
+        #expect(symlink(target, spool.configPath) == 0)
+        spool.signal(SIGHUP)
+        #expect(eventually(10) { log().contains("OPQ_EVENT=queue OPQ_QUEUE=default OPQ_STATE=resumed") }, "\(log())")
         spool.signal(SIGTERM)
         #expect(spool.waitForExit(timeout: 20) == 0)
         // An endless configuration is refused at start, not read until memory runs out.
