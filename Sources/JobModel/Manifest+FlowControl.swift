@@ -10,11 +10,11 @@ extension Manifest {
             // A plist date counts from 2001-01-01 (Apple's reference date); a real from the Unix epoch.
             let seconds: Double? = if case .date(let d) = value { d + 978_307_200 } else { value.real }
             if let seconds, seconds >= 0, seconds < 1e11 { plan.notBefore = seconds }
-            else { problems.append("notBefore: must be a date, or seconds since the epoch (a non-negative number)") }
+            else { problems.append("notBefore: must be a date from 1970 to 5138, or 0 to 1e11 seconds since the epoch") }
         }
         if let value = top["delaySeconds"] {
             if let d = value.real, d >= 0, d < 1e10 { plan.delaySeconds = d }
-            else { problems.append("delaySeconds: must be a non-negative number of seconds") }
+            else { problems.append("delaySeconds: must be a number of seconds from 0 to 1e10") }
         }
         if top["notBefore"] != nil && top["delaySeconds"] != nil {
             problems.append("notBefore and delaySeconds: give one or the other, not both")

@@ -115,4 +115,10 @@ struct Opqueuectl: ParsableCommand {
     @OptionGroup var common: Common
 
     // Usage errors exit with ArgumentParser's validationFailure, which is 64 (EX_USAGE), as the contract asks.
+
+    /// No command is a usage error too (`--help` alone is not: it is answered before this runs).
+    func run() throws {
+        FileHandle.standardError.write(Data((Self.helpMessage() + "\n").utf8))
+        throw ExitCode.validationFailure
+    }
 }

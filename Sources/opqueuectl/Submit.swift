@@ -89,7 +89,8 @@ struct Submit: ParsableCommand {
     @OptionGroup var common: Common
     @Option(name: .customLong("at"), help: ArgumentHelp("The job waits until TIME (sets notBefore): \(TimeText.forms).", valueName: "TIME"))
     var at: String?
-    @Option(name: .customLong("in"), help: ArgumentHelp("The job waits SECONDS from now (sets notBefore).", valueName: "SECONDS"))
+    @Option(name: .customLong("in"), parsing: .unconditional,
+            help: ArgumentHelp("The job waits SECONDS from now (sets notBefore).", valueName: "SECONDS"))
     var delay: Double?
     @Option(name: .customLong("if-exists"),
             help: ArgumentHelp("rename (a taken id gets .1, .2 and so on) or skip (no job when the id is held).", valueName: "rename|skip"))
@@ -99,7 +100,10 @@ struct Submit: ParsableCommand {
     func validate() throws {
         if at != nil && delay != nil { throw ValidationError("give --at or --in, not both") }
         if let at, TimeText.parse(at) == nil { throw ValidationError("--at '\(at)': not a time; the forms are \(TimeText.forms)") }
-        if let delay, !(delay >= 0 && delay < 1e10) { throw ValidationError("--in: must be a non-negative number of seconds") }
+        if let at, let time = TimeText.parse(at), !(time >= 0 && time < 1e11) {
+            throw ValidationError("--at '\(at)': must be from 1970 to 5138 (0 to 1e11 seconds since the epoch)")
+        }
+        if let delay, !(delay >= 0 && delay < 1e10) { throw ValidationError("--in: must be 0 to 1e10 seconds, not \(delay)") }
         if let ifExists, ifExists != "rename" && ifExists != "skip" { throw ValidationError("--if-exists: must be 'rename' or 'skip'") }
     }
 

@@ -18,7 +18,14 @@ struct Wait: ParsableCommand {
             """)
     @OptionGroup var common: Common
     @Argument(help: "A job id.", completion: .custom(completeJobs)) var job: String
-    @Option(help: "Give up after this many seconds (exit 2).") var timeout: Double?
+    // `.unconditional`: `--timeout -5` is a value to refuse, not a missing one.
+    @Option(parsing: .unconditional, help: "Give up after this many seconds (exit 2).") var timeout: Double?
+
+    func validate() throws {
+        if let timeout, !(timeout.isFinite && timeout >= 0) {
+            throw ValidationError("--timeout must be 0 or more seconds, not \(timeout) (without it, wait waits for ever)")
+        }
+    }
 
     func run() throws {
         // An id no job can have is never seen: waiting for it (for ever, without --timeout) helps no one.

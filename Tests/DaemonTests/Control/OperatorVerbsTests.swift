@@ -142,8 +142,21 @@ extension TestSpool {
 
         let unknown = try spool.ctl(["clean", "--older-than", "1", "--status", "finished"])
         #expect(unknown.status == 1 && unknown.stderr.contains("unknown status 'finished'"), "\(unknown.stderr)")
-        #expect(try spool.ctl(["clean", "--older-than", "-1"]).status == 64)
+        let negative = try spool.ctl(["clean", "--older-than", "-1"])
+        #expect(negative.status == 64 && negative.stderr.contains("--older-than must be 0 or more days, not -1.0"), "\(negative.stderr)")
         #expect(try spool.ctl(["clean"]).status == 64, "--older-than is required")
+        // Usage errors a careless hand makes: no command at all, a negative or NaN timeout, a time past the bound.
+        let nothing = try spool.ctl([])
+        #expect(nothing.status == 64 && nothing.stderr.contains("SUBCOMMANDS"), "\(nothing)")
+        #expect(try spool.ctl(["--help"]).status == 0)
+        for bad in ["-5", "nan", "inf"] {
+            let wait = try spool.ctl(["wait", "hour", "--timeout", bad])
+            #expect(wait.status == 64 && wait.stderr.contains("--timeout must be 0 or more seconds"), "\(bad): \(wait.stderr)")
+        }
+        let far = try spool.ctl(["submit", "--at", "9999-12-31T00:00:00Z", "/dev/null"])
+        #expect(far.status == 64 && far.stderr.contains("must be from 1970 to 5138"), "\(far.stderr)")
+        let early = try spool.ctl(["submit", "--in", "-5", "/dev/null"])
+        #expect(early.status == 64 && early.stderr.contains("--in: must be 0 to 1e10 seconds, not -5.0"), "\(early.stderr)")
         #expect(spool.list("outbox") == ["hour", "someones"])
     }
 

@@ -87,7 +87,8 @@ import Testing
         let spool = TestSpool()
         let cases: [(String, [String: Any], String)] = [
             ("both", ["notBefore": 1.0, "delaySeconds": 1.0], "notBefore and delaySeconds: give one or the other"),
-            ("negative", ["delaySeconds": -1.0], "delaySeconds: must be a non-negative number"),
+            ("negative", ["delaySeconds": -1.0], "delaySeconds: must be a number of seconds from 0 to 1e10"),
+            ("far", ["notBefore": Date(timeIntervalSince1970: 2e11)], "notBefore: must be a date from 1970 to 5138"),
             ("text", ["notBefore": "tomorrow"], "notBefore: must be a date"),
             ("exists", ["ifJobExists": "overwrite"], "ifJobExists: must be 'rename' or 'skip'"),
             ("trace", ["traceparent": "00-abc"], "traceparent: must be a W3C trace context"),
