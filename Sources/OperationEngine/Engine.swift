@@ -485,23 +485,13 @@ public final class Engine: @unchecked Sendable, ContextHost {
                 dispatch = popped
             }
             lock.unlock()
-            let context = OperationContext(host: self, current: dispatch.attempt, input: dispatch.input, name: dispatch.name)
+            let attempt = dispatch.attempt
             var time = Double.nan
-            // The bodies are called through the dispatch (`call`), not bound out of it: a binding copies the closure,
-            // a retain and a release on a count every worker shares when operations share a body.
-            switch dispatch.body {
-            case .sync:
-                let outcome: Scheduler.Outcome
-                do {
-                    outcome = .succeeded(try dispatch.body.call(context).map(OutputBox.init))
-                } catch {
-                    outcome = .failure(String(describing: error), final: error is FinalFailure)
-                }
+            if let outcome = run(consume dispatch) {
                 lock.lock()
                 time = wallClock()
-                scheduler.finish(dispatch.attempt, outcome: outcome, now: time)
-            case .async:
-                _ = try? dispatch.body.call(context)
+                scheduler.finish(attempt, outcome: outcome, now: time)
+            } else {
                 lock.lock()
                 asyncRunning[c] -= 1
             }
@@ -512,6 +502,27 @@ public final class Engine: @unchecked Sendable, ContextHost {
                 after.run()
                 lock.lock()
             }
+        }
+    }
+
+    /// Calls a dispatch's body, outside the lock: a synchronous one's outcome, nil for an asynchronous one. The
+    /// dispatch and its context are let go here, before the caller takes the lock again: releasing the body, the name
+    /// and the input (counts other workers touch too) is no work to do while holding it.
+    @inline(__always)
+    private func run(_ dispatch: consuming Dispatch) -> Scheduler.Outcome? {
+        let context = OperationContext(host: self, current: dispatch.attempt, input: dispatch.input, name: dispatch.name)
+        // The bodies are called through the dispatch (`call`), not bound out of it: a binding copies the closure,
+        // a retain and a release on a count every worker shares when operations share a body.
+        switch dispatch.body {
+        case .sync:
+            do {
+                return .succeeded(try dispatch.body.call(context).map(OutputBox.init))
+            } catch {
+                return .failure(String(describing: error), final: error is FinalFailure)
+            }
+        case .async:
+            _ = try? dispatch.body.call(context)
+            return nil
         }
     }
 
