@@ -35,8 +35,9 @@ public final class Engine: @unchecked Sendable, ContextHost {
 
     private static let classes = QualityOfService.allCases.count
     @exclusivity(unchecked) var runLists = [Deque<Dispatch>](repeating: [], count: classes)
-    /// Dispatches in all run lists: most steps of a worker leave none there, and need not look at each class.
-    @exclusivity(unchecked) private var queuedDispatches = 0
+    /// Bit c set when class c's run list is not empty: a step looks at those classes only (most steps of a worker
+    /// leave no list with anything in it).
+    @exclusivity(unchecked) private var queuedClasses: UInt8 = 0
     /// Dispatches of asynchronous bodies in each run list. Such a body returns at once (its work goes on
     /// elsewhere: a timer, a transfer, a child process), so a few workers drain any number of them; only
     /// synchronous dispatches each call for a thread of their own.
@@ -349,11 +350,14 @@ public final class Engine: @unchecked Sendable, ContextHost {
             }
             if case .async = dispatch.body { asyncQueued[c] += 1 }
             runLists[c].append(dispatch)
-            queuedDispatches += 1
+            queuedClasses |= 1 << UInt8(c)
         }
         // After the dispatches: they ask for timers too (an attempt's timeout, a rate's next free start).
         if !scheduler.timerRequests.isEmpty { armTimers() }
-        for c in 0..<(queuedDispatches > 0 ? Self.classes : 0) where !runLists[c].isEmpty {
+        var classes = queuedClasses
+        while classes != 0 {
+            let c = classes.trailingZeroBitCount
+            classes &= classes - 1
             let needed = runLists[c].count - asyncQueued[c] + max(0, min(asyncQueued[c], Self.asyncWorkers) - asyncRunning[c])
             var deficit = needed - signalled[c] - spawning[c] - (runningClass == c && taken == nil ? 1 : 0)
             var available = idle[c] - signalled[c]
@@ -480,7 +484,7 @@ public final class Engine: @unchecked Sendable, ContextHost {
                     lock.unlock()
                     return
                 }
-                queuedDispatches -= 1
+                if runLists[c].isEmpty { queuedClasses &= ~(1 << UInt8(c)) }
                 if case .async = popped.body { asyncQueued[c] -= 1; asyncRunning[c] += 1 }
                 dispatch = popped
             }
