@@ -90,10 +90,7 @@ extension Scheduler {
                 queues[Int(groups[g].nodes[i].queue)].readyCount -= 1
                 readyTotal -= 1
             }
-            var node = groups[g].nodes[i]
-            node.state = state
-            node.finishedAt = now
-            groups[g].nodes[i] = node
+            let node = groups[g].end(i, state, now: now)
             if !groups[g].keepOutputs && !groups[g].readers.isEmpty {
                 for d in dependencies(of: ref) {
                     guard let readers = groups[g].readers[d] else { continue }
@@ -111,7 +108,6 @@ extension Scheduler {
                 groups[g].errors[ref.index] = nil
             }
             let q = Int(node.queue)
-            groups[g].unfinished -= 1
             if recordsEvents { emit(ref, state, now: now, error: error) }
             closeEpoch(queue: q, epoch: node.epoch, now: now)
             let failedOrCancelled = state != .succeeded
@@ -275,5 +271,19 @@ extension Scheduler {
         let g = Int(attempt.ref.group)
         let node = groups[g].nodes[Int(attempt.ref.index)]
         return groups[g].generation == attempt.generation && node.state == state && Int(node.attempts) == attempt.number
+    }
+}
+
+extension Scheduler.Group {
+    /// Operation `i` ends in `state`: its node written and the group's count of unfinished ones lowered, in one
+    /// access to the group. The node as written.
+    @inline(__always)
+    mutating func end(_ i: Int, _ state: OperationState, now: Double) -> Scheduler.Node {
+        var node = nodes[i]
+        node.state = state
+        node.finishedAt = now
+        nodes[i] = node
+        unfinished -= 1
+        return node
     }
 }
