@@ -35,8 +35,9 @@ public final class Engine: @unchecked Sendable, ContextHost {
 
     private static let classes = QualityOfService.allCases.count
     @exclusivity(unchecked) var runLists = [Deque<Dispatch>](repeating: [], count: classes)
-    /// Dispatches in all run lists: most steps of a worker leave none there, and need not look at each class.
-    @exclusivity(unchecked) private var queuedDispatches = 0
+    /// Bit c set when class c's run list is not empty: a step looks at those classes only (most steps of a worker
+    /// leave no list with anything in it).
+    @exclusivity(unchecked) private var queuedClasses: UInt8 = 0
     /// Dispatches of asynchronous bodies in each run list. Such a body returns at once (its work goes on
     /// elsewhere: a timer, a transfer, a child process), so a few workers drain any number of them; only
     /// synchronous dispatches each call for a thread of their own.
@@ -349,11 +350,14 @@ public final class Engine: @unchecked Sendable, ContextHost {
             }
             if case .async = dispatch.body { asyncQueued[c] += 1 }
             runLists[c].append(dispatch)
-            queuedDispatches += 1
+            queuedClasses |= 1 << UInt8(c)
         }
         // After the dispatches: they ask for timers too (an attempt's timeout, a rate's next free start).
         if !scheduler.timerRequests.isEmpty { armTimers() }
-        for c in 0..<(queuedDispatches > 0 ? Self.classes : 0) where !runLists[c].isEmpty {
+        var classes = queuedClasses
+        while classes != 0 {
+            let c = classes.trailingZeroBitCount
+            classes &= classes - 1
             let needed = runLists[c].count - asyncQueued[c] + max(0, min(asyncQueued[c], Self.asyncWorkers) - asyncRunning[c])
             var deficit = needed - signalled[c] - spawning[c] - (runningClass == c && taken == nil ? 1 : 0)
             var available = idle[c] - signalled[c]
@@ -480,28 +484,18 @@ public final class Engine: @unchecked Sendable, ContextHost {
                     lock.unlock()
                     return
                 }
-                queuedDispatches -= 1
+                if runLists[c].isEmpty { queuedClasses &= ~(1 << UInt8(c)) }
                 if case .async = popped.body { asyncQueued[c] -= 1; asyncRunning[c] += 1 }
                 dispatch = popped
             }
             lock.unlock()
-            let context = OperationContext(host: self, current: dispatch.attempt, input: dispatch.input, name: dispatch.name)
+            let attempt = dispatch.attempt
             var time = Double.nan
-            // The bodies are called through the dispatch (`call`), not bound out of it: a binding copies the closure,
-            // a retain and a release on a count every worker shares when operations share a body.
-            switch dispatch.body {
-            case .sync:
-                let outcome: Scheduler.Outcome
-                do {
-                    outcome = .succeeded(try dispatch.body.call(context).map(OutputBox.init))
-                } catch {
-                    outcome = .failure(String(describing: error), final: error is FinalFailure)
-                }
+            if let outcome = run(consume dispatch) {
                 lock.lock()
                 time = wallClock()
-                scheduler.finish(dispatch.attempt, outcome: outcome, now: time)
-            case .async:
-                _ = try? dispatch.body.call(context)
+                scheduler.finish(attempt, outcome: outcome, now: time)
+            } else {
                 lock.lock()
                 asyncRunning[c] -= 1
             }
@@ -512,6 +506,27 @@ public final class Engine: @unchecked Sendable, ContextHost {
                 after.run()
                 lock.lock()
             }
+        }
+    }
+
+    /// Calls a dispatch's body, outside the lock: a synchronous one's outcome, nil for an asynchronous one. The
+    /// dispatch and its context are let go here, before the caller takes the lock again: releasing the body, the name
+    /// and the input (counts other workers touch too) is no work to do while holding it.
+    @inline(__always)
+    private func run(_ dispatch: consuming Dispatch) -> Scheduler.Outcome? {
+        let context = OperationContext(host: self, current: dispatch.attempt, input: dispatch.input, name: dispatch.name)
+        // The bodies are called through the dispatch (`call`), not bound out of it: a binding copies the closure,
+        // a retain and a release on a count every worker shares when operations share a body.
+        switch dispatch.body {
+        case .sync:
+            do {
+                return .succeeded(try dispatch.body.call(context).map(OutputBox.init))
+            } catch {
+                return .failure(String(describing: error), final: error is FinalFailure)
+            }
+        case .async:
+            _ = try? dispatch.body.call(context)
+            return nil
         }
     }
 

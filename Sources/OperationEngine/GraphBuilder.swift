@@ -176,7 +176,14 @@ struct Names {
     subscript(_ index: Int) -> String { index < stored.count ? stored[index] : "" }
 
     /// Sets operation `index`'s name (its place and all before it written, once a name is not empty).
+    /// Inlined for the common case, an unnamed operation past the last named one: nothing to do.
+    @inline(__always)
     mutating func set(_ name: String, at index: Int) {
+        if index >= stored.count && name.isEmpty { return }
+        store(name, at: index)
+    }
+
+    private mutating func store(_ name: String, at index: Int) {
         if index < stored.count {
             stored[index] = name
             return

@@ -68,16 +68,18 @@ struct ReadyList {
     @discardableResult @inline(__always)
     mutating func pop() -> ReadyEntry? {
         if let entry = single.take() { return entry }
-        let entry: ReadyEntry
         if late.isEmpty, let first = inOrder.popFirst() {
             if highWater > Self.keptCapacity && inOrder.isEmpty { self = ReadyList() }
             return first
         }
-        switch (inOrder.first, late.min) {
-        case (nil, nil): return nil
-        case (_?, nil): entry = inOrder.removeFirst()
-        case (nil, _?): entry = late.removeMin()
-        case (let a?, let b?): entry = a.seq < b.seq ? inOrder.removeFirst() : late.removeMin()
+        // The late entries' smallest, found once: it is what is removed unless the deque's head comes first.
+        guard let lateMin = late.min else { return nil }
+        let entry: ReadyEntry
+        if let first = inOrder.first, first.seq < lateMin.seq {
+            entry = inOrder.removeFirst()
+        } else {
+            late.remove(min: lateMin)
+            entry = lateMin
         }
         if highWater > Self.keptCapacity && isEmpty { self = ReadyList() }
         return entry
@@ -101,6 +103,7 @@ struct LateEntries {
     var isEmpty: Bool { inWindow == 0 && heap.isEmpty }
     var count: Int { inWindow + heap.count }
 
+    @inline(__always)
     var min: ReadyEntry? {
         guard let first = windowMin else { return heap.min }
         guard let other = heap.min else { return first }
@@ -108,6 +111,7 @@ struct LateEntries {
     }
 
     /// The window's smallest entry.
+    @inline(__always)
     private var windowMin: ReadyEntry? {
         if low != 0 { return slots[low.trailingZeroBitCount] }
         if high != 0 { return slots[64 + high.trailingZeroBitCount] }
@@ -128,17 +132,24 @@ struct LateEntries {
         inWindow += 1
     }
 
-    /// The smallest entry, removed; there must be one.
-    mutating func removeMin() -> ReadyEntry {
-        guard let first = windowMin, heap.min.map({ first.seq < $0.seq }) ?? true else { return heap.removeMin() }
+    /// Removes `entry`, the smallest (as `min` gave it): from the window when it is the window's lowest place
+    /// (sequence numbers are distinct), else from the heap.
+    mutating func remove(min entry: ReadyEntry) {
+        let lowest = low != 0 ? low.trailingZeroBitCount : 64 + high.trailingZeroBitCount
+        guard inWindow > 0, entry.seq == base + UInt64(lowest) else {
+            _ = heap.removeMin()
+            return
+        }
         if low != 0 { low &= low - 1 } else { high &= high - 1 }
         inWindow -= 1
         if low == 0 && high != 0 {
             // The lower half is empty: the window moves up by it.
-            for i in 0..<64 { slots[i] = slots[64 + i] }
+            slots.withUnsafeMutableBufferPointer { slots in
+                guard let start = slots.baseAddress else { return }
+                start.update(from: start + 64, count: 64)
+            }
             (low, high, base) = (high, 0, base + 64)
         }
-        return first
     }
 }
 

@@ -17,7 +17,8 @@ extension Scheduler {
     mutating func enqueue(_ ref: NodeRef, _ node: Node, seq: UInt64, now: Double) {
         queues[Int(node.queue)].enqueue(ReadyEntry(seq: seq, ref: ref), priority: Int(node.priority.rawValue))
         readyTotal += 1
-        if recordsEvents { emit(ref, .ready, now: now) }
+        // From the node given: `complete` holds the group's nodes apart while it makes dependents ready.
+        if recordsEvents { emit(ref, node, .ready, now: now) }
     }
 
     /// The queue's next operation by priority, then submission order; drops entries of operations

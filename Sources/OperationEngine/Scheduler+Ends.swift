@@ -90,10 +90,7 @@ extension Scheduler {
                 queues[Int(groups[g].nodes[i].queue)].readyCount -= 1
                 readyTotal -= 1
             }
-            var node = groups[g].nodes[i]
-            node.state = state
-            node.finishedAt = now
-            groups[g].nodes[i] = node
+            let node = groups[g].end(i, state, now: now)
             if !groups[g].keepOutputs && !groups[g].readers.isEmpty {
                 for d in dependencies(of: ref) {
                     guard let readers = groups[g].readers[d] else { continue }
@@ -111,29 +108,23 @@ extension Scheduler {
                 groups[g].errors[ref.index] = nil
             }
             let q = Int(node.queue)
-            groups[g].unfinished -= 1
             if recordsEvents { emit(ref, state, now: now, error: error) }
             closeEpoch(queue: q, epoch: node.epoch, now: now)
             let failedOrCancelled = state != .succeeded
             let dependencyFailure = failedOrCancelled ? dependencyError(ref) : nil
-            // The row read in place, by index: a slice of it (as `dependents(of:)` gives) costs a retain and a
-            // release of the array per end.
             let row = dependentRow(ref)
-            var k = row.start
-            // The dependents' sequence numbers (should they become ready), read once for the row.
-            let (firstCount, firstSeq) = (groups[g].firstBatchCount, groups[g].firstSeq)
-            while k < row.end {
-                let index = groups[g].batches[row.batch].dependents[k]
-                k += 1
-                let seq = Int(index) < firstCount ? firstSeq &+ UInt64(index) : self.seq(g, Int(index))
-                dependencyEnded(NodeRef(group: ref.group, index: index), seq: seq, failed: failedOrCancelled,
-                                error: dependencyFailure, now: now, work: &work)
+            if row.start < row.end {
+                endRow(row, of: ref, failed: failedOrCancelled, error: dependencyFailure, now: now, work: &work)
             }
             if !groups[g].lateDependents.isEmpty, let late = groups[g].lateDependents[ref.index] {
-                for index in late {
-                    dependencyEnded(NodeRef(group: ref.group, index: index), seq: seq(g, Int(index)), failed: failedOrCancelled,
-                                    error: dependencyFailure, now: now, work: &work)
+                var nodes = takeNodes(g)
+                nodes.withUnsafeMutableBufferPointer { nodes in
+                    for index in late {
+                        dependencyEnded(NodeRef(group: ref.group, index: index), in: nodes, seq: seq(g, Int(index)),
+                                        failed: failedOrCancelled, error: dependencyFailure, now: now, work: &work)
+                    }
                 }
+                swap(&nodes, &groups[g].nodes)
             }
             if node.flags & Node.isBarrier != 0 {
                 if let waiting = groups[g].barrierDependents.removeValue(forKey: ref.index) {
@@ -152,13 +143,44 @@ extension Scheduler {
 
     typealias EndWork = (ref: NodeRef, state: OperationState, error: String?)
 
-    /// A dependency of `dependent` (numbered `seq`) ended: one fewer to wait for (ready at the last), or, when it `failed`,
-    /// the dependent is cancelled too (queued in `work`) unless it runs after failures.
+    /// The dependents in the row of an operation that ended (`dependentRow`), each one dependency fewer to wait for.
+    /// The row is read in place, by index: a slice of it (as `dependents(of:)` gives) costs a retain and a release of
+    /// the array per end.
+    private mutating func endRow(_ row: (batch: Int, start: Int, end: Int), of ref: NodeRef, failed: Bool, error: String?,
+                                 now: Double, work: inout [EndWork]) {
+        let g = Int(ref.group)
+        // The dependents' sequence numbers (should they become ready), read once for the row.
+        let (firstCount, firstSeq) = (groups[g].firstBatchCount, groups[g].firstSeq)
+        var nodes = takeNodes(g)
+        nodes.withUnsafeMutableBufferPointer { nodes in
+            var k = row.start
+            while k < row.end {
+                let index = groups[g].batches[row.batch].dependents[k]
+                k += 1
+                let seq = Int(index) < firstCount ? firstSeq &+ UInt64(index) : self.seq(g, Int(index))
+                dependencyEnded(NodeRef(group: ref.group, index: index), in: nodes, seq: seq, failed: failed, error: error,
+                                now: now, work: &work)
+            }
+        }
+        swap(&nodes, &groups[g].nodes)
+    }
+
+    /// A group's nodes, held apart while a row of them is written (the caller swaps them back): one uniqueness check
+    /// of the arrays for the row rather than two for each dependent. Nothing called meanwhile reads the group's nodes.
     @inline(__always)
-    private mutating func dependencyEnded(_ dependent: NodeRef, seq: UInt64, failed: Bool, error: String?, now: Double,
-                                          work: inout [EndWork]) {
-        let g = Int(dependent.group), i = Int(dependent.index)
-        let d = groups[g].nodes[i]
+    private mutating func takeNodes(_ g: Int) -> [Node] {
+        var nodes: [Node] = []
+        swap(&nodes, &groups[g].nodes)
+        return nodes
+    }
+
+    /// A dependency of `dependent` (numbered `seq`) ended: one fewer to wait for (ready at the last), or, when it `failed`,
+    /// the dependent is cancelled too (queued in `work`) unless it runs after failures. `nodes` are its group's.
+    @inline(__always)
+    private mutating func dependencyEnded(_ dependent: NodeRef, in nodes: UnsafeMutableBufferPointer<Node>, seq: UInt64,
+                                          failed: Bool, error: String?, now: Double, work: inout [EndWork]) {
+        let i = Int(dependent.index)
+        let d = nodes[i]
         guard !d.state.isFinished else { return }
         if failed && d.flags & Node.runsAfterFailure == 0 {
             work.append((dependent, .cancelled, error))
@@ -169,10 +191,10 @@ extension Scheduler {
             var node = d
             node.pending = 0
             node.state = .ready
-            groups[g].nodes[i] = node
+            nodes[i] = node
             enqueue(dependent, node, seq: seq, now: now)
         } else {
-            groups[g].nodes[i].pending = d.pending - 1
+            nodes[i].pending = d.pending - 1
         }
     }
 
@@ -249,5 +271,19 @@ extension Scheduler {
         let g = Int(attempt.ref.group)
         let node = groups[g].nodes[Int(attempt.ref.index)]
         return groups[g].generation == attempt.generation && node.state == state && Int(node.attempts) == attempt.number
+    }
+}
+
+extension Scheduler.Group {
+    /// Operation `i` ends in `state`: its node written and the group's count of unfinished ones lowered, in one
+    /// access to the group. The node as written.
+    @inline(__always)
+    mutating func end(_ i: Int, _ state: OperationState, now: Double) -> Scheduler.Node {
+        var node = nodes[i]
+        node.state = state
+        node.finishedAt = now
+        nodes[i] = node
+        unfinished -= 1
+        return node
     }
 }

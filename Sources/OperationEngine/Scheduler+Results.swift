@@ -39,11 +39,14 @@ extension Scheduler {
     // MARK: Events
 
     mutating func emit(_ ref: NodeRef, _ state: OperationState, now: Double, error: String? = nil) {
-        let g = Int(ref.group)
-        let node = groups[g].nodes[Int(ref.index)]
+        emit(ref, groups[Int(ref.group)].nodes[Int(ref.index)], state, now: now, error: error)
+    }
+
+    /// `emit` for the operation's node as given (not read from its group).
+    mutating func emit(_ ref: NodeRef, _ node: Node, _ state: OperationState, now: Double, error: String? = nil) {
         events.append(.transition(Transition(
-            group: GroupID(slot: ref.group, generation: groups[g].generation), operation: Int(ref.index), state: state,
-            attempt: Int(node.attempts), qualityOfService: effectiveQoS(ref), queue: QueueID(Int(node.queue)),
+            group: GroupID(slot: ref.group, generation: groups[Int(ref.group)].generation), operation: Int(ref.index), state: state,
+            attempt: Int(node.attempts), qualityOfService: effectiveQoS(node), queue: QueueID(Int(node.queue)),
             time: now, error: error)))
     }
 }

@@ -346,7 +346,11 @@ extension Scheduler {
 
     @inline(__always)
     func effectiveQoS(_ ref: NodeRef) -> QualityOfService {
-        let node = groups[Int(ref.group)].nodes[Int(ref.index)]
+        effectiveQoS(groups[Int(ref.group)].nodes[Int(ref.index)])
+    }
+
+    @inline(__always)
+    func effectiveQoS(_ node: Node) -> QualityOfService {
         let asked = node.requestedQoS == Self.noQoS ? queues[Int(node.queue)].qos.rawValue : node.requestedQoS
         return QualityOfService(rawValue: max(asked, node.raisedQoS)) ?? .default
     }
