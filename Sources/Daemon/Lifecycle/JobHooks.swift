@@ -7,22 +7,37 @@
 // whose job is still in active/ waits for that job's publication; any other is stale and removed.
 // Hooks run like commands (ChildProcess: no thread waits) and never hold up publication; their
 // standard output is dropped, standard error kept for the failure message, which is logged with OPQ_JOB.
-// Their working directory is the spool's tmp/.
+// Their working directory is the spool's tmp/. At most `maxRunning` run at once; the others wait their turn in
+// order (their markers already durable): a slow hook and a flood of ended jobs must not fork without bound.
 
+import DequeModule
 import Foundation
 import JobModel
 import OperationKinds
 import SpoolFiles
+import Synchronization
 
 #if canImport(Glibc)
 import Glibc
 #endif
 
 final class JobHooks: @unchecked Sendable {
+    /// Hooks running at once, at most.
+    static let maxRunning = 8
+
     let folder: String
     let folders: SpoolFolders
     /// Logs a hook's failure for a job: (job, message).
     let report: @Sendable (String, String) -> Void
+    /// Hooks running, and those waiting for one of them to end.
+    private let turns = Mutex<(running: Int, waiting: Deque<Due>)>((0, []))
+
+    private struct Due {
+        let spec: CommandSpec
+        let job: String
+        let status: String
+        let entry: String?
+    }
 
     init(folders: SpoolFolders, report: @escaping @Sendable (String, String) -> Void) {
         self.folders = folders
@@ -39,13 +54,40 @@ final class JobHooks: @unchecked Sendable {
     /// Runs the hook for a published job (`entry`: the path of its outbox entry — under sharedOutbox when set, named
     /// <job>.N when outbox/<job> was taken; nil: outbox/<job>); the marker goes once it has ended.
     func run(_ spec: CommandSpec, job: String, status: String, entry: String? = nil) {
+        let due = Due(spec: spec, job: job, status: status, entry: entry)
+        let now = turns.withLock { t -> Bool in
+            guard t.running < Self.maxRunning else {
+                t.waiting.append(due)
+                return false
+            }
+            t.running += 1
+            return true
+        }
+        if now { start(due) }
+    }
+
+    /// A hook has ended: the next waiting one takes its turn.
+    private func ended() {
+        let next = turns.withLock { t -> Due? in
+            guard let next = t.waiting.popFirst() else {
+                t.running -= 1
+                return nil
+            }
+            return next
+        }
+        if let next { start(next) }
+    }
+
+    private func start(_ due: Due) {
+        let (spec, job, status, entry) = (due.spec, due.job, due.status, due.entry)
         let marker = folder + "/" + job
         let argv = spec.expand(["job": job, "status": status, "outbox": CommandOperation.absolute(entry ?? folders.outbox + "/" + job)])
         let timer = TimerBox()
         let started = ChildProcess.start(argv: argv, environment: spec.environment, directory: folders.tmp, stdoutFile: -1, stderrFile: -1,
-                                         limit: 0) { [report] exit in
+                                         limit: 0) { [report, self] exit in
             timer.cancel()
             unlink(marker)
+            defer { ended() }
             if exit.signal != nil {
                 report(job, "the jobFinished command '\(spec.name)' was killed by \(exit.signalName)"
                             + (exit.lastStderrLine.isEmpty ? "" : ": \(exit.lastStderrLine)"))
@@ -60,6 +102,7 @@ final class JobHooks: @unchecked Sendable {
         case .failure(let failure):
             unlink(marker)
             report(job, "the jobFinished command '\(spec.name)' did not start: \(failure.description)")
+            ended()
         }
     }
 

@@ -347,6 +347,27 @@ private func launch(_ spool: TestSpool, _ arguments: [String], environment: [Str
         #expect(((try? FileManager.default.contentsOfDirectory(atPath: spool.root + "/active/.hooks")) ?? ["?"]).isEmpty, "markers removed")
     }
 
+    /// A slow hook and many ended jobs: at most eight hooks run at once, and every one runs in its turn.
+    @Test func jobFinishedHooksRunEightAtATime() throws {
+        let spool = TestSpool()
+        let log = spool.root + ".turns"
+        defer { unlink(log) }
+        let config = try spool.configure([
+            "commands": ["hook": command(["/bin/sh", "-c", "echo + >> \"$0\"; sleep 0.4; echo - >> \"$0\"", log])],
+            "jobFinished": "hook",
+        ])
+        try spool.start(config)
+        for i in 0..<24 { try spool.drop("j\(i).plist", ["job": "j\(i)", "operations": [sleepOp("a", 0)]]) }
+        #expect(waitFor(60) { readText(log)?.split(separator: "\n").count == 48 }, "\(readText(log) ?? "")")
+        var running = 0, most = 0
+        for line in (readText(log) ?? "").split(separator: "\n") {
+            running += line == "+" ? 1 : -1
+            most = max(most, running)
+        }
+        #expect(most <= 8 && most >= 4, "hooks running at once: \(most)")
+        #expect(waitFor(5) { ((try? FileManager.default.contentsOfDirectory(atPath: spool.root + "/active/.hooks")) ?? ["?"]).isEmpty })
+    }
+
     @Test func aFanOutOfTwoThousandCommandsKeepsTheQueueLimit() throws {
         let spool = TestSpool()
         let config = try spool.configure([
