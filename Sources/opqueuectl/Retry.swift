@@ -45,7 +45,7 @@ struct Retry: ParsableCommand {
         let stem = requested ?? Outbox.requestedID(ofEntry: folder) ?? job
         let placed: Placed
         do {
-            placed = try common.place(data, requested: requested, stem: stem, avoidingHeld: false)
+            placed = try common.place(data, requested: requested, stem: stem)
         } catch let exit as ExitCode {
             throw exit
         } catch {

@@ -82,8 +82,8 @@ struct Submit: ParsableCommand {
             against what it takes: its own, and on a cluster node those any node of the cluster declares.
 
             The id printed is the one the job gets: a manifest's job, else the one its file's name gives. When the \
-            id a manifest asks for is taken here (in active/ or outbox/), or on a cluster node (where any node may \
-            hold it), the daemon gives another (job.1, ...): submit then waits, at most 10 s, for the daemon to take \
+            id asked for (by job, or by the file's name) is taken here (in active/ or outbox/), or on a cluster node \
+            (where any node may hold it), the daemon gives another (job.1, ...): submit then waits, at most 10 s, for the daemon to take \
             the file and prints the id it gave, else the id asked for with a word on stderr.
             """)
     @OptionGroup var common: Common
@@ -134,9 +134,10 @@ struct Submit: ParsableCommand {
                 // Standard input has no name: a manifest read from it without `job` is placed as stdin.plist.
                 let name = file == "-" ? "stdin" : ((file as NSString).lastPathComponent as NSString).deletingPathExtension
                 let stem = requested ?? jobID(ofManifestFile: name)
-                // Asked for by the manifest and taken here, its id will be another (`job.1`, …); on a cluster node any
-                // id may be taken on another node. Then the daemon says which it gave, once it has taken the file.
-                let taken = requested.map(common.heldHere) ?? false
+                // Taken here (asked for by the manifest, or given by its file's name), its id will be another (`job.1`,
+                // …); on a cluster node any id may be taken on another node. Then the daemon says which it gave, once
+                // it has taken the file.
+                let taken = common.heldHere(stem)
                 let placed = try common.place(data, requested: requested, stem: stem)
                 guard let cluster, cluster || taken else {
                     print(placed.id)
@@ -163,12 +164,10 @@ struct Placed {
 
 extension Common {
     /// Writes the manifest hidden in the inbox, synced, then renames it to `STEM.plist` — or, when that name is taken
-    /// in the inbox (never replaced) or, for a manifest without `job`, its id in active/ or outbox/, to
-    /// `STEM.XXXXXXXX.plist` — and syncs the inbox. Returns the job's id: its `job`, else the one its file name gives
-    /// (what the daemon derives from the name placed, so that `ids=$(opqueuectl submit …)` can be waited for).
-    /// `avoidingHeld` false (retry): a manifest without `job` is placed as `STEM.plist` even when its id is held, so
-    /// that the daemon gives it the next of `STEM.1`, `STEM.2`, … (SPEC §2's rule).
-    func place(_ data: Data, requested: String?, stem: String, avoidingHeld: Bool = true) throws -> Placed {
+    /// in the inbox (never replaced), to `STEM.XXXXXXXX.plist` — and syncs the inbox. Returns the job's id as asked:
+    /// its `job`, else the one its file name gives. When that id is held, the daemon gives the next of `ID.1`, `ID.2`,
+    /// … (SPEC §2), as it does to a file dropped by hand.
+    func place(_ data: Data, requested: String?, stem: String) throws -> Placed {
         let inbox = spool + "/inbox"
         let unique = UUID().uuidString.prefix(8)
         let hidden = ".\(stem).\(unique).plist"
@@ -180,7 +179,6 @@ extension Common {
         defer { close(folder) }
         for name in ["\(stem).plist", "\(stem).\(unique).plist"] {
             let id = requested ?? jobID(ofManifestFile: name)
-            if requested == nil, avoidingHeld, heldHere(id) { continue }
             let renamed = opq_rename_noreplace(folder, hidden, name)
             if renamed == -EEXIST { continue }
             guard renamed == 0 else {
