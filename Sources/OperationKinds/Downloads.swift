@@ -269,12 +269,20 @@ public final class Downloader: @unchecked Sendable {
             throw KindFailure(description: "file URL \(url) names a host")
         }
         let path = components.percentEncodedPath.removingPercentEncoding ?? components.path
-        guard let real = realPath(path) else { throw KindFailure(description: "\(path): \(String(cString: strerror(errno)))") }
-        let inside = roots.compactMap(realPath).contains { root in real == root || real.hasPrefix(root.hasSuffix("/") ? root : root + "/") }
-        guard inside else {
-            throw KindFailure(description: "\(path) is not under a configured file root"
-                                  + (roots.isEmpty ? " (download.fileRoots is empty)" : ""))
+        let notUnder = KindFailure(description: "\(path) is not under a configured file root (download.fileRoots"
+                                       + (roots.isEmpty ? " is empty)" : ")"))
+        let realRoots = roots.compactMap(realPath)
+        func isInside(_ p: String, _ roots: [String]) -> Bool {
+            roots.contains { root in p == root || p.hasPrefix(root.hasSuffix("/") ? root : root + "/") }
         }
+        guard let real = realPath(path) else {
+            // Only a path inside a root says why it cannot be read: outside, whether it exists is not the submitter's
+            // to learn.
+            let e = errno
+            guard isInside((path as NSString).standardizingPath, realRoots + roots) else { throw notUnder }
+            throw KindFailure(description: "\(path): \(String(cString: strerror(e)))")
+        }
+        guard isInside(real, realRoots) else { throw notUnder }
         let source = open(real, O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC)
         guard source >= 0 else { throw SpoolError(operation: "open", path: real, errno: errno) }
         var st = stat()

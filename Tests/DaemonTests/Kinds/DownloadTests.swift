@@ -116,6 +116,8 @@ import TestSupport
             ["id": "dotdot", "kind": "download", "url": s.url("../" + (outside as NSString).lastPathComponent)],
             ["id": "symlink", "kind": "download", "url": s.url("link.png")],
             ["id": "absolute", "kind": "download", "url": "file:///etc/passwd"],
+            // Whether a path outside the roots exists is not told.
+            ["id": "absent", "kind": "download", "url": "file:///etc/no-such-file-here"],
             ["id": "fifo", "kind": "download", "url": s.url("pipe.png")],
             ["id": "folder", "kind": "download", "url": s.url("folder.png")],
         ]
@@ -123,7 +125,7 @@ import TestSupport
         #expect(mkdir(s.images + "/folder.png", 0o755) == 0)
         let (_, byID) = try s.run(["job": "files", "operations": ops])
         #expect(byID["inside"]?["state"] as? String == "succeeded")
-        for id in ["dotdot", "symlink", "absolute"] {
+        for id in ["dotdot", "symlink", "absolute", "absent"] {
             #expect(byID[id]?["state"] as? String == "failed", "\(id)")
             #expect((byID[id]?["error"] as? String)?.contains("is not under a configured file root") == true,
                     "\(id): \(byID[id]?["error"] ?? "")")
