@@ -281,7 +281,8 @@ extension Manifest {
             while let slash = folder.lastIndex(of: "/") {
                 folder = folder[..<slash]
                 if let file = made[String(folder)] {
-                    problems.append("operation '\(id)' writes '\(clipped(path))' inside '\(clipped(String(folder)))', which is a file (\(file))")
+                    let inside = clipped(String(folder))
+                    problems.append("operation '\(id)' writes '\(clipped(path))' inside '\(inside)', which is a file (\(file))")
                     break
                 }
             }

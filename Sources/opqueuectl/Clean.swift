@@ -19,7 +19,8 @@ struct Clean: ParsableCommand {
             left alone. An unknown status, or a folder that could not be removed, exits 1.
             """)
     @OptionGroup var common: Common
-    @Option(name: .customLong("older-than"), parsing: .unconditional, help: ArgumentHelp("Jobs that finished more than this many days ago.", valueName: "days"))
+    @Option(name: .customLong("older-than"), parsing: .unconditional,
+            help: ArgumentHelp("Jobs that finished more than this many days ago.", valueName: "days"))
     var olderThan: Double
     @Option(help: ArgumentHelp("Only the jobs that ended so: succeeded, failed, cancelled or rejected.", valueName: "status"),
             completion: .list(Outbox.statuses))

@@ -235,7 +235,8 @@ func parse(_ data: Data) throws -> PlistValue { try PropertyList.parse([UInt8](d
         let shared = entries + 1
         func reference(_ n: Int) -> [UInt8] { [UInt8(n >> 16), UInt8(truncatingIfNeeded: n >> 8), UInt8(truncatingIfNeeded: n)] }
         var objects: [[UInt8]] = [[0xAF, 0x11, 0x4E, 0x20] + (1...entries).flatMap(reference)]
-        for _ in 0..<entries { objects.append([0xD2] + reference(shared) + reference(shared + 1) + reference(shared + 2) + reference(shared + 3)) }
+        let entry = [0xD2] + (shared..<shared + 4).flatMap(reference)
+        for _ in 0..<entries { objects.append(entry) }
         objects += [[0x51, UInt8(ascii: "k")], [0x51, UInt8(ascii: "l")], [0x10, 7], [0x09]]
         let list = try PropertyList.parse(bplist(objects, referenceSize: 3, offsetSize: 3))
         guard case .array(let items) = list else { Issue.record("not an array: \(list)"); return }
