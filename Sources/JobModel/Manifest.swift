@@ -361,8 +361,32 @@ public struct Manifest {
         if !unknown {
             problems += cycles(plan.operations, index: index)
             problems += imageWritesWithoutFormat(plan.operations, index: index, configuration: configuration)
+            problems += operationsWithoutInput(plan.operations, index: index, configuration: configuration)
         }
         return problems.isEmpty ? .success(plan) : .failure(ManifestProblems(problems))
+    }
+
+    /// An image operation or a `write` needs an input: its `input`, else a dependency, that hands one over (not a sleep,
+    /// spin or fail, nor a command declared `output = none`). Found here, not when it runs.
+    static func operationsWithoutInput(_ operations: [OperationPlan], index: [String: Int], configuration: Configuration) -> [String] {
+        func hasOutput(_ op: OperationPlan) -> Bool {
+            if case .command(let name, _) = op.parameters { return configuration.commands[name]?.output != CommandSpec.Output.none }
+            return op.kind.hasOutput
+        }
+        var problems: [String] = []
+        for op in operations where op.kind.family == "image" || op.kind == .write {
+            let producers = (op.input.map { [$0] } ?? op.dependencies).compactMap { index[$0].map { operations[$0] } }
+            guard !producers.contains(where: hasOutput) else { continue }
+            let what = op.kind == .write ? "something to write" : "an image"
+            if let input = op.input {
+                problems.append("operation '\(op.id)': its input '\(clipped(input))' hands over no output; "
+                    + "\(op.kind.rawValue) needs \(what)")
+            } else {
+                problems.append("operation '\(op.id)': \(op.kind.rawValue) needs \(what): give it a dependency that has an output "
+                    + "(a download, an image operation, a write or a command), or `input`")
+            }
+        }
+        return problems
     }
 
     /// A `write` of an image needs a format its path does not give; a write of bytes (a download's, a command's or

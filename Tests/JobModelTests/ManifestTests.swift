@@ -115,14 +115,16 @@ extension Configuration {
     /// A resize that must make more pixels than an image may have is rejected before anything runs; `fit`, whose
     /// result depends on the input, is checked when it runs (ImageTests).
     @Test func absurdSizesAreRejected() {
-        let resize: [String: Any] = ["id": "r", "kind": "resize", "width": 1_000_000, "height": 1_000_000]
-        #expect(problems(["operations": [resize.merging(["mode": "stretch"]) { $1 }]])
+        let resize: [String: Any] = ["id": "r", "kind": "resize", "width": 1_000_000, "height": 1_000_000, "dependencies": ["d"]]
+        func found(_ r: [String: Any]) -> [String] {
+            problems(["operations": [["id": "d", "kind": "download", "url": "https://example.org/a"], r]])
+        }
+        #expect(found(resize.merging(["mode": "stretch"]) { $1 })
             == ["operation 'r': 1000000×1000000 is more pixels than image.maxPixels (100000000)"])
-        #expect(problems(["operations": [resize.merging(["mode": "fill"]) { $1 }]]).count == 1)
-        #expect(problems(["operations": [resize.merging(["mode": "stretch", "width": 10_000]) { $1 }]]).isEmpty == false)
-        #expect(problems(["operations": [resize.merging(["mode": "stretch", "width": 100]) { $1 }]]).isEmpty,
-                "10⁸ pixels is the limit itself")
-        #expect(problems(["operations": [resize]]).isEmpty, "fit")
+        #expect(found(resize.merging(["mode": "fill"]) { $1 }).count == 1)
+        #expect(found(resize.merging(["mode": "stretch", "width": 10_000]) { $1 }).isEmpty == false)
+        #expect(found(resize.merging(["mode": "stretch", "width": 100]) { $1 }).isEmpty, "10⁸ pixels is the limit itself")
+        #expect(found(resize).isEmpty, "fit")
     }
 
     @Test func cyclesNameTheOperationsAlongThem() {
@@ -235,9 +237,24 @@ extension Configuration {
     }
 
     @Test func writePathsCannotTakeTheDaemonsOwnFiles() {
-        let found = problems(["operations": [["id": "w", "kind": "write", "path": "result.plist", "format": "png"],
-                                             ["id": "v", "kind": "write", "path": "sub/result.plist", "format": "png"]]])
+        let d: [String: Any] = ["id": "d", "kind": "download", "url": "https://example.org/a"]
+        func write(_ id: String, _ path: String) -> [String: Any] {
+            ["id": id, "kind": "write", "path": path, "format": "png", "dependencies": ["d"]]
+        }
+        let found = problems(["operations": [d, write("w", "result.plist"), write("v", "sub/result.plist")]])
         #expect(found == ["operation 'w': path 'result.plist' is the daemon's own file in the job folder"])
+    }
+
+    /// An image operation or a write with nothing handed to it is a manifest problem, not a failure once it runs.
+    @Test func anOperationThatNeedsAnInputAndHasNoneIsAProblem() {
+        let pause: [String: Any] = ["id": "z", "kind": "sleep", "seconds": 0]
+        #expect(problems(["operations": [pause, ["id": "s", "kind": "sepia", "dependencies": ["z"]],
+                                         ["id": "w", "kind": "write", "path": "out.png", "dependencies": ["s"]]]])
+                == ["operation 's': sepia needs an image: give it a dependency that has an output (a download, an image operation, "
+                    + "a write or a command), or `input`"])
+        #expect(problems(["operations": [pause, ["id": "w", "kind": "write", "path": "out.bin", "input": "z"]]])
+                == ["operation 'w': its input 'z' hands over no output; write needs something to write"])
+        #expect(problems(["operations": [["id": "w", "kind": "write", "path": "out.bin"]]]).count == 1)
     }
 
     @Test func photoListFormBuildsDownloadSepiaWriteChains() {
