@@ -171,7 +171,13 @@ extension Common {
         let inbox = spool + "/inbox"
         let unique = UUID().uuidString.prefix(8)
         let hidden = ".\(stem).\(unique).plist"
-        try writeDurably(data, to: inbox + "/" + hidden, syncFolder: false)
+        do {
+            try writeDurably(data, to: inbox + "/" + hidden, syncFolder: false)
+        } catch {
+            // A full or failing file system leaves no hidden half-file behind in the inbox.
+            unlink(inbox + "/" + hidden)
+            throw error
+        }
         var st = stat()
         let inode = stat(inbox + "/" + hidden, &st) == 0 ? UInt64(st.st_ino) : nil
         let folder = open(inbox, O_RDONLY | O_DIRECTORY | O_CLOEXEC)

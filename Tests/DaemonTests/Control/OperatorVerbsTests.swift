@@ -219,4 +219,27 @@ extension TestSpool {
             #expect(run.peakRSSMegabytes < 150, "\(what): \(run.peakRSSMegabytes) MB")
         }
     }
+
+    /// `submit` into an inbox whose file system is full fails, and leaves no hidden half-file there.
+    @Test func submitIntoAFullInboxLeavesNothingBehind() throws {
+        let spool = TestSpool()
+        let inbox = spool.root + "/inbox"
+        try FileManager.default.createDirectory(atPath: inbox, withIntermediateDirectories: true)
+        try runTool(["/bin/mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", inbox])
+        defer { try? runTool(["/bin/umount", "-l", inbox]) }
+        let filler = inbox + "/.filler"
+        let fd = open(filler, O_CREAT | O_WRONLY | O_CLOEXEC, 0o600)
+        let block = [UInt8](repeating: 0, count: 4096)
+        while write(fd, block, block.count) > 0 {}
+        close(fd)
+        let manifest = spool.root + "-big.plist"
+        try plist(["job": "big", "metadata": ["note": String(repeating: "x", count: 200_000)], "operations": [sleepOp("a", 0)]])
+            .write(to: URL(fileURLWithPath: manifest))
+        defer { unlink(manifest) }
+        let submitted = try spool.ctl(["submit", manifest])
+        #expect(submitted.status == 1, "\(submitted)")
+        unlink(filler)
+        let left = (try? FileManager.default.contentsOfDirectory(atPath: inbox)) ?? ["?"]
+        #expect(left.isEmpty, "\(left)")
+    }
 }
