@@ -4,16 +4,20 @@
 import PropertyList
 
 extension Manifest {
+    /// The latest `notBefore` (epoch seconds, in the year 5138) and the longest `delaySeconds` a manifest may give.
+    public static let notBeforeLimit = 1e11
+    public static let delayLimit = 1e10
+
     /// §3.7's keys: `notBefore` (a date, or real epoch seconds), `delaySeconds`, `ifJobExists`, and `traceparent`.
     static func parseFlowControl(_ top: PlistDictionary, into plan: inout JobPlan, problems: inout [String]) {
         if let value = top["notBefore"] {
             // A plist date counts from 2001-01-01 (Apple's reference date); a real from the Unix epoch.
             let seconds: Double? = if case .date(let d) = value { d + 978_307_200 } else { value.real }
-            if let seconds, seconds >= 0, seconds < 1e11 { plan.notBefore = seconds }
+            if let seconds, seconds >= 0, seconds < notBeforeLimit { plan.notBefore = seconds }
             else { problems.append("notBefore: must be a date from 1970 to 5138, or 0 to 1e11 seconds since the epoch") }
         }
         if let value = top["delaySeconds"] {
-            if let d = value.real, d >= 0, d < 1e10 { plan.delaySeconds = d }
+            if let d = value.real, d >= 0, d < delayLimit { plan.delaySeconds = d }
             else { problems.append("delaySeconds: must be a number of seconds from 0 to 1e10") }
         }
         if top["notBefore"] != nil && top["delaySeconds"] != nil {

@@ -253,9 +253,11 @@ extension Manifest {
         // Who makes each file: the daemon, a command's log, or a write (by id).
         var made: [String: String] = ["manifest.plist": "the daemon's own", "result.plist": "the daemon's own"]
         var writes: [(path: String, id: String)] = []
+        var firstCommand: String?
         var problems: [String] = []
         for op in operations {
             if case .command = op.parameters {
+                firstCommand = firstCommand ?? op.id
                 made["logs/\(op.id).stdout"] = "the standard output log of command operation '\(op.id)'"
                 made["logs/\(op.id).stderr"] = "the standard error log of command operation '\(op.id)'"
             } else if case .write(let path, _, _) = op.parameters, unsafePathReason(path) == nil {
@@ -273,8 +275,8 @@ extension Manifest {
                 made[path] = "written by operation '\(id)'"
             }
         }
-        if let id = writer["logs"], let command = operations.first(where: { if case .command = $0.parameters { true } else { false } }) {
-            problems.append("operation '\(id)' writes 'logs', the folder of command operation '\(command.id)''s logs")
+        if let id = writer["logs"], let command = firstCommand {
+            problems.append("operation '\(id)' writes 'logs', the folder of command operation '\(command)''s logs")
         }
         for (path, id) in writes {
             var folder = Substring(path)

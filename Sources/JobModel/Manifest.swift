@@ -366,17 +366,23 @@ public struct Manifest {
         return problems.isEmpty ? .success(plan) : .failure(ManifestProblems(problems))
     }
 
-    /// An image operation or a `write` needs an input: its `input`, else a dependency, that hands one over (not a sleep,
-    /// spin or fail, nor a command declared `output = none`). Found here, not when it runs.
-    static func operationsWithoutInput(_ operations: [OperationPlan], index: [String: Int], configuration: Configuration) -> [String] {
+    /// The operation whose output `op` takes when it runs: its `input`, else its first dependency that hands one over
+    /// (not a sleep, spin or fail, nor a command declared `output = none`); nil when none does.
+    static func producer(of op: OperationPlan, _ operations: [OperationPlan], index: [String: Int],
+                         configuration: Configuration) -> OperationPlan? {
         func hasOutput(_ op: OperationPlan) -> Bool {
             if case .command(let name, _) = op.parameters { return configuration.commands[name]?.output != CommandSpec.Output.none }
             return op.kind.hasOutput
         }
+        return (op.input.map { [$0] } ?? op.dependencies).lazy.compactMap { index[$0].map { operations[$0] } }.first(where: hasOutput)
+    }
+
+    /// An image operation or a `write` needs an input: its `input`, else a dependency, that hands one over (not a sleep,
+    /// spin or fail, nor a command declared `output = none`). Found here, not when it runs.
+    static func operationsWithoutInput(_ operations: [OperationPlan], index: [String: Int], configuration: Configuration) -> [String] {
         var problems: [String] = []
         for op in operations where op.kind.family == "image" || op.kind == .write {
-            let producers = (op.input.map { [$0] } ?? op.dependencies).compactMap { index[$0].map { operations[$0] } }
-            guard !producers.contains(where: hasOutput) else { continue }
+            guard producer(of: op, operations, index: index, configuration: configuration) == nil else { continue }
             let what = op.kind == .write ? "something to write" : "an image"
             if let input = op.input {
                 problems.append("operation '\(op.id)': its input '\(clipped(input))' hands over no output; "
@@ -393,15 +399,10 @@ public struct Manifest {
     /// another write's output) is written unchanged under any name (SPEC §3.3). The input is the one the
     /// operation takes when it runs: `input`, else the first dependency that has an output.
     static func imageWritesWithoutFormat(_ operations: [OperationPlan], index: [String: Int], configuration: Configuration) -> [String] {
-        func hasOutput(_ op: OperationPlan) -> Bool {
-            if case .command(let name, _) = op.parameters { return configuration.commands[name]?.output != CommandSpec.Output.none }
-            return op.kind.hasOutput
-        }
         var problems: [String] = []
         for op in operations {
-            guard case .write(_, nil, _) = op.parameters else { continue }
-            let producers = op.input.map { [$0] } ?? op.dependencies
-            guard let producer = producers.lazy.compactMap({ index[$0].map { operations[$0] } }).first(where: hasOutput),
+            guard case .write(_, nil, _) = op.parameters,
+                  let producer = producer(of: op, operations, index: index, configuration: configuration),
                   producer.kind.family == "image" else { continue }
             problems.append("operation '\(op.id)': format is required to write the image of '\(producer.id)' when the path does not "
                 + "end in .png, .jpg or .jpeg")

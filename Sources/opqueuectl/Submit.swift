@@ -100,10 +100,12 @@ struct Submit: ParsableCommand {
     func validate() throws {
         if at != nil && delay != nil { throw ValidationError("give --at or --in, not both") }
         if let at, TimeText.parse(at) == nil { throw ValidationError("--at '\(at)': not a time; the forms are \(TimeText.forms)") }
-        if let at, let time = TimeText.parse(at), !(time >= 0 && time < 1e11) {
+        if let at, let time = TimeText.parse(at), !(time >= 0 && time < Manifest.notBeforeLimit) {
             throw ValidationError("--at '\(at)': must be from 1970 to 5138 (0 to 1e11 seconds since the epoch)")
         }
-        if let delay, !(delay >= 0 && delay < 1e10) { throw ValidationError("--in: must be 0 to 1e10 seconds, not \(delay)") }
+        if let delay, !(delay >= 0 && delay < Manifest.delayLimit) {
+            throw ValidationError("--in: must be 0 to 1e10 seconds, not \(delay)")
+        }
         if let ifExists, ifExists != "rename" && ifExists != "skip" { throw ValidationError("--if-exists: must be 'rename' or 'skip'") }
     }
 
