@@ -39,7 +39,8 @@ struct Graph: ParsableCommand {
             // `show` gives each operation's kind, queue, dependencies and current state.
             let ops = try shown(target, common).operations
             for op in ops { states[op.id] = op.state }
-            let manifest = (outboxEntry(of: target, common)?.folder ?? common.spool + "/outbox/" + target) + "/manifest.plist"
+            let name = try endedEntry(of: target, common)?.name ?? target
+            let manifest = common.spool + "/outbox/" + name + "/manifest.plist"
             if let data = FileManager.default.contents(atPath: manifest),
                case .success(let plan) = Manifest.parse(data, configuration: config) {
                 nodes = Self.nodes(plan)

@@ -27,7 +27,8 @@ struct Retry: ParsableCommand {
         guard isValidIdentifier(job) else {
             throw fail("'\(job)' cannot be a job's id: an id is 1 to 128 of A-Z a-z 0-9 . _ -, not starting with '.'")
         }
-        guard let folder = Spool.entry(of: job, in: common.spool + "/outbox") else { throw fail(notEnded()) }
+        guard let entry = try endedEntry(of: job, common) else { throw fail(notEnded()) }
+        let folder = common.spool + "/outbox/" + entry.name
         let manifestPath = folder + "/manifest.plist"
         let original: Data
         switch readManifestArgument(manifestPath) {

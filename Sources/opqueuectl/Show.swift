@@ -6,13 +6,27 @@ import Daemon
 import Foundation
 import JobModel
 
-/// A job's outbox entry, once it has ended: its folder and result (outbox/<job>, or the outbox/<job>.N whose
-/// result names the job when that name was taken: `Spool.entry`).
-func outboxEntry(of job: String, _ common: Common) -> (folder: String, result: ShownResult)? {
-    guard let folder = Spool.entry(of: job, in: common.spool + "/outbox"),
-          let data = FileManager.default.contents(atPath: folder + "/result.plist"),
-          let result = try? PropertyListDecoder().decode(ShownResult.self, from: data) else { return nil }
-    return (folder, result)
+/// A job's outbox entry, once it has ended (outbox/<job>, or the outbox/<job>.N whose result names the job when
+/// that name was taken: `Outbox.ended`); nil while there is none. An entry whose result cannot be read is an error
+/// that says which file and why: the job has ended, and asking the daemon (or waiting) would never say more.
+func endedEntry(of job: String, _ common: Common) throws -> OutboxEntry? {
+    switch Outbox.ended(job, in: common.spool + "/outbox") {
+    case nil: return nil
+    case .success(let entry)?: return entry
+    case .failure(let problem)?: throw fail("job '\(job)' has ended, but its result cannot be read: \(problem)")
+    }
+}
+
+/// A job's outbox entry with its whole result (every operation), once it has ended.
+func outboxEntry(of job: String, _ common: Common) throws -> (folder: String, result: ShownResult)? {
+    guard let entry = try endedEntry(of: job, common) else { return nil }
+    let folder = common.spool + "/outbox/" + entry.name
+    do {
+        let data = try Data(contentsOf: URL(fileURLWithPath: folder + "/result.plist"))
+        return (folder, try PropertyListDecoder().decode(ShownResult.self, from: data))
+    } catch {
+        throw fail("job '\(job)' has ended, but its result cannot be read: \(folder)/result.plist: \(error)")
+    }
 }
 
 /// A job as `show` prints it, and its `--json`: `node` is where it runs or ran, when known (SPEC §8); `progressAt`:
@@ -30,7 +44,7 @@ struct Shown: Encodable {
 /// A job's operations: from the outbox when it has ended, else from the daemon (which, in a cluster, answers for
 /// jobs on every node).
 func shown(_ job: String, _ common: Common) throws -> Shown {
-    if let result = outboxEntry(of: job, common)?.result {
+    if let result = try outboxEntry(of: job, common)?.result {
         return Shown(job: job, status: result.status ?? "?", operations: result.operations ?? [], node: result.node)
     }
     let answer = try common.request(.show(job: job), as: ShowAnswer.self)

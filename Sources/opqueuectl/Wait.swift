@@ -14,7 +14,8 @@ struct Wait: ParsableCommand {
             wait says why such a job is not seen: its manifest waits in the inbox to be claimed, the daemon knows no \
             job of that id (a job's id is its manifest's job key, else its file's name without .plist, each character \
             outside A-Z a-z 0-9 . _ - made _), or no daemon answers; given a manifest's file name, it says the id such \
-            a file gets.
+            a file gets. An outbox entry whose result.plist cannot be read ends the wait with 1 and a message naming \
+            the file and what is wrong with it.
             """)
     @OptionGroup var common: Common
     @Argument(help: "A job id.", completion: .custom(completeJobs)) var job: String
@@ -41,8 +42,8 @@ struct Wait: ParsableCommand {
         // asking again then could take the daemon's answer time past it.
         var lastLook: Look?
         while true {
-            if let result = outboxEntry(of: job, common)?.result {
-                let status = result.status ?? "?"
+            if let entry = try endedEntry(of: job, common) {
+                let status = entry.status
                 if tty { FileHandle.standardError.write(Data("\r\u{1B}[K".utf8)) }
                 print("\(job): \(status)")
                 if status != "succeeded" { throw ExitCode(1) }

@@ -88,6 +88,29 @@ public enum Outbox {
         return readEntry(name, in: folder, path: outbox)
     }
 
+    /// The outbox entry of ended job `job` (outbox/<job>, else the first <job>.N whose result names the job: see
+    /// `Spool.place(job:)`), read as `list` reads one, whatever the size of its result. Nil while there is none;
+    /// a failure when outbox/<job> is there but its result cannot be read — the job has ended, but what it says is
+    /// lost to the reader (a reader waiting for it would otherwise wait for ever).
+    public static func ended(_ job: String, in outbox: String) -> Result<OutboxEntry, OutboxProblem>? {
+        let folder = open(outbox, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
+        guard folder >= 0 else { return nil }
+        defer { close(folder) }
+        var unreadable: OutboxProblem?
+        for name in Spool.entryNames(job) {
+            switch readEntry(name, in: folder, path: outbox) {
+            // No such name: the search ends. A file or link of that name: the job was placed beyond it.
+            case nil: if faccessat(folder, name, F_OK, AT_SYMLINK_NOFOLLOW) != 0 { return unreadable.map { .failure($0) } }
+            case .success(let entry) where entry.job == job: return .success(entry)
+            case .success: continue
+            // A folder without result.plist is someone's own, not an entry; one with a result that cannot be read is.
+            case .failure(let problem):
+                if name == job, faccessat(folder, name + "/result.plist", F_OK, AT_SYMLINK_NOFOLLOW) == 0 { unreadable = problem }
+            }
+        }
+        return unreadable.map { .failure($0) }
+    }
+
     /// The id the ended job whose folder is `folder` asked for (its result's `requestedJob`, else its `job`): what
     /// `opqueuectl retry` asks for again. Nil when its result cannot be read.
     public static func requestedID(ofEntry folder: String) -> String? {

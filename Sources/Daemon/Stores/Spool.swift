@@ -539,16 +539,10 @@ public final class Spool: @unchecked Sendable {
 
     /// The folder of a job's outbox entry in `outbox` (the spool's outbox, or sharedOutbox), once it has ended:
     /// <job>, unless something else had that name as the job ended; then the first <job>.N whose result.plist names
-    /// the job (see `place(job:)`). Nil while there is none.
+    /// the job (see `place(job:)`). Nil while there is none, or when its result cannot be read (`Outbox.ended` says why).
     public static func entry(of job: String, in outbox: String) -> String? {
-        for name in entryNames(job) {
-            let folder = outbox + "/" + name
-            guard access(folder, F_OK) == 0 else { return nil }
-            guard case .success(let data) = readRegularFile(folder + "/result.plist", limit: 64 << 20),
-                  let result = try? PropertyList.parse(Array(data)).dictionary else { continue }
-            if result["job"]?.string == job { return folder }
-        }
-        return nil
+        guard case .success(let entry)? = Outbox.ended(job, in: outbox) else { return nil }
+        return outbox + "/" + entry.name
     }
 
     /// What rename(2) of a folder says when its target is taken by something not empty or not a folder.

@@ -216,6 +216,33 @@ extension EndToEndTests {
         #expect(log.contains("outbox/x was taken by something else") && log.contains("the job's entry is \(spool.root)/outbox/x.1"))
     }
 
+    /// An outbox entry whose result.plist cannot be read: `wait` and `show` say which file and why and exit 1 at
+    /// once (they waited for ever, or said "unknown job"); a folder without a result is someone's own and is still
+    /// waited past; a result bigger than any whole-file read is found by its top-level keys.
+    @Test func anUnreadableResultIsSaidAndABigOneFound() throws {
+        let spool = TestSpool()
+        let outbox = spool.root + "/outbox"
+        for name in ["bad", "mine", "big"] {
+            try FileManager.default.createDirectory(atPath: outbox + "/" + name, withIntermediateDirectories: true)
+        }
+        try Data("<plist><dict><key>job</key>".utf8).write(to: URL(fileURLWithPath: outbox + "/bad/result.plist"))
+        let started = Date()
+        let wait = try spool.ctl(["wait", "bad", "--timeout", "20"])
+        #expect(wait.status == 1 && Date().timeIntervalSince(started) < 10, "\(wait)")
+        #expect(wait.stderr.contains("job 'bad' has ended, but its result cannot be read: \(outbox)/bad/result.plist"), "\(wait.stderr)")
+        let show = try spool.ctl(["show", "bad"])
+        #expect(show.status == 1 && show.stderr.contains("\(outbox)/bad/result.plist"), "\(show)")
+        let mine = try spool.ctl(["wait", "mine", "--timeout", "0.5"])
+        #expect(mine.status == 2, "a folder without a result is not an ended job: \(mine)")
+        // 70 MB of metadata before the keys wait reads.
+        let padding = String(repeating: "x", count: 70 << 20)
+        let big = "<plist><dict><key>a</key><string>\(padding)</string><key>job</key><string>big</string>"
+            + "<key>status</key><string>failed</string><key>finishedAt</key><real>1</real></dict></plist>"
+        try Data(big.utf8).write(to: URL(fileURLWithPath: outbox + "/big/result.plist"))
+        let found = try spool.ctl(["wait", "big", "--timeout", "20"])
+        #expect(found.status == 1 && found.stdout == "big: failed\n", "\(found)")
+    }
+
     /// A user removes active/<job> while the job runs: the job ends `failed`, saying why, in an outbox entry holding
     /// its manifest (from memory), and the daemon goes on (it used to wait for the folder for good, claiming paused).
     @Test func aJobWhoseFolderIsRemovedWhileItRunsEndsFailedAndTheDaemonGoesOn() throws {
