@@ -196,11 +196,11 @@ let package = Package(
             exclude: ["http_server.py", "make_pngs.py", "make_cmyk_jpegs.c", "metrics_client.py", "otlp_receiver.py"]
         ),
         // Test traits (swift-testing), for the test targets only.
-        .target(name: "TestTraits", dependencies: ["ClusterStore"], path: "Tests/Traits"),
+        .target(name: "TestTraits", path: "Tests/Traits"),
         // Each target lists every module it imports, not one reached through another: an incremental build recompiles
         // a target when a direct dependency's struct layout changes, not always when a transitive one's does (its
         // files then keep the old size, and the struct's own code writes past it).
-        .testTarget(name: "OperationEngineTests", dependencies: ["CShims", "OperationEngine"]),
+        .testTarget(name: "OperationEngineTests", dependencies: ["CShims", "OperationEngine", "TestTraits"]),
         .testTarget(name: "DaemonTests", dependencies: ["CShims", "ClusterStore", "ControlPlane", "Cron", "Daemon", "JobModel",
                                                         "OperationEngine", "OperationKinds", "PropertyList", "SpoolFiles",
                                                         "SystemCalls", "SystemdJournal", "TestSupport", "TestTraits"]),
@@ -221,6 +221,6 @@ let package = Package(
         .testTarget(name: "ClusterStoreTests", dependencies: ["ClusterStore", "TestSupport", "TestTraits",
                                                               .product(name: "PostgresNIO", package: "postgres-nio")]),
         // SPEC §8 from outside: real nodes on one throwaway PostgreSQL (Tests/Support/ClusterHarness.swift).
-        .testTarget(name: "ClusterTests", dependencies: ["TestSupport"]),
+        .testTarget(name: "ClusterTests", dependencies: ["TestSupport", "TestTraits"]),
     ]
 )

@@ -12,6 +12,7 @@
 import Foundation
 import Testing
 import TestSupport
+import TestTraits
 
 #if canImport(Glibc)
 import Glibc
@@ -73,7 +74,7 @@ func maxOverlap(_ intervals: [(start: Double, end: Double)]) -> Int {
     return most
 }
 
-@Suite("Cluster (SPEC §8)", .serialized)
+@Suite("Cluster (SPEC §8)", .serialized, .onItsOwnExecutor)
 struct ClusterTests {
     // MARK: 1. Schema, role
 

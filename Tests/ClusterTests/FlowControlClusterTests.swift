@@ -4,8 +4,9 @@
 import Foundation
 import Testing
 import TestSupport
+import TestTraits
 
-@Suite("Cluster flow control (SPEC §3.7)", .serialized)
+@Suite("Cluster flow control (SPEC §3.7)", .serialized, .onItsOwnExecutor)
 struct FlowControlClusterTests {
     @Test func racingSkipSubmissionsOnTwoNodesMakeOneJob() throws {
         let harness = try ClusterHarness(nodes: 2)

@@ -6,12 +6,13 @@
 import Foundation
 import Testing
 import TestSupport
+import TestTraits
 
 #if canImport(Glibc)
 import Glibc
 #endif
 
-@Suite("Cluster harness", .serialized)
+@Suite("Cluster harness", .serialized, .onItsOwnExecutor)
 struct HarnessTests {
     @Test func harnessRunsNodesAndTheirHelpers() throws {
         let harness = try ClusterHarness(nodes: 2, cluster: false)

@@ -4,8 +4,9 @@
 import Foundation
 import Testing
 import TestSupport
+import TestTraits
 
-@Suite("Cluster: the operator's verbs (SPEC §1)", .serialized)
+@Suite("Cluster: the operator's verbs (SPEC §1)", .serialized, .onItsOwnExecutor)
 struct OperatorClusterTests {
     @Test func listGivesTheDatabasesHistoryBesideTheOutbox() throws {
         let harness = try ClusterHarness(nodes: 2)

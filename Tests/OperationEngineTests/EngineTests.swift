@@ -6,6 +6,7 @@ import Foundation
 import Synchronization
 import Testing
 @testable import OperationEngine
+import TestTraits
 
 /// Thread-safe recorder for what bodies and the observer saw.
 final class Tracker: @unchecked Sendable {
@@ -84,7 +85,7 @@ func monotonicNow() -> Double {
     return Double(ts.tv_sec) + Double(ts.tv_nsec) / 1e9
 }
 
-@Suite(.serialized) struct EngineTests {
+@Suite(.serialized, .onItsOwnExecutor) struct EngineTests {
     @Test func randomGraphsNeverBreakDependenciesOrLimitsAndEveryOperationEndsOnce() throws {
         let tracker = Tracker()
         let engine = Engine(processorCount: 2, observer: { tracker.observe($0) })

@@ -6,6 +6,7 @@ import Foundation
 import Synchronization
 import Testing
 @testable import OperationEngine
+import TestTraits
 
 func rate(_ operations: Int, per seconds: Double) -> RateLimit {
     guard let limit = RateLimit(operations: operations, seconds: seconds) else { preconditionFailure("a bad rate in a test") }
@@ -23,7 +24,7 @@ func busiestWindow(_ starts: [Double], seconds: Double, slack: Double = 0.001) -
     return busiest
 }
 
-@Suite struct RateWindowTests {
+@Suite(.onItsOwnExecutor) struct RateWindowTests {
     @Test func aRateMustBePositive() {
         let cases: [(operations: Int, seconds: Double, valid: Bool)] = [
             (5, 0.4, true), (1, 1e-6, true), (1_000_000, 86_400, true),
@@ -79,7 +80,7 @@ func busiestWindow(_ starts: [Double], seconds: Double, slack: Double = 0.001) -
 }
 
 /// The scheduler's rules for rates, one step at a time (the rates' clock is the harness's `now`).
-@Suite struct RateSchedulerTests {
+@Suite(.onItsOwnExecutor) struct RateSchedulerTests {
     /// The harness counts two processors: the default limit would be 2.
     func ratedQueue(_ h: inout Harness, _ name: String, limit: Int = 10, suspended: Bool = false, rate: RateLimit?) -> QueueID {
         h.s.addQueue(name: name, maxConcurrentOperationCount: limit, qualityOfService: .default, suspended: suspended, rateLimit: rate)
@@ -281,7 +282,7 @@ final class StartLog: Sendable {
 }
 
 /// The engine in real time: small windows, real timers, real threads.
-@Suite(.serialized) struct RateEngineTests {
+@Suite(.serialized, .onItsOwnExecutor) struct RateEngineTests {
     @Test func noWindowHoldsMoreThanTheRateAndTheRateIsReached() throws {
         let log = StartLog()
         let engine = Engine(observer: { log.observe($0) })

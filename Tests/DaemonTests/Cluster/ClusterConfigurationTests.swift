@@ -7,8 +7,9 @@ import OperationEngine
 import Testing
 @testable import Daemon
 @testable import JobModel
+import TestTraits
 
-@Suite struct ClusterConfigurationTests {
+@Suite(.onItsOwnExecutor) struct ClusterConfigurationTests {
     static let url = "postgresql://opq@db.example:5432/jobs?sslmode=verify-full"
 
     func problems(_ object: [String: Any]) -> [String] {
@@ -189,7 +190,7 @@ import Testing
 
 /// Which process holds a node's name (SPEC §8: unique in the cluster): an earlier run of the node on this machine
 /// that is gone may be replaced at once; anything that may still run may not.
-@Suite("Node process identity")
+@Suite("Node process identity", .onItsOwnExecutor)
 struct NodeProcessTests {
     @Test func onlyAGoneProcessOfThisMachineIsReplacedAtOnce() throws {
         let mine = NodeProcess.info.split(separator: " ").map(String.init)

@@ -15,12 +15,13 @@ import CShims
 import OperationEngine
 import PropertyList
 import SystemCalls
+import TestTraits
 
 #if canImport(Glibc)
 import Glibc
 #endif
 
-@Suite("ClusterJobStore", .serialized)
+@Suite("ClusterJobStore", .serialized, .onItsOwnExecutor)
 struct ClusterJobStoreTests {
     /// Submitted on A, claimed by B within a wake-up (LISTEN/NOTIFY, not the 1 s poll), files written on B before
     /// `run`, A's local copy gone; B's fenced end recorded.

@@ -10,13 +10,14 @@ import TestSupport
 import CShims
 import OperationEngine
 import PropertyList
+import TestTraits
 
 #if canImport(Glibc)
 import Glibc
 #endif
 
 /// The pure part: leases, deadlines, fences, cancels, suspensions, connection lines.
-@Suite struct ClusterNodeStateTests {
+@Suite(.onItsOwnExecutor) struct ClusterNodeStateTests {
     @Test func deadlineCountsFromTheLastBeatSent() {
         var s = ClusterNodeState(leaseSeconds: 15)
         #expect(s.deadline == nil && !s.mayTakeLeases(now: 0))

@@ -10,6 +10,7 @@ import TestSupport
 import CShims
 import OperationEngine
 import PropertyList
+import TestTraits
 
 #if canImport(Glibc)
 import Glibc
@@ -17,7 +18,7 @@ import Glibc
 
 /// What a node's heartbeat says of the jobs it runs (for `show` on other nodes): read back as sent, bounded (a job
 /// that does not fit is left out whole, the others still sent), and anything else in its place ignored.
-@Suite("Cluster progress")
+@Suite("Cluster progress", .onItsOwnExecutor)
 struct ClusterProgressTests {
     @Test func progressRoundTripsWithinItsBudgetAndGarbageIsIgnored() throws {
         let small = [(id: "a", state: OperationState.succeeded, attempts: 1, queue: "io"),

@@ -10,12 +10,13 @@ import TestSupport
 import CShims
 import OperationEngine
 import PropertyList
+import TestTraits
 
 #if canImport(Glibc)
 import Glibc
 #endif
 
-@Suite struct SharedOutboxTests {
+@Suite(.onItsOwnExecutor) struct SharedOutboxTests {
     /// Publication under sharedOutbox: assembled in .tmp, renamed into place, active/<job> gone; run again (a
     /// crash after the rename) it only removes what is left; a half-made .tmp copy is made again; an entry of that
     /// name holding another manifest (a rejected manifest's on another node, a user's folder) is left alone and the

@@ -4,8 +4,9 @@
 import ClusterStore
 @testable import Daemon
 import Testing
+import TestTraits
 
-@Suite struct SilenceWatchTests {
+@Suite(.onItsOwnExecutor) struct SilenceWatchTests {
     func beat(_ node: String, _ beat: Int64, lease: Double? = nil) -> NodeBeat {
         NodeBeat(node: node, beat: beat, leaseSeconds: lease)
     }

@@ -9,6 +9,7 @@ import Testing
 import TestSupport
 @testable import Daemon
 import SystemCalls
+import TestTraits
 
 #if canImport(Glibc)
 import Glibc
@@ -52,7 +53,7 @@ extension TestSpool {
     }
 }
 
-@Suite(.serialized) struct ControlTests {
+@Suite(.serialized, .onItsOwnExecutor) struct ControlTests {
     @Test func clientsThatHangUpDoNotStopTheDaemon() throws {
         let spool = TestSpool()
         try spool.start()
@@ -349,7 +350,7 @@ extension TestSpool {
     }
 }
 
-@Suite struct ControlAdmissionTests {
+@Suite(.onItsOwnExecutor) struct ControlAdmissionTests {
     @Test func theOldestIdleConnectionMakesRoomAndAnsweringOnesAreNeverEvicted() {
         var admission = ControlAdmission<String>(limit: 3)
         var ticket: [String: UInt64] = [:]
@@ -381,7 +382,7 @@ extension TestSpool {
 }
 
 /// What `submitted` answers from: the last names recorded, each with its latest id, the oldest name going first.
-@Suite struct RecentNamesTests {
+@Suite(.onItsOwnExecutor) struct RecentNamesTests {
     @Test func theOldestNameGoesFirstAndANameRecordedAgainKeepsItsPlace() {
         var names = RecentNames(capacity: 2)
         names.record("a.plist", (1, "a"))

@@ -7,6 +7,7 @@ import Testing
 import TestSupport
 @testable import Daemon
 @testable import JobModel
+import TestTraits
 
 extension Scrape {
     static func fromCtl(_ spool: TestSpool) throws -> Scrape {
@@ -35,7 +36,7 @@ func metricsAddress(_ spool: TestSpool) -> String? {
     return nil
 }
 
-@Suite(.serialized) struct MetricsTests {
+@Suite(.serialized, .onItsOwnExecutor) struct MetricsTests {
     @Test func countersAndGaugesFollowWhatTheJobsDid() throws {
         let spool = TestSpool()
         let config = try spool.configure(["metrics": ["listen": "127.0.0.1:0"]])

@@ -15,6 +15,7 @@
 import Foundation
 import Testing
 import TestSupport
+import TestTraits
 
 let rulesPath = repositoryRoot + "/contrib/prometheus/opqueued.rules.yml"
 let rulesTestPath = repositoryRoot + "/contrib/prometheus/opqueued.rules.test.yml"
@@ -114,7 +115,7 @@ func codeBlocks(_ language: String, in text: String) -> [String] {
     text.components(separatedBy: "```\(language)\n").dropFirst().compactMap { $0.components(separatedBy: "\n```").first }
 }
 
-@Suite(.serialized) struct MonitoringTests {
+@Suite(.serialized, .onItsOwnExecutor) struct MonitoringTests {
     @Test func theRulesPassPromtoolAndTheirUnitTests() throws {
         let promtool = try #require(promtoolPath(), "promtool is missing: apt-get install prometheus (make test does)")
         let check = try run(promtool, ["check", "rules", rulesPath], timeout: 60)

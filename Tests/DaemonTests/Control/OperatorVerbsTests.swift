@@ -7,6 +7,7 @@ import Foundation
 import Testing
 import TestSupport
 @testable import Daemon
+import TestTraits
 
 #if canImport(Glibc)
 import Glibc
@@ -33,7 +34,7 @@ extension TestSpool {
     }
 }
 
-@Suite(.serialized) struct OperatorVerbsTests {
+@Suite(.serialized, .onItsOwnExecutor) struct OperatorVerbsTests {
     @Test func listNewestFirstWithFiltersAndBothOutputs() throws {
         let spool = TestSpool()
         try FileManager.default.createDirectory(atPath: spool.outbox, withIntermediateDirectories: true)

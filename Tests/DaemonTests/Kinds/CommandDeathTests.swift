@@ -12,6 +12,7 @@ import TestSupport
 @testable import OperationKinds
 @testable import SystemdJournal
 import SystemCalls
+import TestTraits
 
 #if canImport(Glibc)
 import Glibc
@@ -96,7 +97,7 @@ private func exited(_ watchdog: CommandWatchdog, within seconds: Double) -> Bool
     return false
 }
 
-@Suite(.serialized) struct CommandDeathTests {
+@Suite(.serialized, .onItsOwnExecutor) struct CommandDeathTests {
     @Test func killNineOfTheDaemonKillsTheCommandsWholeGroupWithinTwoSeconds() throws {
         let spool = TestSpool()
         let mark = spool.root + ".pgid"

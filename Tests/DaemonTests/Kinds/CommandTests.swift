@@ -6,6 +6,7 @@ import Foundation
 import Testing
 @testable import Daemon
 @testable import OperationKinds
+import TestTraits
 
 #if canImport(Glibc)
 import Glibc
@@ -73,7 +74,7 @@ private func launch(_ spool: TestSpool, _ arguments: [String], environment: [Str
     spool.daemon = process
 }
 
-@Suite(.serialized) struct CommandTests {
+@Suite(.serialized, .onItsOwnExecutor) struct CommandTests {
     @Test func argumentsReachArgvIntactAndTheEnvironmentIsExactlyTheDeclaredOne() throws {
         let spool = TestSpool()
         let config = try spool.configure(["commands": [

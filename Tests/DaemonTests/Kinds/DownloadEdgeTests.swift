@@ -8,6 +8,7 @@ import Testing
 import TestSupport
 @testable import Daemon
 @testable import OperationKinds
+import TestTraits
 
 #if canImport(Glibc)
 import Glibc
@@ -23,7 +24,7 @@ func noise(_ count: Int, seed: UInt64) -> Data {
 
 func occurrences(of needle: String, in text: String) -> Int { text.components(separatedBy: needle).count - 1 }
 
-@Suite(.serialized) struct DownloadDurabilityTests {
+@Suite(.serialized, .onItsOwnExecutor) struct DownloadDurabilityTests {
     @Test func aSucceededDownloadIsNotFetchedAgainAfterKill9() throws {
         let s = try ImageSpool()
         let server = try LoopbackServer(folder: s.images)
@@ -113,7 +114,7 @@ func occurrences(of needle: String, in text: String) -> Int { text.components(se
     }
 }
 
-@Suite(.serialized) struct DownloadDestinationTests {
+@Suite(.serialized, .onItsOwnExecutor) struct DownloadDestinationTests {
     @Test func loopbackIsRefusedByDefaultWithTheAddressInTheError() throws {
         let s = try ImageSpool()
         let server = try LoopbackServer(folder: s.images)

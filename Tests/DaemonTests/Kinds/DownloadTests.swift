@@ -5,8 +5,9 @@ import Testing
 import TestSupport
 @testable import Daemon
 @testable import OperationKinds
+import TestTraits
 
-@Suite(.serialized) struct DownloadTests {
+@Suite(.serialized, .onItsOwnExecutor) struct DownloadTests {
     @Test func httpFailuresSayWhatWentWrong() throws {
         let s = try ImageSpool(extraConfig: ["download": ["timeoutSeconds": 2, "maxBytes": 1_000_000]])
         let server = try LoopbackServer(folder: s.images)
@@ -138,7 +139,7 @@ import TestSupport
     }
 }
 
-@Suite(.serialized) struct PhotoListTests {
+@Suite(.serialized, .onItsOwnExecutor) struct PhotoListTests {
     @Test func photosURLAddsTheListsGraphToTheRunningJob() throws {
         let s = try ImageSpool()
         let server = try LoopbackServer(folder: s.images)

@@ -7,6 +7,7 @@ import Testing
 import TestSupport
 @testable import Daemon
 @testable import OperationKinds
+import TestTraits
 
 /// A test image: RGB or RGBA with values from simple formulas.
 func makeImage(width: Int, height: Int, alpha: Bool = false,
@@ -82,7 +83,7 @@ func chain(_ id: String, from source: String, _ filter: [String: Any], write pat
     return [f, ["id": "w-" + id, "kind": "write", "path": path, "dependencies": [id]]]
 }
 
-@Suite(.serialized) struct ImageTests {
+@Suite(.serialized, .onItsOwnExecutor) struct ImageTests {
     @Test func everyFilterMatchesAnIndependentReference() throws {
         let s = try ImageSpool()
         let source = try makeImage(width: 61, height: 37)
@@ -333,7 +334,7 @@ func chain(_ id: String, from source: String, _ filter: [String: Any], write pat
     }
 }
 
-@Suite struct ShippedExampleTests {
+@Suite(.onItsOwnExecutor) struct ShippedExampleTests {
     /// The walk-through's photo example, as `make example` drops it, with the configuration `make run` uses.
     @Test func photoExampleWorksOffline() throws {
         let spool = TestSpool()
@@ -356,7 +357,7 @@ func chain(_ id: String, from source: String, _ filter: [String: Any], write pat
     }
 }
 
-@Suite struct DecompressionBombTests {
+@Suite(.onItsOwnExecutor) struct DecompressionBombTests {
     /// maxPixels is checked from the header: the 30 GB the header asks for are never allocated. (A bound on
     /// the daemon's peak RSS three orders of magnitude below that, not a measurement.)
     @Test func aHugeHeaderFailsWithoutTheDaemonAllocatingIt() throws {

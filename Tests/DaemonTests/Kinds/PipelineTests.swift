@@ -10,6 +10,7 @@ import TestSupport
 @testable import Daemon
 @testable import JobModel
 @testable import OperationKinds
+import TestTraits
 
 /// A smooth picture with some texture (JPEG-friendly, so DCT scaling is comparable to a full decode).
 func smoothImage(width: Int, height: Int, alpha: Bool = false) throws -> Image {
@@ -34,7 +35,7 @@ func samePixels(_ a: Image, _ b: Image) -> Bool {
 
 func noCancel() throws {}
 
-@Suite struct PipelineTests {
+@Suite(.onItsOwnExecutor) struct PipelineTests {
     static var steps: [(String, ImageStep, (Image) throws -> Image)] { [
         ("sepia", .sepia(intensity: 0.8), { try Filters.sepia($0, intensity: 0.8, check: noCancel) }),
         ("grayscale", .grayscale, { try Filters.grayscale($0, check: noCancel) }),
@@ -218,7 +219,7 @@ func noCancel() throws {}
     }
 }
 
-@Suite struct StripHandoffTests {
+@Suite(.onItsOwnExecutor) struct StripHandoffTests {
     struct Stop: Error {}
 
     /// Big images overlap the making of strips (a second thread) with their encoding: every row arrives, in
@@ -252,7 +253,7 @@ func noCancel() throws {}
     }
 }
 
-@Suite struct PipelineRecoveryTests {
+@Suite(.onItsOwnExecutor) struct PipelineRecoveryTests {
     /// Killed after a fused chain's write made its .part file (before the rename), the daemon recomputes the
     /// chain on restart (the fused operations are pure and not recovered) and writes the same bytes.
     @Test func aRestartRecomputesAFusedChain() throws {
@@ -281,7 +282,7 @@ func noCancel() throws {}
     }
 }
 
-@Suite(.serialized) struct PipelineMemoryTests {
+@Suite(.serialized, .onItsOwnExecutor) struct PipelineMemoryTests {
     /// A 6000×4000 JPEG (72 MB decoded) through download → sepia → write JPEG: the daemon's peak RSS grows by
     /// far less than the decoded size. The same image read by two writes is materialised (the old path),
     /// which the same bound does not hold for: the bound tells the two apart.

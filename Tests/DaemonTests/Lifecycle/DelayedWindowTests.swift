@@ -4,8 +4,9 @@
 import Foundation
 import Testing
 @testable import Daemon
+import TestTraits
 
-@Suite(.serialized) struct DelayedWindowTests {
+@Suite(.serialized, .onItsOwnExecutor) struct DelayedWindowTests {
     func log(_ spool: TestSpool) -> String { (try? String(contentsOfFile: spool.logPath, encoding: .utf8)) ?? "" }
 
     func statusObject(_ spool: TestSpool) throws -> [String: Any] {

@@ -4,8 +4,9 @@
 import Foundation
 import Testing
 @testable import Daemon
+import TestTraits
 
-@Suite(.serialized) struct FlowControlTests {
+@Suite(.serialized, .onItsOwnExecutor) struct FlowControlTests {
     func delayed(_ job: String, _ key: String, _ value: Any, ops: [[String: Any]] = [sleepOp("a", 0.05)]) -> [String: Any] {
         ["job": job, key: value, "operations": ops]
     }

@@ -4,8 +4,9 @@ import Cron
 import Foundation
 import Testing
 @testable import Daemon
+import TestTraits
 
-@Suite(.serialized) struct ScheduleTests {
+@Suite(.serialized, .onItsOwnExecutor) struct ScheduleTests {
     func manifest(_ root: String) throws -> String {
         let path = root + ".scheduled.plist"
         try plist(["operations": [sleepOp("a", 0)]]).write(to: URL(fileURLWithPath: path))

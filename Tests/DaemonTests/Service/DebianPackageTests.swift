@@ -14,9 +14,10 @@
 import Foundation
 import Testing
 import TestSupport
+import TestTraits
 
 extension SystemdTests {
-    @Suite(.serialized) struct DebianPackageTests {
+    @Suite(.serialized, .onItsOwnExecutor) struct DebianPackageTests {
         static let spool = SystemdTests.spool
         static let unit = SystemdTests.unit
         /// dpkg and what it runs see no toolchain: the PATH of a machine that never had one.

@@ -10,6 +10,7 @@ import Testing
 import TestSupport
 @testable import Daemon
 @testable import JobModel
+import TestTraits
 
 let manFolder = repositoryRoot + "/docs/man"
 
@@ -42,7 +43,7 @@ func runnableShellBlocks(_ markdown: String) -> (run: [String], skipped: Int) {
     return (blocks, skipped)
 }
 
-@Suite(.serialized) struct DocsTests {
+@Suite(.serialized, .onItsOwnExecutor) struct DocsTests {
     @Test func manPagesLintClean() throws {
         for page in ["opqueuectl.1", "opqueued.8", "opqueued.plist.5"] {
             // mandoc comes with `make deps`; without it this fails rather than passing unchecked.

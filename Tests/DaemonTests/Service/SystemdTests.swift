@@ -10,6 +10,7 @@ import Daemon
 import Foundation
 import Testing
 import TestSupport
+import TestTraits
 
 /// A systemd booted in a namespace; commands run inside it through nsenter.
 final class BootedSystemd {
@@ -83,7 +84,7 @@ final class BootedSystemd {
     }
 }
 
-@Suite(.serialized) struct SystemdTests {
+@Suite(.serialized, .onItsOwnExecutor) struct SystemdTests {
     static let spool = "/var/spool/opqueued"
     static let unit = "opqueued.service"
 

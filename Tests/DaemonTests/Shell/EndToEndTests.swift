@@ -9,8 +9,9 @@ import Testing
 import TestSupport
 @testable import Daemon
 @testable import JobModel
+import TestTraits
 
-@Suite(.serialized) struct EndToEndTests {
+@Suite(.serialized, .onItsOwnExecutor) struct EndToEndTests {
     @Test func onceRunsTheInboxAndEveryManifestEndsInTheOutbox() throws {
         let spool = TestSpool()
         try spool.drop("good.plist", ["job": "good", "metadata": ["owner": "ana", "n": 3],

@@ -9,6 +9,7 @@ import TestSupport
 import Testing
 @testable import Daemon
 @testable import OperationKinds
+import TestTraits
 
 /// One operation's journal entry, as the console prints it: the fields a user compares.
 private struct Entry: Equatable, CustomStringConvertible {
@@ -68,7 +69,7 @@ private func outcomes(_ ops: [String: [String: Any]], root: String) -> [String: 
     }
 }
 
-@Suite(.serialized) struct FusedChainTests {
+@Suite(.serialized, .onItsOwnExecutor) struct FusedChainTests {
     /// The places a chain can fail; each manifest's image operations fuse unless `unfused`.
     static func manifest(_ place: String, unfused: Bool, _ s: ImageSpool) -> [String: Any] {
         let hold: [String: Any] = unfused ? ["timeoutSeconds": 3600] : [:]

@@ -3,8 +3,9 @@
 
 import Testing
 @testable import Daemon
+import TestTraits
 
-@Suite struct InboxIntakeTests {
+@Suite(.onItsOwnExecutor) struct InboxIntakeTests {
     private func drain(_ intake: inout InboxIntake) -> [String] {
         var names: [String] = []
         while let name = intake.next() { names.append(name) }
@@ -71,7 +72,7 @@ import Testing
     }
 }
 
-@Suite struct MemoryTrimTests {
+@Suite(.onItsOwnExecutor) struct MemoryTrimTests {
     @Test func trimsAtMostEveryIntervalOrAfterManyOperations() {
         var trim = MemoryTrim()
         var action = trim.idle(now: 100)

@@ -8,6 +8,7 @@ import Synchronization
 import Testing
 import TestSupport
 @testable import Daemon
+import TestTraits
 
 /// A JobStore the test steers: ends it refuses are lost, every job has an origin, cancels are noted.
 private final class FakeStore: SpoolBacked, @unchecked Sendable {
@@ -66,7 +67,7 @@ private func eventually(_ seconds: Double = 20, _ condition: () -> Bool) -> Bool
     return condition()
 }
 
-@Suite struct ShellStoreTests {
+@Suite(.onItsOwnExecutor) struct ShellStoreTests {
     @Test func theShellCallsTheStoreAtEachPointAndDropsWhatItLoses() async throws {
         let root = NSTemporaryDirectory() + "opq-shell-\(getpid())-\(UInt32.random(in: 0...UInt32.max))"
         defer { try? FileManager.default.removeItem(atPath: root) }
@@ -137,7 +138,7 @@ private func eventually(_ seconds: Double = 20, _ condition: () -> Bool) -> Bool
     }
 }
 
-@Suite struct PublicationSlotTests {
+@Suite(.onItsOwnExecutor) struct PublicationSlotTests {
     /// A job's slot is free once its folder is in the outbox: the next job is claimed while the commit that makes
     /// the rename durable (a syncfs: 7–40 ms on a journalled disk) is under way, and each job is announced
     /// `finished` only after it. Before, every job held its slot through that commit (measured: a third of the
@@ -186,7 +187,7 @@ private func eventually(_ seconds: Double = 20, _ condition: () -> Bool) -> Bool
     }
 }
 
-@Suite struct InboxHintTests {
+@Suite(.onItsOwnExecutor) struct InboxHintTests {
     /// Names inotify reports are claimed without reading the inbox again; a job's end is no reason to read it
     /// either. The inbox here also holds 2,000 hidden files (a writer's temporaries): each read costs them all.
     /// Before, every claim and every job's end read the whole folder (one read per manifest or more).

@@ -3,8 +3,9 @@
 
 import Testing
 @testable import Daemon
+import TestTraits
 
-@Suite struct SpoolFaultTests {
+@Suite(.onItsOwnExecutor) struct SpoolFaultTests {
     @Test func aFaultBeginsOnceAndEndsWithItsLength() {
         var fault = SpoolFault<String>()
         let none = fault.worked(now: 5)

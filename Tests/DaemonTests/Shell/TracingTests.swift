@@ -9,6 +9,7 @@ import Testing
 import TestSupport
 @testable import Daemon
 @testable import JobModel
+import TestTraits
 
 /// Seconds since the epoch as result.plist has them, in nanoseconds.
 private func nanos(_ value: Any?) -> UInt64? {
@@ -29,7 +30,7 @@ private func dropped(_ spool: TestSpool) throws -> Double {
     try Scrape.fromCtl(spool).value("opqueued_trace_spans_dropped_total")
 }
 
-@Suite(.serialized) struct TracingTests {
+@Suite(.serialized, .onItsOwnExecutor) struct TracingTests {
     static let submitter = (trace: "4bf92f3577b34da6a3ce929d0e0e4736", span: "00f067aa0ba902b7")
 
     @Test func aJobIsOneTraceShapedLikeItsManifestWithResultPlistTimes() throws {

@@ -5,12 +5,13 @@ import Foundation
 import Testing
 @testable import Daemon
 import PropertyList
+import TestTraits
 
 #if canImport(Glibc)
 import Glibc
 #endif
 
-@Suite("Claim record")
+@Suite("Claim record", .onItsOwnExecutor)
 struct ClaimRecordTests {
     let folder = NSTemporaryDirectory() + "opq-claim-record-\(UInt64.random(in: 1...UInt64.max))"
 

@@ -3,8 +3,9 @@
 import Foundation
 import Testing
 @testable import Daemon
+import TestTraits
 
-@Suite struct DelayedRecordTests {
+@Suite(.onItsOwnExecutor) struct DelayedRecordTests {
     @Test func linesAreReadBackInOrderAcrossBuffersAndWrittenAgainWithOnlyThoseKept() throws {
         let path = NSTemporaryDirectory() + "opq-delayed-" + UUID().uuidString.prefix(8)
         defer { unlink(path) }

@@ -8,8 +8,9 @@ import SpoolFiles
 import Synchronization
 import Testing
 import SystemCalls
+import TestTraits
 
-@Suite("GroupCommit")
+@Suite("GroupCommit", .onItsOwnExecutor)
 struct GroupCommitTests {
     /// What the fake commit saw: how many began and ended, and whether two ever overlapped.
     final class Disk: Sendable {

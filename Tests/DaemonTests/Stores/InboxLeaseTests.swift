@@ -7,12 +7,13 @@ import SpoolFiles
 import TestSupport
 import Testing
 @testable import Daemon
+import TestTraits
 
 #if canImport(Glibc)
 import Glibc
 #endif
 
-@Suite(.serialized) struct InboxLeaseTests {
+@Suite(.serialized, .onItsOwnExecutor) struct InboxLeaseTests {
     /// Waits until `condition` holds (polling every 20 ms); the seconds it took, or nil.
     func waitFor(_ seconds: Double, _ condition: () -> Bool) -> Double? {
         let start = Date()
@@ -81,7 +82,7 @@ import Glibc
     }
 }
 
-@Suite(.serialized) struct InboxLeaseFallbackTests {
+@Suite(.serialized, .onItsOwnExecutor) struct InboxLeaseFallbackTests {
     /// Without CAP_LEASE and for a file another user owns, no lease can be had: the daemon says so once,
     /// and falls back to inotify's close event (and the mtime rule).
     @Test func withoutCapLeaseAClosedFileIsStillClaimedAndTheFallbackIsLoggedOnce() throws {
@@ -122,7 +123,7 @@ import Glibc
 /// buffer may end right before an unmapped page. The spool reads a name through its pointer, only its bytes: an
 /// entry placed at the very end of a page followed by an inaccessible one reads back (reading the whole
 /// `struct dirent`, 280 bytes, as the inbox scan once did, faults — it crashed a node scanning a flooded inbox).
-@Suite struct DirectoryEntryTests {
+@Suite(.onItsOwnExecutor) struct DirectoryEntryTests {
     @Test func anEntryEndingAtAnUnmappedPageIsReadByItsNameOnly() throws {
         let page = Int(sysconf(Int32(_SC_PAGESIZE)))
         let memory = try #require(mmap(nil, 2 * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0))

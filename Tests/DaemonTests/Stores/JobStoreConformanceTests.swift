@@ -12,6 +12,7 @@ import Testing
 import TestSupport
 @testable import Daemon
 @testable import JobModel
+import TestTraits
 
 #if canImport(Glibc)
 import Glibc
@@ -161,7 +162,7 @@ final class JobStoreNode: @unchecked Sendable {
     }
 }
 
-@Suite("JobStore conformance", .serialized)
+@Suite("JobStore conformance", .serialized, .onItsOwnExecutor)
 struct JobStoreConformanceTests {
     /// Every manifest submitted reaches `run` on this (only) node exactly once, under the id it asked for, with
     /// its manifest's bytes in active/<id>/ and the inbox file gone. (Three: within the test node's job slots.)

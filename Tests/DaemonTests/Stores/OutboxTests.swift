@@ -8,6 +8,7 @@ import Testing
 import TestSupport
 @testable import Daemon
 @testable import JobModel
+import TestTraits
 
 /// A temporary spool's outbox and tmp/, removed at the end.
 final class TemporaryOutbox {
@@ -24,7 +25,7 @@ final class TemporaryOutbox {
     var names: [String] { ((try? FileManager.default.contentsOfDirectory(atPath: outbox)) ?? []).sorted() }
 }
 
-@Suite struct OutboxTests {
+@Suite(.onItsOwnExecutor) struct OutboxTests {
     @Test func readsEntriesAndPassesOverWhatIsNoJob() throws {
         let box = try TemporaryOutbox()
         try writeEndedJob(outbox: box.outbox, job: "a", status: "failed", finishedAt: 100.25, durationSeconds: 2, node: "n1")

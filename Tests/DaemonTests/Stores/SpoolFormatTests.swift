@@ -6,12 +6,13 @@ import Testing
 @testable import Daemon
 import CShims
 import PropertyList
+import TestTraits
 
 #if canImport(Glibc)
 import Glibc
 #endif
 
-@Suite("Spool format", .serialized)
+@Suite("Spool format", .serialized, .onItsOwnExecutor)
 struct SpoolFormatTests {
     func format(_ spool: TestSpool) -> String? {
         try? String(contentsOfFile: spool.root + "/active/.format", encoding: .utf8)

@@ -5,12 +5,13 @@
 import Foundation
 import Testing
 import TestSupport
+import TestTraits
 
 #if canImport(Glibc)
 import Glibc
 #endif
 
-@Suite("SpoolWatch")
+@Suite("SpoolWatch", .onItsOwnExecutor)
 struct SpoolWatchTests {
     private func spool() throws -> (Spool, String) {
         let root = NSTemporaryDirectory() + "opq-watch-\(getpid())-\(UInt32.random(in: 0...UInt32.max))"
