@@ -1,6 +1,7 @@
 // SPEC §8 from outside: real opqueued nodes (.build/debug), one real PostgreSQL, the node role with only the
-// documented GRANTs (Tests/Support/ClusterHarness.swift). Each test has its own server and nodes; the suite runs
-// serially (two cores: parallel clusters would only measure the machine). Liveness bounds carry slack for a loaded
+// documented GRANTs (Tests/Support/ClusterHarness.swift). Each test has its own database and nodes; each of the two
+// suites (this one, and leases and outages in ClusterFailureTests) runs serially (two cores: more clusters at once
+// would only measure the machine). Liveness bounds carry slack for a loaded
 // machine; figures are measured by Benchmarks/cluster/run.sh, never asserted here.
 //
 // What these tests assume of the daemon, besides SPEC §8's words: `status --json` has a top-level `nodes` array and
@@ -344,7 +345,7 @@ struct ClusterTests {
         try harness.waitRegistered(1)
         let busy = uniqueJob("busy")
         try harness[0].drop(busy + ".plist", sleepJob(busy, 120))
-        #expect(try harness.waitJournal(["OPQ_JOB": busy, "OPQ_OPERATION": "a", "OPQ_STATE": "executing"]) != nil)
+        #expect(try harness.waitJournal(["OPQ_JOB": busy, "OPQ_OPERATION": "a", "OPQ_STATE": "executing"], timeout: 40) != nil)
         let unstarted = (0..<3).map { uniqueJob("unstarted-\($0)") }
         for job in unstarted { try harness[0].drop(job + ".plist", sleepJob(job, 0)) }
         // All four are node 0's: one executing, three claimed behind it on a queue of one.

@@ -399,7 +399,8 @@ extension CommandTests {
         let spool = TestSpool()
         let config = try spool.configure([
             "queues": ["procs": ["maxConcurrentOperationCount": 300]],
-            "commands": ["nap": command(["/bin/sleep", "1"], ["queue": "procs"])],
+            // Long enough that a hundred are running at once on a loaded machine (spawning at ≥ 35 a second).
+            "commands": ["nap": command(["/bin/sleep", "3"], ["queue": "procs"])],
         ])
         try spool.start(config)
         let pid = try #require(spool.daemon?.processIdentifier)
