@@ -5,13 +5,24 @@ import OperationEngine
 import PropertyList
 
 extension Manifest {
-    /// `operations[index]`, checked: nil when it has a problem (each one appended, naming the operation).
+    /// One element of `operations`, checked.
+    enum ParsedOperation {
+        /// It has no problem.
+        case valid(OperationPlan)
+        /// It has problems (each appended, naming the operation), and an id: what parsed of it, for the graph checks.
+        case shaped(OperationShape)
+        /// It has problems, and no id: it takes no part in the graph.
+        case unnamed
+    }
+
+    /// `operations[index]`, checked: every key, whatever the problems of the others.
     static func parseOperation(_ element: PlistValue, index: Int, configuration: Configuration,
-                               problems: inout [String]) -> OperationPlan? {
+                               problems: inout [String]) -> ParsedOperation {
         guard case .dictionary(let dict) = element else {
             problems.append("operations[\(index)]: must be a dictionary")
-            return nil
+            return .unnamed
         }
+        let before = problems.count
         let (id, kind, label) = parseIdentity(dict, index: index, problems: &problems)
         var queue = kind.map { configuration.defaultQueues[$0.family] ?? "default" } ?? "default"
         if let value = dict["queue"] {
@@ -21,27 +32,48 @@ extension Manifest {
                     + "(configured: \(configuration.queueNames.joined(separator: ", ")))")
             }
         }
-        var dependencies: [String] = []
-        if let value = dict["dependencies"] {
-            if let array = value.array, array.allSatisfy({ $0.string != nil }) { dependencies = array.compactMap(\.string) }
-            else { problems.append("\(label): dependencies must be an array of operation ids") }
-        }
-        var input: String?
-        if let value = dict["input"] {
-            if let s = value.string { input = s; if !dependencies.contains(s) { dependencies.append(s) } }
-            else { problems.append("\(label): input must be an operation id") }
-        }
+        let edges = parseEdges(dict, label: label, problems: &problems)
         let run = parseRunSettings(dict, label: label, problems: &problems)
-        guard let id, let kind else { return nil }
-        guard let parameters = parseParameters(kind, dict, label: label, configuration: configuration, problems: &problems) else {
-            return nil
+        let parameters = kind.flatMap { parseParameters($0, dict, label: label, configuration: configuration, problems: &problems) }
+        guard let id else { return .unnamed }
+        guard problems.count == before, let kind, let parameters else {
+            return .shaped(shape(id: id, kind: kind, dict, edges: edges))
         }
         // A command's own queue, unless the operation names one.
         if case .command(let name, _) = parameters, dict["queue"] == nil, let own = configuration.commands[name]?.queue { queue = own }
-        return OperationPlan(id: id, kind: kind, queue: queue, dependencies: dependencies, input: input,
-                             qualityOfService: run.shared.qualityOfService, queuePriority: run.shared.queuePriority,
-                             timeoutSeconds: run.shared.timeoutSeconds, retries: run.retries, retryDelaySeconds: run.retryDelaySeconds,
-                             runsAfterFailure: run.runsAfterFailure, parameters: parameters)
+        return .valid(OperationPlan(id: id, kind: kind, queue: queue, dependencies: edges.dependencies, input: edges.input,
+                                    qualityOfService: run.shared.qualityOfService, queuePriority: run.shared.queuePriority,
+                                    timeoutSeconds: run.shared.timeoutSeconds, retries: run.retries,
+                                    retryDelaySeconds: run.retryDelaySeconds, runsAfterFailure: run.runsAfterFailure,
+                                    parameters: parameters))
+    }
+
+    /// An operation's `dependencies` and `input` (named, it is one of the dependencies); `known` is false when either
+    /// did not parse.
+    private static func parseEdges(_ dict: PlistDictionary, label: String,
+                                   problems: inout [String]) -> (dependencies: [String], input: String?, known: Bool) {
+        var dependencies: [String] = []
+        var input: String?
+        var known = true
+        if let value = dict["dependencies"] {
+            if let array = value.array, array.allSatisfy({ $0.string != nil }) { dependencies = array.compactMap(\.string) }
+            else { problems.append("\(label): dependencies must be an array of operation ids"); known = false }
+        }
+        if let value = dict["input"] {
+            if let s = value.string { input = s; if !dependencies.contains(s) { dependencies.append(s) } }
+            else { problems.append("\(label): input must be an operation id"); known = false }
+        }
+        return (dependencies, input, known)
+    }
+
+    /// What the graph checks read of an operation with problems, from the keys that parsed: what is not known stays nil
+    /// (its kind, a command's name, a write's path when it is missing or unsafe).
+    private static func shape(id: String, kind: Kind?, _ dict: PlistDictionary,
+                              edges: (dependencies: [String], input: String?, known: Bool)) -> OperationShape {
+        let path = kind == .write ? dict["path"]?.string.flatMap { unsafePathReason($0) == nil ? $0 : nil } : nil
+        return OperationShape(id: id, dependencies: edges.dependencies, input: edges.input, knownKind: kind, edgesKnown: edges.known,
+                              command: kind == .command ? dict["command"]?.string : nil, writePath: path,
+                              writeHasNoFormat: path.map { dict["format"] == nil && imageFormat(ofPath: $0) == nil } ?? false)
     }
 
     /// An operation's `id` and `kind` (nil when missing or invalid), the label its problems go under (its id once

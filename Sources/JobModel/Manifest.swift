@@ -197,10 +197,11 @@ public struct Manifest {
         parseJobSettings(top, into: &plan, problems: &problems)
         parseFlowControl(top, into: &plan, problems: &problems)
         if top["photosURL"] != nil { return validateGraph(plan, problems: problems, configuration: configuration) }
-        guard parseOperations(top, into: &plan, configuration: configuration, problems: &problems) else {
-            return .failure(ManifestProblems(problems))
+        switch parseOperations(top, into: &plan, configuration: configuration, problems: &problems) {
+        case .unchecked: return .failure(ManifestProblems(problems))
+        case .plans: return validateGraph(plan, problems: problems, configuration: configuration)
+        case .shapes(let shapes): return validateGraph(plan, shapes: shapes, problems: problems, configuration: configuration)
         }
-        return validateGraph(plan, problems: problems, configuration: configuration)
     }
 
     /// `photosURL` (§3.5): the job is the list's download, its entries' operations added once the list has arrived.
@@ -277,29 +278,51 @@ public struct Manifest {
         return shared
     }
 
-    /// `operations`: each one checked and added to the plan. False when the array is missing, is no array, or holds more
-    /// operations than a manifest may (the graph is then not checked).
+    /// What the graph checks of `operations` are run on.
+    enum GraphInput {
+        /// None: `operations` is missing, is no array, or holds more operations than a manifest may.
+        case unchecked
+        /// The plan's operations, each valid.
+        case plans
+        /// Every operation with an id, as far as it parsed: some have problems (the plan is then not used).
+        case shapes([OperationShape])
+    }
+
+    /// `operations`: each one checked and added to the plan while none has a problem; from the first one with a
+    /// problem on, each one's shape is kept instead, for the graph checks.
     private static func parseOperations(_ top: PlistDictionary, into plan: inout JobPlan, configuration: Configuration,
-                                        problems: inout [String]) -> Bool {
+                                        problems: inout [String]) -> GraphInput {
         guard let operationsValue = top["operations"] else {
             problems.append("operations: missing (an array of operations is required)")
-            return false
+            return .unchecked
         }
         guard case .array(let operations) = operationsValue else {
             problems.append("operations: must be an array")
-            return false
+            return .unchecked
         }
         if operations.isEmpty { problems.append("operations: must not be empty") }
         if operations.count > ManifestLimits.maxOperations {
             problems.append("operations: \(operations.count) operations; the limit is \(ManifestLimits.maxOperations)")
-            return false
+            return .unchecked
         }
+        // Shapes only once needed: a valid manifest of a million operations is not held twice.
+        var shapes: [OperationShape]?
         for (index, element) in operations.enumerated() {
-            if let operation = parseOperation(element, index: index, configuration: configuration, problems: &problems) {
-                plan.operations.append(operation)
+            switch parseOperation(element, index: index, configuration: configuration, problems: &problems) {
+            case .valid(let operation):
+                if shapes == nil { plan.operations.append(operation) }
+                else { shapes?.append(OperationShape(operation)) }
+            case .shaped(let shape):
+                if shapes == nil {
+                    shapes = plan.operations.map(OperationShape.init)
+                    plan.operations = []
+                }
+                shapes?.append(shape)
+            case .unnamed:
+                break
             }
         }
-        return true
+        return shapes.map { .shapes($0) } ?? .plans
     }
 
     /// A downloaded photo list (§3.5): a non-empty dictionary of name → URL strings.
