@@ -298,4 +298,14 @@ func parse(_ data: Data) throws -> PlistValue { try PropertyList.parse([UInt8](d
         let theirs = try PropertyListSerialization.propertyList(from: Data(text.utf8), format: nil) as? [String: Any]
         #expect((theirs?["when"] as? Date) == Date(timeIntervalSinceReferenceDate: 0))
     }
+
+    /// Keys that differ only in control characters XML cannot carry are written alike: the first is kept, so that the
+    /// document reads back (and writes again the same).
+    @Test func keysWrittenAlikeAreWrittenOnce() throws {
+        let value = PlistValue.dictionary(PlistDictionary(["a\u{1}": .integer(1), "a\u{2}": .integer(2), "b": .integer(3)]))
+        let written = PlistXMLWriter.document(value)
+        let again = try PropertyList.parse(written)
+        #expect(again == .dictionary(PlistDictionary(["a\u{FFFD}": .integer(1), "b": .integer(3)])))
+        #expect(PlistXMLWriter.document(again) == written)
+    }
 }
