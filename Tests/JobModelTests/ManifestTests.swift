@@ -136,6 +136,32 @@ extension Configuration {
                     "operation 'g': its input 'z' hands over no output; grayscale needs an image"])
     }
 
+    /// A dictionary that gives a key twice is ambiguous: the manifest (or configuration) is refused, naming the key.
+    @Test func aKeyGivenTwiceIsRefused() throws {
+        func xml(_ body: String) -> Data {
+            Data("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<plist version=\"1.0\">\n\(body)</plist>\n".utf8)
+        }
+        func refused(_ data: Data) -> [String] {
+            if case .failure(let p) = Manifest.parse(data, configuration: .builtIn) { return p.problems }
+            return []
+        }
+        #expect(refused(xml("<dict>\n<key>job</key><string>a</string>\n<key>job</key><string>b</string>\n"
+                            + "<key>operations</key><array/>\n</dict>"))
+                == ["not a property list: line 5: the key 'job' is given twice in one <dict> (first on line 4)"])
+        let operation = "<dict><key>id</key><string>d</string><key>kind</key><string>download</string>\n"
+            + "<key>url</key><string>https://example.org/a</string>\n<key>url</key><string>https://example.org/b</string></dict>\n"
+        #expect(refused(xml("<dict><key>operations</key><array>\n\(operation)</array></dict>\n"))
+                == ["not a property list: line 6: the key 'url' is given twice in one <dict> (first on line 5)"])
+        do {
+            _ = try Configuration.parse(xml("<dict><key>maxActiveJobs</key><integer>1</integer>\n"
+                                            + "<key>maxActiveJobs</key><integer>2</integer></dict>"), path: "c.plist")
+            Issue.record("a configuration with a key given twice was taken")
+        } catch let error as Configuration.Invalid {
+            #expect(error.description == "c.plist: not a property list: line 4: the key 'maxActiveJobs' is given twice in one <dict> "
+                        + "(first on line 3)")
+        }
+    }
+
     /// Found by the fuzz campaign: a job timeout of 1e300 s reached the engine's timer and trapped.
     @Test func hugeManifestsGetShortAnswers() {
         let many = problems(["operations": Array(repeating: 7, count: 1000)])
