@@ -5,13 +5,24 @@ import OperationEngine
 import PropertyList
 
 extension Manifest {
-    /// `operations[index]`, checked: nil when it has a problem (each one appended, naming the operation).
+    /// One element of `operations`, checked.
+    enum ParsedOperation {
+        /// It has no problem.
+        case valid(OperationPlan)
+        /// It has problems (each appended, naming the operation), and an id: what parsed of it, for the graph checks.
+        case shaped(OperationShape)
+        /// It has problems, and no id: it takes no part in the graph.
+        case unnamed
+    }
+
+    /// `operations[index]`, checked: every key, whatever the problems of the others.
     static func parseOperation(_ element: PlistValue, index: Int, configuration: Configuration,
-                               problems: inout [String]) -> OperationPlan? {
+                               problems: inout [String]) -> ParsedOperation {
         guard case .dictionary(let dict) = element else {
             problems.append("operations[\(index)]: must be a dictionary")
-            return nil
+            return .unnamed
         }
+        let before = problems.count
         let (id, kind, label) = parseIdentity(dict, index: index, problems: &problems)
         var queue = kind.map { configuration.defaultQueues[$0.family] ?? "default" } ?? "default"
         if let value = dict["queue"] {
@@ -21,27 +32,48 @@ extension Manifest {
                     + "(configured: \(configuration.queueNames.joined(separator: ", ")))")
             }
         }
-        var dependencies: [String] = []
-        if let value = dict["dependencies"] {
-            if let array = value.array, array.allSatisfy({ $0.string != nil }) { dependencies = array.compactMap(\.string) }
-            else { problems.append("\(label): dependencies must be an array of operation ids") }
-        }
-        var input: String?
-        if let value = dict["input"] {
-            if let s = value.string { input = s; if !dependencies.contains(s) { dependencies.append(s) } }
-            else { problems.append("\(label): input must be an operation id") }
-        }
+        let edges = parseEdges(dict, label: label, problems: &problems)
         let run = parseRunSettings(dict, label: label, problems: &problems)
-        guard let id, let kind else { return nil }
-        guard let parameters = parseParameters(kind, dict, label: label, configuration: configuration, problems: &problems) else {
-            return nil
+        let parameters = kind.flatMap { parseParameters($0, dict, label: label, configuration: configuration, problems: &problems) }
+        guard let id else { return .unnamed }
+        guard problems.count == before, let kind, let parameters else {
+            return .shaped(shape(id: id, kind: kind, dict, edges: edges))
         }
         // A command's own queue, unless the operation names one.
         if case .command(let name, _) = parameters, dict["queue"] == nil, let own = configuration.commands[name]?.queue { queue = own }
-        return OperationPlan(id: id, kind: kind, queue: queue, dependencies: dependencies, input: input,
-                             qualityOfService: run.shared.qualityOfService, queuePriority: run.shared.queuePriority,
-                             timeoutSeconds: run.shared.timeoutSeconds, retries: run.retries, retryDelaySeconds: run.retryDelaySeconds,
-                             runsAfterFailure: run.runsAfterFailure, parameters: parameters)
+        return .valid(OperationPlan(id: id, kind: kind, queue: queue, dependencies: edges.dependencies, input: edges.input,
+                                    qualityOfService: run.shared.qualityOfService, queuePriority: run.shared.queuePriority,
+                                    timeoutSeconds: run.shared.timeoutSeconds, retries: run.retries,
+                                    retryDelaySeconds: run.retryDelaySeconds, runsAfterFailure: run.runsAfterFailure,
+                                    parameters: parameters))
+    }
+
+    /// An operation's `dependencies` and `input` (named, it is one of the dependencies); `known` is false when either
+    /// did not parse.
+    private static func parseEdges(_ dict: PlistDictionary, label: String,
+                                   problems: inout [String]) -> (dependencies: [String], input: String?, known: Bool) {
+        var dependencies: [String] = []
+        var input: String?
+        var known = true
+        if let value = dict["dependencies"] {
+            if let array = value.array, array.allSatisfy({ $0.string != nil }) { dependencies = array.compactMap(\.string) }
+            else { problems.append("\(label): dependencies must be an array of operation ids"); known = false }
+        }
+        if let value = dict["input"] {
+            if let s = value.string { input = s; if !dependencies.contains(s) { dependencies.append(s) } }
+            else { problems.append("\(label): input must be an operation id"); known = false }
+        }
+        return (dependencies, input, known)
+    }
+
+    /// What the graph checks read of an operation with problems, from the keys that parsed: what is not known stays nil
+    /// (its kind, a command's name, a write's path when it is missing or unsafe).
+    private static func shape(id: String, kind: Kind?, _ dict: PlistDictionary,
+                              edges: (dependencies: [String], input: String?, known: Bool)) -> OperationShape {
+        let path = kind == .write ? dict["path"]?.string.flatMap { unsafePathReason($0) == nil ? $0 : nil } : nil
+        return OperationShape(id: id, dependencies: edges.dependencies, input: edges.input, knownKind: kind, edgesKnown: edges.known,
+                              command: kind == .command ? dict["command"]?.string : nil, writePath: path,
+                              writeHasNoFormat: path.map { dict["format"] == nil && imageFormat(ofPath: $0) == nil } ?? false)
     }
 
     /// An operation's `id` and `kind` (nil when missing or invalid), the label its problems go under (its id once
@@ -244,51 +276,5 @@ extension Manifest {
             if component.utf8.count > 255 { return "has a component longer than 255 bytes" }
         }
         return nil
-    }
-
-    /// Files of the job folder two owners would make: two writes of one path, a write of a command's log
-    /// (`logs/<id>.stdout`, `.stderr`), or a file where another needs a folder (`a` and `a/b.png`). One of the outputs
-    /// would be lost at run time, which one depending on which ran last.
-    static func pathConflicts(_ operations: [OperationPlan]) -> [String] {
-        // Who makes each file: the daemon, a command's log, or a write (by id).
-        var made: [String: String] = ["manifest.plist": "the daemon's own", "result.plist": "the daemon's own"]
-        var writes: [(path: String, id: String)] = []
-        var firstCommand: String?
-        var problems: [String] = []
-        for op in operations {
-            if case .command = op.parameters {
-                firstCommand = firstCommand ?? op.id
-                made["logs/\(op.id).stdout"] = "the standard output log of command operation '\(op.id)'"
-                made["logs/\(op.id).stderr"] = "the standard error log of command operation '\(op.id)'"
-            } else if case .write(let path, _, _) = op.parameters, unsafePathReason(path) == nil {
-                writes.append((path, op.id))
-            }
-        }
-        var writer: [String: String] = [:]
-        for (path, id) in writes {
-            if let first = writer[path] {
-                problems.append("operations '\(first)' and '\(id)' both write '\(clipped(path))'")
-            } else if let log = made[path] {
-                problems.append("operation '\(id)' writes '\(clipped(path))', \(log)")
-            } else {
-                writer[path] = id
-                made[path] = "written by operation '\(id)'"
-            }
-        }
-        if let id = writer["logs"], let command = firstCommand {
-            problems.append("operation '\(id)' writes 'logs', the folder of command operation '\(command)''s logs")
-        }
-        for (path, id) in writes {
-            var folder = Substring(path)
-            while let slash = folder.lastIndex(of: "/") {
-                folder = folder[..<slash]
-                if let file = made[String(folder)] {
-                    let inside = clipped(String(folder))
-                    problems.append("operation '\(id)' writes '\(clipped(path))' inside '\(inside)', which is a file (\(file))")
-                    break
-                }
-            }
-        }
-        return problems
     }
 }

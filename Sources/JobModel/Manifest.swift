@@ -197,10 +197,11 @@ public struct Manifest {
         parseJobSettings(top, into: &plan, problems: &problems)
         parseFlowControl(top, into: &plan, problems: &problems)
         if top["photosURL"] != nil { return validateGraph(plan, problems: problems, configuration: configuration) }
-        guard parseOperations(top, into: &plan, configuration: configuration, problems: &problems) else {
-            return .failure(ManifestProblems(problems))
+        switch parseOperations(top, into: &plan, configuration: configuration, problems: &problems) {
+        case .unchecked: return .failure(ManifestProblems(problems))
+        case .plans: return validateGraph(plan, problems: problems, configuration: configuration)
+        case .shapes(let shapes): return validateGraph(plan, shapes: shapes, problems: problems, configuration: configuration)
         }
-        return validateGraph(plan, problems: problems, configuration: configuration)
     }
 
     /// `photosURL` (§3.5): the job is the list's download, its entries' operations added once the list has arrived.
@@ -277,29 +278,51 @@ public struct Manifest {
         return shared
     }
 
-    /// `operations`: each one checked and added to the plan. False when the array is missing, is no array, or holds more
-    /// operations than a manifest may (the graph is then not checked).
+    /// What the graph checks of `operations` are run on.
+    enum GraphInput {
+        /// None: `operations` is missing, is no array, or holds more operations than a manifest may.
+        case unchecked
+        /// The plan's operations, each valid.
+        case plans
+        /// Every operation with an id, as far as it parsed: some have problems (the plan is then not used).
+        case shapes([OperationShape])
+    }
+
+    /// `operations`: each one checked and added to the plan while none has a problem; from the first one with a
+    /// problem on, each one's shape is kept instead, for the graph checks.
     private static func parseOperations(_ top: PlistDictionary, into plan: inout JobPlan, configuration: Configuration,
-                                        problems: inout [String]) -> Bool {
+                                        problems: inout [String]) -> GraphInput {
         guard let operationsValue = top["operations"] else {
             problems.append("operations: missing (an array of operations is required)")
-            return false
+            return .unchecked
         }
         guard case .array(let operations) = operationsValue else {
             problems.append("operations: must be an array")
-            return false
+            return .unchecked
         }
         if operations.isEmpty { problems.append("operations: must not be empty") }
         if operations.count > ManifestLimits.maxOperations {
             problems.append("operations: \(operations.count) operations; the limit is \(ManifestLimits.maxOperations)")
-            return false
+            return .unchecked
         }
+        // Shapes only once needed: a valid manifest of a million operations is not held twice.
+        var shapes: [OperationShape]?
         for (index, element) in operations.enumerated() {
-            if let operation = parseOperation(element, index: index, configuration: configuration, problems: &problems) {
-                plan.operations.append(operation)
+            switch parseOperation(element, index: index, configuration: configuration, problems: &problems) {
+            case .valid(let operation):
+                if shapes == nil { plan.operations.append(operation) }
+                else { shapes?.append(OperationShape(operation)) }
+            case .shaped(let shape):
+                if shapes == nil {
+                    shapes = plan.operations.map(OperationShape.init)
+                    plan.operations = []
+                }
+                shapes?.append(shape)
+            case .unnamed:
+                break
             }
         }
-        return true
+        return shapes.map { .shapes($0) } ?? .plans
     }
 
     /// A downloaded photo list (§3.5): a non-empty dictionary of name → URL strings.
@@ -340,106 +363,6 @@ public struct Manifest {
             operations.append(op("write-\(unique)", .write, ["sepia-\(unique)"], .write(path: "\(unique).png", format: "png", quality: 90)))
         }
         return operations
-    }
-
-    private static func validateGraph(_ plan: JobPlan, problems initial: [String],
-                                      configuration: Configuration) -> Result<JobPlan, ManifestProblems> {
-        var problems = initial
-        var index: [String: Int] = [:]
-        for (i, op) in plan.operations.enumerated() {
-            if index[op.id] != nil { problems.append("operation '\(op.id)': duplicate id") } else { index[op.id] = i }
-        }
-        var unknown = false
-        for op in plan.operations {
-            for dep in op.dependencies where index[dep] == nil {
-                problems.append("operation '\(op.id)' depends on unknown operation '\(clipped(dep))'")
-                unknown = true
-            }
-            if op.dependencies.contains(op.id) { problems.append("cycle: \(op.id) → \(op.id)") }
-        }
-        problems += pathConflicts(plan.operations)
-        if !unknown {
-            problems += cycles(plan.operations, index: index)
-            problems += imageWritesWithoutFormat(plan.operations, index: index, configuration: configuration)
-            problems += operationsWithoutInput(plan.operations, index: index, configuration: configuration)
-        }
-        return problems.isEmpty ? .success(plan) : .failure(ManifestProblems(problems))
-    }
-
-    /// The operation whose output `op` takes when it runs: its `input`, else its first dependency that hands one over
-    /// (not a sleep, spin or fail, nor a command declared `output = none`); nil when none does.
-    static func producer(of op: OperationPlan, _ operations: [OperationPlan], index: [String: Int],
-                         configuration: Configuration) -> OperationPlan? {
-        func hasOutput(_ op: OperationPlan) -> Bool {
-            if case .command(let name, _) = op.parameters { return configuration.commands[name]?.output != CommandSpec.Output.none }
-            return op.kind.hasOutput
-        }
-        return (op.input.map { [$0] } ?? op.dependencies).lazy.compactMap { index[$0].map { operations[$0] } }.first(where: hasOutput)
-    }
-
-    /// An image operation or a `write` needs an input: its `input`, else a dependency, that hands one over (not a sleep,
-    /// spin or fail, nor a command declared `output = none`). Found here, not when it runs.
-    static func operationsWithoutInput(_ operations: [OperationPlan], index: [String: Int], configuration: Configuration) -> [String] {
-        var problems: [String] = []
-        for op in operations where op.kind.family == "image" || op.kind == .write {
-            guard producer(of: op, operations, index: index, configuration: configuration) == nil else { continue }
-            let what = op.kind == .write ? "something to write" : "an image"
-            if let input = op.input {
-                problems.append("operation '\(op.id)': its input '\(clipped(input))' hands over no output; "
-                    + "\(op.kind.rawValue) needs \(what)")
-            } else {
-                problems.append("operation '\(op.id)': \(op.kind.rawValue) needs \(what): give it a dependency that has an output "
-                    + "(a download, an image operation, a write or a command), or `input`")
-            }
-        }
-        return problems
-    }
-
-    /// A `write` of an image needs a format its path does not give; a write of bytes (a download's, a command's or
-    /// another write's output) is written unchanged under any name (SPEC §3.3). The input is the one the
-    /// operation takes when it runs: `input`, else the first dependency that has an output.
-    static func imageWritesWithoutFormat(_ operations: [OperationPlan], index: [String: Int], configuration: Configuration) -> [String] {
-        var problems: [String] = []
-        for op in operations {
-            guard case .write(_, nil, _) = op.parameters,
-                  let producer = producer(of: op, operations, index: index, configuration: configuration),
-                  producer.kind.family == "image" else { continue }
-            problems.append("operation '\(op.id)': format is required to write the image of '\(producer.id)' when the path does not "
-                + "end in .png, .jpg or .jpeg")
-        }
-        return problems
-    }
-
-    /// Each cycle, with the ids along it in execution order (iterative DFS: deep chains must not overflow).
-    static func cycles(_ operations: [OperationPlan], index: [String: Int]) -> [String] {
-        let n = operations.count
-        var color = [UInt8](repeating: 0, count: n) // 0 new, 1 on stack, 2 done
-        var problems: [String] = []
-        var stack: [(node: Int, next: Int)] = []
-        for root in 0..<n where color[root] == 0 {
-            stack.append((root, 0))
-            color[root] = 1
-            while let top = stack.last {
-                let deps = operations[top.node].dependencies
-                if top.next < deps.count {
-                    stack[stack.count - 1].next += 1
-                    guard let d = index[deps[top.next]], d != top.node else { continue }
-                    if color[d] == 0 {
-                        color[d] = 1
-                        stack.append((d, 0))
-                    } else if color[d] == 1, problems.count < 16 {
-                        // The stack from d to the top is the cycle (each waits for the next).
-                        let from = stack.firstIndex { $0.node == d } ?? 0
-                        let ids = stack[from...].map { operations[$0.node].id }.reversed()
-                        problems.append("cycle: " + (Array(ids) + [ids.first ?? ""]).joined(separator: " → "))
-                    }
-                } else {
-                    color[top.node] = 2
-                    stack.removeLast()
-                }
-            }
-        }
-        return problems
     }
 }
 

@@ -216,7 +216,8 @@ struct BinaryPlistReader {
         return elements
     }
 
-    /// A dictionary object (marker 0xDL): its keys' references, then its values'; every key a string.
+    /// A dictionary object (marker 0xDL): its keys' references, then its values'; every key a string, none given twice
+    /// (which value was meant is not known).
     private mutating func dictionary(_ low: Int, at o: Int, object: Int, depth: Int) throws -> PlistDictionary {
         let (n, start) = try count(low, at: o, object: object)
         let (twice, overflow) = n.multipliedReportingOverflow(by: 2)
@@ -225,15 +226,20 @@ struct BinaryPlistReader {
         try spend(twice, object: object)
         var entries: [PlistDictionary.Entry] = []
         entries.reserveCapacity(n)
+        var keys = KeyIndex()
         for k in 0..<n {
             guard case .string(let key) = try value(try reference(at: start + k * referenceSize, object: object),
                                                     depth: depth + 1) else {
                 throw PlistError("binary property list: object \(object) is a dictionary with a key that is not a string")
             }
+            if let first = keys.position(of: key, among: entries) {
+                throw PlistError("binary property list: object \(object) is a dictionary with the key '\(key.prefix(64))' twice "
+                    + "(entries \(first) and \(k))")
+            }
             let v = try value(try reference(at: start + (n + k) * referenceSize, object: object), depth: depth + 1)
             entries.append(PlistDictionary.Entry(key: key, value: v))
         }
-        return PlistDictionary(entries)
+        return PlistDictionary(uniqueEntries: entries)
     }
 
     private static func rawUInt64(_ b: UnsafeRawBufferPointer, at: Int, size: Int = 8) -> UInt64? {

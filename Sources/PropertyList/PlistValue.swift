@@ -53,8 +53,9 @@ public enum PlistValue: Sendable, Equatable {
     }
 }
 
-/// A dictionary in document order. Keys are unique (a repeated key keeps its last value, as
-/// Foundation does); lookups are linear, which is fastest for the handful of keys manifests use.
+/// A dictionary in document order. Keys are unique: the readers refuse a key given twice in one dictionary (which
+/// value was meant is not known), and one built in code with a repeated key keeps its last value. Lookups are linear,
+/// which is fastest for the handful of keys manifests use.
 public struct PlistDictionary: Sendable, Equatable {
     public struct Entry: Sendable, Equatable {
         public var key: String
@@ -86,6 +87,9 @@ public struct PlistDictionary: Sendable, Equatable {
         self.entries = kept
     }
 
+    /// Entries whose keys are known to be unique (a reader's, checked with `KeyIndex` as they came).
+    init(uniqueEntries entries: [Entry]) { self.entries = entries }
+
     public init(_ pairs: KeyValuePairs<String, PlistValue>) {
         self.init(pairs.map { Entry(key: $0.key, value: $0.value) })
     }
@@ -107,6 +111,23 @@ public struct PlistDictionary: Sendable, Equatable {
     public var count: Int { entries.count }
     public var isEmpty: Bool { entries.isEmpty }
     public var keys: [String] { entries.map(\.key) }
+}
+
+/// Finds a key given twice in a dictionary being read: by a scan of its entries while they are few (a manifest's
+/// dictionaries hold a handful of keys), by a table past that.
+struct KeyIndex {
+    private static let scanned = 16
+    private var table: [String: Int] = [:]
+
+    /// Where `key` already is among `entries` (the dictionary's so far), or nil. Called for each key in turn, before its
+    /// entry is appended.
+    mutating func position(of key: String, among entries: [PlistDictionary.Entry]) -> Int? {
+        if entries.count < Self.scanned { return entries.firstIndex { $0.key == key } }
+        if table.isEmpty { for (k, entry) in entries.enumerated() { table[entry.key] = k } }
+        if let p = table[key] { return p }
+        table[key] = entries.count
+        return nil
+    }
 }
 
 /// What was wrong with a property list, and where (line for XML, object and offset for binary).

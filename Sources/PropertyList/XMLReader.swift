@@ -79,20 +79,8 @@ struct XMLPlistReader {
         guard depth < PlistLimits.maxDepth else { throw fail("containers nested deeper than \(PlistLimits.maxDepth) levels") }
         switch tag.name {
         case "dict":
-            var entries: [PlistDictionary.Entry] = []
             if tag.empty { return .dictionary(PlistDictionary()) }
-            while true {
-                try skipMisc()
-                if atEndTag() { try endTag("dict"); break }
-                let keyTag = try startTag()
-                guard keyTag.name == "key" else { throw fail("expected <key> in <dict>, found <\(keyTag.name)>") }
-                let key = keyTag.empty ? "" : try text(closing: "key")
-                try skipMisc()
-                if atEndTag() { throw fail("the key '\(key)' has no value") }
-                let valueTag = try startTag()
-                entries.append(PlistDictionary.Entry(key: key, value: try value(valueTag, depth: depth + 1)))
-            }
-            return .dictionary(PlistDictionary(entries))
+            return .dictionary(try dictionary(depth: depth))
         case "array":
             var elements: [PlistValue] = []
             if tag.empty { return .array([]) }
@@ -132,6 +120,30 @@ struct XMLPlistReader {
         default:
             throw fail("unknown element <\(tag.name.prefix(64))>")
         }
+    }
+
+    /// A `<dict>`'s entries, after its start tag. A key given twice is refused: which value was meant is not known.
+    private mutating func dictionary(depth: Int) throws -> PlistDictionary {
+        var entries: [PlistDictionary.Entry] = []
+        var keyOffsets: [Int] = []
+        var keys = KeyIndex()
+        while true {
+            try skipMisc()
+            if atEndTag() { try endTag("dict"); break }
+            let keyOffset = i
+            let keyTag = try startTag()
+            guard keyTag.name == "key" else { throw fail("expected <key> in <dict>, found <\(keyTag.name)>") }
+            let key = keyTag.empty ? "" : try text(closing: "key")
+            if let first = keys.position(of: key, among: entries) {
+                throw fail("the key '\(key.prefix(64))' is given twice in one <dict> (first on line \(line(at: keyOffsets[first])))")
+            }
+            try skipMisc()
+            if atEndTag() { throw fail("the key '\(key)' has no value") }
+            let valueTag = try startTag()
+            entries.append(PlistDictionary.Entry(key: key, value: try value(valueTag, depth: depth + 1)))
+            keyOffsets.append(keyOffset)
+        }
+        return PlistDictionary(uniqueEntries: entries)
     }
 
     /// The text of a scalar element (`<string/>` has none).
@@ -343,10 +355,14 @@ struct XMLPlistReader {
     // MARK: Errors
 
     private func fail(_ message: String) -> PlistError {
+        PlistError("line \(line(at: i)): \(message)")
+    }
+
+    /// The line of the byte at `offset`, from 1.
+    private func line(at offset: Int) -> Int {
         var line = 1
-        let end = min(i, b.count)
-        for k in 0..<end where b[k] == 0x0A { line += 1 }
-        return PlistError("line \(line): \(message)")
+        for k in 0..<min(offset, b.count) where b[k] == 0x0A { line += 1 }
+        return line
     }
 }
 

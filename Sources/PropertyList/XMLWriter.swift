@@ -84,7 +84,11 @@ public struct PlistXMLWriter {
             endArray()
         case .dictionary(let dictionary):
             beginDictionary()
+            // Keys that differ only in control characters are written alike (U+FFFD): the first is kept, the others
+            // dropped, as a key written twice would make a document the readers refuse.
+            var written: Set<String>? = dictionary.entries.contains { Self.hasControlCharacters($0.key) } ? [] : nil
             for entry in dictionary.entries {
+                if written != nil, written?.insert(Self.asWritten(entry.key)).inserted == false { continue }
                 key(entry.key)
                 self.value(entry.value)
             }
@@ -129,10 +133,26 @@ public struct PlistXMLWriter {
             case UInt8(ascii: ">"): append("&gt;")
             case UInt8(ascii: "&"): append("&amp;")
             case 0x09, 0x0A, 0x0D: bytes.append(c)
-            case 0..<0x20: bytes += [0xEF, 0xBF, 0xBD]
+            case 0..<0x20: bytes += Self.replacement
             default: bytes.append(c)
             }
         }
         append("</\(name)>\n")
+    }
+
+    /// U+FFFD in UTF-8.
+    private static let replacement: [UInt8] = [0xEF, 0xBF, 0xBD]
+
+    /// Whether `text` holds a control character XML cannot carry.
+    private static func hasControlCharacters(_ text: String) -> Bool {
+        text.utf8.contains { $0 < 0x20 && $0 != 0x09 && $0 != 0x0A && $0 != 0x0D }
+    }
+
+    /// `text` as a reader gets it back: its control characters XML cannot carry replaced by U+FFFD.
+    private static func asWritten(_ text: String) -> String {
+        guard hasControlCharacters(text) else { return text }
+        var out: [UInt8] = []
+        for c in text.utf8 { if c < 0x20 && c != 0x09 && c != 0x0A && c != 0x0D { out += replacement } else { out.append(c) } }
+        return String(decoding: out, as: UTF8.self)
     }
 }

@@ -79,6 +79,89 @@ extension Configuration {
         #expect(found.count == expected.count, "\(found)")
     }
 
+    /// An operation with a bad parameter (or kind, or dependencies) still takes part in the graph checks: its
+    /// dependents are not told it does not exist, and what is not known of it makes no problem of its own.
+    @Test func aDependencyOnAnOperationWithProblemsSaysNothingFalse() {
+        let write: [String: Any] = ["id": "w", "kind": "write", "path": "out.png", "dependencies": ["s"]]
+        let sepia: [String: Any] = ["id": "s", "kind": "sepia", "dependencies": ["d"]]
+        for (d, problem) in [
+            (["id": "d", "kind": "download", "url": "ftp://example.org/a"],
+             "operation 'd': url scheme 'ftp' is not allowed (http, https, file)"),
+            (["id": "d", "kind": "download", "url": "https://example.org/a", "maxBytes": 0],
+             "operation 'd': maxBytes must be an integer from 1 to 9223372036854775807"),
+            (["id": "d", "kind": "teleport"], "operation 'd': unknown kind 'teleport' (one of download, sepia, grayscale, blur, resize, "
+                + "thumbnail, vignette, write, sleep, spin, fail, command)"),
+            (["id": "d", "kind": "download", "url": "https://example.org/a", "dependencies": "z"],
+             "operation 'd': dependencies must be an array of operation ids"),
+        ] as [([String: Any], String)] {
+            #expect(problems(["operations": [d, sepia, write]]) == [problem])
+        }
+        // Dependencies that did not parse: whether the operation has an input is not known.
+        #expect(problems(["operations": [["id": "s", "kind": "sepia", "dependencies": [1]]]])
+                == ["operation 's': dependencies must be an array of operation ids"])
+        // An operation with no id has its other keys checked too.
+        #expect(problems(["operations": [["kind": "sleep", "seconds": -1]]])
+                == ["operations[0]: id is missing", "operations[0]: seconds must be a number from 0 to 31536000"])
+    }
+
+    /// Each problem of an operation with a bad parameter is reported, once, naming it.
+    @Test func anOperationWithABadParameterHasItsGraphProblemsReportedToo() throws {
+        let configuration = try Configuration.parse(plist(["commands": [
+            "count": ["argv": ["/bin/echo", "${n}"], "parameters": ["n": "integer"], "output": "stdout"],
+        ]]))
+        func found(_ operations: [[String: Any]]) -> [String] {
+            if case .failure(let p) = Manifest.parse(plist(["operations": operations]), configuration: configuration) { return p.problems }
+            return []
+        }
+        let pause: [String: Any] = ["id": "a", "kind": "sleep", "seconds": 0]
+        #expect(found([pause, ["id": "a", "kind": "download", "url": "ftp://example.org/a"]])
+                == ["operation 'a': url scheme 'ftp' is not allowed (http, https, file)", "operation 'a': duplicate id"])
+        #expect(found([["id": "c", "kind": "command", "command": "count", "arguments": ["n": "many"], "dependencies": ["ghost"]]])
+                == ["operation 'c': argument 'n' must be an integer", "operation 'c' depends on unknown operation 'ghost'"])
+        let cycle = found([["id": "a", "kind": "sleep", "seconds": 0, "dependencies": ["b"]],
+                           ["id": "b", "kind": "download", "url": "ftp://example.org/a", "dependencies": ["a"]]])
+        #expect(cycle.count == 2 && cycle.first == "operation 'b': url scheme 'ftp' is not allowed (http, https, file)", "\(cycle)")
+        #expect(cycle.contains { ["cycle: a → b → a", "cycle: b → a → b"].contains($0) }, "\(cycle)")
+        // Path conflicts and inputs: a write with a bad quality still writes its path; a sepia with a bad intensity
+        // still hands over an image.
+        let d: [String: Any] = ["id": "d", "kind": "download", "url": "https://example.org/a"]
+        #expect(found([d, ["id": "w1", "kind": "write", "path": "x.bin", "quality": 0, "dependencies": ["d"]],
+                       ["id": "w2", "kind": "write", "path": "x.bin", "dependencies": ["d"]]])
+                == ["operation 'w1': quality must be an integer from 1 to 100", "operations 'w1' and 'w2' both write 'x.bin'"])
+        #expect(found([d, ["id": "s", "kind": "sepia", "intensity": 2, "dependencies": ["d"]],
+                       ["id": "w", "kind": "write", "path": "photo", "dependencies": ["s"]],
+                       ["id": "z", "kind": "sleep", "seconds": 0], ["id": "g", "kind": "grayscale", "input": "z"]])
+                == ["operation 's': intensity must be a number from 0 to 1",
+                    "operation 'w': format is required to write the image of 's' when the path does not end in .png, .jpg or .jpeg",
+                    "operation 'g': its input 'z' hands over no output; grayscale needs an image"])
+    }
+
+    /// A dictionary that gives a key twice is ambiguous: the manifest (or configuration) is refused, naming the key.
+    @Test func aKeyGivenTwiceIsRefused() throws {
+        func xml(_ body: String) -> Data {
+            Data("<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<plist version=\"1.0\">\n\(body)</plist>\n".utf8)
+        }
+        func refused(_ data: Data) -> [String] {
+            if case .failure(let p) = Manifest.parse(data, configuration: .builtIn) { return p.problems }
+            return []
+        }
+        #expect(refused(xml("<dict>\n<key>job</key><string>a</string>\n<key>job</key><string>b</string>\n"
+                            + "<key>operations</key><array/>\n</dict>"))
+                == ["not a property list: line 5: the key 'job' is given twice in one <dict> (first on line 4)"])
+        let operation = "<dict><key>id</key><string>d</string><key>kind</key><string>download</string>\n"
+            + "<key>url</key><string>https://example.org/a</string>\n<key>url</key><string>https://example.org/b</string></dict>\n"
+        #expect(refused(xml("<dict><key>operations</key><array>\n\(operation)</array></dict>\n"))
+                == ["not a property list: line 6: the key 'url' is given twice in one <dict> (first on line 5)"])
+        do {
+            _ = try Configuration.parse(xml("<dict><key>maxActiveJobs</key><integer>1</integer>\n"
+                                            + "<key>maxActiveJobs</key><integer>2</integer></dict>"), path: "c.plist")
+            Issue.record("a configuration with a key given twice was taken")
+        } catch let error as Configuration.Invalid {
+            #expect(error.description == "c.plist: not a property list: line 4: the key 'maxActiveJobs' is given twice in one <dict> "
+                        + "(first on line 3)")
+        }
+    }
+
     /// Found by the fuzz campaign: a job timeout of 1e300 s reached the engine's timer and trapped.
     @Test func hugeManifestsGetShortAnswers() {
         let many = problems(["operations": Array(repeating: 7, count: 1000)])

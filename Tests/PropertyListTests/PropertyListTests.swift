@@ -158,14 +158,13 @@ func parse(_ data: Data) throws -> PlistValue { try PropertyList.parse([UInt8](d
             /w==
           </data>
           <key>a</key><array/>
-          <key>n</key><integer>5</integer>
         </dict></plist>
         """
         let value = try PropertyList.parse(Array(xml.utf8))
         let d = try #require(value.dictionary)
         #expect(d["a&b"] == .string("<AB\"'<raw & text>end"))
         #expect(d["empty"] == .string(""))
-        #expect(d["n"] == .integer(5))  // the later duplicate wins, in the first one's place
+        #expect(d["n"] == .integer(-16))
         #expect(d.keys == ["a&b", "empty", "n", "r", "t", "d", "b", "a"])
         #expect(d["r"] == .real(1000))
         #expect(d["t"] == .boolean(true))
@@ -297,5 +296,51 @@ func parse(_ data: Data) throws -> PlistValue { try PropertyList.parse([UInt8](d
         #expect(text.contains("<real>+infinity</real>"))
         let theirs = try PropertyListSerialization.propertyList(from: Data(text.utf8), format: nil) as? [String: Any]
         #expect((theirs?["when"] as? Date) == Date(timeIntervalSinceReferenceDate: 0))
+    }
+
+    /// A key given twice in one dictionary is ambiguous (which value was meant?): refused, naming the key and where.
+    @Test func xmlDictionaryWithAKeyTwiceIsRefused() {
+        func error(_ xml: String) -> String? {
+            do { _ = try PropertyList.parse(Array(xml.utf8)); return nil } catch { return error.description }
+        }
+        #expect(error("<plist><dict>\n<key>url</key><string>a</string>\n<key>b</key><true/>\n<key>url</key><string>c</string>"
+                      + "</dict></plist>") == "line 4: the key 'url' is given twice in one <dict> (first on line 2)")
+        #expect(error("<plist><array><dict><key>a</key><true/></dict>\n<dict><key>id</key><string>x</string>\n"
+                      + "<key>id</key><string>y</string></dict></array></plist>")
+                == "line 3: the key 'id' is given twice in one <dict> (first on line 2)")
+        // Past the first sixteen keys, found by a table.
+        let many = (0..<40).map { "<key>k\($0)</key><integer>\($0)</integer>\n" }.joined()
+        #expect(error("<plist><dict>\(many)<key>k3</key><true/></dict></plist>")
+                == "line 41: the key 'k3' is given twice in one <dict> (first on line 4)")
+        #expect(error("<plist><dict>\(many)</dict></plist>") == nil)
+        // The same key in two dictionaries is no repetition.
+        #expect(error("<plist><dict><key>a</key><dict><key>a</key><true/></dict></dict></plist>") == nil)
+        // A dictionary built in code with a repeated key keeps its last value, in the first one's place.
+        let d = PlistDictionary([.init(key: "n", value: .integer(1)), .init(key: "m", value: .integer(2)),
+                                 .init(key: "n", value: .integer(3))])
+        #expect(d.keys == ["n", "m"])
+        #expect(d["n"] == .integer(3))
+    }
+
+    /// Two key references to equal strings, or twice to one string object: refused, naming the key and the object.
+    @Test func binaryDictionaryWithAKeyTwiceIsRefused() {
+        let url: [UInt8] = [0x53] + Array("url".utf8)
+        for objects in [[[0xD2, 1, 1, 2, 3], url, [0x10, 1], [0x10, 2]],
+                        [[0xD2, 1, 4, 2, 3], url, [0x10, 1], [0x10, 2], url]] as [[[UInt8]]] {
+            #expect(throws: PlistError("binary property list: object 0 is a dictionary with the key 'url' twice (entries 0 and 1)")) {
+                try PropertyList.parse(bplist(objects))
+            }
+        }
+        #expect((try? PropertyList.parse(bplist([[0xD2, 1, 4, 2, 3], url, [0x10, 1], [0x10, 2], [0x53] + Array("uri".utf8)]))) != nil)
+    }
+
+    /// Keys that differ only in control characters XML cannot carry are written alike: the first is kept, so that the
+    /// document reads back (and writes again the same).
+    @Test func keysWrittenAlikeAreWrittenOnce() throws {
+        let value = PlistValue.dictionary(PlistDictionary(["a\u{1}": .integer(1), "a\u{2}": .integer(2), "b": .integer(3)]))
+        let written = PlistXMLWriter.document(value)
+        let again = try PropertyList.parse(written)
+        #expect(again == .dictionary(PlistDictionary(["a\u{FFFD}": .integer(1), "b": .integer(3)])))
+        #expect(PlistXMLWriter.document(again) == written)
     }
 }
