@@ -138,7 +138,7 @@ extension Manifest {
         var r = ParameterReader(d: d, label: label)
         let result: Parameters?
         switch kind {
-        case .download: result = downloadParameters(&r)
+        case .download: result = downloadParameters(&r, fileRoots: configuration.fileRoots)
         case .sepia: result = r.real("intensity", default: 0.8, range: 0...1).map { .sepia(intensity: $0) }
         case .grayscale: result = .grayscale
         case .blur: result = r.real("radius", default: 4, range: 0...1000).map { .blur(radius: $0) }
@@ -197,18 +197,40 @@ extension Manifest {
     }
 
     /// `download`: a required http, https or file URL, and an optional `maxBytes`.
-    private static func downloadParameters(_ r: inout ParameterReader) -> Parameters? {
+    private static func downloadParameters(_ r: inout ParameterReader, fileRoots: [String]) -> Parameters? {
         let url = r.string("url")
         if url == nil && r.d["url"] == nil { r.problems.append("\(r.label): url is required") }
-        if let url, let scheme = URLComponents(string: url)?.scheme?.lowercased() {
+        if let url, let components = URLComponents(string: url), let scheme = components.scheme?.lowercased() {
             if !["http", "https", "file"].contains(scheme) {
                 r.problems.append("\(r.label): url scheme '\(clipped(scheme))' is not allowed (http, https, file)")
+            } else if scheme == "file", let path = components.percentEncodedPath.removingPercentEncoding,
+                      !mayBeUnder(fileRoots, path) {
+                r.problems.append("\(r.label): \(clipped(path)) is not under a configured file root (download.fileRoots"
+                                  + (fileRoots.isEmpty ? " is empty)" : ")"))
             }
         } else if url != nil {
             r.problems.append("\(r.label): url is not a valid URL")
         }
         let maxBytes = r.integer("maxBytes", required: false, range: 1...Int(Int64.max))
         return url.map { .download(url: $0, maxBytes: maxBytes) }
+    }
+
+    /// Whether a file URL's path, as written (`..` taken away, nothing on disk looked at: whether a path outside the
+    /// roots exists is not the submitter's to learn), is inside a root or the folder a root leads to. A path that
+    /// passes may still be refused when it runs, where symbolic links are followed.
+    static func mayBeUnder(_ roots: [String], _ path: String) -> Bool {
+        var parts: [Substring] = []
+        for part in path.split(separator: "/") where part != "." {
+            if part == ".." { _ = parts.popLast() } else { parts.append(part) }
+        }
+        let standard = "/" + parts.joined(separator: "/")
+        let folders = roots + roots.compactMap { root in
+            realpath(root, nil).map { resolved in
+                defer { free(resolved) }
+                return String(cString: resolved)
+            }
+        }
+        return folders.contains { root in standard == root || standard.hasPrefix(root.hasSuffix("/") ? root : root + "/") }
     }
 
     /// `resize`: width and/or height, and a mode (fill and stretch need both, and at most `maxPixels` pixels).

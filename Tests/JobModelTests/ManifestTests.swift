@@ -104,6 +104,29 @@ extension Configuration {
                 == ["operations[0]: id is missing", "operations[0]: seconds must be a number from 0 to 31536000"])
     }
 
+    /// A file URL must be under a root of download.fileRoots as written (`..` resolved, nothing on disk read but the
+    /// roots themselves, which may be symbolic links).
+    @Test func fileURLsOutsideTheRootsAreManifestProblems() throws {
+        let folder = NSTemporaryDirectory() + "opq-roots-" + UUID().uuidString.prefix(8)
+        try FileManager.default.createDirectory(atPath: folder + "/real", withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: folder) }
+        try FileManager.default.createSymbolicLink(atPath: folder + "/link", withDestinationPath: folder + "/real")
+        func found(_ url: String, roots: [String]) throws -> [String] {
+            let configuration = try Configuration.parse(plist(["download": ["fileRoots": roots]]))
+            let manifest = plist(["operations": [["id": "d", "kind": "download", "url": url]]])
+            if case .failure(let p) = Manifest.parse(manifest, configuration: configuration) { return p.problems }
+            return []
+        }
+        #expect(try found("file:///srv/a.png", roots: []) == ["operation 'd': /srv/a.png is not under a configured file root "
+                                                              + "(download.fileRoots is empty)"])
+        #expect(try found("file://\(folder)/link/a.png", roots: [folder + "/link"]).isEmpty)
+        #expect(try found("file://\(folder)/real/a.png", roots: [folder + "/link"]).isEmpty, "where the root leads")
+        #expect(try found("file://\(folder)/real/../a.png", roots: [folder + "/real"])
+                == ["operation 'd': \(folder)/real/../a.png is not under a configured file root (download.fileRoots)"])
+        #expect(try found("file://\(folder)/realm/a.png", roots: [folder + "/real"]).count == 1, "a prefix is not a folder")
+        #expect(try found("https://example.org/a.png", roots: []).isEmpty)
+    }
+
     /// Each problem of an operation with a bad parameter is reported, once, naming it.
     @Test func anOperationWithABadParameterHasItsGraphProblemsReportedToo() throws {
         let configuration = try Configuration.parse(plist(["commands": [
