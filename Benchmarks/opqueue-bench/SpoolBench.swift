@@ -4,7 +4,9 @@
 //                    seen with inotify; the `received` event is logged right after), p50 and p99 over 300
 //   throughput       N single-`sleep 0` manifests placed in the inbox, daemon started, until N outbox entries
 //                    (full durability), logging to the console (stderr to /dev/null) and, when journald listens, to
-//                    the journal, side by side: the journal's rate over the console's is the cost of journald
+//                    the journal, side by side: the journal's rate over the console's is the cost of journald;
+//                    with --journald-apart both runs' daemon on CPU 0 and journald on CPU 1, so that the ratio is
+//                    the cost of the daemon's own path to the journal, not journald's work on shared cores
 //   waiting RSS      the daemon's peak RSS with N manifests waiting in the inbox (its queue suspended)
 
 import Daemon
@@ -28,12 +30,23 @@ enum SpoolBench {
         rename(hidden, inbox + "/" + name)
     }
 
+    /// CPUs the daemon is held to (`taskset -c`), nil for any.
+    nonisolated(unsafe) static var daemonCPUs: String?
+
     static func daemon(_ spool: String, _ extra: [String], target: String? = nil) -> Process {
         let process = Process()
         let exe = (try? FileManager.default.destinationOfSymbolicLink(atPath: "/proc/self/exe")) ?? CommandLine.arguments[0]
-        process.executableURL = URL(fileURLWithPath: (exe as NSString).deletingLastPathComponent + "/opqueued")
+        let opqueued = (exe as NSString).deletingLastPathComponent + "/opqueued"
         let target = target ?? (journalIsListening() ? "journal" : "console")
-        process.arguments = ["--spool", spool, "--log-target", target] + extra
+        let arguments = ["--spool", spool, "--log-target", target] + extra
+        if let cpus = daemonCPUs {
+            // taskset execs the daemon in its own process: the pid is the daemon's.
+            process.executableURL = URL(fileURLWithPath: "/usr/bin/taskset")
+            process.arguments = ["-c", cpus, opqueued] + arguments
+        } else {
+            process.executableURL = URL(fileURLWithPath: opqueued)
+            process.arguments = arguments
+        }
         process.standardError = FileHandle.nullDevice
         try? process.run()
         return process
@@ -131,10 +144,43 @@ enum SpoolBench {
         return String(decoding: data, as: UTF8.self).split(separator: "\n").filter { $0.hasPrefix(jobPrefix) }.count
     }
 
-    /// `spool [N] [--rounds R]`: R rounds of the throughput pair (default 1).
+    /// The output of a small program, or nil when it cannot be run or fails.
+    static func output(_ program: String, _ arguments: [String]) -> String? {
+        let process = Process()
+        process.executableURL = URL(fileURLWithPath: program)
+        process.arguments = arguments
+        let pipe = Pipe()
+        process.standardOutput = pipe
+        process.standardError = FileHandle.nullDevice
+        guard (try? process.run()) != nil else { return nil }
+        let data = pipe.fileHandleForReading.readDataToEndOfFile()
+        process.waitUntilExit()
+        return process.terminationStatus == 0 ? String(decoding: data, as: UTF8.self) : nil
+    }
+
+    /// journald held to CPU 1 and the daemons to CPU 0 until `body` returns (journald's own mask given back then).
+    static func withJournaldApart(_ body: () -> Void) {
+        guard let pid = output("/usr/bin/pgrep", ["-x", "systemd-journal"])?.split(separator: "\n").first.map(String.init),
+              let shown = output("/usr/bin/taskset", ["-p", pid]),
+              let mask = shown.split(separator: ":").last?.trimmingCharacters(in: .whitespacesAndNewlines),
+              output("/usr/bin/taskset", ["-p", "-c", "1", pid]) != nil else {
+            emit("spool journald_apart unavailable (journald's pid or taskset): the runs share the cores")
+            return body()
+        }
+        emit("spool journald_apart daemon_cpus=0 journald_cpus=1 journald_pid=\(pid)")
+        daemonCPUs = "0"
+        body()
+        daemonCPUs = nil
+        _ = output("/usr/bin/taskset", ["-p", mask, pid])
+    }
+
+    /// `spool [N] [--rounds R] [--journald-apart]`: R rounds of the throughput pair (default 1).
     static func run(_ arguments: [String]) {
         let n = arguments.first.flatMap(Int.init) ?? 10_000
         let rounds = arguments.firstIndex(of: "--rounds").flatMap { $0 + 1 < arguments.count ? Int(arguments[$0 + 1]) : nil } ?? 1
+        if arguments.contains("--journald-apart") {
+            return withJournaldApart { throughputPairs(n, rounds: rounds, base: NSTemporaryDirectory() + "opq-bench-\(getpid())") }
+        }
         let base = NSTemporaryDirectory() + "opq-bench-\(getpid())"
 
         // Pickup latency on an idle daemon.
@@ -148,20 +194,7 @@ enum SpoolBench {
         emit(String(format: "spool pickup_latency_ms p50=%.2f p99=%.2f samples=%d", latencies[latencies.count / 2] * 1e3,
                     latencies[latencies.count * 99 / 100] * 1e3, latencies.count))
 
-        // Throughput, to the console and to the journal, alternating (so that both meet the same load).
-        var rates: [String: [Double]] = [:]
-        let targets = journalIsListening() ? ["console", "journal"] : ["console"]
-        for round in 0..<rounds {
-            for target in targets {
-                let rate = throughput(base + "-throughput-\(target)-\(round)", n, target: target)
-                rates[target, default: []].append(rate)
-            }
-        }
-        if let console = rates["console"], let journal = rates["journal"] {
-            let ratios = zip(journal, console).map { $0 / $1 }.sorted()
-            emit(String(format: "spool journal_over_console median=%.2f min=%.2f max=%.2f rounds=%d", ratios[ratios.count / 2],
-                        ratios[0], ratios[ratios.count - 1], ratios.count))
-        }
+        throughputPairs(n, rounds: rounds, base: base)
 
         // RSS with N waiting.
         let spool3 = base + "-waiting"
@@ -179,5 +212,22 @@ enum SpoolBench {
         d3.waitUntilExit()
         emit(String(format: "spool waiting manifests=%d claimed=%d peak_rss_mb=%.1f", n, count(spool3 + "/active"), rss3))
         for path in [spool1, spool3, config] { try? FileManager.default.removeItem(atPath: path) }
+    }
+
+    /// Throughput, to the console and to the journal, alternating (so that both meet the same load).
+    static func throughputPairs(_ n: Int, rounds: Int, base: String) {
+        var rates: [String: [Double]] = [:]
+        let targets = journalIsListening() ? ["console", "journal"] : ["console"]
+        for round in 0..<rounds {
+            for target in targets {
+                let rate = throughput(base + "-throughput-\(target)-\(round)", n, target: target)
+                rates[target, default: []].append(rate)
+            }
+        }
+        if let console = rates["console"], let journal = rates["journal"] {
+            let ratios = zip(journal, console).map { $0 / $1 }.sorted()
+            emit(String(format: "spool journal_over_console median=%.2f min=%.2f max=%.2f rounds=%d", ratios[ratios.count / 2],
+                        ratios[0], ratios[ratios.count - 1], ratios.count))
+        }
     }
 }

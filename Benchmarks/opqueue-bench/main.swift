@@ -70,7 +70,7 @@ default:
     print("""
     usage: opqueue-bench engine [--sizes N,…] [--workloads independent,serial,chain,fanout,layered] [--runs N]
                                 [--engines opqueued,observed,dispatch,foundation]
-           opqueue-bench spool [N] [--rounds R]
+           opqueue-bench spool [N] [--rounds R] [--journald-apart]
            opqueue-bench tracing [N]
            opqueue-bench outbox [N]
            opqueue-bench control [--samples N]
