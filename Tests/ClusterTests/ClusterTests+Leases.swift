@@ -11,10 +11,7 @@ import TestTraits
 import Glibc
 #endif
 
-/// Leases, fences and outages: a suite of its own, serial like "Cluster (SPEC §8)" and beside it, so that the two
-/// halves of the cluster's tests overlap their waiting.
-@Suite("Cluster: leases and outages (SPEC §8)", .serialized, .onItsOwnExecutor)
-struct ClusterFailureTests {
+extension ClusterTests {
     // MARK: 4. Leases: kill -9
 
     @Test func killedNodesJobRunsElsewhereAndTheNodeDiscardsItWhenBack() throws {
