@@ -1,6 +1,7 @@
 // SPEC §8 from outside: real opqueued nodes (.build/debug), one real PostgreSQL, the node role with only the
-// documented GRANTs (Tests/Support/ClusterHarness.swift). Each test has its own server and nodes; the suite runs
-// serially (two cores: parallel clusters would only measure the machine). Liveness bounds carry slack for a loaded
+// documented GRANTs (Tests/Support/ClusterHarness.swift). Each test has its own database and nodes; each of the two
+// suites (this one, and leases and outages in ClusterFailureTests) runs serially (two cores: more clusters at once
+// would only measure the machine). Liveness bounds carry slack for a loaded
 // machine; figures are measured by Benchmarks/cluster/run.sh, never asserted here.
 //
 // What these tests assume of the daemon, besides SPEC §8's words: `status --json` has a top-level `nodes` array and

@@ -10,7 +10,7 @@ import TestSupport
 import Glibc
 #endif
 
-extension ClusterTests {
+extension ClusterFailureTests {
     // MARK: 2, 4. The database stopped and started under load
 
     @Test func databaseRestartUnderLoadLosesNothing() throws {

@@ -11,7 +11,10 @@ import TestTraits
 import Glibc
 #endif
 
-extension ClusterTests {
+/// Leases, fences and outages: a suite of its own, serial like "Cluster (SPEC §8)" and beside it, so that the two
+/// halves of the cluster's tests overlap their waiting.
+@Suite("Cluster: leases and outages (SPEC §8)", .serialized, .onItsOwnExecutor)
+struct ClusterFailureTests {
     // MARK: 4. Leases: kill -9
 
     @Test func killedNodesJobRunsElsewhereAndTheNodeDiscardsItWhenBack() throws {
