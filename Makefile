@@ -77,20 +77,25 @@ example:
 # Bounded reliability campaigns (issue 5) after the tests; `make campaigns` runs them at full size.
 CAMPAIGN = .build/debug/opqueue-campaign
 
-# The fuzzers are built first: each compiles a hand-picked set of sources, and a file of that set that starts to use
-# something outside it breaks the build in the first minutes, not after the tests.
+# The fuzzers are built beside the package, not after the tests: each compiles a hand-picked set of sources, and a
+# file of that set that starts to use something outside it breaks the build before any test runs. Beside it, because
+# the package's build leaves a core idle for much of its time (one module at a time, its links). The three fuzzers
+# run at once, each for FUZZ_SECONDS of wall-clock time.
 test:
 	$(MAKE) deps EXTRA_APT_PACKAGES="$(TEST_APT_PACKAGES)"
 	$(MAKE) test-python
-	$(MAKE) fuzzers
-	$(SWIFT) build --build-tests
+	$(MAKE) -j2 fuzzers build-tests
 	$(MAKE) test-debs
 	$(SWIFT) test
 	$(CAMPAIGN) crash --jobs 300 --kills 40
 	$(CAMPAIGN) faults --jobs 30
 	$(CAMPAIGN) fuzz --manifests 400 --images 200
 	$(CAMPAIGN) load --manifests 3000 --operations 50000
-	$(MAKE) run-fuzz-codecs run-fuzz-plist run-fuzz-manifest FUZZ_SECONDS=30
+	$(MAKE) -j3 --output-sync=target run-fuzz-codecs run-fuzz-plist run-fuzz-manifest FUZZ_SECONDS=30
+
+.PHONY: build-tests
+build-tests:
+	$(SWIFT) build --build-tests
 
 # The tracing tests' OTLP receiver (Tests/Support/otlp_receiver.py) decodes with the OpenTelemetry protocol's own
 # definitions: opentelemetry-proto from PyPI, into .build/python (not the system's Python).
