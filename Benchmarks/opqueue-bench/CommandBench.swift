@@ -46,8 +46,8 @@ enum CommandBench {
     static func stop(_ root: String, _ daemon: Process) {
         kill(daemon.processIdentifier, SIGKILL)
         daemon.waitUntilExit()
-        try? FileManager.default.removeItem(atPath: root)
-        try? FileManager.default.removeItem(atPath: root + ".plist")
+        Leftovers.shared.removeLater(root)
+        Leftovers.shared.removeLater(root + ".plist")
     }
 
     /// Seconds from the manifest's arrival to its outbox entry; CPU seconds of the daemon itself and of the processes

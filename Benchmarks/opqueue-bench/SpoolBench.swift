@@ -126,7 +126,7 @@ enum SpoolBench {
         }
         emit(String(format: "spool throughput log_target=%@ manifests=%d seconds=%.2f manifests_per_second=%.0f peak_rss_mb=%.0f",
                     target, n, seconds, Double(n) / seconds, rss) + entries)
-        try? FileManager.default.removeItem(atPath: spool)
+        Leftovers.shared.removeLater(spool)
         return Double(n) / seconds
     }
 

@@ -81,3 +81,4 @@ default:
     """)
     exit(64)
 }
+Leftovers.shared.removeAll()
