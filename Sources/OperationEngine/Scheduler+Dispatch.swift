@@ -98,10 +98,30 @@ extension Scheduler {
     /// queues runs chain by chain, and what one stage produces is consumed before the next is made).
     /// A queue's rate only gates whether it may start one now (a barrier neither waits for it nor uses it);
     /// rates read `monotonic`, else `now`.
+    /// Inlined up to the first queue that may start one: most asks after a start find none (a queue at its limit),
+    /// and then the large function below is not entered at all.
+    @inline(__always)
     mutating func nextDispatch(now: Double, monotonic: Double? = nil) -> Dispatch? {
         guard readyTotal > 0 else { return nil }
+        var q = 0
+        while q < queues.count {
+            if mayStart(q) { return nextDispatch(from: q, now: now, monotonic: monotonic) }
+            q += 1
+        }
+        return nil
+    }
+
+    /// Whether queue q has a ready operation and room to start it (its rate aside).
+    @inline(__always)
+    func mayStart(_ q: Int) -> Bool {
+        queues[q].readyCount > 0 && !queues[q].suspended && queues[q].executing < effectiveLimit(q)
+    }
+
+    /// `nextDispatch` from queue `first`, the first that `mayStart`.
+    @inline(never)
+    private mutating func nextDispatch(from first: Int, now: Double, monotonic: Double?) -> Dispatch? {
         var best: (queue: Int, priority: Int, qos: QualityOfService, seq: UInt64)?
-        for q in queues.indices where queues[q].readyCount > 0 && !queues[q].suspended && queues[q].executing < effectiveLimit(q) {
+        for q in first ..< queues.count where mayStart(q) {
             guard let head = validHead(of: q) ?? head(of: q) else { continue }
             if queues[q].gatesStarts && head.entry.ref.group != Self.barrierGroup && !startAllowed(q, at: monotonic ?? now) { continue }
             let qos = effectiveQoS(head.entry.ref)
