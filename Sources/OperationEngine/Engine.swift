@@ -328,8 +328,8 @@ public final class Engine: @unchecked Sendable, ContextHost {
         return afterStep(runningClass: runningClass, now: now, taken: &none)
     }
 
-    /// `afterStep` for a worker: `taken` receives its next operation (of its class, synchronous) when its class's
-    /// run list is empty, handed to it directly rather than through the list.
+    /// `afterStep` for a worker: `taken` receives its next operation (the first of its class, synchronous), handed to
+    /// it directly rather than through the list; what the list already holds goes to the workers signalled for it.
     private func afterStep(runningClass: Int?, now: Double, taken: inout Dispatch?) -> After {
         var after = After()
         var dispatchTime = now
@@ -344,7 +344,7 @@ public final class Engine: @unchecked Sendable, ContextHost {
             }
             guard let dispatch = scheduler.nextDispatch(now: dispatchTime, monotonic: rateTime) else { break }
             let c = Int(dispatch.qualityOfService.rawValue)
-            if c == runningClass, taken == nil, runLists[c].isEmpty, case .sync = dispatch.body {
+            if c == runningClass, taken == nil, case .sync = dispatch.body {
                 taken = dispatch
                 continue
             }

@@ -12,6 +12,46 @@ extension Scheduler {
         enqueue(ref, node, seq: seq(g, i), now: now)
     }
 
+    /// `makeReady` for each operation of a group's first batch `n` that waits for nothing, in order (numbered from
+    /// `seqBase`): the group's nodes held apart, and the ready list of a queue and priority taken out of its queue
+    /// while a run of its operations joins it, so that each operation costs no uniqueness checks of the arrays.
+    mutating func makeReady(firstBatch n: Int, of g: Int32, seqBase: UInt64, now: Double) {
+        let gi = Int(g)
+        var nodes = takeNodes(gi)
+        // The list held apart (`held`: queue × priorities + priority, -1: none) and how many joined it.
+        var list = ReadyList()
+        var held = -1
+        var joined = 0
+        nodes.withUnsafeMutableBufferPointer { nodes in
+            for i in 0..<n where nodes[i].pending == 0 && nodes[i].state == .pending {
+                var node = nodes[i]
+                node.state = .ready
+                nodes[i] = node
+                let k = Int(node.queue) * Self.priorities + Int(node.priority.rawValue)
+                if k != held {
+                    if held >= 0 { putBack(&list, held, joined: joined) }
+                    swap(&list, &queues[k / Self.priorities].ready[k % Self.priorities])
+                    (held, joined) = (k, 0)
+                }
+                let ref = NodeRef(group: g, index: Int32(i))
+                list.push(ReadyEntry(seq: seqBase &+ UInt64(i), ref: ref))
+                joined += 1
+                if recordsEvents { emit(ref, node, .ready, now: now) }
+            }
+        }
+        if held >= 0 { putBack(&list, held, joined: joined) }
+        swap(&nodes, &groups[gi].nodes)
+    }
+
+    /// A ready list taken out by `makeReady(firstBatch:)` back in its queue, with the count of those that joined it.
+    private mutating func putBack(_ list: inout ReadyList, _ k: Int, joined: Int) {
+        let q = k / Self.priorities
+        swap(&list, &queues[q].ready[k % Self.priorities])
+        queues[q].readyCount += joined
+        if joined > 0 { queues[q].filled |= 1 << UInt8(k % Self.priorities) }
+        readyTotal += joined
+    }
+
     /// `makeReady` for a node its caller has already written as ready: it joins its queue's ready list.
     @inline(__always)
     mutating func enqueue(_ ref: NodeRef, _ node: Node, seq: UInt64, now: Double) {
@@ -28,10 +68,6 @@ extension Scheduler {
         if let head = validHead(of: q) { return head }
         var p = Self.priorities - 1
         while p >= 0 {
-            if queues[q].ready[p].isEmpty {
-                p -= 1
-                continue
-            }
             while let entry = queues[q].ready[p].peek() {
                 if isValid(entry.ref) {
                     let node = groups[Int(entry.ref.group)].nodes[Int(entry.ref.index)]
@@ -39,6 +75,7 @@ extension Scheduler {
                 }
                 queues[q].ready[p].pop()
             }
+            queues[q].filled &= ~(1 << UInt8(p))
             p -= 1
         }
         return nil
@@ -48,16 +85,12 @@ extension Scheduler {
     /// (nil otherwise, and `head` drops what is stale).
     @inline(__always)
     func validHead(of q: Int) -> (priority: Int, entry: ReadyEntry)? {
-        var p = Self.priorities - 1
-        while p >= 0 {
-            if let entry = queues[q].ready[p].peek() {
-                guard isValid(entry.ref) else { return nil }
-                let node = groups[Int(entry.ref.group)].nodes[Int(entry.ref.index)]
-                return node.state == .ready && seq(Int(entry.ref.group), Int(entry.ref.index)) == entry.seq ? (p, entry) : nil
-            }
-            p -= 1
-        }
-        return nil
+        let filled = queues[q].filled
+        guard filled != 0 else { return nil }
+        let p = UInt8.bitWidth - 1 - filled.leadingZeroBitCount
+        guard let entry = queues[q].ready[p].peek(), isValid(entry.ref) else { return nil }
+        let node = groups[Int(entry.ref.group)].nodes[Int(entry.ref.index)]
+        return node.state == .ready && seq(Int(entry.ref.group), Int(entry.ref.index)) == entry.seq ? (p, entry) : nil
     }
 
     /// The next operation to start, if a queue has one and a free slot: among the queues' heads,
@@ -65,10 +98,30 @@ extension Scheduler {
     /// queues runs chain by chain, and what one stage produces is consumed before the next is made).
     /// A queue's rate only gates whether it may start one now (a barrier neither waits for it nor uses it);
     /// rates read `monotonic`, else `now`.
+    /// Inlined up to the first queue that may start one: most asks after a start find none (a queue at its limit),
+    /// and then the large function below is not entered at all.
+    @inline(__always)
     mutating func nextDispatch(now: Double, monotonic: Double? = nil) -> Dispatch? {
         guard readyTotal > 0 else { return nil }
+        var q = 0
+        while q < queues.count {
+            if mayStart(q) { return nextDispatch(from: q, now: now, monotonic: monotonic) }
+            q += 1
+        }
+        return nil
+    }
+
+    /// Whether queue q has a ready operation and room to start it (its rate aside).
+    @inline(__always)
+    func mayStart(_ q: Int) -> Bool {
+        queues[q].readyCount > 0 && !queues[q].suspended && queues[q].executing < effectiveLimit(q)
+    }
+
+    /// `nextDispatch` from queue `first`, the first that `mayStart`.
+    @inline(never)
+    private mutating func nextDispatch(from first: Int, now: Double, monotonic: Double?) -> Dispatch? {
         var best: (queue: Int, priority: Int, qos: QualityOfService, seq: UInt64)?
-        for q in queues.indices where queues[q].readyCount > 0 && !queues[q].suspended && queues[q].executing < effectiveLimit(q) {
+        for q in first ..< queues.count where mayStart(q) {
             guard let head = validHead(of: q) ?? head(of: q) else { continue }
             if queues[q].gatesStarts && head.entry.ref.group != Self.barrierGroup && !startAllowed(q, at: monotonic ?? now) { continue }
             let qos = effectiveQoS(head.entry.ref)
@@ -117,6 +170,7 @@ extension Scheduler.Queue {
     @inline(__always)
     mutating func enqueue(_ entry: ReadyEntry, priority: Int) {
         ready[priority].push(entry)
+        filled |= 1 << UInt8(priority)
         readyCount += 1
     }
 

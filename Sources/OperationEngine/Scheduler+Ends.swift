@@ -168,7 +168,7 @@ extension Scheduler {
     /// A group's nodes, held apart while a row of them is written (the caller swaps them back): one uniqueness check
     /// of the arrays for the row rather than two for each dependent. Nothing called meanwhile reads the group's nodes.
     @inline(__always)
-    private mutating func takeNodes(_ g: Int) -> [Node] {
+    mutating func takeNodes(_ g: Int) -> [Node] {
         var nodes: [Node] = []
         swap(&nodes, &groups[g].nodes)
         return nodes

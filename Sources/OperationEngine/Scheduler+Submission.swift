@@ -29,39 +29,45 @@ extension Scheduler {
         var dependentStart = [Int32](hugePagesRepeating: 0, count: n + 1)
         // Whether some operation depends on one added after it: only then can the batch hold a cycle.
         var forward = false
-        dependentStart.withUnsafeMutableBufferPointer { count in
-            for i in 0..<n {
-                let node = nodes[i]
-                if Int(node.queue) >= queueCount {
-                    problems.append("operation '\(builder.names[i])': unknown queue queue#\(node.queue)")
-                }
-                for k in Int(starts[i]) ..< Int(starts[i + 1]) {
-                    let dep = Int(edges[k])
-                    if dep < 0 || dep >= total {
-                        problems.append("operation '\(builder.names[i])' depends on unknown operation #\(dep)")
-                    } else if dep == base + i {
-                        problems.append("cycle: \(builder.names[i]) → \(builder.names[i])")
-                    } else if dep >= base {
-                        count[dep - base] += 1
-                        if dep > base + i { forward = true }
+        // Read through buffers: an array's every read checks its bounds, a cost per edge that a million operations notice.
+        withBuffers(nodes, starts, edges) { nodes, starts, edges in
+            dependentStart.withUnsafeMutableBufferPointer { count in
+                for i in 0..<n {
+                    let (queue, input) = (nodes[i].queue, nodes[i].input)
+                    if Int(queue) >= queueCount {
+                        problems.append("operation '\(builder.names[i])': unknown queue queue#\(queue)")
+                    }
+                    let (from, to) = (Int(starts[i]), Int(starts[i + 1]))
+                    for k in from ..< to {
+                        let dep = Int(edges[k])
+                        if dep < 0 || dep >= total {
+                            problems.append("operation '\(builder.names[i])' depends on unknown operation #\(dep)")
+                        } else if dep == base + i {
+                            problems.append("cycle: \(builder.names[i]) → \(builder.names[i])")
+                        } else if dep >= base {
+                            count[dep - base] &+= 1
+                            if dep > base + i { forward = true }
+                        }
+                    }
+                    if input >= 0, !edges[from ..< to].contains(input) {
+                        problems.append("operation '\(builder.names[i])': its input #\(input) is not one of its dependencies")
                     }
                 }
-                if node.input >= 0, !edges[Int(starts[i]) ..< Int(starts[i + 1])].contains(node.input) {
-                    problems.append("operation '\(builder.names[i])': its input #\(node.input) is not one of its dependencies")
-                }
+                for i in stride(from: 1, through: n, by: 1) { count[i] += count[i - 1] }
             }
-            for i in stride(from: 1, through: n, by: 1) { count[i] += count[i - 1] }
         }
         var dependents = [Int32](hugePagesRepeating: 0, count: Int(dependentStart[n]))
-        dependents.withUnsafeMutableBufferPointer { dependents in
-            dependentStart.withUnsafeMutableBufferPointer { cursor in
-                // Backwards, each row filled from its end: a row keeps dependent order (FIFO when they become ready).
-                for i in stride(from: n - 1, through: 0, by: -1) {
-                    for k in Int(starts[i]) ..< Int(starts[i + 1]) {
-                        let d = Int(edges[k])
-                        guard d >= base && d < total && d != base + i else { continue }
-                        cursor[d - base] -= 1
-                        dependents[Int(cursor[d - base])] = Int32(base + i)
+        withBuffers(nodes, starts, edges) { _, starts, edges in
+            dependents.withUnsafeMutableBufferPointer { dependents in
+                dependentStart.withUnsafeMutableBufferPointer { cursor in
+                    // Backwards, each row filled from its end: a row keeps dependent order (FIFO when they become ready).
+                    for i in stride(from: n - 1, through: 0, by: -1) {
+                        for k in Int(starts[i]) ..< Int(starts[i + 1]) {
+                            let d = Int(edges[k])
+                            guard d >= base && d < total && d != base + i else { continue }
+                            cursor[d - base] &-= 1
+                            dependents[Int(cursor[d - base])] = Int32(base + i)
+                        }
                     }
                 }
             }
@@ -204,14 +210,15 @@ extension Scheduler {
         let starts = batch.dependencyStart
         let edges = batch.dependencies
         var readyNow = [Int](repeating: 0, count: queues.count * Self.priorities)
-        let crossBatch = number(batch: batch, group: g, count: n, readyNow: &readyNow)
+        var uniformQoS: UInt8?
+        let crossBatch = number(batch: batch, group: g, count: n, readyNow: &readyNow, uniformQoS: &uniformQoS)
         groups[gi].unfinished += n
         groups[gi].batches.append(batch)
         for (dependency, dependent) in crossBatch {
             groups[gi].lateDependents[dependency, default: []].append(dependent)
             groups[gi].readers[dependency]? += 1
         }
-        raiseDependencies(of: batch, group: g, count: n)
+        raiseDependencies(of: batch, group: g, count: n, uniformQoS: uniformQoS)
         if recordsEvents {
             for i in 0..<n { emit(NodeRef(group: g, index: Int32(base + i)), .pending, now: now) }
         }
@@ -224,6 +231,11 @@ extension Scheduler {
         // grown by doubling copies itself twenty times over a million operations, into fresh memory each time.
         for k in readyNow.indices where readyNow[k] > 0 {
             queues[k / Self.priorities].ready[k % Self.priorities].reserve(readyNow[k])
+        }
+        // A new group's first batch can hold no dependency that already failed: its ready operations join in one pass.
+        if base == 0 {
+            makeReady(firstBatch: n, of: g, seqBase: batch.seqBase, now: now)
+            return
         }
         for i in 0..<n {
             let ref = NodeRef(group: g, index: Int32(base + i))
@@ -241,9 +253,10 @@ extension Scheduler {
     }
 
     /// Counts what each of a batch's operations waits for; its queues count them.
-    /// Returns its edges to earlier batches; counts in `readyNow` (by queue, then priority) those that wait for nothing.
-    private mutating func number(batch: Batch, group g: Int32, count n: Int,
-                                 readyNow: inout [Int]) -> [(dependency: Int32, dependent: Int32)] {
+    /// Returns its edges to earlier batches; counts in `readyNow` (by queue, then priority) those that wait for nothing;
+    /// `uniformQoS`: the effective QoS of them all when they ask for one on one queue (0 for an empty batch), else nil.
+    private mutating func number(batch: Batch, group g: Int32, count n: Int, readyNow: inout [Int],
+                                 uniformQoS: inout UInt8?) -> [(dependency: Int32, dependent: Int32)] {
         let gi = Int(g)
         let base = Int(batch.base)
         let starts = batch.dependencyStart
@@ -251,39 +264,49 @@ extension Scheduler {
         let groupQoS = groups[gi].qos
         var crossBatch: [(dependency: Int32, dependent: Int32)] = []
         var added = [Int](repeating: 0, count: queues.count)
+        // Whether all ask for one QoS on one queue (then they have one effective QoS: none is raised yet).
+        var (first, mixed): ((UInt8, UInt16), Bool) = ((0, 0), false)
         // The group's nodes held apart while they are written: a uniqueness check for the batch, not two per node.
         var nodes: [Node] = []
         swap(&nodes, &groups[gi].nodes)
-        added.withUnsafeMutableBufferPointer { added in
-            nodes.withUnsafeMutableBufferPointer { nodes in
-                for i in 0..<n {
-                    var pending: Int32 = 0
-                    for k in Int(starts[i]) ..< Int(starts[i + 1]) {
-                        let d = edges[k]
-                        if Int(d) >= base {
+        starts.withUnsafeBufferPointer { starts in edges.withUnsafeBufferPointer { edges in
+            added.withUnsafeMutableBufferPointer { added in
+                nodes.withUnsafeMutableBufferPointer { nodes in
+                    for i in 0..<n {
+                        var pending: Int32 = 0
+                        for k in Int(starts[i]) ..< Int(starts[i + 1]) {
+                            let d = edges[k]
+                            if Int(d) >= base {
+                                pending += 1
+                            } else {
+                                crossBatch.append((d, Int32(base + i)))
+                                if !nodes[Int(d)].state.isFinished { pending += 1 }
+                            }
+                        }
+                        var node = nodes[base + i]
+                        let q = Int(node.queue)
+                        added[q] += 1
+                        if let barrier = queues[q].openBarrier {
                             pending += 1
-                        } else {
-                            crossBatch.append((d, Int32(base + i)))
-                            if !nodes[Int(d)].state.isFinished { pending += 1 }
+                            groups[Int(Self.barrierGroup)].barrierDependents[barrier.index, default: []]
+                                .append(NodeRef(group: g, index: Int32(base + i)))
+                        }
+                        node.pending = pending
+                        if pending == 0 { readyNow[q * Self.priorities + Int(node.priority.rawValue)] += 1 }
+                        node.epoch = queues[q].epoch
+                        if node.requestedQoS == Self.noQoS { node.requestedQoS = groupQoS }
+                        nodes[base + i] = node
+                        if i == 0 {
+                            first = (node.requestedQoS, node.queue)
+                        } else if (node.requestedQoS, node.queue) != first {
+                            mixed = true
                         }
                     }
-                    var node = nodes[base + i]
-                    let q = Int(node.queue)
-                    added[q] += 1
-                    if let barrier = queues[q].openBarrier {
-                        pending += 1
-                        groups[Int(Self.barrierGroup)].barrierDependents[barrier.index, default: []]
-                            .append(NodeRef(group: g, index: Int32(base + i)))
-                    }
-                    node.pending = pending
-                    if pending == 0 { readyNow[q * Self.priorities + Int(node.priority.rawValue)] += 1 }
-                    node.epoch = queues[q].epoch
-                    if node.requestedQoS == Self.noQoS { node.requestedQoS = groupQoS }
-                    nodes[base + i] = node
                 }
             }
-        }
+        } }
         swap(&nodes, &groups[gi].nodes)
+        uniformQoS = mixed ? nil : n > 0 ? effectiveQoS(groups[gi].nodes[base]).rawValue : 0
         for q in added.indices where added[q] > 0 {
             queues[q].unfinished += added[q]
             queues[q].epochUnfinished[Int(queues[q].epoch)] += added[q]
@@ -311,19 +334,23 @@ extension Scheduler {
     }
 
     /// QoS raises: an operation is raised to the effective QoS of whatever waits for it.
-    private mutating func raiseDependencies(of batch: Batch, group g: Int32, count n: Int) {
+    /// `uniformQoS`: the batch's operations' one effective QoS (`number`), nil when they may differ.
+    private mutating func raiseDependencies(of batch: Batch, group g: Int32, count n: Int, uniformQoS: UInt8?) {
         let base = Int(batch.base)
         let starts = batch.dependencyStart
         let edges = batch.dependencies
         // The common case: every operation of the batch at one QoS. Nothing in it can raise another, so only
         // dependencies on earlier batches need looking at.
-        let first = n > 0 ? effectiveQoS(NodeRef(group: g, index: Int32(base))).rawValue : 0
-        var uniform = true
-        for i in 0..<n where effectiveQoS(NodeRef(group: g, index: Int32(base + i))).rawValue != first {
-            uniform = false
-            break
+        var uniformQoS = uniformQoS
+        if uniformQoS == nil {
+            let first = effectiveQoS(NodeRef(group: g, index: Int32(base))).rawValue
+            uniformQoS = first
+            for i in 0..<n where effectiveQoS(NodeRef(group: g, index: Int32(base + i))).rawValue != first {
+                uniformQoS = nil
+                break
+            }
         }
-        if uniform {
+        if let first = uniformQoS {
             guard base > 0 else { return }
             for k in 0..<edges.count where Int(edges[k]) < base { raise(NodeRef(group: g, index: edges[k]), to: first) }
             return
@@ -402,4 +429,11 @@ extension Scheduler {
         }
         return low
     }
+}
+
+/// Runs `body` over the three arrays' buffers, read only.
+@inline(__always)
+func withBuffers<A, B, C, R>(_ a: [A], _ b: [B], _ c: [C],
+                             _ body: (UnsafeBufferPointer<A>, UnsafeBufferPointer<B>, UnsafeBufferPointer<C>) throws -> R) rethrows -> R {
+    try a.withUnsafeBufferPointer { a in try b.withUnsafeBufferPointer { b in try c.withUnsafeBufferPointer { c in try body(a, b, c) } } }
 }

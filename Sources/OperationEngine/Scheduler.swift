@@ -106,6 +106,9 @@ struct Scheduler {
         var readyCount = 0
         var unfinished = 0
         var ready = [ReadyList](repeating: ReadyList(), count: QueuePriority.allCases.count)
+        /// Bit p set when `ready[p]` holds entries (some perhaps stale), perhaps also when it has since emptied (a start
+        /// leaves it, `head(of:)` clears it): the head is looked for at the highest first.
+        var filled: UInt8 = 0
         var epoch: Int32 = 0
         var epochUnfinished: [Int] = [0]
         var barrierAfterEpoch: [Int32: NodeRef] = [:]
