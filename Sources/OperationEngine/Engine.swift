@@ -584,17 +584,3 @@ private final class ThreadStart: @unchecked Sendable {
         self.main = main
     }
 }
-
-/// Seconds since the Unix epoch, to the microsecond or better.
-func wallClock() -> Double {
-    var ts = timespec()
-    clock_gettime(CLOCK_REALTIME, &ts)
-    return Double(ts.tv_sec) + Double(ts.tv_nsec) / 1e9
-}
-
-/// Seconds on the monotonic clock, for timers.
-func monotonicClock() -> Double {
-    var ts = timespec()
-    clock_gettime(CLOCK_MONOTONIC, &ts)
-    return Double(ts.tv_sec) + Double(ts.tv_nsec) / 1e9
-}
