@@ -378,9 +378,7 @@ struct ClusterFailureTests {
     /// tells the second it is dead — the second takes the name after the lease by its own clock, not before, and runs
     /// what it is given.
     @Test func aNodesNameIsFreedByTheTakersClockNotTheDatabases() throws {
-        // A lease of 6 s: with 3 s, a holder whose beats were held up for a lease by the load beside it was rightly
-        // taken for silent, just before the test had it killed.
-        let harness = try ClusterHarness(nodes: 2, leaseSeconds: 6, clusterSettings: { _ in ["node": "twin"] }, start: false)
+        let harness = try ClusterHarness(nodes: 2, leaseSeconds: 3, clusterSettings: { _ in ["node": "twin"] }, start: false)
         try harness[0].start()
         try harness.waitRegistered(1)
         let holder = try #require(harness[0].pid)
