@@ -208,8 +208,9 @@ let package = Package(
         .testTarget(name: "OperationKindsTests", dependencies: ["OperationKinds", "JobModel"]),
         // The control socket's typed requests and answers, on the wire and back.
         .testTarget(name: "ControlPlaneTests", dependencies: ["ControlPlane"]),
-        // The journal's MESSAGE_IDs against the catalog, and its field names.
-        .testTarget(name: "SystemdJournalTests", dependencies: ["SystemdJournal"]),
+        // The journal's MESSAGE_IDs against the catalog, its field names, and its native sender against a socket of
+        // its own and the real journald.
+        .testTarget(name: "SystemdJournalTests", dependencies: ["SystemdJournal", "SystemCalls", "TestSupport"]),
         // Manifests, the configuration's model, the lifecycle and schedules, without the daemon.
         .testTarget(name: "JobModelTests", dependencies: ["JobModel", "Cron"]),
         .testTarget(name: "JobTracingTests", dependencies: ["JobTracing", "TestSupport", "TestTraits",

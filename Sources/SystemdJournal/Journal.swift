@@ -1,4 +1,4 @@
-// Logging to journald (libsystemd's sd_journal_sendv, from a thread of its own: JournalWriter) and to the
+// Logging to journald (its native protocol, from a thread of its own: JournalWriter, JournalSocket) and to the
 // console, as swift-log handlers.
 //
 // Every daemon event is one entry: MESSAGE, PRIORITY, SYSLOG_IDENTIFIER=opqueued, CODE_FILE/LINE/FUNC
@@ -263,7 +263,8 @@ public enum SystemdNotifier {
 // MARK: The journal's writer
 //
 // The threads that log (the engine's delivery thread above all) only build an entry and queue
-// it; one thread of its own hands the entries to journald with sd_journal_sendv, in the order they were queued.
+// it; one thread of its own hands the entries to journald (JournalSocket, many in one system call; what that cannot
+// send through sd_journal_sendv), in the order they were queued.
 //
 // Why: each sendv is a system call that wakes journald, and under load a thread that makes seven of them per job
 // spends its time there instead of running jobs. Queued, the writer sends whatever has gathered while it was busy,
@@ -374,6 +375,7 @@ final class JournalWriter: @unchecked Sendable {
     }
 
     private func run() {
+        var socket = JournalSocket()
         var batch: [JournalEntry] = []
         batch.reserveCapacity(256)
         while true {
@@ -395,7 +397,7 @@ final class JournalWriter: @unchecked Sendable {
             swap(&batch, &queue)
             sending = true
             condition.unlock()
-            for entry in batch { Self.deliver(entry) }
+            socket.send(batch, otherwise: Self.deliver)
             batch.removeAll(keepingCapacity: true)
         }
     }
