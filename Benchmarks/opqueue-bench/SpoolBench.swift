@@ -214,10 +214,22 @@ enum SpoolBench {
         for path in [spool1, spool3, config] { try? FileManager.default.removeItem(atPath: path) }
     }
 
+    /// Whether journald's files are on the file system the spools are made on: then every commit of the daemon
+    /// (a syncfs) also writes out what journald wrote meanwhile, and the journal target pays for it.
+    static func journalFilesShareFileSystem(with base: String) -> Bool {
+        func device(_ path: String) -> UInt? {
+            var st = stat()
+            return stat(path, &st) == 0 ? UInt(st.st_dev) : nil
+        }
+        let journal = device("/var/log/journal") ?? device("/run/log/journal")
+        return journal != nil && journal == device((base as NSString).deletingLastPathComponent)
+    }
+
     /// Throughput, to the console and to the journal, alternating (so that both meet the same load).
     static func throughputPairs(_ n: Int, rounds: Int, base: String) {
         var rates: [String: [Double]] = [:]
         let targets = journalIsListening() ? ["console", "journal"] : ["console"]
+        if targets.count == 2 { emit("spool journal_files_on_spool_fs=\(journalFilesShareFileSystem(with: base))") }
         for round in 0..<rounds {
             for target in targets {
                 let rate = throughput(base + "-throughput-\(target)-\(round)", n, target: target)
@@ -226,7 +238,7 @@ enum SpoolBench {
         }
         if let console = rates["console"], let journal = rates["journal"] {
             let ratios = zip(journal, console).map { $0 / $1 }.sorted()
-            emit(String(format: "spool journal_over_console median=%.2f min=%.2f max=%.2f rounds=%d", ratios[ratios.count / 2],
+            emit(String(format: "spool journal_over_console median=%.2f min=%.2f max=%.2f rounds=%d", median(ratios),
                         ratios[0], ratios[ratios.count - 1], ratios.count))
         }
     }
