@@ -47,7 +47,9 @@ public enum TimeText {
     public static func epoch(_ seconds: Double) -> String { String(format: "%.6f", seconds) }
 
     /// `2026-11-28 03:00:00 +01:00`: the time in the machine's zone, to the second, with that zone's offset then.
+    /// A time no calendar of localtime(3) holds (a result.plist is a user's file) is given as the number.
     public static func local(_ seconds: Double) -> String {
+        guard seconds.isFinite, abs(seconds) < 1e15 else { return String(seconds) }
         var time = time_t(seconds.rounded(.down))
         var parts = tm()
         _ = Self.zoneRead
