@@ -124,7 +124,7 @@ public enum Outbox {
     }
 
     /// Removes entry `name` of `outbox`: renamed into `tmp` (a folder on the same file system), then removed there.
-    /// False when it was gone already (someone else removed it); throws when it cannot be moved.
+    /// False when it was gone already (someone else removed it); throws when it cannot be moved, or cannot all be removed.
     @discardableResult
     public static func remove(_ name: String, from outbox: String, through tmp: String) throws(OutboxProblem) -> Bool {
         if mkdir(tmp, 0o750) != 0, case let e = errno, e != EEXIST {
@@ -140,6 +140,10 @@ public enum Outbox {
                 + (e == EXDEV ? " (\(tmp) is on another file system)" : ""))
         }
         removeTree(hidden)
+        // Out of the outbox, but something in it would not go (an immutable file, a folder without write permission).
+        guard access(hidden, F_OK) != 0 else {
+            throw OutboxProblem("\(outbox)/\(name): moved to \(hidden) to be removed, but not all of it could be removed there")
+        }
         return true
     }
 
