@@ -114,6 +114,42 @@ extension TestSpool {
         #expect(spool.result("r.3")?["requestedJob"] as? String == "r")
     }
 
+    /// A result.plist is a user's file: times no calendar holds are printed as numbers, never a trap.
+    @Test func listAndCleanTakeTimesBeyondAnyCalendar() throws {
+        let spool = TestSpool()
+        try FileManager.default.createDirectory(atPath: spool.outbox, withIntermediateDirectories: true)
+        try writeEndedJob(outbox: spool.outbox, job: "far", finishedAt: 1e20, durationSeconds: 1e19)
+        try writeEndedJob(outbox: spool.outbox, job: "before", finishedAt: -1e20, durationSeconds: -5)
+        try writeEndedJob(outbox: spool.outbox, job: "huge", finishedAt: 9.3e18, durationSeconds: 1)
+        try writeEndedJob(outbox: spool.outbox, job: "now", finishedAt: Date().timeIntervalSince1970)
+        let list = try spool.ctl(["list"])
+        #expect(list.status == 0 && list.stdout.contains("1e+20") && list.stdout.contains("1e+19s"), "\(list.stdout)\(list.stderr)")
+        #expect(list.stdout.split(separator: "\n").count == 5)
+        let clean = try spool.ctl(["clean", "--older-than", "1"])
+        #expect(clean.status == 0 && clean.stdout.hasSuffix("removed 1 ended job folder\n"), "\(clean.stdout)\(clean.stderr)")
+        #expect(spool.list("outbox") == ["far", "huge", "now"])
+    }
+
+    /// A folder moved out of the outbox that cannot all be removed (an immutable file in it) is a failure: exit 1.
+    @Test func cleanSaysWhatCouldNotBeRemoved() throws {
+        let spool = TestSpool()
+        try FileManager.default.createDirectory(atPath: spool.outbox, withIntermediateDirectories: true)
+        try writeEndedJob(outbox: spool.outbox, job: "stuck", finishedAt: 1_000)
+        try writeEndedJob(outbox: spool.outbox, job: "old", finishedAt: 1_000)
+        let file = spool.outbox + "/stuck/kept"
+        #expect(FileManager.default.createFile(atPath: file, contents: Data("x".utf8)))
+        #expect(try runProgram("/usr/bin/chattr", ["+i", file]).status == 0, "chattr +i (root on ext4)")
+        let clean = try spool.ctl(["clean", "--older-than", "1"])
+        let inTmp = (try? FileManager.default.contentsOfDirectory(atPath: spool.root + "/tmp")) ?? []
+        let left = inTmp.filter { $0.hasPrefix(".removing.") }
+        for name in left { _ = try? runProgram("/usr/bin/chattr", ["-i", spool.root + "/tmp/" + name + "/kept"]) }
+        #expect(clean.status == 1, "\(clean.stdout)\(clean.stderr)")
+        #expect(clean.stdout.hasSuffix("removed 1 ended job folder; 1 could not be removed\n"), "\(clean.stdout)")
+        #expect(clean.stderr.contains("outbox/stuck: moved to"), "\(clean.stderr)")
+        #expect(clean.stderr.contains("not all of it could be removed"), "\(clean.stderr)")
+        #expect(left.count == 1 && spool.list("outbox").isEmpty)
+    }
+
     @Test func cleanRemovesExactlyTheOldOnes() throws {
         let spool = TestSpool()
         try FileManager.default.createDirectory(atPath: spool.outbox, withIntermediateDirectories: true)
