@@ -29,13 +29,20 @@ public enum ControlRequest: Equatable, Sendable {
             guard let value = request[key] as? String else { throw Refusal(message: "\(command) needs a \(key)") }
             return value
         }
+        // Absent, or a string: anything else is a mistake to refuse, not a field to ignore (a cancel of one
+        // operation sent as a number must not cancel the whole job).
+        func optionalField(_ key: String) throws(Refusal) -> String? {
+            guard let value = request[key] else { return nil }
+            guard let string = value as? String else { throw Refusal(message: "\(command): \(key) must be a string") }
+            return string
+        }
         switch command {
         case "status": self = .status(memory: request["memory"] as? Bool == true)
         case "declared": self = .declared
         case "submitted":
             self = .submitted(manifest: try field("manifest"), inode: (request["inode"] as? Int).flatMap { UInt64(exactly: $0) })
         case "show": self = .show(job: try field("job"))
-        case "cancel": self = .cancel(job: try field("job"), operation: request["operation"] as? String)
+        case "cancel": self = .cancel(job: try field("job"), operation: try optionalField("operation"))
         case "metrics": self = .metrics
         case "suspend": self = .suspend(queue: try field("queue"))
         case "resume": self = .resume(queue: try field("queue"))

@@ -26,6 +26,9 @@ struct ControlRequestTests {
         let refusals: [([String: Any], String)] = [
             (["command": "show"], "show needs a job"),
             (["command": "cancel", "operation": "x"], "cancel needs a job"),
+            // Not a whole-job cancel: a mistaken operation field is refused, never ignored.
+            (["command": "cancel", "job": "j", "operation": 5], "cancel: operation must be a string"),
+            (["command": "cancel", "job": "j", "operation": ["a"]], "cancel: operation must be a string"),
             (["command": "suspend", "queue": 3], "suspend needs a queue"),
             (["command": "submitted"], "submitted needs a manifest"),
             (["command": "reboot"], "unknown command 'reboot'"),
