@@ -60,6 +60,12 @@ public struct CronExpression: Sendable, Equatable, CustomStringConvertible {
         hourStar = fields[1].hasPrefix("*")
         dayStar = fields[2].hasPrefix("*")
         weekdayStar = fields[4].hasPrefix("*")
+        // With `*` in either day field a day must pass both, so a day-of-month no month of the list has (31 in
+        // February, April, June, September, November) never comes: refused rather than silently never run.
+        let longest = [0, 31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31]
+        if (dayStar || weekdayStar), !(1...12).contains(where: { months & (1 << $0) != 0 && days & ((2 << longest[$0]) - 2) != 0 }) {
+            throw CronError("day-of-month '\(fields[2])' never falls in month '\(fields[3])': the expression never matches")
+        }
     }
 
     static let macros: [String: String] = [

@@ -26,6 +26,8 @@ func expanded(_ e: CronExpression) -> String {
         ("0 12 * Feb-apr/2 *", "0 | 12 | * | 2,4 | *"),
         ("0 0 */10 * *", "0 | 0 | 1,11,21,31 | * | *"),
         ("0 0 13 * 5", "0 | 0 | 13 | * | 5"),
+        ("0 0 31 2 1", "0 | 0 | 31 | 2 | 1"),   // both day fields given: Mondays of February match
+        ("0 0 29 2 *", "0 | 0 | 29 | 2 | *"),
         ("0 0 * * 7", "0 | 0 | * | * | 0"),
         ("0 0 * * 0", "0 | 0 | * | * | 0"),
         ("0 0 * * SUN", "0 | 0 | * | * | 0"),
@@ -95,6 +97,10 @@ func expanded(_ e: CronExpression) -> String {
         ("1-2-3 * * * *", "minute field: '1-2-3' is not a value or a range"),
         ("@reboot", "unknown macro '@reboot' (@yearly, @annually, @monthly, @weekly, @daily, @midnight or @hourly)"),
         ("@daily 5", "unexpected '5' after @daily"),
+        // A date no month of the list has never comes, unless a day of the week may match instead.
+        ("0 0 30 2 *", "day-of-month '30' never falls in month '2': the expression never matches"),
+        ("0 0 31 4,6,9,11 *", "day-of-month '31' never falls in month '4,6,9,11': the expression never matches"),
+        ("0 0 30-31 feb */2", "day-of-month '30-31' never falls in month 'feb': the expression never matches"),
     ]
 
     @Test(arguments: invalidTable)
