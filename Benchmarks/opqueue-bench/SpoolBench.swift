@@ -215,13 +215,23 @@ enum SpoolBench {
     }
 
     /// Whether journald's files are on the file system the spools are made on: then every commit of the daemon
-    /// (a syncfs) also writes out what journald wrote meanwhile, and the journal target pays for it.
+    /// (a syncfs) also writes out what journald wrote meanwhile, and the journal target pays for it. The file is the
+    /// one journald has open (its system.journal), else /var/log/journal or /run/log/journal.
     static func journalFilesShareFileSystem(with base: String) -> Bool {
         func device(_ path: String) -> UInt? {
             var st = stat()
             return stat(path, &st) == 0 ? UInt(st.st_dev) : nil
         }
-        let journal = device("/var/log/journal") ?? device("/run/log/journal")
+        let fm = FileManager.default
+        let journald = ((try? fm.contentsOfDirectory(atPath: "/proc")) ?? []).first { pid in
+            (try? String(contentsOfFile: "/proc/\(pid)/comm", encoding: .utf8)) == "systemd-journal\n"
+        }
+        let open = journald.flatMap { pid in
+            ((try? fm.contentsOfDirectory(atPath: "/proc/\(pid)/fd")) ?? [])
+                .compactMap { try? fm.destinationOfSymbolicLink(atPath: "/proc/\(pid)/fd/\($0)") }
+                .first { $0.hasSuffix("/system.journal") }
+        }
+        let journal = open.flatMap(device) ?? device("/var/log/journal") ?? device("/run/log/journal")
         return journal != nil && journal == device((base as NSString).deletingLastPathComponent)
     }
 
