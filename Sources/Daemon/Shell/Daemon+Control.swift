@@ -189,8 +189,28 @@ extension Daemon {
         }
     }
 
-    /// Cancels a job in the lifecycle's table, or one claimed and not yet received; nil when it is not there.
+    /// Cancels a job in the lifecycle's table, or one claimed and not yet received; nil when it is not there. A cancel
+    /// of one operation is recorded in the job's progress: if the job resumes after a restart, it is made again
+    /// before any operation starts (§2). A whole job's is not recorded: it ends the job at once (an executing
+    /// operation stops at its next check), and the job's end is.
     func cancelHere(job id: String, operation: String?) -> CancelOutcome? {
+        let outcome = applyCancelHere(job: id, operation: operation)
+        if outcome == .cancelled, let operation { recordCancel(job: id, operation: operation) }
+        return outcome
+    }
+
+    /// Records a cancel of one operation (durable at the commit it asks for). Should it fail, the cancel holds while
+    /// this run lasts, and the spool's fault is handled as a failed success record's is.
+    private func recordCancel(job: String, operation: String) {
+        do {
+            try store.recordCancel(job: job, operation: operation, at: Date().timeIntervalSince1970)
+            progressWasRecorded(1)
+        } catch {
+            work.async { [self] in spoolFailed("recording the cancel of \(job)/\(operation)", error) }
+        }
+    }
+
+    private func applyCancelHere(job id: String, operation: String?) -> CancelOutcome? {
         if let kept = cancelBeforeReceipt(job: id, operation: operation) { return kept }
         let result = shared.withLock { s in
             // The operation index is complete once the plan is read (phase accepted or later); before, unknown.
