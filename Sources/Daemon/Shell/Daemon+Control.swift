@@ -476,7 +476,10 @@ extension Daemon {
     /// A job this node has, for `show`; nil when it has no such job.
     public func show(job id: String) -> Shown? {
         if let operations = operations(of: id) { return .operations(operations) }
-        if let until = shared.withLock({ $0.lifecycle.jobs[id]?.notBefore }) { return .delayed(until: until, operations: pending(id)) }
+        let delayed = shared.withLock { s in
+            s.lifecycle.jobs[id].flatMap { job in job.notBefore.map { ($0, Set(job.cancelsBeforeGroup.compactMap { $0 })) } }
+        }
+        if let (until, cancelled) = delayed { return .delayed(until: until, operations: pending(id, cancelled: cancelled)) }
         // Parked (out of the table): its manifest says until when.
         if shared.withLock({ $0.lifecycle.phase(of: id) == nil && $0.lifecycle.parkedCount > 0 }), hasActiveFolder(id),
            let parked = heldDelayedPlan(id) {
@@ -520,19 +523,38 @@ extension Daemon {
         }
     }
 
-    /// A delayed job's operations as its manifest in active/ has them, each pending (empty if it cannot be read).
-    private func pending(_ id: String) -> [ShowAnswer.Operation] {
+    /// A delayed job's operations as its manifest in active/ has them (empty if it cannot be read).
+    private func pending(_ id: String, cancelled: Set<String>) -> [ShowAnswer.Operation] {
         let config = shared.withLock { $0.configuration }
         guard case .success(let claimed) = store.heldJob(id),
               case .success(let plan) = Manifest.parse(claimed.tree ?? ManifestTree(claimed.manifest), configuration: config)
         else { return [] }
-        return Self.pending(plan)
+        return Self.pending(plan, cancelled: cancelled)
     }
 
-    private static func pending(_ plan: JobPlan) -> [ShowAnswer.Operation] {
-        plan.operations.map { op in
-            ShowAnswer.Operation(id: op.id, kind: op.kind.rawValue, queue: op.queue, state: "pending", attempts: 0,
-                                 dependencies: op.dependencies)
+    /// A delayed job's operations: each pending, but for those cancelled while it waits and their dependents, shown
+    /// cancelled as they end once it starts (§3.4: none of them starts; `runsAfterFailure` ones still run).
+    private static func pending(_ plan: JobPlan, cancelled asked: Set<String> = []) -> [ShowAnswer.Operation] {
+        var errors: [String: String] = [:]
+        var dependents: [String: [OperationPlan]] = [:]
+        for op in plan.operations {
+            if asked.contains(op.id) { errors[op.id] = "cancelled by request" }
+            guard !asked.isEmpty, !op.runsAfterFailure else { continue }
+            for dependency in op.dependencies { dependents[dependency, default: []].append(op) }
+        }
+        var ended = Array(errors.keys)
+        while let id = ended.popLast() {
+            for op in dependents[id] ?? [] where errors[op.id] == nil {
+                errors[op.id] = "dependency '\(id)' was cancelled"
+                ended.append(op.id)
+            }
+        }
+        return plan.operations.map { op in
+            var entry = ShowAnswer.Operation(id: op.id, kind: op.kind.rawValue, queue: op.queue,
+                                             state: errors[op.id] == nil ? "pending" : "cancelled", attempts: 0,
+                                             dependencies: op.dependencies)
+            entry.error = errors[op.id]
+            return entry
         }
     }
 }

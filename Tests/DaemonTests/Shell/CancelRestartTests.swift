@@ -1,5 +1,6 @@
 // A cancel of one operation (SPEC §3.4) survives a restart (§2: jobs resume as if nothing had happened): after a
-// kill -9 or a SIGTERM and a new start, the operation cancelled still never starts and its dependents are cancelled.
+// kill -9 or a SIGTERM and a new start, the operation cancelled still never starts and its dependents are cancelled,
+// for a running job and for a delayed one (§3.7), whose `show` says so before its time.
 
 import Foundation
 import Testing
@@ -54,5 +55,27 @@ import TestTraits
         #expect(ops["c"]?.state == "succeeded")
         #expect(ops["a"]?.state == "cancelled" && ops["a"]?.attempts == 0, "the cancelled operation never ran: \(ops)")
         #expect(ops["b"]?.state == "cancelled" && ops["b"]?.attempts == 0, "its dependent is cancelled too: \(ops)")
+    }
+
+    @Test(arguments: [SIGKILL, SIGTERM])
+    func anOperationCancelledInADelayedJobStaysCancelledAfterARestart(_ sig: Int32) throws {
+        let spool = TestSpool()
+        try spool.start()
+        try spool.drop("dop3.plist", ["job": "dop3", "delaySeconds": 6.0,
+                                      "operations": [sleepOp("a", 0.05), sleepOp("b", 0.05, deps: ["a"]), sleepOp("c", 0.05)]])
+        #expect(eventually(10) { states(spool, "dop3")["a"] == "pending" })
+        let cancel = try spool.ctl(["cancel", "dop3", "a"])
+        #expect(cancel.status == 0, "\(cancel.stderr)")
+        let shown = states(spool, "dop3")
+        #expect(shown == ["a": "cancelled", "b": "cancelled", "c": "pending"], "show says what the cancel did: \(shown)")
+        stop(spool, sig)
+        try spool.start()
+        #expect(states(spool, "dop3")["a"] == "cancelled", "and says so after the restart")
+        let result = try #require(spool.result("dop3", timeout: 20))
+        #expect(result["status"] as? String == "cancelled", "\(result)")
+        let ops = operations(result)
+        #expect(ops["a"]?.state == "cancelled" && ops["a"]?.attempts == 0, "\(ops)")
+        #expect(ops["b"]?.state == "cancelled" && ops["b"]?.attempts == 0, "\(ops)")
+        #expect(ops["c"]?.state == "succeeded", "\(ops)")
     }
 }
