@@ -189,8 +189,28 @@ extension Daemon {
         }
     }
 
-    /// Cancels a job in the lifecycle's table, or one claimed and not yet received; nil when it is not there.
+    /// Cancels a job in the lifecycle's table, or one claimed and not yet received; nil when it is not there. A cancel
+    /// of one operation is recorded in the job's progress: if the job resumes after a restart, it is made again
+    /// before any operation starts (§2). A whole job's is not recorded: it ends the job at once (an executing
+    /// operation stops at its next check), and the job's end is.
     func cancelHere(job id: String, operation: String?) -> CancelOutcome? {
+        let outcome = applyCancelHere(job: id, operation: operation)
+        if outcome == .cancelled, let operation { recordCancel(job: id, operation: operation) }
+        return outcome
+    }
+
+    /// Records a cancel of one operation (durable at the commit it asks for). Should it fail, the cancel holds while
+    /// this run lasts, and the spool's fault is handled as a failed success record's is.
+    private func recordCancel(job: String, operation: String) {
+        do {
+            try store.recordCancel(job: job, operation: operation, at: Date().timeIntervalSince1970)
+            progressWasRecorded(1)
+        } catch {
+            work.async { [self] in spoolFailed("recording the cancel of \(job)/\(operation)", error) }
+        }
+    }
+
+    private func applyCancelHere(job id: String, operation: String?) -> CancelOutcome? {
         if let kept = cancelBeforeReceipt(job: id, operation: operation) { return kept }
         let result = shared.withLock { s in
             // The operation index is complete once the plan is read (phase accepted or later); before, unknown.
@@ -456,7 +476,10 @@ extension Daemon {
     /// A job this node has, for `show`; nil when it has no such job.
     public func show(job id: String) -> Shown? {
         if let operations = operations(of: id) { return .operations(operations) }
-        if let until = shared.withLock({ $0.lifecycle.jobs[id]?.notBefore }) { return .delayed(until: until, operations: pending(id)) }
+        let delayed = shared.withLock { s in
+            s.lifecycle.jobs[id].flatMap { job in job.notBefore.map { ($0, Set(job.cancelsBeforeGroup.compactMap { $0 })) } }
+        }
+        if let (until, cancelled) = delayed { return .delayed(until: until, operations: pending(id, cancelled: cancelled)) }
         // Parked (out of the table): its manifest says until when.
         if shared.withLock({ $0.lifecycle.phase(of: id) == nil && $0.lifecycle.parkedCount > 0 }), hasActiveFolder(id),
            let parked = heldDelayedPlan(id) {
@@ -500,19 +523,38 @@ extension Daemon {
         }
     }
 
-    /// A delayed job's operations as its manifest in active/ has them, each pending (empty if it cannot be read).
-    private func pending(_ id: String) -> [ShowAnswer.Operation] {
+    /// A delayed job's operations as its manifest in active/ has them (empty if it cannot be read).
+    private func pending(_ id: String, cancelled: Set<String>) -> [ShowAnswer.Operation] {
         let config = shared.withLock { $0.configuration }
         guard case .success(let claimed) = store.heldJob(id),
               case .success(let plan) = Manifest.parse(claimed.tree ?? ManifestTree(claimed.manifest), configuration: config)
         else { return [] }
-        return Self.pending(plan)
+        return Self.pending(plan, cancelled: cancelled)
     }
 
-    private static func pending(_ plan: JobPlan) -> [ShowAnswer.Operation] {
-        plan.operations.map { op in
-            ShowAnswer.Operation(id: op.id, kind: op.kind.rawValue, queue: op.queue, state: "pending", attempts: 0,
-                                 dependencies: op.dependencies)
+    /// A delayed job's operations: each pending, but for those cancelled while it waits and their dependents, shown
+    /// cancelled as they end once it starts (§3.4: none of them starts; `runsAfterFailure` ones still run).
+    private static func pending(_ plan: JobPlan, cancelled asked: Set<String> = []) -> [ShowAnswer.Operation] {
+        var errors: [String: String] = [:]
+        var dependents: [String: [OperationPlan]] = [:]
+        for op in plan.operations {
+            if asked.contains(op.id) { errors[op.id] = "cancelled by request" }
+            guard !asked.isEmpty, !op.runsAfterFailure else { continue }
+            for dependency in op.dependencies { dependents[dependency, default: []].append(op) }
+        }
+        var ended = Array(errors.keys)
+        while let id = ended.popLast() {
+            for op in dependents[id] ?? [] where errors[op.id] == nil {
+                errors[op.id] = "dependency '\(id)' was cancelled"
+                ended.append(op.id)
+            }
+        }
+        return plan.operations.map { op in
+            var entry = ShowAnswer.Operation(id: op.id, kind: op.kind.rawValue, queue: op.queue,
+                                             state: errors[op.id] == nil ? "pending" : "cancelled", attempts: 0,
+                                             dependencies: op.dependencies)
+            entry.error = errors[op.id]
+            return entry
         }
     }
 }

@@ -73,6 +73,8 @@ extension Daemon {
             // Lines of an earlier job of the same id (published, its outbox entry removed, the id given again) may
             // still be in the log: only what started after this job's claim is its own.
             claimed.done = done.filter { $0.value.startedAt >= claimed.receivedAt }
+            // Operations cancelled by request before the restart are cancelled again before any operation starts.
+            claimed.cancels = held.cancels(of: claimed)
             return claimed
         }
         func resume(_ claimed: ClaimedJob) {

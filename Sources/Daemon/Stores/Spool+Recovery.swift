@@ -1,5 +1,6 @@
 // The spool's recovery at start: what a previous run left in active/ read back as jobs to resume, and the progress
-// log rewritten to hold only theirs.
+// log rewritten to hold only theirs. The progress log also records cancels of single operations (SPEC §3.4), so that
+// an operation cancelled before a restart is cancelled again, before anything starts, when its job resumes.
 
 import CShims
 import Foundation
@@ -25,6 +26,7 @@ extension Spool {
                 continue
             }
             job.done = done
+            job.cancels = held.cancels(of: job)
             jobs.append(job)
         }
         return (jobs, problems)
@@ -35,6 +37,27 @@ extension Spool {
     public struct Held {
         /// Each job's id and the operations that had succeeded.
         public var jobs: [(id: String, done: [String: DoneRecord])]
+        /// The operations cancelled by request, by job, in order.
+        public var cancelled: [String: [CancelRecord]] = [:]
+
+        public init(jobs: [(id: String, done: [String: DoneRecord])], cancelled: [String: [CancelRecord]] = [:]) {
+            self.jobs = jobs
+            self.cancelled = cancelled
+        }
+
+        /// The cancels a resumed job makes again before any of its operations starts (`ClaimedJob.cancels`): those
+        /// asked since its claim (a line of an earlier job of the same id is not its own) of operations that had
+        /// not succeeded (an executing one told too late ended as it would have without the cancel).
+        public func cancels(of job: ClaimedJob) -> [String?] {
+            (cancelled[job.id] ?? []).filter { $0.at >= job.receivedAt && job.done[$0.operation] == nil }.map(\.operation)
+        }
+    }
+
+    /// A cancel of one operation as the progress log records it.
+    public struct CancelRecord: Sendable, Equatable {
+        public var operation: String
+        /// When it was asked (seconds since the epoch).
+        public var at: Double
     }
 
     /// `recover` less the reading of the manifests: cleans what was half done, starts a fresh progress log holding
@@ -42,7 +65,7 @@ extension Spool {
     public func recoverHeld() throws -> (held: Held, problems: [String]) {
         var problems: [String] = []
         for name in (try? FileManager.default.contentsOfDirectory(atPath: tmp)) ?? [] { removeTree(tmp + "/" + name) }
-        var progress = readProgress()
+        var (progress, cancels) = readProgress()
         var jobs: [(id: String, done: [String: DoneRecord])] = []
         for id in visibleNames(in: active) {
             let dir = active + "/" + id
@@ -75,7 +98,7 @@ extension Spool {
             if resuming.contains(id) { removeParts(downloadsFolder(job: id)) } else { removeTree(downloadsFolder(job: id)) }
         }
         try rewriteProgress(keeping: resuming)
-        return (Held(jobs: jobs), problems)
+        return (Held(jobs: jobs, cancelled: cancels.filter { resuming.contains($0.key) }), problems)
     }
 
     /// active/<id>/ read back as a job: its manifest, and what its claim record says (a folder without one is named
@@ -111,30 +134,59 @@ extension Spool {
         return ManifestTree(tooLarge: Int(st.st_size))
     }
 
-    /// The progress log: job → operation → record. A torn last line (a crash mid-append) is ignored.
-    func readProgress() -> [String: [String: DoneRecord]] {
-        guard case .success(let data) = readRegularFile(progressPath, limit: Int.max) else { return [:] }
+    /// The progress log: job → operation → record, and job → its operations' cancels in order. A torn last line (a
+    /// crash mid-append) is ignored.
+    func readProgress() -> (done: [String: [String: DoneRecord]], cancels: [String: [CancelRecord]]) {
+        guard case .success(let data) = readRegularFile(progressPath, limit: Int.max) else { return ([:], [:]) }
         var done: [String: [String: DoneRecord]] = [:]
+        var cancels: [String: [CancelRecord]] = [:]
         var lineStart = data.startIndex
         while let newline = data[lineStart...].firstIndex(of: 0x0A) {
             let parts = data[lineStart..<newline].split(separator: 0x09).map { String(decoding: $0, as: UTF8.self) }
             lineStart = newline + 1
+            if parts.count == 4, parts[2] == Self.cancelledMark, let at = Double(parts[3]) {
+                cancels[parts[0], default: []].append(CancelRecord(operation: parts[1], at: at))
+                continue
+            }
             guard parts.count == 5, let s = Double(parts[2]), let f = Double(parts[3]), let a = Int(parts[4]) else { continue }
             done[parts[0], default: [:]][parts[1]] = DoneRecord(startedAt: s, finishedAt: f, attempts: a)
         }
-        return done
+        return (done, cancels)
     }
 
     static func progressLine(job: String, operation: String, record: DoneRecord) -> String {
         "\(job)\t\(operation)\t\(record.startedAt)\t\(record.finishedAt)\t\(record.attempts)\n"
     }
 
+    /// A cancel's line: four fields, the third this mark where a success has its start time (a build that knows only
+    /// successes skips it, as any line that is not one).
+    static let cancelledMark = "cancelled"
+
+    static func cancelLine(job: String, record: CancelRecord) -> String {
+        "\(job)\t\(record.operation)\t\(cancelledMark)\t\(record.at)\n"
+    }
+
+    /// Records that one operation of an active job was cancelled by request (made again when the job resumes after a
+    /// restart; durable at the next commit).
+    public func recordCancel(job: String, record: CancelRecord) throws {
+        let line = Data(Self.cancelLine(job: job, record: record).utf8)
+        try progressLock.withLock {
+            guard progressFD >= 0 else { throw SpoolError(operation: "append to", path: progressPath, errno: EBADF) }
+            try writeAll(progressFD, line, path: progressPath)
+            progressBytes += line.count
+        }
+    }
+
     /// Replaces the progress log by one holding only `keeping`'s lines (written aside, fsynced, renamed).
     func rewriteProgress(keeping: Set<String>) throws {
         try progressLock.withLock {
             var text = ""
-            for (job, operations) in readProgress() where keeping.contains(job) {
+            let (done, cancels) = readProgress()
+            for (job, operations) in done where keeping.contains(job) {
                 for (operation, record) in operations { text += Self.progressLine(job: job, operation: operation, record: record) }
+            }
+            for (job, records) in cancels where keeping.contains(job) {
+                for record in records { text += Self.cancelLine(job: job, record: record) }
             }
             try replaceDurably(Data(text.utf8), at: progressPath, beforeRename: { CrashPoint.progressRewritten.reached() })
             if progressFD >= 0 { close(progressFD) }

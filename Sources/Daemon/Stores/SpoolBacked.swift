@@ -32,6 +32,10 @@ extension SpoolBacked {
         try spool.recordSuccess(job: job, operation: operation, record: record)
     }
 
+    public func recordCancel(job: String, operation: String, at: Double) throws {
+        try spool.recordCancel(job: job, record: Spool.CancelRecord(operation: operation, at: at))
+    }
+
     public func compactProgressIfLarge(active: Set<String>) throws { try spool.compactProgressIfLarge(active: active) }
     public func commit() throws { try spool.commit() }
 

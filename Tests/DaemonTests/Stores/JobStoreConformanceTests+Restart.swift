@@ -100,4 +100,27 @@ extension JobStoreConformanceTests {
         #expect(resumed.first?.done["s"] == DoneRecord(startedAt: 1, finishedAt: 2, attempts: 1))
         #expect(next.shell.lostJobs.isEmpty)
     }
+
+    /// A cancel of one operation recorded before a restart comes back with its job, to be made again before anything
+    /// starts, through every rewrite of the progress log; not one older than the job's claim (an earlier job of the
+    /// same id), nor one of an operation that succeeded all the same.
+    @Test(arguments: StoreKind.allCases) func aRestartKeepsTheCancelsOfOperations(_ kind: StoreKind) throws {
+        let first = try JobStoreNode.make(kind)
+        _ = try first.submitAndCollect([("k", sleepManifest("cancelling"))], expect: 1)
+        _ = try first.recover()
+        let now = Date().timeIntervalSince1970
+        try first.store.recordCancel(job: "cancelling", operation: "older", at: 1)
+        try first.store.recordCancel(job: "cancelling", operation: "x", at: now)
+        try first.store.recordCancel(job: "cancelling", operation: "s", at: now)
+        try first.store.recordSuccess(job: "cancelling", operation: "s", record: DoneRecord(startedAt: now, finishedAt: now, attempts: 1))
+        try first.spool.commit()
+        let next = try first.restarted()
+        defer { next.close() }
+        let (found, _) = try next.recover()
+        let resumed = next.store.recovered(found)
+        #expect(resumed.map(\.id) == ["cancelling"], "\(kind): \(resumed.map(\.id))")
+        #expect(resumed.first?.cancels == ["x"], "\(kind): \(resumed.first?.cancels ?? [])")
+        let (again, _) = try next.recover()
+        #expect(again.first?.cancels == ["x"], "the rewritten log keeps them: \(again.first?.cancels ?? [])")
+    }
 }

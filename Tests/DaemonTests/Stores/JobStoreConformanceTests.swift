@@ -130,6 +130,7 @@ final class JobStoreNode: @unchecked Sendable {
         let jobs = try held.jobs.map { id, done in
             var job = try store.heldJob(id).get()
             job.done = done
+            job.cancels = held.cancels(of: job)
             return job
         }
         return (jobs, problems)

@@ -1,0 +1,81 @@
+// A cancel of one operation (SPEC §3.4) survives a restart (§2: jobs resume as if nothing had happened): after a
+// kill -9 or a SIGTERM and a new start, the operation cancelled still never starts and its dependents are cancelled,
+// for a running job and for a delayed one (§3.7), whose `show` says so before its time.
+
+import Foundation
+import Testing
+@testable import Daemon
+import TestTraits
+
+@Suite(.serialized, .onItsOwnExecutor) struct CancelRestartTests {
+    /// `show JOB --json`'s operations: id → state (empty when the job is not shown).
+    func states(_ spool: TestSpool, _ job: String) -> [String: String] {
+        guard let shown = try? spool.ctl(["show", job, "--json"]),
+              let object = try? JSONSerialization.jsonObject(with: Data(shown.stdout.utf8)) as? [String: Any],
+              let operations = object["operations"] as? [[String: Any]] else { return [:] }
+        var states: [String: String] = [:]
+        for op in operations { if let id = op["id"] as? String { states[id] = op["state"] as? String } }
+        return states
+    }
+
+    /// A result's operations: id → (state, attempts).
+    func operations(_ result: [String: Any]) -> [String: (state: String?, attempts: Int?)] {
+        var ops: [String: (state: String?, attempts: Int?)] = [:]
+        for op in result["operations"] as? [[String: Any]] ?? [] {
+            if let id = op["id"] as? String { ops[id] = (op["state"] as? String, op["attempts"] as? Int) }
+        }
+        return ops
+    }
+
+    /// Stops the daemon with `sig` (a SIGTERM's grace is short: the job must not end before the restart).
+    func stop(_ spool: TestSpool, _ sig: Int32) {
+        spool.signal(sig)
+        let status = spool.waitForExit(timeout: 15)
+        if sig == SIGTERM { #expect(status == 0) }
+    }
+
+    @Test(arguments: [SIGKILL, SIGTERM])
+    func anOperationCancelledInARunningJobStaysCancelledAfterARestart(_ sig: Int32) throws {
+        let spool = TestSpool()
+        let config = try spool.configure(["shutdownGraceSeconds": 0.5])
+        try spool.start(config)
+        try spool.drop("nd3.plist", ["job": "nd3", "operations": [sleepOp("s", 3), sleepOp("a", 0.1, deps: ["s"]),
+                                                                   sleepOp("b", 0.1, deps: ["a"]), sleepOp("c", 0.1)]])
+        #expect(eventually(10) { states(spool, "nd3")["s"] == "executing" })
+        let cancel = try spool.ctl(["cancel", "nd3", "a"])
+        #expect(cancel.status == 0, "\(cancel.stderr)")
+        #expect(states(spool, "nd3")["a"] == "cancelled")
+        stop(spool, sig)
+        #expect(spool.list("active") == ["nd3"], "the job had not ended at the stop")
+        try spool.start(config)
+        let result = try #require(spool.result("nd3", timeout: 20))
+        #expect(result["status"] as? String == "cancelled", "\(result)")
+        let ops = operations(result)
+        #expect(ops["s"]?.state == "succeeded")
+        #expect(ops["c"]?.state == "succeeded")
+        #expect(ops["a"]?.state == "cancelled" && ops["a"]?.attempts == 0, "the cancelled operation never ran: \(ops)")
+        #expect(ops["b"]?.state == "cancelled" && ops["b"]?.attempts == 0, "its dependent is cancelled too: \(ops)")
+    }
+
+    @Test(arguments: [SIGKILL, SIGTERM])
+    func anOperationCancelledInADelayedJobStaysCancelledAfterARestart(_ sig: Int32) throws {
+        let spool = TestSpool()
+        try spool.start()
+        try spool.drop("dop3.plist", ["job": "dop3", "delaySeconds": 6.0,
+                                      "operations": [sleepOp("a", 0.05), sleepOp("b", 0.05, deps: ["a"]), sleepOp("c", 0.05)]])
+        #expect(eventually(10) { states(spool, "dop3")["a"] == "pending" })
+        let cancel = try spool.ctl(["cancel", "dop3", "a"])
+        #expect(cancel.status == 0, "\(cancel.stderr)")
+        let shown = states(spool, "dop3")
+        #expect(shown == ["a": "cancelled", "b": "cancelled", "c": "pending"], "show says what the cancel did: \(shown)")
+        stop(spool, sig)
+        try spool.start()
+        #expect(states(spool, "dop3")["a"] == "cancelled", "and says so after the restart")
+        let result = try #require(spool.result("dop3", timeout: 20))
+        #expect(result["status"] as? String == "cancelled", "\(result)")
+        let ops = operations(result)
+        #expect(ops["a"]?.state == "cancelled" && ops["a"]?.attempts == 0, "\(ops)")
+        #expect(ops["b"]?.state == "cancelled" && ops["b"]?.attempts == 0, "\(ops)")
+        #expect(ops["c"]?.state == "succeeded", "\(ops)")
+    }
+}
