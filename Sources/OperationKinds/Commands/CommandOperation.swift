@@ -50,6 +50,17 @@ package enum CommandOperation {
 
     package static func logPaths(_ operation: String) -> [String] { ["logs/\(operation).stdout", "logs/\(operation).stderr"] }
 
+    /// The job's logs/ folder, made by its first command, opened without following a link: a link or a file planted
+    /// there is refused (ELOOP, ENOTDIR), never written through.
+    static func openLogsFolder(_ path: String) throws -> Int32 {
+        var fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
+        if fd < 0, errno == ENOENT, ScratchFolders.makeFolder(path) == 0 {
+            fd = open(path, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
+        }
+        guard fd >= 0 else { throw SpoolError(operation: "open the command logs' folder", path: path, errno: errno) }
+        return fd
+    }
+
     static func body(_ spec: CommandSpec, arguments: [String: String], environment: KindEnvironment) -> OperationBody {
         .async { context in
             do {
@@ -92,13 +103,11 @@ package enum CommandOperation {
             values["input"] = work + "/input"
         }
         let logs = logPaths(operation).map { folder + "/" + $0 }
+        let logsFolder = try openLogsFolder(folder + "/logs")
+        defer { close(logsFolder) }
         var files: [Int32] = []
         for path in logs {
-            // logs/ is made by the job's first command (ENOENT), not looked for at each.
-            var fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0o644)
-            if fd < 0, errno == ENOENT, ScratchFolders.makeFolder(folder + "/logs") == 0 {
-                fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0o644)
-            }
+            let fd = openat(logsFolder, (path as NSString).lastPathComponent, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0o644)
             guard fd >= 0 else {
                 let e = errno
                 for f in files { close(f) }

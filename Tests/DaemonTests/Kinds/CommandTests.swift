@@ -140,6 +140,25 @@ private func launch(_ spool: TestSpool, _ arguments: [String], environment: [Str
                 "\(rejected)")
     }
 
+    /// A link planted at the job's logs/ while it runs (by whoever may write the spool) is refused, never written
+    /// through: the command fails saying why, and nothing lands where the link points.
+    @Test func aLinkPlantedAtTheLogsFolderIsNotFollowed() throws {
+        let spool = TestSpool()
+        let config = try spool.configure(["commands": ["hi": command(["/bin/echo", "hi"])]])
+        try spool.start(config)
+        let elsewhere = NSTemporaryDirectory() + "opq-elsewhere-\(UUID().uuidString.prefix(8))"
+        #expect(mkdir(elsewhere, 0o755) == 0)
+        try spool.drop("ln.plist", ["job": "ln", "operations": [sleepOp("s", 1), commandOp("c", "hi", [:], ["dependencies": ["s"]])]])
+        #expect(waitFor(10) { access(spool.root + "/active/ln", F_OK) == 0 })
+        #expect(symlink(elsewhere, spool.root + "/active/ln/logs") == 0)
+        let result = try #require(spool.result("ln"))
+        let ops = try #require(result["operations"] as? [[String: Any]])
+        #expect(ops[1]["state"] as? String == "failed", "\(ops[1])")
+        #expect((ops[1]["error"] as? String)?.contains("the command logs' folder \(spool.root)/active/ln/logs: Not a directory") == true,
+                "\(ops[1])")
+        #expect((try? FileManager.default.contentsOfDirectory(atPath: elsewhere)) == [])
+    }
+
     @Test func badArgumentsAndBadCommandsAreRefusedAtValidation() throws {
         let spool = TestSpool()
         let config = try spool.configure(["commands": [
