@@ -104,7 +104,7 @@ struct Submit: ParsableCommand {
             throw ValidationError("--at '\(at)': must be from 1970 to 5138 (0 to 1e11 seconds since the epoch)")
         }
         if let delay, !(delay >= 0 && delay < Manifest.delayLimit) {
-            throw ValidationError("--in: must be 0 to 1e10 seconds, not \(delay)")
+            throw ValidationError("--in: must be 0 or more and under 1e10 seconds, not \(delay)")
         }
         if let ifExists, ifExists != "rename" && ifExists != "skip" { throw ValidationError("--if-exists: must be 'rename' or 'skip'") }
     }

@@ -67,7 +67,8 @@ extension Daemon {
             if isStopping { break }
             Thread.sleep(forTimeInterval: Self.retentionPause)
         }
-        let days = formatSeconds(keepDays)
+        // As given: 0.0001 is not "0.0".
+        let days = String(format: "%g", keepDays)
         if removed > 0 {
             event(.info, "outbox: removed \(removed) ended job folder(s) finished more than \(days) day(s) ago (outbox.keepDays)",
                   ["OPQ_EVENT": "daemon"])
