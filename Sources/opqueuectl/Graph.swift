@@ -20,7 +20,8 @@ struct Graph: ParsableCommand {
         var states: [String: String] = [:]
         var nodes: [Node]
         var name = target
-        let config = try common.configuration()
+        // As submit checks: with the running daemon's queues and commands (an ended job's manifest may use them).
+        let config = try common.submissionConfiguration()
         var isFolder: ObjCBool = false
         if target == "-" || (FileManager.default.fileExists(atPath: target, isDirectory: &isFolder) && !isFolder.boolValue) {
             let data: Data

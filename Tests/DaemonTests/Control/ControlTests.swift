@@ -300,6 +300,18 @@ extension TestSpool {
         #expect(unknown.status == 1 && unknown.stderr.contains("unknown job 'nosuchjob'"), "\(unknown)")
     }
 
+    /// An ended job's graph is drawn without --config when its manifest uses a command only the daemon's
+    /// configuration declares: opqueuectl checks it as submit does, with what the running daemon takes.
+    @Test func graphOfAnEndedJobKnowsTheDaemonsCommands() throws {
+        let spool = TestSpool()
+        try spool.start(try spool.configure(["commands": ["hi": ["argv": ["/bin/echo", "hi"]]]]))
+        try spool.drop("q.plist", ["job": "q", "operations": [["id": "c", "kind": "command", "command": "hi"]]])
+        #expect(spool.result("q")?["status"] as? String == "succeeded")
+        let graph = try spool.ctl(["graph", "q"])
+        #expect(graph.status == 0, "\(graph)")
+        #expect(graph.stdout.contains("\"c\" [label=\"c\\ncommand · default\\nsucceeded\""), "\(graph.stdout)")
+    }
+
     @Test func consoleLinesCarryTheJournalsMessageIDs() throws {
         try ensureJournald()
         let job = "console-" + UUID().uuidString.prefix(8)
