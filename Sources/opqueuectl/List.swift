@@ -116,7 +116,7 @@ struct List: ParsableCommand {
     /// A duration to the millisecond: `12.345s`.
     static func seconds(_ value: Double) -> String {
         // Beyond a millennium (or not a number: a result.plist is a user's file), the number as it is.
-        guard !(value >= 3e10) && !value.isNaN else { return "\(value)s" }
+        guard value < 3e10 else { return "\(value)s" }
         let milliseconds = Int64((max(0, value) * 1_000).rounded())
         let fraction = String(milliseconds % 1_000)
         return "\(milliseconds / 1_000).\(String(repeating: "0", count: 3 - fraction.count))\(fraction)s"

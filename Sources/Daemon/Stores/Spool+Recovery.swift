@@ -169,12 +169,7 @@ extension Spool {
     /// Records that one operation of an active job was cancelled by request (made again when the job resumes after a
     /// restart; durable at the next commit).
     public func recordCancel(job: String, record: CancelRecord) throws {
-        let line = Data(Self.cancelLine(job: job, record: record).utf8)
-        try progressLock.withLock {
-            guard progressFD >= 0 else { throw SpoolError(operation: "append to", path: progressPath, errno: EBADF) }
-            try writeAll(progressFD, line, path: progressPath)
-            progressBytes += line.count
-        }
+        try appendProgress(Self.cancelLine(job: job, record: record))
     }
 
     /// Replaces the progress log by one holding only `keeping`'s lines (written aside, fsynced, renamed).

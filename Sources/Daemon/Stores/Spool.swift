@@ -435,12 +435,17 @@ public final class Spool: @unchecked Sendable {
 
     /// Records that an operation succeeded (it will not run again after a restart, once committed).
     public func recordSuccess(job: String, operation: String, record: DoneRecord) throws {
-        let line = Data(Self.progressLine(job: job, operation: operation, record: record).utf8)
+        try appendProgress(Self.progressLine(job: job, operation: operation, record: record))
+        CrashPoint.progressAppended.reached()
+    }
+
+    /// Appends one line to the progress log (a success's or a cancel's; durable at the next commit).
+    func appendProgress(_ text: String) throws {
+        let line = Data(text.utf8)
         try progressLock.withLock {
             guard progressFD >= 0 else { throw SpoolError(operation: "append to", path: progressPath, errno: EBADF) }
             try writeAll(progressFD, line, path: progressPath)
             progressBytes += line.count
-            CrashPoint.progressAppended.reached()
         }
     }
 

@@ -48,7 +48,9 @@ package enum CommandOperation {
         removeTree(keptFolder(jobFolder))
     }
 
-    package static func logPaths(_ operation: String) -> [String] { ["logs/\(operation).stdout", "logs/\(operation).stderr"] }
+    package static func logPaths(_ operation: String) -> [String] { logNames(operation).map { "logs/" + $0 } }
+    /// Standard output's and standard error's files in logs/.
+    static func logNames(_ operation: String) -> [String] { ["\(operation).stdout", "\(operation).stderr"] }
 
     /// The job's logs/ folder, made by its first command, opened without following a link: a link or a file planted
     /// there is refused (ELOOP, ENOTDIR), never written through.
@@ -106,8 +108,8 @@ package enum CommandOperation {
         let logsFolder = try openLogsFolder(folder + "/logs")
         defer { close(logsFolder) }
         var files: [Int32] = []
-        for path in logs {
-            let fd = openat(logsFolder, (path as NSString).lastPathComponent, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0o644)
+        for (path, name) in zip(logs, logNames(operation)) {
+            let fd = openat(logsFolder, name, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0o644)
             guard fd >= 0 else {
                 let e = errno
                 for f in files { close(f) }
