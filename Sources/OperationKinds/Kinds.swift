@@ -80,6 +80,9 @@ package enum Kinds {
     package static func body(for parameters: Parameters, operation: String, environment: KindEnvironment,
                              fused: Bool = false) -> OperationBody {
         switch parameters {
+        case .sleep(let seconds) where !(seconds > 0):
+            // Nothing to wait for: ends in its body, without a timer and the two thread hops it costs.
+            return .sync { _ in nil }
         case .sleep(let seconds):
             // Wall time on a timer: holds a queue slot, no thread. A cancelled sleep ends at once in the
             // engine, and its timer is cancelled too, so a year-long sleep does not keep its context
