@@ -13,8 +13,8 @@ extension Daemon {
     func deliver(_ events: [EngineEvent]) {
         // A submission under way may have put its group's first events in this batch.
         registering.withLock { _ in }
-        var progressRecorded = 0
-        defer { if progressRecorded > 0 { progressWasRecorded(progressRecorded) } }
+        var successes: [OperationSuccess] = []
+        defer { record(successes) }
         for engineEvent in events {
             switch engineEvent {
             case .transition(let t):
@@ -39,9 +39,12 @@ extension Daemon {
                         measure(t, plan.operations[t.operation])
                         if tracing != nil { telemetry.timelines.note(job: job.id, t) }
                     }
-                    if logTransition(t, job: job, operation: plan.operations[t.operation]) { progressRecorded += 1 }
+                    logTransition(t, job: job, operation: plan.operations[t.operation], successes: &successes)
                 }
             case .groupFinished(let group):
+                // Its successes are in the log before its end is handled (the publication's commit covers them).
+                record(successes)
+                successes.removeAll()
                 work.async { [self] in finish(group) }
             }
         }
@@ -94,8 +97,23 @@ extension Daemon {
         try durability.commits.now()
     }
 
-    func logTransition(_ t: Transition, job: RunningJob, operation: OperationPlan) -> Bool {
-        var recorded = false
+    /// The batch's successes go into the progress log in one append (durable at the next commit).
+    private func record(_ successes: [OperationSuccess]) {
+        guard !successes.isEmpty else { return }
+        do {
+            try store.recordSuccesses(successes)
+            progressWasRecorded(successes.count)
+        } catch {
+            // Until the fault is over, operations that succeed may run again after a restart.
+            let first = successes[0]
+            let what = successes.count == 1 ? "\(first.job)/\(first.operation)"
+                : "\(successes.count) operations (\(first.job)/\(first.operation) first)"
+            work.async { [self] in spoolFailed("recording the success of \(what)", error) }
+        }
+    }
+
+    /// Logs an operation's transition; a success is added to `successes` for the progress log.
+    func logTransition(_ t: Transition, job: RunningJob, operation: OperationPlan, successes: inout [OperationSuccess]) {
         var fields: Logger.Metadata = [
             "OPQ_EVENT": "operation", "OPQ_STATE": .string(t.state.name), "OPQ_JOB": .string(job.id),
             "OPQ_OPERATION": .string(operation.id), "OPQ_KIND": .string(operation.kind.rawValue), "OPQ_QUEUE": .string(operation.queue),
@@ -113,14 +131,8 @@ extension Daemon {
                     fields["OPQ_DURATION_USEC"] = .string(String(Int64(((t.time - started) * 1e6).rounded())))
                 }
                 if t.state == .succeeded, let started = record.startedAt {
-                    do {
-                        try store.recordSuccess(job: job.id, operation: operation.id,
-                                                record: DoneRecord(startedAt: started, finishedAt: t.time, attempts: record.attempts))
-                        recorded = true
-                    } catch {
-                        // Until the fault is over, operations that succeed may run again after a restart.
-                        work.async { [self] in spoolFailed("recording the success of \(job.id)/\(operation.id)", error) }
-                    }
+                    successes.append(OperationSuccess(job: job.id, operation: operation.id,
+                                                      record: DoneRecord(startedAt: started, finishedAt: t.time, attempts: record.attempts)))
                 }
             }
             if t.state == .failed { level = .error }
@@ -132,6 +144,5 @@ extension Daemon {
         }
         if let error = t.error { message += ": \(error)" }
         event(level, message, fields)
-        return recorded
     }
 }

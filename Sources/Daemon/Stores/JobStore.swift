@@ -194,8 +194,8 @@ public protocol JobStore: AnyObject, Sendable {
     func claim(_ name: String, now: Double, settled: Bool, inUse: (String) -> Bool) throws -> Spool.ClaimOutcome
     /// A manifest claimed for submission that is rejected: made a job of this node, to be published here.
     func keepHere(_ job: ClaimedJob, inUse: (String) -> Bool) throws -> Spool.ClaimOutcome
-    /// Records that an operation succeeded (durable at the next `commit`).
-    func recordSuccess(job: String, operation: String, record: DoneRecord) throws
+    /// Records that operations succeeded, in order (durable at the next `commit`).
+    func recordSuccesses(_ successes: [OperationSuccess]) throws
     /// Records that one operation of a job this node runs was cancelled by request, to be cancelled again if the job
     /// resumes after a restart (durable at the next `commit`).
     func recordCancel(job: String, operation: String, at: Double) throws
@@ -269,6 +269,11 @@ public enum StoreCancelOutcome: Sendable, Equatable {
 }
 
 extension JobStore {
+    /// Records that one operation succeeded (durable at the next `commit`).
+    func recordSuccess(job: String, operation: String, record: DoneRecord) throws {
+        try recordSuccesses([OperationSuccess(job: job, operation: operation, record: record)])
+    }
+
     public func snapshot() -> ClusterSnapshot? { nil }
     public func job(_ id: String) throws -> JobRecord? { nil }
     public func startSlots(engine: Engine, logger: Logger) -> (permits: ClusterPermits, task: Task<Void, Never>)? { nil }

@@ -75,6 +75,13 @@ public struct DoneRecord: Sendable, Equatable {
     public var attempts: Int
 }
 
+/// An operation's success, for the progress log.
+public struct OperationSuccess: Sendable {
+    public var job: String
+    public var operation: String
+    public var record: DoneRecord
+}
+
 public final class Spool: @unchecked Sendable {
     public let root: String
     public let inbox: String
@@ -433,9 +440,13 @@ public final class Spool: @unchecked Sendable {
 
     // MARK: Progress
 
-    /// Records that an operation succeeded (it will not run again after a restart, once committed).
-    public func recordSuccess(job: String, operation: String, record: DoneRecord) throws {
-        try appendProgress(Self.progressLine(job: job, operation: operation, record: record))
+    /// Records that operations succeeded (they will not run again after a restart, once committed): one append for
+    /// all of them, as the engine delivers its events in batches.
+    public func recordSuccesses(_ successes: [OperationSuccess]) throws {
+        guard !successes.isEmpty else { return }
+        var text = ""
+        for s in successes { text += Self.progressLine(job: s.job, operation: s.operation, record: s.record) }
+        try appendProgress(text)
         CrashPoint.progressAppended.reached()
     }
 

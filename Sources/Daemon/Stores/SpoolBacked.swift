@@ -28,9 +28,7 @@ extension SpoolBacked {
 
     public func keepHere(_ job: ClaimedJob, inUse: (String) -> Bool) throws -> Spool.ClaimOutcome { .claimed(job) }
 
-    public func recordSuccess(job: String, operation: String, record: DoneRecord) throws {
-        try spool.recordSuccess(job: job, operation: operation, record: record)
-    }
+    public func recordSuccesses(_ successes: [OperationSuccess]) throws { try spool.recordSuccesses(successes) }
 
     public func recordCancel(job: String, operation: String, at: Double) throws {
         try spool.recordCancel(job: job, record: Spool.CancelRecord(operation: operation, at: at))
