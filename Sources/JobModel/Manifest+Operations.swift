@@ -98,13 +98,18 @@ extension Manifest {
         } else {
             problems.append("\(label): kind is missing")
         }
-        let common: Set<String> = ["id", "kind", "queue", "dependencies", "input", "qualityOfService", "queuePriority",
-                                   "timeoutSeconds", "retries", "retryDelaySeconds", "runsAfterFailure"]
-        for key in dict.keys.sorted() where !common.contains(key) && !(kind?.parameters.contains(key) ?? true) {
-            problems.append("\(label): unknown key '\(clipped(key))'" + (kind.map { " for kind '\($0.rawValue)'" } ?? ""))
+        // Built once per operation, not per key: a manifest of a million operations reads each through here.
+        if let kind {
+            let own = kind.parameters
+            let unknown = dict.keys.filter { !commonKeys.contains($0) && !own.contains($0) }
+            for key in unknown.sorted() { problems.append("\(label): unknown key '\(clipped(key))' for kind '\(kind.rawValue)'") }
         }
         return (id, kind, label)
     }
+
+    /// The keys every operation may have, whatever its kind.
+    private static let commonKeys: Set<String> = ["id", "kind", "queue", "dependencies", "input", "qualityOfService", "queuePriority",
+                                                  "timeoutSeconds", "retries", "retryDelaySeconds", "runsAfterFailure"]
 
     /// How an operation runs, whatever its kind: what it shares with the job (QoS, priority, timeout), retries and their
     /// delay, after a failure.

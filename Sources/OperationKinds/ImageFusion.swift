@@ -31,6 +31,8 @@ package enum ImageFusion {
     /// dependent (in `operations`) is an image operation or a `write` that depends on nothing else (so it takes
     /// this output as its input). Everything else materialises its output as today.
     package static func fusedOperations(_ operations: [OperationPlan]) -> Set<String> {
+        // Only an image operation is fused: a job without one (commands, sleeps) is not looked at further.
+        guard operations.contains(where: { ImageStep($0.parameters) != nil }) else { return [] }
         var dependents: [String: Int] = [:]
         for op in operations { for d in Set(op.dependencies) { dependents[d, default: 0] += 1 } }
         let producers = Dictionary(operations.map { ($0.id, $0) }, uniquingKeysWith: { a, _ in a })

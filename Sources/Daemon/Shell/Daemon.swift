@@ -296,7 +296,7 @@ public final class Daemon: Sendable {
         // (issue 15); each operation keeps its own record and journal transitions.
         let fused = ImageFusion.fusedOperations(operations)
         let chains = ImageFusion.chains(operations, fused: fused, index: job.operationIndex)
-        let queueOf = Dictionary(operations.map { ($0.id, $0.queue) }, uniquingKeysWith: { a, _ in a })
+        let queueOf = fused.isEmpty ? [:] : Dictionary(operations.map { ($0.id, $0.queue) }, uniquingKeysWith: { a, _ in a })
         for (offset, op) in operations.enumerated() {
             let i = base + offset
             let succeeded = claimed.done[op.id] != nil
@@ -307,13 +307,16 @@ public final class Daemon: Sendable {
             // §3.5: once the list has arrived, its graph joins the running job (before `photos` ends,
             // so the job cannot finish in between). After a restart, the list is read from its file.
             let photosURL = base == 0 && op.id == "photos" ? job.plan?.photosURL : nil
-            let expandList: @Sendable (DownloadedFile) throws -> OperationOutput? = { [weak self, weak job] file in
-                let photos = try Manifest.photoList(from: file.bytes, url: photosURL ?? "")
-                guard let self, let job else { return nil }
-                try self.expand(job, with: Manifest.photoListOperations(photos, configuration: config), configuration: config)
-                return nil
+            var expandList: (@Sendable (DownloadedFile) throws -> OperationOutput?)?
+            if let url = photosURL {
+                expandList = { [weak self, weak job] file in
+                    let photos = try Manifest.photoList(from: file.bytes, url: url)
+                    guard let self, let job else { return nil }
+                    try self.expand(job, with: Manifest.photoListOperations(photos, configuration: config), configuration: config)
+                    return nil
+                }
             }
-            if photosURL != nil && succeeded && hasDownload(op.id) {
+            if let expandList, succeeded && hasDownload(op.id) {
                 recovered = Kinds.restoredDownload(name: op.id, environment: environment, then: expandList)
             }
             if recovered != nil || recompute { job.recovered.insert(i) }
@@ -329,7 +332,7 @@ public final class Daemon: Sendable {
             var body: OperationBody
             if let recovered {
                 body = recovered
-            } else if let photosURL {
+            } else if let photosURL, let expandList {
                 body = Kinds.download(photosURL, maxBytes: nil, name: op.id, environment: environment, then: expandList)
             } else {
                 body = Kinds.body(for: op.parameters, operation: op.id, environment: environment, fused: fused.contains(op.id))
