@@ -164,6 +164,7 @@ package final class ChildProcess: @unchecked Sendable {
         if env["PATH"] == nil { env["PATH"] = "/usr/bin:/bin" }
         let envStrings = env.keys.sorted().map { "\($0)=\(env[$0] ?? "")" }
         var pid: pid_t = -1, pidfd: Int32 = -1
+        let spawnedFrom = CommandLedger.bootTicks()
         // A program that cannot be run is said as it is (the supervisor would only exit 127 for it).
         let rc = access(argv[0], X_OK) != 0 ? -errno : withCStrings(Supervisor.argv(argv)) { cArgv in
             withCStrings(envStrings) { cEnv in
@@ -181,7 +182,7 @@ package final class ChildProcess: @unchecked Sendable {
                          Stream(pipe: errPipe[0], file: stderrFile, limit: limit, keepsTail: true)]
         running.insert(pid)
         CommandWatchdog.current?.groupStarted(pid)
-        CommandLedger.shared.started(pid)
+        CommandLedger.shared.started(pid, from: spawnedFrom)
         child.lock.withLock {
             for stream in child.streams {
                 stream.token = CommandLoop.shared.watch(stream.pipe) { [child, stream] in child.locked { child.drain(stream) } }
@@ -352,10 +353,12 @@ private final class RunningGroups: @unchecked Sendable {
     func all() -> [pid_t] { lock.withLock { Array(pids) } }
 }
 
-/// active/.commands: one line `PID STARTTIME` per command started, so that commands a killed daemon left
+/// active/.commands: one line `PID FROM TO` per command started, so that commands a killed daemon left
 /// running (the watchdog, CommandWatchdog.swift, normally kills them at once; not if it was killed too) are
-/// killed at the next start, before their operations run again. A pid is trusted only if /proc still shows the same start time
-/// (pids are reused). Emptied whenever no command runs, so it stays small.
+/// killed at the next start, before their operations run again. FROM and TO bound the leader's start time, in clock
+/// ticks since boot as /proc gives it, read from the clock around the spawn rather than from /proc per command. A pid is
+/// trusted only if /proc shows a start time within them (pids are reused); a line of an older build, `PID STARTTIME`,
+/// is both bounds. Emptied whenever no command runs, so it stays small.
 package final class CommandLedger: @unchecked Sendable {
     package static let shared = CommandLedger()
     private let lock = NSLock()
@@ -368,8 +371,9 @@ package final class CommandLedger: @unchecked Sendable {
         if case .success(let data) = readRegularFile(path, limit: 64 << 20) {
             for line in String(decoding: data, as: UTF8.self).split(separator: "\n") {
                 let parts = line.split(separator: " ")
-                guard parts.count == 2, let pid = pid_t(parts[0]), pid > 1, let recorded = UInt64(parts[1]),
-                      Self.isRecordedGroup(pid, startedAt: recorded) else { continue }
+                guard parts.count == 2 || parts.count == 3, let pid = pid_t(parts[0]), pid > 1,
+                      let from = UInt64(parts[1]), let to = UInt64(parts[parts.count - 1]), from <= to,
+                      Self.isRecordedGroup(pid, started: from...to) else { continue }
                 kill(-pid, SIGKILL)
                 killed.append(pid)
             }
@@ -381,9 +385,9 @@ package final class CommandLedger: @unchecked Sendable {
         return killed
     }
 
-    func started(_ pid: pid_t) {
-        guard let start = Self.startTime(pid) else { return }
-        let line = Data("\(pid) \(start)\n".utf8)
+    /// `from`: `bootTicks()` read before the spawn.
+    func started(_ pid: pid_t, from: UInt64) {
+        let line = Data("\(pid) \(from) \(Self.bootTicks())\n".utf8)
         lock.withLock { if fd >= 0 { try? writeAll(fd, line, path: "active/.commands") } }
     }
 
@@ -394,16 +398,25 @@ package final class CommandLedger: @unchecked Sendable {
     /// Whether the group `pgid` is still the one recorded: its leader (the command's supervisor) alive with the recorded
     /// start time; or, the leader gone (killed too), a member of its group started since. A group's id is not given to
     /// another group while a member of it lives, so such members are what the command left.
-    static func isRecordedGroup(_ pgid: pid_t, startedAt recorded: UInt64) -> Bool {
-        if let start = startTime(pgid) { return start == String(recorded) }
+    static func isRecordedGroup(_ pgid: pid_t, started recorded: ClosedRange<UInt64>) -> Bool {
+        if let start = startTime(pgid) { return UInt64(start).map { recorded.contains($0) } ?? false }
         let entries = (try? FileManager.default.contentsOfDirectory(atPath: "/proc")) ?? []
         return entries.contains { entry in
             guard let pid = pid_t(entry), case .success(let data) = readRegularFile("/proc/\(pid)/stat", limit: 4096) else { return false }
             let text = String(decoding: data, as: UTF8.self)
             guard let close = text.lastIndex(of: ")") else { return false }
             let fields = text[text.index(after: close)...].split(separator: " ")
-            return fields.count > 19 && pid_t(fields[2]) == pgid && (UInt64(fields[19]) ?? 0) >= recorded
+            return fields.count > 19 && pid_t(fields[2]) == pgid && (UInt64(fields[19]) ?? 0) >= recorded.lowerBound
         }
+    }
+
+    /// Now, in the unit of /proc/PID/stat's start time: clock ticks (`_SC_CLK_TCK`) since boot, rounded down as the
+    /// kernel rounds a process's start (CLOCK_BOOTTIME is the clock it reads).
+    static func bootTicks() -> UInt64 {
+        var now = timespec()
+        clock_gettime(CLOCK_BOOTTIME, &now)
+        let nanoseconds = UInt64(now.tv_sec) * 1_000_000_000 + UInt64(now.tv_nsec)
+        return nanoseconds / (1_000_000_000 / UInt64(max(1, sysconf(Int32(_SC_CLK_TCK)))))
     }
 
     /// Field 22 of /proc/PID/stat: the process's start time in clock ticks since boot.
