@@ -430,11 +430,13 @@ extension Daemon {
         if !submissions.isEmpty { _ = store.submit(submissions) }
     }
 
-    /// What is wrong with a manifest under `config` (empty: nothing), and its plan when nothing is.
-    static func problems(_ tree: ManifestTree, configuration config: Configuration) -> (problems: [String], plan: JobPlan?) {
+    /// What is wrong with a manifest under `config` (empty: nothing), and its plan when nothing is; `accepted`, read
+    /// again as a job accepted before (see `Manifest.parse`).
+    static func problems(_ tree: ManifestTree, configuration config: Configuration,
+                         accepted: Bool = false) -> (problems: [String], plan: JobPlan?) {
         var problems: [String] = []
         var parsed: JobPlan?
-        switch Manifest.parse(tree, configuration: config) {
+        switch Manifest.parse(tree, configuration: config, accepted: accepted) {
         case .failure(let p): problems = p.problems
         case .success(let plan): parsed = plan
         }
