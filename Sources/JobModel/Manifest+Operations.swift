@@ -15,8 +15,8 @@ extension Manifest {
         case unnamed
     }
 
-    /// `operations[index]`, checked: every key, whatever the problems of the others.
-    static func parseOperation(_ element: PlistValue, index: Int, configuration: Configuration,
+    /// `operations[index]`, checked: every key, whatever the problems of the others (`accepted`: see `parse`).
+    static func parseOperation(_ element: PlistValue, index: Int, configuration: Configuration, accepted: Bool,
                                problems: inout [String]) -> ParsedOperation {
         guard case .dictionary(let dict) = element else {
             problems.append("operations[\(index)]: must be a dictionary")
@@ -26,7 +26,7 @@ extension Manifest {
         let (id, kind, label) = parseIdentity(dict, index: index, problems: &problems)
         var queue = kind.map { configuration.defaultQueues[$0.family] ?? "default" } ?? "default"
         if let value = dict["queue"] {
-            if let s = value.string, configuration.queues[s] != nil { queue = s }
+            if let s = value.string, accepted || configuration.queues[s] != nil { queue = s }
             else {
                 problems.append("\(label): unknown queue \(quoted(value)) "
                     + "(configured: \(configuration.queueNames.joined(separator: ", ")))")
@@ -34,7 +34,9 @@ extension Manifest {
         }
         let edges = parseEdges(dict, label: label, problems: &problems)
         let run = parseRunSettings(dict, label: label, problems: &problems)
-        let parameters = kind.flatMap { parseParameters($0, dict, label: label, configuration: configuration, problems: &problems) }
+        let parameters = kind.flatMap {
+            parseParameters($0, dict, label: label, configuration: configuration, accepted: accepted, problems: &problems)
+        }
         guard let id else { return .unnamed }
         guard problems.count == before, let kind, let parameters else {
             return .shaped(shape(id: id, kind: kind, dict, edges: edges))
@@ -139,7 +141,7 @@ extension Manifest {
 
     /// The kind's own keys of an operation's dictionary, checked: nil when one has a problem.
     private static func parseParameters(_ kind: Kind, _ d: PlistDictionary, label: String, configuration: Configuration,
-                                        problems: inout [String]) -> Parameters? {
+                                        accepted: Bool, problems: inout [String]) -> Parameters? {
         var r = ParameterReader(d: d, label: label)
         let result: Parameters?
         switch kind {
@@ -154,7 +156,7 @@ extension Manifest {
         case .sleep: result = r.real("seconds", default: nil, range: 0...31_536_000).map { .sleep(seconds: $0) }
         case .spin: result = r.real("seconds", default: nil, range: 0...86_400).map { .spin(seconds: $0) }
         case .fail: result = .fail(message: r.string("message") ?? "failed as asked")
-        case .command: result = commandParameters(&r, commands: configuration.commands)
+        case .command: result = commandParameters(&r, commands: configuration.commands, accepted: accepted)
         }
         problems += r.problems
         return r.problems.isEmpty ? result : nil
@@ -268,13 +270,15 @@ extension Manifest {
         return .write(path: path ?? "", format: format, quality: quality)
     }
 
-    /// `command`: a configured command's name, and its arguments checked against its parameters.
-    private static func commandParameters(_ r: inout ParameterReader, commands: [String: CommandSpec]) -> Parameters? {
+    /// `command`: a configured command's name, and its arguments checked against its parameters. `accepted`: a command
+    /// removed from the configuration since is kept by name, without arguments (it fails when it would run).
+    private static func commandParameters(_ r: inout ParameterReader, commands: [String: CommandSpec], accepted: Bool) -> Parameters? {
         guard let name = r.string("command") else {
             if r.d["command"] == nil { r.problems.append("\(r.label): command is required") }
             return nil
         }
         guard let spec = commands[name] else {
+            if accepted { return .command(name: name, arguments: [:]) }
             let known = commands.keys.sorted()
             r.problems.append("\(r.label): unknown command '\(clipped(name))' "
                 + "(\(known.isEmpty ? "the configuration declares none" : "configured: " + known.joined(separator: ", ")))")

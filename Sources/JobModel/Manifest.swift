@@ -170,8 +170,12 @@ public struct Manifest {
     static let jobKeys: Set<String> = ["job", "operations", "qualityOfService", "queuePriority", "timeoutSeconds", "metadata",
                                        "notBefore", "delaySeconds", "ifJobExists", "traceparent"]
 
-    /// Validates a manifest already read; returns the plan or every problem found.
-    public static func parse(_ tree: ManifestTree, configuration: Configuration) -> Result<JobPlan, ManifestProblems> {
+    /// Validates a manifest already read; returns the plan or every problem found. `accepted`: it was accepted before
+    /// (a delayed job whose time came, a job resumed at a restart), and runs on with what it was accepted with: a
+    /// queue or command the configuration has lost since is no problem (the queue's name is kept; the shell runs it on
+    /// that queue while the engine still has it, else on the default one; the command fails when it would run).
+    public static func parse(_ tree: ManifestTree, configuration: Configuration,
+                             accepted: Bool = false) -> Result<JobPlan, ManifestProblems> {
         var problems: [String] = []
         let object: PlistValue
         switch tree.value {
@@ -197,7 +201,7 @@ public struct Manifest {
         parseJobSettings(top, into: &plan, problems: &problems)
         parseFlowControl(top, into: &plan, problems: &problems)
         if top["photosURL"] != nil { return validateGraph(plan, problems: problems, configuration: configuration) }
-        switch parseOperations(top, into: &plan, configuration: configuration, problems: &problems) {
+        switch parseOperations(top, into: &plan, configuration: configuration, accepted: accepted, problems: &problems) {
         case .unchecked: return .failure(ManifestProblems(problems))
         case .plans: return validateGraph(plan, problems: problems, configuration: configuration)
         case .shapes(let shapes): return validateGraph(plan, shapes: shapes, problems: problems, configuration: configuration)
@@ -291,7 +295,7 @@ public struct Manifest {
     /// `operations`: each one checked and added to the plan while none has a problem; from the first one with a
     /// problem on, each one's shape is kept instead, for the graph checks.
     private static func parseOperations(_ top: PlistDictionary, into plan: inout JobPlan, configuration: Configuration,
-                                        problems: inout [String]) -> GraphInput {
+                                        accepted: Bool, problems: inout [String]) -> GraphInput {
         guard let operationsValue = top["operations"] else {
             problems.append("operations: missing (an array of operations is required)")
             return .unchecked
@@ -308,7 +312,7 @@ public struct Manifest {
         // Shapes only once needed: a valid manifest of a million operations is not held twice.
         var shapes: [OperationShape]?
         for (index, element) in operations.enumerated() {
-            switch parseOperation(element, index: index, configuration: configuration, problems: &problems) {
+            switch parseOperation(element, index: index, configuration: configuration, accepted: accepted, problems: &problems) {
             case .valid(let operation):
                 if shapes == nil { plan.operations.append(operation) }
                 else { shapes?.append(OperationShape(operation)) }

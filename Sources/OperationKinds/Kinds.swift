@@ -114,8 +114,8 @@ package enum Kinds {
             return imageBody(parameters, environment: environment, fused: fused, operation: operation)
         case .command(let name, let arguments):
             guard let spec = environment.commands[name] else {
-                // Checked at validation; a reload may have removed it since.
-                return .sync { _ in throw FinalFailure("command '\(name)' is no longer in the configuration") }
+                // Checked at validation; a reload may have removed it since (a job accepted before runs on without it).
+                return .sync { _ in throw FinalFailure("command '\(name)' was removed from the configuration after the job was accepted") }
             }
             return CommandOperation.body(spec, arguments: arguments, environment: environment)
         case .write(let path, let format, let quality):

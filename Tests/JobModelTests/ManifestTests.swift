@@ -409,3 +409,30 @@ extension Configuration {
         #expect(!isValidIdentifier(""))
     }
 }
+
+extension ManifestTests {
+    /// A manifest read again as accepted (a delayed job whose time came, a job resumed at a restart) keeps a queue and
+    /// a command the configuration has lost since, by name; its other problems are still problems.
+    @Test func anAcceptedManifestKeepsAQueueAndACommandRemovedSince() throws {
+        let manifest = plist(["job": "kept", "operations": [
+            ["id": "q", "kind": "sleep", "seconds": 0, "queue": "gone"],
+            ["id": "c", "kind": "command", "command": "vanished", "arguments": ["x": "1"]],
+            ["id": "w", "kind": "write", "path": "out.bin", "input": "c"],
+        ]])
+        guard case .failure(let refused) = Manifest.parse(manifest, configuration: .builtIn) else {
+            Issue.record("a new manifest naming them is refused")
+            return
+        }
+        #expect(refused.problems.contains { $0.hasPrefix("operation 'q': unknown queue 'gone'") })
+        #expect(refused.problems.contains { $0.hasPrefix("operation 'c': unknown command 'vanished'") })
+        let plan = try Manifest.parse(ManifestTree(manifest), configuration: .builtIn, accepted: true).get()
+        #expect(plan.operations.map(\.queue) == ["gone", "default", "io"])
+        #expect(plan.operations[1].parameters == .command(name: "vanished", arguments: [:]))
+        let broken = plist(["job": "kept", "operations": [["id": "q", "kind": "sleep", "queue": "gone"]]])
+        guard case .failure(let still) = Manifest.parse(ManifestTree(broken), configuration: .builtIn, accepted: true) else {
+            Issue.record("a missing key is still a problem")
+            return
+        }
+        #expect(still.problems == ["operation 'q': seconds is required"])
+    }
+}

@@ -527,7 +527,8 @@ extension Daemon {
     private func pending(_ id: String, cancelled: Set<String>) -> [ShowAnswer.Operation] {
         let config = shared.withLock { $0.configuration }
         guard case .success(let claimed) = store.heldJob(id),
-              case .success(let plan) = Manifest.parse(claimed.tree ?? ManifestTree(claimed.manifest), configuration: config)
+              case .success(let plan) = Manifest.parse(claimed.tree ?? ManifestTree(claimed.manifest), configuration: config,
+                                                       accepted: true)
         else { return [] }
         return Self.pending(plan, cancelled: cancelled)
     }

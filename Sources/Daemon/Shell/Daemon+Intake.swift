@@ -157,7 +157,12 @@ extension Daemon {
         switch shared.withLock({ $0.lifecycle.admission }) {
         case .room(let jobs, let operations): (room, budget) = (jobs, operations)
         case .full: (room, budget) = (0, 0)
-        case .stopping, .paused: return
+        case .stopping: return
+        case .paused:
+            // Nothing is claimed until the spool works again; what waits in the inbox is still counted (status's
+            // `waiting`, `opqueued_inbox_files`), not left at what the last read before the fault saw.
+            _ = refillIfDue(now: Date().timeIntervalSince1970, takes: false)
+            return
         }
         let now = Date().timeIntervalSince1970
         guard refillIfDue(now: now, takes: runsHere ? room > 0 && budget > 0 : store.acceptsSubmissions) else { return }
@@ -430,11 +435,13 @@ extension Daemon {
         if !submissions.isEmpty { _ = store.submit(submissions) }
     }
 
-    /// What is wrong with a manifest under `config` (empty: nothing), and its plan when nothing is.
-    static func problems(_ tree: ManifestTree, configuration config: Configuration) -> (problems: [String], plan: JobPlan?) {
+    /// What is wrong with a manifest under `config` (empty: nothing), and its plan when nothing is; `accepted`, read
+    /// again as a job accepted before (see `Manifest.parse`).
+    static func problems(_ tree: ManifestTree, configuration config: Configuration,
+                         accepted: Bool = false) -> (problems: [String], plan: JobPlan?) {
         var problems: [String] = []
         var parsed: JobPlan?
-        switch Manifest.parse(tree, configuration: config) {
+        switch Manifest.parse(tree, configuration: config, accepted: accepted) {
         case .failure(let p): problems = p.problems
         case .success(let plan): parsed = plan
         }

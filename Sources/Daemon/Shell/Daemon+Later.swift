@@ -217,7 +217,8 @@ extension Daemon {
     func heldDelayedPlan(_ id: String, comeToo: Bool = false) -> (until: Double, plan: JobPlan)? {
         let config = shared.withLock { s in s.configuration }
         guard case .success(let claimed) = store.heldJob(id),
-              case .success(let plan) = Manifest.parse(claimed.tree ?? ManifestTree(claimed.manifest), configuration: config),
+              case .success(let plan) = Manifest.parse(claimed.tree ?? ManifestTree(claimed.manifest), configuration: config,
+                                                       accepted: true),
               let until = plan.startsAt(receivedAt: claimed.receivedAt), comeToo || until > Date().timeIntervalSince1970
         else { return nil }
         return (until, plan)
@@ -236,7 +237,8 @@ extension Daemon {
             run.fromStore = from
             shared.withLock { s in s.runs[id] = run }
             let config = shared.withLock { s in s.configuration }
-            let (problems, parsed) = Self.problems(tree, configuration: config)
+            // Accepted before: a queue or command a reload removed since does not reject it (`Manifest.parse`).
+            let (problems, parsed) = Self.problems(tree, configuration: config, accepted: true)
             guard problems.isEmpty, let plan = parsed else {
                 reject(run, problems: problems, error: problems.joined(separator: "\n"))
                 return

@@ -211,7 +211,8 @@ public final class Daemon: Sendable {
             return s.lifecycle.received(job: claimed.id, arrival, cancels: claimed.cancels)
         }
         if case .entered(let announce?) = received { log(announce) }
-        let (problems, parsed) = Self.problems(tree, configuration: config)
+        // One resumed at a restart was accepted here: a queue or command removed since does not reject it.
+        let (problems, parsed) = Self.problems(tree, configuration: config, accepted: arrival == .resumed)
         guard problems.isEmpty, let plan = parsed else {
             reject(run, problems: problems, error: problems.joined(separator: "\n"))
             return nil

@@ -228,3 +228,60 @@ extension FlowControlTests {
         #expect(try spool.ctl(["submit", "--if-exists", "overwrite", file]).status == 64)
     }
 }
+
+/// A delayed job runs on with what it was accepted with (opqueued(8), SIGHUP): a queue or command removed from the
+/// configuration meanwhile, by a reload or across a restart, does not reject it when its time comes.
+extension FlowControlTests {
+    /// Its operations: a sleep on `batch`, a sleep, and the command `hi`.
+    func removedAll(_ job: String) -> [String: Any] {
+        delayed(job, "delaySeconds", 3.0, ops: [["id": "q", "kind": "sleep", "seconds": 0.05, "queue": "batch"], sleepOp("s", 0.05),
+                                                ["id": "c", "kind": "command", "command": "hi", "arguments": [String: String]()]])
+    }
+
+    func configureBatchAndHi(_ spool: TestSpool) throws -> [String] {
+        try spool.configure(["queues": ["batch": ["maxConcurrentOperationCount": 2]], "commands": ["hi": ["argv": ["/bin/echo", "hi"]]]])
+    }
+
+    /// The job ran: its queue's operation succeeded (on the queue kept until its operations end, or on `default`
+    /// after a restart), and only the command's failed, naming it.
+    func expectRanWithoutHi(_ spool: TestSpool, _ job: String) throws {
+        let result = try #require(spool.result(job, timeout: 15))
+        #expect(result["status"] as? String == "failed", "\(result)")
+        let ops = try #require(result["operations"] as? [[String: Any]])
+        #expect(ops.map { $0["state"] as? String } == ["succeeded", "succeeded", "failed"], "\(ops)")
+        let error = ops.last?["error"] as? String ?? ""
+        #expect(error.contains("command 'hi' was removed from the configuration"), "\(error)")
+        #expect(!log(spool).contains("OPQ_JOB=\(job) OPQ_STATE=rejected"), "an accepted job is never rejected")
+    }
+
+    func waitDelayed(_ spool: TestSpool, _ job: String) {
+        let deadline = Date().addingTimeInterval(5)
+        while Date() < deadline, !log(spool).contains("OPQ_JOB=\(job) OPQ_NOT_BEFORE") { usleep(20_000) }
+    }
+
+    @Test func aDelayedJobRunsOnAfterAReloadRemovedItsQueueAndCommand() throws {
+        let spool = TestSpool()
+        try spool.start(configureBatchAndHi(spool))
+        try spool.drop("gone.plist", removedAll("gone"))
+        waitDelayed(spool, "gone")
+        try spool.configure([:])
+        spool.signal(SIGHUP)
+        let deadline = Date().addingTimeInterval(5)
+        while Date() < deadline, log(spool).components(separatedBy: "OPQ_STATE=ready").count < 3 { usleep(20_000) }
+        // New manifests are read against the reloaded configuration.
+        try spool.drop("new.plist", ["job": "new", "operations": [["id": "q", "kind": "sleep", "seconds": 0.0, "queue": "batch"]]])
+        #expect(spool.result("new")?["status"] as? String == "rejected")
+        try expectRanWithoutHi(spool, "gone")
+    }
+
+    @Test func aDelayedJobRunsOnAfterARestartWithoutItsQueueAndCommand() throws {
+        let spool = TestSpool()
+        try spool.start(configureBatchAndHi(spool))
+        try spool.drop("gone.plist", removedAll("gone"))
+        waitDelayed(spool, "gone")
+        spool.signal(SIGTERM)
+        #expect(spool.waitForExit(timeout: 5) == 0)
+        try spool.start(spool.configure([:]))
+        try expectRanWithoutHi(spool, "gone")
+    }
+}

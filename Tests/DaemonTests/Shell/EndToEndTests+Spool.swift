@@ -428,4 +428,48 @@ extension EndToEndTests {
         spool.signal(SIGCONT)
         #expect((try? ControlClient.request(socket, ["command": "status"], timeout: 5)) != nil)
     }
+
+    /// While a spool fault pauses claiming (here a real ENOSPC: the spool's file system out of inodes), manifests that
+    /// arrive are still counted: status's `waiting` and `opqueued_inbox_files` say how many wait, not what the last
+    /// read before the fault saw; once the spool works again they are all claimed.
+    @Test func manifestsArrivingWhileClaimingIsPausedByAFaultAreCounted() throws {
+        let spool = TestSpool()
+        #expect(try runProgram("/bin/mount", ["-t", "tmpfs", "-o", "size=16m,nr_inodes=512", "tmpfs", spool.root]).status == 0)
+        defer { _ = try? runProgram("/bin/umount", ["-l", spool.root]) }
+        try FileManager.default.createDirectory(atPath: spool.root + "/inbox", withIntermediateDirectories: true)
+        // Written (hidden, so not yet manifests) while there are inodes; renaming them in takes none.
+        let names = (0..<4).map { "full\($0)" }
+        for name in names {
+            try plist(["job": name, "operations": [sleepOp("a", 0)]]).write(to: URL(fileURLWithPath: spool.root + "/inbox/." + name))
+        }
+        try spool.start()
+        let fillers = spool.root + "/fillers"
+        try FileManager.default.createDirectory(atPath: fillers, withIntermediateDirectories: true)
+        var count = 0
+        while true {
+            let fd = open(fillers + "/\(count)", O_CREAT | O_WRONLY | O_CLOEXEC, 0o600)
+            if fd < 0 { break }
+            close(fd)
+            count += 1
+        }
+        #expect(errno == ENOSPC)
+        func moveIn(_ name: String) { #expect(rename(spool.root + "/inbox/." + name, spool.root + "/inbox/" + name + ".plist") == 0) }
+        func status() throws -> [String: Any] { try ControlClient.request(spool.root + "/opqueued.sock", ["command": "status"], timeout: 5) }
+        moveIn(names[0])
+        #expect(try eventually(10) { try status()["fault"] != nil }, "claiming the first one fails: the fault begins")
+        for name in names.dropFirst() { moveIn(name) }
+        // Counted by the reads made while paused (the watcher's, every 2 s at most).
+        var waiting: Int?
+        #expect(try eventually(10) {
+            waiting = try status()["waiting"] as? Int
+            return waiting == 4
+        }, "waiting: \(waiting ?? -1)")
+        let scrape = try Scrape.fromCtl(spool)
+        #expect(scrape.value("opqueued_inbox_files") == 4 && scrape.value("opqueued_claiming_paused") == 1)
+        #expect(spool.list("outbox").isEmpty && spool.list("inbox").count == 4)
+
+        try FileManager.default.removeItem(atPath: fillers)
+        for name in names { #expect(spool.result(name)?["status"] as? String == "succeeded", "\(name)") }
+        #expect(try eventually(10) { try status()["waiting"] as? Int == 0 && status()["fault"] == nil })
+    }
 }
