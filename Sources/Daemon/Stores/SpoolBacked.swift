@@ -32,7 +32,7 @@ extension SpoolBacked {
         try spool.recordSuccess(job: job, operation: operation, record: record)
     }
 
-    public func recordCancel(job: String, operation: String, at: Double) throws {
+    public func recordCancel(job: String, operation: String?, at: Double) throws {
         try spool.recordCancel(job: job, record: Spool.CancelRecord(operation: operation, at: at))
     }
 
