@@ -190,27 +190,42 @@ extension Daemon {
     }
 
     /// Cancels a job in the lifecycle's table, or one claimed and not yet received; nil when it is not there. A cancel
-    /// of one operation is recorded in the job's progress: if the job resumes after a restart, it is made again
-    /// before any operation starts (§2). A whole job's is not recorded: it ends the job at once (an executing
-    /// operation stops at its next check), and the job's end is.
+    /// is recorded in the job's progress: if the job resumes after a restart, it is made again before any operation
+    /// starts (§2), and a job cancelled whole ends cancelled without running anything. One operation's cancel is
+    /// recorded once the engine has said it was made (it may answer that the operation had ended).
     func cancelHere(job id: String, operation: String?) -> CancelOutcome? {
         let outcome = applyCancelHere(job: id, operation: operation)
         if outcome == .cancelled, let operation { recordCancel(job: id, operation: operation) }
         return outcome
     }
 
-    /// Records a cancel of one operation (durable at the commit it asks for). Should it fail, the cancel holds while
-    /// this run lasts, and the spool's fault is handled as a failed success record's is.
-    private func recordCancel(job: String, operation: String) {
+    /// Records a cancel (durable at the commit it asks for). Should it fail, the cancel holds while this run lasts,
+    /// and the spool's fault is handled as a failed success record's is.
+    private func recordCancel(job: String, operation: String?) {
         do {
             try store.recordCancel(job: job, operation: operation, at: Date().timeIntervalSince1970)
             progressWasRecorded(1)
         } catch {
-            work.async { [self] in spoolFailed("recording the cancel of \(job)/\(operation)", error) }
+            work.async { [self] in spoolFailed("recording the cancel of \(job)/\(operation ?? "*")", error) }
+        }
+    }
+
+    /// A whole job's cancel of a job held here (its folder in active/, not rejected) is recorded and committed before
+    /// anything acts on it: the job may end at once, and nothing may say it was cancelled (its operations' journal
+    /// entries, its outbox entry, the client's answer) before that is durable. One group commit, shared with whatever
+    /// else is being committed; a line for a job that ends otherwise meanwhile is dropped with its other lines.
+    private func recordJobCancel(_ id: String) {
+        guard shared.withLock({ $0.lifecycle.phase(of: id) != .rejected }), hasActiveFolder(id) else { return }
+        recordCancel(job: id, operation: nil)
+        do {
+            try commit()
+        } catch {
+            work.async { [self] in spoolFailed("committing the cancel of \(id)", error) }
         }
     }
 
     private func applyCancelHere(job id: String, operation: String?) -> CancelOutcome? {
+        if operation == nil { recordJobCancel(id) }
         if let kept = cancelBeforeReceipt(job: id, operation: operation) { return kept }
         let result = shared.withLock { s in
             // The operation index is complete once the plan is read (phase accepted or later); before, unknown.

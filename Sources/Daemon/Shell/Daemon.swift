@@ -223,9 +223,11 @@ public final class Daemon: Sendable {
     /// On `work`: builds a read job's graph and submits it to the engine.
     func start(_ run: RunningJob, _ plan: JobPlan, configuration config: Configuration, now: Bool = false) {
         let claimed = run.claimed
-        // Only a manifest that asks to wait waits (a reception time ahead of this clock is no reason to).
+        // Only a manifest that asks to wait waits (a reception time ahead of this clock is no reason to), and not one
+        // cancelled as a whole (before a restart, or while its manifest was read): a cancel ends it at once (§3.7).
         let notBefore = plan.startsAt(receivedAt: claimed.receivedAt)
-        if !now, let notBefore, notBefore > Date().timeIntervalSince1970 {
+        if !now, let notBefore, notBefore > Date().timeIntervalSince1970,
+           shared.withLock({ $0.lifecycle.jobs[claimed.id]?.cancelsBeforeGroup.contains { $0 == nil } }) != true {
             delay(run, until: notBefore, operations: plan.operations.count)
             return
         }

@@ -196,9 +196,9 @@ public protocol JobStore: AnyObject, Sendable {
     func keepHere(_ job: ClaimedJob, inUse: (String) -> Bool) throws -> Spool.ClaimOutcome
     /// Records that operations succeeded, in order (durable at the next `commit`).
     func recordSuccesses(_ successes: [OperationSuccess]) throws
-    /// Records that one operation of a job this node runs was cancelled by request, to be cancelled again if the job
-    /// resumes after a restart (durable at the next `commit`).
-    func recordCancel(job: String, operation: String, at: Double) throws
+    /// Records that a job this node runs (`operation` nil), or one of its operations, was cancelled by request, to be
+    /// cancelled again if the job resumes after a restart (durable at the next `commit`).
+    func recordCancel(job: String, operation: String?, at: Double) throws
     /// Rewrites the progress record with only `active`'s lines, once it has grown large.
     func compactProgressIfLarge(active: Set<String>) throws
     /// Makes everything written so far durable (the group commit).

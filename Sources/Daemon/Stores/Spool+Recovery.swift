@@ -1,6 +1,7 @@
 // The spool's recovery at start: what a previous run left in active/ read back as jobs to resume, and the progress
-// log rewritten to hold only theirs. The progress log also records cancels of single operations (SPEC §3.4), so that
-// an operation cancelled before a restart is cancelled again, before anything starts, when its job resumes.
+// log rewritten to hold only theirs. The progress log also records cancels by request (SPEC §3.4), of one operation
+// or of the whole job, so that a cancel asked before a restart is made again, before anything starts, when its job
+// resumes: a job cancelled whole ends cancelled without running anything.
 
 import CShims
 import Foundation
@@ -37,7 +38,7 @@ extension Spool {
     public struct Held {
         /// Each job's id and the operations that had succeeded.
         public var jobs: [(id: String, done: [String: DoneRecord])]
-        /// The operations cancelled by request, by job, in order.
+        /// The cancels by request (of one operation, or of the whole job), by job, in order.
         public var cancelled: [String: [CancelRecord]] = [:]
 
         public init(jobs: [(id: String, done: [String: DoneRecord])], cancelled: [String: [CancelRecord]] = [:]) {
@@ -47,17 +48,26 @@ extension Spool {
 
         /// The cancels a resumed job makes again before any of its operations starts (`ClaimedJob.cancels`): those
         /// asked since its claim (a line of an earlier job of the same id is not its own) of operations that had
-        /// not succeeded (an executing one told too late ended as it would have without the cancel).
+        /// not succeeded (an executing one told too late ended as it would have without the cancel). A cancel of the
+        /// whole job stands for all of them: `[nil]`.
         public func cancels(of job: ClaimedJob) -> [String?] {
-            (cancelled[job.id] ?? []).filter { $0.at >= job.receivedAt && job.done[$0.operation] == nil }.map(\.operation)
+            let own = (cancelled[job.id] ?? []).filter { $0.at >= job.receivedAt }
+            if own.contains(where: { $0.operation == nil }) { return [nil] }
+            return own.compactMap(\.operation).filter { job.done[$0] == nil }
         }
     }
 
-    /// A cancel of one operation as the progress log records it.
+    /// A cancel by request as the progress log records it.
     public struct CancelRecord: Sendable, Equatable {
-        public var operation: String
+        /// The operation cancelled; nil: the whole job.
+        public var operation: String?
         /// When it was asked (seconds since the epoch).
         public var at: Double
+
+        public init(operation: String?, at: Double) {
+            self.operation = operation
+            self.at = at
+        }
     }
 
     /// `recover` less the reading of the manifests: cleans what was half done, starts a fresh progress log holding
@@ -144,8 +154,9 @@ extension Spool {
         while let newline = data[lineStart...].firstIndex(of: 0x0A) {
             let parts = data[lineStart..<newline].split(separator: 0x09).map { String(decoding: $0, as: UTF8.self) }
             lineStart = newline + 1
-            if parts.count == 4, parts[2] == Self.cancelledMark, let at = Double(parts[3]) {
-                cancels[parts[0], default: []].append(CancelRecord(operation: parts[1], at: at))
+            if parts.count == 4, parts[2] == Self.cancelledMark || parts[2] == Self.jobCancelledMark, let at = Double(parts[3]) {
+                let operation = parts[2] == Self.cancelledMark ? parts[1] : nil
+                cancels[parts[0], default: []].append(CancelRecord(operation: operation, at: at))
                 continue
             }
             guard parts.count == 5, let s = Double(parts[2]), let f = Double(parts[3]), let a = Int(parts[4]) else { continue }
@@ -161,13 +172,18 @@ extension Spool {
     /// A cancel's line: four fields, the third this mark where a success has its start time (a build that knows only
     /// successes skips it, as any line that is not one).
     static let cancelledMark = "cancelled"
+    /// A whole job's cancel: four fields, the second `*` (outside an operation id's alphabet, so never read as one)
+    /// and the third this mark, neither a time nor `cancelledMark`: a build that knows only successes, or also cancels
+    /// of operations, skips the line (it would otherwise read a cancel of an operation named `*`).
+    static let jobCancelledMark = "cancelled-job"
 
     static func cancelLine(job: String, record: CancelRecord) -> String {
-        "\(job)\t\(record.operation)\t\(cancelledMark)\t\(record.at)\n"
+        guard let operation = record.operation else { return "\(job)\t*\t\(jobCancelledMark)\t\(record.at)\n" }
+        return "\(job)\t\(operation)\t\(cancelledMark)\t\(record.at)\n"
     }
 
-    /// Records that one operation of an active job was cancelled by request (made again when the job resumes after a
-    /// restart; durable at the next commit).
+    /// Records that an active job, or one of its operations, was cancelled by request (made again when the job resumes
+    /// after a restart; durable at the next commit).
     public func recordCancel(job: String, record: CancelRecord) throws {
         try appendProgress(Self.cancelLine(job: job, record: record))
     }

@@ -5,14 +5,16 @@
 //             attribute, or job.plist where the file system has none) → rename inbox/<name> →
 //             active/<job>/manifest.plist
 //   progress  active/.progress.log: one line per operation that succeeded (job, operation, times, attempts)
-//             or was cancelled by request (job, operation, `cancelled`, time), shared by all jobs; rewritten with
-//             only the active jobs' lines at start and when it grows large
+//             or was cancelled by request (job, operation, `cancelled`, time), and per job cancelled whole by
+//             request (job, `*`, `cancelled-job`, time), shared by all jobs; rewritten with only the active jobs'
+//             lines at start and when it grows large
 //   publish   active/<job>/ is assembled into the outbox entry: result.plist is written beside the manifest
 //             and the outputs → commit → rename active/<job> → outbox/<job> → commit
 //   recover   active/<job>/ without a manifest: never claimed, removed (the inbox file is still there) when it
 //             holds nothing but its record, else left with an error (someone's files), as is anything in active/
 //             that is not a folder; otherwise resumed, skipping the operations the progress log lists as
-//             succeeded and cancelling again those it lists as cancelled. tmp/ is emptied.
+//             succeeded and cancelling again those it lists as cancelled (all of them, for a job cancelled
+//             whole: it ends cancelled, delayed or not, without running anything). tmp/ is emptied.
 //   downloads active/.downloads/<job>/<operation>, written by the operations (Downloads.swift); removed
 //             after publication, and at recovery for jobs no longer active (partial files too).
 //   delayed   active/.delayed: a line per delayed job parked out of memory (DelayedRecord.swift); emptied at

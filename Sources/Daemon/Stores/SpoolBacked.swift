@@ -30,7 +30,7 @@ extension SpoolBacked {
 
     public func recordSuccesses(_ successes: [OperationSuccess]) throws { try spool.recordSuccesses(successes) }
 
-    public func recordCancel(job: String, operation: String, at: Double) throws {
+    public func recordCancel(job: String, operation: String?, at: Double) throws {
         try spool.recordCancel(job: job, record: Spool.CancelRecord(operation: operation, at: at))
     }
 

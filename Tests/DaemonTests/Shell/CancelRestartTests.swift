@@ -1,6 +1,8 @@
 // A cancel of one operation (SPEC §3.4) survives a restart (§2: jobs resume as if nothing had happened): after a
 // kill -9 or a SIGTERM and a new start, the operation cancelled still never starts and its dependents are cancelled,
-// for a running job and for a delayed one (§3.7), whose `show` says so before its time.
+// for a running job and for a delayed one (§3.7), whose `show` says so before its time. So does a cancel of a whole
+// job killed before its publication: a running one ends cancelled, its command not run again; a delayed one ends
+// cancelled at once, not at its time.
 
 import Foundation
 import Testing
@@ -77,5 +79,85 @@ import TestTraits
         #expect(ops["a"]?.state == "cancelled" && ops["a"]?.attempts == 0, "\(ops)")
         #expect(ops["b"]?.state == "cancelled" && ops["b"]?.attempts == 0, "\(ops)")
         #expect(ops["c"]?.state == "succeeded", "\(ops)")
+    }
+
+    /// A command that appends a line to the file it is given, then sleeps ignoring SIGTERM (the cancel's signal: it
+    /// dies of the SIGKILL 5 s later).
+    func slowCommand() -> [String: Any] {
+        ["argv": ["/bin/sh", "-c", "echo run >> \"$1\"; trap '' TERM; sleep 4", "sh", "${log}"],
+         "parameters": ["log": "string"], "output": "none"]
+    }
+
+    func commandOp(_ id: String, log: String) -> [String: Any] {
+        ["id": id, "kind": "command", "command": "slow", "arguments": ["log": log]]
+    }
+
+    func runs(_ path: String) -> Int {
+        (try? String(contentsOfFile: path, encoding: .utf8))?.split(separator: "\n").count ?? 0
+    }
+
+    /// Killed (SIGKILL, at a crash point) as the cancelled job's result is staged, before its publication: the engine
+    /// ends a cancelled command's operation at once, and the job is published a moment after the cancel.
+    @Test func aRunningJobCancelledWholeEndsCancelledAfterAKillBeforeItsPublication() throws {
+        let spool = TestSpool()
+        let log = spool.root + ".runs"
+        defer { unlink(log) }
+        let config = try spool.configure(["commands": ["slow": slowCommand()]])
+        spool.environment = ["OPQUEUED_CRASH_POINTS": "publish.staged:1"]
+        try spool.start(config)
+        try spool.drop("wc.plist", ["job": "wc", "operations": [commandOp("c", log: log), sleepOp("after", 0.05, deps: ["c"])]])
+        #expect(eventually(10) { runs(log) == 1 })
+        _ = try spool.ctl(["cancel", "wc"])  // answered, or not: the daemon may die first
+        #expect(spool.waitForExit(timeout: 15) != nil)
+        #expect(spool.list("active") == ["wc"], "the job had not been published")
+        spool.environment = [:]
+        try spool.start(config)
+        let result = try #require(spool.result("wc", timeout: 20))
+        #expect(result["status"] as? String == "cancelled", "\(result)")
+        let ops = operations(result)
+        #expect(ops["c"]?.state == "cancelled", "\(ops)")
+        #expect(ops["after"]?.state == "cancelled" && ops["after"]?.attempts == 0, "\(ops)")
+        #expect(runs(log) == 1, "the command did not run again")
+    }
+
+    /// A SIGTERM just after the cancel, while the command is still dying: the stop publishes the job it ended (or,
+    /// were it not published, the restart ends it cancelled); either way the command never runs again.
+    @Test func aRunningJobCancelledWholeEndsCancelledThroughAStop() throws {
+        let spool = TestSpool()
+        let log = spool.root + ".runs"
+        defer { unlink(log) }
+        let config = try spool.configure(["shutdownGraceSeconds": 0.5, "commands": ["slow": slowCommand()]])
+        try spool.start(config)
+        try spool.drop("wt.plist", ["job": "wt", "operations": [commandOp("c", log: log)]])
+        #expect(eventually(10) { runs(log) == 1 })
+        let cancel = try spool.ctl(["cancel", "wt"])
+        #expect(cancel.status == 0, "\(cancel.stderr)")
+        stop(spool, SIGTERM)
+        try spool.start(config)
+        let result = try #require(spool.result("wt", timeout: 20))
+        #expect(result["status"] as? String == "cancelled", "\(result)")
+        usleep(300_000)
+        #expect(runs(log) == 1, "the command did not run again")
+    }
+
+    @Test func aDelayedJobCancelledWholeEndsCancelledAtOnceAfterARestart() throws {
+        let spool = TestSpool()
+        let log = spool.root + ".runs"
+        defer { unlink(log) }
+        let config = try spool.configure(["commands": ["slow": slowCommand()]])
+        // Killed as the cancelled job's result is staged, before its publication.
+        spool.environment = ["OPQUEUED_CRASH_POINTS": "publish.staged:1"]
+        try spool.start(config)
+        try spool.drop("dw.plist", ["job": "dw", "delaySeconds": 3600.0, "operations": [commandOp("c", log: log)]])
+        #expect(eventually(10) { states(spool, "dw")["c"] == "pending" })
+        _ = try spool.ctl(["cancel", "dw"])  // answered, or not: the daemon may die first
+        #expect(spool.waitForExit(timeout: 15) != nil)
+        #expect(spool.list("active") == ["dw"], "the job had not been published")
+        spool.environment = [:]
+        try spool.start(config)
+        let result = try #require(spool.result("dw", timeout: 20), "it ends now, not in an hour")
+        #expect(result["status"] as? String == "cancelled", "\(result)")
+        #expect(operations(result)["c"]?.state == "cancelled" && operations(result)["c"]?.attempts == 0, "\(result)")
+        #expect(runs(log) == 0, "the command never ran")
     }
 }

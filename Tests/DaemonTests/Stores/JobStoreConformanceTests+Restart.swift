@@ -123,4 +123,31 @@ extension JobStoreConformanceTests {
         let (again, _) = try next.recover()
         #expect(again.first?.cancels == ["x"], "the rewritten log keeps them: \(again.first?.cancels ?? [])")
     }
+
+    /// A cancel of a whole job recorded before a restart comes back with it as a cancel of every operation (`[nil]`),
+    /// through every rewrite of the progress log; not one older than the job's claim. Its line is one a build that
+    /// knows only successes and cancels of operations skips: four fields, neither a time nor `cancelled` third.
+    @Test(arguments: StoreKind.allCases) func aRestartKeepsTheCancelOfAWholeJob(_ kind: StoreKind) throws {
+        let first = try JobStoreNode.make(kind)
+        _ = try first.submitAndCollect([("w", sleepManifest("whole")), ("o", sleepManifest("older"))], expect: 2)
+        _ = try first.recover()
+        let now = Date().timeIntervalSince1970
+        try first.store.recordCancel(job: "whole", operation: "x", at: now)
+        try first.store.recordCancel(job: "whole", operation: nil, at: now)
+        try first.store.recordCancel(job: "older", operation: nil, at: 1)
+        try first.spool.commit()
+        let log = try String(contentsOfFile: first.spool.active + "/.progress.log", encoding: .utf8)
+        let line = try #require(log.split(separator: "\n").first { $0.hasPrefix("whole\t*") })
+        let fields = line.split(separator: "\t", omittingEmptySubsequences: false)
+        #expect(fields.count == 4 && fields[2] != "cancelled" && Double(fields[2]) == nil, "\(line)")
+        let next = try first.restarted()
+        defer { next.close() }
+        let (found, _) = try next.recover()
+        let resumed = next.store.recovered(found)
+        #expect(Set(resumed.map(\.id)) == ["whole", "older"], "\(kind): \(resumed.map(\.id))")
+        #expect(resumed.first { $0.id == "whole" }?.cancels == [nil], "\(kind): \(resumed.map(\.cancels))")
+        #expect(resumed.first { $0.id == "older" }?.cancels == [], "\(kind): \(resumed.map(\.cancels))")
+        let (again, _) = try next.recover()
+        #expect(again.first { $0.id == "whole" }?.cancels == [nil], "the rewritten log keeps it: \(again.map(\.cancels))")
+    }
 }
