@@ -53,17 +53,21 @@ public struct ExitAnswer: Codable, Sendable, Equatable, Error, CustomStringConve
     public var description: String { error ?? "the daemon answered exit \(exit)" }
 }
 
-/// `declared`: the queues and commands a manifest may name here (on a cluster node, those of every node), and
-/// whether this daemon is a cluster node. `commands`: each command's name and its signature (CommandSignature).
+/// `declared`: the queues and commands a manifest may name here (on a cluster node, those of every node), the
+/// folders a `file://` download may read here, and whether this daemon is a cluster node. `commands`: each command's
+/// name and its signature (CommandSignature). `fileRoots`: this daemon's `download.fileRoots` as configured (a
+/// cluster node validates file URLs with its own); absent from an older daemon's answer (nil: not known).
 public struct DeclaredAnswer: Codable, Sendable, Equatable {
     public var exit = 0
     public var queues: [String]
     public var commands: [String: String]
+    public var fileRoots: [String]?
     public var cluster: Bool
 
-    public init(queues: [String], commands: [String: String], cluster: Bool) {
+    public init(queues: [String], commands: [String: String], fileRoots: [String]? = nil, cluster: Bool) {
         self.queues = queues
         self.commands = commands
+        self.fileRoots = fileRoots
         self.cluster = cluster
     }
 }

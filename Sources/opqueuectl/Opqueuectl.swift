@@ -38,7 +38,8 @@ struct Common: ParsableArguments {
 
     /// What a manifest is checked against, by submit and validate alike, as the daemon will check it: besides --config
     /// (or the built-ins), the queues and commands the running daemon takes — its own, and on a cluster node those any
-    /// node declares (SPEC §8: a queue only another node has is no typo). Without a daemon answering, --config alone.
+    /// node declares (SPEC §8: a queue only another node has is no typo) — and its download.fileRoots (an older daemon
+    /// does not say them: then --config's alone). Without a daemon answering, --config alone.
     func submissionConfiguration() throws -> Configuration { try submissionContext().configuration }
 
     /// What a manifest is checked against (see `submissionConfiguration`), and what the daemon is: nil when none
@@ -49,7 +50,9 @@ struct Common: ParsableArguments {
             return (config, nil)
         }
         let signatures = answer.commands
-        return (config.widened(queues: Set(answer.queues), commands: Set(signatures.keys), signatures: signatures), answer.cluster)
+        var widened = config.widened(queues: Set(answer.queues), commands: Set(signatures.keys), signatures: signatures)
+        for root in answer.fileRoots ?? [] where !widened.fileRoots.contains(root) { widened.fileRoots.append(root) }
+        return (widened, answer.cluster)
     }
 
     /// Sends a request to the daemon and returns its answer; exits 3 when there is none, and with the answer's

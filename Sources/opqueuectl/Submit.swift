@@ -16,7 +16,8 @@ struct Validate: ParsableCommand {
         abstract: "Exit 0 if every manifest is valid; else print every problem.",
         discussion: """
             Checked as submit checks them: queues and commands against --config (else the built-ins) and, when the \
-            daemon answers, against what it takes: its own, and on a cluster node those any node of the cluster declares.
+            daemon answers, against what it takes: its own, and on a cluster node those any node of the cluster declares; \
+            file:// URLs against its download.fileRoots too.
             """)
     @OptionGroup var common: Common
     @Argument(help: "Manifest files (- reads one from standard input).", completion: .file(extensions: ["plist"])) var files: [String]
@@ -79,7 +80,8 @@ struct Submit: ParsableCommand {
         abstract: "Validate, then place manifests atomically in the inbox; prints each job id.",
         discussion: """
             Queues and commands are checked against --config (else the built-ins) and, when the daemon answers, \
-            against what it takes: its own, and on a cluster node those any node of the cluster declares.
+            against what it takes: its own, and on a cluster node those any node of the cluster declares; file:// URLs \
+            against its download.fileRoots too.
 
             The id printed is the one the job gets: a manifest's job, else the one its file's name gives. When the \
             id asked for (by job, or by the file's name) is taken here (in active/ or outbox/), or on a cluster node \

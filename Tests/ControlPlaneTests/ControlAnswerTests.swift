@@ -119,6 +119,8 @@ struct ControlAnswerTests {
         #expect(try Self.text(.refused(1, "unknown job 'x'")) == #"{"error":"unknown job 'x'","exit":1}"#)
         #expect(try Self.text(.declared(DeclaredAnswer(queues: ["default", "gpu"], commands: ["echo": "e1"], cluster: false)))
                 == #"{"cluster":false,"commands":{"echo":"e1"},"exit":0,"queues":["default","gpu"]}"#)
+        #expect(try Self.text(.declared(DeclaredAnswer(queues: ["default"], commands: [:], fileRoots: ["/srv/in"], cluster: false)))
+                == #"{"cluster":false,"commands":{},"exit":0,"fileRoots":["\/srv\/in"],"queues":["default"]}"#)
         #expect(try Self.text(.submitted(SubmittedAnswer(job: nil))) == #"{"exit":0}"#)
         #expect(try Self.text(.submitted(SubmittedAnswer(job: "j.1"))) == #"{"exit":0,"job":"j.1"}"#)
         #expect(try Self.text(.metrics(MetricsAnswer(text: "opqueued_up 1\n"))) == #"{"exit":0,"text":"opqueued_up 1\n"}"#)
@@ -158,6 +160,11 @@ struct ControlAnswerTests {
         for show in [Self.showRunning(), Self.showEnded()] { #expect(try back(show) == show) }
         let declared = DeclaredAnswer(queues: ["q"], commands: ["c": "s"], cluster: true)
         #expect(try back(declared) == declared)
+        let rooted = DeclaredAnswer(queues: ["q"], commands: [:], fileRoots: ["/srv/in", "/data"], cluster: false)
+        #expect(try back(rooted) == rooted)
+        // An older daemon's answer has no fileRoots: read all the same, the roots unknown (nil, not empty).
+        let older = try ControlJSON.decode(DeclaredAnswer.self, from: Data(#"{"cluster":false,"commands":{},"exit":0,"queues":["q"]}"#.utf8))
+        #expect(older.fileRoots == nil && older.queues == ["q"])
         for submitted in [SubmittedAnswer(job: nil), SubmittedAnswer(job: "j")] { #expect(try back(submitted) == submitted) }
         #expect(try back(MetricsAnswer(text: "x 1\n")) == MetricsAnswer(text: "x 1\n"))
         for exit in [ExitAnswer(exit: 0), ExitAnswer(exit: 64, error: "show needs a job")] { #expect(try back(exit) == exit) }

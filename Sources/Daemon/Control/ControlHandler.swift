@@ -14,7 +14,8 @@ extension Daemon {
         case .status(let memory): return .status(statusAnswer(memory: memory))
         case .declared:
             let names = submissionNames()
-            return .declared(DeclaredAnswer(queues: names.queues, commands: names.commands, cluster: store.node != nil))
+            return .declared(DeclaredAnswer(queues: names.queues, commands: names.commands, fileRoots: names.fileRoots,
+                                            cluster: store.node != nil))
         case .submitted(let manifest, let inode):
             // Not yet (nil): still in the inbox, being read, or (a cluster) not yet inserted.
             return .submitted(SubmittedAnswer(job: submittedJob(manifest: manifest, inode: inode)))

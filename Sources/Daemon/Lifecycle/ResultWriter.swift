@@ -10,9 +10,11 @@ import PropertyList
 
 enum ResultWriter {
     /// Streams the result of `job` to `sink`; returns when its first operation started (nil if none did).
-    /// `origin` and `node` are set with a cluster only (SPEC §8: `submittedOn`, `node`).
+    /// `origin` and `node` are set with a cluster only (SPEC §8: `submittedOn`, `node`). `dropped`: what was removed
+    /// from the job's folder before publication (EntryCheck), as `dropped = ( { path; reason; } )` when any.
     static func write(job: RunningJob, status: JobStatus, error: String?, records allRecords: [OperationRecord], now: Double,
-                      origin: JobOrigin?, node: String?, to sink: (UnsafeRawBufferPointer) throws -> Void) throws -> Double? {
+                      origin: JobOrigin?, node: String?, dropped: [DroppedPath] = [],
+                      to sink: (UnsafeRawBufferPointer) throws -> Void) throws -> Double? {
         let operations = job.plan?.operations ?? []
         let records = allRecords.prefix(operations.count)
         func times(_ i: Int) -> (started: Double?, finished: Double?, attempts: Int) { Self.times(records[i], of: operations[i], in: job) }
@@ -27,6 +29,17 @@ enum ResultWriter {
             }
         }
         w.beginDictionary()
+        if !dropped.isEmpty {
+            w.key("dropped")
+            w.beginArray()
+            for d in dropped {
+                w.beginDictionary()
+                w.key("path"); w.string(d.path)
+                w.key("reason"); w.string(d.reason)
+                w.endDictionary()
+            }
+            w.endArray()
+        }
         if let firstStart { w.key("durationSeconds"); w.real(micro(now - firstStart)) }
         if let error { w.key("error"); w.string(error) }
         w.key("finishedAt"); w.real(micro(now))

@@ -129,12 +129,13 @@ extension Daemon {
     }
 
     /// What a manifest submitted here may name, as the daemon validates it (`opqueuectl submit` asks): this node's
-    /// queues and commands (each with its signature), and in a cluster those any node declares (SPEC §8).
-    public func submissionNames() -> (queues: [String], commands: [String: String]) {
+    /// queues and commands (each with its signature), and in a cluster those any node declares (SPEC §8); and the
+    /// file roots its `file://` downloads are checked against (this node's own, also in a cluster).
+    public func submissionNames() -> (queues: [String], commands: [String: String], fileRoots: [String]) {
         let config = store.submissionConfiguration(shared.withLock { $0.configuration })
         var commands: [String: String] = [:]
         for (name, spec) in config.commands where !spec.isHookOnly { commands[name] = CommandSignature.encode(spec) }
-        return (config.queueNames, commands)
+        return (config.queueNames, commands, config.fileRoots)
     }
 
     /// `suspend`/`resume` from a client: the store's when it keeps them (a cluster: every node follows), else here.

@@ -68,6 +68,7 @@ extension Daemon {
             // Commands' scratch and kept outputs are the daemon's, not part of the entry.
             if publication.job.mayHave(.command) { CommandOperation.removeScratch(store.folders.job(publication.job.id)) }
             var publication = publication
+            publication.dropped += checkEntry(publication.job)
             do {
                 let keep = keepsResults && publication.job.fromStore
                 let (firstStart, kept) = try stageResult(&publication, now: now, node: node, keepingBytes: keep)
@@ -119,7 +120,8 @@ extension Daemon {
             kept = kept.map { _ in [] }
             try store.stage(job: publication.job.id) { sink in
                 firstStart = try ResultWriter.write(job: publication.job, status: publication.status, error: publication.error,
-                                                    records: publication.records, now: now, origin: origin, node: node) { bytes in
+                                                    records: publication.records, now: now, origin: origin, node: node,
+                                                    dropped: publication.dropped) { bytes in
                     kept?.append(contentsOf: bytes)
                     try sink(bytes)
                 }
@@ -137,11 +139,24 @@ extension Daemon {
             publication = Publication(job: publication.job,
                                       status: publication.status == .succeeded ? .failed : publication.status,
                                       error: [publication.error, why].compactMap { $0 }.joined(separator: "\n"),
-                                      records: publication.records)
+                                      records: publication.records, dropped: publication.dropped)
             logger.error("job \(publication.job.id): \(why)", metadata: ["OPQ_JOB": .string(publication.job.id)])
             try stage(publication)
         }
         return (firstStart, kept)
+    }
+
+    /// On `work`: what the job's folder holds that is not published is removed (EntryCheck), each path logged with
+    /// why; the manifest's bytes are written again if its copy was one of them (SPEC §2: every entry holds it).
+    private func checkEntry(_ job: RunningJob) -> [DroppedPath] {
+        let dropped = EntryCheck.sweep(store.folders.job(job.id))
+        guard !dropped.isEmpty else { return [] }
+        if dropped.contains(where: { $0.path == "manifest.plist" }) {
+            try? store.restoreFolder(job: job.id, manifest: job.claimed.manifest)
+        }
+        let what = dropped.map { "\($0.path) (\($0.reason))" }.joined(separator: "; ")
+        logger.warning("job \(job.id): removed from active/\(job.id) before publication: \(what)", metadata: ["OPQ_JOB": .string(job.id)])
+        return dropped
     }
 
     /// On the committer's thread, a batch's result.plist files durable: the store records the ends, then `place`

@@ -96,6 +96,9 @@ public final class Daemon: Sendable {
         let status: JobStatus
         let error: String?
         let records: [OperationRecord]
+        /// What was removed from the job's folder before publication (EntryCheck): kept for a publication offered
+        /// again after a spool fault, when the folder no longer holds it.
+        var dropped: [DroppedPath] = []
     }
 
     /// A publication batch whose result.plist files are durable, for the store to record.

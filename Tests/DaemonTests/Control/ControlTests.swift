@@ -312,6 +312,42 @@ extension TestSpool {
         #expect(graph.stdout.contains("\"c\" [label=\"c\\ncommand · default\\nsucceeded\""), "\(graph.stdout)")
     }
 
+    /// validate and submit without --config check a file URL against the running daemon's download.fileRoots (they
+    /// were checked against none, so a URL the daemon takes was refused): under a root it passes and the job reads
+    /// it; outside every root it is refused, exit 1, naming the path, and nothing is placed in the inbox.
+    @Test func validateAndSubmitKnowTheDaemonsFileRoots() throws {
+        let spool = TestSpool()
+        let roots = spool.root + "/files"
+        #expect(mkdir(roots, 0o755) == 0)
+        try Data("hello".utf8).write(to: URL(fileURLWithPath: roots + "/a.txt"))
+        try spool.start(try spool.configure(["download": ["fileRoots": [roots]]]))
+        let manifest = spool.root + "/m.plist"
+        func write(_ job: String, _ path: String) throws {
+            try plist(["job": job, "operations": [["id": "d", "kind": "download", "url": "file://" + path],
+                                                  ["id": "w", "kind": "write", "path": "a.txt", "dependencies": ["d"]]]])
+                .write(to: URL(fileURLWithPath: manifest))
+        }
+        try write("inside", roots + "/a.txt")
+        let valid = try spool.ctl(["validate", manifest])
+        #expect(valid.status == 0, "\(valid)")
+        let submitted = try spool.ctl(["submit", manifest])
+        #expect(submitted.status == 0 && submitted.stdout == "inside\n", "\(submitted)")
+        #expect(spool.result("inside")?["status"] as? String == "succeeded")
+        #expect(try String(contentsOfFile: spool.root + "/outbox/inside/a.txt", encoding: .utf8) == "hello")
+        try write("outside", "/etc/hostname")
+        // validate prints the problems on standard output, submit on standard error (its output is job ids).
+        for verb in ["validate", "submit"] {
+            let refused = try spool.ctl([verb, manifest])
+            let said = verb == "validate" ? refused.stdout : refused.stderr
+            #expect(refused.status == 1 && (verb == "validate" || refused.stdout.isEmpty), "\(verb): \(refused)")
+            #expect(said.contains("operation 'd': /etc/hostname is not under a configured file root (download.fileRoots)"),
+                    "\(verb): \(refused)")
+        }
+        #expect(try FileManager.default.contentsOfDirectory(atPath: spool.root + "/inbox").isEmpty, "nothing submitted")
+        spool.signal(SIGTERM)
+        #expect(spool.waitForExit() == 0)
+    }
+
     @Test func consoleLinesCarryTheJournalsMessageIDs() throws {
         try ensureJournald()
         let job = "console-" + UUID().uuidString.prefix(8)
