@@ -163,7 +163,8 @@ struct ControlAnswerTests {
         let rooted = DeclaredAnswer(queues: ["q"], commands: [:], fileRoots: ["/srv/in", "/data"], cluster: false)
         #expect(try back(rooted) == rooted)
         // An older daemon's answer has no fileRoots: read all the same, the roots unknown (nil, not empty).
-        let older = try ControlJSON.decode(DeclaredAnswer.self, from: Data(#"{"cluster":false,"commands":{},"exit":0,"queues":["q"]}"#.utf8))
+        let json = #"{"cluster":false,"commands":{},"exit":0,"queues":["q"]}"#
+        let older = try ControlJSON.decode(DeclaredAnswer.self, from: Data(json.utf8))
         #expect(older.fileRoots == nil && older.queues == ["q"])
         for submitted in [SubmittedAnswer(job: nil), SubmittedAnswer(job: "j")] { #expect(try back(submitted) == submitted) }
         #expect(try back(MetricsAnswer(text: "x 1\n")) == MetricsAnswer(text: "x 1\n"))

@@ -131,8 +131,8 @@ extension Daemon {
                     fields["OPQ_DURATION_USEC"] = .string(String(Int64(((t.time - started) * 1e6).rounded())))
                 }
                 if t.state == .succeeded, let started = record.startedAt {
-                    successes.append(OperationSuccess(job: job.id, operation: operation.id,
-                                                      record: DoneRecord(startedAt: started, finishedAt: t.time, attempts: record.attempts)))
+                    let done = DoneRecord(startedAt: started, finishedAt: t.time, attempts: record.attempts)
+                    successes.append(OperationSuccess(job: job.id, operation: operation.id, record: done))
                 }
             }
             if t.state == .failed { level = .error }

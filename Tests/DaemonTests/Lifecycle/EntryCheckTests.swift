@@ -56,8 +56,8 @@ private func fileType(_ path: String) -> mode_t? {
         let fm = FileManager.default
         try fm.createDirectory(atPath: job + "/a/b", withIntermediateDirectories: true)
         try fm.createDirectory(atPath: elsewhere, withIntermediateDirectories: true)
-        fm.createFile(atPath: elsewhere + "/keep", contents: Data("x".utf8))
-        fm.createFile(atPath: job + "/a/b/out.png", contents: Data("png".utf8))
+        _ = fm.createFile(atPath: elsewhere + "/keep", contents: Data("x".utf8))
+        _ = fm.createFile(atPath: job + "/a/b/out.png", contents: Data("png".utf8))
         #expect(symlink("b/out.png", job + "/a/inside") == 0)
         #expect(symlink("/nowhere/at/all", job + "/dangling") == 0)
         #expect(symlink(elsewhere, job + "/a/b/folder") == 0)

@@ -454,7 +454,9 @@ extension EndToEndTests {
         }
         #expect(errno == ENOSPC)
         func moveIn(_ name: String) { #expect(rename(spool.root + "/inbox/." + name, spool.root + "/inbox/" + name + ".plist") == 0) }
-        func status() throws -> [String: Any] { try ControlClient.request(spool.root + "/opqueued.sock", ["command": "status"], timeout: 5) }
+        func status() throws -> [String: Any] {
+            try ControlClient.request(spool.root + "/opqueued.sock", ["command": "status"], timeout: 5)
+        }
         moveIn(names[0])
         #expect(try eventually(10) { try status()["fault"] != nil }, "claiming the first one fails: the fault begins")
         for name in names.dropFirst() { moveIn(name) }
