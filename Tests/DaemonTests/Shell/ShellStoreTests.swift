@@ -225,7 +225,8 @@ private func eventually(_ seconds: Double = 20, _ condition: () -> Bool) -> Bool
         _ = FileManager.default.createFile(atPath: root + "/inbox/.unreported", contents: data)
         rename(root + "/inbox/.unreported", root + "/inbox/unreported.plist")
         daemon.scan()
-        #expect(eventually { FileManager.default.fileExists(atPath: root + "/outbox/unreported/result.plist") })
+        // A liveness bound, as above: its claim and publication wait for syncfs of a file system other suites also write.
+        #expect(eventually(60) { FileManager.default.fileExists(atPath: root + "/outbox/unreported/result.plist") })
         await daemon.stop(grace: 1)
     }
 
