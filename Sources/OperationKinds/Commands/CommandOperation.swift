@@ -3,11 +3,11 @@
 // queue and finishes the attempt.
 //
 // Files, in the job's folder active/<job>/ (the future outbox entry):
-//   .work/<operation>.<attempt>/   the attempt's scratch and working directory (${workdir}): empty when
-//                          the attempt starts; after it, kept as a spare for a later attempt when the command
-//                          left it empty, else removed (ScratchFolders, below); .work/ goes before publication
+//   .work/<n>/             an attempt's scratch and working directory (${workdir}): empty when the attempt
+//                          starts; after it, kept for a later attempt of the job when the command left it
+//                          empty, else removed (ScratchFolders, below); .work/ goes before publication
 //                          (never published)
-//   .work/<operation>.<attempt>/input, output   ${input} (the input's bytes; an image is encoded to
+//   .work/<n>/input, output   ${input} (the input's bytes; an image is encoded to
 //                          PNG), ${output}
 //   logs/<operation>.stdout, .stderr  the command's streams, each cut at maxOutputBytes (published)
 //   .outputs/<operation>   an `output = file` result kept after success, so a restart need not run the
@@ -77,11 +77,9 @@ package enum CommandOperation {
                               context: OperationContext) throws {
         let folder = absolute(environment.jobFolder)
         let operation = context.name
-        // One folder per attempt: an attempt that timed out may still be in its grace (SIGTERM ignored)
-        // when the next one starts, and its end must not remove the next one's scratch. (An operation id has
-        // no '/', and what follows its last '.' here is the attempt: two attempts never share a folder.)
-        let work = workFolder(folder) + "/" + operation + "." + String(context.attempt)
-        try ScratchFolders.make(work, jobFolder: folder)
+        // A folder of its own per attempt: an attempt that timed out may still be in its grace (SIGTERM ignored)
+        // when the next one starts, and its end must not remove the next one's scratch.
+        let work = try ScratchFolders.make(jobFolder: folder)
         var values = arguments
         values["job"] = (folder as NSString).lastPathComponent
         values["operation"] = operation
@@ -198,58 +196,59 @@ package enum CommandOperation {
     }
 }
 
-// Commands' scratch folders (${workdir}, SPEC §3.6), one per attempt, kept for the next attempt rather than removed.
+// Commands' scratch folders (${workdir}, SPEC §3.6): `.work/<n>` in the job's folder, one per attempt at a time, kept
+// for the next attempt rather than removed.
 //
 // On ext4 a new folder takes a block and removing it frees the block again (a synchronous trim where the file
 // system is mounted with `discard`): for a short command, a fresh folder per attempt was the larger part of its
-// file system cost. So a folder its command left empty is renamed to a spare name in the job's .work/, and the
-// next attempt of the same job renames a spare into place; a folder with anything left in it is removed as before.
-// Spares are never published: they live in .work/, which goes before publication (CommandOperation.removeScratch)
-// and at recovery. A spare the pool names but that is gone (removed with its .work/) is passed over.
+// file system cost. So a folder its command left empty stays where it is, in the job's pool, and the next attempt
+// of the same job is given it as it is: no rename, no new inode. The names say nothing of the operation (a folder
+// serves many); the journal and `show` say which attempt runs. A folder with anything left in it is removed.
+// Pooled folders are never published: they live in .work/, which goes before publication
+// (CommandOperation.removeScratch) and at recovery. One the pool names but that is gone (removed with its .work/)
+// is passed over.
 //
-// What it trusts: nothing in the folders; emptiness is read from the folder itself when the attempt has ended.
+// What it trusts: nothing in the folders; emptiness is read from the folder itself when the attempt has ended, and
+// the mode is set again when a folder is given out (the last command may have changed it).
 enum ScratchFolders {
-    /// Spares kept at most per job folder (about its commands' concurrency); beyond, empty folders are removed.
+    /// Folders kept at most per job folder (about its commands' concurrency); beyond, empty folders are removed.
     static let sparesPerJob = 64
 
     private static let lock = NSLock()
-    /// Job folder → its spare folders' paths.
+    /// Job folder → its empty folders' paths.
     nonisolated(unsafe) private static var spares: [String: [String]] = [:]
     nonisolated(unsafe) private static var made = 0
 
-    /// Makes `path`, in `jobFolder`'s .work/ (made if missing), an empty folder: a spare renamed into place, else a
-    /// new folder. Whatever was at `path` before (a previous run's attempt) is removed first.
-    static func make(_ path: String, jobFolder: String) throws {
-        removeTree(path)
+    /// An empty folder in `jobFolder`'s .work/ (made if missing) for one attempt: a kept one, else a new one.
+    static func make(jobFolder: String) throws -> String {
         while let spare = take(jobFolder) {
-            // The mode as a new folder's, whatever the last command made of it.
-            if rename(spare, path) == 0 { _ = chmod(path, 0o755); return }
+            // The mode as a new folder's, whatever the last command made of it; gone (its .work/ removed): the next.
+            if chmod(spare, 0o755) == 0 { return spare }
         }
+        let path = jobFolder + "/.work/" + String(lock.withLock { made += 1; return made })
         // .work/ is made by the job's first command (ENOENT), not looked for at each.
-        var failure = makeFolder(path)
-        if failure == ENOENT, makeFolder(CommandOperation.workFolder(jobFolder)) == 0 { failure = makeFolder(path) }
+        var failure = makeNew(path)
+        if failure == ENOENT, makeFolder(CommandOperation.workFolder(jobFolder)) == 0 { failure = makeNew(path) }
         if failure != 0 { throw SpoolError(operation: "mkdir", path: path, errno: failure) }
+        return path
     }
 
-    /// The attempt at `path` has ended (its command and whatever it started are gone): its folder becomes a spare when
-    /// it is empty (`empty`: already seen so), else it is removed. Only under the supervisor: without it a process the
-    /// command left behind could still be in the folder when it next serves another attempt.
+    /// The attempt at `path` has ended (its command and whatever it started are gone): its folder is kept when it is
+    /// empty (`empty`: already seen so), else removed. Only under the supervisor: without it a process the command
+    /// left behind could still be in the folder when it next serves another attempt.
     static func release(_ path: String, jobFolder: String, empty: Bool = false) {
         if Supervisor.path != nil, empty || isEmptyFolder(path) {
-            let (name, room): (String?, Bool) = lock.withLock {
-                guard spares[jobFolder, default: []].count < sparesPerJob else { return (nil, false) }
-                made += 1
-                return ("\(jobFolder)/.work/.spare-\(made)", true)
+            let kept = lock.withLock {
+                guard spares[jobFolder, default: []].count < sparesPerJob else { return false }
+                spares[jobFolder, default: []].append(path)
+                return true
             }
-            if room, let name, rename(path, name) == 0 {
-                lock.withLock { spares[jobFolder, default: []].append(name) }
-                return
-            }
+            if kept { return }
         }
         removeTree(path)
     }
 
-    /// The job's .work/ is being removed (publication): its spares go with it.
+    /// The job's .work/ is being removed (publication): its folders go with it.
     static func forget(_ jobFolder: String) {
         _ = lock.withLock { spares.removeValue(forKey: jobFolder) }
     }
@@ -260,6 +259,14 @@ enum ScratchFolders {
             spares[jobFolder] = list.isEmpty ? nil : list
             return spare
         }
+    }
+
+    /// mkdir(2) of a folder that must be new: one a previous run left under the name is removed first.
+    private static func makeNew(_ path: String) -> Int32 {
+        if mkdir(path, 0o755) == 0 { return 0 }
+        guard errno == EEXIST else { return errno }
+        removeTree(path)
+        return mkdir(path, 0o755) == 0 ? 0 : errno
     }
 
     /// mkdir(2) with mode 0755: 0 once the folder exists (made now or before), else the errno.

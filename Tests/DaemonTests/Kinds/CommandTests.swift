@@ -75,6 +75,29 @@ private func launch(_ spool: TestSpool, _ arguments: [String], environment: [Str
 }
 
 @Suite(.serialized, .onItsOwnExecutor) struct CommandTests {
+    /// A scratch folder its command left empty serves the job's next attempt where it is (no rename, no new folder);
+    /// one left with a file in it is removed, and the next attempt is given an empty one.
+    @Test func emptyScratchFoldersServeLaterAttemptsAndLitteredOnesDoNot() throws {
+        let spool = TestSpool()
+        let config = try spool.configure(["commands": [
+            "where": command(["/bin/sh", "-c", "pwd; ls -A"], ["output": "stdout"]),
+            "litter": command(["/bin/sh", "-c", "pwd; ls -A; touch left"], ["output": "stdout"]),
+        ]])
+        try spool.drop("s.plist", ["job": "s", "operations": [
+            commandOp("a", "where"), commandOp("b", "where", [:], ["dependencies": ["a"]]),
+            commandOp("c", "litter", [:], ["dependencies": ["b"]]), commandOp("d", "where", [:], ["dependencies": ["c"]]),
+        ]])
+        let r = try run("opqueued", ["--spool", spool.root, "--once", "--log-target", "console"] + config)
+        #expect(r.status == 0, "\(r.stderr)")
+        let result = try #require(spool.result("s"))
+        #expect(result["status"] as? String == "succeeded", "\(result)")
+        // Each log is the folder's path alone: `ls -A` found it empty.
+        let seen = ["a", "b", "c", "d"].map { (readText(spool.root + "/outbox/s/logs/\($0).stdout") ?? "").split(separator: "\n") }
+        #expect(seen.allSatisfy { $0.count == 1 }, "every attempt began in an empty folder: \(seen)")
+        #expect(seen[1] == seen[0] && seen[2] == seen[0], "the empty folder was given again: \(seen)")
+        #expect(seen[3] != seen[0], "the littered one was not: \(seen)")
+    }
+
     @Test func argumentsReachArgvIntactAndTheEnvironmentIsExactlyTheDeclaredOne() throws {
         let spool = TestSpool()
         let config = try spool.configure(["commands": [
