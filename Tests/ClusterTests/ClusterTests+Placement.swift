@@ -157,14 +157,7 @@ extension ClusterTests {
         try harness.startAll()
         try harness.waitRegistered(2)
         let fillers = mount + "/fillers"
-        try FileManager.default.createDirectory(atPath: fillers, withIntermediateDirectories: true)
-        var count = 0
-        while true {
-            let fd = open(fillers + "/\(count)", O_CREAT | O_WRONLY | O_CLOEXEC, 0o600)
-            if fd < 0 { break }
-            close(fd)
-            count += 1
-        }
+        _ = try fillWithEmptyFiles(fillers)
         #expect(errno == ENOSPC)
 
         let job = uniqueJob("full")

@@ -173,3 +173,16 @@ public func processCPUSeconds(_ pid: Int32) -> Double {
     guard fields.count > 12, let user = Double(fields[11]), let system = Double(fields[12]) else { return 0 }
     return (user + system) / Double(sysconf(Int32(_SC_CLK_TCK)))
 }
+
+/// Fills the file system holding `folder` (made if missing) with empty files until it has no inode left; how many
+/// were made. errno is the last open's (ENOSPC when the file system is full).
+public func fillWithEmptyFiles(_ folder: String) throws -> Int {
+    try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
+    var count = 0
+    while true {
+        let fd = open(folder + "/\(count)", O_CREAT | O_WRONLY | O_CLOEXEC, 0o600)
+        if fd < 0 { return count }
+        close(fd)
+        count += 1
+    }
+}

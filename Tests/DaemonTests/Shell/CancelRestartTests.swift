@@ -92,6 +92,23 @@ import TestTraits
         ["id": id, "kind": "command", "command": "slow", "arguments": ["log": log]]
     }
 
+    /// Starts a daemon that dies (SIGKILL at a crash point) as a cancelled job's result is staged, before its
+    /// publication; drops `manifest`, waits for `ready`, cancels the whole job, and starts the daemon again once it
+    /// died with the job unpublished.
+    func cancelThroughAKill(_ spool: TestSpool, _ config: [String], _ manifest: [String: Any], ready: () -> Bool) throws {
+        let job = try #require(manifest["job"] as? String)
+        spool.environment = ["OPQUEUED_CRASH_POINTS": "publish.staged:1"]
+        try spool.start(config)
+        try spool.drop(job + ".plist", manifest)
+        let isReady = eventually(10, ready)
+        #expect(isReady)
+        _ = try spool.ctl(["cancel", job])  // answered, or not: the daemon may die first
+        #expect(spool.waitForExit(timeout: 15) != nil)
+        #expect(spool.list("active") == [job], "the job had not been published")
+        spool.environment = [:]
+        try spool.start(config)
+    }
+
     func runs(_ path: String) -> Int {
         (try? String(contentsOfFile: path, encoding: .utf8))?.split(separator: "\n").count ?? 0
     }
@@ -103,15 +120,8 @@ import TestTraits
         let log = spool.root + ".runs"
         defer { unlink(log) }
         let config = try spool.configure(["commands": ["slow": slowCommand()]])
-        spool.environment = ["OPQUEUED_CRASH_POINTS": "publish.staged:1"]
-        try spool.start(config)
-        try spool.drop("wc.plist", ["job": "wc", "operations": [commandOp("c", log: log), sleepOp("after", 0.05, deps: ["c"])]])
-        #expect(eventually(10) { runs(log) == 1 })
-        _ = try spool.ctl(["cancel", "wc"])  // answered, or not: the daemon may die first
-        #expect(spool.waitForExit(timeout: 15) != nil)
-        #expect(spool.list("active") == ["wc"], "the job had not been published")
-        spool.environment = [:]
-        try spool.start(config)
+        let manifest: [String: Any] = ["job": "wc", "operations": [commandOp("c", log: log), sleepOp("after", 0.05, deps: ["c"])]]
+        try cancelThroughAKill(spool, config, manifest) { runs(log) == 1 }
         let result = try #require(spool.result("wc", timeout: 20))
         #expect(result["status"] as? String == "cancelled", "\(result)")
         let ops = operations(result)
@@ -145,16 +155,9 @@ import TestTraits
         let log = spool.root + ".runs"
         defer { unlink(log) }
         let config = try spool.configure(["commands": ["slow": slowCommand()]])
-        // Killed as the cancelled job's result is staged, before its publication.
-        spool.environment = ["OPQUEUED_CRASH_POINTS": "publish.staged:1"]
-        try spool.start(config)
-        try spool.drop("dw.plist", ["job": "dw", "delaySeconds": 3600.0, "operations": [commandOp("c", log: log)]])
-        #expect(eventually(10) { states(spool, "dw")["c"] == "pending" })
-        _ = try spool.ctl(["cancel", "dw"])  // answered, or not: the daemon may die first
-        #expect(spool.waitForExit(timeout: 15) != nil)
-        #expect(spool.list("active") == ["dw"], "the job had not been published")
-        spool.environment = [:]
-        try spool.start(config)
+        try cancelThroughAKill(spool, config, ["job": "dw", "delaySeconds": 3600.0, "operations": [commandOp("c", log: log)]]) {
+            states(spool, "dw")["c"] == "pending"
+        }
         let result = try #require(spool.result("dw", timeout: 20), "it ends now, not in an hour")
         #expect(result["status"] as? String == "cancelled", "\(result)")
         #expect(operations(result)["c"]?.state == "cancelled" && operations(result)["c"]?.attempts == 0, "\(result)")

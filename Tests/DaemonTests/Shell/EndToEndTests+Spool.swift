@@ -444,14 +444,7 @@ extension EndToEndTests {
         }
         try spool.start()
         let fillers = spool.root + "/fillers"
-        try FileManager.default.createDirectory(atPath: fillers, withIntermediateDirectories: true)
-        var count = 0
-        while true {
-            let fd = open(fillers + "/\(count)", O_CREAT | O_WRONLY | O_CLOEXEC, 0o600)
-            if fd < 0 { break }
-            close(fd)
-            count += 1
-        }
+        _ = try fillWithEmptyFiles(fillers)
         #expect(errno == ENOSPC)
         func moveIn(_ name: String) { #expect(rename(spool.root + "/inbox/." + name, spool.root + "/inbox/" + name + ".plist") == 0) }
         func status() throws -> [String: Any] {
