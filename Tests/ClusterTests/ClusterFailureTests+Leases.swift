@@ -46,6 +46,66 @@ struct ClusterFailureTests {
         #expect(!harness[victim].list("active").contains(job))
     }
 
+    /// SPEC §3.4 across a takeover: a cancel answered by the node running the job is also recorded in the database,
+    /// so the node that takes the job over once that node is killed makes it again before anything starts.
+    @Test func aCancelMadeByTheRunningNodeHoldsAfterATakeover() throws {
+        let harness = try ClusterHarness(nodes: 2, leaseSeconds: 3)
+        let job = uniqueJob("cancelkill")
+        try harness[0].drop(job + ".plist", ["job": job, "operations": [sleepOperation("a", 60), sleepOperation("b", 10)]])
+        let victim = try #require(try harness.waitClaimed(job)).node
+        for operation in ["a", "b"] {
+            #expect(try harness.waitJournal(["OPQ_JOB": job, "OPQ_OPERATION": operation, "OPQ_STATE": "executing"]) != nil)
+        }
+        let cancel = try harness[victim].ctl(["cancel", job, "a"])
+        #expect(cancel.status == 0, "\(cancel.stderr)")
+        #expect(try harness.sql("SELECT count(*) FROM opq_cancel_requests WHERE job = '\(job)' AND operation = 'a'") == "1",
+                "recorded in the database before the answer")
+        harness[victim].kill9()
+        let second = try harness.waitClaimed(job, excluding: [victim], timeout: Double(harness.leaseSeconds) + 15)
+        if second == nil { Issue.record("not taken over:\n\(harness.diagnosis(job))") }
+        let result = try #require(harness.waitResult(job, timeout: 40))
+        #expect(result.node == 1 - victim)
+        #expect(result.result["status"] as? String == "cancelled")
+        let states = (result.result["operations"] as? [[String: Any]] ?? [])
+            .map { "\($0["id"] ?? "?")=\($0["state"] ?? "?")/\($0["attempts"] ?? "?")" }
+        #expect(states == ["a=cancelled/0", "b=succeeded/1"], "\(states)")
+        #expect(try harness.journal(["OPQ_JOB": job, "OPQ_OPERATION": "a", "OPQ_STATE": "executing"]).count == 1,
+                "a never started again on the survivor")
+    }
+
+    /// The same for a whole job. It ends at once on its node, which then cannot record its end: the job's row is
+    /// locked (FOR NO KEY UPDATE: the cancel's insert still gets through) past the server's statement_timeout (10 s), so
+    /// the node is killed with its job ended and not published, and the survivor ends it cancelled without running it.
+    @Test func aWholeJobCancelMadeByTheRunningNodeHoldsAfterATakeover() throws {
+        let harness = try ClusterHarness(nodes: 2, leaseSeconds: 3)
+        let (job, victim) = try startSleepJob(harness, "cancelkill", seconds: 30, on: 0)
+        let released = DispatchSemaphore(value: 0)
+        DispatchQueue.global().async {
+            _ = try? harness.sql("BEGIN; SELECT 1 FROM opq_jobs WHERE id = '\(job)' FOR NO KEY UPDATE; SELECT pg_sleep(12); COMMIT")
+            released.signal()
+        }
+        let locked = pollUntil(5) { () -> Bool? in
+            let holders = "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%NO KEY UPDATE%pg_sleep%' AND pid <> pg_backend_pid()"
+            return (try? harness.sql(holders)) == "1" ? true : nil
+        }
+        #expect(locked == true, "the row lock is held")
+        let cancel = try harness[victim].ctl(["cancel", job])
+        #expect(cancel.status == 0, "\(cancel.stderr)")
+        #expect(try harness.waitJournal(["OPQ_JOB": job, "OPQ_OPERATION": "a", "OPQ_STATE": "cancelled"], timeout: 5) != nil)
+        harness[victim].kill9()
+        #expect(harness.outboxes(holding: job).isEmpty, "killed before its end was recorded")
+        #expect(released.wait(timeout: .now() + 20) == .success)
+        let second = try harness.waitClaimed(job, excluding: [victim], timeout: Double(harness.leaseSeconds) + 20)
+        if second == nil { Issue.record("not taken over:\n\(harness.diagnosis(job))") }
+        let result = try #require(harness.waitResult(job, timeout: 40))
+        #expect(result.node == 1 - victim)
+        #expect(result.result["status"] as? String == "cancelled")
+        let states = (result.result["operations"] as? [[String: Any]] ?? []).map { "\($0["state"] ?? "?")/\($0["attempts"] ?? "?")" }
+        #expect(states == ["cancelled/0"], "\(states)")
+        #expect(try harness.journal(["OPQ_JOB": job, "OPQ_OPERATION": "a", "OPQ_STATE": "executing"]).count == 1,
+                "a never started again on the survivor")
+    }
+
     // MARK: 4. Leases: SIGSTOP past the lease
 
     @Test func frozenNodePublishesNothingForWhatItLost() throws {

@@ -571,6 +571,7 @@ extension ClusterJobStore {
             })
             lock.withLock { if pendingSuspensions[queue] == suspended { pendingSuspensions[queue] = nil } }
         }
+        try sharePendingCancels()
         let requests = try waitBounded(Self.statementTimeout, on: executor,
                                        doing: "reading the cancels for node \(nodeName)", { [store, nodeName] in
             try await store.pendingCancels(node: nodeName)

@@ -76,6 +76,8 @@ public final class ClusterJobStore: SpoolBacked, @unchecked Sendable {
     /// Suspensions and resumptions asked while the database could not record them: written at the next control
     /// round that reaches it (then every node follows), newest per queue.
     var pendingSuspensions: [String: Bool] = [:]
+    /// Cancels made here that the database could not record then (`shareCancel`): written at the next control rounds.
+    var pendingCancelShares: [(job: String, operation: String?)] = []
     var registerWanted = false
     /// Submissions set aside, not yet inserted (their folder under active/.submissions, key, row and, for a file from
     /// the inbox, its inode), oldest first:

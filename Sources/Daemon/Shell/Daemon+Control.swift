@@ -176,6 +176,13 @@ extension Daemon {
         }
         switch cancelHere(job: id, operation: operation) {
         case .some(let outcome):
+            // Also where a node taking the job over reads it (a cluster's database), before the client is answered.
+            if outcome == .cancelled, let reason = store.shareCancel(job: id, operation: operation) {
+                logger.warning("""
+                    cancel of job \(id): made here, but the job store cannot record it for a takeover now: \(reason); \
+                    tried again while this node runs
+                    """)
+            }
             return outcome
         case .none:
             switch store.requestCancel(job: id, operation: operation) {

@@ -158,6 +158,11 @@ public protocol JobStore: AnyObject, Sendable {
     /// `cancel` for a job that is not running here: the cluster records it for the node that runs it.
     func requestCancel(job: String, operation: String?) -> StoreCancelOutcome
 
+    /// A cancel made here, of a job this node runs: a store whose jobs another node may take over records it where
+    /// that node reads it (with its claim), so that a takeover makes it again. Nil when recorded, or nothing is to be
+    /// (the file spool); else why not (a cluster tries again at its next control rounds).
+    func shareCancel(job: String, operation: String?) -> String?
+
     /// `suspend`/`resume` asked by a client: the cluster keeps it in the database (every node follows through
     /// `delegate.suspendedQueuesChanged`); the file spool only acts locally (returns false).
     func setSuspended(_ queue: String, _ suspended: Bool) -> Bool
@@ -274,6 +279,7 @@ extension JobStore {
         try recordSuccesses([OperationSuccess(job: job, operation: operation, record: record)])
     }
 
+    public func shareCancel(job: String, operation: String?) -> String? { nil }
     public func snapshot() -> ClusterSnapshot? { nil }
     public func job(_ id: String) throws -> JobRecord? { nil }
     public func startSlots(engine: Engine, logger: Logger) -> (permits: ClusterPermits, task: Task<Void, Never>)? { nil }
