@@ -338,9 +338,15 @@ public final class Engine: @unchecked Sendable, ContextHost {
         while true {
             if !clocksRead {
                 clocksRead = true
-                if dispatchTime.isNaN { dispatchTime = wallClock() }
                 // Rate windows run on the monotonic clock: a step of the wall clock must not stall a queue or free it.
-                if scheduler.ratedQueues > 0 { rateTime = monotonicClock() }
+                // The starts they allow are stamped with a wall clock read with it, not the one the caller read (at
+                // its operation's end): a stamp from before a window opened puts one start too many in a window.
+                if scheduler.ratedQueues > 0 {
+                    rateTime = monotonicClock()
+                    dispatchTime = wallClock()
+                } else if dispatchTime.isNaN {
+                    dispatchTime = wallClock()
+                }
             }
             guard let dispatch = scheduler.nextDispatch(now: dispatchTime, monotonic: rateTime) else { break }
             let c = Int(dispatch.qualityOfService.rawValue)
