@@ -48,11 +48,11 @@ final class RenewablePool: Sendable {
 
     /// The pool statements go through now, once the first pool runs: a statement made before its run() started
     /// (the node's loop may ask before the task running the pools has been scheduled) would have postgres-nio warn
-    /// in the journal that run() "hasn't been called yet". Waits at most a second for that, then goes on (the
-    /// statement then waits in the pool as before).
+    /// in the journal that run() "hasn't been called yet". Waits at most five seconds for that (a loaded host can take
+    /// over a second to schedule a task), then goes on (the statement then waits in the pool as before).
     func client() async -> PostgresClient {
         var waited = 0
-        while !firstRunning.isSet && waited < 1000 {
+        while !firstRunning.isSet && waited < 5000 {
             try? await Task.sleep(for: .milliseconds(1))
             waited += 1
         }
