@@ -108,6 +108,15 @@ package func removeTree(_ path: String) {
     rmdir(path)
 }
 
+/// Removes `name` of the folder open as `folder` (a file, or a folder and everything in it; symlinks removed, never
+/// followed); whether it is gone.
+package func removeTree(_ name: [CChar], in folder: Int32) -> Bool {
+    if unlinkat(folder, name, 0) == 0 || errno == ENOENT { return true }
+    let fd = openat(folder, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
+    if fd >= 0 { removeContents(fd) }
+    return unlinkat(folder, name, AT_REMOVEDIR) == 0
+}
+
 /// The bytes of a readdir(3) entry's name, read through its pointer (see opq_dirent_name: never the whole entry).
 package func direntName(_ entry: UnsafeMutablePointer<dirent>) -> [UInt8] {
     guard let name = opq_dirent_name(entry) else { return [] }

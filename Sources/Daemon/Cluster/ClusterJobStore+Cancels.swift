@@ -9,7 +9,7 @@ extension ClusterJobStore {
         // Made here already: the control round does not pass it back to the shell.
         lock.withLock { if state.held[job] != nil { state.claimedWithCancels(job, [operation]) } }
         do {
-            try recordCancel(job: job, operation: operation, wait: controlWait)
+            try insertCancel(job: job, operation: operation, wait: controlWait)
             return nil
         } catch {
             lock.withLock { pendingCancelShares.append((job, operation)) }
@@ -21,12 +21,12 @@ extension ClusterJobStore {
     /// records nothing).
     func sharePendingCancels() throws {
         while let next = lock.withLock({ pendingCancelShares.first }) {
-            try recordCancel(job: next.job, operation: next.operation, wait: Self.statementTimeout)
+            try insertCancel(job: next.job, operation: next.operation, wait: Self.statementTimeout)
             lock.withLock { _ = pendingCancelShares.removeFirst() }
         }
     }
 
-    private func recordCancel(job: String, operation: String?, wait: Double) throws {
+    private func insertCancel(job: String, operation: String?, wait: Double) throws {
         _ = try waitBounded(wait, on: executor, doing: "recording the cancel of job \(job)", { [store] in
             try await store.requestCancel(job: job, operation: operation)
         })

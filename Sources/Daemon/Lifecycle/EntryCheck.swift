@@ -78,7 +78,7 @@ enum EntryCheck {
                                                + "(\(String(cString: strerror(errno)))): published as it is"))
                 }
             case DT_DIR:
-                let removed = removeFolder(name, in: fd)
+                let removed = removeTree(name, in: fd)
                 dropped.append(DroppedPath(path: path + "/", reason: "a folder more than \(maxDepth) levels deep: "
                                            + (removed ? "not published" : "could not all be removed")))
             case DT_LNK:
@@ -101,22 +101,5 @@ enum EntryCheck {
         } else {
             dropped.append(DroppedPath(path: path, reason: why + ", but it could not be removed (\(String(cString: strerror(errno))))"))
         }
-    }
-
-    /// Removes folder `name` of the folder open as `fd`, with all it holds (links unfollowed); whether it went.
-    private static func removeFolder(_ name: [CChar], in fd: Int32) -> Bool {
-        let child = openat(fd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
-        if child >= 0, let dir = fdopendir(child) {
-            defer { closedir(dir) }
-            while let entry = readdir(dir) {
-                let bytes = direntName(entry)
-                if bytes == [0x2E] || bytes == [0x2E, 0x2E] { continue }
-                let inner = bytes.map { CChar(bitPattern: $0) } + [0]
-                if unlinkat(child, inner, 0) != 0 && errno == EISDIR { _ = removeFolder(inner, in: child) }
-            }
-        } else if child >= 0 {
-            close(child)
-        }
-        return unlinkat(fd, name, AT_REMOVEDIR) == 0 || unlinkat(fd, name, 0) == 0
     }
 }
