@@ -167,6 +167,7 @@ void opq_ignore_lease_breaks(void) { signal(SIGIO, SIG_IGN); }
 #include <fcntl.h>
 #include <spawn.h>
 #include <sys/wait.h>
+#include <sys/socket.h>
 
 int opq_spawn(const char *path, char *const argv[], char *const envp[], const char *cwd,
               int stdout_fd, int stderr_fd, pid_t *pid_out, int *pidfd_out) {
@@ -207,6 +208,72 @@ int opq_spawn(const char *path, char *const argv[], char *const envp[], const ch
     *pid_out = pid;
     *pidfd_out = pidfd;
     return 0;
+}
+
+int opq_spawn_spare(const char *path, char *const argv[], int socket, pid_t *pid_out, int *pidfd_out) {
+    // Descriptor 3 is the socket's: moved above the standard ones first if it is 3 itself (dup2 onto itself would
+    // keep its close-on-exec flag).
+    int moved = -1;
+    if (socket == 3) {
+        moved = fcntl(socket, F_DUPFD_CLOEXEC, 10);
+        if (moved < 0) return -errno;
+        socket = moved;
+    }
+    posix_spawnattr_t attr;
+    posix_spawn_file_actions_t actions;
+    int err = posix_spawnattr_init(&attr);
+    if (err != 0) { if (moved >= 0) close(moved); return -err; }
+    err = posix_spawn_file_actions_init(&actions);
+    sigset_t empty, all;
+    sigemptyset(&empty);
+    sigfillset(&all);
+    if (err == 0) err = posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+    if (err == 0) err = posix_spawnattr_setpgroup(&attr, 0);
+    if (err == 0) err = posix_spawnattr_setsigmask(&attr, &empty);
+    if (err == 0) err = posix_spawnattr_setsigdefault(&attr, &all);
+    if (err == 0) err = posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
+    if (err == 0) err = posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
+    if (err == 0) err = posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0);
+    if (err == 0) err = posix_spawn_file_actions_adddup2(&actions, socket, 3);
+    if (err == 0) err = posix_spawn_file_actions_addclosefrom_np(&actions, 4);
+    char *const no_environment[] = { NULL };
+    pid_t pid = -1;
+    if (err == 0) err = posix_spawn(&pid, path, &actions, &attr, argv, no_environment);
+    posix_spawn_file_actions_destroy(&actions);
+    posix_spawnattr_destroy(&attr);
+    if (moved >= 0) close(moved);
+    if (err != 0) return -err;
+    int pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
+    if (pidfd < 0) {
+        int e = errno;
+        kill(pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+        return -e;
+    }
+    *pid_out = pid;
+    *pidfd_out = pidfd;
+    return 0;
+}
+
+int opq_send_with_descriptors(int socket, const void *bytes, size_t length, int first, int second) {
+    char control[CMSG_SPACE(2 * sizeof(int))];
+    memset(control, 0, sizeof control);
+    struct iovec part = { (void *)bytes, length };
+    struct msghdr header = { .msg_iov = &part, .msg_iovlen = 1, .msg_control = control, .msg_controllen = sizeof control };
+    struct cmsghdr *c = CMSG_FIRSTHDR(&header);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(2 * sizeof(int));
+    int fds[2] = { first, second };
+    memcpy(CMSG_DATA(c), fds, sizeof fds);
+    ssize_t n;
+    do n = sendmsg(socket, &header, MSG_NOSIGNAL); while (n < 0 && errno == EINTR);
+    if (n < 0) return -errno;
+    return (size_t)n == length ? 0 : -EMSGSIZE;
+}
+
+int opq_seqpacket_pair(int fds[2]) {
+    return socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, fds) == 0 ? 0 : -errno;
 }
 
 int opq_pipe2(int fds[2], int flags) { return pipe2(fds, flags) == 0 ? 0 : -errno; }

@@ -5,9 +5,11 @@
 // operation ends.
 //
 //   opqueued-supervise GRACE PARENT PATH ARG0 ARGS...
+//   opqueued-supervise --spare GRACE PARENT        (descriptor 3: a SOCK_SEQPACKET socket from the daemon)
 //
 // Runs PATH with ARG0 ARGS... (environment, descriptors, working directory and scheduling as it was given them) and
-// exits as the command did once the command and everything it started have ended:
+// exits as the command did once the command and everything it started have ended. A spare is started ahead of need
+// (spare.c): it waits for one message saying the command, then does the same; the daemon closing the socket ends it.
 // - the command exits: what it left running gets SIGKILL (waited for), then this process exits with its status (or
 //   by its signal);
 // - SIGTERM (the operation cancelled or timed out): SIGTERM to every descendant, SIGKILL to all GRACE seconds later;
@@ -32,6 +34,8 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
+
+#include "spare.h"
 
 extern char **environ;
 
@@ -154,35 +158,33 @@ static double monotonic(void) {
     return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
 }
 
-int main(int argc, char **argv) {
-    if (argc < 5) {
-        fprintf(stderr, "usage: opqueued-supervise GRACE PARENT PATH ARG0 [ARGS...]\n");
-        return 127;
-    }
-    double grace = strtod(argv[1], NULL);
-    pid_t parent = (pid_t)strtol(argv[2], NULL, 10);
-    const char *path = argv[3];
+/// Blocks the signals it waits for (their previous mask in *previous), becomes a subreaper with a parent-death signal;
+/// 0, or 127 (said on standard error) when that fails or PARENT has already died.
+static int prepare(pid_t parent, sigset_t *watched, sigset_t *previous) {
     self = getpid();
-    sigset_t watched, previous;
-    sigemptyset(&watched);
-    sigaddset(&watched, SIGCHLD);
-    sigaddset(&watched, SIGTERM);
-    sigaddset(&watched, SIGUSR1);
-    sigaddset(&watched, SIGHUP);
-    sigprocmask(SIG_BLOCK, &watched, &previous);
+    sigemptyset(watched);
+    sigaddset(watched, SIGCHLD);
+    sigaddset(watched, SIGTERM);
+    sigaddset(watched, SIGUSR1);
+    sigaddset(watched, SIGHUP);
+    sigprocmask(SIG_BLOCK, watched, previous);
     if (prctl(PR_SET_CHILD_SUBREAPER, 1) != 0 || prctl(PR_SET_PDEATHSIG, SIGHUP) != 0) {
         fprintf(stderr, "opqueued-supervise: prctl: %s\n", strerror(errno));
         return 127;
     }
-    if (getppid() != parent) return 127; // the daemon died before the death signal was set
+    return getppid() != parent ? 127 : 0; // the daemon died before the death signal was set
+}
 
+/// Runs the command and supervises it to the end (exits as the command did).
+static int supervise(double grace, pid_t parent, const char *path, char *const *command_argv, sigset_t *watched,
+                     sigset_t *previous) {
     // posix_spawn (a vfork underneath): no copy of this process, and an exec that fails says why here.
     posix_spawnattr_t attributes;
     posix_spawnattr_init(&attributes);
-    posix_spawnattr_setsigmask(&attributes, &previous);
+    posix_spawnattr_setsigmask(&attributes, previous);
     posix_spawnattr_setflags(&attributes, POSIX_SPAWN_SETSIGMASK);
     pid_t command;
-    int failed = posix_spawn(&command, path, NULL, &attributes, argv + 4, environ);
+    int failed = posix_spawn(&command, path, NULL, &attributes, command_argv, environ);
     posix_spawnattr_destroy(&attributes);
     if (failed != 0) {
         fprintf(stderr, "cannot run %s: %s\n", path, strerror(failed));
@@ -207,7 +209,7 @@ int main(int argc, char **argv) {
         double wait = kill_at >= 0 && kill_at - now < 1 ? kill_at - now : 1;
         struct timespec timeout = { (time_t)wait, (long)((wait - (double)(time_t)wait) * 1e9) };
         siginfo_t info;
-        int signal = sigtimedwait(&watched, &info, &timeout);
+        int signal = sigtimedwait(watched, &info, &timeout);
         if (signal == SIGTERM && kill_at < 0) {
             signal_all(SIGTERM);
             kill_at = monotonic() + grace;
@@ -216,4 +218,22 @@ int main(int argc, char **argv) {
             exit_as(command_done ? status : (SIGKILL & 0x7f));
         }
     }
+}
+
+int main(int argc, char **argv) {
+    int spare = argc == 4 && strcmp(argv[1], "--spare") == 0;
+    if (argc < 5 && !spare) {
+        fprintf(stderr, "usage: opqueued-supervise GRACE PARENT PATH ARG0 [ARGS...]\n");
+        return 127;
+    }
+    double grace = strtod(argv[spare ? 2 : 1], NULL);
+    pid_t parent = (pid_t)strtol(argv[spare ? 3 : 2], NULL, 10);
+    sigset_t watched, previous;
+    int refused = prepare(parent, &watched, &previous);
+    if (refused != 0) return refused;
+    if (!spare) return supervise(grace, parent, argv[3], argv + 4, &watched, &previous);
+    struct spare_command command;
+    int received = spare_receive(3, &command);
+    if (received <= 0) return received == 0 ? 0 : 127; // 0: the daemon let this spare go
+    return supervise(grace, parent, command.path, command.argv, &watched, &previous);
 }

@@ -106,6 +106,18 @@ void opq_ignore_lease_breaks(void);
 int opq_spawn(const char *path, char *const argv[], char *const envp[], const char *cwd,
               int stdout_fd, int stderr_fd, pid_t *pid_out, int *pidfd_out);
 
+/// Starts a spare supervisor (SpareSupervisors.swift): `path` with `argv` and an empty environment, in its own process
+/// group, standard streams /dev/null, `socket` as descriptor 3 and every other descriptor closed, signals as
+/// `opq_spawn` sets them. Stores the pid and a pidfd; 0 or -errno.
+int opq_spawn_spare(const char *path, char *const argv[], int socket, pid_t *pid_out, int *pidfd_out);
+
+/// Sends one message of `length` bytes with two descriptors (SCM_RIGHTS) on a SOCK_SEQPACKET socket, without
+/// SIGPIPE. 0, or -errno (-EPIPE: the other end is gone).
+int opq_send_with_descriptors(int socket, const void *bytes, size_t length, int first, int second);
+
+/// A SOCK_SEQPACKET socketpair, both ends close-on-exec. 0 or -errno.
+int opq_seqpacket_pair(int fds[2]);
+
 /// pipe2(2) (declared by glibc only under _GNU_SOURCE). Returns 0 or -errno.
 int opq_pipe2(int fds[2], int flags);
 

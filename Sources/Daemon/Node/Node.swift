@@ -38,6 +38,7 @@ public enum Node {
         // The command watchdog (docs: kills commands' process groups when this process dies, kill -9 included),
         // first, while the process is small: the fork copies its address space as it is now.
         let watchdog = CommandWatchdog.start()
+        SpareSupervisors.prepare()
         Daemon.tuneAllocator()
         await Daemon.openTimerClocks()
         let useJournal = options.journal

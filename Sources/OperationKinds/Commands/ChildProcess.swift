@@ -163,13 +163,22 @@ package final class ChildProcess: @unchecked Sendable {
         var env = environment
         if env["PATH"] == nil { env["PATH"] = "/usr/bin:/bin" }
         let envStrings = env.keys.sorted().map { "\($0)=\(env[$0] ?? "")" }
-        var pid: pid_t = -1, pidfd: Int32 = -1
-        let spawnedFrom = CommandLedger.bootTicks()
-        // A program that cannot be run is said as it is (the supervisor would only exit 127 for it).
-        let rc = access(argv[0], X_OK) != 0 ? -errno : withCStrings(Supervisor.argv(argv)) { cArgv in
-            withCStrings(envStrings) { cEnv in
-                opq_spawn(Supervisor.path ?? argv[0], cArgv, cEnv, directory, outPipe[1], errPipe[1], &pid, &pidfd)
+        var pid: pid_t = -1, pidfd: Int32 = -1, spawned: ClosedRange<UInt64> = 0...0
+        let rc: Int32
+        if access(argv[0], X_OK) != 0 {
+            rc = -errno // a program that cannot be run is said as it is (the supervisor would only exit 127 for it)
+        } else if let spare = SpareSupervisors.shared.start(argv: argv, environment: envStrings, directory: directory,
+                                                            stdout: outPipe[1], stderr: errPipe[1]) {
+            (pid, pidfd, spawned) = spare
+            rc = 0
+        } else {
+            let from = CommandLedger.bootTicks()
+            rc = withCStrings(Supervisor.argv(argv)) { cArgv in
+                withCStrings(envStrings) { cEnv in
+                    opq_spawn(Supervisor.path ?? argv[0], cArgv, cEnv, directory, outPipe[1], errPipe[1], &pid, &pidfd)
+                }
             }
+            spawned = from...CommandLedger.bootTicks()
         }
         close(outPipe[1]); close(errPipe[1])
         guard rc == 0 else {
@@ -182,7 +191,7 @@ package final class ChildProcess: @unchecked Sendable {
                          Stream(pipe: errPipe[0], file: stderrFile, limit: limit, keepsTail: true)]
         running.insert(pid)
         CommandWatchdog.current?.groupStarted(pid)
-        CommandLedger.shared.started(pid, from: spawnedFrom)
+        CommandLedger.shared.started(pid, within: spawned)
         child.lock.withLock {
             for stream in child.streams {
                 stream.token = CommandLoop.shared.watch(stream.pipe) { [child, stream] in child.locked { child.drain(stream) } }
@@ -330,6 +339,9 @@ package enum Supervisor {
         return [path, String(ChildProcess.killGrace), daemonPID, command[0]] + command
     }
 
+    /// A spare supervisor's argv (SpareSupervisors.swift).
+    static var spareArgv: [String] { [path ?? "", "--spare", String(ChildProcess.killGrace), daemonPID] }
+
     /// This process's pid, as the supervisor's PARENT argument (the daemon never forks a copy of itself that runs this).
     private static let daemonPID = String(getpid())
 }
@@ -385,9 +397,9 @@ package final class CommandLedger: @unchecked Sendable {
         return killed
     }
 
-    /// `from`: `bootTicks()` read before the spawn.
-    func started(_ pid: pid_t, from: UInt64) {
-        let line = Data("\(pid) \(from) \(Self.bootTicks())\n".utf8)
+    /// `started`: `bootTicks()` read before and after the leader's spawn.
+    func started(_ pid: pid_t, within started: ClosedRange<UInt64>) {
+        let line = Data("\(pid) \(started.lowerBound) \(started.upperBound)\n".utf8)
         lock.withLock { if fd >= 0 { try? writeAll(fd, line, path: "active/.commands") } }
     }
 

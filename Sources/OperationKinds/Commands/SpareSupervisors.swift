@@ -1,0 +1,162 @@
+// Supervisors started ahead of need (their side: Sources/opqueued-supervise/spare.c). A command's start is then one
+// message to a process already running: the supervisor's exec and start, a third of a short command's path when
+// commands run one after another, happen beside the command before instead of in front of this one.
+//
+// Up to `target` spares wait, started on a thread of their own at the daemon's own priority: a spare takes on an
+// operation's nice value, SCHED_IDLE and idle I/O class, which it may lower but not raise, so an operation of a higher
+// priority than the daemon's (possible with CAP_SYS_NICE) is started directly. Spares are made only while commands
+// start, and let go `idleSeconds` after the last start; one whose message does not fit, or that is gone, leaves the
+// command to the direct start (ChildProcess.start). A spare never runs anything but what its one message says: the
+// daemon's end of its socket closed (let go, or the daemon died) ends it.
+
+import CShims
+import Foundation
+import SpoolFiles
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// A supervisor started for a command to come.
+struct SpareSupervisor {
+    let pid: pid_t
+    let pidfd: Int32
+    /// The daemon's end of its socket.
+    let socket: Int32
+    /// Bounds of its start time, in `CommandLedger.bootTicks()`: the command ledger's line when it is taken.
+    let started: ClosedRange<UInt64>
+    /// Its nice value: it can take on an operation's equal or higher (a lower priority), not a lower one.
+    let nice: Int32
+}
+
+package final class SpareSupervisors: @unchecked Sendable {
+    static let shared = SpareSupervisors()
+    /// Spares kept waiting while commands start.
+    static let target = 2
+    /// Seconds after the last command's start when the spares are let go.
+    static let idleSeconds = 5.0
+    /// Arguments, environment and folder past this many bytes: the command is started directly (spare.c reads 128 KiB).
+    static let messageLimit = 100_000
+
+    private let condition = NSCondition()
+    private var idle: [SpareSupervisor] = []
+    /// When a command last asked for a spare (monotonic seconds); spares are made until `idleSeconds` after it.
+    private var lastDemand = -Double.infinity
+
+    /// Starts the spares' thread: called at the daemon's start, so that it has the daemon's priority rather than that
+    /// of the operation whose command would otherwise start it (threads inherit their creator's).
+    package static func prepare() { _ = shared }
+
+    private init() {
+        let thread = Thread { [self] in keep() }
+        thread.name = "opqueued.spares"
+        thread.start()
+    }
+
+    /// Hands the command to a spare: its pid, pidfd and start-time bounds. Nil when none is ready or the command does
+    /// not fit a message (a spare is then made for the next one); the caller starts it directly.
+    func start(argv: [String], environment: [String], directory: String?, stdout: Int32, stderr: Int32)
+        -> (pid: pid_t, pidfd: Int32, started: ClosedRange<UInt64>)? {
+        guard Supervisor.path != nil else { return nil }
+        let nice = opq_get_thread_nice(), idleClass = opq_thread_is_idle() != 0
+        let strings = [String(nice), idleClass ? "1" : "0", directory ?? "", argv[0], String(argv.count)] + argv + environment
+        var message: [UInt8] = []
+        for string in strings {
+            // A NUL inside a string would shift every string after it: such a command goes the direct way (which
+            // cuts it there, as C does).
+            if string.utf8.contains(0) { demand(); return nil }
+            message += string.utf8
+            message.append(0)
+        }
+        guard message.count <= Self.messageLimit else { demand(); return nil }
+        while let spare = take(nice: nice) {
+            let sent = message.withUnsafeBytes { opq_send_with_descriptors(spare.socket, $0.baseAddress, $0.count, stdout, stderr) }
+            if sent == 0 {
+                // Sent whole: the message is the spare's to read even with this end closed.
+                close(spare.socket)
+                return (spare.pid, spare.pidfd, spare.started)
+            }
+            Self.letGo(spare)
+        }
+        return nil
+    }
+
+    /// Notes a command's start and takes a spare of at most `nice`, if one waits.
+    private func take(nice: Int32) -> SpareSupervisor? {
+        condition.lock()
+        defer { condition.unlock() }
+        noteDemand()
+        guard let index = idle.firstIndex(where: { $0.nice <= nice }) else { return nil }
+        return idle.remove(at: index)
+    }
+
+    private func demand() {
+        condition.lock()
+        noteDemand()
+        condition.unlock()
+    }
+
+    /// Under the condition's lock.
+    private func noteDemand() {
+        lastDemand = Self.monotonicSeconds()
+        condition.signal()
+    }
+
+    /// The spares' thread: makes them up to `target` while commands start, lets them go when they stop.
+    private func keep() {
+        condition.lock()
+        while true {
+            let quietFor = Self.monotonicSeconds() - lastDemand
+            if quietFor > Self.idleSeconds, !idle.isEmpty {
+                let gone = idle
+                idle = []
+                condition.unlock()
+                for spare in gone { Self.letGo(spare) }
+                condition.lock()
+            } else if quietFor <= Self.idleSeconds, idle.count < Self.target {
+                condition.unlock()
+                let spare = Self.make()
+                condition.lock()
+                if let spare { idle.append(spare) } else { _ = condition.wait(until: Date(timeIntervalSinceNow: 1)) }
+            } else {
+                let wake = idle.isEmpty ? 3_600 : Self.idleSeconds - quietFor + 0.01
+                _ = condition.wait(until: Date(timeIntervalSinceNow: wake))
+            }
+        }
+    }
+
+    /// Starts a spare; nil when it cannot be (the commands are started directly meanwhile).
+    private static func make() -> SpareSupervisor? {
+        guard let path = Supervisor.path else { return nil }
+        var ends: [Int32] = [-1, -1]
+        guard opq_seqpacket_pair(&ends) == 0 else { return nil }
+        var pid: pid_t = -1, pidfd: Int32 = -1
+        let from = CommandLedger.bootTicks()
+        let rc = withCStrings(Supervisor.spareArgv) { opq_spawn_spare(path, $0, ends[1], &pid, &pidfd) }
+        let to = CommandLedger.bootTicks()
+        close(ends[1])
+        guard rc == 0 else {
+            close(ends[0])
+            return nil
+        }
+        return SpareSupervisor(pid: pid, pidfd: pidfd, socket: ends[0], started: from...to, nice: opq_get_thread_nice())
+    }
+
+    /// Ends a spare that ran nothing, and reaps it.
+    private static func letGo(_ spare: SpareSupervisor) {
+        close(spare.socket)
+        kill(spare.pid, SIGKILL)
+        var status: Int32 = 0
+        while waitpid(spare.pid, &status, 0) < 0 && errno == EINTR {}
+        close(spare.pidfd)
+    }
+
+    /// The spares waiting now (for tests).
+    var waiting: [pid_t] { condition.withLock { idle.map(\.pid) } }
+
+    private static func monotonicSeconds() -> Double {
+        var now = timespec()
+        clock_gettime(CLOCK_MONOTONIC, &now)
+        return Double(now.tv_sec) + Double(now.tv_nsec) / 1e9
+    }
+}

@@ -1,0 +1,105 @@
+// A spare supervisor: started by the daemon before a command needs it, so that a command's start is one message to a
+// process already running rather than an exec on the operation's path (Sources/OperationKinds/Commands/
+// SpareSupervisors.swift is the daemon's side). The message, on a SOCK_SEQPACKET socket (one message, whole):
+//   two descriptors (SCM_RIGHTS): the command's standard output and error;
+//   NUL-terminated strings: nice, idle (0 or 1), working directory ("" for none), PATH, ARGC, then ARGC arguments,
+//   then the environment, one VAR=value each.
+// What a direct spawn gets from the daemon's posix_spawn and its worker thread, this process sets on itself before it
+// starts the command the usual way (main.c): descriptors, the thread's nice value and SCHED_IDLE with the idle I/O
+// class, the folder and the environment.
+
+#define _GNU_SOURCE
+#include <errno.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "spare.h"
+
+extern char **environ;
+
+enum { message_limit = 1 << 17, ioprio_class_shift = 13, ioprio_who_process = 1, ioprio_best_effort = 2, ioprio_idle = 3 };
+
+static char message[message_limit];
+
+/// The next string of message[*at..<end], or NULL when none is left.
+static char *next_string(size_t *at, size_t end) {
+    if (*at >= end) return NULL;
+    char *start = message + *at;
+    char *nul = memchr(start, 0, end - *at);
+    if (nul == NULL) return NULL;
+    *at = (size_t)(nul - message) + 1;
+    return start;
+}
+
+/// Receives one message and its two descriptors; its length, 0 at the end of the socket, -1 on an error.
+static ssize_t receive(int socket, int fds[2]) {
+    char control[CMSG_SPACE(2 * sizeof(int))];
+    struct iovec part = { message, sizeof message };
+    struct msghdr header = { .msg_iov = &part, .msg_iovlen = 1, .msg_control = control, .msg_controllen = sizeof control };
+    ssize_t n;
+    do n = recvmsg(socket, &header, MSG_CMSG_CLOEXEC); while (n < 0 && errno == EINTR);
+    if (n <= 0) return n;
+    struct cmsghdr *c = CMSG_FIRSTHDR(&header);
+    if (c == NULL || c->cmsg_type != SCM_RIGHTS || c->cmsg_len != CMSG_LEN(2 * sizeof(int))) return -1;
+    memcpy(fds, CMSG_DATA(c), 2 * sizeof(int));
+    return (header.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) != 0 ? -1 : n;
+}
+
+/// The operation's priority, as the daemon's worker thread had it (raising it may be refused: then it stays as it is).
+static void take_priority(int nice_value, int idle) {
+    struct sched_param param = { .sched_priority = 0 };
+    if (idle) sched_setscheduler(0, SCHED_IDLE, &param);
+    int ioprio = idle ? (ioprio_idle << ioprio_class_shift) : ((ioprio_best_effort << ioprio_class_shift) | 4);
+    syscall(SYS_ioprio_set, ioprio_who_process, 0, ioprio);
+    setpriority(PRIO_PROCESS, 0, nice_value);
+}
+
+int spare_receive(int socket, struct spare_command *command) {
+    int fds[2] = { -1, -1 };
+    ssize_t n = receive(socket, fds);
+    if (n == 0) return 0;
+    // From here on the daemon counts this process as the command's supervisor: whatever goes wrong is a failure (127),
+    // said on the command's standard error when its descriptor came.
+    close(socket);
+    if (fds[0] >= 0 && dup2(fds[0], 1) < 0) return -1;
+    if (fds[1] >= 0 && dup2(fds[1], 2) < 0) return -1;
+    for (int i = 0; i < 2; i++) if (fds[i] > 2) close(fds[i]);
+    if (n < 0) {
+        fprintf(stderr, "opqueued-supervise: the daemon's message was cut short\n");
+        return -1;
+    }
+    size_t at = 0, end = (size_t)n;
+    char *nice_text = next_string(&at, end), *idle = next_string(&at, end), *folder = next_string(&at, end);
+    char *path = next_string(&at, end), *count_text = next_string(&at, end);
+    long count = count_text != NULL ? strtol(count_text, NULL, 10) : -1;
+    if (path == NULL || count < 1 || count > (long)end) {
+        fprintf(stderr, "opqueued-supervise: the daemon's message is malformed\n");
+        return -1;
+    }
+    // At most one pointer per byte of the message, and the terminating NULLs.
+    char **strings = calloc(end + 2, sizeof *strings);
+    if (strings == NULL) return -1;
+    char **argv = strings, **env = strings + count + 1;
+    for (long i = 0; i < count; i++) {
+        if ((argv[i] = next_string(&at, end)) == NULL) {
+            fprintf(stderr, "opqueued-supervise: the daemon's message is malformed\n");
+            return -1;
+        }
+    }
+    for (char **slot = env; (*slot = next_string(&at, end)) != NULL; slot++) {}
+    take_priority((int)strtol(nice_text, NULL, 10), idle[0] == '1');
+    if (folder[0] != '\0' && chdir(folder) != 0) {
+        fprintf(stderr, "cannot run %s: cannot enter %s: %s\n", path, folder, strerror(errno));
+        return -1;
+    }
+    environ = env;
+    command->path = path;
+    command->argv = argv;
+    return 1;
+}

@@ -1,0 +1,156 @@
+// Spare supervisors (Sources/OperationKinds/Commands/SpareSupervisors.swift): a command started on a supervisor made
+// ahead of need gets what a direct start gives it (priority, folder, environment, output), the spares are let go when
+// commands stop and when the daemon dies, and a spare that is gone or a command too big for one falls back to the
+// direct start.
+
+import Foundation
+import Testing
+@testable import Daemon
+@testable import OperationKinds
+import TestTraits
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+/// Fields of /proc/PID/stat after the command name (index 0: the state; 1: the parent; 16: nice; 19: start time;
+/// 38: the policy), or nil.
+private func statFields(_ text: Substring) -> [Substring]? {
+    guard let close = text.lastIndex(of: ")") else { return nil }
+    return text[text.index(after: close)...].split(separator: " ")
+}
+
+/// The daemon's spare supervisors: its children started with `--spare`, not zombies.
+private func spares(of daemon: Int32) -> [Int32] {
+    ((try? FileManager.default.contentsOfDirectory(atPath: "/proc")) ?? []).compactMap { entry in
+        guard let pid = Int32(entry), let stat = try? String(contentsOfFile: "/proc/\(entry)/stat", encoding: .utf8),
+              let fields = statFields(Substring(stat)), fields.count > 1, fields[0] != "Z",
+              Int32(fields[1]) == daemon || spareArguments(pid).last == String(daemon),
+              spareArguments(pid).contains("--spare") else { return nil }
+        return pid
+    }
+}
+
+private func spareArguments(_ pid: Int32) -> [String] {
+    guard let data = FileManager.default.contents(atPath: "/proc/\(pid)/cmdline") else { return [] }
+    return data.split(separator: 0).map { String(decoding: $0, as: UTF8.self) }
+}
+
+/// The daemon's children that are zombies (exited, never reaped).
+private func zombies(of daemon: Int32) -> Int {
+    ((try? FileManager.default.contentsOfDirectory(atPath: "/proc")) ?? []).filter { entry in
+        guard let stat = try? String(contentsOfFile: "/proc/\(entry)/stat", encoding: .utf8),
+              let fields = statFields(Substring(stat)), fields.count > 1 else { return false }
+        return fields[0] == "Z" && Int32(fields[1]) == daemon
+    }.count
+}
+
+private func eventually(_ seconds: Double, _ condition: () -> Bool) -> Bool {
+    let deadline = Date().addingTimeInterval(seconds)
+    while Date() < deadline {
+        if condition() { return true }
+        usleep(20_000)
+    }
+    return condition()
+}
+
+/// A command that writes its supervisor's /proc/PID/stat line, its own, its folder and its environment.
+private func probe() -> [String: Any] { [
+    "argv": ["/bin/sh", "-c", "cat /proc/$PPID/stat; cat /proc/$$/stat; pwd; env | sort"],
+    "environment": ["ONE": "1 and a space"], "output": "stdout",
+] }
+
+@Suite(.serialized, .onItsOwnExecutor) struct SpareSupervisorTests {
+    /// The first command starts directly and has spares made; two started a second later run under supervisors that
+    /// were waiting, each at its operation's priority (background: nice 19, SCHED_IDLE; default: nice 0), in its scratch
+    /// folder, with exactly its declared environment.
+    @Test func aLaterCommandRunsOnAWaitingSpareAsItWouldHaveDirectly() throws {
+        let spool = TestSpool()
+        let config = try spool.configure(["commands": ["probe": probe()]])
+        try spool.drop("s.plist", ["job": "s", "operations": [
+            ["id": "a", "kind": "command", "command": "probe"],
+            sleepOp("pause", 1, deps: ["a"]),
+            ["id": "b", "kind": "command", "command": "probe", "dependencies": ["pause"], "qualityOfService": "background"],
+            // Beside b, not after it: a dependent of a higher QoS would raise b's while it waits.
+            ["id": "c", "kind": "command", "command": "probe", "dependencies": ["pause"]],
+        ]])
+        let r = try run("opqueued", ["--spool", spool.root, "--once", "--log-target", "console"] + config)
+        #expect(r.status == 0, "\(r.stderr)")
+        #expect(spool.result("s")?["status"] as? String == "succeeded")
+        var lines: [String: [Substring]] = [:]
+        for op in ["a", "b", "c"] {
+            let text = String(decoding: FileManager.default.contents(atPath: spool.root + "/outbox/s/logs/\(op).stdout") ?? Data(),
+                              as: UTF8.self)
+            lines[op] = text.split(separator: "\n")
+        }
+        let b = try #require(lines["b"]), c = try #require(lines["c"])
+        let supervisor = try #require(b.first.flatMap(statFields)), shell = try #require(b.dropFirst().first.flatMap(statFields))
+        let ticks = Double(sysconf(Int32(_SC_CLK_TCK)))
+        let waited = (Double(shell[19]) ?? 0) / ticks - (Double(supervisor[19]) ?? 0) / ticks
+        #expect(waited >= 0.5, "b's supervisor was started \(waited) s before it: a spare made while `pause` slept")
+        #expect(shell[16] == "19" && shell[38] == "5", "background: nice 19 and SCHED_IDLE, as a direct start gives: \(b)")
+        let cSupervisor = try #require(c.first.flatMap(statFields)), cShell = try #require(c.dropFirst().first.flatMap(statFields))
+        #expect((Double(cShell[19]) ?? 0) / ticks - (Double(cSupervisor[19]) ?? 0) / ticks >= 0.5, "c ran on the other spare")
+        #expect(cShell[16] == "0" && cShell[38] == "0", "default: nice 0, SCHED_OTHER: \(c)")
+        for (op, found) in lines {
+            #expect(found.count > 3 && found[2].contains("/active/s/.work/"), "\(op) ran in its scratch folder: \(found)")
+            // What the shell adds itself aside.
+            let environment = found.dropFirst(3).filter { !["PWD=", "OLDPWD=", "SHLVL=", "_="].contains(where: $0.hasPrefix) }
+            #expect(environment == ["ONE=1 and a space", "PATH=/usr/bin:/bin"], "\(op)'s environment is exactly the declared one")
+        }
+    }
+
+    /// Two spares wait while commands start; they are let go (and reaped) once commands stop, and end with a daemon
+    /// killed by SIGKILL.
+    @Test func sparesAreLetGoWhenCommandsStopAndWhenTheDaemonDies() throws {
+        let spool = TestSpool()
+        let config = try spool.configure(["commands": ["t": ["argv": ["/bin/true"]]]])
+        try spool.start(config)
+        let daemon = try #require(spool.daemon?.processIdentifier)
+        #expect(spares(of: daemon).isEmpty, "none before a command starts")
+        try spool.drop("a.plist", ["job": "a", "operations": [["id": "t", "kind": "command", "command": "t"]]])
+        #expect(spool.result("a")?["status"] as? String == "succeeded")
+        #expect(eventually(5) { spares(of: daemon).count == SpareSupervisors.target }, "\(spares(of: daemon))")
+        #expect(eventually(SpareSupervisors.idleSeconds + 5) { spares(of: daemon).isEmpty }, "let go: \(spares(of: daemon))")
+        #expect(eventually(2) { zombies(of: daemon) == 0 }, "and reaped")
+        try spool.drop("b.plist", ["job": "b", "operations": [["id": "t", "kind": "command", "command": "t"]]])
+        #expect(spool.result("b")?["status"] as? String == "succeeded")
+        #expect(eventually(5) { spares(of: daemon).count == SpareSupervisors.target })
+        let waiting = spares(of: daemon)
+        spool.signal(SIGKILL)
+        _ = spool.waitForExit()
+        #expect(eventually(5) { waiting.allSatisfy { kill($0, 0) != 0 || spareArguments($0).isEmpty } },
+                "a spare ends with its daemon: \(waiting.filter { kill($0, 0) == 0 })")
+    }
+
+    /// Spares killed while they wait are not used (the command starts on the next, or directly); a command whose
+    /// arguments do not fit a spare's message starts directly; both get their whole argv.
+    @Test func goneSparesAndCommandsTooBigForOneStartDirectly() throws {
+        let spool = TestSpool()
+        let config = try spool.configure(["commands": [
+            "t": ["argv": ["/bin/true"]],
+            // 30 arguments of up to 4,096 bytes each: more than a spare's message takes.
+            "count": ["argv": ["/bin/sh", "-c", "printf %s \"$*\" | wc -c", "sh"] + Array(repeating: "${x}", count: 30),
+                      "parameters": ["x": "string"],
+                      "output": "stdout"],
+        ]])
+        try spool.start(config)
+        let daemon = try #require(spool.daemon?.processIdentifier)
+        try spool.drop("a.plist", ["job": "a", "operations": [["id": "t", "kind": "command", "command": "t"]]])
+        #expect(spool.result("a")?["status"] as? String == "succeeded")
+        #expect(eventually(5) { spares(of: daemon).count == SpareSupervisors.target })
+        for pid in spares(of: daemon) { kill(pid, SIGKILL) }
+        let big = String(repeating: "x", count: 4_000)
+        try spool.drop("b.plist", ["job": "b", "operations": [
+            ["id": "small", "kind": "command", "command": "count", "arguments": ["x": "yz"]],
+            ["id": "big", "kind": "command", "command": "count", "arguments": ["x": big], "dependencies": ["small"]],
+        ]])
+        let result = try #require(spool.result("b"))
+        #expect(result["status"] as? String == "succeeded", "\(result)")
+        let read = { (op: String) in
+            String(decoding: FileManager.default.contents(atPath: spool.root + "/outbox/b/logs/\(op).stdout") ?? Data(), as: UTF8.self)
+        }
+        #expect(read("small") == "89\n" && read("big") == "120029\n", "\(read("small")) \(read("big").prefix(100))")
+        #expect(eventually(5) { zombies(of: daemon) == 0 }, "the killed spares were reaped")
+    }
+}
