@@ -123,21 +123,61 @@ package func direntName(_ entry: UnsafeMutablePointer<dirent>) -> [UInt8] {
     return Array(UnsafeRawBufferPointer(start: name, count: strlen(name)))
 }
 
-/// Empties the folder open as `fd` (and closes it).
+/// How many folders a removal holds open at once: the top one and those below it it is walking.
+private let maxOpenFolders = 32
+
+/// Empties the folder open as `fd` (and closes it) with at most `maxOpenFolders` folders open and no recursion,
+/// whatever the depth: a folder found below that depth is renamed up into this top folder under a fresh name and
+/// emptied from there once the walk is back at the top, so the tree flattens as it goes. Each folder is opened once
+/// and moved at most once: the work stays linear. Descriptors are only opened with O_NOFOLLOW | O_DIRECTORY and the
+/// walk never uses "..": a folder renamed meanwhile cannot lead it outside, nor can a link.
 private func removeContents(_ fd: Int32) {
-    guard let dir = fdopendir(fd) else { close(fd); return }
-    defer { closedir(dir) }
-    while let entry = readdir(dir) {
-        let name = direntName(entry)
-        if name == [0x2E] || name == [0x2E, 0x2E] { continue }
-        name.withUnsafeBufferPointer { bytes in
-            let cName = bytes.map { CChar(bitPattern: $0) } + [0]
-            if unlinkat(fd, cName, 0) == 0 { return }
-            guard errno == EISDIR else { return }
-            let child = openat(fd, cName, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
-            guard child >= 0 else { return }
-            removeContents(child)
-            unlinkat(fd, cName, AT_REMOVEDIR)
+    guard let top = fdopendir(fd) else { close(fd); return }
+    // The folders being emptied, each with its name in the one before it (the top's name is not used).
+    var walk: [(dir: OpaquePointer, name: [CChar])] = [(top, [])]
+    var moved = 0, visited = 0  // folders renamed into the top one (movedName), and how many were taken up again
+    while let (dir, name) = walk.last {
+        let folder = dirfd(dir)
+        if let entry = readdir(dir) {
+            let bytes = direntName(entry)
+            if bytes == [0x2E] || bytes == [0x2E, 0x2E] { continue }
+            let child = bytes.map { CChar(bitPattern: $0) } + [0]
+            if unlinkat(folder, child, 0) == 0 || errno != EISDIR { continue }
+            if walk.count < maxOpenFolders {
+                if let sub = openFolder(child, in: folder) { walk.append((sub, child)) }
+            } else {
+                moveUp(child, from: folder, into: fd, moved: &moved)
+            }
+        } else if walk.count == 1, visited < moved {
+            let child = movedName(visited)
+            visited += 1
+            if let sub = openFolder(child, in: fd) { walk.append((sub, child)) }
+        } else {
+            closedir(dir)
+            walk.removeLast()
+            if let parent = walk.last { unlinkat(dirfd(parent.dir), name, AT_REMOVEDIR) }
         }
+    }
+}
+
+/// The folder `name` of the folder open as `folder`, opened for readdir; nil when it cannot be (or is not a folder).
+private func openFolder(_ name: [CChar], in folder: Int32) -> OpaquePointer? {
+    let fd = openat(folder, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
+    guard fd >= 0 else { return nil }
+    guard let dir = fdopendir(fd) else { close(fd); return nil }
+    return dir
+}
+
+/// The name of the `n`th folder a removal moved up into its top folder.
+private func movedName(_ n: Int) -> [CChar] { Array(".removing-\(n)".utf8CString) }
+
+/// Renames the folder `name` of `folder` into the top folder `top` under the next fresh name. A name the tree itself
+/// holds there is skipped for good (so this ends); renameat(2) may replace an empty folder of that name, which is as
+/// good as removing it.
+private func moveUp(_ name: [CChar], from folder: Int32, into top: Int32, moved: inout Int) {
+    while true {
+        let target = movedName(moved)
+        moved += 1
+        if renameat(folder, name, top, target) == 0 || ![EEXIST, ENOTEMPTY, ENOTDIR].contains(errno) { return }
     }
 }

@@ -98,6 +98,32 @@ private func launch(_ spool: TestSpool, _ arguments: [String], environment: [Str
         #expect(seen[3] != seen[0], "the littered one was not: \(seen)")
     }
 
+    /// A command leaves 6,000 levels of folders in its scratch folder (a file and a link to /etc/passwd at the
+    /// bottom), under a daemon allowed 256 descriptors: the scratch goes whole all the same, the next operation runs,
+    /// the job succeeds with nothing left to drop at publication, and the daemon ends its run normally.
+    @Test func aScratchFolderThousandsOfLevelsDeepGoesUnderALowDescriptorLimit() throws {
+        let spool = TestSpool()
+        let deep = "for (1..6000) { mkdir 'a' or die \"mkdir: $!\"; chdir 'a' or die \"chdir: $!\" }"
+            + " open(my $f, '>', 'bottom') or die; symlink('/etc/passwd', 'link') or die"
+        let config = try spool.configure(["commands": [
+            "deep": command(["/usr/bin/perl", "-e", deep]), "look": command(["/bin/ls", "-A"], ["output": "stdout"]),
+        ]])
+        try spool.drop("deep.plist", ["job": "deep", "operations": [
+            commandOp("deep", "deep"), commandOp("look", "look", [:], ["dependencies": ["deep"]]),
+        ]])
+        // sh's `ulimit -n` lowers the hard limit too: the daemon cannot raise its soft limit past it.
+        let r = try run("/bin/sh", ["-c", "ulimit -n 256 && exec \"$0\" \"$@\"", binaries + "/opqueued",
+                                    "--spool", spool.root, "--once", "--log-target", "console"] + config, timeout: 60)
+        #expect(r.status == 0, "\(r.stderr)")
+        let result = try #require(spool.result("deep"))
+        #expect(result["status"] as? String == "succeeded", "\(result)")
+        #expect(result["dropped"] == nil, "nothing was left for publication to remove: \(result)")
+        #expect(readText(spool.root + "/outbox/deep/logs/look.stdout") == "", "the next attempt began in an empty folder")
+        #expect(!FileManager.default.fileExists(atPath: spool.root + "/outbox/deep/.work"), "the scratch is gone")
+        #expect(spool.list("active").isEmpty)
+        #expect(FileManager.default.isReadableFile(atPath: "/etc/passwd"))
+    }
+
     @Test func argumentsReachArgvIntactAndTheEnvironmentIsExactlyTheDeclaredOne() throws {
         let spool = TestSpool()
         let config = try spool.configure(["commands": [
