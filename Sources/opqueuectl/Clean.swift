@@ -15,8 +15,9 @@ struct Clean: ParsableCommand {
             What outbox.keepDays does (see opqueued.plist(5)), on demand, whether or not the daemon runs: a job's age is \
             counted from its finishedAt, and DAYS may be fractional (0.5 is twelve hours). Each folder is moved into \
             SPOOL/tmp, then removed there, so that no one sees half of one. Prints each job removed (with --dry-run, \
-            that would be) and their count; a folder whose result.plist cannot be read is named on standard error and \
-            left alone. An unknown status, or a folder that could not be removed, exits 1.
+            that would be) and their count: a folder's name, and the job its result names when that is another (a \
+            folder renamed by hand is removed by its job's age like any other); a folder whose result.plist cannot be \
+            read is named on standard error and left alone. An unknown status, or a folder that could not be removed, exits 1.
             """)
     @OptionGroup var common: Common
     @Option(name: .customLong("older-than"), parsing: .unconditional,
@@ -46,7 +47,9 @@ struct Clean: ParsableCommand {
             case .removed(let entry):
                 removed += 1
                 let finished = TimeText.local(entry.finishedAt)
-                print("\(dryRun ? "would remove" : "removed") \(entry.name) (\(entry.status), finished \(finished))")
+                // A folder renamed by hand is named with the job it holds.
+                let job = entry.name == entry.job ? "" : "job \(entry.job), "
+                print("\(dryRun ? "would remove" : "removed") \(entry.name) (\(job)\(entry.status), finished \(finished))")
             case .failed(_, let problem):
                 failed += 1
                 FileHandle.standardError.write(Data("opqueuectl: \(problem)\n".utf8))

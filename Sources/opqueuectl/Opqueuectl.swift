@@ -109,7 +109,11 @@ struct Opqueuectl: ParsableCommand {
 
             Files: SPOOL/inbox/ (manifests are placed there under a hidden name, then renamed), \
             SPOOL/outbox/JOB/result.plist (what wait, show, graph and list read), SPOOL/outbox/JOB/manifest.plist \
-            (what retry submits again), SPOOL/tmp/ (where clean moves a folder to remove it), SPOOL/opqueued.sock.
+            (what retry submits again), SPOOL/tmp/ (where clean moves a folder to remove it), SPOOL/opqueued.sock. \
+            A job is its result's job, whatever its folder's name: an outbox folder renamed by hand (mv outbox/J \
+            outbox/J.keep) is listed as J, and wait, show, graph and retry find it as J when no folder is named J \
+            (two such folders exit 1, naming both); the name J is then free: a new job may take it, and outbox/J \
+            answers for J once it ends.
             """,
         subcommands: [Submit.self, Validate.self, Status.self, Show.self, Wait.self, Cancel.self, Suspend.self, Resume.self,
                       Graph.self, Metrics.self, List.self, Retry.self, Clean.self])

@@ -7,13 +7,21 @@ import Foundation
 import JobModel
 
 /// A job's outbox entry, once it has ended (outbox/<job>, or the outbox/<job>.N whose result names the job when
-/// that name was taken: `Outbox.ended`); nil while there is none. An entry whose result cannot be read is an error
-/// that says which file and why: the job has ended, and asking the daemon (or waiting) would never say more.
-func endedEntry(of job: String, _ common: Common) throws -> OutboxEntry? {
-    switch Outbox.ended(job, in: common.spool + "/outbox") {
+/// that name was taken; else the one folder, whatever its name, whose result names it: `Outbox.find`); nil while
+/// there is none. An entry whose result cannot be read is an error that says which file and why: the job has ended,
+/// and asking the daemon (or waiting) would never say more; so are two folders that both say they are the job's.
+/// `search` false, or a job of that id in active/ or waiting as inbox/<job>.plist: its own names only (a renamed
+/// folder then is an older job's of the same id; a wait polling its own names looks at the rest once, not each time).
+func endedEntry(of job: String, _ common: Common, search: Bool = true) throws -> OutboxEntry? {
+    let held = access(common.spool + "/active/" + job, F_OK) == 0 || access(common.spool + "/inbox/" + job + ".plist", F_OK) == 0
+    switch Outbox.find(job, in: common.spool + "/outbox", search: search && !held && isValidIdentifier(job)) {
     case nil: return nil
-    case .success(let entry)?: return entry
-    case .failure(let problem)?: throw fail("job '\(job)' has ended, but its result cannot be read: \(problem)")
+    case .entry(let entry)?: return entry
+    case .unreadable(let problem)?: throw fail("job '\(job)' has ended, but its result cannot be read: \(problem)")
+    case .several(let entries)?:
+        let folders = entries.map { "outbox/\($0.name) (\($0.status), finished \(TimeText.local($0.finishedAt)))" }
+        throw fail("job '\(job)': \(entries.count) outbox folders say they are its, none named \(job): "
+            + folders.joined(separator: ", ") + "; rename the job's own to outbox/\(job)")
     }
 }
 

@@ -42,7 +42,9 @@ struct Wait: ParsableCommand {
         // asking again then could take the daemon's answer time past it.
         var lastLook: Look?
         while true {
-            if let entry = try endedEntry(of: job, common) {
+            // A folder renamed from the job's own name is looked for once: a job that ends meanwhile is placed
+            // under its own names, which each poll looks at.
+            if let entry = try endedEntry(of: job, common, search: polls == 0) {
                 let status = entry.status
                 if tty { FileHandle.standardError.write(Data("\r\u{1B}[K".utf8)) }
                 print("\(job): \(status)")

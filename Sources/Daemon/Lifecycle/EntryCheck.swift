@@ -6,7 +6,9 @@
 //     and telling a link "inside" the folder from one outside means resolving it, which a planter can race;
 //   - a named pipe, a socket or a device node (opening a pipe blocks whoever copies the entry);
 //   - a folder more than `maxDepth` levels deep (walked no further: one descriptor is held per level).
-// Each removal is said with its reason (result.plist `dropped`, and the journal).
+// Each removal is said with its reason (result.plist `dropped`, and the journal). An operation's output that went
+// (a written file replaced by a link, one below a link or a too-deep folder) is left out of its `outputs`
+// (ResultWriter): result.plist never names a file the entry does not hold; `dropped` says what went and why.
 //
 // What it trusts: nothing in the folder. Links are never followed (O_NOFOLLOW, readdir's type, fstatat with
 // AT_SYMLINK_NOFOLLOW when the file system gives none). It sees the folder as it is at publication: a process of
@@ -23,6 +25,8 @@ import Glibc
 struct DroppedPath: Sendable, Equatable, CustomStringConvertible {
     let path: String
     let reason: String
+    /// A folder that could not be read to be checked, published as it is: what is below it stays an output.
+    var unchecked = false
     var description: String { "\(path): \(reason)" }
 }
 
@@ -75,7 +79,7 @@ enum EntryCheck {
                     remove(name, in: fd, path: path, "replaced while it was checked: not published", into: &dropped)
                 } else {
                     dropped.append(DroppedPath(path: path + "/", reason: "a folder that cannot be read to be checked "
-                                               + "(\(String(cString: strerror(errno)))): published as it is"))
+                                               + "(\(String(cString: strerror(errno)))): published as it is", unchecked: true))
                 }
             case DT_DIR:
                 let removed = removeTree(name, in: fd)

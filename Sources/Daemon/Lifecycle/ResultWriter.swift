@@ -11,13 +11,15 @@ import PropertyList
 enum ResultWriter {
     /// Streams the result of `job` to `sink`; returns when its first operation started (nil if none did).
     /// `origin` and `node` are set with a cluster only (SPEC §8: `submittedOn`, `node`). `dropped`: what was removed
-    /// from the job's folder before publication (EntryCheck), as `dropped = ( { path; reason; } )` when any.
+    /// from the job's folder before publication (EntryCheck), as `dropped = ( { path; reason; } )` when any; an
+    /// output among it, or below it, is not listed in its operation's `outputs` (which name only what the entry holds).
     static func write(job: RunningJob, status: JobStatus, error: String?, records allRecords: [OperationRecord], now: Double,
                       origin: JobOrigin?, node: String?, dropped: [DroppedPath] = [],
                       to sink: (UnsafeRawBufferPointer) throws -> Void) throws -> Double? {
         let operations = job.plan?.operations ?? []
         let records = allRecords.prefix(operations.count)
         func times(_ i: Int) -> (started: Double?, finished: Double?, attempts: Int) { Self.times(records[i], of: operations[i], in: job) }
+        let gone = DroppedOutputs(dropped)
         var firstStart: Double?
         for i in records.indices { if let s = times(i).started { firstStart = min(firstStart ?? s, s) } }
 
@@ -61,8 +63,10 @@ enum ResultWriter {
             w.key("kind"); w.string(op.kind.rawValue)
             w.key("outputs")
             w.beginArray()
-            if record.state == .succeeded, case .write(let path, _, _) = op.parameters { w.string(path) }
-            if case .command = op.parameters, attempts > 0 { for path in CommandOperation.logPaths(op.id) { w.string(path) } }
+            if record.state == .succeeded, case .write(let path, _, _) = op.parameters, !gone.contains(path) { w.string(path) }
+            if case .command = op.parameters, attempts > 0 {
+                for path in CommandOperation.logPaths(op.id) where !gone.contains(path) { w.string(path) }
+            }
             w.endArray()
             w.key("qualityOfService"); w.string(record.qualityOfService.name)
             w.key("queue"); w.string(op.queue)
@@ -93,6 +97,28 @@ extension ResultWriter {
             return (done.startedAt, done.finishedAt, done.attempts)
         }
         return (record.startedAt, record.finishedAt, record.attempts)
+    }
+}
+
+/// The paths EntryCheck removed (or found to be something else than what was written), for `outputs`: an output is
+/// gone when it, or a folder or link on its way, was dropped. Output paths are canonical (SPEC §3.3: relative, no
+/// empty, `.` or `..` component), as are the dropped ones (a folder's with a trailing `/`, taken off here).
+struct DroppedOutputs {
+    private let paths: Set<Substring>
+
+    init(_ dropped: [DroppedPath]) {
+        paths = Set(dropped.lazy.filter { !$0.unchecked }.map { $0.path.hasSuffix("/") ? $0.path.dropLast() : Substring($0.path) })
+    }
+
+    func contains(_ output: String) -> Bool {
+        guard !paths.isEmpty else { return false }
+        if paths.contains(Substring(output)) { return true }
+        var from = output.startIndex
+        while let slash = output[from...].firstIndex(of: "/") {
+            if paths.contains(output[..<slash]) { return true }
+            from = output.index(after: slash)
+        }
+        return false
     }
 }
 

@@ -4,6 +4,8 @@
 //   read    the folder is read as a stream (readdir), one entry at a time; of each outbox/<name>/result.plist only
 //           the top-level job, status, node, finishedAt and durationSeconds are read (PlistTopLevel: the operations
 //           of a big job are skipped through, never held), so memory does not grow with the outbox or its results
+//   find    an ended job by its id (show, wait, retry): under its own names first; only when they miss is every
+//           folder read, for a result whose `job` is the id (a folder an operator renamed is still its job's)
 //   prune   an entry whose finishedAt is older than the cutoff (and of a status asked for) is renamed into tmp/ (the
 //           same file system: the spool's tmp/, or a shared outbox's .tmp/), then removed there: whoever reads the
 //           outbox sees a job's folder whole or not at all; what a crash leaves in the spool's tmp/ goes at the
@@ -22,7 +24,8 @@ import SystemCalls
 
 /// What list and clean need of an ended job: a few top-level keys of its result.plist (SPEC §5).
 public struct OutboxEntry: Sendable, Equatable {
-    /// The folder's name in the outbox: the job's id, or `job`.N when that name was taken as it ended.
+    /// The folder's name in the outbox: the job's id, or `job`.N when that name was taken as it ended, or whatever
+    /// an operator renamed it to.
     public var name: String
     /// The result's `job`.
     public var job: String
@@ -46,9 +49,11 @@ public enum Outbox {
     /// The keys of result.plist read for an entry.
     static let resultKeys: Set<String> = ["job", "status", "node", "finishedAt", "durationSeconds"]
 
-    /// Entry `name` of the outbox open as `folder` (a descriptor, `path` for messages): nil when it is no folder
-    /// (a file, a symbolic link) or has gone meanwhile; else its entry, or why its result cannot be read.
-    static func readEntry(_ name: String, in folder: Int32, path: String) -> Result<OutboxEntry, OutboxProblem>? {
+    /// The top-level `keys` of entry `name`'s result.plist, in the outbox open as `folder` (a descriptor, `path` for
+    /// messages): nil when it is no folder (a file, a symbolic link) or has gone meanwhile; else the keys, or why its
+    /// result cannot be read. Reading stops once every key is seen (result.plist's keys are sorted: `job` comes
+    /// before the operations, `status` after them).
+    static func readTop(_ name: String, in folder: Int32, path: String, keys: Set<String>) -> Result<PlistDictionary, OutboxProblem>? {
         let job = openat(folder, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC)
         guard job >= 0 else {
             let e = errno
@@ -62,18 +67,28 @@ public enum Outbox {
         defer { close(fd) }
         var st = stat()
         guard fstat(fd, &st) == 0, (st.st_mode & S_IFMT) == S_IFREG else { return .failure(OutboxProblem("\(file): not a regular file")) }
-        let top: PlistDictionary
         do {
-            top = try PlistTopLevel.read(keys: resultKeys) { buffer in
+            return .success(try PlistTopLevel.read(keys: keys) { buffer in
                 retryingInterrupts { read(fd, buffer.baseAddress, buffer.count) }
-            }
+            })
         } catch {
             return .failure(OutboxProblem("\(file): \(error)"))
         }
+    }
+
+    /// Entry `name` of the outbox open as `folder` (a descriptor, `path` for messages): nil when it is no folder
+    /// (a file, a symbolic link) or has gone meanwhile; else its entry, or why its result cannot be read.
+    static func readEntry(_ name: String, in folder: Int32, path: String) -> Result<OutboxEntry, OutboxProblem>? {
+        let top: PlistDictionary
+        switch readTop(name, in: folder, path: path, keys: resultKeys) {
+        case nil: return nil
+        case .failure(let problem)?: return .failure(problem)
+        case .success(let read)?: top = read
+        }
         guard let id = top["job"]?.string, let status = top["status"]?.string, let finishedAt = top["finishedAt"]?.real else {
             let missing = ["job", "status", "finishedAt"].filter { top[$0] == nil }
-            return .failure(OutboxProblem("\(file): " + (missing.isEmpty ? "job, status or finishedAt of the wrong type"
-                                                             : "no \(missing.joined(separator: ", "))")))
+            let why = missing.isEmpty ? "job, status or finishedAt of the wrong type" : "no \(missing.joined(separator: ", "))"
+            return .failure(OutboxProblem("\(path)/\(name)/result.plist: \(why)"))
         }
         // The same storage for the name and the id when they are equal (they are, but for a renamed entry).
         return .success(OutboxEntry(name: name, job: id == name ? name : id, status: status, node: top["node"]?.string,
@@ -109,6 +124,39 @@ public enum Outbox {
             }
         }
         return unreadable.map { .failure($0) }
+    }
+
+    /// What `find` found of an ended job.
+    public enum Found: Sendable {
+        case entry(OutboxEntry)
+        /// Its folder is there, but its result cannot be read.
+        case unreadable(OutboxProblem)
+        /// Several folders, none under the job's own names, whose results name the job: which is its own cannot be told.
+        case several([OutboxEntry])
+    }
+
+    /// The outbox entry of ended job `job`, wherever its folder is: `ended`'s names first (outbox/<job>, <job>.N: a
+    /// few opens, no scan), and only when they hold none every folder of the outbox, for one whose result's `job` is
+    /// the job: an operator renamed it (`mv outbox/J outbox/J.keep`; `list` lists it as J). Only `job` is read of
+    /// each result (it comes before the operations). `search` false: the names alone. Nil when nothing holds the job.
+    public static func find(_ job: String, in outbox: String, search: Bool = true) -> Found? {
+        switch ended(job, in: outbox) {
+        case .success(let entry)?: return .entry(entry)
+        case .failure(let problem)?: return .unreadable(problem)
+        case nil: break
+        }
+        guard search, let reader = try? OutboxReader(outbox) else { return nil }
+        var found: [OutboxEntry] = []
+        while let name = reader.nextName() {
+            guard case .success(let top)? = readTop(name, in: reader.folder, path: outbox, keys: ["job"]), top["job"]?.string == job,
+                  case .success(let entry)? = readEntry(name, in: reader.folder, path: outbox), entry.job == job else { continue }
+            found.append(entry)
+        }
+        switch found.count {
+        case 0: return nil
+        case 1: return .entry(found[0])
+        default: return .several(found.sorted { $0.name < $1.name })
+        }
     }
 
     /// The id the ended job whose folder is `folder` asked for (its result's `requestedJob`, else its `job`): what
@@ -154,7 +202,8 @@ public enum Outbox {
 /// The outbox's folder read as a stream: one entry at a time, in directory order (not Sendable: one thread).
 public final class OutboxReader {
     public let path: String
-    private let folder: Int32
+    /// The outbox's folder, open.
+    let folder: Int32
     private let stream: OpaquePointer
     /// Node names, kept once each (a cluster has a handful): an entry's `node` shares their storage.
     private var nodes: [String: String] = [:]
@@ -173,12 +222,20 @@ public final class OutboxReader {
 
     deinit { closedir(stream) }
 
-    /// The next entry, or why the next folder's result cannot be read; nil at the end. Hidden names (a shared
-    /// outbox's .tmp/) and what is not a folder are passed over.
-    public func next() -> Result<OutboxEntry, OutboxProblem>? {
+    /// The next name in the folder that is not hidden (a shared outbox's .tmp/), nil at the end: nothing is opened.
+    func nextName() -> String? {
         while let dirent = readdir(stream) {
             let bytes = direntName(dirent)
             guard let first = bytes.first, first != UInt8(ascii: "."), let name = String(validating: bytes, as: UTF8.self) else { continue }
+            return name
+        }
+        return nil
+    }
+
+    /// The next entry, or why the next folder's result cannot be read; nil at the end. Hidden names (a shared
+    /// outbox's .tmp/) and what is not a folder are passed over.
+    public func next() -> Result<OutboxEntry, OutboxProblem>? {
+        while let name = nextName() {
             guard var read = Outbox.readEntry(name, in: folder, path: path) else { continue }
             if case .success(var entry) = read, let node = entry.node {
                 if let known = nodes[node] { entry.node = known } else if nodes.count < 1024 { nodes[node] = node }

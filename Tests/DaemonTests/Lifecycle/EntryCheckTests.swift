@@ -1,5 +1,6 @@
 // What a job's folder may hold when it is published (EntryCheck, SPEC §2): a symbolic link, a named pipe, a socket or
-// a device is removed first and said in result.plist's `dropped` and the log; regular files and folders stay.
+// a device is removed first and said in result.plist's `dropped` and the log; regular files and folders stay, and an
+// operation's `outputs` names only what the entry holds.
 
 import Foundation
 import Testing
@@ -45,6 +46,38 @@ private func fileType(_ path: String) -> mode_t? {
                             "pipe": "a named pipe: only files and folders are published"])
         #expect(r.stderr.contains("job p: removed from active/p before publication: "), "\(r.stderr)")
         #expect(r.stderr.contains("passwd (a symbolic link to /etc/passwd: links are not published)"), "\(r.stderr)")
+    }
+
+    /// Outputs that went at publication are not listed: a racing command replaces a written file by a link, the
+    /// folder of another by a link, and its own stderr log by a link; a write deeper than the walk's bound goes with
+    /// its folder. Each operation's `outputs` then names only regular files the entry holds, and `dropped` says why.
+    @Test func outputsRemovedAtPublicationAreNotListedAsOutputs() throws {
+        let spool = TestSpool()
+        let script = "cd ../.. && rm out.txt && ln -s /etc/passwd out.txt && rm -r sub && ln -s /etc sub"
+            + " && rm logs/plant.stderr && ln -s /etc/passwd logs/plant.stderr"
+        let config = try spool.configure(["commands": [
+            "emit": ["argv": ["/bin/echo", "bytes"], "output": "stdout"],
+            "plant": ["argv": ["/bin/sh", "-c", script]],
+        ]])
+        let deepFolder = Array(repeating: "d", count: EntryCheck.maxDepth + 1).joined(separator: "/")
+        let writes = ["out": "out.txt", "below": "sub/below.txt", "deep": deepFolder + "/deep.txt", "kept": "kept.txt"]
+        let manifest: [String: Any] = ["job": "o", "operations": [["id": "src", "kind": "command", "command": "emit"]]
+            + writes.keys.sorted().map { ["id": $0, "kind": "write", "path": writes[$0]!, "input": "src"] }
+            + [["id": "plant", "kind": "command", "command": "plant", "dependencies": writes.keys.sorted()]]]
+        try spool.drop("o.plist", manifest)
+        let r = try run("opqueued", ["--spool", spool.root, "--once", "--log-target", "console"] + config)
+        #expect(r.status == 0, "\(r.stderr)")
+        let result = try #require(spool.result("o", timeout: 1))
+        #expect(result["status"] as? String == "succeeded", "\(result)")
+        let operations = try #require(result["operations"] as? [[String: Any]], "\(result)")
+        let outputs = Dictionary(uniqueKeysWithValues: operations.map { ($0["id"] as? String ?? "", $0["outputs"] as? [String] ?? ["?"]) })
+        #expect(outputs == ["src": ["logs/src.stdout", "logs/src.stderr"], "out": [], "below": [], "deep": [], "kept": ["kept.txt"],
+                            "plant": ["logs/plant.stdout"]], "\(operations)")
+        for path in outputs.values.joined() {
+            #expect(fileType(spool.root + "/outbox/o/" + path) == S_IFREG, "\(path) is listed as an output but is no file of the entry")
+        }
+        let dropped = Set((result["dropped"] as? [[String: String]] ?? []).compactMap { $0["path"] })
+        #expect(dropped == ["out.txt", "sub", "logs/plant.stderr", deepFolder + "/"], "\(result)")
     }
 
     /// The walk on its own: links are removed wherever they point (inside the folder too, or nowhere) and never
