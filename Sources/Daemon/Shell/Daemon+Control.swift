@@ -174,7 +174,7 @@ extension Daemon {
         if shared.withLock({ $0.lifecycle.phase(of: id) == nil && $0.lifecycle.parkedCount > 0 }), hasActiveFolder(id) {
             work.sync { unparkForCancel(id) }
         }
-        switch cancelHere(job: id, operation: operation) {
+        switch cancelHere(job: id, operation: operation, answering: true) {
         case .some(let outcome):
             // Also where a node taking the job over reads it (a cluster's database), before the client is answered.
             if outcome == .cancelled, let reason = store.shareCancel(job: id, operation: operation) {
@@ -200,21 +200,36 @@ extension Daemon {
     /// Cancels a job in the lifecycle's table, or one claimed and not yet received; nil when it is not there. A cancel
     /// is recorded in the job's progress: if the job resumes after a restart, it is made again before any operation
     /// starts (§2), and a job cancelled whole ends cancelled without running anything. One operation's cancel is
-    /// recorded once the engine has said it was made (it may answer that the operation had ended).
-    func cancelHere(job id: String, operation: String?) -> CancelOutcome? {
+    /// recorded once the engine has said it was made (it may answer that the operation had ended); `answering` (a
+    /// client waits for the answer), it is committed before it is answered, as a whole job's is (a cancel from the
+    /// store is kept by the store: it waits for the next group commit).
+    func cancelHere(job id: String, operation: String?, answering: Bool = false) -> CancelOutcome? {
         let outcome = applyCancelHere(job: id, operation: operation)
-        if outcome == .cancelled, let operation { recordCancel(job: id, operation: operation) }
+        if outcome == .cancelled, let operation, recordCancel(job: id, operation: operation), answering {
+            commitCancel(job: id, operation: operation)
+        }
         return outcome
     }
 
-    /// Records a cancel (durable at the commit it asks for). Should it fail, the cancel holds while this run lasts,
-    /// and the spool's fault is handled as a failed success record's is.
-    private func recordCancel(job: String, operation: String?) {
+    /// Records a cancel (durable at the commit it asks for); false when that failed. Should it fail, the cancel holds
+    /// while this run lasts, and the spool's fault is handled as a failed success record's is.
+    private func recordCancel(job: String, operation: String?) -> Bool {
         do {
             try store.recordCancel(job: job, operation: operation, at: Date().timeIntervalSince1970)
             progressWasRecorded(1)
+            return true
         } catch {
             work.async { [self] in spoolFailed("recording the cancel of \(job)/\(operation ?? "*")", error) }
+            return false
+        }
+    }
+
+    /// Waits for the group commit that makes a recorded cancel durable (shared with whatever else is being committed).
+    private func commitCancel(job: String, operation: String?) {
+        do {
+            try commit()
+        } catch {
+            work.async { [self] in spoolFailed("committing the cancel of \(job)/\(operation ?? "*")", error) }
         }
     }
 
@@ -224,12 +239,7 @@ extension Daemon {
     /// else is being committed; a line for a job that ends otherwise meanwhile is dropped with its other lines.
     private func recordJobCancel(_ id: String) {
         guard shared.withLock({ $0.lifecycle.phase(of: id) != .rejected }), hasActiveFolder(id) else { return }
-        recordCancel(job: id, operation: nil)
-        do {
-            try commit()
-        } catch {
-            work.async { [self] in spoolFailed("committing the cancel of \(id)", error) }
-        }
+        if recordCancel(job: id, operation: nil) { commitCancel(job: id, operation: nil) }
     }
 
     private func applyCancelHere(job id: String, operation: String?) -> CancelOutcome? {

@@ -380,7 +380,11 @@ public final class Daemon: Sendable {
             return (.sync { _ in try DownloadedFile(path: file) }, false)
         case .sepia, .grayscale, .blur, .resize, .vignette, .thumbnail: return (nil, true)
         case .command(let name, _):
-            return (config.commands[name].map { CommandOperation.recovered($0, operation: op.id, folder: environment.jobFolder) }, false)
+            // Succeeded once accepted: a command removed from the configuration since does not make it run again.
+            guard let spec = config.commands[name] else {
+                return (CommandOperation.recoveredWithoutSpec(operation: op.id, folder: environment.jobFolder), false)
+            }
+            return (CommandOperation.recovered(spec, operation: op.id, folder: environment.jobFolder), false)
         }
     }
 

@@ -194,6 +194,17 @@ package enum CommandOperation {
             .sync { _ in try readRegularFile(keptFolder(folder) + "/" + operation, limit: Int.max).get() }
         }
     }
+
+    /// The same for a command removed from the configuration since: it is not run again either. It hands over its
+    /// kept output file when it has one (it declared `output = file`), else nothing: whether it declared `stdout` or
+    /// `none` is no longer known, and a dependent handed the wrong input would run on it silently.
+    package static func recoveredWithoutSpec(operation: String, folder: String) -> OperationBody {
+        .sync { _ in
+            let kept = keptFolder(folder) + "/" + operation
+            guard access(kept, F_OK) == 0 else { return nil }
+            return try readRegularFile(kept, limit: Int.max).get()
+        }
+    }
 }
 
 // Commands' scratch folders (${workdir}, SPEC §3.6): `.work/<n>` in the job's folder, one per attempt at a time, kept

@@ -285,3 +285,43 @@ extension FlowControlTests {
         try expectRanWithoutHi(spool, "gone")
     }
 }
+
+/// A job resumed at a restart keeps what had succeeded (SPEC §2): a command operation that succeeded before is not
+/// checked against the configuration again, so one whose command the new start's configuration lacks is neither run
+/// again nor failed for it, and hands its kept output file on; the operations after it run.
+extension FlowControlTests {
+    /// `first` notes its run in `${log}` and writes its output file; `second` notes its run with the input it was given.
+    func firstAndSecond(_ spool: TestSpool, keepFirst: Bool) throws -> [String] {
+        let first: [String: Any] = ["argv": ["/bin/sh", "-c", "echo first >> \"$1\"; echo handed > \"$2\"", "sh", "${log}", "${output}"],
+                                    "parameters": ["log": "string"], "output": "file"]
+        let second: [String: Any] = ["argv": ["/bin/sh", "-c", "echo \"second $(cat \"$2\")\" >> \"$1\"", "sh", "${log}", "${input}"],
+                                     "parameters": ["log": "string"]]
+        let commands = keepFirst ? ["first": first, "second": second] : ["second": second]
+        return try spool.configure(["shutdownGraceSeconds": 0.5, "commands": commands])
+    }
+
+    @Test(arguments: [SIGKILL, SIGTERM])
+    func aCommandThatSucceededBeforeARestartWithoutItStaysSucceeded(_ sig: Int32) throws {
+        let spool = TestSpool()
+        let runs = spool.root + ".runs"
+        defer { unlink(runs) }
+        func ran() -> [String] { ((try? String(contentsOfFile: runs, encoding: .utf8)) ?? "").split(separator: "\n").map(String.init) }
+        try spool.start(firstAndSecond(spool, keepFirst: true))
+        // The stop comes while `wait` sleeps (a sleep outlasts the grace; a command would be killed and fail).
+        try spool.drop("chain.plist", ["job": "chain", "operations": [
+            ["id": "one", "kind": "command", "command": "first", "arguments": ["log": runs]], sleepOp("wait", 2, deps: ["one"]),
+            ["id": "two", "kind": "command", "command": "second", "arguments": ["log": runs], "dependencies": ["wait"], "input": "one"]]])
+        let progress = spool.root + "/active/.progress.log"
+        #expect(eventually(10) { ((try? String(contentsOfFile: progress, encoding: .utf8)) ?? "").contains("chain\tone\t") })
+        spool.signal(sig)
+        _ = spool.waitForExit(timeout: 15)
+        #expect(spool.list("active") == ["chain"], "the job had not ended at the stop")
+        try spool.start(firstAndSecond(spool, keepFirst: false))
+        let result = try #require(spool.result("chain", timeout: 20))
+        #expect(result["status"] as? String == "succeeded", "\(result)")
+        let ops = try #require(result["operations"] as? [[String: Any]])
+        #expect(ops.map { $0["state"] as? String } == ["succeeded", "succeeded", "succeeded"], "\(ops)")
+        #expect(ran() == ["first", "second handed"], "'one' ran once; 'two' was given its output")
+        #expect(!log(spool).contains("was removed from the configuration"))
+    }
+}

@@ -59,6 +59,24 @@ import TestTraits
         #expect(ops["b"]?.state == "cancelled" && ops["b"]?.attempts == 0, "its dependent is cancelled too: \(ops)")
     }
 
+    /// A kill -9 at once after the answer (the answer follows the cancel's commit: CancelCommitTests).
+    @Test func anOperationCancelAnsweredThenKilledAtOnceStaysCancelled() throws {
+        let spool = TestSpool()
+        try spool.start()
+        try spool.drop("k9.plist", ["job": "k9", "operations": [sleepOp("s", 3), sleepOp("a", 0.1, deps: ["s"]), sleepOp("c", 0.1)]])
+        #expect(eventually(10) { states(spool, "k9")["s"] == "executing" })
+        let cancel = try spool.ctl(["cancel", "k9", "a"])
+        spool.signal(SIGKILL)
+        #expect(cancel.status == 0, "\(cancel.stderr)")
+        _ = spool.waitForExit(timeout: 15)
+        try spool.start()
+        let result = try #require(spool.result("k9", timeout: 20))
+        #expect(result["status"] as? String == "cancelled", "\(result)")
+        let ops = operations(result)
+        #expect(ops["a"]?.state == "cancelled" && ops["a"]?.attempts == 0, "\(ops)")
+        #expect(ops["s"]?.state == "succeeded" && ops["c"]?.state == "succeeded", "\(ops)")
+    }
+
     @Test(arguments: [SIGKILL, SIGTERM])
     func anOperationCancelledInADelayedJobStaysCancelledAfterARestart(_ sig: Int32) throws {
         let spool = TestSpool()

@@ -187,6 +187,36 @@ private func eventually(_ seconds: Double = 20, _ condition: () -> Bool) -> Bool
     }
 }
 
+@Suite(.onItsOwnExecutor) struct CancelCommitTests {
+    /// A client is told an operation is cancelled only once its progress line is committed (as a whole job's cancel
+    /// is): a crash of the machine after the answer cannot forget it. Before, the line waited for the next group
+    /// commit (progressCommitDelay, 50 ms) after the answer.
+    @Test func anOperationsCancelIsCommittedBeforeItIsAnswered() async throws {
+        let root = NSTemporaryDirectory() + "opq-cancelcommit-\(getpid())-\(UInt32.random(in: 0...UInt32.max))"
+        defer { try? FileManager.default.removeItem(atPath: root) }
+        let spool = try Spool(root: root)
+        // Set by each commit that covers the cancel's line (it was written before the commit began).
+        let covered = Mutex(false)
+        let daemon = Daemon(configuration: .builtIn, configPath: nil, logger: Logger(label: "test") { _ in SwiftLogNoOpLogHandler() },
+                            store: SpoolJobStore(spool: spool),
+                            beforeCommit: {
+            let progress = (try? String(contentsOfFile: root + "/active/.progress.log", encoding: .utf8)) ?? ""
+            if progress.contains("job\ta\tcancelled\t") { covered.withLock { $0 = true } }
+        })
+        daemon.start()
+        let data = plist(["job": "job", "operations": [["id": "s", "kind": "sleep", "seconds": 30],
+                                                      ["id": "a", "kind": "sleep", "seconds": 0, "dependencies": ["s"]]]])
+        _ = FileManager.default.createFile(atPath: root + "/inbox/.job", contents: data)
+        rename(root + "/inbox/.job", root + "/inbox/job.plist")
+        daemon.scan(hints: ["job.plist"])
+        #expect(eventually { daemon.status().executing == 1 })
+        #expect(daemon.cancel(job: "job", operation: "a") == .cancelled)
+        #expect(covered.withLock { $0 }, "committed before the answer")
+        #expect(daemon.cancel(job: "job", operation: nil) == .cancelled)
+        await daemon.stop(grace: 1)
+    }
+}
+
 @Suite(.onItsOwnExecutor) struct InboxHintTests {
     /// Names inotify reports are claimed without reading the inbox again; a job's end is no reason to read it
     /// either. The inbox here also holds 2,000 hidden files (a writer's temporaries): each read costs them all.
