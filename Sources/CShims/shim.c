@@ -272,6 +272,11 @@ int opq_send_with_descriptors(int socket, const void *bytes, size_t length, int 
     return (size_t)n == length ? 0 : -EMSGSIZE;
 }
 
+int opq_pidfd_open(pid_t pid) {
+    int fd = (int)syscall(SYS_pidfd_open, pid, 0);
+    return fd >= 0 ? fd : -errno;
+}
+
 int opq_seqpacket_pair(int fds[2]) {
     return socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, fds) == 0 ? 0 : -errno;
 }

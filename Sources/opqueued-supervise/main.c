@@ -6,10 +6,12 @@
 //
 //   opqueued-supervise GRACE PARENT PATH ARG0 ARGS...
 //   opqueued-supervise --spare GRACE PARENT        (descriptor 3: a SOCK_SEQPACKET socket from the daemon)
+//   opqueued-supervise --factory GRACE PARENT      (the same: the daemon asks it for spares)
 //
 // Runs PATH with ARG0 ARGS... (environment, descriptors, working directory and scheduling as it was given them) and
 // exits as the command did once the command and everything it started have ended. A spare is started ahead of need
 // (spare.c): it waits for one message saying the command, then does the same; the daemon closing the socket ends it.
+// A factory makes spares as copies of itself, children of the daemon, without an exec each (spare.c says why).
 // - the command exits: what it left running gets SIGKILL (waited for), then this process exits with its status (or
 //   by its signal);
 // - SIGTERM (the operation cancelled or timed out): SIGTERM to every descendant, SIGKILL to all GRACE seconds later;
@@ -220,20 +222,33 @@ static int supervise(double grace, pid_t parent, const char *path, char *const *
     }
 }
 
-int main(int argc, char **argv) {
-    int spare = argc == 4 && strcmp(argv[1], "--spare") == 0;
-    if (argc < 5 && !spare) {
-        fprintf(stderr, "usage: opqueued-supervise GRACE PARENT PATH ARG0 [ARGS...]\n");
-        return 127;
-    }
-    double grace = strtod(argv[spare ? 2 : 1], NULL);
-    pid_t parent = (pid_t)strtol(argv[spare ? 3 : 2], NULL, 10);
+/// A spare: waits for its command on descriptor 3, then supervises it.
+static int run_spare(double grace, pid_t parent) {
     sigset_t watched, previous;
     int refused = prepare(parent, &watched, &previous);
     if (refused != 0) return refused;
-    if (!spare) return supervise(grace, parent, argv[3], argv + 4, &watched, &previous);
     struct spare_command command;
     int received = spare_receive(3, &command);
     if (received <= 0) return received == 0 ? 0 : 127; // 0: the daemon let this spare go
     return supervise(grace, parent, command.path, command.argv, &watched, &previous);
+}
+
+int main(int argc, char **argv) {
+    int spare = argc == 4 && strcmp(argv[1], "--spare") == 0, factory = argc == 4 && strcmp(argv[1], "--factory") == 0;
+    if (argc < 5 && !spare && !factory) {
+        fprintf(stderr, "usage: opqueued-supervise GRACE PARENT PATH ARG0 [ARGS...]\n");
+        return 127;
+    }
+    double grace = strtod(argv[spare || factory ? 2 : 1], NULL);
+    pid_t parent = (pid_t)strtol(argv[spare || factory ? 3 : 2], NULL, 10);
+    if (spare) return run_spare(grace, parent);
+    if (factory) {
+        // Returns in each spare it makes (a copy of this process), with its socket as descriptor 3.
+        if (spare_factory(3, argv[1]) == 0) return 0;
+        return run_spare(grace, parent);
+    }
+    sigset_t watched, previous;
+    int refused = prepare(parent, &watched, &previous);
+    if (refused != 0) return refused;
+    return supervise(grace, parent, argv[3], argv + 4, &watched, &previous);
 }

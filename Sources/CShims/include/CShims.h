@@ -115,6 +115,9 @@ int opq_spawn_spare(const char *path, char *const argv[], int socket, pid_t *pid
 /// SIGPIPE. 0, or -errno (-EPIPE: the other end is gone).
 int opq_send_with_descriptors(int socket, const void *bytes, size_t length, int first, int second);
 
+/// pidfd_open(2) of a child: the descriptor (close-on-exec), or -errno.
+int opq_pidfd_open(pid_t pid);
+
 /// A SOCK_SEQPACKET socketpair, both ends close-on-exec. 0 or -errno.
 int opq_seqpacket_pair(int fds[2]);
 

@@ -339,8 +339,10 @@ package enum Supervisor {
         return [path, String(ChildProcess.killGrace), daemonPID, command[0]] + command
     }
 
-    /// A spare supervisor's argv (SpareSupervisors.swift).
-    static var spareArgv: [String] { [path ?? "", "--spare", String(ChildProcess.killGrace), daemonPID] }
+    /// The argv of a spare supervisor, or of the factory that copies them (SpareSupervisors.swift).
+    static func spareArgv(factory: Bool) -> [String] {
+        [path ?? "", factory ? "--factory" : "--spare", String(ChildProcess.killGrace), daemonPID]
+    }
 
     /// This process's pid, as the supervisor's PARENT argument (the daemon never forks a copy of itself that runs this).
     private static let daemonPID = String(getpid())

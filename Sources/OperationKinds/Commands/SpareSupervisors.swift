@@ -2,7 +2,11 @@
 // message to a process already running: the supervisor's exec and start, a third of a short command's path when
 // commands run one after another, happen beside the command before instead of in front of this one.
 //
-// Up to `target` spares wait, started on a thread of their own at the daemon's own priority: a spare takes on an
+// Spares are copies of a factory (a supervisor started once with `--factory`) rather than an exec each: in a virtual
+// machine a static program's start costs ~0.5 ms of CPU (spare.c says why), more than the daemon's own work for a
+// command; when the factory cannot make one, a spare is started with posix_spawn.
+//
+// Up to `target` spares wait, made on a thread of their own at the daemon's own priority: a spare takes on an
 // operation's nice value, SCHED_IDLE and idle I/O class, which it may lower but not raise, so an operation of a higher
 // priority than the daemon's (possible with CAP_SYS_NICE) is started directly. Spares are made only while commands
 // start, and let go `idleSeconds` after the last start; one whose message does not fit, or that is gone, leaves the
@@ -42,6 +46,8 @@ package final class SpareSupervisors: @unchecked Sendable {
     private var idle: [SpareSupervisor] = []
     /// When a command last asked for a spare (monotonic seconds); spares are made until `idleSeconds` after it.
     private var lastDemand = -Double.infinity
+    /// The process that makes spares (spare.c), while there are any; the spares' thread's alone.
+    private var factory: SpareSupervisor?
 
     /// Starts the spares' thread: called at the daemon's start, so that it has the daemon's priority rather than that
     /// of the operation whose command would otherwise start it (threads inherit their creator's).
@@ -108,14 +114,15 @@ package final class SpareSupervisors: @unchecked Sendable {
         while true {
             let quietFor = Self.monotonicSeconds() - lastDemand
             if quietFor > Self.idleSeconds, !idle.isEmpty {
-                let gone = idle
+                let gone = idle + (factory.map { [$0] } ?? [])
                 idle = []
+                factory = nil
                 condition.unlock()
                 for spare in gone { Self.letGo(spare) }
                 condition.lock()
             } else if quietFor <= Self.idleSeconds, idle.count < Self.target {
                 condition.unlock()
-                let spare = Self.make()
+                let spare = make()
                 condition.lock()
                 if let spare { idle.append(spare) } else { _ = condition.wait(until: Date(timeIntervalSinceNow: 1)) }
             } else {
@@ -125,17 +132,56 @@ package final class SpareSupervisors: @unchecked Sendable {
         }
     }
 
-    /// Starts a spare; nil when it cannot be (the commands are started directly meanwhile).
-    private static func make() -> SpareSupervisor? {
-        guard let path = Supervisor.path else { return nil }
+    /// A spare, copied by the factory (started first if need be) or else started itself; nil when neither works (the
+    /// commands are started directly meanwhile). On the spares' thread only.
+    private func make() -> SpareSupervisor? {
+        if factory == nil { factory = Self.start(Supervisor.spareArgv(factory: true)) }
+        if let maker = factory {
+            if let spare = Self.copy(from: maker) { return spare }
+            Self.letGo(maker)
+            factory = nil
+        }
+        return Self.start(Supervisor.spareArgv(factory: false))
+    }
+
+    /// Starts a spare, or the factory, with posix_spawn.
+    private static func start(_ argv: [String]) -> SpareSupervisor? {
         var ends: [Int32] = [-1, -1]
         guard opq_seqpacket_pair(&ends) == 0 else { return nil }
         var pid: pid_t = -1, pidfd: Int32 = -1
         let from = CommandLedger.bootTicks()
-        let rc = withCStrings(Supervisor.spareArgv) { opq_spawn_spare(path, $0, ends[1], &pid, &pidfd) }
+        let rc = withCStrings(argv) { opq_spawn_spare(argv[0], $0, ends[1], &pid, &pidfd) }
         let to = CommandLedger.bootTicks()
         close(ends[1])
         guard rc == 0 else {
+            close(ends[0])
+            return nil
+        }
+        // A factory that does not answer within 2 s is let go (and spares are started the other way).
+        var timeout = timeval(tv_sec: 2, tv_usec: 0)
+        _ = setsockopt(ends[0], SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
+        return SpareSupervisor(pid: pid, pidfd: pidfd, socket: ends[0], started: from...to, nice: opq_get_thread_nice())
+    }
+
+    /// Asks the factory for a spare: a copy of it, this process's child (spare.c).
+    private static func copy(from factory: SpareSupervisor) -> SpareSupervisor? {
+        var ends: [Int32] = [-1, -1]
+        guard opq_seqpacket_pair(&ends) == 0 else { return nil }
+        defer { close(ends[1]) }
+        let from = CommandLedger.bootTicks()
+        var answer = [UInt8](repeating: 0, count: 32)
+        let asked = [UInt8(ascii: "s")].withUnsafeBytes { opq_send_with_descriptors(factory.socket, $0.baseAddress, 1, ends[1], ends[1]) }
+        let got = asked == 0 ? answer.withUnsafeMutableBytes { recv(factory.socket, $0.baseAddress, $0.count, 0) } : -1
+        let to = CommandLedger.bootTicks()
+        guard got > 0, let pid = pid_t(String(decoding: answer[0..<got], as: UTF8.self)), pid > 0 else {
+            close(ends[0])
+            return nil
+        }
+        let pidfd = opq_pidfd_open(pid)
+        guard pidfd >= 0 else {
+            kill(pid, SIGKILL)
+            var status: Int32 = 0
+            while waitpid(pid, &status, 0) < 0 && errno == EINTR {}
             close(ends[0])
             return nil
         }

@@ -20,13 +20,14 @@ private func statFields(_ text: Substring) -> [Substring]? {
     return text[text.index(after: close)...].split(separator: " ")
 }
 
-/// The daemon's spare supervisors: its children started with `--spare`, not zombies.
-private func spares(of daemon: Int32) -> [Int32] {
+/// The daemon's spare supervisors (`--spare`), or their factory (`--factory`): its children, not zombies, or after its
+/// death the processes naming it as their PARENT.
+private func spares(of daemon: Int32, _ mode: String = "--spare") -> [Int32] {
     ((try? FileManager.default.contentsOfDirectory(atPath: "/proc")) ?? []).compactMap { entry in
         guard let pid = Int32(entry), let stat = try? String(contentsOfFile: "/proc/\(entry)/stat", encoding: .utf8),
               let fields = statFields(Substring(stat)), fields.count > 1, fields[0] != "Z",
               Int32(fields[1]) == daemon || spareArguments(pid).last == String(daemon),
-              spareArguments(pid).contains("--spare") else { return nil }
+              spareArguments(pid).contains(mode) else { return nil }
         return pid
     }
 }
@@ -111,21 +112,24 @@ private func probe() -> [String: Any] { [
         try spool.drop("a.plist", ["job": "a", "operations": [["id": "t", "kind": "command", "command": "t"]]])
         #expect(spool.result("a")?["status"] as? String == "succeeded")
         #expect(eventually(5) { spares(of: daemon).count == SpareSupervisors.target }, "\(spares(of: daemon))")
+        #expect(spares(of: daemon, "--factory").count == 1, "made by one factory")
         #expect(eventually(SpareSupervisors.idleSeconds + 5) { spares(of: daemon).isEmpty }, "let go: \(spares(of: daemon))")
+        #expect(spares(of: daemon, "--factory").isEmpty, "the factory too")
         #expect(eventually(2) { zombies(of: daemon) == 0 }, "and reaped")
         try spool.drop("b.plist", ["job": "b", "operations": [["id": "t", "kind": "command", "command": "t"]]])
         #expect(spool.result("b")?["status"] as? String == "succeeded")
         #expect(eventually(5) { spares(of: daemon).count == SpareSupervisors.target })
-        let waiting = spares(of: daemon)
+        let waiting = spares(of: daemon) + spares(of: daemon, "--factory")
         spool.signal(SIGKILL)
         _ = spool.waitForExit()
         #expect(eventually(5) { waiting.allSatisfy { kill($0, 0) != 0 || spareArguments($0).isEmpty } },
-                "a spare ends with its daemon: \(waiting.filter { kill($0, 0) == 0 })")
+                "spares and their factory end with the daemon: \(waiting.filter { kill($0, 0) == 0 })")
     }
 
-    /// Spares killed while they wait are not used (the command starts on the next, or directly); a command whose
-    /// arguments do not fit a spare's message starts directly; both get their whole argv.
-    @Test func goneSparesAndCommandsTooBigForOneStartDirectly() throws {
+    /// Spares and their factory killed while they wait are not used (the command starts on the next spare, or
+    /// directly), and spares are made again; a command whose arguments do not fit a spare's message starts directly;
+    /// both get their whole argv.
+    @Test func goneSparesAFactoryAndCommandsTooBigForOneStartDirectly() throws {
         let spool = TestSpool()
         let config = try spool.configure(["commands": [
             "t": ["argv": ["/bin/true"]],
@@ -139,7 +143,7 @@ private func probe() -> [String: Any] { [
         try spool.drop("a.plist", ["job": "a", "operations": [["id": "t", "kind": "command", "command": "t"]]])
         #expect(spool.result("a")?["status"] as? String == "succeeded")
         #expect(eventually(5) { spares(of: daemon).count == SpareSupervisors.target })
-        for pid in spares(of: daemon) { kill(pid, SIGKILL) }
+        for pid in spares(of: daemon) + spares(of: daemon, "--factory") { kill(pid, SIGKILL) }
         let big = String(repeating: "x", count: 4_000)
         try spool.drop("b.plist", ["job": "b", "operations": [
             ["id": "small", "kind": "command", "command": "count", "arguments": ["x": "yz"]],
@@ -151,6 +155,7 @@ private func probe() -> [String: Any] { [
             String(decoding: FileManager.default.contents(atPath: spool.root + "/outbox/b/logs/\(op).stdout") ?? Data(), as: UTF8.self)
         }
         #expect(read("small") == "89\n" && read("big") == "120029\n", "\(read("small")) \(read("big").prefix(100))")
-        #expect(eventually(5) { zombies(of: daemon) == 0 }, "the killed spares were reaped")
+        #expect(eventually(5) { zombies(of: daemon) == 0 }, "the killed spares and factory were reaped")
+        #expect(eventually(5) { spares(of: daemon).count == SpareSupervisors.target }, "and spares made again")
     }
 }
