@@ -86,6 +86,8 @@ final class JobHooks: @unchecked Sendable {
         let started = ChildProcess.start(argv: argv, environment: spec.environment, directory: folders.tmp, stdoutFile: -1, stderrFile: -1,
                                          limit: 0) { [report, self] exit in
             timer.cancel()
+            // Killed by the daemon's stop: its marker stays, and it runs again at the next start.
+            if exit.killedByStop { return }
             unlink(marker)
             defer { ended() }
             if exit.signal != nil {

@@ -37,6 +37,8 @@ package struct ChildExit: Sendable {
     var stderrTruncated = false
     /// The end of standard error (at most 4 KB), for the failure message.
     var stderrTail = Data()
+    /// Killed by the daemon's stop (`ChildProcess.killAll`): not an outcome of its operation or hook.
+    package var killedByStop = false
 
     /// The last non-empty line of standard error.
     package var lastStderrLine: String {
@@ -279,7 +281,9 @@ package final class ChildProcess: @unchecked Sendable {
         let r = retryingInterrupts { waitpid(pid, &status, blocking ? 0 : WNOHANG) }
         guard r == pid else { return } // not yet (a spurious wake-up): the pidfd stays readable
         exited = true
-        if Self.running.remove(pid) { CommandLedger.shared.allEnded() }
+        let removed = Self.running.remove(pid)
+        if removed.noneLeft { CommandLedger.shared.allEnded() }
+        result.killedByStop = removed.killedForStop
         if let exitToken { CommandLoop.shared.unwatch(pidfd, token: exitToken) }
         close(pidfd)
         if (status & 0x7f) == 0 { result.status = (status >> 8) & 0xff } else { result.signal = status & 0x7f }
@@ -298,9 +302,10 @@ package final class ChildProcess: @unchecked Sendable {
         CommandWatchdog.current?.setKillDeadline(monotonicSeconds: monotonicSeconds)
     }
 
-    /// SIGKILL to every command's group (the daemon stops; unfinished operations run again at the next start).
+    /// SIGKILL to every command's group (the daemon stops; unfinished operations run again at the next start). Their
+    /// exits say `killedByStop`: not an outcome of their operation or hook.
     package static func killAll() {
-        for pid in running.all() { _ = Supervisor.path == nil ? kill(-pid, SIGKILL) : kill(pid, SIGUSR1) }
+        for pid in running.killForStop() { _ = Supervisor.path == nil ? kill(-pid, SIGKILL) : kill(pid, SIGUSR1) }
     }
 
     /// SIGTERM to the group now, SIGKILL after `killGrace` if the leader has not exited (once it has, the
@@ -361,10 +366,22 @@ private final class ReadBuffer: @unchecked Sendable {
 private final class RunningGroups: @unchecked Sendable {
     private let lock = NSLock()
     private var pids: Set<pid_t> = []
+    /// Those `killForStop` killed, until they are removed.
+    private var killed: Set<pid_t> = []
+    func killForStop() -> [pid_t] {
+        lock.withLock {
+            killed.formUnion(pids)
+            return Array(pids)
+        }
+    }
     func insert(_ pid: pid_t) { _ = lock.withLock { pids.insert(pid) } }
-    /// Returns whether none is left.
-    func remove(_ pid: pid_t) -> Bool { lock.withLock { pids.remove(pid); return pids.isEmpty } }
-    func all() -> [pid_t] { lock.withLock { Array(pids) } }
+    /// Returns whether none is left, and whether `killForStop` killed it.
+    func remove(_ pid: pid_t) -> (noneLeft: Bool, killedForStop: Bool) {
+        lock.withLock {
+            pids.remove(pid)
+            return (pids.isEmpty, killed.remove(pid) != nil)
+        }
+    }
 }
 
 /// active/.commands: one line `PID FROM TO` per command started, so that commands a killed daemon left

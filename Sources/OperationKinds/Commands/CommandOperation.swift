@@ -121,6 +121,9 @@ package enum CommandOperation {
             limit: spec.maxOutputBytes
         ) { exit in
             for f in files { close(f) }
+            // Killed by the daemon's stop: not this attempt's outcome. It stays unfinished, and the job in active/,
+            // to run again at the next start.
+            if exit.killedByStop { return }
             let concluded: @Sendable (Bool) -> Void = { empty in
                 context.finish(Result {
                     try conclude(spec, exit: exit, operation: operation, folder: folder, work: work, logs: logs, empty: empty)

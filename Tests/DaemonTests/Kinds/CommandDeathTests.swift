@@ -193,6 +193,34 @@ private func exited(_ watchdog: CommandWatchdog, within seconds: Double) -> Bool
         #expect(waitUntil(2) { ended(watchdog) }, "the watchdog does not outlive a daemon that stopped")
     }
 
+    /// What a stop kills when its grace ends is not an outcome: the operation's job is not published and runs again at
+    /// the next start, and a jobFinished hook killed so runs again too (opqueued(8), SIGTERM).
+    @Test func whatAStopKillsAfterItsGraceRunsAgainAtTheNextStart() throws {
+        let spool = TestSpool()
+        let mark = spool.root + ".mark"
+        defer { for suffix in ["", ".hook", ".hook.done"] { unlink(mark + suffix) } }
+        // Each sleeps past the grace the first time, and ends at once the next.
+        let once = "[ -e \"$1\" ] && { echo \"$2\" >> \"$1.done\"; exit 0; }; touch \"$1\"; exec sleep 30"
+        let config = try spool.configure(["shutdownGraceSeconds": 0.5, "jobFinished": "hook", "commands": [
+            "slow": ["argv": ["/bin/sh", "-c", once, "sh", mark, "slow"]],
+            "hook": ["argv": ["/bin/sh", "-c", once, "sh", mark + ".hook", "${job}"]],
+        ]])
+        try spool.start(config)
+        try spool.drop("h.plist", ["job": "h", "operations": [["id": "quick", "kind": "sleep", "seconds": 0]]])
+        #expect(spool.result("h")?["status"] as? String == "succeeded")
+        try spool.drop("s.plist", ["job": "s", "operations": [["id": "slow", "kind": "command", "command": "slow"]]])
+        #expect(waitUntil(10) { access(mark, F_OK) == 0 && access(mark + ".hook", F_OK) == 0 }, "both started")
+        spool.signal(SIGTERM)
+        #expect(spool.waitForExit() == 0)
+        #expect(!FileManager.default.fileExists(atPath: spool.root + "/outbox/s"), "not published as it was killed")
+        #expect(FileManager.default.fileExists(atPath: spool.root + "/active/s"), "kept to run again")
+        try spool.start(config)
+        let result = try #require(spool.result("s"))
+        #expect(result["status"] as? String == "succeeded", "\(result)")
+        let hooks = { String(decoding: FileManager.default.contents(atPath: mark + ".hook.done") ?? Data(), as: UTF8.self) }
+        #expect(waitUntil(10) { hooks().split(separator: "\n").contains("h") }, "h's hook ran again: \(hooks())")
+    }
+
     @Test func anEndedGroupIsNotKilledWhenThePipeCloses() throws {
         let watchdog = try CommandWatchdog.spawn().get()
         let group = try shellWithGrandchild()
