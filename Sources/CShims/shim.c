@@ -169,6 +169,34 @@ void opq_ignore_lease_breaks(void) { signal(SIGIO, SIG_IGN); }
 #include <sys/wait.h>
 #include <sys/socket.h>
 
+/// A process group of its own, the signal mask emptied and every signal at its default: how the daemon starts a
+/// command's leader (the daemon ignores or blocks some signals). 0 or an error number.
+static int leader_attributes(posix_spawnattr_t *attr) {
+    sigset_t empty, all;
+    sigemptyset(&empty);
+    sigfillset(&all);
+    int err = posix_spawnattr_setflags(attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
+    if (err == 0) err = posix_spawnattr_setpgroup(attr, 0);
+    if (err == 0) err = posix_spawnattr_setsigmask(attr, &empty);
+    if (err == 0) err = posix_spawnattr_setsigdefault(attr, &all);
+    return err;
+}
+
+/// A started leader's pid and pidfd (close-on-exec) stored, 0; without a pidfd its exit cannot be watched, so it is
+/// killed and reaped, and -errno returned.
+static int watched(pid_t pid, pid_t *pid_out, int *pidfd_out) {
+    int pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
+    if (pidfd < 0) {
+        int e = errno;
+        kill(-pid, SIGKILL);
+        waitpid(pid, NULL, 0);
+        return -e;
+    }
+    *pid_out = pid;
+    *pidfd_out = pidfd;
+    return 0;
+}
+
 int opq_spawn(const char *path, char *const argv[], char *const envp[], const char *cwd,
               int stdout_fd, int stderr_fd, pid_t *pid_out, int *pidfd_out) {
     posix_spawnattr_t attr;
@@ -177,13 +205,7 @@ int opq_spawn(const char *path, char *const argv[], char *const envp[], const ch
     if (err != 0) return -err;
     err = posix_spawn_file_actions_init(&actions);
     if (err != 0) { posix_spawnattr_destroy(&attr); return -err; }
-    sigset_t empty, all;
-    sigemptyset(&empty);
-    sigfillset(&all);
-    if (err == 0) err = posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
-    if (err == 0) err = posix_spawnattr_setpgroup(&attr, 0);
-    if (err == 0) err = posix_spawnattr_setsigmask(&attr, &empty);
-    if (err == 0) err = posix_spawnattr_setsigdefault(&attr, &all);
+    if (err == 0) err = leader_attributes(&attr);
     if (err == 0) err = posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
     if (err == 0) err = stdout_fd >= 0 ? posix_spawn_file_actions_adddup2(&actions, stdout_fd, 1)
                                        : posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
@@ -195,19 +217,7 @@ int opq_spawn(const char *path, char *const argv[], char *const envp[], const ch
     if (err == 0) err = posix_spawn(&pid, path, &actions, &attr, argv, envp);
     posix_spawn_file_actions_destroy(&actions);
     posix_spawnattr_destroy(&attr);
-    if (err != 0) return -err;
-    int pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
-    if (pidfd < 0) {
-        // Without a pidfd the exit cannot be watched: the command does not run.
-        int e = errno;
-        kill(-pid, SIGKILL);
-        waitpid(pid, NULL, 0);
-        return -e;
-    }
-    // pidfd_open sets O_CLOEXEC itself.
-    *pid_out = pid;
-    *pidfd_out = pidfd;
-    return 0;
+    return err != 0 ? -err : watched(pid, pid_out, pidfd_out);
 }
 
 int opq_spawn_spare(const char *path, char *const argv[], int socket, pid_t *pid_out, int *pidfd_out) {
@@ -224,13 +234,8 @@ int opq_spawn_spare(const char *path, char *const argv[], int socket, pid_t *pid
     int err = posix_spawnattr_init(&attr);
     if (err != 0) { if (moved >= 0) close(moved); return -err; }
     err = posix_spawn_file_actions_init(&actions);
-    sigset_t empty, all;
-    sigemptyset(&empty);
-    sigfillset(&all);
-    if (err == 0) err = posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETPGROUP | POSIX_SPAWN_SETSIGMASK | POSIX_SPAWN_SETSIGDEF);
-    if (err == 0) err = posix_spawnattr_setpgroup(&attr, 0);
-    if (err == 0) err = posix_spawnattr_setsigmask(&attr, &empty);
-    if (err == 0) err = posix_spawnattr_setsigdefault(&attr, &all);
+    if (err != 0) { posix_spawnattr_destroy(&attr); if (moved >= 0) close(moved); return -err; }
+    err = leader_attributes(&attr);
     if (err == 0) err = posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
     if (err == 0) err = posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
     if (err == 0) err = posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0);
@@ -242,17 +247,7 @@ int opq_spawn_spare(const char *path, char *const argv[], int socket, pid_t *pid
     posix_spawn_file_actions_destroy(&actions);
     posix_spawnattr_destroy(&attr);
     if (moved >= 0) close(moved);
-    if (err != 0) return -err;
-    int pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
-    if (pidfd < 0) {
-        int e = errno;
-        kill(pid, SIGKILL);
-        waitpid(pid, NULL, 0);
-        return -e;
-    }
-    *pid_out = pid;
-    *pidfd_out = pidfd;
-    return 0;
+    return err != 0 ? -err : watched(pid, pid_out, pidfd_out);
 }
 
 int opq_send_with_descriptors(int socket, const void *bytes, size_t length, int first, int second) {

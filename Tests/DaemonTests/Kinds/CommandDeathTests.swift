@@ -56,7 +56,8 @@ func ended(_ pid: Int32) -> Bool {
     return stat.fields.first == "Z"
 }
 
-private func waitUntil(_ seconds: Double, _ condition: () -> Bool) -> Bool {
+/// Polls `condition` every 20 ms for up to `seconds`; whether it came true.
+func waitUntil(_ seconds: Double, _ condition: () -> Bool) -> Bool {
     let deadline = Date().addingTimeInterval(seconds)
     while Date() < deadline {
         if condition() { return true }

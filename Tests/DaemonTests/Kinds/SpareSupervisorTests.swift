@@ -46,15 +46,6 @@ private func zombies(of daemon: Int32) -> Int {
     }.count
 }
 
-private func eventually(_ seconds: Double, _ condition: () -> Bool) -> Bool {
-    let deadline = Date().addingTimeInterval(seconds)
-    while Date() < deadline {
-        if condition() { return true }
-        usleep(20_000)
-    }
-    return condition()
-}
-
 /// A command that writes its supervisor's /proc/PID/stat line, its own, its folder and its environment.
 private func probe() -> [String: Any] { [
     "argv": ["/bin/sh", "-c", "cat /proc/$PPID/stat; cat /proc/$$/stat; pwd; env | sort"],
@@ -111,18 +102,18 @@ private func probe() -> [String: Any] { [
         #expect(spares(of: daemon).isEmpty, "none before a command starts")
         try spool.drop("a.plist", ["job": "a", "operations": [["id": "t", "kind": "command", "command": "t"]]])
         #expect(spool.result("a")?["status"] as? String == "succeeded")
-        #expect(eventually(5) { spares(of: daemon).count == SpareSupervisors.target }, "\(spares(of: daemon))")
+        #expect(waitUntil(5) { spares(of: daemon).count == SpareSupervisors.target }, "\(spares(of: daemon))")
         #expect(spares(of: daemon, "--factory").count == 1, "made by one factory")
-        #expect(eventually(SpareSupervisors.idleSeconds + 5) { spares(of: daemon).isEmpty }, "let go: \(spares(of: daemon))")
+        #expect(waitUntil(SpareSupervisors.idleSeconds + 5) { spares(of: daemon).isEmpty }, "let go: \(spares(of: daemon))")
         #expect(spares(of: daemon, "--factory").isEmpty, "the factory too")
-        #expect(eventually(2) { zombies(of: daemon) == 0 }, "and reaped")
+        #expect(waitUntil(2) { zombies(of: daemon) == 0 }, "and reaped")
         try spool.drop("b.plist", ["job": "b", "operations": [["id": "t", "kind": "command", "command": "t"]]])
         #expect(spool.result("b")?["status"] as? String == "succeeded")
-        #expect(eventually(5) { spares(of: daemon).count == SpareSupervisors.target })
+        #expect(waitUntil(5) { spares(of: daemon).count == SpareSupervisors.target })
         let waiting = spares(of: daemon) + spares(of: daemon, "--factory")
         spool.signal(SIGKILL)
         _ = spool.waitForExit()
-        #expect(eventually(5) { waiting.allSatisfy { kill($0, 0) != 0 || spareArguments($0).isEmpty } },
+        #expect(waitUntil(5) { waiting.allSatisfy { kill($0, 0) != 0 || spareArguments($0).isEmpty } },
                 "spares and their factory end with the daemon: \(waiting.filter { kill($0, 0) == 0 })")
     }
 
@@ -142,7 +133,7 @@ private func probe() -> [String: Any] { [
         let daemon = try #require(spool.daemon?.processIdentifier)
         try spool.drop("a.plist", ["job": "a", "operations": [["id": "t", "kind": "command", "command": "t"]]])
         #expect(spool.result("a")?["status"] as? String == "succeeded")
-        #expect(eventually(5) { spares(of: daemon).count == SpareSupervisors.target })
+        #expect(waitUntil(5) { spares(of: daemon).count == SpareSupervisors.target })
         for pid in spares(of: daemon) + spares(of: daemon, "--factory") { kill(pid, SIGKILL) }
         let big = String(repeating: "x", count: 4_000)
         try spool.drop("b.plist", ["job": "b", "operations": [
@@ -155,7 +146,7 @@ private func probe() -> [String: Any] { [
             String(decoding: FileManager.default.contents(atPath: spool.root + "/outbox/b/logs/\(op).stdout") ?? Data(), as: UTF8.self)
         }
         #expect(read("small") == "89\n" && read("big") == "120029\n", "\(read("small")) \(read("big").prefix(100))")
-        #expect(eventually(5) { zombies(of: daemon) == 0 }, "the killed spares and factory were reaped")
-        #expect(eventually(5) { spares(of: daemon).count == SpareSupervisors.target }, "and spares made again")
+        #expect(waitUntil(5) { zombies(of: daemon) == 0 }, "the killed spares and factory were reaped")
+        #expect(waitUntil(5) { spares(of: daemon).count == SpareSupervisors.target }, "and spares made again")
     }
 }
