@@ -58,7 +58,9 @@ struct Opqueued: AsyncParsableCommand {
     @Option(help: ArgumentHelp("Where events go.", valueName: "target"))
     var logTarget: LogTarget = .auto
 
-    @Flag(help: "Run what is in the inbox at start, then exit.")
+    @Flag(help: ArgumentHelp("Run what is in the inbox at start, and the jobs held in the spool, then exit.",
+                             discussion: "A delayed job (notBefore, delaySeconds) is waited for until its time; "
+                                 + "cancel it first to exit sooner."))
     var once = false
 
     @Flag(help: "Print the version and exit.")
