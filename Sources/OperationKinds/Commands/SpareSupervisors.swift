@@ -113,7 +113,7 @@ package final class SpareSupervisors: @unchecked Sendable {
         condition.lock()
         while true {
             let quietFor = Self.monotonicSeconds() - lastDemand
-            if quietFor > Self.idleSeconds, !idle.isEmpty {
+            if quietFor > Self.idleSeconds, !idle.isEmpty || factory != nil {
                 let gone = idle + (factory.map { [$0] } ?? [])
                 idle = []
                 factory = nil
@@ -126,7 +126,7 @@ package final class SpareSupervisors: @unchecked Sendable {
                 condition.lock()
                 if let spare { idle.append(spare) } else { _ = condition.wait(until: Date(timeIntervalSinceNow: 1)) }
             } else {
-                let wake = idle.isEmpty ? 3_600 : Self.idleSeconds - quietFor + 0.01
+                let wake = idle.isEmpty && factory == nil ? 3_600 : Self.idleSeconds - quietFor + 0.01
                 _ = condition.wait(until: Date(timeIntervalSinceNow: wake))
             }
         }
