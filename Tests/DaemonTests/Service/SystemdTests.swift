@@ -147,6 +147,44 @@ final class BootedSystemd {
         #expect(exposure(offline.stdout).map { $0 <= 1.5 } == true, "\(offline.stdout.suffix(200))")
     }
 
+    /// `systemctl stop` with a command running: the daemon alone gets SIGTERM (KillMode=mixed), gives the command
+    /// `shutdownGraceSeconds`, then stops it and keeps its job in active/ for the next start, unpublished. (With the
+    /// SIGTERM sent to the whole cgroup, the command died at once and its job was published failed.)
+    @Test func aStopKeepsTheJobOfACommandItEnds() throws {
+        let systemd = try BootedSystemd()
+        defer { systemd.shutdown() }
+        let unit = Self.unit
+        try systemd.installProject()
+        let root = "/proc/\(systemd.pid)/root"
+        try plist(["shutdownGraceSeconds": 1, "commands": ["slow": ["argv": ["/bin/sleep", "30"]]]])
+            .write(to: URL(fileURLWithPath: root + "/run/opqueued-stop.plist"))
+        try systemd.run("mkdir", "-p", "/run/systemd/system/\(unit).d")
+        try Data(("[Service]\nExecStart=\nExecStart=/usr/local/bin/opqueued --spool \(Self.spool) --log-target journal "
+                  + "--config /run/opqueued-stop.plist\n").utf8)
+            .write(to: URL(fileURLWithPath: root + "/run/systemd/system/\(unit).d/stop.conf"))
+        try systemd.run("systemctl", "daemon-reload")
+        let job = "stop-" + UUID().uuidString.prefix(8).lowercased()
+        // The machine's spool: what the test left goes with it.
+        defer {
+            for folder in ["active", "outbox"] { try? FileManager.default.removeItem(atPath: "\(Self.spool)/\(folder)/\(job)") }
+        }
+        let start = try systemd.run("systemctl", "start", unit)
+        try #require(start.status == 0, "systemctl start: \(start.stderr)")
+        try plist(["job": job, "operations": [["id": "s", "kind": "command", "command": "slow"]]])
+            .write(to: URL(fileURLWithPath: "\(Self.spool)/inbox/.\(job).plist"))
+        #expect(rename("\(Self.spool)/inbox/.\(job).plist", "\(Self.spool)/inbox/\(job).plist") == 0)
+        #expect(try systemd.eventually {
+            try systemd.run("journalctl", "-u", unit, "OPQ_JOB=\(job)", "OPQ_STATE=executing", "--no-pager", "-q").stdout
+                .contains("executing")
+        }, "the command runs")
+        #expect(try systemd.run("systemctl", "stop", unit).status == 0)
+        #expect(try systemd.property(unit, "Result") == "success")
+        #expect(!FileManager.default.fileExists(atPath: "\(Self.spool)/outbox/\(job)"), "not published as failed")
+        #expect(FileManager.default.fileExists(atPath: "\(Self.spool)/active/\(job)"), "kept for the next start")
+        let failed = try systemd.run("journalctl", "-u", unit, "OPQ_JOB=\(job)", "OPQ_STATE=failed", "--no-pager", "-q")
+        #expect(!failed.stdout.contains(job), "\(failed.stdout)")
+    }
+
     /// A job through the inbox, run as opqueued, its operations' stories in the unit's journal.
     private func expectAJobThroughTheInbox(_ systemd: BootedSystemd) throws {
         let unit = Self.unit
