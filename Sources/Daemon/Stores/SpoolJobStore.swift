@@ -23,8 +23,9 @@ public final class SpoolJobStore: SpoolBacked, @unchecked Sendable {
     public func complete(_ ends: [JobEnd]) throws -> Set<String> { Set(ends.map(\.job)) }
     public func origin(of job: String) -> JobOrigin? { nil }
 
+    /// A job this node does not run has ended if the outbox has its entry, under whatever name (`Outbox.find`).
     public func requestCancel(job: String, operation: String?) -> StoreCancelOutcome {
-        access(spool.outbox + "/" + job, F_OK) == 0 ? .alreadyEnded : .unknownJob
+        access(spool.outbox + "/" + job, F_OK) == 0 || Outbox.find(job, in: spool.outbox) != nil ? .alreadyEnded : .unknownJob
     }
 
     public func setSuspended(_ queue: String, _ suspended: Bool) -> Bool { false }

@@ -28,6 +28,8 @@ import Glibc
         #expect(wait.status == 0 && wait.stdout == "j: succeeded\n", "\(wait)")
         let graph = try spool.ctl(["graph", "j"])
         #expect(graph.status == 0 && graph.stdout.contains("\"s\"") && graph.stdout.contains("palegreen"), "\(graph)")
+        let cancel = try spool.ctl(["cancel", "j"])
+        #expect(cancel.status == 1 && cancel.stderr.contains("job 'j' has already ended"), "ended, not unknown: \(cancel)")
 
         // The name j is free: the retry takes it, and outbox/j, once there, answers for j.
         let retry = try spool.ctl(["retry", "j"])
