@@ -105,7 +105,7 @@ int spare_receive(int socket, struct spare_command *command) {
     return 1;
 }
 
-// The factory: an exec costs a static C program like this one about 0.5 ms of CPU where `cpuid` traps to the
+// The factory: an exec costs a static C program like this one about 0.7 ms of CPU where `cpuid` traps to the
 // hypervisor (glibc's start-up asks it for the caches, over and over) — in a virtual machine, most servers. A copy
 // made by clone(CLONE_PARENT) starts nothing and costs a fork of a 1 MB process; CLONE_PARENT makes it the daemon's
 // child, so that the daemon waits for it, holds its pidfd and is watched by its parent-death signal, as with a spare

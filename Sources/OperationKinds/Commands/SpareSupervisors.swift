@@ -3,7 +3,7 @@
 // commands run one after another, happen beside the command before instead of in front of this one.
 //
 // Spares are copies of a factory (a supervisor started once with `--factory`) rather than an exec each: in a virtual
-// machine a static program's start costs ~0.5 ms of CPU (spare.c says why), more than the daemon's own work for a
+// machine a static program's start costs ~0.7 ms of CPU (spare.c says why), more than the daemon's own work for a
 // command; when the factory cannot make one, a spare is started with posix_spawn.
 //
 // Up to `target` spares wait, made on a thread of their own at the daemon's own priority: a spare takes on an
