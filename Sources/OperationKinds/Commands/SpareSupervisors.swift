@@ -135,17 +135,17 @@ package final class SpareSupervisors: @unchecked Sendable {
     /// A spare, copied by the factory (started first if need be) or else started itself; nil when neither works (the
     /// commands are started directly meanwhile). On the spares' thread only.
     private func make() -> SpareSupervisor? {
-        if factory == nil { factory = Self.start(Supervisor.spareArgv(factory: true)) }
+        if factory == nil { factory = Self.spawn(Supervisor.spareArgv(factory: true)) }
         if let maker = factory {
             if let spare = Self.copy(from: maker) { return spare }
             Self.letGo(maker)
             factory = nil
         }
-        return Self.start(Supervisor.spareArgv(factory: false))
+        return Self.spawn(Supervisor.spareArgv(factory: false))
     }
 
     /// Starts a spare, or the factory, with posix_spawn.
-    private static func start(_ argv: [String]) -> SpareSupervisor? {
+    private static func spawn(_ argv: [String]) -> SpareSupervisor? {
         var ends: [Int32] = [-1, -1]
         guard opq_seqpacket_pair(&ends) == 0 else { return nil }
         var pid: pid_t = -1, pidfd: Int32 = -1

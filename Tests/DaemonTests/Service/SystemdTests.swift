@@ -67,6 +67,27 @@ final class BootedSystemd {
         try run("systemctl", "show", "-P", name, unit).stdout.trimmingCharacters(in: .whitespacesAndNewlines)
     }
 
+    /// A drop-in `name`.conf for `unit` in the namespace's own /run, then `daemon-reload`.
+    func dropIn(_ unit: String, named name: String, _ text: String) throws {
+        try run("mkdir", "-p", "/run/systemd/system/\(unit).d")
+        try Data(text.utf8).write(to: URL(fileURLWithPath: "/proc/\(pid)/root/run/systemd/system/\(unit).d/\(name).conf"))
+        try run("systemctl", "daemon-reload")
+    }
+
+    /// The installed `unit` started from now on with `--config /run/NAME.plist` holding `configuration` (the
+    /// namespace's own /run): the installed ExecStart with the option added, as a drop-in.
+    func configure(_ unit: String, named name: String, _ configuration: [String: Any]) throws {
+        let file = "/run/\(name).plist"
+        try PropertyListSerialization.data(fromPropertyList: configuration, format: .xml, options: 0)
+            .write(to: URL(fileURLWithPath: "/proc/\(pid)/root" + file))
+        chmod("/proc/\(pid)/root" + file, 0o644)
+        let installed = try String(contentsOfFile: "/etc/systemd/system/\(unit)", encoding: .utf8)
+        guard let execStart = installed.split(separator: "\n").first(where: { $0.hasPrefix("ExecStart=") }) else {
+            throw TestFailure("no ExecStart in the installed \(unit)")
+        }
+        try dropIn(unit, named: name, "[Service]\nExecStart=\n\(execStart) --config \(file)\n")
+    }
+
     /// Waits until `condition` holds, polling; false when it never did.
     func eventually(_ seconds: Double = 15, _ condition: () throws -> Bool) rethrows -> Bool {
         let deadline = Date().addingTimeInterval(seconds)
@@ -155,14 +176,7 @@ final class BootedSystemd {
         defer { systemd.shutdown() }
         let unit = Self.unit
         try systemd.installProject()
-        let root = "/proc/\(systemd.pid)/root"
-        try plist(["shutdownGraceSeconds": 1, "commands": ["slow": ["argv": ["/bin/sleep", "30"]]]])
-            .write(to: URL(fileURLWithPath: root + "/run/opqueued-stop.plist"))
-        try systemd.run("mkdir", "-p", "/run/systemd/system/\(unit).d")
-        try Data(("[Service]\nExecStart=\nExecStart=/usr/local/bin/opqueued --spool \(Self.spool) --log-target journal "
-                  + "--config /run/opqueued-stop.plist\n").utf8)
-            .write(to: URL(fileURLWithPath: root + "/run/systemd/system/\(unit).d/stop.conf"))
-        try systemd.run("systemctl", "daemon-reload")
+        try systemd.configure(unit, named: "opq-stop", ["shutdownGraceSeconds": 1, "commands": ["slow": ["argv": ["/bin/sleep", "30"]]]])
         let job = "stop-" + UUID().uuidString.prefix(8).lowercased()
         // The machine's spool: what the test left goes with it.
         defer {
@@ -249,10 +263,7 @@ final class BootedSystemd {
         #expect(try systemd.property(unit, "MainPID") != pidBefore)
 
         // Watchdog: with a 2 s WatchdogSec the service must keep pinging, or systemd would kill it.
-        try systemd.run("mkdir", "-p", "/run/systemd/system/\(unit).d")
-        try Data("[Service]\nWatchdogSec=2\n".utf8).write(
-            to: URL(fileURLWithPath: "/proc/\(systemd.pid)/root/run/systemd/system/\(unit).d/watchdog.conf"))
-        try systemd.run("systemctl", "daemon-reload")
+        try systemd.dropIn(unit, named: "watchdog", "[Service]\nWatchdogSec=2\n")
         #expect(try systemd.run("systemctl", "restart", unit).status == 0)
         let restarts = try systemd.property(unit, "NRestarts")
         sleep(5)
@@ -329,16 +340,7 @@ final class BootedSystemd {
         let node = "sd-\(UInt32.random(in: 1...UInt32.max))"
         let configuration: [String: Any] = ["cluster": ["database": "postgresql:///\(database)?host=\(sockets)&port=\(server.port)",
                                                         "node": node, "leaseSeconds": 5]]
-        let root = "/proc/\(systemd.pid)/root"
-        try PropertyListSerialization.data(fromPropertyList: configuration, format: .xml, options: 0)
-            .write(to: URL(fileURLWithPath: root + "/run/opq-cluster.plist"))
-        chmod(root + "/run/opq-cluster.plist", 0o644)
-        let installed = try String(contentsOfFile: "/etc/systemd/system/\(unit)", encoding: .utf8)
-        let execStart = try #require(installed.split(separator: "\n").first { $0.hasPrefix("ExecStart=") })
-        try systemd.run("mkdir", "-p", "/run/systemd/system/\(unit).d")
-        try Data("[Service]\nExecStart=\n\(execStart) --config /run/opq-cluster.plist\n".utf8)
-            .write(to: URL(fileURLWithPath: root + "/run/systemd/system/\(unit).d/cluster.conf"))
-        try systemd.run("systemctl", "daemon-reload")
+        try systemd.configure(unit, named: "opq-cluster", configuration)
         let start = try systemd.run("systemctl", "start", unit)
         let startLog = start.status == 0 ? "" : try systemd.run("journalctl", "-u", unit, "--no-pager").stdout
         try #require(start.status == 0, "systemctl start: \(start.stderr)\n\(startLog)")
