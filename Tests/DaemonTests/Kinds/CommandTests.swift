@@ -343,7 +343,10 @@ private func launch(_ spool: TestSpool, _ arguments: [String], environment: [Str
         let runs = spool.root + ".runs"
         defer { unlink(runs); unlink(runs + ".2") }
         let config = try spool.configure(["commands": [
-            "slow": command(["/bin/sh", "-c", "echo $$ >> \"$1\"; ls; touch leftover; sleep 4", "sh", "${log}"],
+            // The first run sleeps until it is killed (a loaded machine may take seconds to start the quick one); the
+            // second ends at once.
+            "slow": command(["/bin/sh", "-c", "echo $$ >> \"$1\"; ls; touch leftover; [ $(wc -l < \"$1\") -gt 1 ] || sleep 60",
+                             "sh", "${log}"],
                             ["parameters": ["log": "string"], "output": "stdout"]),
             "quick": command(["/bin/sh", "-c", "echo run >> \"$1\"; echo hello", "sh", "${log}"],
                              ["parameters": ["log": "string"], "output": "stdout"]),
