@@ -272,6 +272,13 @@ int opq_pidfd_open(pid_t pid) {
     return fd >= 0 ? fd : -errno;
 }
 
+void opq_unblock_child_signal(void) {
+    sigset_t child;
+    sigemptyset(&child);
+    sigaddset(&child, SIGCHLD);
+    pthread_sigmask(SIG_UNBLOCK, &child, NULL);
+}
+
 int opq_seqpacket_pair(int fds[2]) {
     return socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, fds) == 0 ? 0 : -errno;
 }

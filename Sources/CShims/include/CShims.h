@@ -118,6 +118,12 @@ int opq_send_with_descriptors(int socket, const void *bytes, size_t length, int 
 /// pidfd_open(2) of a child: the descriptor (close-on-exec), or -errno.
 int opq_pidfd_open(pid_t pid);
 
+/// Unblocks SIGCHLD in the calling thread, for a thread that starts children. A child's end signals the thread that
+/// started it; the kernel drops a SIGCHLD whose disposition is the default (ignore) only when that thread does not
+/// block it, and libdispatch's threads block it: queued instead, it woke the main thread (libdispatch's sigsuspend)
+/// once for every command. Children are waited for by pidfd, never by the signal.
+void opq_unblock_child_signal(void);
+
 /// A SOCK_SEQPACKET socketpair, both ends close-on-exec. 0 or -errno.
 int opq_seqpacket_pair(int fds[2]);
 

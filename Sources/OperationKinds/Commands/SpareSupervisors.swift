@@ -6,9 +6,11 @@
 // machine a static program's start costs ~0.7 ms of CPU (spare.c says why), more than the daemon's own work for a
 // command; when the factory cannot make one, a spare is started with posix_spawn.
 //
-// Up to `target` spares wait, made on a thread of their own at the daemon's own priority: a spare takes on an
-// operation's nice value, SCHED_IDLE and idle I/O class, which it may lower but not raise, so an operation of a higher
-// priority than the daemon's (possible with CAP_SYS_NICE) is started directly. Spares are made only while commands
+// Up to `target` spares wait. The factory is started on a thread of its own, at the daemon's own priority; after that,
+// the command that takes a spare asks the factory for the next (one message) and takes in the answers that have come,
+// so that a start wakes no other thread of the daemon. A spare takes on an operation's nice value, SCHED_IDLE and idle
+// I/O class, which it may lower but not raise, so an operation of a higher priority than the daemon's (possible with
+// CAP_SYS_NICE) is started directly. Spares are made only while commands
 // start, and let go `idleSeconds` after the last start; one whose message does not fit, or that is gone, leaves the
 // command to the direct start (ChildProcess.start). A spare never runs anything but what its one message says: the
 // daemon's end of its socket closed (let go, or the daemon died) ends it.
@@ -46,8 +48,13 @@ package final class SpareSupervisors: @unchecked Sendable {
     private var idle: [SpareSupervisor] = []
     /// When a command last asked for a spare (monotonic seconds); spares are made until `idleSeconds` after it.
     private var lastDemand = -Double.infinity
-    /// The process that makes spares (spare.c), while there are any; the spares' thread's alone.
+    /// The process that makes spares (spare.c), while there are any.
     private var factory: SpareSupervisor?
+    /// Spares asked of the factory and not yet answered, oldest first (it answers in order): the daemon's end of each
+    /// one's socket, and when it was asked (boot ticks for the ledger, monotonic seconds for the timeout).
+    private var asked: [(socket: Int32, ticks: UInt64, at: Double)] = []
+    /// A factory found broken by a command's start, for the spares' thread to let go (it may have to wait for answers).
+    private var broken: [SpareSupervisor] = []
 
     /// Starts the spares' thread: called at the daemon's start, so that it has the daemon's priority rather than that
     /// of the operation whose command would otherwise start it (threads inherit their creator's).
@@ -70,11 +77,11 @@ package final class SpareSupervisors: @unchecked Sendable {
         for string in strings {
             // A NUL inside a string would shift every string after it: such a command goes the direct way (which
             // cuts it there, as C does).
-            if string.utf8.contains(0) { demand(); return nil }
+            if string.utf8.contains(0) { _ = take(nice: nil); return nil }
             message += string.utf8
             message.append(0)
         }
-        guard message.count <= Self.messageLimit else { demand(); return nil }
+        guard message.count <= Self.messageLimit else { _ = take(nice: nil); return nil }
         while let spare = take(nice: nice) {
             let sent = message.withUnsafeBytes { opq_send_with_descriptors(spare.socket, $0.baseAddress, $0.count, stdout, stderr) }
             if sent == 0 {
@@ -87,61 +94,108 @@ package final class SpareSupervisors: @unchecked Sendable {
         return nil
     }
 
-    /// Notes a command's start and takes a spare of at most `nice`, if one waits.
-    private func take(nice: Int32) -> SpareSupervisor? {
+    /// Notes a command's start, takes in the factory's answers, takes a spare of at most `nice` if one waits (nil:
+    /// none wanted), and asks the factory for the next. The spares' thread is woken only when it has work: no factory
+    /// yet, or one to let go; a command's start otherwise costs no other thread a wake-up.
+    private func take(nice: Int32?) -> SpareSupervisor? {
         condition.lock()
         defer { condition.unlock() }
-        noteDemand()
-        guard let index = idle.firstIndex(where: { $0.nice <= nice }) else { return nil }
-        return idle.remove(at: index)
-    }
-
-    private func demand() {
-        condition.lock()
-        noteDemand()
-        condition.unlock()
-    }
-
-    /// Under the condition's lock.
-    private func noteDemand() {
         lastDemand = Self.monotonicSeconds()
-        condition.signal()
+        collect(waiting: false)
+        var spare: SpareSupervisor?
+        if let nice, let index = idle.firstIndex(where: { $0.nice <= nice }) { spare = idle.remove(at: index) }
+        if factory != nil { askFactory() }
+        if factory == nil && idle.count < Self.target || !broken.isEmpty { condition.signal() }
+        return spare
     }
 
-    /// The spares' thread: makes them up to `target` while commands start, lets them go when they stop.
+    /// Under the lock, with a factory: asks it for spares up to `target`, counting those waiting and those asked.
+    private func askFactory() {
+        guard let maker = factory else { return }
+        while idle.count + asked.count < Self.target {
+            var ends: [Int32] = [-1, -1]
+            guard opq_seqpacket_pair(&ends) == 0 else { return }
+            let ticks = CommandLedger.bootTicks()
+            let sent = [UInt8(ascii: "s")].withUnsafeBytes { opq_send_with_descriptors(maker.socket, $0.baseAddress, 1, ends[1], ends[1]) }
+            close(ends[1])
+            guard sent == 0 else {
+                close(ends[0])
+                breakFactory()
+                return
+            }
+            asked.append((ends[0], ticks, Self.monotonicSeconds()))
+        }
+    }
+
+    /// Under the lock: takes in the factory's answers, a spare each, in the order asked. `waiting`: for each one
+    /// asked (the socket's 2 s timeout), as when the spares are let go; else only those already answered. A factory
+    /// that closed its socket, sent nonsense or left one unanswered for 2 s is broken: let go, spares made again.
+    private func collect(waiting: Bool) {
+        guard let maker = factory else { return }
+        while let first = asked.first {
+            var answer = [UInt8](repeating: 0, count: 32)
+            let got = answer.withUnsafeMutableBytes { recv(maker.socket, $0.baseAddress, $0.count, waiting ? 0 : Int32(MSG_DONTWAIT)) }
+            if got < 0, errno == EAGAIN || errno == EWOULDBLOCK, !waiting {
+                if Self.monotonicSeconds() - first.at > 2 { breakFactory() }
+                return
+            }
+            asked.removeFirst()
+            guard got > 0, let pid = pid_t(String(decoding: answer[0..<got], as: UTF8.self)), pid > 0 else {
+                close(first.socket)
+                breakFactory()
+                return
+            }
+            let started = first.ticks...CommandLedger.bootTicks()
+            if let spare = Self.adopt(pid, socket: first.socket, started: started, nice: maker.nice) { idle.append(spare) }
+        }
+    }
+
+    /// Under the lock: the factory goes to the spares' thread to be let go; what it was asked is forgotten (a copy it
+    /// made and did not name ends when its socket closes).
+    private func breakFactory() {
+        if let maker = factory { broken.append(maker) }
+        factory = nil
+        for request in asked { close(request.socket) }
+        asked = []
+    }
+
+    /// The spares' thread: makes the factory (or spares without one) while commands start, lets them go when they
+    /// stop, and lets go a broken factory.
     private func keep() {
+        // The factory's and its copies' ends signal this thread (CLONE_PARENT): unblocked, the signal is dropped.
+        opq_unblock_child_signal()
         condition.lock()
         while true {
             let quietFor = Self.monotonicSeconds() - lastDemand
-            if quietFor > Self.idleSeconds, !idle.isEmpty || factory != nil {
+            if !broken.isEmpty {
+                let gone = broken
+                broken = []
+                condition.unlock()
+                for maker in gone { Self.letGo(maker) }
+                condition.lock()
+            } else if quietFor > Self.idleSeconds, !idle.isEmpty || factory != nil {
+                collect(waiting: true)
                 let gone = idle + (factory.map { [$0] } ?? [])
                 idle = []
                 factory = nil
                 condition.unlock()
                 for spare in gone { Self.letGo(spare) }
                 condition.lock()
-            } else if quietFor <= Self.idleSeconds, idle.count < Self.target {
+            } else if quietFor <= Self.idleSeconds, factory == nil, idle.count < Self.target {
                 condition.unlock()
-                let spare = make()
+                let maker = Self.spawn(Supervisor.spareArgv(factory: true))
+                // Without a factory, a spare started itself.
+                let spare = maker == nil ? Self.spawn(Supervisor.spareArgv(factory: false)) : nil
                 condition.lock()
-                if let spare { idle.append(spare) } else { _ = condition.wait(until: Date(timeIntervalSinceNow: 1)) }
+                factory = maker
+                if let spare { idle.append(spare) }
+                askFactory()
+                if maker == nil && spare == nil { _ = condition.wait(until: Date(timeIntervalSinceNow: 1)) }
             } else {
                 let wake = idle.isEmpty && factory == nil ? 3_600 : Self.idleSeconds - quietFor + 0.01
                 _ = condition.wait(until: Date(timeIntervalSinceNow: wake))
             }
         }
-    }
-
-    /// A spare, copied by the factory (started first if need be) or else started itself; nil when neither works (the
-    /// commands are started directly meanwhile). On the spares' thread only.
-    private func make() -> SpareSupervisor? {
-        if factory == nil { factory = Self.spawn(Supervisor.spareArgv(factory: true)) }
-        if let maker = factory {
-            if let spare = Self.copy(from: maker) { return spare }
-            Self.letGo(maker)
-            factory = nil
-        }
-        return Self.spawn(Supervisor.spareArgv(factory: false))
     }
 
     /// Starts a spare, or the factory, with posix_spawn.
@@ -163,29 +217,18 @@ package final class SpareSupervisors: @unchecked Sendable {
         return SpareSupervisor(pid: pid, pidfd: pidfd, socket: ends[0], started: from...to, nice: opq_get_thread_nice())
     }
 
-    /// Asks the factory for a spare: a copy of it, this process's child (spare.c).
-    private static func copy(from factory: SpareSupervisor) -> SpareSupervisor? {
-        var ends: [Int32] = [-1, -1]
-        guard opq_seqpacket_pair(&ends) == 0 else { return nil }
-        defer { close(ends[1]) }
-        let from = CommandLedger.bootTicks()
-        var answer = [UInt8](repeating: 0, count: 32)
-        let asked = [UInt8(ascii: "s")].withUnsafeBytes { opq_send_with_descriptors(factory.socket, $0.baseAddress, 1, ends[1], ends[1]) }
-        let got = asked == 0 ? answer.withUnsafeMutableBytes { recv(factory.socket, $0.baseAddress, $0.count, 0) } : -1
-        let to = CommandLedger.bootTicks()
-        guard got > 0, let pid = pid_t(String(decoding: answer[0..<got], as: UTF8.self)), pid > 0 else {
-            close(ends[0])
-            return nil
-        }
+    /// A copy the factory made and named: this process's child (spare.c), held by its pidfd, at the factory's nice
+    /// value. Nil if it is gone.
+    private static func adopt(_ pid: pid_t, socket: Int32, started: ClosedRange<UInt64>, nice: Int32) -> SpareSupervisor? {
         let pidfd = opq_pidfd_open(pid)
         guard pidfd >= 0 else {
             kill(pid, SIGKILL)
             var status: Int32 = 0
             while waitpid(pid, &status, 0) < 0 && errno == EINTR {}
-            close(ends[0])
+            close(socket)
             return nil
         }
-        return SpareSupervisor(pid: pid, pidfd: pidfd, socket: ends[0], started: from...to, nice: opq_get_thread_nice())
+        return SpareSupervisor(pid: pid, pidfd: pidfd, socket: socket, started: started, nice: nice)
     }
 
     /// Ends a spare that ran nothing, and reaps it.
