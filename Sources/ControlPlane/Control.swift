@@ -406,9 +406,12 @@ func readLine(_ fd: Int32, limit: Int, deadline: Double) -> LineRead {
             return .failed(errno)
         }
         if n == 0 { return .closed(partial: data.count) }
-        let end = chunk[0 ..< n].firstIndex(of: 0x0A)
-        chunk.withUnsafeBytes { raw in
-            if let base = raw.baseAddress { data.append(base.assumingMemoryBound(to: UInt8.self), count: end ?? n) }
+        // memchr: a generic search costs a debug build's client seconds over an impostor's 64 MiB.
+        let end: Int? = chunk.withUnsafeBytes { raw in
+            guard let base = raw.baseAddress else { return nil }
+            let found = memchr(base, 0x0A, n).map { $0 - UnsafeMutableRawPointer(mutating: base) }
+            data.append(base.assumingMemoryBound(to: UInt8.self), count: found ?? n)
+            return found
         }
         if end != nil { return data.count <= limit ? .line(data) : .tooLong }
         if data.count > limit { return .tooLong }
