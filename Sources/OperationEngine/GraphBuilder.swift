@@ -88,7 +88,8 @@ public struct OperationSpec: Sendable {
 public struct GraphBuilder: Sendable {
     public let base: Int
     var nodes: [Scheduler.Node] = []
-    var bodies: [OperationBody] = []
+    /// One body while all operations share it (`Bodies`).
+    var bodies = Bodies()
     /// Names up to the last named operation (`Names`): a graph of unnamed operations keeps none.
     var names = Names()
     var options: [Scheduler.Options] = []
@@ -104,7 +105,7 @@ public struct GraphBuilder: Sendable {
     /// Room for so many operations and dependencies; a large graph's arrays on huge pages (`HugePages.swift`).
     public mutating func reserveCapacity(operations: Int, dependencies: Int) {
         nodes.reserveOnHugePages(operations)
-        bodies.reserveOnHugePages(operations)
+        bodies.expected = operations
         names.expected = operations
         dependencyStart.reserveOnHugePages(operations + 1)
         self.dependencies.reserveOnHugePages(dependencies)
@@ -197,6 +198,76 @@ struct Names {
     /// `other`'s names placed from `index` on.
     mutating func set(_ other: Names, from index: Int) {
         for (k, name) in other.stored.enumerated() { set(name, at: index + k) }
+    }
+}
+
+/// Operations' bodies. Operations submitted in bulk mostly share one closure: while they all do, it is kept once with
+/// a count, and a million of them cost no 24 MB array (memory the kernel must hand over and clear page by page) and
+/// no retain each. The first body that differs writes the array out.
+struct Bodies {
+    /// The body of every operation so far, while they share one; nil once `stored` holds them (or with none).
+    private var shared: OperationBody?
+    /// Each operation's body, once they differ.
+    private var stored: [OperationBody] = []
+    private(set) var count = 0
+    var isShared: Bool { shared != nil }
+    /// Room to make when the array is written out (`GraphBuilder.reserveCapacity`).
+    var expected = 0
+
+    subscript(_ index: Int) -> OperationBody {
+        if let shared { return shared }
+        return stored[index]
+    }
+
+    @inline(__always)
+    mutating func append(_ body: OperationBody) {
+        if let shared, body.isSame(as: shared) {
+            count += 1
+        } else if count == 0 {
+            shared = body
+            count = 1
+        } else {
+            appendDiffering(body)
+        }
+    }
+
+    /// A body unlike the shared one (or any, once they differ): the array, written out if it was not.
+    private mutating func appendDiffering(_ body: OperationBody) {
+        if let body = shared.take() {
+            stored.reserveOnHugePages(max(expected, count + 1))
+            stored.append(contentsOf: repeatElement(body, count: count))
+        }
+        stored.append(body)
+        count += 1
+    }
+
+    mutating func append(contentsOf other: Bodies) {
+        for index in 0..<other.count { append(other[index]) }
+    }
+}
+
+extension OperationBody {
+    /// Whether two bodies are the same closure, bit for bit: the same function with the same context (what it
+    /// captured, held alive by the body kept), so calling either does the same. Closures made apart that do the
+    /// same compare different, which costs only memory.
+    @inline(__always)
+    func isSame(as other: OperationBody) -> Bool {
+        withUnsafeBytes(of: self) { a in
+            withUnsafeBytes(of: other) { b in
+                var k = 0
+                while k + 8 <= a.count {
+                    if a.loadUnaligned(fromByteOffset: k, as: UInt64.self) != b.loadUnaligned(fromByteOffset: k, as: UInt64.self) {
+                        return false
+                    }
+                    k += 8
+                }
+                while k < a.count {
+                    if a[k] != b[k] { return false }
+                    k += 1
+                }
+                return true
+            }
+        }
     }
 }
 

@@ -70,7 +70,7 @@ struct Scheduler {
         var generation: UInt32 = 0
         var live = false
         var nodes: [Node] = []
-        var bodies: [OperationBody] = []
+        var bodies = Bodies()
         var names = Names()
         var batches: [Batch] = []
         /// The sequence numbers of the barrier group's operations, which come one at a time with no batch.

@@ -111,4 +111,30 @@ import Testing
         }
         #expect(waiting.isEmpty)
     }
+
+    @Test func operationsSharingABodyKeepItOnceAndADifferentOneWritesThemOut() throws {
+        let shared = OperationBody.sync { _ in "shared" }
+        let other = OperationBody.async { $0.finish(.success("other")) }
+        #expect(shared.isSame(as: shared) && !shared.isSame(as: other))
+        #expect(!shared.isSame(as: OperationBody.sync { _ in "shared" }), "a closure made apart is another body")
+        var bodies = Bodies()
+        for _ in 0..<3 { bodies.append(shared) }
+        #expect(bodies.count == 3 && bodies.isShared)
+        bodies.append(other)
+        bodies.append(shared)
+        #expect(bodies.count == 5 && !bodies.isShared)
+        var more = Bodies()
+        more.append(other)
+        bodies.append(contentsOf: more)
+        let kinds = (0..<bodies.count).map { if case .async = bodies[$0] { "async" } else { "sync" } }
+        #expect(kinds == ["sync", "sync", "sync", "async", "sync", "async"])
+        // Through the scheduler: each operation runs its own body.
+        var h = Harness()
+        let q = h.queue("q", limit: 10)
+        var g = GraphBuilder()
+        for i in 0..<4 { g.add(OperationSpec(name: "\(i)", queue: q, body: i == 2 ? other : shared)) }
+        let group = try h.s.submit(g, now: h.now)
+        let asyncOnes = (0..<4).filter { if case .async = h.s.groups[Int(group.slot)].bodies[$0] { true } else { false } }
+        #expect(asyncOnes == [2])
+    }
 }
