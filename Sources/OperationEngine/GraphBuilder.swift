@@ -93,6 +93,9 @@ public struct GraphBuilder: Sendable {
     /// Names up to the last named operation (`Names`): a graph of unnamed operations keeps none.
     var names = Names()
     var options: [Scheduler.Options] = []
+    /// Each operation's index in `options`, and its `input` (-1: none).
+    var optionIndex = SparseColumn()
+    var inputs = SparseColumn()
     /// `dependencyStart[i] ..< dependencyStart[i + 1]` is operation i's slice of `dependencies`.
     var dependencyStart: [Int32] = [0]
     var dependencies: [Int32] = []
@@ -129,7 +132,6 @@ public struct GraphBuilder: Sendable {
 
     /// Adds the operation whose dependencies were just appended.
     private mutating func appendOperation(_ spec: OperationSpec) -> Int {
-        var options: Int32 = -1
         if spec.timeout != nil || spec.retries != 0 {
             if spec.retries < 0 || spec.retries >= Int(UInt16.max) {
                 problems.append("operation '\(spec.name)': retries must be 0…\(Int(UInt16.max) - 1)")
@@ -140,17 +142,18 @@ public struct GraphBuilder: Sendable {
             if !(spec.retryDelay >= 0) || !spec.retryDelay.isFinite {
                 problems.append("operation '\(spec.name)': retry delay must be 0 or more seconds")
             }
-            options = Int32(self.options.count)
+            optionIndex.set(Int32(self.options.count), at: nodes.count)
             self.options.append(Scheduler.Options(timeout: spec.timeout, retries: max(0, spec.retries), retryDelay: spec.retryDelay))
         }
         if spec.queue.rawValue < 0 || spec.queue.rawValue > Int(UInt16.max) {
             problems.append("operation '\(spec.name)': unknown queue \(spec.queue)")
         }
         var node = Scheduler.Node(
-            pending: 0, input: Int32(truncatingIfNeeded: spec.input ?? -1), options: options, epoch: 0,
+            pending: 0, epoch: 0,
             queue: UInt16(truncatingIfNeeded: spec.queue.rawValue),
             requestedQoS: spec.qualityOfService?.rawValue ?? Scheduler.noQoS, priority: spec.queuePriority)
         if spec.runsAfterFailure { node.flags |= Scheduler.Node.runsAfterFailure }
+        if let input = spec.input { inputs.set(Int32(truncatingIfNeeded: input), at: nodes.count) }
         nodes.append(node)
         bodies.append(spec.body)
         names.set(spec.name, at: nodes.count - 1)
@@ -268,6 +271,27 @@ extension OperationBody {
                 return true
             }
         }
+    }
+}
+
+/// A number per operation that most leave at -1 (an index of options, an input): no array until one is set, then one
+/// up to the last set, those after it reading -1 (as `Names`).
+struct SparseColumn {
+    private(set) var stored: [Int32] = []
+
+    subscript(_ index: Int) -> Int32 { index < stored.count ? stored[index] : -1 }
+
+    mutating func set(_ value: Int32, at index: Int) {
+        if index >= stored.count {
+            guard value != -1 else { return }
+            stored.append(contentsOf: repeatElement(-1, count: index + 1 - stored.count))
+        }
+        stored[index] = value
+    }
+
+    /// `other`'s values placed from `index` on, each not -1 plus `offset`.
+    mutating func set(_ other: SparseColumn, from index: Int, adding offset: Int32 = 0) {
+        for (k, value) in other.stored.enumerated() where value != -1 { set(value + offset, at: index + k) }
     }
 }
 

@@ -31,7 +31,8 @@ extension Scheduler {
         attemptLeft(queue: Int(node.queue))
         if !cancelHandlers.isEmpty { cancelHandlers[ref] = nil }
         if node.flags & Node.timedOut != 0 {
-            let seconds = node.options >= 0 ? groups[g].options[Int(node.options)].timeout ?? 0 : 0
+            let o = groups[g].optionIndex[i]
+            let seconds = o >= 0 ? groups[g].options[Int(o)].timeout ?? 0 : 0
             failOrRetry(ref, error: OperationTimeout(seconds: seconds).description, now: now)
         } else if node.flags & Node.cancelRequested != 0 {
             complete(ref, .cancelled, error: groups[g].errors[ref.index] ?? "cancelled", now: now)
@@ -60,8 +61,9 @@ extension Scheduler {
     private mutating func failOrRetry(_ ref: NodeRef, error: String, now: Double) {
         let g = Int(ref.group), i = Int(ref.index)
         let node = groups[g].nodes[i]
-        if node.options >= 0 {
-            let options = groups[g].options[Int(node.options)]
+        let o = groups[g].optionIndex[i]
+        if o >= 0 {
+            let options = groups[g].options[Int(o)]
             if Int(node.attempts) <= options.retries {
                 groups[g].nodes[i].state = .retrying
                 groups[g].errors[ref.index] = error
