@@ -31,9 +31,7 @@ extension Scheduler {
         attemptLeft(queue: Int(node.queue))
         if !cancelHandlers.isEmpty { cancelHandlers[ref] = nil }
         if node.flags & Node.timedOut != 0 {
-            let o = groups[g].optionIndex[i]
-            let seconds = o >= 0 ? groups[g].options[Int(o)].timeout ?? 0 : 0
-            failOrRetry(ref, error: OperationTimeout(seconds: seconds).description, now: now)
+            failOrRetry(ref, error: OperationTimeout(seconds: timeout(g, i)).description, now: now)
         } else if node.flags & Node.cancelRequested != 0 {
             complete(ref, .cancelled, error: groups[g].errors[ref.index] ?? "cancelled", now: now)
         } else {
@@ -56,6 +54,13 @@ extension Scheduler {
                 if final { complete(ref, .failed, error: message, now: now) } else { failOrRetry(ref, error: message, now: now) }
             }
         }
+    }
+
+    /// Operation i's timeout, 0 without; out of line, off the path of every end.
+    @inline(never)
+    private func timeout(_ g: Int, _ i: Int) -> Double {
+        let o = groups[g].optionIndex[i]
+        return o >= 0 ? groups[g].options[Int(o)].timeout ?? 0 : 0
     }
 
     private mutating func failOrRetry(_ ref: NodeRef, error: String, now: Double) {
