@@ -88,10 +88,14 @@ public struct OperationSpec: Sendable {
 public struct GraphBuilder: Sendable {
     public let base: Int
     var nodes: [Scheduler.Node] = []
-    var bodies: [OperationBody] = []
+    /// One body while all operations share it (`Bodies`).
+    var bodies = Bodies()
     /// Names up to the last named operation (`Names`): a graph of unnamed operations keeps none.
     var names = Names()
     var options: [Scheduler.Options] = []
+    /// Each operation's index in `options`, and its `input` (-1: none).
+    var optionIndex = SparseColumn()
+    var inputs = SparseColumn()
     /// `dependencyStart[i] ..< dependencyStart[i + 1]` is operation i's slice of `dependencies`.
     var dependencyStart: [Int32] = [0]
     var dependencies: [Int32] = []
@@ -104,7 +108,7 @@ public struct GraphBuilder: Sendable {
     /// Room for so many operations and dependencies; a large graph's arrays on huge pages (`HugePages.swift`).
     public mutating func reserveCapacity(operations: Int, dependencies: Int) {
         nodes.reserveOnHugePages(operations)
-        bodies.reserveOnHugePages(operations)
+        bodies.expected = operations
         names.expected = operations
         dependencyStart.reserveOnHugePages(operations + 1)
         self.dependencies.reserveOnHugePages(dependencies)
@@ -128,7 +132,6 @@ public struct GraphBuilder: Sendable {
 
     /// Adds the operation whose dependencies were just appended.
     private mutating func appendOperation(_ spec: OperationSpec) -> Int {
-        var options: Int32 = -1
         if spec.timeout != nil || spec.retries != 0 {
             if spec.retries < 0 || spec.retries >= Int(UInt16.max) {
                 problems.append("operation '\(spec.name)': retries must be 0…\(Int(UInt16.max) - 1)")
@@ -139,17 +142,18 @@ public struct GraphBuilder: Sendable {
             if !(spec.retryDelay >= 0) || !spec.retryDelay.isFinite {
                 problems.append("operation '\(spec.name)': retry delay must be 0 or more seconds")
             }
-            options = Int32(self.options.count)
+            optionIndex.set(Int32(self.options.count), at: nodes.count)
             self.options.append(Scheduler.Options(timeout: spec.timeout, retries: max(0, spec.retries), retryDelay: spec.retryDelay))
         }
         if spec.queue.rawValue < 0 || spec.queue.rawValue > Int(UInt16.max) {
             problems.append("operation '\(spec.name)': unknown queue \(spec.queue)")
         }
         var node = Scheduler.Node(
-            pending: 0, input: Int32(truncatingIfNeeded: spec.input ?? -1), options: options, epoch: 0,
+            pending: 0, epoch: 0,
             queue: UInt16(truncatingIfNeeded: spec.queue.rawValue),
             requestedQoS: spec.qualityOfService?.rawValue ?? Scheduler.noQoS, priority: spec.queuePriority)
         if spec.runsAfterFailure { node.flags |= Scheduler.Node.runsAfterFailure }
+        if let input = spec.input { inputs.set(Int32(truncatingIfNeeded: input), at: nodes.count) }
         nodes.append(node)
         bodies.append(spec.body)
         names.set(spec.name, at: nodes.count - 1)
@@ -197,6 +201,97 @@ struct Names {
     /// `other`'s names placed from `index` on.
     mutating func set(_ other: Names, from index: Int) {
         for (k, name) in other.stored.enumerated() { set(name, at: index + k) }
+    }
+}
+
+/// Operations' bodies. Operations submitted in bulk mostly share one closure: while they all do, it is kept once with
+/// a count, and a million of them cost no 24 MB array (memory the kernel must hand over and clear page by page) and
+/// no retain each. The first body that differs writes the array out.
+struct Bodies {
+    /// The body of every operation so far, while they share one; nil once `stored` holds them (or with none).
+    private var shared: OperationBody?
+    /// Each operation's body, once they differ.
+    private var stored: [OperationBody] = []
+    private(set) var count = 0
+    var isShared: Bool { shared != nil }
+    /// Room to make when the array is written out (`GraphBuilder.reserveCapacity`).
+    var expected = 0
+
+    subscript(_ index: Int) -> OperationBody {
+        if let shared { return shared }
+        return stored[index]
+    }
+
+    @inline(__always)
+    mutating func append(_ body: OperationBody) {
+        if let shared, body.isSame(as: shared) {
+            count += 1
+        } else if count == 0 {
+            shared = body
+            count = 1
+        } else {
+            appendDiffering(body)
+        }
+    }
+
+    /// A body unlike the shared one (or any, once they differ): the array, written out if it was not.
+    private mutating func appendDiffering(_ body: OperationBody) {
+        if let body = shared.take() {
+            stored.reserveOnHugePages(max(expected, count + 1))
+            stored.append(contentsOf: repeatElement(body, count: count))
+        }
+        stored.append(body)
+        count += 1
+    }
+
+    mutating func append(contentsOf other: Bodies) {
+        for index in 0..<other.count { append(other[index]) }
+    }
+}
+
+extension OperationBody {
+    /// Whether two bodies are the same closure, bit for bit: the same function with the same context (what it
+    /// captured, held alive by the body kept), so calling either does the same. Closures made apart that do the
+    /// same compare different, which costs only memory.
+    @inline(__always)
+    func isSame(as other: OperationBody) -> Bool {
+        withUnsafeBytes(of: self) { a in
+            withUnsafeBytes(of: other) { b in
+                var k = 0
+                while k + 8 <= a.count {
+                    if a.loadUnaligned(fromByteOffset: k, as: UInt64.self) != b.loadUnaligned(fromByteOffset: k, as: UInt64.self) {
+                        return false
+                    }
+                    k += 8
+                }
+                while k < a.count {
+                    if a[k] != b[k] { return false }
+                    k += 1
+                }
+                return true
+            }
+        }
+    }
+}
+
+/// A number per operation that most leave at -1 (an index of options, an input): no array until one is set, then one
+/// up to the last set, those after it reading -1 (as `Names`).
+struct SparseColumn {
+    private(set) var stored: [Int32] = []
+
+    subscript(_ index: Int) -> Int32 { index < stored.count ? stored[index] : -1 }
+
+    mutating func set(_ value: Int32, at index: Int) {
+        if index >= stored.count {
+            guard value != -1 else { return }
+            stored.append(contentsOf: repeatElement(-1, count: index + 1 - stored.count))
+        }
+        stored[index] = value
+    }
+
+    /// `other`'s values placed from `index` on, each not -1 plus `offset`.
+    mutating func set(_ other: SparseColumn, from index: Int, adding offset: Int32 = 0) {
+        for (k, value) in other.stored.enumerated() where value != -1 { set(value + offset, at: index + k) }
     }
 }
 

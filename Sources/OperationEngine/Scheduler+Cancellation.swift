@@ -14,8 +14,7 @@ extension Scheduler {
         // Everything unfinished of the current epoch, including an earlier barrier (counted in it).
         let pending = Int32(queues[q].epochUnfinished[Int(queues[q].epoch)])
         var node = Node(
-            pending: pending, input: -1, options: -1,
-            epoch: queues[q].epoch + 1, queue: UInt16(q), requestedQoS: Self.noQoS, priority: .normal)
+            pending: pending, epoch: queues[q].epoch + 1, queue: UInt16(q), requestedQoS: Self.noQoS, priority: .normal)
         node.flags = Node.isBarrier | Node.runsAfterFailure
         groups[g].seqs.append(nextSeq)
         nextSeq &+= 1

@@ -142,7 +142,7 @@ extension Scheduler {
         groups[g].nodes[i] = node
         if recordsEvents { emit(ref, .executing, now: now) }
         let attempt = Attempt(ref: ref, generation: groups[g].generation, number: Int(node.attempts))
-        if node.options >= 0, let timeout = groups[g].options[Int(node.options)].timeout {
+        if !groups[g].options.isEmpty, case let o = groups[g].optionIndex[i], o >= 0, let timeout = groups[g].options[Int(o)].timeout {
             timerRequests.append(TimerRequest(delay: timeout, kind: .attemptTimeout(attempt)))
         }
         let inputBox = groups[g].outputs.isEmpty ? nil : input(of: ref)
@@ -154,8 +154,8 @@ extension Scheduler {
         let g = Int(ref.group)
         // Asked in place: a copy of the dictionary (a retain and a release) for each start is what most cost.
         if groups[g].outputs.isEmpty { return nil }
-        let node = groups[g].nodes[Int(ref.index)]
-        if node.input >= 0 { return groups[g].outputs[node.input] }
+        let input = groups[g].inputs[Int(ref.index)]
+        if input >= 0 { return groups[g].outputs[input] }
         for d in dependencies(of: ref) {
             if let output = groups[g].outputs[d] { return output }
         }

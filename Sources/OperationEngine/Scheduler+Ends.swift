@@ -31,8 +31,7 @@ extension Scheduler {
         attemptLeft(queue: Int(node.queue))
         if !cancelHandlers.isEmpty { cancelHandlers[ref] = nil }
         if node.flags & Node.timedOut != 0 {
-            let seconds = node.options >= 0 ? groups[g].options[Int(node.options)].timeout ?? 0 : 0
-            failOrRetry(ref, error: OperationTimeout(seconds: seconds).description, now: now)
+            failOrRetry(ref, error: OperationTimeout(seconds: timeout(g, i)).description, now: now)
         } else if node.flags & Node.cancelRequested != 0 {
             complete(ref, .cancelled, error: groups[g].errors[ref.index] ?? "cancelled", now: now)
         } else {
@@ -57,11 +56,19 @@ extension Scheduler {
         }
     }
 
+    /// Operation i's timeout, 0 without; out of line, off the path of every end.
+    @inline(never)
+    private func timeout(_ g: Int, _ i: Int) -> Double {
+        let o = groups[g].optionIndex[i]
+        return o >= 0 ? groups[g].options[Int(o)].timeout ?? 0 : 0
+    }
+
     private mutating func failOrRetry(_ ref: NodeRef, error: String, now: Double) {
         let g = Int(ref.group), i = Int(ref.index)
         let node = groups[g].nodes[i]
-        if node.options >= 0 {
-            let options = groups[g].options[Int(node.options)]
+        let o = groups[g].optionIndex[i]
+        if o >= 0 {
+            let options = groups[g].options[Int(o)]
             if Int(node.attempts) <= options.retries {
                 groups[g].nodes[i].state = .retrying
                 groups[g].errors[ref.index] = error

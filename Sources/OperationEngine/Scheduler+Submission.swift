@@ -24,6 +24,7 @@ extension Scheduler {
         let nodes = builder.nodes
         let starts = builder.dependencyStart
         let edges = builder.dependencies
+        let inputs = builder.inputs.stored
         // Each row's dependents counted at the row, summed into where each row ends, then filled from the back:
         // one array becomes the rows' starts, with no second copy to fill through.
         var dependentStart = [Int32](hugePagesRepeating: 0, count: n + 1)
@@ -33,7 +34,7 @@ extension Scheduler {
         withBuffers(nodes, starts, edges) { nodes, starts, edges in
             dependentStart.withUnsafeMutableBufferPointer { count in
                 for i in 0..<n {
-                    let (queue, input) = (nodes[i].queue, nodes[i].input)
+                    let (queue, input) = (nodes[i].queue, i < inputs.count ? inputs[i] : -1)
                     if Int(queue) >= queueCount {
                         problems.append("operation '\(builder.names[i])': unknown queue queue#\(queue)")
                     }
@@ -321,11 +322,12 @@ extension Scheduler {
             swap(&groups[gi].bodies, &builder.bodies)
             swap(&groups[gi].names, &builder.names)
             swap(&groups[gi].options, &builder.options)
+            swap(&groups[gi].optionIndex, &builder.optionIndex)
+            swap(&groups[gi].inputs, &builder.inputs)
         } else {
-            let optionBase = Int32(groups[gi].options.count)
-            if optionBase > 0 {
-                for i in builder.nodes.indices where builder.nodes[i].options >= 0 { builder.nodes[i].options += optionBase }
-            }
+            let first = groups[gi].nodes.count
+            groups[gi].optionIndex.set(builder.optionIndex, from: first, adding: Int32(groups[gi].options.count))
+            groups[gi].inputs.set(builder.inputs, from: first)
             groups[gi].nodes.append(contentsOf: builder.nodes)
             groups[gi].bodies.append(contentsOf: builder.bodies)
             groups[gi].names.set(builder.names, from: groups[gi].nodes.count - builder.nodes.count)

@@ -18,15 +18,14 @@
 
 struct Scheduler {
     /// An operation's scheduling state: plain data, so reading one copies no references.
-    /// Its body and name live in arrays of their own beside it, its sequence number comes from its batch (`seq`).
-    /// 40 bytes (the raised QoS shares a byte with the flags): a million-operation graph is so much memory the kernel
-    /// must hand over page by page.
+    /// Its body and name live in arrays of their own beside it, its sequence number comes from its batch (`seq`), and
+    /// what few operations have (an input named, options) in columns of the group (`SparseColumn`).
+    /// 32 bytes (the raised QoS shares a byte with the flags), two to a cache line: a million-operation graph is so
+    /// much memory the kernel must hand over page by page, and its nodes are read from memory, not the cache.
     struct Node {
         var startedAt: Double = .nan
         var finishedAt: Double = .nan
         var pending: Int32
-        var input: Int32
-        var options: Int32
         var epoch: Int32
         var queue: UInt16
         var attempts: UInt16 = 0
@@ -70,7 +69,7 @@ struct Scheduler {
         var generation: UInt32 = 0
         var live = false
         var nodes: [Node] = []
-        var bodies: [OperationBody] = []
+        var bodies = Bodies()
         var names = Names()
         var batches: [Batch] = []
         /// The sequence numbers of the barrier group's operations, which come one at a time with no batch.
@@ -81,6 +80,9 @@ struct Scheduler {
         /// Dependents added by later batches to operations of earlier ones.
         var lateDependents: [Int32: [Int32]] = [:]
         var options: [Options] = []
+        /// Each operation's index in `options` and the dependency whose output is its input (-1: none).
+        var optionIndex = SparseColumn()
+        var inputs = SparseColumn()
         var outputs: [Int32: OutputBox] = [:]
         /// false: an output is dropped once every dependent has ended (it is only kept for them).
         var keepOutputs = true

@@ -6,7 +6,7 @@ import Testing
 
 @Suite struct NodeLayoutTests {
     @Test func aRaiseAndTheFlagsShareAByteWithoutEitherLosingTheOther() throws {
-        #expect(MemoryLayout<Scheduler.Node>.stride == 40, "a million operations: 40 MB of nodes, not 48")
+        #expect(MemoryLayout<Scheduler.Node>.stride == 32, "a million operations: 32 MB of nodes, two to a cache line")
         var h = Harness()
         let q = h.queue("q", qos: .background)
         var g = GraphBuilder()
@@ -110,5 +110,54 @@ import Testing
             waiting.remove(Int(popped.seq))
         }
         #expect(waiting.isEmpty)
+    }
+
+    @Test func operationsSharingABodyKeepItOnceAndADifferentOneWritesThemOut() throws {
+        let shared = OperationBody.sync { _ in "shared" }
+        let other = OperationBody.async { $0.finish(.success("other")) }
+        #expect(shared.isSame(as: shared) && !shared.isSame(as: other))
+        #expect(!shared.isSame(as: OperationBody.sync { _ in "shared" }), "a closure made apart is another body")
+        var bodies = Bodies()
+        for _ in 0..<3 { bodies.append(shared) }
+        #expect(bodies.count == 3 && bodies.isShared)
+        bodies.append(other)
+        bodies.append(shared)
+        #expect(bodies.count == 5 && !bodies.isShared)
+        var more = Bodies()
+        more.append(other)
+        bodies.append(contentsOf: more)
+        let kinds = (0..<bodies.count).map { if case .async = bodies[$0] { "async" } else { "sync" } }
+        #expect(kinds == ["sync", "sync", "sync", "async", "sync", "async"])
+        // Through the scheduler: each operation runs its own body.
+        var h = Harness()
+        let q = h.queue("q", limit: 10)
+        var g = GraphBuilder()
+        for i in 0..<4 { g.add(OperationSpec(name: "\(i)", queue: q, body: i == 2 ? other : shared)) }
+        let group = try h.s.submit(g, now: h.now)
+        let asyncOnes = (0..<4).filter { if case .async = h.s.groups[Int(group.slot)].bodies[$0] { true } else { false } }
+        #expect(asyncOnes == [2])
+    }
+
+    @Test func optionsAndInputsKeptApartFromTheNodesFollowTheirOperationsIntoAnExtension() throws {
+        var h = Harness()
+        let q = h.queue("q", limit: 10)
+        var g = GraphBuilder()
+        g.add(spec("a", q, retries: 1, retryDelay: 0))
+        g.add(spec("b", q))
+        let group = try h.s.submit(g, now: h.now)
+        var more = GraphBuilder(base: 2)
+        more.add(spec("c", q, timeout: 5, retries: 3, retryDelay: 0))
+        more.add(spec("d", q, input: 1), dependencies: [0, 1])
+        try h.s.extend(group, with: more, now: h.now)
+        let stored = h.s.groups[Int(group.slot)]
+        #expect((0..<4).map { stored.optionIndex[$0] } == [0, -1, 1, -1])
+        #expect(stored.options[1].retries == 3 && stored.options[1].timeout == 5)
+        #expect((0..<4).map { stored.inputs[$0] } == [-1, -1, -1, 1])
+        #expect(Set(h.dispatch()) == ["a", "b", "c"])
+        #expect(h.takeTimers().map(\.delay) == [5], "c's timeout, not a's options")
+        h.succeed("a", output: "from-a")
+        h.succeed("b", output: "from-b")
+        #expect(h.dispatch() == ["d"])
+        #expect(h.running["d"]?.input as? String == "from-b", "its input named, not its first dependency")
     }
 }
