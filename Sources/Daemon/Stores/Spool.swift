@@ -558,9 +558,10 @@ public final class Spool: @unchecked Sendable {
 
     /// The folder of a job's outbox entry in `outbox` (the spool's outbox, or sharedOutbox), once it has ended:
     /// <job>, unless something else had that name as the job ended; then the first <job>.N whose result.plist names
-    /// the job (see `place(job:)`). Nil while there is none, or when its result cannot be read (`Outbox.ended` says why).
+    /// the job (see `place(job:)`); else a folder an operator renamed, found by its result (`Outbox.find`). Nil while
+    /// there is none, when its result cannot be read, or when several renamed folders claim the job.
     public static func entry(of job: String, in outbox: String) -> String? {
-        guard case .success(let entry)? = Outbox.ended(job, in: outbox) else { return nil }
+        guard case .entry(let entry)? = Outbox.find(job, in: outbox) else { return nil }
         return outbox + "/" + entry.name
     }
 

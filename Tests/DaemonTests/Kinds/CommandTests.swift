@@ -419,6 +419,26 @@ private func launch(_ spool: TestSpool, _ arguments: [String], environment: [Str
         #expect(((try? FileManager.default.contentsOfDirectory(atPath: spool.root + "/active/.hooks")) ?? ["?"]).isEmpty, "markers removed")
     }
 
+    /// A crash between publication and the hook, then the job's folder renamed by an operator before the next start:
+    /// the hook still runs for the job, given the folder where it now is.
+    @Test func aHookDueAfterACrashFindsItsRenamedFolder() throws {
+        let spool = TestSpool()
+        let log = spool.root + ".hooks"
+        defer { unlink(log) }
+        let config = try spool.configure([
+            "commands": ["hook": command(["/bin/sh", "-c", "echo \"$1 $2\" >> \"\(log)\"", "sh", "${job}", "${outbox}"])],
+            "jobFinished": "hook",
+        ])
+        try launch(spool, config, environment: ["OPQUEUED_CRASH_POINTS": "publish.placed:1"])
+        try spool.drop("h.plist", ["job": "h", "operations": [sleepOp("a", 0)]])
+        #expect(spool.waitForExit(timeout: 20) != nil, "killed at the crash point")
+        #expect(readText(log) == nil, "the hook had not run")
+        #expect(rename(spool.root + "/outbox/h", spool.root + "/outbox/h.keep") == 0)
+        try spool.start(config)
+        #expect(waitFor(10) { readText(log) != nil })
+        #expect(readText(log) == "h \(spool.root)/outbox/h.keep\n")
+    }
+
     /// A slow hook and many ended jobs: at most eight hooks run at once, and every one runs in its turn.
     @Test func jobFinishedHooksRunEightAtATime() throws {
         let spool = TestSpool()
