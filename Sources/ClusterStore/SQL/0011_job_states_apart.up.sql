@@ -54,6 +54,17 @@ DROP INDEX opq_jobs_finished;
 ALTER TABLE opq_jobs DROP COLUMN state, DROP COLUMN node, DROP COLUMN fence, DROP COLUMN from_node,
     DROP COLUMN claimed_at, DROP COLUMN status, DROP COLUMN result, DROP COLUMN finished_at;
 
+-- Each job with its state as schema 10 kept it in opq_jobs, for operators and tests (no node reads it); state is NULL
+-- for a job in neither table (a prune under way).
+CREATE VIEW opq_job_states AS
+SELECT j.id, j.requested_id, j.manifest_name, j.submitted_on, j.submitted_at, j.queues, j.commands,
+       CASE WHEN l.id IS NOT NULL THEN l.state WHEN e.id IS NOT NULL THEN 'finished' END AS state,
+       coalesce(l.node, e.node) AS node, coalesce(l.fence, e.fence) AS fence, coalesce(l.from_node, e.from_node) AS from_node,
+       l.claimed_at, l.not_before, e.status, e.result, e.finished_at
+FROM opq_jobs AS j
+     LEFT JOIN opq_live AS l ON l.id = j.id
+     LEFT JOIN opq_ended AS e ON l.id IS NULL AND e.id = j.id;
+
 -- The claim round and the completions, as in 10 (same signatures and rows), on opq_live: a claim reads each claimed
 -- job's submission by its primary key, and its cancels in the same statement.
 CREATE OR REPLACE FUNCTION opq_claim(claimer text, wanted bigint, node_queues text[], node_commands text[], budget bigint,
