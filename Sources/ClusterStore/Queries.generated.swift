@@ -1055,7 +1055,7 @@ enum Migrations {
         Migration(version: 11, name: "job_states_apart", up: [
             #"""
             CREATE TABLE opq_live (
-                id            text COLLATE "C" PRIMARY KEY REFERENCES opq_jobs (id) ON DELETE CASCADE,
+                id            text COLLATE "C" PRIMARY KEY,
                 state         text NOT NULL DEFAULT 'waiting' CHECK (state IN ('waiting', 'running')),
                 qos_rank      smallint NOT NULL,
                 priority_rank smallint NOT NULL,
@@ -1120,6 +1120,17 @@ enum Migrations {
             #"""
             ALTER TABLE opq_jobs DROP COLUMN state, DROP COLUMN node, DROP COLUMN fence, DROP COLUMN from_node,
                 DROP COLUMN claimed_at, DROP COLUMN status, DROP COLUMN result, DROP COLUMN finished_at
+            """#,
+            #"""
+            CREATE FUNCTION opq_jobs_deleted() RETURNS trigger LANGUAGE plpgsql AS '
+            BEGIN
+                DELETE FROM opq_live AS l USING gone WHERE l.id = gone.id
+                ; RETURN NULL
+            ; END'
+            """#,
+            #"""
+            CREATE TRIGGER opq_jobs_deleted AFTER DELETE ON opq_jobs REFERENCING OLD TABLE AS gone
+                FOR EACH STATEMENT EXECUTE FUNCTION opq_jobs_deleted()
             """#,
             #"""
             CREATE VIEW opq_job_states AS
@@ -1192,6 +1203,9 @@ enum Migrations {
             ; END'
             """#,
             #"""
+            DROP FUNCTION opq_claim_jobs(text, bigint, text[], text[])
+            """#,
+            #"""
             INSERT INTO opq_schema_readers (version, oldest_reader) VALUES (11, 11)
             """#,
         ], down: [
@@ -1229,6 +1243,12 @@ enum Migrations {
             """#,
             #"""
             CREATE INDEX opq_jobs_finished ON opq_jobs (finished_at) WHERE state = 'finished'
+            """#,
+            #"""
+            DROP TRIGGER opq_jobs_deleted ON opq_jobs
+            """#,
+            #"""
+            DROP FUNCTION opq_jobs_deleted()
             """#,
             #"""
             DROP VIEW opq_job_states
@@ -1300,6 +1320,28 @@ enum Migrations {
                 WHERE j.id = c.id AND j.fence = c.fence AND j.state = ''running''
                 RETURNING j.id
             ; END'
+            """#,
+            #"""
+            CREATE FUNCTION opq_claim_jobs(claimer text, wanted bigint, node_queues text[], node_commands text[])
+            RETURNS TABLE (id text, requested_id text, manifest bytea, manifest_name text, submitted_on text, submitted_at float8,
+                           qos_rank smallint, priority_rank smallint, seq bigint, fence bigint, from_node text)
+            LANGUAGE sql VOLATILE SET enable_bitmapscan = off SET enable_seqscan = off AS '
+            UPDATE opq_jobs SET not_before = NULL
+            WHERE id IN (SELECT d.id FROM opq_jobs AS d WHERE d.state = ''waiting'' AND d.not_before <= now()
+                         FOR UPDATE SKIP LOCKED); WITH picked AS (
+                SELECT j.id FROM opq_jobs AS j
+                WHERE j.state = ''waiting'' AND j.not_before IS NULL AND j.queues <@ node_queues AND j.commands <@ node_commands
+                ORDER BY j.qos_rank DESC, j.priority_rank DESC, j.seq
+                LIMIT wanted
+                FOR UPDATE SKIP LOCKED
+            )
+            UPDATE opq_jobs AS j
+            SET state = ''running'', node = claimer, fence = nextval(''opq_fence''), claimed_at = now()
+            FROM picked
+            WHERE j.id = picked.id
+            RETURNING j.id, j.requested_id, j.manifest, j.manifest_name, j.submitted_on,
+                      extract(epoch FROM j.submitted_at)::float8, j.qos_rank, j.priority_rank, j.seq, j.fence, j.from_node
+            '
             """#,
             #"""
             DELETE FROM opq_schema_readers WHERE version = 11

@@ -19,6 +19,8 @@ CREATE INDEX opq_jobs_claimable ON opq_jobs (qos_rank DESC, priority_rank DESC, 
 CREATE INDEX opq_jobs_delayed ON opq_jobs (not_before) WHERE state = 'waiting' AND not_before IS NOT NULL;
 CREATE INDEX opq_jobs_running ON opq_jobs (node) WHERE state = 'running';
 CREATE INDEX opq_jobs_finished ON opq_jobs (finished_at) WHERE state = 'finished';
+DROP TRIGGER opq_jobs_deleted ON opq_jobs;
+DROP FUNCTION opq_jobs_deleted();
 DROP VIEW opq_job_states;
 DROP TABLE opq_ended;
 DROP TABLE opq_live;
@@ -77,5 +79,25 @@ BEGIN
     WHERE j.id = c.id AND j.fence = c.fence AND j.state = ''running''
     RETURNING j.id
 ; END';
+CREATE FUNCTION opq_claim_jobs(claimer text, wanted bigint, node_queues text[], node_commands text[])
+RETURNS TABLE (id text, requested_id text, manifest bytea, manifest_name text, submitted_on text, submitted_at float8,
+               qos_rank smallint, priority_rank smallint, seq bigint, fence bigint, from_node text)
+LANGUAGE sql VOLATILE SET enable_bitmapscan = off SET enable_seqscan = off AS '
+UPDATE opq_jobs SET not_before = NULL
+WHERE id IN (SELECT d.id FROM opq_jobs AS d WHERE d.state = ''waiting'' AND d.not_before <= now()
+             FOR UPDATE SKIP LOCKED); WITH picked AS (
+    SELECT j.id FROM opq_jobs AS j
+    WHERE j.state = ''waiting'' AND j.not_before IS NULL AND j.queues <@ node_queues AND j.commands <@ node_commands
+    ORDER BY j.qos_rank DESC, j.priority_rank DESC, j.seq
+    LIMIT wanted
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE opq_jobs AS j
+SET state = ''running'', node = claimer, fence = nextval(''opq_fence''), claimed_at = now()
+FROM picked
+WHERE j.id = picked.id
+RETURNING j.id, j.requested_id, j.manifest, j.manifest_name, j.submitted_on,
+          extract(epoch FROM j.submitted_at)::float8, j.qos_rank, j.priority_rank, j.seq, j.fence, j.from_node
+';
 DELETE FROM opq_schema_readers WHERE version = 11;
 DELETE FROM opq_schema_version WHERE version = 11;

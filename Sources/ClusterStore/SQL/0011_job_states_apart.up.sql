@@ -6,11 +6,12 @@
 -- opq_jobs holds what a submission gave, written once (not_before: as submitted); opq_live has one narrow row per
 -- waiting or running job (claim order, holder, fence), the row a claim updates; opq_ended one row per ended job (where
 -- it ran, its status and result.plist), inserted by the completion that deletes the job's opq_live row. A job is in
--- exactly one of the two. opq_live's rows go with their job (a job deleted by hand never runs); opq_ended has no
--- reference to check at each completion, and pruning deletes from both. Rows in flight move over as they are.
+-- exactly one of the two. Neither refers to opq_jobs (a reference is checked at each insert: 10 µs a job here); pruning
+-- deletes from both, and a trigger deletes the opq_live rows of jobs deleted by hand (they never run), one statement
+-- per DELETE. Rows in flight move over as they are.
 -- Older code reads and writes opq_jobs' state columns, which go: only code of 11 runs against this schema.
 CREATE TABLE opq_live (
-    id            text COLLATE "C" PRIMARY KEY REFERENCES opq_jobs (id) ON DELETE CASCADE,
+    id            text COLLATE "C" PRIMARY KEY,
     state         text NOT NULL DEFAULT 'waiting' CHECK (state IN ('waiting', 'running')),
     qos_rank      smallint NOT NULL,
     priority_rank smallint NOT NULL,
@@ -53,6 +54,14 @@ DROP INDEX opq_jobs_running;
 DROP INDEX opq_jobs_finished;
 ALTER TABLE opq_jobs DROP COLUMN state, DROP COLUMN node, DROP COLUMN fence, DROP COLUMN from_node,
     DROP COLUMN claimed_at, DROP COLUMN status, DROP COLUMN result, DROP COLUMN finished_at;
+
+CREATE FUNCTION opq_jobs_deleted() RETURNS trigger LANGUAGE plpgsql AS '
+BEGIN
+    DELETE FROM opq_live AS l USING gone WHERE l.id = gone.id
+    ; RETURN NULL
+; END';
+CREATE TRIGGER opq_jobs_deleted AFTER DELETE ON opq_jobs REFERENCING OLD TABLE AS gone
+    FOR EACH STATEMENT EXECUTE FUNCTION opq_jobs_deleted();
 
 -- Each job with its state as schema 10 kept it in opq_jobs, for operators and tests (no node reads it); state is NULL
 -- for a job in neither table (a prune under way).
@@ -124,4 +133,6 @@ BEGIN
     SELECT * FROM ended
     RETURNING e.id
 ; END';
+-- What nodes of 6 to 9 claimed with, on the columns that went.
+DROP FUNCTION opq_claim_jobs(text, bigint, text[], text[]);
 INSERT INTO opq_schema_readers (version, oldest_reader) VALUES (11, 11);
