@@ -5,9 +5,10 @@
 #
 #   variants  floor     run.sh's floor: the bare claim and completion (a table of ids and states, no payload)
 #             floor-rows (--rows) the same with a job's bytes: its manifest from the start, its result.plist at the end
-#             schema-N  (--schemas 10) the migrations up to N, and the node's ClaimJobs and CompleteJobs: opq_claim
-#                       and opq_complete (schema 10 on), whose plans the server keeps per connection, each its own
-#                       statement and commit
+#             schema-N  (--schemas 10) the migrations up to N (the jobs inserted before N's, which moves them), and
+#                       the node's ClaimJobs and CompleteJobs: opq_claim and opq_complete (schema 10 on), whose plans
+#                       the server keeps per connection, each its own statement and commit; a version not yet among
+#                       the migrations is its draft, prototype-NNNN.sql beside this script
 #             schema-N-merged  the same, each round's claim and the previous round's completion in one statement
 #                       and one commit (what a node sending its ends with its next claim would cost)
 #   each round: JOBS waiting jobs inserted (a real manifest, and a result.plist of a `sleep 0` job at completion),
@@ -41,7 +42,10 @@ FROM {claim}('n' || :client_id, :batch, '{default}'::text[], '{}'::text[], :budg
 COMPLETE = """
 SELECT id FROM {complete}(:ids::text[], :fences::bigint[], array_fill('succeeded'::text, ARRAY[cardinality(:ids::text[])]),
                             array_fill((SELECT b FROM bench_result), ARRAY[cardinality(:ids::text[])])) AS c (id);"""
-FUNCTIONS = {10: ("opq_claim", "opq_complete")}
+FUNCTIONS = {10: ("opq_claim", "opq_complete"), 11: ("opq_claim", "opq_complete")}
+# The jobs are inserted at the version before the one drained, whose migration then moves them (rows in flight); a
+# version not yet among the migrations is its draft beside this script (prototype-NNNN.sql).
+PROTOTYPE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "prototype-{:04d}.sql")
 
 
 # The floor (run.sh's): the bare claim and completion on a table of ids and states, one partial index, no payload.
@@ -102,17 +106,21 @@ def make_database(admin, name, jobs, variant):
     url = urllib.parse.urlparse(admin)
     env = dict(os.environ, PGPASSWORD=url.password or "")
     version = int(variant.split("-")[1])  # schema-10-merged: 10
-    files = sorted(f for f in os.listdir(SQL) if f.endswith(".up.sql") and int(f[:4]) <= version)
-    for f in files:
+    files = sorted(f for f in os.listdir(SQL) if f.endswith(".up.sql") and int(f[:4]) < version)
+    last = [os.path.join(SQL, f) for f in os.listdir(SQL) if f.endswith(".up.sql") and int(f[:4]) == version]
+    def apply(path):
         subprocess.run(["psql", "-XAtq", "-v", "ON_ERROR_STOP=1", "-h", url.hostname, "-p", str(url.port), "-U", url.username,
-                        "-d", name, "-f", os.path.join(SQL, f)], env=env, check=True, capture_output=True)
+                        "-d", name, "-f", path], env=env, check=True, capture_output=True)
+    for f in files:
+        apply(os.path.join(SQL, f))
     manifest = plistlib.dumps({"job": "t000001", "operations": [{"id": "a", "kind": "sleep", "seconds": 0}]}).hex()
     psql(admin, name, f"CREATE TABLE bench_result (b bytea); INSERT INTO bench_result VALUES ('\\x{result_plist().hex()}');"
          "INSERT INTO opq_jobs (id, requested_id, manifest, manifest_name, submitted_on, qos_rank, priority_rank, queues, "
          f"commands, submission_key) SELECT 't' || g, 't' || g, '\\x{manifest}'::bytea, 't' || g || '.plist', 'bench-n0', 2, 2, "
          "'{default}', '{}', 'bench-n0/t' || g || '/1795892723.428686' "
          f"FROM generate_series(1, {jobs}) AS g")
-    psql(admin, name, "VACUUM ANALYZE opq_jobs")
+    apply(last[0] if last else PROTOTYPE.format(version))
+    psql(admin, name, "VACUUM ANALYZE")
 
 
 def hot_updates(admin, name, table):
@@ -133,7 +141,8 @@ def drain(args, variant, round_):
         time.sleep(0.5)
         lsn = psql(args.admin, name, "SELECT pg_current_wal_lsn()")
         commits = int(psql(args.admin, "postgres", f"SELECT xact_commit FROM pg_stat_database WHERE datname = '{name}'"))
-        table = "q" if variant.startswith("floor") else "opq_jobs"
+        # The table a claim updates: from schema 11 on, opq_live (a job's state apart from its submission).
+        table = "q" if variant.startswith("floor") else "opq_jobs" if int(variant.split("-")[1]) < 11 else "opq_live"
         updates = hot_updates(args.admin, name, table)
         cpu = server_cpu(args.admin)
         start = time.monotonic()
@@ -151,7 +160,7 @@ def drain(args, variant, round_):
         wal = int(psql(args.admin, name, f"SELECT pg_current_wal_lsn() - '{lsn}'::pg_lsn"))
         commits = int(psql(args.admin, "postgres", f"SELECT xact_commit FROM pg_stat_database WHERE datname = '{name}'")) - commits
         updates = [after - before for after, before in zip(hot_updates(args.admin, name, table), updates)]
-        left = int(psql(args.admin, name, f"SELECT count(*) FROM {table} WHERE state <> 'finished'"))
+        left = int(psql(args.admin, name, f"SELECT count(*) FROM {table}" + ("" if table == "opq_live" else " WHERE state <> 'finished'")))
         figures = {"part": "statements", "variant": variant, "round": round_, "jobs": args.jobs, "left": left,
                    "clients": args.clients, "batch": args.batch, "serverCpuUsPerJob": round(1e6 * cpu / args.jobs, 1),
                    "commitsPerJob": round(commits / args.jobs, 3), "walBytesPerJob": round(wal / args.jobs),

@@ -75,20 +75,27 @@ enum Queries {
     /// The caller passes each requested id and each key at most once. Queues and commands are one JSON array of
     /// strings per row (arrays of arrays do not unnest). $1 requested ids, $2 manifests, $3 manifest names,
     /// $4 submitted on, $5 qos ranks, $6 priority ranks, $7 queues, $8 commands, $9 submission keys ('' for none),
-    /// $10 not before (epoch seconds; 0 for none: claimable at once).
+    /// $10 not before (epoch seconds; 0 for none: claimable at once). Each job inserted also gets its opq_live row
+    /// (schema 11), waiting.
     static let insertJobs = #"""
-    INSERT INTO opq_jobs (id, requested_id, manifest, manifest_name, submitted_on, qos_rank, priority_rank, queues, commands,
-                          submission_key, not_before)
-    SELECT u.id, u.id, u.manifest, u.manifest_name, u.submitted_on, u.qos_rank, u.priority_rank,
-           ARRAY(SELECT jsonb_array_elements_text(u.queues::jsonb)), ARRAY(SELECT jsonb_array_elements_text(u.commands::jsonb)),
-           NULLIF(u.submission_key, ''), CASE WHEN u.not_before > 0 THEN to_timestamp(u.not_before) END
-    FROM unnest($1::text[], $2::bytea[], $3::text[], $4::text[], $5::int2[], $6::int2[], $7::text[], $8::text[], $9::text[],
-                $10::float8[])
-         WITH ORDINALITY AS u(id, manifest, manifest_name, submitted_on, qos_rank, priority_rank, queues, commands, submission_key,
-                              not_before, ord)
-    ORDER BY u.ord
-    ON CONFLICT DO NOTHING
-    RETURNING id
+    WITH inserted AS (
+        INSERT INTO opq_jobs (id, requested_id, manifest, manifest_name, submitted_on, qos_rank, priority_rank, queues, commands,
+                              submission_key, not_before)
+        SELECT u.id, u.id, u.manifest, u.manifest_name, u.submitted_on, u.qos_rank, u.priority_rank,
+               ARRAY(SELECT jsonb_array_elements_text(u.queues::jsonb)), ARRAY(SELECT jsonb_array_elements_text(u.commands::jsonb)),
+               NULLIF(u.submission_key, ''), CASE WHEN u.not_before > 0 THEN to_timestamp(u.not_before) END
+        FROM unnest($1::text[], $2::bytea[], $3::text[], $4::text[], $5::int2[], $6::int2[], $7::text[], $8::text[], $9::text[],
+                    $10::float8[])
+             WITH ORDINALITY AS u(id, manifest, manifest_name, submitted_on, qos_rank, priority_rank, queues, commands,
+                                  submission_key, not_before, ord)
+        ORDER BY u.ord
+        ON CONFLICT DO NOTHING
+        RETURNING id, qos_rank, priority_rank, seq, queues, commands, not_before
+    ), live AS (
+        INSERT INTO opq_live (id, qos_rank, priority_rank, seq, queues, commands, not_before)
+        SELECT id, qos_rank, priority_rank, seq, queues, commands, not_before FROM inserted
+    )
+    SELECT id FROM inserted
     """#
 
     /// One job, its id unique across the cluster: the requested id if free, else requested.N with N one more than
@@ -97,24 +104,31 @@ enum Queries {
     /// for it and returns no row, and the caller runs this again in the same transaction (a fresh snapshot).
     /// No row also when the submission key ($9) is already there: the caller then looks it up (SubmittedJob).
     /// $1 requested id, $2 manifest, $3 manifest name, $4 submitted on, $5 qos rank, $6 priority rank,
-    /// $7 queues, $8 commands, $9 submission key or NULL, $10 not before (epoch seconds, or NULL).
+    /// $7 queues, $8 commands, $9 submission key or NULL, $10 not before (epoch seconds, or NULL). With its opq_live
+    /// row, waiting.
     static let insertJob = #"""
-    INSERT INTO opq_jobs (id, requested_id, manifest, manifest_name, submitted_on, qos_rank, priority_rank, queues, commands,
-                          submission_key, not_before)
-    SELECT candidate, $1, $2, $3, $4, $5, $6, $7, $8, $9, to_timestamp($10::float8)
-    FROM (
-        SELECT $1::text AS candidate, 0 AS rank
-        UNION ALL
-        SELECT $1::text || '.' || (coalesce(max(substring(id FROM length($1::text) + 2)::bigint), 0) + 1), 1
-        FROM opq_jobs
-        WHERE id > $1::text || '.' AND id < $1::text || '/'
-          AND substring(id FROM length($1::text) + 2) ~ '^[0-9]{1,18}$'
-    ) AS c
-    WHERE NOT EXISTS (SELECT 1 FROM opq_jobs AS j WHERE j.id = c.candidate)
-    ORDER BY rank
-    LIMIT 1
-    ON CONFLICT DO NOTHING
-    RETURNING id, seq
+    WITH inserted AS (
+        INSERT INTO opq_jobs (id, requested_id, manifest, manifest_name, submitted_on, qos_rank, priority_rank, queues, commands,
+                              submission_key, not_before)
+        SELECT candidate, $1, $2, $3, $4, $5, $6, $7, $8, $9, to_timestamp($10::float8)
+        FROM (
+            SELECT $1::text AS candidate, 0 AS rank
+            UNION ALL
+            SELECT $1::text || '.' || (coalesce(max(substring(id FROM length($1::text) + 2)::bigint), 0) + 1), 1
+            FROM opq_jobs
+            WHERE id > $1::text || '.' AND id < $1::text || '/'
+              AND substring(id FROM length($1::text) + 2) ~ '^[0-9]{1,18}$'
+        ) AS c
+        WHERE NOT EXISTS (SELECT 1 FROM opq_jobs AS j WHERE j.id = c.candidate)
+        ORDER BY rank
+        LIMIT 1
+        ON CONFLICT DO NOTHING
+        RETURNING id, qos_rank, priority_rank, seq, queues, commands, not_before
+    ), live AS (
+        INSERT INTO opq_live (id, qos_rank, priority_rank, seq, queues, commands, not_before)
+        SELECT id, qos_rank, priority_rank, seq, queues, commands, not_before FROM inserted
+    )
+    SELECT id, seq FROM inserted
     """#
 
     /// The job a submission key already made (a submission repeated after a crash), if any.
@@ -170,7 +184,7 @@ enum Queries {
         RETURNING node, extract(epoch FROM last_heartbeat)::float8 AS at
     )
     SELECT beat.at, j.id, j.fence
-    FROM beat LEFT JOIN opq_jobs AS j ON j.node = beat.node AND j.state = 'running'
+    FROM beat LEFT JOIN opq_live AS j ON j.node = beat.node AND j.state = 'running'
     """#
 
     /// Every node's last beat as an exact token (microseconds of the database's clock, only ever compared for a change,
@@ -198,7 +212,7 @@ enum Queries {
     ), waits AS (
         DELETE FROM opq_slot_waiters AS w USING lost WHERE w.node = lost.node
     ), moved AS (
-        UPDATE opq_jobs AS j
+        UPDATE opq_live AS j
         SET state = 'waiting', from_node = j.node, node = NULL, fence = NULL, claimed_at = NULL
         FROM lost WHERE j.state = 'running' AND j.node = lost.node
         RETURNING j.id, j.from_node
@@ -225,13 +239,21 @@ enum Queries {
     /// backup older than the job): recorded as finished there, under its id, so that show and wait on every node know
     /// it and no later submission takes its id. No row returned when the id is taken meanwhile.
     /// $1 requested id, $2 manifest, $3 manifest name, $4 submitted on, $5 qos rank, $6 priority rank, $7 queues,
-    /// $8 commands (as InsertJob's), $9 id, $10 node, $11 status, $12 result.plist bytes.
+    /// $8 commands (as InsertJob's), $9 id, $10 node, $11 status, $12 result.plist bytes. Its end goes in opq_ended (over
+    /// one a row deleted by hand left there).
     static let insertFinishedJob = #"""
-    INSERT INTO opq_jobs (requested_id, manifest, manifest_name, submitted_on, qos_rank, priority_rank, queues, commands, id,
-                          state, node, fence, status, result, finished_at)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'finished', $10, nextval('opq_fence'), $11, $12, now())
-    ON CONFLICT DO NOTHING
-    RETURNING id
+    WITH inserted AS (
+        INSERT INTO opq_jobs (requested_id, manifest, manifest_name, submitted_on, qos_rank, priority_rank, queues, commands, id)
+        VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+        ON CONFLICT DO NOTHING
+        RETURNING id
+    ), ended AS (
+        INSERT INTO opq_ended AS e (id, node, fence, status, result)
+        SELECT id, $10, nextval('opq_fence'), $11, $12 FROM inserted
+        ON CONFLICT (id) DO UPDATE SET node = EXCLUDED.node, fence = EXCLUDED.fence, from_node = NULL, status = EXCLUDED.status,
+                                       result = EXCLUDED.result, finished_at = now()
+    )
+    SELECT id FROM inserted
     """#
 
     /// Up to $4 free slots of queue $1 among 1..$2 for node $3, whose best waiting operation has priority $6 — unless
@@ -369,7 +391,9 @@ enum Queries {
     /// $1 job, $2 operation or NULL. Returns the job's state before ('' when unknown) and whether it was recorded.
     static let requestCancel = #"""
     WITH target AS (
-        SELECT id, state FROM opq_jobs WHERE id = $1
+        SELECT id, state FROM opq_live WHERE id = $1
+        UNION ALL
+        SELECT id, 'finished' FROM opq_ended WHERE id = $1
     ), recorded AS (
         INSERT INTO opq_cancel_requests (job, operation)
         SELECT id, $2 FROM target WHERE state <> 'finished'
@@ -386,23 +410,22 @@ enum Queries {
     /// empty, with its size, to be rejected). The columns are ClaimJobs'.
     static let claimCancelledJob = #"""
     WITH picked AS (
-        SELECT j.id FROM opq_jobs AS j
-        WHERE j.id = $1 AND j.state = 'waiting'
-          AND EXISTS (SELECT 1 FROM opq_cancel_requests AS r WHERE r.job = j.id AND r.operation IS NULL)
+        SELECT l.id FROM opq_live AS l
+        WHERE l.id = $1 AND l.state = 'waiting'
+          AND EXISTS (SELECT 1 FROM opq_cancel_requests AS r WHERE r.job = l.id AND r.operation IS NULL)
         FOR UPDATE SKIP LOCKED
     ), claimed AS (
-        UPDATE opq_jobs AS j
-        SET state = 'running', node = $2, fence = nextval('opq_fence'), claimed_at = now()
+        UPDATE opq_live AS l
+        SET state = 'running', node = $2, fence = nextval('opq_fence'), claimed_at = now(), not_before = NULL
         FROM picked
-        WHERE j.id = picked.id
-        RETURNING j.id, j.requested_id, j.manifest, j.manifest_name, j.submitted_on,
-                  extract(epoch FROM j.submitted_at)::float8 AS submitted_at, j.qos_rank, j.priority_rank, j.seq, j.fence,
-                  j.from_node, octet_length(j.manifest)::bigint AS bytes
+        WHERE l.id = picked.id
+        RETURNING l.id, l.qos_rank, l.priority_rank, l.seq, l.fence, l.from_node
     )
-    SELECT id, requested_id, CASE WHEN bytes <= $3::bigint THEN manifest ELSE ''::bytea END,
-           manifest_name, submitted_on, submitted_at, qos_rank, priority_rank, seq, fence, from_node, bytes,
-           ARRAY(SELECT coalesce(r.operation, '') FROM opq_cancel_requests AS r WHERE r.job = claimed.id ORDER BY r.id) AS cancels
-    FROM claimed
+    SELECT c.id, j.requested_id, CASE WHEN octet_length(j.manifest) <= $3::bigint THEN j.manifest ELSE ''::bytea END,
+           j.manifest_name, j.submitted_on, extract(epoch FROM j.submitted_at)::float8, c.qos_rank, c.priority_rank, c.seq,
+           c.fence, c.from_node, octet_length(j.manifest)::bigint,
+           ARRAY(SELECT coalesce(r.operation, '') FROM opq_cancel_requests AS r WHERE r.job = c.id ORDER BY r.id) AS cancels
+    FROM claimed AS c JOIN opq_jobs AS j ON j.id = c.id
     """#
 
     /// Cancels for the jobs node $1 runs now; then, without a fence, up to 64 waiting jobs cancelled as a whole that no
@@ -410,11 +433,11 @@ enum Queries {
     /// node takes them (ClaimCancelledJob), so that none waits for a node that may never come.
     static let pendingCancels = #"""
     (SELECT c.job, c.operation, j.fence, c.id
-     FROM opq_cancel_requests AS c JOIN opq_jobs AS j ON j.id = c.job
+     FROM opq_cancel_requests AS c JOIN opq_live AS j ON j.id = c.job
      WHERE j.state = 'running' AND j.node = $1)
     UNION ALL
     (SELECT c.job, c.operation, NULL, c.id
-     FROM opq_cancel_requests AS c JOIN opq_jobs AS j ON j.id = c.job
+     FROM opq_cancel_requests AS c JOIN opq_live AS j ON j.id = c.job
      WHERE j.state = 'waiting' AND c.operation IS NULL
      ORDER BY c.id LIMIT 64)
     ORDER BY 4
@@ -425,23 +448,29 @@ enum Queries {
     """#
 
     /// One job, and while it runs the progress its node sent with its last beat (and that beat's time); a progress
-    /// larger than any node writes (64 KiB) is someone else's and not read.
+    /// larger than any node writes (64 KiB) is someone else's and not read. Its state is its opq_live row's, or finished
+    /// with its opq_ended row (schema 11).
     static let lookupJob = #"""
     SELECT j.id, j.requested_id, j.manifest, j.manifest_name, j.submitted_on, extract(epoch FROM j.submitted_at)::float8,
-           j.state, j.node, j.fence, j.from_node, j.status, j.result, extract(epoch FROM j.finished_at)::float8,
+           coalesce(l.state, 'finished'), coalesce(l.node, e.node), coalesce(l.fence, e.fence), coalesce(l.from_node, e.from_node),
+           e.status, e.result, extract(epoch FROM e.finished_at)::float8,
            CASE WHEN octet_length(n.progress) <= 65536 THEN n.progress END, extract(epoch FROM n.last_heartbeat)::float8,
-           extract(epoch FROM j.not_before)::float8
-    FROM opq_jobs AS j LEFT JOIN opq_nodes AS n ON j.state = 'running' AND n.node = j.node
-    WHERE j.id = $1
+           extract(epoch FROM l.not_before)::float8
+    FROM opq_jobs AS j
+         LEFT JOIN opq_live AS l ON l.id = j.id
+         LEFT JOIN opq_ended AS e ON l.id IS NULL AND e.id = j.id
+         LEFT JOIN opq_nodes AS n ON l.state = 'running' AND n.node = l.node
+    WHERE j.id = $1 AND (l.id IS NOT NULL OR e.id IS NOT NULL)
     """#
 
     /// opqueuectl list: one page of the finished jobs, newest first (finished_at, then id, both descending), those
     /// before the cursor ($1: finished_at in microseconds since the epoch, exact; $2: id; NULL: from the newest) and
     /// finished at $3 or later (NULL: any time), at most $4. The last column is the next page's cursor.
+    /// (Ended rows whose job was deleted by hand are left out.)
     static let finishedJobs = #"""
     SELECT id, status, node, extract(epoch FROM finished_at)::float8, result, (extract(epoch FROM finished_at) * 1000000)::int8
-    FROM opq_jobs
-    WHERE state = 'finished'
+    FROM opq_ended AS e
+    WHERE EXISTS (SELECT 1 FROM opq_jobs AS j WHERE j.id = e.id)
       AND ($1::int8 IS NULL OR (finished_at, id) < ('epoch'::timestamptz + $1::int8 * interval '1 microsecond', $2::text))
       AND ($3::float8 IS NULL OR finished_at >= to_timestamp($3::float8))
     ORDER BY finished_at DESC, id DESC
@@ -453,7 +482,7 @@ enum Queries {
     static let nodes = #"""
     SELECT n.node, n.queues, n.commands, n.job_slots, extract(epoch FROM n.last_heartbeat)::float8,
            n.last_heartbeat >= now() - make_interval(secs => coalesce(n.lease_seconds, $1::float8)) AS live,
-           (SELECT count(*) FROM opq_jobs AS j WHERE j.state = 'running' AND j.node = n.node)::integer AS jobs,
+           (SELECT count(*) FROM opq_live AS j WHERE j.state = 'running' AND j.node = n.node)::integer AS jobs,
            n.schema
     FROM opq_nodes AS n ORDER BY n.node
     """#
@@ -470,7 +499,7 @@ enum Queries {
     SELECT j.id,
            ARRAY(SELECT unnest(j.queues) EXCEPT SELECT unnest(declared.queues) ORDER BY 1) AS missing_queues,
            ARRAY(SELECT unnest(j.commands) EXCEPT SELECT unnest(declared.commands) ORDER BY 1) AS missing_commands
-    FROM opq_jobs AS j, declared
+    FROM opq_live AS j, declared
     WHERE j.state = 'waiting'
       AND NOT EXISTS (SELECT 1 FROM live WHERE j.queues <@ live.queues AND j.commands <@ live.commands)
     ORDER BY j.seq
@@ -485,16 +514,21 @@ enum Queries {
            coalesce((SELECT array_agg(DISTINCT s ORDER BY s) FROM opq_nodes, unnest(command_signatures) AS s), '{}')
     """#
 
-    /// One bounded batch: at most $2 finished rows older than $1 days; the caller repeats while a batch is full.
+    /// One bounded batch: at most $2 ended jobs older than $1 days, their opq_ended rows and then their opq_jobs rows;
+    /// the caller repeats while a batch is full.
     static let pruneFinished = #"""
-    DELETE FROM opq_jobs
-    WHERE ctid IN (
-        SELECT ctid FROM opq_jobs
-        WHERE state = 'finished' AND finished_at < now() - make_interval(secs => $1::float8)
-        ORDER BY finished_at
-        LIMIT $2
+    WITH ended AS (
+        DELETE FROM opq_ended
+        WHERE id IN (
+            SELECT id FROM opq_ended
+            WHERE finished_at < now() - make_interval(secs => $1::float8)
+            ORDER BY finished_at
+            LIMIT $2
+        )
+        RETURNING id
     )
-    RETURNING id
+    DELETE FROM opq_jobs AS j USING ended WHERE j.id = ended.id
+    RETURNING j.id
     """#
 
     /// Nodes silent for more than $1 seconds that hold nothing (no running job, no cluster slot, no wait for one; a takeover
@@ -505,7 +539,7 @@ enum Queries {
     WITH gone AS (
         DELETE FROM opq_nodes AS n
         WHERE n.last_heartbeat < now() - make_interval(secs => $1::float8)
-          AND NOT EXISTS (SELECT 1 FROM opq_jobs AS j WHERE j.state = 'running' AND j.node = n.node)
+          AND NOT EXISTS (SELECT 1 FROM opq_live AS j WHERE j.state = 'running' AND j.node = n.node)
           AND NOT EXISTS (SELECT 1 FROM opq_queue_slots AS s WHERE s.holder = n.node)
           AND NOT EXISTS (SELECT 1 FROM opq_slot_waiters AS w WHERE w.node = n.node)
         RETURNING n.node
@@ -519,11 +553,11 @@ enum Queries {
     /// waiting jobs are those claimable now and those delayed (schema 8).
     static let queueCounts = #"""
     SELECT q, count(*) FILTER (WHERE j.state = 'waiting')::integer, count(*) FILTER (WHERE j.state = 'running')::integer
-    FROM (SELECT state, queues FROM opq_jobs WHERE state = 'waiting' AND not_before IS NULL
+    FROM (SELECT state, queues FROM opq_live WHERE state = 'waiting' AND not_before IS NULL
           UNION ALL
-          SELECT state, queues FROM opq_jobs WHERE state = 'waiting' AND not_before IS NOT NULL
+          SELECT state, queues FROM opq_live WHERE state = 'waiting' AND not_before IS NOT NULL
           UNION ALL
-          SELECT state, queues FROM opq_jobs WHERE state = 'running') AS j, unnest(j.queues) AS q
+          SELECT state, queues FROM opq_live WHERE state = 'running') AS j, unnest(j.queues) AS q
     GROUP BY q ORDER BY q
     """#
 
@@ -532,7 +566,7 @@ enum Queries {
     /// $1 node, $2 ids, $3 fences (parallel arrays).
     static let releaseJobs = #"""
     WITH moved AS (
-        UPDATE opq_jobs AS j
+        UPDATE opq_live AS j
         SET state = 'waiting', from_node = j.node, node = NULL, fence = NULL, claimed_at = NULL
         FROM unnest($2::text[], $3::bigint[]) AS r (id, fence)
         WHERE j.id = r.id AND j.fence = r.fence AND j.node = $1 AND j.state = 'running'
@@ -1016,6 +1050,304 @@ enum Migrations {
             """#,
             #"""
             DELETE FROM opq_schema_version WHERE version = 10
+            """#,
+        ]),
+        Migration(version: 11, name: "job_states_apart", up: [
+            #"""
+            CREATE TABLE opq_live (
+                id            text COLLATE "C" PRIMARY KEY,
+                state         text NOT NULL DEFAULT 'waiting' CHECK (state IN ('waiting', 'running')),
+                qos_rank      smallint NOT NULL,
+                priority_rank smallint NOT NULL,
+                seq           bigint NOT NULL,
+                queues        text[] NOT NULL,
+                commands      text[] NOT NULL,
+                not_before    timestamptz,
+                node          text,
+                fence         bigint,
+                from_node     text,
+                claimed_at    timestamptz,
+                CHECK ((state = 'running') = (node IS NOT NULL AND fence IS NOT NULL)),
+                CHECK (state = 'waiting' OR not_before IS NULL)
+            )
+            """#,
+            #"""
+            CREATE INDEX opq_live_claimable ON opq_live (qos_rank DESC, priority_rank DESC, seq)
+                WHERE state = 'waiting' AND not_before IS NULL
+            """#,
+            #"""
+            CREATE INDEX opq_live_delayed ON opq_live (not_before) WHERE state = 'waiting' AND not_before IS NOT NULL
+            """#,
+            #"""
+            CREATE INDEX opq_live_running ON opq_live (node) WHERE state = 'running'
+            """#,
+            #"""
+            CREATE TABLE opq_ended (
+                id          text COLLATE "C" PRIMARY KEY,
+                node        text NOT NULL,
+                fence       bigint NOT NULL,
+                from_node   text,
+                status      text,
+                result      bytea,
+                finished_at timestamptz NOT NULL DEFAULT now()
+            )
+            """#,
+            #"""
+            CREATE INDEX opq_ended_finished ON opq_ended (finished_at)
+            """#,
+            #"""
+            INSERT INTO opq_live (id, state, qos_rank, priority_rank, seq, queues, commands, not_before, node, fence, from_node, claimed_at)
+            SELECT id, state, qos_rank, priority_rank, seq, queues, commands, CASE WHEN state = 'waiting' THEN not_before END, node,
+                   fence, from_node, claimed_at
+            FROM opq_jobs WHERE state <> 'finished'
+            """#,
+            #"""
+            INSERT INTO opq_ended (id, node, fence, from_node, status, result, finished_at)
+            SELECT id, node, fence, from_node, status, result, finished_at FROM opq_jobs WHERE state = 'finished'
+            """#,
+            #"""
+            DROP INDEX opq_jobs_claimable
+            """#,
+            #"""
+            DROP INDEX opq_jobs_delayed
+            """#,
+            #"""
+            DROP INDEX opq_jobs_running
+            """#,
+            #"""
+            DROP INDEX opq_jobs_finished
+            """#,
+            #"""
+            ALTER TABLE opq_jobs DROP COLUMN state, DROP COLUMN node, DROP COLUMN fence, DROP COLUMN from_node,
+                DROP COLUMN claimed_at, DROP COLUMN status, DROP COLUMN result, DROP COLUMN finished_at
+            """#,
+            #"""
+            CREATE FUNCTION opq_jobs_deleted() RETURNS trigger LANGUAGE plpgsql AS '
+            BEGIN
+                DELETE FROM opq_live AS l USING gone WHERE l.id = gone.id
+                ; RETURN NULL
+            ; END'
+            """#,
+            #"""
+            CREATE TRIGGER opq_jobs_deleted AFTER DELETE ON opq_jobs REFERENCING OLD TABLE AS gone
+                FOR EACH STATEMENT EXECUTE FUNCTION opq_jobs_deleted()
+            """#,
+            #"""
+            CREATE VIEW opq_job_states AS
+            SELECT j.id, j.requested_id, j.manifest_name, j.submitted_on, j.submitted_at, j.queues, j.commands,
+                   CASE WHEN l.id IS NOT NULL THEN l.state WHEN e.id IS NOT NULL THEN 'finished' END AS state,
+                   coalesce(l.node, e.node) AS node, coalesce(l.fence, e.fence) AS fence, coalesce(l.from_node, e.from_node) AS from_node,
+                   l.claimed_at, l.not_before, e.status, e.result, e.finished_at
+            FROM opq_jobs AS j
+                 LEFT JOIN opq_live AS l ON l.id = j.id
+                 LEFT JOIN opq_ended AS e ON l.id IS NULL AND e.id = j.id
+            """#,
+            #"""
+            CREATE OR REPLACE FUNCTION opq_claim(claimer text, wanted bigint, node_queues text[], node_commands text[], budget bigint,
+                                                 max_manifest bigint)
+            RETURNS TABLE (id text, requested_id text, manifest bytea, manifest_name text, submitted_on text, submitted_at float8,
+                           qos_rank smallint, priority_rank smallint, seq bigint, fence bigint, from_node text, bytes bigint,
+                           cancels text[])
+            LANGUAGE plpgsql VOLATILE
+            SET enable_bitmapscan = off SET enable_seqscan = off SET plan_cache_mode = force_generic_plan AS '
+            DECLARE
+                held bigint := 0
+            ; BEGIN
+                UPDATE opq_live AS u SET not_before = NULL
+                WHERE u.id IN (SELECT d.id FROM opq_live AS d WHERE d.state = ''waiting'' AND d.not_before <= now()
+                               FOR UPDATE SKIP LOCKED)
+                ; FOR id, requested_id, manifest, manifest_name, submitted_on, submitted_at, qos_rank, priority_rank, seq, fence,
+                    from_node, bytes, cancels IN
+                    WITH picked AS (
+                        SELECT l.id FROM opq_live AS l
+                        WHERE l.state = ''waiting'' AND l.not_before IS NULL AND l.queues <@ node_queues AND l.commands <@ node_commands
+                        ORDER BY l.qos_rank DESC, l.priority_rank DESC, l.seq
+                        LIMIT wanted
+                        FOR UPDATE SKIP LOCKED
+                    ), claimed AS (
+                        UPDATE opq_live AS l
+                        SET state = ''running'', node = claimer, fence = nextval(''opq_fence''), claimed_at = now()
+                        FROM picked
+                        WHERE l.id = picked.id
+                        RETURNING l.id, l.qos_rank, l.priority_rank, l.seq, l.fence, l.from_node
+                    )
+                    SELECT c.id, j.requested_id, j.manifest, j.manifest_name, j.submitted_on, extract(epoch FROM j.submitted_at)::float8,
+                           c.qos_rank, c.priority_rank, c.seq, c.fence, c.from_node, octet_length(j.manifest)::bigint,
+                           ARRAY(SELECT coalesce(r.operation, '''') FROM opq_cancel_requests AS r WHERE r.job = c.id ORDER BY r.id)
+                    FROM claimed AS c JOIN opq_jobs AS j ON j.id = c.id
+                    ORDER BY 7 DESC, 8 DESC, 9
+                LOOP
+                    IF bytes > max_manifest OR held >= budget THEN manifest := ''''::bytea
+                    ; END IF
+                    ; IF bytes <= max_manifest THEN held := held + bytes
+                    ; END IF
+                    ; RETURN NEXT
+                ; END LOOP
+            ; END'
+            """#,
+            #"""
+            CREATE OR REPLACE FUNCTION opq_complete(ids text[], fences bigint[], statuses text[], results bytea[])
+            RETURNS SETOF text
+            LANGUAGE plpgsql VOLATILE SET plan_cache_mode = force_generic_plan AS '
+            BEGIN
+                RETURN QUERY
+                WITH ended AS (
+                    DELETE FROM opq_live AS l
+                    USING unnest(ids, fences, statuses, results) AS c (id, fence, status, result)
+                    WHERE l.id = c.id AND l.fence = c.fence AND l.state = ''running''
+                    RETURNING l.id, l.node, l.fence, l.from_node, c.status, c.result
+                )
+                INSERT INTO opq_ended AS e (id, node, fence, from_node, status, result)
+                SELECT * FROM ended
+                RETURNING e.id
+            ; END'
+            """#,
+            #"""
+            DROP FUNCTION opq_claim_jobs(text, bigint, text[], text[])
+            """#,
+            #"""
+            INSERT INTO opq_schema_readers (version, oldest_reader) VALUES (11, 11)
+            """#,
+        ], down: [
+            #"""
+            ALTER TABLE opq_jobs ADD COLUMN state text NOT NULL DEFAULT 'waiting' CHECK (state IN ('waiting', 'running', 'finished')),
+                ADD COLUMN node text, ADD COLUMN fence bigint, ADD COLUMN from_node text, ADD COLUMN claimed_at timestamptz,
+                ADD COLUMN status text, ADD COLUMN result bytea, ADD COLUMN finished_at timestamptz
+            """#,
+            #"""
+            UPDATE opq_jobs AS j
+            SET state = l.state, node = l.node, fence = l.fence, from_node = l.from_node, claimed_at = l.claimed_at,
+                not_before = l.not_before
+            FROM opq_live AS l WHERE l.id = j.id
+            """#,
+            #"""
+            UPDATE opq_jobs AS j
+            SET state = 'finished', node = e.node, fence = e.fence, from_node = e.from_node, status = e.status, result = e.result,
+                finished_at = e.finished_at
+            FROM opq_ended AS e WHERE e.id = j.id
+            """#,
+            #"""
+            ALTER TABLE opq_jobs ADD CHECK (state <> 'running' OR (node IS NOT NULL AND fence IS NOT NULL)),
+                ADD CHECK (state <> 'waiting' OR (node IS NULL AND fence IS NULL)),
+                ADD CHECK ((state = 'finished') = (finished_at IS NOT NULL))
+            """#,
+            #"""
+            CREATE INDEX opq_jobs_claimable ON opq_jobs (qos_rank DESC, priority_rank DESC, seq)
+                WHERE state = 'waiting' AND not_before IS NULL
+            """#,
+            #"""
+            CREATE INDEX opq_jobs_delayed ON opq_jobs (not_before) WHERE state = 'waiting' AND not_before IS NOT NULL
+            """#,
+            #"""
+            CREATE INDEX opq_jobs_running ON opq_jobs (node) WHERE state = 'running'
+            """#,
+            #"""
+            CREATE INDEX opq_jobs_finished ON opq_jobs (finished_at) WHERE state = 'finished'
+            """#,
+            #"""
+            DROP TRIGGER opq_jobs_deleted ON opq_jobs
+            """#,
+            #"""
+            DROP FUNCTION opq_jobs_deleted()
+            """#,
+            #"""
+            DROP VIEW opq_job_states
+            """#,
+            #"""
+            DROP TABLE opq_ended
+            """#,
+            #"""
+            DROP TABLE opq_live
+            """#,
+            #"""
+            DROP FUNCTION opq_complete(text[], bigint[], text[], bytea[])
+            """#,
+            #"""
+            DROP FUNCTION opq_claim(text, bigint, text[], text[], bigint, bigint)
+            """#,
+            #"""
+            CREATE FUNCTION opq_claim(claimer text, wanted bigint, node_queues text[], node_commands text[], budget bigint,
+                                      max_manifest bigint)
+            RETURNS TABLE (id text, requested_id text, manifest bytea, manifest_name text, submitted_on text, submitted_at float8,
+                           qos_rank smallint, priority_rank smallint, seq bigint, fence bigint, from_node text, bytes bigint,
+                           cancels text[])
+            LANGUAGE plpgsql VOLATILE
+            SET enable_bitmapscan = off SET enable_seqscan = off SET plan_cache_mode = force_generic_plan AS '
+            DECLARE
+                held bigint := 0
+            ; BEGIN
+                UPDATE opq_jobs AS u SET not_before = NULL
+                WHERE u.id IN (SELECT d.id FROM opq_jobs AS d WHERE d.state = ''waiting'' AND d.not_before <= now()
+                               FOR UPDATE SKIP LOCKED)
+                ; FOR id, requested_id, manifest, manifest_name, submitted_on, submitted_at, qos_rank, priority_rank, seq, fence,
+                    from_node, bytes IN
+                    WITH picked AS (
+                        SELECT j.id FROM opq_jobs AS j
+                        WHERE j.state = ''waiting'' AND j.not_before IS NULL AND j.queues <@ node_queues AND j.commands <@ node_commands
+                        ORDER BY j.qos_rank DESC, j.priority_rank DESC, j.seq
+                        LIMIT wanted
+                        FOR UPDATE SKIP LOCKED
+                    ), claimed AS (
+                        UPDATE opq_jobs AS j
+                        SET state = ''running'', node = claimer, fence = nextval(''opq_fence''), claimed_at = now()
+                        FROM picked
+                        WHERE j.id = picked.id
+                        RETURNING j.id, j.requested_id, j.manifest, j.manifest_name, j.submitted_on,
+                                  extract(epoch FROM j.submitted_at)::float8, j.qos_rank, j.priority_rank, j.seq, j.fence,
+                                  j.from_node, octet_length(j.manifest)::bigint
+                    )
+                    SELECT * FROM claimed ORDER BY 7 DESC, 8 DESC, 9
+                LOOP
+                    IF bytes > max_manifest OR held >= budget THEN manifest := ''''::bytea
+                    ; END IF
+                    ; IF bytes <= max_manifest THEN held := held + bytes
+                    ; END IF
+                    ; cancels := ARRAY(SELECT coalesce(r.operation, '''') FROM opq_cancel_requests AS r
+                                       WHERE r.job = opq_claim.id ORDER BY r.id)
+                    ; RETURN NEXT
+                ; END LOOP
+            ; END'
+            """#,
+            #"""
+            CREATE FUNCTION opq_complete(ids text[], fences bigint[], statuses text[], results bytea[])
+            RETURNS SETOF text
+            LANGUAGE plpgsql VOLATILE SET plan_cache_mode = force_generic_plan AS '
+            BEGIN
+                RETURN QUERY
+                UPDATE opq_jobs AS j
+                SET state = ''finished'', status = c.status, result = c.result, finished_at = now()
+                FROM unnest(ids, fences, statuses, results) AS c (id, fence, status, result)
+                WHERE j.id = c.id AND j.fence = c.fence AND j.state = ''running''
+                RETURNING j.id
+            ; END'
+            """#,
+            #"""
+            CREATE FUNCTION opq_claim_jobs(claimer text, wanted bigint, node_queues text[], node_commands text[])
+            RETURNS TABLE (id text, requested_id text, manifest bytea, manifest_name text, submitted_on text, submitted_at float8,
+                           qos_rank smallint, priority_rank smallint, seq bigint, fence bigint, from_node text)
+            LANGUAGE sql VOLATILE SET enable_bitmapscan = off SET enable_seqscan = off AS '
+            UPDATE opq_jobs SET not_before = NULL
+            WHERE id IN (SELECT d.id FROM opq_jobs AS d WHERE d.state = ''waiting'' AND d.not_before <= now()
+                         FOR UPDATE SKIP LOCKED); WITH picked AS (
+                SELECT j.id FROM opq_jobs AS j
+                WHERE j.state = ''waiting'' AND j.not_before IS NULL AND j.queues <@ node_queues AND j.commands <@ node_commands
+                ORDER BY j.qos_rank DESC, j.priority_rank DESC, j.seq
+                LIMIT wanted
+                FOR UPDATE SKIP LOCKED
+            )
+            UPDATE opq_jobs AS j
+            SET state = ''running'', node = claimer, fence = nextval(''opq_fence''), claimed_at = now()
+            FROM picked
+            WHERE j.id = picked.id
+            RETURNING j.id, j.requested_id, j.manifest, j.manifest_name, j.submitted_on,
+                      extract(epoch FROM j.submitted_at)::float8, j.qos_rank, j.priority_rank, j.seq, j.fence, j.from_node
+            '
+            """#,
+            #"""
+            DELETE FROM opq_schema_readers WHERE version = 11
+            """#,
+            #"""
+            DELETE FROM opq_schema_version WHERE version = 11
             """#,
         ]),
     ]

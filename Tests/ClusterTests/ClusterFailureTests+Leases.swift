@@ -81,7 +81,7 @@ struct ClusterFailureTests {
         let (job, victim) = try startSleepJob(harness, "cancelkill", seconds: 30, on: 0)
         let released = DispatchSemaphore(value: 0)
         DispatchQueue.global().async {
-            _ = try? harness.sql("BEGIN; SELECT 1 FROM opq_jobs WHERE id = '\(job)' FOR NO KEY UPDATE; SELECT pg_sleep(12); COMMIT")
+            _ = try? harness.sql("BEGIN; SELECT 1 FROM opq_live WHERE id = '\(job)' FOR NO KEY UPDATE; SELECT pg_sleep(12); COMMIT")
             released.signal()
         }
         let locked = pollUntil(5) { () -> Bool? in
@@ -163,7 +163,7 @@ struct ClusterFailureTests {
 
     // MARK: 4. Leases: the jobs table locked by hand
 
-    /// An operator's `VACUUM FULL opq_jobs` (or `CLUSTER`, an `ALTER TABLE`, a `LOCK TABLE`) held past the lease:
+    /// An operator's `VACUUM FULL opq_live` (the jobs' states; or `CLUSTER`, an `ALTER TABLE`, a `LOCK TABLE`) held past the lease:
     /// no heartbeat gets through it, so each node takes it for an outage — the running job is stopped before its
     /// lease would end and logged `lost` — and once the lock is let go the job runs again; it ends exactly once.
     @Test func theJobsTableLockedPastTheLeaseIsAnOutageAndTheJobEndsOnce() throws {
@@ -172,7 +172,7 @@ struct ClusterFailureTests {
         let released = DispatchSemaphore(value: 0)
         let lockedAt = Date()
         DispatchQueue.global().async {
-            _ = try? harness.sql("BEGIN; LOCK TABLE opq_jobs IN ACCESS EXCLUSIVE MODE; SELECT pg_sleep(7); COMMIT")
+            _ = try? harness.sql("BEGIN; LOCK TABLE opq_live IN ACCESS EXCLUSIVE MODE; SELECT pg_sleep(7); COMMIT")
             released.signal()
         }
         let lost = try harness.waitJournal(["OPQ_JOB": job, "OPQ_STATE": "lost", "OPQ_NODE": harness[firstNode].name], timeout: 15)
@@ -208,13 +208,13 @@ struct ClusterFailureTests {
         final class Moment: @unchecked Sendable { var date = Date.distantFuture }
         let letGo = Moment()
         DispatchQueue.global().async {
-            _ = try? harness.sql("BEGIN; LOCK TABLE opq_jobs IN ACCESS EXCLUSIVE MODE; SELECT pg_sleep(30); COMMIT")
+            _ = try? harness.sql("BEGIN; LOCK TABLE opq_live IN ACCESS EXCLUSIVE MODE; SELECT pg_sleep(30); COMMIT")
             letGo.date = Date()
             released.signal()
         }
         // From when the lock is held (a beat that got in just before it may log a `connected` after this line ran).
         let held = try pollUntil(10) { () -> Bool? in
-            try harness.sql("SELECT count(*) FROM pg_locks WHERE relation = 'opq_jobs'::regclass"
+            try harness.sql("SELECT count(*) FROM pg_locks WHERE relation = 'opq_live'::regclass"
                             + " AND mode = 'AccessExclusiveLock' AND granted") == "1" ? true : nil
         }
         #expect(held != nil)

@@ -62,7 +62,7 @@ extension ClusterFailureTests {
         #expect(harness.waitAll(jobs, timeout: 90).isEmpty)
         let outboxes = harness.outboxJobs()
         for job in jobs { #expect(outboxes[job]?.count == 1, "\(job): \(outboxes[job] ?? [])") }
-        #expect(try harness.sql("SELECT count(*) FROM opq_jobs WHERE state <> 'finished'") == "0")
+        #expect(try harness.sql("SELECT count(*) FROM opq_live") == "0")
         for k in 0..<2 {
             let scrape = try Scrape.parse(harness[k].ctl(["metrics"]).stdout)
             #expect(scrape.value("opqueued_cluster_connected") == 1, "node \(k)")
@@ -131,7 +131,7 @@ extension ClusterFailureTests {
         #expect(harness.waitAll(during, timeout: 60).isEmpty)
         let after = harness.outboxJobs()
         for job in before.union(during) { #expect(after[job]?.count == 1, "\(job): \(after[job] ?? [])") }
-        #expect(try harness.sql("SELECT count(*) FROM opq_jobs WHERE state <> 'finished'") == "0")
+        #expect(try harness.sql("SELECT count(*) FROM opq_live") == "0")
     }
 
     /// Through the real binaries: a node behind PgBouncer in transaction mode runs the jobs dropped into its inbox
@@ -315,7 +315,7 @@ extension ClusterFailureTests {
     private func expectEndedOnce(_ job: String, in harness: ClusterHarness) throws {
         #expect(harness.waitResult(job, timeout: 40)?.result["status"] as? String == "succeeded")
         #expect(harness.outboxes(holding: job) == [0])
-        #expect(try harness.sql("SELECT state FROM opq_jobs WHERE id = '\(job)'") == "finished")
+        #expect(try harness.sql("SELECT state FROM opq_job_states WHERE id = '\(job)'") == "finished")
     }
 
     /// The database restored, while a node was down, from a backup older than a job the node held: no row for it.

@@ -46,7 +46,7 @@ extension ClusterTests {
                             ["job": whole, "operations": [sleepOperation("a", 2), sleepOperation("b", 0, dependencies: ["a"])]])
         try harness[0].drop(one + ".plist", ["job": one, "operations": [sleepOperation("a", 2), sleepOperation("b", 0)]])
         let waiting = try pollUntil(20) { () -> Bool? in
-            try harness.sql("SELECT count(*) FROM opq_jobs WHERE id IN ('\(whole)', '\(one)') AND state = 'waiting'") == "2" ? true : nil
+            try harness.sql("SELECT count(*) FROM opq_live WHERE id IN ('\(whole)', '\(one)') AND state = 'waiting'") == "2" ? true : nil
         }
         #expect(waiting == true, "both wait in the database behind the blocker")
         #expect(try harness[0].ctl(["cancel", whole]).status == 0)
@@ -85,6 +85,7 @@ extension ClusterTests {
             VALUES ('ghost', '{gpu}', '{}', 1, 'elsewhere', now() - interval '1 day', 5);
             INSERT INTO opq_jobs (id, requested_id, manifest, manifest_name, submitted_on, qos_rank, priority_rank, queues, commands)
             VALUES ('\(job)', '\(job)', convert_to($m$\(manifest)$m$, 'UTF8'), '\(job).plist', 'ghost', 2, 2, '{gpu}', '{}');
+            \(PostgresServer.waitingFromHand);
             INSERT INTO opq_cancel_requests (job, operation) VALUES ('\(job)', NULL);
             """)
         let ended = try #require(harness.waitResult(job, timeout: 15))

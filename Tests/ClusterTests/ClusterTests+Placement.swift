@@ -27,7 +27,7 @@ extension ClusterTests {
         let job = uniqueJob("late")
         try harness[0].drop(job + ".plist", sleepJob(job, 0, queue: "late"))
         #expect(pollUntil(5) {
-            (try? harness.sql("SELECT state FROM opq_jobs WHERE requested_id = '\(job)'")) == "waiting" ? true : nil
+            (try? harness.sql("SELECT state FROM opq_job_states WHERE requested_id = '\(job)'")) == "waiting" ? true : nil
         } == true,
                 "submitted to the cluster, waiting for the node that declares `late`")
         #expect(harness.outboxes(holding: job).isEmpty, "not rejected as naming an unknown queue")
@@ -74,7 +74,7 @@ extension ClusterTests {
         // operations never started — rather than wait for a node that may never come back.
         let stuck = uniqueJob("stuck")
         try harness[1].drop(stuck + ".plist", sleepJob(stuck, 0, queue: "gpu"))
-        #expect(pollUntil(20) { (try? harness.sql("SELECT state FROM opq_jobs WHERE id = '\(stuck)'")) == "waiting" ? true : nil } == true)
+        #expect(pollUntil(20) { (try? harness.sql("SELECT state FROM opq_live WHERE id = '\(stuck)'")) == "waiting" ? true : nil } == true)
         #expect(try harness[1].ctl(["cancel", stuck]).status == 0)
         let ended = try #require(harness.waitResult(stuck, timeout: 10))
         #expect(ended.node == 1 && ended.result["status"] as? String == "cancelled")
@@ -168,7 +168,7 @@ extension ClusterTests {
         let fence = try harness.sql("SELECT last_value FROM opq_fence")
         usleep(2_000_000)
         #expect(try harness.sql("SELECT last_value FROM opq_fence") == fence, "no claim while the spool is full")
-        #expect(try harness.sql("SELECT state FROM opq_jobs WHERE id = '\(job)'") == "waiting")
+        #expect(try harness.sql("SELECT state FROM opq_live WHERE id = '\(job)'") == "waiting")
 
         try FileManager.default.removeItem(atPath: fillers)
         let result = harness.waitResult(job, timeout: 30)
@@ -193,7 +193,7 @@ extension ClusterTests {
             usleep(50_000) // submission order is the order of the inserts
         }
         let waiting = try pollUntil(20) {
-            try harness.sql("SELECT count(*) FROM opq_jobs WHERE id LIKE '\(prefix)-%' AND state = 'waiting'") == "5" ? true : nil
+            try harness.sql("SELECT count(*) FROM opq_live WHERE id LIKE '\(prefix)-%' AND state = 'waiting'") == "5" ? true : nil
         }
         #expect(waiting != nil, "all five inserted and waiting for the node that declares `ordered`")
         try harness[1].start()

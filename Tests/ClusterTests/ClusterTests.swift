@@ -7,8 +7,8 @@
 // What these tests assume of the daemon, besides SPEC §8's words: `status --json` has a top-level `nodes` array and
 // each queue's `suspended` in `queues`; a job no live node can run is named, with the missing queue, somewhere in
 // `status` (text and JSON); the schema version is in `opq_schema_version(version)` and the jobs in `opq_jobs` (the
-// store's migration 0001, Sources/ClusterStore/SQL); which code may run against each newer version in
-// `opq_schema_readers(version, oldest_reader)` (migration 0006).
+// store's migration 0001, Sources/ClusterStore/SQL), their states in `opq_live` and `opq_ended` (migration 0011); which
+// code may run against each newer version in `opq_schema_readers(version, oldest_reader)` (migration 0006).
 
 import Foundation
 import Testing
@@ -185,7 +185,7 @@ struct ClusterTests {
             #expect(result["submittedOn"] as? String == (job == submittedID ? harness[1].name : harness[0].name))
             // The cluster's record of the end holds the very bytes of the outbox's result.plist.
             let published = FileManager.default.contents(atPath: harness[k].spool + "/outbox/" + job + "/result.plist")
-            let recorded = try harness.sql("SELECT encode(result, 'hex') FROM opq_jobs WHERE id = '\(job)'")
+            let recorded = try harness.sql("SELECT encode(result, 'hex') FROM opq_ended WHERE id = '\(job)'")
             #expect(published.map { $0.map { String(format: "%02x", $0) }.joined() } == recorded,
                     "\(job): the database's result differs from result.plist")
             ranOn.insert(harness[k].name)
@@ -350,7 +350,7 @@ struct ClusterTests {
         for job in unstarted { try harness[0].drop(job + ".plist", sleepJob(job, 0)) }
         // All four are node 0's: one executing, three claimed behind it on a queue of one.
         let held = pollUntil(20) {
-            (try? harness.sql("SELECT count(*) FROM opq_jobs WHERE state = 'running' AND node = '\(harness[0].name)'")) == "4"
+            (try? harness.sql("SELECT count(*) FROM opq_live WHERE state = 'running' AND node = '\(harness[0].name)'")) == "4"
                 ? true : nil
         }
         #expect(held == true, "\(harness.diagnosis(unstarted[0]))")
@@ -369,7 +369,7 @@ struct ClusterTests {
                     "claimed again by the node that stopped")
         }
         #expect(!harness[0].list("active").contains { unstarted.contains($0) }, "\(harness[0].list("active"))")
-        #expect(try harness.sql("SELECT state || ' ' || node FROM opq_jobs WHERE id = '\(busy)'") == "running \(harness[0].name)")
+        #expect(try harness.sql("SELECT state || ' ' || node FROM opq_live WHERE id = '\(busy)'") == "running \(harness[0].name)")
     }
 
     // MARK: 3. A hand-inserted bad row
@@ -384,7 +384,8 @@ struct ClusterTests {
         for (job, bytes) in [(bad, "\\x" + hex), (junk, "\\x6e6f74206120706c697374")] {
             try harness.sql("""
                 INSERT INTO opq_jobs (id, requested_id, manifest, manifest_name, submitted_on, qos_rank, priority_rank, queues, commands)
-                VALUES ('\(job)', '\(job)', '\(bytes)'::bytea, '\(job).plist', 'psql', 0, 0, '{default}', '{}')
+                VALUES ('\(job)', '\(job)', '\(bytes)'::bytea, '\(job).plist', 'psql', 0, 0, '{default}', '{}');
+                \(PostgresServer.waitingFromHand)
                 """)
         }
         // No NOTIFY: the nodes' poll (at least once a second) must find rows nobody announced.
@@ -394,7 +395,7 @@ struct ClusterTests {
             #expect((result.result["error"] as? String)?.isEmpty == false)
         }
         #expect(harness[0].isReady && harness[1].isReady, "no node crashed")
-        #expect(try harness.sql("SELECT string_agg(status, ',') FROM opq_jobs WHERE id IN ('\(bad)', '\(junk)')") == "rejected,rejected")
+        #expect(try harness.sql("SELECT string_agg(status, ',') FROM opq_ended WHERE id IN ('\(bad)', '\(junk)')") == "rejected,rejected")
     }
 
     // MARK: 8. The password

@@ -370,7 +370,7 @@ public final class ClusterHarness: @unchecked Sendable {
     /// What a failed expectation about `job` should show: its row, the nodes' rows (heartbeat ages by the database's
     /// clock) and the tail of every node's log.
     public func diagnosis(_ job: String) -> String {
-        let row = "SELECT state, node, fence, extract(epoch FROM now() - submitted_at) FROM opq_jobs WHERE id = '\(job)'"
+        let row = "SELECT state, node, fence, extract(epoch FROM now() - submitted_at) FROM opq_job_states WHERE id = '\(job)'"
         var text = "row: " + ((try? sql(row)) ?? "?")
         text += "\nnodes: " + ((try? sql("SELECT node, extract(epoch FROM now() - last_heartbeat) FROM opq_nodes ORDER BY node")) ?? "?")
         for (k, node) in nodes.enumerated() { text += "\n--- node \(k) (\(node.name)):\n" + node.logTail(40) }

@@ -16,6 +16,13 @@ public final class PostgresServer: @unchecked Sendable {
     public static let binaries = "/usr/lib/postgresql/15/bin"
     /// The non-superuser role the stores log in as, with only the GRANTs docs/cluster-store.md lists.
     public static let role = "opqnode"
+    /// Gives every row inserted by hand into opq_jobs (schema 11: what a submission gave, no state) its opq_live row,
+    /// waiting, as the node's insert does: run after such an insert.
+    public static let waitingFromHand = """
+        INSERT INTO opq_live (id, qos_rank, priority_rank, seq, queues, commands, not_before)
+        SELECT id, qos_rank, priority_rank, seq, queues, commands, not_before FROM opq_jobs AS j
+        WHERE NOT EXISTS (SELECT 1 FROM opq_live AS l WHERE l.id = j.id) AND NOT EXISTS (SELECT 1 FROM opq_ended AS e WHERE e.id = j.id)
+        """
 
     public let folder: String
     public let port: Int

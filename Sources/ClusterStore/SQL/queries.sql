@@ -65,19 +65,26 @@ ON CONFLICT (queue, slot) DO NOTHING;
 -- The caller passes each requested id and each key at most once. Queues and commands are one JSON array of
 -- strings per row (arrays of arrays do not unnest). $1 requested ids, $2 manifests, $3 manifest names,
 -- $4 submitted on, $5 qos ranks, $6 priority ranks, $7 queues, $8 commands, $9 submission keys ('' for none),
--- $10 not before (epoch seconds; 0 for none: claimable at once).
-INSERT INTO opq_jobs (id, requested_id, manifest, manifest_name, submitted_on, qos_rank, priority_rank, queues, commands,
-                      submission_key, not_before)
-SELECT u.id, u.id, u.manifest, u.manifest_name, u.submitted_on, u.qos_rank, u.priority_rank,
-       ARRAY(SELECT jsonb_array_elements_text(u.queues::jsonb)), ARRAY(SELECT jsonb_array_elements_text(u.commands::jsonb)),
-       NULLIF(u.submission_key, ''), CASE WHEN u.not_before > 0 THEN to_timestamp(u.not_before) END
-FROM unnest($1::text[], $2::bytea[], $3::text[], $4::text[], $5::int2[], $6::int2[], $7::text[], $8::text[], $9::text[],
-            $10::float8[])
-     WITH ORDINALITY AS u(id, manifest, manifest_name, submitted_on, qos_rank, priority_rank, queues, commands, submission_key,
-                          not_before, ord)
-ORDER BY u.ord
-ON CONFLICT DO NOTHING
-RETURNING id;
+-- $10 not before (epoch seconds; 0 for none: claimable at once). Each job inserted also gets its opq_live row
+-- (schema 11), waiting.
+WITH inserted AS (
+    INSERT INTO opq_jobs (id, requested_id, manifest, manifest_name, submitted_on, qos_rank, priority_rank, queues, commands,
+                          submission_key, not_before)
+    SELECT u.id, u.id, u.manifest, u.manifest_name, u.submitted_on, u.qos_rank, u.priority_rank,
+           ARRAY(SELECT jsonb_array_elements_text(u.queues::jsonb)), ARRAY(SELECT jsonb_array_elements_text(u.commands::jsonb)),
+           NULLIF(u.submission_key, ''), CASE WHEN u.not_before > 0 THEN to_timestamp(u.not_before) END
+    FROM unnest($1::text[], $2::bytea[], $3::text[], $4::text[], $5::int2[], $6::int2[], $7::text[], $8::text[], $9::text[],
+                $10::float8[])
+         WITH ORDINALITY AS u(id, manifest, manifest_name, submitted_on, qos_rank, priority_rank, queues, commands,
+                              submission_key, not_before, ord)
+    ORDER BY u.ord
+    ON CONFLICT DO NOTHING
+    RETURNING id, qos_rank, priority_rank, seq, queues, commands, not_before
+), live AS (
+    INSERT INTO opq_live (id, qos_rank, priority_rank, seq, queues, commands, not_before)
+    SELECT id, qos_rank, priority_rank, seq, queues, commands, not_before FROM inserted
+)
+SELECT id FROM inserted;
 
 -- name: InsertJob
 -- One job, its id unique across the cluster: the requested id if free, else requested.N with N one more than
@@ -86,23 +93,30 @@ RETURNING id;
 -- for it and returns no row, and the caller runs this again in the same transaction (a fresh snapshot).
 -- No row also when the submission key ($9) is already there: the caller then looks it up (SubmittedJob).
 -- $1 requested id, $2 manifest, $3 manifest name, $4 submitted on, $5 qos rank, $6 priority rank,
--- $7 queues, $8 commands, $9 submission key or NULL, $10 not before (epoch seconds, or NULL).
-INSERT INTO opq_jobs (id, requested_id, manifest, manifest_name, submitted_on, qos_rank, priority_rank, queues, commands,
-                      submission_key, not_before)
-SELECT candidate, $1, $2, $3, $4, $5, $6, $7, $8, $9, to_timestamp($10::float8)
-FROM (
-    SELECT $1::text AS candidate, 0 AS rank
-    UNION ALL
-    SELECT $1::text || '.' || (coalesce(max(substring(id FROM length($1::text) + 2)::bigint), 0) + 1), 1
-    FROM opq_jobs
-    WHERE id > $1::text || '.' AND id < $1::text || '/'
-      AND substring(id FROM length($1::text) + 2) ~ '^[0-9]{1,18}$'
-) AS c
-WHERE NOT EXISTS (SELECT 1 FROM opq_jobs AS j WHERE j.id = c.candidate)
-ORDER BY rank
-LIMIT 1
-ON CONFLICT DO NOTHING
-RETURNING id, seq;
+-- $7 queues, $8 commands, $9 submission key or NULL, $10 not before (epoch seconds, or NULL). With its opq_live
+-- row, waiting.
+WITH inserted AS (
+    INSERT INTO opq_jobs (id, requested_id, manifest, manifest_name, submitted_on, qos_rank, priority_rank, queues, commands,
+                          submission_key, not_before)
+    SELECT candidate, $1, $2, $3, $4, $5, $6, $7, $8, $9, to_timestamp($10::float8)
+    FROM (
+        SELECT $1::text AS candidate, 0 AS rank
+        UNION ALL
+        SELECT $1::text || '.' || (coalesce(max(substring(id FROM length($1::text) + 2)::bigint), 0) + 1), 1
+        FROM opq_jobs
+        WHERE id > $1::text || '.' AND id < $1::text || '/'
+          AND substring(id FROM length($1::text) + 2) ~ '^[0-9]{1,18}$'
+    ) AS c
+    WHERE NOT EXISTS (SELECT 1 FROM opq_jobs AS j WHERE j.id = c.candidate)
+    ORDER BY rank
+    LIMIT 1
+    ON CONFLICT DO NOTHING
+    RETURNING id, qos_rank, priority_rank, seq, queues, commands, not_before
+), live AS (
+    INSERT INTO opq_live (id, qos_rank, priority_rank, seq, queues, commands, not_before)
+    SELECT id, qos_rank, priority_rank, seq, queues, commands, not_before FROM inserted
+)
+SELECT id, seq FROM inserted;
 
 -- name: SubmittedJob
 -- The job a submission key already made (a submission repeated after a crash), if any.
@@ -150,7 +164,7 @@ WITH beat AS (
     RETURNING node, extract(epoch FROM last_heartbeat)::float8 AS at
 )
 SELECT beat.at, j.id, j.fence
-FROM beat LEFT JOIN opq_jobs AS j ON j.node = beat.node AND j.state = 'running';
+FROM beat LEFT JOIN opq_live AS j ON j.node = beat.node AND j.state = 'running';
 
 -- name: NodeBeats
 -- Every node's last beat as an exact token (microseconds of the database's clock, only ever compared for a change,
@@ -176,7 +190,7 @@ WITH lost AS (
 ), waits AS (
     DELETE FROM opq_slot_waiters AS w USING lost WHERE w.node = lost.node
 ), moved AS (
-    UPDATE opq_jobs AS j
+    UPDATE opq_live AS j
     SET state = 'waiting', from_node = j.node, node = NULL, fence = NULL, claimed_at = NULL
     FROM lost WHERE j.state = 'running' AND j.node = lost.node
     RETURNING j.id, j.from_node
@@ -202,12 +216,20 @@ SELECT id FROM opq_complete($1::text[], $2::bigint[], $3::text[], $4::bytea[]) A
 -- backup older than the job): recorded as finished there, under its id, so that show and wait on every node know
 -- it and no later submission takes its id. No row returned when the id is taken meanwhile.
 -- $1 requested id, $2 manifest, $3 manifest name, $4 submitted on, $5 qos rank, $6 priority rank, $7 queues,
--- $8 commands (as InsertJob's), $9 id, $10 node, $11 status, $12 result.plist bytes.
-INSERT INTO opq_jobs (requested_id, manifest, manifest_name, submitted_on, qos_rank, priority_rank, queues, commands, id,
-                      state, node, fence, status, result, finished_at)
-VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'finished', $10, nextval('opq_fence'), $11, $12, now())
-ON CONFLICT DO NOTHING
-RETURNING id;
+-- $8 commands (as InsertJob's), $9 id, $10 node, $11 status, $12 result.plist bytes. Its end goes in opq_ended (over
+-- one a row deleted by hand left there).
+WITH inserted AS (
+    INSERT INTO opq_jobs (requested_id, manifest, manifest_name, submitted_on, qos_rank, priority_rank, queues, commands, id)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9)
+    ON CONFLICT DO NOTHING
+    RETURNING id
+), ended AS (
+    INSERT INTO opq_ended AS e (id, node, fence, status, result)
+    SELECT id, $10, nextval('opq_fence'), $11, $12 FROM inserted
+    ON CONFLICT (id) DO UPDATE SET node = EXCLUDED.node, fence = EXCLUDED.fence, from_node = NULL, status = EXCLUDED.status,
+                                   result = EXCLUDED.result, finished_at = now()
+)
+SELECT id FROM inserted;
 
 -- name: AcquireSlots
 -- Up to $4 free slots of queue $1 among 1..$2 for node $3, whose best waiting operation has priority $6 — unless
@@ -334,7 +356,9 @@ SELECT queue FROM opq_suspended_queues ORDER BY queue;
 -- name: RequestCancel
 -- $1 job, $2 operation or NULL. Returns the job's state before ('' when unknown) and whether it was recorded.
 WITH target AS (
-    SELECT id, state FROM opq_jobs WHERE id = $1
+    SELECT id, state FROM opq_live WHERE id = $1
+    UNION ALL
+    SELECT id, 'finished' FROM opq_ended WHERE id = $1
 ), recorded AS (
     INSERT INTO opq_cancel_requests (job, operation)
     SELECT id, $2 FROM target WHERE state <> 'finished'
@@ -350,34 +374,33 @@ SELECT coalesce((SELECT state FROM target), '') AS state, (SELECT count(*) FROM 
 -- claimer cancels it) or a claim under way holds it. $3: the most a manifest may hold (a bigger one comes back
 -- empty, with its size, to be rejected). The columns are ClaimJobs'.
 WITH picked AS (
-    SELECT j.id FROM opq_jobs AS j
-    WHERE j.id = $1 AND j.state = 'waiting'
-      AND EXISTS (SELECT 1 FROM opq_cancel_requests AS r WHERE r.job = j.id AND r.operation IS NULL)
+    SELECT l.id FROM opq_live AS l
+    WHERE l.id = $1 AND l.state = 'waiting'
+      AND EXISTS (SELECT 1 FROM opq_cancel_requests AS r WHERE r.job = l.id AND r.operation IS NULL)
     FOR UPDATE SKIP LOCKED
 ), claimed AS (
-    UPDATE opq_jobs AS j
-    SET state = 'running', node = $2, fence = nextval('opq_fence'), claimed_at = now()
+    UPDATE opq_live AS l
+    SET state = 'running', node = $2, fence = nextval('opq_fence'), claimed_at = now(), not_before = NULL
     FROM picked
-    WHERE j.id = picked.id
-    RETURNING j.id, j.requested_id, j.manifest, j.manifest_name, j.submitted_on,
-              extract(epoch FROM j.submitted_at)::float8 AS submitted_at, j.qos_rank, j.priority_rank, j.seq, j.fence,
-              j.from_node, octet_length(j.manifest)::bigint AS bytes
+    WHERE l.id = picked.id
+    RETURNING l.id, l.qos_rank, l.priority_rank, l.seq, l.fence, l.from_node
 )
-SELECT id, requested_id, CASE WHEN bytes <= $3::bigint THEN manifest ELSE ''::bytea END,
-       manifest_name, submitted_on, submitted_at, qos_rank, priority_rank, seq, fence, from_node, bytes,
-       ARRAY(SELECT coalesce(r.operation, '') FROM opq_cancel_requests AS r WHERE r.job = claimed.id ORDER BY r.id) AS cancels
-FROM claimed;
+SELECT c.id, j.requested_id, CASE WHEN octet_length(j.manifest) <= $3::bigint THEN j.manifest ELSE ''::bytea END,
+       j.manifest_name, j.submitted_on, extract(epoch FROM j.submitted_at)::float8, c.qos_rank, c.priority_rank, c.seq,
+       c.fence, c.from_node, octet_length(j.manifest)::bigint,
+       ARRAY(SELECT coalesce(r.operation, '') FROM opq_cancel_requests AS r WHERE r.job = c.id ORDER BY r.id) AS cancels
+FROM claimed AS c JOIN opq_jobs AS j ON j.id = c.id;
 
 -- name: PendingCancels
 -- Cancels for the jobs node $1 runs now; then, without a fence, up to 64 waiting jobs cancelled as a whole that no
 -- node has taken (the node that asked died before it could, or lost the database between the two statements): any
 -- node takes them (ClaimCancelledJob), so that none waits for a node that may never come.
 (SELECT c.job, c.operation, j.fence, c.id
- FROM opq_cancel_requests AS c JOIN opq_jobs AS j ON j.id = c.job
+ FROM opq_cancel_requests AS c JOIN opq_live AS j ON j.id = c.job
  WHERE j.state = 'running' AND j.node = $1)
 UNION ALL
 (SELECT c.job, c.operation, NULL, c.id
- FROM opq_cancel_requests AS c JOIN opq_jobs AS j ON j.id = c.job
+ FROM opq_cancel_requests AS c JOIN opq_live AS j ON j.id = c.job
  WHERE j.state = 'waiting' AND c.operation IS NULL
  ORDER BY c.id LIMIT 64)
 ORDER BY 4;
@@ -387,21 +410,27 @@ SELECT operation FROM opq_cancel_requests WHERE job = $1 ORDER BY id;
 
 -- name: LookupJob
 -- One job, and while it runs the progress its node sent with its last beat (and that beat's time); a progress
--- larger than any node writes (64 KiB) is someone else's and not read.
+-- larger than any node writes (64 KiB) is someone else's and not read. Its state is its opq_live row's, or finished
+-- with its opq_ended row (schema 11).
 SELECT j.id, j.requested_id, j.manifest, j.manifest_name, j.submitted_on, extract(epoch FROM j.submitted_at)::float8,
-       j.state, j.node, j.fence, j.from_node, j.status, j.result, extract(epoch FROM j.finished_at)::float8,
+       coalesce(l.state, 'finished'), coalesce(l.node, e.node), coalesce(l.fence, e.fence), coalesce(l.from_node, e.from_node),
+       e.status, e.result, extract(epoch FROM e.finished_at)::float8,
        CASE WHEN octet_length(n.progress) <= 65536 THEN n.progress END, extract(epoch FROM n.last_heartbeat)::float8,
-       extract(epoch FROM j.not_before)::float8
-FROM opq_jobs AS j LEFT JOIN opq_nodes AS n ON j.state = 'running' AND n.node = j.node
-WHERE j.id = $1;
+       extract(epoch FROM l.not_before)::float8
+FROM opq_jobs AS j
+     LEFT JOIN opq_live AS l ON l.id = j.id
+     LEFT JOIN opq_ended AS e ON l.id IS NULL AND e.id = j.id
+     LEFT JOIN opq_nodes AS n ON l.state = 'running' AND n.node = l.node
+WHERE j.id = $1 AND (l.id IS NOT NULL OR e.id IS NOT NULL);
 
 -- name: FinishedJobs
 -- opqueuectl list: one page of the finished jobs, newest first (finished_at, then id, both descending), those
 -- before the cursor ($1: finished_at in microseconds since the epoch, exact; $2: id; NULL: from the newest) and
 -- finished at $3 or later (NULL: any time), at most $4. The last column is the next page's cursor.
+-- (Ended rows whose job was deleted by hand are left out.)
 SELECT id, status, node, extract(epoch FROM finished_at)::float8, result, (extract(epoch FROM finished_at) * 1000000)::int8
-FROM opq_jobs
-WHERE state = 'finished'
+FROM opq_ended AS e
+WHERE EXISTS (SELECT 1 FROM opq_jobs AS j WHERE j.id = e.id)
   AND ($1::int8 IS NULL OR (finished_at, id) < ('epoch'::timestamptz + $1::int8 * interval '1 microsecond', $2::text))
   AND ($3::float8 IS NULL OR finished_at >= to_timestamp($3::float8))
 ORDER BY finished_at DESC, id DESC
@@ -412,7 +441,7 @@ LIMIT $4;
 -- jobs it runs now and the schema version its code knows (NULL: from before migration 6).
 SELECT n.node, n.queues, n.commands, n.job_slots, extract(epoch FROM n.last_heartbeat)::float8,
        n.last_heartbeat >= now() - make_interval(secs => coalesce(n.lease_seconds, $1::float8)) AS live,
-       (SELECT count(*) FROM opq_jobs AS j WHERE j.state = 'running' AND j.node = n.node)::integer AS jobs,
+       (SELECT count(*) FROM opq_live AS j WHERE j.state = 'running' AND j.node = n.node)::integer AS jobs,
        n.schema
 FROM opq_nodes AS n ORDER BY n.node;
 
@@ -428,7 +457,7 @@ WITH live AS (
 SELECT j.id,
        ARRAY(SELECT unnest(j.queues) EXCEPT SELECT unnest(declared.queues) ORDER BY 1) AS missing_queues,
        ARRAY(SELECT unnest(j.commands) EXCEPT SELECT unnest(declared.commands) ORDER BY 1) AS missing_commands
-FROM opq_jobs AS j, declared
+FROM opq_live AS j, declared
 WHERE j.state = 'waiting'
   AND NOT EXISTS (SELECT 1 FROM live WHERE j.queues <@ live.queues AND j.commands <@ live.commands)
 ORDER BY j.seq
@@ -442,15 +471,20 @@ SELECT coalesce((SELECT array_agg(DISTINCT q ORDER BY q) FROM opq_nodes, unnest(
        coalesce((SELECT array_agg(DISTINCT s ORDER BY s) FROM opq_nodes, unnest(command_signatures) AS s), '{}');
 
 -- name: PruneFinished
--- One bounded batch: at most $2 finished rows older than $1 days; the caller repeats while a batch is full.
-DELETE FROM opq_jobs
-WHERE ctid IN (
-    SELECT ctid FROM opq_jobs
-    WHERE state = 'finished' AND finished_at < now() - make_interval(secs => $1::float8)
-    ORDER BY finished_at
-    LIMIT $2
+-- One bounded batch: at most $2 ended jobs older than $1 days, their opq_ended rows and then their opq_jobs rows;
+-- the caller repeats while a batch is full.
+WITH ended AS (
+    DELETE FROM opq_ended
+    WHERE id IN (
+        SELECT id FROM opq_ended
+        WHERE finished_at < now() - make_interval(secs => $1::float8)
+        ORDER BY finished_at
+        LIMIT $2
+    )
+    RETURNING id
 )
-RETURNING id;
+DELETE FROM opq_jobs AS j USING ended WHERE j.id = ended.id
+RETURNING j.id;
 
 -- name: PruneNodes
 -- Nodes silent for more than $1 seconds that hold nothing (no running job, no cluster slot, no wait for one; a takeover
@@ -460,7 +494,7 @@ RETURNING id;
 WITH gone AS (
     DELETE FROM opq_nodes AS n
     WHERE n.last_heartbeat < now() - make_interval(secs => $1::float8)
-      AND NOT EXISTS (SELECT 1 FROM opq_jobs AS j WHERE j.state = 'running' AND j.node = n.node)
+      AND NOT EXISTS (SELECT 1 FROM opq_live AS j WHERE j.state = 'running' AND j.node = n.node)
       AND NOT EXISTS (SELECT 1 FROM opq_queue_slots AS s WHERE s.holder = n.node)
       AND NOT EXISTS (SELECT 1 FROM opq_slot_waiters AS w WHERE w.node = n.node)
     RETURNING n.node
@@ -473,11 +507,11 @@ SELECT node, (SELECT pg_notify('opqueued', 'nodes') FROM (SELECT 1 FROM gone LIM
 -- one index's predicate (`state IN (...)` matches neither, and every node's status round read the whole table);
 -- waiting jobs are those claimable now and those delayed (schema 8).
 SELECT q, count(*) FILTER (WHERE j.state = 'waiting')::integer, count(*) FILTER (WHERE j.state = 'running')::integer
-FROM (SELECT state, queues FROM opq_jobs WHERE state = 'waiting' AND not_before IS NULL
+FROM (SELECT state, queues FROM opq_live WHERE state = 'waiting' AND not_before IS NULL
       UNION ALL
-      SELECT state, queues FROM opq_jobs WHERE state = 'waiting' AND not_before IS NOT NULL
+      SELECT state, queues FROM opq_live WHERE state = 'waiting' AND not_before IS NOT NULL
       UNION ALL
-      SELECT state, queues FROM opq_jobs WHERE state = 'running') AS j, unnest(j.queues) AS q
+      SELECT state, queues FROM opq_live WHERE state = 'running') AS j, unnest(j.queues) AS q
 GROUP BY q ORDER BY q;
 
 -- name: ReleaseJobs
@@ -485,7 +519,7 @@ GROUP BY q ORDER BY q;
 -- itself gave up (it stopped them at its own deadline, or did not find them at restart). Notifies when any moved.
 -- $1 node, $2 ids, $3 fences (parallel arrays).
 WITH moved AS (
-    UPDATE opq_jobs AS j
+    UPDATE opq_live AS j
     SET state = 'waiting', from_node = j.node, node = NULL, fence = NULL, claimed_at = NULL
     FROM unnest($2::text[], $3::bigint[]) AS r (id, fence)
     WHERE j.id = r.id AND j.fence = r.fence AND j.node = $1 AND j.state = 'running'

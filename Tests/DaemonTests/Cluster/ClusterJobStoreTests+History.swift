@@ -27,14 +27,18 @@ extension ClusterJobStoreTests {
         #expect(eventually { first.store.snapshot()?.connected == true })
         first.close()
         let rows = daysAgo.sorted { $0.key < $1.key }.enumerated().map { i, job in
-            "('\(job.key)', '\(job.key)', '\\x00', '\(job.key).plist', 'a', 2, 2, '{}', '{}', 'finished', 'a', \(i + 1), 'succeeded', "
+            "('\(job.key)', '\(job.key)', '\\x00', '\(job.key).plist', 'a', 2, 2, '{}', '{}', 'a', \(i + 1), 'succeeded', "
                 + "now() - interval '\(job.value) days')"
         }
         if rows.isEmpty { return (server, database) }
         try server.psql(database, """
-            INSERT INTO opq_jobs (id, requested_id, manifest, manifest_name, submitted_on, qos_rank, priority_rank, queues, commands,
-                                  state, node, fence, status, finished_at)
-            VALUES \(rows.joined(separator: ", "))
+            WITH rows (id, requested_id, manifest, manifest_name, submitted_on, qos_rank, priority_rank, queues, commands, node, fence,
+                       status, finished_at) AS (VALUES \(rows.joined(separator: ", "))),
+            jobs AS (INSERT INTO opq_jobs (id, requested_id, manifest, manifest_name, submitted_on, qos_rank, priority_rank, queues,
+                                           commands)
+                     SELECT id, requested_id, manifest::bytea, manifest_name, submitted_on, qos_rank, priority_rank, queues::text[],
+                            commands::text[] FROM rows)
+            INSERT INTO opq_ended (id, node, fence, status, finished_at) SELECT id, node, fence, status, finished_at FROM rows
             """)
         return (server, database)
     }
@@ -89,7 +93,7 @@ extension ClusterJobStoreTests {
         defer { a.close() }
         _ = a.store.recovered([])
         #expect(eventually {
-            count("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'DELETE FROM opq_jobs%'") == "1"
+            count("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE '%DELETE FROM opq_jobs%'") == "1"
         },
                 "the prune waits on the lock")
         var oldest = 0.0
@@ -130,7 +134,7 @@ extension ClusterJobStoreTests {
         _ = a.store.recovered([])
         _ = a.store.submit([try a.drop("pinned", sleepManifest("pinned", queue: "io")), try a.drop("other", sleepManifest("other"))])
         #expect(eventually { (try? a.store.job("other")) != nil })
-        try server.psql(database, "UPDATE opq_jobs SET queues = '{gpu}' WHERE id = 'pinned'")
+        try server.psql(database, "UPDATE opq_live SET queues = '{gpu}' WHERE id = 'pinned'")
         #expect(eventually(10) { a.store.snapshot()?.unrunnable.first?.job == "pinned" })
         let snapshot = try #require(a.store.snapshot())
         #expect(snapshot.node == "a" && snapshot.connected)
@@ -149,7 +153,7 @@ extension ClusterJobStoreTests {
         defer { a.close() }
         _ = a.store.recovered([])
         #expect(eventually { a.store.snapshot()?.nodes.map(\.node) == ["a"] })
-        try server.psql(database, "ALTER TABLE opq_jobs RENAME COLUMN queues TO queues_gone")
+        try server.psql(database, "ALTER TABLE opq_live RENAME COLUMN queues TO queues_gone")
         let b = try ClusterNode("b", server: server, database: database, leaseSeconds: 3,
                                 queues: ["gpu": ["maxConcurrentOperationCount": 1]])
         defer { b.close() }

@@ -39,7 +39,7 @@ extension ClusterJobStoreTests {
         }
         while monotonicSeconds() < blockedUntil + 0.2 { usleep(20_000) }
         #expect(a.shell.lostJobs.isEmpty, "lost: \(a.shell.lostJobs)")
-        #expect(trimmed(try server.psql(database, "SELECT node FROM opq_jobs WHERE id = 'steady'")) == "a")
+        #expect(trimmed(try server.psql(database, "SELECT node FROM opq_live WHERE id = 'steady'")) == "a")
     }
 
     /// A node cut off from the database stops its job at its own deadline (`lease ran out`) and tells the watchdog
@@ -141,7 +141,7 @@ extension ClusterJobStoreTests {
         #expect(a.logs.all.contains { $0.message.contains("the spool of node a answers again") })
         #expect(a.logs.states("cluster").suffix(2) == ["disconnected", "connected"], "\(a.logs.states("cluster"))")
         #expect(a.store.snapshot()?.connected == true)
-        #expect(trimmed(try server.psql(database, "SELECT node FROM opq_jobs WHERE id = 'stuck'")) == "b")
+        #expect(trimmed(try server.psql(database, "SELECT node FROM opq_live WHERE id = 'stuck'")) == "b")
     }
 
     /// Fencing at the store's gate: a job the database gave to another node meanwhile is not recorded, and is
@@ -156,12 +156,12 @@ extension ClusterJobStoreTests {
         _ = a.store.submit([try a.drop("fenced", sleepManifest("fenced"))])
         #expect(eventually { a.shell.ran.count == 1 })
         // Another claim of the same job meanwhile (as after a takeover): a new fence.
-        try server.psql(database, "UPDATE opq_jobs SET node = 'other', fence = nextval('opq_fence') WHERE id = 'fenced'")
+        try server.psql(database, "UPDATE opq_live SET node = 'other', fence = nextval('opq_fence') WHERE id = 'fenced'")
         let result = a.folder + "/r.plist"
         try plist(["job": "fenced"]).write(to: URL(fileURLWithPath: result))
         #expect(try a.store.complete([JobEnd(job: "fenced", status: "succeeded", resultFile: result)]).isEmpty)
         #expect(a.shell.lostJobs.map(\.job) == ["fenced"])
-        #expect(trimmed(try server.psql(database, "SELECT state FROM opq_jobs WHERE id = 'fenced'")) == "running")
+        #expect(trimmed(try server.psql(database, "SELECT state FROM opq_live WHERE id = 'fenced'")) == "running")
     }
 
     /// `cancel` and `suspend` asked on A reach B (which runs the job) within 1 s, each cancel passed on once.

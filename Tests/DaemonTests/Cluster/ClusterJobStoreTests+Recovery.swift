@@ -35,7 +35,7 @@ extension ClusterJobStoreTests {
         #expect(spool.readOrigin(job: "done") != nil, "the origin stays until the job has left active/")
         first.store.shutdown()
         // The crash: `done` was recorded but not placed; `gone` was taken over and claimed by another node.
-        try server.psql(database, "UPDATE opq_jobs SET node = 'other', fence = nextval('opq_fence') WHERE id = 'gone'")
+        try server.psql(database, "UPDATE opq_live SET node = 'other', fence = nextval('opq_fence') WHERE id = 'gone'")
 
         let recovered = try spool.recover().jobs
         #expect(recovered.map(\.id) == ["done", "gone", "keep"])
@@ -47,7 +47,7 @@ extension ClusterJobStoreTests {
         #expect(second.store.origin(of: "keep")?.submittedOn == "a")
         #expect(try second.store.complete([JobEnd(job: "done", status: "succeeded", resultFile: result)]) == ["done"],
                 "recorded before the crash: published without the database")
-        #expect(trimmed(try server.psql(database, "SELECT state FROM opq_jobs WHERE id = 'keep'")) == "running")
+        #expect(trimmed(try server.psql(database, "SELECT state FROM opq_live WHERE id = 'keep'")) == "running")
     }
 
     /// A spool copied without its extended attributes (`cp -r`, `rsync -a` without -X) has lost every claim record.
@@ -66,7 +66,7 @@ extension ClusterJobStoreTests {
         let submittedAt = try #require(first.store.job("kept")?.submittedAt)
         first.store.shutdown()
         // While the node was down: `taken` taken over by another node (after the lease).
-        try server.psql(database, "UPDATE opq_jobs SET node = 'other', from_node = 'a', fence = nextval('opq_fence') WHERE id = 'taken'")
+        try server.psql(database, "UPDATE opq_live SET node = 'other', from_node = 'a', fence = nextval('opq_fence') WHERE id = 'taken'")
         // An inbox claim the database does not know, then the copy that loses every record.
         _ = try first.drop("local", sleepManifest("local"))
         for job in ["kept", "taken", "local"] {
@@ -88,7 +88,7 @@ extension ClusterJobStoreTests {
         #expect(eventually { (try? second.store.job("local")) != nil })
         #expect(eventually { ((try? FileManager.default.contentsOfDirectory(atPath: spool.active + "/.submissions")) ?? []).isEmpty })
         #expect(trimmed(try server.psql(database, "SELECT string_agg(id, ' ' ORDER BY id) FROM opq_jobs")) == "kept local taken")
-        #expect(trimmed(try server.psql(database, "SELECT node || ' ' || fence FROM opq_jobs WHERE id = 'kept'")) == "a \(fence)")
+        #expect(trimmed(try server.psql(database, "SELECT node || ' ' || fence FROM opq_live WHERE id = 'kept'")) == "a \(fence)")
     }
 
     /// The database restored from a backup older than a job this node holds has no row for it: the job is submitted
@@ -119,7 +119,7 @@ extension ClusterJobStoreTests {
         #expect(eventually { (try? second.store.job("fresh"))?.state == .waiting })
         #expect(eventually { ((try? FileManager.default.contentsOfDirectory(atPath: spool.active + "/.submissions")) ?? []).isEmpty })
         #expect(trimmed(try server.psql(database,
-                                        "SELECT string_agg(id || ' ' || state, ',' ORDER BY id) FROM opq_jobs")) == "fresh waiting")
+                                        "SELECT string_agg(id || ' ' || state, ',' ORDER BY id) FROM opq_job_states")) == "fresh waiting")
     }
 
     /// A running node whose database forgets a job it holds (restored from an older backup under it) hears so at its
@@ -225,7 +225,7 @@ extension ClusterJobStoreTests {
         // Logged once the copy is gone (on the submission thread): waited for, not read at the instant of removal.
         #expect(eventually { second.logs.all.contains { $0.metadata["OPQ_STATE"] == "lost" && $0.metadata["OPQ_JOB"] == "held" } })
         #expect(eventually(10) {
-            trimmed((try? server.psql(database, "SELECT state || ' ' || coalesce(node, '-') FROM opq_jobs WHERE id = 'held'")) ?? "")
+            trimmed((try? server.psql(database, "SELECT state || ' ' || coalesce(node, '-') FROM opq_job_states WHERE id = 'held'")) ?? "")
                 == "waiting -"
         },
                 "handed back, to run again from the database")

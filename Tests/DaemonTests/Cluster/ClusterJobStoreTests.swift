@@ -321,7 +321,8 @@ struct ClusterJobStoreTests {
             INSERT INTO opq_jobs \(columns) VALUES
               ('../escape', '../escape', '\\x00ff', '../../x', 'nowhere node!', 9, -4, '{}', '{}'),
               ('garbage', '', '\\xdeadbeef', '', '', 2, 2, '{default}', '{}'),
-              ('strange', 'strange', '\\x3c3f786d6c', 'a/b', 'x', 2, 2, '{}', '{}')
+              ('strange', 'strange', '\\x3c3f786d6c', 'a/b', 'x', 2, 2, '{}', '{}');
+            \(PostgresServer.waitingFromHand)
             """)
         a.store.want(room: 8, manifestBytes: .max)
         #expect(eventually { a.shell.ran.count == 2 })
@@ -329,7 +330,7 @@ struct ClusterJobStoreTests {
         #expect(a.shell.ran.first { $0.job.id == "strange" }?.job.manifestName == "strange.plist", "a name with '/' is not used")
         #expect(a.store.origin(of: "garbage")?.submittedOn == "unknown")
         #expect(trimmed(try server.psql(database,
-                                        "SELECT state || ' ' || status FROM opq_jobs WHERE id = '../escape'")) == "finished rejected")
+                                        "SELECT state || ' ' || status FROM opq_job_states WHERE id = '../escape'")) == "finished rejected")
         #expect(!FileManager.default.fileExists(atPath: a.spool.root + "/escape"))
         #expect(!FileManager.default.fileExists(atPath: a.spool.active + "/../escape"))
         // And the manifests the shell would validate: not property lists.
@@ -356,14 +357,17 @@ struct ClusterJobStoreTests {
             "('\(id)', '\(id)', convert_to(repeat('x', \(bytes)), 'UTF8'), '\(id).plist', 'elsewhere', 2, 2, '{default}', '{}')"
         }
         try server.psql(database, "INSERT INTO opq_jobs \(columns) VALUES "
-                            + "\(row("huge", 6000)), \(row("s1", 400)), \(row("s2", 400)), \(row("s3", 400))")
+                            + "\(row("huge", 6000)), \(row("s1", 400)), \(row("s2", 400)), \(row("s3", 400)); "
+                            + PostgresServer.waitingFromHand)
         a.store.want(room: 8, manifestBytes: 500)
         #expect(eventually { a.shell.ran.count == 2 })
         #expect(a.shell.ran.map(\.job.id) == ["s1", "s2"])
-        #expect(eventually { (try? server.psql(database, "SELECT state FROM opq_jobs WHERE id = 's3'")).map(trimmed) == "waiting" },
+        #expect(eventually { (try? server.psql(database, "SELECT state FROM opq_live WHERE id = 's3'")).map(trimmed) == "waiting" },
                 "s3 is handed back")
-        #expect(trimmed(try server.psql(database, "SELECT state || ' ' || status FROM opq_jobs WHERE id = 'huge'")) == "finished rejected")
-        let why = trimmed(try server.psql(database, "SELECT convert_from(result, 'UTF8') FROM opq_jobs WHERE id = 'huge'"))
+        #expect(trimmed(try server.psql(database, "SELECT state || ' ' || status FROM opq_job_states WHERE id = 'huge'"))
+                == "finished rejected")
+        let why = trimmed(try server.psql(database, "SELECT convert_from(result, 'UTF8') FROM opq_ended"
+                                          + " WHERE id = 'huge'"))
         #expect(why.contains("6000 bytes, more than the 5000"), "\(why)")
         // Room for more: s3 comes.
         a.store.want(room: 6, manifestBytes: 1000)

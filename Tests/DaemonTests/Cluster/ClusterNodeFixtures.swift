@@ -166,7 +166,7 @@ func nodeWhoseDatabaseChanged(forgetting forgotten: String, givingAway givenAway
     let spool = try Spool(root: NSTemporaryDirectory() + "opq-cluster-changed-\(UInt64.random(in: 1...UInt64.max))")
     let node = try nodeThatRan([forgotten, givenAway], server: server, database: database, spool: spool, leaseSeconds: leaseSeconds)
     try server.psql(database, "DELETE FROM opq_jobs WHERE id = '\(forgotten)'")
-    try server.psql(database, "UPDATE opq_jobs SET node = 'other', fence = nextval('opq_fence') WHERE id = '\(givenAway)'")
+    try server.psql(database, "UPDATE opq_live SET node = 'other', fence = nextval('opq_fence') WHERE id = '\(givenAway)'")
     return (node, server, database)
 }
 

@@ -83,7 +83,7 @@ final class JobStoreNode: @unchecked Sendable {
                                   return try Self.cluster(server: server, database: database, folder: folder, existing: node.spool)
                               },
                               takeOver: { job in
-                                  _ = try server.psql(database, "UPDATE opq_jobs SET node = 'other', fence = nextval('opq_fence') "
+                                  _ = try server.psql(database, "UPDATE opq_live SET node = 'other', fence = nextval('opq_fence') "
                                                       + "WHERE id = '\(job)'")
                               })
     }
