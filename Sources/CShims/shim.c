@@ -197,8 +197,17 @@ static int watched(pid_t pid, pid_t *pid_out, int *pidfd_out) {
     return 0;
 }
 
+// CShims.h, opq_spawn: why a thread that starts children leaves SIGCHLD unblocked.
+static void unblock_child_signal(void) {
+    sigset_t child;
+    sigemptyset(&child);
+    sigaddset(&child, SIGCHLD);
+    pthread_sigmask(SIG_UNBLOCK, &child, NULL);
+}
+
 int opq_spawn(const char *path, char *const argv[], char *const envp[], const char *cwd,
               int stdout_fd, int stderr_fd, pid_t *pid_out, int *pidfd_out) {
+    unblock_child_signal();
     posix_spawnattr_t attr;
     posix_spawn_file_actions_t actions;
     int err = posix_spawnattr_init(&attr);
@@ -221,6 +230,7 @@ int opq_spawn(const char *path, char *const argv[], char *const envp[], const ch
 }
 
 int opq_spawn_spare(const char *path, char *const argv[], int socket, pid_t *pid_out, int *pidfd_out) {
+    unblock_child_signal();
     // Descriptor 3 is the socket's: moved above the standard ones first if it is 3 itself (dup2 onto itself would
     // keep its close-on-exec flag).
     int moved = -1;
@@ -270,13 +280,6 @@ int opq_send_with_descriptors(int socket, const void *bytes, size_t length, int 
 int opq_pidfd_open(pid_t pid) {
     int fd = (int)syscall(SYS_pidfd_open, pid, 0);
     return fd >= 0 ? fd : -errno;
-}
-
-void opq_unblock_child_signal(void) {
-    sigset_t child;
-    sigemptyset(&child);
-    sigaddset(&child, SIGCHLD);
-    pthread_sigmask(SIG_UNBLOCK, &child, NULL);
 }
 
 int opq_seqpacket_pair(int fds[2]) {

@@ -103,6 +103,11 @@ void opq_ignore_lease_breaks(void);
 /// (Linux keeps them per thread): the daemon spawns from a worker thread of the operation's QoS.
 /// On success stores the pid and a pidfd (pidfd_open, close-on-exec) and returns 0; else -errno
 /// (an exec failure such as ENOENT or EACCES is reported here, as glibc's posix_spawn does).
+/// Unblocks SIGCHLD in the calling thread (as `opq_spawn_spare` does): a child's end signals the thread that started
+/// it (a spare's copies: the thread that started their factory, by CLONE_PARENT), and the kernel drops a SIGCHLD at
+/// its default disposition only when that thread does not block it. libdispatch's threads block it: queued instead,
+/// it woke the main thread (libdispatch's sigsuspend) and libdispatch's manager for every command. Children are waited
+/// for by pidfd, never by the signal.
 int opq_spawn(const char *path, char *const argv[], char *const envp[], const char *cwd,
               int stdout_fd, int stderr_fd, pid_t *pid_out, int *pidfd_out);
 
@@ -118,11 +123,6 @@ int opq_send_with_descriptors(int socket, const void *bytes, size_t length, int 
 /// pidfd_open(2) of a child: the descriptor (close-on-exec), or -errno.
 int opq_pidfd_open(pid_t pid);
 
-/// Unblocks SIGCHLD in the calling thread, for a thread that starts children. A child's end signals the thread that
-/// started it; the kernel drops a SIGCHLD whose disposition is the default (ignore) only when that thread does not
-/// block it, and libdispatch's threads block it: queued instead, it woke the main thread (libdispatch's sigsuspend)
-/// once for every command. Children are waited for by pidfd, never by the signal.
-void opq_unblock_child_signal(void);
 
 /// A SOCK_SEQPACKET socketpair, both ends close-on-exec. 0 or -errno.
 int opq_seqpacket_pair(int fds[2]);

@@ -174,7 +174,6 @@ package final class ChildProcess: @unchecked Sendable {
             (pid, pidfd, spawned) = spare
             rc = 0
         } else {
-            opq_unblock_child_signal()
             let from = CommandLedger.bootTicks()
             rc = withCStrings(Supervisor.argv(argv)) { cArgv in
                 withCStrings(envStrings) { cEnv in

@@ -43,6 +43,8 @@ package final class SpareSupervisors: @unchecked Sendable {
     static let idleSeconds = 5.0
     /// Arguments, environment and folder past this many bytes: the command is started directly (spare.c reads 128 KiB).
     static let messageLimit = 100_000
+    /// Seconds the factory has to name a spare it was asked for; past them it is let go (and spares started directly).
+    static let answerSeconds = 2
 
     private let condition = NSCondition()
     private var idle: [SpareSupervisor] = []
@@ -77,11 +79,11 @@ package final class SpareSupervisors: @unchecked Sendable {
         for string in strings {
             // A NUL inside a string would shift every string after it: such a command goes the direct way (which
             // cuts it there, as C does).
-            if string.utf8.contains(0) { _ = take(nice: nil); return nil }
+            if string.utf8.contains(0) { demand(); return nil }
             message += string.utf8
             message.append(0)
         }
-        guard message.count <= Self.messageLimit else { _ = take(nice: nil); return nil }
+        guard message.count <= Self.messageLimit else { demand(); return nil }
         while let spare = take(nice: nice) {
             let sent = message.withUnsafeBytes { opq_send_with_descriptors(spare.socket, $0.baseAddress, $0.count, stdout, stderr) }
             if sent == 0 {
@@ -109,6 +111,9 @@ package final class SpareSupervisors: @unchecked Sendable {
         return spare
     }
 
+    /// A command started directly: spares are still wanted for the next ones.
+    private func demand() { _ = take(nice: nil) }
+
     /// Under the lock, with a factory: asks it for spares up to `target`, counting those waiting and those asked.
     private func askFactory() {
         guard let maker = factory else { return }
@@ -128,15 +133,15 @@ package final class SpareSupervisors: @unchecked Sendable {
     }
 
     /// Under the lock: takes in the factory's answers, a spare each, in the order asked. `waiting`: for each one
-    /// asked (the socket's 2 s timeout), as when the spares are let go; else only those already answered. A factory
-    /// that closed its socket, sent nonsense or left one unanswered for 2 s is broken: let go, spares made again.
+    /// asked (the socket's timeout), as when the spares are let go; else only those already answered. A factory that
+    /// closed its socket, sent nonsense or left one unanswered for `answerSeconds` is broken: let go, made again.
     private func collect(waiting: Bool) {
         guard let maker = factory else { return }
         while let first = asked.first {
             var answer = [UInt8](repeating: 0, count: 32)
             let got = answer.withUnsafeMutableBytes { recv(maker.socket, $0.baseAddress, $0.count, waiting ? 0 : Int32(MSG_DONTWAIT)) }
             if got < 0, errno == EAGAIN || errno == EWOULDBLOCK, !waiting {
-                if Self.monotonicSeconds() - first.at > 2 { breakFactory() }
+                if Self.monotonicSeconds() - first.at > Double(Self.answerSeconds) { breakFactory() }
                 return
             }
             asked.removeFirst()
@@ -162,8 +167,6 @@ package final class SpareSupervisors: @unchecked Sendable {
     /// The spares' thread: makes the factory (or spares without one) while commands start, lets them go when they
     /// stop, and lets go a broken factory.
     private func keep() {
-        // The factory's and its copies' ends signal this thread (CLONE_PARENT): unblocked, the signal is dropped.
-        opq_unblock_child_signal()
         condition.lock()
         while true {
             let quietFor = Self.monotonicSeconds() - lastDemand
@@ -211,8 +214,8 @@ package final class SpareSupervisors: @unchecked Sendable {
             close(ends[0])
             return nil
         }
-        // A factory that does not answer within 2 s is let go (and spares are started the other way).
-        var timeout = timeval(tv_sec: 2, tv_usec: 0)
+        // For waiting on the factory's answers (`collect`): a factory that does not answer in time is let go.
+        var timeout = timeval(tv_sec: Self.answerSeconds, tv_usec: 0)
         _ = setsockopt(ends[0], SOL_SOCKET, SO_RCVTIMEO, &timeout, socklen_t(MemoryLayout<timeval>.size))
         return SpareSupervisor(pid: pid, pidfd: pidfd, socket: ends[0], started: from...to, nice: opq_get_thread_nice())
     }
