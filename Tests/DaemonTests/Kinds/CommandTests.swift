@@ -367,7 +367,7 @@ private func launch(_ spool: TestSpool, _ arguments: [String], environment: [Str
         // (CommandDeathTests has the others' own kills).
         let daemon = try #require(spool.daemon?.processIdentifier)
         let watchdog = try #require(watchdogs(of: daemon).first)
-        spool.signal(SIGSTOP)
+        #expect(spool.freeze(), "every thread of the daemon stopped before the supervisor is killed")
         kill(supervisor, SIGKILL)
         kill(watchdog, SIGKILL)
         spool.signal(SIGKILL)

@@ -141,6 +141,26 @@ final class TestSpool: @unchecked Sendable {
         if let daemon { kill(daemon.processIdentifier, sig) }
     }
 
+    /// SIGSTOP, then waits until every thread of the daemon is stopped; whether they all were within `seconds`. The
+    /// kernel stops each thread as it next runs it: on a busy machine one may still act for milliseconds after kill().
+    @discardableResult
+    func freeze(within seconds: Double = 10) -> Bool {
+        guard let pid = daemon?.processIdentifier else { return false }
+        kill(pid, SIGSTOP)
+        let deadline = Date().addingTimeInterval(seconds)
+        while Date() < deadline {
+            let threads = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task")) ?? []
+            let stopped = threads.allSatisfy { task in
+                let stat = (try? String(contentsOfFile: "/proc/\(pid)/task/\(task)/stat", encoding: .utf8)) ?? ""
+                let state = stat.split(separator: ")").last?.split(separator: " ").first
+                return state == "T" || state == "t"
+            }
+            if !threads.isEmpty && stopped { return true }
+            usleep(2_000)
+        }
+        return false
+    }
+
     /// Waits for the daemon to exit; returns its status.
     func waitForExit(timeout: Double = 30) -> Int32? {
         guard let daemon else { return nil }
