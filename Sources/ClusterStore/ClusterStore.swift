@@ -220,6 +220,8 @@ public enum CancelOutcome: Sendable, Equatable {
     case requested
     case unknownJob
     case alreadyEnded
+    /// The server read it after the caller's deadline: nothing recorded.
+    case late
 }
 
 public struct CancelRequest: Sendable, Equatable {
@@ -462,7 +464,11 @@ public protocol ClusterStore: Sendable {
     func setSuspended(_ queue: String, _ suspended: Bool) async throws
     func suspendedQueues() async throws -> Set<String>
 
-    func requestCancel(job: String, operation: String?) async throws -> CancelOutcome
+    /// Records a cancel of `job` (or one operation) for whichever node runs or claims it. Nothing is recorded when the
+    /// server reads the statement after `notAfter` (epoch seconds, by its clock, which the cluster's clocks agree to):
+    /// the caller gave up waiting by then and said so (a frozen server, or a statement queued through an outage);
+    /// that is `.late`.
+    func requestCancel(job: String, operation: String?, notAfter: Double) async throws -> CancelOutcome
     /// A waiting job whose whole-job cancel is recorded, claimed for `node` whatever it declares (it runs nothing:
     /// its claim brings the cancel). Nil when it no longer waits or another claim holds it now.
     func claimCancelled(job: String, node: String, maxManifestBytes: Int) async throws -> ClaimedJob?

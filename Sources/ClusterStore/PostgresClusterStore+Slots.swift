@@ -98,15 +98,17 @@ extension PostgresClusterStore {
         })
     }
 
-    public func requestCancel(job: String, operation: String?) async throws -> CancelOutcome {
+    public func requestCancel(job: String, operation: String?, notAfter: Double) async throws -> CancelOutcome {
         var binds = PostgresBindings()
         binds.append(job)
         binds.append(operation)
+        binds.append(notAfter)
         guard let row = try await query(Queries.requestCancel, binds, doing: "cancelling job \(job)").first else {
             return .unknownJob
         }
         let c = row.makeRandomAccess()
         let state = try decode(c[0], String.self)
+        if state == "late" { return .late }
         if state.isEmpty { return .unknownJob }
         return try decode(c[1], Int.self) > 0 ? .requested : .alreadyEnded
     }

@@ -388,18 +388,22 @@ enum Queries {
     SELECT queue FROM opq_suspended_queues ORDER BY queue
     """#
 
-    /// $1 job, $2 operation or NULL. Returns the job's state before ('' when unknown) and whether it was recorded.
+    /// $1 job, $2 operation or NULL, $3 the asking node's deadline (seconds since the epoch). Returns the job's state
+    /// before ('' when unknown, 'late' when the statement reached the server after $3) and whether it was recorded. Late,
+    /// nothing is recorded: the node has told its client the cluster could not be asked (a server that was frozen, or a
+    /// statement queued behind an outage, must not make a cancel the client was told had not been made).
     static let requestCancel = #"""
     WITH target AS (
-        SELECT id, state FROM opq_live WHERE id = $1
+        SELECT id, state FROM opq_live WHERE id = $1 AND statement_timestamp() <= to_timestamp($3)
         UNION ALL
-        SELECT id, 'finished' FROM opq_ended WHERE id = $1
+        SELECT id, 'finished' FROM opq_ended WHERE id = $1 AND statement_timestamp() <= to_timestamp($3)
     ), recorded AS (
         INSERT INTO opq_cancel_requests (job, operation)
         SELECT id, $2 FROM target WHERE state <> 'finished'
         RETURNING id
     )
-    SELECT coalesce((SELECT state FROM target), '') AS state, (SELECT count(*) FROM recorded)::integer AS recorded,
+    SELECT CASE WHEN statement_timestamp() > to_timestamp($3) THEN 'late' ELSE coalesce((SELECT state FROM target), '') END
+           AS state, (SELECT count(*) FROM recorded)::integer AS recorded,
            (SELECT pg_notify('opqueued', 'control') FROM recorded LIMIT 1) AS notified
     """#
 

@@ -260,7 +260,7 @@ struct PostgresClusterStoreTests {
         try await store.stopWaitingForSlot(queue: "api", node: "run")
         try await store.setSuspended("default", true)
         #expect(try await store.suspendedQueues() == ["default"])
-        #expect(try await store.requestCancel(job: "split-b", operation: nil) == .requested)
+        #expect(try await store.requestCancel(job: "split-b", operation: nil, notAfter: .infinity) == .requested)
         let done = try await store.completeJobs(
             claimed.map { JobCompletion(job: $0.id, fence: $0.fence, status: "succeeded", result: [0]) })
         #expect(done == ["split-a", "split-b"])

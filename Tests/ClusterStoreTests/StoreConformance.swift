@@ -387,10 +387,14 @@ enum StoreConformance {
     static func cancels(_ factory: StoreFactory) async throws {
         try await withStore(factory) { store in
             try await store.registerNode(node("n1"))
-            #expect(try await store.requestCancel(job: "nope", operation: nil) == .unknownJob)
+            #expect(try await store.requestCancel(job: "nope", operation: nil, notAfter: .infinity) == .unknownJob)
             _ = try await store.insertJobs([job("k"), job("other")])
-            #expect(try await store.requestCancel(job: "k", operation: nil) == .requested)
-            #expect(try await store.requestCancel(job: "k", operation: "op2") == .requested)
+            // Read after the asker's deadline (a server that was frozen meanwhile): refused, nothing recorded.
+            let past = Date().timeIntervalSince1970 - 1
+            #expect(try await store.requestCancel(job: "other", operation: nil, notAfter: past) == .late)
+            #expect(try await store.requestCancel(job: "nope", operation: nil, notAfter: past) == .late)
+            #expect(try await store.requestCancel(job: "k", operation: nil, notAfter: .infinity) == .requested)
+            #expect(try await store.requestCancel(job: "k", operation: "op2", notAfter: .infinity) == .requested)
             // Not running on n1 yet: only the whole-job cancel of a job that waits, without a fence (any node takes it).
             #expect(try await store.pendingCancels(node: "n1") == [CancelRequest(job: "k", operation: nil, fence: nil)])
             let claimed = try await store.claimJobs(node: "n1", limit: 10, queues: ["default"], commands: [], budget: .max,
@@ -404,15 +408,15 @@ enum StoreConformance {
                                 CancelRequest(job: "k", operation: "op2", fence: k.fence)])
             #expect(try await store.complete(job: "k", fence: k.fence, status: "cancelled", result: []))
             #expect(try await store.pendingCancels(node: "n1").isEmpty)
-            #expect(try await store.requestCancel(job: "k", operation: nil) == .alreadyEnded)
+            #expect(try await store.requestCancel(job: "k", operation: nil, notAfter: .infinity) == .alreadyEnded)
             // A waiting job cancelled as a whole is claimed for the node that asks, whatever that node declares (n2
             // declares nothing `gpu` needs); once, and never a job with no whole-job cancel or one already claimed.
             try await store.registerNode(node("n2", queues: ["default"]))
             _ = try await store.insertJobs([job("g", queues: ["gpu"]), job("h", queues: ["gpu"])])
             #expect(try await store.claimCancelled(job: "g", node: "n2", maxManifestBytes: .max) == nil, "no cancel asked")
-            #expect(try await store.requestCancel(job: "g", operation: "op1") == .requested)
+            #expect(try await store.requestCancel(job: "g", operation: "op1", notAfter: .infinity) == .requested)
             #expect(try await store.claimCancelled(job: "g", node: "n2", maxManifestBytes: .max) == nil, "one operation's cancel")
-            #expect(try await store.requestCancel(job: "g", operation: nil) == .requested)
+            #expect(try await store.requestCancel(job: "g", operation: nil, notAfter: .infinity) == .requested)
             let g = try #require(try await store.claimCancelled(job: "g", node: "n2", maxManifestBytes: .max))
             #expect(g.id == "g" && g.cancels == ["op1", nil] && !g.manifest.isEmpty)
             #expect(try await store.claimCancelled(job: "g", node: "n1", maxManifestBytes: .max) == nil, "claimed already")

@@ -307,6 +307,23 @@ struct ClusterFailureTests {
         #expect(harness.waitResult(next, timeout: 30)?.result["status"] as? String == "succeeded")
     }
 
+    /// A cancel asked of a node whose connection is open as the server freezes is sent at once and waits in the
+    /// server's socket; the node tells its client the cluster cannot be asked (exit 3). When the server answers again
+    /// it reads the cancel after the node's deadline and does not make it: the job ends as if never cancelled.
+    @Test func aCancelTheClientWasToldCouldNotBeMadeIsNotMadeLater() throws {
+        let harness = try ClusterHarness(nodes: 2, leaseSeconds: 3)
+        let (job, firstNode) = try startSleepJob(harness, "late-cancel", seconds: 4, on: 0)
+        let other = 1 - firstNode
+        #expect(try harness[other].ctl(["show", job]).status == 0, "the other node's connection is open")
+        harness.server.freeze()
+        let cancel = try harness[other].ctl(["cancel", job], timeout: 20)
+        #expect(cancel.status == 3 && cancel.stderr.contains("the cluster cannot be asked now"), "\(cancel.status): \(cancel.stderr)")
+        harness.server.thaw()
+        let result = try #require(harness.waitResult(job, timeout: 60), "\(harness.diagnosis(job))")
+        #expect(result.result["status"] as? String == "succeeded", "a cancel read after its client was answered is not made")
+        #expect(try harness.journal(["OPQ_JOB": job, "OPQ_STATE": "cancelled"]).isEmpty)
+    }
+
     // MARK: 4. Leases: a node whose file system hangs
 
     /// A node's file system frozen (fsfreeze, as a snapshot tool does it; a dead NFS server looks the same): every

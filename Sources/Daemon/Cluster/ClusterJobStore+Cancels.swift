@@ -28,7 +28,7 @@ extension ClusterJobStore {
 
     private func insertCancel(job: String, operation: String?, wait: Double) throws {
         _ = try waitBounded(wait, on: executor, doing: "recording the cancel of job \(job)", { [store] in
-            try await store.requestCancel(job: job, operation: operation)
+            try await store.requestCancel(job: job, operation: operation, notAfter: .infinity)
         })
     }
 }

@@ -345,8 +345,12 @@ public final class ClusterJobStore: SpoolBacked, @unchecked Sendable {
                plan.photosURL == nil, !plan.operations.contains(where: { $0.id == operation }) {
                 return .unknownOperation
             }
-            switch try waitBounded(controlWait, on: executor, doing: "cancelling job \(job)", { [store] in
-                try await store.requestCancel(job: job, operation: operation)
+            // The server is told when this node stops waiting, a little before it does (its answer has to come
+            // back): read later, the cancel is not made, since the client is told the cluster could not be asked.
+            let wait = controlWait
+            let notAfter = Date().timeIntervalSince1970 + max(wait / 2, wait - 0.5)
+            switch try waitBounded(wait, on: executor, doing: "cancelling job \(job)", { [store] in
+                try await store.requestCancel(job: job, operation: operation, notAfter: notAfter)
             }) {
             case .requested:
                 // A whole job that still waits is taken here and ends at once, cancelled, without a node that could
@@ -355,6 +359,9 @@ public final class ClusterJobStore: SpoolBacked, @unchecked Sendable {
                 return .requested
             case .unknownJob: return .unknownJob
             case .alreadyEnded: return .alreadyEnded
+            case .late:
+                return .unavailable("the database read the cancel only after this node's deadline (\(wait) s); nothing was recorded "
+                                    + "(if it answers at once, its clock and this node's disagree)")
             }
         } catch {
             return .unavailable("\(error)")
