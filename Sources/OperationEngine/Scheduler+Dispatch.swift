@@ -15,7 +15,9 @@ extension Scheduler {
     /// `makeReady` for each operation of a group's first batch `n` that waits for nothing, in order (numbered from
     /// `seqBase`): the group's nodes held apart, and the ready list of a queue and priority taken out of its queue
     /// while a run of its operations joins it, so that each operation costs no uniqueness checks of the arrays.
-    mutating func makeReady(firstBatch n: Int, of g: Int32, seqBase: UInt64, now: Double) {
+    /// `only`: those operations' numbers, ascending, when `number` listed them (few of many), so that a large graph
+    /// whose first layer is small is not read through once more to find it; nil: every node is looked at.
+    mutating func makeReady(firstBatch n: Int, only: [Int32]?, of g: Int32, seqBase: UInt64, now: Double) {
         let gi = Int(g)
         var nodes = takeNodes(gi)
         // The list held apart (`held`: queue × priorities + priority, -1: none) and how many joined it.
@@ -23,7 +25,8 @@ extension Scheduler {
         var held = -1
         var joined = 0
         nodes.withUnsafeMutableBufferPointer { nodes in
-            for i in 0..<n where nodes[i].pending == 0 && nodes[i].state == .pending {
+            func join(_ i: Int) {
+                guard nodes[i].pending == 0 && nodes[i].state == .pending else { return }
                 var node = nodes[i]
                 node.state = .ready
                 nodes[i] = node
@@ -37,6 +40,11 @@ extension Scheduler {
                 list.push(ReadyEntry(seq: seqBase &+ UInt64(i), ref: ref))
                 joined += 1
                 if recordsEvents { emit(ref, node, .ready, now: now) }
+            }
+            if let only {
+                for i in only { join(Int(i)) }
+            } else {
+                for i in 0..<n { join(i) }
             }
         }
         if held >= 0 { putBack(&list, held, joined: joined) }
