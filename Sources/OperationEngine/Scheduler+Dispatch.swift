@@ -24,9 +24,13 @@ extension Scheduler {
         var list = ReadyList()
         var held = -1
         var joined = 0
-        nodes.withUnsafeMutableBufferPointer { nodes in
-            func join(_ i: Int) {
-                guard nodes[i].pending == 0 && nodes[i].state == .pending else { return }
+        // One loop for both: over the listed numbers, else (none listed, `listed` empty) over every node.
+        let listed = only ?? []
+        let count = only == nil ? n : listed.count
+        listed.withUnsafeBufferPointer { listed in nodes.withUnsafeMutableBufferPointer { nodes in
+            for position in 0..<count {
+                let i = listed.isEmpty ? position : Int(listed[position])
+                guard nodes[i].pending == 0 && nodes[i].state == .pending else { continue }
                 var node = nodes[i]
                 node.state = .ready
                 nodes[i] = node
@@ -41,12 +45,7 @@ extension Scheduler {
                 joined += 1
                 if recordsEvents { emit(ref, node, .ready, now: now) }
             }
-            if let only {
-                for i in only { join(Int(i)) }
-            } else {
-                for i in 0..<n { join(i) }
-            }
-        }
+        } }
         if held >= 0 { putBack(&list, held, joined: joined) }
         swap(&nodes, &groups[gi].nodes)
     }

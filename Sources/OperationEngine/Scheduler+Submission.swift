@@ -259,7 +259,7 @@ extension Scheduler {
 
     /// Counts what each of a batch's operations waits for; its queues count them.
     /// Returns its edges to earlier batches; counts in `readyNow` (by queue, then priority) those that wait for nothing,
-    /// and lists them in `readyFirst` while they are at most a sixteenth of the batch (nil once they are more);
+    /// and lists them in `readyFirst` while they are at most a sixty-fourth of the batch (nil once they are more);
     /// `uniformQoS`: the effective QoS of them all when they ask for one on one queue (0 for an empty batch), else nil.
     private mutating func number(batch: Batch, group g: Int32, count n: Int, readyNow: inout [Int], readyFirst: inout [Int32]?,
                                  uniformQoS: inout UInt8?) -> [(dependency: Int32, dependent: Int32)] {
@@ -300,7 +300,7 @@ extension Scheduler {
                         node.pending = pending
                         if pending == 0 {
                             readyNow[q * Self.priorities + Int(node.priority.rawValue)] += 1
-                            if readyFirst != nil { Self.list(Int32(i), in: &readyFirst, atMost: n / 16) }
+                            if readyFirst != nil { Self.list(Int32(i), in: &readyFirst, atMost: n / 64) }
                         }
                         node.epoch = queues[q].epoch
                         if node.requestedQoS == Self.noQoS { node.requestedQoS = groupQoS }

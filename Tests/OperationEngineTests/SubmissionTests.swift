@@ -31,12 +31,12 @@ import Testing
     /// Few ready among many (listed while numbering) and many ready (found by a scan) start alike: in submission order,
     /// the ones waiting only once what they wait for ends.
     @Test func aFirstBatchReadyOperationsStartInOrderWhetherFewOrMany() throws {
-        for readyEvery in [40, 2] {
+        for readyEvery in [80, 2] {
             var h = Harness()
             let q = h.queue("q", limit: 1_000)
             var g = GraphBuilder()
             var ready: [String] = []
-            for i in 0..<200 {
+            for i in 0..<640 {
                 if i % readyEvery == 0 {
                     ready.append("op\(i)")
                     g.add(spec("op\(i)", q))
@@ -48,7 +48,7 @@ import Testing
             #expect(h.dispatch() == ready)
             h.succeed("op0")
             #expect(h.dispatch() == (1..<readyEvery).map { "op\($0)" })
-            #expect(h.states(group).values.filter { $0 == .pending }.count == 200 - ready.count - (readyEvery - 1))
+            #expect(h.states(group).values.filter { $0 == .pending }.count == 640 - ready.count - (readyEvery - 1))
         }
     }
 }
