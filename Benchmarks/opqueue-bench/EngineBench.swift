@@ -4,12 +4,12 @@
 //   opqueue-bench engine [--sizes 1000,8000,100000,1000000] [--workloads chain,...] [--runs 3]
 //                        [--engines opqueued,dispatch,foundation]   (observed: our engine with an observer, as in the daemon)
 //
-// Each (engine, workload, size, run) runs in a child process of its own, so its peak RSS is its own; the engines
-// take turns within each round, so a load that comes and goes on the machine touches them alike. Lines give every
-// run, then the medians, the ratio to the floor and how time grows from 100k to 1M. Each run also gives the CPU time
+// Each (engine, workload, size, run) runs in a child process of its own, so its peak RSS is its own; the engines and
+// the sizes take turns within each round, so a load that comes and goes on the machine touches them alike. Lines give
+// every run, then the medians, the ratio to the floor and how time grows from 100k to 1M. Each run also gives the CPU time
 // its process used (all threads, user and system): on a machine loaded by others, the wall-clock time measures the
 // kernel's scheduler as much as the engine, and the CPU ratio is the steadier comparison. Our engine's lines also
-// give how long `submit` took and the longest a reader of the engine (what `status` asks) waited.
+// give how long building the graph and `submit` took and the longest a reader of the engine (what `status` asks) waited.
 // Foundation runs each size once, and only when the trend of its smaller sizes says it would finish within 60 s.
 
 import Dispatch
@@ -83,6 +83,8 @@ struct EngineRun {
     /// How long `submit` took, and the longest a status-like reader waited (ms).
     var submitMilliseconds: Double
     var readerMaxWaitMilliseconds: Double
+    /// How long building the graph took (ms), before `submit`.
+    var buildMilliseconds: Double
 }
 
 /// `observed`: with an observer taking every transition, as the daemon runs it.
@@ -101,6 +103,7 @@ func runOpqueued(_ workload: Workload, _ n: Int, observed: Bool = false) -> Engi
         graph.add(OperationSpec(name: "", queue: queue, body: body), dependencies: deps)
     }
     let submitted: Double
+    let built = now() - start
     do {
         let submitStart = now()
         // Handed over (`consume`): a builder the caller still holds would make the engine copy its arrays.
@@ -113,7 +116,8 @@ func runOpqueued(_ workload: Workload, _ n: Int, observed: Bool = false) -> Engi
     let seconds = now() - start
     let waited = probe.stop()
     engine.shutdown()
-    return EngineRun(seconds: seconds, submitMilliseconds: submitted * 1000, readerMaxWaitMilliseconds: waited)
+    return EngineRun(seconds: seconds, submitMilliseconds: submitted * 1000, readerMaxWaitMilliseconds: waited,
+                     buildMilliseconds: built * 1000)
 }
 
 func runFoundation(_ workload: Workload, _ n: Int) -> Double {
@@ -231,7 +235,8 @@ enum EngineBench {
         case "opqueued", "observed":
             let run = runOpqueued(workload, n, observed: parts[0] == "observed")
             seconds = run.seconds
-            extra = String(format: " submit_ms=%.1f reader_max_wait_ms=%.1f", run.submitMilliseconds, run.readerMaxWaitMilliseconds)
+            extra = String(format: " build_ms=%.1f submit_ms=%.1f reader_max_wait_ms=%.1f", run.buildMilliseconds, run.submitMilliseconds,
+                           run.readerMaxWaitMilliseconds)
         default: exit(64)
         }
         let cpu = cpuSeconds() - cpuStart
@@ -279,31 +284,42 @@ enum EngineBench {
         var summary: [String] = []
         for workload in options.workloads {
             var medians: [String: [Int: Median]] = [:]
-            for n in options.sizes {
-                let engines = options.engines.filter { $0 != "foundation" || foundationFinishes(n, medians["foundation"] ?? [:], workload) }
-                var lines: [String: [String]] = [:]
-                for round in 0..<options.runs {
+            var lines: [Int: [String: [String]]] = [:]
+            // Sizes take turns within each round, as engines do: a load that comes or goes during the benchmark touches
+            // every size alike, so the 1M ÷ 100k figure compares runs made at the same times, not two blocks apart.
+            for round in 0..<options.runs {
+                for n in options.sizes {
                     // Foundation, an anchor far slower than the others (a million operations in layers take it most
-                    // of a minute), runs once per size.
-                    for engine in engines where engine != "foundation" || round == 0 {
+                    // of a minute), runs once per size, in the first round, when its smaller sizes say it finishes.
+                    let engines = options.engines.filter {
+                        $0 != "foundation" || (round == 0 && foundationFinishes(n, medians["foundation"] ?? [:], workload))
+                    }
+                    for engine in engines {
                         guard let line = child(engine, workload, n), field("seconds", of: line) != nil else {
                             emit("engine=\(engine) workload=\(workload.rawValue) ops=\(n) failed (crashed or timed out)")
                             continue
                         }
                         emit(line)
-                        lines[engine, default: []].append(line)
+                        lines[n, default: [:]][engine, default: []].append(line)
+                        if engine == "foundation" { medians[engine, default: [:]][n] = summarized([line]) }
                     }
                 }
-                for (engine, runs) in lines {
-                    medians[engine, default: [:]][n] = Median(seconds: median(runs.compactMap { field("seconds", of: $0) }),
-                                                             cpuSeconds: median(runs.compactMap { field("cpu_seconds", of: $0) }),
-                                                             rssMegabytes: median(runs.compactMap { field("peak_rss_mb", of: $0) }))
-                }
+            }
+            for n in options.sizes {
+                for (engine, runs) in lines[n] ?? [:] { medians[engine, default: [:]][n] = summarized(runs) }
+                let engines = options.engines.filter { medians[$0]?[n] != nil }
                 emit(medianLine(workload, n, medians, engines: engines, runs: options.runs))
             }
             if let line = summaryLine(workload, medians, sizes: options.sizes, engines: options.engines) { summary.append(line) }
         }
         for line in summary { emit(line) }
+    }
+
+    /// The median of runs' result lines: seconds, CPU seconds and peak RSS, each on its own.
+    static func summarized(_ runs: [String]) -> Median {
+        Median(seconds: median(runs.compactMap { field("seconds", of: $0) }),
+               cpuSeconds: median(runs.compactMap { field("cpu_seconds", of: $0) }),
+               rssMegabytes: median(runs.compactMap { field("peak_rss_mb", of: $0) }))
     }
 
     /// Whether Foundation's trend over its smaller sizes says it would finish `n` within 60 s.

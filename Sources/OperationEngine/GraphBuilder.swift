@@ -100,6 +100,8 @@ public struct GraphBuilder: Sendable {
     var dependencyStart: [Int32] = [0]
     var dependencies: [Int32] = []
     var problems: [String] = []
+    /// The highest queue number an operation names: `prepare` checks the queues against it, not against every node.
+    var highestQueue: UInt16 = 0
 
     public init(base: Int = 0) { self.base = base }
 
@@ -153,6 +155,7 @@ public struct GraphBuilder: Sendable {
             queue: UInt16(truncatingIfNeeded: spec.queue.rawValue),
             requestedQoS: spec.qualityOfService?.rawValue ?? Scheduler.noQoS, priority: spec.queuePriority)
         if spec.runsAfterFailure { node.flags |= Scheduler.Node.runsAfterFailure }
+        highestQueue = max(highestQueue, node.queue)
         if let input = spec.input { inputs.set(Int32(truncatingIfNeeded: input), at: nodes.count) }
         nodes.append(node)
         bodies.append(spec.body)

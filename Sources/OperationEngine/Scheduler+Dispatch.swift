@@ -15,15 +15,22 @@ extension Scheduler {
     /// `makeReady` for each operation of a group's first batch `n` that waits for nothing, in order (numbered from
     /// `seqBase`): the group's nodes held apart, and the ready list of a queue and priority taken out of its queue
     /// while a run of its operations joins it, so that each operation costs no uniqueness checks of the arrays.
-    mutating func makeReady(firstBatch n: Int, of g: Int32, seqBase: UInt64, now: Double) {
+    /// `only`: those operations' numbers, ascending, when `number` listed them (few of many), so that a large graph
+    /// whose first layer is small is not read through once more to find it; nil: every node is looked at.
+    mutating func makeReady(firstBatch n: Int, only: [Int32]?, of g: Int32, seqBase: UInt64, now: Double) {
         let gi = Int(g)
         var nodes = takeNodes(gi)
         // The list held apart (`held`: queue × priorities + priority, -1: none) and how many joined it.
         var list = ReadyList()
         var held = -1
         var joined = 0
-        nodes.withUnsafeMutableBufferPointer { nodes in
-            for i in 0..<n where nodes[i].pending == 0 && nodes[i].state == .pending {
+        // One loop for both: over the listed numbers, else (none listed, `listed` empty) over every node.
+        let listed = only ?? []
+        let count = only == nil ? n : listed.count
+        listed.withUnsafeBufferPointer { listed in nodes.withUnsafeMutableBufferPointer { nodes in
+            for position in 0..<count {
+                let i = listed.isEmpty ? position : Int(listed[position])
+                guard nodes[i].pending == 0 && nodes[i].state == .pending else { continue }
                 var node = nodes[i]
                 node.state = .ready
                 nodes[i] = node
@@ -38,7 +45,7 @@ extension Scheduler {
                 joined += 1
                 if recordsEvents { emit(ref, node, .ready, now: now) }
             }
-        }
+        } }
         if held >= 0 { putBack(&list, held, joined: joined) }
         swap(&nodes, &groups[gi].nodes)
     }

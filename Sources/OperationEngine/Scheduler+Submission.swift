@@ -30,13 +30,16 @@ extension Scheduler {
         var dependentStart = [Int32](hugePagesRepeating: 0, count: n + 1)
         // Whether some operation depends on one added after it: only then can the batch hold a cycle.
         var forward = false
+        // The nodes are read for their queues only when one names a queue that does not exist: a million-operation graph
+        // is larger than the cache, and each pass over its nodes reads them from memory.
+        let checksQueues = n > 0 && Int(builder.highestQueue) >= queueCount
         // Read through buffers: an array's every read checks its bounds, a cost per edge that a million operations notice.
         withBuffers(nodes, starts, edges) { nodes, starts, edges in
             dependentStart.withUnsafeMutableBufferPointer { count in
                 for i in 0..<n {
-                    let (queue, input) = (nodes[i].queue, i < inputs.count ? inputs[i] : -1)
-                    if Int(queue) >= queueCount {
-                        problems.append("operation '\(builder.names[i])': unknown queue queue#\(queue)")
+                    let input = i < inputs.count ? inputs[i] : -1
+                    if checksQueues && Int(nodes[i].queue) >= queueCount {
+                        problems.append("operation '\(builder.names[i])': unknown queue queue#\(nodes[i].queue)")
                     }
                     let (from, to) = (Int(starts[i]), Int(starts[i + 1]))
                     for k in from ..< to {
@@ -211,8 +214,9 @@ extension Scheduler {
         let starts = batch.dependencyStart
         let edges = batch.dependencies
         var readyNow = [Int](repeating: 0, count: queues.count * Self.priorities)
+        var readyFirst: [Int32]? = []
         var uniformQoS: UInt8?
-        let crossBatch = number(batch: batch, group: g, count: n, readyNow: &readyNow, uniformQoS: &uniformQoS)
+        let crossBatch = number(batch: batch, group: g, count: n, readyNow: &readyNow, readyFirst: &readyFirst, uniformQoS: &uniformQoS)
         groups[gi].unfinished += n
         groups[gi].batches.append(batch)
         for (dependency, dependent) in crossBatch {
@@ -235,7 +239,7 @@ extension Scheduler {
         }
         // A new group's first batch can hold no dependency that already failed: its ready operations join in one pass.
         if base == 0 {
-            makeReady(firstBatch: n, of: g, seqBase: batch.seqBase, now: now)
+            makeReady(firstBatch: n, only: readyFirst, of: g, seqBase: batch.seqBase, now: now)
             return
         }
         for i in 0..<n {
@@ -254,9 +258,10 @@ extension Scheduler {
     }
 
     /// Counts what each of a batch's operations waits for; its queues count them.
-    /// Returns its edges to earlier batches; counts in `readyNow` (by queue, then priority) those that wait for nothing;
+    /// Returns its edges to earlier batches; counts in `readyNow` (by queue, then priority) those that wait for nothing,
+    /// and lists them in `readyFirst` while they are at most a sixty-fourth of the batch (nil once they are more);
     /// `uniformQoS`: the effective QoS of them all when they ask for one on one queue (0 for an empty batch), else nil.
-    private mutating func number(batch: Batch, group g: Int32, count n: Int, readyNow: inout [Int],
+    private mutating func number(batch: Batch, group g: Int32, count n: Int, readyNow: inout [Int], readyFirst: inout [Int32]?,
                                  uniformQoS: inout UInt8?) -> [(dependency: Int32, dependent: Int32)] {
         let gi = Int(g)
         let base = Int(batch.base)
@@ -293,7 +298,10 @@ extension Scheduler {
                                 .append(NodeRef(group: g, index: Int32(base + i)))
                         }
                         node.pending = pending
-                        if pending == 0 { readyNow[q * Self.priorities + Int(node.priority.rawValue)] += 1 }
+                        if pending == 0 {
+                            readyNow[q * Self.priorities + Int(node.priority.rawValue)] += 1
+                            if readyFirst != nil { Self.list(Int32(i), in: &readyFirst, atMost: n / 64) }
+                        }
                         node.epoch = queues[q].epoch
                         if node.requestedQoS == Self.noQoS { node.requestedQoS = groupQoS }
                         nodes[base + i] = node
@@ -313,6 +321,12 @@ extension Scheduler {
             queues[q].epochUnfinished[Int(queues[q].epoch)] += added[q]
         }
         return crossBatch
+    }
+
+    /// Adds `i` to `listed`, or lets the list go (nil) when it would pass `limit`: a scan reads no more than it then.
+    @inline(never)
+    private static func list(_ i: Int32, in listed: inout [Int32]?, atMost limit: Int) {
+        if let count = listed?.count, count < limit { listed?.append(i) } else { listed = nil }
     }
 
     /// Moves the builder's operations into the group: a new group takes the builder's arrays as they are.
