@@ -308,15 +308,23 @@ public final class Engine: @unchecked Sendable, ContextHost {
         return result
     }
 
-    /// What must happen outside the lock after a step. Optional: most steps have nothing, and then no array is
-    /// made or let go.
+    /// What must happen outside the lock after a step (optional: most steps have nothing, and no array is made). A
+    /// step by a thread not the engine's (a command's end) also leaves its wake-ups until after the unlock: a worker
+    /// signalled under the lock would only block on it next.
     private struct After {
         var handlers: [@Sendable () -> Void]?
         var callbacks: [@Sendable () -> Void]?
-        var isEmpty: Bool { handlers == nil && callbacks == nil }
+        var wakes: [Condition]?
+        var isEmpty: Bool { handlers == nil && callbacks == nil && wakes == nil }
         func run() {
+            for condition in wakes ?? [] { condition.signal() }
             for handler in handlers ?? [] { handler() }
             for callback in callbacks ?? [] { callback() }
+        }
+
+        /// Signals `condition` now (`deferred` false: a worker's own step, which goes on holding the lock) or at `run`.
+        mutating func wake(_ condition: Condition, deferred: Bool) {
+            if deferred { wakes = (wakes ?? []) + [condition] } else { condition.signal() }
         }
     }
 
@@ -368,7 +376,7 @@ public final class Engine: @unchecked Sendable, ContextHost {
             var deficit = needed - signalled[c] - spawning[c] - (runningClass == c && taken == nil ? 1 : 0)
             var available = idle[c] - signalled[c]
             while deficit > 0 && available > 0 {
-                workerConditions[c].signal()
+                after.wake(workerConditions[c], deferred: runningClass == nil)
                 signalled[c] += 1
                 available -= 1
                 deficit -= 1
@@ -390,7 +398,7 @@ public final class Engine: @unchecked Sendable, ContextHost {
                 deliveryThreadStarted = true
                 spawn { $0.deliveryMain() }
             } else if !delivering {
-                deliveryCondition.signal()
+                after.wake(deliveryCondition, deferred: runningClass == nil)
             }
         }
         if !scheduler.finishedGroups.isEmpty {
