@@ -18,13 +18,6 @@ import TestTraits
 import Glibc
 #endif
 
-/// Fields of /proc/PID/stat after the command name: state, ppid, pgrp, …; nil when the process is gone.
-private func statFields(_ pid: Int32) -> (comm: String, fields: [Substring])? {
-    guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
-          let open = stat.firstIndex(of: "("), let close = stat.lastIndex(of: ")") else { return nil }
-    return (String(stat[stat.index(after: open)..<close]), stat[stat.index(after: close)...].split(separator: " "))
-}
-
 /// Live (not zombie) processes whose process group is `pgid`.
 func liveProcesses(inGroup pgid: Int32) -> [Int32] {
     ((try? FileManager.default.contentsOfDirectory(atPath: "/proc")) ?? []).compactMap { entry in

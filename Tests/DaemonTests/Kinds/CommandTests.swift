@@ -24,25 +24,11 @@ private func commandOp(_ id: String, _ name: String, _ arguments: [String: Any] 
     return d
 }
 
-/// Processes whose process group is `pgid` (from /proc/PID/stat).
-private func processes(inGroup pgid: Int32) -> [Int32] {
-    var found: [Int32] = []
-    for entry in (try? FileManager.default.contentsOfDirectory(atPath: "/proc")) ?? [] {
-        guard let pid = Int32(entry), let stat = try? String(contentsOfFile: "/proc/\(entry)/stat", encoding: .utf8),
-              let close = stat.lastIndex(of: ")") else { continue }
-        let fields = stat[stat.index(after: close)...].split(separator: " ")
-        // After the command: state, ppid, pgrp, …
-        if fields.count > 2, Int32(fields[2]) == pgid, fields[0] != "Z" { found.append(pid) }
-    }
-    return found
-}
-
 /// (policy, nice) of a process, from /proc/PID/stat (fields 41 and 19).
 private func scheduling(_ pid: Int32) -> (policy: Int, nice: Int)? {
-    guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
-          let close = stat.lastIndex(of: ")") else { return nil }
-    let fields = stat[stat.index(after: close)...].split(separator: " ")
-    guard fields.count > 38, let policy = Int(fields[38]), let nice = Int(fields[16]) else { return nil }
+    guard let fields = statFields(pid)?.fields, fields.count > 38, let policy = Int(fields[38]), let nice = Int(fields[16]) else {
+        return nil
+    }
     return (policy, nice)
 }
 
@@ -307,9 +293,9 @@ private func launch(_ spool: TestSpool, _ arguments: [String], environment: [Str
         #expect(ops[0]["error"] as? String == "timed out after 0.5 s")
         let shell = try #require(Int32(readText(mark)?.trimmingCharacters(in: .whitespacesAndNewlines) ?? ""))
         let pgid = try #require(processGroup(of: shell), "the shell lives through the grace")
-        #expect(processes(inGroup: pgid).count >= 2, "SIGTERM is ignored: the group lives through the grace")
-        #expect(waitFor(ChildProcess.killGrace + 3) { processes(inGroup: pgid).isEmpty },
-                "nothing of the group survives: \(processes(inGroup: pgid))")
+        #expect(liveProcesses(inGroup: pgid).count >= 2, "SIGTERM is ignored: the group lives through the grace")
+        #expect(waitFor(ChildProcess.killGrace + 3) { liveProcesses(inGroup: pgid).isEmpty },
+                "nothing of the group survives: \(liveProcesses(inGroup: pgid))")
     }
 
     @Test func cancelStopsABackgroundCommandRunningAtSchedIdle() throws {
@@ -327,11 +313,11 @@ private func launch(_ spool: TestSpool, _ arguments: [String], environment: [Str
         #expect(sched.policy == 5, "SCHED_IDLE")
         #expect(sched.nice == 19)
         let pgid = try #require(processGroup(of: pid))
-        #expect(processes(inGroup: pgid).count == 3, "a process group of its own: the supervisor, the shell and its sleep")
+        #expect(liveProcesses(inGroup: pgid).count == 3, "a process group of its own: the supervisor, the shell and its sleep")
         let start = Date()
         let r = try spool.ctl(["cancel", "c"])
         #expect(r.status == 0, "\(r.stderr)")
-        #expect(waitFor(ChildProcess.killGrace + 1) { processes(inGroup: pgid).isEmpty })
+        #expect(waitFor(ChildProcess.killGrace + 1) { liveProcesses(inGroup: pgid).isEmpty })
         let elapsed = Date().timeIntervalSince(start)
         #expect(elapsed < 0.1 + ChildProcess.killGrace, "\(elapsed) s")
         let ops = try #require(spool.result("c")?["operations"] as? [[String: Any]])
@@ -372,9 +358,10 @@ private func launch(_ spool: TestSpool, _ arguments: [String], environment: [Str
         kill(watchdog, SIGKILL)
         spool.signal(SIGKILL)
         _ = spool.waitForExit()
-        #expect(!processes(inGroup: first).isEmpty, "the command outlived the daemon, its watchdog and its supervisor (its sleep goes on)")
+        #expect(!liveProcesses(inGroup: first).isEmpty,
+                "the command outlived the daemon, its watchdog and its supervisor (its sleep goes on)")
         try spool.start(config)
-        #expect(processes(inGroup: first).isEmpty, "killed at start, before its operation runs again")
+        #expect(liveProcesses(inGroup: first).isEmpty, "killed at start, before its operation runs again")
         let k = try #require(spool.result("k"))
         #expect(k["status"] as? String == "succeeded")
         #expect(readText(runs)?.split(separator: "\n").count == 2, "ran again")

@@ -151,8 +151,7 @@ final class TestSpool: @unchecked Sendable {
         while Date() < deadline {
             let threads = (try? FileManager.default.contentsOfDirectory(atPath: "/proc/\(pid)/task")) ?? []
             let stopped = threads.allSatisfy { task in
-                let stat = (try? String(contentsOfFile: "/proc/\(pid)/task/\(task)/stat", encoding: .utf8)) ?? ""
-                let state = stat.split(separator: ")").last?.split(separator: " ").first
+                let state = Int32(task).flatMap { statFields($0)?.fields.first }
                 return state == "T" || state == "t"
             }
             if !threads.isEmpty && stopped { return true }
@@ -234,4 +233,11 @@ final class Impostor: @unchecked Sendable {
         shutdown(fd, Int32(SHUT_RDWR))
         close(fd)
     }
+}
+
+/// Fields of /proc/PID/stat after the command name: state, ppid, pgrp, …; nil when the process is gone.
+func statFields(_ pid: Int32) -> (comm: String, fields: [Substring])? {
+    guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
+          let open = stat.firstIndex(of: "("), let close = stat.lastIndex(of: ")") else { return nil }
+    return (String(stat[stat.index(after: open)..<close]), stat[stat.index(after: close)...].split(separator: " "))
 }
