@@ -123,7 +123,6 @@ int opq_send_with_descriptors(int socket, const void *bytes, size_t length, int 
 /// pidfd_open(2) of a child: the descriptor (close-on-exec), or -errno.
 int opq_pidfd_open(pid_t pid);
 
-
 /// A SOCK_SEQPACKET socketpair, both ends close-on-exec. 0 or -errno.
 int opq_seqpacket_pair(int fds[2]);
 
