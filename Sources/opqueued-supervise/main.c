@@ -10,7 +10,9 @@
 //
 // Runs PATH with ARG0 ARGS... (environment, descriptors, working directory and scheduling as it was given them) and
 // exits as the command did once the command and everything it started have ended. A spare is started ahead of need
-// (spare.c): it waits for one message saying the command, then does the same; the daemon closing the socket ends it.
+// (spare.c): it waits for a message saying the command, then does the same, except that at the end it reports the
+// command's status on its socket and waits for the next command rather than exit (a supervisor serves many commands
+// one after another: no new process per command); the daemon closing the socket ends it.
 // A factory makes spares as copies of itself, children of the daemon, without an exec each (spare.c says why).
 // - the command exits: what it left running gets SIGKILL (waited for), then this process exits with its status (or
 //   by its signal);
@@ -177,9 +179,11 @@ static int prepare(pid_t parent, sigset_t *watched, sigset_t *previous) {
     return getppid() != parent ? 127 : 0; // the daemon died before the death signal was set
 }
 
-/// Runs the command and supervises it to the end (exits as the command did).
+/// Runs the command and supervises it to the end: its wait status in *status (exit 127 when it cannot be started, said on
+/// standard error). 1 when it ended on its own or by its operation's cancel or timeout; 0 when the daemon stops or died
+/// (SIGUSR1, or PARENT gone): this process must then exit.
 static int supervise(double grace, pid_t parent, const char *path, char *const *command_argv, sigset_t *watched,
-                     sigset_t *previous) {
+                     sigset_t *previous, int *status) {
     // posix_spawn (a vfork underneath): no copy of this process, and an exec that fails says why here.
     posix_spawnattr_t attributes;
     posix_spawnattr_init(&attributes);
@@ -190,23 +194,25 @@ static int supervise(double grace, pid_t parent, const char *path, char *const *
     posix_spawnattr_destroy(&attributes);
     if (failed != 0) {
         fprintf(stderr, "cannot run %s: %s\n", path, strerror(failed));
-        return 127;
+        *status = 127 << 8;
+        return 1;
     }
 
-    int status = 0, command_done = 0;
+    int command_done = 0;
     double kill_at = -1;
+    *status = 0;
     for (;;) {
-        reap(command, &status, &command_done);
+        reap(command, status, &command_done);
         if (command_done) {
             // Whatever the command left behind ends with it.
             int ignored;
             kill_all(-1, &ignored, &command_done);
-            exit_as(status);
+            return 1;
         }
         double now = monotonic();
         if (kill_at >= 0 && now >= kill_at) {
-            kill_all(command, &status, &command_done);
-            exit_as(status);
+            kill_all(command, status, &command_done);
+            return 1;
         }
         double wait = kill_at >= 0 && kill_at - now < 1 ? kill_at - now : 1;
         struct timespec timeout = { (time_t)wait, (long)((wait - (double)(time_t)wait) * 1e9) };
@@ -216,21 +222,31 @@ static int supervise(double grace, pid_t parent, const char *path, char *const *
             signal_all(SIGTERM);
             kill_at = monotonic() + grace;
         } else if (signal == SIGUSR1 || getppid() != parent) {
-            kill_all(command, &status, &command_done);
-            exit_as(command_done ? status : (SIGKILL & 0x7f));
+            kill_all(command, status, &command_done);
+            if (!command_done) *status = SIGKILL & 0x7f;
+            return 0;
         }
     }
 }
 
-/// A spare: waits for its command on descriptor 3, then supervises it.
+/// A spare: waits for a command on descriptor 3 and supervises it; then reports its end there and waits for the next,
+/// so that one process serves many commands one after another (each in this process's group, alone: the last one's
+/// processes are all gone). Signals meant for the last command (a cancel that crossed its end) are dropped first.
 static int run_spare(double grace, pid_t parent) {
     sigset_t watched, previous;
     int refused = prepare(parent, &watched, &previous);
     if (refused != 0) return refused;
-    struct spare_command command;
-    int received = spare_receive(3, &command);
-    if (received <= 0) return received == 0 ? 0 : 127; // 0: the daemon let this spare go
-    return supervise(grace, parent, command.path, command.argv, &watched, &previous);
+    for (;;) {
+        struct spare_command command;
+        int received = spare_receive(3, &command);
+        if (received <= 0) return received == 0 ? 0 : 127; // 0: the daemon let this spare go
+        struct timespec now = { 0, 0 };
+        while (sigtimedwait(&watched, NULL, &now) > 0) {}
+        if (getppid() != parent) exit_as(SIGKILL & 0x7f);
+        int status;
+        int reusable = supervise(grace, parent, command.path, command.argv, &watched, &previous, &status);
+        if (!reusable || spare_report(3, status) != 0) exit_as(status);
+    }
 }
 
 int main(int argc, char **argv) {
@@ -250,5 +266,7 @@ int main(int argc, char **argv) {
     sigset_t watched, previous;
     int refused = prepare(parent, &watched, &previous);
     if (refused != 0) return refused;
-    return supervise(grace, parent, argv[3], argv + 4, &watched, &previous);
+    int status;
+    supervise(grace, parent, argv[3], argv + 4, &watched, &previous, &status);
+    exit_as(status);
 }

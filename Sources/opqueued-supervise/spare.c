@@ -10,6 +10,7 @@
 
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdio.h>
@@ -61,13 +62,17 @@ static void take_priority(int nice_value, int idle) {
     setpriority(PRIO_PROCESS, 0, nice_value);
 }
 
+/// The strings of the last message (argv and environment point into `message`); freed when the next one comes.
+static char **last_strings;
+
 int spare_receive(int socket, struct spare_command *command) {
     int fds[2] = { -1, -1 };
     ssize_t n = receive(socket, fds);
     if (n == 0) return 0;
     // From here on the daemon counts this process as the command's supervisor: whatever goes wrong is a failure (127),
-    // said on the command's standard error when its descriptor came.
-    close(socket);
+    // said on the command's standard error when its descriptor came. The socket stays open, close-on-exec (the command
+    // must not be able to write on it): the end is reported on it, and the next command may come.
+    fcntl(socket, F_SETFD, FD_CLOEXEC);
     if (fds[0] >= 0 && dup2(fds[0], 1) < 0) return -1;
     if (fds[1] >= 0 && dup2(fds[1], 2) < 0) return -1;
     for (int i = 0; i < 2; i++) if (fds[i] > 2) close(fds[i]);
@@ -84,7 +89,8 @@ int spare_receive(int socket, struct spare_command *command) {
         return -1;
     }
     // At most one pointer per byte of the message, and the terminating NULLs.
-    char **strings = calloc(end + 2, sizeof *strings);
+    free(last_strings);
+    char **strings = last_strings = calloc(end + 2, sizeof *strings);
     if (strings == NULL) return -1;
     char **argv = strings, **env = strings + count + 1;
     for (long i = 0; i < count; i++) {
@@ -103,6 +109,27 @@ int spare_receive(int socket, struct spare_command *command) {
     command->path = path;
     command->argv = argv;
     return 1;
+}
+
+int spare_report(int socket, int status) {
+    // Nothing of the command's is held any more: its descriptors, its folder, its environment.
+    int null = open("/dev/null", O_RDWR | O_CLOEXEC);
+    if (null < 0 || dup2(null, 1) < 0 || dup2(null, 2) < 0) return -1;
+    close(null);
+    if (chdir("/") != 0) return -1;
+    // Its priority as it is now (what the daemon matches the next command to; a command may have changed it).
+    errno = 0;
+    int nice_value = getpriority(PRIO_PROCESS, 0);
+    if (nice_value == -1 && errno != 0) return -1;
+    char idle = sched_getscheduler(0) == SCHED_IDLE;
+    char report[1 + 2 * sizeof(int) + 1];
+    report[0] = 'x';
+    memcpy(report + 1, &status, sizeof status);
+    memcpy(report + 1 + sizeof status, &nice_value, sizeof nice_value);
+    report[sizeof report - 1] = idle;
+    ssize_t sent;
+    do sent = send(socket, report, sizeof report, MSG_NOSIGNAL); while (sent < 0 && errno == EINTR);
+    return sent == (ssize_t)sizeof report ? 0 : -1;
 }
 
 // The factory: an exec costs a static C program like this one about 0.7 ms of CPU where `cpuid` traps to the

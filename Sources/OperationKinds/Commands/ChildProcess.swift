@@ -113,6 +113,10 @@ package final class ChildProcess: @unchecked Sendable {
 
     let pid: pid_t
     private let pidfd: Int32
+    /// The spare supervisor running the command, while it runs: its end comes as a message on the spare's socket, and
+    /// the spare is given back (its pidfd with it). Nil for a supervisor started for this command alone, or once a spare
+    /// died: the end is then the leader's exit, read from the pidfd.
+    private var spare: SpareSupervisor?
     /// Groups of commands not yet reaped, for `killAll` (a stop must not leave them running).
     private static let running = RunningGroups()
     /// Guards everything below: the loop's thread, timers and `terminate` callers meet here.
@@ -141,9 +145,10 @@ package final class ChildProcess: @unchecked Sendable {
         }
     }
 
-    private init(pid: pid_t, pidfd: Int32) {
+    private init(pid: pid_t, pidfd: Int32, spare: SpareSupervisor?) {
         self.pid = pid
         self.pidfd = pidfd
+        self.spare = spare
     }
 
     /// Starts `argv` (argv[0] an absolute path). `stdoutFile`/`stderrFile` are open descriptors the
@@ -166,12 +171,13 @@ package final class ChildProcess: @unchecked Sendable {
         if env["PATH"] == nil { env["PATH"] = "/usr/bin:/bin" }
         let envStrings = env.keys.sorted().map { "\($0)=\(env[$0] ?? "")" }
         var pid: pid_t = -1, pidfd: Int32 = -1, spawned: ClosedRange<UInt64> = 0...0
+        var spare: SpareSupervisor?
         let rc: Int32
         if access(argv[0], X_OK) != 0 {
             rc = -errno // a program that cannot be run is said as it is (the supervisor would only exit 127 for it)
-        } else if let spare = SpareSupervisors.shared.start(argv: argv, environment: envStrings, directory: directory,
+        } else if let taken = SpareSupervisors.shared.start(argv: argv, environment: envStrings, directory: directory,
                                                             stdout: outPipe[1], stderr: errPipe[1]) {
-            (pid, pidfd, spawned) = spare
+            (pid, pidfd, spawned, spare) = (taken.pid, taken.pidfd, taken.started, taken)
             rc = 0
         } else {
             let from = CommandLedger.bootTicks()
@@ -187,23 +193,29 @@ package final class ChildProcess: @unchecked Sendable {
             close(outPipe[0]); close(errPipe[0])
             return .failure(KindFailure(description: "cannot run \(argv[0]): \(String(cString: strerror(-rc)))"))
         }
-        let child = ChildProcess(pid: pid, pidfd: pidfd)
+        let child = ChildProcess(pid: pid, pidfd: pidfd, spare: spare)
         child.completion = completion
         child.streams = [Stream(pipe: outPipe[0], file: stdoutFile, limit: limit, keepsTail: false),
                          Stream(pipe: errPipe[0], file: stderrFile, limit: limit, keepsTail: true)]
         running.insert(pid)
         CommandWatchdog.current?.groupStarted(pid)
         CommandLedger.shared.started(pid, within: spawned)
-        child.lock.withLock {
+        // Whether the end is watched, read under the lock: once it is released the end may come, and be handled, at once.
+        let watched = child.lock.withLock {
             for stream in child.streams {
                 stream.token = CommandLoop.shared.watch(stream.pipe) { [child, stream] in child.locked { child.drain(stream) } }
             }
-            child.exitToken = CommandLoop.shared.watch(pidfd) { [child] in child.locked { child.leaderExited() } }
+            if let spare {
+                child.exitToken = CommandLoop.shared.watch(spare.socket) { [child] in child.locked { child.spareReported() } }
+            } else {
+                child.exitToken = CommandLoop.shared.watch(pidfd) { [child] in child.locked { child.leaderExited() } }
+            }
+            return child.exitToken != nil
         }
-        if child.exitToken == nil {
+        if !watched {
             // Cannot be watched: it does not run.
             kill(-pid, SIGKILL)
-            child.locked { child.leaderExited(blocking: true) }
+            child.locked { child.forgetSpare(); child.leaderExited(blocking: true) }
         }
         return .success(child)
     }
@@ -269,6 +281,51 @@ package final class ChildProcess: @unchecked Sendable {
         close(stream.pipe)
     }
 
+    /// The spare's socket is readable: the command's end (spare.c's report: its wait status, and the spare's priority
+    /// now), or the spare's death (the socket closed), or nonsense (it is killed). The end: the spare's processes are all
+    /// gone, so its group is not killed, and it is given back for the next command once the watchdog has been told the
+    /// group ended.
+    private func spareReported() {
+        guard !exited, var spare else { return }
+        var report = [UInt8](repeating: 0, count: 16)
+        let n = report.withUnsafeMutableBytes { recv(spare.socket, $0.baseAddress, $0.count, Int32(MSG_DONTWAIT)) }
+        if n < 0 && (errno == EAGAIN || errno == EINTR) { return } // a spurious wake-up
+        guard n == 2 + 2 * MemoryLayout<Int32>.size, report[0] == UInt8(ascii: "x"), report[9] <= 1 else {
+            if n > 0 { kill(pid, SIGKILL) }
+            spareDied()
+            return
+        }
+        let status = report.withUnsafeBytes { $0.loadUnaligned(fromByteOffset: 1, as: Int32.self) }
+        spare.nice = report.withUnsafeBytes { $0.loadUnaligned(fromByteOffset: 5, as: Int32.self) }
+        spare.idleClass = report[9] == 1
+        if let exitToken { CommandLoop.shared.unwatch(spare.socket, token: exitToken) }
+        exitToken = nil
+        self.spare = nil
+        CommandWatchdog.current?.groupEnded(pid)
+        ended(status: status)
+        SpareSupervisors.shared.giveBack(spare)
+    }
+
+    /// The spare is not given back (it died, or cannot be trusted): its end is its exit, read from its pidfd, which is
+    /// now this process's to close.
+    private func spareDied() {
+        forgetSpare()
+        exitToken = CommandLoop.shared.watch(pidfd) { [self] in locked { leaderExited() } }
+        if exitToken == nil {
+            kill(-pid, SIGKILL)
+            leaderExited(blocking: true)
+        }
+    }
+
+    /// Lets go of the spare's socket (the spare is not given back).
+    private func forgetSpare() {
+        guard let spare else { return }
+        self.spare = nil
+        if let exitToken { CommandLoop.shared.unwatch(spare.socket, token: exitToken) }
+        exitToken = nil
+        close(spare.socket)
+    }
+
     /// The leader is a zombie. Its group is killed (its pid cannot have been reused yet), the watchdog told
     /// it ended (still before the reap, for the same reason), then it is reaped.
     private func leaderExited(blocking: Bool = false) {
@@ -280,12 +337,18 @@ package final class ChildProcess: @unchecked Sendable {
         var status: Int32 = 0
         let r = retryingInterrupts { waitpid(pid, &status, blocking ? 0 : WNOHANG) }
         guard r == pid else { return } // not yet (a spurious wake-up): the pidfd stays readable
+        if let exitToken { CommandLoop.shared.unwatch(pidfd, token: exitToken) }
+        exitToken = nil
+        close(pidfd)
+        ended(status: status)
+    }
+
+    /// The command has ended with wait status `status`, and nothing it started runs: what is left is its pipes.
+    private func ended(status: Int32) {
         exited = true
         let removed = Self.running.remove(pid)
         if removed.noneLeft { CommandLedger.shared.allEnded() }
         result.killedByStop = removed.killedForStop
-        if let exitToken { CommandLoop.shared.unwatch(pidfd, token: exitToken) }
-        close(pidfd)
         if (status & 0x7f) == 0 { result.status = (status >> 8) & 0xff } else { result.signal = status & 0x7f }
         for stream in streams { drain(stream) }
         if streams.contains(where: \.open) {

@@ -12,8 +12,9 @@
 // I/O class, which it may lower but not raise, so an operation of a higher priority than the daemon's (possible with
 // CAP_SYS_NICE) is started directly. Spares are made only while commands
 // start, and let go `idleSeconds` after the last start; one whose message does not fit, or that is gone, leaves the
-// command to the direct start (ChildProcess.start). A spare never runs anything but what its one message says: the
-// daemon's end of its socket closed (let go, or the daemon died) ends it.
+// command to the direct start (ChildProcess.start). A spare runs only what its messages say, one command at a time:
+// when a command has ended it says so on its socket and is given back, to wait for the next (no new process per
+// command); the daemon's end of its socket closed (let go, or the daemon died) ends it.
 
 import CShims
 import Foundation
@@ -32,7 +33,9 @@ struct SpareSupervisor {
     /// Bounds of its start time, in `CommandLedger.bootTicks()`: the command ledger's line when it is taken.
     let started: ClosedRange<UInt64>
     /// Its nice value: it can take on an operation's equal or higher (a lower priority), not a lower one.
-    let nice: Int32
+    var nice: Int32
+    /// Whether it runs in SCHED_IDLE (it took an idle operation's class): it serves idle operations only.
+    var idleClass = false
 }
 
 package final class SpareSupervisors: @unchecked Sendable {
@@ -45,6 +48,8 @@ package final class SpareSupervisors: @unchecked Sendable {
     static let messageLimit = 100_000
     /// Seconds the factory has to name a spare it was asked for; past them it is let go (and spares started directly).
     static let answerSeconds = 2
+    /// Supervisors kept waiting at most, counting those given back after their command: past it one given back is let go.
+    static let keptMost = 32
 
     private let condition = NSCondition()
     private var idle: [SpareSupervisor] = []
@@ -55,8 +60,9 @@ package final class SpareSupervisors: @unchecked Sendable {
     /// Spares asked of the factory and not yet answered, oldest first (it answers in order): the daemon's end of each
     /// one's socket, and when it was asked (boot ticks for the ledger, monotonic seconds for the timeout).
     private var asked: [(socket: Int32, ticks: UInt64, at: Double)] = []
-    /// A factory found broken by a command's start, for the spares' thread to let go (it may have to wait for answers).
-    private var broken: [SpareSupervisor] = []
+    /// For the spares' thread to let go: a factory found broken by a command's start (it may have to wait for answers),
+    /// supervisors given back past `keptMost`.
+    private var leaving: [SpareSupervisor] = []
 
     /// Starts the spares' thread: called at the daemon's start, so that it has the daemon's priority rather than that
     /// of the operation whose command would otherwise start it (threads inherit their creator's).
@@ -68,10 +74,11 @@ package final class SpareSupervisors: @unchecked Sendable {
         thread.start()
     }
 
-    /// Hands the command to a spare: its pid, pidfd and start-time bounds. Nil when none is ready or the command does
-    /// not fit a message (a spare is then made for the next one); the caller starts it directly.
-    func start(argv: [String], environment: [String], directory: String?, stdout: Int32, stderr: Int32)
-        -> (pid: pid_t, pidfd: Int32, started: ClosedRange<UInt64>)? {
+    /// Hands the command to a spare, and returns it (at the operation's priority now): the command's end comes as a
+    /// message on its socket, after which the caller gives it back (`giveBack`); or its socket closes when it died.
+    /// Nil when none is ready or the command does not fit a message (a spare is then made for the next one); the
+    /// caller starts it directly.
+    func start(argv: [String], environment: [String], directory: String?, stdout: Int32, stderr: Int32) -> SpareSupervisor? {
         guard Supervisor.path != nil else { return nil }
         let nice = opq_get_thread_nice(), idleClass = opq_thread_is_idle() != 0
         let strings = [String(nice), idleClass ? "1" : "0", directory ?? "", argv[0], String(argv.count)] + argv + environment
@@ -84,30 +91,45 @@ package final class SpareSupervisors: @unchecked Sendable {
             message.append(0)
         }
         guard message.count <= Self.messageLimit else { demand(); return nil }
-        while let spare = take(nice: nice) {
+        while var spare = take(nice: nice, idleClass: idleClass) {
             let sent = message.withUnsafeBytes { opq_send_with_descriptors(spare.socket, $0.baseAddress, $0.count, stdout, stderr) }
             if sent == 0 {
-                // Sent whole: the message is the spare's to read even with this end closed.
-                close(spare.socket)
-                return (spare.pid, spare.pidfd, spare.started)
+                spare.nice = nice
+                spare.idleClass = idleClass
+                return spare
             }
             Self.letGo(spare)
         }
         return nil
     }
 
+    /// A supervisor whose command has ended (it said so on its socket, its processes all gone) waits for the next one;
+    /// past `keptMost` waiting, it is let go by the spares' thread.
+    func giveBack(_ spare: SpareSupervisor) {
+        condition.withLock {
+            if idle.count < Self.keptMost {
+                idle.append(spare)
+            } else {
+                leaving.append(spare)
+                condition.signal()
+            }
+        }
+    }
+
     /// Notes a command's start, takes in the factory's answers, takes a spare of at most `nice` if one waits (nil:
     /// none wanted), and asks the factory for the next. The spares' thread is woken only when it has work: no factory
     /// yet, or one to let go; a command's start otherwise costs no other thread a wake-up.
-    private func take(nice: Int32?) -> SpareSupervisor? {
+    private func take(nice: Int32?, idleClass: Bool = false) -> SpareSupervisor? {
         condition.lock()
         defer { condition.unlock() }
         lastDemand = Self.monotonicSeconds()
         collect(waiting: false)
         var spare: SpareSupervisor?
-        if let nice, let index = idle.firstIndex(where: { $0.nice <= nice }) { spare = idle.remove(at: index) }
+        if let nice, let index = idle.firstIndex(where: { $0.nice <= nice && (idleClass || !$0.idleClass) }) {
+            spare = idle.remove(at: index)
+        }
         if factory != nil { askFactory() }
-        if factory == nil && idle.count < Self.target || !broken.isEmpty { condition.signal() }
+        if factory == nil && idle.count < Self.target || !leaving.isEmpty { condition.signal() }
         return spare
     }
 
@@ -158,7 +180,7 @@ package final class SpareSupervisors: @unchecked Sendable {
     /// Under the lock: the factory goes to the spares' thread to be let go; what it was asked is forgotten (a copy it
     /// made and did not name ends when its socket closes).
     private func breakFactory() {
-        if let maker = factory { broken.append(maker) }
+        if let maker = factory { leaving.append(maker) }
         factory = nil
         for request in asked { close(request.socket) }
         asked = []
@@ -170,9 +192,9 @@ package final class SpareSupervisors: @unchecked Sendable {
         condition.lock()
         while true {
             let quietFor = Self.monotonicSeconds() - lastDemand
-            if !broken.isEmpty {
-                let gone = broken
-                broken = []
+            if !leaving.isEmpty {
+                let gone = leaving
+                leaving = []
                 condition.unlock()
                 for maker in gone { Self.letGo(maker) }
                 condition.lock()

@@ -109,12 +109,72 @@ private func probe() -> [String: Any] { [
         #expect(waitUntil(2) { zombies(of: daemon) == 0 }, "and reaped")
         try spool.drop("b.plist", ["job": "b", "operations": [["id": "t", "kind": "command", "command": "t"]]])
         #expect(spool.result("b")?["status"] as? String == "succeeded")
-        #expect(waitUntil(5) { spares(of: daemon).count == SpareSupervisors.target })
+        // The spare b ran on is given back beside those made meanwhile.
+        #expect(waitUntil(5) { spares(of: daemon).count >= SpareSupervisors.target })
         let waiting = spares(of: daemon) + spares(of: daemon, "--factory")
         spool.signal(SIGKILL)
         _ = spool.waitForExit()
         #expect(waitUntil(5) { waiting.allSatisfy { kill($0, 0) != 0 || spareArguments($0).isEmpty } },
                 "spares and their factory end with the daemon: \(waiting.filter { kill($0, 0) == 0 })")
+    }
+
+    /// A supervisor whose command has ended serves the next one: six commands one after another run on at most four
+    /// supervisors (without reuse, six). Nothing of the last command carries over: the process it left running is gone,
+    /// each runs in its own scratch folder with exactly its environment, and a supervisor whose priority was lowered (by
+    /// its command's renice, or by a background command's nice 19 and SCHED_IDLE, which it cannot shed) is not given a
+    /// default command: that one runs at nice 0 under another.
+    @Test func aSupervisorServesOneCommandAfterAnotherAndKeepsNothingOfTheLast() throws {
+        let spool = TestSpool()
+        let config = try spool.configure(["commands": [
+            "t": ["argv": ["/bin/true"]],
+            "probe": probe(),
+            "leave": ["argv": ["/bin/sh", "-c", "setsid sleep 1000 </dev/null >/dev/null 2>&1 & echo $!; cat /proc/$PPID/stat"],
+                      "output": "stdout"],
+            // Lowers its supervisor's priority for good: the daemon must learn it, and not give it a default command.
+            "lower": ["argv": ["/bin/sh", "-c", "renice -n 7 -p $PPID >/dev/null; cat /proc/$PPID/stat"], "output": "stdout"],
+        ]])
+        try spool.start(config)
+        // Spares are made after the first command (which starts directly), while `pause` sleeps. bg is last: a dependent
+        // of a higher QoS would raise its own.
+        var operations: [[String: Any]] = [["id": "warm", "kind": "command", "command": "t"], sleepOp("pause", 1, deps: ["warm"])]
+        var last = "pause"
+        for (id, command, qos) in [("x", "leave", "default"), ("lower", "lower", "default"), ("p1", "probe", "default"),
+                                   ("p2", "probe", "default"), ("p3", "probe", "default"), ("bg", "probe", "background")] {
+            operations.append(["id": id, "kind": "command", "command": command, "dependencies": [last], "qualityOfService": qos])
+            last = id
+        }
+        try spool.drop("s.plist", ["job": "s", "operations": operations])
+        #expect(spool.result("s")?["status"] as? String == "succeeded")
+        try spool.drop("after.plist", ["job": "after", "operations": [["id": "after", "kind": "command", "command": "probe"]]])
+        #expect(spool.result("after")?["status"] as? String == "succeeded")
+        let lines = { (job: String, op: String) in
+            String(decoding: FileManager.default.contents(atPath: spool.root + "/outbox/\(job)/logs/\(op).stdout") ?? Data(), as: UTF8.self)
+                .split(separator: "\n")
+        }
+        let left = try #require(lines("s", "x").first.flatMap { pid_t($0) })
+        #expect(kill(left, 0) != 0, "the process x left running (pid \(left)) ended with x")
+        // The supervisor's /proc/PID/stat line: x's second, the probes' first; its first field is the pid.
+        let supervisors = try ["x", "lower", "p1", "p2", "p3", "bg"].map { op in
+            try #require((op == "x" ? lines("s", op).dropFirst().first : lines("s", op).first)?.split(separator: " ").first)
+        }
+        #expect(Set(supervisors).count <= 4, "six commands, one after another, on \(Set(supervisors).count) supervisors: \(supervisors)")
+        for op in ["p1", "p2", "p3"] {
+            let shell = lines("s", op).dropFirst().first.flatMap(statFields)
+            #expect(shell?[16] == "0", "\(op) at nice 0, not on the supervisor `lower` reniced: \(lines("s", op).prefix(2))")
+        }
+        for (job, op) in [("s", "p1"), ("s", "p2"), ("s", "p3"), ("s", "bg"), ("after", "after")] {
+            let found = lines(job, op)
+            #expect(found.count > 3 && found[2].contains("/active/\(job)/.work/"), "\(op) ran in its scratch folder: \(found)")
+            let environment = found.dropFirst(3).filter { !["PWD=", "OLDPWD=", "SHLVL=", "_="].contains(where: $0.hasPrefix) }
+            #expect(environment == ["ONE=1 and a space", "PATH=/usr/bin:/bin"], "\(op)'s environment is exactly the declared one")
+        }
+        let background = try #require(lines("s", "bg").dropFirst().first.flatMap(statFields))
+        #expect(background[16] == "19" && background[38] == "5", "bg: nice 19, SCHED_IDLE: \(lines("s", "bg"))")
+        let after = try #require(lines("after", "after").dropFirst().first.flatMap(statFields))
+        let afterSupervisor = try #require(lines("after", "after").first.flatMap(statFields))
+        #expect(after[16] == "0" && after[38] == "0" && afterSupervisor[16] == "0",
+                "after: nice 0, SCHED_OTHER: \(lines("after", "after"))")
+        #expect(lines("after", "after").first?.split(separator: " ").first != supervisors[5], "not on bg's supervisor")
     }
 
     /// Spares and their factory killed while they wait are not used (the command starts on the next spare, or
