@@ -4,9 +4,10 @@
 //   anchors   the same N `/bin/true` from a shell loop (`sh -c 'while …; do /bin/true; done'`) and from
 //             `xargs -P 1|2|8`: the process spawn is the floor; each limit's ratio (daemon rate over xargs'),
 //             median over `--rounds R`
-//   cpu       CPU per command: the daemon's own, that of what it waited for (each command's supervisor and the command),
-//             and xargs' with its /bin/true (the daemon's from /proc/PID/stat, xargs' from getrusage of this process's
-//             children)
+//   cpu       CPU per command: the daemon's own (/proc/PID/stat), and the whole machine's busy time over the run
+//             (/proc/stat: the daemon, its supervisors and commands, journald, the kernel's threads) beside the same for
+//             xargs and its /bin/true (supervisors serve many commands and outlive the run, so their CPU is not in the
+//             daemon's children's)
 //   threads   the daemon's threads (/proc/PID/status Threads) idle, and at most while 500 `sleep 2` commands
 //             run at once (limit 500): one epoll thread watches them all, so this must not grow with them
 
@@ -50,19 +51,28 @@ enum CommandBench {
         Leftovers.shared.removeLater(root + ".plist")
     }
 
-    /// Seconds from the manifest's arrival to its outbox entry; CPU seconds of the daemon itself and of the processes
-    /// it waited for, from its start (a few milliseconds) to the outbox entry.
-    static func throughDaemon(count: Int, limit: Int) -> (seconds: Double, daemonCPU: Double, childrenCPU: Double) {
+    /// Seconds from the manifest's arrival to its outbox entry; CPU seconds of the daemon itself, and of the whole
+    /// machine, over that time.
+    static func throughDaemon(count: Int, limit: Int) -> (seconds: Double, daemonCPU: Double, machineCPU: Double) {
         let (root, daemon) = start(configuration(limit: limit, argv: ["/bin/true"]))
         defer { stop(root, daemon) }
         let hidden = root + "/inbox/.m.plist"
         _ = FileManager.default.createFile(atPath: hidden, contents: manifest("m", count: count))
+        let own = processCPU(daemon.processIdentifier).own, busy = machineBusy()
         let t0 = now()
         rename(hidden, root + "/inbox/m.plist")
         while !FileManager.default.fileExists(atPath: root + "/outbox/m/result.plist") { usleep(2_000) }
         let seconds = now() - t0
-        let cpu = processCPU(daemon.processIdentifier)
-        return (seconds, cpu.own, cpu.children)
+        return (seconds, processCPU(daemon.processIdentifier).own - own, machineBusy() - busy)
+    }
+
+    /// Seconds every CPU of the machine spent busy since boot (/proc/stat: all but idle and iowait).
+    static func machineBusy() -> Double {
+        guard let text = try? String(contentsOfFile: "/proc/stat", encoding: .utf8),
+              let line = text.split(separator: "\n").first else { return 0 }
+        let ticks = line.split(separator: " ").dropFirst().map { Double($0) ?? 0 }
+        guard ticks.count > 4 else { return 0 }
+        return (ticks.reduce(0, +) - ticks[3] - ticks[4]) / Double(sysconf(Int32(_SC_CLK_TCK)))
     }
 
     /// utime + stime, and cutime + cstime (the processes it waited for, theirs included), of `pid`, in seconds.
@@ -77,24 +87,17 @@ enum CommandBench {
         return ((ticks[0] + ticks[1]) / tick, (ticks[2] + ticks[3]) / tick)
     }
 
-    /// Seconds the program took, and the CPU seconds it and what it waited for used.
+    /// Seconds the program took, and the CPU seconds the whole machine was busy meanwhile.
     static func timed(_ argv: [String]) -> (seconds: Double, cpu: Double) {
         let process = Process()
         process.executableURL = URL(fileURLWithPath: argv[0])
         process.arguments = Array(argv.dropFirst())
         process.standardOutput = FileHandle.nullDevice
-        let before = childrenCPU()
+        let before = machineBusy()
         let t0 = now()
         try? process.run()
         process.waitUntilExit()
-        return (now() - t0, childrenCPU() - before)
-    }
-
-    static func childrenCPU() -> Double {
-        var usage = rusage()
-        getrusage(RUSAGE_CHILDREN.rawValue, &usage)
-        let seconds = { (t: timeval) in Double(t.tv_sec) + Double(t.tv_usec) / 1e6 }
-        return seconds(usage.ru_utime) + seconds(usage.ru_stime)
+        return (now() - t0, machineBusy() - before)
     }
 
     static func threads(_ pid: Int32) -> Int {
@@ -121,8 +124,8 @@ enum CommandBench {
                 let xargs = timed(["/bin/sh", "-c", "seq \(n) | xargs -P \(limit) -n 1 /bin/true"])
                 line("xargs -P\(limit)", xargs.seconds)
                 let ms = { (seconds: Double) in seconds * 1000 / Double(n) }
-                print(String(format: "commands cpu limit=%d ms_per_command daemon=%.3f supervisor_and_command=%.3f xargs_and_command=%.3f",
-                             limit, ms(daemon.daemonCPU), ms(daemon.childrenCPU), ms(xargs.cpu)))
+                print(String(format: "commands cpu limit=%d ms_per_command daemon=%.3f machine=%.3f machine_with_xargs=%.3f",
+                             limit, ms(daemon.daemonCPU), ms(daemon.machineCPU), ms(xargs.cpu)))
                 ratios[limit, default: []].append(xargs.seconds / daemon.seconds)
             }
         }
