@@ -193,13 +193,15 @@ package final class ChildProcess: @unchecked Sendable {
             close(outPipe[0]); close(errPipe[0])
             return .failure(KindFailure(description: "cannot run \(argv[0]): \(String(cString: strerror(-rc)))"))
         }
+        running.insert(pid)
+        // A spare that served a command before is known to the watchdog already, and its ledger line stands.
+        if spare?.watched != true { CommandWatchdog.current?.groupStarted(pid) }
+        spare?.watched = true
+        CommandLedger.shared.started(pid, within: spawned)
         let child = ChildProcess(pid: pid, pidfd: pidfd, spare: spare)
         child.completion = completion
         child.streams = [Stream(pipe: outPipe[0], file: stdoutFile, limit: limit, keepsTail: false),
                          Stream(pipe: errPipe[0], file: stderrFile, limit: limit, keepsTail: true)]
-        running.insert(pid)
-        CommandWatchdog.current?.groupStarted(pid)
-        CommandLedger.shared.started(pid, within: spawned)
         // Whether the end is watched, read under the lock: once it is released the end may come, and be handled, at once.
         let watched = child.lock.withLock {
             for stream in child.streams {
@@ -283,8 +285,8 @@ package final class ChildProcess: @unchecked Sendable {
 
     /// The spare's socket is readable: the command's end (spare.c's report: its wait status, and the spare's priority
     /// now), or the spare's death (the socket closed), or nonsense (it is killed). The end: the spare's processes are all
-    /// gone, so its group is not killed, and it is given back for the next command once the watchdog has been told the
-    /// group ended.
+    /// gone, so its group is not killed, and it is given back for the next command (still known to the watchdog: its
+    /// group ends when it is let go or dies).
     private func spareReported() {
         guard !exited, var spare else { return }
         var report = [UInt8](repeating: 0, count: 16)
@@ -301,7 +303,6 @@ package final class ChildProcess: @unchecked Sendable {
         if let exitToken { CommandLoop.shared.unwatch(spare.socket, token: exitToken) }
         exitToken = nil
         self.spare = nil
-        CommandWatchdog.current?.groupEnded(pid)
         ended(status: status)
         SpareSupervisors.shared.giveBack(spare)
     }
@@ -452,11 +453,17 @@ private final class RunningGroups: @unchecked Sendable {
 /// killed at the next start, before their operations run again. FROM and TO bound the leader's start time, in clock
 /// ticks since boot as /proc gives it, read from the clock around the spawn rather than from /proc per command. A pid is
 /// trusted only if /proc shows a start time within them (pids are reused); a line of an older build, `PID STARTTIME`,
-/// is both bounds. Emptied whenever no command runs, so it stays small.
+/// is both bounds. Emptied when no command runs once past `keptBytes`, so it stays small.
 package final class CommandLedger: @unchecked Sendable {
     package static let shared = CommandLedger()
+    /// Past this size the ledger is emptied when no command runs; below it, it is left as it is (a line of a group
+    /// that has ended is harmless: its start time no longer matches).
+    static let keptBytes = 65_536
     private let lock = NSLock()
     private var fd: Int32 = -1
+    private var bytes = 0
+    /// The lines in the ledger now: a supervisor that serves one command after another is written once.
+    private var recorded: [pid_t: ClosedRange<UInt64>] = [:]
 
     /// At start, before anything runs: kills the groups of recorded commands still alive, then keeps
     /// the ledger at `path`.
@@ -475,18 +482,31 @@ package final class CommandLedger: @unchecked Sendable {
         lock.withLock {
             if fd >= 0 { Glibc.close(fd) }
             fd = Glibc.open(path, O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC | O_NOFOLLOW, 0o644)
+            bytes = 0
+            recorded = [:]
         }
         return killed
     }
 
     /// `started`: `bootTicks()` read before and after the leader's spawn.
     func started(_ pid: pid_t, within started: ClosedRange<UInt64>) {
-        let line = Data("\(pid) \(started.lowerBound) \(started.upperBound)\n".utf8)
-        lock.withLock { if fd >= 0 { try? writeAll(fd, line, path: "active/.commands") } }
+        lock.withLock {
+            guard fd >= 0, recorded[pid] != started else { return }
+            let line = Data("\(pid) \(started.lowerBound) \(started.upperBound)\n".utf8)
+            try? writeAll(fd, line, path: "active/.commands")
+            recorded[pid] = started
+            bytes += line.count
+        }
     }
 
+    /// No command runs: the ledger is emptied once it has grown past `keptBytes`.
     func allEnded() {
-        lock.withLock { if fd >= 0 { _ = ftruncate(fd, 0) } }
+        lock.withLock {
+            guard fd >= 0, bytes > Self.keptBytes else { return }
+            _ = ftruncate(fd, 0)
+            bytes = 0
+            recorded = [:]
+        }
     }
 
     /// Whether the group `pgid` is still the one recorded: its leader (the command's supervisor) alive with the recorded

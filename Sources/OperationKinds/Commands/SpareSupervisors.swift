@@ -36,6 +36,9 @@ struct SpareSupervisor {
     var nice: Int32
     /// Whether it runs in SCHED_IDLE (it took an idle operation's class): it serves idle operations only.
     var idleClass = false
+    /// Whether the command watchdog was told of its group: from its first command until it is let go or dies, so that
+    /// the commands it serves one after another cost the watchdog no message each.
+    var watched = false
 }
 
 package final class SpareSupervisors: @unchecked Sendable {
@@ -256,10 +259,11 @@ package final class SpareSupervisors: @unchecked Sendable {
         return SpareSupervisor(pid: pid, pidfd: pidfd, socket: socket, started: started, nice: nice)
     }
 
-    /// Ends a spare that ran nothing, and reaps it.
+    /// Ends a spare that is not running a command, and reaps it (the watchdog told first, while it cannot be reaped).
     private static func letGo(_ spare: SpareSupervisor) {
         close(spare.socket)
         kill(spare.pid, SIGKILL)
+        if spare.watched { CommandWatchdog.current?.groupEnded(spare.pid) }
         var status: Int32 = 0
         while waitpid(spare.pid, &status, 0) < 0 && errno == EINTR {}
         close(spare.pidfd)

@@ -126,6 +126,49 @@ private func exited(_ watchdog: CommandWatchdog, within seconds: Double) -> Bool
         kill(-pgid, SIGKILL)
     }
 
+    /// A supervisor that serves one command after another stays known to the watchdog: with the daemon frozen and the
+    /// reused supervisor killed (neither can end the command), kill -9 of the daemon still ends the command's group, by
+    /// the watchdog alone.
+    @Test func aReusedSupervisorsGroupIsKilledByTheWatchdogWhenTheDaemonDies() throws {
+        let spool = TestSpool()
+        let mark = spool.root + ".shell"
+        defer { unlink(mark) }
+        let config = try spool.configure(["commands": [
+            "parent": ["argv": ["/bin/sh", "-c", "echo $PPID"], "output": "stdout"],
+            "forever": ["argv": ["/bin/sh", "-c", "echo $$ > \"$1\"; sleep 300 & sleep 300", "sh", "${mark}"],
+                        "parameters": ["mark": "string"]],
+        ]])
+        try spool.start(config)
+        // The first command starts directly and has spares made; the next four, one after another, use every spare.
+        var operations: [[String: Any]] = [["id": "w0", "kind": "command", "command": "parent"], sleepOp("pause", 1, deps: ["w0"])]
+        for i in 1...4 {
+            operations.append(["id": "w\(i)", "kind": "command", "command": "parent", "dependencies": [i == 1 ? "pause" : "w\(i - 1)"]])
+        }
+        try spool.drop("w.plist", ["job": "w", "operations": operations])
+        #expect(spool.result("w")?["status"] as? String == "succeeded")
+        let served = Set((1...4).compactMap { i in
+            (try? String(contentsOfFile: spool.root + "/outbox/w/logs/w\(i).stdout", encoding: .utf8)).flatMap {
+                Int32($0.trimmingCharacters(in: .whitespacesAndNewlines))
+            }
+        })
+        try spool.drop("f.plist",
+                       ["job": "f", "operations": [["id": "f", "kind": "command", "command": "forever", "arguments": ["mark": mark]]]])
+        #expect(waitUntil(10) { (try? String(contentsOfFile: mark, encoding: .utf8))?.hasSuffix("\n") == true })
+        let shell = try #require(
+            Int32((try? String(contentsOfFile: mark, encoding: .utf8))?.trimmingCharacters(in: .whitespacesAndNewlines) ?? ""))
+        let pgid = try #require(processGroup(of: shell))
+        #expect(served.contains(pgid), "f runs on a supervisor that served an earlier command: \(pgid) in \(served)")
+        #expect(waitUntil(5) { liveProcesses(inGroup: pgid).count >= 4 }, "\(liveProcesses(inGroup: pgid))")
+        #expect(spool.freeze())
+        kill(pgid, SIGKILL)
+        #expect(waitUntil(2) { ended(pgid) }, "the supervisor is gone")
+        #expect(liveProcesses(inGroup: pgid).count >= 3, "what it ran is not: \(liveProcesses(inGroup: pgid))")
+        spool.signal(SIGKILL)
+        _ = spool.waitForExit()
+        #expect(waitUntil(2) { liveProcesses(inGroup: pgid).isEmpty }, "the watchdog ended the group: \(liveProcesses(inGroup: pgid))")
+        kill(-pgid, SIGKILL)
+    }
+
     /// A command that double-forks into a session of its own (as a daemonising script does) leaves no process behind
     /// when its operation ends — it exits, is cancelled or times out — nor when its daemon is killed with -9, outside
     /// systemd: its supervisor is the escaped process's reaper and ends it (SPEC §3.6, §8).
