@@ -91,24 +91,33 @@ private func exited(_ watchdog: CommandWatchdog, within seconds: Double) -> Bool
     return false
 }
 
+/// A command whose shell writes its pid to `${mark}`, then waits on a sleep with another beside it.
+private func forever() -> [String: Any] {
+    ["argv": ["/bin/sh", "-c", "echo $$ > \"$1\"; sleep 300 & sleep 300", "sh", "${mark}"], "parameters": ["mark": "string"]]
+}
+
+/// Runs `forever` as job f in the running daemon of `spool`; its process group once its shell has written `mark`.
+private func runForever(_ spool: TestSpool, mark: String) throws -> Int32 {
+    try spool.drop("f.plist",
+                   ["job": "f", "operations": [["id": "f", "kind": "command", "command": "forever", "arguments": ["mark": mark]]]])
+    #expect(waitUntil(10) { (try? String(contentsOfFile: mark, encoding: .utf8))?.hasSuffix("\n") == true })
+    let shell = try #require(
+        Int32((try? String(contentsOfFile: mark, encoding: .utf8))?.trimmingCharacters(in: .whitespacesAndNewlines) ?? ""))
+    return try #require(processGroup(of: shell))
+}
+
 @Suite(.serialized, .onItsOwnExecutor) struct CommandDeathTests {
     @Test func killNineOfTheDaemonKillsTheCommandsWholeGroupWithinTwoSeconds() throws {
         let spool = TestSpool()
         let mark = spool.root + ".pgid"
         defer { unlink(mark) }
         let config = try spool.configure(["commands": [
-            "forever": ["argv": ["/bin/sh", "-c", "echo $$ > \"$1\"; sleep 300 & sleep 300", "sh", "${mark}"],
-                        "parameters": ["mark": "string"]],
+            "forever": forever(),
         ]])
         try spool.start(config)
         let daemon = try #require(spool.daemon?.processIdentifier)
         #expect(watchdogs(of: daemon).count == 1, "one watchdog per daemon")
-        try spool.drop("f.plist",
-                       ["job": "f", "operations": [["id": "f", "kind": "command", "command": "forever", "arguments": ["mark": mark]]]])
-        #expect(waitUntil(10) { (try? String(contentsOfFile: mark, encoding: .utf8))?.hasSuffix("\n") == true })
-        let shell = try #require(
-            Int32((try? String(contentsOfFile: mark, encoding: .utf8))?.trimmingCharacters(in: .whitespacesAndNewlines) ?? ""))
-        let pgid = try #require(processGroup(of: shell))
+        let pgid = try runForever(spool, mark: mark)
         #expect(waitUntil(5) { liveProcesses(inGroup: pgid).count >= 4 },
                 "the supervisor, the shell and both sleeps: \(liveProcesses(inGroup: pgid))")
         let watchdog = try #require(watchdogs(of: daemon).first)
@@ -135,8 +144,7 @@ private func exited(_ watchdog: CommandWatchdog, within seconds: Double) -> Bool
         defer { unlink(mark) }
         let config = try spool.configure(["commands": [
             "parent": ["argv": ["/bin/sh", "-c", "echo $PPID"], "output": "stdout"],
-            "forever": ["argv": ["/bin/sh", "-c", "echo $$ > \"$1\"; sleep 300 & sleep 300", "sh", "${mark}"],
-                        "parameters": ["mark": "string"]],
+            "forever": forever(),
         ]])
         try spool.start(config)
         // The first command starts directly and has spares made; the next four, one after another, use every spare.
@@ -151,12 +159,7 @@ private func exited(_ watchdog: CommandWatchdog, within seconds: Double) -> Bool
                 Int32($0.trimmingCharacters(in: .whitespacesAndNewlines))
             }
         })
-        try spool.drop("f.plist",
-                       ["job": "f", "operations": [["id": "f", "kind": "command", "command": "forever", "arguments": ["mark": mark]]]])
-        #expect(waitUntil(10) { (try? String(contentsOfFile: mark, encoding: .utf8))?.hasSuffix("\n") == true })
-        let shell = try #require(
-            Int32((try? String(contentsOfFile: mark, encoding: .utf8))?.trimmingCharacters(in: .whitespacesAndNewlines) ?? ""))
-        let pgid = try #require(processGroup(of: shell))
+        let pgid = try runForever(spool, mark: mark)
         #expect(served.contains(pgid), "f runs on a supervisor that served an earlier command: \(pgid) in \(served)")
         #expect(waitUntil(5) { liveProcesses(inGroup: pgid).count >= 4 }, "\(liveProcesses(inGroup: pgid))")
         #expect(spool.freeze())
