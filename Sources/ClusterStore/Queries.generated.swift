@@ -1381,8 +1381,9 @@ enum Migrations {
                         WHERE l.id = picked.id
                         RETURNING l.id, l.qos_rank, l.priority_rank, l.seq, l.fence, l.from_node
                     ), got AS (
-                        SELECT c.id, j.requested_id, j.manifest, j.manifest_name, j.submitted_on, extract(epoch FROM j.submitted_at)::float8 AS at,
-                               c.qos_rank, c.priority_rank, c.seq, c.fence, c.from_node, octet_length(j.manifest)::bigint AS size
+                        SELECT c.id, j.requested_id, j.manifest, j.manifest_name, j.submitted_on,
+                               extract(epoch FROM j.submitted_at)::float8 AS at, c.qos_rank, c.priority_rank, c.seq, c.fence, c.from_node,
+                               octet_length(j.manifest)::bigint AS size
                         FROM claimed AS c JOIN opq_jobs AS j ON j.id = c.id
                     )
                     SELECT g.id, g.requested_id,
@@ -1393,7 +1394,8 @@ enum Migrations {
                                 THEN ''''::bytea ELSE g.manifest END,
                            g.manifest_name, g.submitted_on, g.at, g.qos_rank, g.priority_rank, g.seq, g.fence, g.from_node, g.size,
                            CASE WHEN EXISTS (SELECT 1 FROM opq_cancel_requests)
-                                THEN ARRAY(SELECT coalesce(r.operation, '''') FROM opq_cancel_requests AS r WHERE r.job = g.id ORDER BY r.id)
+                                THEN ARRAY(SELECT coalesce(r.operation, '''') FROM opq_cancel_requests AS r
+                                           WHERE r.job = g.id ORDER BY r.id)
                                 ELSE ''{}''::text[] END
                     FROM got AS g
                     ORDER BY g.qos_rank DESC, g.priority_rank DESC, g.seq
