@@ -39,8 +39,8 @@
 #   BIN=.build-bench/before:.build/release OPQUEUED_ARGS=--parts=scale Benchmarks/cluster/run.sh opqueued   the parts
 #              with each build in turn (a `bin` line before each): two versions side by side in one run
 #   PG_STATEMENTS=1 OPQUEUED_ARGS=--parts=2 Benchmarks/cluster/run.sh opqueued   the server loads pg_stat_statements, and
-#              at the end prints, per statement, its calls, rows and milliseconds of execution over the whole run
-#              (nested statements too: the claim function's own): where the server's time goes
+#              at the end prints, per statement, its calls, rows (and per call: a claim round's size), milliseconds of
+#              execution and of planning over the whole run (nested statements too: the claim function's own)
 #   TIMELINE=1 OPQUEUED_ARGS=--parts=2 Benchmarks/cluster/run.sh opqueued   every 0.25 s of an end-to-end part: node 0's
 #              inbox and active/.submissions, the rows by state, each outbox (for diagnosis: it slows the part)
 #
@@ -116,7 +116,7 @@ trap stop_server EXIT
 runuser -u postgres -- "$PGBIN/initdb" -D "$DIR/data" -U postgres --auth=scram-sha-256 --pwfile="$DIR/pw" \
   --encoding=UTF8 --locale=C --no-instructions >/dev/null
 runuser -u postgres -- "$PGBIN/pg_ctl" -D "$DIR/data" -l "$DIR/log" -w -t 60 \
-  -o "-c listen_addresses=127.0.0.1 -c port=$PORT -c unix_socket_directories=$DIR -c max_connections=200${PG_STATEMENTS:+ -c shared_preload_libraries=pg_stat_statements -c pg_stat_statements.track=all}" start >/dev/null
+  -o "-c listen_addresses=127.0.0.1 -c port=$PORT -c unix_socket_directories=$DIR -c max_connections=200${PG_STATEMENTS:+ -c shared_preload_libraries=pg_stat_statements -c pg_stat_statements.track=all -c pg_stat_statements.track_planning=on}" start >/dev/null
 export PGPASSWORD="$PW" PGHOST=127.0.0.1 PGPORT=$PORT PGUSER=postgres
 BASE="postgresql://postgres:$PW@127.0.0.1:$PORT"
 say "{\"server\": \"$("$PGBIN/postgres" --version)\", \"fsync\": \"$(psql -XAtq -d postgres -c 'SHOW fsync')\", \"cores\": $(nproc), \"load\": \"$(cut -d' ' -f1-3 /proc/loadavg)\", \"fileSystem\": \"$(findmnt -n -o FSTYPE,OPTIONS -T "$DIR")\", \"journal\": \"$(dumpe2fs -h "$(findmnt -n -o SOURCE -T "$DIR")" 2>/dev/null | grep -q has_journal && echo yes || echo no)\", \"spools\": \"$([ -n "${BENCH_NODE_FOLDERS:-}" ] && echo "each node's on a journalled ext4 of its own" || echo "beside the server's data")\"}"
@@ -223,9 +223,10 @@ for part in $PARTS; do
   esac
 done
 if [ -n "${PG_STATEMENTS:-}" ]; then
-  say "statements over the whole run (calls | rows | ms executing | statement):"
+  say "statements over the whole run (calls | rows | rows a call | ms executing | ms planning | sent by a client | statement):"
   psql -XAtq -d postgres -c "CREATE EXTENSION IF NOT EXISTS pg_stat_statements" \
-    -c "SELECT calls, rows, round(total_exec_time::numeric, 1), left(regexp_replace(query, '[[:space:]]+', ' ', 'g'), 100)
-        FROM pg_stat_statements WHERE calls >= 10 ORDER BY total_exec_time DESC LIMIT 20"
+    -c "SELECT calls, rows, round(rows::numeric / calls, 1), round(total_exec_time::numeric, 1),
+               round(total_plan_time::numeric, 1), toplevel, left(regexp_replace(query, '[[:space:]]+', ' ', 'g'), 100)
+        FROM pg_stat_statements WHERE calls >= 10 ORDER BY total_exec_time + total_plan_time DESC LIMIT 30"
 fi
 say "{\"kept\": \"$OUT\"}"

@@ -42,7 +42,7 @@ FROM {claim}('n' || :client_id, :batch, '{default}'::text[], '{}'::text[], :budg
 COMPLETE = """
 SELECT id FROM {complete}(:ids::text[], :fences::bigint[], array_fill('succeeded'::text, ARRAY[cardinality(:ids::text[])]),
                             array_fill((SELECT b FROM bench_result), ARRAY[cardinality(:ids::text[])])) AS c (id);"""
-FUNCTIONS = {10: ("opq_claim", "opq_complete"), 11: ("opq_claim", "opq_complete")}
+FUNCTIONS = {10: ("opq_claim", "opq_complete"), 11: ("opq_claim", "opq_complete"), 12: ("opq_claim", "opq_complete")}
 # The jobs are inserted at the version before the one drained, whose migration then moves them (rows in flight); a
 # version not yet among the migrations is its draft beside this script (prototype-NNNN.sql).
 PROTOTYPE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "prototype-{:04d}.sql")
@@ -118,7 +118,11 @@ def make_database(admin, name, jobs, variant):
          "INSERT INTO opq_jobs (id, requested_id, manifest, manifest_name, submitted_on, qos_rank, priority_rank, queues, "
          f"commands, submission_key) SELECT 't' || g, 't' || g, '\\x{manifest}'::bytea, 't' || g || '.plist', 'bench-n0', 2, 2, "
          "'{default}', '{}', 'bench-n0/t' || g || '/1795892723.428686' "
-         f"FROM generate_series(1, {jobs}) AS g")
+         f"FROM generate_series(1, {jobs}) AS g;"
+         # From schema 11 on, a waiting job has its opq_live row too (migration 11 moves those inserted before it).
+         "DO $$ BEGIN IF to_regclass('opq_live') IS NOT NULL THEN EXECUTE 'INSERT INTO opq_live (id, qos_rank, "
+         "priority_rank, seq, queues, commands) SELECT id, qos_rank, priority_rank, seq, queues, commands FROM opq_jobs'"
+         "; END IF; END $$")
     apply(last[0] if last else PROTOTYPE.format(version))
     psql(admin, name, "VACUUM ANALYZE")
 
@@ -149,7 +153,7 @@ def drain(args, variant, round_):
         # The last ones find nothing left. Merged, a client ends its claims only in its next round: a few more, and
         # a client that claimed more than its share may leave its last claim unended (`left`).
         rounds = args.jobs // (args.batch * args.clients) + (6 if variant.endswith("-merged") else 2)
-        run = subprocess.run(["pgbench", "-n", "-M", "extended", "-h", url.hostname, "-p", str(url.port), "-U", url.username,
+        run = subprocess.run(["pgbench", "-n", "-M", args.protocol, "-h", url.hostname, "-p", str(url.port), "-U", url.username,
                               "-c", str(args.clients), "-j", str(args.clients), "-t", str(rounds), "-D", f"batch={args.batch}", "-D", "ids={}", "-D", "fences={}",
                               "-f", f.name, name], env=dict(os.environ, PGPASSWORD=url.password or ""), capture_output=True, text=True)
         seconds = time.monotonic() - start
@@ -162,7 +166,7 @@ def drain(args, variant, round_):
         updates = [after - before for after, before in zip(hot_updates(args.admin, name, table), updates)]
         left = int(psql(args.admin, name, f"SELECT count(*) FROM {table}" + ("" if table == "opq_live" else " WHERE state <> 'finished'")))
         figures = {"part": "statements", "variant": variant, "round": round_, "jobs": args.jobs, "left": left,
-                   "clients": args.clients, "batch": args.batch, "serverCpuUsPerJob": round(1e6 * cpu / args.jobs, 1),
+                   "clients": args.clients, "batch": args.batch, "protocol": args.protocol, "serverCpuUsPerJob": round(1e6 * cpu / args.jobs, 1),
                    "commitsPerJob": round(commits / args.jobs, 3), "walBytesPerJob": round(wal / args.jobs),
                    "jobRowUpdatesInPlace": f"{updates[1]} of {updates[0]}",
                    "jobsPerSecond": round(args.jobs / seconds)}
@@ -180,6 +184,9 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--clients", type=int, default=2, help="pgbench clients: nodes")
     parser.add_argument("--batch", type=int, default=20, help="jobs per claim (a node's rounds under load: about 20)")
+    parser.add_argument("--protocol", default="extended", choices=["extended", "prepared"],
+                        help="pgbench's: extended sends unnamed statements (as a node does), prepared named ones, parsed and "
+                             "planned once per connection (what named statements would save)")
     parser.add_argument("--rows", action="store_true", help="also the floor with a job's bytes (variant floor-rows)")
     parser.add_argument("--schemas", default="10,10-merged", help="the schema versions to drain, in turn")
     args = parser.parse_args()

@@ -1,5 +1,6 @@
 // Migrations of a database with jobs in flight: schema 11 takes the jobs' states out of opq_jobs (into opq_live and
-// opq_ended), so a cluster upgraded from 10 must find every waiting, delayed, running and finished job as it was.
+// opq_ended), so a cluster upgraded from 10 must find every waiting, delayed, running and finished job as it was;
+// schema 12's claim answers as 11's did.
 
 @testable import ClusterStore
 import Foundation
@@ -59,6 +60,31 @@ extension PostgresClusterStoreTests {
         #expect(try sql("SELECT count(*) FROM opq_jobs WHERE state = 'waiting' AND not_before IS NOT NULL") == "1")
         #expect(try await store.migrate() == Migrations.newest, "up again")
         #expect(try await store.job("w")?.node == "a")
+        await under.close()
+    }
+
+    /// Schema 12 returns a claim's rows as one query (no PL/pgSQL loop): the same rows as 11's, manifests within the
+    /// budget, cancels, order; and down to 11 the loop claims again.
+    @Test func claimOfTwelveAnswersAsElevensDid() async throws {
+        let (store, under) = try await makePostgresStore()
+        defer { Task { await under.close() } }
+        #expect(try await store.migrate() == Migrations.newest)
+        func round(_ tag: String) async throws -> [String] {
+            func sized(_ id: String, _ bytes: Int, qos: Int = 2) -> NewJob {
+                var j = job(tag + id, qos: qos)
+                j.manifest = Array(repeating: UInt8(ascii: "x"), count: bytes)
+                return j
+            }
+            _ = try await store.insertJobs([sized("a", 400), sized("b", 6000), sized("c", 400, qos: 4), sized("d", 400), sized("e", 10)])
+            _ = try await store.requestCancel(job: tag + "d", operation: "op", notAfter: Date().timeIntervalSince1970 + 60)
+            return try await store.claimJobs(node: "n1", limit: 10, queues: ["default"], commands: [], budget: 800, maxManifestBytes: 5000)
+                .map { "\($0.id.dropFirst()) \($0.manifestBytes) \($0.manifest.count) \($0.cancels.map { $0 ?? "-" })" }
+        }
+        let expected = ["c 400 400 []", "a 400 400 []", "b 6000 0 []", "d 400 0 [\"op\"]", "e 10 0 []"]
+        #expect(try await round("t") == expected)
+        try await store.migrateDown(to: 11)
+        #expect(try await round("e") == expected)
+        #expect(try await store.migrate() == Migrations.newest)
         await under.close()
     }
 }

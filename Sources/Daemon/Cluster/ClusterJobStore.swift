@@ -10,7 +10,7 @@
 // their own, each bounded. All state is under one lock, as ClusterNodeState (pure, tested on its own).
 //
 // This file holds the state and what the shell calls; the threads' work is beside it: +Loop (connection, leases,
-// claims, cancels), +Submissions, +Status (the status and prune threads), +Recovery (a start's active/).
+// cancels), +Claims (claim rounds), +Submissions, +Status (the status and prune threads), +Recovery (a start's active/).
 //
 // What it trusts: nothing a row holds. An id that is not a valid job id is recorded `rejected` and never touches
 // the spool; a manifest is validated again by the shell against the local configuration; a signature that does
@@ -70,6 +70,9 @@ public final class ClusterJobStore: SpoolBacked, @unchecked Sendable {
     /// signalled when it is over.
     var claimInFlight = false
     let claimEnded = ThreadSignal()
+    /// How big claim rounds are while jobs wait (ClaimPacing); when a round put off is due (monotonic seconds).
+    var claimPacing = ClaimPacing()
+    var claimDue: Double?
     /// Cancelled jobs claimed for this node by `requestCancel`, taken in by the loop's next claim round.
     var cancelledClaims: [ClusterClaimedJob] = []
     var controlWanted = true
