@@ -77,6 +77,9 @@ extension SystemdTests {
         }
 
         static func dpkg(_ systemd: BootedSystemd, _ arguments: String...) throws -> Run {
+            // A package's path relative to the repository, the namespace's working directory: a clone under /tmp is
+            // hidden in there by the booted systemd's own /tmp, but its working directory, opened before, is not.
+            let arguments = arguments.map { $0.hasPrefix(repositoryRoot + "/") ? String($0.dropFirst(repositoryRoot.count + 1)) : $0 }
             let r = try systemd.run("env", arguments: ["-i", cleanPath, "DEBIAN_FRONTEND=noninteractive", "dpkg"] + arguments, timeout: 240)
             if r.status != 0 { Issue.record("dpkg \(arguments.joined(separator: " ")): \(r.status)\n\(r.stdout)\n\(r.stderr)") }
             return r
