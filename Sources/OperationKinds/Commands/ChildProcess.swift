@@ -300,9 +300,7 @@ package final class ChildProcess: @unchecked Sendable {
         let status = report.withUnsafeBytes { $0.loadUnaligned(fromByteOffset: 1, as: Int32.self) }
         spare.nice = report.withUnsafeBytes { $0.loadUnaligned(fromByteOffset: 5, as: Int32.self) }
         spare.idleClass = report[9] == 1
-        if let exitToken { CommandLoop.shared.unwatch(spare.socket, token: exitToken) }
-        exitToken = nil
-        self.spare = nil
+        unwatchSpare()
         ended(status: status)
         SpareSupervisors.shared.giveBack(spare)
     }
@@ -320,11 +318,17 @@ package final class ChildProcess: @unchecked Sendable {
 
     /// Lets go of the spare's socket (the spare is not given back).
     private func forgetSpare() {
-        guard let spare else { return }
+        if let spare = unwatchSpare() { close(spare.socket) }
+    }
+
+    /// Stops watching the spare's socket and lets go of the spare (the caller gives it back or closes it).
+    @discardableResult
+    private func unwatchSpare() -> SpareSupervisor? {
+        guard let spare else { return nil }
         self.spare = nil
         if let exitToken { CommandLoop.shared.unwatch(spare.socket, token: exitToken) }
         exitToken = nil
-        close(spare.socket)
+        return spare
     }
 
     /// The leader is a zombie. Its group is killed (its pid cannot have been reused yet), the watchdog told
