@@ -31,28 +31,28 @@ public final class Engine: @unchecked Sendable, ContextHost {
     // Swift's run-time check of a class's stored property (two calls into the runtime per access) would only
     // add to each operation's cost, so it is turned off for them.
     @exclusivity(unchecked) var scheduler: Scheduler
-    private let observer: Observer?
+    let observer: Observer?
 
-    private static let classes = QualityOfService.allCases.count
+    static let classes = QualityOfService.allCases.count
     @exclusivity(unchecked) var runLists = [Deque<Dispatch>](repeating: [], count: classes)
     /// Bit c set when class c's run list is not empty: a step looks at those classes only (most steps of a worker
     /// leave no list with anything in it).
-    @exclusivity(unchecked) private var queuedClasses: UInt8 = 0
+    @exclusivity(unchecked) var queuedClasses: UInt8 = 0
     /// Dispatches of asynchronous bodies in each run list. Such a body returns at once (its work goes on
     /// elsewhere: a timer, a transfer, a child process), so a few workers drain any number of them; only
     /// synchronous dispatches each call for a thread of their own.
-    @exclusivity(unchecked) private var asyncQueued = [Int](repeating: 0, count: classes)
+    @exclusivity(unchecked) var asyncQueued = [Int](repeating: 0, count: classes)
     /// Workers inside an asynchronous body, per class: they come back for the next dispatch soon.
-    @exclusivity(unchecked) private var asyncRunning = [Int](repeating: 0, count: classes)
+    @exclusivity(unchecked) var asyncRunning = [Int](repeating: 0, count: classes)
     /// Workers asked for per class by a burst of asynchronous dispatches.
     static let asyncWorkers = 2
     let workerConditions: [Condition]
-    @exclusivity(unchecked) private var idle = [Int](repeating: 0, count: classes)
-    @exclusivity(unchecked) private var signalled = [Int](repeating: 0, count: classes)
-    @exclusivity(unchecked) private var spawning = [Int](repeating: 0, count: classes)
-    @exclusivity(unchecked) private var workers = [Int](repeating: 0, count: classes)
+    @exclusivity(unchecked) var idle = [Int](repeating: 0, count: classes)
+    @exclusivity(unchecked) var signalled = [Int](repeating: 0, count: classes)
+    @exclusivity(unchecked) var spawning = [Int](repeating: 0, count: classes)
+    @exclusivity(unchecked) var workers = [Int](repeating: 0, count: classes)
     /// Per class; a runaway queue limit cannot create unbounded threads.
-    private let maxThreadsPerClass: Int
+    let maxThreadsPerClass: Int
 
     struct TimerEntry: Comparable {
         var deadline: Double
@@ -63,13 +63,13 @@ public final class Engine: @unchecked Sendable, ContextHost {
     }
     @exclusivity(unchecked) var timers = Heap<TimerEntry>()
     /// Timers left after the last compaction (see `afterStep`).
-    @exclusivity(unchecked) private var timersKept = 0
-    @exclusivity(unchecked) private var timerSeq: UInt64 = 0
+    @exclusivity(unchecked) var timersKept = 0
+    @exclusivity(unchecked) var timerSeq: UInt64 = 0
     let timerCondition = Condition()
-    @exclusivity(unchecked) private var timerThreadStarted = false
+    @exclusivity(unchecked) var timerThreadStarted = false
 
     let deliveryCondition = Condition()
-    @exclusivity(unchecked) private var deliveryThreadStarted = false
+    @exclusivity(unchecked) var deliveryThreadStarted = false
     @exclusivity(unchecked) var delivering = false
 
     let finishedCondition = Condition()
@@ -311,7 +311,7 @@ public final class Engine: @unchecked Sendable, ContextHost {
     /// What must happen outside the lock after a step (optional: most steps have nothing, and no array is made). A
     /// step by a thread not the engine's (a command's end) also leaves its wake-ups until after the unlock: a worker
     /// signalled under the lock would only block on it next.
-    private struct After {
+    struct After {
         var handlers: [@Sendable () -> Void]?
         var callbacks: [@Sendable () -> Void]?
         var wakes: [Condition]?
@@ -331,14 +331,14 @@ public final class Engine: @unchecked Sendable, ContextHost {
     /// Under the lock: start what can start, arm timers, wake the threads that have work.
     /// `runningClass` is the class of the calling worker, which goes on to take one item itself.
     /// `now`: the wall clock as the step read it (NaN: read it here when something may start).
-    private func afterStep(runningClass: Int?, now: Double = .nan) -> After {
+    func afterStep(runningClass: Int?, now: Double = .nan) -> After {
         var none: Dispatch?
         return afterStep(runningClass: runningClass, now: now, taken: &none)
     }
 
     /// `afterStep` for a worker: `taken` receives its next operation (the first of its class, synchronous), handed to
     /// it directly rather than through the list; what the list already holds goes to the workers signalled for it.
-    private func afterStep(runningClass: Int?, now: Double, taken: inout Dispatch?) -> After {
+    func afterStep(runningClass: Int?, now: Double, taken: inout Dispatch?) -> After {
         var after = After()
         var dispatchTime = now
         var rateTime: Double?
@@ -416,7 +416,7 @@ public final class Engine: @unchecked Sendable, ContextHost {
 
     /// Under the lock: moves the scheduler's timer requests into the heap, waking the timer thread when the
     /// earliest deadline moved.
-    private func armTimers() {
+    func armTimers() {
         let now = monotonicClock()
         var earliestChanged = false
         for request in scheduler.timerRequests {
@@ -439,162 +439,5 @@ public final class Engine: @unchecked Sendable, ContextHost {
         } else if earliestChanged {
             timerCondition.signal()
         }
-    }
-
-    // MARK: Threads
-
-    private func spawn(_ main: @escaping @Sendable (Engine) -> Void) {
-        liveThreads += 1
-        let box = Unmanaged.passRetained(ThreadStart(engine: self, main: main))
-        var thread = pthread_t()
-        var attributes = pthread_attr_t()
-        pthread_attr_init(&attributes)
-        pthread_attr_setdetachstate(&attributes, Int32(PTHREAD_CREATE_DETACHED))
-        pthread_attr_setstacksize(&attributes, 1 << 20)
-        let rc = pthread_create(&thread, &attributes, { raw in
-            guard let raw else { return nil }
-            let start = Unmanaged<ThreadStart>.fromOpaque(raw).takeRetainedValue()
-            start.main(start.engine)
-            return nil
-        }, box.toOpaque())
-        pthread_attr_destroy(&attributes)
-        if rc != 0 {
-            // Out of threads: the work stays queued and the next step tries again.
-            box.release()
-            liveThreads -= 1
-        } else {
-            threads.append(thread)
-        }
-    }
-
-    private func threadExited() {
-        liveThreads -= 1
-        let me = pthread_self()
-        threads.removeAll { pthread_equal($0, me) != 0 }
-        finishedCondition.broadcast()
-    }
-
-    private func workerMain(_ qos: QualityOfService) {
-        let priority = qos.threadPriority
-        _ = opq_set_thread_priority(priority.nice, priority.idle ? 1 : 0)
-        let c = Int(qos.rawValue)
-        lock.lock()
-        spawning[c] -= 1
-        var next: Dispatch?
-        while true {
-            let dispatch: Dispatch
-            if let taken = next.take() {
-                dispatch = taken
-            } else {
-                while runLists[c].isEmpty && !shuttingDown {
-                    idle[c] += 1
-                    workerConditions[c].wait(lock)
-                    idle[c] -= 1
-                    if signalled[c] > 0 { signalled[c] -= 1 }
-                }
-                guard let popped = runLists[c].popFirst() else {
-                    workers[c] -= 1
-                    threadExited()
-                    lock.unlock()
-                    return
-                }
-                if runLists[c].isEmpty { queuedClasses &= ~(1 << UInt8(c)) }
-                if case .async = popped.body { asyncQueued[c] -= 1; asyncRunning[c] += 1 }
-                dispatch = popped
-            }
-            lock.unlock()
-            let attempt = dispatch.attempt
-            var time = Double.nan
-            if let outcome = run(consume dispatch) {
-                lock.lock()
-                time = wallClock()
-                scheduler.finish(attempt, outcome: outcome, now: time)
-            } else {
-                lock.lock()
-                asyncRunning[c] -= 1
-            }
-            // One reading of the clock for the end and the starts that follow it, in the same hold of the lock.
-            let after = afterStep(runningClass: c, now: time, taken: &next)
-            if !after.isEmpty {
-                lock.unlock()
-                after.run()
-                lock.lock()
-            }
-        }
-    }
-
-    /// Calls a dispatch's body, outside the lock: a synchronous one's outcome, nil for an asynchronous one. The
-    /// dispatch and its context are let go here, before the caller takes the lock again: releasing the body, the name
-    /// and the input (counts other workers touch too) is no work to do while holding it.
-    @inline(__always)
-    private func run(_ dispatch: consuming Dispatch) -> Scheduler.Outcome? {
-        let context = OperationContext(host: self, current: dispatch.attempt, input: dispatch.input, name: dispatch.name)
-        // The bodies are called through the dispatch (`call`), not bound out of it: a binding copies the closure,
-        // a retain and a release on a count every worker shares when operations share a body.
-        switch dispatch.body {
-        case .sync:
-            do {
-                return .succeeded(try dispatch.body.call(context).map(OutputBox.init))
-            } catch {
-                return .failure(String(describing: error), final: error is FinalFailure)
-            }
-        case .async:
-            _ = try? dispatch.body.call(context)
-            return nil
-        }
-    }
-
-    private func timerMain() {
-        lock.lock()
-        while !shuttingDown {
-            guard let first = timers.min else {
-                timerCondition.wait(lock)
-                continue
-            }
-            let now = monotonicClock()
-            if first.deadline > now {
-                timerCondition.wait(lock, untilMonotonic: first.deadline)
-                continue
-            }
-            let wall = wallClock()
-            while let due = timers.min, due.deadline <= now {
-                timers.removeMin()
-                timersFired += 1
-                scheduler.fire(due.kind, now: wall)
-            }
-            let after = afterStep(runningClass: nil)
-            lock.unlock()
-            after.run()
-            lock.lock()
-        }
-        threadExited()
-        lock.unlock()
-    }
-
-    private func deliveryMain() {
-        lock.lock()
-        while true {
-            while scheduler.events.isEmpty && !shuttingDown { deliveryCondition.wait(lock) }
-            if scheduler.events.isEmpty { break }
-            var batches = scheduler.events.take()
-            delivering = true
-            lock.unlock()
-            for batch in batches { observer?(batch) }
-            batches.removeAll()
-            lock.lock()
-            delivering = false
-            if scheduler.events.isEmpty { finishedCondition.broadcast() }
-        }
-        threadExited()
-        lock.unlock()
-    }
-}
-
-private final class ThreadStart: @unchecked Sendable {
-    let engine: Engine
-    let main: @Sendable (Engine) -> Void
-    init(engine: Engine, main: @escaping @Sendable (Engine) -> Void) {
-        self.engine = engine
-        self.main = main
     }
 }
