@@ -85,6 +85,9 @@ struct EngineRun {
     var readerMaxWaitMilliseconds: Double
     /// How long building the graph took (ms), before `submit`.
     var buildMilliseconds: Double
+    /// How often a worker shed and a governed class was released (Governor.swift).
+    var sheds = 0
+    var releases = 0
 }
 
 /// `observed`: with an observer taking every transition, as the daemon runs it.
@@ -115,9 +118,10 @@ func runOpqueued(_ workload: Workload, _ n: Int, observed: Bool = false) -> Engi
     }
     let seconds = now() - start
     let waited = probe.stop()
+    let governor = engine.governorCounts
     engine.shutdown()
     return EngineRun(seconds: seconds, submitMilliseconds: submitted * 1000, readerMaxWaitMilliseconds: waited,
-                     buildMilliseconds: built * 1000)
+                     buildMilliseconds: built * 1000, sheds: governor.sheds, releases: governor.releases)
 }
 
 func runFoundation(_ workload: Workload, _ n: Int) -> Double {
@@ -235,8 +239,8 @@ enum EngineBench {
         case "opqueued", "observed":
             let run = runOpqueued(workload, n, observed: parts[0] == "observed")
             seconds = run.seconds
-            extra = String(format: " build_ms=%.1f submit_ms=%.1f reader_max_wait_ms=%.1f", run.buildMilliseconds, run.submitMilliseconds,
-                           run.readerMaxWaitMilliseconds)
+            extra = String(format: " build_ms=%.1f submit_ms=%.1f reader_max_wait_ms=%.1f sheds=%d releases=%d", run.buildMilliseconds,
+                           run.submitMilliseconds, run.readerMaxWaitMilliseconds, run.sheds, run.releases)
         default: exit(64)
         }
         let cpu = cpuSeconds() - cpuStart

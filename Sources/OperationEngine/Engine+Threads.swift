@@ -50,11 +50,22 @@ extension Engine {
         lock.lock()
         spawning[c] -= 1
         var next: Dispatch?
+        // Acquisitions in a row, after an operation, that found the lock taken; and whether this worker just shed.
+        var streak = 0
+        var shed = false
         while true {
             let dispatch: Dispatch
             if let taken = next.take() {
                 dispatch = taken
             } else {
+                if shed && !shuttingDown {
+                    // Shed (Governor.swift): wait to be woken, even with work in the run list (the busy worker's).
+                    idle[c] += 1
+                    workerConditions[c].wait(lock)
+                    idle[c] -= 1
+                    if signalled[c] > 0 { signalled[c] -= 1 }
+                }
+                shed = false
                 while runLists[c].isEmpty && !shuttingDown {
                     idle[c] += 1
                     workerConditions[c].wait(lock)
@@ -75,9 +86,14 @@ extension Engine {
             let attempt = dispatch.attempt
             var time = Double.nan
             if let outcome = run(consume dispatch) {
-                lock.lock()
+                if lock.tryLock() { streak = 0 } else { lock.lock(); streak += 1 }
                 time = wallClock()
                 scheduler.finish(attempt, outcome: outcome, now: time)
+                if governor.workerStep(c, time: time, streak: streak, busy: busyWorkers(c)) {
+                    shed = true
+                    streak = 0
+                    armGovernorCheck()
+                }
             } else {
                 lock.lock()
                 asyncRunning[c] -= 1
@@ -116,15 +132,17 @@ extension Engine {
     func timerMain() {
         lock.lock()
         while !shuttingDown {
-            guard let first = timers.min else {
+            let deadline = min(timers.min?.deadline ?? .infinity, governor.checkAt)
+            guard deadline < .infinity else {
                 timerCondition.wait(lock)
                 continue
             }
             let now = monotonicClock()
-            if first.deadline > now {
-                timerCondition.wait(lock, untilMonotonic: first.deadline)
+            if deadline > now {
+                timerCondition.wait(lock, untilMonotonic: deadline)
                 continue
             }
+            if governor.checkAt <= now { checkGovernor(monotonic: now) }
             let wall = wallClock()
             while let due = timers.min, due.deadline <= now {
                 timers.removeMin()

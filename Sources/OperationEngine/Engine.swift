@@ -8,6 +8,8 @@
 //   that class execute at once (queue limits bound it), and no more.
 // - A worker that finishes an operation takes the next one of its class under the same lock hold,
 //   so chains and serial queues run without a thread hand-off.
+// - Operations so brief that the lock is the bottleneck run on one worker of their class, not several that would
+//   wait for each other (Governor.swift); a long operation among them releases the class within half a millisecond.
 // - Asynchronous operations hold a queue slot but no thread; their completion may come from anywhere.
 // - Timeouts, retry delays, group deadlines and queue rates' next free starts sit in one heap served by
 //   one timer thread: nothing polls.
@@ -51,6 +53,8 @@ public final class Engine: @unchecked Sendable, ContextHost {
     @exclusivity(unchecked) var signalled = [Int](repeating: 0, count: classes)
     @exclusivity(unchecked) var spawning = [Int](repeating: 0, count: classes)
     @exclusivity(unchecked) var workers = [Int](repeating: 0, count: classes)
+    /// Keeps brief operations on one worker of their class (Governor.swift).
+    @exclusivity(unchecked) var governor = Governor(classes: classes)
     /// Per class; a runaway queue limit cannot create unbounded threads.
     let maxThreadsPerClass: Int
 
@@ -358,7 +362,8 @@ public final class Engine: @unchecked Sendable, ContextHost {
             }
             guard let dispatch = scheduler.nextDispatch(now: dispatchTime, monotonic: rateTime) else { break }
             let c = Int(dispatch.qualityOfService.rawValue)
-            if c == runningClass, taken == nil, case .sync = dispatch.body {
+            // A governed class's worker takes its next from the run list's head, in order, as its other dispatches.
+            if c == runningClass, taken == nil, case .sync = dispatch.body, !governor.isGoverned(c) {
                 taken = dispatch
                 continue
             }
@@ -374,6 +379,10 @@ public final class Engine: @unchecked Sendable, ContextHost {
             classes &= classes - 1
             let needed = runLists[c].count - asyncQueued[c] + max(0, min(asyncQueued[c], Self.asyncWorkers) - asyncRunning[c])
             var deficit = needed - signalled[c] - spawning[c] - (runningClass == c && taken == nil ? 1 : 0)
+            if governor.isGoverned(c) {
+                // One busy worker (or one on its way) takes the run list in order: nobody else is woken.
+                deficit = busyWorkers(c) + signalled[c] + spawning[c] > 0 ? 0 : min(deficit, 1)
+            }
             var available = idle[c] - signalled[c]
             while deficit > 0 && available > 0 {
                 after.wake(workerConditions[c], deferred: runningClass == nil)

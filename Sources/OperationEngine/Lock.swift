@@ -30,6 +30,8 @@ final class Lock: @unchecked Sendable {
 
     @inline(__always) func lock() { pthread_mutex_lock(mutex) }
     @inline(__always) func unlock() { pthread_mutex_unlock(mutex) }
+    /// Takes the lock if it is free; false (not held) if another thread holds it.
+    @inline(__always) func tryLock() -> Bool { pthread_mutex_trylock(mutex) == 0 }
 
     /// Takes the lock if it comes free within `seconds`; false if not (then it is not held).
     func lock(within seconds: Double) -> Bool {
