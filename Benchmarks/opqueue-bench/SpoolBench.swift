@@ -235,13 +235,14 @@ enum SpoolBench {
         return journal != nil && journal == device((base as NSString).deletingLastPathComponent)
     }
 
-    /// Throughput, to the console and to the journal, alternating (so that both meet the same load).
+    /// Throughput, to the console and to the journal, alternating (so that both meet the same load), the console first
+    /// in even rounds and the journal first in odd ones (the second run of a pair finds the first's files on the disk).
     static func throughputPairs(_ n: Int, rounds: Int, base: String) {
         var rates: [String: [Double]] = [:]
         let targets = journalIsListening() ? ["console", "journal"] : ["console"]
         if targets.count == 2 { emit("spool journal_files_on_spool_fs=\(journalFilesShareFileSystem(with: base))") }
         for round in 0..<rounds {
-            for target in targets {
+            for target in round % 2 == 0 ? targets : targets.reversed() {
                 let rate = throughput(base + "-throughput-\(target)-\(round)", n, target: target)
                 rates[target, default: []].append(rate)
             }
