@@ -377,26 +377,7 @@ public final class Engine: @unchecked Sendable, ContextHost {
         while classes != 0 {
             let c = classes.trailingZeroBitCount
             classes &= classes - 1
-            let needed = runLists[c].count - asyncQueued[c] + max(0, min(asyncQueued[c], Self.asyncWorkers) - asyncRunning[c])
-            var deficit = needed - signalled[c] - spawning[c] - (runningClass == c && taken == nil ? 1 : 0)
-            if governor.isGoverned(c) {
-                // One busy worker (or one on its way) takes the run list in order: nobody else is woken.
-                deficit = busyWorkers(c) + signalled[c] + spawning[c] > 0 ? 0 : min(deficit, 1)
-            }
-            var available = idle[c] - signalled[c]
-            while deficit > 0 && available > 0 {
-                after.wake(workerConditions[c], deferred: runningClass == nil)
-                signalled[c] += 1
-                available -= 1
-                deficit -= 1
-            }
-            while deficit > 0 && workers[c] < maxThreadsPerClass {
-                workers[c] += 1
-                spawning[c] += 1
-                deficit -= 1
-                let qos = QualityOfService(rawValue: UInt8(c)) ?? .default
-                spawn { $0.workerMain(qos) }
-            }
+            wakeWorkers(of: c, selfTakes: runningClass == c && taken == nil, deferred: runningClass == nil, into: &after)
         }
         if !scheduler.cancelHandlersToRun.isEmpty {
             after.handlers = scheduler.cancelHandlersToRun
@@ -421,6 +402,31 @@ public final class Engine: @unchecked Sendable, ContextHost {
             finishedCondition.broadcast()
         }
         return after
+    }
+
+    /// Under the lock: wakes or starts as many workers of class `c` as its run list needs, beyond those on their way.
+    /// `selfTakes`: the calling worker, of this class, takes one itself; `deferred`: wake-ups wait for `After.run`.
+    private func wakeWorkers(of c: Int, selfTakes: Bool, deferred: Bool, into after: inout After) {
+        let needed = runLists[c].count - asyncQueued[c] + max(0, min(asyncQueued[c], Self.asyncWorkers) - asyncRunning[c])
+        var deficit = needed - signalled[c] - spawning[c] - (selfTakes ? 1 : 0)
+        if governor.isGoverned(c) {
+            // One busy worker (or one on its way) takes the run list in order: nobody else is woken.
+            deficit = busyWorkers(c) + signalled[c] + spawning[c] > 0 ? 0 : min(deficit, 1)
+        }
+        var available = idle[c] - signalled[c]
+        while deficit > 0 && available > 0 {
+            after.wake(workerConditions[c], deferred: deferred)
+            signalled[c] += 1
+            available -= 1
+            deficit -= 1
+        }
+        while deficit > 0 && workers[c] < maxThreadsPerClass {
+            workers[c] += 1
+            spawning[c] += 1
+            deficit -= 1
+            let qos = QualityOfService(rawValue: UInt8(c)) ?? .default
+            spawn { $0.workerMain(qos) }
+        }
     }
 
     /// Under the lock: moves the scheduler's timer requests into the heap, waking the timer thread when the
