@@ -58,20 +58,10 @@ extension Engine {
             if let taken = next.take() {
                 dispatch = taken
             } else {
-                if shed && !shuttingDown {
-                    // Shed (Governor.swift): wait to be woken, even with work in the run list (the busy worker's).
-                    idle[c] += 1
-                    workerConditions[c].wait(lock)
-                    idle[c] -= 1
-                    if signalled[c] > 0 { signalled[c] -= 1 }
-                }
+                // Shed (Governor.swift): wait to be woken once, even with work in the run list (the busy worker's).
+                if shed && !shuttingDown { waitAsIdle(c) }
                 shed = false
-                while runLists[c].isEmpty && !shuttingDown {
-                    idle[c] += 1
-                    workerConditions[c].wait(lock)
-                    idle[c] -= 1
-                    if signalled[c] > 0 { signalled[c] -= 1 }
-                }
+                while runLists[c].isEmpty && !shuttingDown { waitAsIdle(c) }
                 guard let popped = runLists[c].popFirst() else {
                     workers[c] -= 1
                     threadExited()
@@ -106,6 +96,14 @@ extension Engine {
                 lock.lock()
             }
         }
+    }
+
+    /// Under the lock: a worker of class `c` waits to be woken, counted idle meanwhile (and no longer owed a signal).
+    private func waitAsIdle(_ c: Int) {
+        idle[c] += 1
+        workerConditions[c].wait(lock)
+        idle[c] -= 1
+        if signalled[c] > 0 { signalled[c] -= 1 }
     }
 
     /// Calls a dispatch's body, outside the lock: a synchronous one's outcome, nil for an asynchronous one. The

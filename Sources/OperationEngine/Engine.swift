@@ -448,10 +448,15 @@ public final class Engine: @unchecked Sendable, ContextHost {
             timersKept = timers.count
             earliestChanged = true
         }
+        if earliestChanged || !timerThreadStarted { wakeTimerThread() }
+    }
+
+    /// Under the lock: starts the timer thread, or wakes it to look at its deadlines again.
+    func wakeTimerThread() {
         if !timerThreadStarted {
             timerThreadStarted = true
             spawn { $0.timerMain() }
-        } else if earliestChanged {
+        } else {
             timerCondition.signal()
         }
     }

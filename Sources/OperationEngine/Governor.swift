@@ -100,12 +100,7 @@ extension Engine {
     func armGovernorCheck() {
         guard governor.checkAt == .infinity else { return }
         governor.checkAt = monotonicClock() + Governor.interval
-        if !timerThreadStarted {
-            timerThreadStarted = true
-            spawn { $0.timerMain() }
-        } else {
-            timerCondition.signal()
-        }
+        wakeTimerThread()
     }
 
     /// Under the lock, on the timer thread when `checkAt` came: checks every governed class, and arms the next check
