@@ -20,6 +20,16 @@ extension PostgresClusterStoreTests {
         let database = store.url.database
         #expect(try await store.migrate() == Migrations.newest)
         try await store.migrateDown(to: 12)
+        // What 13's down must restore exactly: the indexes, opq_live's options and the functions' bodies of 12 as
+        // migrations 1 to 12 make them in a database of their own.
+        let catalog = """
+            SELECT md5(string_agg(indexdef, ';' ORDER BY indexname)) FROM pg_indexes WHERE tablename LIKE 'opq\\_%'
+            UNION ALL SELECT coalesce(array_to_string(reloptions, ','), '-') FROM pg_class WHERE relname = 'opq_live'
+            UNION ALL SELECT md5(string_agg(proname || prosrc, ';' ORDER BY proname)) FROM pg_proc WHERE proname LIKE 'opq\\_%'
+            """
+        let fresh = try server.createDatabase()
+        for migration in Migrations.all where migration.version <= 12 { try server.psql(fresh, migration.up.joined(separator: ";\n")) }
+        let twelve = try server.psql(fresh, catalog)
         #expect(try await store.registerNode(node("a")))
         #expect(try await store.registerNode(node("b")))
         // A claim and its table's counts in one transaction: rows claimed, of the rows updated how many in place.
@@ -57,6 +67,7 @@ extension PostgresClusterStoreTests {
         #expect(try claim(1, by: "b") == "1 1/2", "the due job (first in claim order) made claimable, then claimed")
         #expect(try await store.heartbeat(node: "b").held["d"] != nil)
         try await store.migrateDown(to: 12)
+        #expect(try server.psql(database, catalog) == twelve, "12's indexes, options and functions")
         #expect(try claim(5, by: "b") == "2 0/2", "12's claim takes the jobs left, j5 and j6")
         #expect(try await store.migrate() == Migrations.newest, "up again")
         #expect(try claim(5, by: "b") == "0 0/0")
