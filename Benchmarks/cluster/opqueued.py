@@ -326,6 +326,10 @@ def already_in_database(args, count=2, pinned=False):
              "DO $$ BEGIN IF to_regclass('opq_live') IS NOT NULL THEN EXECUTE 'INSERT INTO opq_live (id, qos_rank, "
              "priority_rank, seq, queues, commands) SELECT id, qos_rank, priority_rank, seq, queues, commands FROM opq_jobs'"
              "; END IF; END $$; "
+             # From schema 13, a job claimable now has its opq_claimable row too.
+             "DO $$ BEGIN IF to_regclass('opq_claimable') IS NOT NULL THEN EXECUTE 'INSERT INTO opq_claimable (qos_rank, "
+             "priority_rank, seq, id, queues, commands) SELECT qos_rank, priority_rank, seq, id, queues, commands FROM opq_live'"
+             "; END IF; END $$; "
              "SELECT pg_notify('opqueued', 'jobs');")
         done, elapsed = wait_for_outboxes(cluster, count, args.jobs, start)
         cpu = cpu_per_job(cpu_before, cluster.cpu(), done)

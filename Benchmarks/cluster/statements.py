@@ -11,7 +11,9 @@
 #                       the migrations is its draft, prototype-NNNN.sql beside this script
 #             schema-N-merged  the same, each round's claim and the previous round's completion in one statement
 #                       and one commit (what a node sending its ends with its next claim would cost)
-#   each round: JOBS waiting jobs inserted (a real manifest, and a result.plist of a `sleep 0` job at completion),
+#   --running N: N more jobs, the first in claim order, held by a node that never ends them (other nodes' running
+#   jobs, which a claim must not step over); each round: JOBS waiting jobs inserted (a real manifest, and a result.plist
+#   of a `sleep 0` job at completion),
 #   then CLIENTS pgbench clients claim BATCH at a time and complete them until none is left; the variants take turns,
 #   ROUNDS times. Per variant and round: server CPU µs per job (this server's processes, from /proc), commits, WAL
 #   bytes and HOT updates per job; then each round's ratios of server CPU, the last schema over the first and over
@@ -93,7 +95,7 @@ def result_plist():
                            "submittedOn": "bench-n0"})
 
 
-def make_database(admin, name, jobs, variant):
+def make_database(admin, name, jobs, variant, running=0):
     psql(admin, "postgres", f"CREATE DATABASE {name}")
     if variant in ("floor", "floor-rows"):
         payload = "00" if variant == "floor" else plistlib.dumps(
@@ -101,6 +103,8 @@ def make_database(admin, name, jobs, variant):
         psql(admin, name, FLOOR_TABLE + "ALTER TABLE q ADD COLUMN result bytea; CREATE TABLE bench_result (b bytea);"
              f"INSERT INTO bench_result VALUES ('\\x{result_plist().hex()}');"
              f"INSERT INTO q (payload) SELECT '\\x{payload}'::bytea FROM generate_series(1, {jobs})")
+        if running:
+            psql(admin, name, f"UPDATE q SET state = 'running', node = 'ghost', fence = nextval('fence') WHERE id <= {running}")
         psql(admin, name, "VACUUM ANALYZE q")
         return
     url = urllib.parse.urlparse(admin)
@@ -124,6 +128,13 @@ def make_database(admin, name, jobs, variant):
          "priority_rank, seq, queues, commands) SELECT id, qos_rank, priority_rank, seq, queues, commands FROM opq_jobs'"
          "; END IF; END $$")
     apply(last[0] if last else PROTOTYPE.format(version))
+    if running:
+        table = "opq_jobs" if version < 11 else "opq_live"
+        psql(admin, name, f"UPDATE {table} SET state = 'running', node = 'ghost', fence = nextval('opq_fence') "
+             f"WHERE id IN (SELECT id FROM {table} ORDER BY seq LIMIT {running})")
+        # From schema 13 a running job is not among the claimable ones (a claim deletes it there).
+        psql(admin, name, "DO $$ BEGIN IF to_regclass('opq_claimable') IS NOT NULL THEN EXECUTE 'DELETE FROM opq_claimable "
+             "WHERE id IN (SELECT id FROM opq_live WHERE state = ''running'')'; END IF; END $$")
     psql(admin, name, "VACUUM ANALYZE")
 
 
@@ -136,7 +147,7 @@ def hot_updates(admin, name, table):
 
 def drain(args, variant, round_):
     name = f"bench_statements_{variant.replace('-', '_')}_{round_}"
-    make_database(args.admin, name, args.jobs, variant)
+    make_database(args.admin, name, args.jobs + args.running, variant, args.running)
     url = urllib.parse.urlparse(args.admin)
     with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as f:
         f.write(script(variant))
@@ -165,7 +176,8 @@ def drain(args, variant, round_):
         commits = int(psql(args.admin, "postgres", f"SELECT xact_commit FROM pg_stat_database WHERE datname = '{name}'")) - commits
         updates = [after - before for after, before in zip(hot_updates(args.admin, name, table), updates)]
         left = int(psql(args.admin, name, f"SELECT count(*) FROM {table}" + ("" if table == "opq_live" else " WHERE state <> 'finished'")))
-        figures = {"part": "statements", "variant": variant, "round": round_, "jobs": args.jobs, "left": left,
+        figures = {"part": "statements", "variant": variant, "round": round_, "jobs": args.jobs, "running": args.running,
+                   "left": left,
                    "clients": args.clients, "batch": args.batch, "protocol": args.protocol, "serverCpuUsPerJob": round(1e6 * cpu / args.jobs, 1),
                    "commitsPerJob": round(commits / args.jobs, 3), "walBytesPerJob": round(wal / args.jobs),
                    "jobRowUpdatesInPlace": f"{updates[1]} of {updates[0]}",
@@ -187,6 +199,7 @@ def main():
     parser.add_argument("--protocol", default="extended", choices=["extended", "prepared"],
                         help="pgbench's: extended sends unnamed statements (as a node does), prepared named ones, parsed and "
                              "planned once per connection (what named statements would save)")
+    parser.add_argument("--running", type=int, default=0, help="jobs held throughout by a node that never ends them")
     parser.add_argument("--rows", action="store_true", help="also the floor with a job's bytes (variant floor-rows)")
     parser.add_argument("--schemas", default="10,10-merged", help="the schema versions to drain, in turn")
     args = parser.parse_args()

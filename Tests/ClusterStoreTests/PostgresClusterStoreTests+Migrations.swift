@@ -1,6 +1,6 @@
 // Migrations of a database with jobs in flight: schema 11 takes the jobs' states out of opq_jobs (into opq_live and
 // opq_ended), so a cluster upgraded from 10 must find every waiting, delayed, running and finished job as it was;
-// schema 12's claim answers as 11's did.
+// schema 12's claim answers as 11's did (jobs inserted by hand below 13, as code of 11 and 12 submits them).
 
 @testable import ClusterStore
 import Foundation
@@ -66,16 +66,18 @@ extension PostgresClusterStoreTests {
     /// Schema 12 returns a claim's rows as one query (no PL/pgSQL loop): the same rows as 11's, manifests within the
     /// budget, cancels, order; and down to 11 the loop claims again.
     @Test func claimOfTwelveAnswersAsElevensDid() async throws {
+        let server = try PostgresServer.shared.get()
         let (store, under) = try await makePostgresStore()
         defer { Task { await under.close() } }
         #expect(try await store.migrate() == Migrations.newest)
-        func round(_ tag: String) async throws -> [String] {
+        func round(_ tag: String, byHand: Bool = false) async throws -> [String] {
             func sized(_ id: String, _ bytes: Int, qos: Int = 2) -> NewJob {
                 var j = job(tag + id, qos: qos)
                 j.manifest = Array(repeating: UInt8(ascii: "x"), count: bytes)
                 return j
             }
-            _ = try await store.insertJobs([sized("a", 400), sized("b", 6000), sized("c", 400, qos: 4), sized("d", 400), sized("e", 10)])
+            let jobs = [sized("a", 400), sized("b", 6000), sized("c", 400, qos: 4), sized("d", 400), sized("e", 10)]
+            if byHand { try insertAsTwelve(server, store.url.database, jobs) } else { _ = try await store.insertJobs(jobs) }
             _ = try await store.requestCancel(job: tag + "d", operation: "op", notAfter: Date().timeIntervalSince1970 + 60)
             return try await store.claimJobs(node: "n1", limit: 10, queues: ["default"], commands: [], budget: 800, maxManifestBytes: 5000)
                 .map { "\($0.id.dropFirst()) \($0.manifestBytes) \($0.manifest.count) \($0.cancels.map { $0 ?? "-" })" }
@@ -83,8 +85,29 @@ extension PostgresClusterStoreTests {
         let expected = ["c 400 400 []", "a 400 400 []", "b 6000 0 []", "d 400 0 [\"op\"]", "e 10 0 []"]
         #expect(try await round("t") == expected)
         try await store.migrateDown(to: 11)
-        #expect(try await round("e") == expected)
+        #expect(try await round("e", byHand: true) == expected)
         #expect(try await store.migrate() == Migrations.newest)
         await under.close()
     }
+}
+
+/// Jobs inserted by hand as code of 11 and 12 submits them: their opq_jobs and opq_live rows (waiting), none in
+/// opq_claimable (schema 13), which that code never writes.
+func insertAsTwelve(_ server: PostgresServer, _ database: String, _ jobs: [NewJob]) throws {
+    let rows = jobs.map { j in
+        let manifest = j.manifest.map { String(format: "%02x", $0) }.joined()
+        let notBefore = j.notBefore.map { "to_timestamp(\($0))" } ?? "NULL"
+        let arrays = "'{\(j.queues.joined(separator: ","))}', '{\(j.commands.joined(separator: ","))}'"
+        return "('\(j.requestedID)', '\(j.requestedID)', '\\x\(manifest)'::bytea, '\(j.manifestName)', '\(j.submittedOn)', "
+            + "\(j.qosRank), \(j.priorityRank), \(arrays), \(notBefore))"
+    }
+    try server.psql(database, """
+        WITH inserted AS (
+            INSERT INTO opq_jobs (id, requested_id, manifest, manifest_name, submitted_on, qos_rank, priority_rank, queues, commands,
+                                  not_before)
+            VALUES \(rows.joined(separator: ", "))
+            RETURNING id, qos_rank, priority_rank, seq, queues, commands, not_before
+        )
+        INSERT INTO opq_live (id, qos_rank, priority_rank, seq, queues, commands, not_before) SELECT * FROM inserted
+        """)
 }

@@ -325,7 +325,8 @@ struct PostgresClusterStoreTests {
         let (store, under) = try await makePostgresStore()
         #expect(try await store.migrate() == Migrations.newest)
         try server.psql(store.url.database, "ALTER TABLE opq_jobs SET (autovacuum_enabled = false); "
-                        + "ALTER TABLE opq_live SET (autovacuum_enabled = false); ALTER TABLE opq_ended SET (autovacuum_enabled = false)")
+                        + "ALTER TABLE opq_live SET (autovacuum_enabled = false); ALTER TABLE opq_ended SET (autovacuum_enabled = false); "
+                        + "ALTER TABLE opq_claimable SET (autovacuum_enabled = false)")
         try server.psql(store.url.database, rows)
         return (server, store, under)
     }
@@ -345,7 +346,7 @@ struct PostgresClusterStoreTests {
             """)
         defer { Task { await under.close() } }
         let database = store.url.database
-        if analysed { try server.psql(database, "ANALYZE opq_jobs; ANALYZE opq_live") }
+        if analysed { try server.psql(database, "ANALYZE opq_jobs; ANALYZE opq_live; ANALYZE opq_claimable") }
         #expect(try server.psql(database, "SELECT count(*) > 0 FROM pg_stats WHERE tablename = 'opq_live'")
                     .trimmingCharacters(in: .whitespacesAndNewlines) == (analysed ? "t" : "f"),
                 "the table is \(analysed ? "" : "not ")analysed (else this test shows nothing)")
@@ -362,9 +363,10 @@ struct PostgresClusterStoreTests {
             func count(_ sql: String) async throws -> Int64 {
                 try await store.execute(connection, sql).first.map { try $0.decode(Int64.self) } ?? -1
             }
-            return (claimed.count, try await count("SELECT pg_stat_get_xact_tuples_returned('opq_live_claimable'::regclass)"),
+            return (claimed.count, try await count("SELECT pg_stat_get_xact_tuples_returned('opq_claimable_order'::regclass)"),
                     try await count("SELECT pg_stat_get_xact_numscans('opq_live'::regclass)"
-                                    + " + pg_stat_get_xact_numscans('opq_jobs'::regclass)"))
+                                    + " + pg_stat_get_xact_numscans('opq_jobs'::regclass)"
+                                    + " + pg_stat_get_xact_numscans('opq_claimable'::regclass)"))
         }
         #expect(read.claimed == 10)
         #expect(read.indexEntries >= 10 && read.indexEntries <= 20,

@@ -17,11 +17,16 @@ public final class PostgresServer: @unchecked Sendable {
     /// The non-superuser role the stores log in as, with only the GRANTs docs/cluster-store.md lists.
     public static let role = "opqnode"
     /// Gives every row inserted by hand into opq_jobs (schema 11: what a submission gave, no state) its opq_live row,
-    /// waiting, as the node's insert does: run after such an insert.
+    /// waiting, and unless delayed its opq_claimable row (schema 13), as the node's insert does: run after such an insert.
     public static let waitingFromHand = """
-        INSERT INTO opq_live (id, qos_rank, priority_rank, seq, queues, commands, not_before)
-        SELECT id, qos_rank, priority_rank, seq, queues, commands, not_before FROM opq_jobs AS j
-        WHERE NOT EXISTS (SELECT 1 FROM opq_live AS l WHERE l.id = j.id) AND NOT EXISTS (SELECT 1 FROM opq_ended AS e WHERE e.id = j.id)
+        WITH live AS (
+            INSERT INTO opq_live (id, qos_rank, priority_rank, seq, queues, commands, not_before)
+            SELECT id, qos_rank, priority_rank, seq, queues, commands, not_before FROM opq_jobs AS j
+            WHERE NOT EXISTS (SELECT 1 FROM opq_live AS l WHERE l.id = j.id) AND NOT EXISTS (SELECT 1 FROM opq_ended AS e WHERE e.id = j.id)
+            RETURNING id, qos_rank, priority_rank, seq, queues, commands, not_before
+        )
+        INSERT INTO opq_claimable (qos_rank, priority_rank, seq, id, queues, commands)
+        SELECT qos_rank, priority_rank, seq, id, queues, commands FROM live WHERE not_before IS NULL
         """
 
     public let folder: String

@@ -66,7 +66,7 @@ ON CONFLICT (queue, slot) DO NOTHING;
 -- strings per row (arrays of arrays do not unnest). $1 requested ids, $2 manifests, $3 manifest names,
 -- $4 submitted on, $5 qos ranks, $6 priority ranks, $7 queues, $8 commands, $9 submission keys ('' for none),
 -- $10 not before (epoch seconds; 0 for none: claimable at once). Each job inserted also gets its opq_live row
--- (schema 11), waiting.
+-- (schema 11), waiting, and unless delayed its opq_claimable row (schema 13).
 WITH inserted AS (
     INSERT INTO opq_jobs (id, requested_id, manifest, manifest_name, submitted_on, qos_rank, priority_rank, queues, commands,
                           submission_key, not_before)
@@ -83,6 +83,9 @@ WITH inserted AS (
 ), live AS (
     INSERT INTO opq_live (id, qos_rank, priority_rank, seq, queues, commands, not_before)
     SELECT id, qos_rank, priority_rank, seq, queues, commands, not_before FROM inserted
+), claimable AS (
+    INSERT INTO opq_claimable (qos_rank, priority_rank, seq, id, queues, commands)
+    SELECT qos_rank, priority_rank, seq, id, queues, commands FROM inserted WHERE not_before IS NULL
 )
 SELECT id FROM inserted;
 
@@ -94,7 +97,7 @@ SELECT id FROM inserted;
 -- No row also when the submission key ($9) is already there: the caller then looks it up (SubmittedJob).
 -- $1 requested id, $2 manifest, $3 manifest name, $4 submitted on, $5 qos rank, $6 priority rank,
 -- $7 queues, $8 commands, $9 submission key or NULL, $10 not before (epoch seconds, or NULL). With its opq_live
--- row, waiting.
+-- row, waiting, and unless delayed its opq_claimable row.
 WITH inserted AS (
     INSERT INTO opq_jobs (id, requested_id, manifest, manifest_name, submitted_on, qos_rank, priority_rank, queues, commands,
                           submission_key, not_before)
@@ -115,6 +118,9 @@ WITH inserted AS (
 ), live AS (
     INSERT INTO opq_live (id, qos_rank, priority_rank, seq, queues, commands, not_before)
     SELECT id, qos_rank, priority_rank, seq, queues, commands, not_before FROM inserted
+), claimable AS (
+    INSERT INTO opq_claimable (qos_rank, priority_rank, seq, id, queues, commands)
+    SELECT qos_rank, priority_rank, seq, id, queues, commands FROM inserted WHERE not_before IS NULL
 )
 SELECT id, seq FROM inserted;
 
@@ -158,7 +164,8 @@ FROM opq_claim($1, $2, $3::text[], $4::text[], $5::bigint, $6::bigint);
 -- One statement per node per beat: renews the node's lease (and so those of all its jobs and slots) and
 -- returns the jobs it still holds with their fences, so that it learns at once what it lost. $2: the process's
 -- info ('' for any): a row another process registered since is not renewed (no row returned, as for no row).
--- $3: the node's progress on the jobs it runs (migration 6; NULL for none), for `show` on other nodes.
+-- $3: the node's progress on the jobs it runs (migration 6; NULL for none), for `show` on other nodes. From schema
+-- 13 no index finds a node's rows (so that a claim writes none): the beat reads opq_live, the jobs waiting and running.
 WITH beat AS (
     UPDATE opq_nodes SET last_heartbeat = now(), progress = $3 WHERE node = $1 AND ($2 = '' OR info = $2)
     RETURNING node, extract(epoch FROM last_heartbeat)::float8 AS at
@@ -174,8 +181,8 @@ SELECT node, (extract(epoch FROM last_heartbeat) * 1000000)::bigint AS beat, lea
 
 -- name: TakeOverSilent
 -- The nodes of $1 whose last beat is still exactly $2's (parallel arrays: none has beaten since the caller judged it
--- silent) lose their jobs (back to waiting, from_node set), their cluster slots and their waits for slots (each kind
--- of wake-up notified once when any moved); returns the nodes taken over too. A node beating at this instant holds
+-- silent) lose their jobs (back to waiting, from_node set, claimable again), their cluster slots and their waits for
+-- slots (each kind of wake-up notified once when any moved); returns the nodes taken over too. A node beating at this instant holds
 -- its row lock: it is skipped, never half taken, and its new beat no longer matches.
 WITH lost AS (
     SELECT n.node FROM opq_nodes AS n
@@ -193,7 +200,10 @@ WITH lost AS (
     UPDATE opq_live AS j
     SET state = 'waiting', from_node = j.node, node = NULL, fence = NULL, claimed_at = NULL
     FROM lost WHERE j.state = 'running' AND j.node = lost.node
-    RETURNING j.id, j.from_node
+    RETURNING j.id, j.from_node, j.qos_rank, j.priority_rank, j.seq, j.queues, j.commands
+), claimable AS (
+    INSERT INTO opq_claimable (qos_rank, priority_rank, seq, id, queues, commands)
+    SELECT qos_rank, priority_rank, seq, id, queues, commands FROM moved
 )
 SELECT 'job' AS kind, id, from_node FROM moved
 UNION ALL
@@ -376,12 +386,20 @@ SELECT CASE WHEN statement_timestamp() > to_timestamp($3) THEN 'late' ELSE coale
 -- and commands it needs: it runs nothing (the claim brings its cancels, made before any operation could start), so
 -- it ends at once, published by that node, even when no live node could run it. No row when it no longer waits (its
 -- claimer cancels it) or a claim under way holds it. $3: the most a manifest may hold (a bigger one comes back
--- empty, with its size, to be rejected). The columns are ClaimJobs'.
+-- empty, with its size, to be rejected). The columns are ClaimJobs'. A job not delayed leaves opq_claimable (schema
+-- 13), its row there locked before its opq_live row, as a claim does (one a claim holds is skipped, never waited for).
 WITH picked AS (
-    SELECT l.id FROM opq_live AS l
+    SELECT l.id, l.qos_rank, l.priority_rank, l.seq FROM opq_live AS l
     WHERE l.id = $1 AND l.state = 'waiting'
       AND EXISTS (SELECT 1 FROM opq_cancel_requests AS r WHERE r.job = l.id AND r.operation IS NULL)
+      AND (l.not_before IS NOT NULL
+           OR EXISTS (SELECT 1 FROM opq_claimable AS c
+                      WHERE c.qos_rank = l.qos_rank AND c.priority_rank = l.priority_rank AND c.seq = l.seq
+                      FOR UPDATE SKIP LOCKED))
     FOR UPDATE SKIP LOCKED
+), unlisted AS (
+    DELETE FROM opq_claimable AS c USING picked
+    WHERE c.qos_rank = picked.qos_rank AND c.priority_rank = picked.priority_rank AND c.seq = picked.seq
 ), claimed AS (
     UPDATE opq_live AS l
     SET state = 'running', node = $2, fence = nextval('opq_fence'), claimed_at = now(), not_before = NULL
@@ -442,12 +460,14 @@ LIMIT $4;
 
 -- name: Nodes
 -- For status: every node, live when it beat within its lease ($1 seconds for one that recorded none), with the
--- jobs it runs now and the schema version its code knows (NULL: from before migration 6).
+-- jobs it runs now and the schema version its code knows (NULL: from before migration 6). The running rows are
+-- counted in one read of opq_live (no index finds them by node from schema 13), not one per node.
 SELECT n.node, n.queues, n.commands, n.job_slots, extract(epoch FROM n.last_heartbeat)::float8,
        n.last_heartbeat >= now() - make_interval(secs => coalesce(n.lease_seconds, $1::float8)) AS live,
-       (SELECT count(*) FROM opq_live AS j WHERE j.state = 'running' AND j.node = n.node)::integer AS jobs,
-       n.schema
-FROM opq_nodes AS n ORDER BY n.node;
+       coalesce(r.jobs, 0)::integer AS jobs, n.schema
+FROM opq_nodes AS n
+     LEFT JOIN (SELECT node, count(*) AS jobs FROM opq_live WHERE state = 'running' GROUP BY node) AS r ON r.node = n.node
+ORDER BY n.node;
 
 -- name: JobsNoLiveNodeCanRun
 -- Waiting jobs that no live node (beat within its lease, else $1 seconds) declares every queue and command of, with the
@@ -506,28 +526,27 @@ WITH gone AS (
 SELECT node, (SELECT pg_notify('opqueued', 'nodes') FROM (SELECT 1 FROM gone LIMIT 1) AS g) FROM gone;
 
 -- name: QueueCounts
--- For status: per queue, the jobs of the cluster that use it, waiting and running (a job counts once in each of
--- its queues). Reads the two small partial indexes' rows, never the finished history: each branch names exactly
--- one index's predicate (`state IN (...)` matches neither, and every node's status round read the whole table);
--- waiting jobs are those claimable now and those delayed (schema 8).
+-- For status: per queue, the jobs of the cluster that use it, waiting (claimable now or delayed) and running (a job
+-- counts once in each of its queues). One read of opq_live, which holds only the jobs waiting and running (schema
+-- 11), never the finished history.
 SELECT q, count(*) FILTER (WHERE j.state = 'waiting')::integer, count(*) FILTER (WHERE j.state = 'running')::integer
-FROM (SELECT state, queues FROM opq_live WHERE state = 'waiting' AND not_before IS NULL
-      UNION ALL
-      SELECT state, queues FROM opq_live WHERE state = 'waiting' AND not_before IS NOT NULL
-      UNION ALL
-      SELECT state, queues FROM opq_live WHERE state = 'running') AS j, unnest(j.queues) AS q
+FROM opq_live AS j, unnest(j.queues) AS q
 GROUP BY q ORDER BY q;
 
 -- name: ReleaseJobs
 -- Hands jobs node $1 holds under the given fences back to waiting (from_node set): jobs whose lease the node
--- itself gave up (it stopped them at its own deadline, or did not find them at restart). Notifies when any moved.
+-- itself gave up (it stopped them at its own deadline, or did not find them at restart): claimable again. Notifies
+-- when any moved.
 -- $1 node, $2 ids, $3 fences (parallel arrays).
 WITH moved AS (
     UPDATE opq_live AS j
     SET state = 'waiting', from_node = j.node, node = NULL, fence = NULL, claimed_at = NULL
     FROM unnest($2::text[], $3::bigint[]) AS r (id, fence)
     WHERE j.id = r.id AND j.fence = r.fence AND j.node = $1 AND j.state = 'running'
-    RETURNING j.id
+    RETURNING j.id, j.qos_rank, j.priority_rank, j.seq, j.queues, j.commands
+), claimable AS (
+    INSERT INTO opq_claimable (qos_rank, priority_rank, seq, id, queues, commands)
+    SELECT qos_rank, priority_rank, seq, id, queues, commands FROM moved
 )
 SELECT id, (SELECT pg_notify('opqueued', 'jobs') FROM (SELECT 1 FROM moved LIMIT 1) AS m) FROM moved;
 

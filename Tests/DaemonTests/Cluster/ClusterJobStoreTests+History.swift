@@ -134,7 +134,8 @@ extension ClusterJobStoreTests {
         _ = a.store.recovered([])
         _ = a.store.submit([try a.drop("pinned", sleepManifest("pinned", queue: "io")), try a.drop("other", sleepManifest("other"))])
         #expect(eventually { (try? a.store.job("other")) != nil })
-        try server.psql(database, "UPDATE opq_live SET queues = '{gpu}' WHERE id = 'pinned'")
+        try server.psql(database, "UPDATE opq_live SET queues = '{gpu}' WHERE id = 'pinned'; "
+                        + "UPDATE opq_claimable SET queues = '{gpu}' WHERE id = 'pinned'")
         #expect(eventually(10) { a.store.snapshot()?.unrunnable.first?.job == "pinned" })
         let snapshot = try #require(a.store.snapshot())
         #expect(snapshot.node == "a" && snapshot.connected)
