@@ -9,6 +9,7 @@ import ArgumentParser
 import Daemon
 import Foundation
 import JobModel
+import SpoolFiles
 
 struct Retry: ParsableCommand {
     static let configuration = CommandConfiguration(
@@ -30,8 +31,10 @@ struct Retry: ParsableCommand {
         guard let entry = try endedEntry(of: job, common) else { throw fail(notEnded()) }
         let folder = common.spool + "/outbox/" + entry.name
         let manifestPath = folder + "/manifest.plist"
+        // The daemon wrote it as a plain file: a link or a FIFO put there since is not followed (retry run as root
+        // would submit whatever the link names, readable or not by whoever made the link).
         let original: Data
-        switch readManifestArgument(manifestPath) {
+        switch readRegularFile(manifestPath) {
         case .success(let data): original = data
         case .failure(let error): throw fail("job '\(job)': \(manifestPath) cannot be read: \(error)")
         }

@@ -279,4 +279,35 @@ extension TestSpool {
         let left = (try? FileManager.default.contentsOfDirectory(atPath: inbox)) ?? ["?"]
         #expect(left.isEmpty, "\(left)")
     }
+
+    /// Outbox entries a hostile user planted: a manifest.plist that is a link (to a valid manifest elsewhere, so
+    /// that only the link is refused), a folder that is a link, a plain file. retry follows none; clean removes the
+    /// planted links, never what they name.
+    @Test func retryAndCleanFollowNoLinkInTheOutbox() throws {
+        let spool = TestSpool()
+        try FileManager.default.createDirectory(atPath: spool.outbox, withIntermediateDirectories: true)
+        let elsewhere = spool.root + "-elsewhere"
+        try FileManager.default.createDirectory(atPath: elsewhere, withIntermediateDirectories: true)
+        defer { try? FileManager.default.removeItem(atPath: elsewhere) }
+        let manifest = try plist(["job": "x", "operations": [sleepOp("s", 0)]])
+        try manifest.write(to: URL(fileURLWithPath: elsewhere + "/manifest.plist"))
+        try writeEndedJob(outbox: spool.outbox, job: "linked", finishedAt: 1_000)
+        #expect(symlink(elsewhere + "/manifest.plist", spool.outbox + "/linked/manifest.plist") == 0)
+        try writeEndedJob(outbox: elsewhere, job: "folder", finishedAt: 1_000, manifest: manifest)
+        #expect(symlink(elsewhere + "/folder", spool.outbox + "/folder") == 0)
+        #expect(FileManager.default.createFile(atPath: spool.outbox + "/plain", contents: Data("x".utf8)))
+
+        let linked = try spool.ctl(["retry", "linked"])
+        #expect(linked.status == 1 && linked.stderr.contains("manifest.plist cannot be read")
+                && linked.stderr.contains("symbolic link"), "\(linked.stderr)")
+        for job in ["folder", "plain"] {
+            let r = try spool.ctl(["retry", job])
+            #expect(r.status == 1 && r.stderr.contains("unknown job '\(job)'"), "\(r.stderr)")
+        }
+        #expect(spool.list("inbox").isEmpty)
+        let clean = try spool.ctl(["clean", "--older-than", "1"])
+        #expect(clean.status == 0 && clean.stdout.hasSuffix("removed 1 ended job folder\n"), "\(clean.stdout)\(clean.stderr)")
+        #expect(access(elsewhere + "/manifest.plist", F_OK) == 0 && access(elsewhere + "/folder/result.plist", F_OK) == 0)
+        #expect(spool.list("outbox") == ["folder", "plain"])
+    }
 }
