@@ -411,6 +411,7 @@ func child(_ engine: String, _ workload: Workload, _ n: Int) -> String? {
     let pipe = Pipe()
     process.standardOutput = pipe
     do { try process.run() } catch { return nil }
+    Children.track(process)
     let data = pipe.fileHandleForReading.readDataToEndOfFile()
     process.waitUntilExit()
     guard process.terminationStatus == 0 else { return nil }

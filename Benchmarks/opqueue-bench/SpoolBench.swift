@@ -49,6 +49,7 @@ enum SpoolBench {
         }
         process.standardError = FileHandle.nullDevice
         try? process.run()
+        Children.track(process)
         return process
     }
 
@@ -109,6 +110,7 @@ enum SpoolBench {
     /// With the journal, also counts the run's entries in it (every job's id starts with the spool's name): none may be lost.
     static func throughput(_ spool: String, _ n: Int, target: String) -> Double {
         try? FileManager.default.createDirectory(atPath: spool + "/inbox", withIntermediateDirectories: true)
+        Leftovers.shared.removeLater(spool)
         let prefix = (spool as NSString).lastPathComponent
         for i in 0..<n { drop(spool + "/inbox", "\(prefix)-\(i).plist") }
         let wall = Date().timeIntervalSince1970
@@ -126,7 +128,6 @@ enum SpoolBench {
         }
         emit(String(format: "spool throughput log_target=%@ manifests=%d seconds=%.2f manifests_per_second=%.0f peak_rss_mb=%.0f",
                     target, n, seconds, Double(n) / seconds, rss) + entries)
-        Leftovers.shared.removeLater(spool)
         return Double(n) / seconds
     }
 
@@ -186,6 +187,7 @@ enum SpoolBench {
         // Pickup latency on an idle daemon.
         let spool1 = base + "-pickup"
         try? FileManager.default.createDirectory(atPath: spool1 + "/inbox", withIntermediateDirectories: true)
+        Leftovers.shared.removeLater(spool1)
         let d1 = daemon(spool1, [])
         waitForSocket(spool1)
         let latencies = pickupLatencies(spool1, samples: 300)
@@ -200,6 +202,8 @@ enum SpoolBench {
         let spool3 = base + "-waiting"
         try? FileManager.default.createDirectory(atPath: spool3 + "/inbox", withIntermediateDirectories: true)
         let config = base + "-config.plist"
+        Leftovers.shared.removeLater(spool3)
+        Leftovers.shared.removeLater(config)
         let configData = try? PropertyListSerialization.data(fromPropertyList: ["queues": ["default": ["suspended": true]]],
                                                              format: .xml, options: 0)
         _ = FileManager.default.createFile(atPath: config, contents: configData)

@@ -25,10 +25,12 @@ func now() -> Double {
 
 /// One result line, written at once (stdout may be a file or a pipe).
 func emit(_ line: String) {
+    if Children.isStopping { return }
     FileHandle.standardOutput.write(Data((line + "\n").utf8))
 }
 
 let arguments = CommandLine.arguments.dropFirst()
+Children.endWithTheBench()
 switch arguments.first {
 case "one":
     EngineBench.one(Array(arguments.dropFirst()))
