@@ -61,7 +61,8 @@ enum Children {
         while running.contains(where: \.isRunning) && Date() < deadline { usleep(20_000) }
         for process in running where process.isRunning { kill(process.processIdentifier, SIGKILL) }
         Leftovers.shared.removeAll()
-        FileHandle.standardError.write(Data("opqueue-bench: stopped by signal \(number); \(running.count) process(es) it started ended\n".utf8))
+        let said = "opqueue-bench: stopped by signal \(number); \(running.count) process(es) it started ended\n"
+        FileHandle.standardError.write(Data(said.utf8))
         exit(128 + number)
     }
 }
