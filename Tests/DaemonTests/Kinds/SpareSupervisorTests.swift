@@ -74,6 +74,13 @@ private func zombies(of daemon: Int32) -> Int {
     }.count
 }
 
+/// Whether `pid` has exited: a zombie, or gone.
+private func hasExited(_ pid: Int32) -> Bool {
+    guard let stat = try? String(contentsOfFile: "/proc/\(pid)/stat", encoding: .utf8),
+          let fields = statFields(Substring(stat)), !fields.isEmpty else { return true }
+    return fields[0] == "Z"
+}
+
 /// A command that writes its supervisor's /proc/PID/stat line, its own, its folder and its environment.
 private func probe() -> [String: Any] { [
     "argv": ["/bin/sh", "-c", "cat /proc/$PPID/stat; cat /proc/$$/stat; pwd; env | sort"],
@@ -226,6 +233,9 @@ private func probe() -> [String: Any] { [
         #expect(waitUntil(5) { spares(of: daemon).count == SpareSupervisors.target })
         let killed = Set(spares(of: daemon) + spares(of: daemon, "--factory"))
         for pid in killed { kill(pid, SIGKILL) }
+        // Dead before the next job comes: a SIGKILL takes effect when the process next runs, which on a loaded machine
+        // can come after the daemon handed it a command (then rightly reported as its supervisor killed).
+        #expect(waitUntil(5) { killed.allSatisfy(hasExited) }, "the killed spares died: \(killed.filter { !hasExited($0) })")
         let remade = SpareWatch(daemon: daemon, excluding: killed)
         let big = String(repeating: "x", count: 4_000)
         try spool.drop("b.plist", ["job": "b", "operations": [
