@@ -5,6 +5,7 @@ import ControlPlane
 import Daemon
 import Foundation
 import JobModel
+import SpoolFiles
 
 struct Graph: ParsableCommand {
     static let configuration = CommandConfiguration(abstract: "The operation graph in Graphviz DOT, states as colours.")
@@ -42,7 +43,8 @@ struct Graph: ParsableCommand {
             for op in ops { states[op.id] = op.state }
             let name = try endedEntry(of: target, common)?.name ?? target
             let manifest = common.spool + "/outbox/" + name + "/manifest.plist"
-            if let data = FileManager.default.contents(atPath: manifest),
+            // Read as retry reads it: a link or a FIFO planted there is not followed.
+            if case .success(let data) = readRegularFile(manifest),
                case .success(let plan) = Manifest.parse(data, configuration: config) {
                 nodes = Self.nodes(plan)
             } else {

@@ -5,6 +5,7 @@ import ArgumentParser
 import Daemon
 import Foundation
 import JobModel
+import SpoolFiles
 
 /// A job's outbox entry, once it has ended (outbox/<job>, or the outbox/<job>.N whose result names the job when
 /// that name was taken; else the one folder, whatever its name, whose result names it: `Outbox.find`); nil while
@@ -30,7 +31,7 @@ func outboxEntry(of job: String, _ common: Common) throws -> (folder: String, re
     guard let entry = try endedEntry(of: job, common) else { return nil }
     let folder = common.spool + "/outbox/" + entry.name
     do {
-        let data = try Data(contentsOf: URL(fileURLWithPath: folder + "/result.plist"))
+        let data = try readRegularFile(folder + "/result.plist").get()
         return (folder, try PropertyListDecoder().decode(ShownResult.self, from: data))
     } catch {
         throw fail("job '\(job)' has ended, but its result cannot be read: \(folder)/result.plist: \(error)")

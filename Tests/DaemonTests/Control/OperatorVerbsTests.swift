@@ -281,9 +281,9 @@ extension TestSpool {
     }
 
     /// Outbox entries a hostile user planted: a manifest.plist that is a link (to a valid manifest elsewhere, so
-    /// that only the link is refused), a folder that is a link, a plain file. retry follows none; clean removes the
-    /// planted links, never what they name.
-    @Test func retryAndCleanFollowNoLinkInTheOutbox() throws {
+    /// that only the link is refused), a folder that is a link, a plain file. retry and graph follow none; clean removes
+    /// the planted links, never what they name.
+    @Test func retryGraphAndCleanFollowNoLinkInTheOutbox() throws {
         let spool = TestSpool()
         try FileManager.default.createDirectory(atPath: spool.outbox, withIntermediateDirectories: true)
         let elsewhere = spool.root + "-elsewhere"
@@ -305,6 +305,9 @@ extension TestSpool {
             #expect(r.status == 1 && r.stderr.contains("unknown job '\(job)'"), "\(r.stderr)")
         }
         #expect(spool.list("inbox").isEmpty)
+        // graph draws an ended job from its outbox manifest: not from the one the link names (operation "s").
+        let graph = try spool.ctl(["graph", "linked"])
+        #expect(graph.status == 1 && !graph.stdout.contains("\"s\""), "\(graph.stdout)\(graph.stderr)")
         let clean = try spool.ctl(["clean", "--older-than", "1"])
         #expect(clean.status == 0 && clean.stdout.hasSuffix("removed 1 ended job folder\n"), "\(clean.stdout)\(clean.stderr)")
         #expect(access(elsewhere + "/manifest.plist", F_OK) == 0 && access(elsewhere + "/folder/result.plist", F_OK) == 0)
