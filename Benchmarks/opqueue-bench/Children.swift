@@ -3,6 +3,7 @@
 // used to leave its daemons running, holding CPU and spools for the next run to trip over. SIGKILL cannot be caught.
 
 import Foundation
+import TestSupport
 
 #if canImport(Glibc)
 import Glibc
@@ -57,8 +58,7 @@ enum Children {
             return started.filter(\.isRunning)
         }
         for process in running { kill(process.processIdentifier, SIGTERM) }
-        let deadline = Date().addingTimeInterval(5)
-        while running.contains(where: \.isRunning) && Date() < deadline { usleep(20_000) }
+        _ = pollUntil(5) { running.contains(where: \.isRunning) ? nil : true }
         for process in running where process.isRunning { kill(process.processIdentifier, SIGKILL) }
         Leftovers.shared.removeAll()
         let said = "opqueue-bench: stopped by signal \(number); \(running.count) process(es) it started ended\n"
