@@ -206,6 +206,11 @@ package struct JobLifecycle<Group: Hashable & Sendable>: Sendable {
         onceNames = names
     }
 
+    /// `--once`: an inbox name tried and found still open for writing, to be tried again (and waited for).
+    package mutating func onceRetry(_ name: String) {
+        if once { onceNames?.insert(name) }
+    }
+
     /// `--once`: whether claiming may take this inbox name; if so, it is tried now (claimed or not) and no longer
     /// waited for.
     package mutating func tryOnce(_ name: String) -> Bool {

@@ -60,7 +60,8 @@ struct Opqueued: AsyncParsableCommand {
 
     @Flag(help: ArgumentHelp("Run what is in the inbox at start, and the jobs held in the spool, then exit.",
                              discussion: "A delayed job (notBefore, delaySeconds) is waited for until its time; "
-                                 + "cancel it first to exit sooner."))
+                                 + "cancel it first to exit sooner. A manifest still open for writing at start is "
+                                 + "waited for up to 10 s, then left in the inbox with a warning."))
     var once = false
 
     @Flag(help: "Print the version and exit.")

@@ -208,7 +208,7 @@ public final class ClusterNode: @unchecked Sendable {
         try FileManager.default.createDirectory(atPath: spool + "/inbox", withIntermediateDirectories: true)
         let hidden = spool + "/inbox/." + fileName
         let path = spool + "/inbox/" + fileName
-        try propertyListData(manifest).write(to: URL(fileURLWithPath: hidden))
+        try writeWhole(hidden, [UInt8](propertyListData(manifest)))
         guard rename(hidden, path) == 0 else { throw SupportFailure("rename \(hidden): \(String(cString: strerror(errno)))") }
         return path
     }

@@ -44,7 +44,10 @@ public func writeEndedJobs(outbox: String, count: Int, prefix: String = "j", sta
     for i in 0..<count { try writeEndedJob(outbox: outbox, job: "\(prefix)\(i)", status: status(i), finishedAt: finishedAt(i)) }
 }
 
-private func writeWhole(_ path: String, _ bytes: [UInt8]) throws {
+/// Writes `bytes` to `path` whole through a descriptor closed on exec. Foundation's `Data.write` leaves its
+/// descriptor inheritable: a child another test's thread forks meanwhile may hold the file open for writing, and the
+/// daemon leaves such a manifest alone as still being written.
+public func writeWhole(_ path: String, _ bytes: [UInt8]) throws {
     let fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o644)
     guard fd >= 0 else { throw SupportFailure("create \(path): \(String(cString: strerror(errno)))") }
     defer { close(fd) }

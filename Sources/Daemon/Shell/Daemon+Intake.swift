@@ -256,6 +256,7 @@ extension Daemon {
         switch outcome {
         case .busy:
             onWork.intake.markBusy(name)
+            if once { waitOnceForWriter(name) }
         case .exists(let job, let inode, let held):
             onWork.intake.notBusy(name)
             holdSkipped(held)
@@ -272,6 +273,28 @@ extension Daemon {
             if fresh { logger.warning("inbox/\(name) cannot be claimed: \(reason)") }
         case .claimed, .unsettled, .vanished:
             break
+        }
+    }
+
+    /// On `work`, `--once`: a manifest present at start but still open for writing is tried again every 0.1 s (its
+    /// writer about to close it, or a child that inherited the writer's descriptor for a moment) for at most
+    /// `onceWriterWaitSeconds`; then it is left in the inbox, and said so.
+    private func waitOnceForWriter(_ name: String) {
+        let now = Date().timeIntervalSince1970
+        let since = onWork.onceBusySince[name] ?? now
+        guard now - since < Self.onceWriterWaitSeconds else {
+            onWork.onceBusySince[name] = nil
+            logger.warning("""
+                inbox/\(name) is still open for writing after \(Int(Self.onceWriterWaitSeconds)) s: left in the inbox \
+                for the next run (--once)
+                """)
+            return  // the claim round's end sees the run done
+        }
+        onWork.onceBusySince[name] = since
+        shared.withLock { $0.lifecycle.onceRetry(name) }
+        work.asyncAfter(deadline: .now() + 0.1) { [self] in
+            onWork.intake.add(name, first: true)
+            claimMore()
         }
     }
 

@@ -123,6 +123,8 @@ public final class Daemon: Sendable {
     /// scan (rather than an inotify close/move event) claims it, so a file still being written in place
     /// is not claimed half-written.
     static let settleSeconds = 1.0
+    /// `--once`: how long a manifest present at start but still open for writing is waited for.
+    package static let onceWriterWaitSeconds = 10.0
 
     /// `store`: where jobs come from, where their files are kept and where their ends are recorded.
     /// `beforeCommit` (tests): called on the committer's thread before each commit, which it may hold.

@@ -74,4 +74,6 @@ struct SpoolSide {
     var submissionRoundPosted = false
     /// Whether the spool's fallback from read leases to settling has been logged.
     var leaseFallbackLogged = false
+    /// `--once`: inbox names found open for writing, and since when (Daemon+Intake's `waitOnceForWriter`).
+    var onceBusySince: [String: Double] = [:]
 }

@@ -106,7 +106,7 @@ final class TestSpool: @unchecked Sendable {
     /// Writes a manifest the way users should: a hidden name, then a rename into the inbox.
     func drop(_ name: String, _ manifest: Any) throws {
         let hidden = root + "/inbox/." + name
-        try plist(manifest).write(to: URL(fileURLWithPath: hidden))
+        try writeWhole(hidden, [UInt8](plist(manifest)))
         guard rename(hidden, root + "/inbox/" + name) == 0 else { throw POSIXError(.EIO) }
     }
 

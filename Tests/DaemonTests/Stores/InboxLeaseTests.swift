@@ -80,6 +80,36 @@ import Glibc
         let result = try #require(spool.result("empty"))
         #expect(result["status"] as? String == "succeeded", "\(result)")
     }
+
+    /// `--once` takes what the inbox holds at start: a manifest still open for writing then is waited for (it ran
+    /// as if absent, and `--once` exited 0 without it, when a test's writer descriptor was held a moment by a child
+    /// another thread forked), for at most `onceWriterWaitSeconds`; past that it is left in the inbox, and said so.
+    @Test func aOnceRunWaitsForAManifestStillBeingWrittenThenLeavesOneNeverClosed() throws {
+        let spool = TestSpool()
+        var fds: [String: Int32] = [:]
+        for name in ["late", "stuck"] {
+            let fd = open(spool.root + "/inbox/\(name).plist", O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0o644)
+            #expect(fd >= 0)
+            put(fd, plist(["job": name, "operations": [sleepOp("a", 0.01)]]))
+            fds[name] = fd
+        }
+        try spool.drop("plain.plist", ["job": "plain", "operations": [sleepOp("a", 0.01)]])
+        let late = fds["late"] ?? -1
+        DispatchQueue.global().asyncAfter(deadline: .now() + 1.5) { close(late) }
+        let started = Date()
+        let r = try run("opqueued", ["--spool", spool.root, "--once", "--log-target", "console"], timeout: 60)
+        let seconds = Date().timeIntervalSince(started)
+        close(fds["stuck"] ?? -1)
+        #expect(r.status == 0, "\(r.stderr)")
+        #expect(spool.result("plain", timeout: 1)?["status"] as? String == "succeeded")
+        #expect(spool.result("late", timeout: 1)?["status"] as? String == "succeeded", "closed 1.5 s after the start: run")
+        #expect(spool.result("stuck", timeout: 1) == nil)
+        #expect(FileManager.default.fileExists(atPath: spool.root + "/inbox/stuck.plist"), "never closed: left in the inbox")
+        let wait = Daemon.onceWriterWaitSeconds
+        #expect(r.stderr.contains("inbox/stuck.plist is still open for writing after \(Int(wait)) s: "
+                                  + "left in the inbox for the next run (--once)"), "\(r.stderr)")
+        #expect(seconds >= wait && seconds < wait + 20, "waited for the writer, then ended (\(seconds) s)")
+    }
 }
 
 @Suite(.serialized, .onItsOwnExecutor) struct InboxLeaseFallbackTests {
