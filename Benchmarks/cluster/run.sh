@@ -16,7 +16,10 @@
 #              each version given and a bare floor, in turns (Benchmarks/cluster/statements.py; STATEMENTS_ARGS="--rounds
 #              5 --clients 2 --batch 20 --schemas 10,10-merged": 10-merged sends each claim with the last round's ends)
 #
-#   Benchmarks/cluster/run.sh [PARTS...]      PARTS: floor anchors opqueued statements (default: the first three)
+#   beat       one node's heartbeat as the backlog grows: the full beat (every live job read) against the beat by ids
+#              (Benchmarks/cluster/beat.py; BEAT_ARGS="--waiting 100000,1000000 --running 20 --beats 40")
+#
+#   Benchmarks/cluster/run.sh [PARTS...]      PARTS: floor anchors opqueued statements beat (default: the first three)
 #   BENCH_FS=journalled Benchmarks/cluster/run.sh     the server's data and every spool on a journalled ext4 (a 16 GB
 #              sparse image under .build-bench, loop-mounted for the run, removed after); by default both are under
 #              /tmp, on whatever file system that is (on the machines these figures come from: ext4 without a
@@ -219,7 +222,8 @@ for part in $PARTS; do
     anchors) anchors ;;
     opqueued) opqueued || say "{\"part\": \"opqueued\", \"error\": \"failed (exit $?)\"}" ;;
     statements) python3 "$ROOT/Benchmarks/cluster/statements.py" --admin "$BASE/postgres" --jobs "$JOBS" ${STATEMENTS_ARGS:-} ;;
-    *) say "unknown part $part (floor, anchors, opqueued, statements)"; exit 64 ;;
+    beat) python3 "$ROOT/Benchmarks/cluster/beat.py" --admin "$BASE/postgres" ${BEAT_ARGS:-} ;;
+    *) say "unknown part $part (floor, anchors, opqueued, statements, beat)"; exit 64 ;;
   esac
 done
 if [ -n "${PG_STATEMENTS:-}" ]; then

@@ -410,8 +410,9 @@ public protocol ClusterStore: Sendable {
 
     /// One statement: renews the lease of the node on all its jobs and slots. With `info`, only while the name is
     /// still that process's (`registered` false otherwise). `progress`, opaque here, replaces what the node's last
-    /// beat left for `job(_:)` to hand out with its running jobs (nil: none).
-    func heartbeat(node: String, info: String?, progress: [UInt8]?) async throws -> Heartbeat
+    /// beat left for `job(_:)` to hand out with its running jobs (nil: none). `held` nil: `Heartbeat.held` is every
+    /// job the database gives the node (a read of every live job); else only those of these ids it still gives it.
+    func heartbeat(node: String, info: String?, progress: [UInt8]?, held: [String]?) async throws -> Heartbeat
 
     /// Hands jobs the node holds under these fences back to waiting (it gave their leases up); returns those moved.
     func releaseJobs(node: String, _ jobs: [String: Int64]) async throws -> Set<String>
@@ -514,11 +515,11 @@ extension ClusterStore {
 
     /// Renews the name's lease whichever process registered it last.
     public func heartbeat(node: String) async throws -> Heartbeat {
-        try await heartbeat(node: node, info: nil, progress: nil)
+        try await heartbeat(node: node, info: nil, progress: nil, held: nil)
     }
 
     /// Renews the lease while the name is still `info`'s, sending no progress.
     public func heartbeat(node: String, info: String?) async throws -> Heartbeat {
-        try await heartbeat(node: node, info: info, progress: nil)
+        try await heartbeat(node: node, info: info, progress: nil, held: nil)
     }
 }

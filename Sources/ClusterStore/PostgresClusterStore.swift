@@ -300,12 +300,14 @@ public final class PostgresClusterStore: ClusterStore {
         }
     }
 
-    public func heartbeat(node: String, info: String?, progress: [UInt8]?) async throws -> Heartbeat {
+    public func heartbeat(node: String, info: String?, progress: [UInt8]?, held: [String]?) async throws -> Heartbeat {
         var binds = PostgresBindings()
         binds.append(node)
         binds.append(info ?? "")
         binds.append(progress.map { ByteBuffer(bytes: $0) })
-        let rows = try await query(Queries.heartbeat, binds, doing: "renewing the lease of node \(node)")
+        if let held { binds.append(held) }
+        let rows = try await query(held == nil ? Queries.heartbeat : Queries.heartbeatHeld, binds,
+                                   doing: "renewing the lease of node \(node)")
         var beat = Heartbeat(at: 0, held: [:], registered: !rows.isEmpty)
         for row in rows {
             let columns = row.makeRandomAccess()

@@ -303,18 +303,25 @@ enum StoreConformance {
             let beat = try await store.heartbeat(node: "A")
             #expect(beat.registered && beat.held == Dictionary(uniqueKeysWithValues: claimedByA.map { ($0.id, $0.fence) }))
             #expect(try await store.heartbeat(node: "nobody").registered == false)
+            // Asked about given ids, a beat answers for those the node holds among them: not a waiting job, not an
+            // unknown one, nor one it holds and did not ask about.
+            let asked = [claimedByA[0].id, "t3", "nope"].filter { $0 != claimedByA[1].id }
+            let byIds = try await store.heartbeat(node: "A", info: nil, progress: nil, held: asked)
+            #expect(byIds.registered && byIds.held == [claimedByA[0].id: claimedByA[0].fence], "\(byIds)")
+            #expect(try await store.heartbeat(node: "A", info: nil, progress: nil, held: []).held.isEmpty)
+            #expect(try await store.heartbeat(node: "B", info: nil, progress: nil, held: claimedByA.map(\.id)).held.isEmpty)
 
             // The progress a beat sends comes with each job the node runs, with the beat's time; never with a job
             // that waits; the next beat replaces it.
             let sent: [UInt8] = [1, 2, 3, 0, 255]
-            let progressBeat = try await store.heartbeat(node: "A", info: nil, progress: sent)
+            let progressBeat = try await store.heartbeat(node: "A", info: nil, progress: sent, held: nil)
             let running = try #require(try await store.job(claimedByA[0].id))
             #expect(running.nodeProgress == sent && running.nodeProgressAt.map { abs($0 - progressBeat.at) < 0.001 } == true)
             #expect(try await store.job("t3").map { $0.nodeProgress == nil && $0.nodeProgressAt == nil } == true)
-            _ = try await store.heartbeat(node: "A", info: nil, progress: [9])
+            _ = try await store.heartbeat(node: "A", info: nil, progress: [9], held: nil)
             #expect(try await store.job(claimedByA[1].id)?.nodeProgress == [9])
             // More than any node sends is not handed out (rows are input).
-            _ = try await store.heartbeat(node: "A", info: nil, progress: [UInt8](repeating: 1, count: 65_537))
+            _ = try await store.heartbeat(node: "A", info: nil, progress: [UInt8](repeating: 1, count: 65_537), held: nil)
             #expect(try await store.job(claimedByA[1].id).map { $0.state == .running && $0.nodeProgress == nil } == true)
 
             // Each beat changes the node's token; a node judged silent at a beat it has moved past keeps its jobs.
@@ -341,6 +348,7 @@ enum StoreConformance {
 
             // A comes back: it holds nothing and can record nothing.
             #expect(try await store.heartbeat(node: "A").held.isEmpty)
+            #expect(try await store.heartbeat(node: "A", info: nil, progress: nil, held: claimedByA.map(\.id)).held.isEmpty)
             for lost in claimedByA {
                 #expect(try await store.complete(job: lost.id, fence: lost.fence, status: "succeeded", result: []) == false)
             }

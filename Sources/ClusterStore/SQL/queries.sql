@@ -173,6 +173,17 @@ WITH beat AS (
 SELECT beat.at, j.id, j.fence
 FROM beat LEFT JOIN opq_live AS j ON j.node = beat.node AND j.state = 'running';
 
+-- name: HeartbeatHeld
+-- Heartbeat, asking only about the jobs $4 the node knows it holds, each found by its primary key: what it lost
+-- among them. What the database may hold for the node beyond them (a claim whose answer never came) is left to
+-- Heartbeat, which the node sends after anything that may have done that, and every minute.
+WITH beat AS (
+    UPDATE opq_nodes SET last_heartbeat = now(), progress = $3 WHERE node = $1 AND ($2 = '' OR info = $2)
+    RETURNING node, extract(epoch FROM last_heartbeat)::float8 AS at
+)
+SELECT beat.at, j.id, j.fence
+FROM beat LEFT JOIN opq_live AS j ON j.id = ANY($4::text[]) AND j.node = beat.node AND j.state = 'running';
+
 -- name: NodeBeats
 -- Every node's last beat as an exact token (microseconds of the database's clock, only ever compared for a change,
 -- never read as a time) and its own leaseSeconds (NULL: the reader's): what a node watches to judge, by its own

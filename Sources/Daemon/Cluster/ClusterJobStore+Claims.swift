@@ -16,10 +16,17 @@ extension ClusterJobStore {
     /// Claims a waiting job cancelled as a whole for this node (whatever it declares: it runs nothing), for the loop's
     /// next claim round to take in; nothing when it no longer waits or another node is taking it.
     func takeCancelled(_ job: String) throws {
-        let row = try waitBounded(Self.statementTimeout, on: executor,
+        let row: ClusterClaimedJob?
+        do {
+            row = try waitBounded(Self.statementTimeout, on: executor,
                                   doing: "claiming the cancelled job \(job)", { [store, nodeName, maxManifestBytes] in
-            try await store.claimCancelled(job: job, node: nodeName, maxManifestBytes: maxManifestBytes)
-        })
+                try await store.claimCancelled(job: job, node: nodeName, maxManifestBytes: maxManifestBytes)
+            })
+        } catch {
+            // The claim may have been made, its answer lost.
+            lock.withLock { state.mayHaveBeenGivenJobs() }
+            throw error
+        }
         guard let row else { return }
         lock.withLock {
             cancelledClaims.append(row)

@@ -289,16 +289,17 @@ extension ClusterJobStore {
     private func beat() throws {
         let progress = delegate?.progress()
         let sentAt = monotonicSeconds()
+        let asks = lock.withLock { state.nextBeat(now: sentAt) }
         let beat = try waitBounded(Self.statementTimeout, on: executor,
                                    doing: "renewing the lease of node \(nodeName)", { [store, nodeName] in
-            try await store.heartbeat(node: nodeName, info: NodeProcess.info, progress: progress)
+            try await store.heartbeat(node: nodeName, info: NodeProcess.info, progress: progress, held: asks.held)
         })
         if !beat.registered {
             lock.withLock { registerWanted = true }
             throw ClusterUnavailable("node \(nodeName) has no row of this process in the database (registered again)")
         }
         let lost = lock.withLock { () -> [String] in
-            let result = state.beatSucceeded(sentAt: sentAt, held: beat.held)
+            let result = state.beatSucceeded(sentAt: sentAt, held: beat.held, asked: asks.held, covers: asks.covers)
             for id in result.lost { origins[id] = nil }
             // Jobs the database gives this node that it does not run go back to waiting; but before recovery said
             // which jobs resume, every one of them may be one of those.

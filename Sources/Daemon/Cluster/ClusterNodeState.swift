@@ -29,6 +29,14 @@ struct ClusterNodeState: Sendable {
     /// nil: never known; the connection lines are logged on changes only (and the first time).
     private(set) var connected: Bool?
     private var delivered: Set<String> = []
+    /// Beats ask about the jobs held here only (by id) while nothing happened that may have given this node a job
+    /// it does not know of (a claim whose answer never came, a lease run out): a full beat reads every live job,
+    /// since no index finds a node's. `uncertainty` counts such events, `certainUpTo` the last a full beat covered.
+    private var uncertainty = 1
+    private var certainUpTo = 0
+    private var lastFullBeat = -Double.infinity
+    /// A full beat at least this often all the same (seconds).
+    static let fullBeatSeconds = 60.0
     private(set) var suspended: Set<String>?
 
     struct SlotKey: Hashable, Sendable {
@@ -58,6 +66,7 @@ struct ClusterNodeState: Sendable {
     /// The connection failed: true when that is news (log `disconnected`, once per outage).
     mutating func connectionFailed() -> Bool {
         defer { connected = false }
+        uncertainty += 1
         return connected != false
     }
 
@@ -79,13 +88,31 @@ struct ClusterNodeState: Sendable {
         if lastBeatSent == nil { lastBeatSent = now }
     }
 
+    /// Something happened that may have given this node a job it does not know of: the next beat is a full one.
+    mutating func mayHaveBeenGivenJobs() { uncertainty += 1 }
+
+    /// What the next beat asks about: the ids held here (nil: every job the database gives this node), and the
+    /// uncertainty it covers (handed back to `beatSucceeded`).
+    func nextBeat(now: Double) -> (held: [String]?, covers: Int) {
+        let full = certainUpTo < uncertainty || now - lastFullBeat >= Self.fullBeatSeconds
+        return (full ? nil : held.keys.sorted(), uncertainty)
+    }
+
     /// A beat sent at `sentAt` succeeded and says what the database holds for this node. Returns the jobs lost:
     /// held here but missing there or under another fence (ends being recorded are left to their answer), and the
     /// jobs the database gives this node that it does not run (`orphans`, to hand back).
-    mutating func beatSucceeded(sentAt: Double, held database: [String: Int64]) -> (lost: [String], orphans: [String: Int64]) {
+    /// `asked`: the ids the beat asked about (nil: a full beat, covering `covers` of `nextBeat`).
+    mutating func beatSucceeded(sentAt: Double, held database: [String: Int64], asked: [String]? = nil,
+                                covers: Int = 0) -> (lost: [String], orphans: [String: Int64]) {
         lastBeatSent = max(lastBeatSent ?? sentAt, sentAt)
+        if asked == nil {
+            certainUpTo = max(certainUpTo, covers)
+            lastFullBeat = max(lastFullBeat, sentAt)
+        }
+        let answered = asked.map(Set.init)
         var lost: [String] = []
-        for (job, mine) in held where !mine.completing && !mine.recorded && database[job] != mine.fence {
+        for (job, mine) in held where !mine.completing && !mine.recorded && database[job] != mine.fence
+            && answered?.contains(job) != false {
             lost.append(job)
         }
         for job in lost { forget(job) }
@@ -99,6 +126,8 @@ struct ClusterNodeState: Sendable {
         guard let deadline, now >= deadline else { return ([], []) }
         let lost = held.filter { !$0.value.completing && !$0.value.recorded }.keys.sorted()
         for job in lost { forget(job) }
+        // Forgotten here, they may still be this node's there: the next beat finds them to hand back.
+        if !lost.isEmpty { uncertainty += 1 }
         let dropped = slots.sorted { ($0.queue, $0.slot) < ($1.queue, $1.slot) }
         slots = []
         return (lost, dropped)

@@ -53,6 +53,41 @@ import Glibc
         #expect(s.checkDeadline(now: 1000).lost == ["a"])
     }
 
+    /// Beats ask about the held ids only while nothing may have given the node a job it does not know of; the first
+    /// beat, the one after a failed connection, after a lease ran out or `mayHaveBeenGivenJobs`, and one a minute
+    /// read every job the database gives it. A job held here and not asked about is not lost.
+    @Test func beatsAskByIdUntilSomethingMayHaveGivenTheNodeAJob() {
+        var s = ClusterNodeState(leaseSeconds: 15)
+        s.hold("a", fence: 1)
+        s.hold("b", fence: 2)
+        var next = s.nextBeat(now: 10)
+        #expect(next.held == nil, "the first beat is a full one")
+        _ = s.beatSucceeded(sentAt: 10, held: ["a": 1, "b": 2], asked: next.held, covers: next.covers)
+        next = s.nextBeat(now: 15)
+        #expect(next.held == ["a", "b"])
+        s.hold("c", fence: 3)
+        let byIds = s.beatSucceeded(sentAt: 15, held: ["a": 1], asked: next.held, covers: next.covers)
+        #expect(byIds.lost == ["b"] && s.held.keys.sorted() == ["a", "c"], "c was claimed after the beat was sent")
+        #expect(s.nextBeat(now: 10 + ClusterNodeState.fullBeatSeconds).held == nil, "a full beat every minute")
+        // An uncertainty while a full beat is in flight is not covered by it.
+        next = s.nextBeat(now: 20)
+        s.mayHaveBeenGivenJobs()
+        #expect(s.nextBeat(now: 20).held == nil)
+        _ = s.beatSucceeded(sentAt: 20, held: ["a": 1, "c": 3], asked: next.held, covers: next.covers)
+        next = s.nextBeat(now: 21)
+        #expect(next.held == nil)
+        _ = s.beatSucceeded(sentAt: 21, held: ["a": 1, "c": 3], asked: next.held, covers: next.covers)
+        #expect(s.nextBeat(now: 21.5).held == ["a", "c"])
+        _ = s.connectionFailed()
+        next = s.nextBeat(now: 22)
+        #expect(next.held == nil, "after a failed connection")
+        let full = s.beatSucceeded(sentAt: 22, held: ["a": 1, "c": 3, "z": 9], asked: next.held, covers: next.covers)
+        #expect(full.orphans == ["z": 9])
+        #expect(s.nextBeat(now: 23).held == ["a", "c"])
+        #expect(s.checkDeadline(now: 1000).lost == ["a", "c"])
+        #expect(s.nextBeat(now: 1000).held == nil, "after the lease ran out: what it forgot may still be its own there")
+    }
+
     @Test func recordedBeforeARestartIsPublishedWithoutTheDatabase() {
         var s = ClusterNodeState(leaseSeconds: 15)
         s.hold("r", fence: 5, recorded: true)
