@@ -2,6 +2,7 @@
 // running that many jobs), and a program run to its end with its own peak resident set (wait4's ru_maxrss), for the
 // tests and `opqueue-bench outbox`.
 
+import CShims
 import Foundation
 #if canImport(Glibc)
 import Glibc
@@ -82,6 +83,10 @@ public func runMeasuringMemory(_ program: String, _ arguments: [String]) throws 
     posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0)
     posix_spawn_file_actions_addopen(&actions, 1, base + ".out", O_WRONLY | O_CREAT | O_TRUNC, 0o600)
     posix_spawn_file_actions_addopen(&actions, 2, base + ".err", O_WRONLY | O_CREAT | O_TRUNC, 0o600)
+    // Nothing else of this process's: a descriptor another test's thread holds open for writing (an inbox file)
+    // would stay open as long as the child lives, and a daemon would leave that file alone as still being written.
+    let closing = opq_spawn_actions_close_from(&actions, 3)
+    guard closing == 0 else { throw SupportFailure("posix_spawn_file_actions_addclosefrom_np: \(String(cString: strerror(closing)))") }
     let argv = command.map { strdup($0) } + [nil]
     defer { for p in argv { free(p) } }
     var pid: pid_t = 0
