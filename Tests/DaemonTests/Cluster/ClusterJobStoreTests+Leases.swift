@@ -42,6 +42,50 @@ extension ClusterJobStoreTests {
         #expect(trimmed(try server.psql(database, "SELECT node FROM opq_live WHERE id = 'steady'")) == "a")
     }
 
+    /// Beats ask about the node's own jobs by id: a job the database gives the node behind its back (as a claim
+    /// whose answer was lost does) is not seen by them, and goes back to waiting at the full beat after the next
+    /// failed statement; the node's own job is kept throughout (the outage is shorter than the lease).
+    @Test func aJobGivenToTheNodeBehindItsBackGoesBackAfterAFailedStatement() throws {
+        let server = try PostgresServer.shared.get()
+        let database = try server.createDatabase()
+        let password = "ghost-\(UInt64.random(in: 1...UInt64.max))"
+        let role = try server.createRole("opqghost", password: password, connectingTo: database, memberOf: PostgresServer.role)
+        // B first (the schema belongs to the role that created it), claiming nothing. Beats every 3 s.
+        let b = try ClusterNode("b", server: server, database: database, leaseSeconds: 9)
+        _ = b.store.recovered([])
+        #expect(eventually { b.store.snapshot()?.connected == true })
+        let a = try ClusterNode("a", server: server, database: database, user: role, password: password, leaseSeconds: 9)
+        defer { a.close(); b.close() }
+        _ = a.store.recovered([])
+        a.store.want(room: 4, manifestBytes: .max)
+        #expect(eventually { a.store.snapshot()?.connected == true })
+        _ = a.store.submit([try a.drop("mine", sleepManifest("mine", seconds: 60))])
+        #expect(eventually { a.shell.ran.count == 1 })
+        a.store.want(room: 0, manifestBytes: .max)
+        _ = a.store.submit([try a.drop("ghost", sleepManifest("ghost", seconds: 60))])
+        let state = {
+            trimmed((try? server.psql(database, "SELECT state || ' ' || coalesce(node, '-') FROM opq_live WHERE id = 'ghost'")) ?? "")
+        }
+        #expect(eventually { state() == "waiting -" })
+        try server.psql(database, """
+            DELETE FROM opq_claimable WHERE id = 'ghost';
+            UPDATE opq_live SET state = 'running', node = 'a', fence = nextval('opq_fence'), claimed_at = now() WHERE id = 'ghost'
+            """)
+        // Two beats by id or more: unseen, still the node's there.
+        usleep(7_000_000)
+        #expect(state() == "running a", "beats by id do not read every job")
+        // A statement fails: no new logins for a's role for a moment, its connections ended.
+        try server.psql("postgres", "ALTER ROLE \(role) NOLOGIN")
+        try server.psql("postgres", "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '\(role)'")
+        #expect(eventually(8) { a.logs.states("cluster").contains("disconnected") })
+        try server.psql("postgres", "ALTER ROLE \(role) LOGIN")
+        #expect(eventually(15) { state() == "waiting -" }, "handed back at the full beat: \(a.logs.states("cluster"))")
+        #expect(trimmed(try server.psql(database, "SELECT count(*) FROM opq_claimable WHERE id = 'ghost'")) == "1", "claimable again")
+        #expect(a.shell.lostJobs.isEmpty, "lost: \(a.shell.lostJobs)")
+        #expect(trimmed(try server.psql(database, "SELECT node FROM opq_live WHERE id = 'mine'")) == "a")
+        #expect(!a.shell.ran.contains { $0.job.id == "ghost" } && !b.shell.ran.contains { $0.job.id == "ghost" })
+    }
+
     /// A node cut off from the database stops its job at its own deadline (`lease ran out`) and tells the watchdog
     /// hook; the other node takes the job over after the lease (fromNode set) and runs it; when the first comes back
     /// its end is refused by the fence and nothing of it is recorded.
