@@ -46,15 +46,9 @@ extension ClusterJobStoreTests {
     /// whose answer was lost does) is not seen by them, and goes back to waiting at the full beat after the next
     /// failed statement; the node's own job is kept throughout (the outage is shorter than the lease).
     @Test func aJobGivenToTheNodeBehindItsBackGoesBackAfterAFailedStatement() throws {
-        let server = try PostgresServer.shared.get()
-        let database = try server.createDatabase()
-        let password = "ghost-\(UInt64.random(in: 1...UInt64.max))"
-        let role = try server.createRole("opqghost", password: password, connectingTo: database, memberOf: PostgresServer.role)
-        // B first (the schema belongs to the role that created it), claiming nothing. Beats every 3 s.
-        let b = try ClusterNode("b", server: server, database: database, leaseSeconds: 9)
-        _ = b.store.recovered([])
-        #expect(eventually { b.store.snapshot()?.connected == true })
-        let a = try ClusterNode("a", server: server, database: database, user: role, password: password, leaseSeconds: 9)
+        // B claims nothing. Beats every 3 s.
+        let pair = try CuttablePair("opqghost", leaseSeconds: 9)
+        let (server, database, a, b) = (pair.server, pair.database, pair.a, pair.b)
         defer { a.close(); b.close() }
         _ = a.store.recovered([])
         a.store.want(room: 4, manifestBytes: .max)
@@ -75,10 +69,9 @@ extension ClusterJobStoreTests {
         usleep(7_000_000)
         #expect(state() == "running a", "beats by id do not read every job")
         // A statement fails: no new logins for a's role for a moment, its connections ended.
-        try server.psql("postgres", "ALTER ROLE \(role) NOLOGIN")
-        try server.psql("postgres", "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '\(role)'")
+        try pair.cut()
         #expect(eventually(8) { a.logs.states("cluster").contains("disconnected") })
-        try server.psql("postgres", "ALTER ROLE \(role) LOGIN")
+        try pair.restore()
         #expect(eventually(15) { state() == "waiting -" }, "handed back at the full beat: \(a.logs.states("cluster"))")
         #expect(trimmed(try server.psql(database, "SELECT count(*) FROM opq_claimable WHERE id = 'ghost'")) == "1", "claimable again")
         #expect(a.shell.lostJobs.isEmpty, "lost: \(a.shell.lostJobs)")
@@ -90,15 +83,8 @@ extension ClusterJobStoreTests {
     /// hook; the other node takes the job over after the lease (fromNode set) and runs it; when the first comes back
     /// its end is refused by the fence and nothing of it is recorded.
     @Test func leaseRunsOutOnACutOffNodeAndTheOtherTakesOver() throws {
-        let server = try PostgresServer.shared.get()
-        let database = try server.createDatabase()
-        let password = "cut-\(UInt64.random(in: 1...UInt64.max))"
-        let role = try server.createRole("opqcut", password: password, connectingTo: database, memberOf: PostgresServer.role)
-        // B first: the schema belongs to the role that created it.
-        let b = try ClusterNode("b", server: server, database: database, leaseSeconds: 2)
-        _ = b.store.recovered([])
-        #expect(eventually { b.store.snapshot()?.connected == true })
-        let a = try ClusterNode("a", server: server, database: database, user: role, password: password, leaseSeconds: 2)
+        let pair = try CuttablePair("opqcut", leaseSeconds: 2)
+        let (server, database, a, b) = (pair.server, pair.database, pair.a, pair.b)
         defer { a.close(); b.close() }
         let leaseChanges = Locked<[Bool]>([])
         a.store.onLeaseChange = { good in leaseChanges.withLock { $0.append(good) } }
@@ -114,8 +100,7 @@ extension ClusterJobStoreTests {
 
         // Cut A off: no new logins for its role, its connections ended.
         let cutAt = monotonicSeconds()
-        try server.psql("postgres", "ALTER ROLE \(role) NOLOGIN")
-        try server.psql("postgres", "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '\(role)'")
+        try pair.cut()
         #expect(eventually(8) { a.shell.lostJobs.contains { $0.job == "long" } })
         let lostAfter = monotonicSeconds() - cutAt
         #expect(a.shell.lostJobs.first?.reason == "lease ran out")
@@ -132,7 +117,7 @@ extension ClusterJobStoreTests {
         _ = taken
 
         // A comes back: its end of the job is refused, B's is recorded.
-        try server.psql("postgres", "ALTER ROLE \(role) LOGIN")
+        try pair.restore()
         #expect(eventually(10) { a.logs.states("cluster").last == "connected" })
         #expect(eventually { leaseChanges.withLock { $0 } == [true, false, true] && a.store.leaseIsGood })
         let aResult = a.folder + "/result-a.plist"

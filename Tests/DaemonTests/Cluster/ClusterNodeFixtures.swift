@@ -144,6 +144,41 @@ func startedPair(queues: [String: Any] = [:]) throws -> (server: PostgresServer,
     return (server, database, a, b)
 }
 
+/// Node `b` (the suite's role: the schema is its, so it starts first), connected and told it recovered nothing, and
+/// node `a` connecting as a role of its own, not yet started, which `cut` keeps from the database (no new logins, its
+/// connections ended) until `restore`. The caller closes both.
+struct CuttablePair {
+    let server: PostgresServer
+    let database: String
+    let role: String
+    let a: ClusterNode
+    let b: ClusterNode
+
+    init(_ rolePrefix: String, leaseSeconds: Double) throws {
+        server = try PostgresServer.shared.get()
+        database = try server.createDatabase()
+        let password = "\(rolePrefix)-\(UInt64.random(in: 1...UInt64.max))"
+        role = try server.createRole(rolePrefix, password: password, connectingTo: database, memberOf: PostgresServer.role)
+        let b = try ClusterNode("b", server: server, database: database, leaseSeconds: leaseSeconds)
+        self.b = b
+        _ = b.store.recovered([])
+        #expect(eventually { b.store.snapshot()?.connected == true })
+        do {
+            a = try ClusterNode("a", server: server, database: database, user: role, password: password, leaseSeconds: leaseSeconds)
+        } catch {
+            b.close()
+            throw error
+        }
+    }
+
+    func cut() throws {
+        try server.psql("postgres", "ALTER ROLE \(role) NOLOGIN")
+        try server.psql("postgres", "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = '\(role)'")
+    }
+
+    func restore() throws { try server.psql("postgres", "ALTER ROLE \(role) LOGIN") }
+}
+
 /// Node `a` on `spool`, started with nothing to recover, that has submitted `jobs` (a `sleep 0` each) and been given
 /// them to run.
 func nodeThatRan(_ jobs: [String], server: PostgresServer, database: String, spool: Spool,
