@@ -289,7 +289,7 @@ extension TestSpool {
         let elsewhere = spool.root + "-elsewhere"
         try FileManager.default.createDirectory(atPath: elsewhere, withIntermediateDirectories: true)
         defer { try? FileManager.default.removeItem(atPath: elsewhere) }
-        let manifest = try plist(["job": "x", "operations": [sleepOp("s", 0)]])
+        let manifest = plist(["job": "x", "operations": [sleepOp("s", 0)]])
         try manifest.write(to: URL(fileURLWithPath: elsewhere + "/manifest.plist"))
         try writeEndedJob(outbox: spool.outbox, job: "linked", finishedAt: 1_000)
         #expect(symlink(elsewhere + "/manifest.plist", spool.outbox + "/linked/manifest.plist") == 0)
