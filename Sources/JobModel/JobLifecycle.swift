@@ -127,10 +127,13 @@ package struct JobLifecycle<Group: Hashable & Sendable>: Sendable {
         case paused(String)
     }
 
-    package var admission: Admission {
+    package var admission: Admission { admission(leaving: 0) }
+
+    /// What may be claimed now, `leaving` of the jobs in the table not counted (ended, their places about to be free).
+    package func admission(leaving: Int) -> Admission {
         if stopping { return .stopping }
         if let fault { return .paused(fault) }
-        let room = maxActiveJobs - (jobs.count - delayedCount), budget = maxActiveOperations - activeOperations
+        let room = maxActiveJobs - (jobs.count - delayedCount - leaving), budget = maxActiveOperations - activeOperations
         return room > 0 && budget > 0 ? .room(jobs: room, operations: budget) : .full
     }
 

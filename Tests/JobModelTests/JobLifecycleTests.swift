@@ -200,6 +200,7 @@ private typealias Machine = JobLifecycle<Int>
         #expect(m.admission == .full, "no room for jobs")
         m.handOver(job: "b")
         #expect(m.admission == .room(jobs: 1, operations: 10), "a job handed to the store leaves the table")
+        #expect(m.admission(leaving: 1) == .room(jobs: 2, operations: 10), "a job leaving gives its place")
     }
 
     @Test func faultsAndStoppingPauseClaiming() {

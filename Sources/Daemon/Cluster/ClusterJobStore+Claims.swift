@@ -45,12 +45,12 @@ extension ClusterJobStore {
         if !cancelled.isEmpty { take(cancelled, limit: nil) }
         let (limit, budget, declaration) = lock.withLock { () -> (Int, Int, NodeDeclaration) in
             let now = monotonicSeconds()
-            let free = settings.jobSlots - state.held.count
+            let running = state.running, free = settings.jobSlots - running
             let may = state.mayTakeLeases(now: now) && !claimsStopped
             var limit = may && manifestBudget > 0 ? min(room, free) : 0
             claimDue = nil
             // A small round of a busy node while more waits: put off (ClaimPacing), the loop asked to come back.
-            if limit > 0, case .putOff(let until) = claimPacing.decide(limit: limit, held: state.held.count,
+            if limit > 0, case .putOff(let until) = claimPacing.decide(limit: limit, held: running,
                                                                        slots: settings.jobSlots, now: now) {
                 limit = 0
                 claimDue = until

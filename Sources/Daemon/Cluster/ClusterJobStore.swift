@@ -257,6 +257,10 @@ public final class ClusterJobStore: SpoolBacked, @unchecked Sendable {
         kick()
     }
 
+    public func ending(_ jobs: [String]) {
+        lock.withLock { state.ending(jobs) }
+    }
+
     public func complete(_ ends: [JobEnd]) throws -> Set<String> {
         checkDeadline()
         let ids = ends.map(\.job)

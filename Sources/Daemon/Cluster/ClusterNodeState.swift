@@ -15,6 +15,8 @@ struct ClusterNodeState: Sendable {
         var completing = false
         /// Its end was recorded under this fence before a restart: publish without recording again.
         var recorded = false
+        /// It ran to its end here and its end waits to be recorded: it holds no job slot (the lease still covers it).
+        var ended = false
     }
 
     let leaseSeconds: Double
@@ -131,6 +133,14 @@ struct ClusterNodeState: Sendable {
         let dropped = slots.sorted { ($0.queue, $0.slot) < ($1.queue, $1.slot) }
         slots = []
         return (lost, dropped)
+    }
+
+    /// Held jobs that take a job slot: all but those that ran to their ends here.
+    var running: Int { held.values.reduce(0) { $0 + ($1.ended ? 0 : 1) } }
+
+    /// These jobs ran to their ends here; their ends will be recorded later.
+    mutating func ending(_ jobs: [String]) {
+        for job in jobs where held[job] != nil { held[job]?.ended = true }
     }
 
     /// The shell is recording these ends: returns job → fence for those held (others are unknown here).

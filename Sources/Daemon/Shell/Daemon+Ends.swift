@@ -179,13 +179,19 @@ extension Daemon {
         } else {
             // A remote store: off the committer (which syncs the next batches meanwhile); each job stays
             // `finishing` until its batch is placed.
+            // Their slots and places go to new jobs at once: the recorder waits for more ends (Daemon.recordSpacing).
+            shared.withLock { $0.recording += ends.count }
+            store.ending(ends.map(\.job))
             durability.recorder.add(Recording(batch: batch, staged: staged, ends: ends, ungated: ungated, now: now, hook: hook))
+            work.async { [self] in offerRoom() }
         }
     }
 
     /// On the recorder's queue: every batch that waited, recorded by the store in one round trip.
     func recordEnds(_ waiting: [Recording]) {
         let result = Result { try store.complete(waiting.flatMap(\.ends)) }
+        // Back among the jobs in the shell's count until placed (a place is freed only then, if not by this count).
+        shared.withLock { $0.recording -= waiting.reduce(0) { $0 + $1.ends.count } }
         for r in waiting {
             let recorded = result.map { $0.union(r.ungated) }
             work.async { [self] in place(r.batch, r.staged, recorded: recorded, now: r.now, hook: r.hook) }

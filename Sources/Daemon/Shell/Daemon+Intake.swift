@@ -112,7 +112,8 @@ extension Daemon {
     func offerRoom() {
         guard store.capabilities.contains(.placesJobs) else { return }
         let room: Int, budget: Int
-        switch shared.withLock({ $0.lifecycle.admission }) {
+        let admission = shared.withLock { s in s.lifecycle.admission(leaving: min(s.recording, s.configuration.maxActiveJobs)) }
+        switch admission {
         case .room(let jobs, let operations): (room, budget) = (jobs, operations)
         case .full, .stopping, .paused: return
         }

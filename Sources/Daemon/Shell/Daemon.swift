@@ -114,6 +114,9 @@ public final class Daemon: Sendable {
     /// Progress lines are committed with the next claim or publication commit, or after this delay at
     /// the latest: until then a crash only makes those operations run again (at least once, never lost).
     static let progressCommitDelay = 0.05
+    /// A busy node records its jobs' ends in the database at most this often, unless maxActiveJobs of them wait: one
+    /// statement and commit for many (as River's completer). Those jobs hold no place meanwhile (`recording`).
+    static let recordSpacing = 0.1
     /// The fewest bytes an operation takes in a manifest (binary, one-letter id and kind): claims in one
     /// batch stop once the manifests may hold the rest of the operation budget.
     static let minimumBytesPerOperation = 16
@@ -148,7 +151,11 @@ public final class Daemon: Sendable {
                 progress.committed(upTo: written)
             },
             progress: progress, watch: watch,
-            recorder: BatchingStage(label: "opqueued.recording") { [relay] waiting in relay.daemon?.recordEnds(waiting) })
+            recorder: BatchingStage(label: "opqueued.recording",
+                                    pacing: .init(spacing: Self.recordSpacing, cap: configuration.maxActiveJobs,
+                                                  weight: { $0.ends.count })) { [relay] waiting in
+                relay.daemon?.recordEnds(waiting)
+            })
         hooks = JobHooks(folders: store.folders) { [logger] job, message in
             logger.error("job \(job): \(message)", metadata: ["OPQ_JOB": .string(job), "OPQ_ERROR": .string(message)])
         }

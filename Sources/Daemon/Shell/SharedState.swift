@@ -19,6 +19,9 @@ struct SharedState {
     var schedules = ScheduleBook()
     /// Publication batches handed to the committer and not yet announced (or stalled): a stop waits for them.
     var publishing = 0
+    /// Jobs whose ends wait for the store to record them (a cluster's recorder): they hold no place in the room
+    /// offered to the store, up to maxActiveJobs of them.
+    var recording = 0
     /// Names inotify reported since the last `scan` round began (InboxIntake.swift).
     var reports = InboxReports()
     /// Names inotify reported closed or moved in, claimable at once without settling.

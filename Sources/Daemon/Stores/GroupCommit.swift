@@ -11,45 +11,80 @@
 
 import Foundation
 import Synchronization
+import SystemCalls
 
 /// A stage of a pipeline that takes whatever has accumulated at once: `add` appends; while `process` runs, what is
 /// added waits and goes in the next call, so a slow step (a sync, a database round trip) is paid once per round,
 /// however many asked meanwhile. One call at a time, on the stage's own queue.
+///
+/// With `pacing`, a round also waits until `spacing` seconds have passed since the last one began, unless `cap` (by
+/// `weight`) already waits: under a steady flow its rounds grow to what arrives in `spacing`, while the first item
+/// after a quiet spell goes at once.
 final class BatchingStage<Item: Sendable>: Sendable {
+    struct Pacing: Sendable {
+        var spacing: Double
+        var cap: Int
+        var weight: @Sendable (Item) -> Int
+    }
+
     private struct State {
         var waiting: [Item] = []
+        var weight = 0
         var running = false
+        var lastStart = -Double.infinity
     }
 
     private let state = Mutex(State())
     private let queue: DispatchQueue
+    private let pacing: Pacing?
+    /// Signalled when `cap` is reached while a round may be waiting out its spacing.
+    private let capReached = DispatchSemaphore(value: 0)
     private let process: @Sendable ([Item]) -> Void
 
-    init(label: String, process: @escaping @Sendable ([Item]) -> Void) {
+    init(label: String, pacing: Pacing? = nil, process: @escaping @Sendable ([Item]) -> Void) {
         self.queue = DispatchQueue(label: label)
+        self.pacing = pacing
         self.process = process
     }
 
     func add(_ item: Item) {
-        let start = state.withLock { state -> Bool in
+        let added = pacing?.weight(item) ?? 1
+        let (start, full) = state.withLock { state -> (Bool, Bool) in
             state.waiting.append(item)
-            if state.running { return false }
+            let before = state.weight
+            state.weight += added
+            let full = pacing.map { before < $0.cap && state.weight >= $0.cap } ?? false
+            if state.running { return (false, full) }
             state.running = true
-            return true
+            return (true, false)
         }
         if start { queue.async { [self] in drain() } }
+        if full { capReached.signal() }
     }
 
     private func drain() {
         while true {
+            pace()
             let batch = state.withLock { state -> [Item] in
                 let batch = state.waiting
                 state.waiting = []
-                if batch.isEmpty { state.running = false }
+                state.weight = 0
+                if batch.isEmpty { state.running = false } else { state.lastStart = monotonicSeconds() }
                 return batch
             }
             if batch.isEmpty { return }
             process(batch)
+        }
+    }
+
+    /// Waits out the spacing since the last round began, unless `cap` waits (or nothing does: the drain ends).
+    private func pace() {
+        guard let pacing else { return }
+        while true {
+            let (weight, due) = state.withLock { ($0.weight, $0.lastStart + pacing.spacing) }
+            let now = monotonicSeconds()
+            if weight == 0 || weight >= pacing.cap || now >= due { return }
+            _ = capReached.wait(timeout: .now() + (due - now))
         }
     }
 }

@@ -11,8 +11,8 @@
 // without a cluster (SpoolBacked.swift), so recovery, downloads, commands and publication stay one code path. The
 // spool is each store's private part: the shell reaches a job's files only through the methods below.
 //
-// Threads: the shell calls a store from its serial `work` queue only (the group commit from its committer, the
-// gate from its recorder); `complete` may block for one round trip. A store calls its delegate from any thread;
+// Threads: the shell calls a store from its serial `work` queue only (the group commit and `ending` from its
+// committer, the gate from its recorder); `complete` may block for one round trip. A store calls its delegate from any thread;
 // the shell hops onto `work` itself.
 
 import ClusterStore
@@ -145,6 +145,10 @@ public protocol JobStore: AnyObject, Sendable {
     /// `delegate.run`), past the budget only the first; the file spool does nothing (the shell claims from the
     /// inbox itself).
     func want(room: Int, manifestBytes: Int)
+
+    /// These jobs ran to their ends here; `complete` will record them later (the shell gathers ends for a while): a
+    /// cluster store lets each one's job slot go to a new job now, its lease still covering it. Any thread.
+    func ending(_ jobs: [String])
 
     /// The publication gate, for one batch: returns the jobs this node may publish (the file spool: all). A
     /// store that records ends does so under their fences in one statement; a job missing from the answer is not

@@ -20,6 +20,7 @@ public final class SpoolJobStore: SpoolBacked, @unchecked Sendable {
     public func recovered(_ jobs: [ClaimedJob]) -> [ClaimedJob] { jobs }
     public func submit(_ jobs: [ClaimedJob]) -> [ClaimedJob] { jobs }
     public func want(room: Int, manifestBytes: Int) {}
+    public func ending(_ jobs: [String]) {}
     public func complete(_ ends: [JobEnd]) throws -> Set<String> { Set(ends.map(\.job)) }
     public func origin(of job: String) -> JobOrigin? { nil }
 

@@ -42,6 +42,38 @@ extension ClusterJobStoreTests {
         #expect(trimmed(try server.psql(database, "SELECT node FROM opq_live WHERE id = 'steady'")) == "a")
     }
 
+    /// A job that ran to its end here (`ending`) gives its slot to a new job at once, though its end is recorded later:
+    /// a node of 2 slots claims 2 more while the first 2 are still its own in the database, under their fences; their
+    /// ends are then recorded as any, and a lease still covers them meanwhile (beats keep them the node's).
+    @Test func jobsThatRanToTheirEndsHoldNoSlotUntilRecorded() throws {
+        let server = try PostgresServer.shared.get()
+        let database = try server.createDatabase()
+        let a = try ClusterNode("a", server: server, database: database, jobSlots: 2)
+        defer { a.close() }
+        _ = a.store.recovered([])
+        _ = a.store.submit(try (0..<4).map { try a.drop("j\($0)", sleepManifest("j\($0)")) })
+        a.store.want(room: 4, manifestBytes: .max)
+        #expect(eventually { a.shell.ran.count == 2 })
+        usleep(300_000)
+        #expect(a.shell.ran.count == 2, "two slots: two jobs")
+        let first = a.shell.ran.map(\.job.id)
+        a.store.ending(first)
+        a.store.want(room: 4, manifestBytes: .max)
+        #expect(eventually { a.shell.ran.count == 4 }, "the ended jobs' slots went to the other two")
+        let running = {
+            trimmed((try? server.psql(database, "SELECT count(*) FROM opq_live WHERE node = 'a' AND state = 'running'")) ?? "")
+        }
+        #expect(running() == "4", "the first two stay the node's until their ends are recorded")
+        let ends = try first.map { job in
+            let file = a.folder + "/result-\(job).plist"
+            try plist(["job": job, "status": "succeeded"]).write(to: URL(fileURLWithPath: file))
+            return JobEnd(job: job, status: "succeeded", resultFile: file)
+        }
+        #expect(try a.store.complete(ends) == Set(first))
+        #expect(running() == "2")
+        #expect(a.shell.lostJobs.isEmpty)
+    }
+
     /// Beats ask about the node's own jobs by id: a job the database gives the node behind its back (as a claim
     /// whose answer was lost does) is not seen by them, and goes back to waiting at the full beat after the next
     /// failed statement; the node's own job is kept throughout (the outage is shorter than the lease).
@@ -84,7 +116,7 @@ extension ClusterJobStoreTests {
     /// its end is refused by the fence and nothing of it is recorded.
     @Test func leaseRunsOutOnACutOffNodeAndTheOtherTakesOver() throws {
         let pair = try CuttablePair("opqcut", leaseSeconds: 2)
-        let (server, database, a, b) = (pair.server, pair.database, pair.a, pair.b)
+        let (a, b) = (pair.a, pair.b)
         defer { a.close(); b.close() }
         let leaseChanges = Locked<[Bool]>([])
         a.store.onLeaseChange = { good in leaseChanges.withLock { $0.append(good) } }

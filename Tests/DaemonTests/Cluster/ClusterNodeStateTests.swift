@@ -53,6 +53,21 @@ import Glibc
         #expect(s.checkDeadline(now: 1000).lost == ["a"])
     }
 
+    /// A job that ran to its end here takes no job slot, and stays held (beats, the deadline) until its end's answer.
+    @Test func jobsThatEndedHoldNoSlot() {
+        var s = ClusterNodeState(leaseSeconds: 15)
+        s.hold("a", fence: 1)
+        s.hold("b", fence: 2)
+        s.ending(["a", "unknown"])
+        #expect(s.running == 1 && s.held.count == 2)
+        #expect(s.beatSucceeded(sentAt: 1, held: ["b": 2]).lost == ["a"], "ended, not yet being recorded: the beat judges it")
+        s.hold("c", fence: 3)
+        s.ending(["c"])
+        _ = s.beginCompleting(["c"])
+        #expect(s.endCompleting(["c"], recorded: nil).isEmpty && s.running == 1, "no answer: still ended, still no slot")
+        #expect(s.endCompleting(["c"], recorded: ["c"]).isEmpty && s.held.keys.sorted() == ["b"])
+    }
+
     /// Beats ask about the held ids only while nothing may have given the node a job it does not know of; the first
     /// beat, the one after a failed connection, after a lease ran out or `mayHaveBeenGivenJobs`, and one a minute
     /// read every job the database gives it. A job held here and not asked about is not lost.

@@ -24,6 +24,7 @@ private final class FakeStore: SpoolBacked, @unchecked Sendable {
     func recovered(_ jobs: [ClaimedJob]) -> [ClaimedJob] { jobs }
     func submit(_ jobs: [ClaimedJob]) -> [ClaimedJob] { jobs }
     func want(room: Int, manifestBytes: Int) {}
+    func ending(_ jobs: [String]) {}
     func complete(_ ends: [JobEnd]) throws -> Set<String> {
         lock.withLock {
             completed += ends

@@ -97,4 +97,35 @@ struct GroupCommitTests {
         #expect(seen.flatMap { $0 } == Array(0..<100))
         #expect(seen.count <= 3)
     }
+
+    /// A paced stage's first round after a quiet spell goes at once; the next waits out the spacing since that one
+    /// began, unless its cap (by weight) already waits.
+    @Test func aPacedStageWaitsOutItsSpacingUnlessItsCapWaits() {
+        let rounds = Mutex<[(items: [Int], at: Double)]>([])
+        let release = DispatchSemaphore(value: 0), took = DispatchSemaphore(value: 0)
+        let pacing = BatchingStage<Int>.Pacing(spacing: 3, cap: 10, weight: { $0 })
+        let stage = BatchingStage<Int>(label: "test.paced", pacing: pacing) { items in
+            rounds.withLock { $0.append((items, monotonicSeconds())) }
+            took.signal()
+            if items == [1] { release.wait() }
+        }
+        let start = monotonicSeconds()
+        stage.add(1)
+        took.wait()
+        // While the first round runs: 4 + 5 weigh less than the cap and wait for the spacing; 6 more reach it.
+        stage.add(4)
+        stage.add(5)
+        release.signal()
+        usleep(100_000)
+        #expect(rounds.withLock { $0.count } == 1, "under the cap, the second round waits for the spacing")
+        stage.add(6)
+        took.wait()
+        stage.add(2)
+        took.wait()
+        let seen = rounds.withLock { $0 }
+        #expect(seen.map(\.items) == [[1], [4, 5, 6], [2]])
+        #expect(seen[0].at - start < 2.5, "the first round after a quiet spell goes at once")
+        #expect(seen[1].at - seen[0].at < 2.5, "the cap reached, the round goes before the spacing has passed")
+        #expect(seen[2].at - seen[1].at >= 3, "a round under the cap waits out the spacing since the last began")
+    }
 }
