@@ -178,8 +178,8 @@ extension Daemon {
             work.async { [self] in place(batch, staged, recorded: recorded, now: now, hook: hook) }
         } else {
             // A remote store: off the committer (which syncs the next batches meanwhile); each job stays
-            // `finishing` until its batch is placed.
-            // Their slots and places go to new jobs at once: the recorder waits for more ends (Daemon.recordSpacing).
+            // `finishing` until its batch is placed, but its slot and place go to new jobs at once, since the
+            // recorder waits for more ends (Daemon.recordSpacing).
             shared.withLock { $0.recording += ends.count }
             store.ending(ends.map(\.job))
             durability.recorder.add(Recording(batch: batch, staged: staged, ends: ends, ungated: ungated, now: now, hook: hook))

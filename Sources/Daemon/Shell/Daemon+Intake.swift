@@ -238,12 +238,14 @@ extension Daemon {
             switch outcome {
             case .claimed(let job):
                 onWork.intake.notBusy(name)
+                onWork.onceBusySince[name] = nil
                 if let changedAt { metrics.pickedUp(after: job.receivedAt - changedAt) }
                 claimed.append(job)
                 mayHold += job.manifest.count / Self.minimumBytesPerOperation + 1
             case .unsettled: settling.append(name)
             case .vanished:
                 onWork.intake.notBusy(name)
+                onWork.onceBusySince[name] = nil
                 continue
             default: notClaimed(name, outcome)
             }
