@@ -142,13 +142,14 @@ extension ClusterJobStore {
 
     /// The file of this node's own submission `row`, when it is still here. A row claimed while its insert's answer is
     /// on its way (the claim can come first) waits for that answer rather than write the bytes again: briefly, the loop
-    /// thread also beats (half a second at most, a twentieth of the lease).
+    /// thread also beats (half a second at most, a twentieth of the lease). Only a row whose inbox name the insert
+    /// under way carries waits: a backlog's rows, claimed long after their files were reaped, never do.
     private func adoptableFile(_ row: ClusterClaimedJob) -> String? {
         let until = monotonicSeconds() + min(0.5, settings.leaseSeconds / 20)
         while true {
             let (file, wait) = lock.withLock { () -> (String?, Bool) in
                 if let file = adoptable.removeValue(forKey: row.id) { return (file, false) }
-                return (nil, inserting && row.submittedOn == nodeName)
+                return (nil, row.submittedOn == nodeName && insertingNames.contains(row.manifestName))
             }
             guard wait, monotonicSeconds() < until else { return file }
             usleep(1_000)

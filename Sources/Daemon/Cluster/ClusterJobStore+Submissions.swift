@@ -90,8 +90,8 @@ extension ClusterJobStore {
             let batch = lock.withLock { Array(pending.prefix(256)) }
             if batch.isEmpty { return false }
             let jobs = batch.map(\.job)
-            lock.withLock { inserting = batch.contains(where: \.isFile) }
-            defer { lock.withLock { inserting = false } }
+            lock.withLock { insertingNames = Set(batch.lazy.filter(\.isFile).map(\.job.manifestName)) }
+            defer { lock.withLock { insertingNames = [] } }
             let inserted = try waitBounded(Self.statementTimeout * 2, on: executor, doing: "inserting \(jobs.count) job(s)", { [store] in
                 try await store.insertJobs(jobs)
             })
@@ -116,7 +116,7 @@ extension ClusterJobStore {
                         folders.append(entry.folder)
                     }
                 }
-                inserting = false
+                insertingNames = []
             }
             if !folders.isEmpty { reaper.async { [folders] in for folder in folders { removeTree(folder) } } }
             if !files.isEmpty { reaper.asyncAfter(deadline: .now() + Self.reapDelay) { [self, files] in reap(files) } }

@@ -90,9 +90,9 @@ public final class ClusterJobStore: SpoolBacked, @unchecked Sendable {
     /// node claims before the reaper gets to it (`reapDelay` after the insert, or at shutdown) has its file renamed
     /// into active/<job>/ rather than written again. Whoever takes the entry out owns the file.
     var adoptable: [String: String] = [:]
-    /// An insert of files from the inbox is under way: a row of this node's claimed meanwhile may be one of them,
-    /// its entry in `adoptable` made as soon as the insert's answer is read (`adoptableFile`).
-    var inserting = false
+    /// The inbox names of the files an insert under way carries: a row of this node's claimed meanwhile under one of
+    /// them may be its own file's, its entry in `adoptable` made as soon as the insert's answer is read (`adoptableFile`).
+    var insertingNames: Set<String> = []
     /// Folders in active/ without any claim record that recovery could not look up (the database did not answer at
     /// start): left where they are until the submission thread can (`verifyUnrecorded`).
     var unverified: [ClaimedJob] = []
