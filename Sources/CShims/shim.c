@@ -9,6 +9,7 @@
 #include <string.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
+#include <sys/vfs.h>
 #include <unistd.h>
 
 #define OPQ_IOPRIO_CLASS_SHIFT 13
@@ -43,6 +44,17 @@ int opq_get_thread_nice(void) {
 int opq_thread_is_idle(void) { return sched_getscheduler(opq_gettid()) == SCHED_IDLE; }
 
 int opq_syncfs(int fd) { return syncfs(fd) == 0 ? 0 : -errno; }
+
+long long opq_fs_type(int fd) {
+    struct statfs fs;
+    return fstatfs(fd, &fs) == 0 ? (long long)fs.f_type : -errno;
+}
+
+int opq_write_out(int fd, int wait) {
+    unsigned flags = wait ? SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER
+                          : SYNC_FILE_RANGE_WRITE;
+    return sync_file_range(fd, 0, 0, flags) == 0 ? 0 : -errno;
+}
 
 int opq_rename_noreplace(int dirfd, const char *from, const char *to) {
     return syscall(SYS_renameat2, dirfd, from, dirfd, to, 1 /* RENAME_NOREPLACE */) == 0 ? 0 : -errno;

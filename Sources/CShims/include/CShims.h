@@ -28,6 +28,13 @@ int opq_thread_is_idle(void);
 /// Returns 0 or -errno.
 int opq_syncfs(int fd);
 
+/// sync_file_range(2) over the whole of `fd`'s file: with `wait` 0 starts writing its dirty pages out; with 1 also
+/// waits for what was under way and for what it wrote. Data only (no metadata, no disk cache flush). 0 or -errno.
+int opq_write_out(int fd, int wait);
+
+/// The magic number of the file system holding `fd` (statfs's f_type: 0xEF53 for ext2/3/4), or -errno.
+long long opq_fs_type(int fd);
+
 /// The name of a directory entry readdir(3) returned. Only the name's own bytes may be read: glibc packs entries
 /// at their record length, so a whole `struct dirent` (its 256-byte d_name) read by value can run past the end
 /// of readdir's buffer into an unmapped page (a crash seen on a spool's inbox with thousands of entries).

@@ -46,9 +46,11 @@ final class JobHooks: @unchecked Sendable {
         mkdir(folder, 0o755)
     }
 
-    /// Records that the hook is due for `job` (durable with the spool's next commit).
-    func markDue(job: String, status: String) throws {
+    /// Records that the hook is due for `job` (durable with the spool's next commit, once the caller hands the
+    /// returned path to it).
+    func markDue(job: String, status: String) throws -> String {
         try writeFile(Data(status.utf8), to: folder + "/" + job)
+        return folder + "/" + job
     }
 
     /// Runs the hook for a published job (`entry`: the path of its outbox entry — under sharedOutbox when set, named

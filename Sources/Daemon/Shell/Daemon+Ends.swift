@@ -59,7 +59,7 @@ extension Daemon {
         for publication in batch {
             if hook != nil {
                 do {
-                    try hooks.markDue(job: publication.job.id, status: publication.status.rawValue)
+                    store.commitWithNext(file: try hooks.markDue(job: publication.job.id, status: publication.status.rawValue))
                 } catch {
                     // The hook still runs after publication; only a crash before it would lose it.
                     logger.error("job \(publication.job.id): the jobFinished marker could not be written: \(error)")

@@ -53,7 +53,8 @@ extension Daemon {
             do {
                 let bytes = try Self.occurrence(of: settings.manifest, job: job)
                 let hidden = store.folders.inbox + "/." + job + ".plist"
-                try writeFile(Data(bytes), to: hidden)
+                // Written out before it is renamed in: the schedule's book records it submitted next.
+                try writeDurably(Data(bytes), to: hidden, syncFolder: false)
                 guard rename(hidden, store.folders.inbox + "/" + job + ".plist") == 0 else {
                     throw SpoolError(operation: "rename", path: hidden, errno: errno)
                 }

@@ -212,6 +212,8 @@ public protocol JobStore: AnyObject, Sendable {
     func compactProgressIfLarge(active: Set<String>) throws
     /// Makes everything written so far durable (the group commit).
     func commit() throws
+    /// A file the shell wrote in the spool (not through the store) that the next `commit` must make durable.
+    func commitWithNext(file path: String)
     /// Writes a job's result.plist in its folder (`produce` hands its bytes to the sink).
     func stage(job: String, produce: ((UnsafeRawBufferPointer) throws -> Void) throws -> Void) throws
     /// Where `stage` wrote it.

@@ -174,6 +174,7 @@ extension Spool {
                                          origin: origin), on: dir)
             renamed = manifestFile.map { rename($0, dir + "/manifest.plist") == 0 } ?? false
             if !renamed { try writeFile(Data(manifest), to: dir + "/manifest.plist") }
+            sync.tree(dir)
         } catch {
             removeTree(dir)
             throw error

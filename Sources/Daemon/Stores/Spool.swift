@@ -20,10 +20,12 @@
 //   delayed   active/.delayed: a line per delayed job parked out of memory (DelayedRecord.swift); emptied at
 //             start, where recovery finds every delayed job from its manifest again.
 //
-// Group commit: `commit()` is one syncfs(2) on the spool's file system (the spool is one mount), made
-// once per batch of claims, of progress lines or of publications rather than one fsync per file and
-// folder. On this kind of machine an fsync costs ~290 µs and a syncfs over 1,000 new files ~28 ms.
-// Nothing is announced (journal, outbox) before the commit that makes it durable.
+// Group commit: `commit()` makes everything written so far durable at once — one syncfs(2) of the spool's file
+// system, or on ext4 the spool's own files written out and one journal commit (SpoolSync.swift) — made once
+// per batch of claims, of progress lines or of publications rather than one fsync per file and folder. On this
+// kind of machine an fsync costs ~290 µs and a syncfs over 1,000 new files ~28 ms. Every write names what it
+// wrote to `sync` before asking for a commit. Nothing is announced (journal, outbox) before the commit that
+// makes it durable.
 //
 // Few inodes: a job costs two new inodes (its folder and result.plist) and frees none. ext4 skips
 // inodes freed in the last ~30 s when it allocates, scanning past each one, so per-job files created
@@ -93,6 +95,8 @@ public final class Spool: @unchecked Sendable {
     public var folders: SpoolFolders { SpoolFolders(root: root, inbox: inbox, active: active, outbox: outbox, tmp: tmp) }
     private var lockFD: Int32 = -1
     private var rootFD: Int32 = -1
+    /// What the next commit writes out, and how it commits.
+    let sync: SpoolSync
     /// active/.progress.log, open for appending; its lock also orders compaction against appends.
     var progressFD: Int32 = -1
     var progressBytes = 0
@@ -108,6 +112,7 @@ public final class Spool: @unchecked Sendable {
 
     public init(root: String) throws {
         self.root = root
+        sync = SpoolSync(root: root)
         inbox = root + "/inbox"
         active = root + "/active"
         outbox = root + "/outbox"
@@ -125,6 +130,7 @@ public final class Spool: @unchecked Sendable {
         }
         rootFD = open(root, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
         guard rootFD >= 0 else { throw SpoolError(operation: "open", path: root, errno: errno) }
+        sync.attach(rootFD: rootFD, markerFD: lockFD)
         // The spool folder itself is locked too: a lock file removed by a careless clean-up would otherwise let a
         // second daemon in.
         guard flock(rootFD, LOCK_EX | LOCK_NB) == 0 else {
@@ -164,11 +170,8 @@ public final class Spool: @unchecked Sendable {
     /// Where a claimed job's inbox name and reception time are kept: an extended attribute of active/<job>/.
     static let jobAttribute = "user.opqueued.job"
 
-    /// Makes everything written to the spool so far durable (one syncfs of its file system).
-    public func commit() throws {
-        let result = opq_syncfs(rootFD)
-        guard result == 0 else { throw SpoolError(operation: "syncfs", path: root, errno: -result) }
-    }
+    /// Makes everything written to the spool so far durable (SpoolSync.swift says how).
+    public func commit() throws { try sync.commit() }
 
     // MARK: Inbox
 
@@ -435,6 +438,7 @@ public final class Spool: @unchecked Sendable {
             if e == ENOENT { return .vanished }
             throw SpoolError(operation: "rename", path: source, errno: e)
         }
+        sync.tree(dir)
         CrashPoint.claimRenamed.reached()
         return .claimed(ClaimedJob(id: id, requestedJob: id != wanted ? wanted : nil, manifestName: name, receivedAt: now, manifest: data,
                                    tree: tree, done: [:]))
@@ -448,6 +452,8 @@ public final class Spool: @unchecked Sendable {
         guard !successes.isEmpty else { return }
         var text = ""
         for s in successes { text += Self.progressLine(job: s.job, operation: s.operation, record: s.record) }
+        // What the operations wrote must be as durable as the lines that say they succeeded.
+        for job in Set(successes.map(\.job)) { sync.tree(outputFolder(job: job)) }
         try appendProgress(text)
         CrashPoint.progressAppended.reached()
     }
@@ -460,6 +466,7 @@ public final class Spool: @unchecked Sendable {
             try writeAll(progressFD, line, path: progressPath)
             progressBytes += line.count
         }
+        sync.file(progressPath)
     }
 
     /// The folder where a job's `write` operations put their files: the future outbox entry.
@@ -524,6 +531,7 @@ public final class Spool: @unchecked Sendable {
         guard fd >= 0 else { throw SpoolError(operation: "create", path: path, errno: errno) }
         defer { close(fd) }
         try produce { bytes in try writeAll(fd, bytes, path: path) }
+        sync.tree(active + "/" + job)
         CrashPoint.publishStaged.reached()
     }
 
@@ -536,6 +544,7 @@ public final class Spool: @unchecked Sendable {
         let dir = active + "/" + job
         if mkdir(dir, 0o750) != 0 && errno != EEXIST { throw SpoolError(operation: "mkdir", path: dir, errno: errno) }
         try writeFile(manifest, to: dir + "/manifest.plist")
+        sync.tree(dir)
     }
 
     /// Publication, step 2 (after a commit made result.plist durable): the whole folder moves to the outbox, as

@@ -36,6 +36,7 @@ extension SpoolBacked {
 
     public func compactProgressIfLarge(active: Set<String>) throws { try spool.compactProgressIfLarge(active: active) }
     public func commit() throws { try spool.commit() }
+    public func commitWithNext(file path: String) { spool.sync.file(path) }
 
     public func stage(job: String, produce: ((UnsafeRawBufferPointer) throws -> Void) throws -> Void) throws {
         try spool.stage(job: job, produce: produce)

@@ -12,7 +12,11 @@ public final class SpoolJobStore: SpoolBacked, @unchecked Sendable {
     /// Never called: this store neither claims for the shell nor takes jobs away.
     public weak var delegate: (any JobStoreDelegate)?
 
-    public init(spool: Spool) { self.spool = spool }
+    /// Commits by ext4's journal where it can: everything this store writes is registered (SpoolSync.swift).
+    public init(spool: Spool) {
+        self.spool = spool
+        spool.sync.preferJournal()
+    }
 
     public var node: String? { nil }
     public var capabilities: StoreCapabilities { [] }

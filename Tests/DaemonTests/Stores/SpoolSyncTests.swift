@@ -1,0 +1,169 @@
+// SpoolSync: what a commit promises, checked by cutting the power. The spool is on an ext4 image of its own; while
+// the daemon runs, the file system is shut down the way xfstests simulates a power cut (EXT4_IOC_SHUTDOWN without
+// flushing the log: what was not committed is gone, page cache and all), then mounted again. Every job the daemon
+// had announced must have its whole outbox entry, outputs byte for byte, and after a restart every manifest submitted
+// must end exactly once. Both ways of committing are held to it.
+
+@testable import Daemon
+import Foundation
+import Testing
+import TestSupport
+import TestTraits
+
+#if canImport(Glibc)
+import Glibc
+#endif
+
+@Suite("SpoolSync", .serialized, .onItsOwnExecutor)
+struct SpoolSyncTests {
+    /// The spool's file system, shut down as by a power cut: nothing more reaches the disk (Python's ioctl; the
+    /// request is _IOR('X', 125, __u32), the flag EXT4_GOING_FLAGS_NOLOGFLUSH).
+    private func cutPower(_ mount: String) throws {
+        let script = "import fcntl, os, struct, sys; fd = os.open(sys.argv[1], os.O_RDONLY); "
+            + "fcntl.ioctl(fd, 0x8004587D, struct.pack('I', 2))"
+        let cut = try runProgram("/usr/bin/python3", ["-c", script, mount])
+        try #require(cut.status == 0, "shutdown: \(cut.stderr)")
+    }
+
+    private func mount(_ image: String, at folder: String) throws {
+        let run = try runProgram("/bin/mount", ["-o", "loop", image, folder])
+        try #require(run.status == 0, "mount: \(run.stderr)")
+    }
+
+    /// The jobs the daemon's log says finished, succeeded (announced only once their entries were committed).
+    private func announced(_ log: String) -> Set<String> {
+        let text = (try? String(contentsOfFile: log, encoding: .utf8)) ?? ""
+        var jobs = Set<String>()
+        for line in text.split(separator: "\n") 
+        where line.contains("OPQ_EVENT=job ") && line.contains("OPQ_STATE=finished OPQ_STATUS=succeeded") {
+            if let field = line.split(separator: " ").first(where: { $0.hasPrefix("OPQ_JOB=") }) {
+                jobs.insert(String(field.dropFirst("OPQ_JOB=".count)))
+            }
+        }
+        return jobs
+    }
+
+    /// What is wrong with outbox/<job>, if anything: its result, and its outputs against the source's bytes.
+    private func problem(_ root: String, _ job: String, source: Data, outputs: Bool) -> String? {
+        let entry = root + "/outbox/" + job
+        guard let data = FileManager.default.contents(atPath: entry + "/result.plist") else { return "\(job): no result.plist" }
+        let result = try? PropertyListSerialization.propertyList(from: data, format: nil) as? [String: Any]
+        guard result?["status"] as? String == "succeeded" else { return "\(job): result \(data.count) bytes, not succeeded" }
+        let index = Int(job.dropFirst()) ?? 0
+        for output in !outputs ? [] : index % 3 == 0 ? ["out/data.bin", "copy/again.bin"] : ["out/data.bin"]
+        where FileManager.default.contents(atPath: entry + "/" + output) != source {
+            return "\(job): \(output) is not the source's bytes"
+        }
+        return nil
+    }
+
+    /// `outputs`: jobs that download and write files (a download is fsynced by itself, which commits ext4's journal
+    /// as a side effect), else jobs of sleeps, whose every byte and rename only the commit makes durable.
+    @Test(arguments: ["journal", "syncfs"], [false, true])
+    func whatWasAnnouncedSurvivesAPowerCut(method: String, outputs: Bool) throws {
+        let spool = TestSpool(), image = spool.root + ".img", source = spool.root + ".src"
+        var mounted = false
+        defer {
+            if let daemon = spool.daemon, daemon.isRunning { kill(daemon.processIdentifier, SIGKILL); daemon.waitUntilExit() }
+            if mounted { _ = try? runProgram("/bin/umount", ["-l", spool.root]) }
+            unlink(image)
+            unlink(source)
+        }
+        for (program, arguments) in [("/usr/bin/truncate", ["-s", "256M", image]), ("/sbin/mkfs.ext4", ["-q", "-F", image])] {
+            let run = try runProgram(program, arguments)
+            try #require(run.status == 0, "\(program): \(run.stderr)")
+        }
+        try mount(image, at: spool.root)
+        mounted = true
+        let bytes = Data((0..<48_000).map { _ in UInt8.random(in: 0...255) })
+        try bytes.write(to: URL(fileURLWithPath: source))
+        let config = try spool.configure(["download": ["fileRoots": [NSTemporaryDirectory()]]])
+        if method == "syncfs" { spool.environment["OPQUEUED_SPOOL_SYNC"] = "syncfs" }
+
+        // Submitted as a careful client does: written, renamed in, and synced before the daemon starts.
+        let count = 360
+        try FileManager.default.createDirectory(atPath: spool.root + "/inbox", withIntermediateDirectories: true)
+        for i in 0..<count {
+            var operations: [[String: Any]] = outputs ? [
+                ["id": "get", "kind": "download", "url": "file://" + source],
+                ["id": "put", "kind": "write", "path": "out/data.bin", "input": "get", "dependencies": ["get"]],
+            ] : [sleepOp("a", 0), sleepOp("b", 0, deps: ["a"])]
+            if outputs && i % 3 == 0 {
+                operations.append(["id": "again", "kind": "write", "path": "copy/again.bin", "input": "get", "dependencies": ["put"]])
+            }
+            try spool.drop("p\(i).plist", ["job": "p\(i)", "operations": operations])
+        }
+        try #require(try runProgram("/bin/sync", ["-f", spool.root + "/inbox"]).status == 0)
+
+        // Two cuts, each once a further quarter of the jobs was announced, then a run to the end.
+        var promised = Set<String>()
+        for cut in 1...2 {
+            try spool.launch(config)
+            let wanted = promised.count + count / 4
+            let reached = pollUntil(60) { announced(spool.logPath).count >= wanted ? true : nil }
+            let log = (try? String(contentsOfFile: spool.logPath, encoding: .utf8)) ?? ""
+            try #require(reached != nil, "cut \(cut): \(announced(spool.logPath).count) of \(wanted) announced; \(log.suffix(1500))")
+            // Stopped first: a power cut ends the process too, and a file system shut down may answer a later
+            // syncfs with success, which a daemon still running would announce.
+            try #require(spool.freeze(), "the daemon did not stop")
+            promised = announced(spool.logPath)
+            try cutPower(spool.root)
+            kill(spool.daemon!.processIdentifier, SIGKILL)
+            spool.daemon!.waitUntilExit()
+            let unmount = try runProgram("/bin/umount", [spool.root])
+            try #require(unmount.status == 0, "umount: \(unmount.stderr)")
+            mounted = false
+            try mount(image, at: spool.root)
+            mounted = true
+            let lost = promised.sorted().compactMap { problem(spool.root, $0, source: bytes, outputs: outputs) }
+            let cutAt = "cut \(cut) (\(method), outputs \(outputs))"
+            #expect(lost.isEmpty, "\(cutAt): \(lost.count) of \(promised.count) announced entries damaged: \(lost.prefix(5))")
+        }
+        try spool.launch(config)
+        let done = pollUntil(120) { spool.list("outbox").count >= count ? true : nil }
+        #expect(done != nil, "\(spool.list("outbox").count) of \(count) entries after the cuts")
+        spool.signal(SIGTERM)
+        #expect(spool.waitForExit() == 0)
+        let entries = spool.list("outbox")
+        #expect(entries == (0..<count).map { "p\($0)" }.sorted(), "each job exactly once: \(entries.filter { $0.contains(".") })")
+        let damaged = entries.compactMap { problem(spool.root, $0, source: bytes, outputs: outputs) }
+        #expect(damaged.isEmpty, "\(damaged.prefix(5))")
+        #expect(spool.list("inbox").isEmpty && spool.list("active").isEmpty)
+    }
+
+    /// The journal way only where ext4 keeps a journal inside the file system, and never when the environment says
+    /// syncfs; a spool opened alone (as the cluster's is) stays with syncfs.
+    @Test func theJournalWayIsTakenOnlyOnExt4WithAJournal() throws {
+        let base = NSTemporaryDirectory() + "opq-sync-\(getpid())-\(UInt32.random(in: 0...UInt32.max))"
+        defer { try? FileManager.default.removeItem(atPath: base) }
+        func method(features: [String]?, environment: [String: String] = [:]) throws -> SpoolSync.Method {
+            let folder = base + "/\(UInt32.random(in: 0...UInt32.max))", image = folder + ".img"
+            try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
+            var mounted = false
+            defer {
+                if mounted { _ = try? runProgram("/bin/umount", ["-l", folder]) }
+                unlink(image)
+            }
+            if let features {
+                for (program, arguments) in [("/usr/bin/truncate", ["-s", "32M", image]),
+                                             ("/sbin/mkfs.ext4", ["-q", "-F"] + features + [image])] {
+                    let run = try runProgram(program, arguments)
+                    try #require(run.status == 0, "\(program): \(run.stderr)")
+                }
+                try mount(image, at: folder)
+                mounted = true
+            } else {
+                let run = try runProgram("/bin/mount", ["-t", "tmpfs", "tmpfs", folder])
+                try #require(run.status == 0, "mount: \(run.stderr)")
+                mounted = true
+            }
+            let spool = try Spool(root: folder + "/spool")
+            #expect(spool.sync.current == .syncfs, "opened alone")
+            return spool.sync.preferJournal(environment: environment)
+        }
+        #expect(try method(features: []) == .journal)
+        #expect(try method(features: [], environment: ["OPQUEUED_SPOOL_SYNC": "syncfs"]) == .syncfs)
+        #expect(try method(features: ["-O", "^has_journal"]) == .syncfs)
+        #expect(try method(features: nil) == .syncfs, "tmpfs")
+    }
+}
