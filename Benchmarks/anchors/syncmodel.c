@@ -1,11 +1,13 @@
 // A model of the spool's commit, to compare ways of making a batch durable while journald writes to the same file
 // system: batches of PER jobs, each a new folder with a 2 KB result.plist, renamed into place (as a publication),
-// then made durable by one syncfs(2) (what the daemon does), by an fdatasync of each file and folder in turn, or by
-// the same fdatasyncs on THREADS threads at once (so that the file system can serve them with one journal commit).
+// then made durable by one syncfs(2) (the daemon's way on file systems other than ext4), by `range` (what it does on
+// ext4 with a journal: sync_file_range on every file, all started before any is waited for, then one fsync, of the
+// folder the batch renamed into, which commits ext4's transaction), by an fdatasync of each file and folder in turn,
+// or by the same fdatasyncs on THREADS threads at once (so that the file system can serve them with one commit).
 // With RATE > 0 a child sends RATE entries a second to journald (a trivial job's fields) the whole time.
 //
 //   cc -O2 -o /tmp/syncmodel Benchmarks/anchors/syncmodel.c -lsystemd -lpthread
-//   mkdir -p /var/tmp/sm && /tmp/syncmodel /var/tmp/sm syncfs|seq|par BATCHES PER THREADS RATE
+//   mkdir -p /var/tmp/sm && /tmp/syncmodel /var/tmp/sm syncfs|range|seq|par BATCHES PER THREADS RATE
 //
 // It prints the mean and worst time of a batch's sync. Put DIR on journald's file system (journalctl --header says
 // where its files are) to see what the daemon's syncfs pays there.
@@ -27,7 +29,7 @@ static double now(void) {
     return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
 }
 
-static int fds[4096];
+static int fds[4096], isfile[4096];
 static int count, next;
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 
@@ -57,7 +59,7 @@ static void journal_load(int rate) {
 
 int main(int argc, char **argv) {
     if (argc != 7) {
-        fprintf(stderr, "usage: %s DIR syncfs|seq|par BATCHES PER THREADS RATE\n", argv[0]);
+        fprintf(stderr, "usage: %s DIR syncfs|range|seq|par BATCHES PER THREADS RATE\n", argv[0]);
         return 2;
     }
     const char *dir = argv[1], *mode = argv[2];
@@ -81,15 +83,25 @@ int main(int argc, char **argv) {
             if (fd < 0 || write(fd, data, sizeof data) != (ssize_t)sizeof data) return 1;
             snprintf(target, sizeof target, "%s/outbox-%ld", dir, job);
             rename(path, target);
+            isfile[count] = 1;
             fds[count++] = fd;
+            isfile[count] = 0;
             fds[count++] = open(target, O_RDONLY | O_DIRECTORY);
         }
+        isfile[count] = 0;
         fds[count++] = dup(folder);
         double start = now();
         if (strcmp(mode, "syncfs") == 0) {
             syncfs(folder);
         } else if (strcmp(mode, "seq") == 0) {
             for (int i = 0; i < count; i++) fdatasync(fds[i]);
+        } else if (strcmp(mode, "range") == 0) {
+            for (int i = 0; i < count; i++)
+                if (isfile[i]) sync_file_range(fds[i], 0, 0, SYNC_FILE_RANGE_WRITE);
+            unsigned wait = SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER;
+            for (int i = 0; i < count; i++)
+                if (isfile[i]) sync_file_range(fds[i], 0, 0, wait);
+            fsync(folder);
         } else {
             pthread_t pool[64];
             next = 0;

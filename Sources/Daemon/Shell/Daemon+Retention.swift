@@ -12,7 +12,7 @@ import Logging
 import SystemCalls
 
 extension Daemon {
-    /// Entries looked at per batch, and the pause after each batch: small, so that the group commit's syncfs has
+    /// Entries looked at per batch, and the pause after each batch: small, so that the group commit has
     /// little of the retention's to flush (100 and 20 ms raised pickup's p99 during a prune of 50,000 folders to
     /// 12 ms; these keep it within the idle figures, docs/benchmarks.md).
     static let retentionBatch = 25

@@ -1,9 +1,9 @@
-// GroupCommit: the spool's commits (one syncfs each), made on a thread of their own and shared by everyone who
-// asks while one is under way.
+// GroupCommit: the spool's commits (SpoolSync.swift says how each is made), made on a thread of their own and
+// shared by everyone who asks while one is under way.
 //
 // `after(_:)` registers a continuation; it runs once a commit that began after the call has ended, with that
 // commit's outcome. One commit at a time: whatever is asked while one runs is covered by the next one, so the
-// publications of many batches waiting together cost one syncfs — and the thread that asked (the daemon's `work`
+// publications of many batches waiting together cost one commit — and the thread that asked (the daemon's `work`
 // queue) goes on staging and accepting jobs while the disk syncs, instead of waiting for it.
 //
 // Continuations run on the committer's thread, one after another, before the next commit starts: they must only

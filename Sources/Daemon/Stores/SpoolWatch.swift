@@ -3,7 +3,7 @@
 // A file system that hangs (frozen by fsfreeze for a snapshot, an NFS server gone, a disk failing slowly) returns
 // no error: every write and every sync just waits. For one node alone that is a pause. A cluster node would go on
 // renewing its lease from its own thread for jobs it can neither finish nor publish, and no other node would ever
-// take them. So the spool's waits are watched: the committer says when each syncfs starts and ends, and a probe on
+// take them. So the spool's waits are watched: the committer says when each commit starts and ends, and a probe on
 // a thread of its own rewrites one byte of tmp/.alive every second while the node has jobs (an idle node writes
 // nothing). `stalledSeconds` is how long the oldest of the two still under way has waited (0 when neither is); past
 // a bound a cluster node stops renewing its lease (ClusterJobStore), so that its jobs run elsewhere and it records
@@ -67,7 +67,7 @@ final class SpoolWatch: Sendable {
 
     func stop() { state.withLock { $0.stopped = true } }
 
-    /// One byte rewritten: a write the file system must accept (no sync: the committer's syncfs is watched itself).
+    /// One byte rewritten: a write the file system must accept (no sync: the committer's commit is watched itself).
     /// Never a wait of its own: not through a symlink, and a FIFO put there fails to open (ENXIO) instead of
     /// blocking for a reader.
     private func touch() {
