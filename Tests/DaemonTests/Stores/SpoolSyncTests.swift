@@ -16,33 +16,6 @@ import Glibc
 
 @Suite("SpoolSync", .serialized, .onItsOwnExecutor)
 struct SpoolSyncTests {
-    /// The spool's file system, shut down as by a power cut: nothing more reaches the disk (Python's ioctl; the
-    /// request is _IOR('X', 125, __u32), the flag EXT4_GOING_FLAGS_NOLOGFLUSH).
-    private func cutPower(_ mount: String) throws {
-        let script = "import fcntl, os, struct, sys; fd = os.open(sys.argv[1], os.O_RDONLY); "
-            + "fcntl.ioctl(fd, 0x8004587D, struct.pack('I', 2))"
-        let cut = try runProgram("/usr/bin/python3", ["-c", script, mount])
-        try #require(cut.status == 0, "shutdown: \(cut.stderr)")
-    }
-
-    private func mount(_ image: String, at folder: String) throws {
-        let run = try runProgram("/bin/mount", ["-o", "loop", image, folder])
-        try #require(run.status == 0, "mount: \(run.stderr)")
-    }
-
-    /// The jobs the daemon's log says finished, succeeded (announced only once their entries were committed).
-    private func announced(_ log: String) -> Set<String> {
-        let text = (try? String(contentsOfFile: log, encoding: .utf8)) ?? ""
-        var jobs = Set<String>()
-        for line in text.split(separator: "\n") 
-        where line.contains("OPQ_EVENT=job ") && line.contains("OPQ_STATE=finished OPQ_STATUS=succeeded") {
-            if let field = line.split(separator: " ").first(where: { $0.hasPrefix("OPQ_JOB=") }) {
-                jobs.insert(String(field.dropFirst("OPQ_JOB=".count)))
-            }
-        }
-        return jobs
-    }
-
     /// What is wrong with outbox/<job>, if anything: its result, and its outputs against the source's bytes.
     private func problem(_ root: String, _ job: String, source: Data, outputs: Bool) -> String? {
         let entry = root + "/outbox/" + job
@@ -69,11 +42,7 @@ struct SpoolSyncTests {
             unlink(image)
             unlink(source)
         }
-        for (program, arguments) in [("/usr/bin/truncate", ["-s", "256M", image]), ("/sbin/mkfs.ext4", ["-q", "-F", image])] {
-            let run = try runProgram(program, arguments)
-            try #require(run.status == 0, "\(program): \(run.stderr)")
-        }
-        try mount(image, at: spool.root)
+        try PowerCut.mountImage(image, on: spool.root)
         mounted = true
         let bytes = Data((0..<48_000).map { _ in UInt8.random(in: 0...255) })
         try bytes.write(to: URL(fileURLWithPath: source))
@@ -100,20 +69,18 @@ struct SpoolSyncTests {
         for cut in 1...2 {
             try spool.launch(config)
             let wanted = promised.count + count / 4
-            let reached = pollUntil(60) { announced(spool.logPath).count >= wanted ? true : nil }
+            let reached = pollUntil(60) { PowerCut.announcedSuccesses(log: spool.logPath).count >= wanted ? true : nil }
             let log = (try? String(contentsOfFile: spool.logPath, encoding: .utf8)) ?? ""
-            try #require(reached != nil, "cut \(cut): \(announced(spool.logPath).count) of \(wanted) announced; \(log.suffix(1500))")
-            // Stopped first: a power cut ends the process too, and a file system shut down may answer a later
-            // syncfs with success, which a daemon still running would announce.
+            try #require(reached != nil, "cut \(cut): \(PowerCut.announcedSuccesses(log: spool.logPath).count) of \(wanted) announced; \(log.suffix(1500))")
+            // Stopped first, as a power cut stops it.
             try #require(spool.freeze(), "the daemon did not stop")
-            promised = announced(spool.logPath)
-            try cutPower(spool.root)
+            promised = PowerCut.announcedSuccesses(log: spool.logPath)
+            try PowerCut.cut(spool.root)
             kill(spool.daemon!.processIdentifier, SIGKILL)
             spool.daemon!.waitUntilExit()
-            let unmount = try runProgram("/bin/umount", [spool.root])
-            try #require(unmount.status == 0, "umount: \(unmount.stderr)")
+            try PowerCut.unmount(spool.root)
             mounted = false
-            try mount(image, at: spool.root)
+            try PowerCut.mount(image, on: spool.root)
             mounted = true
             let lost = promised.sorted().compactMap { problem(spool.root, $0, source: bytes, outputs: outputs) }
             let cutAt = "cut \(cut) (\(method), outputs \(outputs))"
@@ -145,12 +112,7 @@ struct SpoolSyncTests {
                 unlink(image)
             }
             if let features {
-                for (program, arguments) in [("/usr/bin/truncate", ["-s", "32M", image]),
-                                             ("/sbin/mkfs.ext4", ["-q", "-F"] + features + [image])] {
-                    let run = try runProgram(program, arguments)
-                    try #require(run.status == 0, "\(program): \(run.stderr)")
-                }
-                try mount(image, at: folder)
+                try PowerCut.mountImage(image, on: folder, megabytes: 32, features: features)
                 mounted = true
             } else {
                 let run = try runProgram("/bin/mount", ["-t", "tmpfs", "tmpfs", folder])
