@@ -93,6 +93,8 @@ public final class ClusterNode: @unchecked Sendable {
     /// The configuration written at each start (the harness adds `cluster`); change it, then `restart`.
     public var settings: [String: Any]
     public var logTarget: String
+    /// Variables added to the daemon's environment at each start.
+    public var environment: [String: String] = [:]
     public private(set) var process: Process?
 
     init(index: Int, name: String, spool: String, settings: [String: Any], logTarget: String) {
@@ -120,6 +122,7 @@ public final class ClusterNode: @unchecked Sendable {
         let process = Process()
         process.executableURL = URL(fileURLWithPath: binariesFolder + "/opqueued")
         process.arguments = ["--spool", spool, "--config", configPath, "--log-target", logTarget]
+        if !environment.isEmpty { process.environment = ProcessInfo.processInfo.environment.merging(environment) { $1 } }
         process.standardInput = FileHandle.nullDevice
         process.standardOutput = log
         process.standardError = log

@@ -56,6 +56,9 @@ extension ClusterJobStore {
         for job in folders.resubmit { enqueueSubmission(job) }
         lock.withLock {
             started = true
+            // Beats before this one left the database's other jobs for this node alone (any might have resumed): the
+            // next one reads them all again and hands back those not resumed, not the full beat a minute later.
+            state.mayHaveBeenGivenJobs()
             claimWanted = true
             controlWanted = true
         }
