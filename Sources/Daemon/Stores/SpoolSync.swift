@@ -12,8 +12,7 @@
 // holding them (`tree`: a job's folder, walked at commit, so that what its operations and commands wrote is
 // covered without each telling). Anything it cannot vouch for falls back to a syncfs: the first commit after start
 // (recovery's writes), a walk over `maxFiles`, an error other than "gone", another file system, or
-// OPQUEUED_SPOOL_SYNC=syncfs. The cluster store keeps syncfs: its spool has more writers (submissions,
-// materialised claims) than this registers.
+// OPQUEUED_SPOOL_SYNC=syncfs. A spool opened by itself keeps syncfs until its store asks for the journal way.
 
 import CShims
 import Foundation
