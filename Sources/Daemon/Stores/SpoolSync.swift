@@ -53,6 +53,8 @@ final class SpoolSync: Sendable {
     func attach(rootFD: Int32, markerFD: Int32) { handles.withLock { $0 = (rootFD, markerFD) } }
 
     var current: Method { method.withLock { $0 } }
+    /// Whether the next commit is a whole syncfs (at start, and after a commit failed).
+    var nextIsWhole: Bool { pending.withLock { $0.whole } }
 
     /// Commits by ext4's journal from now on if the spool's file system allows it and the environment does not say
     /// otherwise; returns the method in use.
@@ -75,6 +77,16 @@ final class SpoolSync: Sendable {
             defer { p = Pending(whole: false) }
             return p
         }
+        do {
+            try commit(taken)
+        } catch {
+            // What this commit was to write out is no longer listed: the next one covers everything.
+            pending.withLock { $0.whole = true }
+            throw error
+        }
+    }
+
+    private func commit(_ taken: Pending) throws {
         guard current == .journal, !taken.whole, let files = Self.regularFiles(taken) else { return try syncAll() }
         var started: [String] = []
         for path in files {

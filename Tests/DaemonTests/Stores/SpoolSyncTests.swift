@@ -6,6 +6,7 @@
 
 @testable import Daemon
 import Foundation
+import SystemCalls
 import Testing
 import TestSupport
 import TestTraits
@@ -71,7 +72,8 @@ struct SpoolSyncTests {
             let wanted = promised.count + count / 4
             let reached = pollUntil(60) { PowerCut.announcedSuccesses(log: spool.logPath).count >= wanted ? true : nil }
             let log = (try? String(contentsOfFile: spool.logPath, encoding: .utf8)) ?? ""
-            try #require(reached != nil, "cut \(cut): \(PowerCut.announcedSuccesses(log: spool.logPath).count) of \(wanted) announced; \(log.suffix(1500))")
+            let seen = PowerCut.announcedSuccesses(log: spool.logPath).count
+            try #require(reached != nil, "cut \(cut): \(seen) of \(wanted) announced; \(log.suffix(1500))")
             // Stopped first, as a power cut stops it.
             try #require(spool.freeze(), "the daemon did not stop")
             promised = PowerCut.announcedSuccesses(log: spool.logPath)
@@ -127,5 +129,29 @@ struct SpoolSyncTests {
         #expect(try method(features: [], environment: ["OPQUEUED_SPOOL_SYNC": "syncfs"]) == .syncfs)
         #expect(try method(features: ["-O", "^has_journal"]) == .syncfs)
         #expect(try method(features: nil) == .syncfs, "tmpfs")
+    }
+
+    /// A commit the disk refuses throws, naming what failed and where, and the next commit is a whole syncfs (what the
+    /// failed one was to write out is no longer listed).
+    @Test func aCommitTheDiskRefusesSaysWhereAndTheNextCoversEverything() throws {
+        let folder = NSTemporaryDirectory() + "opq-sync-cut-\(getpid())-\(UInt32.random(in: 0...UInt32.max))"
+        let image = folder + ".img"
+        try FileManager.default.createDirectory(atPath: folder, withIntermediateDirectories: true)
+        try PowerCut.mountImage(image, on: folder, megabytes: 32)
+        defer {
+            try? PowerCut.unmount(folder, lazily: true)
+            unlink(image)
+            try? FileManager.default.removeItem(atPath: folder)
+        }
+        let spool = try Spool(root: folder + "/spool")
+        #expect(spool.sync.preferJournal(environment: [:]) == .journal)
+        try spool.commit()
+        #expect(!spool.sync.nextIsWhole, "after the first commit, only what is registered")
+        try Data("x".utf8).write(to: URL(fileURLWithPath: spool.active + "/file"))
+        spool.sync.file(spool.active + "/file")
+        try PowerCut.cut(folder)
+        let refused = #expect(throws: SpoolError.self) { try spool.commit() }
+        #expect(refused.map { "\($0)".contains(folder + "/spool") } == true, "\(String(describing: refused))")
+        #expect(spool.sync.nextIsWhole)
     }
 }
