@@ -336,11 +336,7 @@ struct ClusterFailureTests {
         // Node 0's spool on a file system of its own, which the test can freeze.
         let spool = harness[0].spool, image = harness.folder + "/n0.img"
         try FileManager.default.createDirectory(atPath: spool, withIntermediateDirectories: true)
-        for (program, arguments) in [("/usr/bin/truncate", ["-s", "64M", image]), ("/sbin/mkfs.ext4", ["-q", "-F", image]),
-                                     ("/bin/mount", ["-o", "loop", image, spool])] {
-            let run = try runProgram(program, arguments)
-            try #require(run.status == 0, "\(program): \(run.stderr)")
-        }
+        try PowerCut.mountImage(image, on: spool, megabytes: 64)
         var frozen = false
         defer {
             if frozen { _ = try? runProgram("/usr/sbin/fsfreeze", ["-u", spool]) }

@@ -177,9 +177,6 @@ public final class ClusterJobStore: SpoolBacked, @unchecked Sendable {
         self.nodeName = settings.node
         self.node = settings.node
         self.spool = spool
-        // Commits by ext4's journal where it can, as the spool alone: every file the node's spool writes that a commit
-        // must cover is registered (SpoolSync.swift); submissions need none (the database makes them durable).
-        spool.sync.preferJournal()
         self.store = store
         self.logger = logger
         self.onLeaseDeadline = onLeaseDeadline

@@ -103,6 +103,7 @@ public enum Node {
         do {
             spool = try Spool(root: options.spool)
             if configuration.cluster == nil { try spool.refuseClusterHoldings() }
+            spool.preferJournalCommits()
         } catch {
             logger.critical("the spool \(options.spool) cannot be used: \(error)")
             throw Refused(status: 1)

@@ -130,7 +130,6 @@ public final class Spool: @unchecked Sendable {
         }
         rootFD = open(root, O_RDONLY | O_DIRECTORY | O_CLOEXEC)
         guard rootFD >= 0 else { throw SpoolError(operation: "open", path: root, errno: errno) }
-        sync.attach(rootFD: rootFD, markerFD: lockFD)
         // The spool folder itself is locked too: a lock file removed by a careless clean-up would otherwise let a
         // second daemon in.
         guard flock(rootFD, LOCK_EX | LOCK_NB) == 0 else {
@@ -171,7 +170,14 @@ public final class Spool: @unchecked Sendable {
     static let jobAttribute = "user.opqueued.job"
 
     /// Makes everything written to the spool so far durable (SpoolSync.swift says how).
-    public func commit() throws { try sync.commit() }
+    public func commit() throws { try sync.commit(rootFD: rootFD, markerFD: lockFD) }
+
+    /// Commits by ext4's journal where the spool's file system allows it (a spool opened by itself keeps syncfs):
+    /// the daemon's node asks it for its spool, whichever store uses it.
+    @discardableResult
+    func preferJournalCommits(environment: [String: String] = ProcessInfo.processInfo.environment) -> SpoolSync.Method {
+        sync.preferJournal(rootFD: rootFD, environment: environment)
+    }
 
     // MARK: Inbox
 

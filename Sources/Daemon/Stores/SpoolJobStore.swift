@@ -12,11 +12,7 @@ public final class SpoolJobStore: SpoolBacked, @unchecked Sendable {
     /// Never called: this store neither claims for the shell nor takes jobs away.
     public weak var delegate: (any JobStoreDelegate)?
 
-    /// Commits by ext4's journal where it can: everything this store writes is registered (SpoolSync.swift).
-    public init(spool: Spool) {
-        self.spool = spool
-        spool.sync.preferJournal()
-    }
+    public init(spool: Spool) { self.spool = spool }
 
     public var node: String? { nil }
     public var capabilities: StoreCapabilities { [] }

@@ -12,7 +12,9 @@
 // holding them (`tree`: a job's folder, walked at commit, so that what its operations and commands wrote is
 // covered without each telling). Anything it cannot vouch for falls back to a syncfs: the first commit after start
 // (recovery's writes), a walk over `maxFiles`, an error other than "gone", another file system, or
-// OPQUEUED_SPOOL_SYNC=syncfs. A spool opened by itself keeps syncfs until its store asks for the journal way.
+// OPQUEUED_SPOOL_SYNC=syncfs. A spool opened by itself keeps syncfs until the daemon's node asks for the journal
+// way (`Spool.preferJournalCommits`), for either store: a cluster's submissions need no commit (the database makes
+// them durable), and every other file its spool writes is registered as the spool alone's are.
 
 import CShims
 import Foundation
@@ -40,26 +42,18 @@ final class SpoolSync: Sendable {
     private let pending = Mutex(Pending())
     private let method = Mutex(Method.syncfs)
     private let root: String
-    /// The spool's folder, and a file of its own (the lock file) touched and fsynced to commit ext4's transaction;
-    /// set once the spool has opened them.
-    private let handles = Mutex((root: Int32(-1), marker: Int32(-1)))
-    private var rootFD: Int32 { handles.withLock { $0.root } }
-    private var markerFD: Int32 { handles.withLock { $0.marker } }
     /// The most files one commit writes out one by one; beyond, a syncfs is cheaper than the walk.
     static let maxFiles = 4096
 
     init(root: String) { self.root = root }
 
-    func attach(rootFD: Int32, markerFD: Int32) { handles.withLock { $0 = (rootFD, markerFD) } }
-
     var current: Method { method.withLock { $0 } }
     /// Whether the next commit is a whole syncfs (at start, and after a commit failed).
     var nextIsWhole: Bool { pending.withLock { $0.whole } }
 
-    /// Commits by ext4's journal from now on if the spool's file system allows it and the environment does not say
-    /// otherwise; returns the method in use.
-    @discardableResult
-    func preferJournal(environment: [String: String] = ProcessInfo.processInfo.environment) -> Method {
+    /// Commits by ext4's journal from now on if the file system of `rootFD` (the spool's folder) allows it and the
+    /// environment does not say otherwise; returns the method in use.
+    func preferJournal(rootFD: Int32, environment: [String: String]) -> Method {
         let chosen: Method = environment["OPQUEUED_SPOOL_SYNC"] == Method.syncfs.rawValue ? .syncfs
             : Self.hasExt4Journal(rootFD) ? .journal : .syncfs
         method.withLock { $0 = chosen }
@@ -72,13 +66,15 @@ final class SpoolSync: Sendable {
     /// A folder whose every file (at any depth) the next commit must write out.
     func tree(_ path: String) { pending.withLock { _ = $0.trees.insert(path) } }
 
-    func commit() throws {
+    /// `rootFD`: the spool's folder (a syncfs's); `markerFD`: a file of the spool's own (its lock file), touched and
+    /// fsynced to commit ext4's transaction.
+    func commit(rootFD: Int32, markerFD: Int32) throws {
         let taken = pending.withLock { p -> Pending in
             defer { p = Pending(whole: false) }
             return p
         }
         do {
-            try commit(taken)
+            try commit(taken, rootFD: rootFD, markerFD: markerFD)
         } catch {
             // What this commit was to write out is no longer listed: the next one covers everything.
             pending.withLock { $0.whole = true }
@@ -86,25 +82,25 @@ final class SpoolSync: Sendable {
         }
     }
 
-    private func commit(_ taken: Pending) throws {
-        guard current == .journal, !taken.whole, let files = Self.regularFiles(taken) else { return try syncAll() }
+    private func commit(_ taken: Pending, rootFD: Int32, markerFD: Int32) throws {
+        guard current == .journal, !taken.whole, let files = Self.regularFiles(taken) else { return try syncAll(rootFD) }
         var started: [String] = []
         for path in files {
             switch try writeOut(path, wait: false) {
             case .done: started.append(path)
             case .gone: continue
-            case .unsure: return try syncAll()
+            case .unsure: return try syncAll(rootFD)
             }
         }
         for path in started {
-            if try writeOut(path, wait: true) == .unsure { return try syncAll() }
+            if try writeOut(path, wait: true) == .unsure { return try syncAll(rootFD) }
         }
         // Touching the marker puts it in ext4's running transaction; its fsync commits that one and every one before.
-        guard futimens(markerFD, nil) == 0 else { return try syncAll() }
+        guard futimens(markerFD, nil) == 0 else { return try syncAll(rootFD) }
         guard fsync(markerFD) == 0 else { throw SpoolError(operation: "fsync", path: root + "/opqueued.lock", errno: errno) }
     }
 
-    private func syncAll() throws {
+    private func syncAll(_ rootFD: Int32) throws {
         let result = opq_syncfs(rootFD)
         guard result == 0 else { throw SpoolError(operation: "syncfs", path: root, errno: -result) }
     }

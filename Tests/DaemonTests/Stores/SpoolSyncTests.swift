@@ -101,7 +101,7 @@ struct SpoolSyncTests {
     }
 
     /// The journal way only where ext4 keeps a journal inside the file system, and never when the environment says
-    /// syncfs; a spool opened alone (as the cluster's is) stays with syncfs.
+    /// syncfs; a spool opened alone stays with syncfs until asked.
     @Test func theJournalWayIsTakenOnlyOnExt4WithAJournal() throws {
         let base = NSTemporaryDirectory() + "opq-sync-\(getpid())-\(UInt32.random(in: 0...UInt32.max))"
         defer { try? FileManager.default.removeItem(atPath: base) }
@@ -123,7 +123,7 @@ struct SpoolSyncTests {
             }
             let spool = try Spool(root: folder + "/spool")
             #expect(spool.sync.current == .syncfs, "opened alone")
-            return spool.sync.preferJournal(environment: environment)
+            return spool.preferJournalCommits(environment: environment)
         }
         #expect(try method(features: []) == .journal)
         #expect(try method(features: [], environment: ["OPQUEUED_SPOOL_SYNC": "syncfs"]) == .syncfs)
@@ -144,7 +144,7 @@ struct SpoolSyncTests {
             try? FileManager.default.removeItem(atPath: folder)
         }
         let spool = try Spool(root: folder + "/spool")
-        #expect(spool.sync.preferJournal(environment: [:]) == .journal)
+        #expect(spool.preferJournalCommits(environment: [:]) == .journal)
         try spool.commit()
         #expect(!spool.sync.nextIsWhole, "after the first commit, only what is registered")
         try Data("x".utf8).write(to: URL(fileURLWithPath: spool.active + "/file"))
