@@ -33,7 +33,8 @@ struct ClusterPowerCutTests {
         try harness.waitRegistered(1)
         let count = 240
         for i in 0..<count {
-            let operations = [sleepOperation("a", 0), sleepOperation("b", 0, dependencies: ["a"])]
+            // The second sleep is 10 ms: a loaded machine still cuts with jobs in flight.
+            let operations = [sleepOperation("a", 0), sleepOperation("b", 0.01, dependencies: ["a"])]
             try node.drop("c\(i).plist", ["job": "c\(i)", "operations": operations])
         }
         // Synced as a careful client does: from here on each manifest is in the inbox, the node's spool or the database.
