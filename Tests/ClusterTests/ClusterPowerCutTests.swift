@@ -19,7 +19,8 @@ struct ClusterPowerCutTests {
         // Eight jobs at a time: the cut comes while most are still to run.
         let harness = try ClusterHarness(nodes: 1, leaseSeconds: 3, logTarget: "console", settings: { _ in ["maxActiveJobs": 8] },
                                          start: false)
-        let node = harness[0], image = harness.folder + "/n0.img"
+        let node = harness[0]
+        var image = harness.folder + "/n0.img"
         try FileManager.default.createDirectory(atPath: node.spool, withIntermediateDirectories: true)
         try PowerCut.mountImage(image, on: node.spool)
         var mounted = true
@@ -50,7 +51,7 @@ struct ClusterPowerCutTests {
         node.kill9()
         try PowerCut.unmount(node.spool)
         mounted = false
-        try PowerCut.mount(image, on: node.spool)
+        image = try PowerCut.mountCopy(of: image, on: node.spool)
         mounted = true
         let damaged = promised.sorted().filter { node.result($0)?["status"] as? String != "succeeded" }
         #expect(damaged.isEmpty, "\(method): \(damaged.count) of \(promised.count) announced entries gone or damaged: \(damaged.prefix(5))")

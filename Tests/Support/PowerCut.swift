@@ -23,6 +23,19 @@ public enum PowerCut {
         guard run.status == 0 else { throw SupportFailure("mount \(image): \(run.stderr)") }
     }
 
+    /// Mounts on `folder`, after a cut and an unmount, what reached the disk: a copy of `image`, returned (mount it
+    /// and remove it from then on; `image` is removed). Not the image itself: a mount namespace made meanwhile (a test
+    /// starting systemd, say) keeps its own copy of the cut mount, and mounting the same image again would then give
+    /// back the shut-down file system, every read an EIO.
+    public static func mountCopy(of image: String, on folder: String) throws -> String {
+        let copy = image + ".\(UInt32.random(in: 0...UInt32.max))"
+        let run = try runProgram("/bin/cp", ["--sparse=always", image, copy])
+        guard run.status == 0 else { throw SupportFailure("cp \(image): \(run.stderr)") }
+        unlink(image)
+        try mount(copy, on: folder)
+        return copy
+    }
+
     public static func unmount(_ folder: String, lazily: Bool = false) throws {
         let run = try runProgram("/bin/umount", lazily ? ["-l", folder] : [folder])
         guard run.status == 0 else { throw SupportFailure("umount \(folder): \(run.stderr)") }

@@ -36,7 +36,8 @@ struct SpoolSyncTests {
     /// sleep is 10 ms so that a loaded machine still stops the daemon with jobs in flight.
     @Test(arguments: ["journal", "syncfs"], [false, true])
     func whatWasAnnouncedSurvivesAPowerCut(method: String, outputs: Bool) throws {
-        let spool = TestSpool(), image = spool.root + ".img", source = spool.root + ".src"
+        let spool = TestSpool(), source = spool.root + ".src"
+        var image = spool.root + ".img"
         var mounted = false
         defer {
             if let daemon = spool.daemon, daemon.isRunning { kill(daemon.processIdentifier, SIGKILL); daemon.waitUntilExit() }
@@ -85,7 +86,7 @@ struct SpoolSyncTests {
             spool.daemon!.waitUntilExit()
             try PowerCut.unmount(spool.root)
             mounted = false
-            try PowerCut.mount(image, on: spool.root)
+            image = try PowerCut.mountCopy(of: image, on: spool.root)
             mounted = true
             let lost = promised.sorted().compactMap { problem(spool.root, $0, source: bytes, outputs: outputs) }
             let cutAt = "cut \(cut) (\(method), outputs \(outputs))"
