@@ -23,10 +23,9 @@ struct ClusterPowerCutTests {
         var image = harness.folder + "/n0.img"
         try FileManager.default.createDirectory(atPath: node.spool, withIntermediateDirectories: true)
         try PowerCut.mountImage(image, on: node.spool)
-        var mounted = true
         defer {
             node.kill9()
-            if mounted { try? PowerCut.unmount(node.spool, lazily: true) }
+            try? PowerCut.unmount(node.spool, lazily: true)
             unlink(image)
         }
         if method == "syncfs" { node.environment["OPQUEUED_SPOOL_SYNC"] = "syncfs" }
@@ -49,10 +48,7 @@ struct ClusterPowerCutTests {
         #expect(promised.count < count, "the cut came after the last job")
         try PowerCut.cut(node.spool)
         node.kill9()
-        try PowerCut.unmount(node.spool)
-        mounted = false
-        image = try PowerCut.mountCopy(of: image, on: node.spool)
-        mounted = true
+        image = try PowerCut.remount(image, on: node.spool)
         let damaged = promised.sorted().filter { node.result($0)?["status"] as? String != "succeeded" }
         #expect(damaged.isEmpty, "\(method): \(damaged.count) of \(promised.count) announced entries gone or damaged: \(damaged.prefix(5))")
 

@@ -18,16 +18,17 @@ public enum PowerCut {
         try mount(image, on: folder)
     }
 
-    public static func mount(_ image: String, on folder: String) throws {
+    private static func mount(_ image: String, on folder: String) throws {
         let run = try runProgram("/bin/mount", ["-o", "loop", image, folder])
         guard run.status == 0 else { throw SupportFailure("mount \(image): \(run.stderr)") }
     }
 
-    /// Mounts on `folder`, after a cut and an unmount, what reached the disk: a copy of `image`, returned (mount it
-    /// and remove it from then on; `image` is removed). Not the image itself: a mount namespace made meanwhile (a test
-    /// starting systemd, say) keeps its own copy of the cut mount, and mounting the same image again would then give
-    /// back the shut-down file system, every read an EIO.
-    public static func mountCopy(of image: String, on folder: String) throws -> String {
+    /// After a cut (the programs writing there stopped): unmounts `folder` and mounts on it what reached the disk, a
+    /// copy of `image`; returns the copy's path, the image from then on (`image` is removed). Not the image itself: a
+    /// mount namespace made meanwhile (a test starting systemd, say) keeps its own copy of the cut mount, and mounting
+    /// the same image again would then give back the shut-down file system, every read an EIO.
+    public static func remount(_ image: String, on folder: String) throws -> String {
+        try unmount(folder)
         let copy = image + ".\(UInt32.random(in: 0...UInt32.max))"
         let run = try runProgram("/bin/cp", ["--sparse=always", image, copy])
         guard run.status == 0 else { throw SupportFailure("cp \(image): \(run.stderr)") }

@@ -38,15 +38,13 @@ struct SpoolSyncTests {
     func whatWasAnnouncedSurvivesAPowerCut(method: String, outputs: Bool) throws {
         let spool = TestSpool(), source = spool.root + ".src"
         var image = spool.root + ".img"
-        var mounted = false
         defer {
             if let daemon = spool.daemon, daemon.isRunning { kill(daemon.processIdentifier, SIGKILL); daemon.waitUntilExit() }
-            if mounted { _ = try? runProgram("/bin/umount", ["-l", spool.root]) }
+            try? PowerCut.unmount(spool.root, lazily: true)
             unlink(image)
             unlink(source)
         }
         try PowerCut.mountImage(image, on: spool.root)
-        mounted = true
         let bytes = Data((0..<48_000).map { _ in UInt8.random(in: 0...255) })
         try bytes.write(to: URL(fileURLWithPath: source))
         let config = try spool.configure(["download": ["fileRoots": [NSTemporaryDirectory()]]])
@@ -84,10 +82,7 @@ struct SpoolSyncTests {
             try PowerCut.cut(spool.root)
             kill(spool.daemon!.processIdentifier, SIGKILL)
             spool.daemon!.waitUntilExit()
-            try PowerCut.unmount(spool.root)
-            mounted = false
-            image = try PowerCut.mountCopy(of: image, on: spool.root)
-            mounted = true
+            image = try PowerCut.remount(image, on: spool.root)
             let lost = promised.sorted().compactMap { problem(spool.root, $0, source: bytes, outputs: outputs) }
             let cutAt = "cut \(cut) (\(method), outputs \(outputs))"
             #expect(lost.isEmpty, "\(cutAt): \(lost.count) of \(promised.count) announced entries damaged: \(lost.prefix(5))")
