@@ -78,8 +78,8 @@ extension ClusterJobStoreTests {
     /// whose answer was lost does) is not seen by them, and goes back to waiting at the full beat after the next
     /// failed statement; the node's own job is kept throughout (the outage is shorter than the lease).
     @Test func aJobGivenToTheNodeBehindItsBackGoesBackAfterAFailedStatement() throws {
-        // B claims nothing. Beats every 3 s.
-        let pair = try CuttablePair("opqghost", leaseSeconds: 9)
+        // B claims nothing. Beats every 4 s; a's own lease ends 11 s after its last beat.
+        let pair = try CuttablePair("opqghost", leaseSeconds: 12)
         let (server, database, a, b) = (pair.server, pair.database, pair.a, pair.b)
         defer { a.close(); b.close() }
         _ = a.store.recovered([])
@@ -98,13 +98,16 @@ extension ClusterJobStoreTests {
             UPDATE opq_live SET state = 'running', node = 'a', fence = nextval('opq_fence'), claimed_at = now() WHERE id = 'ghost'
             """)
         // Two beats by id or more: unseen, still the node's there.
-        usleep(7_000_000)
+        usleep(9_000_000)
         #expect(state() == "running a", "beats by id do not read every job")
-        // A statement fails: no new logins for a's role for a moment, its connections ended.
+        // A statement fails: no new logins for a's role for a moment, its connections ended. Cut just after a beat,
+        // so that the outage (found at the next beat, 4 s on) and the reconnection have 11 s on a loaded machine.
+        let deadline = a.store.leaseDeadline
+        #expect(eventually(6) { a.store.leaseDeadline != deadline }, "a beat")
         try pair.cut()
         #expect(eventually(8) { a.logs.states("cluster").contains("disconnected") })
         try pair.restore()
-        #expect(eventually(15) { state() == "waiting -" }, "handed back at the full beat: \(a.logs.states("cluster"))")
+        #expect(eventually(20) { state() == "waiting -" }, "handed back at the full beat: \(a.logs.states("cluster"))")
         #expect(trimmed(try server.psql(database, "SELECT count(*) FROM opq_claimable WHERE id = 'ghost'")) == "1", "claimable again")
         #expect(a.shell.lostJobs.isEmpty, "lost: \(a.shell.lostJobs)")
         #expect(trimmed(try server.psql(database, "SELECT node FROM opq_live WHERE id = 'mine'")) == "a")
