@@ -33,7 +33,7 @@ public enum PowerCut {
         let run = try runProgram("/bin/cp", ["--sparse=always", image, copy])
         guard run.status == 0 else { throw SupportFailure("cp \(image): \(run.stderr)") }
         unlink(image)
-        try mount(copy, on: folder)
+        do { try mount(copy, on: folder) } catch { unlink(copy); throw error }
         return copy
     }
 
