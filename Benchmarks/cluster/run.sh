@@ -229,8 +229,8 @@ done
 if [ -n "${PG_STATEMENTS:-}" ]; then
   say "statements over the whole run (calls | rows | rows a call | ms executing | ms planning | sent by a client | statement):"
   psql -XAtq -d postgres -c "CREATE EXTENSION IF NOT EXISTS pg_stat_statements" \
-    -c "SELECT calls, rows, round(rows::numeric / calls, 1), round(total_exec_time::numeric, 1),
+    -c "SELECT calls, rows, round(rows::numeric / greatest(calls, 1), 1), round(total_exec_time::numeric, 1),
                round(total_plan_time::numeric, 1), toplevel, left(regexp_replace(query, '[[:space:]]+', ' ', 'g'), 100)
-        FROM pg_stat_statements WHERE calls >= 10 ORDER BY total_exec_time + total_plan_time DESC LIMIT 30"
+        FROM pg_stat_statements WHERE calls > 0 ORDER BY total_exec_time + total_plan_time DESC LIMIT 40"
 fi
 say "{\"kept\": \"$OUT\"}"
