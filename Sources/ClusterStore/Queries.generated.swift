@@ -1668,5 +1668,23 @@ enum Migrations {
             DELETE FROM opq_schema_version WHERE version = 13
             """#,
         ]),
+        Migration(version: 14, name: "claimable_replica_identity", up: [
+            #"""
+            ALTER TABLE opq_claimable REPLICA IDENTITY FULL
+            """#,
+            #"""
+            INSERT INTO opq_schema_readers (version, oldest_reader) VALUES (14, 13)
+            """#,
+        ], down: [
+            #"""
+            ALTER TABLE opq_claimable REPLICA IDENTITY DEFAULT
+            """#,
+            #"""
+            DELETE FROM opq_schema_readers WHERE version = 14
+            """#,
+            #"""
+            DELETE FROM opq_schema_version WHERE version = 14
+            """#,
+        ]),
     ]
 }
