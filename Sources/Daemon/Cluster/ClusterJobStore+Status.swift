@@ -26,13 +26,13 @@ extension ClusterJobStore {
                 continue
             }
             if monotonicSeconds() >= nextRefresh {
-                var took = 0.0
+                var read = (took: 0.0, liveNodes: 1)
                 do {
-                    took = try refreshSnapshot()
+                    read = try refreshSnapshot()
                 } catch {
                     logger.debug("cluster: the status snapshot was not refreshed: \(error)")
                 }
-                nextRefresh = monotonicSeconds() + Self.statusPeriod(period, backlogReadsTook: took)
+                nextRefresh = monotonicSeconds() + Self.statusPeriod(period, backlogReadsTook: read.took, liveNodes: read.liveNodes)
             }
             probeWakeups()
             let next = min(nextRefresh, lock.withLock { probe.nextEvent() } ?? .infinity)
@@ -88,17 +88,18 @@ extension ClusterJobStore {
 
     /// How long until the next status read, `period` (leaseSeconds/3) at least: the reads of what waits in the
     /// database (the jobs no live node can run, the counts per queue) go through every waiting row, so a backlog of
-    /// a million jobs makes them take 0.6–0.7 s (2 cores); each node then reads at most a twentieth of the time
-    /// (`status` shows the cluster's queues as of a read up to that much older), keeping every node's share of the
-    /// server's work bounded however long the backlog.
-    static func statusPeriod(_ period: Double, backlogReadsTook took: Double) -> Double {
-        max(period, took * 20)
+    /// a million jobs makes them take 0.6–0.7 s (2 cores). Every live node reads them, so each reads at most a
+    /// twentieth of the time divided among them (`status` shows the cluster's queues as of a read up to that much
+    /// older): all the nodes' reads together keep to a twentieth of a server core however long the backlog and
+    /// however many the nodes.
+    static func statusPeriod(_ period: Double, backlogReadsTook took: Double, liveNodes: Int) -> Double {
+        max(period, took * 20 * Double(max(1, liveNodes)))
     }
 
     /// Reads what `status` shows and what submissions check against. The nodes and what they declare first, kept
     /// even when the reads of the waiting jobs after them fail (a statement timeout on a huge backlog); returns
-    /// how long those took, failed or not (a read given up on may still run on the server).
-    private func refreshSnapshot() throws -> Double {
+    /// how long those took, failed or not (a read given up on may still run on the server), and how many nodes live.
+    private func refreshSnapshot() throws -> (took: Double, liveNodes: Int) {
         let lease = settings.leaseSeconds
         let nodes = try waitBounded(Self.statementTimeout, on: executor, doing: "listing the cluster's nodes", { [store] in
             try await store.nodes(leaseSeconds: lease)
@@ -132,7 +133,7 @@ extension ClusterJobStore {
         } catch {
             logger.debug("cluster: the waiting jobs were not read for status: \(error)")
         }
-        return monotonicSeconds() - started
+        return (monotonicSeconds() - started, nodes.filter(\.connected).count)
     }
 
     // MARK: the prune thread

@@ -167,10 +167,14 @@ extension ClusterJobStoreTests {
     }
 
     /// How often a node reads the status snapshot: every leaseSeconds/3, and twenty times as long as its reads of
-    /// the waiting jobs last took when that is longer (0.6–0.7 s at a million waiting jobs).
-    @Test func statusReadsThinOutAsTheBacklogGrows() {
-        #expect(ClusterJobStore.statusPeriod(5, backlogReadsTook: 0.01) == 5)
-        #expect(ClusterJobStore.statusPeriod(5, backlogReadsTook: 0.65) == 13)
-        #expect(ClusterJobStore.statusPeriod(1, backlogReadsTook: 0) == 1)
+    /// the waiting jobs last took, times the live nodes that read them too, when that is longer (0.6–0.7 s at a
+    /// million waiting jobs): the nodes' reads together keep to a twentieth of a server core.
+    @Test func statusReadsThinOutAsTheBacklogAndTheNodesGrow() {
+        #expect(ClusterJobStore.statusPeriod(5, backlogReadsTook: 0.01, liveNodes: 1) == 5)
+        #expect(ClusterJobStore.statusPeriod(5, backlogReadsTook: 0.65, liveNodes: 1) == 13)
+        #expect(ClusterJobStore.statusPeriod(5, backlogReadsTook: 0.65, liveNodes: 4) == 52)
+        #expect(ClusterJobStore.statusPeriod(5, backlogReadsTook: 0.05, liveNodes: 4) == 5, "a short backlog: every period")
+        #expect(ClusterJobStore.statusPeriod(5, backlogReadsTook: 0.65, liveNodes: 0) == 13, "this node at least")
+        #expect(ClusterJobStore.statusPeriod(1, backlogReadsTook: 0, liveNodes: 3) == 1)
     }
 }
