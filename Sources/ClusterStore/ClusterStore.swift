@@ -481,9 +481,12 @@ public protocol ClusterStore: Sendable {
     /// Every queue and command some node declares, down nodes included (submission validates against these),
     /// with each command's signature (when several nodes differ: the first in byte order).
     func declared() async throws -> (queues: Set<String>, commands: Set<String>, commandSignatures: [String: String])
-    func nodes(leaseSeconds: Double) async throws -> [NodeStatus]
+    /// Every node; with the jobs each runs when `countingJobs` (a read of every waiting and running job), else 0.
+    func nodes(leaseSeconds: Double, countingJobs: Bool) async throws -> [NodeStatus]
     /// Per queue, the cluster's jobs using it that wait and that run (a job counts in each of its queues).
     func queueCounts() async throws -> [QueueCount]
+    /// The jobs waiting and running, grouped (LiveSummary): what status needs of them in one read.
+    func liveGroups() async throws -> [LiveGroup]
     func job(_ id: String) async throws -> JobRecord?
     /// One page of the finished jobs, newest first: those after `cursor` that finished at `since` or later; the
     /// cursor of the next page, nil after the last.
@@ -516,6 +519,11 @@ extension ClusterStore {
     /// Renews the name's lease whichever process registered it last.
     public func heartbeat(node: String) async throws -> Heartbeat {
         try await heartbeat(node: node, info: nil, progress: nil, held: nil)
+    }
+
+    /// Every node, with the jobs each runs.
+    public func nodes(leaseSeconds: Double) async throws -> [NodeStatus] {
+        try await nodes(leaseSeconds: leaseSeconds, countingJobs: true)
     }
 
     /// Renews the lease while the name is still `info`'s, sending no progress.

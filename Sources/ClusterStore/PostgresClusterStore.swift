@@ -359,9 +359,10 @@ public final class PostgresClusterStore: ClusterStore {
         return result
     }
 
-    public func nodes(leaseSeconds: Double) async throws -> [NodeStatus] {
+    public func nodes(leaseSeconds: Double, countingJobs: Bool) async throws -> [NodeStatus] {
         var binds = PostgresBindings()
         binds.append(leaseSeconds)
+        binds.append(countingJobs)
         return try await query(Queries.nodes, binds, doing: "listing the cluster's nodes").map { row in
             let c = row.makeRandomAccess()
             return NodeStatus(node: try decode(c[0], String.self), queues: try decode(c[1], [String].self),
@@ -376,6 +377,16 @@ public final class PostgresClusterStore: ClusterStore {
             let c = row.makeRandomAccess()
             return QueueCount(queue: try decode(c[0], String.self), waiting: try decode(c[1], Int.self),
                               running: try decode(c[2], Int.self))
+        }
+    }
+
+    public func liveGroups() async throws -> [LiveGroup] {
+        try await query(Queries.liveGroups, doing: "reading the cluster's jobs waiting and running").map { row in
+            let c = row.makeRandomAccess()
+            let state = try decode(c[0], String.self)
+            return LiveGroup(state: JobState(rawValue: state) ?? .waiting, node: try decode(c[1], String?.self),
+                             queues: try decode(c[2], [String].self), commands: try decode(c[3], [String].self),
+                             jobs: try decode(c[4], Int.self))
         }
     }
 

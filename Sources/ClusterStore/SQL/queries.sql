@@ -471,14 +471,25 @@ LIMIT $4;
 
 -- name: Nodes
 -- For status: every node, live when it beat within its lease ($1 seconds for one that recorded none), with the
--- jobs it runs now and the schema version its code knows (NULL: from before migration 6). The running rows are
--- counted in one read of opq_live (no index finds them by node from schema 13), not one per node.
+-- jobs it runs now (when $2; else 0: the status thread counts them with LiveGroups) and the schema version its code
+-- knows (NULL: from before migration 6). The running rows are counted in one read of opq_live (no index finds them
+-- by node from schema 13), not one per node.
 SELECT n.node, n.queues, n.commands, n.job_slots, extract(epoch FROM n.last_heartbeat)::float8,
        n.last_heartbeat >= now() - make_interval(secs => coalesce(n.lease_seconds, $1::float8)) AS live,
        coalesce(r.jobs, 0)::integer AS jobs, n.schema
 FROM opq_nodes AS n
-     LEFT JOIN (SELECT node, count(*) AS jobs FROM opq_live WHERE state = 'running' GROUP BY node) AS r ON r.node = n.node
+     LEFT JOIN (SELECT node, count(*) AS jobs FROM opq_live WHERE $2::boolean AND state = 'running' GROUP BY node) AS r
+     ON r.node = n.node
 ORDER BY n.node;
+
+-- name: LiveGroups
+-- For status, in one read of opq_live (the jobs waiting and running): how many jobs share a state, a node (running
+-- ones) and the queues and commands they need. From these the status thread counts each node's jobs and each
+-- queue's, and sees whether a waiting job needs what no live node declares (only then are such jobs read, by
+-- JobsNoLiveNodeCanRun): one pass over the backlog where three were made.
+SELECT state, CASE WHEN state = 'running' THEN node END, queues, commands, count(*)::integer
+FROM opq_live
+GROUP BY 1, 2, 3, 4;
 
 -- name: JobsNoLiveNodeCanRun
 -- Waiting jobs that no live node (beat within its lease, else $1 seconds) declares every queue and command of, with the

@@ -102,7 +102,7 @@ extension ClusterJobStore {
     private func refreshSnapshot() throws -> (took: Double, liveNodes: Int) {
         let lease = settings.leaseSeconds
         let nodes = try waitBounded(Self.statementTimeout, on: executor, doing: "listing the cluster's nodes", { [store] in
-            try await store.nodes(leaseSeconds: lease)
+            try await store.nodes(leaseSeconds: lease, countingJobs: false)
         })
         let declared = try waitBounded(Self.statementTimeout, on: executor, doing: "reading what nodes declare", { [store] in
             try await store.declared()
@@ -110,22 +110,25 @@ extension ClusterJobStore {
         lock.withLock {
             self.declared = declared
             declaredKnown = true
-            snapshotValue.nodes = nodes.map {
-                .init(node: $0.node, connected: $0.connected, lastHeartbeat: $0.lastHeartbeat, jobs: $0.jobs, freeSlots: $0.freeSlots,
-                      schema: $0.schema)
-            }
+            // The jobs each node runs come with the read of the backlog below; until it answers, the last read's.
+            let known = Dictionary(snapshotValue.nodes.map { ($0.node, $0.jobs) }, uniquingKeysWith: { first, _ in first })
+            snapshotValue.nodes = nodes.map { Self.snapshotNode($0, jobs: known[$0.node] ?? 0) }
         }
         let started = monotonicSeconds()
         do {
-            let unrunnable = try waitBounded(Self.statementTimeout, on: executor, doing: "finding jobs no live node can run", { [store] in
+            // One read of every job waiting and running; the jobs no live node can run are read only when there are some.
+            let groups = try waitBounded(Self.statementTimeout, on: executor, doing: "reading the cluster's jobs waiting and running", {
+                [store] in try await store.liveGroups()
+            })
+            let summary = LiveSummary(groups, nodes: nodes)
+            let unrunnable = summary.someWaitNoLiveNodeCanRun ? try waitBounded(Self.statementTimeout, on: executor,
+                                                                                doing: "finding jobs no live node can run", { [store] in
                 try await store.jobsNoLiveNodeCanRun(leaseSeconds: lease, limit: 100)
-            })
-            let counts = try waitBounded(Self.statementTimeout, on: executor, doing: "counting the cluster's jobs", { [store] in
-                try await store.queueCounts()
-            })
+            }) : []
             lock.withLock {
+                snapshotValue.nodes = nodes.map { Self.snapshotNode($0, jobs: summary.runningByNode[$0.node] ?? 0) }
                 snapshotValue.unrunnable = unrunnable.map(ClusterSnapshot.Waiting.init)
-                snapshotValue.queues = Dictionary(counts.map {
+                snapshotValue.queues = Dictionary(summary.queues.map {
                     ($0.queue, ClusterSnapshot.QueueCounts(waiting: $0.waiting, running: $0.running))
                 }, uniquingKeysWith: { first, _ in first })
                 snapshotValue.refreshedAt = monotonicSeconds()
@@ -134,6 +137,13 @@ extension ClusterJobStore {
             logger.debug("cluster: the waiting jobs were not read for status: \(error)")
         }
         return (monotonicSeconds() - started, nodes.filter(\.connected).count)
+    }
+
+    private static func snapshotNode(_ status: NodeStatus, jobs: Int) -> ClusterSnapshot.Node {
+        var status = status
+        status.jobs = jobs
+        return .init(node: status.node, connected: status.connected, lastHeartbeat: status.lastHeartbeat, jobs: jobs,
+                     freeSlots: status.freeSlots, schema: status.schema)
     }
 
     // MARK: the prune thread
