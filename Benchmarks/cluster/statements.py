@@ -126,6 +126,10 @@ def make_database(admin, name, jobs, variant, running=0):
          # From schema 11 on, a waiting job has its opq_live row too (migration 11 moves those inserted before it).
          "DO $$ BEGIN IF to_regclass('opq_live') IS NOT NULL THEN EXECUTE 'INSERT INTO opq_live (id, qos_rank, "
          "priority_rank, seq, queues, commands) SELECT id, qos_rank, priority_rank, seq, queues, commands FROM opq_jobs'"
+         "; END IF; END $$;"
+         # From schema 13 on, its opq_claimable row too (migration 13 moves those inserted before it).
+         "DO $$ BEGIN IF to_regclass('opq_claimable') IS NOT NULL THEN EXECUTE 'INSERT INTO opq_claimable (qos_rank, "
+         "priority_rank, seq, id, queues, commands) SELECT qos_rank, priority_rank, seq, id, queues, commands FROM opq_live'"
          "; END IF; END $$")
     apply(last[0] if last else PROTOTYPE.format(version))
     if running:
