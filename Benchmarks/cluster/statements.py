@@ -31,7 +31,7 @@ import time
 import urllib.parse
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from opqueued import psql, server_cpu  # noqa: E402
+from opqueued import pin, psql, server_cpu, server_pids  # noqa: E402
 
 SQL = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "Sources", "ClusterStore", "SQL")
 
@@ -206,7 +206,13 @@ def main():
     parser.add_argument("--running", type=int, default=0, help="jobs held throughout by a node that never ends them")
     parser.add_argument("--rows", action="store_true", help="also the floor with a job's bytes (variant floor-rows)")
     parser.add_argument("--schemas", default="10,10-merged", help="the schema versions to drain, in turn")
+    parser.add_argument("--pinned", action="store_true",
+                        help="as in the scale model: the server on CPU 0, this script and pgbench on the other CPUs")
     args = parser.parse_args()
+    if args.pinned:
+        # Backends forked later by the pinned postmaster start on CPU 0 too; pgbench inherits this process's CPUs.
+        pin(server_pids(args.admin), "0")
+        os.sched_setaffinity(0, set(range(1, os.cpu_count())))
     schemas = [f"schema-{v}" for v in args.schemas.split(",")]  # 10-merged: a round's claim with the last one's ends
     ratios, floors = [], []
     for round_ in range(1, args.rounds + 1):
@@ -220,6 +226,8 @@ def main():
                       "rounds": ratios, "median": statistics.median(ratios)}), flush=True)
     print(json.dumps({"part": "statements-ratio", "of": f"server CPU per job, {schemas[-1]} / the floor, round by round",
                       "rounds": floors, "median": statistics.median(floors)}), flush=True)
+    if args.pinned:
+        pin(server_pids(args.admin), f"0-{os.cpu_count() - 1}")
 
 
 if __name__ == "__main__":
