@@ -14,14 +14,7 @@ let publishedFactory: StoreFactory = {
     let server = try PostgresServer.shared.get()
     let database = try server.createDatabase()
     try server.psql(database, "CREATE PUBLICATION opq_everything FOR ALL TABLES")
-    let (store, under) = try await makePostgresStore(database: database)
-    do {
-        #expect(try await store.migrate() == Migrations.newest)
-    } catch {
-        await under.close()
-        throw error
-    }
-    return under
+    return try await makeMigratedStore(database: database)
 }
 
 @Suite("PostgresClusterStore under a publication of every table", .serialized, .onItsOwnExecutor)

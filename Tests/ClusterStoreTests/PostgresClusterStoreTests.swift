@@ -27,8 +27,9 @@ func makePostgresStore(database: String? = nil, password: String? = nil) async t
     return (store, StoreUnderTest(store: store, close: { runner.cancel(); await runner.value }))
 }
 
-let postgresFactory: StoreFactory = {
-    let (store, under) = try await makePostgresStore()
+/// A store on `database` (a fresh one when nil), migrated to the newest schema.
+func makeMigratedStore(database: String? = nil) async throws -> StoreUnderTest {
+    let (store, under) = try await makePostgresStore(database: database)
     do {
         #expect(try await store.migrate() == Migrations.newest)
     } catch {
@@ -37,6 +38,8 @@ let postgresFactory: StoreFactory = {
     }
     return under
 }
+
+let postgresFactory: StoreFactory = { try await makeMigratedStore() }
 
 @Suite("PostgresClusterStore conformance", .serialized, .onItsOwnExecutor)
 struct PostgresConformanceTests {

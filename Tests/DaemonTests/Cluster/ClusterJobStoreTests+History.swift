@@ -159,7 +159,8 @@ extension ClusterJobStoreTests {
                                 queues: ["gpu": ["maxConcurrentOperationCount": 1]])
         defer { b.close() }
         _ = b.store.recovered([])
-        #expect(eventually { a.logs.all.contains { $0.message.contains("reading the cluster's jobs waiting and running") } }, "the backlog's reads fail")
+        #expect(eventually { a.logs.all.contains { $0.message.contains("reading the cluster's jobs waiting and running") } },
+                "the backlog's read fails")
         #expect(eventually { a.store.snapshot()?.nodes.map(\.node) == ["a", "b"] }, "b listed all the same")
         let manifest = plist(sleepManifest("g", queue: "gpu"))
         #expect(eventually { (try? Manifest.parse(manifest, configuration: a.store.submissionConfiguration(.builtIn)).get()) != nil },
