@@ -247,7 +247,18 @@ def busy_while_idle(seconds):
     before = machine_ticks()
     time.sleep(seconds)
     after = machine_ticks()
-    return round((after[0] - before[0]) / max(after[1] - before[1], 1), 2)
+    busy = round((after[0] - before[0]) / max(after[1] - before[1], 1), 2)
+    if busy > 0.1:
+        # A process left running (a busy loop of an earlier experiment) skews every figure that follows.
+        print(f"warning: the machine was {busy:.0%} busy while the nodes idled: the figures of this part are disturbed; "
+              f"busiest now: {busiest()}", file=sys.stderr, flush=True)
+    return busy
+
+
+def busiest():
+    """The three processes with the most CPU over their lifetimes, as ps shows them: who disturbed a part."""
+    ps = subprocess.run(["ps", "-eo", "pid,pcpu,comm", "--sort=-pcpu", "--no-headers"], capture_output=True, text=True)
+    return "; ".join(" ".join(line.split()) for line in ps.stdout.splitlines()[:3])
 
 
 def cpu_per_job(before, after, done):
