@@ -29,16 +29,18 @@ public struct LiveSummary: Sendable, Equatable {
     /// `jobsNoLiveNodeCanRun` find any.
     public var someWaitNoLiveNodeCanRun: Bool
 
-    /// `nodes`: every node, with what it declares and whether it lives (`NodeStatus.connected`).
+    /// `nodes`: every node, with what it declares and whether it lives (`NodeStatus.connected`). Names are compared
+    /// by their bytes, as the database compares them: two spellings of one accented letter are two queues there,
+    /// though Swift's strings call them equal.
     public init(_ groups: [LiveGroup], nodes: [NodeStatus]) {
         var running: [String: Int] = [:]
-        var counts: [String: (waiting: Int, running: Int)] = [:]
+        var counts: [[UInt8]: (waiting: Int, running: Int)] = [:]
         var unrunnable = false
-        let live = nodes.filter(\.connected).map { (queues: Set($0.queues), commands: Set($0.commands)) }
+        let live = nodes.filter(\.connected).map { (queues: Self.bytes($0.queues), commands: Self.bytes($0.commands)) }
         for group in groups {
             let isRunning = group.state == .running
             if isRunning, let node = group.node { running[node, default: 0] += group.jobs }
-            for queue in group.queues {
+            for queue in group.queues.map({ Array($0.utf8) }) {
                 if isRunning {
                     counts[queue, default: (0, 0)].running += group.jobs
                 } else {
@@ -46,13 +48,17 @@ public struct LiveSummary: Sendable, Equatable {
                 }
             }
             if !isRunning && !unrunnable {
-                unrunnable = !live.contains { $0.queues.isSuperset(of: group.queues) && $0.commands.isSuperset(of: group.commands) }
+                let queues = Self.bytes(group.queues), commands = Self.bytes(group.commands)
+                unrunnable = !live.contains { $0.queues.isSuperset(of: queues) && $0.commands.isSuperset(of: commands) }
             }
         }
         runningByNode = running
-        queues = counts.keys.sorted { $0.utf8.lexicographicallyPrecedes($1.utf8) }.map { queue in
-            QueueCount(queue: queue, waiting: counts[queue]?.waiting ?? 0, running: counts[queue]?.running ?? 0)
+        queues = counts.keys.sorted { $0.lexicographicallyPrecedes($1) }.map { queue in
+            QueueCount(queue: String(decoding: queue, as: UTF8.self), waiting: counts[queue]?.waiting ?? 0,
+                       running: counts[queue]?.running ?? 0)
         }
         someWaitNoLiveNodeCanRun = unrunnable
     }
+
+    private static func bytes(_ names: [String]) -> Set<[UInt8]> { Set(names.map { Array($0.utf8) }) }
 }

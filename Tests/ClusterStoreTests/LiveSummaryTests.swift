@@ -39,4 +39,17 @@ import Testing
                     .someWaitNoLiveNodeCanRun, "no node at all")
         #expect(LiveSummary([], nodes: []) == LiveSummary([], nodes: nodes), "nothing waits or runs")
     }
+
+    /// "é" composed and "e" with a combining accent are one string to Swift and two names to the database: a node
+    /// declaring one does not run a job needing the other, and each is counted apart.
+    @Test func namesAreComparedByTheirBytes() {
+        let composed = "caf\u{E9}", decomposed = "cafe\u{301}"
+        #expect(composed == decomposed, "Swift's equality, which the summary must not use")
+        let summary = LiveSummary([LiveGroup(state: .waiting, node: nil, queues: [decomposed], commands: [], jobs: 2),
+                                   LiveGroup(state: .running, node: "a", queues: [composed], commands: [], jobs: 1)],
+                                  nodes: [status("a", queues: [composed])])
+        #expect(summary.someWaitNoLiveNodeCanRun)
+        #expect(summary.queues.map { Array($0.queue.utf8) } == [Array(decomposed.utf8), Array(composed.utf8)])
+        #expect(summary.queues.map(\.waiting) == [2, 0] && summary.queues.map(\.running) == [0, 1])
+    }
 }
