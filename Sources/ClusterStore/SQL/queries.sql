@@ -427,14 +427,19 @@ FROM claimed AS c JOIN opq_jobs AS j ON j.id = c.id;
 -- name: PendingCancels
 -- Cancels for the jobs node $1 runs now; then, without a fence, up to 64 waiting jobs cancelled as a whole that no
 -- node has taken (the node that asked died before it could, or lost the database between the two statements): any
--- node takes them (ClaimCancelledJob), so that none waits for a node that may never come.
+-- node takes them (ClaimCancelledJob), so that none waits for a node that may never come. Each request's job is
+-- looked up by its id (a LATERAL subquery, kept apart by OFFSET 0): every node sends this every second, and a join
+-- the planner may choose, with opq_cancel_requests never analysed, read every waiting and running job whenever a
+-- single cancel was pending.
 (SELECT c.job, c.operation, j.fence, c.id
- FROM opq_cancel_requests AS c JOIN opq_live AS j ON j.id = c.job
- WHERE j.state = 'running' AND j.node = $1)
+ FROM opq_cancel_requests AS c
+      CROSS JOIN LATERAL (SELECT l.fence FROM opq_live AS l WHERE l.id = c.job AND l.state = 'running' AND l.node = $1
+                          OFFSET 0) AS j)
 UNION ALL
 (SELECT c.job, c.operation, NULL, c.id
- FROM opq_cancel_requests AS c JOIN opq_live AS j ON j.id = c.job
- WHERE j.state = 'waiting' AND c.operation IS NULL
+ FROM opq_cancel_requests AS c
+      CROSS JOIN LATERAL (SELECT FROM opq_live AS l WHERE l.id = c.job AND l.state = 'waiting' OFFSET 0) AS j
+ WHERE c.operation IS NULL
  ORDER BY c.id LIMIT 64)
 ORDER BY 4;
 
