@@ -49,10 +49,7 @@ extension PostgresClusterStoreTests {
         try server.psql(database, """
             INSERT INTO opq_jobs (id, requested_id, manifest, manifest_name, submitted_on, qos_rank, priority_rank, queues, commands)
             SELECT 'j' || g, 'j' || g, '\\x00'::bytea, 'j' || g || '.plist', 'n1', 2, 2, '{default}', '{}' FROM generate_series(1, 2000) g;
-            INSERT INTO opq_live (id, qos_rank, priority_rank, seq, queues, commands)
-            SELECT id, qos_rank, priority_rank, seq, queues, commands FROM opq_jobs;
-            INSERT INTO opq_claimable (qos_rank, priority_rank, seq, id, queues, commands)
-            SELECT qos_rank, priority_rank, seq, id, queues, commands FROM opq_live;
+            \(PostgresServer.waitingFromHand);
             ANALYZE opq_jobs; ANALYZE opq_live; ANALYZE opq_claimable
             """)
         let claimed = try await store.claimJobs(node: "a", limit: 3, queues: ["default"], commands: [], budget: .max,
