@@ -61,6 +61,11 @@ struct ClusterPowerCutTests {
         let twice = harness.outboxJobs().filter { $0.value.count > 1 || !all.contains($0.key) }
         #expect(twice.isEmpty, "\(twice)")
         let damagedAfter = all.sorted().filter { node.result($0)?["status"] as? String != "succeeded" }
-        #expect(damagedAfter.isEmpty, "\(damagedAfter.prefix(5))")
+        // What each ended as, and why: a failure here says which path took the job, not only which jobs.
+        let outcomes = damagedAfter.prefix(5).map { job in
+            let result = node.result(job)
+            return "\(job): \(result?["status"] as? String ?? "no result.plist") \(result?["error"] as? String ?? "")"
+        }
+        #expect(damagedAfter.isEmpty, "\(damagedAfter.count) not succeeded: \(outcomes)\n\(node.logTail(40))")
     }
 }
