@@ -34,12 +34,16 @@ import uuid
 import urllib.parse
 
 
-def psql(admin, database, sql):
+def psql_command(admin, database):
+    """psql's arguments and environment for `database` on the run's server, as its administrator."""
     url = urllib.parse.urlparse(admin)
-    env = dict(os.environ, PGPASSWORD=url.password or "")
-    return subprocess.run(["psql", "-XAtq", "-v", "ON_ERROR_STOP=1", "-h", url.hostname, "-p", str(url.port),
-                           "-U", url.username, "-d", database, "-c", sql], env=env, check=True,
-                          capture_output=True, text=True).stdout.strip()
+    return (["psql", "-XAtq", "-v", "ON_ERROR_STOP=1", "-h", url.hostname, "-p", str(url.port), "-U", url.username,
+             "-d", database], dict(os.environ, PGPASSWORD=url.password or ""))
+
+
+def psql(admin, database, sql):
+    command, env = psql_command(admin, database)
+    return subprocess.run(command + ["-c", sql], env=env, check=True, capture_output=True, text=True).stdout.strip()
 
 
 class psql_session:
@@ -47,11 +51,8 @@ class psql_session:
     spent on it (read while the backend lives: once it ends, the postmaster counts it as a reaped child)."""
 
     def __init__(self, admin, database, sql):
-        url = urllib.parse.urlparse(admin)
-        env = dict(os.environ, PGPASSWORD=url.password or "")
-        self.process = subprocess.Popen(["psql", "-XAtq", "-v", "ON_ERROR_STOP=1", "-h", url.hostname, "-p", str(url.port),
-                                         "-U", url.username, "-d", database], env=env, stdin=subprocess.PIPE,
-                                        stdout=subprocess.PIPE, text=True)
+        command, env = psql_command(admin, database)
+        self.process = subprocess.Popen(command, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.backend = int(self.ask("SELECT pg_backend_pid();"))
         before = cpu_seconds(self.backend)
         self.process.stdin.write(sql + "\n")
